@@ -1,0 +1,11 @@
+from django.apps import AppConfig
+
+
+class FairqueueConfig(AppConfig):
+    name = "fairqueue"
+    verbose_name = "Fair queue"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # Registration only: no I/O, no settings read at start-up.
+        from . import checks, signals  # noqa: F401

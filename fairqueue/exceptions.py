@@ -1,0 +1,52 @@
+"""Exceptions users of fairqueue catch.
+
+Every input error is also a ``ValueError`` (or ``LookupError``) so code that already
+handles those keeps working; every message names the argument, the value given and what
+is allowed.
+"""
+
+from __future__ import annotations
+
+
+class FairqueueError(Exception):
+    """Base class of every error fairqueue raises on purpose."""
+
+
+class InvalidPriorityError(FairqueueError, ValueError):
+    """A numeric ``priority`` that is not a non-negative integer."""
+
+
+class InvalidPriorityLevelError(FairqueueError, ValueError):
+    """A ``priority_level`` or ``priority_override`` that names no level."""
+
+
+class ConflictingPriorityError(FairqueueError, ValueError):
+    """Both ``priority`` and ``priority_level`` were given."""
+
+
+class InvalidPlanError(FairqueueError, ValueError):
+    """A plan tier that is not ``enterprise``, ``pro`` or ``free``."""
+
+
+class InvalidTenantError(FairqueueError, ValueError):
+    """A ``tenant_id`` that is not a non-empty string of at most 255 characters."""
+
+
+class InvalidPayloadError(FairqueueError, ValueError):
+    """A payload that is not a JSON object, or cannot be serialised as JSON."""
+
+
+class ConflictingPayloadError(InvalidPayloadError):
+    """The payload already carries a different ``tenantId`` or ``priorityLevel``."""
+
+
+class InvalidJobOptionError(FairqueueError, ValueError):
+    """A job option (``job_id``, ``delay_ms``, ``attempts``) out of its allowed range."""
+
+
+class UnknownJobTypeError(FairqueueError, LookupError):
+    """A ``job_type`` that is not registered in ``FAIRQUEUE['QUEUES']``."""
+
+
+class BrokerUnavailableError(FairqueueError, ConnectionError):
+    """Redis could not be reached (or answered with an error) while talking to BullMQ."""

@@ -1,0 +1,116 @@
+"""Priority levels, their weights and the numeric priority formats fairqueue accepts.
+
+The level is the source of truth for scheduling (SPEC decision 1); numbers are only an
+input format, kept because BullMQ users and the Job Priority seed speak in numbers.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Final
+
+from .exceptions import InvalidPriorityError, InvalidPriorityLevelError
+
+
+class PriorityLevel(StrEnum):
+    """The four scheduling levels, highest first."""
+
+    CRITICAL = "critical"
+    HIGH = "high"
+    NORMAL = "normal"
+    LOW = "low"
+
+
+LEVELS_BY_RANK: Final[tuple[PriorityLevel, ...]] = (
+    PriorityLevel.CRITICAL,
+    PriorityLevel.HIGH,
+    PriorityLevel.NORMAL,
+    PriorityLevel.LOW,
+)
+
+#: Service share of each level when several are backlogged. Documented defaults, not
+#: tuning knobs: dashboards and alerts assume 4:3:2:1.
+DEFAULT_FAIR_WEIGHTS: Final = MappingProxyType(
+    {
+        PriorityLevel.CRITICAL: 4,
+        PriorityLevel.HIGH: 3,
+        PriorityLevel.NORMAL: 2,
+        PriorityLevel.LOW: 1,
+    }
+)
+
+JOB_PRIORITY_CRITICAL: Final = 1
+JOB_PRIORITY_HIGH: Final = 3
+JOB_PRIORITY_NORMAL: Final = 5
+JOB_PRIORITY_LOW: Final = 10
+
+NUMERIC_PRIORITY_BY_LEVEL: Final = MappingProxyType(
+    {
+        PriorityLevel.CRITICAL: JOB_PRIORITY_CRITICAL,
+        PriorityLevel.HIGH: JOB_PRIORITY_HIGH,
+        PriorityLevel.NORMAL: JOB_PRIORITY_NORMAL,
+        PriorityLevel.LOW: JOB_PRIORITY_LOW,
+    }
+)
+
+#: The tenant bucket of jobs enqueued without a tenant id (seed 1).
+DEFAULT_TENANT: Final = "default"
+
+LEVEL_CHOICES: Final = ", ".join(repr(level.value) for level in LEVELS_BY_RANK)
+
+
+def normalize_priority(priority: int | None) -> PriorityLevel:
+    """Map a numeric BullMQ-style priority onto a level.
+
+    The table (SPEC decision 3) keeps every ``JOB_PRIORITY_*`` constant on its own level
+    and keeps seed 1's ``1 -> critical``, ``2 -> high``::
+
+        None, 0 -> normal   1 -> critical   2-3 -> high   4-5 -> normal   >= 6 -> low
+
+    This deliberately differs from seed 1's table for 3 (there: normal) and 4-5 (there:
+    low), which would have put ``JOB_PRIORITY_HIGH`` and ``JOB_PRIORITY_NORMAL`` on the
+    wrong level.
+
+    Raises:
+        InvalidPriorityError: (a ``ValueError``) for booleans, non-integers and
+            negative numbers.
+    """
+    if priority is None:
+        return PriorityLevel.NORMAL
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise InvalidPriorityError(
+            f"priority={priority!r} is not allowed: expected a non-negative integer or None"
+        )
+    if priority < 0:
+        raise InvalidPriorityError(
+            f"priority={priority!r} is not allowed: expected a non-negative integer or None"
+        )
+    if priority == 0:
+        return PriorityLevel.NORMAL
+    if priority == 1:
+        return PriorityLevel.CRITICAL
+    if priority <= 3:
+        return PriorityLevel.HIGH
+    if priority <= 5:
+        return PriorityLevel.NORMAL
+    return PriorityLevel.LOW
+
+
+def parse_level(value: object, *, argument: str = "priority_level") -> PriorityLevel:
+    """Turn a level name (or a ``PriorityLevel``) into a ``PriorityLevel``.
+
+    Raises:
+        InvalidPriorityLevelError: (a ``ValueError``) naming ``argument``, the value
+            and the allowed names.
+    """
+    if isinstance(value, PriorityLevel):
+        return value
+    if isinstance(value, str):
+        try:
+            return PriorityLevel(value.strip().lower())
+        except ValueError:
+            pass
+    raise InvalidPriorityLevelError(
+        f"{argument}={value!r} is not allowed: expected one of {LEVEL_CHOICES}"
+    )

@@ -1,0 +1,266 @@
+"""Plan-based priority (seed 2): which level a new job gets, and why.
+
+The resolution order is SPEC decision 4; the first rule that applies wins:
+
+1. an explicit ``priority_level=`` or numeric ``priority=`` (both at once is an error);
+2. ``priority_override=`` - a server-side argument, always audited by the caller;
+3. ``tenant_id=None`` passed explicitly - an internal job, critical;
+4. ``tenant_id`` set and a plan lookup wired - the tenant's plan decides;
+5. ``tenant_id`` set and no lookup - normal;
+6. no ``tenant_id`` at all - normal, in the ``default`` tenant bucket.
+
+``JOB_PRIORITY_ENABLED=false`` turns rules 4-5 into normal (emergency rollback); rules
+1-3 still apply.
+
+The plan lookup is pluggable so that workers need not import the web project:
+``wire_tenant_plan_lookup()`` wires the database-backed lookup of ``fairqueue.models``
+(or any callable ``tenant_id -> plan slug``), and ``set_subscription_to_plan_tier(fn)``
+installs a code-level classifier that turns a tenant's subscription into a plan tier.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Final
+
+from .exceptions import ConflictingPriorityError, InvalidPlanError, InvalidTenantError
+from .levels import (
+    DEFAULT_TENANT,
+    NUMERIC_PRIORITY_BY_LEVEL,
+    PriorityLevel,
+    normalize_priority,
+    parse_level,
+)
+
+logger = logging.getLogger("fairqueue.priority")
+
+MAX_TENANT_ID_LENGTH: Final = 255
+
+
+class _Absent:
+    """Marks "argument not given", which differs from ``tenant_id=None`` (internal job)."""
+
+    _instance: _Absent | None = None
+
+    def __new__(cls) -> _Absent:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+ABSENT: Final = _Absent()
+
+
+class PlanTier(StrEnum):
+    ENTERPRISE = "enterprise"
+    PRO = "pro"
+    FREE = "free"
+
+
+PLAN_PRIORITY: Final = {
+    PlanTier.ENTERPRISE: PriorityLevel.CRITICAL,
+    PlanTier.PRO: PriorityLevel.NORMAL,
+    PlanTier.FREE: PriorityLevel.LOW,
+}
+
+
+class PriorityRule(StrEnum):
+    """Which rule of the resolution order decided a job's level."""
+
+    EXPLICIT_LEVEL = "explicit_level"
+    EXPLICIT_PRIORITY = "explicit_priority"
+    OVERRIDE = "override"
+    INTERNAL = "internal"
+    PLAN = "plan"
+    PLAN_LOOKUP_FAILED = "plan_lookup_failed"
+    NO_LOOKUP = "no_lookup"
+    FLAG_DISABLED = "flag_disabled"
+    DEFAULT = "default"
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedPriority:
+    """The outcome of :func:`resolve_priority`.
+
+    ``tenant_id`` is what goes into the payload's ``tenantId`` (``None`` for internal
+    jobs); ``tenant_bucket`` is the grouping key the scheduler uses.
+    """
+
+    level: PriorityLevel
+    numeric: int
+    rule: PriorityRule
+    tenant_id: str | None
+    plan: str | None = None
+
+    @property
+    def tenant_bucket(self) -> str:
+        return self.tenant_id if self.tenant_id is not None else DEFAULT_TENANT
+
+
+TenantPlanLookup = Callable[[str], str | None]
+SubscriptionClassifier = Callable[[Any], str | None]
+
+_lookup: TenantPlanLookup | None = None
+_classifier: SubscriptionClassifier | None = None
+
+
+def parse_plan(plan: object, *, argument: str = "plan") -> PlanTier:
+    """Strictly parse a plan tier (for models, admin actions and classifiers)."""
+    if isinstance(plan, str):
+        try:
+            return PlanTier(plan.strip().lower())
+        except ValueError:
+            pass
+    allowed = ", ".join(repr(tier.value) for tier in PlanTier)
+    raise InvalidPlanError(f"{argument}={plan!r} is not allowed: expected one of {allowed}")
+
+
+def priority_from_plan(plan: str | None) -> PriorityLevel:
+    """Seed 2's mapping: enterprise -> critical, pro -> normal, free -> low.
+
+    Unknown or missing plans get normal: a tenant whose billing data is odd must not be
+    demoted (nor promoted) by accident.
+    """
+    try:
+        return PLAN_PRIORITY[parse_plan(plan)]
+    except InvalidPlanError:
+        return PriorityLevel.NORMAL
+
+
+def priority_from_override(override: object) -> PriorityLevel:
+    """Map ``priority_override`` ('critical' | 'high' | 'normal' | 'low') to a level."""
+    return parse_level(override, argument="priority_override")
+
+
+def validate_tenant_id(tenant_id: object) -> str:
+    """A tenant id is an opaque, non-empty string of at most 255 characters."""
+    if not isinstance(tenant_id, str) or not tenant_id or len(tenant_id) > MAX_TENANT_ID_LENGTH:
+        shown = tenant_id if not isinstance(tenant_id, str) else f"<{len(tenant_id)} characters>"
+        raise InvalidTenantError(
+            f"tenant_id={shown!r} is not allowed: expected None or a non-empty string of at "
+            f"most {MAX_TENANT_ID_LENGTH} characters"
+        )
+    return tenant_id
+
+
+def set_subscription_to_plan_tier(classifier: SubscriptionClassifier | None) -> None:
+    """Install a code-level classifier ``subscription -> plan slug`` (``None`` removes it).
+
+    It takes precedence over the classifier rules kept in the database.
+    """
+    global _classifier
+    _classifier = classifier
+
+
+def get_subscription_classifier() -> SubscriptionClassifier | None:
+    return _classifier
+
+
+def wire_tenant_plan_lookup(lookup: TenantPlanLookup | None = None) -> None:
+    """Make rule 4 apply: tenants' plans now decide their jobs' level.
+
+    Args:
+        lookup: ``tenant_id -> plan slug or None``. Defaults to the database lookup of
+            ``fairqueue.models`` (cached through the Django cache).
+    """
+    global _lookup
+    if lookup is None:
+        from .models import lookup_tenant_plan
+
+        lookup = lookup_tenant_plan
+    _lookup = lookup
+
+
+def unwire_tenant_plan_lookup() -> None:
+    """Back to "no lookup": tenant jobs get normal (rule 5). Used by tests and rollback."""
+    global _lookup
+    _lookup = None
+
+
+def get_tenant_plan_lookup() -> TenantPlanLookup | None:
+    return _lookup
+
+
+def resolve_priority(
+    *,
+    tenant_id: str | None | _Absent = ABSENT,
+    priority: int | None = None,
+    priority_level: str | PriorityLevel | None = None,
+    priority_override: str | PriorityLevel | None = None,
+    enabled: bool | None = None,
+) -> ResolvedPriority:
+    """Resolve a job's level by SPEC decision 4 and say which rule decided.
+
+    Args:
+        enabled: the ``JOB_PRIORITY_ENABLED`` flag; read from settings when ``None``.
+
+    Raises:
+        ConflictingPriorityError: both ``priority`` and ``priority_level`` given.
+        InvalidPriorityError, InvalidPriorityLevelError, InvalidTenantError: bad values.
+    """
+    if tenant_id is not ABSENT and tenant_id is not None:
+        tenant_id = validate_tenant_id(tenant_id)
+    payload_tenant: str | None = DEFAULT_TENANT if tenant_id is ABSENT else tenant_id
+
+    if priority is not None and priority_level is not None:
+        raise ConflictingPriorityError(
+            f"priority={priority!r} and priority_level={priority_level!r} are not allowed "
+            "together: give one of them"
+        )
+    override_level = (
+        priority_from_override(priority_override) if priority_override is not None else None
+    )
+    if priority_level is not None:
+        level = parse_level(priority_level)
+        return _resolved(level, PriorityRule.EXPLICIT_LEVEL, payload_tenant)
+    if priority is not None:
+        level = normalize_priority(priority)
+        return ResolvedPriority(
+            level=level,
+            numeric=priority if priority > 0 else NUMERIC_PRIORITY_BY_LEVEL[level],
+            rule=PriorityRule.EXPLICIT_PRIORITY,
+            tenant_id=payload_tenant,
+        )
+    if override_level is not None:
+        return _resolved(override_level, PriorityRule.OVERRIDE, payload_tenant)
+    if tenant_id is None:
+        return _resolved(PriorityLevel.CRITICAL, PriorityRule.INTERNAL, None)
+    if tenant_id is ABSENT:
+        return _resolved(PriorityLevel.NORMAL, PriorityRule.DEFAULT, DEFAULT_TENANT)
+
+    if enabled is None:
+        from .conf import get_settings
+
+        enabled = get_settings().priority_enabled
+    if not enabled:
+        return _resolved(PriorityLevel.NORMAL, PriorityRule.FLAG_DISABLED, tenant_id)
+    lookup = _lookup
+    if lookup is None:
+        return _resolved(PriorityLevel.NORMAL, PriorityRule.NO_LOOKUP, tenant_id)
+    try:
+        plan = lookup(tenant_id)
+    except Exception as exc:  # a broken lookup must not stop enqueues
+        logger.warning("tenant plan lookup failed (%s); using normal", type(exc).__name__)
+        return _resolved(PriorityLevel.NORMAL, PriorityRule.PLAN_LOOKUP_FAILED, tenant_id)
+    return _resolved(priority_from_plan(plan), PriorityRule.PLAN, tenant_id, plan=plan)
+
+
+def _resolved(
+    level: PriorityLevel, rule: PriorityRule, tenant_id: str | None, plan: str | None = None
+) -> ResolvedPriority:
+    return ResolvedPriority(
+        level=level,
+        numeric=NUMERIC_PRIORITY_BY_LEVEL[level],
+        rule=rule,
+        tenant_id=tenant_id,
+        plan=plan,
+    )

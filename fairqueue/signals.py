@@ -1,0 +1,1 @@
+"""Signal receivers fairqueue installs (filled in as models arrive)."""

@@ -1,0 +1,104 @@
+import pytest
+from django.core.checks import run_checks
+from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
+
+from fairqueue import conf
+
+
+@pytest.fixture(autouse=True)
+def _fresh_settings():
+    conf.reload_settings()
+    yield
+    conf.reload_settings()
+
+
+def test_defaults(monkeypatch):
+    for var in conf.ENV_VARS.values():
+        monkeypatch.delenv(var, raising=False)
+    settings = conf.get_settings()
+    assert settings.max_wait_ms == 300_000
+    assert settings.rebalance_interval_ms == 5_000
+    assert settings.priority_enabled is True
+    assert settings.redis_url == "redis://127.0.0.1:6379/0"
+    assert settings.rebalance_window == 1_000
+
+
+def test_env_var_wins_over_setting(monkeypatch):
+    monkeypatch.setenv("QUEUE_FAIR_MAX_WAIT_MS", "1234")
+    monkeypatch.setenv("JOB_PRIORITY_ENABLED", "false")
+    with override_settings(FAIRQUEUE={"MAX_WAIT_MS": 99, "PRIORITY_ENABLED": True}):
+        settings = conf.get_settings()
+    assert settings.max_wait_ms == 1234
+    assert settings.priority_enabled is False
+
+
+def test_override_settings_clears_the_cache(monkeypatch):
+    monkeypatch.delenv("QUEUE_FAIR_MAX_WAIT_MS", raising=False)
+    with override_settings(FAIRQUEUE={"MAX_WAIT_MS": 42}):
+        assert conf.get_settings().max_wait_ms == 42
+    assert conf.get_settings().max_wait_ms == 300_000
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "allowed"),
+    [
+        ("QUEUE_FAIR_MAX_WAIT_MS", "0", "1..86400000"),
+        ("QUEUE_FAIR_MAX_WAIT_MS", "86400001", "1..86400000"),
+        ("QUEUE_FAIR_MAX_WAIT_MS", "5m", "1..86400000"),
+        ("QUEUE_FAIR_REBALANCE_INTERVAL_MS", "0", "1..3600000"),
+        ("QUEUE_FAIR_REBALANCE_INTERVAL_MS", "3600001", "1..3600000"),
+        ("JOB_PRIORITY_ENABLED", "maybe", "true or false"),
+    ],
+)
+def test_bad_env_value__improperly_configured_names_variable_value_and_range(
+    monkeypatch, var, value, allowed
+):
+    monkeypatch.setenv(var, value)
+    with pytest.raises(ImproperlyConfigured) as info:
+        conf.get_settings()
+    assert f"{var}={value!r}" in str(info.value)
+    assert allowed in str(info.value)
+
+
+def test_bad_redis_url__message_does_not_echo_the_url(monkeypatch):
+    monkeypatch.setenv("FAIRQUEUE_REDIS_URL", "http://user:hunter2@host/0")
+    with pytest.raises(ImproperlyConfigured) as info:
+        conf.get_settings()
+    assert "FAIRQUEUE_REDIS_URL" in str(info.value)
+    assert "hunter2" not in str(info.value)
+
+
+def test_settings_repr_hides_redis_credentials(monkeypatch):
+    monkeypatch.setenv("FAIRQUEUE_REDIS_URL", "redis://:hunter2@127.0.0.1:6379/0")
+    assert "hunter2" not in repr(conf.get_settings())
+
+
+@pytest.mark.parametrize(
+    "fairqueue",
+    [
+        {"MAX_WAIT_MS": True},
+        {"REBALANCE_WINDOW": 0},
+        {"QUEUES": {}},
+        {"QUEUES": {"email": "bad:name"}},
+        {"NO_SUCH_KEY": 1},
+    ],
+)
+def test_bad_setting_values_are_rejected(monkeypatch, fairqueue):
+    for var in conf.ENV_VARS.values():
+        monkeypatch.delenv(var, raising=False)
+    with override_settings(FAIRQUEUE=fairqueue), pytest.raises(ImproperlyConfigured):
+        conf.get_settings()
+
+
+def test_system_check__flags_zero_max_wait(monkeypatch):
+    monkeypatch.setenv("QUEUE_FAIR_MAX_WAIT_MS", "0")
+    errors = [e for e in run_checks() if e.id == "fairqueue.E001"]
+    assert len(errors) == 1
+    assert "QUEUE_FAIR_MAX_WAIT_MS='0'" in errors[0].msg
+
+
+def test_system_check__clean_settings_pass(monkeypatch):
+    for var in conf.ENV_VARS.values():
+        monkeypatch.delenv(var, raising=False)
+    assert [e for e in run_checks() if e.id.startswith("fairqueue.")] == []
