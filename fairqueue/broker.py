@@ -1,0 +1,788 @@
+"""The one module that talks to BullMQ and Redis.
+
+Everything else in fairqueue speaks its own types (``NewJob``, ``WaitingJob``, ...);
+BullMQ's camelCase API, its key names and its priority score format stay in here.
+
+How fairqueue uses BullMQ's priority (pinned: ``bullmq>=3.4.4,<3.5``, checked by
+``tests/test_broker_contract.py``):
+
+* BullMQ pops its ``wait`` list (priority 0) before anything in the ``prioritized``
+  sorted set, whose score is ``priority * 2**32 + counter``; priorities run 1..2**21-1.
+* fairqueue splits that range in two bands. The **window band** ``1 .. WINDOW_BAND_TOP-1``
+  holds the jobs a rebalance pass has put in exact fair order. The **tag band**
+  ``WINDOW_BAND_TOP .. MAX_PRIORITY`` holds newly enqueued jobs at their enqueue-time
+  virtual finish tag (see :data:`PLACE_SCRIPT`), so the backlog behind the window is
+  already in approximately fair order and a new critical job does not wait behind a
+  whole backlog of low jobs for the next pass to find it.
+* Rebalance writes go through BullMQ's own ``changePriority`` script, pipelined, so a
+  stock BullMQ worker (Python or Node) pops the jobs in the fair order.
+
+Sync callers (Django views, management commands) use :class:`SyncBroker`, which runs the
+async client on one event-loop thread per process with one connection pool, recreated
+after ``fork()``. Async callers (async views) await :class:`Broker` directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Final, TypeVar
+
+import redis.asyncio as aioredis
+from bullmq import Job as BullJob
+from bullmq import Queue as BullQueue
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from .exceptions import BrokerUnavailableError
+from .levels import PriorityLevel
+
+logger = logging.getLogger("fairqueue.broker")
+
+T = TypeVar("T")
+
+#: BullMQ's largest priority (2**21 - 1).
+MAX_PRIORITY: Final = 2_097_151
+#: First priority of the tag band; the window band lies below it.
+WINDOW_BAND_TOP: Final = 1 << 19
+#: Where a job goes when it cannot be placed by tag (delayed jobs, place failures):
+#: behind everything, FIFO among equals. The next pass (or the wait bound) places it.
+BACK_OF_LINE: Final = MAX_PRIORITY
+#: Enqueue-time tag step per level: 48 / weight, so 4:3:2:1 service in the tag band.
+#: Priorities are ``tag + offset``; tags stay multiples of 4 so levels never collide
+#: and equal tags go to the higher weight first (SPEC decision 7's tie rule).
+TAG_STEP: Final = {
+    PriorityLevel.CRITICAL: 12,
+    PriorityLevel.HIGH: 16,
+    PriorityLevel.NORMAL: 24,
+    PriorityLevel.LOW: 48,
+}
+TAG_OFFSET: Final = {
+    PriorityLevel.CRITICAL: 0,
+    PriorityLevel.HIGH: 1,
+    PriorityLevel.NORMAL: 2,
+    PriorityLevel.LOW: 3,
+}
+#: When the tag band's head passes this, the next pass shifts the band back down.
+REBASE_THRESHOLD: Final = WINDOW_BAND_TOP + (1 << 20)
+
+_SCORE_BASE: Final = 1 << 32
+_JOB_FIELDS: Final = ("name", "data", "timestamp", "priority", "attemptsMade", "delay")
+
+#: Place a job that BullMQ's addPrioritizedJob has just added at BACK_OF_LINE (runs in
+#: the same MULTI, so the priority counter still identifies it) at its level's next
+#: virtual finish tag: ``max(level's last tag, virtual time) + step``, the virtual time
+#: being the start tag of the tag band's head job (WFQ's "tag of the job in service").
+#: A level that was idle restarts there (no credit for idleness); an empty tag band
+#: resets the per-level tags, which keeps them from creeping towards BullMQ's cap.
+PLACE_SCRIPT: Final = """
+local rcall = redis.call
+local pc = tonumber(rcall('GET', KEYS[2]) or '0')
+local placeholder = tonumber(ARGV[1])
+local score = placeholder * 4294967296 + pc % 4294967296
+local found = rcall('ZRANGEBYSCORE', KEYS[1], score, score, 'LIMIT', 0, 1)
+if #found == 0 then return false end
+local jobId = found[1]
+local floor = tonumber(ARGV[5])
+local head = rcall('ZRANGEBYSCORE', KEYS[1], floor * 4294967296,
+  placeholder * 4294967296 - 1, 'WITHSCORES', 'LIMIT', 0, 1)
+local base = floor
+if #head > 0 then
+  -- the head's start tag: its priority less its level offset and its level's step
+  local headPrio = math.floor(tonumber(head[2]) / 4294967296)
+  local offset = headPrio % 4
+  base = headPrio - offset - tonumber(ARGV[7 + offset])
+  if base < floor then base = floor end
+else
+  rcall('DEL', KEYS[3])
+end
+base = base - base % 4
+local last = tonumber(rcall('HGET', KEYS[3], ARGV[2]) or '0')
+if last < base then last = base end
+local tag = last + tonumber(ARGV[3])
+local prio = tag + tonumber(ARGV[4])
+if prio >= placeholder then return {jobId, placeholder} end
+rcall('HSET', KEYS[3], ARGV[2], tag)
+rcall('ZADD', KEYS[1], prio * 4294967296 + pc % 4294967296, jobId)
+rcall('HSET', ARGV[6] .. jobId, 'priority', prio)
+return {jobId, prio}
+"""
+
+#: Page through the prioritized set returning jobs whose BullMQ ``timestamp`` is older
+#: than the cutoff. Runs inside Redis so a 100,000-job backlog is scanned in a few
+#: round trips instead of 100,000.
+OVERDUE_SCRIPT: Final = """
+local ids = redis.call('ZRANGE', KEYS[1], ARGV[1], ARGV[2])
+local cutoff = tonumber(ARGV[3])
+local out = {}
+for i = 1, #ids do
+  local ts = tonumber(redis.call('HGET', ARGV[4] .. ids[i], 'timestamp') or 'nil')
+  if ts and ts < cutoff then out[#out + 1] = ids[i] end
+end
+return {#ids, out}
+"""
+
+#: Shift every tag-band job (and the per-level tags) down by ARGV[2], so tags never
+#: reach BullMQ's cap on a queue that is never empty. Relative order is unchanged.
+REBASE_SCRIPT: Final = """
+local floor = tonumber(ARGV[1])
+local shift = tonumber(ARGV[2])
+local entries = redis.call('ZRANGEBYSCORE', KEYS[1], floor * 4294967296,
+  tonumber(ARGV[3]) * 4294967296, 'WITHSCORES')
+for i = 1, #entries, 2 do
+  local id = entries[i]
+  local score = tonumber(entries[i + 1])
+  local prio = math.floor(score / 4294967296)
+  local newPrio = prio - shift
+  redis.call('ZADD', KEYS[1], score - shift * 4294967296, id)
+  redis.call('HSET', ARGV[4] .. id, 'priority', newPrio)
+end
+local tags = redis.call('HGETALL', KEYS[2])
+for i = 1, #tags, 2 do
+  local v = tonumber(tags[i + 1]) - shift
+  if v < floor then v = floor end
+  redis.call('HSET', KEYS[2], tags[i], v)
+end
+return #entries / 2
+"""
+
+#: Release a lock only if we still hold it.
+RELEASE_LOCK_SCRIPT: Final = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+#: Renew a lock only if we still hold it.
+RENEW_LOCK_SCRIPT: Final = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """A job to add, in fairqueue's terms."""
+
+    name: str
+    data: dict[str, Any]
+    level: PriorityLevel
+    job_id: str | None = None
+    delay_ms: int | None = None
+    attempts: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AddedJob:
+    """An added job. ``priority`` is ``None`` when a job with the given id already
+    existed (BullMQ then keeps the existing job and adds nothing)."""
+
+    job_id: str
+    priority: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingJob:
+    """A waiting job as stored by BullMQ. ``data`` is ``None`` if it is not a JSON object."""
+
+    job_id: str
+    name: str
+    data: dict[str, Any] | None
+    timestamp_ms: int | None
+    priority: int
+    attempts_made: int
+    in_wait_list: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingSnapshot:
+    """The head of a queue: the wait list, then the window band, then the tag band head."""
+
+    jobs: list[WaitingJob]
+    #: Jobs behind ``jobs`` in the prioritized set (not read).
+    behind: int
+    #: Lowest priority among jobs not read; new window priorities must stay below it.
+    upper_bound: int
+    tag_band_head: int | None
+
+
+@dataclass(slots=True)
+class WriteResult:
+    written: int = 0
+    missing: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    round_trips: int = 0
+
+
+def _unavailable(exc: BaseException) -> BrokerUnavailableError:
+    return BrokerUnavailableError(f"Redis is unavailable ({type(exc).__name__})")
+
+
+def parse_job_data(raw: str | None) -> dict[str, Any] | None:
+    """Decode a job's ``data`` field; ``None`` when it is not a JSON object."""
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw)
+    except (TypeError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _int_or(value: Any, default: int | None) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+class _LoopState:
+    """Redis client and BullMQ queues bound to one event loop."""
+
+    def __init__(self, client: aioredis.Redis) -> None:
+        self.client = client
+        self.queues: dict[str, BullQueue] = {}
+        self.scripts: dict[str, Any] = {}
+        self.scripts_loaded = False
+
+
+class Broker:
+    """Async access to BullMQ queues under one Redis URL and key prefix.
+
+    Args:
+        redis_url: where Redis is (may hold credentials: never logged).
+        prefix: BullMQ key prefix; ``"bull"`` is BullMQ's default.
+        client_factory: builds the ``redis.asyncio`` client (injectable for tests).
+    """
+
+    def __init__(
+        self,
+        redis_url: str,
+        prefix: str = "bull",
+        *,
+        client_factory: Callable[[str], aioredis.Redis] | None = None,
+    ) -> None:
+        self.prefix = prefix
+        self._redis_url = redis_url
+        self._client_factory = client_factory or _default_client
+        self._states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def __repr__(self) -> str:
+        return f"Broker(prefix={self.prefix!r})"
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    def _state(self) -> _LoopState:
+        loop = asyncio.get_running_loop()
+        state = self._states.get(loop)
+        if state is None:
+            state = _LoopState(self._client_factory(self._redis_url))
+            for name, source in (
+                ("place", PLACE_SCRIPT),
+                ("overdue", OVERDUE_SCRIPT),
+                ("rebase", REBASE_SCRIPT),
+                ("release", RELEASE_LOCK_SCRIPT),
+                ("renew", RENEW_LOCK_SCRIPT),
+            ):
+                state.scripts[name] = state.client.register_script(source)
+            self._states[loop] = state
+        return state
+
+    def client(self) -> aioredis.Redis:
+        return self._state().client
+
+    def queue(self, name: str) -> BullQueue:
+        state = self._state()
+        queue = state.queues.get(name)
+        if queue is None:
+            queue = BullQueue(name, {"connection": state.client, "prefix": self.prefix})
+            state.queues[name] = queue
+        return queue
+
+    def key(self, queue: str, suffix: str) -> str:
+        """A BullMQ key of ``queue`` (``prefix:queue:suffix``)."""
+        return f"{self.prefix}:{queue}:{suffix}"
+
+    def fair_key(self, queue: str, suffix: str) -> str:
+        """A key fairqueue owns beside the queue's keys."""
+        return f"{self.prefix}:{queue}:fq:{suffix}"
+
+    async def _load_scripts(self, scripts: Iterable[Any]) -> None:
+        client = self.client()
+        for script in scripts:
+            script.sha = await client.script_load(script.script)
+
+    async def _ensure_scripts(self, queue: str) -> None:
+        """Load the scripts fairqueue sends by EVALSHA inside pipelines, once per client.
+
+        Pipelines cannot fall back from EVALSHA to EVAL per command, and redis-py would
+        otherwise check SCRIPT EXISTS before every pipeline (an extra round trip).
+        """
+        state = self._state()
+        if state.scripts_loaded:
+            return
+        commands = self.queue(queue).scripts.commands
+        await self._load_scripts(
+            [
+                commands["addPrioritizedJob"],
+                commands["addDelayedJob"],
+                commands["changePriority"],
+                *state.scripts.values(),
+            ]
+        )
+        state.scripts_loaded = True
+
+    async def _guard(self, coro: Awaitable[T]) -> T:
+        """Turn "Redis is not there" into BrokerUnavailableError; let other errors be."""
+        try:
+            return await coro
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise _unavailable(exc) from exc
+
+    async def ping(self) -> bool:
+        return await self._guard(self.client().ping())
+
+    async def close(self) -> None:
+        state = self._states.pop(asyncio.get_running_loop(), None)
+        if state is not None:
+            await state.client.aclose()
+
+    # -- enqueue ----------------------------------------------------------------------
+
+    def _bull_job(self, queue: str, job: NewJob, priority: int) -> BullJob:
+        opts: dict[str, Any] = {"priority": priority}
+        if job.job_id is not None:
+            opts["jobId"] = job.job_id
+        if job.delay_ms:
+            opts["delay"] = job.delay_ms
+        if job.attempts is not None:
+            opts["attempts"] = job.attempts
+        return BullJob(self.queue(queue), job.name, job.data, opts)
+
+    def _queue_add(self, pipe: Any, queue: str, job: NewJob) -> None:
+        """Queue BullMQ's add script, and (if not delayed) the place script, on ``pipe``."""
+        bull_queue = self.queue(queue)
+        scripts = bull_queue.scripts
+        bull_job = self._bull_job(queue, job, BACK_OF_LINE)
+        args = scripts.addJobArgs(bull_job)
+        if job.delay_ms:
+            keys = scripts.getKeys(["marker", "meta", "id", "delayed", "completed", "events"])
+            args.append(bull_job.timestamp)
+            pipe.evalsha(scripts.commands["addDelayedJob"].sha, len(keys), *keys, *args)
+            return
+        keys = scripts.getKeys(
+            [
+                "marker",
+                "meta",
+                "id",
+                "prioritized",
+                "delayed",
+                "completed",
+                "active",
+                "events",
+                "pc",
+            ]
+        )
+        args.append(bull_job.timestamp)
+        pipe.evalsha(scripts.commands["addPrioritizedJob"].sha, len(keys), *keys, *args)
+        place = self._state().scripts["place"]
+        pipe.evalsha(
+            place.sha,
+            3,
+            self.key(queue, "prioritized"),
+            self.key(queue, "pc"),
+            self.fair_key(queue, "tags"),
+            BACK_OF_LINE,
+            job.level.value,
+            TAG_STEP[job.level],
+            TAG_OFFSET[job.level],
+            WINDOW_BAND_TOP,
+            self.key(queue, ""),
+            *(TAG_STEP[level] for level in sorted(TAG_OFFSET, key=TAG_OFFSET.__getitem__)),
+        )
+
+    async def add_jobs(self, queue: str, jobs: Sequence[NewJob]) -> list[AddedJob]:
+        """Add ``jobs`` atomically (one MULTI/EXEC, one round trip) at their fair tags.
+
+        Raises:
+            BrokerUnavailableError: Redis did not answer; nothing was added.
+        """
+        return await self._guard(self._add_jobs(queue, jobs))
+
+    async def _add_jobs(self, queue: str, jobs: Sequence[NewJob], retried: bool = False):
+        await self._ensure_scripts(queue)
+        bull_queue = self.queue(queue)
+        async with self.client().pipeline(transaction=True) as pipe:
+            for job in jobs:
+                self._queue_add(pipe, queue, job)
+            results = await pipe.execute(raise_on_error=False)
+        if any(isinstance(r, NoScriptError) for r in results):
+            # Redis lost its script cache (restart or SCRIPT FLUSH). A transaction whose
+            # add scripts failed changed nothing, so load the scripts and run it again.
+            adds_failed = any(
+                isinstance(results[i], NoScriptError) for i in self._add_indexes(jobs)
+            )
+            await self._load_scripts(
+                [
+                    bull_queue.scripts.commands["addPrioritizedJob"],
+                    bull_queue.scripts.commands["addDelayedJob"],
+                    self._state().scripts["place"],
+                ]
+            )
+            if adds_failed and not retried:
+                return await self._add_jobs(queue, jobs, retried=True)
+        added: list[AddedJob] = []
+        index = 0
+        for job in jobs:
+            job_result = results[index]
+            if isinstance(job_result, Exception):
+                raise job_result
+            if isinstance(job_result, int) and job_result < 0:
+                raise ResponseError(f"BullMQ refused the job (code {job_result})")
+            job_id = str(job_result)
+            priority: int | None = BACK_OF_LINE
+            index += 1
+            if not job.delay_ms:
+                placed = results[index]
+                index += 1
+                if isinstance(placed, list) and len(placed) == 2:
+                    priority = int(placed[1])
+                elif placed is None:
+                    priority = None  # a job with this id existed: BullMQ kept it as it was
+                elif isinstance(placed, Exception):
+                    logger.warning(
+                        "placing a job by tag failed (%s); it waits at the back of the line "
+                        "until the next rebalance pass",
+                        type(placed).__name__,
+                    )
+            added.append(AddedJob(job_id=job_id, priority=priority))
+        return added
+
+    @staticmethod
+    def _add_indexes(jobs: Sequence[NewJob]) -> list[int]:
+        indexes, index = [], 0
+        for job in jobs:
+            indexes.append(index)
+            index += 1 if job.delay_ms else 2
+        return indexes
+
+    async def add_job(self, queue: str, job: NewJob) -> AddedJob:
+        return (await self.add_jobs(queue, [job]))[0]
+
+    # -- reading ----------------------------------------------------------------------
+
+    async def read_head(self, queue: str, *, window: int, max_window_band: int) -> WaitingSnapshot:
+        """Read the head of the pop order: the wait list, the whole window band (up to
+        ``max_window_band`` jobs) and enough of the tag band to fill ``window``."""
+        return await self._guard(self._read_head(queue, window, max_window_band))
+
+    async def _read_head(self, queue: str, window: int, max_window_band: int):
+        prioritized = self.key(queue, "prioritized")
+        async with self.client().pipeline(transaction=False) as pipe:
+            pipe.lrange(self.key(queue, "wait"), 0, max_window_band - 1)
+            pipe.zrangebyscore(
+                prioritized,
+                0,
+                f"({WINDOW_BAND_TOP * _SCORE_BASE}",
+                start=0,
+                num=max_window_band + 1,
+                withscores=True,
+            )
+            pipe.zrangebyscore(
+                prioritized,
+                WINDOW_BAND_TOP * _SCORE_BASE,
+                "+inf",
+                start=0,
+                num=window + 1,
+                withscores=True,
+            )
+            pipe.zcard(prioritized)
+            wait_ids, band, tag_band, total = await pipe.execute()
+        wait_ids.reverse()  # BullMQ pops the wait list from its right end
+        if len(band) > max_window_band:
+            # More window-band jobs than we may read: stay below the first one left out.
+            upper_bound = int(band[max_window_band][1] // _SCORE_BASE)
+            band, tag_entries, tag_band_head = band[:max_window_band], [], None
+        else:
+            upper_bound = WINDOW_BAND_TOP
+            fill = max(0, window - len(band) - len(wait_ids))
+            tag_entries = tag_band[:fill]
+            rest = tag_band[fill:]
+            tag_band_head = int(rest[0][1] // _SCORE_BASE) if rest else None
+        entries = [(job_id, 0, True) for job_id in wait_ids] + [
+            (job_id, int(score // _SCORE_BASE), False) for job_id, score in band + tag_entries
+        ]
+        return WaitingSnapshot(
+            jobs=await self._read_jobs(queue, entries),
+            behind=max(0, total - len(band) - len(tag_entries)),
+            upper_bound=upper_bound,
+            tag_band_head=tag_band_head,
+        )
+
+    async def read_jobs(self, queue: str, job_ids: Sequence[str]) -> list[WaitingJob]:
+        """Read jobs by id (skipping ids whose job hash is gone)."""
+        return await self._guard(self._read_jobs(queue, [(j, None, False) for j in job_ids]))
+
+    async def _read_jobs(
+        self, queue: str, entries: Sequence[tuple[str, int | None, bool]]
+    ) -> list[WaitingJob]:
+        if not entries:
+            return []
+        async with self.client().pipeline(transaction=False) as pipe:
+            for job_id, _, _ in entries:
+                pipe.hmget(self.key(queue, job_id), *_JOB_FIELDS)
+            rows = await pipe.execute()
+        jobs = []
+        for (job_id, priority, in_wait), row in zip(entries, rows, strict=True):
+            name, data, timestamp, stored_priority, attempts_made, _delay = row
+            if name is None and data is None and timestamp is None:
+                continue  # removed or finished since we read the ids
+            jobs.append(
+                WaitingJob(
+                    job_id=job_id,
+                    name=name or "",
+                    data=parse_job_data(data),
+                    timestamp_ms=_int_or(timestamp, None),
+                    priority=priority if priority is not None else _int_or(stored_priority, 0),
+                    attempts_made=_int_or(attempts_made, 0) or 0,
+                    in_wait_list=in_wait,
+                )
+            )
+        return jobs
+
+    async def find_overdue(
+        self, queue: str, *, cutoff_ms: int, start: int, page_size: int = 10_000
+    ) -> list[str]:
+        """Ids of jobs in the prioritized set from rank ``start`` on, enqueued before
+        ``cutoff_ms``, in pop order. Pages through the set inside Redis."""
+        return await self._guard(self._find_overdue(queue, cutoff_ms, start, page_size))
+
+    async def _find_overdue(self, queue, cutoff_ms, start, page_size):
+        script = self._state().scripts["overdue"]
+        found: list[str] = []
+        position = start
+        while True:
+            scanned, ids = await script(
+                keys=[self.key(queue, "prioritized")],
+                args=[position, position + page_size - 1, cutoff_ms, self.key(queue, "")],
+            )
+            found.extend(ids)
+            position += page_size
+            if scanned < page_size:
+                return found
+
+    async def count_wait_list(self, queue: str) -> int:
+        return await self._guard(self.client().llen(self.key(queue, "wait")))
+
+    async def counts(self, queue: str) -> dict[str, int]:
+        """Job counts by BullMQ state."""
+        states = ("wait", "prioritized", "active", "delayed", "failed", "completed")
+        return await self._guard(self._counts(queue, states))
+
+    async def _counts(self, queue, states):
+        values = await self.queue(queue).getJobCounts(*states)
+        return {state: int(values.get(state, 0)) for state in states}
+
+    # -- writing ----------------------------------------------------------------------
+
+    async def set_priorities(
+        self, queue: str, changes: Sequence[tuple[str, int]], *, batch_size: int = 1_000
+    ) -> WriteResult:
+        """Write BullMQ priorities with BullMQ's ``changePriority`` script, pipelined.
+
+        A job that vanished (finished or removed) is reported in ``missing`` and never
+        stops the others.
+        """
+        return await self._guard(self._set_priorities(queue, changes, batch_size))
+
+    async def _set_priorities(self, queue, changes, batch_size):
+        await self._ensure_scripts(queue)
+        bull_queue = self.queue(queue)
+        script = bull_queue.scripts.commands["changePriority"]
+        keys = [
+            self.key(queue, "wait"),
+            self.key(queue, "paused"),
+            self.key(queue, "meta"),
+            self.key(queue, "prioritized"),
+            self.key(queue, "active"),
+            self.key(queue, "pc"),
+            self.key(queue, "marker"),
+        ]
+        prefix = self.key(queue, "")
+        result = WriteResult()
+        pending = list(changes)
+        reloaded = False
+        while pending:
+            batch, pending = pending[:batch_size], pending[batch_size:]
+            async with self.client().pipeline(transaction=False) as pipe:
+                for job_id, priority in batch:
+                    pipe.evalsha(script.sha, len(keys), *keys, priority, prefix, job_id, 0)
+                replies = await pipe.execute(raise_on_error=False)
+            result.round_trips += 1
+            retry = []
+            for (job_id, priority), reply in zip(batch, replies, strict=True):
+                if isinstance(reply, NoScriptError):
+                    retry.append((job_id, priority))
+                elif isinstance(reply, Exception):
+                    result.failed.append(job_id)
+                elif int(reply) < 0:
+                    result.missing.append(job_id)
+                else:
+                    result.written += 1
+            if retry:
+                if reloaded:
+                    result.failed.extend(job_id for job_id, _ in retry)
+                else:
+                    await self._load_scripts([script])
+                    reloaded = True
+                    pending = retry + pending
+        return result
+
+    async def rebase_tag_band(self, queue: str, shift: int) -> int:
+        """Shift the tag band down by ``shift`` priorities (order unchanged)."""
+        script = self._state().scripts["rebase"]
+        return await self._guard(
+            script(
+                keys=[self.key(queue, "prioritized"), self.fair_key(queue, "tags")],
+                args=[WINDOW_BAND_TOP, shift, BACK_OF_LINE - 1, self.key(queue, "")],
+            )
+        )
+
+    # -- leader lock ------------------------------------------------------------------
+
+    async def acquire_lock(self, key: str, token: str, ttl_ms: int) -> bool:
+        """Take ``key`` if free, or renew it if ``token`` already holds it."""
+        return await self._guard(self._acquire_lock(key, token, ttl_ms))
+
+    async def _acquire_lock(self, key, token, ttl_ms):
+        client = self.client()
+        if await client.set(key, token, nx=True, px=ttl_ms):
+            return True
+        return bool(await self._state().scripts["renew"](keys=[key], args=[token, ttl_ms]))
+
+    async def release_lock(self, key: str, token: str) -> bool:
+        return bool(await self._guard(self._state().scripts["release"](keys=[key], args=[token])))
+
+    async def lock_holder(self, key: str) -> tuple[str | None, int]:
+        """The token holding ``key`` and its remaining time in ms."""
+        client = self.client()
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.get(key)
+            pipe.pttl(key)
+            holder, ttl = await self._guard(pipe.execute())
+        return holder, int(ttl)
+
+    async def obliterate(self, queue: str) -> None:
+        """Remove a queue and fairqueue's keys beside it (tests and demos)."""
+        await self._guard(self.queue(queue).obliterate(force=True))
+        keys = [k async for k in self.client().scan_iter(match=self.key(queue, "fq:*"))]
+        if keys:
+            await self.client().delete(*keys)
+
+
+def _default_client(redis_url: str) -> aioredis.Redis:
+    return aioredis.from_url(
+        redis_url,
+        decode_responses=True,
+        socket_connect_timeout=2,
+        socket_timeout=10,
+        health_check_interval=30,
+    )
+
+
+class SyncBroker:
+    """Blocking facade over :class:`Broker` for sync code.
+
+    One event-loop thread and one connection pool per process, created lazily and again
+    in a forked child (a pool must never be shared across ``fork()``).
+    """
+
+    def __init__(self, broker: Broker, *, timeout_s: float = 30.0) -> None:
+        self.broker = broker
+        self._timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pid: int | None = None
+
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None or self._pid != os.getpid() or self._loop.is_closed():
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(
+                    target=loop.run_forever, name="fairqueue-broker", daemon=True
+                )
+                thread.start()
+                self._loop, self._pid = loop, os.getpid()
+            return self._loop
+
+    def run(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        """Run ``await fn(*args, **kwargs)`` on the broker's loop and wait for it."""
+        loop = self._ensure_loop()
+        if _running_loop() is loop:
+            raise RuntimeError("SyncBroker.run called from its own event loop")
+        future: Future[T] = asyncio.run_coroutine_threadsafe(fn(*args, **kwargs), loop)
+        try:
+            return future.result(self._timeout_s)
+        except TimeoutError as exc:
+            future.cancel()
+            raise BrokerUnavailableError("Redis did not answer in time (TimeoutError)") from exc
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        attr = getattr(self.broker, name)
+        if not asyncio.iscoroutinefunction(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self.run(attr, *args, **kwargs)
+
+        return call
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+_brokers: dict[tuple[int, str, str], tuple[Broker, SyncBroker]] = {}
+_brokers_lock = threading.Lock()
+
+
+def _get_pair() -> tuple[Broker, SyncBroker]:
+    from .conf import get_settings
+
+    settings = get_settings()
+    key = (os.getpid(), settings.redis_url, settings.prefix)
+    with _brokers_lock:
+        pair = _brokers.get(key)
+        if pair is None:
+            broker = Broker(settings.redis_url, settings.prefix)
+            pair = (broker, SyncBroker(broker))
+            _brokers[key] = pair
+        return pair
+
+
+def get_broker() -> Broker:
+    """The process's async broker for the configured Redis URL and prefix."""
+    return _get_pair()[0]
+
+
+def get_sync_broker() -> SyncBroker:
+    """The process's blocking broker for the configured Redis URL and prefix."""
+    return _get_pair()[1]
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
