@@ -11,7 +11,7 @@ How fairqueue uses BullMQ's priority (pinned: ``bullmq>=3.4.4,<3.5``, checked by
 * fairqueue splits that range in two bands. The **window band** ``1 .. WINDOW_BAND_TOP-1``
   holds the jobs a rebalance pass has put in exact fair order. The **tag band**
   ``WINDOW_BAND_TOP .. MAX_PRIORITY`` holds newly enqueued jobs at their enqueue-time
-  virtual finish tag (see :data:`PLACE_SCRIPT`), so the backlog behind the window is
+  virtual finish tag (see :data:`ADD_PRELUDE`), so the backlog behind the window is
   already in approximately fair order and a new critical job does not wait behind a
   whole backlog of low jobs for the next pass to find it.
 * Rebalance writes go through BullMQ's own ``changePriority`` script, pipelined, so a
@@ -25,6 +25,7 @@ after ``fork()``. Async callers (async views) await :class:`Broker` directly.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
@@ -36,9 +37,12 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
+import redis
 import redis.asyncio as aioredis
 from bullmq import Job as BullJob
 from bullmq import Queue as BullQueue
+from bullmq import Worker as BullWorker
+from bullmq.redis_connection import loadScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -78,44 +82,88 @@ REBASE_THRESHOLD: Final = WINDOW_BAND_TOP + (1 << 20)
 _SCORE_BASE: Final = 1 << 32
 _JOB_FIELDS: Final = ("name", "data", "timestamp", "priority", "attemptsMade", "delay")
 
-#: Place a job that BullMQ's addPrioritizedJob has just added at BACK_OF_LINE (runs in
-#: the same MULTI, so the priority counter still identifies it) at its level's next
-#: virtual finish tag: ``max(level's last tag, virtual time) + step``, the virtual time
+#: fairqueue's add script wraps BullMQ's own addPrioritizedJob script (see
+#: :func:`add_script_source`) and runs it once per job of a batch, in one EVALSHA.
+#: Before each run it sets the job's ``priority`` option to the job's level's next
+#: virtual finish tag, ``max(level's last tag, virtual time) + step``, the virtual time
 #: being the start tag of the tag band's head job (WFQ's "tag of the job in service").
 #: A level that was idle restarts there (no credit for idleness); an empty tag band
-#: resets the per-level tags, which keeps them from creeping towards BullMQ's cap.
-PLACE_SCRIPT: Final = """
-local rcall = redis.call
-local pc = tonumber(rcall('GET', KEYS[2]) or '0')
-local placeholder = tonumber(ARGV[1])
-local score = placeholder * 4294967296 + pc % 4294967296
-local found = rcall('ZRANGEBYSCORE', KEYS[1], score, score, 'LIMIT', 0, 1)
-if #found == 0 then return false end
-local jobId = found[1]
-local floor = tonumber(ARGV[5])
-local head = rcall('ZRANGEBYSCORE', KEYS[1], floor * 4294967296,
-  placeholder * 4294967296 - 1, 'WITHSCORES', 'LIMIT', 0, 1)
-local base = floor
-if #head > 0 then
-  -- the head's start tag: its priority less its level offset and its level's step
-  local headPrio = math.floor(tonumber(head[2]) / 4294967296)
-  local offset = headPrio % 4
-  base = headPrio - offset - tonumber(ARGV[7 + offset])
-  if base < floor then base = floor end
-else
-  rcall('DEL', KEYS[3])
+#: resets the per-level tags, so they do not creep towards BullMQ's cap. A job id that
+#: already exists is left to BullMQ (it keeps the existing job) and uses no tag.
+#:
+#: KEYS[1..9] are addPrioritizedJob's, KEYS[10] is fairqueue's per-level tag hash.
+#: ARGV[1] is the number of jobs n; then, per job, BullMQ's four arguments (packed
+#: args, JSON data, packed opts, timestamp) and the level name. Returns, per job, the
+#: job id and the priority given (0: the id existed and nothing was added).
+ADD_SCRIPT_HEAD: Final = """
+local fqCall = redis.call
+local fqStep = {critical = %(critical)d, high = %(high)d, normal = %(normal)d, low = %(low)d}
+local fqOffset = {critical = 0, high = 1, normal = 2, low = 3}
+local fqStepByOffset = {[0] = %(critical)d, [1] = %(high)d, [2] = %(normal)d, [3] = %(low)d}
+local fqFloor = %(floor)d
+local fqBack = %(back)d
+local function fqTag(level)
+  local head = fqCall('ZRANGEBYSCORE', KEYS[4], fqFloor * 4294967296,
+    fqBack * 4294967296 - 1, 'WITHSCORES', 'LIMIT', 0, 1)
+  local base = fqFloor
+  if #head > 0 then
+    local headPrio = math.floor(tonumber(head[2]) / 4294967296)
+    local offset = headPrio %% 4
+    base = headPrio - offset - fqStepByOffset[offset]
+    if base < fqFloor then base = fqFloor end
+  else
+    fqCall('DEL', KEYS[10])
+  end
+  base = base - base %% 4
+  local last = tonumber(fqCall('HGET', KEYS[10], level) or '0')
+  if last < base then last = base end
+  local tag = last + fqStep[level]
+  local priority = tag + fqOffset[level]
+  if priority >= fqBack then return fqBack end
+  fqCall('HSET', KEYS[10], level, tag)
+  return priority
 end
-base = base - base % 4
-local last = tonumber(rcall('HGET', KEYS[3], ARGV[2]) or '0')
-if last < base then last = base end
-local tag = last + tonumber(ARGV[3])
-local prio = tag + tonumber(ARGV[4])
-if prio >= placeholder then return {jobId, placeholder} end
-rcall('HSET', KEYS[3], ARGV[2], tag)
-rcall('ZADD', KEYS[1], prio * 4294967296 + pc % 4294967296, jobId)
-rcall('HSET', ARGV[6] .. jobId, 'priority', prio)
-return {jobId, prio}
+local function fqBullmqAdd()
 """
+ADD_SCRIPT_TAIL: Final = """
+end
+local fqJobs = {}
+for i = 1, tonumber(ARGV[1]) do
+  local b = 2 + (i - 1) * 5
+  fqJobs[i] = {ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4]}
+end
+local fqReplies = {}
+for i, job in ipairs(fqJobs) do
+  local args = cmsgpack.unpack(job[1])
+  local priority = 0
+  if args[2] == '' or fqCall('EXISTS', args[1] .. args[2]) == 0 then
+    priority = fqTag(job[5])
+    local opts = cmsgpack.unpack(job[3])
+    opts['priority'] = priority
+    job[3] = cmsgpack.pack(opts)
+  end
+  ARGV[1], ARGV[2], ARGV[3], ARGV[4] = job[1], job[2], job[3], job[4]
+  fqReplies[#fqReplies + 1] = fqBullmqAdd()
+  fqReplies[#fqReplies + 1] = priority
+end
+return fqReplies
+"""
+
+
+def add_script_source() -> str:
+    """fairqueue's add script: BullMQ's own addPrioritizedJob, wrapped.
+
+    BullMQ's script is read from the installed bullmq package, so the job hash, the
+    prioritized set entry and the events are exactly what BullMQ writes; only the
+    ``priority`` option it is given is fairqueue's.
+    """
+    head = ADD_SCRIPT_HEAD % {
+        **{level.value: step for level, step in TAG_STEP.items()},
+        "floor": WINDOW_BAND_TOP,
+        "back": BACK_OF_LINE,
+    }
+    return head + loadScript("addPrioritizedJob-9.lua") + ADD_SCRIPT_TAIL
+
 
 #: Page through the prioritized set returning jobs whose BullMQ ``timestamp`` is older
 #: than the cutoff. Runs inside Redis so a 100,000-job backlog is scanned in a few
@@ -245,6 +293,126 @@ def _int_or(value: Any, default: int | None) -> int | None:
         return default
 
 
+@dataclass(frozen=True, slots=True)
+class _AddCommand:
+    """One EVALSHA that adds one or more jobs, built without I/O."""
+
+    sha: str
+    source: str
+    keys: list[str]
+    args: list[Any]
+    delayed: bool
+
+
+def _added(command: _AddCommand, reply: Any) -> list[AddedJob]:
+    if isinstance(reply, Exception):
+        raise reply
+    pairs = (
+        [(reply, BACK_OF_LINE)]
+        if command.delayed
+        else list(zip(reply[::2], reply[1::2], strict=True))
+    )
+    added = []
+    for job_id, priority in pairs:
+        if isinstance(job_id, int) and job_id < 0:
+            raise ResponseError(f"BullMQ refused the job (code {job_id})")
+        added.append(AddedJob(job_id=str(job_id), priority=int(priority) or None))
+    return added
+
+
+class _AddPacker:
+    """Builds add commands (keys and BullMQ's msgpacked arguments) with BullMQ's own code.
+
+    The bullmq ``Queue`` objects kept here only pack arguments; they never connect.
+    """
+
+    #: Jobs per EVALSHA; larger batches are split (each part is still all-or-nothing
+    #: with respect to validation, which happens before anything is sent).
+    batch_size: Final = 1_000
+
+    def __init__(self, redis_url: str, prefix: str) -> None:
+        self._redis_url = redis_url
+        self.prefix = prefix
+        self._queues: dict[str, BullQueue] = {}
+        self._lock = threading.Lock()
+        self.add_source = add_script_source()
+        self.add_sha = hashlib.sha1(self.add_source.encode()).hexdigest()  # noqa: S324
+        self.delayed_source = loadScript("addDelayedJob-6.lua")
+        self.delayed_sha = hashlib.sha1(self.delayed_source.encode()).hexdigest()  # noqa: S324
+
+    def _queue(self, name: str) -> BullQueue:
+        with self._lock:
+            queue = self._queues.get(name)
+            if queue is None:
+                queue = BullQueue(name, {"connection": self._redis_url, "prefix": self.prefix})
+                self._queues[name] = queue
+            return queue
+
+    def add_commands(self, queue: str, jobs: Sequence[NewJob]) -> list[_AddCommand]:
+        bull_queue = self._queue(queue)
+        scripts = bull_queue.scripts
+        commands: list[_AddCommand] = []
+        batch: list[Any] = []
+        for job in jobs:
+            opts: dict[str, Any] = {"priority": BACK_OF_LINE}
+            if job.job_id is not None:
+                opts["jobId"] = job.job_id
+            if job.delay_ms:
+                opts["delay"] = job.delay_ms
+            if job.attempts is not None:
+                opts["attempts"] = job.attempts
+            bull_job = BullJob(bull_queue, job.name, job.data, opts)
+            args = scripts.addJobArgs(bull_job)
+            args.append(bull_job.timestamp)
+            if job.delay_ms:
+                keys = scripts.getKeys(["marker", "meta", "id", "delayed", "completed", "events"])
+                commands.append(
+                    _AddCommand(self.delayed_sha, self.delayed_source, keys, args, delayed=True)
+                )
+                continue
+            batch.append((*args, job.level.value))
+            if len(batch) == self.batch_size:
+                commands.append(self._batch_command(queue, scripts, batch))
+                batch = []
+        if batch:
+            commands.append(self._batch_command(queue, scripts, batch))
+        return commands
+
+    def _batch_command(self, queue: str, scripts: Any, batch: list[Any]) -> _AddCommand:
+        keys = scripts.getKeys(
+            [
+                "marker",
+                "meta",
+                "id",
+                "prioritized",
+                "delayed",
+                "completed",
+                "active",
+                "events",
+                "pc",
+            ]
+        )
+        keys.append(f"{self.prefix}:{queue}:fq:tags")
+        args: list[Any] = [len(batch)]
+        for job_args in batch:
+            args.extend(job_args)
+        return _AddCommand(self.add_sha, self.add_source, keys, args, delayed=False)
+
+
+def _run_adds_sync(client: Any, commands: list[_AddCommand]) -> list[AddedJob]:
+    """Run add commands with a blocking client; the twin of ``Broker._run_adds``."""
+    added: list[AddedJob] = []
+    for command in commands:
+        try:
+            reply = client.evalsha(command.sha, len(command.keys), *command.keys, *command.args)
+        except NoScriptError:
+            # Redis lost its script cache (restart, SCRIPT FLUSH): nothing ran.
+            client.script_load(command.source)
+            reply = client.evalsha(command.sha, len(command.keys), *command.keys, *command.args)
+        added.extend(_added(command, reply))
+    return added
+
+
 class _LoopState:
     """Redis client and BullMQ queues bound to one event loop."""
 
@@ -277,6 +445,7 @@ class Broker:
         self._states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = (
             weakref.WeakKeyDictionary()
         )
+        self._packer = _AddPacker(redis_url, prefix)
 
     def __repr__(self) -> str:
         return f"Broker(prefix={self.prefix!r})"
@@ -289,7 +458,6 @@ class Broker:
         if state is None:
             state = _LoopState(self._client_factory(self._redis_url))
             for name, source in (
-                ("place", PLACE_SCRIPT),
                 ("overdue", OVERDUE_SCRIPT),
                 ("rebase", REBASE_SCRIPT),
                 ("release", RELEASE_LOCK_SCRIPT),
@@ -324,7 +492,7 @@ class Broker:
             script.sha = await client.script_load(script.script)
 
     async def _ensure_scripts(self, queue: str) -> None:
-        """Load the scripts fairqueue sends by EVALSHA inside pipelines, once per client.
+        """Load the scripts the rebalance pass sends by EVALSHA in pipelines, once per client.
 
         Pipelines cannot fall back from EVALSHA to EVAL per command, and redis-py would
         otherwise check SCRIPT EXISTS before every pipeline (an extra round trip).
@@ -333,14 +501,7 @@ class Broker:
         if state.scripts_loaded:
             return
         commands = self.queue(queue).scripts.commands
-        await self._load_scripts(
-            [
-                commands["addPrioritizedJob"],
-                commands["addDelayedJob"],
-                commands["changePriority"],
-                *state.scripts.values(),
-            ]
-        )
+        await self._load_scripts([commands["changePriority"], *state.scripts.values()])
         state.scripts_loaded = True
 
     async def _guard(self, coro: Awaitable[T]) -> T:
@@ -360,125 +521,34 @@ class Broker:
 
     # -- enqueue ----------------------------------------------------------------------
 
-    def _bull_job(self, queue: str, job: NewJob, priority: int) -> BullJob:
-        opts: dict[str, Any] = {"priority": priority}
-        if job.job_id is not None:
-            opts["jobId"] = job.job_id
-        if job.delay_ms:
-            opts["delay"] = job.delay_ms
-        if job.attempts is not None:
-            opts["attempts"] = job.attempts
-        return BullJob(self.queue(queue), job.name, job.data, opts)
-
-    def _queue_add(self, pipe: Any, queue: str, job: NewJob) -> None:
-        """Queue BullMQ's add script, and (if not delayed) the place script, on ``pipe``."""
-        bull_queue = self.queue(queue)
-        scripts = bull_queue.scripts
-        bull_job = self._bull_job(queue, job, BACK_OF_LINE)
-        args = scripts.addJobArgs(bull_job)
-        if job.delay_ms:
-            keys = scripts.getKeys(["marker", "meta", "id", "delayed", "completed", "events"])
-            args.append(bull_job.timestamp)
-            pipe.evalsha(scripts.commands["addDelayedJob"].sha, len(keys), *keys, *args)
-            return
-        keys = scripts.getKeys(
-            [
-                "marker",
-                "meta",
-                "id",
-                "prioritized",
-                "delayed",
-                "completed",
-                "active",
-                "events",
-                "pc",
-            ]
-        )
-        args.append(bull_job.timestamp)
-        pipe.evalsha(scripts.commands["addPrioritizedJob"].sha, len(keys), *keys, *args)
-        place = self._state().scripts["place"]
-        pipe.evalsha(
-            place.sha,
-            3,
-            self.key(queue, "prioritized"),
-            self.key(queue, "pc"),
-            self.fair_key(queue, "tags"),
-            BACK_OF_LINE,
-            job.level.value,
-            TAG_STEP[job.level],
-            TAG_OFFSET[job.level],
-            WINDOW_BAND_TOP,
-            self.key(queue, ""),
-            *(TAG_STEP[level] for level in sorted(TAG_OFFSET, key=TAG_OFFSET.__getitem__)),
-        )
-
     async def add_jobs(self, queue: str, jobs: Sequence[NewJob]) -> list[AddedJob]:
-        """Add ``jobs`` atomically (one MULTI/EXEC, one round trip) at their fair tags.
+        """Add ``jobs`` at their fair tags in one round trip (one MULTI/EXEC for a batch).
 
         Raises:
             BrokerUnavailableError: Redis did not answer; nothing was added.
         """
-        return await self._guard(self._add_jobs(queue, jobs))
-
-    async def _add_jobs(self, queue: str, jobs: Sequence[NewJob], retried: bool = False):
-        await self._ensure_scripts(queue)
-        bull_queue = self.queue(queue)
-        async with self.client().pipeline(transaction=True) as pipe:
-            for job in jobs:
-                self._queue_add(pipe, queue, job)
-            results = await pipe.execute(raise_on_error=False)
-        if any(isinstance(r, NoScriptError) for r in results):
-            # Redis lost its script cache (restart or SCRIPT FLUSH). A transaction whose
-            # add scripts failed changed nothing, so load the scripts and run it again.
-            adds_failed = any(
-                isinstance(results[i], NoScriptError) for i in self._add_indexes(jobs)
-            )
-            await self._load_scripts(
-                [
-                    bull_queue.scripts.commands["addPrioritizedJob"],
-                    bull_queue.scripts.commands["addDelayedJob"],
-                    self._state().scripts["place"],
-                ]
-            )
-            if adds_failed and not retried:
-                return await self._add_jobs(queue, jobs, retried=True)
-        added: list[AddedJob] = []
-        index = 0
-        for job in jobs:
-            job_result = results[index]
-            if isinstance(job_result, Exception):
-                raise job_result
-            if isinstance(job_result, int) and job_result < 0:
-                raise ResponseError(f"BullMQ refused the job (code {job_result})")
-            job_id = str(job_result)
-            priority: int | None = BACK_OF_LINE
-            index += 1
-            if not job.delay_ms:
-                placed = results[index]
-                index += 1
-                if isinstance(placed, list) and len(placed) == 2:
-                    priority = int(placed[1])
-                elif placed is None:
-                    priority = None  # a job with this id existed: BullMQ kept it as it was
-                elif isinstance(placed, Exception):
-                    logger.warning(
-                        "placing a job by tag failed (%s); it waits at the back of the line "
-                        "until the next rebalance pass",
-                        type(placed).__name__,
-                    )
-            added.append(AddedJob(job_id=job_id, priority=priority))
-        return added
-
-    @staticmethod
-    def _add_indexes(jobs: Sequence[NewJob]) -> list[int]:
-        indexes, index = [], 0
-        for job in jobs:
-            indexes.append(index)
-            index += 1 if job.delay_ms else 2
-        return indexes
+        commands = self._packer.add_commands(queue, jobs)
+        return await self._guard(self._run_adds(commands))
 
     async def add_job(self, queue: str, job: NewJob) -> AddedJob:
         return (await self.add_jobs(queue, [job]))[0]
+
+    async def _run_adds(self, commands: list[_AddCommand]) -> list[AddedJob]:
+        client = self.client()
+        added: list[AddedJob] = []
+        for command in commands:
+            try:
+                reply = await client.evalsha(
+                    command.sha, len(command.keys), *command.keys, *command.args
+                )
+            except NoScriptError:
+                # Redis lost its script cache (restart, SCRIPT FLUSH): nothing ran.
+                await client.script_load(command.source)
+                reply = await client.evalsha(
+                    command.sha, len(command.keys), *command.keys, *command.args
+                )
+            added.extend(_added(command, reply))
+        return added
 
     # -- reading ----------------------------------------------------------------------
 
@@ -690,6 +760,87 @@ class Broker:
         if keys:
             await self.client().delete(*keys)
 
+    # -- worker support (fairqueue.worker) --------------------------------------------
+    # The only place a BullMQ Worker is built, so BullMQ's Job object stays in here.
+
+    def make_worker(
+        self,
+        queue: str,
+        processor: Callable[[ActiveJob], Awaitable[None]],
+        *,
+        concurrency: int,
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> BullWorker:
+        """A stock BullMQ worker for ``queue`` under this broker's Redis URL and prefix.
+
+        It is not started: the caller awaits ``worker.run()`` and later
+        ``worker.close()``, which stops taking jobs and waits for the active ones. It
+        opens its own connections (BullMQ's worker blocks on one of them).
+
+        Args:
+            queue: the BullMQ queue name.
+            processor: called with each job; an exception it raises fails the job, so
+                BullMQ's attempts and backoff apply. Its return value is not stored.
+            concurrency: how many jobs this worker runs at once.
+            on_error: called with errors BullMQ's loop meets outside a processor
+                (e.g. a lost connection), which BullMQ would otherwise drop.
+        """
+
+        async def process(job: BullJob, token: str) -> None:
+            await processor(
+                ActiveJob(
+                    job_id=str(job.id),
+                    name=job.name or "",
+                    data=job.data,
+                    attempts_made=_int_or(job.attemptsMade, 0) or 0,
+                )
+            )
+
+        worker = BullWorker(
+            queue,
+            process,
+            {
+                "connection": self._redis_url,
+                "prefix": self.prefix,
+                "concurrency": concurrency,
+                "autorun": False,
+            },
+        )
+        if on_error is not None:
+            worker.on("error", lambda error, *_: on_error(error))
+        return worker
+
+    async def count_unfinished(self, queue: str) -> int:
+        """Jobs of ``queue`` a worker still has to finish: waiting (in the wait list or
+        the prioritized set), delayed (including retries serving their backoff) or
+        active.
+
+        Read in one MULTI, so a job moving between those states (a retry going from
+        active back to prioritized) is counted exactly once and an idle check cannot
+        see a queue empty while it is not.
+        """
+        async with self.client().pipeline(transaction=True) as pipe:
+            pipe.llen(self.key(queue, "wait"))
+            pipe.zcard(self.key(queue, "prioritized"))
+            pipe.zcard(self.key(queue, "delayed"))
+            pipe.llen(self.key(queue, "active"))
+            counts = await self._guard(pipe.execute())
+        return sum(int(count) for count in counts)
+
+
+@dataclass(frozen=True, slots=True)
+class ActiveJob:
+    """A job a worker took, in fairqueue's terms (see :meth:`Broker.make_worker`).
+
+    ``data`` is the job's payload as enqueued (normally a dict, but other producers may
+    enqueue any JSON value); ``attempts_made`` counts the attempts that already failed.
+    """
+
+    job_id: str
+    name: str
+    data: Any
+    attempts_made: int
+
 
 def _default_client(redis_url: str) -> aioredis.Redis:
     return aioredis.from_url(
@@ -701,34 +852,79 @@ def _default_client(redis_url: str) -> aioredis.Redis:
     )
 
 
+class _LoopThread:
+    """One event loop running in a daemon thread, per process (recreated after fork)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pid: int | None = None
+
+    def get(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None or self._pid != os.getpid() or self._loop.is_closed():
+                loop = asyncio.new_event_loop()
+                threading.Thread(
+                    target=loop.run_forever, name="fairqueue-broker", daemon=True
+                ).start()
+                self._loop, self._pid = loop, os.getpid()
+            return self._loop
+
+
+_loop_thread = _LoopThread()
+
+
 class SyncBroker:
     """Blocking facade over :class:`Broker` for sync code.
 
-    One event-loop thread and one connection pool per process, created lazily and again
-    in a forked child (a pool must never be shared across ``fork()``).
+    Calls run on one event-loop thread per process, so the process keeps one connection
+    pool however many threads enqueue; a forked child gets its own loop and pool (a
+    pool must never be shared across ``fork()``).
     """
 
     def __init__(self, broker: Broker, *, timeout_s: float = 30.0) -> None:
         self.broker = broker
         self._timeout_s = timeout_s
-        self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._pid: int | None = None
+        self._sync_client: redis.Redis | None = None
+        self._sync_lock = threading.Lock()
 
-    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
-        with self._lock:
-            if self._loop is None or self._pid != os.getpid() or self._loop.is_closed():
-                loop = asyncio.new_event_loop()
-                thread = threading.Thread(
-                    target=loop.run_forever, name="fairqueue-broker", daemon=True
+    def _client(self) -> redis.Redis:
+        # redis-py's pool notices a fork and starts afresh in the child.
+        with self._sync_lock:
+            if self._sync_client is None:
+                self._sync_client = redis.Redis.from_url(
+                    self.broker._redis_url,
+                    decode_responses=True,
+                    socket_connect_timeout=2,
+                    socket_timeout=10,
                 )
-                thread.start()
-                self._loop, self._pid = loop, os.getpid()
-            return self._loop
+            return self._sync_client
+
+    def add_jobs(self, queue: str, jobs: Sequence[NewJob]) -> list[AddedJob]:
+        """Add jobs from the calling thread with a blocking client: no event-loop hop on
+        the enqueue hot path (sync views enqueue as fast as raw BullMQ can)."""
+        commands = self.broker._packer.add_commands(queue, jobs)
+        try:
+            return _run_adds_sync(self._client(), commands)
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise _unavailable(exc) from exc
+
+    def add_job(self, queue: str, job: NewJob) -> AddedJob:
+        return self.add_jobs(queue, [job])[0]
+
+    def close(self) -> None:
+        with self._sync_lock:
+            client, self._sync_client = self._sync_client, None
+        if client is not None:
+            client.close()
+        self.run(self.broker.close)
+
+    def __repr__(self) -> str:
+        return f"SyncBroker({self.broker!r})"
 
     def run(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         """Run ``await fn(*args, **kwargs)`` on the broker's loop and wait for it."""
-        loop = self._ensure_loop()
+        loop = _loop_thread.get()
         if _running_loop() is loop:
             raise RuntimeError("SyncBroker.run called from its own event loop")
         future: Future[T] = asyncio.run_coroutine_threadsafe(fn(*args, **kwargs), loop)
@@ -772,6 +968,18 @@ def _get_pair() -> tuple[Broker, SyncBroker]:
             pair = (broker, SyncBroker(broker))
             _brokers[key] = pair
         return pair
+
+
+def close_brokers() -> None:
+    """Close this process's broker connections (tests, and processes about to exit)."""
+    with _brokers_lock:
+        pairs = list(_brokers.values())
+        _brokers.clear()
+    for _, sync_broker in pairs:
+        try:
+            sync_broker.close()
+        except BrokerUnavailableError:
+            pass
 
 
 def get_broker() -> Broker:

@@ -57,6 +57,12 @@ NUMERIC_PRIORITY_BY_LEVEL: Final = MappingProxyType(
 #: The tenant bucket of jobs enqueued without a tenant id (seed 1).
 DEFAULT_TENANT: Final = "default"
 
+#: Keys fairqueue merges into every job's data payload (seed 1's names, so Node workers
+#: and the rebalance pass read the same durable metadata).
+PAYLOAD_TENANT_KEY: Final = "tenantId"
+PAYLOAD_LEVEL_KEY: Final = "priorityLevel"
+FAIRQUEUE_PAYLOAD_KEYS: Final = (PAYLOAD_TENANT_KEY, PAYLOAD_LEVEL_KEY)
+
 LEVEL_CHOICES: Final = ", ".join(repr(level.value) for level in LEVELS_BY_RANK)
 
 

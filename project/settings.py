@@ -24,7 +24,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_prometheus",
     "fairqueue",
-    "project",
+    "project.apps.ProjectConfig",
 ]
 
 MIDDLEWARE = [

@@ -1,0 +1,110 @@
+"""Admin for tenant plans, the subscription classifier and the override audit log."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
+
+from .models import (
+    PLAN_CHOICES,
+    ClassifierRule,
+    PriorityOverrideAudit,
+    SubscriptionClassifier,
+    TenantPlan,
+)
+
+
+class SetTierForm(forms.Form):
+    plan_tier = forms.ChoiceField(choices=PLAN_CHOICES, label="New plan tier")
+
+
+@admin.register(TenantPlan)
+class TenantPlanAdmin(admin.ModelAdmin):
+    list_display = ("tenant_id", "display_name", "plan_tier", "updated_at")
+    list_filter = ("plan_tier",)
+    search_fields = ("tenant_id", "display_name")
+    readonly_fields = ("created_at", "updated_at")
+    actions = ("set_tier",)
+
+    @admin.action(description="Set plan tier of selected tenants", permissions=["change"])
+    def set_tier(self, request: HttpRequest, queryset: QuerySet[TenantPlan]) -> Any:
+        """Asks for the tier on a confirmation page (GET never changes anything)."""
+        if "apply" in request.POST:
+            form = SetTierForm(request.POST)
+            if form.is_valid():
+                tier = form.cleaned_data["plan_tier"]
+                count = 0
+                for plan in queryset:
+                    plan.plan_tier = tier
+                    # save() rather than update() so the cached plan is invalidated.
+                    plan.save(update_fields=["plan_tier", "updated_at"])
+                    count += 1
+                self.message_user(
+                    request, f"Set {count} tenant(s) to {tier}.", level=messages.SUCCESS
+                )
+                return None
+        else:
+            form = SetTierForm()
+        return TemplateResponse(
+            request,
+            "admin/fairqueue/tenantplan/set_tier.html",
+            {
+                **self.admin_site.each_context(request),
+                "title": "Set plan tier",
+                "opts": self.model._meta,
+                "queryset": queryset,
+                "form": form,
+                "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+            },
+        )
+
+
+class ClassifierRuleInline(admin.TabularInline):
+    model = ClassifierRule
+    extra = 1
+    fields = ("position", "product_id", "plan_tier")
+    ordering = ("position", "id")
+
+
+@admin.register(SubscriptionClassifier)
+class SubscriptionClassifierAdmin(admin.ModelAdmin):
+    list_display = ("name", "default_tier", "is_active", "updated_at")
+    list_filter = ("is_active",)
+    inlines = (ClassifierRuleInline,)
+
+
+@admin.register(PriorityOverrideAudit)
+class PriorityOverrideAuditAdmin(admin.ModelAdmin):
+    """System-owned records: readable, never added, changed or deleted by anyone."""
+
+    list_display = (
+        "created_at",
+        "job_type",
+        "job_id",
+        "tenant_id",
+        "requested_override",
+        "resolved_level",
+        "rule",
+        "source",
+        "actor",
+    )
+    list_filter = ("requested_override", "resolved_level", "rule", "job_type", "created_at")
+    search_fields = ("tenant_id", "job_id", "source", "actor")
+    date_hierarchy = "created_at"
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [field.name for field in self.model._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

@@ -1,0 +1,121 @@
+"""Prometheus metric families, defined once (names exactly as the seeds give them).
+
+``initialize_queue_fair_metrics(registry)`` registers them, idempotently, into any
+registry; by default the process-wide one that django-prometheus serves at ``/metrics``
+and ``rebalance_fair --metrics-port`` serves on its own port. Label children are
+pre-created for every configured job type so series exist at zero from the start.
+Tenant ids are never a label.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Final
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
+
+from .levels import LEVELS_BY_RANK, PriorityLevel
+
+DECISIONS: Final = ("aged", "weighted_fair")
+ENQUEUE_PRIORITY_LABELS: Final = ("critical", "high", "normal", "low", "other")
+
+
+@dataclass(frozen=True, slots=True)
+class QueueFairMetrics:
+    priority_assigned: Counter
+    decisions: Counter
+    aged_boosts: Counter
+    overdue_waiting: Gauge
+    jobs_enqueued: Counter
+
+
+_lock = threading.Lock()
+_by_registry: dict[int, QueueFairMetrics] = {}
+
+
+def initialize_queue_fair_metrics(
+    registry: CollectorRegistry | None = None,
+    *,
+    job_types: Iterable[str] = (),
+    queues: Iterable[str] = (),
+) -> QueueFairMetrics:
+    """Register fairqueue's metric families in ``registry`` (once) and return them.
+
+    Args:
+        job_types: job types whose series are created at zero.
+        queues: queue names whose enqueue series are created at zero.
+    """
+    registry = REGISTRY if registry is None else registry
+    with _lock:
+        metrics = _by_registry.get(id(registry))
+        if metrics is None:
+            metrics = QueueFairMetrics(
+                priority_assigned=Counter(
+                    "queue_fair_priority_assigned_total",
+                    "Enqueued jobs by normalized priority level.",
+                    ["job_type", "priority_level"],
+                    registry=registry,
+                ),
+                decisions=Counter(
+                    "queue_fair_decisions_total",
+                    "Ordering decisions of rebalance passes: aged (wait bound) or weighted_fair.",
+                    ["job_type", "decision"],
+                    registry=registry,
+                ),
+                aged_boosts=Counter(
+                    "queue_fair_aged_boosts_total",
+                    "Jobs promoted by the maximum wait bound.",
+                    ["job_type"],
+                    registry=registry,
+                ),
+                overdue_waiting=Gauge(
+                    "queue_fair_overdue_waiting",
+                    "Waiting jobs past the wait bound, as of the last rebalance pass.",
+                    ["job_type"],
+                    registry=registry,
+                ),
+                jobs_enqueued=Counter(
+                    "queue_jobs_enqueued_total",
+                    "Enqueued jobs by queue and priority.",
+                    ["queue", "priority"],
+                    registry=registry,
+                ),
+            )
+            _by_registry[id(registry)] = metrics
+    for job_type in job_types:
+        for level in LEVELS_BY_RANK:
+            metrics.priority_assigned.labels(job_type, level.value)
+        for decision in DECISIONS:
+            metrics.decisions.labels(job_type, decision)
+        metrics.aged_boosts.labels(job_type)
+        metrics.overdue_waiting.labels(job_type)
+    for queue in queues:
+        for label in ENQUEUE_PRIORITY_LABELS:
+            metrics.jobs_enqueued.labels(queue, label)
+    return metrics
+
+
+_initialized_for: dict[tuple[frozenset[str], frozenset[str]], QueueFairMetrics] = {}
+
+
+def get_metrics() -> QueueFairMetrics:
+    """The metrics in the default registry, with series for every configured job type.
+
+    Cheap on the hot path: series are pre-created once per set of configured queues.
+    """
+    from .conf import get_settings
+
+    queues = get_settings().queues
+    key = (frozenset(queues), frozenset(queues.values()))
+    metrics = _initialized_for.get(key)
+    if metrics is None:
+        metrics = initialize_queue_fair_metrics(job_types=key[0], queues=key[1])
+        _initialized_for[key] = metrics
+    return metrics
+
+
+def enqueue_priority_label(level: PriorityLevel | None) -> str:
+    """The low-cardinality ``priority`` label of ``queue_jobs_enqueued_total``."""
+    return level.value if isinstance(level, PriorityLevel) else "other"

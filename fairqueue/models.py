@@ -1,0 +1,244 @@
+"""Tenant plans, the subscription classifier, the override audit log, and the
+dashboard's permission holder.
+
+The plan lookup used on the enqueue hot path (:func:`lookup_tenant_plan`) reads through
+the Django cache: one cache round trip per enqueue, no database query, and entries are
+invalidated by the signal receivers in ``fairqueue.signals`` when a plan or a rule
+changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any, Final
+
+from django.core.cache import caches
+from django.core.exceptions import ValidationError
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+from .exceptions import InvalidPlanError
+from .priority import MAX_TENANT_ID_LENGTH, PlanTier, get_subscription_classifier, parse_plan
+
+PLAN_CHOICES: Final = [(tier.value, tier.value.title()) for tier in PlanTier]
+LEVEL_CHOICES: Final = [
+    ("critical", "Critical"),
+    ("high", "High"),
+    ("normal", "Normal"),
+    ("low", "Low"),
+]
+
+_CACHE_PREFIX: Final = "fairqueue:plan"
+_GENERATION_KEY: Final = f"{_CACHE_PREFIX}:generation"
+_NO_PLAN: Final = ""
+
+
+class TenantPlan(models.Model):
+    """A tenant's plan tier, set by hand or derived from its subscription."""
+
+    tenant_id = models.CharField(max_length=MAX_TENANT_ID_LENGTH, unique=True)
+    display_name = models.CharField(max_length=200, blank=True)
+    plan_tier = models.CharField(
+        max_length=20,
+        choices=PLAN_CHOICES,
+        blank=True,
+        help_text=_("Leave empty to classify the tenant by its subscription."),
+    )
+    subscription = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text=_('Billing data, e.g. {"products": [{"subscriptionProductId": "prod_x"}]}.'),
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["tenant_id"]
+
+    def __str__(self) -> str:
+        return self.display_name or self.tenant_id
+
+    def clean(self) -> None:
+        if self.plan_tier:
+            try:
+                parse_plan(self.plan_tier, argument="plan_tier")
+            except InvalidPlanError as exc:
+                raise ValidationError({"plan_tier": str(exc)}) from None
+        if not isinstance(self.subscription, dict):
+            raise ValidationError({"subscription": _("Expected a JSON object.")})
+
+    def product_ids(self) -> list[str]:
+        """Product ids of the subscription, in the order billing lists them."""
+        products = (self.subscription or {}).get("products") or []
+        return [
+            str(product.get("subscriptionProductId"))
+            for product in products
+            if isinstance(product, dict) and product.get("subscriptionProductId")
+        ]
+
+    def resolve_plan(self) -> str:
+        """The explicit tier, else the code-level classifier, else the database rules."""
+        if self.plan_tier:
+            return self.plan_tier
+        classifier = get_subscription_classifier()
+        if classifier is not None:
+            return classifier(self.subscription)
+        active = SubscriptionClassifier.objects.active()
+        if active is None:
+            return PlanTier.PRO.value if self.product_ids() else PlanTier.FREE.value
+        return active.classify(self.product_ids())
+
+
+class SubscriptionClassifierQuerySet(models.QuerySet):
+    def active(self) -> SubscriptionClassifier | None:
+        return self.filter(is_active=True).prefetch_related("rules").order_by("-updated_at").first()
+
+
+class SubscriptionClassifier(models.Model):
+    """Ordered rules that turn a subscription's products into a plan tier.
+
+    The first rule whose product id appears in the subscription wins; a rule with an
+    empty product id matches any subscription that has at least one product. With no
+    match the default tier applies. The newest active classifier is used.
+    """
+
+    name = models.CharField(max_length=100, unique=True)
+    default_tier = models.CharField(max_length=20, choices=PLAN_CHOICES, default="free")
+    is_active = models.BooleanField(default=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = SubscriptionClassifierQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def classify(self, product_ids: Sequence[str]) -> str:
+        products = set(product_ids)
+        for rule in self.rules.all():
+            if (rule.product_id and rule.product_id in products) or (
+                not rule.product_id and products
+            ):
+                return rule.plan_tier
+        return self.default_tier
+
+
+class ClassifierRule(models.Model):
+    classifier = models.ForeignKey(
+        SubscriptionClassifier, on_delete=models.CASCADE, related_name="rules"
+    )
+    position = models.PositiveIntegerField(default=0, help_text=_("Lower runs first."))
+    product_id = models.CharField(
+        max_length=255, blank=True, help_text=_("Empty matches any subscription with products.")
+    )
+    plan_tier = models.CharField(max_length=20, choices=PLAN_CHOICES)
+
+    class Meta:
+        ordering = ["position", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.product_id or '*'} -> {self.plan_tier}"
+
+
+class PriorityOverrideAudit(models.Model):
+    """One enqueue that chose its priority by hand. Written by the enqueue service only
+    after the job is in Redis; never changed or deleted afterwards."""
+
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    job_type = models.CharField(max_length=200)
+    queue = models.CharField(max_length=200)
+    job_id = models.CharField(max_length=255, blank=True)
+    tenant_id = models.CharField(
+        max_length=MAX_TENANT_ID_LENGTH, blank=True, help_text=_("Empty for internal jobs.")
+    )
+    requested_override = models.CharField(max_length=20, choices=LEVEL_CHOICES, blank=True)
+    requested_level = models.CharField(max_length=20, choices=LEVEL_CHOICES, blank=True)
+    requested_priority = models.IntegerField(null=True, blank=True)
+    resolved_level = models.CharField(max_length=20, choices=LEVEL_CHOICES)
+    numeric_priority = models.PositiveIntegerField()
+    rule = models.CharField(max_length=40)
+    source = models.CharField(max_length=200, blank=True)
+    actor = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        verbose_name = _("priority override audit record")
+
+    def __str__(self) -> str:
+        return f"{self.job_type}#{self.job_id} -> {self.resolved_level}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.pk is not None and not kwargs.get("force_insert"):
+            raise ValueError("PriorityOverrideAudit records are immutable")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> Any:
+        raise ValueError("PriorityOverrideAudit records are immutable")
+
+
+class Dashboard(models.Model):
+    """Holds the dashboard's permissions; no table (like django-rq's ``Dashboard``)."""
+
+    class Meta:
+        managed = False
+        default_permissions = ()
+        permissions = [
+            ("view_dashboard", "Can view the fair queue dashboard"),
+            ("run_rebalance", "Can run a rebalance pass from the dashboard"),
+            ("view_job_payload", "Can view job payloads on the dashboard"),
+        ]
+
+    def __str__(self) -> str:
+        return "Fair queue dashboard"
+
+
+# -- cached plan lookup ----------------------------------------------------------------
+
+
+def _cache():
+    from .conf import get_settings
+
+    return caches[get_settings().cache_alias]
+
+
+def _tenant_key(tenant_id: str) -> str:
+    digest = hashlib.sha256(tenant_id.encode()).hexdigest()[:32]
+    return f"{_CACHE_PREFIX}:{digest}"
+
+
+def lookup_tenant_plan(tenant_id: str) -> str | None:
+    """The plan slug of ``tenant_id`` (``None`` if the tenant is unknown), via the cache.
+
+    One cache round trip on a hit: the entry and the classifier generation are fetched
+    together; an entry computed under an older generation is stale.
+    """
+    from .conf import get_settings
+
+    cache = _cache()
+    key = _tenant_key(tenant_id)
+    found = cache.get_many([key, _GENERATION_KEY])
+    generation = found.get(_GENERATION_KEY, 0)
+    entry = found.get(key)
+    if entry is not None and entry[0] == generation:
+        return entry[1] or None
+    plan = TenantPlan.objects.filter(tenant_id=tenant_id).first()
+    slug = plan.resolve_plan() if plan is not None else None
+    cache.set(key, (generation, slug or _NO_PLAN), get_settings().plan_cache_timeout)
+    return slug
+
+
+def forget_tenant_plan(tenant_id: str) -> None:
+    """Drop one tenant's cached plan (its plan or subscription changed)."""
+    _cache().delete(_tenant_key(tenant_id))
+
+
+def forget_all_tenant_plans() -> None:
+    """Invalidate every cached plan (a classifier or rule changed)."""
+    cache = _cache()
+    try:
+        cache.incr(_GENERATION_KEY)
+    except ValueError:
+        cache.set(_GENERATION_KEY, 1, None)

@@ -1,0 +1,10 @@
+from django.apps import AppConfig
+
+
+class ProjectConfig(AppConfig):
+    name = "project"
+    verbose_name = "Demo project"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from . import signals  # noqa: F401

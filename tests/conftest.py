@@ -1,0 +1,53 @@
+"""Shared fixtures: every test that touches Redis gets its own BullMQ key prefix."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+import redis
+
+from fairqueue import conf, priority
+from fairqueue.broker import close_brokers
+
+REDIS_URL = os.environ.get("FAIRQUEUE_REDIS_URL", "redis://127.0.0.1:6379/0")
+TEST_QUEUES = {"email": "email", "report": "report", "cleanup": "cleanup"}
+
+
+def delete_prefix(prefix: str) -> None:
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+        for start in range(0, len(keys), 1000):
+            client.delete(*keys[start : start + 1000])
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def redis_client():
+    client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def fq_prefix(settings):
+    """A private BullMQ prefix, configured in FAIRQUEUE and removed afterwards."""
+    prefix = f"fqtest-{uuid.uuid4().hex[:12]}"
+    settings.FAIRQUEUE = {"PREFIX": prefix, "QUEUES": dict(TEST_QUEUES), "REDIS_URL": REDIS_URL}
+    conf.reload_settings()
+    yield prefix
+    close_brokers()
+    delete_prefix(prefix)
+    conf.reload_settings()
+
+
+@pytest.fixture(autouse=True)
+def _reset_plan_lookup():
+    priority.unwire_tenant_plan_lookup()
+    priority.set_subscription_to_plan_tier(None)
+    yield
+    priority.unwire_tenant_plan_lookup()
+    priority.set_subscription_to_plan_tier(None)

@@ -1,0 +1,99 @@
+"""Admin for plans, classifier rules and the read-only audit log."""
+
+import pytest
+from django.contrib.auth.models import User
+from django.urls import reverse
+
+from fairqueue.models import (
+    ClassifierRule,
+    PriorityOverrideAudit,
+    SubscriptionClassifier,
+    TenantPlan,
+    lookup_tenant_plan,
+)
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def admin_client(client):
+    user = User.objects.create_superuser("root", "root@example.com", "pw")
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def audit_row():
+    return PriorityOverrideAudit.objects.create(
+        job_type="email",
+        queue="email",
+        job_id="7",
+        tenant_id="acme",
+        requested_override="critical",
+        resolved_level="critical",
+        numeric_priority=1,
+        rule="override",
+        source="test",
+        actor="<script>alert(1)</script>",
+    )
+
+
+def test_tenant_plan_changelist_search_and_filter(admin_client):
+    TenantPlan.objects.create(tenant_id="acme", display_name="Acme", plan_tier="enterprise")
+    TenantPlan.objects.create(tenant_id="bolt", plan_tier="free")
+    url = reverse("admin:fairqueue_tenantplan_changelist")
+    assert b"acme" in admin_client.get(url, {"q": "acme"}).content
+    response = admin_client.get(url, {"plan_tier__exact": "free"})
+    assert b"bolt" in response.content and b"Acme" not in response.content
+
+
+def test_set_tier_action__confirms_then_applies_and_invalidates_cache(admin_client):
+    plan = TenantPlan.objects.create(tenant_id="acme", plan_tier="free")
+    assert lookup_tenant_plan("acme") == "free"
+    url = reverse("admin:fairqueue_tenantplan_changelist")
+    data = {"action": "set_tier", "_selected_action": [plan.pk]}
+    confirm = admin_client.post(url, data)
+    assert confirm.status_code == 200
+    assert b"New plan tier" in confirm.content
+    plan.refresh_from_db()
+    assert plan.plan_tier == "free"
+    done = admin_client.post(url, {**data, "apply": "1", "plan_tier": "enterprise"})
+    assert done.status_code == 302
+    plan.refresh_from_db()
+    assert plan.plan_tier == "enterprise"
+    assert lookup_tenant_plan("acme") == "enterprise"
+
+
+def test_classifier_admin_with_ordered_rules(admin_client):
+    classifier = SubscriptionClassifier.objects.create(name="stripe")
+    ClassifierRule.objects.create(
+        classifier=classifier, position=2, product_id="b", plan_tier="pro"
+    )
+    response = admin_client.get(
+        reverse("admin:fairqueue_subscriptionclassifier_change", args=[classifier.pk])
+    )
+    assert response.status_code == 200
+    assert b"rules-0-position" in response.content
+
+
+def test_audit_log_is_read_only_for_everyone(admin_client, audit_row):
+    changelist = admin_client.get(reverse("admin:fairqueue_priorityoverrideaudit_changelist"))
+    assert changelist.status_code == 200
+    assert b"&lt;script&gt;" in changelist.content
+    assert admin_client.get(reverse("admin:fairqueue_priorityoverrideaudit_add")).status_code == 403
+    detail_url = reverse("admin:fairqueue_priorityoverrideaudit_change", args=[audit_row.pk])
+    detail = admin_client.get(detail_url)
+    assert detail.status_code == 200
+    assert b'name="_save"' not in detail.content
+    admin_client.post(detail_url, {"actor": "tampered"})
+    audit_row.refresh_from_db()
+    assert audit_row.actor == "<script>alert(1)</script>"
+    delete_url = reverse("admin:fairqueue_priorityoverrideaudit_delete", args=[audit_row.pk])
+    assert admin_client.post(delete_url, {"post": "yes"}).status_code == 403
+    assert PriorityOverrideAudit.objects.count() == 1
+
+
+def test_audit_log_filters(admin_client, audit_row):
+    url = reverse("admin:fairqueue_priorityoverrideaudit_changelist")
+    assert admin_client.get(url, {"requested_override__exact": "critical"}).status_code == 200
+    assert admin_client.get(url, {"q": "acme"}).status_code == 200

@@ -1,0 +1,100 @@
+"""The BullMQ internals fairqueue relies on (pinned bullmq>=3.4.4,<3.5).
+
+If an upgrade of bullmq changes any of these, these tests fail before users notice.
+"""
+
+import asyncio
+from importlib.metadata import version
+
+import pytest
+from bullmq import Queue
+
+from fairqueue.broker import (
+    BACK_OF_LINE,
+    MAX_PRIORITY,
+    WINDOW_BAND_TOP,
+    Broker,
+    NewJob,
+    SyncBroker,
+)
+from fairqueue.exceptions import BrokerUnavailableError
+from fairqueue.levels import PriorityLevel
+from tests.conftest import REDIS_URL
+from tests.helpers import drain_with_stock_worker
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_pinned_bullmq_version():
+    major, minor, *_ = (int(part) for part in version("bullmq").split(".")[:2])
+    assert (major, minor) == (3, 4)
+
+
+def test_key_names_and_priority_score_format(fq_prefix, redis_client):
+    async def main():
+        queue = Queue("email", {"connection": REDIS_URL, "prefix": fq_prefix})
+        job = await queue.add("x", {}, {"priority": 7})
+        await queue.close()
+        return job.id
+
+    job_id = run(main())
+    score = redis_client.zscore(f"{fq_prefix}:email:prioritized", job_id)
+    counter = int(redis_client.get(f"{fq_prefix}:email:pc"))
+    assert score == 7 * 2**32 + counter
+    assert redis_client.hget(f"{fq_prefix}:email:{job_id}", "priority") == "7"
+    assert redis_client.hget(f"{fq_prefix}:email:{job_id}", "timestamp").isdigit()
+
+
+def test_wait_list_pops_before_prioritized_and_from_its_right_end(fq_prefix):
+    async def main():
+        queue = Queue("email", {"connection": REDIS_URL, "prefix": fq_prefix})
+        prio = await queue.add("p", {}, {"priority": 1})
+        plain1 = await queue.add("w", {}, {})
+        plain2 = await queue.add("w", {}, {})
+        await queue.close()
+        return prio.id, plain1.id, plain2.id
+
+    prio, plain1, plain2 = run(main())
+    order = [job_id for job_id, _ in drain_with_stock_worker(fq_prefix, "email", 3)]
+    assert order == [plain1, plain2, prio]
+
+
+def test_priority_cap_and_bands():
+    assert MAX_PRIORITY == 2**21 - 1
+    assert BACK_OF_LINE == MAX_PRIORITY
+    assert 1 < WINDOW_BAND_TOP < MAX_PRIORITY
+
+
+def test_change_priority_moves_wait_list_jobs_into_the_prioritized_set(fq_prefix, redis_client):
+    broker = SyncBroker(Broker(REDIS_URL, fq_prefix))
+
+    async def add_plain():
+        queue = Queue("email", {"connection": REDIS_URL, "prefix": fq_prefix})
+        job = await queue.add("w", {}, {})
+        await queue.close()
+        return job.id
+
+    job_id = run(add_plain())
+    result = broker.set_priorities("email", [(job_id, 5), ("missing", 6)])
+    assert (result.written, result.missing) == (1, ["missing"])
+    assert redis_client.llen(f"{fq_prefix}:email:wait") == 0
+    assert redis_client.zscore(f"{fq_prefix}:email:prioritized", job_id) // 2**32 == 5
+    broker.close()
+
+
+def test_tag_placement_survives_a_script_cache_flush(fq_prefix, redis_client):
+    broker = SyncBroker(Broker(REDIS_URL, fq_prefix))
+    broker.add_job("email", NewJob("x", {}, PriorityLevel.LOW))
+    redis_client.script_flush()
+    added = broker.add_job("email", NewJob("x", {}, PriorityLevel.LOW))
+    assert WINDOW_BAND_TOP <= added.priority < BACK_OF_LINE
+    assert redis_client.zcard(f"{fq_prefix}:email:prioritized") == 2
+    broker.close()
+
+
+def test_unreachable_redis_raises_broker_unavailable():
+    broker = SyncBroker(Broker("redis://127.0.0.1:1/0", "nowhere"))
+    with pytest.raises(BrokerUnavailableError):
+        broker.add_job("email", NewJob("x", {}, PriorityLevel.LOW))

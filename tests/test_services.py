@@ -1,0 +1,313 @@
+"""enqueue_job and friends against a real Redis server and the real bullmq package."""
+
+import asyncio
+import json
+
+import pytest
+from django.db import transaction
+
+from fairqueue import priority
+from fairqueue.broker import WINDOW_BAND_TOP, close_brokers
+from fairqueue.exceptions import (
+    BrokerUnavailableError,
+    ConflictingPayloadError,
+    ConflictingPriorityError,
+    InvalidJobOptionError,
+    InvalidPayloadError,
+    InvalidPriorityError,
+    InvalidPriorityLevelError,
+    InvalidTenantError,
+    UnknownJobTypeError,
+)
+from fairqueue.models import PriorityOverrideAudit, TenantPlan
+from fairqueue.services import aenqueue_job, enqueue_job, enqueue_jobs, enqueue_on_commit
+from tests.conftest import TEST_QUEUES
+from tests.helpers import drain_with_stock_worker, metric, metric_delta
+
+pytestmark = pytest.mark.django_db
+
+
+def job_hash(redis_client, prefix, job_id, queue="email"):
+    return redis_client.hgetall(f"{prefix}:{queue}:{job_id}")
+
+
+def waiting_count(redis_client, prefix, queue="email"):
+    return redis_client.zcard(f"{prefix}:{queue}:prioritized") + redis_client.llen(
+        f"{prefix}:{queue}:wait"
+    )
+
+
+@pytest.fixture
+def plans(db):
+    TenantPlan.objects.create(tenant_id="acme", plan_tier="enterprise")
+    TenantPlan.objects.create(tenant_id="bolt", plan_tier="pro")
+    TenantPlan.objects.create(tenant_id="cafe", plan_tier="free")
+    priority.wire_tenant_plan_lookup()
+
+
+def test_done_when__plans_internal_and_override_round_trip_through_redis(
+    fq_prefix, redis_client, plans
+):
+    cases = [
+        ({"tenant_id": "acme"}, "acme", "critical", 1, "plan"),
+        ({"tenant_id": "bolt"}, "bolt", "normal", 5, "plan"),
+        ({"tenant_id": "cafe"}, "cafe", "low", 10, "plan"),
+        ({"tenant_id": "nobody"}, "nobody", "normal", 5, "plan"),
+        ({"tenant_id": None}, None, "critical", 1, "internal"),
+        (
+            {"tenant_id": "cafe", "priority_override": "critical", "actor": "ops"},
+            "cafe",
+            "critical",
+            1,
+            "override",
+        ),
+    ]
+    enqueued = []
+    for kwargs, tenant, level, numeric, rule in cases:
+        job = enqueue_job("email", {"to": "someone"}, source="test", **kwargs)
+        assert (job.level, job.numeric_priority, job.rule) == (level, numeric, rule)
+        stored = job_hash(redis_client, fq_prefix, job.job_id)
+        data = json.loads(stored["data"])
+        assert data == {"to": "someone", "tenantId": tenant, "priorityLevel": level}
+        assert int(stored["priority"]) >= WINDOW_BAND_TOP  # placed by tag, never 0
+        assert int(stored["priority"]) == job.bullmq_priority
+        enqueued.append(job)
+
+    audits = list(PriorityOverrideAudit.objects.all())
+    assert len(audits) == 1
+    audit = audits[0]
+    assert (audit.job_id, audit.tenant_id, audit.requested_override) == (
+        enqueued[-1].job_id,
+        "cafe",
+        "critical",
+    )
+    assert (audit.resolved_level, audit.numeric_priority, audit.rule) == ("critical", 1, "override")
+    assert (audit.job_type, audit.queue, audit.source, audit.actor) == (
+        "email",
+        "email",
+        "test",
+        "ops",
+    )
+
+    processed = drain_with_stock_worker(fq_prefix, "email", len(cases))
+    assert sorted(job_id for job_id, _ in processed) == sorted(job.job_id for job in enqueued)
+
+
+def test_flag__job_priority_enabled_false_neutralises_plans(fq_prefix, plans, monkeypatch):
+    from fairqueue import conf
+
+    monkeypatch.setenv("JOB_PRIORITY_ENABLED", "false")
+    conf.reload_settings()
+    assert enqueue_job("email", {}, tenant_id="acme").level == "normal"
+    assert enqueue_job("email", {}, tenant_id=None).level == "critical"
+    monkeypatch.setenv("JOB_PRIORITY_ENABLED", "true")
+    conf.reload_settings()
+    assert enqueue_job("email", {}, tenant_id="acme").level == "critical"
+
+
+def test_no_tenant_argument__normal_in_default_bucket(fq_prefix, redis_client):
+    job = enqueue_job("report", {"n": 1})
+    data = json.loads(job_hash(redis_client, fq_prefix, job.job_id, "report")["data"])
+    assert data == {"n": 1, "tenantId": "default", "priorityLevel": "normal"}
+
+
+def test_explicit_priority_on_tenant_job_is_audited(fq_prefix):
+    job = enqueue_job("email", {}, tenant_id="t1", priority=2, actor="svc")
+    assert (job.level, job.numeric_priority, job.audited) == ("high", 2, True)
+    audit = PriorityOverrideAudit.objects.get()
+    assert (audit.requested_priority, audit.rule, audit.requested_override) == (
+        2,
+        "explicit_priority",
+        "",
+    )
+    enqueue_job("email", {}, priority_level="low")  # not a tenant job: not audited
+    assert PriorityOverrideAudit.objects.count() == 1
+
+
+def test_matching_payload_fields_are_accepted(fq_prefix):
+    job = enqueue_job("email", {"tenantId": "t1", "priorityLevel": "normal"}, tenant_id="t1")
+    assert job.tenant_id == "t1"
+
+
+def test_enqueue_metrics(fq_prefix, plans):
+    with (
+        metric_delta("queue_jobs_enqueued_total", queue="email", priority="critical") as crit,
+        metric_delta(
+            "queue_fair_priority_assigned_total", job_type="email", priority_level="low"
+        ) as low,
+    ):
+        enqueue_job("email", {}, tenant_id="acme")
+        enqueue_job("email", {}, tenant_id="cafe")
+        enqueue_job("email", {}, tenant_id="cafe")
+    assert crit() == 1
+    assert low() == 2
+    # Series for other levels exist at zero.
+    assert metric("queue_jobs_enqueued_total", queue="email", priority="other") == 0
+
+
+def test_placement__tags_interleave_levels_by_weight_for_a_stock_worker(fq_prefix):
+    crit = enqueue_jobs("email", [{"k": i} for i in range(8)], priority_level="critical")
+    low = enqueue_jobs("email", [{"k": i} for i in range(2)], priority_level="low")
+    order = [job_id for job_id, _ in drain_with_stock_worker(fq_prefix, "email", 10)]
+    c, lo = [j.job_id for j in crit], [j.job_id for j in low]
+    assert order == c[:4] + lo[:1] + c[4:] + lo[1:]
+
+
+def test_enqueue_jobs__one_batch_all_or_nothing(fq_prefix, redis_client):
+    with pytest.raises(InvalidPayloadError):
+        enqueue_jobs("email", [{"ok": 1}, {"bad": object()}])
+    assert waiting_count(redis_client, fq_prefix) == 0
+    jobs = enqueue_jobs("email", [{"i": i} for i in range(50)], tenant_id="t")
+    assert len({job.job_id for job in jobs}) == 50
+    assert waiting_count(redis_client, fq_prefix) == 50
+
+
+def test_duplicate_job_id__bullmq_keeps_the_first(fq_prefix, redis_client):
+    first = enqueue_job("email", {"v": 1}, job_id="welcome-42", priority_override="high")
+    second = enqueue_job("email", {"v": 2}, job_id="welcome-42", priority_override="high")
+    assert first.created and not second.created
+    assert json.loads(job_hash(redis_client, fq_prefix, "welcome-42")["data"])["v"] == 1
+    assert PriorityOverrideAudit.objects.count() == 1
+
+
+def test_delayed_job_waits_at_the_back_of_the_line(fq_prefix, redis_client):
+    job = enqueue_job("email", {}, delay_ms=60_000, attempts=3)
+    assert redis_client.zscore(f"{fq_prefix}:email:delayed", job.job_id) is not None
+    assert int(job_hash(redis_client, fq_prefix, job.job_id)["priority"]) > 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_on_commit__rollback_leaves_nothing(fq_prefix, redis_client):
+    with pytest.raises(RuntimeError), transaction.atomic():
+        enqueue_on_commit("email", {"a": 1}, tenant_id="t1", priority_override="critical")
+        raise RuntimeError("view failed")
+    assert waiting_count(redis_client, fq_prefix) == 0
+    assert PriorityOverrideAudit.objects.count() == 0
+
+    with transaction.atomic():
+        enqueue_on_commit("email", {"a": 2}, tenant_id="t1", priority_override="critical")
+        assert waiting_count(redis_client, fq_prefix) == 0
+    assert waiting_count(redis_client, fq_prefix) == 1
+    assert PriorityOverrideAudit.objects.count() == 1
+
+
+def test_enqueue_on_commit__validates_immediately(fq_prefix):
+    with pytest.raises(UnknownJobTypeError):
+        enqueue_on_commit("nope", {})
+
+
+@pytest.mark.django_db(transaction=True)
+def test_aenqueue_job__async_twin(fq_prefix, redis_client, plans):
+    async def main():
+        return await aenqueue_job("email", {"x": 1}, tenant_id="acme", priority_override="low")
+
+    try:
+        job = asyncio.run(main())
+    finally:
+        close_brokers()
+    assert (job.level, job.rule, job.audited) == ("low", "override", True)
+    assert PriorityOverrideAudit.objects.get().job_id == job.job_id
+    assert waiting_count(redis_client, fq_prefix) == 1
+
+
+# --- bad input: one test per case; nothing is left behind ---------------------------
+
+
+@pytest.fixture
+def nothing_left_behind(fq_prefix, redis_client):
+    before = {
+        q: metric("queue_jobs_enqueued_total", queue=q, priority=p)
+        for q in TEST_QUEUES
+        for p in ("critical", "normal", "low")
+    }
+    yield
+    for queue in TEST_QUEUES:
+        assert waiting_count(redis_client, fq_prefix, queue) == 0
+        assert redis_client.zcard(f"{fq_prefix}:{queue}:delayed") == 0
+    assert PriorityOverrideAudit.objects.count() == 0
+    after = {
+        q: metric("queue_jobs_enqueued_total", queue=q, priority=p)
+        for q in TEST_QUEUES
+        for p in ("critical", "normal", "low")
+    }
+    assert after == before
+
+
+@pytest.mark.usefixtures("nothing_left_behind")
+class TestBadInput:
+    def test_unknown_job_type(self):
+        with pytest.raises(UnknownJobTypeError, match=r"job_type='sms' is not allowed.*'email'"):
+            enqueue_job("sms", {})
+
+    def test_unknown_level(self):
+        with pytest.raises(InvalidPriorityLevelError, match="priority_level='urgent'"):
+            enqueue_job("email", {}, tenant_id="t", priority_level="urgent")
+
+    def test_unknown_override(self):
+        with pytest.raises(InvalidPriorityLevelError, match="priority_override='asap'"):
+            enqueue_job("email", {}, tenant_id="t", priority_override="asap")
+
+    def test_unknown_plan(self):
+        from django.core.exceptions import ValidationError
+
+        from fairqueue.exceptions import InvalidPlanError
+        from fairqueue.priority import parse_plan
+
+        with pytest.raises(ValidationError, match="plan_tier='platinum' is not allowed"):
+            TenantPlan(tenant_id="t", plan_tier="platinum").full_clean()
+        with pytest.raises(InvalidPlanError, match="plan='platinum'.*'enterprise', 'pro'"):
+            parse_plan("platinum")
+
+    def test_both_priority_and_level(self):
+        with pytest.raises(ConflictingPriorityError, match="priority=1 and priority_level='low'"):
+            enqueue_job("email", {}, priority=1, priority_level="low")
+
+    @pytest.mark.parametrize("bad", [1.5, "1", True])
+    def test_non_integer_priority(self, bad):
+        with pytest.raises(InvalidPriorityError, match="expected a non-negative integer"):
+            enqueue_job("email", {}, priority=bad)
+
+    def test_negative_priority(self):
+        with pytest.raises(InvalidPriorityError, match="priority=-1"):
+            enqueue_job("email", {}, priority=-1)
+
+    @pytest.mark.parametrize("bad", ["", "x" * 256, 7])
+    def test_bad_tenant_id(self, bad):
+        with pytest.raises(InvalidTenantError, match="at most 255 characters"):
+            enqueue_job("email", {}, tenant_id=bad)
+
+    @pytest.mark.parametrize("bad", [[1, 2], "text", None])
+    def test_payload_not_a_json_object(self, bad):
+        with pytest.raises(InvalidPayloadError, match="expected a JSON object"):
+            enqueue_job("email", bad)
+
+    @pytest.mark.parametrize("bad", [{"when": object()}, {"x": float("nan")}, {1: "int key"}])
+    def test_payload_not_json_serialisable(self, bad):
+        with pytest.raises(InvalidPayloadError, match="payload is not allowed"):
+            enqueue_job("email", bad)
+
+    def test_conflicting_tenant_in_payload(self):
+        with pytest.raises(ConflictingPayloadError, match=r"payload\['tenantId'\]") as info:
+            enqueue_job("email", {"tenantId": "secret-tenant"}, tenant_id="t1")
+        assert "secret-tenant" not in str(info.value)
+
+    def test_conflicting_level_in_payload(self):
+        with pytest.raises(ConflictingPayloadError, match=r"payload\['priorityLevel'\]"):
+            enqueue_job("email", {"priorityLevel": "critical"}, tenant_id="t1")
+
+    @pytest.mark.parametrize(
+        ("option", "value"),
+        [("job_id", "123"), ("job_id", "a:b"), ("delay_ms", -1), ("attempts", 0)],
+    )
+    def test_bad_job_options(self, option, value):
+        with pytest.raises(InvalidJobOptionError, match=f"{option}="):
+            enqueue_job("email", {}, **{option: value})
+
+    def test_redis_unreachable(self, settings, fq_prefix):
+        from fairqueue import conf
+
+        settings.FAIRQUEUE = {**settings.FAIRQUEUE, "REDIS_URL": "redis://127.0.0.1:1/0"}
+        conf.reload_settings()
+        with pytest.raises(BrokerUnavailableError, match="Redis is unavailable") as info:
+            enqueue_job("email", {}, tenant_id="t1", priority_override="critical")
+        assert "127.0.0.1:1" not in str(info.value)
