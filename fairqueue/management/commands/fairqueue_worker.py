@@ -1,0 +1,106 @@
+"""``manage.py fairqueue_worker [JOB_TYPE ...]``: run job handlers on BullMQ's queues.
+
+This command parses and checks arguments; :class:`fairqueue.worker.Worker` runs the loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from fairqueue.exceptions import BrokerUnavailableError
+from fairqueue.handlers import autodiscover, registered_job_types
+from fairqueue.worker import (
+    MAX_CONCURRENCY,
+    MIN_CONCURRENCY,
+    Worker,
+    WorkerStoppedError,
+    validate_concurrency,
+)
+
+logger = logging.getLogger("fairqueue.worker")
+
+_CONCURRENCY_RANGE = f"expected an integer in {MIN_CONCURRENCY}..{MAX_CONCURRENCY}"
+
+
+def concurrency(value: str) -> int:
+    """argparse type of ``--concurrency``: an integer in 1..1000."""
+    try:
+        parsed = int(value.strip())
+    except ValueError:
+        parsed = None
+    if parsed is None or not MIN_CONCURRENCY <= parsed <= MAX_CONCURRENCY:
+        raise argparse.ArgumentTypeError(f"{value!r} is not allowed: {_CONCURRENCY_RANGE}")
+    return parsed
+
+
+class Command(BaseCommand):
+    help = (
+        "Run the handlers of fairqueue job types (registered with @fairqueue.handler in "
+        "installed apps' jobs.py) with stock BullMQ workers, one per queue. SIGTERM or "
+        "SIGINT stops taking jobs and exits once the active ones finish; a second signal "
+        "exits at once."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "job_types",
+            nargs="*",
+            metavar="JOB_TYPE",
+            help="Job types to run (default: every job type that has a handler).",
+        )
+        parser.add_argument(
+            "--concurrency",
+            type=concurrency,
+            default=1,
+            help=(
+                f"Jobs run at once per queue, {MIN_CONCURRENCY}..{MAX_CONCURRENCY} (default: 1)."
+            ),
+        )
+        parser.add_argument(
+            "--burst",
+            action="store_true",
+            help=(
+                "Exit once every queue has nothing waiting, delayed (retries serving their "
+                "backoff included) or active."
+            ),
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        self._configure_logging(options["verbosity"])
+        # call_command(..., concurrency=0) skips argparse's type check: repeat it.
+        value = options["concurrency"]
+        try:
+            value = concurrency(value) if isinstance(value, str) else validate_concurrency(value)
+        except (argparse.ArgumentTypeError, ValueError):
+            raise CommandError(
+                f"argument --concurrency: {value!r} is not allowed: {_CONCURRENCY_RANGE}"
+            ) from None
+
+        autodiscover()
+        known = registered_job_types()
+        job_types = list(dict.fromkeys(options["job_types"]))
+        unknown = [job_type for job_type in job_types if job_type not in known]
+        if unknown:
+            raise CommandError(
+                f"unknown job type {unknown[0]!r}: job types with a handler are "
+                f"{', '.join(repr(t) for t in known) or '(none)'}"
+            )
+        try:
+            worker = Worker(job_types or known, concurrency=value, burst=options["burst"])
+        except (LookupError, ValueError, ImproperlyConfigured) as exc:
+            raise CommandError(str(exc)) from exc
+        try:
+            worker.run()
+        except (BrokerUnavailableError, WorkerStoppedError) as exc:
+            raise CommandError(str(exc)) from exc
+
+    def _configure_logging(self, verbosity: int) -> None:
+        """--verbosity sets the worker's log level: 0 warnings, 1 info, 2+ debug."""
+        logger.setLevel({0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG))
+        if not logger.hasHandlers():  # otherwise nothing would show, whatever the level
+            logger.addHandler(logging.StreamHandler(self.stdout))

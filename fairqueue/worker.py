@@ -1,0 +1,411 @@
+"""Run registered job handlers with stock BullMQ workers.
+
+One ``bullmq.Worker`` per BullMQ queue (built by :meth:`Broker.make_worker`, so BullMQ's
+own locking, stalled-job recovery, attempts and backoff apply unchanged, and Python and
+Node workers can share a queue). This module adds what BullMQ does not know about:
+
+* which handler runs a job (the job type's registered handler; a queue shared by
+  several job types dispatches on the job's name, which fairqueue sets to the job type);
+* the payload the handler sees (fairqueue's ``tenantId`` and ``priorityLevel`` removed)
+  and a :class:`~fairqueue.handlers.JobContext`;
+* sync handlers in a thread pool with Django's database connections checked before and
+  after each job in that thread, as Django does around a request;
+* logs that name job ids, job types and exception classes only: payloads and tenant
+  ids never reach them;
+* a graceful stop on SIGTERM/SIGINT, a forced one on the second signal, and a burst
+  mode that stops once every queue is empty.
+
+The ``fairqueue_worker`` management command parses arguments; this class runs the loop
+(django-tasks' ``db_worker`` split).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from types import MappingProxyType
+from typing import Any, Final
+
+from asgiref.sync import iscoroutinefunction, sync_to_async
+from django.db import close_old_connections
+
+from .broker import ActiveJob, Broker, get_broker
+from .conf import get_settings
+from .exceptions import FairqueueError, UnknownJobTypeError
+from .handlers import Handler, JobContext, NoHandlerError, get_handler, registered_job_types
+from .levels import (
+    FAIRQUEUE_PAYLOAD_KEYS,
+    PAYLOAD_LEVEL_KEY,
+    PAYLOAD_TENANT_KEY,
+    PriorityLevel,
+    parse_level,
+)
+
+logger = logging.getLogger("fairqueue.worker")
+
+MIN_CONCURRENCY: Final = 1
+MAX_CONCURRENCY: Final = 1_000
+#: How often burst mode checks whether every queue is empty.
+BURST_POLL_INTERVAL_S: Final = 0.05
+_STOP_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM)
+
+
+class WorkerStoppedError(FairqueueError, RuntimeError):
+    """A BullMQ worker loop ended on its own, so its queue was no longer served."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePlan:
+    """One BullMQ queue the worker serves and the handlers of its job types."""
+
+    queue: str
+    handlers: Mapping[str, Handler]
+
+    def job_type_of(self, job_name: str) -> str | None:
+        """The job type a job of this queue belongs to.
+
+        A queue with one job type takes every job as that type, so jobs a producer
+        named differently still run; a shared queue goes by the job's name.
+        """
+        if len(self.handlers) == 1:
+            return next(iter(self.handlers))
+        return job_name if job_name in self.handlers else None
+
+
+def _names(items: Sequence[str]) -> str:
+    return ", ".join(repr(item) for item in items) if items else "(none)"
+
+
+def validate_concurrency(value: object) -> int:
+    """``value`` as a concurrency, or ``ValueError`` naming the value and the range."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(
+            f"concurrency={value!r} is not allowed: expected an integer in "
+            f"{MIN_CONCURRENCY}..{MAX_CONCURRENCY}"
+        )
+    if not MIN_CONCURRENCY <= value <= MAX_CONCURRENCY:
+        raise ValueError(
+            f"concurrency={value!r} is not allowed: expected an integer in "
+            f"{MIN_CONCURRENCY}..{MAX_CONCURRENCY}"
+        )
+    return value
+
+
+def plan_queues(job_types: Sequence[str]) -> list[QueuePlan]:
+    """Group ``job_types`` by their BullMQ queue, with their handlers.
+
+    Checked here, when a worker starts, rather than when handlers register (settings
+    must not be read at import time).
+
+    Raises:
+        UnknownJobTypeError: a job type is not in ``FAIRQUEUE['QUEUES']``.
+        NoHandlerError: a job type has no handler.
+        ValueError: no job types, or a queue shared with job types left out (a worker
+            on that queue would take their jobs and have nothing to run them with).
+    """
+    if not job_types:
+        raise ValueError(
+            "no job types to run: register handlers with @fairqueue.handler(job_type) "
+            "in an installed app's jobs.py"
+        )
+    queues = get_settings().queues
+    by_queue: dict[str, dict[str, Handler]] = {}
+    for job_type in dict.fromkeys(job_types):
+        if job_type not in queues:
+            raise UnknownJobTypeError(
+                f"job type {job_type!r} is not configured: FAIRQUEUE['QUEUES'] has "
+                f"{_names(sorted(queues))}"
+            )
+        by_queue.setdefault(queues[job_type], {})[job_type] = get_handler(job_type)
+    for queue, handlers in by_queue.items():
+        left_out = sorted(t for t, q in queues.items() if q == queue and t not in handlers)
+        if left_out:
+            raise ValueError(
+                f"queue {queue!r} also holds job types {_names(left_out)}: run them in the "
+                f"same worker as {_names(sorted(handlers))}, or give them their own queue"
+            )
+    return [
+        QueuePlan(queue=queue, handlers=MappingProxyType(handlers))
+        for queue, handlers in by_queue.items()
+    ]
+
+
+def split_payload(data: Any) -> tuple[Any, str | None, PriorityLevel | None]:
+    """The handler's payload (fairqueue's keys removed), the tenant id and the level.
+
+    Jobs from other producers may lack the keys or carry any JSON value: the tenant id
+    and level are then ``None`` and a non-dict payload is passed on as it is.
+    """
+    if not isinstance(data, dict):
+        return data, None, None
+    tenant = data.get(PAYLOAD_TENANT_KEY)
+    try:
+        level: PriorityLevel | None = parse_level(data.get(PAYLOAD_LEVEL_KEY))
+    except ValueError:
+        level = None
+    payload = {key: value for key, value in data.items() if key not in FAIRQUEUE_PAYLOAD_KEYS}
+    return payload, tenant if isinstance(tenant, str) else None, level
+
+
+def _call_sync(handler: Handler, payload: Any, context: JobContext) -> None:
+    """Run a sync handler in its worker thread the way Django runs a view: drop
+    database connections that are broken or past ``CONN_MAX_AGE`` before and after, so
+    a long-lived worker never hands a job a dead connection nor keeps one forever."""
+    close_old_connections()
+    try:
+        handler(payload, context)
+    finally:
+        close_old_connections()
+
+
+class Worker:
+    """Serve the queues of ``job_types`` until stopped.
+
+    Args:
+        job_types: job types to run; each needs a handler and a queue in
+            ``FAIRQUEUE['QUEUES']``. Default: every job type that has a handler.
+        concurrency: jobs run at once per queue (1..1000); sync handlers get a thread
+            pool of ``concurrency`` threads per queue.
+        burst: stop once every queue has nothing waiting, delayed (retries serving
+            their backoff included) or active, instead of waiting for new jobs.
+        broker: the broker to use (default: the configured one).
+        install_signal_handlers: take over SIGTERM/SIGINT while running (main thread
+            only): the first stops gracefully, the second exits at once.
+
+    Raises:
+        ValueError, UnknownJobTypeError, NoHandlerError: see :func:`plan_queues` and
+            :func:`validate_concurrency`.
+    """
+
+    def __init__(
+        self,
+        job_types: Sequence[str] | None = None,
+        *,
+        concurrency: int = 1,
+        burst: bool = False,
+        broker: Broker | None = None,
+        install_signal_handlers: bool = True,
+    ) -> None:
+        self.concurrency = validate_concurrency(concurrency)
+        self.plans = plan_queues(list(job_types) if job_types else registered_job_types())
+        self.burst = burst
+        self._broker = broker or get_broker()
+        self._install_signals = install_signal_handlers
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._stop_requested = False
+        self._executor: ThreadPoolExecutor | None = None
+
+    def __repr__(self) -> str:
+        return f"Worker(queues={self.queues!r}, concurrency={self.concurrency})"
+
+    @property
+    def queues(self) -> list[str]:
+        return [plan.queue for plan in self.plans]
+
+    @property
+    def job_types(self) -> list[str]:
+        return [job_type for plan in self.plans for job_type in plan.handlers]
+
+    # -- running ----------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Run on a new event loop until stopped (blocking); then close connections.
+
+        Raises:
+            BrokerUnavailableError: Redis did not answer at start.
+            WorkerStoppedError: a BullMQ worker loop ended on its own.
+        """
+        asyncio.run(self._run_and_disconnect())
+
+    async def _run_and_disconnect(self) -> None:
+        try:
+            await self.arun()
+        finally:
+            await self._broker.close()  # this loop's client; the loop ends with us
+
+    async def arun(self) -> None:
+        """Run on the current event loop until stopped (see :meth:`run`)."""
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        self._stop_requested = False
+        await self._broker.ping()  # fail fast, rather than BullMQ retrying quietly
+        self._executor = ThreadPoolExecutor(
+            max_workers=self.concurrency * len(self.plans), thread_name_prefix="fairqueue-job"
+        )
+        bull_workers = [
+            self._broker.make_worker(
+                plan.queue,
+                partial(self._process, plan),
+                concurrency=self.concurrency,
+                on_error=partial(self._on_bullmq_error, plan.queue),
+            )
+            for plan in self.plans
+        ]
+        runs = {
+            asyncio.ensure_future(bull_worker.run()): plan.queue
+            for bull_worker, plan in zip(bull_workers, self.plans, strict=True)
+        }
+        restore_signals = self._take_signals()
+        logger.info(
+            "worker started: job types %s on queues %s, concurrency %d%s",
+            _names(self.job_types),
+            _names(self.queues),
+            self.concurrency,
+            ", burst" if self.burst else "",
+        )
+        stopped_queue: str | None = None
+        try:
+            stopped_queue = await self._wait_for_stop(runs)
+        finally:
+            # close() stops taking jobs and waits for the active ones to finish.
+            await asyncio.gather(*(w.close() for w in bull_workers), return_exceptions=True)
+            await asyncio.gather(*runs, return_exceptions=True)
+            self._executor.shutdown(wait=True)
+            restore_signals()
+        if stopped_queue is not None:
+            raise WorkerStoppedError(
+                f"the BullMQ worker of queue {stopped_queue!r} stopped unexpectedly"
+            )
+        logger.info("worker stopped")
+
+    async def _wait_for_stop(self, runs: Mapping[asyncio.Future[Any], str]) -> str | None:
+        """Wait for a stop request or, in burst mode, for every queue to be empty.
+
+        Returns the queue whose BullMQ loop ended on its own, if one did.
+        """
+        if self._stop is None:
+            raise RuntimeError("Worker._wait_for_stop called outside arun()")
+        stop = asyncio.ensure_future(self._stop.wait())
+        try:
+            while True:
+                done, _ = await asyncio.wait(
+                    {stop, *runs},
+                    timeout=BURST_POLL_INTERVAL_S if self.burst else None,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                if stop in done:
+                    return None
+                if done:
+                    return runs[next(iter(done))]
+                if self.burst and await self._all_queues_empty():
+                    logger.info("burst: every queue is empty")
+                    return None
+        finally:
+            stop.cancel()
+
+    async def _all_queues_empty(self) -> bool:
+        for queue in self.queues:
+            if await self._broker.count_unfinished(queue):
+                return False
+        return True
+
+    def request_stop(self) -> None:
+        """Stop taking jobs, let active ones finish, then return from :meth:`run`.
+
+        Safe to call from any thread and from signal handlers.
+        """
+        self._stop_requested = True
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(stop.set)
+
+    # -- jobs -------------------------------------------------------------------------
+
+    async def _process(self, plan: QueuePlan, job: ActiveJob) -> None:
+        job_type = plan.job_type_of(job.name)
+        if job_type is None:
+            logger.warning("job %s (queue %s) failed: NoHandlerError", job.job_id, plan.queue)
+            raise NoHandlerError(
+                f"job {job.job_id} of queue {plan.queue!r} is named {job.name!r}, which is "
+                f"not a job type of this queue: {_names(sorted(plan.handlers))}"
+            )
+        handler = plan.handlers[job_type]
+        payload, tenant_id, level = split_payload(job.data)
+        context = JobContext(
+            job_id=job.job_id,
+            job_type=job_type,
+            tenant_id=tenant_id,
+            priority_level=level,
+            attempts_made=job.attempts_made,
+        )
+        started = time.monotonic()
+        logger.debug("job %s (%s) started, attempt %d", job.job_id, job_type, job.attempts_made + 1)
+        try:
+            if iscoroutinefunction(handler):
+                await handler(payload, context)
+            else:
+                await sync_to_async(_call_sync, thread_sensitive=False, executor=self._executor)(
+                    handler, payload, context
+                )
+        except Exception as exc:
+            # The class name only: messages and tracebacks may quote payload data.
+            logger.warning(
+                "job %s (%s) failed after %d ms: %s",
+                job.job_id,
+                job_type,
+                _elapsed_ms(started),
+                type(exc).__name__,
+            )
+            raise  # BullMQ fails the job and applies its attempts and backoff
+        logger.info("job %s (%s) done in %d ms", job.job_id, job_type, _elapsed_ms(started))
+
+    def _on_bullmq_error(self, queue: str, error: BaseException) -> None:
+        logger.error("BullMQ worker error on queue %s: %s", queue, type(error).__name__)
+
+    # -- signals ----------------------------------------------------------------------
+
+    def _take_signals(self) -> Callable[[], None]:
+        """Handle SIGTERM/SIGINT on the event loop; return a function that puts back the
+        previous handlers.
+
+        ``loop.add_signal_handler`` (not ``signal.signal``) so the loop wakes at once
+        whichever thread the kernel delivers the signal to, even while every job runs
+        in the thread pool.
+        """
+        loop = self._loop
+        if (
+            not self._install_signals
+            or loop is None
+            or threading.current_thread() is not threading.main_thread()
+        ):
+            return lambda: None
+        previous = {sig: signal.getsignal(sig) for sig in _STOP_SIGNALS}
+        for sig in _STOP_SIGNALS:
+            loop.add_signal_handler(sig, self._on_signal, sig)
+
+        def restore() -> None:
+            for sig, handler in previous.items():
+                loop.remove_signal_handler(sig)
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+        return restore
+
+    def _on_signal(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        if self._stop_requested:
+            logger.warning(
+                "%s again: exiting now; BullMQ's stalled-job check takes back the "
+                "active jobs once their locks expire",
+                name,
+            )
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+            os._exit(128 + signum)
+        logger.warning(
+            "%s: stopping, waiting for active jobs to finish (send it again to exit now)", name
+        )
+        self.request_stop()
+
+
+def _elapsed_ms(started: float) -> int:
+    return int((time.monotonic() - started) * 1000)
