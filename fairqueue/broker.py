@@ -80,7 +80,7 @@ TAG_OFFSET: Final = {
 REBASE_THRESHOLD: Final = WINDOW_BAND_TOP + (1 << 20)
 
 _SCORE_BASE: Final = 1 << 32
-_JOB_FIELDS: Final = ("name", "data", "timestamp", "priority", "attemptsMade", "delay")
+_JOB_FIELDS: Final = ("name", "data", "timestamp", "priority", "attemptsMade", "opts")
 
 #: fairqueue's add script wraps BullMQ's own addPrioritizedJob script (see
 #: :func:`add_script_source`) and runs it once per job of a batch, in one EVALSHA.
@@ -249,6 +249,9 @@ class WaitingJob:
     priority: int
     attempts_made: int
     in_wait_list: bool = False
+    #: The priority the producer asked for (``opts.priority``), which BullMQ keeps when
+    #: ``changePriority`` rewrites ``priority``: the stable level of a foreign job.
+    requested_priority: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +264,8 @@ class WaitingSnapshot:
     #: Lowest priority among jobs not read; new window priorities must stay below it.
     upper_bound: int
     tag_band_head: int | None
+    #: How many prioritized-set entries were read (the rank where a deep scan starts).
+    prioritized_read: int = 0
 
 
 @dataclass(slots=True)
@@ -598,6 +603,7 @@ class Broker:
             behind=max(0, total - len(band) - len(tag_entries)),
             upper_bound=upper_bound,
             tag_band_head=tag_band_head,
+            prioritized_read=len(band) + len(tag_entries),
         )
 
     async def read_jobs(self, queue: str, job_ids: Sequence[str]) -> list[WaitingJob]:
@@ -615,9 +621,10 @@ class Broker:
             rows = await pipe.execute()
         jobs = []
         for (job_id, priority, in_wait), row in zip(entries, rows, strict=True):
-            name, data, timestamp, stored_priority, attempts_made, _delay = row
+            name, data, timestamp, stored_priority, attempts_made, opts = row
             if name is None and data is None and timestamp is None:
                 continue  # removed or finished since we read the ids
+            requested = (parse_job_data(opts) or {}).get("priority")
             jobs.append(
                 WaitingJob(
                     job_id=job_id,
@@ -627,6 +634,7 @@ class Broker:
                     priority=priority if priority is not None else _int_or(stored_priority, 0),
                     attempts_made=_int_or(attempts_made, 0) or 0,
                     in_wait_list=in_wait,
+                    requested_priority=requested if type(requested) is int else None,
                 )
             )
         return jobs
@@ -752,6 +760,14 @@ class Broker:
             pipe.pttl(key)
             holder, ttl = await self._guard(pipe.execute())
         return holder, int(ttl)
+
+    async def write_status(self, queue: str, name: str, record: dict[str, Any]) -> None:
+        """Store a small JSON status record beside the queue (e.g. the last pass)."""
+        await self._guard(self.client().set(self.fair_key(queue, name), json.dumps(record)))
+
+    async def read_status(self, queue: str, name: str) -> dict[str, Any] | None:
+        raw = await self._guard(self.client().get(self.fair_key(queue, name)))
+        return parse_job_data(raw)
 
     async def obliterate(self, queue: str) -> None:
         """Remove a queue and fairqueue's keys beside it (tests and demos)."""

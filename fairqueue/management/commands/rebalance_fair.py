@@ -1,0 +1,248 @@
+"""``manage.py rebalance_fair``: keep BullMQ queues in the fair order.
+
+The command parses and checks arguments; :class:`Rebalancer` runs the loop (the
+django-tasks ``db_worker`` split).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import random
+import signal
+import threading
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import close_old_connections
+
+from fairqueue.conf import get_settings
+from fairqueue.exceptions import BrokerUnavailableError
+from fairqueue.metrics import get_metrics
+from fairqueue.rebalance import (
+    LeaderLock,
+    PassResult,
+    lock_ttl_ms,
+    rebalance_queue,
+    rebalancer_id,
+)
+
+logger = logging.getLogger("fairqueue.rebalance")
+
+MAX_BACKOFF_MS = 30_000
+
+
+def interval_ms(value: str) -> int:
+    """argparse type of ``--interval-ms``: an integer in 1..3600000."""
+    try:
+        parsed = int(value.strip())
+    except ValueError:
+        parsed = None
+    if parsed is None or not 1 <= parsed <= 3_600_000:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not allowed: expected an integer in 1..3600000"
+        )
+    return parsed
+
+
+def port(value: str) -> int:
+    """argparse type of ``--metrics-port``: an integer in 1..65535."""
+    try:
+        parsed = int(value.strip())
+    except ValueError:
+        parsed = None
+    if parsed is None or not 1 <= parsed <= 65_535:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not allowed: expected a TCP port in 1..65535"
+        )
+    return parsed
+
+
+class Rebalancer:
+    """The rebalance loop: one pass per configured queue every interval, as leader only.
+
+    A Redis outage is logged once and retried with backoff; any other failure of a pass
+    is logged by class name and the loop goes on. SIGINT/SIGTERM finish the pass in
+    flight, release the locks and return; a second signal exits at once.
+    """
+
+    def __init__(
+        self,
+        job_types: Sequence[str],
+        *,
+        interval_ms: int,
+        dry_run: bool = False,
+        out: TextIO | None = None,
+        verbosity: int = 1,
+    ) -> None:
+        self.job_types = list(job_types)
+        self.interval_ms = interval_ms
+        self.dry_run = dry_run
+        self.out = out
+        self.verbosity = verbosity
+        self.token = rebalancer_id()
+        settings = get_settings()
+        self.locks = {
+            queue: LeaderLock(queue, self.token, lock_ttl_ms(interval_ms))
+            for queue in {settings.queues[job_type] for job_type in self.job_types}
+        }
+        self._stop = threading.Event()
+        self._signals = 0
+        self._redis_down = False
+        self._failures = 0
+
+    # -- control ----------------------------------------------------------------------
+
+    def request_stop(self, signum: int | None = None, frame: Any = None) -> None:
+        self._signals += 1
+        if self._signals > 1:
+            logger.warning("second signal: exiting now")
+            os._exit(128 + (signum or signal.SIGTERM))
+        logger.info("stopping after the pass in flight")
+        self._stop.set()
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGINT, self.request_stop)
+        signal.signal(signal.SIGTERM, self.request_stop)
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def run_once(self) -> list[PassResult]:
+        """One round over every queue. Raises BrokerUnavailableError if Redis is down."""
+        close_old_connections()
+        settings = get_settings()
+        results = []
+        done_queues: set[str] = set()
+        for job_type in self.job_types:
+            queue = settings.queues[job_type]
+            if not self.dry_run:
+                if queue not in done_queues and not self.locks[queue].acquire():
+                    logger.debug("%s: another rebalancer holds the lock", job_type)
+                    continue
+                done_queues.add(queue)
+            try:
+                result = rebalance_queue(job_type, dry_run=self.dry_run, rebalancer=self.token)
+            except BrokerUnavailableError:
+                raise
+            except Exception as exc:  # a bad pass must not end the loop
+                logger.error("%s: pass failed (%s)", job_type, type(exc).__name__)
+                continue
+            results.append(result)
+            self._report(result)
+        return results
+
+    def run(self, *, once: bool = False) -> None:
+        if not once:
+            # Rebalancers started together (a deploy) should not all hit Redis at once.
+            self._stop.wait(random.uniform(0, min(self.interval_ms, 1_000)) / 1000)  # noqa: S311
+        try:
+            while not self._stop.is_set():
+                wait_ms = self.interval_ms
+                try:
+                    self.run_once()
+                    if self._redis_down:
+                        logger.info("Redis is reachable again; rebalancing resumed")
+                    self._redis_down, self._failures = False, 0
+                except BrokerUnavailableError as exc:
+                    if not self._redis_down:
+                        logger.warning("Redis is unreachable (%s); retrying with backoff", exc)
+                    self._redis_down = True
+                    self._failures += 1
+                    wait_ms = min(self.interval_ms * 2 ** min(self._failures, 10), MAX_BACKOFF_MS)
+                    if once:
+                        raise
+                if once:
+                    break
+                self._stop.wait(wait_ms / 1000)
+        finally:
+            self.release_locks()
+
+    def release_locks(self) -> None:
+        for lock in self.locks.values():
+            try:
+                lock.release()
+            except BrokerUnavailableError:
+                pass  # the lock expires by itself
+
+    def _report(self, result: PassResult) -> None:
+        if self.verbosity >= 2 or result.dry_run:
+            logger.info("%s", result.summary())
+        if self.out is None or not result.dry_run:
+            return
+        self.out.write(f"{result.summary()}\n")
+        self.out.write(f"{'pos':>6}  {'job id':<24} {'level':<8} {'decision':<13} priority\n")
+        for item in result.plan:
+            level = item.pending.priority_level.value if item.pending else "?"
+            self.out.write(
+                f"{item.position:>6}  {item.job_id:<24} {level:<8} {item.decision:<13} "
+                f"{item.current_priority} -> {item.new_priority}\n"
+            )
+
+
+class Command(BaseCommand):
+    help = (
+        "Rebalance BullMQ queues into fairqueue's weighted fair order every "
+        "QUEUE_FAIR_REBALANCE_INTERVAL_MS. Run one per host; a Redis lock makes only one "
+        "write per queue."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--once", action="store_true", help="Run one pass and exit.")
+        parser.add_argument(
+            "--queue",
+            action="append",
+            dest="job_types",
+            metavar="NAME",
+            help="Job type to rebalance (repeatable; default: every configured job type).",
+        )
+        parser.add_argument(
+            "--interval-ms",
+            type=interval_ms,
+            help="Pass interval in ms, 1..3600000 (default: QUEUE_FAIR_REBALANCE_INTERVAL_MS).",
+        )
+        parser.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="Print the order a pass would apply; write nothing.",
+        )
+        parser.add_argument(
+            "--metrics-port", type=port, help="Serve Prometheus metrics on this port."
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        settings = get_settings()
+        level = {0: logging.WARNING, 1: logging.INFO}.get(options["verbosity"], logging.DEBUG)
+        logger.setLevel(level)
+        job_types = options.get("job_types") or list(settings.queues)
+        unknown = [job_type for job_type in job_types if job_type not in settings.queues]
+        if unknown:
+            raise CommandError(
+                f"--queue {unknown[0]!r} is not allowed: expected one of {sorted(settings.queues)}"
+            )
+        interval = options.get("interval_ms")
+        if interval is None:
+            interval = settings.rebalance_interval_ms
+        elif not isinstance(interval, int) or not 1 <= interval <= 3_600_000:
+            raise CommandError(
+                f"--interval-ms {interval!r} is not allowed: expected an integer in 1..3600000"
+            )
+        if options.get("metrics_port"):
+            from prometheus_client import start_http_server
+
+            get_metrics()
+            start_http_server(options["metrics_port"])
+        rebalancer = Rebalancer(
+            job_types,
+            interval_ms=interval,
+            dry_run=options["dry_run"],
+            out=self.stdout,
+            verbosity=options["verbosity"],
+        )
+        if not options["once"] and threading.current_thread() is threading.main_thread():
+            rebalancer.install_signal_handlers()
+        try:
+            rebalancer.run(once=options["once"])
+        except BrokerUnavailableError as exc:
+            raise CommandError(f"Redis is unreachable: {exc}") from None
