@@ -49,6 +49,7 @@ ENV_VARS: Final[Mapping[str, str]] = MappingProxyType(
         "PRIORITY_ENABLED": "JOB_PRIORITY_ENABLED",
         "REDIS_URL": "FAIRQUEUE_REDIS_URL",
         "REBALANCE_WINDOW": "QUEUE_FAIR_REBALANCE_WINDOW",
+        "PREFIX": "FAIRQUEUE_PREFIX",
     }
 )
 
@@ -175,10 +176,11 @@ def _parse_queues(value: Any) -> Mapping[str, str]:
     return MappingProxyType(dict(value))
 
 
-def _parse_str(key: str, value: Any) -> str:
+def _parse_str(key: str, value: Any, from_env: bool = False) -> str:
     if not isinstance(value, str) or not value or ":" in value:
         raise ImproperlyConfigured(
-            f"FAIRQUEUE[{key!r}]={value!r} is not allowed: expected a non-empty string without ':'"
+            f"{_source_name(key, from_env)}={value!r} is not allowed: expected a non-empty "
+            "string without ':'"
         )
     return value
 
@@ -197,7 +199,7 @@ def load_settings() -> FairqueueSettings:
             "PRIORITY_ENABLED", values["PRIORITY_ENABLED"], "PRIORITY_ENABLED" in from_env
         ),
         redis_url=_parse_redis_url(values["REDIS_URL"], "REDIS_URL" in from_env),
-        prefix=_parse_str("PREFIX", values["PREFIX"]),
+        prefix=_parse_str("PREFIX", values["PREFIX"], "PREFIX" in from_env),
         queues=_parse_queues(values["QUEUES"]),
         rebalance_window=_parse_int(
             "REBALANCE_WINDOW", values["REBALANCE_WINDOW"], "REBALANCE_WINDOW" in from_env

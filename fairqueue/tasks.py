@@ -1,0 +1,44 @@
+"""Celery task for teams that already run Celery beat instead of ``rebalance_fair``.
+
+The task takes the same per-queue leader lock as the command, with a token that lives as
+long as the Celery worker process: the process that won the lock keeps renewing it on
+every beat tick, and another worker takes over within two intervals if it dies.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from celery import shared_task
+
+from .conf import get_settings
+from .exceptions import BrokerUnavailableError
+from .rebalance import rebalance_as_leader, rebalancer_id
+
+logger = logging.getLogger("fairqueue.tasks")
+
+_TOKEN = rebalancer_id()
+
+
+@shared_task(name="fairqueue.rebalance_fair", ignore_result=True)
+def rebalance_fair(job_types: Sequence[str] | None = None) -> dict[str, int]:
+    """One rebalance round over ``job_types`` (default: every configured job type).
+
+    Returns the number of jobs written per job type this worker rebalanced (job types
+    another rebalancer leads are left out). A Redis outage ends the round quietly; the
+    next beat tick tries again.
+    """
+    settings = get_settings()
+    written: dict[str, int] = {}
+    for job_type in job_types or list(settings.queues):
+        try:
+            result = rebalance_as_leader(
+                job_type, token=_TOKEN, interval_ms=settings.rebalance_interval_ms
+            )
+        except BrokerUnavailableError as exc:
+            logger.warning("rebalance skipped: %s", exc)
+            break
+        if result is not None:
+            written[job_type] = result.written
+    return written

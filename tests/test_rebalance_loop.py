@@ -1,0 +1,241 @@
+"""The rebalance loop as operators run it: real processes, real Redis, failures."""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import redis as redis_lib
+
+from fairqueue import conf
+from fairqueue.broker import close_brokers
+from fairqueue.rebalance import rebalance_queue
+from fairqueue.services import enqueue_jobs
+from fairqueue.tasks import rebalance_fair
+from tests.conftest import REDIS_URL
+from tests.helpers import wait_until
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def spawn(args, prefix, **env):
+    return subprocess.Popen(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env={
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            "FAIRQUEUE_PREFIX": prefix,
+            "FAIRQUEUE_REDIS_URL": REDIS_URL,
+            **env,
+        },
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def stop(process, sig=signal.SIGTERM, timeout=15):
+    if process.poll() is None:
+        process.send_signal(sig)
+    try:
+        return process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait()
+
+
+def holder(redis_client, prefix):
+    return redis_client.get(f"{prefix}:email:fq:leader")
+
+
+def test_leader_lock__one_writer_and_takeover_within_two_intervals(fq_prefix, redis_client):
+    interval_ms = 400
+    enqueue_jobs("email", [{} for _ in range(50)], priority_level="normal")
+    args = ["rebalance_fair", "--queue", "email", "--interval-ms", str(interval_ms)]
+    first, second = spawn(args, fq_prefix), spawn(args, fq_prefix)
+    try:
+        assert wait_until(lambda: holder(redis_client, fq_prefix) is not None, 20)
+        leader = holder(redis_client, fq_prefix)
+        leader_pid = int(leader.split(":")[1])
+        assert leader_pid in (first.pid, second.pid)
+        assert wait_until(lambda: redis_client.get(f"{fq_prefix}:email:fq:last_pass"), 10)
+        for _ in range(3):  # only the leader's passes are recorded
+            time.sleep(interval_ms / 1000)
+            assert f'"by": "{leader}"' in redis_client.get(f"{fq_prefix}:email:fq:last_pass")
+        dead, survivor = (first, second) if leader_pid == first.pid else (second, first)
+        dead.kill()
+        dead.wait()
+        killed_at = time.monotonic()
+        assert wait_until(
+            lambda: (h := holder(redis_client, fq_prefix)) and f":{survivor.pid}:" in h, 10
+        )
+        # The lock expires after two intervals; the survivor's next pass takes it.
+        assert time.monotonic() - killed_at <= 3 * interval_ms / 1000 + 1.0
+        assert stop(survivor) == 0
+        assert holder(redis_client, fq_prefix) is None  # released on shutdown
+    finally:
+        stop(first, signal.SIGKILL)
+        stop(second, signal.SIGKILL)
+
+
+WORKER_SCRIPT = """
+import asyncio, sys
+import redis.asyncio as redis
+from bullmq import Worker
+
+async def main(url, prefix):
+    client = redis.from_url(url)
+    async def process(job, token):
+        await client.rpush(prefix + ':processed', job.id)
+    worker = Worker('email', process, {'connection': url, 'prefix': prefix, 'concurrency': 1})
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    import signal
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    await worker.close()
+    await client.aclose()
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+@pytest.mark.slow
+def test_no_job_lost_or_duplicated__10000_jobs_two_rebalancers_four_workers(
+    fq_prefix, redis_client
+):
+    rebalancers = [
+        spawn(["rebalance_fair", "--queue", "email", "--interval-ms", "100"], fq_prefix)
+        for _ in range(2)
+    ]
+    workers = [
+        subprocess.Popen([sys.executable, "-c", WORKER_SCRIPT, REDIS_URL, fq_prefix], cwd=ROOT)
+        for _ in range(4)
+    ]
+    try:
+        expected = []
+        levels = ["critical", "high", "normal", "low"]
+        for batch in range(100):
+            jobs = enqueue_jobs(
+                "email",
+                [{"b": batch, "i": i} for i in range(100)],
+                tenant_id=f"t{batch % 7}",
+                priority_level=levels[batch % 4],
+            )
+            expected += [job.job_id for job in jobs]
+            time.sleep(0.01)
+        assert wait_until(lambda: redis_client.llen(f"{fq_prefix}:processed") >= 10_000, 120)
+        time.sleep(0.5)  # would a duplicate still arrive?
+        processed = redis_client.lrange(f"{fq_prefix}:processed", 0, -1)
+        assert len(processed) == 10_000
+        assert sorted(processed) == sorted(expected)
+    finally:
+        for process in workers + rebalancers:
+            stop(process)
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_private_redis(port, directory):
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.fail("redis-server is not on PATH (.ci/ensure-redis installs it)")
+    process = subprocess.Popen(
+        [
+            server,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            directory,
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    client = redis_lib.Redis(port=port)
+    assert wait_until(lambda: _pings(client), 10)
+    return process
+
+
+def _pings(client):
+    try:
+        return client.ping()
+    except redis_lib.RedisError:
+        return False
+
+
+def test_redis_killed_mid_loop__loop_survives_and_next_pass_is_correct(settings, caplog):
+    from fairqueue.management.commands.rebalance_fair import Rebalancer
+
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    directory = tempfile.mkdtemp()
+    server = start_private_redis(port, directory)
+    settings.FAIRQUEUE = {"PREFIX": "fqloop", "QUEUES": {"email": "email"}, "REDIS_URL": url}
+    old_env = os.environ.pop("FAIRQUEUE_REDIS_URL", None)
+    conf.reload_settings()
+    rebalancer = Rebalancer(["email"], interval_ms=100)
+    thread = threading.Thread(target=rebalancer.run, daemon=True)
+    client = redis_lib.Redis.from_url(url, decode_responses=True)
+    try:
+        enqueue_jobs("email", [{} for _ in range(5)], priority_level="low")
+        thread.start()
+        assert wait_until(lambda: client.get("fqloop:email:fq:last_pass"), 10)
+        server.kill()
+        server.wait()
+        time.sleep(1.0)  # several failed passes
+        assert thread.is_alive()
+        server = start_private_redis(port, directory)  # empty: the old data is gone
+        enqueue_jobs("email", [{} for _ in range(8)], priority_level="critical")
+        enqueue_jobs("email", [{} for _ in range(2)], priority_level="low")
+        assert wait_until(lambda: client.get("fqloop:email:fq:last_pass"), 15)
+        assert thread.is_alive()
+        order = [j for j in client.zrange("fqloop:email:prioritized", 0, -1)]
+        assert order == [item.job_id for item in rebalance_queue("email", dry_run=True).plan]
+        assert [int(j) for j in order[:5]] == [1, 2, 3, 4, 9]
+        warnings = [r for r in caplog.records if "unreachable" in r.getMessage()]
+        assert len(warnings) == 1  # logged once, not once per failed pass
+    finally:
+        rebalancer.request_stop()
+        thread.join(10)
+        client.close()
+        close_brokers()
+        server.kill()
+        server.wait()
+        if old_env is not None:
+            os.environ["FAIRQUEUE_REDIS_URL"] = old_env
+        conf.reload_settings()
+        shutil.rmtree(directory, ignore_errors=True)
+    assert not thread.is_alive()
+
+
+def test_celery_task_shares_the_leader_lock(fq_prefix, redis_client):
+    enqueue_jobs("email", [{} for _ in range(4)], priority_level="high")
+    redis_client.set(f"{fq_prefix}:email:fq:leader", "someone-else", px=5_000)
+    assert rebalance_fair.apply(args=[["email"]]).get() == {}
+    redis_client.delete(f"{fq_prefix}:email:fq:leader")
+    assert rebalance_fair.apply(args=[["email"]]).get() == {"email": 4}
+    assert holder(redis_client, fq_prefix) is not None
+
+
+def test_sigterm_finishes_and_exits_zero(fq_prefix):
+    process = spawn(["rebalance_fair", "--interval-ms", "100"], fq_prefix)
+    time.sleep(2.0)
+    assert stop(process) == 0, process.stdout.read()
