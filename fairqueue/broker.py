@@ -48,7 +48,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .exceptions import BrokerUnavailableError
-from .levels import PriorityLevel
+from .levels import PAYLOAD_LEVEL_KEY, PAYLOAD_TENANT_KEY, PriorityLevel
 
 logger = logging.getLogger("fairqueue.broker")
 
@@ -80,7 +80,7 @@ TAG_OFFSET: Final = {
 REBASE_THRESHOLD: Final = WINDOW_BAND_TOP + (1 << 20)
 
 _SCORE_BASE: Final = 1 << 32
-_JOB_FIELDS: Final = ("name", "data", "timestamp", "priority", "attemptsMade", "opts")
+_JOB_FIELDS: Final = ("name", "data", "timestamp", "priority", "atm", "opts")
 
 #: fairqueue's add script wraps BullMQ's own addPrioritizedJob script (see
 #: :func:`add_script_source`) and runs it once per job of a batch, in one EVALSHA.
@@ -178,6 +178,79 @@ for i = 1, #ids do
 end
 return {#ids, out}
 """
+
+#: Read what the rebalance pass needs of each job, parsing the payload inside Redis so
+#: payloads never cross the wire on the hot path. Per job id (ARGV[2..]) it returns
+#: id, name, timestamp, priority, attempts made, a data flag (1: JSON object, 0: not),
+#: the tenant (a string, or '' with flag 0 for missing/null, 2 for not a string), the
+#: level ('' when missing) and, for jobs without a level, the priority their producer
+#: asked for (-1 when unknown). Gone jobs are left out.
+META_SCRIPT: Final = """
+local out = {}
+for i = 2, #ARGV do
+  local id = ARGV[i]
+  local f = redis.call('HMGET', ARGV[1] .. id, 'name', 'data', 'timestamp', 'priority', 'atm',
+    'opts')
+  if f[1] or f[2] or f[3] then
+    local ok, data = pcall(cjson.decode, f[2] or 'null')
+    -- cjson turns arrays into tables too; a non-empty array has an element at 1
+    local isObject = ok and type(data) == 'table' and data[1] == nil
+    local tenant, tenantFlag, level, requested = '', 0, '', -1
+    if isObject then
+      local t = data['tenantId']
+      if type(t) == 'string' then tenant, tenantFlag = t, 1
+      elseif t ~= nil and t ~= cjson.null then tenantFlag = 2 end
+      local l = data['priorityLevel']
+      if type(l) == 'string' then level = l
+      elseif l ~= nil and l ~= cjson.null then level = '?' end
+      if level == '' then
+        local okOpts, opts = pcall(cjson.decode, f[6] or 'null')
+        if okOpts and type(opts) == 'table' and type(opts['priority']) == 'number' then
+          requested = opts['priority']
+        end
+      end
+    end
+    out[#out + 1] = id
+    out[#out + 1] = f[1] or ''
+    out[#out + 1] = f[3] or ''
+    out[#out + 1] = f[4] or '0'
+    out[#out + 1] = f[5] or '0'
+    out[#out + 1] = isObject and 1 or 0
+    out[#out + 1] = tenant
+    out[#out + 1] = tenantFlag
+    out[#out + 1] = level
+    out[#out + 1] = requested
+  end
+end
+return out
+"""
+_META_WIDTH: Final = 10
+
+#: BullMQ's own changePriority script, run once per (job id, priority) pair of a batch
+#: in one EVALSHA (see :func:`change_script_source`). ARGV[1] is the job key prefix,
+#: then pairs; returns BullMQ's code per job (0 ok, -1 missing).
+CHANGE_SCRIPT_HEAD: Final = """
+local fqPairs = {}
+for i = 2, #ARGV, 2 do fqPairs[#fqPairs + 1] = {ARGV[i], ARGV[i + 1]} end
+local fqPrefix = ARGV[1]
+local function fqBullmqChange()
+"""
+CHANGE_SCRIPT_TAIL: Final = """
+end
+local fqCodes = {}
+for i, pair in ipairs(fqPairs) do
+  ARGV[1], ARGV[2], ARGV[3], ARGV[4] = pair[2], fqPrefix, pair[1], '0'
+  fqCodes[i] = fqBullmqChange()
+end
+return fqCodes
+"""
+
+
+def change_script_source() -> str:
+    """BullMQ's changePriority, looped over a batch (job hashes and sets as BullMQ
+    writes them; one round trip for the batch)."""
+    return CHANGE_SCRIPT_HEAD + loadScript("changePriority-7.lua") + CHANGE_SCRIPT_TAIL
+
 
 #: Shift every tag-band job (and the per-level tags) down by ARGV[2], so tags never
 #: reach BullMQ's cap on a queue that is never empty. Relative order is unchanged.
@@ -425,7 +498,6 @@ class _LoopState:
         self.client = client
         self.queues: dict[str, BullQueue] = {}
         self.scripts: dict[str, Any] = {}
-        self.scripts_loaded = False
 
 
 class Broker:
@@ -465,6 +537,8 @@ class Broker:
             for name, source in (
                 ("overdue", OVERDUE_SCRIPT),
                 ("rebase", REBASE_SCRIPT),
+                ("meta", META_SCRIPT),
+                ("change", change_script_source()),
                 ("release", RELEASE_LOCK_SCRIPT),
                 ("renew", RENEW_LOCK_SCRIPT),
             ):
@@ -495,19 +569,6 @@ class Broker:
         client = self.client()
         for script in scripts:
             script.sha = await client.script_load(script.script)
-
-    async def _ensure_scripts(self, queue: str) -> None:
-        """Load the scripts the rebalance pass sends by EVALSHA in pipelines, once per client.
-
-        Pipelines cannot fall back from EVALSHA to EVAL per command, and redis-py would
-        otherwise check SCRIPT EXISTS before every pipeline (an extra round trip).
-        """
-        state = self._state()
-        if state.scripts_loaded:
-            return
-        commands = self.queue(queue).scripts.commands
-        await self._load_scripts([commands["changePriority"], *state.scripts.values()])
-        state.scripts_loaded = True
 
     async def _guard(self, coro: Awaitable[T]) -> T:
         """Turn "Redis is not there" into BrokerUnavailableError; let other errors be."""
@@ -599,16 +660,74 @@ class Broker:
             (job_id, int(score // _SCORE_BASE), False) for job_id, score in band + tag_entries
         ]
         return WaitingSnapshot(
-            jobs=await self._read_jobs(queue, entries),
+            jobs=await self._read_meta(queue, entries),
             behind=max(0, total - len(band) - len(tag_entries)),
             upper_bound=upper_bound,
             tag_band_head=tag_band_head,
             prioritized_read=len(band) + len(tag_entries),
         )
 
-    async def read_jobs(self, queue: str, job_ids: Sequence[str]) -> list[WaitingJob]:
-        """Read jobs by id (skipping ids whose job hash is gone)."""
-        return await self._guard(self._read_jobs(queue, [(j, None, False) for j in job_ids]))
+    async def read_jobs(
+        self, queue: str, job_ids: Sequence[str], *, payload: bool = True
+    ) -> list[WaitingJob]:
+        """Read jobs by id (skipping ids whose job hash is gone).
+
+        With ``payload=False`` the payload is parsed inside Redis and ``data`` holds only
+        fairqueue's keys (``tenantId``, ``priorityLevel``): what the rebalance pass needs,
+        without moving payloads over the wire.
+        """
+        entries = [(job_id, None, False) for job_id in job_ids]
+        reader = self._read_jobs if payload else self._read_meta
+        return await self._guard(reader(queue, entries))
+
+    async def _read_meta(
+        self, queue: str, entries: Sequence[tuple[str, int | None, bool]]
+    ) -> list[WaitingJob]:
+        if not entries:
+            return []
+        script = self._state().scripts["meta"]
+        by_id = {job_id: (priority, in_wait) for job_id, priority, in_wait in entries}
+        rows: list[Any] = []
+        for start in range(0, len(entries), 5_000):
+            chunk = [job_id for job_id, _, _ in entries[start : start + 5_000]]
+            rows.extend(await script(keys=[], args=[self.key(queue, ""), *chunk]))
+        jobs = []
+        for offset in range(0, len(rows), _META_WIDTH):
+            (
+                job_id,
+                name,
+                timestamp,
+                stored,
+                attempts,
+                is_object,
+                tenant,
+                tenant_flag,
+                level,
+                req,
+            ) = rows[offset : offset + _META_WIDTH]
+            data: dict[str, Any] | None = None
+            if int(is_object):
+                data = {}
+                if int(tenant_flag) == 1:
+                    data[PAYLOAD_TENANT_KEY] = tenant
+                elif int(tenant_flag) == 2:
+                    data[PAYLOAD_TENANT_KEY] = 0  # present but not a string: invalid
+                if level:
+                    data[PAYLOAD_LEVEL_KEY] = level
+            priority, in_wait = by_id[job_id]
+            jobs.append(
+                WaitingJob(
+                    job_id=job_id,
+                    name=name,
+                    data=data,
+                    timestamp_ms=_int_or(timestamp, None),
+                    priority=priority if priority is not None else _int_or(stored, 0),
+                    attempts_made=_int_or(attempts, 0) or 0,
+                    in_wait_list=in_wait,
+                    requested_priority=None if int(req) < 0 else int(req),
+                )
+            )
+        return jobs
 
     async def _read_jobs(
         self, queue: str, entries: Sequence[tuple[str, int | None, bool]]
@@ -677,7 +796,8 @@ class Broker:
     async def set_priorities(
         self, queue: str, changes: Sequence[tuple[str, int]], *, batch_size: int = 1_000
     ) -> WriteResult:
-        """Write BullMQ priorities with BullMQ's ``changePriority`` script, pipelined.
+        """Write BullMQ priorities with BullMQ's own ``changePriority`` script, a batch
+        per EVALSHA.
 
         A job that vanished (finished or removed) is reported in ``missing`` and never
         stops the others.
@@ -685,9 +805,7 @@ class Broker:
         return await self._guard(self._set_priorities(queue, changes, batch_size))
 
     async def _set_priorities(self, queue, changes, batch_size):
-        await self._ensure_scripts(queue)
-        bull_queue = self.queue(queue)
-        script = bull_queue.scripts.commands["changePriority"]
+        script = self._state().scripts["change"]
         keys = [
             self.key(queue, "wait"),
             self.key(queue, "paused"),
@@ -699,32 +817,26 @@ class Broker:
         ]
         prefix = self.key(queue, "")
         result = WriteResult()
-        pending = list(changes)
-        reloaded = False
-        while pending:
-            batch, pending = pending[:batch_size], pending[batch_size:]
-            async with self.client().pipeline(transaction=False) as pipe:
-                for job_id, priority in batch:
-                    pipe.evalsha(script.sha, len(keys), *keys, priority, prefix, job_id, 0)
-                replies = await pipe.execute(raise_on_error=False)
+        for start in range(0, len(changes), batch_size):
+            batch = changes[start : start + batch_size]
+            args: list[Any] = [prefix]
+            for job_id, priority in batch:
+                args += [job_id, priority]
+            try:
+                codes = await script(keys=keys, args=args)
+            except ResponseError:
+                # An error inside the script stops its batch (jobs before the error may
+                # have moved): report the batch as failed and go on; the next pass plans
+                # from what Redis holds then.
+                result.failed.extend(job_id for job_id, _ in batch)
+                result.round_trips += 1
+                continue
             result.round_trips += 1
-            retry = []
-            for (job_id, priority), reply in zip(batch, replies, strict=True):
-                if isinstance(reply, NoScriptError):
-                    retry.append((job_id, priority))
-                elif isinstance(reply, Exception):
-                    result.failed.append(job_id)
-                elif int(reply) < 0:
+            for (job_id, _), code in zip(batch, codes, strict=True):
+                if int(code) < 0:
                     result.missing.append(job_id)
                 else:
                     result.written += 1
-            if retry:
-                if reloaded:
-                    result.failed.extend(job_id for job_id, _ in retry)
-                else:
-                    await self._load_scripts([script])
-                    reloaded = True
-                    pending = retry + pending
         return result
 
     async def rebase_tag_band(self, queue: str, shift: int) -> int:

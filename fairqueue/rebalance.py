@@ -30,7 +30,7 @@ import socket
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Final
 
 from .broker import (
@@ -94,6 +94,28 @@ class PassResult:
     duration_ms: float = 0.0
     dry_run: bool = False
     plan: list[PlannedJob] = field(default_factory=list, repr=False)
+
+    def record(self, at_ms: int, rebalancer: str | None) -> dict[str, object]:
+        """The status record the dashboard shows (counts only)."""
+        fields = (
+            "examined",
+            "reordered",
+            "written",
+            "aged",
+            "overdue",
+            "skipped",
+            "failed",
+            "missing",
+            "rebased",
+            "round_trips",
+            "duration_ms",
+        )
+        return {
+            **{name: getattr(self, name) for name in fields},
+            "job_type": self.job_type,
+            "at_ms": at_ms,
+            "by": rebalancer or "",
+        }
 
     def summary(self) -> str:
         return (
@@ -251,7 +273,7 @@ async def arebalance_queue(
     deep_ids = await broker.find_overdue(
         queue, cutoff_ms=cutoff_ms, start=snapshot.prioritized_read
     )
-    deep_jobs = await broker.read_jobs(queue, deep_ids[:MAX_DEEP_OVERDUE])
+    deep_jobs = await broker.read_jobs(queue, deep_ids[:MAX_DEEP_OVERDUE], payload=False)
     result.round_trips = 3 + bool(deep_ids)
     jobs = snapshot.jobs + deep_jobs
     result.examined = len(jobs)
@@ -331,16 +353,7 @@ async def arebalance_queue(
             result.round_trips += 1
         _record_metrics(result, written_ids)
         result.duration_ms = (time.perf_counter() - started) * 1000
-        record = {
-            key: value
-            for key, value in asdict(result).items()
-            if key not in ("plan", "job_type", "queue")
-        }
-        await broker.write_status(
-            queue,
-            LAST_RUN_RECORD,
-            {**record, "at_ms": now_ms, "by": rebalancer or "", "job_type": job_type},
-        )
+        await broker.write_status(queue, LAST_RUN_RECORD, result.record(now_ms, rebalancer))
     result.duration_ms = (time.perf_counter() - started) * 1000
     return result
 
