@@ -40,3 +40,12 @@ def test_series_exist_at_zero_for_configured_job_types():
 def test_priority_label():
     assert enqueue_priority_label(PriorityLevel.HIGH) == "high"
     assert enqueue_priority_label(None) == "other"
+
+
+def test_web_process_serves_the_families_at_metrics(client, fq_prefix):
+    from fairqueue.services import enqueue_job
+
+    enqueue_job("email", {}, priority_level="low")
+    body = client.get("/metrics").content.decode()
+    assert 'queue_jobs_enqueued_total{priority="low",queue="email"}' in body
+    assert "queue_fair_overdue_waiting" in body

@@ -11,16 +11,6 @@ from fairqueue.exceptions import (
 from fairqueue.levels import PriorityLevel
 from fairqueue.priority import PriorityRule, resolve_priority
 
-
-@pytest.fixture(autouse=True)
-def _no_lookup():
-    prio.unwire_tenant_plan_lookup()
-    prio.set_subscription_to_plan_tier(None)
-    yield
-    prio.unwire_tenant_plan_lookup()
-    prio.set_subscription_to_plan_tier(None)
-
-
 PLANS = {"t-ent": "enterprise", "t-pro": "pro", "t-free": "free", "t-odd": "platinum"}
 
 
