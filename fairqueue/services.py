@@ -24,7 +24,7 @@ import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypedDict, Unpack
 
 from asgiref.sync import sync_to_async
 from django.db import transaction
@@ -160,19 +160,33 @@ def _actor_name(actor: object) -> str:
     return str(get_username() if callable(get_username) else actor)[:200]
 
 
+class EnqueueOptions(TypedDict, total=False):
+    """Keyword options of every enqueue function (see :func:`enqueue_job`)."""
+
+    tenant_id: str | None
+    priority: int | None
+    priority_level: str | PriorityLevel | None
+    priority_override: str | PriorityLevel | None
+    job_id: str | None
+    delay_ms: int | None
+    attempts: int | None
+    source: str | None
+    actor: object
+
+
 def _prepare(
     job_type: str,
     payload: Mapping[str, Any],
     *,
-    tenant_id: str | None | _Absent,
-    priority: int | None,
-    priority_level: str | PriorityLevel | None,
-    priority_override: str | PriorityLevel | None,
-    job_id: str | None,
-    delay_ms: int | None,
-    attempts: int | None,
-    source: str | None,
-    actor: object,
+    tenant_id: str | None | _Absent = ABSENT,
+    priority: int | None = None,
+    priority_level: str | PriorityLevel | None = None,
+    priority_override: str | PriorityLevel | None = None,
+    job_id: str | None = None,
+    delay_ms: int | None = None,
+    attempts: int | None = None,
+    source: str | None = None,
+    actor: object = None,
 ) -> _Prepared:
     job_type, queue = _queue_for(job_type)
     resolved = resolve_priority(
@@ -281,28 +295,20 @@ def _enqueue_prepared(prepared: Sequence[_Prepared]) -> list[EnqueuedJob]:
 
 
 def enqueue_job(
-    job_type: str,
-    payload: Mapping[str, Any],
-    *,
-    tenant_id: str | None | _Absent = ABSENT,
-    priority: int | None = None,
-    priority_level: str | PriorityLevel | None = None,
-    priority_override: str | PriorityLevel | None = None,
-    job_id: str | None = None,
-    delay_ms: int | None = None,
-    attempts: int | None = None,
-    source: str | None = None,
-    actor: object = None,
+    job_type: str, payload: Mapping[str, Any], **options: Unpack[EnqueueOptions]
 ) -> EnqueuedJob:
     """Enqueue one job of ``job_type`` now.
 
     Args:
+        payload: a JSON object; fairqueue adds ``tenantId`` and ``priorityLevel``.
         tenant_id: the tenant's id; ``None`` marks an internal job (critical); leave it
             out for jobs that belong to no tenant.
         priority, priority_level: an explicit priority (one of them), audited for tenant
             jobs.
         priority_override: ``'critical' | 'high' | 'normal' | 'low'``, always audited.
             Server-side only: never take it from request input.
+        job_id: a custom BullMQ job id (not all digits); an existing id adds nothing.
+        delay_ms, attempts: BullMQ's ``delay`` and ``attempts``.
         source, actor: recorded in the audit row (e.g. ``"signup view"``, ``request.user``).
 
     Raises:
@@ -311,36 +317,21 @@ def enqueue_job(
         ConflictingPriorityError, InvalidJobOptionError: bad input; nothing was written.
         BrokerUnavailableError: Redis could not be reached; nothing was written.
     """
-    prepared = _prepare(
-        job_type,
-        payload,
-        tenant_id=tenant_id,
-        priority=priority,
-        priority_level=priority_level,
-        priority_override=priority_override,
-        job_id=job_id,
-        delay_ms=delay_ms,
-        attempts=attempts,
-        source=source,
-        actor=actor,
-    )
-    return _enqueue_prepared([prepared])[0]
+    return _enqueue_prepared([_prepare(job_type, payload, **options)])[0]
 
 
 def enqueue_jobs(
-    job_type: str,
-    payloads: Sequence[Mapping[str, Any]],
-    *,
-    tenant_id: str | None | _Absent = ABSENT,
-    priority: int | None = None,
-    priority_level: str | PriorityLevel | None = None,
-    priority_override: str | PriorityLevel | None = None,
-    attempts: int | None = None,
-    source: str | None = None,
-    actor: object = None,
+    job_type: str, payloads: Sequence[Mapping[str, Any]], **options: Unpack[EnqueueOptions]
 ) -> list[EnqueuedJob]:
-    """Enqueue many jobs of one type with the same options, all or nothing, in one
-    Redis round trip (one MULTI/EXEC)."""
+    """Enqueue many jobs of one type with the same options, all validated before any is
+    sent, in one Redis round trip per 1,000 jobs. ``job_id`` and ``delay_ms`` are not
+    batch options."""
+    for option in ("job_id", "delay_ms"):
+        if options.get(option) is not None:
+            raise InvalidJobOptionError(
+                f"{option}={options[option]!r} is not allowed in enqueue_jobs: "
+                "use enqueue_job for jobs with their own id or delay"
+            )
     if isinstance(payloads, Mapping) or not isinstance(payloads, Sequence):
         raise InvalidPayloadError(
             f"payloads of type {type(payloads).__name__} is not allowed: expected a list of "
@@ -348,55 +339,16 @@ def enqueue_jobs(
         )
     if not payloads:
         return []
-    prepared = [
-        _prepare(
-            job_type,
-            payload,
-            tenant_id=tenant_id,
-            priority=priority,
-            priority_level=priority_level,
-            priority_override=priority_override,
-            job_id=None,
-            delay_ms=None,
-            attempts=attempts,
-            source=source,
-            actor=actor,
-        )
-        for payload in payloads
-    ]
-    return _enqueue_prepared(prepared)
+    return _enqueue_prepared([_prepare(job_type, payload, **options) for payload in payloads])
 
 
 async def aenqueue_job(
-    job_type: str,
-    payload: Mapping[str, Any],
-    *,
-    tenant_id: str | None | _Absent = ABSENT,
-    priority: int | None = None,
-    priority_level: str | PriorityLevel | None = None,
-    priority_override: str | PriorityLevel | None = None,
-    job_id: str | None = None,
-    delay_ms: int | None = None,
-    attempts: int | None = None,
-    source: str | None = None,
-    actor: object = None,
+    job_type: str, payload: Mapping[str, Any], **options: Unpack[EnqueueOptions]
 ) -> EnqueuedJob:
     """Async twin of :func:`enqueue_job`, for async views: the Redis call is awaited on
     the caller's event loop; the plan lookup and audit row go through the ORM in a
     thread."""
-    prepared = await sync_to_async(_prepare)(
-        job_type,
-        payload,
-        tenant_id=tenant_id,
-        priority=priority,
-        priority_level=priority_level,
-        priority_override=priority_override,
-        job_id=job_id,
-        delay_ms=delay_ms,
-        attempts=attempts,
-        source=source,
-        actor=actor,
-    )
+    prepared = await sync_to_async(_prepare)(job_type, payload, **options)
     added = await get_broker().add_jobs(prepared.queue, [prepared.new_job])
     audited: set[int] = set()
     if prepared.audit is not None:
@@ -409,7 +361,7 @@ def enqueue_on_commit(
     payload: Mapping[str, Any],
     *,
     using: str | None = None,
-    **options: Any,
+    **options: Unpack[EnqueueOptions],
 ) -> None:
     """Enqueue once the surrounding database transaction commits (now, if none is open).
 
@@ -419,19 +371,5 @@ def enqueue_on_commit(
     not): callers that must never lose the job should enqueue inside the request and
     handle ``BrokerUnavailableError``.
     """
-    prepared = _prepare(
-        job_type,
-        payload,
-        tenant_id=options.pop("tenant_id", ABSENT),
-        priority=options.pop("priority", None),
-        priority_level=options.pop("priority_level", None),
-        priority_override=options.pop("priority_override", None),
-        job_id=options.pop("job_id", None),
-        delay_ms=options.pop("delay_ms", None),
-        attempts=options.pop("attempts", None),
-        source=options.pop("source", None),
-        actor=options.pop("actor", None),
-    )
-    if options:
-        raise TypeError(f"enqueue_on_commit() got unexpected arguments {sorted(options)}")
+    prepared = _prepare(job_type, payload, **options)
     transaction.on_commit(lambda: _enqueue_prepared([prepared]), using=using)

@@ -303,6 +303,11 @@ class TestBadInput:
         with pytest.raises(InvalidJobOptionError, match=f"{option}="):
             enqueue_job("email", {}, **{option: value})
 
+    @pytest.mark.parametrize(("option", "value"), [("job_id", "x-1"), ("delay_ms", 5)])
+    def test_per_job_options_in_a_batch(self, option, value):
+        with pytest.raises(InvalidJobOptionError, match=f"{option}=.* enqueue_jobs"):
+            enqueue_jobs("email", [{}], **{option: value})
+
     def test_redis_unreachable(self, settings, fq_prefix):
         from fairqueue import conf
 

@@ -14,6 +14,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from fairqueue.exceptions import BrokerUnavailableError
 from fairqueue.handlers import autodiscover, registered_job_types
+from fairqueue.management.arguments import int_in_range
 from fairqueue.worker import (
     MAX_CONCURRENCY,
     MIN_CONCURRENCY,
@@ -27,15 +28,8 @@ logger = logging.getLogger("fairqueue.worker")
 _CONCURRENCY_RANGE = f"expected an integer in {MIN_CONCURRENCY}..{MAX_CONCURRENCY}"
 
 
-def concurrency(value: str) -> int:
-    """argparse type of ``--concurrency``: an integer in 1..1000."""
-    try:
-        parsed = int(value.strip())
-    except ValueError:
-        parsed = None
-    if parsed is None or not MIN_CONCURRENCY <= parsed <= MAX_CONCURRENCY:
-        raise argparse.ArgumentTypeError(f"{value!r} is not allowed: {_CONCURRENCY_RANGE}")
-    return parsed
+#: argparse type of ``--concurrency``: an integer in 1..1000.
+concurrency = int_in_range(MIN_CONCURRENCY, MAX_CONCURRENCY)
 
 
 class Command(BaseCommand):

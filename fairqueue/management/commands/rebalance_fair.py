@@ -20,6 +20,7 @@ from django.db import close_old_connections
 
 from fairqueue.conf import get_settings
 from fairqueue.exceptions import BrokerUnavailableError
+from fairqueue.management.arguments import int_in_range
 from fairqueue.metrics import get_metrics
 from fairqueue.rebalance import (
     LeaderLock,
@@ -34,30 +35,8 @@ logger = logging.getLogger("fairqueue.rebalance")
 MAX_BACKOFF_MS = 30_000
 
 
-def interval_ms(value: str) -> int:
-    """argparse type of ``--interval-ms``: an integer in 1..3600000."""
-    try:
-        parsed = int(value.strip())
-    except ValueError:
-        parsed = None
-    if parsed is None or not 1 <= parsed <= 3_600_000:
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is not allowed: expected an integer in 1..3600000"
-        )
-    return parsed
-
-
-def port(value: str) -> int:
-    """argparse type of ``--metrics-port``: an integer in 1..65535."""
-    try:
-        parsed = int(value.strip())
-    except ValueError:
-        parsed = None
-    if parsed is None or not 1 <= parsed <= 65_535:
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is not allowed: expected a TCP port in 1..65535"
-        )
-    return parsed
+interval_ms = int_in_range(1, 3_600_000)
+port = int_in_range(1, 65_535, "a TCP port")
 
 
 class Rebalancer:
@@ -224,10 +203,11 @@ class Command(BaseCommand):
         interval = options.get("interval_ms")
         if interval is None:
             interval = settings.rebalance_interval_ms
-        elif not isinstance(interval, int) or not 1 <= interval <= 3_600_000:
-            raise CommandError(
-                f"--interval-ms {interval!r} is not allowed: expected an integer in 1..3600000"
-            )
+        else:  # call_command(interval_ms=...) bypasses argparse's type check
+            try:
+                interval = interval_ms(interval)
+            except argparse.ArgumentTypeError as exc:
+                raise CommandError(f"argument --interval-ms: {exc}") from None
         if options.get("metrics_port"):
             from prometheus_client import start_http_server
 

@@ -1,0 +1,27 @@
+"""Typed argparse validators shared by fairqueue's commands.
+
+Each names the value and the allowed range, so a bad ``--interval-ms 0`` reads
+"argument --interval-ms: '0' is not allowed: expected an integer in 1..3600000".
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+
+def int_in_range(low: int, high: int, what: str = "an integer") -> Callable[[str], int]:
+    """An argparse ``type=`` that accepts integers in ``low..high``."""
+
+    def parse(value: str) -> int:
+        try:
+            parsed = int(str(value).strip())
+        except ValueError:
+            parsed = None
+        if parsed is None or not low <= parsed <= high:
+            raise argparse.ArgumentTypeError(
+                f"{value!r} is not allowed: expected {what} in {low}..{high}"
+            )
+        return parsed
+
+    return parse
