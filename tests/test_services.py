@@ -316,3 +316,30 @@ class TestBadInput:
         with pytest.raises(BrokerUnavailableError, match="Redis is unavailable") as info:
             enqueue_job("email", {}, tenant_id="t1", priority_override="critical")
         assert "127.0.0.1:1" not in str(info.value)
+
+
+def _enqueue_in_child(conn):
+    try:
+        job = enqueue_job("email", {"from": "child"})
+        conn.send(job.job_id)
+    except Exception as exc:  # report to the parent instead of dying silently
+        conn.send(repr(exc))
+
+
+def test_fork_safe__a_forked_process_gets_its_own_connections(fq_prefix, redis_client):
+    import multiprocessing
+
+    from fairqueue.broker import get_sync_broker
+
+    first = enqueue_job("email", {"from": "parent"})
+    get_sync_broker().counts("email")  # the parent's event-loop thread is running too
+    ctx = multiprocessing.get_context("fork")
+    parent_end, child_end = ctx.Pipe()
+    child = ctx.Process(target=_enqueue_in_child, args=(child_end,))
+    child.start()
+    child_job = parent_end.recv()
+    child.join(10)
+    assert child.exitcode == 0
+    again = enqueue_job("email", {"from": "parent"})
+    assert len({first.job_id, child_job, again.job_id}) == 3
+    assert get_sync_broker().counts("email")["prioritized"] == 3
