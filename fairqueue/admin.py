@@ -13,10 +13,12 @@ from django.template.response import TemplateResponse
 from .models import (
     PLAN_CHOICES,
     ClassifierRule,
+    Dashboard,
     PriorityOverrideAudit,
     SubscriptionClassifier,
     TenantPlan,
 )
+from .views import DashboardAdmin
 
 
 class SetTierForm(forms.Form):
@@ -108,3 +110,7 @@ class PriorityOverrideAuditAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+# The fair queue dashboard (views in fairqueue.views), linked from the admin index.
+admin.site.register(Dashboard, DashboardAdmin)

@@ -11,15 +11,18 @@ How fairqueue uses BullMQ's priority (pinned: ``bullmq>=3.4.4,<3.5``, checked by
 * fairqueue splits that range in two bands. The **window band** ``1 .. WINDOW_BAND_TOP-1``
   holds the jobs a rebalance pass has put in exact fair order. The **tag band**
   ``WINDOW_BAND_TOP .. MAX_PRIORITY`` holds newly enqueued jobs at their enqueue-time
-  virtual finish tag (see :data:`ADD_PRELUDE`), so the backlog behind the window is
+  virtual finish tag (see :data:`ADD_SCRIPT_HEAD`), so the backlog behind the window is
   already in approximately fair order and a new critical job does not wait behind a
   whole backlog of low jobs for the next pass to find it.
-* Rebalance writes go through BullMQ's own ``changePriority`` script, pipelined, so a
-  stock BullMQ worker (Python or Node) pops the jobs in the fair order.
+* Jobs are added by BullMQ's own ``addPrioritizedJob`` script and rebalance writes go
+  through BullMQ's own ``changePriority`` script (each wrapped to run a batch per
+  EVALSHA), so a stock BullMQ worker (Python or Node) pops the jobs in the fair order.
 
-Sync callers (Django views, management commands) use :class:`SyncBroker`, which runs the
-async client on one event-loop thread per process with one connection pool, recreated
-after ``fork()``. Async callers (async views) await :class:`Broker` directly.
+Sync callers (Django views, management commands) use :class:`SyncBroker`: enqueues go
+straight from the calling thread through one blocking connection pool per process (the
+hot path pays no thread hop); everything else runs on one event-loop thread per process
+with one async pool. Both are recreated after ``fork()``. Async callers (async views)
+await :class:`Broker` directly.
 """
 
 from __future__ import annotations
@@ -174,7 +177,10 @@ local cutoff = tonumber(ARGV[3])
 local out = {}
 for i = 1, #ids do
   local ts = tonumber(redis.call('HGET', ARGV[4] .. ids[i], 'timestamp') or 'nil')
-  if ts and ts < cutoff then out[#out + 1] = ids[i] end
+  if ts and ts < cutoff then
+    out[#out + 1] = ids[i]
+    out[#out + 1] = ts
+  end
 end
 return {#ids, out}
 """
@@ -339,6 +345,14 @@ class WaitingSnapshot:
     tag_band_head: int | None
     #: How many prioritized-set entries were read (the rank where a deep scan starts).
     prioritized_read: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class OverdueJobs:
+    """Overdue jobs found deep in a backlog: some ids, and how many there are in all."""
+
+    job_ids: list[str]
+    total: int
 
 
 @dataclass(slots=True)
@@ -626,7 +640,8 @@ class Broker:
     async def _read_head(self, queue: str, window: int, max_window_band: int):
         prioritized = self.key(queue, "prioritized")
         async with self.client().pipeline(transaction=False) as pipe:
-            pipe.lrange(self.key(queue, "wait"), 0, max_window_band - 1)
+            # BullMQ pops the wait list from its right end: read the next ones to pop.
+            pipe.lrange(self.key(queue, "wait"), -max_window_band, -1)
             pipe.zrangebyscore(
                 prioritized,
                 0,
@@ -645,7 +660,7 @@ class Broker:
             )
             pipe.zcard(prioritized)
             wait_ids, band, tag_band, total = await pipe.execute()
-        wait_ids.reverse()  # BullMQ pops the wait list from its right end
+        wait_ids.reverse()  # into pop order
         if len(band) > max_window_band:
             # More window-band jobs than we may read: stay below the first one left out.
             upper_bound = int(band[max_window_band][1] // _SCORE_BASE)
@@ -759,22 +774,35 @@ class Broker:
         return jobs
 
     async def find_overdue(
-        self, queue: str, *, cutoff_ms: int, start: int, page_size: int = 10_000
-    ) -> list[str]:
-        """Ids of jobs in the prioritized set from rank ``start`` on, enqueued before
-        ``cutoff_ms``, in pop order. Pages through the set inside Redis."""
-        return await self._guard(self._find_overdue(queue, cutoff_ms, start, page_size))
+        self,
+        queue: str,
+        *,
+        cutoff_ms: int,
+        start: int,
+        page_size: int = 10_000,
+        oldest: int | None = None,
+    ) -> OverdueJobs:
+        """Jobs in the prioritized set from rank ``start`` on, enqueued before
+        ``cutoff_ms``: all of their ids in pop order, or only the ``oldest`` N, oldest
+        first; ``total`` counts them all. Pages through the set inside Redis
+        (``page_size`` jobs per script call)."""
+        found = await self._guard(self._find_overdue(queue, cutoff_ms, start, page_size))
+        total = len(found)
+        if oldest is not None:
+            found.sort(key=lambda item: (item[1], item[0]))
+            del found[oldest:]
+        return OverdueJobs([job_id for job_id, _ in found], total=total)
 
-    async def _find_overdue(self, queue, cutoff_ms, start, page_size):
+    async def _find_overdue(self, queue, cutoff_ms, start, page_size) -> list[tuple[str, int]]:
         script = self._state().scripts["overdue"]
-        found: list[str] = []
+        found: list[tuple[str, int]] = []
         position = start
         while True:
-            scanned, ids = await script(
+            scanned, flat = await script(
                 keys=[self.key(queue, "prioritized")],
                 args=[position, position + page_size - 1, cutoff_ms, self.key(queue, "")],
             )
-            found.extend(ids)
+            found.extend(zip(flat[::2], (int(ts) for ts in flat[1::2]), strict=True))
             position += page_size
             if scanned < page_size:
                 return found
@@ -955,6 +983,317 @@ class Broker:
             counts = await self._guard(pipe.execute())
         return sum(int(count) for count in counts)
 
+    # -- dashboard support (fairqueue.dashboard) --------------------------------------
+    # Read-only helpers for the admin dashboard. Each costs O(page) per call except
+    # scan_backlog, which the dashboard runs synchronously only for small backlogs.
+
+    #: The jobs at pop positions ARGV[1]..ARGV[2] (0-based, inclusive), read atomically:
+    #: the wait list first (BullMQ pops it from its right end), then the prioritized set.
+    #: Returns the wait list's length and flat (id, score) pairs, score "0" for wait jobs.
+    DASHBOARD_PAGE_SCRIPT: Final = """
+local waitLen = redis.call('LLEN', KEYS[1])
+local first, last = tonumber(ARGV[1]), tonumber(ARGV[2])
+local out = {}
+if first < waitLen then
+  local stop = math.min(last, waitLen - 1)
+  local ids = redis.call('LRANGE', KEYS[1], waitLen - 1 - stop, waitLen - 1 - first)
+  for i = #ids, 1, -1 do
+    out[#out + 1] = ids[i]
+    out[#out + 1] = '0'
+  end
+end
+if last >= waitLen then
+  local entries = redis.call('ZRANGE', KEYS[2], math.max(first - waitLen, 0), last - waitLen,
+    'WITHSCORES')
+  for i = 1, #entries do out[#out + 1] = entries[i] end
+end
+return {waitLen, out}
+"""
+
+    #: One page of a backlog scan, over the wait list (ARGV[1] = 'list', cursor = index)
+    #: or the prioritized set (ARGV[1] = 'zset', cursor = exclusive score bound, so jobs
+    #: popped meanwhile do not shift the pages). Classifies each job as
+    #: ``rebalance.pending_from_job`` does (data's tenantId/priorityLevel, else the
+    #: requested or stored priority through normalize_priority; '?' when unreadable) and
+    #: returns {count, next cursor, [level, waiting, overdue, oldest ts]...,
+    #: [level, tenant, waiting]..., [id, ts, level, tenant] of each overdue job}.
+    DASHBOARD_SCAN_SCRIPT: Final = """
+local mode, cursor, count = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local cutoff, prefix = tonumber(ARGV[4]), ARGV[5]
+local ids, nextCursor = {}, cursor
+if mode == 'list' then
+  local first = tonumber(cursor)
+  ids = redis.call('LRANGE', KEYS[1], first, first + count - 1)
+  nextCursor = tostring(first + #ids)
+else
+  local entries = redis.call('ZRANGEBYSCORE', KEYS[1], cursor, '+inf', 'WITHSCORES',
+    'LIMIT', 0, count)
+  for i = 1, #entries, 2 do ids[#ids + 1] = entries[i] end
+  if #entries > 0 then nextCursor = '(' .. entries[#entries] end
+end
+local names = {critical = true, high = true, normal = true, low = true}
+local function normalize(p)
+  if p < 0 then return nil end
+  if p == 0 then return 'normal' end
+  if p == 1 then return 'critical' end
+  if p <= 3 then return 'high' end
+  if p <= 5 then return 'normal' end
+  return 'low'
+end
+local stats, tenants, late = {}, {}, {}
+for _, id in ipairs(ids) do
+  local row = redis.call('HMGET', prefix .. id, 'data', 'timestamp', 'priority', 'opts')
+  local ts = tonumber(row[2])
+  local level, tenant = nil, nil
+  if ts and row[1] and string.find(row[1], '^%s*{') then
+    local ok, data = pcall(cjson.decode, row[1])
+    if ok and type(data) == 'table' then
+      local t = data['tenantId']
+      if t == nil or t == cjson.null then tenant = 'default'
+      elseif type(t) == 'string' and t ~= '' then tenant = t end
+      local l = data['priorityLevel']
+      if l ~= nil and l ~= cjson.null then
+        if type(l) == 'string' and names[l] then level = l end
+      else
+        local p = nil
+        if row[4] then
+          local okOpts, opts = pcall(cjson.decode, row[4])
+          if okOpts and type(opts) == 'table' and type(opts['priority']) == 'number'
+            and opts['priority'] == math.floor(opts['priority']) then
+            p = opts['priority']
+          end
+        end
+        if p == nil then
+          if mode == 'list' then p = 0 else p = tonumber(row[3]) or 0 end
+        end
+        level = normalize(p)
+      end
+    end
+  end
+  if tenant == nil then level = nil end
+  local key = level or '?'
+  local s = stats[key]
+  if s == nil then
+    s = {0, 0, -1}
+    stats[key] = s
+  end
+  s[1] = s[1] + 1
+  if ts then
+    if ts < cutoff then s[2] = s[2] + 1 end
+    if s[3] < 0 or ts < s[3] then s[3] = ts end
+  end
+  if level then
+    local byTenant = tenants[level]
+    if byTenant == nil then
+      byTenant = {}
+      tenants[level] = byTenant
+    end
+    byTenant[tenant] = (byTenant[tenant] or 0) + 1
+    if ts < cutoff then
+      late[#late + 1] = id
+      late[#late + 1] = ts
+      late[#late + 1] = level
+      late[#late + 1] = tenant
+    end
+  end
+end
+local flatStats, flatTenants = {}, {}
+for key, s in pairs(stats) do
+  flatStats[#flatStats + 1] = key
+  flatStats[#flatStats + 1] = s[1]
+  flatStats[#flatStats + 1] = s[2]
+  flatStats[#flatStats + 1] = s[3]
+end
+for level, byTenant in pairs(tenants) do
+  for tenant, n in pairs(byTenant) do
+    flatTenants[#flatTenants + 1] = level
+    flatTenants[#flatTenants + 1] = tenant
+    flatTenants[#flatTenants + 1] = n
+  end
+end
+return {#ids, nextCursor, flatStats, flatTenants, late}
+"""
+
+    def _dashboard_script(self, name: str, source: str) -> Any:
+        state = self._state()
+        key = f"dashboard:{name}"
+        script = state.scripts.get(key)
+        if script is None:
+            script = state.client.register_script(source)
+            state.scripts[key] = script
+        return script
+
+    async def _dashboard_guard(self, coro: Awaitable[T]) -> T:
+        """Like :meth:`_guard`, but an error answer from Redis (e.g. a script error under
+        memory pressure) is also BrokerUnavailableError: a dashboard shows it, never
+        raises it as a 500."""
+        try:
+            return await self._guard(coro)
+        except redis.RedisError as exc:
+            raise _unavailable(exc) from exc
+
+    async def read_page(self, queue: str, *, start: int, count: int) -> list[WaitingJob]:
+        """The waiting jobs at pop positions ``start .. start+count-1`` (0-based), in the
+        order a BullMQ worker takes them: the wait list, then the prioritized set.
+
+        Costs O(count) whatever the backlog, so the dashboard can page deep into it.
+        """
+        return await self._dashboard_guard(self._read_page(queue, start, count))
+
+    async def _read_page(self, queue: str, start: int, count: int) -> list[WaitingJob]:
+        if count <= 0:
+            return []
+        script = self._dashboard_script("page", self.DASHBOARD_PAGE_SCRIPT)
+        _, flat = await script(
+            keys=[self.key(queue, "wait"), self.key(queue, "prioritized")],
+            args=[start, start + count - 1],
+        )
+        entries = [
+            (str(job_id), int(float(score)) // _SCORE_BASE, score == "0")
+            for job_id, score in zip(flat[::2], flat[1::2], strict=True)
+        ]
+        return await self._read_jobs(queue, entries)
+
+    async def scan_backlog(
+        self, queue: str, *, cutoff_ms: int, page_size: int = 5_000, max_jobs: int = 2_000_000
+    ) -> BacklogScan:
+        """Per-level waiting and overdue counts, oldest enqueue time and per-tenant counts
+        over the whole waiting backlog, plus every overdue job.
+
+        Runs inside Redis in pages of ``page_size`` jobs (each page blocks Redis for a few
+        ms), so it costs O(backlog): about 6 ms per 1,000 jobs. Jobs moving while it runs
+        may be missed or counted twice; the result is a snapshot, not a transaction.
+        """
+        return await self._dashboard_guard(
+            self._scan_backlog(queue, cutoff_ms, page_size, max_jobs)
+        )
+
+    async def _scan_backlog(
+        self, queue: str, cutoff_ms: int, page_size: int, max_jobs: int
+    ) -> BacklogScan:
+        started = time.perf_counter()
+        script = self._dashboard_script("scan", self.DASHBOARD_SCAN_SCRIPT)
+        result = BacklogScan(cutoff_ms=cutoff_ms)
+        prefix = self.key(queue, "")
+        for mode, key, cursor in (
+            ("list", self.key(queue, "wait"), "0"),
+            ("zset", self.key(queue, "prioritized"), "-inf"),
+        ):
+            while result.scanned < max_jobs:
+                count, cursor, stats, tenants, late = await script(
+                    keys=[key], args=[mode, cursor, page_size, cutoff_ms, prefix]
+                )
+                result.add_page(int(count), stats, tenants, late)
+                if int(count) < page_size:
+                    break
+        result.duration_ms = (time.perf_counter() - started) * 1000
+        return result
+
+    async def still_prioritized(self, queue: str, job_ids: Sequence[str]) -> list[bool]:
+        """Which of ``job_ids`` are still in the prioritized set (one round trip): a
+        scan's results go stale as workers take jobs."""
+        if not job_ids:
+            return []
+        return await self._dashboard_guard(self._still_prioritized(queue, job_ids))
+
+    async def _still_prioritized(self, queue: str, job_ids: Sequence[str]) -> list[bool]:
+        async with self.client().pipeline(transaction=False) as pipe:
+            for job_id in job_ids:
+                pipe.zscore(self.key(queue, "prioritized"), job_id)
+            scores = await pipe.execute()
+        return [score is not None for score in scores]
+
+    async def read_job_detail(self, queue: str, job_id: str) -> JobDetail | None:
+        """One job's stored fields and its BullMQ state; ``None`` if there is no such job
+        (or the id names one of the queue's own keys rather than a job)."""
+        return await self._dashboard_guard(self._read_job_detail(queue, job_id))
+
+    async def _read_job_detail(self, queue: str, job_id: str) -> JobDetail | None:
+        async with self.client().pipeline(transaction=False) as pipe:
+            pipe.hmget(self.key(queue, job_id), *_JOB_FIELDS, "processedOn", "finishedOn")
+            pipe.zscore(self.key(queue, "prioritized"), job_id)
+            pipe.lpos(self.key(queue, "wait"), job_id)
+            pipe.lpos(self.key(queue, "active"), job_id)
+            pipe.zscore(self.key(queue, "delayed"), job_id)
+            pipe.zscore(self.key(queue, "completed"), job_id)
+            pipe.zscore(self.key(queue, "failed"), job_id)
+            replies = await pipe.execute(raise_on_error=False)
+        row = replies[0]
+        if isinstance(row, Exception) or all(value is None for value in row[:3]):
+            return None  # no job, or a key of another type (WRONGTYPE)
+        name, data, timestamp, priority, attempts_made, opts, processed, finished = row
+        state = "unknown"
+        for label, found in zip(
+            ("prioritized", "waiting", "active", "delayed", "completed", "failed"),
+            replies[1:],
+            strict=True,
+        ):
+            if found is not None and not isinstance(found, Exception):
+                state = label
+                break
+        parsed_opts = parse_job_data(opts) or {}
+        requested = parsed_opts.get("priority")
+        max_attempts = parsed_opts.get("attempts")
+        return JobDetail(
+            job=WaitingJob(
+                job_id=job_id,
+                name=name or "",
+                data=parse_job_data(data),
+                timestamp_ms=_int_or(timestamp, None),
+                priority=_int_or(priority, 0) or 0,
+                attempts_made=_int_or(attempts_made, 0) or 0,
+                in_wait_list=state == "waiting",
+                requested_priority=requested if type(requested) is int else None,
+            ),
+            state=state,
+            max_attempts=max_attempts if type(max_attempts) is int else None,
+            processed_on_ms=_int_or(processed, None),
+            finished_on_ms=_int_or(finished, None),
+        )
+
+    # -- demo support (fairqueue.demo) ------------------------------------------------
+    # The demo's load generator and fairness summary count finished jobs by level and
+    # tenant; a long demo trims them so Redis does not fill up with completed jobs.
+
+    async def finished_since(
+        self, queue: str, *, since_ms: int, limit: int = 10_000
+    ) -> list[FinishedJob]:
+        """Completed jobs of ``queue`` that finished at or after ``since_ms``, oldest first
+        (at most ``limit``), with the times BullMQ stored for them.
+
+        BullMQ keeps completed jobs in a sorted set scored by ``finishedOn``, so this costs
+        O(log n + found) however long the history is.
+        """
+        return await self._guard(self._finished_since(queue, since_ms, limit))
+
+    async def _finished_since(self, queue: str, since_ms: int, limit: int) -> list[FinishedJob]:
+        client = self.client()
+        ids = await client.zrangebyscore(
+            self.key(queue, "completed"), since_ms, "+inf", start=0, num=limit
+        )
+        if not ids:
+            return []
+        async with client.pipeline(transaction=False) as pipe:
+            for job_id in ids:
+                pipe.hmget(self.key(queue, job_id), *_FINISHED_FIELDS)
+            rows = await pipe.execute()
+        return [
+            FinishedJob(
+                job_id=str(job_id),
+                data=parse_job_data(data),
+                timestamp_ms=_int_or(timestamp, None),
+                processed_on_ms=_int_or(processed, None),
+                finished_on_ms=_int_or(finished, None),
+            )
+            for job_id, (data, timestamp, processed, finished) in zip(ids, rows, strict=True)
+            if finished is not None  # trimmed between the two reads
+        ]
+
+    async def trim_finished(self, queue: str, *, grace_ms: int, limit: int = 10_000) -> int:
+        """Delete up to ``limit`` completed jobs that finished more than ``grace_ms`` ago,
+        with BullMQ's own ``clean``; returns how many were deleted."""
+        return len(await self._guard(self.queue(queue).clean(grace_ms, limit, "completed")))
+
 
 @dataclass(frozen=True, slots=True)
 class ActiveJob:
@@ -1122,3 +1461,88 @@ def get_sync_broker() -> SyncBroker:
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+# -- dashboard support types ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LevelScan:
+    """One level's share of a backlog scan. ``oldest_ms`` is ``None`` for no jobs."""
+
+    waiting: int = 0
+    overdue: int = 0
+    oldest_ms: int | None = None
+
+
+@dataclass(slots=True)
+class BacklogScan:
+    """What :meth:`Broker.scan_backlog` found. Levels are level names, plus ``"?"`` for
+    jobs whose fairqueue metadata cannot be read (the pass skips those)."""
+
+    cutoff_ms: int
+    scanned: int = 0
+    levels: dict[str, LevelScan] = field(default_factory=dict)
+    #: level -> tenant -> waiting jobs.
+    tenants: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: Overdue jobs with readable metadata: (job id, enqueued at ms, level, tenant).
+    overdue: list[tuple[str, int, str, str]] = field(default_factory=list)
+    duration_ms: float = 0.0
+
+    def add_page(self, count: int, stats: list[Any], tenants: list[Any], late: list[Any]) -> None:
+        self.scanned += count
+        for level, waiting, overdue, oldest in zip(
+            stats[::4], stats[1::4], stats[2::4], stats[3::4], strict=True
+        ):
+            seen = self.levels.get(level, LevelScan())
+            oldest_ms = int(oldest) if int(oldest) >= 0 else None
+            if seen.oldest_ms is not None and (oldest_ms is None or seen.oldest_ms < oldest_ms):
+                oldest_ms = seen.oldest_ms
+            self.levels[level] = LevelScan(
+                waiting=seen.waiting + int(waiting),
+                overdue=seen.overdue + int(overdue),
+                oldest_ms=oldest_ms,
+            )
+        for level, tenant, waiting in zip(tenants[::3], tenants[1::3], tenants[2::3], strict=True):
+            by_tenant = self.tenants.setdefault(level, {})
+            by_tenant[tenant] = by_tenant.get(tenant, 0) + int(waiting)
+        for job_id, timestamp, level, tenant in zip(
+            late[::4], late[1::4], late[2::4], late[3::4], strict=True
+        ):
+            self.overdue.append((str(job_id), int(timestamp), level, tenant))
+
+
+@dataclass(frozen=True, slots=True)
+class JobDetail:
+    """A job as the dashboard's detail page shows it. ``state`` is BullMQ's:
+    waiting, prioritized, active, delayed, completed, failed or unknown."""
+
+    job: WaitingJob
+    state: str
+    max_attempts: int | None
+    processed_on_ms: int | None
+    finished_on_ms: int | None
+
+
+# -- demo support types -------------------------------------------------------------------
+
+_FINISHED_FIELDS: Final = ("data", "timestamp", "processedOn", "finishedOn")
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedJob:
+    """A completed job as :meth:`Broker.finished_since` reads it (times in ms since the
+    epoch; ``None`` where BullMQ stored nothing)."""
+
+    job_id: str
+    data: dict[str, Any] | None
+    timestamp_ms: int | None
+    processed_on_ms: int | None
+    finished_on_ms: int | None
+
+    @property
+    def wait_ms(self) -> int | None:
+        """How long the job waited before a worker took it."""
+        if self.timestamp_ms is None or self.processed_on_ms is None:
+            return None
+        return max(0, self.processed_on_ms - self.timestamp_ms)

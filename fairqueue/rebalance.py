@@ -60,8 +60,6 @@ logger = logging.getLogger("fairqueue.rebalance")
 PRIORITY_SPACING: Final = 32
 #: Most window-band jobs a pass reads (the band normally holds about one window).
 MAX_WINDOW_BAND: Final = 100_000
-#: Most overdue jobs a pass promotes from deep in the backlog.
-MAX_DEEP_OVERDUE: Final = 100_000
 LAST_RUN_RECORD: Final = "last_pass"
 
 
@@ -270,12 +268,18 @@ async def arebalance_queue(
         queue, window=settings.rebalance_window, max_window_band=MAX_WINDOW_BAND
     )
     cutoff_ms = now_ms - settings.max_wait_ms
-    deep_ids = await broker.find_overdue(
-        queue, cutoff_ms=cutoff_ms, start=snapshot.prioritized_read
+    # Every waiting job is checked against the bound; the oldest overdue ones join the
+    # window (as many as a window holds: more could not run before the next pass).
+    deep = await broker.find_overdue(
+        queue,
+        cutoff_ms=cutoff_ms,
+        start=snapshot.prioritized_read,
+        oldest=settings.rebalance_window,
     )
-    deep_jobs = await broker.read_jobs(queue, deep_ids[:MAX_DEEP_OVERDUE], payload=False)
-    result.round_trips = 3 + bool(deep_ids)
+    deep_jobs = await broker.read_jobs(queue, deep.job_ids, payload=False)
+    result.round_trips = 3 + bool(deep.job_ids)
     jobs = snapshot.jobs + deep_jobs
+    deep_set = set(deep.job_ids)
     result.examined = len(jobs)
 
     pending: list[PendingJob] = []
@@ -323,10 +327,14 @@ async def arebalance_queue(
             result.reordered += 1
         if new != old:
             changes.append((job.job_id, new))
-    overdue = [
-        job for job in pending if is_overdue(job, now_ms=now_ms, max_wait_ms=settings.max_wait_ms)
-    ]
-    result.overdue = len(overdue)
+    # Overdue: those in the head plus every one found deeper (not only those promoted).
+    head_overdue = sum(
+        1
+        for job in pending
+        if job.job_id not in deep_set
+        and is_overdue(job, now_ms=now_ms, max_wait_ms=settings.max_wait_ms)
+    )
+    result.overdue = head_overdue + deep.total
     result.aged = sum(1 for item in result.plan if item.decision == AGED)
 
     if not dry_run:

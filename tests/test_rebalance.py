@@ -417,3 +417,18 @@ def test_bad_arguments_name_the_argument(fq_prefix, args, message):
         call_command("rebalance_fair", "--once", *args)
     if isinstance(info.value, CommandError):
         assert message in str(info.value)
+
+
+def test_mass_overdue__oldest_window_promoted_and_all_counted(fq_prefix, settings, redis_client):
+    settings.FAIRQUEUE = {**settings.FAIRQUEUE, "REBALANCE_WINDOW": 10}
+    conf.reload_settings()
+    jobs = enqueue_jobs("email", [{} for _ in range(60)], priority_level="low")
+    now = int(time.time() * 1000)
+    for age, job in enumerate(jobs):  # later jobs are older: the oldest sit deepest
+        set_timestamp(redis_client, fq_prefix, job.job_id, now - 400_000 - age)
+    result = rebalance_queue("email", now_ms=now)
+    assert result.overdue == 60
+    assert result.examined == 20  # the window and the 10 oldest behind it
+    oldest_first = [job.job_id for job in reversed(jobs)]
+    assert [item.job_id for item in result.plan[:10]] == oldest_first[:10]
+    assert metric("queue_fair_overdue_waiting", job_type="email") == 60

@@ -1,0 +1,564 @@
+"""Dashboard statistics: one function, :func:`queue_stats`, feeds the admin page, its
+JSON endpoint and anything else that wants a queue's live state (django-rq's
+``get_statistics`` habit).
+
+What a call costs, whatever the backlog size:
+
+* exact and live on every call, O(page + window): BullMQ's counts by state, the page of
+  the waiting order asked for (read in pop order, so it is what a worker takes next), the
+  last pass record, the leader lock, and the head of the queue (the rebalance window) to
+  compare the current order with the order the policy would give now (drift);
+* O(backlog): per-level waiting and overdue counts, oldest job per level and top tenants
+  need every waiting job's metadata. A Redis-side scan does that at about 6-10 ms per
+  1,000 jobs, so it runs on the request only while the backlog is at most
+  ``SYNC_SCAN_LIMIT`` jobs (exact, as of now). Above that the last scan is served from a
+  per-process cache and refreshed in the background (on the broker's event loop, never
+  awaited by a request) every ``BACKLOG_REFRESH_S`` seconds or ``SCAN_DUTY_FACTOR``
+  scan durations, whichever is longer, so a page over a 100,000-job backlog stays far
+  below 300 ms; the stats say so (``backlog.exact`` is false, with the scan's age) and
+  the page shows it.
+
+The returned dict is plain JSON data (numbers, strings, lists, dicts, None), with display
+strings next to raw values so the page and its JavaScript show the same text. No
+payloads: the job detail view reads those separately, behind their own permission.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import math
+import threading
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from .broker import BacklogScan, Broker, WaitingJob, get_sync_broker
+from .conf import get_settings
+from .exceptions import UnknownJobTypeError
+from .levels import DEFAULT_FAIR_WEIGHTS, LEVELS_BY_RANK, PriorityLevel
+from .rebalance import LAST_RUN_RECORD, pending_from_job
+from .scheduler import AGED, WEIGHTED_FAIR, PendingJob, job_id_sort_key, order_pending_jobs
+
+#: Backlogs up to this many waiting jobs are scanned on every request (about 60 ms).
+SYNC_SCAN_LIMIT: Final = 10_000
+#: Larger backlogs are rescanned in the background at most this often (per process)...
+BACKLOG_REFRESH_S: Final = 10.0
+#: ...and at most once per this many scan durations, so scans keep Redis busy for at
+#: most 1/20 of the time however large the backlog grows.
+SCAN_DUTY_FACTOR: Final = 20
+#: Jobs per scan script call: each call blocks Redis for about 3-5 ms, so requests (and
+#: workers) served meanwhile wait at most that long for Redis.
+SCAN_PAGE_SIZE: Final = 500
+#: Cached scans unused for this long are dropped.
+_CACHE_IDLE_S: Final = 600.0
+#: Round trips spent skipping overdue jobs of a stale scan that workers took since.
+_MAX_DEEP_CHECKS: Final = 5
+#: A background scan still running after this long is presumed lost.
+_TASK_ABANDONED_S: Final = 120.0
+DEFAULT_PER_PAGE: Final = 20
+MAX_PER_PAGE: Final = 200
+TOP_TENANTS: Final = 5
+#: A last pass older than this many intervals means the loop looks dead.
+STALE_PASS_INTERVALS: Final = 3
+STATES: Final = ("wait", "prioritized", "active", "delayed", "failed", "completed")
+UNPARSED: Final = "?"
+#: Fields of the last pass record shown as "what it wrote".
+PASS_FIELDS: Final = (
+    "examined",
+    "reordered",
+    "written",
+    "aged",
+    "overdue",
+    "skipped",
+    "missing",
+    "failed",
+    "rebased",
+)
+
+
+def format_duration(ms: float | None) -> str:
+    """A short human duration: ``45s``, ``3m 05s``, ``2h 03m``, ``4d 01h``."""
+    if ms is None:
+        return "—"
+    seconds = max(0, int(ms // 1000))
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m {seconds:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h {minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d {hours:02d}h"
+
+
+def format_time(ms: int | None) -> str:
+    """A UTC wall-clock time for an epoch-ms value."""
+    if ms is None:
+        return "—"
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def clamp_page(page: object, per_page: object) -> tuple[int, int]:
+    """Turn request input into a valid (page, per_page); bad input gets the defaults."""
+
+    def as_int(value: object, default: int) -> int:
+        try:
+            return int(str(value))
+        except (TypeError, ValueError):
+            return default
+
+    return (
+        max(1, as_int(page, 1)),
+        min(MAX_PER_PAGE, max(1, as_int(per_page, DEFAULT_PER_PAGE))),
+    )
+
+
+# -- the backlog scan cache ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Backlog:
+    scan: BacklogScan
+    #: The scan's overdue jobs as the policy sees them, oldest first (the order the
+    #: policy runs them): sorted once per scan, so a request only reads the first few.
+    overdue: list[PendingJob]
+
+
+def _prepare(scan: BacklogScan) -> _Backlog:
+    overdue = [
+        PendingJob(job_id, PriorityLevel(level), tenant, enqueued_at)
+        for job_id, enqueued_at, level, tenant in scan.overdue
+    ]
+    overdue.sort(key=lambda job: (job.enqueued_at_ms, job_id_sort_key(job.job_id)))
+    return _Backlog(scan, overdue)
+
+
+@dataclass(slots=True)
+class _CachedScan:
+    backlog: _Backlog | None = None
+    computed_at_ms: int | None = None
+    task: asyncio.Future[None] | None = None
+    task_started: float = 0.0
+    error: str | None = None
+    used_at: float = 0.0
+
+
+_cache: dict[tuple[str, str], _CachedScan] = {}
+_cache_lock = threading.Lock()
+
+
+def clear_backlog_cache() -> None:
+    """Forget cached scans (tests; or after changing Redis under a running process)."""
+    with _cache_lock:
+        _cache.clear()
+
+
+def scans_in_flight() -> int:
+    """Background scans still running in this process (tests and benchmarks)."""
+    with _cache_lock:
+        return sum(1 for entry in _cache.values() if entry.task and not entry.task.done())
+
+
+def _refresh_every_ms(backlog: _Backlog | None) -> float:
+    duration_ms = backlog.scan.duration_ms if backlog is not None else 0.0
+    return max(BACKLOG_REFRESH_S * 1000, SCAN_DUTY_FACTOR * duration_ms)
+
+
+def _cache_entry(key: tuple[str, str]) -> _CachedScan:
+    now = time.monotonic()
+    with _cache_lock:
+        for stale in [k for k, v in _cache.items() if now - v.used_at > _CACHE_IDLE_S]:
+            del _cache[stale]
+        entry = _cache.setdefault(key, _CachedScan())
+        entry.used_at = now
+        return entry
+
+
+async def _backlog(
+    broker: Broker, queue: str, *, total: int, now_ms: int, max_wait_ms: int, sync_limit: int
+) -> tuple[_Backlog | None, dict[str, Any]]:
+    """The backlog scan to show and a description of how fresh it is."""
+    cutoff_ms = now_ms - max_wait_ms
+    if total <= sync_limit:
+        scan = await broker.scan_backlog(queue, cutoff_ms=cutoff_ms, page_size=SCAN_PAGE_SIZE)
+        return _prepare(scan), {
+            "exact": True,
+            "pending": False,
+            "computed_at_ms": now_ms,
+            "age_ms": 0,
+            "scan_ms": round(scan.duration_ms, 1),
+            "note": f"Exact: all {scan.scanned} waiting jobs scanned for this request.",
+        }
+
+    entry = _cache_entry((broker.prefix, queue))
+    fresh = entry.computed_at_ms is not None and now_ms - entry.computed_at_ms < _refresh_every_ms(
+        entry.backlog
+    )
+    running = (
+        entry.task is not None
+        and not entry.task.done()
+        # A task left on an event loop that has gone away never finishes: start anew.
+        and time.monotonic() - entry.task_started < _TASK_ABANDONED_S
+    )
+    if not fresh and not running:
+        entry.task = asyncio.ensure_future(_refresh(broker, queue, entry, max_wait_ms))
+        entry.task_started = time.monotonic()
+    backlog = entry.backlog
+    if backlog is None:
+        note = (
+            f"The backlog holds {total} jobs, more than the {sync_limit} scanned on every "
+            "request: per-level counts are being computed in the background."
+        )
+        if entry.error:
+            note += f" The last attempt failed ({entry.error})."
+        return None, {
+            "exact": False,
+            "pending": True,
+            "computed_at_ms": None,
+            "age_ms": None,
+            "scan_ms": None,
+            "note": note,
+        }
+    age_ms = now_ms - (entry.computed_at_ms or now_ms)
+    return backlog, {
+        "exact": False,
+        "pending": False,
+        "computed_at_ms": entry.computed_at_ms,
+        "age_ms": age_ms,
+        "scan_ms": round(backlog.scan.duration_ms, 1),
+        "note": (
+            f"Per-level counts, oldest jobs and top tenants are from a background scan of "
+            f"{backlog.scan.scanned} jobs {format_duration(age_ms)} ago (the backlog is "
+            f"larger than {sync_limit} jobs, so it is rescanned in the background every "
+            f"{_refresh_every_ms(backlog) / 1000:.0f} s or so, not per request)."
+        ),
+    }
+
+
+async def _refresh(broker: Broker, queue: str, entry: _CachedScan, max_wait_ms: int) -> None:
+    started_ms = int(time.time() * 1000)
+    try:
+        scan = await broker.scan_backlog(
+            queue, cutoff_ms=started_ms - max_wait_ms, page_size=SCAN_PAGE_SIZE
+        )
+        # Sorting up to a whole backlog of overdue jobs takes ~100 ms of CPU: off the
+        # event loop, so requests served by the same loop are not held up.
+        backlog = await asyncio.to_thread(_prepare, scan)
+    except Exception as exc:  # shown on the page; the next request retries
+        entry.error = type(exc).__name__
+        return
+    entry.backlog, entry.computed_at_ms, entry.error = backlog, started_ms, None
+
+
+# -- the stats ----------------------------------------------------------------------------
+
+
+def queue_stats(
+    job_type: str,
+    *,
+    page: int = 1,
+    per_page: int = DEFAULT_PER_PAGE,
+    now_ms: int | None = None,
+    sync_scan_limit: int = SYNC_SCAN_LIMIT,
+) -> dict[str, Any]:
+    """Everything the dashboard shows about ``job_type``'s queue (sync callers).
+
+    Raises:
+        UnknownJobTypeError: ``job_type`` is not configured.
+        BrokerUnavailableError: Redis could not be reached.
+    """
+    sync_broker = get_sync_broker()
+    return sync_broker.run(
+        aqueue_stats,
+        job_type,
+        page=page,
+        per_page=per_page,
+        now_ms=now_ms,
+        sync_scan_limit=sync_scan_limit,
+        broker=sync_broker.broker,
+    )
+
+
+async def aqueue_stats(
+    job_type: str,
+    *,
+    broker: Broker,
+    page: int = 1,
+    per_page: int = DEFAULT_PER_PAGE,
+    now_ms: int | None = None,
+    sync_scan_limit: int = SYNC_SCAN_LIMIT,
+) -> dict[str, Any]:
+    """:func:`queue_stats` for async callers, on ``broker``'s event loop."""
+    settings = get_settings()
+    if job_type not in settings.queues:
+        raise UnknownJobTypeError(
+            f"job_type={job_type!r} is not allowed: expected one of {sorted(settings.queues)}"
+        )
+    queue = settings.queues[job_type]
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    max_wait_ms = settings.max_wait_ms
+    window = settings.rebalance_window
+    page, per_page = clamp_page(page, per_page)
+    start = (page - 1) * per_page
+
+    counts, last_pass, lock, head, rows = await asyncio.gather(
+        broker.counts(queue),
+        broker.read_status(queue, LAST_RUN_RECORD),
+        broker.lock_holder(broker.fair_key(queue, "leader")),
+        # The pass's window; reading at most one window of the window band keeps this
+        # O(window) after a mass promotion of overdue jobs.
+        broker.read_head(queue, window=window, max_window_band=window),
+        broker.read_page(queue, start=start, count=per_page),
+    )
+    total = counts["wait"] + counts["prioritized"]
+    prepared, backlog = await _backlog(
+        broker,
+        queue,
+        total=total,
+        now_ms=now_ms,
+        max_wait_ms=max_wait_ms,
+        sync_limit=sync_scan_limit,
+    )
+    scan = prepared.scan if prepared is not None else None
+    deep = await _deep_overdue(
+        broker,
+        queue,
+        prepared.overdue if prepared is not None else [],
+        head_ids={job.job_id for job in head.jobs},
+        limit=len(head.jobs),
+    )
+    plan_ids, decisions = _policy_order(head.jobs, deep, now_ms=now_ms, max_wait_ms=max_wait_ms)
+    head_ids = [job.job_id for job in head.jobs]
+    drift_count = sum(1 for a, b in zip(head_ids, plan_ids, strict=False) if a != b)
+
+    levels = _levels(scan, now_ms=now_ms, max_wait_ms=max_wait_ms)
+    overdue_total = None if scan is None else sum(levels[name]["overdue"] for name in levels)
+    last = _last_pass(last_pass, now_ms=now_ms)
+    holder, ttl_ms = lock
+    lock_info = {
+        "holder": holder,
+        "ttl_ms": ttl_ms if holder else None,
+        "display": holder or "free (no rebalancer holds it)",
+    }
+    num_pages = max(1, math.ceil(total / per_page))
+    stats: dict[str, Any] = {
+        "job_type": job_type,
+        "queue": queue,
+        "now_ms": now_ms,
+        "counts": counts,
+        "waiting_total": total,
+        "max_wait_ms": max_wait_ms,
+        "max_wait": format_duration(max_wait_ms),
+        "interval_ms": settings.rebalance_interval_ms,
+        "levels": levels,
+        "unparsed": None if scan is None else _unparsed(scan),
+        "overdue_total": overdue_total,
+        "backlog": backlog,
+        "order": {
+            "page": page,
+            "per_page": per_page,
+            "num_pages": num_pages,
+            "has_previous": page > 1,
+            "has_next": page < num_pages,
+            "first_position": start + 1,
+            "jobs": _rows(
+                rows,
+                start=start,
+                plan_ids=plan_ids,
+                decisions=decisions,
+                now_ms=now_ms,
+                max_wait_ms=max_wait_ms,
+            ),
+            "compared": min(len(head_ids), len(plan_ids)),
+            "drift_count": drift_count,
+        },
+        "last_pass": last,
+        "lock": lock_info,
+    }
+    stats["warnings"] = _warnings(stats)
+    return stats
+
+
+async def _deep_overdue(
+    broker: Broker,
+    queue: str,
+    overdue: list[PendingJob],
+    *,
+    head_ids: set[str],
+    limit: int,
+) -> list[PendingJob]:
+    """The oldest ``limit`` overdue jobs behind the head that are still waiting.
+
+    Only those can reach the head in the policy's order (overdue jobs run oldest first),
+    so a request costs O(head) however many jobs are overdue. A scan from a few seconds
+    ago lists jobs workers have taken since; they are checked and left out, or the
+    drift flags would compare the queue with jobs that no longer exist.
+    """
+    candidates = (job for job in overdue if job.job_id not in head_ids)
+    chosen: list[PendingJob] = []
+    for _ in range(_MAX_DEEP_CHECKS):
+        batch = list(itertools.islice(candidates, limit - len(chosen)))
+        if not batch:
+            break
+        present = await broker.still_prioritized(queue, [job.job_id for job in batch])
+        chosen.extend(job for job, waiting in zip(batch, present, strict=True) if waiting)
+        if len(chosen) >= limit:
+            break
+    return chosen
+
+
+def _policy_order(
+    head: list[WaitingJob], deep: list[PendingJob], *, now_ms: int, max_wait_ms: int
+) -> tuple[list[str], dict[str, str]]:
+    """The order the policy gives the head of the queue now, as a pass would write it:
+    the same inputs as the pass (the head's jobs plus overdue jobs deeper in the
+    backlog) through ``pending_from_job`` and ``order_pending_jobs``, unreadable jobs
+    kept at the end.
+    """
+    pending: list[PendingJob] = []
+    unparsed: list[str] = []
+    for job in head:
+        parsed = pending_from_job(job)
+        if parsed is None:
+            unparsed.append(job.job_id)
+        else:
+            pending.append(parsed)
+    pending.extend(deep)
+    order = order_pending_jobs(pending, now_ms=now_ms, max_wait_ms=max_wait_ms)
+    plan = [item.job_id for item in order] + unparsed
+    return plan[: len(head)], {item.job_id: item.decision for item in order}
+
+
+def _rows(
+    jobs: list[WaitingJob],
+    *,
+    start: int,
+    plan_ids: list[str],
+    decisions: dict[str, str],
+    now_ms: int,
+    max_wait_ms: int,
+) -> list[dict[str, Any]]:
+    rows = []
+    for index, job in enumerate(jobs):
+        position = start + index + 1
+        pending = pending_from_job(job)
+        waited_ms = None if job.timestamp_ms is None else max(0, now_ms - job.timestamp_ms)
+        overdue = waited_ms is not None and waited_ms > max_wait_ms
+        if pending is None:
+            decision = "skipped"
+        else:
+            decision = decisions.get(job.job_id) or (AGED if overdue else WEIGHTED_FAIR)
+        policy_job_id = plan_ids[position - 1] if position <= len(plan_ids) else None
+        rows.append(
+            {
+                "position": position,
+                "job_id": job.job_id,
+                "name": job.name,
+                "level": pending.priority_level.value if pending else UNPARSED,
+                "tenant": pending.tenant_id if pending else UNPARSED,
+                "enqueued_at_ms": job.timestamp_ms,
+                "waited_ms": waited_ms,
+                "waited": format_duration(waited_ms),
+                "decision": decision,
+                "overdue": overdue,
+                "priority": job.priority,
+                # None: beyond the head, where the pass does not order jobs.
+                "drift": None if policy_job_id is None else policy_job_id != job.job_id,
+                "policy_job_id": policy_job_id,
+            }
+        )
+    return rows
+
+
+def _levels(scan: BacklogScan | None, *, now_ms: int, max_wait_ms: int) -> dict[str, Any]:
+    """Per-level rows, with bar lengths (percent) for the page's two small charts."""
+    levels: dict[str, dict[str, Any]] = {}
+    for level in LEVELS_BY_RANK:
+        found = scan.levels.get(level.value) if scan is not None else None
+        oldest_ms = found.oldest_ms if found else None
+        age_ms = None if oldest_ms is None else max(0, now_ms - oldest_ms)
+        tenants = (scan.tenants.get(level.value, {}) if scan is not None else {}).items()
+        top = heapq.nsmallest(TOP_TENANTS, tenants, key=lambda item: (-item[1], item[0]))
+        levels[level.value] = {
+            "weight": DEFAULT_FAIR_WEIGHTS[level],
+            "waiting": None if scan is None else (found.waiting if found else 0),
+            "overdue": None if scan is None else (found.overdue if found else 0),
+            "oldest_ms": oldest_ms,
+            "oldest_age_ms": age_ms,
+            "oldest_age": format_duration(age_ms),
+            "top_tenants": [{"tenant": tenant, "waiting": count} for tenant, count in top],
+        }
+    most = max((row["waiting"] or 0 for row in levels.values()), default=0)
+    age_scale = max([max_wait_ms] + [row["oldest_age_ms"] or 0 for row in levels.values()])
+    for row in levels.values():
+        row["waiting_pct"] = round(100 * (row["waiting"] or 0) / most, 1) if most else 0
+        row["age_pct"] = round(100 * (row["oldest_age_ms"] or 0) / age_scale, 1)
+        row["bound_pct"] = round(100 * max_wait_ms / age_scale, 1)
+    return levels
+
+
+def _unparsed(scan: BacklogScan) -> dict[str, int]:
+    found = scan.levels.get(UNPARSED)
+    return {"waiting": found.waiting if found else 0, "overdue": found.overdue if found else 0}
+
+
+def _last_pass(record: dict[str, Any] | None, *, now_ms: int) -> dict[str, Any] | None:
+    if not record:
+        return None
+    at_ms = record.get("at_ms")
+    at_ms = at_ms if isinstance(at_ms, int) else None
+    age_ms = None if at_ms is None else max(0, now_ms - at_ms)
+    wrote = {name: record.get(name) for name in PASS_FIELDS if isinstance(record.get(name), int)}
+    duration = record.get("duration_ms")
+    return {
+        "at_ms": at_ms,
+        "at": format_time(at_ms),
+        "age_ms": age_ms,
+        "age": format_duration(age_ms),
+        "by": str(record.get("by") or "—"),
+        "dry_run": bool(record.get("dry_run")),
+        "duration_ms": round(duration, 1) if isinstance(duration, int | float) else None,
+        "wrote": wrote,
+        "summary": ", ".join(f"{name} {value}" for name, value in wrote.items()),
+    }
+
+
+def _warnings(stats: dict[str, Any]) -> list[str]:
+    """What an operator should look at first, most urgent first."""
+    warnings = []
+    overdue = stats["overdue_total"]
+    if overdue:
+        warnings.append(
+            f"{overdue} waiting job(s) have waited longer than the "
+            f"{stats['max_wait']} bound (QUEUE_FAIR_MAX_WAIT_MS)."
+        )
+    last = stats["last_pass"]
+    stale_ms = STALE_PASS_INTERVALS * stats["interval_ms"]
+    holder = stats["lock"]["holder"]
+    if stats["waiting_total"] and (last is None or (last["age_ms"] or 0) > stale_ms):
+        since = "No pass has been recorded" if last is None else f"No pass for {last['age']}"
+        if holder:
+            warnings.append(f"{since}, yet {holder} holds the leader lock: is it stuck?")
+        else:
+            warnings.append(
+                f"{since} and no rebalancer holds the leader lock: "
+                "is `manage.py rebalance_fair` running?"
+            )
+    drift = stats["order"]["drift_count"]
+    if drift:
+        warnings.append(
+            f"{drift} of the first {stats['order']['compared']} jobs are not where the "
+            "policy would put them now (new jobs or a missed pass); the next pass fixes it."
+        )
+    unparsed = stats["unparsed"]
+    if unparsed and unparsed["waiting"]:
+        warnings.append(
+            f"{unparsed['waiting']} waiting job(s) have unreadable fairqueue metadata; "
+            "passes leave them where they are."
+        )
+    return warnings

@@ -1,0 +1,217 @@
+/*
+ * fairqueue dashboard: refresh the numbers from the JSON endpoint every few seconds,
+ * without reloading the page. Everything is written with textContent and DOM nodes
+ * (never innerHTML), so job names and tenant ids can hold no markup. No dependencies.
+ */
+(function () {
+  "use strict";
+
+  var root = document.getElementById("fq-dashboard");
+  if (!root) {
+    return;
+  }
+  var statsUrl = root.getAttribute("data-stats-url");
+  var refreshMs = parseInt(root.getAttribute("data-refresh-ms"), 10) || 5000;
+  var jobUrl = root.getAttribute("data-job-url");
+  var banner = root.querySelector("[data-fq-banner]");
+  var stamp = root.querySelector("[data-fq-refreshed]");
+  var refreshes = 0;
+
+  function lookup(obj, path) {
+    return path.split(".").reduce(function (value, key) {
+      return value === null || value === undefined ? undefined : value[key];
+    }, obj);
+  }
+
+  function show(value, fallback) {
+    return value === null || value === undefined || value === "" ? fallback : String(value);
+  }
+
+  function node(tag, attrs, text) {
+    var el = document.createElement(tag);
+    Object.keys(attrs || {}).forEach(function (name) {
+      el.setAttribute(name, attrs[name]);
+    });
+    if (text !== undefined) {
+      el.textContent = text;
+    }
+    return el;
+  }
+
+  function clear(el) {
+    while (el.firstChild) {
+      el.removeChild(el.firstChild);
+    }
+  }
+
+  function detailUrl(jobType, jobId) {
+    return jobUrl
+      .replace("__type__", encodeURIComponent(jobType))
+      .replace("__id__", encodeURIComponent(jobId));
+  }
+
+  function renderRows(tbody, stats) {
+    clear(tbody);
+    var jobs = stats.order.jobs;
+    if (!jobs.length) {
+      var empty = node("tr", { class: "fq-empty" });
+      empty.appendChild(node("td", { colspan: "8" }, "No waiting jobs on this page."));
+      tbody.appendChild(empty);
+      return;
+    }
+    jobs.forEach(function (job) {
+      var row = node("tr", { "data-job-id": job.job_id });
+      if (job.drift) {
+        row.className = "fq-row-drift";
+      }
+      row.appendChild(node("td", { class: "fq-pos" }, String(job.position)));
+      var idCell = node("td", { class: "fq-job-id" });
+      idCell.appendChild(node("a", { href: detailUrl(stats.job_type, job.job_id) }, job.job_id));
+      row.appendChild(idCell);
+      row.appendChild(node("td", {}, job.name));
+      var levelCell = node("td");
+      levelCell.appendChild(node("span", { class: "fq-level fq-level-" + job.level }, job.level));
+      row.appendChild(levelCell);
+      row.appendChild(node("td", {}, job.tenant));
+      row.appendChild(node("td", {}, job.waited));
+      row.appendChild(node("td", {}, job.decision));
+      var flags = node("td");
+      if (job.overdue) {
+        flags.appendChild(node("span", { class: "fq-badge fq-overdue" }, "overdue"));
+        flags.appendChild(document.createTextNode(" "));
+      }
+      if (job.drift) {
+        flags.appendChild(
+          node(
+            "span",
+            {
+              class: "fq-badge fq-drift",
+              title: "The policy would put job " + job.policy_job_id + " here now",
+            },
+            "drift: policy has " + job.policy_job_id
+          )
+        );
+      }
+      row.appendChild(flags);
+      tbody.appendChild(row);
+    });
+  }
+
+  function renderList(el, items) {
+    clear(el);
+    items.forEach(function (text) {
+      el.appendChild(node("li", {}, text));
+    });
+  }
+
+  function renderTenants(el, tenants) {
+    clear(el);
+    if (!tenants.length) {
+      el.textContent = "—";
+      return;
+    }
+    tenants.forEach(function (t) {
+      el.appendChild(node("span", { class: "fq-tenant" }, t.tenant + " (" + t.waiting + ")"));
+      el.appendChild(document.createTextNode(" "));
+    });
+  }
+
+  function updateSection(section, stats) {
+    section.querySelectorAll("[data-fq]").forEach(function (el) {
+      el.textContent = show(lookup(stats, el.getAttribute("data-fq")), "—");
+    });
+    section.querySelectorAll("[data-fq-width]").forEach(function (el) {
+      var pct = Number(lookup(stats, el.getAttribute("data-fq-width"))) || 0;
+      el.setAttribute("width", pct + "%");
+    });
+    section.querySelectorAll("[data-fq-x]").forEach(function (el) {
+      var pct = Number(lookup(stats, el.getAttribute("data-fq-x"))) || 0;
+      el.setAttribute("x1", pct + "%");
+      el.setAttribute("x2", pct + "%");
+    });
+    section.querySelectorAll("[data-fq-tenants]").forEach(function (el) {
+      var level = stats.levels[el.getAttribute("data-fq-tenants")];
+      renderTenants(el, level ? level.top_tenants : []);
+    });
+    var warnings = section.querySelector("[data-fq-warnings]");
+    if (warnings) {
+      renderList(warnings, stats.warnings);
+    }
+    var rows = section.querySelector("[data-fq-rows]");
+    if (rows) {
+      renderRows(rows, stats);
+    }
+  }
+
+  function setBanner(text) {
+    if (!banner) {
+      return;
+    }
+    banner.textContent = text || "";
+    banner.hidden = !text;
+  }
+
+  function sectionFor(jobType) {
+    var sections = root.querySelectorAll("section[data-job-type]");
+    for (var i = 0; i < sections.length; i += 1) {
+      if (sections[i].getAttribute("data-job-type") === jobType) {
+        return sections[i];
+      }
+    }
+    return null;
+  }
+
+  function apply(body) {
+    if (body.redis !== "ok") {
+      setBanner("Redis unreachable (" + show(body.error, "unknown error") + ")");
+      return;
+    }
+    if (!root.querySelector("section[data-job-type]") && body.queues.length) {
+      // The page was rendered while Redis was down: it has no sections to update.
+      window.location.reload();
+      return;
+    }
+    setBanner("");
+    body.queues.forEach(function (stats) {
+      var section = sectionFor(stats.job_type);
+      if (section) {
+        updateSection(section, stats);
+      }
+    });
+  }
+
+  function refresh() {
+    if (document.hidden) {
+      window.setTimeout(refresh, refreshMs);
+      return;
+    }
+    fetch(statsUrl, {
+      credentials: "same-origin",
+      cache: "no-store",
+      headers: { Accept: "application/json" },
+    })
+      .then(function (response) {
+        var type = response.headers.get("content-type") || "";
+        if (type.indexOf("application/json") === -1) {
+          throw new Error("the server answered HTTP " + response.status + " (signed out?)");
+        }
+        return response.json();
+      })
+      .then(function (body) {
+        apply(body);
+        refreshes += 1;
+        root.setAttribute("data-refresh-count", String(refreshes));
+        if (stamp) {
+          stamp.textContent = "Updated " + new Date().toLocaleTimeString() + ".";
+        }
+      })
+      .catch(function (error) {
+        setBanner("Dashboard refresh failed: " + error.message);
+      })
+      .then(function () {
+        window.setTimeout(refresh, refreshMs);
+      });
+  }
+
+  window.setTimeout(refresh, refreshMs);
+})();

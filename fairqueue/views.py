@@ -1,0 +1,357 @@
+"""The fair queue dashboard, inside Django admin (django-rq's layout).
+
+``DashboardAdmin`` is registered for the unmanaged :class:`~fairqueue.models.Dashboard`
+model, so the admin index links to it under fairqueue for users who may see it; its
+``get_urls()`` replaces the model's add/change pages with the dashboard's own views, each
+wrapped in ``admin_site.admin_view`` (staff login, ``never_cache``, CSRF).
+
+Permissions (on the ``Dashboard`` model):
+
+* ``fairqueue.view_dashboard``: the page, the per-queue page, the JSON endpoint and job
+  metadata;
+* ``fairqueue.run_rebalance``: the "run one pass now" action (POST only, CSRF, confirmed
+  on GET, recorded in the admin log);
+* ``fairqueue.view_job_payload``: a job's payload on its detail page.
+
+Every number comes from :func:`fairqueue.dashboard.queue_stats`, the one function the
+page, the JSON endpoint and other consumers share. When Redis is down the views answer
+with a "Redis unreachable" banner naming the error class (the JSON endpoint with HTTP
+503), never a 500.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from typing import Any, Final
+
+from django.contrib import admin, messages
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.contenttypes.models import ContentType
+from django.core.exceptions import PermissionDenied
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+    JsonResponse,
+)
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+
+from .broker import get_sync_broker
+from .conf import get_settings
+from .dashboard import clamp_page, format_duration, format_time, queue_stats
+from .exceptions import BrokerUnavailableError
+from .rebalance import LAST_RUN_RECORD, LeaderLock, lock_ttl_ms, pending_from_job, rebalance_queue
+
+logger = logging.getLogger("fairqueue.views")
+
+PERM_VIEW: Final = "fairqueue.view_dashboard"
+PERM_REBALANCE: Final = "fairqueue.run_rebalance"
+PERM_PAYLOAD: Final = "fairqueue.view_job_payload"
+#: How often the page refreshes its numbers; ``?refresh_ms=`` may change it per page.
+REFRESH_MS: Final = 5_000
+MIN_REFRESH_MS: Final = 1_000
+MAX_REFRESH_MS: Final = 60_000
+MAX_JOB_ID_LENGTH: Final = 255
+
+
+def _require(request: HttpRequest, *perms: str) -> None:
+    if not request.user.has_perms(perms):
+        raise PermissionDenied
+
+
+def _job_type_or_404(job_type: str) -> str:
+    queues = get_settings().queues
+    if job_type not in queues:
+        raise Http404("No such job type")
+    return queues[job_type]
+
+
+def _refresh_ms(request: HttpRequest) -> int:
+    try:
+        value = int(request.GET.get("refresh_ms", REFRESH_MS))
+    except ValueError:
+        value = REFRESH_MS
+    return min(MAX_REFRESH_MS, max(MIN_REFRESH_MS, value))
+
+
+def _unreachable(exc: BrokerUnavailableError, where: str) -> dict[str, str]:
+    # The class name and fairqueue's own sanitized message only: never a URL or data.
+    logger.warning("dashboard %s: Redis unreachable (%s)", where, type(exc).__name__)
+    return {"error": type(exc).__name__, "message": str(exc)}
+
+
+class DashboardAdmin(admin.ModelAdmin):
+    """The dashboard's views. The model has no table: nothing here reads or writes it."""
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.has_perm(PERM_VIEW)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_urls(self) -> list[URLPattern]:
+        wrap = self.admin_site.admin_view
+        name = f"{self.opts.app_label}_{self.opts.model_name}"
+        return [
+            path("", wrap(self.dashboard_view), name=f"{name}_changelist"),
+            path("stats.json", wrap(self.stats_view), name=f"{name}_stats"),
+            path("queue/<str:job_type>/", wrap(self.queue_view), name=f"{name}_queue"),
+            path(
+                "queue/<str:job_type>/rebalance/",
+                wrap(self.rebalance_view),
+                name=f"{name}_rebalance",
+            ),
+            path(
+                "queue/<str:job_type>/jobs/<path:job_id>/",
+                wrap(self.job_view),
+                name=f"{name}_job",
+            ),
+        ]
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def _url(self, suffix: str, *args: str) -> str:
+        return reverse(
+            f"{self.admin_site.name}:{self.opts.app_label}_{self.opts.model_name}_{suffix}",
+            args=args,
+        )
+
+    def _context(self, request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
+        return {
+            **self.admin_site.each_context(request),
+            "title": title,
+            "opts": self.opts,
+            "dashboard_url": self._url("changelist"),
+            **extra,
+        }
+
+    def _sections(
+        self, request: HttpRequest, job_types: list[str], *, page: int, per_page: int
+    ) -> tuple[list[dict[str, Any]], dict[str, str] | None]:
+        """Stats of each queue; stops at the first "Redis unreachable" (one server)."""
+        can_rebalance = request.user.has_perm(PERM_REBALANCE)
+        sections = []
+        for job_type in job_types:
+            try:
+                stats = queue_stats(job_type, page=page, per_page=per_page)
+            except BrokerUnavailableError as exc:
+                return [], _unreachable(exc, "page")
+            sections.append(
+                {
+                    "stats": stats,
+                    "queue_url": self._url("queue", job_type),
+                    "rebalance_url": self._url("rebalance", job_type) if can_rebalance else "",
+                }
+            )
+        return sections, None
+
+    def _render_dashboard(
+        self, request: HttpRequest, job_types: list[str], *, single: str | None
+    ) -> TemplateResponse:
+        page, per_page = clamp_page(request.GET.get("page"), request.GET.get("per_page"))
+        sections, error = self._sections(request, job_types, page=page, per_page=per_page)
+        stats_url = self._url("stats") + f"?page={page}&per_page={per_page}"
+        if single:
+            stats_url += f"&queue={single}"
+        title = f"Fair queue: {single}" if single else "Fair queue dashboard"
+        return TemplateResponse(
+            request,
+            "fairqueue/dashboard.html",
+            self._context(
+                request,
+                title,
+                sections=sections,
+                redis_error=error,
+                single=single,
+                page=page,
+                per_page=per_page,
+                stats_url=stats_url,
+                refresh_ms=_refresh_ms(request),
+                # JavaScript fills in the job type and id (URL-encoded).
+                job_url_template=self._url("job", "__type__", "__id__"),
+            ),
+        )
+
+    # -- views ------------------------------------------------------------------------
+
+    def dashboard_view(self, request: HttpRequest) -> HttpResponse:
+        """Every configured queue, each with the first page of its waiting order."""
+        _require(request, PERM_VIEW)
+        return self._render_dashboard(request, list(get_settings().queues), single=None)
+
+    def queue_view(self, request: HttpRequest, job_type: str) -> HttpResponse:
+        """One queue, with its waiting order paginated (``?page=&per_page=``)."""
+        _require(request, PERM_VIEW)
+        _job_type_or_404(job_type)
+        return self._render_dashboard(request, [job_type], single=job_type)
+
+    def stats_view(self, request: HttpRequest) -> JsonResponse:
+        """The page's numbers as JSON: ``?queue=`` (else every queue), ``page``,
+        ``per_page``. HTTP 503 with ``{"redis": "unreachable", "error": ...}`` when
+        Redis is down."""
+        _require(request, PERM_VIEW)
+        page, per_page = clamp_page(request.GET.get("page"), request.GET.get("per_page"))
+        job_type = request.GET.get("queue")
+        if job_type:
+            _job_type_or_404(job_type)
+            job_types = [job_type]
+        else:
+            job_types = list(get_settings().queues)
+        try:
+            queues = [queue_stats(jt, page=page, per_page=per_page) for jt in job_types]
+        except BrokerUnavailableError as exc:
+            return JsonResponse({"redis": "unreachable", **_unreachable(exc, "json")}, status=503)
+        return JsonResponse(
+            {"redis": "ok", "generated_at_ms": int(time.time() * 1000), "queues": queues}
+        )
+
+    def rebalance_view(self, request: HttpRequest, job_type: str) -> HttpResponse:
+        """Run one rebalance pass now: a confirmation on GET, the pass on POST.
+
+        The pass takes the queue's leader lock when it is free, so a loop that comes
+        back meanwhile waits for it. When a running loop holds the lock the pass runs
+        anyway (the operator asked for it) and may interleave its writes with the
+        loop's; both write the same policy's order, and the loop's next pass re-orders
+        whatever either wrote, so the worst case is one interval of a slightly stale
+        order. The message says when that happened.
+        """
+        _require(request, PERM_VIEW, PERM_REBALANCE)
+        if request.method not in ("GET", "POST"):
+            return HttpResponseNotAllowed(["GET", "POST"])
+        queue = _job_type_or_404(job_type)
+        queue_url = self._url("queue", job_type)
+        if request.method == "POST":
+            return self._run_pass(request, job_type, queue, queue_url)
+        holder, last_pass, error = None, None, None
+        broker = get_sync_broker()
+        try:
+            holder, _ = broker.lock_holder(broker.fair_key(queue, "leader"))
+            last_pass = broker.read_status(queue, LAST_RUN_RECORD)
+        except BrokerUnavailableError as exc:
+            error = _unreachable(exc, "confirm")
+        at_ms = (last_pass or {}).get("at_ms")
+        return TemplateResponse(
+            request,
+            "fairqueue/confirm.html",
+            self._context(
+                request,
+                f"Run one rebalance pass over {job_type}?",
+                job_type=job_type,
+                queue=queue,
+                queue_url=queue_url,
+                holder=holder,
+                last_pass_at=format_time(at_ms) if isinstance(at_ms, int) else None,
+                last_pass_by=(last_pass or {}).get("by"),
+                redis_error=error,
+            ),
+        )
+
+    def _run_pass(
+        self, request: HttpRequest, job_type: str, queue: str, queue_url: str
+    ) -> HttpResponse:
+        rebalancer = f"admin:{request.user.get_username()}"
+        lock = LeaderLock(
+            queue,
+            f"{rebalancer}:{uuid.uuid4().hex[:8]}",
+            lock_ttl_ms(get_settings().rebalance_interval_ms),
+        )
+        try:
+            holder = None
+            if not lock.acquire():
+                holder, _ = get_sync_broker().lock_holder(lock.key)
+            try:
+                result = rebalance_queue(job_type, rebalancer=rebalancer)
+            finally:
+                lock.release()
+        except BrokerUnavailableError as exc:
+            error = _unreachable(exc, "rebalance")
+            self._log(
+                request, job_type, f"Rebalance pass failed: Redis unreachable ({error['error']})"
+            )
+            messages.error(request, f"Redis unreachable ({error['error']}): the pass did not run.")
+            return HttpResponseRedirect(queue_url)
+        self._log(
+            request, job_type, f"Ran one rebalance pass from the dashboard: {result.summary()}"
+        )
+        text = f"Ran one pass: {result.summary()}."
+        if holder:
+            text += (
+                f" {holder} held the leader lock, so its loop may have written in between;"
+                " its next pass re-orders anything either wrote."
+            )
+        messages.success(request, text)
+        return HttpResponseRedirect(queue_url)
+
+    def _log(self, request: HttpRequest, job_type: str, message: str) -> None:
+        """One admin log row per use of an action (no model row exists to point at)."""
+        LogEntry.objects.create(
+            user_id=request.user.pk,
+            content_type=ContentType.objects.get_for_model(self.model, for_concrete_model=False),
+            object_id=job_type,
+            object_repr=f"{job_type} queue"[:200],
+            action_flag=CHANGE,
+            change_message=message,
+        )
+
+    def job_view(self, request: HttpRequest, job_type: str, job_id: str) -> HttpResponse:
+        """One job's metadata; its payload only with ``fairqueue.view_job_payload``."""
+        _require(request, PERM_VIEW)
+        queue = _job_type_or_404(job_type)
+        if not job_id or len(job_id) > MAX_JOB_ID_LENGTH or ":" in job_id:
+            raise Http404("No such job")
+        try:
+            detail = get_sync_broker().read_job_detail(queue, job_id)
+        except BrokerUnavailableError as exc:
+            detail, error = None, _unreachable(exc, "job")
+        else:
+            error = None
+            if detail is None:
+                raise Http404("No such job")
+        context = self._context(
+            request,
+            f"Job {job_id} of {job_type}",
+            job_type=job_type,
+            job_id=job_id,
+            queue=queue,
+            queue_url=self._url("queue", job_type),
+            redis_error=error,
+            can_view_payload=request.user.has_perm(PERM_PAYLOAD),
+        )
+        if detail is not None:
+            job = detail.job
+            pending = pending_from_job(job)
+            now_ms = int(time.time() * 1000)
+            waited_ms = None if job.timestamp_ms is None else now_ms - job.timestamp_ms
+            context.update(
+                detail=detail,
+                level=pending.priority_level.value if pending else None,
+                tenant=pending.tenant_id if pending else None,
+                enqueued_at=format_time(job.timestamp_ms),
+                waited=format_duration(waited_ms),
+                # Only a job still waiting can be overdue.
+                overdue=detail.state in ("waiting", "prioritized")
+                and waited_ms is not None
+                and waited_ms > get_settings().max_wait_ms,
+                max_attempts=max(1, detail.max_attempts or 0),
+                processed_on=format_time(detail.processed_on_ms),
+                finished_on=format_time(detail.finished_on_ms),
+            )
+            if context["can_view_payload"]:
+                context["payload"] = (
+                    json.dumps(job.data, indent=2, sort_keys=True, ensure_ascii=False)
+                    if job.data is not None
+                    else None
+                )
+        return TemplateResponse(request, "fairqueue/job_detail.html", context)
