@@ -276,10 +276,14 @@ async def arebalance_queue(
         start=snapshot.prioritized_read,
         oldest=settings.rebalance_window,
     )
-    deep_jobs = await broker.read_jobs(queue, deep.job_ids, payload=False)
-    result.round_trips = 3 + bool(deep.job_ids)
+    # Ranks shift while we read (workers pop, producers add), so the scan may meet a
+    # job the head already holds: keep one copy.
+    head_ids = {job.job_id for job in snapshot.jobs}
+    deep_ids = [job_id for job_id in deep.job_ids if job_id not in head_ids]
+    deep_jobs = await broker.read_jobs(queue, deep_ids, payload=False)
+    result.round_trips = 3 + bool(deep_ids)
     jobs = snapshot.jobs + deep_jobs
-    deep_set = set(deep.job_ids)
+    deep_set = set(deep_ids)
     result.examined = len(jobs)
 
     pending: list[PendingJob] = []
