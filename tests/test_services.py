@@ -199,7 +199,13 @@ def test_enqueue_on_commit__validates_immediately(fq_prefix):
 @pytest.mark.django_db(transaction=True)
 def test_aenqueue_job__async_twin(fq_prefix, redis_client, plans):
     async def main():
-        return await aenqueue_job("email", {"x": 1}, tenant_id="acme", priority_override="low")
+        from asgiref.sync import sync_to_async
+        from django.db import connections
+
+        job = await aenqueue_job("email", {"x": 1}, tenant_id="acme", priority_override="low")
+        # As Django does at the end of an async request: close the ORM thread's connection.
+        await sync_to_async(connections.close_all)()
+        return job
 
     try:
         job = asyncio.run(main())
