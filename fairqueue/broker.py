@@ -1341,31 +1341,53 @@ class _LoopThread:
 _loop_thread = _LoopThread()
 
 
+def _drop_if_stale(client: redis.Redis) -> None:
+    """Disconnect a kept connection that Redis closed (restart, idle timeout), as
+    redis-py's pool does on check-out; the next command then reconnects. Sending on it
+    instead would fail after the fact, unsure whether the command ran."""
+    connection = client.connection
+    if connection is None:
+        return
+    try:
+        if connection.can_read(timeout=0):  # a healthy idle connection has nothing to read
+            connection.disconnect()
+    except (RedisConnectionError, OSError):
+        connection.disconnect()
+
+
 class SyncBroker:
     """Blocking facade over :class:`Broker` for sync code.
 
-    Calls run on one event-loop thread per process, so the process keeps one connection
-    pool however many threads enqueue; a forked child gets its own loop and pool (a
-    pool must never be shared across ``fork()``).
+    Enqueues go straight from the calling thread over that thread's own connection (a
+    single-connection client per thread: no pool check-out on the hot path). Everything
+    else runs on one event-loop thread per process with one async pool. A forked child
+    opens its own connections and loop (a socket must never be shared across
+    ``fork()``).
     """
 
     def __init__(self, broker: Broker, *, timeout_s: float = 30.0) -> None:
         self.broker = broker
         self._timeout_s = timeout_s
-        self._sync_client: redis.Redis | None = None
-        self._sync_lock = threading.Lock()
+        self._local = threading.local()
+        self._clients: list[redis.Redis] = []
+        self._clients_lock = threading.Lock()
 
     def _client(self) -> redis.Redis:
-        # redis-py's pool notices a fork and starts afresh in the child.
-        with self._sync_lock:
-            if self._sync_client is None:
-                self._sync_client = redis.Redis.from_url(
-                    self.broker._redis_url,
-                    decode_responses=True,
-                    socket_connect_timeout=2,
-                    socket_timeout=10,
-                )
-            return self._sync_client
+        client, pid = getattr(self._local, "client", (None, None))
+        if client is None or pid != os.getpid():
+            client = redis.Redis.from_url(
+                self.broker._redis_url,
+                decode_responses=True,
+                socket_connect_timeout=2,
+                socket_timeout=10,
+                single_connection_client=True,
+            )
+            self._local.client = (client, os.getpid())
+            with self._clients_lock:
+                self._clients.append(client)
+        else:
+            _drop_if_stale(client)
+        return client
 
     def add_jobs(self, queue: str, jobs: Sequence[NewJob]) -> list[AddedJob]:
         """Add jobs from the calling thread with a blocking client: no event-loop hop on
@@ -1380,10 +1402,11 @@ class SyncBroker:
         return self.add_jobs(queue, [job])[0]
 
     def close(self) -> None:
-        with self._sync_lock:
-            client, self._sync_client = self._sync_client, None
-        if client is not None:
+        with self._clients_lock:
+            clients, self._clients = self._clients, []
+        for client in clients:
             client.close()
+        self._local = threading.local()
         self.run(self.broker.close)
 
     def __repr__(self) -> str:

@@ -98,6 +98,8 @@ def initialize_queue_fair_metrics(
 
 
 _initialized_for: dict[tuple[frozenset[str], frozenset[str]], QueueFairMetrics] = {}
+_last: list[object] = [None, None]  # (queues mapping, metrics): the hot path's shortcut
+_enqueue_children: dict[tuple[str, str, PriorityLevel], tuple[Counter, Counter]] = {}
 
 
 def get_metrics() -> QueueFairMetrics:
@@ -108,12 +110,30 @@ def get_metrics() -> QueueFairMetrics:
     from .conf import get_settings
 
     queues = get_settings().queues
+    if _last[0] is queues:
+        return _last[1]  # type: ignore[return-value]
     key = (frozenset(queues), frozenset(queues.values()))
     metrics = _initialized_for.get(key)
     if metrics is None:
         metrics = initialize_queue_fair_metrics(job_types=key[0], queues=key[1])
         _initialized_for[key] = metrics
+    _last[:] = [queues, metrics]
     return metrics
+
+
+def record_enqueue(queue: str, job_type: str, level: PriorityLevel) -> None:
+    """Count one enqueued job in both enqueue counters (label children cached)."""
+    key = (queue, job_type, level)
+    children = _enqueue_children.get(key)
+    if children is None:
+        metrics = get_metrics()
+        children = (
+            metrics.jobs_enqueued.labels(queue, enqueue_priority_label(level)),
+            metrics.priority_assigned.labels(job_type, level.value),
+        )
+        _enqueue_children[key] = children
+    children[0].inc()
+    children[1].inc()
 
 
 def enqueue_priority_label(level: PriorityLevel | None) -> str:

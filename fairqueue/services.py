@@ -38,7 +38,7 @@ from .exceptions import (
     UnknownJobTypeError,
 )
 from .levels import PAYLOAD_LEVEL_KEY, PAYLOAD_TENANT_KEY, PriorityLevel, parse_level
-from .metrics import enqueue_priority_label, get_metrics
+from .metrics import record_enqueue
 from .priority import ABSENT, PriorityRule, ResolvedPriority, _Absent, resolve_priority
 
 logger = logging.getLogger("fairqueue.services")
@@ -248,14 +248,10 @@ def _write_audits(prepared: Sequence[_Prepared], added: Sequence[AddedJob]) -> s
 
 
 def _record(prepared: Sequence[_Prepared], added: Sequence[AddedJob], audited: set[int]):
-    metrics = get_metrics()
     results = []
     for index, (item, job) in enumerate(zip(prepared, added, strict=True)):
         if job.priority is not None:
-            metrics.jobs_enqueued.labels(
-                item.queue, enqueue_priority_label(item.resolved.level)
-            ).inc()
-            metrics.priority_assigned.labels(item.job_type, item.resolved.level.value).inc()
+            record_enqueue(item.queue, item.job_type, item.resolved.level)
         results.append(
             EnqueuedJob(
                 job_id=job.job_id,

@@ -349,3 +349,14 @@ def test_fork_safe__a_forked_process_gets_its_own_connections(fq_prefix, redis_c
     again = enqueue_job("email", {"from": "parent"})
     assert len({first.job_id, child_job, again.job_id}) == 3
     assert get_sync_broker().counts("email")["prioritized"] == 3
+
+
+def test_a_connection_redis_closed_is_replaced_before_the_next_enqueue(fq_prefix, redis_client):
+    from fairqueue.broker import get_sync_broker
+
+    enqueue_job("email", {})
+    connection_id = get_sync_broker()._client().client_id()
+    redis_client.client_kill_filter(_id=connection_id)  # as a restart or idle timeout would
+    job = enqueue_job("email", {})
+    assert job.created
+    assert waiting_count(redis_client, fq_prefix) == 2
