@@ -33,9 +33,10 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 
 import django  # noqa: E402
 
+from benchmarks.common import REDIS_URL, delete_prefix  # noqa: E402
+
 django.setup()
 
-import redis  # noqa: E402
 from django.contrib.auth.models import Permission, User  # noqa: E402
 from django.test import Client  # noqa: E402
 from django.test.utils import (  # noqa: E402
@@ -51,19 +52,10 @@ from fairqueue.broker import close_brokers  # noqa: E402
 from fairqueue.rebalance import rebalance_queue  # noqa: E402
 from fairqueue.services import enqueue_jobs  # noqa: E402
 
-REDIS_URL = os.environ.get("FAIRQUEUE_REDIS_URL", "redis://127.0.0.1:6379/0")
 QUEUES = {"email": "email", "report": "report", "cleanup": "cleanup"}
 LEVELS = ("critical", "high", "normal", "low")
 BATCH = 1_000
 BUDGET_MS = 300.0
-
-
-def cleanup(prefix: str) -> None:
-    client = redis.Redis.from_url(REDIS_URL)
-    keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-    for i in range(0, len(keys), 1000):
-        client.delete(*keys[i : i + 1000])
-    client.close()
 
 
 def seed(n: int) -> float:
@@ -197,7 +189,7 @@ def main() -> None:
         # Let a background scan still running finish before its keys go away.
         time.sleep(0.5)
         close_brokers()
-        cleanup(prefix)
+        delete_prefix(prefix)
         conf.reload_settings()
         teardown_databases(old_config, verbosity=0)
         teardown_test_environment()

@@ -25,9 +25,10 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 
 import django  # noqa: E402
 
+from benchmarks.common import REDIS_URL, delete_prefix  # noqa: E402
+
 django.setup()
 
-import redis  # noqa: E402
 from bullmq import Queue  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.test.utils import override_settings  # noqa: E402
@@ -36,16 +37,7 @@ from fairqueue import conf, priority  # noqa: E402
 from fairqueue.broker import close_brokers  # noqa: E402
 from fairqueue.services import enqueue_job, enqueue_jobs  # noqa: E402
 
-REDIS_URL = os.environ.get("FAIRQUEUE_REDIS_URL", "redis://127.0.0.1:6379/0")
 BATCH = 100
-
-
-def cleanup(prefix: str) -> None:
-    client = redis.Redis.from_url(REDIS_URL)
-    keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-    for i in range(0, len(keys), 1000):
-        client.delete(*keys[i : i + 1000])
-    client.close()
 
 
 def raw_single(prefix: str, n: int) -> float:
@@ -138,8 +130,8 @@ def measure(n: int) -> list[tuple[str, float, float]]:
             rows.append((f"batch of {BATCH}: enqueue_jobs vs Queue.addBulk", raw, fair))
         finally:
             close_brokers()
-            cleanup(prefix)
-            cleanup(prefix + "-raw")
+            delete_prefix(prefix)
+            delete_prefix(prefix + "-raw")
     conf.reload_settings()
     return rows
 

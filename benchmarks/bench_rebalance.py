@@ -29,9 +29,10 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 
 import django  # noqa: E402
 
+from benchmarks.common import REDIS_URL, delete_prefix  # noqa: E402
+
 django.setup()
 
-import redis  # noqa: E402
 from bullmq import Queue  # noqa: E402
 from django.test.utils import override_settings  # noqa: E402
 from redis.asyncio.connection import AbstractConnection  # noqa: E402
@@ -43,7 +44,6 @@ from fairqueue.rebalance import pending_from_job, rebalance_queue  # noqa: E402
 from fairqueue.scheduler import order_pending_jobs  # noqa: E402
 from fairqueue.services import enqueue_jobs  # noqa: E402
 
-REDIS_URL = os.environ.get("FAIRQUEUE_REDIS_URL", "redis://127.0.0.1:6379/0")
 PLANS = ["enterprise", "pro", "free"]
 
 _sends = 0
@@ -69,14 +69,6 @@ def seed(n: int) -> None:
             [{"i": start + i} for i in range(size)],
             tenant_id=f"tenant-{(start // 1000) % 13}",
         )
-
-
-def cleanup(prefix: str) -> None:
-    client = redis.Redis.from_url(REDIS_URL)
-    keys = list(client.scan_iter(match=f"{prefix}:*", count=5000))
-    for i in range(0, len(keys), 5000):
-        client.delete(*keys[i : i + 5000])
-    client.close()
 
 
 def fairqueue_pass() -> tuple[float, int, int]:
@@ -141,7 +133,7 @@ def run_size(n: int) -> dict[str, tuple[float, int, int]]:
                     rows["seed1 repeat"] = asyncio.run(seed1_pass(prefix, max_wait))
             finally:
                 close_brokers()
-                cleanup(prefix)
+                delete_prefix(prefix)
     conf.reload_settings()
     return rows
 

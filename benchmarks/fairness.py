@@ -76,7 +76,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-REDIS_URL = os.environ.get("FAIRQUEUE_REDIS_URL", "redis://127.0.0.1:6379/0")
+from benchmarks.common import REDIS_URL, delete_prefix  # noqa: E402
+
 JOB_TYPE = "bench"
 QUEUE = "bench"
 LEVELS = ("critical", "high", "normal", "low")
@@ -504,18 +505,6 @@ def run_one(
                 delete_prefix(prefix)
     finally:
         conf.reload_settings()
-
-
-def delete_prefix(prefix: str) -> None:
-    import redis
-
-    client = redis.Redis.from_url(REDIS_URL)
-    try:
-        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-        for start in range(0, len(keys), 1000):
-            client.delete(*keys[start : start + 1000])
-    finally:
-        client.close()
 
 
 def calibrate(args: argparse.Namespace) -> tuple[float, list[int]]:

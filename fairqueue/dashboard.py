@@ -39,7 +39,7 @@ from .broker import BacklogScan, Broker, WaitingJob, get_sync_broker
 from .conf import get_settings
 from .exceptions import UnknownJobTypeError
 from .levels import DEFAULT_FAIR_WEIGHTS, LEVELS_BY_RANK, PriorityLevel
-from .rebalance import LAST_RUN_RECORD, pending_from_job
+from .rebalance import LAST_RUN_RECORD, PASS_COUNTS, pending_from_job
 from .scheduler import AGED, WEIGHTED_FAIR, PendingJob, job_id_sort_key, order_pending_jobs
 
 #: Backlogs up to this many waiting jobs are scanned on every request (about 60 ms).
@@ -65,18 +65,6 @@ TOP_TENANTS: Final = 5
 STALE_PASS_INTERVALS: Final = 3
 STATES: Final = ("wait", "prioritized", "active", "delayed", "failed", "completed")
 UNPARSED: Final = "?"
-#: Fields of the last pass record shown as "what it wrote".
-PASS_FIELDS: Final = (
-    "examined",
-    "reordered",
-    "written",
-    "aged",
-    "overdue",
-    "skipped",
-    "missing",
-    "failed",
-    "rebased",
-)
 
 
 def format_duration(ms: float | None) -> str:
@@ -513,7 +501,7 @@ def _last_pass(record: dict[str, Any] | None, *, now_ms: int) -> dict[str, Any] 
     at_ms = record.get("at_ms")
     at_ms = at_ms if isinstance(at_ms, int) else None
     age_ms = None if at_ms is None else max(0, now_ms - at_ms)
-    wrote = {name: record.get(name) for name in PASS_FIELDS if isinstance(record.get(name), int)}
+    wrote = {name: record.get(name) for name in PASS_COUNTS if isinstance(record.get(name), int)}
     duration = record.get("duration_ms")
     return {
         "at_ms": at_ms,

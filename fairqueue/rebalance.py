@@ -60,6 +60,18 @@ logger = logging.getLogger("fairqueue.rebalance")
 PRIORITY_SPACING: Final = 32
 #: Most window-band jobs a pass reads (the band normally holds about one window).
 MAX_WINDOW_BAND: Final = 100_000
+#: What a pass did, as counts: recorded for the dashboard, which shows them.
+PASS_COUNTS: Final = (
+    "examined",
+    "reordered",
+    "written",
+    "aged",
+    "overdue",
+    "skipped",
+    "missing",
+    "failed",
+    "rebased",
+)
 LAST_RUN_RECORD: Final = "last_pass"
 
 
@@ -95,21 +107,8 @@ class PassResult:
 
     def record(self, at_ms: int, rebalancer: str | None) -> dict[str, object]:
         """The status record the dashboard shows (counts only)."""
-        fields = (
-            "examined",
-            "reordered",
-            "written",
-            "aged",
-            "overdue",
-            "skipped",
-            "failed",
-            "missing",
-            "rebased",
-            "round_trips",
-            "duration_ms",
-        )
         return {
-            **{name: getattr(self, name) for name in fields},
+            **{name: getattr(self, name) for name in (*PASS_COUNTS, "round_trips", "duration_ms")},
             "job_type": self.job_type,
             "at_ms": at_ms,
             "by": rebalancer or "",
