@@ -133,24 +133,16 @@ def _check_options(job_id: object, delay_ms: object, attempts: object) -> None:
             f"most {MAX_JOB_ID_LENGTH} characters, not all digits and without ':' "
             "(BullMQ reserves integer ids for its own)"
         )
-    if delay_ms is not None and (
-        isinstance(delay_ms, bool)
-        or not isinstance(delay_ms, int)
-        or not 0 <= delay_ms <= MAX_DELAY_MS
+    for name, value, low, high in (
+        ("delay_ms", delay_ms, 0, MAX_DELAY_MS),
+        ("attempts", attempts, 1, MAX_ATTEMPTS),
     ):
-        raise InvalidJobOptionError(
-            f"delay_ms={delay_ms!r} is not allowed: expected None or an integer in "
-            f"0..{MAX_DELAY_MS}"
-        )
-    if attempts is not None and (
-        isinstance(attempts, bool)
-        or not isinstance(attempts, int)
-        or not 1 <= attempts <= MAX_ATTEMPTS
-    ):
-        raise InvalidJobOptionError(
-            f"attempts={attempts!r} is not allowed: expected None or an integer in "
-            f"1..{MAX_ATTEMPTS}"
-        )
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high
+        ):
+            raise InvalidJobOptionError(
+                f"{name}={value!r} is not allowed: expected None or an integer in {low}..{high}"
+            )
 
 
 def _actor_name(actor: object) -> str:
