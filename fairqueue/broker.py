@@ -35,7 +35,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
@@ -579,11 +579,6 @@ class Broker:
         """A key fairqueue owns beside the queue's keys."""
         return f"{self.prefix}:{queue}:fq:{suffix}"
 
-    async def _load_scripts(self, scripts: Iterable[Any]) -> None:
-        client = self.client()
-        for script in scripts:
-            script.sha = await client.script_load(script.script)
-
     async def _guard(self, coro: Awaitable[T]) -> T:
         """Turn "Redis is not there" into BrokerUnavailableError; let other errors be."""
         try:
@@ -807,9 +802,6 @@ class Broker:
             if scanned < page_size:
                 return found
 
-    async def count_wait_list(self, queue: str) -> int:
-        return await self._guard(self.client().llen(self.key(queue, "wait")))
-
     async def counts(self, queue: str) -> dict[str, int]:
         """Job counts by BullMQ state."""
         states = ("wait", "prioritized", "active", "delayed", "failed", "completed")
@@ -908,13 +900,6 @@ class Broker:
     async def read_status(self, queue: str, name: str) -> dict[str, Any] | None:
         raw = await self._guard(self.client().get(self.fair_key(queue, name)))
         return parse_job_data(raw)
-
-    async def obliterate(self, queue: str) -> None:
-        """Remove a queue and fairqueue's keys beside it (tests and demos)."""
-        await self._guard(self.queue(queue).obliterate(force=True))
-        keys = [k async for k in self.client().scan_iter(match=self.key(queue, "fq:*"))]
-        if keys:
-            await self.client().delete(*keys)
 
     # -- worker support (fairqueue.worker) --------------------------------------------
     # The only place a BullMQ Worker is built, so BullMQ's Job object stays in here.
@@ -1480,13 +1465,6 @@ def get_broker() -> Broker:
 def get_sync_broker() -> SyncBroker:
     """The process's blocking broker for the configured Redis URL and prefix."""
     return _get_pair()[1]
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-# -- dashboard support types ------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
