@@ -20,7 +20,13 @@ demo: $(VENV)/.installed
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py fairqueue_demo $(DEMO_ARGS)
 
-test: $(VENV)/.installed redis
+# A stock Node BullMQ worker for tests/test_node_worker.py (skipped there without node).
+tests/node/node_modules/.installed: tests/node/package.json tests/node/package-lock.json
+	@if command -v npm >/dev/null 2>&1; then \
+		cd tests/node && npm ci --no-audit --no-fund --loglevel=error && touch node_modules/.installed; \
+	else echo "npm not found: the Node worker test will be skipped"; fi
+
+test: $(VENV)/.installed redis tests/node/node_modules/.installed
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest
