@@ -25,7 +25,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from fairqueue.broker import Broker, SyncBroker, get_sync_broker
-from fairqueue.conf import get_settings
+from fairqueue.conf import ENV_VARS, get_settings
 from fairqueue.demo import (
     DASHBOARD_PATH,
     DEMO_ADMIN_PASSWORD,
@@ -52,7 +52,7 @@ from fairqueue.demo import (
 )
 from fairqueue.exceptions import BrokerUnavailableError
 from fairqueue.levels import PriorityLevel
-from fairqueue.management.arguments import int_in_range
+from fairqueue.management.arguments import int_in_range, number_in_range
 from fairqueue.scheduler import PendingJob, order_by_occupancy, order_pending_jobs
 
 #: Demo defaults: a 20 s wait bound and 1 s passes show aging and reordering within a
@@ -64,17 +64,8 @@ KEEP_FINISHED_MS = 60_000
 WEB_HOST = "127.0.0.1"
 
 
-def seconds(value: str) -> float:
-    """argparse type of ``--duration`` and ``--summary-every``: seconds, 0.1..86400."""
-    try:
-        parsed = float(str(value).strip())
-    except ValueError:
-        parsed = None
-    if parsed is None or not 0.1 <= parsed <= 86_400:
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is not allowed: expected a number of seconds in 0.1..86400"
-        )
-    return parsed
+#: argparse type of ``--duration`` and ``--summary-every``: seconds, 0.1..86400.
+seconds = number_in_range(0.1, 86_400, "a number of seconds")
 
 
 port = int_in_range(1, 65_535, "a TCP port")
@@ -84,9 +75,12 @@ max_wait_ms = int_in_range(1, 86_400_000)
 interval_ms = int_in_range(1, 3_600_000)
 
 
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    return int(raw) if raw.isdigit() else default
+def _demo_default(key: str, demo_value: int) -> int:
+    """The setting's environment variable when set (read and validated by
+    ``fairqueue.conf``), else the demo's own value."""
+    if os.environ.get(ENV_VARS[key], "").strip():
+        return getattr(get_settings(), key.lower())
+    return demo_value
 
 
 class Command(BaseCommand):
@@ -170,9 +164,9 @@ class Command(BaseCommand):
             concurrency=options["concurrency"],
             work_ms=options["work_ms"],
             max_wait_ms=options.get("max_wait_ms")
-            or _env_int("QUEUE_FAIR_MAX_WAIT_MS", DEMO_MAX_WAIT_MS),
+            or _demo_default("MAX_WAIT_MS", DEMO_MAX_WAIT_MS),
             interval_ms=options.get("interval_ms")
-            or _env_int("QUEUE_FAIR_REBALANCE_INTERVAL_MS", DEMO_INTERVAL_MS),
+            or _demo_default("REBALANCE_INTERVAL_MS", DEMO_INTERVAL_MS),
             summary_every_s=options["summary_every"],
             state_dir=options.get("state_dir") or default_state_dir(),
         )
