@@ -340,9 +340,9 @@ class Demo:
         existing = env.get("PYTHONPATH", "")
         env.update(
             {
-                "FAIRQUEUE_REDIS_URL": redis_url,
-                "QUEUE_FAIR_MAX_WAIT_MS": str(self.max_wait_ms),
-                "QUEUE_FAIR_REBALANCE_INTERVAL_MS": str(self.interval_ms),
+                ENV_VARS["REDIS_URL"]: redis_url,
+                ENV_VARS["MAX_WAIT_MS"]: str(self.max_wait_ms),
+                ENV_VARS["REBALANCE_INTERVAL_MS"]: str(self.interval_ms),
                 "DJANGO_SETTINGS_MODULE": django_settings.SETTINGS_MODULE,
                 "PYTHONPATH": os.pathsep.join([*dict.fromkeys(roots), *filter(None, [existing])]),
                 "PYTHONUNBUFFERED": "1",
