@@ -3,7 +3,6 @@
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -16,6 +15,7 @@ import redis as redis_lib
 
 from fairqueue import conf
 from fairqueue.broker import close_brokers
+from fairqueue.demo import free_port
 from fairqueue.rebalance import rebalance_queue
 from fairqueue.services import enqueue_jobs
 from fairqueue.tasks import rebalance_fair
@@ -141,12 +141,6 @@ def test_no_job_lost_or_duplicated__10000_jobs_two_rebalancers_four_workers(
     finally:
         for process in workers + rebalancers:
             stop(process)
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_private_redis(port, directory):
