@@ -1,0 +1,198 @@
+"""Enqueueing: the job types, the add packer and its commands, sync and async add."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+from bullmq import Job as BullJob
+from bullmq import Queue as BullQueue
+from redis.exceptions import NoScriptError, ResponseError
+
+from ..levels import PriorityLevel
+from .common import BACK_OF_LINE
+from .scripts import add_script_source, delayed_script_source, script_sha
+
+if TYPE_CHECKING:
+    from .connection import BrokerCore as _Base
+else:
+    _Base = object
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """A job to add, in fairqueue's terms."""
+
+    name: str
+    data: dict[str, Any]
+    level: PriorityLevel
+    job_id: str | None = None
+    delay_ms: int | None = None
+    attempts: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AddedJob:
+    """An added job. ``priority`` is ``None`` when a job with the given id already
+    existed (BullMQ then keeps the existing job and adds nothing)."""
+
+    job_id: str
+    priority: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class _AddCommand:
+    """One EVALSHA that adds one or more jobs, built without I/O."""
+
+    sha: str
+    source: str
+    keys: list[str]
+    args: list[Any]
+    delayed: bool
+
+
+def _added(command: _AddCommand, reply: Any) -> list[AddedJob]:
+    if isinstance(reply, Exception):
+        raise reply
+    pairs = (
+        [(reply, BACK_OF_LINE)]
+        if command.delayed
+        else list(zip(reply[::2], reply[1::2], strict=True))
+    )
+    added = []
+    for job_id, priority in pairs:
+        if isinstance(job_id, int) and job_id < 0:
+            raise ResponseError(f"BullMQ refused the job (code {job_id})")
+        added.append(AddedJob(job_id=str(job_id), priority=int(priority) or None))
+    return added
+
+
+class _AddPacker:
+    """Builds add commands (keys and BullMQ's msgpacked arguments) with BullMQ's own code.
+
+    The bullmq ``Queue`` objects kept here only pack arguments; they never connect.
+    """
+
+    #: Jobs per EVALSHA; larger batches are split (each part is still all-or-nothing
+    #: with respect to validation, which happens before anything is sent).
+    batch_size: Final = 1_000
+
+    def __init__(self, redis_url: str, prefix: str) -> None:
+        self._redis_url = redis_url
+        self.prefix = prefix
+        self._queues: dict[str, BullQueue] = {}
+        self._lock = threading.Lock()
+        self.add_source = add_script_source()
+        self.add_sha = script_sha(self.add_source)
+        self.delayed_source = delayed_script_source()
+        self.delayed_sha = script_sha(self.delayed_source)
+
+    def _queue(self, name: str) -> BullQueue:
+        with self._lock:
+            queue = self._queues.get(name)
+            if queue is None:
+                queue = BullQueue(name, {"connection": self._redis_url, "prefix": self.prefix})
+                self._queues[name] = queue
+            return queue
+
+    def add_commands(self, queue: str, jobs: Sequence[NewJob]) -> list[_AddCommand]:
+        bull_queue = self._queue(queue)
+        scripts = bull_queue.scripts
+        commands: list[_AddCommand] = []
+        batch: list[Any] = []
+        for job in jobs:
+            opts: dict[str, Any] = {"priority": BACK_OF_LINE}
+            if job.job_id is not None:
+                opts["jobId"] = job.job_id
+            if job.delay_ms:
+                opts["delay"] = job.delay_ms
+            if job.attempts is not None:
+                opts["attempts"] = job.attempts
+            bull_job = BullJob(bull_queue, job.name, job.data, opts)
+            args = scripts.addJobArgs(bull_job)
+            args.append(bull_job.timestamp)
+            if job.delay_ms:
+                keys = scripts.getKeys(["marker", "meta", "id", "delayed", "completed", "events"])
+                commands.append(
+                    _AddCommand(self.delayed_sha, self.delayed_source, keys, args, delayed=True)
+                )
+                continue
+            batch.append((*args, job.level.value))
+            if len(batch) == self.batch_size:
+                commands.append(self._batch_command(queue, scripts, batch))
+                batch = []
+        if batch:
+            commands.append(self._batch_command(queue, scripts, batch))
+        return commands
+
+    def _batch_command(self, queue: str, scripts: Any, batch: list[Any]) -> _AddCommand:
+        keys = scripts.getKeys(
+            [
+                "marker",
+                "meta",
+                "id",
+                "prioritized",
+                "delayed",
+                "completed",
+                "active",
+                "events",
+                "pc",
+            ]
+        )
+        keys.append(f"{self.prefix}:{queue}:fq:tags")
+        args: list[Any] = [len(batch)]
+        for job_args in batch:
+            args.extend(job_args)
+        return _AddCommand(self.add_sha, self.add_source, keys, args, delayed=False)
+
+
+def _run_adds_sync(client: Any, commands: list[_AddCommand]) -> list[AddedJob]:
+    """Run add commands with a blocking client; the twin of ``Broker._run_adds``."""
+    added: list[AddedJob] = []
+    for command in commands:
+        try:
+            reply = client.evalsha(command.sha, len(command.keys), *command.keys, *command.args)
+        except NoScriptError:
+            # Redis lost its script cache (restart, SCRIPT FLUSH): nothing ran.
+            client.script_load(command.source)
+            reply = client.evalsha(command.sha, len(command.keys), *command.keys, *command.args)
+        added.extend(_added(command, reply))
+    return added
+
+
+class AddingMixin(_Base):
+    """:class:`Broker`'s enqueue methods (mixed in; uses ``BrokerCore``'s plumbing and
+    the ``_packer`` it builds)."""
+
+    # -- enqueue ----------------------------------------------------------------------
+
+    async def add_jobs(self, queue: str, jobs: Sequence[NewJob]) -> list[AddedJob]:
+        """Add ``jobs`` at their fair tags in one round trip (one MULTI/EXEC for a batch).
+
+        Raises:
+            BrokerUnavailableError: Redis did not answer; nothing was added.
+        """
+        commands = self._packer.add_commands(queue, jobs)
+        return await self._guard(self._run_adds(commands))
+
+    async def add_job(self, queue: str, job: NewJob) -> AddedJob:
+        return (await self.add_jobs(queue, [job]))[0]
+
+    async def _run_adds(self, commands: list[_AddCommand]) -> list[AddedJob]:
+        client = self.client()
+        added: list[AddedJob] = []
+        for command in commands:
+            try:
+                reply = await client.evalsha(
+                    command.sha, len(command.keys), *command.keys, *command.args
+                )
+            except NoScriptError:
+                # Redis lost its script cache (restart, SCRIPT FLUSH): nothing ran.
+                await client.script_load(command.source)
+                reply = await client.evalsha(
+                    command.sha, len(command.keys), *command.keys, *command.args
+                )
+            added.extend(_added(command, reply))
+        return added

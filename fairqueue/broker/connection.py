@@ -1,0 +1,300 @@
+"""The broker's plumbing: a Redis client per event loop, key names, error mapping, the
+blocking :class:`SyncBroker` facade and the per-process brokers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+import redis
+import redis.asyncio as aioredis
+from bullmq import Queue as BullQueue
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ..exceptions import BrokerUnavailableError
+from .adding import AddedJob, NewJob, _AddPacker, _run_adds_sync
+from .common import T, _unavailable
+from .scripts import (
+    META_SCRIPT,
+    OVERDUE_SCRIPT,
+    REBASE_SCRIPT,
+    RELEASE_LOCK_SCRIPT,
+    RENEW_LOCK_SCRIPT,
+    change_script_source,
+)
+
+if TYPE_CHECKING:
+    from . import Broker
+
+logger = logging.getLogger("fairqueue.broker")
+
+
+class _LoopState:
+    """Redis client and BullMQ queues bound to one event loop."""
+
+    def __init__(self, client: aioredis.Redis) -> None:
+        self.client = client
+        self.queues: dict[str, BullQueue] = {}
+        self.scripts: dict[str, Any] = {}
+
+
+class BrokerCore:
+    """Async access to BullMQ queues under one Redis URL and key prefix.
+
+    Args:
+        redis_url: where Redis is (may hold credentials: never logged).
+        prefix: BullMQ key prefix; ``"bull"`` is BullMQ's default.
+        client_factory: builds the ``redis.asyncio`` client (injectable for tests).
+    """
+
+    def __init__(
+        self,
+        redis_url: str,
+        prefix: str = "bull",
+        *,
+        client_factory: Callable[[str], aioredis.Redis] | None = None,
+    ) -> None:
+        self.prefix = prefix
+        self._redis_url = redis_url
+        self._client_factory = client_factory or _default_client
+        self._states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._packer = _AddPacker(redis_url, prefix)
+
+    def __repr__(self) -> str:
+        return f"Broker(prefix={self.prefix!r})"
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    def _state(self) -> _LoopState:
+        loop = asyncio.get_running_loop()
+        state = self._states.get(loop)
+        if state is None:
+            state = _LoopState(self._client_factory(self._redis_url))
+            for name, source in (
+                ("overdue", OVERDUE_SCRIPT),
+                ("rebase", REBASE_SCRIPT),
+                ("meta", META_SCRIPT),
+                ("change", change_script_source()),
+                ("release", RELEASE_LOCK_SCRIPT),
+                ("renew", RENEW_LOCK_SCRIPT),
+            ):
+                state.scripts[name] = state.client.register_script(source)
+            self._states[loop] = state
+        return state
+
+    def client(self) -> aioredis.Redis:
+        return self._state().client
+
+    def queue(self, name: str) -> BullQueue:
+        state = self._state()
+        queue = state.queues.get(name)
+        if queue is None:
+            queue = BullQueue(name, {"connection": state.client, "prefix": self.prefix})
+            state.queues[name] = queue
+        return queue
+
+    def key(self, queue: str, suffix: str) -> str:
+        """A BullMQ key of ``queue`` (``prefix:queue:suffix``)."""
+        return f"{self.prefix}:{queue}:{suffix}"
+
+    def fair_key(self, queue: str, suffix: str) -> str:
+        """A key fairqueue owns beside the queue's keys."""
+        return f"{self.prefix}:{queue}:fq:{suffix}"
+
+    async def _guard(self, coro: Awaitable[T]) -> T:
+        """Turn "Redis is not there" into BrokerUnavailableError; let other errors be."""
+        try:
+            return await coro
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise _unavailable(exc) from exc
+
+    async def ping(self) -> bool:
+        return await self._guard(self.client().ping())
+
+    async def close(self) -> None:
+        state = self._states.pop(asyncio.get_running_loop(), None)
+        if state is not None:
+            await state.client.aclose()
+
+
+def _default_client(redis_url: str) -> aioredis.Redis:
+    return aioredis.from_url(
+        redis_url,
+        decode_responses=True,
+        socket_connect_timeout=2,
+        socket_timeout=10,
+        health_check_interval=30,
+    )
+
+
+class _LoopThread:
+    """One event loop running in a daemon thread, per process (recreated after fork)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pid: int | None = None
+
+    def get(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None or self._pid != os.getpid() or self._loop.is_closed():
+                loop = asyncio.new_event_loop()
+                threading.Thread(
+                    target=loop.run_forever, name="fairqueue-broker", daemon=True
+                ).start()
+                self._loop, self._pid = loop, os.getpid()
+            return self._loop
+
+
+_loop_thread = _LoopThread()
+
+
+def _drop_if_stale(client: redis.Redis) -> None:
+    """Disconnect a kept connection that Redis closed (restart, idle timeout), as
+    redis-py's pool does on check-out; the next command then reconnects. Sending on it
+    instead would fail after the fact, unsure whether the command ran."""
+    connection = client.connection
+    if connection is None:
+        return
+    try:
+        if connection.can_read(timeout=0):  # a healthy idle connection has nothing to read
+            connection.disconnect()
+    except (RedisConnectionError, OSError):
+        connection.disconnect()
+
+
+class SyncBroker:
+    """Blocking facade over :class:`Broker` for sync code.
+
+    Enqueues go straight from the calling thread over that thread's own connection (a
+    single-connection client per thread: no pool check-out on the hot path). Everything
+    else runs on one event-loop thread per process with one async pool. A forked child
+    opens its own connections and loop (a socket must never be shared across
+    ``fork()``).
+    """
+
+    def __init__(self, broker: Broker, *, timeout_s: float = 30.0) -> None:
+        self.broker = broker
+        self._timeout_s = timeout_s
+        self._local = threading.local()
+        self._clients: list[redis.Redis] = []
+        self._clients_lock = threading.Lock()
+
+    def _client(self) -> redis.Redis:
+        client, pid = getattr(self._local, "client", (None, None))
+        if client is None or pid != os.getpid():
+            client = redis.Redis.from_url(
+                self.broker._redis_url,
+                decode_responses=True,
+                socket_connect_timeout=2,
+                socket_timeout=10,
+                single_connection_client=True,
+            )
+            self._local.client = (client, os.getpid())
+            with self._clients_lock:
+                self._clients.append(client)
+        else:
+            _drop_if_stale(client)
+        return client
+
+    def add_jobs(self, queue: str, jobs: Sequence[NewJob]) -> list[AddedJob]:
+        """Add jobs from the calling thread with a blocking client: no event-loop hop on
+        the enqueue hot path (sync views enqueue as fast as raw BullMQ can)."""
+        commands = self.broker._packer.add_commands(queue, jobs)
+        try:
+            return _run_adds_sync(self._client(), commands)
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise _unavailable(exc) from exc
+
+    def add_job(self, queue: str, job: NewJob) -> AddedJob:
+        return self.add_jobs(queue, [job])[0]
+
+    def close(self) -> None:
+        with self._clients_lock:
+            clients, self._clients = self._clients, []
+        for client in clients:
+            client.close()
+        self._local = threading.local()
+        self.run(self.broker.close)
+
+    def __repr__(self) -> str:
+        return f"SyncBroker({self.broker!r})"
+
+    def run(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        """Run ``await fn(*args, **kwargs)`` on the broker's loop and wait for it."""
+        loop = _loop_thread.get()
+        if _running_loop() is loop:
+            raise RuntimeError("SyncBroker.run called from its own event loop")
+        future: Future[T] = asyncio.run_coroutine_threadsafe(fn(*args, **kwargs), loop)
+        try:
+            return future.result(self._timeout_s)
+        except TimeoutError as exc:
+            future.cancel()
+            raise BrokerUnavailableError("Redis did not answer in time (TimeoutError)") from exc
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        attr = getattr(self.broker, name)
+        if not asyncio.iscoroutinefunction(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self.run(attr, *args, **kwargs)
+
+        return call
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+_brokers: dict[tuple[int, str, str], tuple[Broker, SyncBroker]] = {}
+_brokers_lock = threading.Lock()
+
+
+def _get_pair() -> tuple[Broker, SyncBroker]:
+    from ..conf import get_settings
+    from . import Broker  # assembled from this module's BrokerCore and the mixins
+
+    settings = get_settings()
+    key = (os.getpid(), settings.redis_url, settings.prefix)
+    with _brokers_lock:
+        pair = _brokers.get(key)
+        if pair is None:
+            broker = Broker(settings.redis_url, settings.prefix)
+            pair = (broker, SyncBroker(broker))
+            _brokers[key] = pair
+        return pair
+
+
+def close_brokers() -> None:
+    """Close this process's broker connections (tests, and processes about to exit)."""
+    with _brokers_lock:
+        pairs = list(_brokers.values())
+        _brokers.clear()
+    for _, sync_broker in pairs:
+        try:
+            sync_broker.close()
+        except BrokerUnavailableError:
+            pass
+
+
+def get_broker() -> Broker:
+    """The process's async broker for the configured Redis URL and prefix."""
+    return _get_pair()[0]
+
+
+def get_sync_broker() -> SyncBroker:
+    """The process's blocking broker for the configured Redis URL and prefix."""
+    return _get_pair()[1]

@@ -1,0 +1,235 @@
+"""The admin dashboard's reads: a page of the pop order, a whole-backlog scan, which
+scanned jobs are still waiting, and one job's detail."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+import redis
+
+from . import scripts
+from .common import _JOB_FIELDS, _SCORE_BASE, T, _int_or, _unavailable, parse_job_data
+from .rebalancing import WaitingJob
+
+if TYPE_CHECKING:
+    # Uses BrokerCore's plumbing and RebalancingMixin's _read_jobs.
+    from .rebalancing import RebalancingMixin as _Base
+else:
+    _Base = object
+
+
+@dataclass(frozen=True, slots=True)
+class LevelScan:
+    """One level's share of a backlog scan. ``oldest_ms`` is ``None`` for no jobs."""
+
+    waiting: int = 0
+    overdue: int = 0
+    oldest_ms: int | None = None
+
+
+@dataclass(slots=True)
+class BacklogScan:
+    """What :meth:`Broker.scan_backlog` found. Levels are level names, plus ``"?"`` for
+    jobs whose fairqueue metadata cannot be read (the pass skips those)."""
+
+    cutoff_ms: int
+    scanned: int = 0
+    levels: dict[str, LevelScan] = field(default_factory=dict)
+    #: level -> tenant -> waiting jobs.
+    tenants: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: Overdue jobs with readable metadata: (job id, enqueued at ms, level, tenant).
+    overdue: list[tuple[str, int, str, str]] = field(default_factory=list)
+    duration_ms: float = 0.0
+
+    def add_page(self, count: int, stats: list[Any], tenants: list[Any], late: list[Any]) -> None:
+        self.scanned += count
+        for level, waiting, overdue, oldest in zip(
+            stats[::4], stats[1::4], stats[2::4], stats[3::4], strict=True
+        ):
+            seen = self.levels.get(level, LevelScan())
+            oldest_ms = int(oldest) if int(oldest) >= 0 else None
+            if seen.oldest_ms is not None and (oldest_ms is None or seen.oldest_ms < oldest_ms):
+                oldest_ms = seen.oldest_ms
+            self.levels[level] = LevelScan(
+                waiting=seen.waiting + int(waiting),
+                overdue=seen.overdue + int(overdue),
+                oldest_ms=oldest_ms,
+            )
+        for level, tenant, waiting in zip(tenants[::3], tenants[1::3], tenants[2::3], strict=True):
+            by_tenant = self.tenants.setdefault(level, {})
+            by_tenant[tenant] = by_tenant.get(tenant, 0) + int(waiting)
+        for job_id, timestamp, level, tenant in zip(
+            late[::4], late[1::4], late[2::4], late[3::4], strict=True
+        ):
+            self.overdue.append((str(job_id), int(timestamp), level, tenant))
+
+
+@dataclass(frozen=True, slots=True)
+class JobDetail:
+    """A job as the dashboard's detail page shows it. ``state`` is BullMQ's:
+    waiting, prioritized, active, delayed, completed, failed or unknown."""
+
+    job: WaitingJob
+    state: str
+    max_attempts: int | None
+    processed_on_ms: int | None
+    finished_on_ms: int | None
+
+
+class DashboardReadsMixin(_Base):
+    """:class:`Broker`'s dashboard reads (mixed in; uses ``BrokerCore``'s plumbing and
+    ``RebalancingMixin._read_jobs``)."""
+
+    # -- dashboard support (fairqueue.dashboard) --------------------------------------
+    # Read-only helpers for the admin dashboard. Each costs O(page) per call except
+    # scan_backlog, which the dashboard runs synchronously only for small backlogs.
+
+    #: The jobs at pop positions ARGV[1]..ARGV[2] (0-based, inclusive), read atomically:
+    #: the wait list first (BullMQ pops it from its right end), then the prioritized set.
+    #: Returns the wait list's length and flat (id, score) pairs, score "0" for wait jobs.
+    #: (``lua/dashboard_page.lua``)
+    DASHBOARD_PAGE_SCRIPT: Final = scripts.DASHBOARD_PAGE_SCRIPT
+
+    #: One page of a backlog scan (``lua/dashboard_scan.lua``; see
+    #: :data:`.scripts.DASHBOARD_SCAN_SCRIPT`).
+    DASHBOARD_SCAN_SCRIPT: Final = scripts.DASHBOARD_SCAN_SCRIPT
+
+    def _dashboard_script(self, name: str, source: str) -> Any:
+        state = self._state()
+        key = f"dashboard:{name}"
+        script = state.scripts.get(key)
+        if script is None:
+            script = state.client.register_script(source)
+            state.scripts[key] = script
+        return script
+
+    async def _dashboard_guard(self, coro: Awaitable[T]) -> T:
+        """Like :meth:`_guard`, but an error answer from Redis (e.g. a script error under
+        memory pressure) is also BrokerUnavailableError: a dashboard shows it, never
+        raises it as a 500."""
+        try:
+            return await self._guard(coro)
+        except redis.RedisError as exc:
+            raise _unavailable(exc) from exc
+
+    async def read_page(self, queue: str, *, start: int, count: int) -> list[WaitingJob]:
+        """The waiting jobs at pop positions ``start .. start+count-1`` (0-based), in the
+        order a BullMQ worker takes them: the wait list, then the prioritized set.
+
+        Costs O(count) whatever the backlog, so the dashboard can page deep into it.
+        """
+        return await self._dashboard_guard(self._read_page(queue, start, count))
+
+    async def _read_page(self, queue: str, start: int, count: int) -> list[WaitingJob]:
+        if count <= 0:
+            return []
+        script = self._dashboard_script("page", self.DASHBOARD_PAGE_SCRIPT)
+        _, flat = await script(
+            keys=[self.key(queue, "wait"), self.key(queue, "prioritized")],
+            args=[start, start + count - 1],
+        )
+        entries = [
+            (str(job_id), int(float(score)) // _SCORE_BASE, score == "0")
+            for job_id, score in zip(flat[::2], flat[1::2], strict=True)
+        ]
+        return await self._read_jobs(queue, entries)
+
+    async def scan_backlog(
+        self, queue: str, *, cutoff_ms: int, page_size: int = 5_000, max_jobs: int = 2_000_000
+    ) -> BacklogScan:
+        """Per-level waiting and overdue counts, oldest enqueue time and per-tenant counts
+        over the whole waiting backlog, plus every overdue job.
+
+        Runs inside Redis in pages of ``page_size`` jobs (each page blocks Redis for a few
+        ms), so it costs O(backlog): about 6 ms per 1,000 jobs. Jobs moving while it runs
+        may be missed or counted twice; the result is a snapshot, not a transaction.
+        """
+        return await self._dashboard_guard(
+            self._scan_backlog(queue, cutoff_ms, page_size, max_jobs)
+        )
+
+    async def _scan_backlog(
+        self, queue: str, cutoff_ms: int, page_size: int, max_jobs: int
+    ) -> BacklogScan:
+        started = time.perf_counter()
+        script = self._dashboard_script("scan", self.DASHBOARD_SCAN_SCRIPT)
+        result = BacklogScan(cutoff_ms=cutoff_ms)
+        prefix = self.key(queue, "")
+        for mode, key, cursor in (
+            ("list", self.key(queue, "wait"), "0"),
+            ("zset", self.key(queue, "prioritized"), "-inf"),
+        ):
+            while result.scanned < max_jobs:
+                count, cursor, stats, tenants, late = await script(
+                    keys=[key], args=[mode, cursor, page_size, cutoff_ms, prefix]
+                )
+                result.add_page(int(count), stats, tenants, late)
+                if int(count) < page_size:
+                    break
+        result.duration_ms = (time.perf_counter() - started) * 1000
+        return result
+
+    async def still_prioritized(self, queue: str, job_ids: Sequence[str]) -> list[bool]:
+        """Which of ``job_ids`` are still in the prioritized set (one round trip): a
+        scan's results go stale as workers take jobs."""
+        if not job_ids:
+            return []
+        return await self._dashboard_guard(self._still_prioritized(queue, job_ids))
+
+    async def _still_prioritized(self, queue: str, job_ids: Sequence[str]) -> list[bool]:
+        async with self.client().pipeline(transaction=False) as pipe:
+            for job_id in job_ids:
+                pipe.zscore(self.key(queue, "prioritized"), job_id)
+            scores = await pipe.execute()
+        return [score is not None for score in scores]
+
+    async def read_job_detail(self, queue: str, job_id: str) -> JobDetail | None:
+        """One job's stored fields and its BullMQ state; ``None`` if there is no such job
+        (or the id names one of the queue's own keys rather than a job)."""
+        return await self._dashboard_guard(self._read_job_detail(queue, job_id))
+
+    async def _read_job_detail(self, queue: str, job_id: str) -> JobDetail | None:
+        async with self.client().pipeline(transaction=False) as pipe:
+            pipe.hmget(self.key(queue, job_id), *_JOB_FIELDS, "processedOn", "finishedOn")
+            pipe.zscore(self.key(queue, "prioritized"), job_id)
+            pipe.lpos(self.key(queue, "wait"), job_id)
+            pipe.lpos(self.key(queue, "active"), job_id)
+            pipe.zscore(self.key(queue, "delayed"), job_id)
+            pipe.zscore(self.key(queue, "completed"), job_id)
+            pipe.zscore(self.key(queue, "failed"), job_id)
+            replies = await pipe.execute(raise_on_error=False)
+        row = replies[0]
+        if isinstance(row, Exception) or all(value is None for value in row[:3]):
+            return None  # no job, or a key of another type (WRONGTYPE)
+        name, data, timestamp, priority, attempts_made, opts, processed, finished = row
+        state = "unknown"
+        for label, found in zip(
+            ("prioritized", "waiting", "active", "delayed", "completed", "failed"),
+            replies[1:],
+            strict=True,
+        ):
+            if found is not None and not isinstance(found, Exception):
+                state = label
+                break
+        parsed_opts = parse_job_data(opts) or {}
+        requested = parsed_opts.get("priority")
+        max_attempts = parsed_opts.get("attempts")
+        return JobDetail(
+            job=WaitingJob(
+                job_id=job_id,
+                name=name or "",
+                data=parse_job_data(data),
+                timestamp_ms=_int_or(timestamp, None),
+                priority=_int_or(priority, 0) or 0,
+                attempts_made=_int_or(attempts_made, 0) or 0,
+                in_wait_list=state == "waiting",
+                requested_priority=requested if type(requested) is int else None,
+            ),
+            state=state,
+            max_attempts=max_attempts if type(max_attempts) is int else None,
+            processed_on_ms=_int_or(processed, None),
+            finished_on_ms=_int_or(finished, None),
+        )

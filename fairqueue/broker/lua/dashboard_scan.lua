@@ -1,0 +1,101 @@
+-- One page of a backlog scan over the wait list or the prioritized set, classifying
+-- each job by level and tenant as rebalance.pending_from_job does.
+-- KEYS[1]: the wait list (mode 'list') or the prioritized set (mode 'zset').
+-- ARGV[1]: mode; ARGV[2]: cursor (list index, or exclusive score bound);
+-- ARGV[3]: page size; ARGV[4]: overdue cutoff (ms); ARGV[5]: job key prefix.
+-- Returns {count, next cursor, [level, waiting, overdue, oldest ts]...,
+-- [level, tenant, waiting]..., [id, ts, level, tenant] of each overdue job}.
+local mode, cursor, count = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local cutoff, prefix = tonumber(ARGV[4]), ARGV[5]
+local ids, nextCursor = {}, cursor
+if mode == 'list' then
+  local first = tonumber(cursor)
+  ids = redis.call('LRANGE', KEYS[1], first, first + count - 1)
+  nextCursor = tostring(first + #ids)
+else
+  local entries = redis.call('ZRANGEBYSCORE', KEYS[1], cursor, '+inf', 'WITHSCORES',
+    'LIMIT', 0, count)
+  for i = 1, #entries, 2 do ids[#ids + 1] = entries[i] end
+  if #entries > 0 then nextCursor = '(' .. entries[#entries] end
+end
+local names = {critical = true, high = true, normal = true, low = true}
+local function normalize(p)
+  if p < 0 then return nil end
+  if p == 0 then return 'normal' end
+  if p == 1 then return 'critical' end
+  if p <= 3 then return 'high' end
+  if p <= 5 then return 'normal' end
+  return 'low'
+end
+local stats, tenants, late = {}, {}, {}
+for _, id in ipairs(ids) do
+  local row = redis.call('HMGET', prefix .. id, 'data', 'timestamp', 'priority', 'opts')
+  local ts = tonumber(row[2])
+  local level, tenant = nil, nil
+  if ts and row[1] and string.find(row[1], '^%s*{') then
+    local ok, data = pcall(cjson.decode, row[1])
+    if ok and type(data) == 'table' then
+      local t = data['tenantId']
+      if t == nil or t == cjson.null then tenant = 'default'
+      elseif type(t) == 'string' and t ~= '' then tenant = t end
+      local l = data['priorityLevel']
+      if l ~= nil and l ~= cjson.null then
+        if type(l) == 'string' and names[l] then level = l end
+      else
+        local p = nil
+        if row[4] then
+          local okOpts, opts = pcall(cjson.decode, row[4])
+          if okOpts and type(opts) == 'table' and type(opts['priority']) == 'number'
+            and opts['priority'] == math.floor(opts['priority']) then
+            p = opts['priority']
+          end
+        end
+        if p == nil then
+          if mode == 'list' then p = 0 else p = tonumber(row[3]) or 0 end
+        end
+        level = normalize(p)
+      end
+    end
+  end
+  if tenant == nil then level = nil end
+  local key = level or '?'
+  local s = stats[key]
+  if s == nil then
+    s = {0, 0, -1}
+    stats[key] = s
+  end
+  s[1] = s[1] + 1
+  if ts then
+    if ts < cutoff then s[2] = s[2] + 1 end
+    if s[3] < 0 or ts < s[3] then s[3] = ts end
+  end
+  if level then
+    local byTenant = tenants[level]
+    if byTenant == nil then
+      byTenant = {}
+      tenants[level] = byTenant
+    end
+    byTenant[tenant] = (byTenant[tenant] or 0) + 1
+    if ts < cutoff then
+      late[#late + 1] = id
+      late[#late + 1] = ts
+      late[#late + 1] = level
+      late[#late + 1] = tenant
+    end
+  end
+end
+local flatStats, flatTenants = {}, {}
+for key, s in pairs(stats) do
+  flatStats[#flatStats + 1] = key
+  flatStats[#flatStats + 1] = s[1]
+  flatStats[#flatStats + 1] = s[2]
+  flatStats[#flatStats + 1] = s[3]
+end
+for level, byTenant in pairs(tenants) do
+  for tenant, n in pairs(byTenant) do
+    flatTenants[#flatTenants + 1] = level
+    flatTenants[#flatTenants + 1] = tenant
+    flatTenants[#flatTenants + 1] = n
+  end
+end
+return {#ids, nextCursor, flatStats, flatTenants, late}
