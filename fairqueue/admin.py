@@ -27,8 +27,8 @@ class SetTierForm(forms.Form):
 
 @admin.register(TenantPlan)
 class TenantPlanAdmin(admin.ModelAdmin):
-    list_display = ("tenant_id", "display_name", "plan_tier", "updated_at")
-    list_filter = ("plan_tier",)
+    list_display = ("tenant_id", "display_name", "plan_tier", "weight", "updated_at")
+    list_filter = ("plan_tier", "weight")
     search_fields = ("tenant_id", "display_name")
     readonly_fields = ("created_at", "updated_at")
     actions = ("set_tier",)

@@ -38,6 +38,8 @@ DEFAULTS: Final[Mapping[str, Any]] = MappingProxyType(
         # Django cache alias used for tenant-plan lookups.
         "CACHE_ALIAS": "default",
         "PLAN_CACHE_TIMEOUT": 300,
+        # Largest job payload accepted, in bytes of its JSON as BullMQ stores it (1 MiB).
+        "MAX_PAYLOAD_BYTES": 1_048_576,
     }
 )
 
@@ -50,6 +52,7 @@ ENV_VARS: Final[Mapping[str, str]] = MappingProxyType(
         "REDIS_URL": "FAIRQUEUE_REDIS_URL",
         "REBALANCE_WINDOW": "QUEUE_FAIR_REBALANCE_WINDOW",
         "PREFIX": "FAIRQUEUE_PREFIX",
+        "MAX_PAYLOAD_BYTES": "FAIRQUEUE_MAX_PAYLOAD_BYTES",
     }
 )
 
@@ -59,6 +62,7 @@ _INT_RANGES: Final[Mapping[str, tuple[int, int]]] = MappingProxyType(
         "REBALANCE_INTERVAL_MS": (1, 3_600_000),
         "REBALANCE_WINDOW": (1, 100_000),
         "PLAN_CACHE_TIMEOUT": (0, 86_400),
+        "MAX_PAYLOAD_BYTES": (1_024, 536_870_912),  # 1 KiB .. 512 MiB (Redis's string limit)
     }
 )
 
@@ -81,13 +85,15 @@ class FairqueueSettings:
     rebalance_window: int
     cache_alias: str
     plan_cache_timeout: int
+    max_payload_bytes: int
 
     def __repr__(self) -> str:  # keep credentials in redis_url out of logs and tracebacks
         return (
             f"FairqueueSettings(max_wait_ms={self.max_wait_ms}, "
             f"rebalance_interval_ms={self.rebalance_interval_ms}, "
             f"priority_enabled={self.priority_enabled}, prefix={self.prefix!r}, "
-            f"queues={dict(self.queues)!r}, rebalance_window={self.rebalance_window})"
+            f"queues={dict(self.queues)!r}, rebalance_window={self.rebalance_window}, "
+            f"max_payload_bytes={self.max_payload_bytes})"
         )
 
     def queue_for(self, job_type: str) -> str:
@@ -206,6 +212,9 @@ def load_settings() -> FairqueueSettings:
         ),
         cache_alias=_parse_str("CACHE_ALIAS", values["CACHE_ALIAS"]),
         plan_cache_timeout=_parse_int("PLAN_CACHE_TIMEOUT", values["PLAN_CACHE_TIMEOUT"], False),
+        max_payload_bytes=_parse_int(
+            "MAX_PAYLOAD_BYTES", values["MAX_PAYLOAD_BYTES"], "MAX_PAYLOAD_BYTES" in from_env
+        ),
     )
 
 

@@ -32,8 +32,16 @@ class InvalidTenantError(FairqueueError, ValueError):
     """A ``tenant_id`` that is not a non-empty string of at most 255 characters."""
 
 
+class InvalidTenantWeightError(FairqueueError, ValueError):
+    """A ``tenant_weight`` that is not an integer in ``MIN_TENANT_WEIGHT..MAX_TENANT_WEIGHT``."""
+
+
 class InvalidPayloadError(FairqueueError, ValueError):
     """A payload that is not a JSON object, or cannot be serialised as JSON."""
+
+
+class PayloadTooLargeError(InvalidPayloadError):
+    """A payload whose serialised JSON is larger than ``FAIRQUEUE['MAX_PAYLOAD_BYTES']``."""
 
 
 class ConflictingPayloadError(InvalidPayloadError):

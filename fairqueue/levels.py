@@ -57,6 +57,13 @@ NUMERIC_PRIORITY_BY_LEVEL: Final = MappingProxyType(
 #: The tenant bucket of jobs enqueued without a tenant id (seed 1).
 DEFAULT_TENANT: Final = "default"
 
+#: Per-tenant weights inside a level: a tenant of weight 3 gets 3 turns per round of a
+#: level's round-robin against a weight-1 tenant. Bounded so that one tenant cannot
+#: starve the others of its level, and never 0 (a tenant that is never served).
+MIN_TENANT_WEIGHT: Final = 1
+MAX_TENANT_WEIGHT: Final = 100
+DEFAULT_TENANT_WEIGHT: Final = 1
+
 #: Keys fairqueue merges into every job's data payload (seed 1's names, so Node workers
 #: and the rebalance pass read the same durable metadata).
 PAYLOAD_TENANT_KEY: Final = "tenantId"

@@ -1,10 +1,10 @@
 """Tenant plans, the subscription classifier, the override audit log, and the
 dashboard's permission holder.
 
-The plan lookup used on the enqueue hot path (:func:`lookup_tenant_plan`) reads through
-the Django cache: one cache round trip per enqueue, no database query, and entries are
-invalidated by the signal receivers in ``fairqueue.signals`` when a plan or a rule
-changes.
+The plan and weight lookups used on the enqueue hot path (:func:`lookup_tenant_plan`,
+:func:`lookup_tenant_weight`) read one cache entry per tenant through the Django cache:
+one cache round trip per lookup, no database query, and entries are invalidated by the
+signal receivers in ``fairqueue.signals`` when a plan, a weight or a rule changes.
 """
 
 from __future__ import annotations
@@ -15,10 +15,13 @@ from typing import Any, Final
 
 from django.core.cache import caches
 from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
+from django.utils.text import format_lazy
 from django.utils.translation import gettext_lazy as _
 
 from .exceptions import InvalidPlanError
+from .levels import DEFAULT_TENANT_WEIGHT, MAX_TENANT_WEIGHT, MIN_TENANT_WEIGHT
 from .priority import MAX_TENANT_ID_LENGTH, PlanTier, get_subscription_classifier, parse_plan
 
 PLAN_CHOICES: Final = [(tier.value, tier.value.title()) for tier in PlanTier]
@@ -50,11 +53,33 @@ class TenantPlan(models.Model):
         blank=True,
         help_text=_('Billing data, e.g. {"products": [{"subscriptionProductId": "prod_x"}]}.'),
     )
+    weight = models.PositiveSmallIntegerField(
+        default=DEFAULT_TENANT_WEIGHT,
+        validators=[MinValueValidator(MIN_TENANT_WEIGHT), MaxValueValidator(MAX_TENANT_WEIGHT)],
+        help_text=format_lazy(
+            _(
+                "Share of turns inside the tenant's priority level, {low} to {high}: a "
+                "tenant of weight 3 is served 3 jobs per round for every job of a weight-1 "
+                "tenant on the same level. It does not change the level."
+            ),
+            low=MIN_TENANT_WEIGHT,
+            high=MAX_TENANT_WEIGHT,
+        ),
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["tenant_id"]
+        constraints = [
+            # Also for rows written around full_clean() (update(), bulk_create, raw SQL):
+            # a weight of 0 would mean a tenant that is never served.
+            models.CheckConstraint(
+                condition=models.Q(weight__gte=MIN_TENANT_WEIGHT)
+                & models.Q(weight__lte=MAX_TENANT_WEIGHT),
+                name="fairqueue_tenantplan_weight_range",
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.display_name or self.tenant_id
@@ -209,11 +234,13 @@ def _tenant_key(tenant_id: str) -> str:
     return f"{_CACHE_PREFIX}:{digest}"
 
 
-def lookup_tenant_plan(tenant_id: str) -> str | None:
-    """The plan slug of ``tenant_id`` (``None`` if the tenant is unknown), via the cache.
+def _cached_tenant(tenant_id: str) -> tuple[str | None, int]:
+    """``(plan slug or None, weight)`` of ``tenant_id``, from one cache entry.
 
     One cache round trip on a hit: the entry and the classifier generation are fetched
-    together; an entry computed under an older generation is stale.
+    together; an entry computed under an older generation is stale. The entry is
+    ``(generation, slug or "", weight)``; anything else (such as the
+    ``(generation, slug)`` entries of fairqueue 0.1) is a miss and gets rewritten.
     """
     from .conf import get_settings
 
@@ -222,16 +249,28 @@ def lookup_tenant_plan(tenant_id: str) -> str | None:
     found = cache.get_many([key, _GENERATION_KEY])
     generation = found.get(_GENERATION_KEY, 0)
     entry = found.get(key)
-    if entry is not None and entry[0] == generation:
-        return entry[1] or None
+    if isinstance(entry, tuple) and len(entry) == 3 and entry[0] == generation:
+        return entry[1] or None, entry[2]
     plan = TenantPlan.objects.filter(tenant_id=tenant_id).first()
     slug = plan.resolve_plan() if plan is not None else None
-    cache.set(key, (generation, slug or _NO_PLAN), get_settings().plan_cache_timeout)
-    return slug
+    weight = plan.weight if plan is not None else DEFAULT_TENANT_WEIGHT
+    cache.set(key, (generation, slug or _NO_PLAN, weight), get_settings().plan_cache_timeout)
+    return slug, weight
+
+
+def lookup_tenant_plan(tenant_id: str) -> str | None:
+    """The plan slug of ``tenant_id`` (``None`` if the tenant is unknown), via the cache."""
+    return _cached_tenant(tenant_id)[0]
+
+
+def lookup_tenant_weight(tenant_id: str) -> int:
+    """The weight of ``tenant_id`` inside its level (1 if the tenant is unknown), via the
+    same cache entry as its plan."""
+    return _cached_tenant(tenant_id)[1]
 
 
 def forget_tenant_plan(tenant_id: str) -> None:
-    """Drop one tenant's cached plan (its plan or subscription changed)."""
+    """Drop one tenant's cached plan and weight (its row changed)."""
     _cache().delete(_tenant_key(tenant_id))
 
 

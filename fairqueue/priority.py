@@ -12,23 +12,39 @@ The resolution order is SPEC decision 4; the first rule that applies wins:
 ``JOB_PRIORITY_ENABLED=false`` turns rules 4-5 into normal (emergency rollback); rules
 1-3 still apply.
 
+Inside a level, tenants are served round-robin weighted by their *tenant weight*
+(``MIN_TENANT_WEIGHT..MAX_TENANT_WEIGHT``, default 1). The weight is resolved alongside
+the level but independently of it: an explicit ``tenant_weight=`` wins; otherwise any job
+with a real tenant id asks the wired weight lookup, whatever rule decided the level and
+whatever ``JOB_PRIORITY_ENABLED`` says. Internal jobs and jobs without a tenant get 1.
+
 The plan lookup is pluggable so that workers need not import the web project:
-``wire_tenant_plan_lookup()`` wires the database-backed lookup of ``fairqueue.models``
-(or any callable ``tenant_id -> plan slug``), and ``set_subscription_to_plan_tier(fn)``
-installs a code-level classifier that turns a tenant's subscription into a plan tier.
+``wire_tenant_plan_lookup()`` wires the database-backed lookups of ``fairqueue.models``
+for plans and weights (or, given a callable ``tenant_id -> plan slug``, only that plan
+lookup), ``wire_tenant_weight_lookup()`` wires a weight lookup on its own, and
+``set_subscription_to_plan_tier(fn)`` installs a code-level classifier that turns a
+tenant's subscription into a plan tier.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any, Final
 
-from .exceptions import ConflictingPriorityError, InvalidPlanError, InvalidTenantError
+from .exceptions import (
+    ConflictingPriorityError,
+    InvalidPlanError,
+    InvalidTenantError,
+    InvalidTenantWeightError,
+)
 from .levels import (
     DEFAULT_TENANT,
+    DEFAULT_TENANT_WEIGHT,
+    MAX_TENANT_WEIGHT,
+    MIN_TENANT_WEIGHT,
     NUMERIC_PRIORITY_BY_LEVEL,
     PriorityLevel,
     normalize_priority,
@@ -92,7 +108,8 @@ class ResolvedPriority:
     """The outcome of :func:`resolve_priority`.
 
     ``tenant_id`` is what goes into the payload's ``tenantId`` (``None`` for internal
-    jobs); ``tenant_bucket`` is the grouping key the scheduler uses.
+    jobs); ``tenant_bucket`` is the grouping key the scheduler uses. ``tenant_weight``
+    is the bucket's share of turns inside its level (see the module docstring).
     """
 
     level: PriorityLevel
@@ -100,6 +117,7 @@ class ResolvedPriority:
     rule: PriorityRule
     tenant_id: str | None
     plan: str | None = None
+    tenant_weight: int = DEFAULT_TENANT_WEIGHT
 
     @property
     def tenant_bucket(self) -> str:
@@ -107,9 +125,11 @@ class ResolvedPriority:
 
 
 TenantPlanLookup = Callable[[str], str | None]
+TenantWeightLookup = Callable[[str], int]
 SubscriptionClassifier = Callable[[Any], str | None]
 
 _lookup: TenantPlanLookup | None = None
+_weight_lookup: TenantWeightLookup | None = None
 _classifier: SubscriptionClassifier | None = None
 
 
@@ -152,6 +172,28 @@ def validate_tenant_id(tenant_id: object) -> str:
     return tenant_id
 
 
+def validate_tenant_weight(weight: object, *, argument: str = "tenant_weight") -> int:
+    """A tenant weight is an integer in ``MIN_TENANT_WEIGHT..MAX_TENANT_WEIGHT``.
+
+    Booleans are refused although they are ``int``s: ``tenant_weight=True`` is a bug,
+    not a weight of 1.
+
+    Raises:
+        InvalidTenantWeightError: (a ``ValueError``) naming ``argument``, the value and
+            the allowed range.
+    """
+    if (
+        isinstance(weight, int)
+        and not isinstance(weight, bool)
+        and MIN_TENANT_WEIGHT <= weight <= MAX_TENANT_WEIGHT
+    ):
+        return weight
+    raise InvalidTenantWeightError(
+        f"{argument}={weight!r} is not allowed: expected an integer in "
+        f"{MIN_TENANT_WEIGHT}..{MAX_TENANT_WEIGHT}"
+    )
+
+
 def set_subscription_to_plan_tier(classifier: SubscriptionClassifier | None) -> None:
     """Install a code-level classifier ``subscription -> plan slug`` (``None`` removes it).
 
@@ -170,13 +212,16 @@ def wire_tenant_plan_lookup(lookup: TenantPlanLookup | None = None) -> None:
 
     Args:
         lookup: ``tenant_id -> plan slug or None``. Defaults to the database lookup of
-            ``fairqueue.models`` (cached through the Django cache).
+            ``fairqueue.models`` (cached through the Django cache); the default also
+            wires the database weight lookup, since plan and weight live on the same
+            ``TenantPlan`` row. A custom lookup leaves the weight lookup as it is.
     """
     global _lookup
     if lookup is None:
         from .models import lookup_tenant_plan
 
         lookup = lookup_tenant_plan
+        wire_tenant_weight_lookup()
     _lookup = lookup
 
 
@@ -190,6 +235,35 @@ def get_tenant_plan_lookup() -> TenantPlanLookup | None:
     return _lookup
 
 
+def wire_tenant_weight_lookup(lookup: TenantWeightLookup | None = None) -> None:
+    """Give tenant jobs the weight of their tenant instead of 1.
+
+    Args:
+        lookup: ``tenant_id -> weight``. Defaults to the database lookup of
+            ``fairqueue.models`` (the same cache entry as the plan). A lookup that raises
+            or answers anything but an integer in the allowed range gives weight 1.
+    """
+    global _weight_lookup
+    if lookup is None:
+        from .models import lookup_tenant_weight
+
+        lookup = lookup_tenant_weight
+    _weight_lookup = lookup
+
+
+def unwire_tenant_weight_lookup() -> None:
+    """Back to "no weight lookup": every tenant weighs 1 unless a weight is passed.
+
+    Independent of :func:`unwire_tenant_plan_lookup`, which leaves weights wired.
+    """
+    global _weight_lookup
+    _weight_lookup = None
+
+
+def get_tenant_weight_lookup() -> TenantWeightLookup | None:
+    return _weight_lookup
+
+
 def resolve_priority(
     *,
     tenant_id: str | None | _Absent = ABSENT,
@@ -197,18 +271,61 @@ def resolve_priority(
     priority_level: str | PriorityLevel | None = None,
     priority_override: str | PriorityLevel | None = None,
     enabled: bool | None = None,
+    tenant_weight: int | None = None,
 ) -> ResolvedPriority:
-    """Resolve a job's level by SPEC decision 4 and say which rule decided.
+    """Resolve a job's level by SPEC decision 4, say which rule decided, and resolve the
+    tenant's weight inside that level.
 
     Args:
         enabled: the ``JOB_PRIORITY_ENABLED`` flag; read from settings when ``None``.
+            It does not affect the weight.
+        tenant_weight: an explicit weight, which wins over the weight lookup (also for
+            internal jobs and the ``default`` bucket, which otherwise weigh 1).
+            Server-side only, like ``priority_override``.
 
     Raises:
         ConflictingPriorityError: both ``priority`` and ``priority_level`` given.
-        InvalidPriorityError, InvalidPriorityLevelError, InvalidTenantError: bad values.
+        InvalidPriorityError, InvalidPriorityLevelError, InvalidTenantError,
+        InvalidTenantWeightError: bad values.
     """
     if tenant_id is not ABSENT and tenant_id is not None:
         tenant_id = validate_tenant_id(tenant_id)
+    if tenant_weight is not None:
+        tenant_weight = validate_tenant_weight(tenant_weight)
+    resolved = _resolve_level(
+        tenant_id=tenant_id,
+        priority=priority,
+        priority_level=priority_level,
+        priority_override=priority_override,
+        enabled=enabled,
+    )
+    if tenant_weight is None:
+        if not isinstance(tenant_id, str):  # internal job, or no tenant at all
+            return resolved
+        tenant_weight = _looked_up_weight(tenant_id)
+    return replace(resolved, tenant_weight=tenant_weight)
+
+
+def _looked_up_weight(tenant_id: str) -> int:
+    lookup = _weight_lookup
+    if lookup is None:
+        return DEFAULT_TENANT_WEIGHT
+    try:
+        return validate_tenant_weight(lookup(tenant_id))
+    except Exception as exc:  # a broken lookup must not stop enqueues
+        # The exception's type only: its message may name the tenant (or echo the value).
+        logger.warning("tenant weight lookup failed (%s); using 1", type(exc).__name__)
+        return DEFAULT_TENANT_WEIGHT
+
+
+def _resolve_level(
+    *,
+    tenant_id: str | None | _Absent,
+    priority: int | None,
+    priority_level: str | PriorityLevel | None,
+    priority_override: str | PriorityLevel | None,
+    enabled: bool | None,
+) -> ResolvedPriority:
     payload_tenant: str | None = DEFAULT_TENANT if tenant_id is ABSENT else tenant_id
 
     if priority is not None and priority_level is not None:

@@ -35,9 +35,16 @@ from .exceptions import (
     ConflictingPayloadError,
     InvalidJobOptionError,
     InvalidPayloadError,
+    PayloadTooLargeError,
     UnknownJobTypeError,
 )
-from .levels import PAYLOAD_LEVEL_KEY, PAYLOAD_TENANT_KEY, PriorityLevel, parse_level
+from .levels import (
+    DEFAULT_TENANT_WEIGHT,
+    PAYLOAD_LEVEL_KEY,
+    PAYLOAD_TENANT_KEY,
+    PriorityLevel,
+    parse_level,
+)
 from .metrics import record_enqueue
 from .priority import ABSENT, PriorityRule, ResolvedPriority, _Absent, resolve_priority
 
@@ -54,6 +61,7 @@ class EnqueuedJob:
 
     ``bullmq_priority`` is ``None`` when a job with the given ``job_id`` already existed:
     BullMQ keeps the existing job and adds nothing (``created`` is then ``False``).
+    ``tenant_weight`` is the tenant's resolved weight inside its level.
     """
 
     job_id: str
@@ -65,6 +73,7 @@ class EnqueuedJob:
     tenant_id: str | None
     bullmq_priority: int | None
     audited: bool
+    tenant_weight: int = DEFAULT_TENANT_WEIGHT
 
     @property
     def created(self) -> bool:
@@ -109,7 +118,9 @@ def _merged_payload(payload: object, resolved: ResolvedPriority) -> dict[str, An
             )
         data[key] = value.value if isinstance(value, PriorityLevel) else value
     try:
-        json.dumps(data, allow_nan=False)
+        # Serialised as bullmq does when it stores the job, so the size below is the
+        # size of the job's ``data`` field in Redis.
+        serialized = json.dumps(data, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise InvalidPayloadError(
             f"payload is not allowed: it must be JSON-serialisable ({type(exc).__name__}: "
@@ -117,6 +128,15 @@ def _merged_payload(payload: object, resolved: ResolvedPriority) -> dict[str, An
         ) from None
     if any(not isinstance(key, str) for key in data):
         raise InvalidPayloadError("payload is not allowed: every key must be a string")
+    size = len(serialized.encode("utf-8"))
+    limit = get_settings().max_payload_bytes
+    if size > limit:
+        # Never echo the payload: it is user data.
+        raise PayloadTooLargeError(
+            f"payload of {size} bytes is not allowed: its JSON (with tenantId and "
+            f"priorityLevel) may be at most {limit} bytes "
+            "(FAIRQUEUE['MAX_PAYLOAD_BYTES'] or FAIRQUEUE_MAX_PAYLOAD_BYTES)"
+        )
     return data
 
 
@@ -159,6 +179,7 @@ class EnqueueOptions(TypedDict, total=False):
     priority: int | None
     priority_level: str | PriorityLevel | None
     priority_override: str | PriorityLevel | None
+    tenant_weight: int | None
     job_id: str | None
     delay_ms: int | None
     attempts: int | None
@@ -174,6 +195,7 @@ def _prepare(
     priority: int | None = None,
     priority_level: str | PriorityLevel | None = None,
     priority_override: str | PriorityLevel | None = None,
+    tenant_weight: int | None = None,
     job_id: str | None = None,
     delay_ms: int | None = None,
     attempts: int | None = None,
@@ -186,6 +208,7 @@ def _prepare(
         priority=priority,
         priority_level=priority_level,
         priority_override=priority_override,
+        tenant_weight=tenant_weight,
     )
     data = _merged_payload(payload, resolved)
     _check_options(job_id, delay_ms, attempts)
@@ -255,6 +278,7 @@ def _record(prepared: Sequence[_Prepared], added: Sequence[AddedJob], audited: s
                 tenant_id=item.resolved.tenant_id,
                 bullmq_priority=job.priority,
                 audited=index in audited and job.priority is not None,
+                tenant_weight=item.resolved.tenant_weight,
             )
         )
     return results
@@ -288,21 +312,25 @@ def enqueue_job(
     """Enqueue one job of ``job_type`` now.
 
     Args:
-        payload: a JSON object; fairqueue adds ``tenantId`` and ``priorityLevel``.
+        payload: a JSON object; fairqueue adds ``tenantId`` and ``priorityLevel``. Its
+            JSON may be at most ``FAIRQUEUE['MAX_PAYLOAD_BYTES']`` bytes (1 MiB).
         tenant_id: the tenant's id; ``None`` marks an internal job (critical); leave it
             out for jobs that belong to no tenant.
         priority, priority_level: an explicit priority (one of them), audited for tenant
             jobs.
         priority_override: ``'critical' | 'high' | 'normal' | 'low'``, always audited.
             Server-side only: never take it from request input.
+        tenant_weight: the tenant's weight inside its level (1..100), instead of the
+            wired weight lookup's answer (default 1). Server-side only; not audited.
         job_id: a custom BullMQ job id (not all digits); an existing id adds nothing.
         delay_ms, attempts: BullMQ's ``delay`` and ``attempts``.
         source, actor: recorded in the audit row (e.g. ``"signup view"``, ``request.user``).
 
     Raises:
-        UnknownJobTypeError, InvalidPayloadError, ConflictingPayloadError,
-        InvalidTenantError, InvalidPriorityError, InvalidPriorityLevelError,
-        ConflictingPriorityError, InvalidJobOptionError: bad input; nothing was written.
+        UnknownJobTypeError, InvalidPayloadError, PayloadTooLargeError,
+        ConflictingPayloadError, InvalidTenantError, InvalidTenantWeightError,
+        InvalidPriorityError, InvalidPriorityLevelError, ConflictingPriorityError,
+        InvalidJobOptionError: bad input; nothing was written.
         BrokerUnavailableError: Redis could not be reached; nothing was written.
     """
     return _enqueue_prepared([_prepare(job_type, payload, **options)])[0]

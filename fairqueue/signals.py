@@ -1,4 +1,10 @@
-"""Keep cached tenant plans honest: any change to a plan or a rule invalidates them."""
+"""Keep cached tenant plans and weights honest: any change to a tenant's row or to a rule
+invalidates them.
+
+A tenant's plan and weight share one cache entry, so forgetting it on a ``TenantPlan``
+save or delete covers both. ``QuerySet.update()`` and ``bulk_create`` send no signals:
+call ``forget_tenant_plan`` (or ``forget_all_tenant_plans``) after them.
+"""
 
 from __future__ import annotations
 

@@ -47,7 +47,9 @@ def fq_prefix(settings):
 @pytest.fixture(autouse=True)
 def _reset_plan_lookup():
     priority.unwire_tenant_plan_lookup()
+    priority.unwire_tenant_weight_lookup()
     priority.set_subscription_to_plan_tier(None)
     yield
     priority.unwire_tenant_plan_lookup()
+    priority.unwire_tenant_weight_lookup()
     priority.set_subscription_to_plan_tier(None)

@@ -10,6 +10,7 @@ from fairqueue.models import (
     SubscriptionClassifier,
     TenantPlan,
     lookup_tenant_plan,
+    lookup_tenant_weight,
 )
 
 pytestmark = pytest.mark.django_db
@@ -45,6 +46,52 @@ def test_tenant_plan_changelist_search_and_filter(admin_client):
     assert b"acme" in admin_client.get(url, {"q": "acme"}).content
     response = admin_client.get(url, {"plan_tier__exact": "free"})
     assert b"bolt" in response.content and b"Acme" not in response.content
+
+
+def test_tenant_plan_changelist__shows_and_filters_by_weight(admin_client):
+    TenantPlan.objects.create(tenant_id="acme", plan_tier="pro", weight=7)
+    TenantPlan.objects.create(tenant_id="bolt", plan_tier="pro")
+    url = reverse("admin:fairqueue_tenantplan_changelist")
+    page = admin_client.get(url)
+    assert b"column-weight" in page.content
+    assert b'<td class="field-weight">7</td>' in page.content
+    filtered = admin_client.get(url, {"weight": "7"})
+    assert b"acme" in filtered.content and b"bolt" not in filtered.content
+
+
+def _change_form_data(plan, **changes):
+    return {
+        "tenant_id": plan.tenant_id,
+        "display_name": plan.display_name,
+        "plan_tier": plan.plan_tier,
+        "subscription": "{}",
+        "weight": plan.weight,
+        **changes,
+    }
+
+
+def test_tenant_plan_change_form__edits_weight_and_invalidates_cache(admin_client):
+    plan = TenantPlan.objects.create(tenant_id="acme", plan_tier="pro")
+    assert lookup_tenant_weight("acme") == 1
+    url = reverse("admin:fairqueue_tenantplan_change", args=[plan.pk])
+    assert b'name="weight"' in admin_client.get(url).content
+    response = admin_client.post(url, _change_form_data(plan, weight="5"))
+    assert response.status_code == 302
+    plan.refresh_from_db()
+    assert plan.weight == 5
+    assert lookup_tenant_weight("acme") == 5
+    assert lookup_tenant_plan("acme") == "pro"
+
+
+@pytest.mark.parametrize("weight", ["0", "101", "1.5"])
+def test_tenant_plan_change_form__refuses_out_of_range_weight(admin_client, weight):
+    plan = TenantPlan.objects.create(tenant_id="acme", plan_tier="pro", weight=2)
+    url = reverse("admin:fairqueue_tenantplan_change", args=[plan.pk])
+    response = admin_client.post(url, _change_form_data(plan, weight=weight))
+    assert response.status_code == 200
+    assert response.context["adminform"].form.errors["weight"]
+    plan.refresh_from_db()
+    assert plan.weight == 2
 
 
 def test_set_tier_action__confirms_then_applies_and_invalidates_cache(admin_client):

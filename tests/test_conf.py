@@ -22,6 +22,7 @@ def test_defaults(monkeypatch):
     assert settings.priority_enabled is True
     assert settings.redis_url == "redis://127.0.0.1:6379/0"
     assert settings.rebalance_window == 1_000
+    assert settings.max_payload_bytes == 1_048_576
 
 
 def test_env_var_wins_over_setting(monkeypatch):
@@ -49,6 +50,9 @@ def test_override_settings_clears_the_cache(monkeypatch):
         ("QUEUE_FAIR_REBALANCE_INTERVAL_MS", "0", "1..3600000"),
         ("QUEUE_FAIR_REBALANCE_INTERVAL_MS", "3600001", "1..3600000"),
         ("JOB_PRIORITY_ENABLED", "maybe", "true or false"),
+        ("FAIRQUEUE_MAX_PAYLOAD_BYTES", "1023", "1024..536870912"),
+        ("FAIRQUEUE_MAX_PAYLOAD_BYTES", "536870913", "1024..536870912"),
+        ("FAIRQUEUE_MAX_PAYLOAD_BYTES", "1MiB", "1024..536870912"),
     ],
 )
 def test_bad_env_value__improperly_configured_names_variable_value_and_range(
@@ -79,6 +83,8 @@ def test_settings_repr_hides_redis_credentials(monkeypatch):
     [
         {"MAX_WAIT_MS": True},
         {"REBALANCE_WINDOW": 0},
+        {"MAX_PAYLOAD_BYTES": 1023},
+        {"MAX_PAYLOAD_BYTES": 2048.0},
         {"QUEUES": {}},
         {"QUEUES": {"email": "bad:name"}},
         {"NO_SUCH_KEY": 1},
@@ -102,3 +108,34 @@ def test_system_check__clean_settings_pass(monkeypatch):
     for var in conf.ENV_VARS.values():
         monkeypatch.delenv(var, raising=False)
     assert [e for e in run_checks() if e.id.startswith("fairqueue.")] == []
+
+
+@pytest.mark.parametrize(("value", "expected"), [(1_024, 1_024), (536_870_912, 536_870_912)])
+def test_max_payload_bytes__range_ends_are_allowed(monkeypatch, value, expected):
+    monkeypatch.delenv("FAIRQUEUE_MAX_PAYLOAD_BYTES", raising=False)
+    with override_settings(FAIRQUEUE={"MAX_PAYLOAD_BYTES": value}):
+        assert conf.get_settings().max_payload_bytes == expected
+
+
+def test_max_payload_bytes__env_var_wins_over_setting(monkeypatch):
+    monkeypatch.setenv("FAIRQUEUE_MAX_PAYLOAD_BYTES", "65536")
+    with override_settings(FAIRQUEUE={"MAX_PAYLOAD_BYTES": 2048}):
+        assert conf.get_settings().max_payload_bytes == 65_536
+
+
+def test_max_payload_bytes__bad_setting_names_key_value_and_range(monkeypatch):
+    monkeypatch.delenv("FAIRQUEUE_MAX_PAYLOAD_BYTES", raising=False)
+    with (
+        override_settings(FAIRQUEUE={"MAX_PAYLOAD_BYTES": 10}),
+        pytest.raises(ImproperlyConfigured) as info,
+    ):
+        conf.get_settings()
+    assert "FAIRQUEUE['MAX_PAYLOAD_BYTES']=10 is not allowed" in str(info.value)
+    assert "1024..536870912" in str(info.value)
+
+
+def test_system_check__flags_out_of_range_max_payload_bytes(monkeypatch):
+    monkeypatch.setenv("FAIRQUEUE_MAX_PAYLOAD_BYTES", "100")
+    errors = [e for e in run_checks() if e.id == "fairqueue.E001"]
+    assert len(errors) == 1
+    assert "FAIRQUEUE_MAX_PAYLOAD_BYTES='100'" in errors[0].msg

@@ -1,5 +1,7 @@
 import pytest
 from django.core.cache import cache
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
 
 from fairqueue import priority
 from fairqueue.models import (
@@ -7,7 +9,10 @@ from fairqueue.models import (
     PriorityOverrideAudit,
     SubscriptionClassifier,
     TenantPlan,
+    _tenant_key,
+    forget_tenant_plan,
     lookup_tenant_plan,
+    lookup_tenant_weight,
 )
 
 pytestmark = pytest.mark.django_db
@@ -104,3 +109,96 @@ def test_audit_rows_are_immutable():
         row.save()
     with pytest.raises(ValueError, match="immutable"):
         row.delete()
+
+
+# --- tenant weights ---------------------------------------------------------------
+
+
+def test_weight__defaults_to_1():
+    assert TenantPlan.objects.create(tenant_id="a").weight == 1
+
+
+@pytest.mark.parametrize("weight", [1, 3, 100])
+def test_weight__in_range_passes_validation(weight):
+    TenantPlan(tenant_id="a", weight=weight).full_clean()
+
+
+@pytest.mark.parametrize(
+    ("weight", "message"),
+    [(0, "greater than or equal to 1"), (101, "less than or equal to 100")],
+)
+def test_weight__out_of_range_fails_validation(weight, message):
+    with pytest.raises(ValidationError) as info:
+        TenantPlan(tenant_id="a", weight=weight).full_clean()
+    assert message in str(info.value.message_dict["weight"])
+
+
+@pytest.mark.parametrize("weight", [0, 101])
+def test_weight__database_refuses_out_of_range_writes_that_skip_validation(weight):
+    TenantPlan.objects.create(tenant_id="a")
+    with pytest.raises(IntegrityError), transaction.atomic():
+        TenantPlan.objects.filter(tenant_id="a").update(weight=weight)
+
+
+def test_weight__lookup_reads_the_row_and_unknown_tenants_weigh_1():
+    TenantPlan.objects.create(tenant_id="heavy", plan_tier="pro", weight=7)
+    assert lookup_tenant_weight("heavy") == 7
+    assert lookup_tenant_weight("ghost") == 1
+
+
+def test_weight__plan_and_weight_come_from_one_cache_entry(django_assert_num_queries):
+    TenantPlan.objects.create(tenant_id="a", plan_tier="pro", weight=4)
+    assert lookup_tenant_plan("a") == "pro"
+    with django_assert_num_queries(0):
+        assert lookup_tenant_weight("a") == 4
+        assert lookup_tenant_plan("a") == "pro"
+    generation, slug, weight = cache.get(_tenant_key("a"))
+    assert (slug, weight) == ("pro", 4)
+
+
+def test_weight__change_and_delete_invalidate_the_cached_weight():
+    plan = TenantPlan.objects.create(tenant_id="a", plan_tier="pro", weight=2)
+    assert lookup_tenant_weight("a") == 2
+    plan.weight = 9
+    plan.save(update_fields=["weight", "updated_at"])
+    assert lookup_tenant_weight("a") == 9
+    assert lookup_tenant_plan("a") == "pro"
+    plan.delete()
+    assert lookup_tenant_weight("a") == 1
+    assert lookup_tenant_plan("a") is None
+
+
+def test_weight__update_without_signals_needs_forget_tenant_plan():
+    TenantPlan.objects.create(tenant_id="a", weight=2)
+    assert lookup_tenant_weight("a") == 2
+    TenantPlan.objects.filter(tenant_id="a").update(weight=5)
+    assert lookup_tenant_weight("a") == 2  # documented: update() sends no signal
+    forget_tenant_plan("a")
+    assert lookup_tenant_weight("a") == 5
+
+
+@pytest.mark.parametrize("old_entry", [(0, "free"), (0, ""), "pro", None, (0,)])
+def test_weight__old_or_odd_cache_entries_are_a_miss_and_get_rewritten(old_entry):
+    TenantPlan.objects.create(tenant_id="a", plan_tier="enterprise", weight=6)
+    cache.set(_tenant_key("a"), old_entry)
+    assert lookup_tenant_weight("a") == 6
+    assert lookup_tenant_plan("a") == "enterprise"
+    assert cache.get(_tenant_key("a"))[1:] == ("enterprise", 6)
+
+
+def test_weight__classifier_change_invalidates_cached_weights_too(classifier):
+    TenantPlan.objects.create(tenant_id="p", subscription=subscription("prod_basic"), weight=3)
+    assert lookup_tenant_weight("p") == 3
+    TenantPlan.objects.filter(tenant_id="p").update(weight=8)
+    classifier.save()  # a classifier change bumps the generation of every entry
+    assert lookup_tenant_weight("p") == 8
+
+
+def test_weight__wired_database_lookups_drive_resolution():
+    TenantPlan.objects.create(tenant_id="e", plan_tier="enterprise", weight=12)
+    priority.wire_tenant_plan_lookup()
+    resolved = priority.resolve_priority(tenant_id="e", enabled=True)
+    assert (resolved.level, resolved.tenant_weight) == ("critical", 12)
+    flag_off = priority.resolve_priority(tenant_id="e", enabled=False)
+    assert (flag_off.level, flag_off.tenant_weight) == ("normal", 12)
+    assert priority.resolve_priority(tenant_id="ghost").tenant_weight == 1

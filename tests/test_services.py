@@ -17,6 +17,8 @@ from fairqueue.exceptions import (
     InvalidPriorityError,
     InvalidPriorityLevelError,
     InvalidTenantError,
+    InvalidTenantWeightError,
+    PayloadTooLargeError,
     UnknownJobTypeError,
 )
 from fairqueue.models import PriorityOverrideAudit, TenantPlan
@@ -216,6 +218,78 @@ def test_aenqueue_job__async_twin(fq_prefix, redis_client, plans):
     assert waiting_count(redis_client, fq_prefix) == 1
 
 
+# --- tenant weights ---------------------------------------------------------------
+
+
+@pytest.fixture
+def weighted_plans(db):
+    TenantPlan.objects.create(tenant_id="acme", plan_tier="enterprise", weight=4)
+    TenantPlan.objects.create(tenant_id="cafe", plan_tier="free")
+    priority.wire_tenant_plan_lookup()
+
+
+def test_tenant_weight__looked_up_weight_is_reported_and_the_payload_unchanged(
+    fq_prefix, redis_client, weighted_plans
+):
+    heavy = enqueue_job("email", {"n": 1}, tenant_id="acme")
+    light = enqueue_job("email", {"n": 2}, tenant_id="cafe")
+    internal = enqueue_job("email", {"n": 3}, tenant_id=None)
+    untenanted = enqueue_job("email", {"n": 4})
+    assert [j.tenant_weight for j in (heavy, light, internal, untenanted)] == [4, 1, 1, 1]
+    data = json.loads(job_hash(redis_client, fq_prefix, heavy.job_id)["data"])
+    assert data == {"n": 1, "tenantId": "acme", "priorityLevel": "critical"}
+
+
+def test_tenant_weight__explicit_weight_wins_in_every_enqueue_function(
+    fq_prefix, redis_client, weighted_plans, django_capture_on_commit_callbacks
+):
+    assert enqueue_job("email", {}, tenant_id="acme", tenant_weight=2).tenant_weight == 2
+    batch = enqueue_jobs("email", [{}, {}], tenant_id="cafe", tenant_weight=9)
+    assert [job.tenant_weight for job in batch] == [9, 9]
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        enqueue_on_commit("email", {}, tenant_id="acme", tenant_weight=3)
+    assert len(callbacks) == 1
+    assert waiting_count(redis_client, fq_prefix) == 4
+
+
+@pytest.mark.django_db(transaction=True)
+def test_tenant_weight__aenqueue_job_accepts_an_explicit_weight(fq_prefix, redis_client):
+    try:
+        job = asyncio.run(aenqueue_job("email", {}, tenant_id="acme", tenant_weight=100))
+    finally:
+        close_brokers()
+    assert (job.tenant_id, job.tenant_weight) == ("acme", 100)
+    assert waiting_count(redis_client, fq_prefix) == 1
+
+
+# --- payload size cap ---------------------------------------------------------------
+
+SMALL_CAP = 1_024
+
+
+@pytest.fixture
+def small_payload_cap(settings, fq_prefix):
+    settings.FAIRQUEUE = {**settings.FAIRQUEUE, "MAX_PAYLOAD_BYTES": SMALL_CAP}
+    return SMALL_CAP
+
+
+def _payload_of_stored_size(size, tenant_id="t1", level="normal"):
+    """A payload whose data, as BullMQ stores it, is exactly ``size`` bytes."""
+    payload = {"pad": "é"}
+    merged = {**payload, "tenantId": tenant_id, "priorityLevel": level}
+    overhead = len(json.dumps(merged, separators=(",", ":")))
+    payload["pad"] += "x" * (size - overhead)
+    return payload
+
+
+def test_payload_cap__a_payload_of_exactly_the_limit_is_stored_with_that_size(
+    small_payload_cap, fq_prefix, redis_client
+):
+    job = enqueue_job("email", _payload_of_stored_size(SMALL_CAP), tenant_id="t1")
+    stored = job_hash(redis_client, fq_prefix, job.job_id)["data"]
+    assert len(stored.encode()) == SMALL_CAP  # what fairqueue measured is what BullMQ wrote
+
+
 # --- bad input: one test per case; nothing is left behind ---------------------------
 
 
@@ -313,6 +387,39 @@ class TestBadInput:
     def test_per_job_options_in_a_batch(self, option, value):
         with pytest.raises(InvalidJobOptionError, match=f"{option}=.* enqueue_jobs"):
             enqueue_jobs("email", [{}], **{option: value})
+
+    @pytest.mark.parametrize("bad", [0, 101, True, "2", 2.5])
+    def test_bad_tenant_weight(self, bad):
+        message = rf"tenant_weight={bad!r} is not allowed: expected an integer in 1\.\.100"
+        with pytest.raises(InvalidTenantWeightError, match=message):
+            enqueue_job("email", {}, tenant_id="t1", tenant_weight=bad)
+        with pytest.raises(InvalidTenantWeightError):
+            enqueue_jobs("email", [{}], tenant_id="t1", tenant_weight=bad)
+        with pytest.raises(InvalidTenantWeightError):
+            enqueue_on_commit("email", {}, tenant_id="t1", tenant_weight=bad)
+
+    def test_payload_one_byte_over_the_limit(self, small_payload_cap):
+        payload = _payload_of_stored_size(SMALL_CAP + 1, level="critical")
+        with pytest.raises(PayloadTooLargeError) as info:
+            enqueue_job("email", payload, tenant_id="t1", priority_override="critical")
+        message = str(info.value)
+        assert "payload of 1025 bytes is not allowed" in message
+        assert "at most 1024 bytes" in message
+        assert "MAX_PAYLOAD_BYTES" in message
+        assert "xxxx" not in message and "t1" not in message
+        assert isinstance(info.value, InvalidPayloadError)
+
+    def test_payload_over_the_default_limit_of_1_mib(self):
+        with pytest.raises(PayloadTooLargeError, match="at most 1048576 bytes"):
+            enqueue_job("email", {"blob": "x" * 1_048_576})
+
+    def test_payload_too_large_in_a_batch_sends_none_of_it(self, small_payload_cap):
+        with pytest.raises(PayloadTooLargeError):
+            enqueue_jobs("email", [{"ok": 1}, {"big": "x" * SMALL_CAP}], tenant_id="t1")
+
+    def test_payload_too_large_on_commit_raises_at_once(self, small_payload_cap):
+        with pytest.raises(PayloadTooLargeError):
+            enqueue_on_commit("email", {"big": "x" * SMALL_CAP})
 
     def test_redis_unreachable(self, settings, fq_prefix):
         from fairqueue import conf
