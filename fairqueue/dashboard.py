@@ -6,8 +6,9 @@ What a call costs, whatever the backlog size:
 
 * exact and live on every call, O(page + window): BullMQ's counts by state, the page of
   the waiting order asked for (read in pop order, so it is what a worker takes next), the
-  last pass record, the leader lock, and the head of the queue (the rebalance window) to
-  compare the current order with the order the policy would give now (drift);
+  last pass record, the leader lock, and the head of the queue (the rebalance window),
+  where jobs fairqueue has not placed yet (other producers' jobs, promoted delayed jobs,
+  jobs without room) are flagged as unplaced: the next pass adopts them;
 * O(backlog): per-level waiting and overdue counts, oldest job per level and top tenants
   need every waiting job's metadata. A Redis-side scan does that at about 6-10 ms per
   1,000 jobs, so it runs on the request only while the backlog is at most
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-import itertools
 import math
 import threading
 import time
@@ -35,12 +35,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from .broker import BacklogScan, Broker, WaitingJob, get_sync_broker
+from .broker import MAX_PRIORITY, TAG_FLOOR, BacklogScan, Broker, WaitingJob, get_sync_broker
 from .conf import get_settings
 from .exceptions import UnknownJobTypeError
-from .levels import DEFAULT_FAIR_WEIGHTS, LEVELS_BY_RANK, PriorityLevel
+from .levels import DEFAULT_FAIR_WEIGHTS, LEVELS_BY_RANK
 from .rebalance import LAST_RUN_RECORD, PASS_COUNTS, pending_from_job
-from .scheduler import AGED, WEIGHTED_FAIR, PendingJob, job_id_sort_key, order_pending_jobs
+from .scheduler import AGED, WEIGHTED_FAIR
 
 #: Backlogs up to this many waiting jobs are scanned on every request (about 60 ms).
 SYNC_SCAN_LIMIT: Final = 10_000
@@ -54,8 +54,6 @@ SCAN_DUTY_FACTOR: Final = 20
 SCAN_PAGE_SIZE: Final = 500
 #: Cached scans unused for this long are dropped.
 _CACHE_IDLE_S: Final = 600.0
-#: Round trips spent skipping overdue jobs of a stale scan that workers took since.
-_MAX_DEEP_CHECKS: Final = 5
 #: A background scan still running after this long is presumed lost.
 _TASK_ABANDONED_S: Final = 120.0
 DEFAULT_PER_PAGE: Final = 20
@@ -112,18 +110,10 @@ def clamp_page(page: object, per_page: object) -> tuple[int, int]:
 @dataclass(frozen=True, slots=True)
 class _Backlog:
     scan: BacklogScan
-    #: The scan's overdue jobs as the policy sees them, oldest first (the order the
-    #: policy runs them): sorted once per scan, so a request only reads the first few.
-    overdue: list[PendingJob]
 
 
 def _prepare(scan: BacklogScan) -> _Backlog:
-    overdue = [
-        PendingJob(job_id, PriorityLevel(level), tenant, enqueued_at)
-        for job_id, enqueued_at, level, tenant in scan.overdue
-    ]
-    overdue.sort(key=lambda job: (job.enqueued_at_ms, job_id_sort_key(job.job_id)))
-    return _Backlog(scan, overdue)
+    return _Backlog(scan)
 
 
 @dataclass(slots=True)
@@ -234,9 +224,7 @@ async def _refresh(broker: Broker, queue: str, entry: _CachedScan, max_wait_ms: 
         scan = await broker.scan_backlog(
             queue, cutoff_ms=started_ms - max_wait_ms, page_size=SCAN_PAGE_SIZE
         )
-        # Sorting up to a whole backlog of overdue jobs takes ~100 ms of CPU: off the
-        # event loop, so requests served by the same loop are not held up.
-        backlog = await asyncio.to_thread(_prepare, scan)
+        backlog = _prepare(scan)
     except Exception as exc:  # shown on the page; the next request retries
         entry.error = type(exc).__name__
         return
@@ -298,9 +286,8 @@ async def aqueue_stats(
         broker.counts(queue),
         broker.read_status(queue, LAST_RUN_RECORD),
         broker.lock_holder(broker.fair_key(queue, "leader")),
-        # The pass's window; reading at most one window of the window band keeps this
-        # O(window) after a mass promotion of overdue jobs.
-        broker.read_head(queue, window=window, max_window_band=window),
+        # The head the policy's order is compared with: O(window) however long the queue.
+        broker.read_head(queue, count=window),
         broker.read_page(queue, start=start, count=per_page),
     )
     total = counts["wait"] + counts["prioritized"]
@@ -313,16 +300,7 @@ async def aqueue_stats(
         sync_limit=sync_scan_limit,
     )
     scan = prepared.scan if prepared is not None else None
-    deep = await _deep_overdue(
-        broker,
-        queue,
-        prepared.overdue if prepared is not None else [],
-        head_ids={job.job_id for job in head.jobs},
-        limit=len(head.jobs),
-    )
-    plan_ids, decisions = _policy_order(head.jobs, deep, now_ms=now_ms, max_wait_ms=max_wait_ms)
-    head_ids = [job.job_id for job in head.jobs]
-    drift_count = sum(1 for a, b in zip(head_ids, plan_ids, strict=False) if a != b)
+    drift_count = sum(1 for job in head.jobs if is_unplaced(job))
 
     levels = _levels(scan, now_ms=now_ms, max_wait_ms=max_wait_ms)
     overdue_total = None if scan is None else sum(levels[name]["overdue"] for name in levels)
@@ -354,15 +332,8 @@ async def aqueue_stats(
             "has_previous": page > 1,
             "has_next": page < num_pages,
             "first_position": start + 1,
-            "jobs": _rows(
-                rows,
-                start=start,
-                plan_ids=plan_ids,
-                decisions=decisions,
-                now_ms=now_ms,
-                max_wait_ms=max_wait_ms,
-            ),
-            "compared": min(len(head_ids), len(plan_ids)),
+            "jobs": _rows(rows, start=start, now_ms=now_ms, max_wait_ms=max_wait_ms),
+            "compared": len(head.jobs),
             "drift_count": drift_count,
         },
         "last_pass": last,
@@ -372,62 +343,15 @@ async def aqueue_stats(
     return stats
 
 
-async def _deep_overdue(
-    broker: Broker,
-    queue: str,
-    overdue: list[PendingJob],
-    *,
-    head_ids: set[str],
-    limit: int,
-) -> list[PendingJob]:
-    """The oldest ``limit`` overdue jobs behind the head that are still waiting.
-
-    Only those can reach the head in the policy's order (overdue jobs run oldest first),
-    so a request costs O(head) however many jobs are overdue. A scan from a few seconds
-    ago lists jobs workers have taken since; they are checked and left out, or the
-    drift flags would compare the queue with jobs that no longer exist.
-    """
-    candidates = (job for job in overdue if job.job_id not in head_ids)
-    chosen: list[PendingJob] = []
-    for _ in range(_MAX_DEEP_CHECKS):
-        batch = list(itertools.islice(candidates, limit - len(chosen)))
-        if not batch:
-            break
-        present = await broker.still_prioritized(queue, [job.job_id for job in batch])
-        chosen.extend(job for job, waiting in zip(batch, present, strict=True) if waiting)
-        if len(chosen) >= limit:
-            break
-    return chosen
-
-
-def _policy_order(
-    head: list[WaitingJob], deep: list[PendingJob], *, now_ms: int, max_wait_ms: int
-) -> tuple[list[str], dict[str, str]]:
-    """The order the policy gives the head of the queue now, as a pass would write it:
-    the same inputs as the pass (the head's jobs plus overdue jobs deeper in the
-    backlog) through ``pending_from_job`` and ``order_pending_jobs``, unreadable jobs
-    kept at the end.
-    """
-    pending: list[PendingJob] = []
-    unparsed: list[str] = []
-    for job in head:
-        parsed = pending_from_job(job)
-        if parsed is None:
-            unparsed.append(job.job_id)
-        else:
-            pending.append(parsed)
-    pending.extend(deep)
-    order = order_pending_jobs(pending, now_ms=now_ms, max_wait_ms=max_wait_ms)
-    plan = [item.job_id for item in order] + unparsed
-    return plan[: len(head)], {item.job_id: item.decision for item in order}
+def is_unplaced(job: WaitingJob) -> bool:
+    """Whether ``job`` waits outside fairqueue's tag order (the next pass adopts it)."""
+    return job.in_wait_list or not TAG_FLOOR <= job.priority < MAX_PRIORITY
 
 
 def _rows(
     jobs: list[WaitingJob],
     *,
     start: int,
-    plan_ids: list[str],
-    decisions: dict[str, str],
     now_ms: int,
     max_wait_ms: int,
 ) -> list[dict[str, Any]]:
@@ -440,8 +364,7 @@ def _rows(
         if pending is None:
             decision = "skipped"
         else:
-            decision = decisions.get(job.job_id) or (AGED if overdue else WEIGHTED_FAIR)
-        policy_job_id = plan_ids[position - 1] if position <= len(plan_ids) else None
+            decision = AGED if overdue else WEIGHTED_FAIR
         rows.append(
             {
                 "position": position,
@@ -455,9 +378,7 @@ def _rows(
                 "decision": decision,
                 "overdue": overdue,
                 "priority": job.priority,
-                # None: beyond the head, where the pass does not order jobs.
-                "drift": None if policy_job_id is None else policy_job_id != job.job_id,
-                "policy_job_id": policy_job_id,
+                "drift": is_unplaced(job),
             }
         )
     return rows
@@ -540,13 +461,13 @@ def _warnings(stats: dict[str, Any]) -> list[str]:
     drift = stats["order"]["drift_count"]
     if drift:
         warnings.append(
-            f"{drift} of the first {stats['order']['compared']} jobs are not where the "
-            "policy would put them now (new jobs or a missed pass); the next pass fixes it."
+            f"{drift} of the first {stats['order']['compared']} jobs wait outside the fair "
+            "order (other producers' or promoted delayed jobs); the next pass places them."
         )
     unparsed = stats["unparsed"]
     if unparsed and unparsed["waiting"]:
         warnings.append(
             f"{unparsed['waiting']} waiting job(s) have unreadable fairqueue metadata; "
-            "passes leave them where they are."
+            "passes place them as normal jobs of the default tenant."
         )
     return warnings

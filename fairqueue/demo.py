@@ -727,9 +727,7 @@ class FairnessMonitor:
             if level in PriorityLevel._value2member_map_:
                 done[PriorityLevel(level)] += 1
         self.totals.update(done)
-        snapshot = self.broker.read_head(
-            self.queue, window=self.window, max_window_band=self.window
-        )
+        snapshot = self.broker.read_head(self.queue, count=self.window)
         clock = now_ms()
         oldest: dict[PriorityLevel, int | None] = dict.fromkeys(LEVELS_BY_RANK)
         tenants: dict[str, int | None] = dict.fromkeys(self.watch_tenants)

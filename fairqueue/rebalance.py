@@ -1,42 +1,41 @@
-"""One rebalance pass: read the waiting set, order it, write what changed, record it.
+"""One rebalance pass: maintenance of the fair order the add script makes.
 
-Seed 1's pass, with SPEC decisions 5-9:
+The order is made when a job is added (SPEC decision 10; ``broker/lua/fair_clock.lua``),
+so the pass is not a second scheduler and never reorders tagged jobs. Each pass:
 
-1. Read the head of the queue as BullMQ will pop it - the ``wait`` list (priority 0,
-   foreign producers), the window band (what earlier passes ordered) and enough of the
-   tag band (newly enqueued jobs, already placed by their fair tags) to fill the
-   working window (``REBALANCE_WINDOW``, default 1,000).
-2. Scan the rest of the backlog inside Redis for jobs past the wait bound, so the bound
-   holds for every waiting job, not just the window (decision 9).
-3. Rebuild :class:`~fairqueue.scheduler.PendingJob` s from durable job data (``tenantId``,
-   ``priorityLevel``, BullMQ's ``timestamp``); foreign jobs fall back to
-   ``normalize_priority`` of the priority their producer asked for and the ``default``
-   tenant. A job whose data is not a JSON object, or has no timestamp, is skipped, counted,
-   and keeps its place at the end of the window.
-4. Order them with :func:`~fairqueue.scheduler.order_pending_jobs` and give them window
-   priorities (:func:`plan_priorities`) that change as few jobs as possible: an
-   unchanged set writes nothing, and consuming the head renumbers nothing.
-5. Write with BullMQ's own ``changePriority`` in pipelined batches; a job that finished
-   or vanished meanwhile is counted, never fatal.
-6. Record metrics and a status record the dashboard reads.
+1. **Adopts** jobs that arrived without a place: other producers' jobs in BullMQ's
+   ``wait`` list (priority 0, which workers would take before everything) or at small
+   priorities, delayed jobs BullMQ promoted (they wait at the back, ``BACK_OF_LINE``,
+   from their add), and jobs that found no room. Each gets its flow's next tag; one
+   already past the wait bound starts at the virtual time (its flow's next turn).
+2. **Counts overdue jobs** from fairqueue's ready-time index, oldest first, per level:
+   the ``queue_fair_overdue_waiting`` gauge and the dashboard. An overdue job is already
+   at the front of its own flow's line; a flow whose arrivals exceed its share bears its
+   own overload and never takes turns from one that stays within its share (SPEC
+   decision 9). The same walk, and a bounded sweep of the rest of the index, drop the
+   entries of jobs that left: stock workers never tell fairqueue.
+3. **Rebases** tags a page at a time before they reach BullMQ's cap.
+
+Every script call does bounded work and is fenced by the queue's leader lock inside
+Redis: it renews the lock, and a pass whose lock another rebalancer took stops writing
+(``lock_lost``). Time is Redis's (``TIME`` in the scripts), never this host's.
 """
 
 from __future__ import annotations
 
-import bisect
 import logging
 import os
 import socket
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, TypeVar
 
 from .broker import (
-    REBASE_THRESHOLD,
-    WINDOW_BAND_TOP,
     Broker,
+    IndexWalk,
+    LockLostError,
     WaitingJob,
     get_broker,
     get_sync_broker,
@@ -45,44 +44,36 @@ from .conf import get_settings
 from .exceptions import UnknownJobTypeError
 from .levels import (
     DEFAULT_TENANT,
+    LEVELS_BY_RANK,
     PAYLOAD_LEVEL_KEY,
     PAYLOAD_TENANT_KEY,
     PriorityLevel,
     normalize_priority,
 )
 from .metrics import get_metrics
-from .scheduler import AGED, PendingJob, ScheduledJob, is_overdue, order_pending_jobs
+from .scheduler import PendingJob
 
 logger = logging.getLogger("fairqueue.rebalance")
 
-#: Preferred gap between neighbouring window priorities: room to slot later jobs in
-#: between without renumbering their neighbours.
-PRIORITY_SPACING: Final = 32
-#: Most window-band jobs a pass reads (the band normally holds about one window).
-MAX_WINDOW_BAND: Final = 100_000
+T = TypeVar("T")
+
+#: Untagged jobs adopted per script call, and calls per pass at most.
+ADOPT_PAGE_SIZE: Final = 500
+ADOPT_PAGES: Final = 20
+#: Index entries per walk call (about 1-2 ms of Redis each), and calls per pass at most
+#: for the overdue count and for the sweep of younger entries.
+WALK_PAGE_SIZE: Final = 1_000
+OVERDUE_PAGES: Final = 200
+SWEEP_PAGES: Final = 5
+#: Tag-band jobs moved per rebase call, and calls per pass at most.
+REBASE_PAGE_SIZE: Final = 1_000
+REBASE_PAGES: Final = 20
 #: What a pass did, as counts: recorded for the dashboard, which shows them.
-PASS_COUNTS: Final = (
-    "examined",
-    "reordered",
-    "written",
-    "aged",
-    "overdue",
-    "skipped",
-    "missing",
-    "failed",
-    "rebased",
-)
+PASS_COUNTS: Final = ("adopted", "aged", "parked", "overdue", "cleaned", "rebased")
 LAST_RUN_RECORD: Final = "last_pass"
 
-
-@dataclass(frozen=True, slots=True)
-class PlannedJob:
-    job_id: str
-    position: int
-    decision: str
-    current_priority: int
-    new_priority: int
-    pending: PendingJob | None
+#: Where each queue's sweep of the index stopped, per process: (prefix, queue) -> cursor.
+_sweep_cursors: dict[tuple[str, str], tuple[str, int]] = {}
 
 
 @dataclass(slots=True)
@@ -91,35 +82,43 @@ class PassResult:
 
     job_type: str
     queue: str
-    examined: int = 0
-    reordered: int = 0
-    written: int = 0
+    adopted: int = 0
     aged: int = 0
+    parked: int = 0
     overdue: int = 0
-    skipped: int = 0
-    failed: int = 0
-    missing: int = 0
+    cleaned: int = 0
     rebased: int = 0
-    round_trips: int = 0
+    #: Overdue jobs still waiting, per level name, and the oldest one's ready time.
+    overdue_by_level: dict[str, int] = field(default_factory=dict)
+    oldest_overdue_ms: dict[str, int] = field(default_factory=dict)
+    script_calls: int = 0
+    #: The slowest script call of the pass, as this host timed it (round trip included).
+    worst_script_ms: float = 0.0
     duration_ms: float = 0.0
     dry_run: bool = False
-    plan: list[PlannedJob] = field(default_factory=list, repr=False)
+    #: Another rebalancer holds the queue's lock: this pass stopped writing.
+    lock_lost: bool = False
 
     def record(self, at_ms: int, rebalancer: str | None) -> dict[str, object]:
         """The status record the dashboard shows (counts only)."""
         return {
-            **{name: getattr(self, name) for name in (*PASS_COUNTS, "round_trips", "duration_ms")},
+            **{name: getattr(self, name) for name in PASS_COUNTS},
+            "overdue_by_level": self.overdue_by_level,
+            "script_calls": self.script_calls,
+            "worst_script_ms": round(self.worst_script_ms, 2),
+            "duration_ms": self.duration_ms,
             "job_type": self.job_type,
             "at_ms": at_ms,
             "by": rebalancer or "",
         }
 
     def summary(self) -> str:
+        counts = " ".join(f"{name}={getattr(self, name)}" for name in PASS_COUNTS)
+        notes = " (dry run)" if self.dry_run else ""
+        notes += " (lock held by another rebalancer: stopped)" if self.lock_lost else ""
         return (
-            f"{self.job_type}: examined={self.examined} reordered={self.reordered} "
-            f"written={self.written} aged={self.aged} overdue={self.overdue} "
-            f"skipped={self.skipped} failed={self.failed} missing={self.missing} "
-            f"duration={self.duration_ms:.1f}ms{' (dry run)' if self.dry_run else ''}"
+            f"{self.job_type}: {counts} worst_script={self.worst_script_ms:.1f}ms "
+            f"duration={self.duration_ms:.1f}ms{notes}"
         )
 
 
@@ -128,11 +127,15 @@ def rebalancer_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-# -- pure parts ---------------------------------------------------------------------------
+def lock_ttl_ms(interval_ms: int) -> int:
+    """Two intervals, so a dead leader is replaced within two intervals; at least one
+    second. Every script call of a pass renews it, so a slow pass keeps it."""
+    return max(2 * interval_ms, 1_000)
 
 
 def pending_from_job(job: WaitingJob) -> PendingJob | None:
-    """Rebuild the policy's view of a job from its durable data; ``None`` if it cannot be.
+    """The policy's view of a job read from BullMQ (the dashboard's and the demo's
+    reads); ``None`` if its data cannot say.
 
     fairqueue's jobs carry ``tenantId`` and ``priorityLevel`` in their data; jobs from
     other producers fall back to the priority their producer asked for and the
@@ -157,101 +160,40 @@ def pending_from_job(job: WaitingJob) -> PendingJob | None:
     return PendingJob(job.job_id, level, tenant, job.timestamp_ms)
 
 
-def _longest_increasing(values: Sequence[int | None]) -> list[int]:
-    """Indexes of a longest strictly increasing subsequence (``None`` never taken)."""
-    tails: list[int] = []  # tails[k]: smallest tail value of an increasing run of k+1
-    tail_index: list[int] = []
-    previous: list[int] = [-1] * len(values)
-    for index, value in enumerate(values):
-        if value is None:
-            continue
-        k = bisect.bisect_left(tails, value)
-        if k == len(tails):
-            tails.append(value)
-            tail_index.append(index)
-        else:
-            tails[k] = value
-            tail_index[k] = index
-        previous[index] = tail_index[k - 1] if k else -1
-    result: list[int] = []
-    index = tail_index[-1] if tail_index else -1
-    while index != -1:
-        result.append(index)
-        index = previous[index]
-    return result[::-1]
+class _Timed:
+    """Counts a pass's script calls and keeps the slowest."""
 
+    def __init__(self, result: PassResult) -> None:
+        self.result = result
 
-def plan_priorities(
-    current: Sequence[int], *, upper: int, spacing: int = PRIORITY_SPACING
-) -> list[int]:
-    """Strictly increasing priorities in ``1 .. upper-1`` for jobs in run order, keeping
-    as many ``current`` values as possible.
-
-    The jobs whose current priorities already increase (a longest increasing subsequence)
-    keep them; the others are slotted into the gaps, ``spacing`` apart where there is
-    room. A gap too small for its jobs gives up a neighbouring anchor; when the tail of
-    the band runs out of room the whole window is renumbered from the bottom, which is
-    free again because workers consumed the jobs that were there.
-
-    Raises:
-        ValueError: more jobs than priorities below ``upper``.
-    """
-    n = len(current)
-    if n == 0:
-        return []
-    if n > upper - 1:
-        raise ValueError(f"{n} jobs do not fit below priority {upper}")
-    anchors = _longest_increasing([c if 0 < c < upper else None for c in current])
-
-    def fits(lo_value: int, hi_value: int, count: int, tail: bool) -> bool:
-        need = count * spacing if tail else count
-        return hi_value - lo_value - 1 >= need
-
-    while True:
-        bounds = [-1, *anchors, n]
-        values = [0, *(current[i] for i in anchors), upper]
-        for k in range(len(bounds) - 1):
-            count = bounds[k + 1] - bounds[k] - 1
-            tail = bounds[k + 1] == n
-            if count and not fits(values[k], values[k + 1], count, tail):
-                break
-        else:
-            break
-        if tail:  # no room at the top: renumber the window from the bottom
-            anchors = []
-            break
-        del anchors[k]  # give up the anchor that closes this gap on the right
-
-    result = [0] * n
-    bounds = [-1, *anchors, n]
-    values = [0, *(current[i] for i in anchors), upper]
-    for i in anchors:
-        result[i] = current[i]
-    for k in range(len(bounds) - 1):
-        count = bounds[k + 1] - bounds[k] - 1
-        if not count:
-            continue
-        lo, hi = values[k], values[k + 1]
-        step = max(1, min(spacing, (hi - lo - 1) // count))
-        if bounds[k + 1] != n:
-            step = max(1, (hi - lo) // (count + 1))
-        for offset, index in enumerate(range(bounds[k] + 1, bounds[k + 1]), start=1):
-            result[index] = lo + step * offset
-    return result
-
-
-# -- the pass -----------------------------------------------------------------------------
+    async def __call__(self, call: Awaitable[T]) -> T:
+        started = time.perf_counter()
+        try:
+            return await call
+        finally:
+            elapsed = (time.perf_counter() - started) * 1000
+            self.result.script_calls += 1
+            self.result.worst_script_ms = max(self.result.worst_script_ms, elapsed)
 
 
 async def arebalance_queue(
     job_type: str,
     *,
-    now_ms: int | None = None,
     dry_run: bool = False,
     broker: Broker | None = None,
     rebalancer: str | None = None,
+    lock_ttl: int | None = None,
+    by: str | None = None,
 ) -> PassResult:
-    """One pass over ``job_type``'s queue (async). See the module docstring."""
+    """One pass over ``job_type``'s queue (async). See the module docstring.
+
+    Args:
+        rebalancer: the leader lock token of a rebalance loop that holds the lock. Without
+            it the pass takes the lock for itself (if free) and releases it after.
+        lock_ttl: what each script call renews the lock to, in ms (the loop's
+            :func:`lock_ttl_ms`; default: from ``QUEUE_FAIR_REBALANCE_INTERVAL_MS``).
+        by: who ran the pass, for its status record (default: ``rebalancer``).
+    """
     started = time.perf_counter()
     settings = get_settings()
     if job_type not in settings.queues:
@@ -260,143 +202,135 @@ async def arebalance_queue(
         )
     queue = settings.queues[job_type]
     broker = broker or get_broker()
-    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     result = PassResult(job_type=job_type, queue=queue, dry_run=dry_run)
-
-    snapshot = await broker.read_head(
-        queue, window=settings.rebalance_window, max_window_band=MAX_WINDOW_BAND
-    )
-    cutoff_ms = now_ms - settings.max_wait_ms
-    # Every waiting job is checked against the bound; the oldest overdue ones join the
-    # window (as many as a window holds: more could not run before the next pass).
-    deep = await broker.find_overdue(
-        queue,
-        cutoff_ms=cutoff_ms,
-        start=snapshot.prioritized_read,
-        oldest=settings.rebalance_window,
-    )
-    # Ranks shift while we read (workers pop, producers add), so the scan may meet a
-    # job the head already holds: keep one copy.
-    head_ids = {job.job_id for job in snapshot.jobs}
-    deep_ids = [job_id for job_id in deep.job_ids if job_id not in head_ids]
-    deep_jobs = await broker.read_jobs(queue, deep_ids, payload=False)
-    result.round_trips = 3 + bool(deep_ids)
-    jobs = snapshot.jobs + deep_jobs
-    deep_set = set(deep_ids)
-    result.examined = len(jobs)
-
-    pending: list[PendingJob] = []
-    unparsed: list[WaitingJob] = []
-    for job in jobs:
-        parsed = pending_from_job(job)
-        if parsed is None:
-            unparsed.append(job)
-        else:
-            pending.append(parsed)
-    result.skipped = len(unparsed)
-    if unparsed:
-        logger.warning(
-            "%s: %d waiting job(s) have unreadable fairqueue metadata; they keep their place",
-            job_type,
-            len(unparsed),
-        )
-
-    order = order_pending_jobs(pending, now_ms=now_ms, max_wait_ms=settings.max_wait_ms)
-    by_id = {job.job_id: job for job in jobs}
-    pending_by_id = {job.job_id: job for job in pending}
-    sequence: list[tuple[ScheduledJob | None, WaitingJob]] = [
-        (item, by_id[item.job_id]) for item in order
-    ] + [(None, job) for job in unparsed]
-    current = [job.priority if not job.in_wait_list else 0 for _, job in sequence]
-    upper = min(snapshot.upper_bound, WINDOW_BAND_TOP)
+    token = rebalancer or f"pass:{rebalancer_id()}"
+    fence = {
+        "lock_key": broker.fair_key(queue, "leader"),
+        "token": token,
+        "lock_ttl_ms": lock_ttl or lock_ttl_ms(settings.rebalance_interval_ms),
+    }
+    timed = _Timed(result)
     try:
-        planned = plan_priorities(current, upper=upper)
-    except ValueError:
-        # Pathological: more jobs share tiny priorities than fit below them (foreign
-        # producers). Use the whole window band; jobs we did not read may interleave.
-        logger.warning("%s: window does not fit below the next job; using the full band", job_type)
-        planned = plan_priorities(current, upper=WINDOW_BAND_TOP)
-
-    pop_index = {job.job_id: index for index, job in enumerate(jobs)}
-    changes: list[tuple[str, int]] = []
-    for position, ((item, job), old, new) in enumerate(
-        zip(sequence, current, planned, strict=True), start=1
-    ):
-        decision = item.decision if item is not None else "skipped"
-        result.plan.append(
-            PlannedJob(job.job_id, position, decision, old, new, pending_by_id.get(job.job_id))
-        )
-        if pop_index[job.job_id] != position - 1:
-            result.reordered += 1
-        if new != old:
-            changes.append((job.job_id, new))
-    # Overdue: those in the head plus every one found deeper (not only those promoted).
-    head_overdue = sum(
-        1
-        for job in pending
-        if job.job_id not in deep_set
-        and is_overdue(job, now_ms=now_ms, max_wait_ms=settings.max_wait_ms)
-    )
-    result.overdue = head_overdue + deep.total
-    result.aged = sum(1 for item in result.plan if item.decision == AGED)
-
-    if not dry_run:
-        written_ids: set[str] = set()
-        if changes:
-            write = await broker.set_priorities(queue, changes)
-            result.written = write.written
-            result.missing = len(write.missing)
-            result.failed = len(write.failed)
-            result.round_trips += write.round_trips
-            lost = set(write.missing) | set(write.failed)
-            written_ids = {job_id for job_id, _ in changes if job_id not in lost}
-            if write.missing or write.failed:
-                logger.warning(
-                    "%s: %d job(s) finished or vanished mid-pass, %d write(s) failed; "
-                    "the rest of the pass was applied",
-                    job_type,
-                    len(write.missing),
-                    len(write.failed),
+        for _ in range(ADOPT_PAGES):
+            page = await timed(
+                broker.adopt_page(
+                    queue,
+                    **fence,
+                    page_size=ADOPT_PAGE_SIZE,
+                    max_wait_ms=settings.max_wait_ms,
+                    max_payload_bytes=settings.max_payload_bytes,
+                    dry_run=dry_run,
                 )
-        if snapshot.tag_band_head is not None and snapshot.tag_band_head > REBASE_THRESHOLD:
-            shift = snapshot.tag_band_head - WINDOW_BAND_TOP
-            result.rebased = await broker.rebase_tag_band(queue, shift - shift % 4)
-            result.round_trips += 1
-        _record_metrics(result, written_ids)
-        result.duration_ms = (time.perf_counter() - started) * 1000
-        await broker.write_status(queue, LAST_RUN_RECORD, result.record(now_ms, rebalancer))
+            )
+            result.adopted += page.adopted
+            result.aged += page.aged
+            result.parked = page.parked
+            if page.examined < ADOPT_PAGE_SIZE or page.parked or dry_run:
+                break
+        overdue = await _walk(
+            timed, broker, queue, fence, max_wait_ms=settings.max_wait_ms, dry_run=dry_run
+        )
+        result.overdue_by_level = {
+            level.value: overdue.waiting[level.value]
+            for level in LEVELS_BY_RANK
+            if overdue.waiting.get(level.value)
+        }
+        result.oldest_overdue_ms = dict(overdue.oldest_ms)
+        result.overdue = sum(overdue.waiting.values())
+        result.cleaned = overdue.removed
+        if not dry_run:
+            sweep_key = (broker.prefix, queue)
+            sweep = await _walk(
+                timed, broker, queue, fence, cursor=_sweep_cursors.pop(sweep_key, None)
+            )
+            if sweep.cursor is not None:
+                _sweep_cursors[sweep_key] = sweep.cursor
+            result.cleaned += sweep.removed
+            for _ in range(REBASE_PAGES):
+                moved, done = await timed(
+                    broker.rebase_page(queue, **fence, page_size=REBASE_PAGE_SIZE)
+                )
+                result.rebased += moved
+                if done:
+                    break
+    except LockLostError:
+        result.lock_lost = True
+        logger.warning("%s: another rebalancer holds the lock; this pass stopped", job_type)
+    finally:
+        if rebalancer is None and not dry_run:
+            await broker.release_lock(fence["lock_key"], token)
     result.duration_ms = (time.perf_counter() - started) * 1000
+    if not dry_run and not result.lock_lost:
+        _record_metrics(result)
+        now_ms = int(time.time() * 1000)
+        await broker.write_status(queue, LAST_RUN_RECORD, result.record(now_ms, by or rebalancer))
     return result
 
 
-def _record_metrics(result: PassResult, written_ids: set[str]) -> None:
+async def _walk(
+    timed: _Timed,
+    broker: Broker,
+    queue: str,
+    fence: dict,
+    *,
+    max_wait_ms: int | None = None,
+    cursor: tuple[str, int] | None = None,
+    dry_run: bool = False,
+) -> IndexWalk:
+    """The overdue walk (``max_wait_ms`` given: up to the bound, from the oldest entry)
+    or a sweep step (from ``cursor``, ``SWEEP_PAGES`` pages towards the youngest)."""
+    walk = IndexWalk()
+    pages = OVERDUE_PAGES if max_wait_ms is not None else SWEEP_PAGES
+    for _ in range(pages):
+        step = await timed(
+            broker.walk_index(
+                queue,
+                **fence,
+                max_wait_ms=max_wait_ms,
+                page_size=WALK_PAGE_SIZE,
+                max_pages=1,
+                cursor=cursor,
+                dry_run=dry_run,
+            )
+        )
+        for level, count in step.waiting.items():
+            walk.waiting[level] = walk.waiting.get(level, 0) + count
+            walk.oldest_ms.setdefault(level, step.oldest_ms[level])
+        walk.removed += step.removed
+        cursor = walk.cursor = step.cursor
+        if cursor is None:
+            break
+    return walk
+
+
+def _record_metrics(result: PassResult) -> None:
     metrics = get_metrics()
-    aged = sum(1 for item in result.plan if item.decision == AGED and item.job_id in written_ids)
-    fair = sum(1 for item in result.plan if item.decision != AGED and item.job_id in written_ids)
-    if aged:
-        metrics.decisions.labels(result.job_type, "aged").inc(aged)
-        metrics.aged_boosts.labels(result.job_type).inc(aged)
-    if fair:
-        metrics.decisions.labels(result.job_type, "weighted_fair").inc(fair)
+    if result.aged:
+        metrics.decisions.labels(result.job_type, "aged").inc(result.aged)
+        metrics.aged_boosts.labels(result.job_type).inc(result.aged)
+    if result.adopted - result.aged:
+        metrics.decisions.labels(result.job_type, "weighted_fair").inc(result.adopted - result.aged)
     metrics.overdue_waiting.labels(result.job_type).set(result.overdue)
 
 
 def rebalance_queue(
     job_type: str,
     *,
-    now_ms: int | None = None,
     dry_run: bool = False,
     rebalancer: str | None = None,
+    lock_ttl: int | None = None,
+    by: str | None = None,
 ) -> PassResult:
     """One pass over ``job_type``'s queue, from sync code (commands, Celery, views)."""
     sync_broker = get_sync_broker()
     return sync_broker.run(
         arebalance_queue,
         job_type,
-        now_ms=now_ms,
         dry_run=dry_run,
         broker=sync_broker.broker,
         rebalancer=rebalancer,
+        lock_ttl=lock_ttl,
+        by=by,
     )
 
 
@@ -404,11 +338,11 @@ def rebalance_queue(
 
 
 class LeaderLock:
-    """Who may write a queue's order: the holder of a Redis lock (SET NX PX + token).
+    """Who may maintain a queue: the holder of a Redis lock (a token with a TTL).
 
     Any number of rebalancers may run, one per host for availability; per queue only the
-    holder writes. The holder renews the lock every pass; if it dies the lock expires
-    after ``ttl_ms`` (two intervals) and another rebalancer takes over.
+    holder writes, and every script of its pass checks so inside Redis. If the holder
+    dies the lock expires after ``ttl_ms`` (two intervals) and another takes over.
     """
 
     def __init__(self, queue: str, token: str, ttl_ms: int) -> None:
@@ -422,7 +356,7 @@ class LeaderLock:
         return get_sync_broker().broker.fair_key(self.queue, "leader")
 
     def acquire(self) -> bool:
-        """Take the lock if it is free or renew it if we hold it."""
+        """Take the lock if it is free or renew it if we hold it (one atomic step)."""
         self.held = get_sync_broker().acquire_lock(self.key, self.token, self.ttl_ms)
         return self.held
 
@@ -430,12 +364,6 @@ class LeaderLock:
         if self.held:
             get_sync_broker().release_lock(self.key, self.token)
             self.held = False
-
-
-def lock_ttl_ms(interval_ms: int) -> int:
-    """Two intervals, so a dead leader is replaced within two intervals; at least one
-    second so a slow pass does not lose the lock it is renewing."""
-    return max(2 * interval_ms, 1_000)
 
 
 def rebalance_as_leader(
@@ -452,4 +380,4 @@ def rebalance_as_leader(
         return rebalance_queue(job_type, dry_run=True, rebalancer=token)
     if not lock.acquire():
         return None
-    return rebalance_queue(job_type, rebalancer=token)
+    return rebalance_queue(job_type, rebalancer=token, lock_ttl=lock.ttl_ms)

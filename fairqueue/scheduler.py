@@ -1,23 +1,36 @@
 """The fair ordering policy: plain data in, plain data out.
 
-Nothing here does I/O or imports Django, so the policy can be tested exhaustively and a
-restarted rebalancer computes exactly the order its predecessor did: the order is a pure
-function of the waiting set, the clock and the configuration (seed 1, "Worker restart
-safety").
+Nothing here does I/O or imports Django, so the policy can be tested exhaustively and
+the Redis scripts that place jobs (``fairqueue/broker/lua``) can be checked against it.
 
-Two policies are provided:
+Two models of the same rule (SPEC decisions 7-10):
 
-* :func:`order_pending_jobs` - fairqueue's policy. Overdue jobs first (oldest first), then
-  the levels merged by virtual finish tags ``k / weight`` (SPEC decision 7), so any two
-  backlogged levels interleave by their weights from the head of the queue whatever
-  their backlog sizes.
-* :func:`order_by_occupancy` - seed 1's literal "largest waiting/weight ratio first"
-  rule, kept so benchmarks can show why it was replaced: it is longest-queue-first and
-  lets a flooded level run for thousands of jobs before a small level gets a turn.
+* :func:`order_pending_jobs` - the fair run order of a waiting set, computed from
+  scratch: what a queue would look like had every waiting job arrived at once. The
+  dashboard compares it with the queue's real order.
+* :class:`FairClock` - the same rule as the add script applies it, one job at a time as
+  jobs arrive (start-time fair queueing with a self-clocked virtual time). The tests run
+  it beside the script and require the same placement.
 
-Within a level both use SPEC decision 8: the tenant with the fewest remaining waiting jobs
-first (ties: older oldest job, then tenant id), FIFO within (level, tenant), ties by job
-id with numeric ids compared as numbers.
+The rule. Each (level, tenant) pair is a *flow* with weight
+``level weight * tenant weight / (sum of the weights of the level's tenants with work)``,
+so the backlogged tenants of a level share that level's slice in proportion to their
+tenant weights (round-robin for equal weights) and a level's share does not depend on
+how many tenants it has (CFS group scheduling splits a group's weight the same way).
+A flow's k-th waiting job gets the virtual finish tag ``k * SCALE / flow weight``
+(FIFO by ready time inside a flow, ties by job id), and jobs run in tag order (ties:
+the higher level weight first). A level or tenant that runs out of work simply stops
+taking turns; one that arrives starts at the current virtual time, so its first job
+runs within one round whatever backlog others have (SPEC decision 8).
+
+The wait bound (SPEC decision 9) does not reorder: a flow's oldest job is already at
+the front of its own line, and moving it further ahead would take turns from a flow
+that stays within its share. An overdue job is labelled ``aged`` so operators see that
+a flow's arrivals exceed its share.
+
+:func:`order_by_occupancy` is seed 1's literal "largest waiting/weight ratio first"
+rule, kept so benchmarks can show why it was replaced: it is longest-queue-first and
+lets a flooded level run for thousands of jobs before a small level gets a turn.
 """
 
 from __future__ import annotations
@@ -25,7 +38,7 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from math import lcm
 from typing import Final, Literal
 
@@ -36,15 +49,25 @@ Decision = Literal["aged", "weighted_fair"]
 AGED: Final = "aged"
 WEIGHTED_FAIR: Final = "weighted_fair"
 
+#: Virtual time a weight-1 flow of a weight-1 level uses per job, in BullMQ priority
+#: units: 12 is the least common multiple of 4, 3, 2 and 1, so a lone tenant's tags
+#: are whole numbers at every level (critical 3, high 4, normal 6, low 12 per job).
+TAG_SCALE: Final = 12
+
 
 @dataclass(frozen=True, slots=True)
 class PendingJob:
-    """One waiting job as the policy sees it, rebuilt from durable job metadata."""
+    """One waiting job as the policy sees it.
+
+    ``enqueued_at_ms`` is when the job became ready to run (on Redis's clock for jobs
+    fairqueue added; a delayed job's delay is not waiting).
+    """
 
     job_id: str
     priority_level: PriorityLevel
     tenant_id: str
     enqueued_at_ms: int
+    tenant_weight: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +94,14 @@ def is_overdue(job: PendingJob, *, now_ms: int, max_wait_ms: int) -> bool:
     return now_ms - job.enqueued_at_ms > max_wait_ms
 
 
+def flow_step(
+    level_weight: int, tenant_weight: int, level_tenant_weights: int, scale: int = TAG_SCALE
+) -> float:
+    """Virtual time one job of a flow uses: ``scale / flow weight`` where the flow weight
+    is the level's weight split among its tenants with work by their tenant weights."""
+    return scale * level_tenant_weights / (level_weight * tenant_weight)
+
+
 def order_pending_jobs(
     jobs: Iterable[PendingJob],
     *,
@@ -78,32 +109,80 @@ def order_pending_jobs(
     max_wait_ms: int,
     weights: Mapping[PriorityLevel, int] = DEFAULT_FAIR_WEIGHTS,
 ) -> list[ScheduledJob]:
-    """Return the fair run order of ``jobs``.
+    """Return the fair run order of ``jobs`` (see the module docstring).
 
-    Overdue jobs come first, oldest first: that is the hard liveness guarantee. The rest
-    is merged across levels by virtual finish tags: the k-th job of a level with weight w
-    gets tag k / w, and jobs run in tag order (ties: the higher weight, then job id). A
-    level that runs out of jobs simply stops taking turns, so service is proportional to
-    weight among whichever levels are backlogged.
-
-    Runs in O(n log n).
+    A tenant's weight is the one its most recently ready job carries. Runs in
+    O(n log n).
 
     Raises:
         ValueError: for a non-positive weight or a level missing from ``weights``.
     """
-    scale = _tag_scale(weights)
-    aged, fresh = _split_overdue(jobs, now_ms=now_ms, max_wait_ms=max_wait_ms)
-    order: list[tuple[str, Decision]] = [(job.job_id, AGED) for job in aged]
+    _check_weights(weights)
+    flows: dict[tuple[PriorityLevel, str], list[PendingJob]] = defaultdict(list)
+    for job in jobs:
+        flows[(job.priority_level, job.tenant_id)].append(job)
+    tenant_weight: dict[tuple[PriorityLevel, str], int] = {}
+    level_total: dict[PriorityLevel, int] = defaultdict(int)
+    for key, flow in flows.items():
+        flow.sort(key=_ready_order)
+        tenant_weight[key] = max(flow, key=_ready_order).tenant_weight
+        level_total[key[0]] += tenant_weight[key]
 
-    tagged: list[tuple[int, int, tuple[int, int, str], str]] = []
-    for level, level_jobs in _by_level(fresh).items():
-        weight = weights[level]
-        step = scale // weight
-        for k, job in enumerate(_order_within_level(level_jobs), start=1):
-            tagged.append((k * step, -weight, job_id_sort_key(job.job_id), job.job_id))
-    tagged.sort()
-    order.extend((job_id, WEIGHTED_FAIR) for *_, job_id in tagged)
-    return _positions(order)
+    tagged: list[tuple[float, int, int, tuple[int, int, str], PendingJob]] = []
+    for (level, tenant), flow in flows.items():
+        step = flow_step(weights[level], tenant_weight[(level, tenant)], level_total[level])
+        for k, job in enumerate(flow, start=1):
+            tagged.append(
+                (k * step, -weights[level], job.enqueued_at_ms, job_id_sort_key(job.job_id), job)
+            )
+    tagged.sort(key=lambda entry: entry[:4])
+    return [
+        ScheduledJob(
+            job_id=job.job_id,
+            position=position,
+            decision=AGED
+            if is_overdue(job, now_ms=now_ms, max_wait_ms=max_wait_ms)
+            else WEIGHTED_FAIR,
+        )
+        for position, (*_, job) in enumerate(tagged, start=1)
+    ]
+
+
+@dataclass
+class FairClock:
+    """The add script's placement rule, one arrival at a time (a reference model).
+
+    ``vt`` is the virtual time: the start tag of the first job waiting, never going
+    back. A flow whose last tag is not ahead of ``vt`` has no
+    work left and stops counting towards its level's total; when it comes back it starts
+    at ``vt``. Tags are floats: the script keeps them as Lua numbers.
+    """
+
+    weights: Mapping[PriorityLevel, int] = field(default_factory=lambda: DEFAULT_FAIR_WEIGHTS)
+    vt: float = 0.0
+    last: dict[tuple[PriorityLevel, str], float] = field(default_factory=dict)
+    counted: dict[tuple[PriorityLevel, str], int] = field(default_factory=dict)
+
+    def observe_head(self, head_start: float | None) -> None:
+        """Advance the virtual time to the start tag of the first waiting job."""
+        if head_start is not None and head_start > self.vt:
+            self.vt = head_start
+
+    def place(
+        self, level: PriorityLevel, tenant: str, tenant_weight: int = 1, *, front: bool = False
+    ) -> tuple[float, float]:
+        """The start and finish tags of a new job of (``level``, ``tenant``); jobs run in
+        finish-tag order. ``front`` starts it at the virtual time, its flow's next turn
+        (the pass does so for a job it finds already overdue)."""
+        for key in [key for key, tag in self.last.items() if tag <= self.vt]:
+            del self.last[key], self.counted[key]
+        key = (level, tenant)
+        self.counted[key] = tenant_weight
+        total = sum(w for (lvl, _), w in self.counted.items() if lvl == level)
+        start = self.vt if front else max(self.vt, self.last.get(key, self.vt))
+        tag = start + flow_step(self.weights[level], tenant_weight, total)
+        self.last[key] = max(tag, self.last.get(key, tag))
+        return start, tag
 
 
 def order_by_occupancy(
@@ -113,16 +192,24 @@ def order_by_occupancy(
     max_wait_ms: int,
     weights: Mapping[PriorityLevel, int] = DEFAULT_FAIR_WEIGHTS,
 ) -> list[ScheduledJob]:
-    """Seed 1's literal policy, for comparison only: largest ``waiting / weight`` first.
+    """Seed 1's literal policy, for comparison only: overdue jobs first (oldest first),
+    then largest ``waiting / weight`` first, fewest-waiting tenant first inside a level.
 
     At every step the level whose remaining backlog is largest relative to its weight
     gives up its next job (ties: higher weight). With 8,000 critical and 200 low jobs
     this runs 7,200 critical jobs before the first low one - see SPEC decision 7.
     """
-    scale = _tag_scale(weights)
-    aged, fresh = _split_overdue(jobs, now_ms=now_ms, max_wait_ms=max_wait_ms)
+    scale = lcm(*_check_weights(weights))
+    aged: list[PendingJob] = []
+    by_level: dict[PriorityLevel, list[PendingJob]] = defaultdict(list)
+    for job in jobs:
+        if is_overdue(job, now_ms=now_ms, max_wait_ms=max_wait_ms):
+            aged.append(job)
+        else:
+            by_level[job.priority_level].append(job)
+    aged.sort(key=_ready_order)
     order: list[tuple[str, Decision]] = [(job.job_id, AGED) for job in aged]
-    queues = {level: _order_within_level(jobs_) for level, jobs_ in _by_level(fresh).items()}
+    queues = {level: _fewest_waiting_first(level_jobs) for level, level_jobs in by_level.items()}
     # remaining / weight compared exactly: remaining * (scale // weight) is an integer.
     heap = [
         (-len(level_jobs) * (scale // weights[level]), -weights[level], rank, level)
@@ -140,11 +227,14 @@ def order_by_occupancy(
         remaining = len(level_jobs) - index - 1
         if remaining:
             heapq.heappush(heap, (-remaining * (scale // -neg_weight), neg_weight, rank, level))
-    return _positions(order)
+    return [
+        ScheduledJob(job_id=job_id, position=position, decision=decision)
+        for position, (job_id, decision) in enumerate(order, start=1)
+    ]
 
 
-def _tag_scale(weights: Mapping[PriorityLevel, int]) -> int:
-    """A common multiple of all weights, so finish tags are exact integers."""
+def _check_weights(weights: Mapping[PriorityLevel, int]) -> list[int]:
+    values = []
     for level in LEVELS_BY_RANK:
         weight = weights.get(level)
         if isinstance(weight, bool) or not isinstance(weight, int) or weight < 1:
@@ -152,39 +242,22 @@ def _tag_scale(weights: Mapping[PriorityLevel, int]) -> int:
                 f"weights[{level.value!r}]={weight!r} is not allowed: "
                 "every level needs a positive integer weight"
             )
-    return lcm(*(weights[level] for level in LEVELS_BY_RANK))
+        values.append(weight)
+    return values
 
 
-def _split_overdue(
-    jobs: Iterable[PendingJob], *, now_ms: int, max_wait_ms: int
-) -> tuple[list[PendingJob], list[PendingJob]]:
-    aged: list[PendingJob] = []
-    fresh: list[PendingJob] = []
-    for job in jobs:
-        (aged if is_overdue(job, now_ms=now_ms, max_wait_ms=max_wait_ms) else fresh).append(job)
-    aged.sort(key=lambda job: (job.enqueued_at_ms, job_id_sort_key(job.job_id)))
-    return aged, fresh
+def _ready_order(job: PendingJob) -> tuple[int, tuple[int, int, str]]:
+    return (job.enqueued_at_ms, job_id_sort_key(job.job_id))
 
 
-def _by_level(jobs: Iterable[PendingJob]) -> dict[PriorityLevel, list[PendingJob]]:
-    levels: dict[PriorityLevel, list[PendingJob]] = defaultdict(list)
-    for job in jobs:
-        levels[job.priority_level].append(job)
-    return levels
-
-
-def _order_within_level(jobs: Sequence[PendingJob]) -> list[PendingJob]:
-    """SPEC decision 8: fewest-remaining tenant first, FIFO within a tenant.
-
-    The tenant counts shrink as the order is built, so a tenant with 3 jobs waits for a
-    tenant with 1, and a flooding tenant only runs once sparser tenants are through.
-    """
+def _fewest_waiting_first(jobs: Sequence[PendingJob]) -> list[PendingJob]:
+    """Seed 1's literal tenant rule (shortest queue first), for :func:`order_by_occupancy`."""
     by_tenant: dict[str, list[PendingJob]] = defaultdict(list)
     for job in jobs:
         by_tenant[job.tenant_id].append(job)
     heap: list[tuple[int, int, str, int]] = []
     for tenant_id, tenant_jobs in by_tenant.items():
-        tenant_jobs.sort(key=lambda job: (job.enqueued_at_ms, job_id_sort_key(job.job_id)))
+        tenant_jobs.sort(key=_ready_order)
         heap.append((len(tenant_jobs), tenant_jobs[0].enqueued_at_ms, tenant_id, 0))
     heapq.heapify(heap)
     ordered: list[PendingJob] = []
@@ -196,10 +269,3 @@ def _order_within_level(jobs: Sequence[PendingJob]) -> list[PendingJob]:
             next_head = tenant_jobs[index + 1]
             heapq.heappush(heap, (remaining - 1, next_head.enqueued_at_ms, tenant_id, index + 1))
     return ordered
-
-
-def _positions(order: list[tuple[str, Decision]]) -> list[ScheduledJob]:
-    return [
-        ScheduledJob(job_id=job_id, position=position, decision=decision)
-        for position, (job_id, decision) in enumerate(order, start=1)
-    ]

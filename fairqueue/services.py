@@ -243,6 +243,8 @@ def _prepare(
             job_id=job_id,
             delay_ms=delay_ms,
             attempts=attempts,
+            tenant=resolved.tenant_bucket,
+            tenant_weight=resolved.tenant_weight,
         ),
         resolved=resolved,
         audit=audit,

@@ -25,7 +25,7 @@ _TOKEN = rebalancer_id()
 def rebalance_fair(job_types: Sequence[str] | None = None) -> dict[str, int]:
     """One rebalance round over ``job_types`` (default: every configured job type).
 
-    Returns the number of jobs written per job type this worker rebalanced (job types
+    Returns the number of jobs adopted per job type this worker rebalanced (job types
     another rebalancer leads are left out). A Redis outage ends the round quietly; the
     next beat tick tries again.
     """
@@ -40,5 +40,5 @@ def rebalance_fair(job_types: Sequence[str] | None = None) -> dict[str, int]:
             logger.warning("rebalance skipped: %s", exc)
             break
         if result is not None:
-            written[job_type] = result.written
+            written[job_type] = result.adopted
     return written

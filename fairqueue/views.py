@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-import uuid
 from typing import Any, Final
 
 from django.contrib import admin, messages
@@ -46,7 +45,7 @@ from .broker import get_sync_broker
 from .conf import get_settings
 from .dashboard import clamp_page, format_duration, format_time, queue_stats
 from .exceptions import BrokerUnavailableError
-from .rebalance import LAST_RUN_RECORD, LeaderLock, lock_ttl_ms, pending_from_job, rebalance_queue
+from .rebalance import LAST_RUN_RECORD, pending_from_job, rebalance_queue
 
 logger = logging.getLogger("fairqueue.views")
 
@@ -261,20 +260,10 @@ class DashboardAdmin(admin.ModelAdmin):
     def _run_pass(
         self, request: HttpRequest, job_type: str, queue: str, queue_url: str
     ) -> HttpResponse:
-        rebalancer = f"admin:{request.user.get_username()}"
-        lock = LeaderLock(
-            queue,
-            f"{rebalancer}:{uuid.uuid4().hex[:8]}",
-            lock_ttl_ms(get_settings().rebalance_interval_ms),
-        )
+        lock_key = get_sync_broker().broker.fair_key(queue, "leader")
         try:
-            holder = None
-            if not lock.acquire():
-                holder, _ = get_sync_broker().lock_holder(lock.key)
-            try:
-                result = rebalance_queue(job_type, rebalancer=rebalancer)
-            finally:
-                lock.release()
+            result = rebalance_queue(job_type, by=f"admin:{request.user.get_username()}")
+            holder = get_sync_broker().lock_holder(lock_key)[0] if result.lock_lost else None
         except BrokerUnavailableError as exc:
             error = _unreachable(exc, "rebalance")
             self._log(
@@ -285,13 +274,14 @@ class DashboardAdmin(admin.ModelAdmin):
         self._log(
             request, job_type, f"Ran one rebalance pass from the dashboard: {result.summary()}"
         )
-        text = f"Ran one pass: {result.summary()}."
-        if holder:
-            text += (
-                f" {holder} held the leader lock, so its loop may have written in between;"
-                " its next pass re-orders anything either wrote."
+        if result.lock_lost:
+            messages.warning(
+                request,
+                f"{holder or 'Another rebalancer'} holds the leader lock and runs this "
+                "queue's passes, so this one wrote nothing.",
             )
-        messages.success(request, text)
+        else:
+            messages.success(request, f"Ran one pass: {result.summary()}.")
         return HttpResponseRedirect(queue_url)
 
     def _log(self, request: HttpRequest, job_type: str, message: str) -> None:

@@ -4,6 +4,7 @@ If an upgrade of bullmq changes any of these, these tests fail before users noti
 """
 
 import asyncio
+import time
 from importlib.metadata import version
 
 import pytest
@@ -12,7 +13,7 @@ from bullmq import Queue
 from fairqueue.broker import (
     BACK_OF_LINE,
     MAX_PRIORITY,
-    WINDOW_BAND_TOP,
+    TAG_FLOOR,
     Broker,
     NewJob,
     SyncBroker,
@@ -64,23 +65,18 @@ def test_wait_list_pops_before_prioritized_and_from_its_right_end(fq_prefix):
 def test_priority_cap_and_bands():
     assert MAX_PRIORITY == 2**21 - 1
     assert BACK_OF_LINE == MAX_PRIORITY
-    assert 1 < WINDOW_BAND_TOP < MAX_PRIORITY
+    assert 10 < TAG_FLOOR < MAX_PRIORITY // 2
 
 
-def test_change_priority_moves_wait_list_jobs_into_the_prioritized_set(fq_prefix, redis_client):
+def test_a_workers_promotion_of_a_delayed_job_parks_it_at_its_stored_priority(fq_prefix):
+    # fairqueue adds delayed jobs at BACK_OF_LINE and relies on BullMQ's promotion (in a
+    # worker's moveToActive) re-adding them at the priority stored in the job hash.
     broker = SyncBroker(Broker(REDIS_URL, fq_prefix))
-
-    async def add_plain():
-        queue = Queue("email", {"connection": REDIS_URL, "prefix": fq_prefix})
-        job = await queue.add("w", {}, {})
-        await queue.close()
-        return job.id
-
-    job_id = run(add_plain())
-    result = broker.set_priorities("email", [(job_id, 5), ("missing", 6)])
-    assert (result.written, result.missing) == (1, ["missing"])
-    assert redis_client.llen(f"{fq_prefix}:email:wait") == 0
-    assert redis_client.zscore(f"{fq_prefix}:email:prioritized", job_id) // 2**32 == 5
+    delayed = broker.add_job("email", NewJob("x", {}, PriorityLevel.CRITICAL, delay_ms=30))
+    time.sleep(0.1)
+    tagged = broker.add_job("email", NewJob("x", {}, PriorityLevel.LOW))
+    order = [job_id for job_id, _ in drain_with_stock_worker(fq_prefix, "email", 2)]
+    assert order == [tagged.job_id, delayed.job_id]
     broker.close()
 
 
@@ -89,7 +85,7 @@ def test_tag_placement_survives_a_script_cache_flush(fq_prefix, redis_client):
     broker.add_job("email", NewJob("x", {}, PriorityLevel.LOW))
     redis_client.script_flush()
     added = broker.add_job("email", NewJob("x", {}, PriorityLevel.LOW))
-    assert WINDOW_BAND_TOP <= added.priority < BACK_OF_LINE
+    assert TAG_FLOOR <= added.priority < BACK_OF_LINE
     assert redis_client.zcard(f"{fq_prefix}:email:prioritized") == 2
     broker.close()
 

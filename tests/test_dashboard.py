@@ -15,10 +15,10 @@ from fairqueue import conf, dashboard
 from fairqueue.broker import close_brokers
 from fairqueue.dashboard import format_duration, queue_stats
 from fairqueue.rebalance import LeaderLock, rebalance_queue
-from fairqueue.scheduler import PendingJob, order_pending_jobs
 from fairqueue.services import enqueue_job, enqueue_jobs
 from tests.conftest import REDIS_URL, TEST_QUEUES
 from tests.helpers import drain_with_stock_worker, wait_until
+from tests.test_rebalance import add_foreign
 
 pytestmark = pytest.mark.django_db
 
@@ -159,7 +159,6 @@ def test_stats_json__shape_against_a_real_queue(viewer, fq_prefix):
         "decision",
         "overdue",
         "drift",
-        "policy_job_id",
     }
     assert "data" not in row and "payload" not in json.dumps(stats)  # no payloads here
     assert stats["last_pass"] is None and stats["lock"]["holder"] is None
@@ -169,28 +168,20 @@ def test_stats_json__shape_against_a_real_queue(viewer, fq_prefix):
     assert [q["job_type"] for q in everything["queues"]] == list(TEST_QUEUES)
 
 
-def test_order__is_what_a_stock_worker_pops_and_matches_the_policy_after_a_pass(
-    fq_prefix, redis_client
-):
-    jobs = seed_mixed(n_per_level=6)
-    result = rebalance_queue("email", rebalancer="test")
+def test_order__is_what_a_stock_worker_pops(fq_prefix, redis_client):
+    seed_mixed(n_per_level=6)
+    rebalance_queue("email", rebalancer="test")
     stats = queue_stats("email", per_page=20)
     shown = [row["job_id"] for row in stats["order"]["jobs"]]
     assert len(shown) == 20
-    # The policy's order, computed from what was enqueued and BullMQ's own timestamps.
-    pending = [
-        PendingJob(job.job_id, job.level, job.tenant_id, enqueued_at(redis_client, fq_prefix, job))
-        for job in jobs
-    ]
-    policy = order_pending_jobs(pending, now_ms=stats["now_ms"], max_wait_ms=300_000)
-    assert shown == [item.job_id for item in policy][:20]
+    assert shown == redis_client.zrange(f"{fq_prefix}:email:prioritized", 0, 19)
     assert stats["order"]["drift_count"] == 0
     assert all(
         row["drift"] is False and row["decision"] == "weighted_fair"
         for row in stats["order"]["jobs"]
     )
     assert stats["last_pass"]["by"] == "test"
-    assert stats["last_pass"]["wrote"]["written"] == result.written
+    assert stats["last_pass"]["wrote"]["adopted"] == 0
     processed = drain_with_stock_worker(fq_prefix, "email", 20)
     assert [job_id for job_id, _ in processed] == shown
 
@@ -206,23 +197,19 @@ def test_order__pages_go_deep_in_pop_order(fq_prefix):
     assert queue_stats("email", page=4, per_page=10)["order"]["jobs"] == []
 
 
-def test_drift__new_jobs_out_of_policy_order_are_flagged(fq_prefix):
-    # A flooding tenant first, then a sparse tenant: the tag band keeps FIFO within the
-    # level, the policy puts the sparse tenant first.
+def test_unplaced__other_producers_jobs_are_flagged_until_a_pass_places_them(fq_prefix):
     enqueue_jobs("email", [{"i": i} for i in range(5)], tenant_id="flood")
-    sparse = enqueue_job("email", {}, tenant_id="sparse")
+    (legacy,) = add_foreign(fq_prefix, ({"x": 1}, {}))  # priority 0: ahead of everything
     stats = queue_stats("email")
-    assert stats["order"]["drift_count"] > 0
+    assert stats["order"]["drift_count"] == 1
     top = stats["order"]["jobs"][0]
-    assert top["drift"] is True and top["policy_job_id"] == sparse.job_id
-    assert any("not where the policy would put them" in w for w in stats["warnings"])
+    assert top["drift"] is True and top["job_id"] == legacy
+    assert any("wait outside the fair order" in w for w in stats["warnings"])
     rebalance_queue("email")
     assert queue_stats("email")["order"]["drift_count"] == 0
 
 
-def test_overdue__counted_per_level_badged_and_promoted_in_the_policy_order(
-    fq_prefix, redis_client
-):
+def test_overdue__counted_per_level_and_badged(fq_prefix, redis_client):
     fresh = enqueue_jobs("report", [{"i": i} for i in range(4)], tenant_id="t1")
     old = enqueue_jobs("report", [{"i": i} for i in range(3)], tenant_id="t2", priority_level="low")
     age_jobs(redis_client, fq_prefix, "report", [job.job_id for job in old], by_ms=400_000)
@@ -235,14 +222,12 @@ def test_overdue__counted_per_level_badged_and_promoted_in_the_policy_order(
     rows = {row["job_id"]: row for row in stats["order"]["jobs"]}
     assert all(rows[job.job_id]["overdue"] for job in old)
     assert not any(rows[job.job_id]["overdue"] for job in fresh)
-    # The policy runs overdue jobs first: until a pass moves them, that is drift.
-    assert stats["order"]["drift_count"] > 0
-    policy_first = [row["policy_job_id"] for row in stats["order"]["jobs"][:3]]
-    assert sorted(policy_first) == sorted(job.job_id for job in old)
-    rebalance_queue("report")
-    after = queue_stats("report")
-    assert [row["decision"] for row in after["order"]["jobs"][:3]] == ["aged"] * 3
-    assert after["order"]["drift_count"] == 0
+    # Overdue jobs keep their flow's turns (SPEC decision 9): nothing to move.
+    assert stats["order"]["drift_count"] == 0
+    assert (
+        sorted(r["decision"] for r in stats["order"]["jobs"])
+        == ["aged"] * 3 + ["weighted_fair"] * 4
+    )
 
 
 def test_backlog__large_backlog_is_scanned_in_the_background_and_says_so(fq_prefix):
@@ -257,31 +242,6 @@ def test_backlog__large_backlog_is_scanned_in_the_background_and_says_so(fq_pref
     later = queue_stats("email", sync_scan_limit=5)
     assert later["backlog"]["pending"] is False and "background scan" in later["backlog"]["note"]
     assert later["counts"]["prioritized"] == 12  # live, never cached
-
-
-def test_drift__a_stale_background_scan_never_invents_jobs(settings, fq_prefix, redis_client):
-    """Overdue jobs deep in the backlog (behind the head window) are drift until a pass
-    promotes them; once workers took them, a cached scan that still lists them must not
-    make the page compare the queue with jobs that are gone."""
-    settings.FAIRQUEUE = {**settings.FAIRQUEUE, "REBALANCE_WINDOW": 5}
-    conf.reload_settings()
-    enqueue_jobs("email", [{"i": i} for i in range(9)], tenant_id="t")
-    late = enqueue_jobs("email", [{"late": i} for i in range(3)], tenant_id="t")
-    age_jobs(redis_client, fq_prefix, "email", [job.job_id for job in late], by_ms=400_000)
-    queue_stats("email", sync_scan_limit=5)  # starts the background scan
-    assert wait_until(lambda: dashboard.scans_in_flight() == 0)
-    stats = queue_stats("email", sync_scan_limit=5)
-    assert stats["overdue_total"] == 3
-    policy = [row["policy_job_id"] for row in stats["order"]["jobs"][:3]]
-    assert policy == [job.job_id for job in late]  # deep overdue jobs belong first
-    assert stats["order"]["drift_count"] == 5
-    # Workers take the late jobs; the cached scan (still fresh) lists them as overdue.
-    for job in late:
-        redis_client.zrem(f"{fq_prefix}:email:prioritized", job.job_id)
-    after = queue_stats("email", sync_scan_limit=5)
-    assert after["backlog"]["computed_at_ms"] == stats["backlog"]["computed_at_ms"]
-    assert after["order"]["drift_count"] == 0
-    assert all(row["drift"] is False for row in after["order"]["jobs"][:5])
 
 
 def test_order__a_foreign_priority_0_job_in_the_wait_list_is_shown_first(fq_prefix):
@@ -374,7 +334,7 @@ def test_job_detail__unknown_ids_and_queue_keys_are_404(viewer, fq_prefix):
 
 def test_rebalance__get_confirms_post_runs_and_logs(client, fq_prefix):
     enqueue_jobs("email", [{"i": i} for i in range(5)], tenant_id="flood")
-    enqueue_job("email", {}, tenant_id="sparse")
+    add_foreign(fq_prefix, ({"tenantId": "sparse"}, {}))
     user = staff("ops", "view_dashboard", "run_rebalance")
     client.force_login(user)
     url = reverse(REBALANCE, args=["email"])
@@ -387,6 +347,7 @@ def test_rebalance__get_confirms_post_runs_and_logs(client, fq_prefix):
     assert b"Ran one pass" in done.content
     stats = queue_stats("email")
     assert stats["last_pass"]["by"] == "admin:ops"
+    assert stats["last_pass"]["wrote"]["adopted"] == 1
     assert stats["order"]["drift_count"] == 0
     assert stats["lock"]["holder"] is None  # released after the pass
     entry = LogEntry.objects.get()
@@ -397,7 +358,7 @@ def test_rebalance__get_confirms_post_runs_and_logs(client, fq_prefix):
     assert index.status_code == 200 and b"email queue" in index.content
 
 
-def test_rebalance__runs_alongside_a_loop_holding_the_lock_and_says_so(client, fq_prefix):
+def test_rebalance__a_loop_holding_the_lock_keeps_it_and_the_page_says_so(client, fq_prefix):
     enqueue_job("email", {}, tenant_id="t")
     loop = LeaderLock("email", "host:1:loop", 60_000)
     assert loop.acquire()
@@ -405,7 +366,7 @@ def test_rebalance__runs_alongside_a_loop_holding_the_lock_and_says_so(client, f
     url = reverse(REBALANCE, args=["email"])
     assert b"host:1:loop holds the leader lock" in client.get(url).content
     done = client.post(url, follow=True)
-    assert b"host:1:loop held the leader lock" in done.content
+    assert b"1:loop holds the leader lock and runs this queue" in done.content
     assert queue_stats("email")["lock"]["holder"] == "host:1:loop"  # not taken, not freed
     loop.release()
 

@@ -2,7 +2,7 @@
 pytest-django's live server and the real Redis.
 
 Proves the issue's "done when": a staff user sees, for a seeded queue, the same first 20
-jobs that a stock BullMQ worker then processes (and that ``order_pending_jobs`` gives),
+jobs that a stock BullMQ worker then processes (the fair order the add script made),
 the overdue count of a queue holding jobs older than the bound, and a count refreshed
 live after new jobs arrive. Saves a screenshot to ``tests/artifacts/``.
 
@@ -21,7 +21,6 @@ from django.contrib.auth.models import Permission, User
 
 from fairqueue import dashboard
 from fairqueue.rebalance import rebalance_queue
-from fairqueue.scheduler import PendingJob, order_pending_jobs
 from fairqueue.services import enqueue_job, enqueue_jobs
 from tests.helpers import drain_with_stock_worker
 
@@ -49,10 +48,6 @@ EMAIL = 'section[data-job-type="email"]'
 REPORT = 'section[data-job-type="report"]'
 
 
-def enqueued_at(redis_client, prefix: str, queue: str, job_id: str) -> int:
-    return int(redis_client.hget(f"{prefix}:{queue}:{job_id}", "timestamp"))
-
-
 def test_browser__staff_sees_worker_order_overdue_count_and_live_refresh(
     live_server, fq_prefix, redis_client
 ):
@@ -77,16 +72,6 @@ def test_browser__staff_sees_worker_order_overdue_count_and_live_refresh(
     for job in old:
         key = f"{fq_prefix}:report:{job.job_id}"
         redis_client.hset(key, "timestamp", int(redis_client.hget(key, "timestamp")) - 600_000)
-
-    pending = [
-        PendingJob(
-            job.job_id,
-            job.level,
-            job.tenant_id,
-            enqueued_at(redis_client, fq_prefix, "email", job.job_id),
-        )
-        for job in jobs
-    ]
 
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as playwright:
@@ -123,14 +108,11 @@ def test_browser__staff_sees_worker_order_overdue_count_and_live_refresh(
                 len(jobs) + 5
             )
 
-            # The order shown, after the refresh, is the policy's order.
+            # The order shown, after the refresh, is the queue's fair order.
             shown = page.locator(f"{EMAIL} tbody[data-fq-rows] tr").evaluate_all(
                 "rows => rows.map(row => row.getAttribute('data-job-id'))"
             )
-            policy = order_pending_jobs(
-                pending, now_ms=dashboard.queue_stats("email")["now_ms"], max_wait_ms=300_000
-            )
-            assert shown == [item.job_id for item in policy][:20]
+            assert shown == redis_client.zrange(f"{fq_prefix}:email:prioritized", 0, 19)
             assert page.locator(f"{EMAIL} .fq-overdue").count() == 0
             assert page.locator(f"{REPORT} .fq-overdue").count() == 3
             page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)

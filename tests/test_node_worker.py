@@ -4,16 +4,14 @@ fair order (tests/node holds the worker and its pinned package)."""
 import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from fairqueue.rebalance import rebalance_queue
-from fairqueue.scheduler import order_pending_jobs
-from fairqueue.services import enqueue_jobs
+from fairqueue.services import enqueue_job, enqueue_jobs
 from tests.conftest import REDIS_URL
-from tests.test_rebalance import pending_in_redis
+from tests.test_rebalance import add_foreign
 
 NODE_DIR = Path(__file__).resolve().parent / "node"
 pytestmark = pytest.mark.django_db
@@ -42,20 +40,24 @@ def run_node_worker(node_worker, prefix, count):
     return done.stdout.split()
 
 
-def test_node_worker_runs_the_fair_order(node_worker, fq_prefix, redis_client):
-    for tenant, level, count in [("a", "critical", 20), ("b", "low", 6), ("c", "normal", 8)]:
-        enqueue_jobs(
-            "email", [{"n": i} for i in range(count)], tenant_id=tenant, priority_level=level
-        )
-    now = int(time.time() * 1000)
-    expected = [
-        item.job_id
-        for item in order_pending_jobs(
-            pending_in_redis(redis_client, fq_prefix), now_ms=now, max_wait_ms=300_000
-        )
+def test_node_worker_runs_the_fair_order_with_the_pass_running(
+    node_worker, fq_prefix, redis_client
+):
+    for _ in range(8):
+        enqueue_jobs("email", [{}] * 4, tenant_id="a", priority_level="critical")
+        enqueue_job("email", {}, tenant_id="b", priority_level="low")
+        enqueue_jobs("email", [{}] * 2, tenant_id="c", priority_level="normal")
+    (legacy,) = add_foreign(fq_prefix, ({"tenantId": "d"}, {}))  # priority 0: adopted
+    assert rebalance_queue("email").adopted == 1
+    expected = redis_client.zrange(f"{fq_prefix}:email:prioritized", 0, -1)
+    processed = run_node_worker(node_worker, fq_prefix, len(expected))
+    assert processed == expected
+    assert len(set(processed)) == 57 and legacy in processed
+    levels = [
+        redis_client.hget(f"{fq_prefix}:email:fq:jobs", job_id).split("\n")[0]
+        for job_id in processed[:14]
     ]
-    rebalance_queue("email", now_ms=now)
-    assert run_node_worker(node_worker, fq_prefix, len(expected)) == expected
+    assert (levels.count("critical"), levels.count("normal"), levels.count("low")) == (8, 4, 2)
 
 
 def test_node_worker_takes_tag_placed_jobs_interleaved_by_weight(node_worker, fq_prefix):

@@ -7,7 +7,7 @@ import pytest
 from django.db import transaction
 
 from fairqueue import priority
-from fairqueue.broker import WINDOW_BAND_TOP, close_brokers
+from fairqueue.broker import TAG_FLOOR, close_brokers
 from fairqueue.exceptions import (
     BrokerUnavailableError,
     ConflictingPayloadError,
@@ -71,7 +71,7 @@ def test_done_when__plans_internal_and_override_round_trip_through_redis(
         stored = job_hash(redis_client, fq_prefix, job.job_id)
         data = json.loads(stored["data"])
         assert data == {"to": "someone", "tenantId": tenant, "priorityLevel": level}
-        assert int(stored["priority"]) >= WINDOW_BAND_TOP  # placed by tag, never 0
+        assert int(stored["priority"]) >= TAG_FLOOR  # placed by tag, never 0
         assert int(stored["priority"]) == job.bullmq_priority
         enqueued.append(job)
 

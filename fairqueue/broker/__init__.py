@@ -8,15 +8,19 @@ How fairqueue uses BullMQ's priority (pinned: ``bullmq>=3.4.4,<3.5``, checked by
 
 * BullMQ pops its ``wait`` list (priority 0) before anything in the ``prioritized``
   sorted set, whose score is ``priority * 2**32 + counter``; priorities run 1..2**21-1.
-* fairqueue splits that range in two bands. The **window band** ``1 .. WINDOW_BAND_TOP-1``
-  holds the jobs a rebalance pass has put in exact fair order. The **tag band**
-  ``WINDOW_BAND_TOP .. MAX_PRIORITY`` holds newly enqueued jobs at their enqueue-time
-  virtual finish tag (see :data:`ADD_SCRIPT_HEAD`), so the backlog behind the window is
-  already in approximately fair order and a new critical job does not wait behind a
-  whole backlog of low jobs for the next pass to find it.
-* Jobs are added by BullMQ's own ``addPrioritizedJob`` script and rebalance writes go
-  through BullMQ's own ``changePriority`` script (each wrapped to run a batch per
-  EVALSHA), so a stock BullMQ worker (Python or Node) pops the jobs in the fair order.
+* fairqueue gives every job its place when it is added, in the add script, atomically
+  with BullMQ's own add (``lua/fair_clock.lua``): priorities from ``TAG_FLOOR`` up are
+  fair tags (start-time fair queueing over (level, tenant) flows; see
+  :mod:`fairqueue.scheduler`), so a new job goes ahead of waiting jobs whenever its tag
+  says so, and a stock worker pops the fair order. Priorities below ``TAG_FLOOR`` are
+  other producers' (they run first until a pass adopts them); ``MAX_PRIORITY`` is where
+  delayed jobs and jobs without room wait to be adopted.
+* fairqueue keeps its own small index beside the queue (the ``fq:`` keys): each job's
+  level, tenant, tenant weight and ready time (Redis's clock), so the rebalance pass
+  never decodes a payload.
+* Jobs are added by BullMQ's own ``addPrioritizedJob``/``addDelayedJob`` scripts and
+  adopted through BullMQ's own ``changePriority`` script, each wrapped in fairqueue's
+  Lua, so what lands in Redis is what BullMQ itself writes.
 
 Sync callers (Django views, management commands) use :class:`SyncBroker`: enqueues go
 straight from the calling thread through one blocking connection pool per process (the
@@ -26,12 +30,12 @@ await :class:`Broker` directly.
 
 The package, one module per concern (import from here, not from them):
 
-* ``common``: the priority bands (``MAX_PRIORITY``, ``WINDOW_BAND_TOP``, ...) and helpers;
+* ``common``: the priority layout (``MAX_PRIORITY``, ``TAG_FLOOR``, ...), key names and helpers;
 * ``scripts``: the Lua scripts, read from ``lua/*.lua``, and those wrapping BullMQ's own;
 * ``connection``: ``BrokerCore`` (a client per event loop, keys, errors), ``SyncBroker``
   and the per-process brokers (``get_broker``, ``get_sync_broker``, ``close_brokers``);
 * ``adding``: ``NewJob``, ``AddedJob`` and enqueueing, sync and async;
-* ``rebalancing``: what the rebalance pass reads and writes;
+* ``rebalancing``: what the rebalance pass reads and writes (fenced by its lock);
 * ``lock``: the rebalance pass's leader lock;
 * ``dashboard``: the admin dashboard's reads;
 * ``workers``: building a BullMQ worker, and the demo's finished-job reads.
@@ -44,34 +48,22 @@ from .common import (
     BACK_OF_LINE,
     MAX_PRIORITY,
     REBASE_THRESHOLD,
-    TAG_OFFSET,
-    TAG_STEP,
-    WINDOW_BAND_TOP,
+    TAG_FLOOR,
+    fair_keys,
     parse_job_data,
 )
 from .connection import BrokerCore, SyncBroker, close_brokers, get_broker, get_sync_broker
 from .dashboard import BacklogScan, DashboardReadsMixin, JobDetail, LevelScan
 from .lock import LockMixin
 from .rebalancing import (
-    OverdueJobs,
+    AdoptedPage,
+    IndexWalk,
+    LockLostError,
     RebalancingMixin,
     WaitingJob,
     WaitingSnapshot,
-    WriteResult,
 )
-from .scripts import (
-    ADD_SCRIPT_HEAD,
-    ADD_SCRIPT_TAIL,
-    CHANGE_SCRIPT_HEAD,
-    CHANGE_SCRIPT_TAIL,
-    META_SCRIPT,
-    OVERDUE_SCRIPT,
-    REBASE_SCRIPT,
-    RELEASE_LOCK_SCRIPT,
-    RENEW_LOCK_SCRIPT,
-    add_script_source,
-    change_script_source,
-)
+from .scripts import Script, add_jobs_script, adopt_page_script, plain_script
 from .workers import ActiveJob, FinishedJob, WorkerMixin
 
 
@@ -88,38 +80,31 @@ class Broker(
 
 
 __all__ = [
-    "ADD_SCRIPT_HEAD",
-    "ADD_SCRIPT_TAIL",
     "BACK_OF_LINE",
-    "CHANGE_SCRIPT_HEAD",
-    "CHANGE_SCRIPT_TAIL",
     "MAX_PRIORITY",
-    "META_SCRIPT",
-    "OVERDUE_SCRIPT",
-    "REBASE_SCRIPT",
     "REBASE_THRESHOLD",
-    "RELEASE_LOCK_SCRIPT",
-    "RENEW_LOCK_SCRIPT",
-    "TAG_OFFSET",
-    "TAG_STEP",
-    "WINDOW_BAND_TOP",
+    "TAG_FLOOR",
     "ActiveJob",
     "AddedJob",
+    "AdoptedPage",
     "BacklogScan",
     "Broker",
     "FinishedJob",
+    "IndexWalk",
     "JobDetail",
     "LevelScan",
+    "LockLostError",
     "NewJob",
-    "OverdueJobs",
+    "Script",
     "SyncBroker",
     "WaitingJob",
     "WaitingSnapshot",
-    "WriteResult",
-    "add_script_source",
-    "change_script_source",
+    "add_jobs_script",
+    "adopt_page_script",
     "close_brokers",
+    "fair_keys",
     "get_broker",
     "get_sync_broker",
     "parse_job_data",
+    "plain_script",
 ]

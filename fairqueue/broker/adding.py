@@ -11,9 +11,9 @@ from bullmq import Job as BullJob
 from bullmq import Queue as BullQueue
 from redis.exceptions import NoScriptError, ResponseError
 
-from ..levels import PriorityLevel
-from .common import BACK_OF_LINE
-from .scripts import add_script_source, delayed_script_source, script_sha
+from ..levels import DEFAULT_TENANT, PriorityLevel
+from .common import BACK_OF_LINE, fair_key, fair_keys
+from .scripts import add_delayed_script, add_jobs_script
 
 if TYPE_CHECKING:
     from .connection import BrokerCore as _Base
@@ -23,7 +23,9 @@ else:
 
 @dataclass(frozen=True, slots=True)
 class NewJob:
-    """A job to add, in fairqueue's terms."""
+    """A job to add, in fairqueue's terms: ``tenant`` is its tenant bucket inside its
+    level and ``tenant_weight`` that tenant's turns per round (both only place the job;
+    the payload carries the tenant id workers see)."""
 
     name: str
     data: dict[str, Any]
@@ -31,6 +33,8 @@ class NewJob:
     job_id: str | None = None
     delay_ms: int | None = None
     attempts: int | None = None
+    tenant: str = DEFAULT_TENANT
+    tenant_weight: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,10 +88,9 @@ class _AddPacker:
         self.prefix = prefix
         self._queues: dict[str, BullQueue] = {}
         self._lock = threading.Lock()
-        self.add_source = add_script_source()
-        self.add_sha = script_sha(self.add_source)
-        self.delayed_source = delayed_script_source()
-        self.delayed_sha = script_sha(self.delayed_source)
+        add, delayed = add_jobs_script(), add_delayed_script()
+        self.add_source, self.add_sha = add.source, add.sha
+        self.delayed_source, self.delayed_sha = delayed.source, delayed.sha
 
     def _queue(self, name: str) -> BullQueue:
         with self._lock:
@@ -111,15 +114,19 @@ class _AddPacker:
             if job.attempts is not None:
                 opts["attempts"] = job.attempts
             bull_job = BullJob(bull_queue, job.name, job.data, opts)
-            args = scripts.addJobArgs(bull_job)
-            args.append(bull_job.timestamp)
+            args = [*scripts.addJobArgs(bull_job), job.level.value, job.tenant, job.tenant_weight]
             if job.delay_ms:
                 keys = scripts.getKeys(["marker", "meta", "id", "delayed", "completed", "events"])
+                keys += [
+                    fair_key(self.prefix, queue, "ready"),
+                    fair_key(self.prefix, queue, "jobs"),
+                ]
+                args.append(job.delay_ms)
                 commands.append(
                     _AddCommand(self.delayed_sha, self.delayed_source, keys, args, delayed=True)
                 )
                 continue
-            batch.append((*args, job.level.value))
+            batch.append(args)
             if len(batch) == self.batch_size:
                 commands.append(self._batch_command(queue, scripts, batch))
                 batch = []
@@ -141,7 +148,7 @@ class _AddPacker:
                 "pc",
             ]
         )
-        keys.append(f"{self.prefix}:{queue}:fq:tags")
+        keys += fair_keys(self.prefix, queue)
         args: list[Any] = [len(batch)]
         for job_args in batch:
             args.extend(job_args)
@@ -169,7 +176,8 @@ class AddingMixin(_Base):
     # -- enqueue ----------------------------------------------------------------------
 
     async def add_jobs(self, queue: str, jobs: Sequence[NewJob]) -> list[AddedJob]:
-        """Add ``jobs`` at their fair tags in one round trip (one MULTI/EXEC for a batch).
+        """Add ``jobs`` at their fair places, one EVALSHA per batch of up to 1,000 jobs
+        (each batch atomic; delayed jobs one per EVALSHA).
 
         Raises:
             BrokerUnavailableError: Redis did not answer; nothing was added.

@@ -6,34 +6,23 @@ import json
 from typing import Any, Final, TypeVar
 
 from ..exceptions import BrokerUnavailableError
-from ..levels import PriorityLevel
 
 T = TypeVar("T")
 
 #: BullMQ's largest priority (2**21 - 1).
 MAX_PRIORITY: Final = 2_097_151
-#: First priority of the tag band; the window band lies below it.
-WINDOW_BAND_TOP: Final = 1 << 19
-#: Where a job goes when it cannot be placed by tag (delayed jobs, place failures):
-#: behind everything, FIFO among equals. The next pass (or the wait bound) places it.
+#: First priority fairqueue places jobs at. Other producers' small priorities (seed 2's
+#: 1, 3, 5, 10...) lie below and run first until a pass adopts those jobs.
+TAG_FLOOR: Final = 1_024
+#: Where a job waits when fair_clock has no room for it (and where delayed jobs go until
+#: BullMQ promotes them): behind everything, FIFO. The pass adopts them.
 BACK_OF_LINE: Final = MAX_PRIORITY
-#: Enqueue-time tag step per level: 48 / weight, so 4:3:2:1 service in the tag band.
-#: Priorities are ``tag + offset``; tags stay multiples of 4 so levels never collide
-#: and equal tags go to the higher weight first (SPEC decision 7's tie rule).
-TAG_STEP: Final = {
-    PriorityLevel.CRITICAL: 12,
-    PriorityLevel.HIGH: 16,
-    PriorityLevel.NORMAL: 24,
-    PriorityLevel.LOW: 48,
-}
-TAG_OFFSET: Final = {
-    PriorityLevel.CRITICAL: 0,
-    PriorityLevel.HIGH: 1,
-    PriorityLevel.NORMAL: 2,
-    PriorityLevel.LOW: 3,
-}
-#: When the tag band's head passes this, the next pass shifts the band back down.
-REBASE_THRESHOLD: Final = WINDOW_BAND_TOP + (1 << 20)
+#: A pass starts a paged rebase once the virtual time is this many priorities above the
+#: base, halfway to the cap, so tags never reach the cap on a queue that never empties.
+REBASE_THRESHOLD: Final = 1 << 20
+#: Priorities a rebase keeps below the virtual time (retried jobs come back a little
+#: below it, at the priority they had).
+REBASE_MARGIN: Final = 64
 
 _SCORE_BASE: Final = 1 << 32
 _JOB_FIELDS: Final = ("name", "data", "timestamp", "priority", "atm", "opts")
@@ -59,3 +48,18 @@ def _int_or(value: Any, default: int | None) -> int | None:
         return int(value)
     except (TypeError, ValueError):
         return default
+
+
+#: fairqueue's own keys beside a queue's (see ``lua/fair_clock.lua``): the clock state,
+#: the flows with work and their counted weights, the ready-time index and the job index.
+FAIR_KEYS: Final = ("state", "flows", "fweights", "ready", "jobs")
+
+
+def fair_key(prefix: str, queue: str, suffix: str) -> str:
+    """A key fairqueue owns beside ``queue``'s BullMQ keys."""
+    return f"{prefix}:{queue}:fq:{suffix}"
+
+
+def fair_keys(prefix: str, queue: str) -> list[str]:
+    """:data:`FAIR_KEYS` of ``queue``, in that order (the scripts take them so)."""
+    return [fair_key(prefix, queue, suffix) for suffix in FAIR_KEYS]

@@ -20,15 +20,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..exceptions import BrokerUnavailableError
 from .adding import AddedJob, NewJob, _AddPacker, _run_adds_sync
-from .common import T, _unavailable
-from .scripts import (
-    META_SCRIPT,
-    OVERDUE_SCRIPT,
-    REBASE_SCRIPT,
-    RELEASE_LOCK_SCRIPT,
-    RENEW_LOCK_SCRIPT,
-    change_script_source,
-)
+from .common import T, _unavailable, fair_key
+from .scripts import Script
 
 if TYPE_CHECKING:
     from . import Broker
@@ -79,17 +72,17 @@ class BrokerCore:
         state = self._states.get(loop)
         if state is None:
             state = _LoopState(self._client_factory(self._redis_url))
-            for name, source in (
-                ("overdue", OVERDUE_SCRIPT),
-                ("rebase", REBASE_SCRIPT),
-                ("meta", META_SCRIPT),
-                ("change", change_script_source()),
-                ("release", RELEASE_LOCK_SCRIPT),
-                ("renew", RENEW_LOCK_SCRIPT),
-            ):
-                state.scripts[name] = state.client.register_script(source)
             self._states[loop] = state
         return state
+
+    def script(self, script: Script) -> Any:
+        """``script`` registered with this loop's client (EVALSHA, loaded on NOSCRIPT)."""
+        state = self._state()
+        registered = state.scripts.get(script.name)
+        if registered is None:
+            registered = state.client.register_script(script.source)
+            state.scripts[script.name] = registered
+        return registered
 
     def client(self) -> aioredis.Redis:
         return self._state().client
@@ -108,7 +101,7 @@ class BrokerCore:
 
     def fair_key(self, queue: str, suffix: str) -> str:
         """A key fairqueue owns beside the queue's keys."""
-        return f"{self.prefix}:{queue}:fq:{suffix}"
+        return fair_key(self.prefix, queue, suffix)
 
     async def _guard(self, coro: Awaitable[T]) -> T:
         """Turn "Redis is not there" into BrokerUnavailableError; let other errors be."""

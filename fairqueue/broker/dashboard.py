@@ -4,15 +4,15 @@ scanned jobs are still waiting, and one job's detail."""
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 import redis
 
-from . import scripts
 from .common import _JOB_FIELDS, _SCORE_BASE, T, _int_or, _unavailable, parse_job_data
 from .rebalancing import WaitingJob
+from .scripts import plain_script
 
 if TYPE_CHECKING:
     # Uses BrokerCore's plumbing and RebalancingMixin's _read_jobs.
@@ -87,25 +87,6 @@ class DashboardReadsMixin(_Base):
     # Read-only helpers for the admin dashboard. Each costs O(page) per call except
     # scan_backlog, which the dashboard runs synchronously only for small backlogs.
 
-    #: The jobs at pop positions ARGV[1]..ARGV[2] (0-based, inclusive), read atomically:
-    #: the wait list first (BullMQ pops it from its right end), then the prioritized set.
-    #: Returns the wait list's length and flat (id, score) pairs, score "0" for wait jobs.
-    #: (``lua/dashboard_page.lua``)
-    DASHBOARD_PAGE_SCRIPT: Final = scripts.DASHBOARD_PAGE_SCRIPT
-
-    #: One page of a backlog scan (``lua/dashboard_scan.lua``; see
-    #: :data:`.scripts.DASHBOARD_SCAN_SCRIPT`).
-    DASHBOARD_SCAN_SCRIPT: Final = scripts.DASHBOARD_SCAN_SCRIPT
-
-    def _dashboard_script(self, name: str, source: str) -> Any:
-        state = self._state()
-        key = f"dashboard:{name}"
-        script = state.scripts.get(key)
-        if script is None:
-            script = state.client.register_script(source)
-            state.scripts[key] = script
-        return script
-
     async def _dashboard_guard(self, coro: Awaitable[T]) -> T:
         """Like :meth:`_guard`, but an error answer from Redis (e.g. a script error under
         memory pressure) is also BrokerUnavailableError: a dashboard shows it, never
@@ -126,7 +107,7 @@ class DashboardReadsMixin(_Base):
     async def _read_page(self, queue: str, start: int, count: int) -> list[WaitingJob]:
         if count <= 0:
             return []
-        script = self._dashboard_script("page", self.DASHBOARD_PAGE_SCRIPT)
+        script = self.script(plain_script("dashboard_page"))
         _, flat = await script(
             keys=[self.key(queue, "wait"), self.key(queue, "prioritized")],
             args=[start, start + count - 1],
@@ -155,7 +136,7 @@ class DashboardReadsMixin(_Base):
         self, queue: str, cutoff_ms: int, page_size: int, max_jobs: int
     ) -> BacklogScan:
         started = time.perf_counter()
-        script = self._dashboard_script("scan", self.DASHBOARD_SCAN_SCRIPT)
+        script = self.script(plain_script("dashboard_scan"))
         result = BacklogScan(cutoff_ms=cutoff_ms)
         prefix = self.key(queue, "")
         for mode, key, cursor in (
@@ -171,20 +152,6 @@ class DashboardReadsMixin(_Base):
                     break
         result.duration_ms = (time.perf_counter() - started) * 1000
         return result
-
-    async def still_prioritized(self, queue: str, job_ids: Sequence[str]) -> list[bool]:
-        """Which of ``job_ids`` are still in the prioritized set (one round trip): a
-        scan's results go stale as workers take jobs."""
-        if not job_ids:
-            return []
-        return await self._dashboard_guard(self._still_prioritized(queue, job_ids))
-
-    async def _still_prioritized(self, queue: str, job_ids: Sequence[str]) -> list[bool]:
-        async with self.client().pipeline(transaction=False) as pipe:
-            for job_id in job_ids:
-                pipe.zscore(self.key(queue, "prioritized"), job_id)
-            scores = await pipe.execute()
-        return [score is not None for score in scores]
 
     async def read_job_detail(self, queue: str, job_id: str) -> JobDetail | None:
         """One job's stored fields and its BullMQ state; ``None`` if there is no such job

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .scripts import plain_script
+
 if TYPE_CHECKING:
     from .connection import BrokerCore as _Base
 else:
@@ -16,17 +18,13 @@ class LockMixin(_Base):
     # -- leader lock ------------------------------------------------------------------
 
     async def acquire_lock(self, key: str, token: str, ttl_ms: int) -> bool:
-        """Take ``key`` if free, or renew it if ``token`` already holds it."""
-        return await self._guard(self._acquire_lock(key, token, ttl_ms))
-
-    async def _acquire_lock(self, key, token, ttl_ms):
-        client = self.client()
-        if await client.set(key, token, nx=True, px=ttl_ms):
-            return True
-        return bool(await self._state().scripts["renew"](keys=[key], args=[token, ttl_ms]))
+        """Take ``key`` if free, or renew it if ``token`` already holds it, in one step."""
+        script = self.script(plain_script("lock_acquire"))
+        return bool(await self._guard(script(keys=[key], args=[token, ttl_ms])))
 
     async def release_lock(self, key: str, token: str) -> bool:
-        return bool(await self._guard(self._state().scripts["release"](keys=[key], args=[token])))
+        script = self.script(plain_script("lock_release"))
+        return bool(await self._guard(script(keys=[key], args=[token])))
 
     async def lock_holder(self, key: str) -> tuple[str | None, int]:
         """The token holding ``key`` and its remaining time in ms."""

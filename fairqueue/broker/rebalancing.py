@@ -1,6 +1,6 @@
-"""What the rebalance pass reads and writes: the head of a queue, jobs by id, overdue
-jobs deep in a backlog, counts, BullMQ priorities, the tag band rebase and the pass's
-status records."""
+"""What the rebalance pass reads and writes: adoption of untagged jobs, the ready-time
+index walk, the paged rebase, counts and the pass's status records; and the head of a
+queue as the dashboard and the demo read it."""
 
 from __future__ import annotations
 
@@ -9,23 +9,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from redis.exceptions import ResponseError
-
-from ..levels import PAYLOAD_LEVEL_KEY, PAYLOAD_TENANT_KEY
 from .common import (
     _JOB_FIELDS,
-    _SCORE_BASE,
-    BACK_OF_LINE,
-    WINDOW_BAND_TOP,
+    REBASE_MARGIN,
+    REBASE_THRESHOLD,
     _int_or,
+    fair_keys,
     parse_job_data,
 )
-from .scripts import _META_WIDTH
+from .scripts import adopt_page_script, plain_script
 
 if TYPE_CHECKING:
     from .connection import BrokerCore as _Base
 else:
     _Base = object
+
+_SCORE_BASE = 1 << 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,151 +45,203 @@ class WaitingJob:
 
 @dataclass(frozen=True, slots=True)
 class WaitingSnapshot:
-    """The head of a queue: the wait list, then the window band, then the tag band head."""
+    """The head of a queue in pop order (the wait list, then the prioritized set)."""
 
     jobs: list[WaitingJob]
-    #: Jobs behind ``jobs`` in the prioritized set (not read).
+    #: Waiting jobs behind ``jobs`` (not read).
     behind: int
-    #: Lowest priority among jobs not read; new window priorities must stay below it.
-    upper_bound: int
-    tag_band_head: int | None
-    #: How many prioritized-set entries were read (the rank where a deep scan starts).
-    prioritized_read: int = 0
+
+
+class LockLostError(Exception):
+    """Another rebalancer holds the queue's leader lock: this pass must stop writing."""
 
 
 @dataclass(frozen=True, slots=True)
-class OverdueJobs:
-    """Overdue jobs found deep in a backlog: some ids, and how many there are in all."""
+class AdoptedPage:
+    """What one adoption call did."""
 
-    job_ids: list[str]
-    total: int
+    adopted: int
+    aged: int
+    #: Parked jobs still without room (the tag band is full until a rebase).
+    parked: int
+    examined: int
 
 
 @dataclass(slots=True)
-class WriteResult:
-    written: int = 0
-    missing: list[str] = field(default_factory=list)
-    failed: list[str] = field(default_factory=list)
-    round_trips: int = 0
+class IndexWalk:
+    """A walk over the ready-time index: waiting jobs per level (with the oldest ready
+    time) and the entries dropped because their job left."""
+
+    waiting: dict[str, int] = field(default_factory=dict)
+    oldest_ms: dict[str, int] = field(default_factory=dict)
+    removed: int = 0
+    examined: int = 0
+    pages: int = 0
+    #: Where the walk stopped (score, entries kept at it); ``None`` when it reached the end.
+    cursor: tuple[str, int] | None = None
 
 
 class RebalancingMixin(_Base):
     """:class:`Broker`'s reads and writes for the rebalance pass (mixed in; uses
-    ``BrokerCore``'s plumbing)."""
+    ``BrokerCore``'s plumbing). Every write takes the pass's lock token and is fenced
+    inside Redis: a pass that lost its lock writes nothing more."""
+
+    # -- the pass ---------------------------------------------------------------------
+
+    def _adopt_keys(self, queue: str, lock_key: str) -> list[str]:
+        bullmq = ("wait", "paused", "meta", "prioritized", "active", "pc", "marker")
+        keys = [self.key(queue, name) for name in bullmq]
+        return [*keys, *fair_keys(self.prefix, queue), lock_key]
+
+    async def adopt_page(
+        self,
+        queue: str,
+        *,
+        lock_key: str,
+        token: str,
+        lock_ttl_ms: int,
+        page_size: int,
+        max_wait_ms: int,
+        max_payload_bytes: int,
+        dry_run: bool = False,
+    ) -> AdoptedPage:
+        """Give up to ``page_size`` untagged waiting jobs (the wait list, other
+        producers' small priorities, parked jobs) their fair places.
+
+        Raises:
+            LockLostError: another rebalancer holds the lock; nothing was written.
+        """
+        script = self.script(adopt_page_script())
+        reply = await self._guard(
+            script(
+                keys=self._adopt_keys(queue, lock_key),
+                args=[
+                    token,
+                    lock_ttl_ms,
+                    self.key(queue, ""),
+                    page_size,
+                    max_wait_ms,
+                    max_payload_bytes,
+                    int(dry_run),
+                ],
+            )
+        )
+        status, adopted, aged, parked, examined = (int(value) for value in reply)
+        if status < 0:
+            raise LockLostError(queue)
+        return AdoptedPage(adopted=adopted, aged=aged, parked=parked, examined=examined)
+
+    async def walk_index(
+        self,
+        queue: str,
+        *,
+        lock_key: str,
+        token: str,
+        lock_ttl_ms: int,
+        max_wait_ms: int | None,
+        page_size: int = 1_000,
+        max_pages: int = 100,
+        cursor: tuple[str, int] | None = None,
+        dry_run: bool = False,
+    ) -> IndexWalk:
+        """Walk the ready-time index oldest first, a page per script call: with
+        ``max_wait_ms`` up to the jobs past the bound (counting them per level), with
+        ``None`` to its end; from ``cursor`` (where an earlier walk stopped) or the
+        start. Entries of jobs that left are dropped on the way.
+
+        Raises:
+            LockLostError: another rebalancer holds the lock.
+        """
+        script = self.script(plain_script("index_walk"))
+        keys = [
+            self.fair_key(queue, "ready"),
+            self.fair_key(queue, "jobs"),
+            self.key(queue, "prioritized"),
+            self.key(queue, "delayed"),
+            self.key(queue, "wait"),
+            lock_key,
+        ]
+        walk = IndexWalk()
+        score, seen = cursor if cursor is not None else ("", 0)
+        bound = "" if max_wait_ms is None else max_wait_ms
+        for _ in range(max_pages):
+            status, score, seen, done, removed, flat = await self._guard(
+                script(
+                    keys=keys,
+                    args=[token, lock_ttl_ms, score, seen, page_size, bound, int(dry_run)],
+                )
+            )
+            if int(status) < 0:
+                raise LockLostError(queue)
+            walk.pages += 1
+            walk.removed += int(removed)
+            for level, waiting, oldest in zip(flat[::3], flat[1::3], flat[2::3], strict=True):
+                walk.waiting[level] = walk.waiting.get(level, 0) + int(waiting)
+                walk.examined += int(waiting)
+                if level not in walk.oldest_ms:
+                    walk.oldest_ms[level] = int(float(oldest))
+            if int(done):
+                walk.cursor = None
+                return walk
+            walk.cursor = (str(score), int(seen))
+        return walk
+
+    async def rebase_page(
+        self,
+        queue: str,
+        *,
+        lock_key: str,
+        token: str,
+        lock_ttl_ms: int,
+        page_size: int = 1_000,
+        threshold: int = REBASE_THRESHOLD,
+        margin: int = REBASE_MARGIN,
+    ) -> tuple[int, bool]:
+        """Move one page of the tag band down (starting a rebase if the virtual time
+        has run ``threshold`` priorities above the base). Returns (jobs moved, whether
+        no rebase is left in progress).
+
+        Raises:
+            LockLostError: another rebalancer holds the lock.
+        """
+        script = self.script(plain_script("rebase_page"))
+        status, moved, done = await self._guard(
+            script(
+                keys=[
+                    self.key(queue, "prioritized"),
+                    *(
+                        self.fair_key(queue, name)
+                        for name in ("state", "flows", "fweights", "jobs")
+                    ),
+                    lock_key,
+                ],
+                args=[token, lock_ttl_ms, self.key(queue, ""), page_size, threshold, margin],
+            )
+        )
+        if int(status) < 0:
+            raise LockLostError(queue)
+        return int(moved), bool(int(done))
 
     # -- reading ----------------------------------------------------------------------
 
-    async def read_head(self, queue: str, *, window: int, max_window_band: int) -> WaitingSnapshot:
-        """Read the head of the pop order: the wait list, the whole window band (up to
-        ``max_window_band`` jobs) and enough of the tag band to fill ``window``."""
-        return await self._guard(self._read_head(queue, window, max_window_band))
+    async def read_head(self, queue: str, *, count: int) -> WaitingSnapshot:
+        """The first ``count`` waiting jobs in the order a worker takes them."""
+        return await self._guard(self._read_head(queue, count))
 
-    async def _read_head(self, queue: str, window: int, max_window_band: int):
+    async def _read_head(self, queue: str, count: int) -> WaitingSnapshot:
         prioritized = self.key(queue, "prioritized")
-        async with self.client().pipeline(transaction=False) as pipe:
-            # BullMQ pops the wait list from its right end: read the next ones to pop.
-            pipe.lrange(self.key(queue, "wait"), -max_window_band, -1)
-            pipe.zrangebyscore(
-                prioritized,
-                0,
-                f"({WINDOW_BAND_TOP * _SCORE_BASE}",
-                start=0,
-                num=max_window_band + 1,
-                withscores=True,
-            )
-            pipe.zrangebyscore(
-                prioritized,
-                WINDOW_BAND_TOP * _SCORE_BASE,
-                "+inf",
-                start=0,
-                num=window + 1,
-                withscores=True,
-            )
+        async with self.client().pipeline(transaction=True) as pipe:
+            pipe.lrange(self.key(queue, "wait"), -count, -1)
+            pipe.zrange(prioritized, 0, count - 1, withscores=True)
+            pipe.llen(self.key(queue, "wait"))
             pipe.zcard(prioritized)
-            wait_ids, band, tag_band, total = await pipe.execute()
-        wait_ids.reverse()  # into pop order
-        if len(band) > max_window_band:
-            # More window-band jobs than we may read: stay below the first one left out.
-            upper_bound = int(band[max_window_band][1] // _SCORE_BASE)
-            band, tag_entries, tag_band_head = band[:max_window_band], [], None
-        else:
-            upper_bound = WINDOW_BAND_TOP
-            fill = max(0, window - len(band) - len(wait_ids))
-            tag_entries = tag_band[:fill]
-            rest = tag_band[fill:]
-            tag_band_head = int(rest[0][1] // _SCORE_BASE) if rest else None
-        entries = [(job_id, 0, True) for job_id in wait_ids] + [
-            (job_id, int(score // _SCORE_BASE), False) for job_id, score in band + tag_entries
-        ]
-        return WaitingSnapshot(
-            jobs=await self._read_meta(queue, entries),
-            behind=max(0, total - len(band) - len(tag_entries)),
-            upper_bound=upper_bound,
-            tag_band_head=tag_band_head,
-            prioritized_read=len(band) + len(tag_entries),
-        )
-
-    async def read_jobs(
-        self, queue: str, job_ids: Sequence[str], *, payload: bool = True
-    ) -> list[WaitingJob]:
-        """Read jobs by id (skipping ids whose job hash is gone).
-
-        With ``payload=False`` the payload is parsed inside Redis and ``data`` holds only
-        fairqueue's keys (``tenantId``, ``priorityLevel``): what the rebalance pass needs,
-        without moving payloads over the wire.
-        """
-        entries = [(job_id, None, False) for job_id in job_ids]
-        reader = self._read_jobs if payload else self._read_meta
-        return await self._guard(reader(queue, entries))
-
-    async def _read_meta(
-        self, queue: str, entries: Sequence[tuple[str, int | None, bool]]
-    ) -> list[WaitingJob]:
-        if not entries:
-            return []
-        script = self._state().scripts["meta"]
-        by_id = {job_id: (priority, in_wait) for job_id, priority, in_wait in entries}
-        rows: list[Any] = []
-        for start in range(0, len(entries), 5_000):
-            chunk = [job_id for job_id, _, _ in entries[start : start + 5_000]]
-            rows.extend(await script(keys=[], args=[self.key(queue, ""), *chunk]))
-        jobs = []
-        for offset in range(0, len(rows), _META_WIDTH):
-            (
-                job_id,
-                name,
-                timestamp,
-                stored,
-                attempts,
-                is_object,
-                tenant,
-                tenant_flag,
-                level,
-                req,
-            ) = rows[offset : offset + _META_WIDTH]
-            data: dict[str, Any] | None = None
-            if int(is_object):
-                data = {}
-                if int(tenant_flag) == 1:
-                    data[PAYLOAD_TENANT_KEY] = tenant
-                elif int(tenant_flag) == 2:
-                    data[PAYLOAD_TENANT_KEY] = 0  # present but not a string: invalid
-                if level:
-                    data[PAYLOAD_LEVEL_KEY] = level
-            priority, in_wait = by_id[job_id]
-            jobs.append(
-                WaitingJob(
-                    job_id=job_id,
-                    name=name,
-                    data=data,
-                    timestamp_ms=_int_or(timestamp, None),
-                    priority=priority if priority is not None else _int_or(stored, 0),
-                    attempts_made=_int_or(attempts, 0) or 0,
-                    in_wait_list=in_wait,
-                    requested_priority=None if int(req) < 0 else int(req),
-                )
-            )
-        return jobs
+            wait_ids, entries, wait_len, total = await pipe.execute()
+        wait_ids.reverse()  # BullMQ pops the wait list from its right end
+        head = [(job_id, 0, True) for job_id in wait_ids] + [
+            (job_id, int(score // _SCORE_BASE), False) for job_id, score in entries
+        ][: max(0, count - len(wait_ids))]
+        jobs = await self._read_jobs(queue, head)
+        return WaitingSnapshot(jobs=jobs, behind=max(0, wait_len + total - len(head)))
 
     async def _read_jobs(
         self, queue: str, entries: Sequence[tuple[str, int | None, bool]]
@@ -221,40 +272,6 @@ class RebalancingMixin(_Base):
             )
         return jobs
 
-    async def find_overdue(
-        self,
-        queue: str,
-        *,
-        cutoff_ms: int,
-        start: int,
-        page_size: int = 10_000,
-        oldest: int | None = None,
-    ) -> OverdueJobs:
-        """Jobs in the prioritized set from rank ``start`` on, enqueued before
-        ``cutoff_ms``: all of their ids in pop order, or only the ``oldest`` N, oldest
-        first; ``total`` counts them all. Pages through the set inside Redis
-        (``page_size`` jobs per script call)."""
-        found = await self._guard(self._find_overdue(queue, cutoff_ms, start, page_size))
-        total = len(found)
-        if oldest is not None:
-            found.sort(key=lambda item: (item[1], item[0]))
-            del found[oldest:]
-        return OverdueJobs([job_id for job_id, _ in found], total=total)
-
-    async def _find_overdue(self, queue, cutoff_ms, start, page_size) -> list[tuple[str, int]]:
-        script = self._state().scripts["overdue"]
-        found: list[tuple[str, int]] = []
-        position = start
-        while True:
-            scanned, flat = await script(
-                keys=[self.key(queue, "prioritized")],
-                args=[position, position + page_size - 1, cutoff_ms, self.key(queue, "")],
-            )
-            found.extend(zip(flat[::2], (int(ts) for ts in flat[1::2]), strict=True))
-            position += page_size
-            if scanned < page_size:
-                return found
-
     async def counts(self, queue: str) -> dict[str, int]:
         """Job counts by BullMQ state."""
         states = ("wait", "prioritized", "active", "delayed", "failed", "completed")
@@ -264,63 +281,7 @@ class RebalancingMixin(_Base):
         values = await self.queue(queue).getJobCounts(*states)
         return {state: int(values.get(state, 0)) for state in states}
 
-    # -- writing ----------------------------------------------------------------------
-
-    async def set_priorities(
-        self, queue: str, changes: Sequence[tuple[str, int]], *, batch_size: int = 1_000
-    ) -> WriteResult:
-        """Write BullMQ priorities with BullMQ's own ``changePriority`` script, a batch
-        per EVALSHA.
-
-        A job that vanished (finished or removed) is reported in ``missing`` and never
-        stops the others.
-        """
-        return await self._guard(self._set_priorities(queue, changes, batch_size))
-
-    async def _set_priorities(self, queue, changes, batch_size):
-        script = self._state().scripts["change"]
-        keys = [
-            self.key(queue, "wait"),
-            self.key(queue, "paused"),
-            self.key(queue, "meta"),
-            self.key(queue, "prioritized"),
-            self.key(queue, "active"),
-            self.key(queue, "pc"),
-            self.key(queue, "marker"),
-        ]
-        prefix = self.key(queue, "")
-        result = WriteResult()
-        for start in range(0, len(changes), batch_size):
-            batch = changes[start : start + batch_size]
-            args: list[Any] = [prefix]
-            for job_id, priority in batch:
-                args += [job_id, priority]
-            try:
-                codes = await script(keys=keys, args=args)
-            except ResponseError:
-                # An error inside the script stops its batch (jobs before the error may
-                # have moved): report the batch as failed and go on; the next pass plans
-                # from what Redis holds then.
-                result.failed.extend(job_id for job_id, _ in batch)
-                result.round_trips += 1
-                continue
-            result.round_trips += 1
-            for (job_id, _), code in zip(batch, codes, strict=True):
-                if int(code) < 0:
-                    result.missing.append(job_id)
-                else:
-                    result.written += 1
-        return result
-
-    async def rebase_tag_band(self, queue: str, shift: int) -> int:
-        """Shift the tag band down by ``shift`` priorities (order unchanged)."""
-        script = self._state().scripts["rebase"]
-        return await self._guard(
-            script(
-                keys=[self.key(queue, "prioritized"), self.fair_key(queue, "tags")],
-                args=[WINDOW_BAND_TOP, shift, BACK_OF_LINE - 1, self.key(queue, "")],
-            )
-        )
+    # -- status records --------------------------------------------------------------
 
     async def write_status(self, queue: str, name: str, record: dict[str, Any]) -> None:
         """Store a small JSON status record beside the queue (e.g. the last pass)."""

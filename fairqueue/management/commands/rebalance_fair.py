@@ -102,7 +102,12 @@ class Rebalancer:
                     continue
                 done_queues.add(queue)
             try:
-                result = rebalance_queue(job_type, dry_run=self.dry_run, rebalancer=self.token)
+                result = rebalance_queue(
+                    job_type,
+                    dry_run=self.dry_run,
+                    rebalancer=self.token,
+                    lock_ttl=self.locks[queue].ttl_ms,
+                )
             except BrokerUnavailableError:
                 raise
             except Exception as exc:  # a bad pass must not end the loop
@@ -146,18 +151,10 @@ class Rebalancer:
                 pass  # the lock expires by itself
 
     def _report(self, result: PassResult) -> None:
-        if self.verbosity >= 2 or result.dry_run:
+        if result.dry_run and self.out is not None:
+            self.out.write(f"{result.summary()}\n")
+        elif self.verbosity >= 2:
             logger.info("%s", result.summary())
-        if self.out is None or not result.dry_run:
-            return
-        self.out.write(f"{result.summary()}\n")
-        self.out.write(f"{'pos':>6}  {'job id':<24} {'level':<8} {'decision':<13} priority\n")
-        for item in result.plan:
-            level = item.pending.priority_level.value if item.pending else "?"
-            self.out.write(
-                f"{item.position:>6}  {item.job_id:<24} {level:<8} {item.decision:<13} "
-                f"{item.current_priority} -> {item.new_priority}\n"
-            )
 
 
 class Command(BaseCommand):
@@ -184,7 +181,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--dry-run",
             action="store_true",
-            help="Print the order a pass would apply; write nothing.",
+            help="Print what a pass would do (adopt, overdue); write nothing.",
         )
         parser.add_argument(
             "--metrics-port", type=port, help="Serve Prometheus metrics on this port."

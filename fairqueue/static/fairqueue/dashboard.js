@@ -86,9 +86,11 @@
             "span",
             {
               class: "fq-badge fq-drift",
-              title: "The policy would put job " + job.policy_job_id + " here now",
+              title:
+                "Added outside fairqueue's order (another producer, a promoted delayed job): " +
+                "the next pass places it",
             },
-            "drift: policy has " + job.policy_job_id
+            "unplaced"
           )
         );
       }

@@ -1,0 +1,12 @@
+end
+local fqArgs = cmsgpack.unpack(ARGV[1])
+local fqFresh = fqArgs[2] == '' or redis.call('EXISTS', fqArgs[1] .. fqArgs[2]) == 0
+local fqLevel, fqTenant, fqWeight, fqDelay = ARGV[4], ARGV[5], ARGV[6], tonumber(ARGV[7])
+local fqTime = redis.call('TIME')
+local fqReady = tonumber(fqTime[1]) * 1000 + math.floor(tonumber(fqTime[2]) / 1000) + fqDelay
+local jobId = fqBullmqAddDelayed()
+if fqFresh and type(jobId) == 'string' then
+  redis.call('ZADD', KEYS[7], fqReady, jobId)
+  redis.call('HSET', KEYS[8], jobId, fqLevel .. '\n' .. fqWeight .. '\n0\n' .. fqTenant)
+end
+return jobId

@@ -1,0 +1,19 @@
+--[[
+  Adopt one page of untagged waiting jobs into the fair order: jobs in BullMQ's wait
+  list (priority 0, served before every prioritized job), jobs below the tag band
+  (other producers' small priorities) and jobs parked at CAP (promoted delayed jobs,
+  jobs that found no room). Each gets its flow's next tag through BullMQ's own
+  changePriority; a job already past the wait bound starts at the virtual time (its
+  flow's next turn). Other producers' jobs are read once (tenantId / priorityLevel, else
+  their numeric priority) and indexed; a payload over the size cap is not decoded.
+
+  KEYS[1..7]   changePriority's: wait, paused, meta, prioritized, active, pc, marker
+  KEYS[8..12]  fairqueue's: state, flows, fweights, ready, jobs
+  KEYS[13]     the leader lock
+  ARGV         token, lock ttl ms, job key prefix, page size, wait bound ms,
+               payload cap bytes, dry run (1/0)
+  Returns {status (1 ok, -1 lock lost), adopted, aged, parked (no room), examined}.
+]]
+--- @include fair_clock
+--- @include lock_fence
+local function fqBullmqChange()

@@ -1,0 +1,96 @@
+end
+local fqToken, fqTtl, fqPrefix = ARGV[1], ARGV[2], ARGV[3]
+local fqPage, fqBound = tonumber(ARGV[4]), tonumber(ARGV[5])
+local fqMaxPayload, fqDry = tonumber(ARGV[6]), ARGV[7] == '1'
+if not fqDry and not fqHoldLock(KEYS[13], fqToken, fqTtl) then return {-1, 0, 0, 0, 0} end
+local fqK = {prioritized = KEYS[4], state = KEYS[8], flows = KEYS[9], fweights = KEYS[10],
+  ready = KEYS[11], jobs = KEYS[12]}
+local fqNow = fqNowMs()
+local fqNames = {critical = true, high = true, normal = true, low = true}
+
+local function fqNormalize(p)
+  if p == nil or p <= 0 then return 'normal' end
+  if p == 1 then return 'critical' end
+  if p <= 3 then return 'high' end
+  if p <= 5 then return 'normal' end
+  return 'low'
+end
+
+-- level, tenant, weight and ready time of a job fairqueue did not index.
+local function fqForeign(jobId)
+  local f = redis.call('HMGET', fqPrefix .. jobId, 'data', 'opts', 'timestamp', 'delay',
+    'priority')
+  if not f[3] then return nil end
+  local tenant, level = 'default', nil
+  if f[1] and #f[1] <= fqMaxPayload and string.find(f[1], '^%s*{') then
+    local ok, data = pcall(cjson.decode, f[1])
+    if ok and type(data) == 'table' then
+      if type(data['tenantId']) == 'string' and data['tenantId'] ~= '' then
+        tenant = data['tenantId']
+      end
+      if type(data['priorityLevel']) == 'string' and fqNames[data['priorityLevel']] then
+        level = data['priorityLevel']
+      end
+    end
+  end
+  if not level then
+    local requested = nil
+    local ok, opts = pcall(cjson.decode, f[2] or 'null')
+    if ok and type(opts) == 'table' and type(opts['priority']) == 'number' then
+      requested = opts['priority']
+    end
+    level = fqNormalize(requested or tonumber(f[5]))
+  end
+  local ready = tonumber(f[3]) + (tonumber(f[4]) or 0)
+  if ready > fqNow then ready = fqNow end
+  return level, tenant, 1, ready
+end
+
+local candidates = {}
+local waitIds = redis.call('LRANGE', KEYS[1], -fqPage, -1)
+for i = #waitIds, 1, -1 do candidates[#candidates + 1] = {waitIds[i], false} end
+if #candidates < fqPage then
+  local low = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', '(' .. string.format('%.17g',
+    fqFloor * fqScore), 'LIMIT', 0, fqPage - #candidates)
+  for i = 1, #low do candidates[#candidates + 1] = {low[i], false} end
+end
+if #candidates < fqPage then
+  local parked = redis.call('ZRANGEBYSCORE', KEYS[4], string.format('%.17g',
+    fqCap * fqScore), '+inf', 'LIMIT', 0, fqPage - #candidates)
+  for i = 1, #parked do candidates[#candidates + 1] = {parked[i], true} end
+end
+
+local adopted, aged, parked = 0, 0, 0
+for _, candidate in ipairs(candidates) do
+  local jobId, wasParked = candidate[1], candidate[2]
+  local level, tenant, weight, ready
+  local meta = redis.call('HGET', fqK.jobs, jobId)
+  if meta then
+    level, weight, tenant = string.match(meta, '^([^\n]*)\n([^\n]*)\n[^\n]*\n(.*)$')
+    weight = tonumber(weight)
+    ready = tonumber(redis.call('ZSCORE', fqK.ready, jobId)) or fqNow
+  else
+    level, tenant, weight, ready = fqForeign(jobId)
+  end
+  if level then
+    local overdue = fqNow - ready > fqBound
+    if fqDry then
+      adopted = adopted + 1
+      if overdue then aged = aged + 1 end
+    else
+      local priority, start = fqPlace(fqK, fqClock(fqK), level, tenant, weight, overdue)
+      if priority >= fqCap and wasParked then
+        parked = parked + 1
+        break -- still no room: the parked jobs behind it have none either
+      else
+        fqIndex(fqK, jobId, ready, level, tenant, weight, start)
+        ARGV[1], ARGV[2], ARGV[3], ARGV[4] = priority, fqPrefix, jobId, '0'
+        if fqBullmqChange() == 0 then
+          adopted = adopted + 1
+          if overdue then aged = aged + 1 end
+        end
+      end
+    end
+  end
+end
+return {1, adopted, aged, parked, #candidates}

@@ -1,0 +1,115 @@
+--[[
+  fairqueue's fair clock, included by add_jobs, add_delayed and adopt_page.
+
+  Places jobs by start-time fair queueing with a self-clocked virtual time
+  (fairqueue.scheduler.FairClock is the same rule in Python, and the tests hold the two
+  together). A flow is a (level, tenant) pair; its weight is the level's weight split
+  among the level's tenants with work by their tenant weights. A job's tag is
+  max(flow's last tag, virtual time) + SCALE * level total / (level weight * tenant
+  weight), and its BullMQ priority is FLOOR + floor(tag - base). The virtual time is the
+  start tag (the max(...) above) of the first tagged job waiting, never going back; a
+  flow whose last tag is not ahead of it has no work left and stops counting towards its
+  level's total.
+
+  Keys (the table K):
+    K.prioritized  BullMQ's prioritized set (read: the head of the tag band)
+    K.state        hash: vt, base, rbDelta, rbCursor (a paged rebase in progress),
+                   W:<level> (sum of the weights of the level's flows with work)
+    K.flows        zset: "<level>\n<tenant>" -> last tag, flows with work
+    K.fweights     hash: "<level>\n<tenant>" -> the weight counted in W:<level>
+    K.jobs         hash: job id -> "<level>\n<weight>\n<start tag>\n<tenant>"
+    K.ready        zset: job id -> when it became ready (ms, Redis's clock)
+  Constants FLOOR, CAP, SCALE and EXPIRE_PER_CALL are filled in when the script loads.
+]]
+local fqFloor = {{FLOOR}}
+local fqCap = {{CAP}}
+local fqScale = {{SCALE}}
+local fqExpirePerCall = {{EXPIRE_PER_CALL}}
+local fqScore = 4294967296
+local fqLevelWeight = {critical = 4, high = 3, normal = 2, low = 1}
+
+local function fqNowMs()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- The virtual time and the priority mapping, read once per placement.
+local function fqClock(K)
+  local st = redis.call('HMGET', K.state, 'vt', 'base', 'rbDelta', 'rbCursor')
+  local c = {vt = tonumber(st[1]) or 0, base = tonumber(st[2]) or 0,
+    delta = tonumber(st[3]), cursor = tonumber(st[4])}
+  local head = redis.call('ZRANGEBYSCORE', K.prioritized, fqFloor * fqScore,
+    '(' .. string.format('%.17g', fqCap * fqScore), 'WITHSCORES', 'LIMIT', 0, 1)
+  if #head == 0 then
+    -- Nothing tagged is waiting, so every flow is idle: start afresh at the floor.
+    if c.base ~= c.vt or c.delta or redis.call('EXISTS', K.flows) == 1 then
+      redis.call('UNLINK', K.flows, K.fweights)
+      redis.call('HDEL', K.state, 'rbDelta', 'rbCursor', 'W:critical', 'W:high', 'W:normal',
+        'W:low')
+      redis.call('HSET', K.state, 'base', c.vt, 'vt', c.vt)
+    end
+    c.base, c.delta, c.cursor = c.vt, nil, nil
+    return c
+  end
+  local meta = redis.call('HGET', K.jobs, head[1])
+  local tag = meta and tonumber(string.match(meta, '^[^\n]*\n[^\n]*\n([^\n]*)\n'))
+  if not tag then
+    local score = tonumber(head[2])
+    tag = c.base + math.floor(score / fqScore) - fqFloor
+    if c.cursor and score <= c.cursor then tag = tag + c.delta end
+  end
+  if tag > c.vt then
+    c.vt = tag
+    redis.call('HSET', K.state, 'vt', tag)
+  end
+  return c
+end
+
+-- The BullMQ priority of a tag (fqCap: no room left, the job waits for a rebase).
+local function fqPriority(c, tag)
+  local p = fqFloor + math.floor(tag - c.base)
+  if c.cursor and p < math.floor(c.cursor / fqScore) then p = p - c.delta end
+  if p < fqFloor then p = fqFloor end
+  if p >= fqCap then return fqCap end
+  return p
+end
+
+-- Place one job of (level, tenant, weight); returns its BullMQ priority and its start
+-- tag. front: start
+-- at the virtual time whatever the flow's backlog (a job already overdue when the pass
+-- adopts it runs in its flow's next turn).
+local function fqPlace(K, c, level, tenant, weight, front)
+  local gone = redis.call('ZRANGEBYSCORE', K.flows, '-inf', c.vt, 'LIMIT', 0, fqExpirePerCall)
+  for i = 1, #gone do
+    local w = tonumber(redis.call('HGET', K.fweights, gone[i])) or 0
+    redis.call('HINCRBY', K.state, 'W:' .. string.match(gone[i], '^[^\n]*'), -w)
+    redis.call('HDEL', K.fweights, gone[i])
+    redis.call('ZREM', K.flows, gone[i])
+  end
+  local member = level .. '\n' .. tenant
+  local last = tonumber(redis.call('ZSCORE', K.flows, member))
+  local counted = tonumber(redis.call('HGET', K.fweights, member)) or 0
+  local total = (tonumber(redis.call('HGET', K.state, 'W:' .. level)) or 0) + weight - counted
+  local start = c.vt
+  if last and last > start and not front then start = last end
+  local tag = start + fqScale * total / (fqLevelWeight[level] * weight)
+  local priority = fqPriority(c, tag)
+  if priority < fqCap then
+    -- Placed: the flow counts towards its level (a parked job changes nothing).
+    if counted ~= weight then
+      redis.call('HSET', K.state, 'W:' .. level, total)
+      redis.call('HSET', K.fweights, member, weight)
+    end
+    if not last or tag > last then
+      redis.call('ZADD', K.flows, string.format('%.17g', tag), member)
+    end
+  end
+  return priority, start
+end
+
+-- Record what the pass and the dashboard need of a job, so they never decode payloads.
+local function fqIndex(K, jobId, readyMs, level, tenant, weight, start)
+  redis.call('ZADD', K.ready, readyMs, jobId)
+  redis.call('HSET', K.jobs, jobId,
+    level .. '\n' .. weight .. '\n' .. string.format('%.17g', start) .. '\n' .. tenant)
+end

@@ -1,0 +1,8 @@
+--[[
+  Take the leader lock if it is free, or renew it if this token holds it, in one step
+  (a separate SET NX and renew let a lone rebalancer's lock expire in between).
+  KEYS[1] the lock  ARGV token, ttl ms.  Returns 1 if the token holds the lock.
+]]
+--- @include lock_fence
+if fqHoldLock(KEYS[1], ARGV[1], ARGV[2]) then return 1 end
+return 0

@@ -1,0 +1,47 @@
+--[[
+  Move one page of the tag band down so tags never reach BullMQ's cap on a queue that is
+  never empty. A rebase shifts every tagged job by the same delta, a page at a time from
+  the head (shifted jobs stay ahead of unshifted ones, so the order never changes), and
+  fair_clock places new jobs in shifted terms below the cursor. The job hash's priority
+  is kept in step (BullMQ re-reads it on retries).
+
+  KEYS[1] BullMQ's prioritized  KEYS[2] state  KEYS[3] flows  KEYS[4] fweights
+  KEYS[5] jobs  KEYS[6] the leader lock
+  ARGV    token, lock ttl ms, job key prefix, page size, threshold (start a rebase when
+          the virtual time is this far above the base), margin (kept below it)
+  Returns {status (1 ok, -1 lock lost), moved, done (1/0: no rebase in progress)}.
+]]
+--- @include fair_clock
+--- @include lock_fence
+if not fqHoldLock(KEYS[6], ARGV[1], ARGV[2]) then return {-1, 0, 1} end
+local prefix, page = ARGV[3], tonumber(ARGV[4])
+local threshold, margin = tonumber(ARGV[5]), tonumber(ARGV[6])
+local K = {prioritized = KEYS[1], state = KEYS[2], flows = KEYS[3], fweights = KEYS[4],
+  jobs = KEYS[5]}
+local st = redis.call('HMGET', KEYS[2], 'rbDelta', 'rbCursor')
+local delta, cursor = tonumber(st[1]), tonumber(st[2])
+if not delta then
+  local c = fqClock(K)
+  delta = math.floor(c.vt - c.base) - margin
+  if c.vt - c.base < threshold or delta < 1 then return {1, 0, 1} end
+  cursor = fqFloor * fqScore - 1
+  redis.call('HSET', KEYS[2], 'rbDelta', delta, 'rbCursor', string.format('%.17g', cursor))
+end
+local rows = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. string.format('%.17g', cursor),
+  '(' .. string.format('%.17g', fqCap * fqScore), 'WITHSCORES', 'LIMIT', 0, page)
+for i = 1, #rows, 2 do
+  local score = tonumber(rows[i + 1])
+  local moved = score - delta * fqScore
+  if moved < fqFloor * fqScore then moved = fqFloor * fqScore + score % fqScore end
+  redis.call('ZADD', KEYS[1], string.format('%.17g', moved), rows[i])
+  redis.call('HSET', prefix .. rows[i], 'priority', math.floor(moved / fqScore))
+  cursor = score
+end
+if #rows / 2 < page then
+  local base = tonumber(redis.call('HGET', KEYS[2], 'base')) or 0
+  redis.call('HSET', KEYS[2], 'base', string.format('%.17g', base + delta))
+  redis.call('HDEL', KEYS[2], 'rbDelta', 'rbCursor')
+  return {1, #rows / 2, 1}
+end
+redis.call('HSET', KEYS[2], 'rbCursor', string.format('%.17g', cursor))
+return {1, #rows / 2, 0}

@@ -1,0 +1,116 @@
+"""Fair order at enqueue time: the add script places every job by fairqueue's rule
+(``scheduler.FairClock``), atomically with BullMQ's own add, and a stock worker consumes
+that order with no rebalance pass at all."""
+
+import math
+import time
+import uuid
+from collections import Counter
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fairqueue.broker import TAG_FLOOR, Broker, NewJob, SyncBroker
+from fairqueue.levels import PriorityLevel
+from fairqueue.scheduler import FairClock
+from fairqueue.services import enqueue_job, enqueue_jobs
+from tests.conftest import REDIS_URL, delete_prefix
+from tests.helpers import drain_with_stock_worker
+
+pytestmark = pytest.mark.django_db
+
+C, H, N, L = PriorityLevel.CRITICAL, PriorityLevel.HIGH, PriorityLevel.NORMAL, PriorityLevel.LOW
+
+arrival = st.tuples(
+    st.sampled_from(list(PriorityLevel)),
+    st.sampled_from(["a", "b", "c", "d", "e"]),
+    st.sampled_from([1, 1, 1, 2, 3, 7]),
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.lists(arrival, min_size=1, max_size=12), min_size=1, max_size=6))
+def test_the_add_script_places_every_job_as_the_reference_model(batches):
+    """Batches of arrivals (levels, tenants, tenant weights), nothing consumed: the
+    script's priorities are exactly ``TAG_FLOOR + floor(tag)`` of the Python model."""
+    prefix = f"fqtest-{uuid.uuid4().hex[:12]}"
+    broker = SyncBroker(Broker(REDIS_URL, prefix))
+    clock, placed = FairClock(), []
+    try:
+        for batch in batches:
+            added = broker.add_jobs(
+                "q",
+                [
+                    NewJob("x", {}, level, tenant=tenant, tenant_weight=w)
+                    for level, tenant, w in batch
+                ],
+            )
+            for (level, tenant, weight), job in zip(batch, added, strict=True):
+                start, tag = clock.place(level, tenant, weight)
+                placed.append((tag, start))
+                # The script reads the head's start tag back from its index.
+                clock.observe_head(min(placed)[1])
+                assert job.priority == TAG_FLOOR + math.floor(tag)
+    finally:
+        broker.close()
+        delete_prefix(prefix)
+
+
+def test_a_new_job_goes_ahead_of_waiting_jobs_when_its_tag_says_so(fq_prefix, redis_client):
+    enqueue_jobs("email", [{} for _ in range(1_000)], tenant_id="bulk", priority_level="low")
+    urgent = enqueue_job("email", {}, tenant_id="ops", priority_level="critical")
+    assert redis_client.zrank(f"{fq_prefix}:email:prioritized", urgent.job_id) <= 1
+    sparse = enqueue_job("email", {}, tenant_id="small", priority_level="low")
+    assert redis_client.zrank(f"{fq_prefix}:email:prioritized", sparse.job_id) <= 3
+
+
+# Tags are fixed when a job is added: a backlog added while its tenant was alone keeps
+# the spacing it got then. The floods below arrive together, as live floods do.
+
+
+def test_two_tenants_flooding_a_level_alternate_for_a_stock_worker(fq_prefix):
+    for _ in range(100):
+        enqueue_job("email", {}, tenant_id="A", priority_level="normal")
+        enqueue_job("email", {}, tenant_id="B", priority_level="normal")
+    order = [data["tenantId"] for _, data in drain_with_stock_worker(fq_prefix, "email", 200)]
+    for start in range(0, 200, 20):
+        assert Counter(order[start : start + 20]) == {"A": 10, "B": 10}
+
+
+def test_a_weight_3_tenant_gets_three_turns_per_round(fq_prefix):
+    for _ in range(50):
+        enqueue_jobs("email", [{}] * 3, tenant_id="big", priority_level="normal", tenant_weight=3)
+        enqueue_job("email", {}, tenant_id="small", priority_level="normal")
+    order = [data["tenantId"] for _, data in drain_with_stock_worker(fq_prefix, "email", 120)]
+    for start in range(0, 120, 20):
+        assert Counter(order[start : start + 20]) == {"big": 15, "small": 5}
+
+
+def test_a_levels_share_does_not_grow_with_its_tenant_count(fq_prefix):
+    for _ in range(40):
+        for tenant in range(8):
+            enqueue_job("email", {}, tenant_id=f"c{tenant}", priority_level="critical")
+        enqueue_jobs("email", [{}] * 2, tenant_id="solo", priority_level="low")
+    order = [data["priorityLevel"] for _, data in drain_with_stock_worker(fq_prefix, "email", 300)]
+    assert abs(Counter(order[:300])["low"] - 60) <= 2
+
+
+def test_ready_time_is_redis_clock_not_the_producers(fq_prefix, redis_client, monkeypatch):
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() - 600)  # a producer 10 minutes behind
+    job = enqueue_job("email", {}, tenant_id="t", priority_level="low")
+    monkeypatch.setattr(time, "time", real)
+    seconds, micros = redis_client.time()
+    redis_now = seconds * 1000 + micros // 1000
+    ready = redis_client.zscore(f"{fq_prefix}:email:fq:ready", job.job_id)
+    assert 0 <= redis_now - ready < 5_000
+    stamped = int(redis_client.hget(f"{fq_prefix}:email:{job.job_id}", "timestamp"))
+    assert redis_now - stamped > 500_000  # BullMQ's own timestamp is the producer's
+
+
+def test_an_idle_queue_starts_afresh_at_the_floor(fq_prefix, redis_client):
+    enqueue_jobs("email", [{}] * 30, tenant_id="t", priority_level="low")
+    drain_with_stock_worker(fq_prefix, "email", 30)
+    again = enqueue_job("email", {}, tenant_id="t", priority_level="low")
+    assert again.bullmq_priority == TAG_FLOOR + 12
