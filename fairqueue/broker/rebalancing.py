@@ -158,7 +158,6 @@ class RebalancingMixin(_Base):
             self.fair_key(queue, "jobs"),
             self.key(queue, "prioritized"),
             self.key(queue, "delayed"),
-            self.key(queue, "wait"),
             lock_key,
         ]
         walk = IndexWalk()

@@ -1,12 +1,13 @@
 --[[
   Walk one page of fairqueue's ready-time index, oldest first, from a cursor: count the
   jobs still waiting, per level, and drop the entries of jobs that left (taken by a
-  worker, finished, removed). Stock workers never tell fairqueue that a job left, so
-  this is how the index is trimmed. No payload is read.
+  worker, finished, removed; a job in the wait list is dropped too and re-indexed from
+  its payload when the pass adopts it). Stock workers never tell fairqueue that a job
+  left, so this is how the index is trimmed. No payload is read; every entry costs O(1).
 
   KEYS[1] ready (zset id -> ready ms)  KEYS[2] jobs (hash id -> meta)
   KEYS[3] BullMQ's prioritized         KEYS[4] BullMQ's delayed
-  KEYS[5] BullMQ's wait                KEYS[6] the leader lock
+  KEYS[5] the leader lock
   ARGV    token, lock ttl ms, cursor score ('' = from the start), entries already
           seen at that score, page size, wait bound ms (the walk stops at now - bound;
           '' = walk to the end), dry run (1/0)
@@ -16,7 +17,7 @@
 --- @include lock_fence
 local token, ttl = ARGV[1], ARGV[2]
 local dry = ARGV[7] == '1'
-if not dry and not fqHoldLock(KEYS[6], token, ttl) then return {-1, '', 0, 1, 0, {}} end
+if not dry and not fqHoldLock(KEYS[5], token, ttl) then return {-1, '', 0, 1, 0, {}} end
 local cursor, seen, page = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
 local upper = '+inf'
 if ARGV[6] ~= '' then
@@ -44,8 +45,8 @@ for i = 1, #rows, 2 do
     end
     s[1] = s[1] + 1
     seen = seen + 1
-  elseif redis.call('ZSCORE', KEYS[4], id) or redis.call('LPOS', KEYS[5], id, 'RANK', -1, 'MAXLEN', 1000) then
-    seen = seen + 1 -- delayed (BullMQ promotes it later) or about to be adopted
+  elseif redis.call('ZSCORE', KEYS[4], id) then
+    seen = seen + 1 -- delayed: BullMQ promotes it later
   elseif dry then
     seen = seen + 1
   else
