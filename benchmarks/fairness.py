@@ -1,62 +1,83 @@
-"""Fairness under load: plain BullMQ priorities, seed 1's occupancy policy and fairqueue,
-side by side in one run, on a real Redis with a real (stock) BullMQ worker.
+"""Fairness under live load: plain BullMQ priorities, fairqueue without its loop and
+fairqueue with the real ``rebalance_fair`` loop, side by side in one run.
 
-Schedulers (same workload, same worker, one after the other, each in its own prefix):
+Everything is real: Redis, a stock Node BullMQ 6.7 ``Worker`` consuming
+(``benchmarks/fairness_worker.mjs``, no fairqueue code; ``--concurrency`` jobs at a time,
+each "running" ``--run-ms``), Python producers enqueuing, and for ``fairqueue`` the
+``manage.py rebalance_fair --interval-ms`` loop as a subprocess.
 
-* ``plain``     - ``bullmq.Queue.addBulk`` with seed 2's numbers (critical=1, high=3,
-  normal=5, low=10) and nothing else: BullMQ's strict priority ladder, FIFO within.
-* ``occupancy`` - seed 1's literal policy: jobs enqueued with ``enqueue_jobs`` and, every
-  interval, the whole waiting set ordered by ``scheduler.order_by_occupancy`` (largest
-  waiting/weight first, overdue jobs first) and written with the broker's
-  ``set_priorities`` into the window band, as fairqueue's own pass does (same priority
-  plan, same writes). Only the ordering function differs from ``fairqueue``.
-* ``fairqueue`` - ``enqueue_jobs`` plus ``rebalance.arebalance_queue`` every interval.
+Schedulers (same workload and worker, one after the other, each under its own prefix):
 
-Scenarios (floods are closed-loop: a source keeps N jobs waiting, so its level stays
-backlogged and the service shares show the scheduler, not the arrival rates):
+* ``plain``            - ``bullmq.Queue.addBulk`` with seed 2's numbers (critical=1,
+  high=3, normal=5, low=10): BullMQ's strict priority ladder, FIFO within a priority.
+* ``fairqueue-noloop`` - ``fairqueue.services.enqueue_jobs(priority_level=, tenant_id=)``
+  and nothing else: the order the enqueue path gives.
+* ``fairqueue``        - the same enqueue plus ``manage.py rebalance_fair`` (with
+  ``QUEUE_FAIR_MAX_WAIT_MS=--bound-ms``, ``FAIRQUEUE_PREFIX`` and the producer's
+  settings, ``benchmarks/fairness_settings.py``), started before the arrivals and
+  waited for until it holds its leader lock.
 
-* ``backlogged``   - all four levels backlogged with the same number of jobs each.
-* ``flood``        - a large critical backlog and a little low work.
-* ``trickle``      - one critical job always present (topped up as soon as it is
-  taken), low backlogged.
-* ``tenant-flood`` - one tenant keeps a large normal backlog; four quiet tenants of the
-  same level send a few jobs a second.
-* ``tenant-pair``  - two tenants keep equal normal backlogs (SPEC decision 8's "fewest
-  waiting jobs first" rule between tenants that flood alike).
+(The former seed-1 ``occupancy`` column is gone: it needed a pass of its own, not cheap
+to keep beside a real loop; ``bench_policy.py`` still times ``order_by_occupancy``.)
 
-The level-share scenarios give each level a single tenant, so the tenant rule does not
-mix into the level shares; the two tenant scenarios measure it on its own.
+First a calibration: the same worker on a plain backlog; its median 1 s completion rate
+is the *capacity* C the arrival rates are scaled from. Arrivals are open-loop and
+evenly spaced (a source of rate r has sent floor(r*t)+1 jobs at time t; the producer
+ticks every 5 ms and enqueues what is due in one call per source), so a slow
+scheduler cannot slow its own arrivals down. Scenarios (``--seconds`` of arrivals each):
 
-Everything is scaled down so the run takes a few minutes: jobs run ``--run-ms`` (3 ms),
-the wait bound is ``--bound-ms`` (3 s instead of 5 min), passes run every
-``--interval-ms`` (250 ms instead of 5 s), and backlogs are sized from the worker's
-measured throughput so that fair waits stay well under the bound.
+1. ``backlogged``      - each level at 1.0 C (4 C in all): served shares vs 40/30/20/10.
+2. ``flood``           - critical at 2 C, low at 0.2 C: low's served rate against its
+   entitlement, low's wait.
+3. ``trickle``         - critical 1 job / 50 ms beside normal at 1.25 C: critical's wait.
+   Normal's backlog passes the wait bound after a few seconds, so this also checks that
+   overdue jobs of an overloaded level do not take a conforming level's turns (SPEC 9).
+4. ``tenant-pair``     - normal: tenants A and B at 1 C each, tenant ``sparse`` 1 job /
+   200 ms: Jain's index of A and B per 5 s window, the sparse tenant's wait.
+5. ``tenant-weighted`` - normal: ``heavy`` (``tenant_weight=3``) and ``light`` (weight 1)
+   at 1 C each: heavy/light service ratio (target 3). Needs ``enqueue_jobs(...,
+   tenant_weight=)``: where fairqueue has no such argument only ``plain`` runs (it has no
+   weights; its producer sends none) and the target says "not measured".
+6. ``overload``        - each level at 0.75 C (3 C in all): each level's share / its
+   weight share; also the throughput comparison (loop vs no loop).
+7. ``underload``       - each level at 0.175 C (0.7 C in all): jobs over the bound.
 
-Reported per level: share of the worker's service against the fair share (weights
-4:3:2:1 among the levels that had work waiting, computed per 1 s window by weighted
-max-min and summed), p50/p99/max wait, jobs that waited longer than the bound, jobs
-still waiting at the end and already older than the bound. Per scenario and scheduler:
-Jain's fairness index over tenants, of each tenant's service divided by its fair share
-(hierarchical weighted max-min: levels by weight, then tenants equally), averaged over
-1 s windows - 1.0 is perfectly fair, 1/n is one tenant getting everything.
+After the arrivals, a drain phase (at most ``--drain-s``) lets the worker work on; then
+the worker is stopped (active jobs finish) and the loop after it.
 
-    python benchmarks/fairness.py [--seconds 15] [--scenario flood ...]
-        [--interval-ms 250 --bound-ms 3000]
+Measured (times from this one machine's clocks: the producer's ``job.timestamp``, the
+worker's ``processedOn``/``finishedOn``):
 
-A pass restarts the virtual clock (the policy is stateless), so each pass the lightest
-backlogged level can lose the fraction of a turn it was owed: at ~40 jobs a pass that
-is visible (low ~9% instead of 10%), at ~200 a pass it is not (``--interval-ms 1000
---bound-ms 12000``: shares within 2%). Keep the bound at several intervals, or backlogs
-sized for fair waits under the bound drain within one pass (a warning says so).
+* window W = [start + 2 s warm-up, end of arrivals]. The warm-up leaves out the start,
+  where backlogs are still building and the loop's first pass is not done yet.
+* served: jobs the worker *took* (``processedOn``) in W, per level / tenant; share =
+  served / all served in W.
+* entitlement: hierarchical weighted max-min of the *arrival* rates in W (levels 4:3:2:1,
+  tenants by weight inside a level), of the capacity actually used in W (all served);
+  ratio = served / entitlement (1.0 = exactly fair).
+* wait = processedOn - timestamp, for jobs that *arrived* in W; a job not taken by the end
+  of the drain counts with its age then (a lower bound, shown as ``>=``). p50/p99/max;
+  ``>bound`` = waits over ``--bound-ms``.
+* throughput: median of the 1 s completion (``finishedOn``) counts in W.
+* exactly once: ``dup`` = jobs the worker reported twice or more; ``lost`` = jobs enqueued,
+  never reported, and no longer waiting in Redis; ``left`` = still waiting at the end
+  (expected under overload: not an error).
 
-Writes ``benchmarks/out/fairness.png`` (cumulative service per level over time).
+The last table checks the issue's "done when" criteria on ``fairqueue`` (loop running),
+with ``fairqueue-noloop`` and ``plain`` beside it as baselines. Absolute numbers move
+with the machine's load; the criteria are ratios, or waits measured against job run
+times. Writes ``benchmarks/out/fairness.png`` (cumulative service per level or tenant
+over time, per scenario and scheduler); ``--json`` dumps the numbers.
+
+    python benchmarks/fairness.py [--scenario trickle ...] [--seconds 20] [--run-ms 10]
+        [--concurrency 2] [--interval-ms 250] [--bound-ms 3000] [--drain-s 3]
+        [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import json
 import math
 import os
@@ -64,14 +85,15 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -80,88 +102,20 @@ from benchmarks.common import REDIS_URL, delete_prefix  # noqa: E402
 
 JOB_TYPE = "bench"
 QUEUE = "bench"
+SETTINGS_MODULE = "benchmarks.fairness_settings"
 LEVELS = ("critical", "high", "normal", "low")
 WEIGHTS = {"critical": 4, "high": 3, "normal": 2, "low": 1}
+WEIGHT_SHARE = {level: w / sum(WEIGHTS.values()) for level, w in WEIGHTS.items()}
 PLAIN_PRIORITY = {"critical": 1, "high": 3, "normal": 5, "low": 10}
-SCHEDULERS = ("plain", "occupancy", "fairqueue")
+SCHEDULERS = ("plain", "fairqueue-noloop", "fairqueue")
 COLORS = {"critical": "tab:red", "high": "tab:orange", "normal": "tab:blue", "low": "tab:green"}
-#: Producer tick: how soon a taken job is replaced in a closed-loop source.
-TICK_S = 0.004
-#: The first seconds (backlogs filling, first passes) are left out of the metrics.
-WARMUP_S = 1.5
-WINDOW_S = 1.0
-UNBOUNDED = 1e12
-
-
-# -- the worker (a separate process, no Django) -------------------------------------------
-
-
-def started_key(prefix: str) -> str:
-    return f"{prefix}:{QUEUE}:bench-started"
-
-
-async def _worker_main(prefix: str, run_ms: float) -> None:
-    """A stock bullmq Worker, concurrency 1. Each job bumps its source's counter (so the
-    producer can keep closed-loop backlogs topped up) and then takes ``run_ms``."""
-    import redis.asyncio as aioredis
-    from bullmq import Worker
-
-    client = aioredis.from_url(REDIS_URL)
-    key = started_key(prefix)
-
-    async def process(job: Any, token: str) -> None:
-        await client.hincrby(key, job.data.get("src", "?"), 1)
-        await asyncio.sleep(run_ms / 1000)
-
-    worker = Worker(
-        QUEUE,
-        process,
-        {"connection": REDIS_URL, "prefix": prefix, "concurrency": 1, "autorun": False},
-    )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    run = asyncio.ensure_future(worker.run())
-    # Ready once it blocks waiting for a job (the queue is empty until we say so), so a
-    # slow start-up never counts against a scheduler.
-    deadline = time.monotonic() + 20
-    while worker.waiting is None and not run.done() and time.monotonic() < deadline:
-        await asyncio.sleep(0.01)
-    print("ready", flush=True)
-    await stop.wait()
-    await worker.close()
-    await asyncio.gather(run, return_exceptions=True)
-    await client.aclose()
-
-
-WORKER_LOG = ROOT / "benchmarks" / "out" / "worker.log"
-
-
-def start_worker(prefix: str, run_ms: float) -> subprocess.Popen[str]:
-    WORKER_LOG.parent.mkdir(parents=True, exist_ok=True)
-    with WORKER_LOG.open("a") as log:
-        process = subprocess.Popen(
-            [sys.executable, __file__, "--worker", prefix, "--run-ms", str(run_ms)],
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-        )
-    if process.stdout is None or process.stdout.readline().strip() != "ready":
-        process.kill()
-        raise RuntimeError(f"the benchmark worker did not start; see {WORKER_LOG}")
-    return process
-
-
-def stop_worker(process: subprocess.Popen[str]) -> None:
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-    if process.returncode not in (0, -signal.SIGKILL):
-        print(f"warning: the worker exited with {process.returncode}; see {WORKER_LOG}")
+WORKER_JS = ROOT / "benchmarks" / "fairness_worker.mjs"
+OUT = ROOT / "benchmarks" / "out"
+LOG = OUT / "fairness.log"
+TICK_S = 0.005
+WARMUP_S = 2.0
+JAIN_WINDOW_S = 5.0
+MAX_BATCH = 1000
 
 
 # -- workload -----------------------------------------------------------------------------
@@ -169,13 +123,12 @@ def stop_worker(process: subprocess.Popen[str]) -> None:
 
 @dataclass(frozen=True)
 class Source:
-    """A stream of jobs of one (level, tenant): keep ``backlog`` waiting, or add
-    ``rate`` jobs a second."""
+    """An open-loop stream of ``rate`` jobs a second of one (level, tenant)."""
 
     level: str
     tenant: str
-    backlog: int = 0
-    rate: float = 0.0
+    rate: float
+    weight: int | None = None
 
     @property
     def key(self) -> str:
@@ -187,82 +140,177 @@ class Scenario:
     name: str
     description: str
     sources: tuple[Source, ...]
+    by_tenant: bool = False
+    jain_tenants: tuple[str, ...] = ()
+    needs_weights: bool = False
 
 
-def build_scenarios(throughput: float, bound_s: float) -> dict[str, Scenario]:
-    """Backlogs sized from the measured ``throughput`` (jobs/s).
+def build_scenarios(capacity: float) -> dict[str, Scenario]:
+    c = capacity
 
-    A backlog of ``throughput * share * t`` jobs waits about ``t`` under fair service. The
-    level-share scenarios give each level one tenant (the tenant rule is measured on its
-    own, in ``tenant-flood`` and ``tenant-pair``) and keep fair waits at 0.4-0.5 of the
-    bound, and every flooded level holds a few passes' worth of its share, so a pass
-    never runs out of any level before the next one.
-    """
+    def per_level(factor: float) -> tuple[Source, ...]:
+        return tuple(Source(level, f"{level[0]}1", factor * c) for level in LEVELS)
 
-    def jobs(share: float, wait_s: float) -> int:
-        return max(2, round(throughput * share * wait_s))
-
-    # Backlogged: the same backlog on every level. Under 4:3:2:1, low (10% of the
-    # worker) waits about half the bound and critical an eighth of it.
-    per_level = jobs(0.1, 0.5 * bound_s)
-    backlogged = tuple(Source(level, level[:1] + "1", backlog=per_level) for level in LEVELS)
-    flood = (
-        Source("critical", "c1", backlog=jobs(0.8, 0.4 * bound_s)),
-        Source("low", "l1", backlog=jobs(0.2, 0.25 * bound_s)),
-    )
-    trickle = (
-        Source("critical", "c1", backlog=1),
-        Source("low", "l1", backlog=jobs(1.0, 0.25 * bound_s)),
-    )
-    tenant_flood = (
-        Source("normal", "flood", backlog=jobs(1.0, 0.3 * bound_s)),
-        *(Source("normal", f"quiet{i}", rate=throughput * 0.02) for i in range(1, 5)),
-    )
-    tenant_pair = (
-        Source("normal", "t1", backlog=jobs(0.5, 0.3 * bound_s)),
-        Source("normal", "t2", backlog=jobs(0.5, 0.3 * bound_s)),
-    )
-    return {
-        s.name: s
-        for s in (
-            Scenario("backlogged", "all four levels backlogged, equal backlogs", backlogged),
-            Scenario("flood", "sustained critical flood, a little low work", flood),
-            Scenario("trickle", "one critical job always present, low backlogged", trickle),
-            Scenario(
-                "tenant-flood", "one tenant floods normal, 4 quiet tenants send a few", tenant_flood
+    scenarios = (
+        Scenario("backlogged", "each level at 1.0x capacity", per_level(1.0)),
+        Scenario(
+            "flood",
+            "critical at 2x capacity, low at 0.2x",
+            (Source("critical", "c1", 2.0 * c), Source("low", "l1", 0.2 * c)),
+        ),
+        Scenario(
+            "trickle",
+            "critical 1 job / 50 ms beside normal at 1.25x capacity",
+            (Source("critical", "c1", 20.0), Source("normal", "n1", 1.25 * c)),
+        ),
+        Scenario(
+            "tenant-pair",
+            "normal: tenants A, B at 1x capacity each, sparse 1 job / 200 ms",
+            (
+                Source("normal", "A", 1.0 * c),
+                Source("normal", "B", 1.0 * c),
+                Source("normal", "sparse", 5.0),
             ),
-            Scenario("tenant-pair", "two tenants flood normal equally", tenant_pair),
-        )
+            by_tenant=True,
+            jain_tenants=("A", "B"),
+        ),
+        Scenario(
+            "tenant-weighted",
+            "normal: heavy (weight 3) and light (weight 1) at 1x capacity each",
+            (
+                Source("normal", "heavy", 1.0 * c, weight=3),
+                Source("normal", "light", 1.0 * c, weight=1),
+            ),
+            by_tenant=True,
+            needs_weights=True,
+        ),
+        Scenario("overload", "each level at 0.75x capacity (3x in all)", per_level(0.75)),
+        Scenario("underload", "each level at 0.175x capacity (0.7x in all)", per_level(0.175)),
+    )
+    return {s.name: s for s in scenarios}
+
+
+# -- processes ----------------------------------------------------------------------------
+
+
+def fair_env(prefix: str, args: argparse.Namespace) -> dict[str, str]:
+    """The settings the producer and the loop share (fairqueue.conf's variables)."""
+    return {
+        "DJANGO_SETTINGS_MODULE": SETTINGS_MODULE,
+        "FAIRQUEUE_PREFIX": prefix,
+        "FAIRQUEUE_REDIS_URL": REDIS_URL,
+        "QUEUE_FAIR_MAX_WAIT_MS": str(args.bound_ms),
+        "QUEUE_FAIR_REBALANCE_INTERVAL_MS": str(args.interval_ms),
     }
 
 
-def warn_if_drained(
-    scenarios: Mapping[str, Scenario], throughput: float, interval_s: float
-) -> None:
-    """Warn where a flooded level's backlog is smaller than what fair service takes from
-    it in one pass: a pass then runs out of that level, and the backlog sizes, not the
-    scheduler, set the shares. (Raise ``--bound-ms`` with ``--interval-ms``.)"""
-    for scenario in scenarios.values():
-        flooded = {s.level for s in scenario.sources if s.backlog > 1}
-        weight = sum(WEIGHTS[level] for level in flooded) or 1
-        for source in scenario.sources:
-            per_pass = throughput * interval_s * WEIGHTS[source.level] / weight
-            if source.backlog > 1 and source.backlog < 1.5 * per_pass:
-                print(
-                    f"warning: {scenario.name}: {source.key} keeps {source.backlog} jobs "
-                    f"waiting but fair service takes ~{per_pass:.0f} per pass; raise --bound-ms"
-                )
+def _stop_process(process: subprocess.Popen[Any], timeout: float = 15.0) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+class NodeWorker:
+    """The stock Node BullMQ worker; a thread reads its per-job lines."""
+
+    def __init__(self, prefix: str, args: argparse.Namespace, log: TextIO) -> None:
+        self.records: list[dict[str, Any]] = []
+        self.seen: set[str] = set()
+        self.ready = threading.Event()
+        self.process = subprocess.Popen(
+            [
+                "node",
+                str(WORKER_JS),
+                REDIS_URL,
+                prefix,
+                QUEUE,
+                str(args.concurrency),
+                str(args.run_ms),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            start_new_session=True,  # Ctrl-C reaches us only; our finally stops it
+        )
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+        if not self.ready.wait(30):
+            self.stop()
+            raise RuntimeError(f"the Node worker did not start; see {LOG}")
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            if line.strip() == "ready":
+                self.ready.set()
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            self.records.append(record)
+            self.seen.add(str(record["id"]))
+
+    def stop(self) -> None:
+        _stop_process(self.process)
+        self.reader.join(10)
+
+
+def start_loop(prefix: str, args: argparse.Namespace, log: TextIO) -> subprocess.Popen[bytes]:
+    env = {**os.environ, **fair_env(prefix, args)}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "manage.py"),
+            "rebalance_fair",
+            "--queue",
+            JOB_TYPE,
+            "--interval-ms",
+            str(args.interval_ms),
+            "--verbosity",
+            "0",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+    )
+
+
+def wait_for_loop(prefix: str, loop: subprocess.Popen[bytes], timeout: float = 20.0) -> bool:
+    """Until the loop holds its leader lock (its first pass has begun)."""
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline and loop.poll() is None:
+            if client.exists(f"{prefix}:{QUEUE}:fq:leader"):
+                return True
+            time.sleep(0.05)
+    finally:
+        client.close()
+    return False
 
 
 # -- one run ------------------------------------------------------------------------------
 
 
 @dataclass
-class JobRecord:
+class Job:
     level: str
     tenant: str
-    enqueued_ms: int
-    started_ms: int | None
+    ts: int | None = None
+    processed: int | None = None
+    finished: int | None = None
+    times: int = 0
+    failed: int = 0
 
 
 @dataclass
@@ -271,269 +319,253 @@ class Run:
     scenario: Scenario
     t0_ms: int
     t_end_ms: int
-    jobs: list[JobRecord]
-    passes: list[float] = field(default_factory=list)
+    t_stop_ms: int
+    jobs: dict[str, Job]
+    duplicates: int = 0
+    lost: int = 0
+    left: int = 0
+    unknown: int = 0
+    failed: int = 0
+    loop_errors: int = 0
+    loop_ready: bool | None = None
 
 
 class Producer:
-    """Keeps every source of a scenario supplied, through the scheduler's enqueue path."""
+    """Open-loop arrivals for every source, through the scheduler's enqueue path."""
 
     def __init__(
-        self,
-        scheduler: str,
-        scenario: Scenario,
-        prefix: str,
-        executor: ThreadPoolExecutor | None,
+        self, scheduler: str, scenario: Scenario, prefix: str, db: ThreadPoolExecutor
     ) -> None:
         self.scheduler = scheduler
         self.sources = scenario.sources
         self.prefix = prefix
-        self.executor = executor
-        self.enqueued: Counter[str] = Counter()
-        self.credit: dict[str, float] = defaultdict(float)
-        self.job_ids: list[str] = []
+        self.db = db
+        self.jobs: dict[str, Job] = {}
 
-    async def run(self, stop: asyncio.Event) -> None:
-        import redis.asyncio as aioredis
-        from bullmq import Queue
+    async def run(self, seconds: float) -> None:
+        queue = None
+        if self.scheduler == "plain":
+            from bullmq import Queue
 
-        client = aioredis.from_url(REDIS_URL, decode_responses=True)
-        queue = Queue(QUEUE, {"connection": REDIS_URL, "prefix": self.prefix})
-        last = time.monotonic()
+            queue = Queue(QUEUE, {"connection": REDIS_URL, "prefix": self.prefix})
+        sent = [0] * len(self.sources)
+        start = time.monotonic()
         try:
-            while not stop.is_set():
-                started = {
-                    k: int(v) for k, v in (await client.hgetall(started_key(self.prefix))).items()
-                }
-                now = time.monotonic()
-                for source in self.sources:
-                    if source.backlog:
-                        count = source.backlog - (
-                            self.enqueued[source.key] - started.get(source.key, 0)
-                        )
-                    else:
-                        self.credit[source.key] += source.rate * (now - last)
-                        count = int(self.credit[source.key])
-                        self.credit[source.key] -= count
+            while (elapsed := time.monotonic() - start) < seconds:
+                for index, source in enumerate(self.sources):
+                    count = min(int(source.rate * elapsed) + 1 - sent[index], MAX_BATCH)
                     if count > 0:
-                        await self._add(queue, source, min(count, 1000))
-                last = now
+                        ids = await self._add(queue, source, count)
+                        sent[index] += count
+                        for job_id in ids:
+                            self.jobs[job_id] = Job(source.level, source.tenant)
                 await asyncio.sleep(TICK_S)
         finally:
-            await queue.close()
-            await client.aclose()
+            if queue is not None:
+                await queue.close()
 
-    async def _add(self, queue: Any, source: Source, count: int) -> None:
-        data = {"src": source.key}
-        if self.scheduler == "plain":
+    async def _add(self, queue: Any, source: Source, count: int) -> list[str]:
+        if queue is not None:
+            data = {"tenantId": source.tenant, "priorityLevel": source.level}
+            opts = {"priority": PLAIN_PRIORITY[source.level]}
             jobs = await queue.addBulk(
-                [
-                    {
-                        "name": JOB_TYPE,
-                        "data": {**data, "tenantId": source.tenant, "priorityLevel": source.level},
-                        "opts": {"priority": PLAIN_PRIORITY[source.level]},
-                    }
-                    for _ in range(count)
-                ]
+                [{"name": JOB_TYPE, "data": data, "opts": opts} for _ in range(count)]
             )
-            ids = [str(job.id) for job in jobs]
-        else:
-            from fairqueue.services import enqueue_jobs
-
-            enqueue = functools.partial(
-                enqueue_jobs,
-                JOB_TYPE,
-                [data] * count,
-                tenant_id=source.tenant,
-                priority_level=source.level,
-                source="benchmarks/fairness.py",
-            )
-            results = await asyncio.get_running_loop().run_in_executor(self.executor, enqueue)
-            ids = [result.job_id for result in results]
-        self.enqueued[source.key] += count
-        self.job_ids.extend(ids)
+            return [str(job.id) for job in jobs]
+        return await asyncio.get_running_loop().run_in_executor(
+            self.db, enqueue_fair, source, count
+        )
 
 
-async def occupancy_pass(broker: Any, *, bound_ms: int) -> None:
-    """Seed 1's literal policy through fairqueue's pass mechanics: read the whole waiting
-    set, order it with ``order_by_occupancy``, write the changed priorities."""
-    from fairqueue.broker import WINDOW_BAND_TOP
-    from fairqueue.rebalance import pending_from_job, plan_priorities
-    from fairqueue.scheduler import order_by_occupancy
+def enqueue_fair(source: Source, count: int) -> list[str]:
+    from fairqueue.services import enqueue_jobs
 
-    snapshot = await broker.read_head(QUEUE, window=100_000, max_window_band=100_000)
-    pending, unparsed = [], []
-    for job in snapshot.jobs:
-        parsed = pending_from_job(job)
-        (pending if parsed is not None else unparsed).append(parsed or job)
-    order = order_by_occupancy(pending, now_ms=now_ms(), max_wait_ms=bound_ms)
-    by_id = {job.job_id: job for job in snapshot.jobs}
-    sequence = [by_id[item.job_id] for item in order] + unparsed
-    current = [0 if job.in_wait_list else job.priority for job in sequence]
-    planned = plan_priorities(current, upper=min(snapshot.upper_bound, WINDOW_BAND_TOP))
-    changes = [
-        (job.job_id, new)
-        for job, old, new in zip(sequence, current, planned, strict=True)
-        if new != old
-    ]
-    if changes:
-        await broker.set_priorities(QUEUE, changes)
+    weight = {} if source.weight is None else {"tenant_weight": source.weight}
+    results = enqueue_jobs(
+        JOB_TYPE,
+        [{}] * count,
+        tenant_id=source.tenant,
+        priority_level=source.level,
+        source="benchmarks/fairness.py",
+        **weight,  # type: ignore[typeddict-unknown-key]
+    )
+    return [result.job_id for result in results]
 
 
-async def rebalance_loop(
-    scheduler: str,
-    broker: Any,
-    stop: asyncio.Event,
-    *,
-    interval_ms: int,
-    bound_ms: int,
-    durations: list[float],
-) -> None:
-    from fairqueue.rebalance import arebalance_queue
+def supports_tenant_weight() -> bool:
+    """Whether ``enqueue_job`` takes ``tenant_weight=``: an unknown job type fails
+    validation after the keyword arguments are bound, so nothing is written."""
+    from fairqueue.exceptions import UnknownJobTypeError
+    from fairqueue.services import enqueue_job
 
-    while not stop.is_set():
-        started = time.perf_counter()
-        if scheduler == "fairqueue":
-            await arebalance_queue(JOB_TYPE, broker=broker)
-        else:
-            await occupancy_pass(broker, bound_ms=bound_ms)
-        elapsed = time.perf_counter() - started
-        durations.append(elapsed * 1000)
-        try:
-            await asyncio.wait_for(stop.wait(), max(0.0, interval_ms / 1000 - elapsed))
-        except TimeoutError:
-            pass
+    try:
+        enqueue_job("fqbench-probe-no-such-type", {}, tenant_weight=1)  # type: ignore[typeddict-unknown-key]
+    except TypeError:
+        return False
+    except UnknownJobTypeError:
+        return True
+    return True
+
+
+async def drive(
+    producer: Producer, worker: NodeWorker, args: argparse.Namespace
+) -> tuple[int, int, int]:
+    t0 = now_ms()
+    await producer.run(args.seconds)
+    t_end = now_ms()
+    deadline = time.monotonic() + args.drain_s
+    while time.monotonic() < deadline and not set(producer.jobs) <= worker.seen:
+        await asyncio.sleep(0.1)
+    return t0, t_end, now_ms()
 
 
 def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-async def drive(
-    scheduler: str,
-    scenario: Scenario,
-    prefix: str,
-    args: argparse.Namespace,
-    executor: ThreadPoolExecutor | None,
-    worker: subprocess.Popen[str],
-) -> Run:
-    import redis.asyncio as aioredis
-
-    from fairqueue.broker import Broker
-
-    broker = Broker(REDIS_URL, prefix)
-    producer = Producer(scheduler, scenario, prefix, executor)
-    stop = asyncio.Event()
-    durations: list[float] = []
-    t0 = now_ms()
-    tasks = [asyncio.ensure_future(producer.run(stop))]
-    if scheduler != "plain":
-        tasks.append(
-            asyncio.ensure_future(
-                rebalance_loop(
-                    scheduler,
-                    broker,
-                    stop,
-                    interval_ms=args.interval_ms,
-                    bound_ms=args.bound_ms,
-                    durations=durations,
-                )
-            )
-        )
-    await asyncio.sleep(args.seconds)
-    t_end = now_ms()
-    stop.set()
-    await asyncio.gather(*tasks)
-    await asyncio.get_running_loop().run_in_executor(None, stop_worker, worker)
-
-    client = aioredis.from_url(REDIS_URL, decode_responses=True)
-    records: list[JobRecord] = []
-    ids = producer.job_ids
-    for start in range(0, len(ids), 2000):
-        async with client.pipeline(transaction=False) as pipe:
-            for job_id in ids[start : start + 2000]:
-                pipe.hmget(f"{prefix}:{QUEUE}:{job_id}", "data", "timestamp", "processedOn")
-            rows = await pipe.execute()
-        for data, timestamp, processed in rows:
-            payload = json.loads(data)
-            started = int(processed) if processed is not None else None
-            records.append(
-                JobRecord(
-                    level=payload["priorityLevel"],
-                    tenant=payload["tenantId"],
-                    enqueued_ms=int(timestamp),
-                    started_ms=started if started is not None and started <= t_end else None,
-                )
-            )
-    await client.aclose()
-    await broker.close()
-    return Run(scheduler, scenario, t0, t_end, records, durations)
-
-
 def run_one(
-    scheduler: str,
-    scenario: Scenario,
-    args: argparse.Namespace,
-    executor: ThreadPoolExecutor | None,
+    scheduler: str, scenario: Scenario, args: argparse.Namespace, db: ThreadPoolExecutor
 ) -> Run:
-    """One scheduler on one scenario, under a fresh prefix that is deleted afterwards."""
-    from django.test.utils import override_settings
-
+    """One scheduler on one scenario under a fresh prefix, deleted afterwards."""
     from fairqueue import conf
     from fairqueue.broker import close_brokers
 
     prefix = f"fqbench-{uuid.uuid4().hex[:12]}"
-    fairqueue_settings = {
-        "PREFIX": prefix,
-        "QUEUES": {JOB_TYPE: QUEUE},
-        "REDIS_URL": REDIS_URL,
-        "MAX_WAIT_MS": args.bound_ms,
-        "REBALANCE_INTERVAL_MS": args.interval_ms,
-    }
+    os.environ.update(fair_env(prefix, args))
+    db.submit(conf.reload_settings).result()
+    worker: NodeWorker | None = None
+    loop: subprocess.Popen[bytes] | None = None
+    OUT.mkdir(parents=True, exist_ok=True)
+    with LOG.open("a") as log:
+        log.write(f"--- {scenario.name} / {scheduler} ({prefix})\n")
+        log.flush()
+        loop_log_start = LOG.stat().st_size
+        try:
+            loop_ready = None
+            if scheduler == "fairqueue":
+                loop = start_loop(prefix, args, log)
+            worker = NodeWorker(prefix, args, log)
+            if loop is not None:
+                loop_ready = wait_for_loop(prefix, loop)
+                if not loop_ready:
+                    print(f"  warning: the rebalance loop did not take its lock; see {LOG}")
+            producer = Producer(scheduler, scenario, prefix, db)
+            t0, t_end, t_stop = asyncio.run(drive(producer, worker, args))
+            worker.stop()
+            if loop is not None:
+                _stop_process(loop)
+                if loop.returncode not in (0, None):
+                    print(f"  warning: the rebalance loop exited with {loop.returncode}")
+            run = collect(scheduler, scenario, prefix, producer.jobs, worker, t0, t_end, t_stop)
+            run.loop_ready = loop_ready
+        finally:
+            if worker is not None:
+                worker.stop()
+            if loop is not None:
+                _stop_process(loop)
+            db.submit(close_brokers).result()
+            close_brokers()
+            delete_prefix(prefix)
+    with LOG.open() as log:
+        log.seek(loop_log_start)
+        run.loop_errors = sum(1 for line in log if "pass failed" in line or "Traceback" in line)
+    return run
+
+
+def collect(
+    scheduler: str,
+    scenario: Scenario,
+    prefix: str,
+    jobs: dict[str, Job],
+    worker: NodeWorker,
+    t0: int,
+    t_end: int,
+    t_stop: int,
+) -> Run:
+    """Match the worker's reports to what was enqueued; look up what was not reported."""
+    import redis
+
+    run = Run(scheduler, scenario, t0, t_end, t_stop, jobs)
+    for record in worker.records:
+        job = jobs.get(str(record["id"]))
+        if job is None:
+            run.unknown += 1
+            continue
+        if not record.get("ok", True):
+            job.failed += 1
+            run.failed += 1
+            continue
+        job.times += 1
+        if job.times == 1:
+            job.ts, job.processed, job.finished = record["ts"], record["p"], record["f"]
+    run.duplicates = sum(1 for job in jobs.values() if job.times > 1)
+    missing = [job_id for job_id, job in jobs.items() if job.times == 0]
+    client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
     try:
-        with override_settings(FAIRQUEUE=fairqueue_settings):
-            conf.reload_settings()
-            worker = start_worker(prefix, args.run_ms)
-            try:
-                return asyncio.run(drive(scheduler, scenario, prefix, args, executor, worker))
-            finally:
-                if worker.poll() is None:
-                    stop_worker(worker)
-                if executor is not None:
-                    executor.submit(close_brokers).result()
-                close_brokers()
-                delete_prefix(prefix)
+        for start in range(0, len(missing), 2000):
+            chunk = missing[start : start + 2000]
+            with client.pipeline(transaction=False) as pipe:
+                for job_id in chunk:
+                    pipe.hmget(f"{prefix}:{QUEUE}:{job_id}", "timestamp", "finishedOn")
+                rows = pipe.execute()
+            for job_id, (timestamp, finished) in zip(chunk, rows, strict=True):
+                if timestamp is not None and finished is None:
+                    run.left += 1  # still in the queue (waiting, prioritized, delayed...)
+                    jobs[job_id].ts = int(timestamp)
+                else:
+                    run.lost += 1
     finally:
-        conf.reload_settings()
+        client.close()
+    return run
 
 
 def calibrate(args: argparse.Namespace) -> tuple[float, list[int]]:
-    """The worker's throughput (jobs/s) on a plain closed-loop backlog, with the
-    benchmark's own producer running: the budget backlogs are sized from.
+    """The worker's capacity (jobs/s) on a plain backlog it cannot empty: the higher
+    median 1 s completion rate of two 5 s runs (a burst of someone else's load on this
+    shared machine should not shrink every arrival rate)."""
+    from bullmq import Queue
 
-    Two short runs, the higher median of their 1 s rates: on a shared machine a burst of
-    someone else's load must not shrink every backlog (too small a backlog drains within
-    one pass and then the backlog sizes, not the scheduler, decide the shares).
-    """
-    scenario = Scenario("calibrate", "", (Source("normal", "t", backlog=300),))
-    seconds = args.seconds
-    args.seconds = 4.0
+    backlog = math.ceil(1.5 * args.concurrency * 1000 / args.run_ms * 6)
     medians, all_rates = [], []
-    try:
-        for _ in range(2):
-            run = run_one("plain", scenario, args, None)
-            starts = sorted(j.started_ms for j in run.jobs if j.started_ms is not None)
-            if len(starts) < 10:
-                raise RuntimeError("calibration: the worker served almost nothing")
+    OUT.mkdir(parents=True, exist_ok=True)
+    for _ in range(2):
+        prefix = f"fqbench-{uuid.uuid4().hex[:12]}"
+        worker = None
+        try:
+
+            async def fill(prefix: str = prefix) -> None:
+                queue = Queue(QUEUE, {"connection": REDIS_URL, "prefix": prefix})
+                for start in range(0, backlog, MAX_BATCH):
+                    count = min(MAX_BATCH, backlog - start)
+                    await queue.addBulk(
+                        [
+                            {"name": JOB_TYPE, "data": {}, "opts": {"priority": 5}}
+                            for _ in range(count)
+                        ]
+                    )
+                await queue.close()
+
+            asyncio.run(fill())
+            with LOG.open("a") as log:
+                worker = NodeWorker(prefix, args, log)
+                time.sleep(5.0)
+                worker.stop()
+            finished = sorted(r["f"] for r in worker.records)
+            if len(finished) < 10:
+                raise RuntimeError(f"calibration: the worker served almost nothing; see {LOG}")
             rates = []
-            a = starts[0] + 500
-            while a + 1000 <= run.t_end_ms:
-                rates.append(sum(1 for t in starts if a <= t < a + 1000))
+            a = finished[0] + 500
+            while a + 1000 <= finished[-1]:
+                rates.append(sum(1 for f in finished if a <= f < a + 1000))
                 a += 1000
+            if len(finished) >= backlog:
+                print("warning: the calibration backlog ran out; capacity is underestimated")
             all_rates.extend(rates)
-            medians.append(statistics.median(rates) if rates else len(starts) / 3.5)
-    finally:
-        args.seconds = seconds
+            medians.append(statistics.median(rates) if rates else len(finished) / 4.5)
+        finally:
+            if worker is not None:
+                worker.stop()
+            delete_prefix(prefix)
     return float(max(medians)), all_rates
 
 
@@ -562,268 +594,469 @@ def max_min(
 
 
 @dataclass
-class LevelStats:
+class Wait:
+    """A quantile of waits; ``censored``: some job in it had not been taken yet, so the
+    true value is at least this."""
+
+    seconds: float | None
+    censored: bool = False
+
+    def __str__(self) -> str:
+        if self.seconds is None:
+            return "-"
+        return (">=" if self.censored else "") + f"{self.seconds:.3f}"
+
+
+@dataclass
+class GroupStats:
+    arrived_rate: float
+    served_rate: float
     share: float
-    fair: float
-    p50: float | None
-    p99: float | None
-    max_wait: float | None
+    entitled_rate: float
+    ratio: float | None
+    p50: Wait
+    p99: Wait
+    max: Wait
     over_bound: int
-    starved: int
-    served: int
+    left: int
 
 
 @dataclass
 class RunStats:
-    levels: dict[str, LevelStats]
-    jain: float
+    scheduler: str
+    scenario: str
+    window_s: float
+    levels: dict[str, GroupStats]
+    tenants: dict[str, GroupStats]
     throughput: float
-    passes: int
-    pass_ms: float | None
-    max_wait_s: float
-    tenant_p99: dict[str, float | None]
-    tenant_max: dict[str, float | None]
+    throughput_mean: float
+    jain: list[float]
+    duplicates: int
+    lost: int
+    left: int
+    unknown: int
+    failed: int
+    loop_errors: int
+    loop_ready: bool | None
+    served_per_s: dict[str, list[int]] = field(default_factory=dict)
+
+
+def _quantile(waits: Sequence[tuple[float, bool]], q: float) -> Wait:
+    if not waits:
+        return Wait(None)
+    index = min(len(waits) - 1, max(0, math.ceil(q * len(waits)) - 1))
+    seconds, censored = waits[index]
+    # Any censored wait at or below this rank could really be larger than this value.
+    return Wait(seconds, censored or any(c for _, c in waits[: index + 1]))
 
 
 def analyse(run: Run, bound_ms: int) -> RunStats:
-    start = run.t0_ms + int(WARMUP_S * 1000)
-    end = run.t_end_ms
-    windows = []
-    a = start
-    while a + WINDOW_S * 1000 <= end:
-        windows.append((a, a + int(WINDOW_S * 1000)))
-        a += int(WINDOW_S * 1000)
-    # A closed-loop source replaces each job as soon as it is taken: it is backlogged all
-    # the time, so its demand is unbounded (counting only the jobs it happened to have
-    # would let a scheduler that serves it slowly look fair because it asked for little).
-    backlogged = {(s.level, s.tenant) for s in run.scenario.sources if s.backlog}
-    served_level: Counter[str] = Counter()
-    fair_level: Counter[str] = Counter()
-    jains = []
-    for a, b in windows:
-        demand: Counter[tuple[str, str]] = Counter()
-        served: Counter[tuple[str, str]] = Counter()
-        for job in run.jobs:
-            if job.enqueued_ms < b and (job.started_ms is None or job.started_ms >= a):
-                demand[(job.level, job.tenant)] += 1
-                if job.started_ms is not None and job.started_ms < b:
-                    served[(job.level, job.tenant)] += 1
-        for key in backlogged:
-            demand[key] = UNBOUNDED
-        total = sum(served.values())
-        level_demand = {lv: sum(d for (l2, _), d in demand.items() if l2 == lv) for lv in LEVELS}
-        level_alloc = max_min(total, level_demand, WEIGHTS)
-        x = []
-        for level in LEVELS:
-            served_level[level] += sum(s for (l2, _), s in served.items() if l2 == level)
-            fair_level[level] += level_alloc[level]
-            tenants = {t: d for (l2, t), d in demand.items() if l2 == level}
-            tenant_alloc = max_min(level_alloc[level], tenants, dict.fromkeys(tenants, 1.0))
-            for tenant, alloc in tenant_alloc.items():
-                if alloc > 1e-9:
-                    x.append(served[(level, tenant)] / alloc)
-        if x and sum(v * v for v in x) > 0:
-            jains.append(sum(x) ** 2 / (len(x) * sum(v * v for v in x)))
-        elif x:
-            jains.append(1 / len(x))
-    total_served = sum(served_level.values()) or 1
-    levels = {}
-    max_overall = 0.0
-    for level in LEVELS:
-        level_jobs = [j for j in run.jobs if j.level == level]
-        if not level_jobs:
-            continue
-        waits = sorted(
-            (j.started_ms - j.enqueued_ms) / 1000
-            for j in level_jobs
-            if j.started_ms is not None and start <= j.started_ms <= end
-        )
-        left = [(end - j.enqueued_ms) / 1000 for j in level_jobs if j.started_ms is None]
-        max_wait = max(waits + left, default=None)
-        max_overall = max(max_overall, max_wait or 0.0)
-        levels[level] = LevelStats(
-            share=served_level[level] / total_served,
-            fair=fair_level[level] / total_served,
-            p50=_quantile(waits, 0.5),
-            p99=_quantile(waits, 0.99),
-            max_wait=max_wait,
-            over_bound=sum(1 for w in waits if w * 1000 > bound_ms),
-            starved=sum(1 for w in left if w * 1000 > bound_ms),
-            served=served_level[level],
-        )
-    tenant_p99, tenant_max = {}, {}
-    for tenant in sorted({j.tenant for j in run.jobs}):
-        waits = sorted(
-            (j.started_ms - j.enqueued_ms) / 1000
-            for j in run.jobs
-            if j.tenant == tenant and j.started_ms is not None and start <= j.started_ms <= end
-        )
-        tenant_p99[tenant] = _quantile(waits, 0.99)
-        tenant_max[tenant] = waits[-1] if waits else None
-    return RunStats(
-        levels=levels,
-        jain=statistics.fmean(jains) if jains else float("nan"),
-        throughput=sum(served_level.values()) / max(1e-9, len(windows) * WINDOW_S),
-        passes=len(run.passes),
-        pass_ms=statistics.median(run.passes) if run.passes else None,
-        max_wait_s=max_overall,
-        tenant_p99=tenant_p99,
-        tenant_max=tenant_max,
+    a = run.t0_ms + int(WARMUP_S * 1000)
+    b = run.t_end_ms
+    window_s = max(1e-9, (b - a) / 1000)
+    scenario = run.scenario
+    tenant_weight = {s.tenant: float(s.weight or 1) for s in scenario.sources}
+    served: Counter[tuple[str, str]] = Counter()
+    arrived: Counter[tuple[str, str]] = Counter()
+    waits: dict[tuple[str, str], list[tuple[float, bool]]] = defaultdict(list)
+    left: Counter[tuple[str, str]] = Counter()
+    finished: list[int] = []
+    for job in run.jobs.values():
+        key = (job.level, job.tenant)
+        if job.processed is not None and a <= job.processed < b:
+            served[key] += 1
+        if job.finished is not None and a <= job.finished < b:
+            finished.append(job.finished)
+        if job.times == 0:
+            left[key] += 1
+        if job.ts is not None and a <= job.ts < b:
+            arrived[key] += 1
+            if job.processed is not None:
+                waits[key].append(((job.processed - job.ts) / 1000, False))
+            else:
+                waits[key].append(((run.t_stop_ms - job.ts) / 1000, True))
+    total = sum(served.values())
+    level_alloc = max_min(
+        total,
+        {lv: sum(n for (l2, _), n in arrived.items() if l2 == lv) for lv in LEVELS},
+        WEIGHTS,
     )
+    tenant_alloc: dict[tuple[str, str], float] = {}
+    for level in LEVELS:
+        demands = {t: n for (l2, t), n in arrived.items() if l2 == level}
+        for tenant, alloc in max_min(level_alloc[level], demands, tenant_weight).items():
+            tenant_alloc[(level, tenant)] = alloc
 
+    def group(keys: list[tuple[str, str]], entitled: float) -> GroupStats:
+        group_waits = sorted(w for k in keys for w in waits[k])
+        n_served = sum(served[k] for k in keys)
+        return GroupStats(
+            arrived_rate=sum(arrived[k] for k in keys) / window_s,
+            served_rate=n_served / window_s,
+            share=n_served / total if total else 0.0,
+            entitled_rate=entitled / window_s,
+            ratio=n_served / entitled if entitled > 1e-9 else None,
+            p50=_quantile(group_waits, 0.5),
+            p99=_quantile(group_waits, 0.99),
+            max=_quantile(group_waits, 1.0),
+            over_bound=sum(1 for w, _ in group_waits if w * 1000 > bound_ms),
+            left=sum(left[k] for k in keys),
+        )
 
-def _quantile(values: Sequence[float], q: float) -> float | None:
-    if not values:
-        return None
-    return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))]
+    keys = sorted({(s.level, s.tenant) for s in scenario.sources})
+    levels = {
+        level: group([k for k in keys if k[0] == level], level_alloc[level])
+        for level in LEVELS
+        if any(k[0] == level for k in keys)
+    }
+    tenants = {}
+    if scenario.by_tenant:
+        tenants = {k[1]: group([k], tenant_alloc.get(k, 0.0)) for k in keys}
+    per_second: list[int] = [0] * max(1, int(window_s))
+    for f in finished:
+        index = int((f - a) / 1000)
+        if index < len(per_second):
+            per_second[index] += 1
+    full_seconds = per_second[: int(window_s)] or per_second
+    jain = []
+    if scenario.jain_tenants:
+        start = a
+        while start + JAIN_WINDOW_S * 1000 <= b:
+            end = start + JAIN_WINDOW_S * 1000
+            x = [
+                sum(
+                    1
+                    for job in run.jobs.values()
+                    if job.tenant == tenant
+                    and job.processed is not None
+                    and start <= job.processed < end
+                )
+                / tenant_weight[tenant]
+                for tenant in scenario.jain_tenants
+            ]
+            squares = sum(v * v for v in x)
+            jain.append(sum(x) ** 2 / (len(x) * squares) if squares else 0.0)
+            start = int(end)
+    served_per_s: dict[str, list[int]] = {}
+    for job in run.jobs.values():
+        if job.processed is None:
+            continue
+        name = job.tenant if scenario.by_tenant else job.level
+        second = int((job.processed - run.t0_ms) / 1000)
+        if second >= 0:
+            series = served_per_s.setdefault(name, [])
+            series.extend([0] * (second + 1 - len(series)))
+            series[second] += 1
+    return RunStats(
+        scheduler=run.scheduler,
+        scenario=scenario.name,
+        window_s=window_s,
+        levels=levels,
+        tenants=tenants,
+        throughput=float(statistics.median(full_seconds)),
+        throughput_mean=len(finished) / window_s,
+        jain=jain,
+        duplicates=run.duplicates,
+        lost=run.lost,
+        left=run.left,
+        unknown=run.unknown,
+        failed=run.failed,
+        loop_errors=run.loop_errors,
+        loop_ready=run.loop_ready,
+        served_per_s=served_per_s,
+    )
 
 
 # -- report -------------------------------------------------------------------------------
 
 
-def _s(value: float | None) -> str:
+def _ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
-def report(
-    results: list[tuple[Run, RunStats]], args: argparse.Namespace, throughput: float
-) -> list[str]:
-    limit_s = (args.bound_ms + args.interval_ms + args.run_ms) / 1000
-    misses: list[str] = []
+def print_scenario(scenario: Scenario, stats: list[RunStats]) -> None:
+    print(f"\n== {scenario.name}: {scenario.description}")
+    label = "tenant" if scenario.by_tenant else "level"
     print(
-        f"\nScaled settings: job run time {args.run_ms:g} ms on one stock bullmq Worker "
-        f"(concurrency 1, measured {throughput:.0f} jobs/s), wait bound {args.bound_ms} ms "
-        f"(production default 300000), rebalance interval {args.interval_ms} ms (default 5000), "
-        f"{args.seconds:g} s per run, first {WARMUP_S:g} s not measured."
+        f"{'scheduler':<17} {label:<9} {'in/s':>6} {'out/s':>6} {'share':>6} {'entl/s':>7} "
+        f"{'ratio':>5} {'p50 s':>8} {'p99 s':>8} {'max s':>8} {'>bound':>6} {'left':>6}"
     )
-    print(
-        "share = the worker's service; fair = weighted max-min share (4:3:2:1 among levels "
-        "with work waiting) per 1 s window; waits in s; >bound = served after waiting "
-        f"longer than the bound; starved = still waiting at the end, older than the bound. "
-        f"Target for every job: wait <= bound + interval + run time = {limit_s:.3f} s."
-    )
-    by_scenario: dict[str, list[tuple[Run, RunStats]]] = defaultdict(list)
-    for run, stats in results:
-        by_scenario[run.scenario.name].append((run, stats))
-    for name, runs in by_scenario.items():
-        print(f"\n== {name}: {runs[0][0].scenario.description}")
-        print(
-            f"{'scheduler':<10} {'level':<8} {'share':>6} {'fair':>6} {'ratio':>6} "
-            f"{'p50':>6} {'p99':>6} {'max':>6} {'>bound':>7} {'starved':>8}"
-        )
-        for run, stats in runs:
-            for level, ls in stats.levels.items():
-                ratio = ls.share / ls.fair if ls.fair > 0 else float("nan")
-                print(
-                    f"{run.scheduler:<10} {level:<8} {ls.share:>6.1%} {ls.fair:>6.1%} "
-                    f"{ratio:>6.2f} {_s(ls.p50):>6} {_s(ls.p99):>6} {_s(ls.max_wait):>6} "
-                    f"{ls.over_bound:>7} {ls.starved:>8}"
-                )
-        for run, stats in runs:
-            passes = (
-                f", {stats.passes} passes (median {stats.pass_ms:.1f} ms)"
-                if stats.pass_ms is not None
-                else ""
-            )
-            tenants = ""
-            if name == "tenant-flood":
-                quiet = [
-                    v
-                    for t, v in stats.tenant_p99.items()
-                    if t.startswith("quiet") and v is not None
-                ]
-                tenants = (
-                    f", p99 wait: flooding tenant {_s(stats.tenant_p99.get('flood'))} s, "
-                    f"quiet tenants {_s(max(quiet, default=None))} s"
-                )
-            elif name == "tenant-pair":
-                tenants = ", p99/max wait: " + ", ".join(
-                    f"{t} {_s(stats.tenant_p99[t])}/{_s(stats.tenant_max[t])} s"
-                    for t in sorted(stats.tenant_p99)
-                )
+    for st in stats:
+        groups = st.tenants if scenario.by_tenant else st.levels
+        for name, g in groups.items():
             print(
-                f"  {run.scheduler:<10} Jain (tenants) {stats.jain:.3f}, "
-                f"{stats.throughput:.0f} jobs/s{passes}{tenants}"
+                f"{st.scheduler:<17} {name:<9} {g.arrived_rate:>6.1f} {g.served_rate:>6.1f} "
+                f"{g.share:>6.1%} {g.entitled_rate:>7.1f} {_ratio(g.ratio):>5} "
+                f"{g.p50!s:>8} {g.p99!s:>8} {g.max!s:>8} {g.over_bound:>6} {g.left:>6}"
             )
-        for run, stats in runs:
-            checks = [
-                (
-                    f"max wait <= {limit_s:.3f} s",
-                    stats.max_wait_s <= limit_s,
-                    f"{stats.max_wait_s:.2f} s",
-                )
-            ]
-            if name == "backlogged":
-                worst = max(
-                    abs(ls.share / (WEIGHTS[lv] / 10) - 1) for lv, ls in stats.levels.items()
-                )
-                checks.append(
-                    ("shares within 10% of 4:3:2:1", worst <= 0.10, f"worst {worst:.0%} off")
-                )
-            if name == "flood":
-                low = stats.levels["low"].share / 0.2
-                checks.append(("low >= 90% of its 20% weight share", low >= 0.9, f"{low:.0%}"))
-            for label, ok, value in checks:
-                print(f"  {run.scheduler:<10} {'PASS' if ok else 'MISS'} {label}: {value}")
-                if not ok and run.scheduler == "fairqueue":
-                    misses.append(f"{name}: {label} ({value})")
-    return misses
+    for st in stats:
+        extra = ""
+        if st.jain:
+            extra += (
+                f", Jain(A,B) per 5 s min {min(st.jain):.3f} mean {statistics.fmean(st.jain):.3f}"
+            )
+        if scenario.name == "tenant-weighted":
+            extra += f", heavy/light {_ratio(weighted_ratio(st))}"
+        if st.loop_ready is not None:
+            extra += f", loop errors {st.loop_errors}" + ("" if st.loop_ready else " (NOT READY)")
+        print(
+            f"  {st.scheduler:<17} {st.throughput:.0f} jobs/s (median 1 s), "
+            f"dup {st.duplicates}, lost {st.lost}, left {st.left}"
+            + (f", unknown {st.unknown}" if st.unknown else "")
+            + (f", failed {st.failed}" if st.failed else "")
+            + extra
+        )
 
 
-def plot(results: list[tuple[Run, RunStats]], path: Path) -> None:
-    """Cumulative jobs served over time: one panel per scenario and scheduler, a line per
-    level (per tenant in the tenant scenarios, where there is one level)."""
+def weighted_ratio(st: RunStats) -> float | None:
+    heavy, light = st.tenants.get("heavy"), st.tenants.get("light")
+    if heavy is None or light is None or light.served_rate == 0:
+        return None
+    return heavy.served_rate / light.served_rate
+
+
+@dataclass
+class Target:
+    criterion: str
+    target: str
+    values: dict[str, str]
+    status: str  # PASS / FAIL on fairqueue's value; "-": not run; "info": no target
+    note: str = ""
+
+
+def targets(
+    by_key: Mapping[tuple[str, str], RunStats],
+    args: argparse.Namespace,
+    skipped: Mapping[str, str],
+) -> list[Target]:
+    """Each done-when criterion, checked from the measurements of every scheduler."""
+    rows: list[Target] = []
+
+    def add(criterion: str, target: str, scenario: str, measure: Any, check: Any | None) -> None:
+        values, status = {}, "-"
+        for scheduler in SCHEDULERS:
+            st = by_key.get((scenario, scheduler))
+            if st is None:
+                values[scheduler] = "-"
+                continue
+            value, text = measure(st)
+            values[scheduler] = text
+            if scheduler == "fairqueue":
+                if check is None:
+                    status = "info"
+                else:
+                    status = "PASS" if value is not None and check(value) else "FAIL"
+        rows.append(Target(criterion, target, values, status))
+
+    def worst_dev(st: RunStats) -> tuple[float, str]:
+        dev = {lv: g.share / WEIGHT_SHARE[lv] - 1 for lv, g in st.levels.items()}
+        worst = max(dev, key=lambda lv: abs(dev[lv]))
+        shares = "/".join(f"{g.share * 100:.0f}" for g in st.levels.values())
+        return abs(dev[worst]), f"{shares} ({worst} {dev[worst]:+.0%})"
+
+    add(
+        "backlogged: shares vs 40/30/20/10",
+        "<= 5% off",
+        "backlogged",
+        worst_dev,
+        lambda v: v <= 0.05,
+    )
+
+    def low_ratio(st: RunStats) -> tuple[float | None, str]:
+        g = st.levels.get("low")
+        return (g.ratio, f"{g.ratio:.0%}") if g and g.ratio is not None else (None, "-")
+
+    add("flood: low's share of its entitlement", ">= 95%", "flood", low_ratio, lambda v: v >= 0.95)
+
+    def wait_of(group: str, quantile: str, by_tenant: bool = False) -> Any:
+        def measure(st: RunStats) -> tuple[float | None, str]:
+            g = (st.tenants if by_tenant else st.levels).get(group)
+            if g is None:
+                return None, "-"
+            w: Wait = getattr(g, quantile)
+            return w.seconds, str(w) + " s"
+
+        return measure
+
+    add("flood: low wait p99", "<= 1 s", "flood", wait_of("low", "p99"), lambda v: v <= 1.0)
+    add(
+        "trickle: critical wait p50",
+        "(report)",
+        "trickle",
+        wait_of("critical", "p50"),
+        None,
+    )
+    add(
+        "trickle: critical wait p99",
+        "<= 0.020 s",
+        "trickle",
+        wait_of("critical", "p99"),
+        lambda v: v <= 0.020,
+    )
+
+    def jain_min(st: RunStats) -> tuple[float | None, str]:
+        if not st.jain:
+            return None, "-"
+        return min(st.jain), f"min {min(st.jain):.3f}, mean {statistics.fmean(st.jain):.3f}"
+
+    add(
+        "tenant-pair: Jain(A,B) per 5 s window",
+        "min >= 0.98",
+        "tenant-pair",
+        jain_min,
+        lambda v: v >= 0.98,
+    )
+    add(
+        "tenant-pair: sparse tenant max wait",
+        "<= 1 s",
+        "tenant-pair",
+        wait_of("sparse", "max", by_tenant=True),
+        lambda v: v <= 1.0,
+    )
+
+    def heavy_light(st: RunStats) -> tuple[float | None, str]:
+        r = weighted_ratio(st)
+        return r, _ratio(r)
+
+    add(
+        "tenant-weighted: heavy(3)/light(1) service",
+        "2.7..3.3",
+        "tenant-weighted",
+        heavy_light,
+        lambda v: 2.7 <= v <= 3.3,
+    )
+    if "tenant-weighted" in skipped:
+        rows[-1].status, rows[-1].note = (
+            "n/a",
+            f"not measured, not met: {skipped['tenant-weighted']}",
+        )
+
+    def overload_min(st: RunStats) -> tuple[float | None, str]:
+        ratios = {lv: g.share / WEIGHT_SHARE[lv] for lv, g in st.levels.items()}
+        worst = min(ratios, key=ratios.__getitem__)
+        return ratios[worst], f"min {ratios[worst]:.0%} ({worst})"
+
+    add(
+        "overload: each level's share / weight share",
+        ">= 95%",
+        "overload",
+        overload_min,
+        lambda v: v >= 0.95,
+    )
+
+    def over_bound(st: RunStats) -> tuple[float | None, str]:
+        n = sum(g.over_bound for g in st.levels.values())
+        worst = max(
+            (g.max for g in st.levels.values() if g.max.seconds is not None),
+            key=lambda w: w.seconds or 0.0,
+            default=Wait(None),
+        )
+        return n, f"{n} (max wait {worst} s)"
+
+    add(
+        f"underload: jobs over the bound ({args.bound_ms} ms)",
+        "0",
+        "underload",
+        over_bound,
+        lambda v: v == 0,
+    )
+
+    noloop = by_key.get(("overload", "fairqueue-noloop"))
+
+    def throughput_ratio(st: RunStats) -> tuple[float | None, str]:
+        if noloop is None or not noloop.throughput:
+            return None, f"{st.throughput:.0f}/s"
+        r = st.throughput / noloop.throughput
+        return r, f"{r:.3f} ({st.throughput:.0f}/s)"
+
+    add(
+        "overload: throughput / fairqueue-noloop's",
+        ">= 0.97",
+        "overload",
+        throughput_ratio,
+        lambda v: v >= 0.97,
+    )
+
+    values, status = {}, "-"
+    for scheduler in SCHEDULERS:
+        runs = [st for (_, s), st in by_key.items() if s == scheduler]
+        if not runs:
+            values[scheduler] = "-"
+            continue
+        bad = sum(st.duplicates + st.lost + st.unknown + st.failed for st in runs)
+        values[scheduler] = (
+            f"dup {sum(st.duplicates for st in runs)}, lost {sum(st.lost for st in runs)}"
+            + (f", other {sum(st.unknown + st.failed for st in runs)}" if bad else "")
+        )
+        if scheduler == "fairqueue":
+            status = "PASS" if bad == 0 else "FAIL"
+    rows.append(Target("Node worker: every job exactly once (all runs)", "0", values, status))
+    return rows
+
+
+def print_targets(rows: list[Target]) -> None:
+    print("\n== targets (checked on fairqueue, loop running; baselines beside it)")
+    widths = [46, 11, 30, 6, 30, 30]
+    head = ["criterion", "target", "fairqueue", "status", "fairqueue-noloop", "plain"]
+    print(" ".join(f"{h:<{w}}" for h, w in zip(head, widths, strict=True)).rstrip())
+    for row in rows:
+        cells = [
+            row.criterion,
+            row.target,
+            row.values["fairqueue"],
+            row.status,
+            row.values["fairqueue-noloop"],
+            row.values["plain"],
+        ]
+        print(" ".join(f"{c:<{w}}" for c, w in zip(cells, widths, strict=True)).rstrip())
+        if row.note:
+            print(f"{'':<{widths[0]}} note: {row.note}")
+
+
+def plot(runs: list[tuple[Run, RunStats]], path: Path) -> None:
+    """Cumulative jobs taken over time: one panel per scenario and scheduler, a line per
+    level (per tenant in the tenant scenarios); dotted: end of arrivals."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.lines import Line2D
 
-    scenarios = list(dict.fromkeys(run.scenario.name for run, _ in results))
-    schedulers = [s for s in SCHEDULERS if any(run.scheduler == s for run, _ in results)]
+    scenarios = list(dict.fromkeys(run.scenario.name for run, _ in runs))
+    schedulers = [s for s in SCHEDULERS if any(run.scheduler == s for run, _ in runs)]
     fig, axes = plt.subplots(
         len(scenarios),
         len(schedulers),
-        figsize=(5 * len(schedulers), 3.2 * len(scenarios)),
+        figsize=(5 * len(schedulers), 3.0 * len(scenarios)),
         squeeze=False,
-        sharex=True,
     )
-    for run, _ in results:
+    done = {(run.scenario.name, run.scheduler) for run, _ in runs}
+    for row, name in enumerate(scenarios):
+        for column, scheduler in enumerate(schedulers):
+            if (name, scheduler) not in done:
+                axes[row][column].set_axis_off()
+    for run, _ in runs:
         ax = axes[scenarios.index(run.scenario.name)][schedulers.index(run.scheduler)]
-        by_tenant = len({s.level for s in run.scenario.sources}) == 1
         groups: dict[str, list[float]] = defaultdict(list)
-        for job in run.jobs:
-            if job.started_ms is not None:
-                groups[job.tenant if by_tenant else job.level].append(
-                    (job.started_ms - run.t0_ms) / 1000
-                )
+        for job in run.jobs.values():
+            if job.processed is not None:
+                name = job.tenant if run.scenario.by_tenant else job.level
+                groups[name].append((job.processed - run.t0_ms) / 1000)
         for name in sorted(groups, key=lambda g: (LEVELS.index(g) if g in LEVELS else 9, g)):
             starts = sorted(groups[name])
             ax.step(
-                starts,
-                range(1, len(starts) + 1),
-                where="post",
-                color=COLORS.get(name),
-                label=name,
+                starts, range(1, len(starts) + 1), where="post", color=COLORS.get(name), label=name
             )
-        if by_tenant:
-            ax.legend(loc="upper left", fontsize=7, ncol=2)
+        ax.axvline((run.t_end_ms - run.t0_ms) / 1000, color="grey", linestyle=":")
+        ax.axvline(WARMUP_S, color="grey", linestyle=":", alpha=0.5)
+        ax.legend(loc="upper left", fontsize=7)
         ax.set_title(f"{run.scenario.name} - {run.scheduler}", fontsize=10)
         ax.grid(alpha=0.3)
         if run.scheduler == schedulers[0]:
-            ax.set_ylabel("jobs served (cumulative)")
-    for ax in axes[-1]:
+            ax.set_ylabel("jobs taken (cumulative)")
         ax.set_xlabel("seconds")
-    fig.legend(
-        [Line2D([], [], color=COLORS[level]) for level in LEVELS],
-        LEVELS,
-        loc="upper center",
-        ncol=len(LEVELS),
-        fontsize=9,
-    )
-    fig.tight_layout(rect=(0, 0, 1, 0.98))
+    fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=80)
     plt.close(fig)
 
 
@@ -831,68 +1064,124 @@ def plot(results: list[tuple[Run, RunStats]], path: Path) -> None:
 
 
 def setup_django() -> ThreadPoolExecutor:
-    """Django with an in-memory SQLite database (enqueue_jobs audits explicit levels)
-    used from one thread only, so every call sees the same migrated database."""
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
-    os.environ["DATABASE_URL"] = "sqlite://:memory:"
+    """Django on the benchmark's settings, used from one thread only (the in-memory
+    database that ``enqueue_jobs`` writes its audit rows to is per connection)."""
+    os.environ["DJANGO_SETTINGS_MODULE"] = SETTINGS_MODULE
     import django
 
     django.setup()
     from django.core.management import call_command
 
-    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fqbench-db")
-    executor.submit(call_command, "migrate", verbosity=0).result()
-    return executor
+    db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fqbench-db")
+    db.submit(call_command, "migrate", verbosity=0).result()
+    return db
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=15.0, help="length of each run")
-    parser.add_argument("--run-ms", type=float, default=3.0, help="each job's run time")
-    parser.add_argument("--bound-ms", type=int, default=3000, help="scaled QUEUE_FAIR_MAX_WAIT_MS")
-    parser.add_argument("--interval-ms", type=int, default=250, help="scaled rebalance interval")
-    parser.add_argument("--scenario", action="append", help="run only these scenarios")
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=20.0, help="arrivals per run (s)")
+    parser.add_argument("--run-ms", type=float, default=10.0, help="each job's run time")
+    parser.add_argument("--concurrency", type=int, default=2, help="the Node worker's")
+    parser.add_argument("--interval-ms", type=int, default=250, help="rebalance interval")
+    parser.add_argument("--bound-ms", type=int, default=3000, help="QUEUE_FAIR_MAX_WAIT_MS")
+    parser.add_argument("--drain-s", type=float, default=3.0, help="drain phase cap (s)")
+    parser.add_argument("--scenario", action="append", help="run only these (repeatable)")
     parser.add_argument("--scheduler", action="append", choices=SCHEDULERS)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "fairness.png")
-    parser.add_argument("--worker", metavar="PREFIX", help=argparse.SUPPRESS)
+    parser.add_argument("--json", type=Path, help="write the numbers here")
+    parser.add_argument("--out", type=Path, default=OUT / "fairness.png", help="the plot")
     args = parser.parse_args(argv)
-    if args.worker:
-        asyncio.run(_worker_main(args.worker, args.run_ms))
-        return 0
+    if args.seconds <= WARMUP_S + 1:
+        parser.error(f"--seconds must be more than {WARMUP_S + 1:g} (warm-up {WARMUP_S:g} s)")
 
-    executor = setup_django()
-    WORKER_LOG.unlink(missing_ok=True)
-    started = time.monotonic()
-    throughput, rates = calibrate(args)
-    print(
-        f"worker throughput: {throughput:.0f} jobs/s ({args.run_ms:g} ms jobs; 1 s rates {rates})",
-        flush=True,
-    )
-    scenarios = build_scenarios(throughput, args.bound_ms / 1000)
-    warn_if_drained(scenarios, throughput, args.interval_ms / 1000)
-    names = args.scenario or list(scenarios)
-    unknown = sorted(set(names) - set(scenarios))
+    names = args.scenario or list(build_scenarios(1.0))
+    unknown = sorted(set(names) - set(build_scenarios(1.0)))
     if unknown:
-        parser.error(f"unknown scenario {unknown}: choose from {sorted(scenarios)}")
-    results = []
-    for name in names:
-        for scheduler in args.scheduler or SCHEDULERS:
-            run = run_one(scheduler, scenarios[name], args, executor)
-            stats = analyse(run, args.bound_ms)
-            results.append((run, stats))
-            print(
-                f"  ran {name:<13} {scheduler:<10} {len(run.jobs):>6} jobs enqueued, "
-                f"{sum(ls.served for ls in stats.levels.values()):>5} served in the window",
-                flush=True,
+        parser.error(f"unknown scenario {unknown}: choose from {list(build_scenarios(1.0))}")
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)  # also where a shell started us ignoring it
+    started = time.monotonic()
+    OUT.mkdir(parents=True, exist_ok=True)
+    LOG.unlink(missing_ok=True)
+    db = setup_django()
+    try:
+        weights_supported = db.submit(supports_tenant_weight).result()
+        capacity, rates = calibrate(args)
+        print(
+            f"capacity: {capacity:.0f} jobs/s (stock Node BullMQ worker, concurrency "
+            f"{args.concurrency}, {args.run_ms:g} ms jobs; 1 s rates {rates})",
+            flush=True,
+        )
+        scenarios = build_scenarios(capacity)
+        results: list[tuple[Run, RunStats]] = []
+        skipped: dict[str, str] = {}
+        for name in names:
+            scenario = scenarios[name]
+            schedulers = args.scheduler or SCHEDULERS
+            if scenario.needs_weights and not weights_supported:
+                skipped[name] = "enqueue_jobs takes no tenant_weight= in this checkout"
+                print(f"  {name}: fairqueue runs skipped, {skipped[name]}", flush=True)
+                schedulers = [s for s in schedulers if s == "plain"]
+            for scheduler in schedulers:
+                run = run_one(scheduler, scenario, args, db)
+                stats = analyse(run, args.bound_ms)
+                results.append((run, stats))
+                print(
+                    f"  ran {name:<15} {scheduler:<17} {len(run.jobs):>6} enqueued, "
+                    f"{sum(j.times > 0 for j in run.jobs.values()):>6} taken, "
+                    f"{time.monotonic() - started:>4.0f} s elapsed",
+                    flush=True,
+                )
+        print(
+            f"\nSettings: capacity {capacity:.0f} jobs/s, {args.run_ms:g} ms jobs, "
+            f"bound {args.bound_ms} ms, loop every {args.interval_ms} ms, "
+            f"{args.seconds:g} s of arrivals (first {WARMUP_S:g} s not measured), "
+            f"drain <= {args.drain_s:g} s."
+        )
+        print(
+            "in/s, out/s = arrived / taken per second in the window; share = of all taken; "
+            "entl/s = weighted max-min entitlement; ratio = taken / entitled; waits of jobs "
+            "that arrived in the window (>= : some not taken by the end, age then); "
+            ">bound = waits over the bound; left = never taken (still waiting at the end)."
+        )
+        by_key = {(st.scenario, st.scheduler): st for _, st in results}
+        for name in dict.fromkeys(st.scenario for _, st in results):
+            print_scenario(scenarios[name], [st for _, st in results if st.scenario == name])
+        rows = targets(by_key, args, skipped)
+        print_targets(rows)
+        if results:
+            plot(results, args.out)
+            print(f"\nplot: {args.out}")
+        if args.json:
+            args.json.write_text(
+                json.dumps(
+                    {
+                        "settings": {k: str(v) for k, v in vars(args).items()},
+                        "capacity": capacity,
+                        "calibration_rates": rates,
+                        "scenarios": {
+                            name: [asdict(source) for source in scenarios[name].sources]
+                            for name in names
+                        },
+                        "tenant_weight_supported": weights_supported,
+                        "skipped": skipped,
+                        "runs": [asdict(st) for _, st in results],
+                        "targets": [asdict(row) for row in rows],
+                    },
+                    indent=1,
+                )
             )
-    misses = report(results, args, throughput)
-    plot(results, args.out)
-    print(f"\nplot: {args.out}")
-    print(f"total time {time.monotonic() - started:.0f} s")
-    if misses:
-        print("fairqueue missed: " + "; ".join(misses))
-    executor.shutdown()
-    return 0
+            print(f"numbers: {args.json}")
+        print(f"total time {time.monotonic() - started:.0f} s")
+        return 0
+    except KeyboardInterrupt:
+        print("\ninterrupted: workers and loops stopped, keys deleted", file=sys.stderr)
+        return 130
+    finally:
+        db.shutdown()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,12 @@
+"""Django settings for ``benchmarks/fairness.py`` and the ``rebalance_fair`` loop it
+starts: the test settings with one job type, ``bench``, and an in-memory database.
+
+The BullMQ prefix, wait bound and pass interval come from the environment
+(``FAIRQUEUE_PREFIX``, ``QUEUE_FAIR_MAX_WAIT_MS``, ``QUEUE_FAIR_REBALANCE_INTERVAL_MS``),
+which the benchmark sets alike for its producer and for the loop.
+"""
+
+from tests.settings import *  # noqa: F403
+
+DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+FAIRQUEUE = {"QUEUES": {"bench": "bench"}}
