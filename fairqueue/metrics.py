@@ -121,8 +121,10 @@ def get_metrics() -> QueueFairMetrics:
     return metrics
 
 
-def record_enqueue(queue: str, job_type: str, level: PriorityLevel) -> None:
-    """Count one enqueued job in both enqueue counters (label children cached)."""
+def record_enqueue(queue: str, job_type: str, level: PriorityLevel, *, placed: bool) -> None:
+    """Count one enqueued job in both enqueue counters and, when the add script gave it
+    its fair place (``placed``; a delayed job is placed by the pass later), one
+    ``weighted_fair`` decision (label children cached)."""
     key = (queue, job_type, level)
     children = _enqueue_children.get(key)
     if children is None:
@@ -130,10 +132,13 @@ def record_enqueue(queue: str, job_type: str, level: PriorityLevel) -> None:
         children = (
             metrics.jobs_enqueued.labels(queue, enqueue_priority_label(level)),
             metrics.priority_assigned.labels(job_type, level.value),
+            metrics.decisions.labels(job_type, "weighted_fair"),
         )
         _enqueue_children[key] = children
     children[0].inc()
     children[1].inc()
+    if placed:
+        children[2].inc()
 
 
 def enqueue_priority_label(level: PriorityLevel | None) -> str:

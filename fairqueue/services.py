@@ -29,7 +29,7 @@ from typing import Any, Final, TypedDict, Unpack
 from asgiref.sync import sync_to_async
 from django.db import transaction
 
-from .broker import AddedJob, NewJob, get_broker, get_sync_broker
+from .broker import BACK_OF_LINE, AddedJob, NewJob, get_broker, get_sync_broker
 from .conf import get_settings
 from .exceptions import (
     ConflictingPayloadError,
@@ -268,7 +268,12 @@ def _record(prepared: Sequence[_Prepared], added: Sequence[AddedJob], audited: s
     results = []
     for index, (item, job) in enumerate(zip(prepared, added, strict=True)):
         if job.priority is not None:
-            record_enqueue(item.queue, item.job_type, item.resolved.level)
+            record_enqueue(
+                item.queue,
+                item.job_type,
+                item.resolved.level,
+                placed=job.priority < BACK_OF_LINE,
+            )
         results.append(
             EnqueuedJob(
                 job_id=job.job_id,
