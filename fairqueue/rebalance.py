@@ -9,7 +9,9 @@ so the pass is not a second scheduler and never reorders tagged jobs. Each pass:
    from their add), and jobs that found no room. Each gets its flow's next tag; one
    already past the wait bound starts at the virtual time (its flow's next turn).
 2. **Counts overdue jobs** from fairqueue's ready-time index, oldest first, per level:
-   the ``queue_fair_overdue_waiting`` gauge and the dashboard. An overdue job is already
+   the ``queue_fair_overdue_waiting`` gauge and the dashboard (checked job by job up to
+   ``OVERDUE_PAGES`` pages; past that, the rest of the index up to the bound is counted
+   unchecked, so a huge overload costs a pass no more than a few ms). An overdue job is already
    at the front of its own flow's line; a flow whose arrivals exceed its share bears its
    own overload and never takes turns from one that stays within its share (SPEC
    decision 9). The same walk, and a bounded sweep of the rest of the index, drop the
@@ -61,9 +63,10 @@ T = TypeVar("T")
 ADOPT_PAGE_SIZE: Final = 500
 ADOPT_PAGES: Final = 20
 #: Index entries per walk call (about 1-2 ms of Redis each), and calls per pass at most
-#: for the overdue count and for the sweep of younger entries.
+#: for the overdue count (beyond that the count is the index's, unchecked) and for the
+#: sweep of younger entries.
 WALK_PAGE_SIZE: Final = 1_000
-OVERDUE_PAGES: Final = 200
+OVERDUE_PAGES: Final = 5
 SWEEP_PAGES: Final = 5
 #: Tag-band jobs moved per rebase call, and calls per pass at most.
 REBASE_PAGE_SIZE: Final = 1_000
@@ -88,7 +91,8 @@ class PassResult:
     overdue: int = 0
     cleaned: int = 0
     rebased: int = 0
-    #: Overdue jobs still waiting, per level name, and the oldest one's ready time.
+    #: Overdue jobs found waiting, per level name (the checked part of the count), and
+    #: the oldest one's ready time.
     overdue_by_level: dict[str, int] = field(default_factory=dict)
     oldest_overdue_ms: dict[str, int] = field(default_factory=dict)
     script_calls: int = 0
@@ -236,7 +240,7 @@ async def arebalance_queue(
             if overdue.waiting.get(level.value)
         }
         result.oldest_overdue_ms = dict(overdue.oldest_ms)
-        result.overdue = sum(overdue.waiting.values())
+        result.overdue = sum(overdue.waiting.values()) + overdue.left
         result.cleaned = overdue.removed
         if not dry_run:
             sweep_key = (broker.prefix, queue)
@@ -297,6 +301,7 @@ async def _walk(
             walk.waiting[level] = walk.waiting.get(level, 0) + count
             walk.oldest_ms.setdefault(level, step.oldest_ms[level])
         walk.removed += step.removed
+        walk.left = step.left
         cursor = walk.cursor = step.cursor
         if cursor is None:
             break

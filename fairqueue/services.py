@@ -3,19 +3,15 @@
 All input is validated before anything is written, so a bad call leaves no job, no
 audit row and no metric increment behind.
 
-Placement rule. Every job gets a BullMQ priority that is never 0 (priority-0 jobs sit in
-BullMQ's ``wait`` list, which workers drain before any prioritized job: SPEC decision
-6). A new job is placed at its level's next *virtual finish tag*, computed atomically in
-Redis in the same MULTI/EXEC as BullMQ's own add script (one round trip): the k-th
-waiting job of a level of weight w lands at ``virtual time + k * 48 / w``, where the
-virtual time is the start tag of the oldest tag-placed job still waiting. So the backlog
-that the rebalance pass has not reached yet is already interleaved 4:3:2:1 by level
-rather than in a strict ladder, and a burst of one level cannot push another level's
-new job to the back. Jobs in the rebalanced window (priorities below the tag band)
-always run first, so a new job never overtakes the order the last pass wrote; the next
-pass then folds it into the window with the exact policy (tenant rule and wait bound
-included). Delayed jobs enter at the back of the line and are placed by the pass once
-BullMQ promotes them.
+Placement rule. Every job gets its fair place when it is added, in the same script as
+BullMQ's own add (one round trip per batch of up to 1,000 jobs), never priority 0
+(priority-0 jobs sit in BullMQ's ``wait`` list, which workers drain before any
+prioritized job: SPEC decision 6). The place is a virtual finish tag of the job's flow,
+its (level, tenant) pair: levels share by weight 4:3:2:1, the tenants of a level share its
+slice round-robin, weighted by ``tenant_weight`` (see :mod:`fairqueue.scheduler`). A job
+can go ahead of jobs already waiting when its tag says so, so a stock worker takes the
+fair order with no rebalance pass at all. Delayed jobs wait at the back of the line and
+the pass places them once BullMQ promotes them (their wait starts then).
 """
 
 from __future__ import annotations

@@ -79,6 +79,8 @@ class IndexWalk:
     pages: int = 0
     #: Where the walk stopped (score, entries kept at it); ``None`` when it reached the end.
     cursor: tuple[str, int] | None = None
+    #: Index entries between the cursor and the walk's end, not checked (0 when done).
+    left: int = 0
 
 
 class RebalancingMixin(_Base):
@@ -164,7 +166,7 @@ class RebalancingMixin(_Base):
         score, seen = cursor if cursor is not None else ("", 0)
         bound = "" if max_wait_ms is None else max_wait_ms
         for _ in range(max_pages):
-            status, score, seen, done, removed, flat = await self._guard(
+            status, score, seen, done, removed, flat, left = await self._guard(
                 script(
                     keys=keys,
                     args=[token, lock_ttl_ms, score, seen, page_size, bound, int(dry_run)],
@@ -179,6 +181,7 @@ class RebalancingMixin(_Base):
                 walk.examined += int(waiting)
                 if level not in walk.oldest_ms:
                     walk.oldest_ms[level] = int(float(oldest))
+            walk.left = int(left)
             if int(done):
                 walk.cursor = None
                 return walk

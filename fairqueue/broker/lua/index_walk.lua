@@ -12,12 +12,13 @@
           seen at that score, page size, wait bound ms (the walk stops at now - bound;
           '' = walk to the end), dry run (1/0)
   Returns {status (1 ok, -1 lock lost), next cursor score, seen at it, done (1/0),
-  removed, flat [level, waiting, oldest ready ms]...}.
+  removed, flat [level, waiting, oldest ready ms]..., entries left before the walk's
+  end (not yet checked: an estimate of what is left, 0 when done)}.
 ]]
 --- @include lock_fence
 local token, ttl = ARGV[1], ARGV[2]
 local dry = ARGV[7] == '1'
-if not dry and not fqHoldLock(KEYS[5], token, ttl) then return {-1, '', 0, 1, 0, {}} end
+if not dry and not fqHoldLock(KEYS[5], token, ttl) then return {-1, '', 0, 1, 0, {}, 0} end
 local cursor, seen, page = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
 local upper = '+inf'
 if ARGV[6] ~= '' then
@@ -61,4 +62,7 @@ for level, s in pairs(stats) do
   flat[#flat + 1] = s[1]
   flat[#flat + 1] = s[2]
 end
-return {1, cursor, seen, (#rows / 2 < page) and 1 or 0, removed, flat}
+local done = #rows / 2 < page
+local left = 0
+if not done then left = redis.call('ZCOUNT', KEYS[1], cursor, upper) - seen end
+return {1, cursor, seen, done and 1 or 0, removed, flat, left}
