@@ -8,6 +8,7 @@ every beat tick, and another worker takes over within two intervals if it dies.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 
 from celery import shared_task
@@ -18,7 +19,19 @@ from .rebalance import rebalance_as_leader, rebalancer_id
 
 logger = logging.getLogger("fairqueue.tasks")
 
-_TOKEN = rebalancer_id()
+#: pid -> this process's lock token. Celery forks its pool children after importing
+#: this module: a token computed at import would be shared, and two children would
+#: both "hold" the lock.
+_tokens: dict[int, str] = {}
+
+
+def process_token() -> str:
+    """This process's leader-lock token (a new one in every forked child)."""
+    pid = os.getpid()
+    token = _tokens.get(pid)
+    if token is None:
+        token = _tokens[pid] = rebalancer_id()
+    return token
 
 
 @shared_task(name="fairqueue.rebalance_fair", ignore_result=True)
@@ -34,7 +47,7 @@ def rebalance_fair(job_types: Sequence[str] | None = None) -> dict[str, int]:
     for job_type in job_types or list(settings.queues):
         try:
             result = rebalance_as_leader(
-                job_type, token=_TOKEN, interval_ms=settings.rebalance_interval_ms
+                job_type, token=process_token(), interval_ms=settings.rebalance_interval_ms
             )
         except BrokerUnavailableError as exc:
             logger.warning("rebalance skipped: %s", exc)

@@ -234,6 +234,21 @@ def test_celery_task_shares_the_leader_lock(fq_prefix, redis_client):
     assert holder(redis_client, fq_prefix) is not None
 
 
+def test_celery_children_forked_after_import_get_their_own_lock_tokens():
+    from fairqueue.tasks import process_token
+
+    parent = process_token()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child reports its token and exits at once
+        os.write(write, process_token().encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    child = os.read(read, 200).decode()
+    assert child and child != parent and f":{pid}:" in child
+    assert process_token() == parent
+
+
 def test_sigterm_finishes_and_exits_zero(fq_prefix):
     process = spawn(["rebalance_fair", "--interval-ms", "100"], fq_prefix)
     time.sleep(2.0)
