@@ -9,9 +9,9 @@ so the pass is not a second scheduler and never reorders tagged jobs. Each pass:
    from their add), and jobs that found no room. Each gets its flow's next tag; one
    already past the wait bound starts at the virtual time (its flow's next turn).
 2. **Counts overdue jobs** from fairqueue's ready-time index, oldest first, per level:
-   the ``queue_fair_overdue_waiting`` gauge and the dashboard (checked job by job up to
-   ``OVERDUE_PAGES`` pages; past that, the rest of the index up to the bound is counted
-   unchecked, so a huge overload costs a pass no more than a few ms). An overdue job is already
+   the ``queue_fair_overdue_waiting`` gauge and the dashboard (checked job by job up to a
+   page budget; past that, the rest of the index up to the bound is counted unchecked,
+   so a huge overload costs a pass no more than a few ms). An overdue job is already
    at the front of its own flow's line; a flow whose arrivals exceed its share bears its
    own overload and never takes turns from one that stays within its share (SPEC
    decision 9). The same walk, and a bounded sweep of the rest of the index, drop the
@@ -62,12 +62,13 @@ T = TypeVar("T")
 #: Untagged jobs adopted per script call, and calls per pass at most.
 ADOPT_PAGE_SIZE: Final = 500
 ADOPT_PAGES: Final = 20
-#: Index entries per walk call (about 1-2 ms of Redis each), and calls per pass at most
-#: for the overdue count (beyond that the count is the index's, unchecked) and for the
-#: sweep of younger entries.
+#: Index entries per walk call (about 2-3 ms of Redis each). A pass walks, for the overdue
+#: count and again for the sweep of younger entries, one page per ``WALK_MS_PER_PAGE`` of
+#: its interval (at least one, at most ``MAX_WALK_PAGES``): about 1% of Redis's time
+#: whatever the interval, so the pass never competes with the workers.
 WALK_PAGE_SIZE: Final = 1_000
-OVERDUE_PAGES: Final = 5
-SWEEP_PAGES: Final = 5
+WALK_MS_PER_PAGE: Final = 250
+MAX_WALK_PAGES: Final = 20
 #: Tag-band jobs moved per rebase call, and calls per pass at most.
 REBASE_PAGE_SIZE: Final = 1_000
 REBASE_PAGES: Final = 20
@@ -131,6 +132,11 @@ def rebalancer_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
+def walk_pages(interval_ms: int) -> int:
+    """Index pages a pass may walk (each way) at this interval."""
+    return max(1, min(MAX_WALK_PAGES, round(interval_ms / WALK_MS_PER_PAGE)))
+
+
 def lock_ttl_ms(interval_ms: int) -> int:
     """Two intervals, so a dead leader is replaced within two intervals; at least one
     second. Every script call of a pass renews it, so a slow pass keeps it."""
@@ -186,7 +192,7 @@ async def arebalance_queue(
     dry_run: bool = False,
     broker: Broker | None = None,
     rebalancer: str | None = None,
-    lock_ttl: int | None = None,
+    interval_ms: int | None = None,
     by: str | None = None,
 ) -> PassResult:
     """One pass over ``job_type``'s queue (async). See the module docstring.
@@ -194,8 +200,9 @@ async def arebalance_queue(
     Args:
         rebalancer: the leader lock token of a rebalance loop that holds the lock. Without
             it the pass takes the lock for itself (if free) and releases it after.
-        lock_ttl: what each script call renews the lock to, in ms (the loop's
-            :func:`lock_ttl_ms`; default: from ``QUEUE_FAIR_REBALANCE_INTERVAL_MS``).
+        interval_ms: the loop's pass interval (default ``QUEUE_FAIR_REBALANCE_INTERVAL_MS``):
+            each script call renews the lock to :func:`lock_ttl_ms` of it, and the index
+            walks get a page budget in proportion to it.
         by: who ran the pass, for its status record (default: ``rebalancer``).
     """
     started = time.perf_counter()
@@ -211,8 +218,9 @@ async def arebalance_queue(
     fence = {
         "lock_key": broker.fair_key(queue, "leader"),
         "token": token,
-        "lock_ttl_ms": lock_ttl or lock_ttl_ms(settings.rebalance_interval_ms),
+        "lock_ttl_ms": lock_ttl_ms(interval_ms or settings.rebalance_interval_ms),
     }
+    pages = walk_pages(interval_ms or settings.rebalance_interval_ms)
     timed = _Timed(result)
     try:
         for _ in range(ADOPT_PAGES):
@@ -232,7 +240,13 @@ async def arebalance_queue(
             if page.examined < ADOPT_PAGE_SIZE or page.parked or dry_run:
                 break
         overdue = await _walk(
-            timed, broker, queue, fence, max_wait_ms=settings.max_wait_ms, dry_run=dry_run
+            timed,
+            broker,
+            queue,
+            fence,
+            pages=pages,
+            max_wait_ms=settings.max_wait_ms,
+            dry_run=dry_run,
         )
         result.overdue_by_level = {
             level.value: overdue.waiting[level.value]
@@ -245,7 +259,7 @@ async def arebalance_queue(
         if not dry_run:
             sweep_key = (broker.prefix, queue)
             sweep = await _walk(
-                timed, broker, queue, fence, cursor=_sweep_cursors.pop(sweep_key, None)
+                timed, broker, queue, fence, pages=pages, cursor=_sweep_cursors.pop(sweep_key, None)
             )
             if sweep.cursor is not None:
                 _sweep_cursors[sweep_key] = sweep.cursor
@@ -277,14 +291,14 @@ async def _walk(
     queue: str,
     fence: dict,
     *,
+    pages: int,
     max_wait_ms: int | None = None,
     cursor: tuple[str, int] | None = None,
     dry_run: bool = False,
 ) -> IndexWalk:
     """The overdue walk (``max_wait_ms`` given: up to the bound, from the oldest entry)
-    or a sweep step (from ``cursor``, ``SWEEP_PAGES`` pages towards the youngest)."""
+    or a sweep step (from ``cursor`` towards the youngest), ``pages`` pages at most."""
     walk = IndexWalk()
-    pages = OVERDUE_PAGES if max_wait_ms is not None else SWEEP_PAGES
     for _ in range(pages):
         step = await timed(
             broker.walk_index(
@@ -323,7 +337,7 @@ def rebalance_queue(
     *,
     dry_run: bool = False,
     rebalancer: str | None = None,
-    lock_ttl: int | None = None,
+    interval_ms: int | None = None,
     by: str | None = None,
 ) -> PassResult:
     """One pass over ``job_type``'s queue, from sync code (commands, Celery, views)."""
@@ -334,7 +348,7 @@ def rebalance_queue(
         dry_run=dry_run,
         broker=sync_broker.broker,
         rebalancer=rebalancer,
-        lock_ttl=lock_ttl,
+        interval_ms=interval_ms,
         by=by,
     )
 
@@ -385,4 +399,4 @@ def rebalance_as_leader(
         return rebalance_queue(job_type, dry_run=True, rebalancer=token)
     if not lock.acquire():
         return None
-    return rebalance_queue(job_type, rebalancer=token, lock_ttl=lock.ttl_ms)
+    return rebalance_queue(job_type, rebalancer=token, interval_ms=interval_ms)

@@ -138,10 +138,10 @@ def test_overdue_jobs_are_counted_per_level_and_keep_their_flows_turns(fq_prefix
 def test_a_huge_overdue_backlog_is_counted_in_a_bounded_pass(fq_prefix, redis_client):
     jobs = enqueue_jobs("email", [{} for _ in range(6_500)], tenant_id="t", priority_level="low")
     age(redis_client, fq_prefix, [job.job_id for job in jobs], 400_000)
-    result = rebalance_queue("email")
+    result = rebalance_queue("email", interval_ms=1_000)  # a budget of 4 pages each way
     assert result.overdue == 6_500
-    assert result.overdue_by_level == {"low": 5_000}  # checked; the rest counted unchecked
-    assert result.script_calls < 20
+    assert result.overdue_by_level == {"low": 4_000}  # checked; the rest counted unchecked
+    assert result.script_calls <= 10
 
 
 def test_the_oldest_overdue_job_is_never_stranded_behind_younger_ones(fq_prefix, redis_client):

@@ -20,7 +20,7 @@ end
 local function fqForeign(jobId)
   local f = redis.call('HMGET', fqPrefix .. jobId, 'data', 'opts', 'timestamp', 'delay',
     'priority')
-  if not f[3] then return nil end
+  if not (f[1] or f[2] or f[3]) then return nil end -- no such job (removed meanwhile)
   local tenant, level = 'default', nil
   if f[1] and #f[1] <= fqMaxPayload and string.find(f[1], '^%s*{') then
     local ok, data = pcall(cjson.decode, f[1])
@@ -41,7 +41,7 @@ local function fqForeign(jobId)
     end
     level = fqNormalize(requested or tonumber(f[5]))
   end
-  local ready = tonumber(f[3]) + (tonumber(f[4]) or 0)
+  local ready = (tonumber(f[3]) or fqNow) + (tonumber(f[4]) or 0)
   if ready > fqNow then ready = fqNow end
   return level, tenant, 1, ready
 end

@@ -106,7 +106,7 @@ class Rebalancer:
                     job_type,
                     dry_run=self.dry_run,
                     rebalancer=self.token,
-                    lock_ttl=self.locks[queue].ttl_ms,
+                    interval_ms=self.interval_ms,
                 )
             except BrokerUnavailableError:
                 raise
