@@ -8,10 +8,19 @@ import uuid
 from collections import Counter
 
 import pytest
+import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fairqueue.broker import TAG_FLOOR, Broker, NewJob, SyncBroker
+from fairqueue.broker import (
+    MAX_PRIORITY,
+    TAG_FLOOR,
+    TAG_RESOLUTION,
+    Broker,
+    NewJob,
+    SyncBroker,
+    get_sync_broker,
+)
 from fairqueue.levels import PriorityLevel
 from fairqueue.scheduler import FairClock
 from fairqueue.services import enqueue_job, enqueue_jobs
@@ -21,6 +30,7 @@ from tests.helpers import drain_with_stock_worker
 pytestmark = pytest.mark.django_db
 
 C, H, N, L = PriorityLevel.CRITICAL, PriorityLevel.HIGH, PriorityLevel.NORMAL, PriorityLevel.LOW
+RANK = {C: 0, H: 1, N: 2, L: 3}
 
 arrival = st.tuples(
     st.sampled_from(list(PriorityLevel)),
@@ -32,10 +42,11 @@ arrival = st.tuples(
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.lists(arrival, min_size=1, max_size=12), min_size=1, max_size=6))
 def test_the_add_script_places_every_job_as_the_reference_model(batches):
-    """Batches of arrivals (levels, tenants, tenant weights), nothing consumed: the
-    script's priorities are exactly ``TAG_FLOOR + floor(tag)`` of the Python model."""
+    """Batches of arrivals (levels, tenants, tenant weights), nothing consumed: each job's
+    score in BullMQ's prioritized set is exactly the Python model's tag, in fixed point."""
     prefix = f"fqtest-{uuid.uuid4().hex[:12]}"
     broker = SyncBroker(Broker(REDIS_URL, prefix))
+    redis_client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
     clock, placed = FairClock(), []
     try:
         for batch in batches:
@@ -51,9 +62,16 @@ def test_the_add_script_places_every_job_as_the_reference_model(batches):
                 placed.append((tag, start))
                 # The script reads the head's start tag back from its index.
                 clock.observe_head(min(placed)[1])
-                assert job.priority == TAG_FLOOR + math.floor(tag)
+                expected = TAG_FLOOR * 2**32 + math.floor(tag * TAG_RESOLUTION) * 4 + RANK[level]
+                assert redis_client.zscore(f"{prefix}:q:prioritized", job.job_id) == expected
+                assert (
+                    job.priority
+                    == TAG_FLOOR
+                    == int(redis_client.hget(f"{prefix}:q:{job.job_id}", "priority"))
+                )
     finally:
         broker.close()
+        redis_client.close()
         delete_prefix(prefix)
 
 
@@ -113,4 +131,18 @@ def test_an_idle_queue_starts_afresh_at_the_floor(fq_prefix, redis_client):
     enqueue_jobs("email", [{}] * 30, tenant_id="t", priority_level="low")
     drain_with_stock_worker(fq_prefix, "email", 30)
     again = enqueue_job("email", {}, tenant_id="t", priority_level="low")
-    assert again.bullmq_priority == TAG_FLOOR + 12
+    score = redis_client.zscore(f"{fq_prefix}:email:prioritized", again.job_id)
+    assert score == TAG_FLOOR * 2**32 + 12 * TAG_RESOLUTION * 4 + 3
+
+
+@pytest.mark.slow
+def test_a_180k_backlog_of_one_tenant_leaves_no_job_without_room(fq_prefix, redis_client):
+    # One low tenant uses 12 tag units a job: with whole priorities as tags the cap came
+    # after ~170k jobs and the rest waited unordered at the back.
+    broker = get_sync_broker()
+    for _ in range(18):
+        broker.add_jobs("email", [NewJob("email", {}, L, tenant="bulk")] * 10_000)
+    urgent = enqueue_job("email", {}, tenant_id="ops", priority_level="critical")
+    key = f"{fq_prefix}:email:prioritized"
+    assert redis_client.zcount(key, MAX_PRIORITY * 2**32, "+inf") == 0
+    assert redis_client.zrank(key, urgent.job_id) <= 1

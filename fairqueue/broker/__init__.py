@@ -9,10 +9,13 @@ How fairqueue uses BullMQ's priority (pinned: ``bullmq>=3.4.4,<3.5``, checked by
 * BullMQ pops its ``wait`` list (priority 0) before anything in the ``prioritized``
   sorted set, whose score is ``priority * 2**32 + counter``; priorities run 1..2**21-1.
 * fairqueue gives every job its place when it is added, in the add script, atomically
-  with BullMQ's own add (``lua/fair_clock.lua``): priorities from ``TAG_FLOOR`` up are
-  fair tags (start-time fair queueing over (level, tenant) flows; see
-  :mod:`fairqueue.scheduler`), so a new job goes ahead of waiting jobs whenever its tag
-  says so, and a stock worker pops the fair order. Priorities below ``TAG_FLOOR`` are
+  with BullMQ's own add (``lua/fair_clock.lua``): from priority ``TAG_FLOOR`` up, the
+  whole 53-bit score (``priority * 2**32 + counter`` as BullMQ writes it) is fairqueue's
+  fixed-point fair tag (start-time fair queueing over (level, tenant) flows; see
+  :mod:`fairqueue.scheduler`), ``TAG_RESOLUTION`` score units per tag unit, while the
+  job's BullMQ priority stays ``floor(score / 2**32)``. So a new job goes ahead of
+  waiting jobs whenever its tag says so, the order never runs out of room at any
+  realistic backlog, and a stock worker pops the fair order. Priorities below ``TAG_FLOOR`` are
   other producers' (they run first until a pass adopts them); ``MAX_PRIORITY`` is where
   delayed jobs and jobs without room wait to be adopted.
 * fairqueue keeps its own small index beside the queue (the ``fq:`` keys): each job's
@@ -49,6 +52,7 @@ from .common import (
     MAX_PRIORITY,
     REBASE_THRESHOLD,
     TAG_FLOOR,
+    TAG_RESOLUTION,
     fair_keys,
     parse_job_data,
 )
@@ -84,6 +88,7 @@ __all__ = [
     "MAX_PRIORITY",
     "REBASE_THRESHOLD",
     "TAG_FLOOR",
+    "TAG_RESOLUTION",
     "ActiveJob",
     "AddedJob",
     "AdoptedPage",

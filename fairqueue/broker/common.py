@@ -17,11 +17,17 @@ TAG_FLOOR: Final = 1_024
 #: Where a job waits when fair_clock has no room for it (and where delayed jobs go until
 #: BullMQ promotes them): behind everything, FIFO. The pass adopts them.
 BACK_OF_LINE: Final = MAX_PRIORITY
-#: A pass starts a paged rebase once the virtual time is this many priorities above the
-#: base, halfway to the cap, so tags never reach the cap on a queue that never empties.
-REBASE_THRESHOLD: Final = 1 << 20
-#: Priorities a rebase keeps below the virtual time (retried jobs come back a little
-#: below it, at the priority they had).
+#: Score units per unit of virtual time: a job's score is
+#: ``TAG_FLOOR * 2**32 + floor((tag - base) * TAG_RESOLUTION) * 4 + level rank``, so the
+#: fair order keeps 1/1024 of a tag (a lone low tenant's job is 12) at any backlog and
+#: the scores run out only after about 10**11 jobs (see ``lua/fair_clock.lua``).
+TAG_RESOLUTION: Final = 1_024
+#: A pass starts a paged rebase once the virtual time is this far (in tag units) above
+#: the base, about halfway to the cap, so scores never reach it on a queue that never
+#: empties.
+REBASE_THRESHOLD: Final = 1 << 40
+#: Tag units a rebase keeps below the virtual time (retried jobs come back a little
+#: below it, at the score they had).
 REBASE_MARGIN: Final = 64
 
 _SCORE_BASE: Final = 1 << 32

@@ -23,7 +23,7 @@ from importlib.resources import files
 from bullmq.redis_connection import loadScript
 
 from ..scheduler import TAG_SCALE
-from .common import MAX_PRIORITY, TAG_FLOOR
+from .common import MAX_PRIORITY, TAG_FLOOR, TAG_RESOLUTION
 
 #: Flows of a level that one placement may retire (bounded work per call; the rest go
 #: on later calls, meanwhile counted as if they still had work).
@@ -33,6 +33,7 @@ _CONSTANTS = {
     "FLOOR": TAG_FLOOR,
     "CAP": MAX_PRIORITY,
     "SCALE": TAG_SCALE,
+    "SUB": TAG_RESOLUTION,
     "EXPIRE_PER_CALL": EXPIRE_PER_CALL,
 }
 _INCLUDE = re.compile(r"^--- @include (\w+)$", re.MULTILINE)

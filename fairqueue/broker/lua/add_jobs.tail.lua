@@ -11,10 +11,11 @@ end
 local fqReplies = {}
 for _, job in ipairs(fqJobs) do
   local args = cmsgpack.unpack(job[1])
-  local priority, start = 0, 0
+  local priority, score, start = 0, nil, 0
   local fresh = args[2] == '' or redis.call('EXISTS', args[1] .. args[2]) == 0
   if fresh then
-    priority, start = fqPlace(fqK, fqClock(fqK), job[4], job[5], job[6], false)
+    score, start = fqPlace(fqK, fqClock(fqK), job[4], job[5], job[6], false)
+    priority = fqPriorityOf(score)
     local opts = cmsgpack.unpack(job[3])
     opts['priority'] = priority
     job[3] = cmsgpack.pack(opts)
@@ -22,6 +23,7 @@ for _, job in ipairs(fqJobs) do
   ARGV[1], ARGV[2], ARGV[3] = job[1], job[2], job[3]
   local jobId = fqBullmqAdd()
   if fresh and type(jobId) == 'string' then
+    if score then fqSetScore(fqK, args[1] .. jobId, jobId, score) end
     fqIndex(fqK, jobId, fqNow, job[4], job[5], job[6], start)
   end
   fqReplies[#fqReplies + 1] = jobId

@@ -78,14 +78,16 @@ for _, candidate in ipairs(candidates) do
       adopted = adopted + 1
       if overdue then aged = aged + 1 end
     else
-      local priority, start = fqPlace(fqK, fqClock(fqK), level, tenant, weight, overdue)
-      if priority >= fqCap and wasParked then
+      local score, start = fqPlace(fqK, fqClock(fqK), level, tenant, weight, overdue)
+      local priority = fqPriorityOf(score)
+      if not score and wasParked then
         parked = parked + 1
         break -- still no room: the parked jobs behind it have none either
       else
         fqIndex(fqK, jobId, ready, level, tenant, weight, start)
         ARGV[1], ARGV[2], ARGV[3], ARGV[4] = priority, fqPrefix, jobId, '0'
         if fqBullmqChange() == 0 then
+          if score then fqSetScore(fqK, fqPrefix .. jobId, jobId, score) end
           adopted = adopted + 1
           if overdue then aged = aged + 1 end
         end

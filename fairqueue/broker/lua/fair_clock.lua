@@ -6,7 +6,13 @@
   together). A flow is a (level, tenant) pair; its weight is the level's weight split
   among the level's tenants with work by their tenant weights. A job's tag is
   max(flow's last tag, virtual time) + SCALE * level total / (level weight * tenant
-  weight), and its BullMQ priority is FLOOR + floor(tag - base). The virtual time is the
+  weight). Its place in BullMQ's prioritized set is the score
+    FLOOR * 2^32 + floor((tag - base) * SUB) * 4 + the level's rank (critical 0 .. low 3)
+  written over the score BullMQ's own add gave it (priority * 2^32 + a FIFO counter): the
+  whole 53-bit score is fairqueue's fixed-point tag, so the order keeps 1/SUB of a tag's
+  resolution at any backlog (ties go to the higher weight, then the job id), and the
+  job's BullMQ priority (its hash's and opts' priority) stays floor(score / 2^32), as
+  BullMQ reads it back on retries. The virtual time is the
   start tag (the max(...) above) of the first tagged job waiting, never going back; a
   flow whose last tag is not ahead of it has no work left and stops counting towards its
   level's total.
@@ -19,14 +25,17 @@
     K.fweights     hash: "<level>\n<tenant>" -> the weight counted in W:<level>
     K.jobs         hash: job id -> "<level>\n<weight>\n<start tag>\n<tenant>"
     K.ready        zset: job id -> when it became ready (ms, Redis's clock)
-  Constants FLOOR, CAP, SCALE and EXPIRE_PER_CALL are filled in when the script loads.
+  Constants FLOOR, CAP, SCALE, SUB and EXPIRE_PER_CALL are filled in when the script
+  loads.
 ]]
 local fqFloor = {{FLOOR}}
 local fqCap = {{CAP}}
 local fqScale = {{SCALE}}
 local fqExpirePerCall = {{EXPIRE_PER_CALL}}
+local fqSub = {{SUB}}
 local fqScore = 4294967296
 local fqLevelWeight = {critical = 4, high = 3, normal = 2, low = 1}
+local fqLevelRank = {critical = 0, high = 1, normal = 2, low = 3}
 
 local function fqNowMs()
   local t = redis.call('TIME')
@@ -53,9 +62,9 @@ local function fqClock(K)
   end
   local meta = redis.call('HGET', K.jobs, head[1])
   local tag = meta and tonumber(string.match(meta, '^[^\n]*\n[^\n]*\n([^\n]*)\n'))
-  if not tag then
+  if not tag then -- not fairqueue's (a retry back at its old score): read its score
     local score = tonumber(head[2])
-    tag = c.base + math.floor(score / fqScore) - fqFloor
+    tag = c.base + math.floor((score - fqFloor * fqScore) / 4) / fqSub
     if c.cursor and score <= c.cursor then tag = tag + c.delta end
   end
   if tag > c.vt then
@@ -65,17 +74,17 @@ local function fqClock(K)
   return c
 end
 
--- The BullMQ priority of a tag (fqCap: no room left, the job waits for a rebase).
-local function fqPriority(c, tag)
-  local p = fqFloor + math.floor(tag - c.base)
-  if c.cursor and p < math.floor(c.cursor / fqScore) then p = p - c.delta end
-  if p < fqFloor then p = fqFloor end
-  if p >= fqCap then return fqCap end
-  return p
+-- The score of a tag of a level; nil when there is no room (the job waits, parked).
+local function fqScoreOf(c, tag, level)
+  local score = fqFloor * fqScore + math.floor((tag - c.base) * fqSub) * 4 + fqLevelRank[level]
+  if c.cursor and score <= c.cursor then score = score - c.delta * fqSub * 4 end
+  if score < fqFloor * fqScore then score = fqFloor * fqScore + fqLevelRank[level] end
+  if score >= fqCap * fqScore then return nil end
+  return score
 end
 
--- Place one job of (level, tenant, weight); returns its BullMQ priority and its start
--- tag. front: start
+-- Place one job of (level, tenant, weight); returns its score (nil: no room) and its
+-- start tag. front: start
 -- at the virtual time whatever the flow's backlog (a job already overdue when the pass
 -- adopts it runs in its flow's next turn).
 local function fqPlace(K, c, level, tenant, weight, front)
@@ -93,8 +102,8 @@ local function fqPlace(K, c, level, tenant, weight, front)
   local start = c.vt
   if last and last > start and not front then start = last end
   local tag = start + fqScale * total / (fqLevelWeight[level] * weight)
-  local priority = fqPriority(c, tag)
-  if priority < fqCap then
+  local score = fqScoreOf(c, tag, level)
+  if score then
     -- Placed: the flow counts towards its level (a parked job changes nothing).
     if counted ~= weight then
       redis.call('HSET', K.state, 'W:' .. level, total)
@@ -104,7 +113,19 @@ local function fqPlace(K, c, level, tenant, weight, front)
       redis.call('ZADD', K.flows, string.format('%.17g', tag), member)
     end
   end
-  return priority, start
+  return score, start
+end
+
+-- The BullMQ priority of a score (nil: parked at the cap).
+local function fqPriorityOf(score)
+  if not score then return fqCap end
+  return math.floor(score / fqScore)
+end
+
+-- Put a job BullMQ just added or re-added at its fairqueue score.
+local function fqSetScore(K, jobKey, jobId, score)
+  redis.call('ZADD', K.prioritized, 'XX', string.format('%.17g', score), jobId)
+  redis.call('HSET', jobKey, 'priority', math.floor(score / fqScore))
 end
 
 -- Record what the pass and the dashboard need of a job, so they never decode payloads.

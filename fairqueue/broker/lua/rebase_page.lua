@@ -1,6 +1,7 @@
 --[[
-  Move one page of the tag band down so tags never reach BullMQ's cap on a queue that is
-  never empty. A rebase shifts every tagged job by the same delta, a page at a time from
+  Move one page of the tagged jobs' scores down so tags never reach BullMQ's cap on a
+  queue that is never empty (with 1/SUB of a tag per score unit that takes about 10^11
+  jobs; this is the safety net). A rebase shifts every tagged job by the same delta, a page at a time from
   the head (shifted jobs stay ahead of unshifted ones, so the order never changes), and
   fair_clock places new jobs in shifted terms below the cursor. The job hash's priority
   is kept in step (BullMQ re-reads it on retries).
@@ -31,8 +32,8 @@ local rows = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. string.format('%.17g', 
   '(' .. string.format('%.17g', fqCap * fqScore), 'WITHSCORES', 'LIMIT', 0, page)
 for i = 1, #rows, 2 do
   local score = tonumber(rows[i + 1])
-  local moved = score - delta * fqScore
-  if moved < fqFloor * fqScore then moved = fqFloor * fqScore + score % fqScore end
+  local moved = score - delta * fqSub * 4
+  if moved < fqFloor * fqScore then moved = fqFloor * fqScore + score % 4 end
   redis.call('ZADD', KEYS[1], string.format('%.17g', moved), rows[i])
   redis.call('HSET', prefix .. rows[i], 'priority', math.floor(moved / fqScore))
   cursor = score
