@@ -300,24 +300,19 @@ async def _walk(
     or a sweep step (from ``cursor`` towards the youngest), ``pages`` pages at most."""
     walk = IndexWalk()
     for _ in range(pages):
-        step = await timed(
-            broker.walk_index(
-                queue,
-                **fence,
-                max_wait_ms=max_wait_ms,
-                page_size=WALK_PAGE_SIZE,
-                max_pages=1,
-                cursor=cursor,
-                dry_run=dry_run,
+        walk.extend(
+            await timed(
+                broker.walk_index_page(
+                    queue,
+                    **fence,
+                    max_wait_ms=max_wait_ms,
+                    page_size=WALK_PAGE_SIZE,
+                    cursor=walk.cursor if walk.pages else cursor,
+                    dry_run=dry_run,
+                )
             )
         )
-        for level, count in step.waiting.items():
-            walk.waiting[level] = walk.waiting.get(level, 0) + count
-            walk.oldest_ms.setdefault(level, step.oldest_ms[level])
-        walk.removed += step.removed
-        walk.left = step.left
-        cursor = walk.cursor = step.cursor
-        if cursor is None:
+        if walk.cursor is None:
             break
     return walk
 

@@ -210,7 +210,7 @@ def test_lock__a_lone_rebalancer_keeps_its_lock_through_a_pass_longer_than_its_t
     assert broker.acquire_lock(lock_key, "me", 1_000)
     for _ in range(3):  # 1.5 s of script calls, each renewing the 1 s lock
         time.sleep(0.5)
-        broker.walk_index(
+        broker.walk_index_page(
             "email", lock_key=lock_key, token="me", lock_ttl_ms=1_000, max_wait_ms=None
         )
     assert redis_client.get(lock_key) == "me"

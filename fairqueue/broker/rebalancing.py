@@ -75,12 +75,20 @@ class IndexWalk:
     waiting: dict[str, int] = field(default_factory=dict)
     oldest_ms: dict[str, int] = field(default_factory=dict)
     removed: int = 0
-    examined: int = 0
     pages: int = 0
     #: Where the walk stopped (score, entries kept at it); ``None`` when it reached the end.
     cursor: tuple[str, int] | None = None
     #: Index entries between the cursor and the walk's end, not checked (0 when done).
     left: int = 0
+
+    def extend(self, page: IndexWalk) -> None:
+        """Add the next page of the same walk."""
+        for level, count in page.waiting.items():
+            self.waiting[level] = self.waiting.get(level, 0) + count
+            self.oldest_ms.setdefault(level, page.oldest_ms[level])
+        self.removed += page.removed
+        self.pages += page.pages
+        self.cursor, self.left = page.cursor, page.left
 
 
 class RebalancingMixin(_Base):
@@ -133,7 +141,7 @@ class RebalancingMixin(_Base):
             raise LockLostError(queue)
         return AdoptedPage(adopted=adopted, aged=aged, parked=parked, examined=examined)
 
-    async def walk_index(
+    async def walk_index_page(
         self,
         queue: str,
         *,
@@ -142,13 +150,12 @@ class RebalancingMixin(_Base):
         lock_ttl_ms: int,
         max_wait_ms: int | None,
         page_size: int = 1_000,
-        max_pages: int = 100,
         cursor: tuple[str, int] | None = None,
         dry_run: bool = False,
     ) -> IndexWalk:
-        """Walk the ready-time index oldest first, a page per script call: with
+        """One page of a walk over the ready-time index, oldest first: with
         ``max_wait_ms`` up to the jobs past the bound (counting them per level), with
-        ``None`` to its end; from ``cursor`` (where an earlier walk stopped) or the
+        ``None`` to its end; from ``cursor`` (where the previous page stopped) or the
         start. Entries of jobs that left are dropped on the way.
 
         Raises:
@@ -162,31 +169,25 @@ class RebalancingMixin(_Base):
             self.key(queue, "delayed"),
             lock_key,
         ]
-        walk = IndexWalk()
         score, seen = cursor if cursor is not None else ("", 0)
         bound = "" if max_wait_ms is None else max_wait_ms
-        for _ in range(max_pages):
-            status, score, seen, done, removed, flat, left = await self._guard(
-                script(
-                    keys=keys,
-                    args=[token, lock_ttl_ms, score, seen, page_size, bound, int(dry_run)],
-                )
+        status, score, seen, done, removed, flat, left = await self._guard(
+            script(
+                keys=keys, args=[token, lock_ttl_ms, score, seen, page_size, bound, int(dry_run)]
             )
-            if int(status) < 0:
-                raise LockLostError(queue)
-            walk.pages += 1
-            walk.removed += int(removed)
-            for level, waiting, oldest in zip(flat[::3], flat[1::3], flat[2::3], strict=True):
-                walk.waiting[level] = walk.waiting.get(level, 0) + int(waiting)
-                walk.examined += int(waiting)
-                if level not in walk.oldest_ms:
-                    walk.oldest_ms[level] = int(float(oldest))
-            walk.left = int(left)
-            if int(done):
-                walk.cursor = None
-                return walk
-            walk.cursor = (str(score), int(seen))
-        return walk
+        )
+        if int(status) < 0:
+            raise LockLostError(queue)
+        page = IndexWalk(
+            removed=int(removed),
+            pages=1,
+            cursor=None if int(done) else (str(score), int(seen)),
+            left=int(left),
+        )
+        for level, waiting, oldest in zip(flat[::3], flat[1::3], flat[2::3], strict=True):
+            page.waiting[level] = int(waiting)
+            page.oldest_ms[level] = int(float(oldest))
+        return page
 
     async def rebase_page(
         self,
