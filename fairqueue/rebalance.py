@@ -62,7 +62,7 @@ T = TypeVar("T")
 #: Untagged jobs adopted per script call, and calls per pass at most.
 ADOPT_PAGE_SIZE: Final = 500
 ADOPT_PAGES: Final = 20
-#: Index entries per walk call (about 2-3 ms of Redis each). A pass walks, for the overdue
+#: Index entries per walk call (a few ms of Redis each). A pass walks, for the overdue
 #: count and again for the sweep of younger entries, one page per ``WALK_MS_PER_PAGE`` of
 #: its interval (at least one, at most ``MAX_WALK_PAGES``): about 1% of Redis's time
 #: whatever the interval, so the pass never competes with the workers.
@@ -70,8 +70,8 @@ WALK_PAGE_SIZE: Final = 1_000
 WALK_MS_PER_PAGE: Final = 250
 MAX_WALK_PAGES: Final = 20
 #: Tag-band jobs moved per rebase call, and calls per pass at most.
-REBASE_PAGE_SIZE: Final = 1_000
-REBASE_PAGES: Final = 20
+REBASE_PAGE_SIZE: Final = 500
+REBASE_PAGES: Final = 40
 #: What a pass did, as counts: recorded for the dashboard, which shows them.
 PASS_COUNTS: Final = ("adopted", "aged", "parked", "overdue", "cleaned", "rebased")
 LAST_RUN_RECORD: Final = "last_pass"

@@ -4,7 +4,7 @@ All input is validated before anything is written, so a bad call leaves no job, 
 audit row and no metric increment behind.
 
 Placement rule. Every job gets its fair place when it is added, in the same script as
-BullMQ's own add (one round trip per batch of up to 1,000 jobs), never priority 0
+BullMQ's own add (one round trip per batch of up to 250 jobs), never priority 0
 (priority-0 jobs sit in BullMQ's ``wait`` list, which workers drain before any
 prioritized job: SPEC decision 6). The place is a virtual finish tag of the job's flow,
 its (level, tenant) pair: levels share by weight 4:3:2:1, the tenants of a level share its

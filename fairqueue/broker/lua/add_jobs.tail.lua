@@ -9,12 +9,13 @@ for i = 1, tonumber(ARGV[1]) do
     tonumber(ARGV[b + 5])}
 end
 local fqReplies = {}
+local fqC = fqClock(fqK)
 for _, job in ipairs(fqJobs) do
   local args = cmsgpack.unpack(job[1])
   local priority, score, start = 0, nil, 0
   local fresh = args[2] == '' or redis.call('EXISTS', args[1] .. args[2]) == 0
   if fresh then
-    score, start = fqPlace(fqK, fqClock(fqK), job[4], job[5], job[6], false)
+    score, start = fqPlace(fqK, fqC, job[4], job[5], job[6], false)
     priority = fqPriorityOf(score)
     local opts = cmsgpack.unpack(job[3])
     opts['priority'] = priority
@@ -24,6 +25,7 @@ for _, job in ipairs(fqJobs) do
   local jobId = fqBullmqAdd()
   if fresh and type(jobId) == 'string' then
     if score then fqSetScore(fqK, args[1] .. jobId, jobId, score) end
+    fqPlaced(fqK, fqC, score, start)
     fqIndex(fqK, jobId, fqNow, job[4], job[5], job[6], start)
   end
   fqReplies[#fqReplies + 1] = jobId

@@ -61,6 +61,7 @@ if #candidates < fqPage then
 end
 
 local adopted, aged, parked = 0, 0, 0
+local fqC = fqDry and nil or fqClock(fqK)
 for _, candidate in ipairs(candidates) do
   local jobId, wasParked = candidate[1], candidate[2]
   local level, tenant, weight, ready
@@ -78,7 +79,7 @@ for _, candidate in ipairs(candidates) do
       adopted = adopted + 1
       if overdue then aged = aged + 1 end
     else
-      local score, start = fqPlace(fqK, fqClock(fqK), level, tenant, weight, overdue)
+      local score, start = fqPlace(fqK, fqC, level, tenant, weight, overdue)
       local priority = fqPriorityOf(score)
       if not score and wasParked then
         parked = parked + 1
@@ -88,6 +89,7 @@ for _, candidate in ipairs(candidates) do
         ARGV[1], ARGV[2], ARGV[3], ARGV[4] = priority, fqPrefix, jobId, '0'
         if fqBullmqChange() == 0 then
           if score then fqSetScore(fqK, fqPrefix .. jobId, jobId, score) end
+          fqPlaced(fqK, fqC, score, start)
           adopted = adopted + 1
           if overdue then aged = aged + 1 end
         end

@@ -42,7 +42,8 @@ local function fqNowMs()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- The virtual time and the priority mapping, read once per placement.
+-- The virtual time and the score mapping, read once per script call: nothing else runs
+-- while a script does, so only its own placements can change the head (fqPlaced).
 local function fqClock(K)
   local st = redis.call('HMGET', K.state, 'vt', 'base', 'rbDelta', 'rbCursor')
   local c = {vt = tonumber(st[1]) or 0, base = tonumber(st[2]) or 0,
@@ -60,6 +61,7 @@ local function fqClock(K)
     c.base, c.delta, c.cursor = c.vt, nil, nil
     return c
   end
+  c.headScore = tonumber(head[2])
   local meta = redis.call('HGET', K.jobs, head[1])
   local tag = meta and tonumber(string.match(meta, '^[^\n]*\n[^\n]*\n([^\n]*)\n'))
   if not tag then -- not fairqueue's (a retry back at its old score): read its score
@@ -88,12 +90,16 @@ end
 -- at the virtual time whatever the flow's backlog (a job already overdue when the pass
 -- adopts it runs in its flow's next turn).
 local function fqPlace(K, c, level, tenant, weight, front)
-  local gone = redis.call('ZRANGEBYSCORE', K.flows, '-inf', c.vt, 'LIMIT', 0, fqExpirePerCall)
-  for i = 1, #gone do
-    local w = tonumber(redis.call('HGET', K.fweights, gone[i])) or 0
-    redis.call('HINCRBY', K.state, 'W:' .. string.match(gone[i], '^[^\n]*'), -w)
-    redis.call('HDEL', K.fweights, gone[i])
-    redis.call('ZREM', K.flows, gone[i])
+  if c.expiredAt ~= c.vt then -- retire flows the virtual time has passed (once per vt)
+    local gone = redis.call('ZRANGEBYSCORE', K.flows, '-inf', c.vt, 'LIMIT', 0,
+      fqExpirePerCall)
+    for i = 1, #gone do
+      local w = tonumber(redis.call('HGET', K.fweights, gone[i])) or 0
+      redis.call('HINCRBY', K.state, 'W:' .. string.match(gone[i], '^[^\n]*'), -w)
+      redis.call('HDEL', K.fweights, gone[i])
+      redis.call('ZREM', K.flows, gone[i])
+    end
+    if #gone < fqExpirePerCall then c.expiredAt = c.vt end
   end
   local member = level .. '\n' .. tenant
   local last = tonumber(redis.call('ZSCORE', K.flows, member))
@@ -114,6 +120,18 @@ local function fqPlace(K, c, level, tenant, weight, front)
     end
   end
   return score, start
+end
+
+-- After placing a job at score (nil: parked) with start tag start: a job ahead of the
+-- head is the new head, and the virtual time moves to its start tag.
+local function fqPlaced(K, c, score, start)
+  if score and (not c.headScore or score < c.headScore) then
+    c.headScore = score
+    if start > c.vt then
+      c.vt = start
+      redis.call('HSET', K.state, 'vt', string.format('%.17g', start))
+    end
+  end
 end
 
 -- The BullMQ priority of a score (nil: parked at the cap).
