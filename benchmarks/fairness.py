@@ -25,8 +25,9 @@ fairqueue producer enqueues at twice that rate on this same two-core machine (ev
 scenario has producers beside the worker, and they cost the worker CPU); the loaded
 median 1 s completion rate is the *capacity* C the arrival rates are scaled from, so a
 source sized at its share (low at 0.2 C in ``flood``) is at it, not a little over.
-Arrivals are open-loop and evenly spaced (a source of rate r has sent floor(r*t)+1 jobs at time t; the producer
-ticks every 5 ms and enqueues what is due in one call per source), so a slow
+Arrivals are open-loop and evenly spaced (a source of rate r has sent floor(r*t)+1
+jobs at time t; the producer ticks every 5 ms and enqueues what is due in one call per
+source), so a slow
 scheduler cannot slow its own arrivals down. Scenarios (``--seconds`` of arrivals each):
 
 1. ``backlogged``      - each level at 1.0 C (4 C in all): served shares vs 40/30/20/10.
