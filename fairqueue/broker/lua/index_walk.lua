@@ -12,7 +12,8 @@
           seen at that score, page size, wait bound ms (the walk stops at now - bound;
           '' = walk to the end), dry run (1/0)
   Returns {status (1 ok, -1 lock lost), next cursor score, seen at it, done (1/0),
-  removed, flat [level, waiting, oldest ready ms]..., entries left before the walk's
+  removed, flat [level, waiting, oldest ready ms]... (one 'waiting' row when walking to
+  the end: a sweep does not read levels), entries left before the walk's
   end (not yet checked: an estimate of what is left, 0 when done)}.
 ]]
 --- @include lock_fence
@@ -36,9 +37,12 @@ local stats, removed = {}, 0
 for i = 1, #rows, 2 do
   local id, score = rows[i], rows[i + 1]
   if score ~= cursor then cursor, seen = score, 0 end
-  local meta = redis.call('HGET', KEYS[2], id)
-  local level = meta and string.match(meta, '^[^\n]*') or '?'
   if redis.call('ZSCORE', KEYS[3], id) then
+    local level = 'waiting' -- a sweep (no bound) does not count by level
+    if ARGV[6] ~= '' then
+      local meta = redis.call('HGET', KEYS[2], id)
+      level = meta and string.match(meta, '^[^\n]*') or '?'
+    end
     local s = stats[level]
     if not s then
       s = {0, score}
