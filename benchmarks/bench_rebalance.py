@@ -9,7 +9,7 @@ commandstats`` and read ``INFO memory`` without disturbing anyone:
 
 * **fairqueue**: ``SyncBroker.add_jobs`` in batches of 1,000 (one EVALSHA each); two
   ``rebalance_queue`` passes (first, repeat); a forced paged rebase (the clock's virtual
-  time set ``2**20 + 1000`` above its base, then ``rebase_page`` until done); a pass
+  time set ``REBASE_THRESHOLD + 1000`` above its base, then ``rebase_page`` until done); a pass
   with every job overdue (the ready-time index shifted 10 minutes back).
 * **plain BullMQ**: ``Queue.addBulk`` in batches of 1,000 (a MULTI of one
   ``addPrioritizedJob`` per job) with numeric priorities (critical=1, high=3,

@@ -24,7 +24,7 @@ for _, job in ipairs(fqJobs) do
   ARGV[1], ARGV[2], ARGV[3] = job[1], job[2], job[3]
   local jobId = fqBullmqAdd()
   if fresh and type(jobId) == 'string' then
-    if score then fqSetScore(fqK, args[1] .. jobId, jobId, score) end
+    if score then fqSetScore(fqK, jobId, score) end
     fqPlaced(fqK, fqC, score, start)
     fqIndex(fqK, jobId, fqNow, job[4], job[5], job[6], start)
   end

@@ -88,7 +88,7 @@ for _, candidate in ipairs(candidates) do
         fqIndex(fqK, jobId, ready, level, tenant, weight, start)
         ARGV[1], ARGV[2], ARGV[3], ARGV[4] = priority, fqPrefix, jobId, '0'
         if fqBullmqChange() == 0 then
-          if score then fqSetScore(fqK, fqPrefix .. jobId, jobId, score) end
+          if score then fqSetScore(fqK, jobId, score) end
           fqPlaced(fqK, fqC, score, start)
           adopted = adopted + 1
           if overdue then aged = aged + 1 end

@@ -140,10 +140,10 @@ local function fqPriorityOf(score)
   return math.floor(score / fqScore)
 end
 
--- Put a job BullMQ just added or re-added at its fairqueue score.
-local function fqSetScore(K, jobKey, jobId, score)
+-- Put a job BullMQ just added or re-added at fqPriorityOf(score) at its fairqueue score
+-- (BullMQ already stored that priority in the job hash).
+local function fqSetScore(K, jobId, score)
   redis.call('ZADD', K.prioritized, 'XX', string.format('%.17g', score), jobId)
-  redis.call('HSET', jobKey, 'priority', math.floor(score / fqScore))
 end
 
 -- Record what the pass and the dashboard need of a job, so they never decode payloads.
