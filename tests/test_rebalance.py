@@ -249,10 +249,13 @@ def test_adoption_metrics(fq_prefix):
 
 def test_dry_run_writes_nothing(fq_prefix, redis_client):
     add_foreign(fq_prefix, ({}, {}), ({}, {"priority": 3}))
+    state = f"{fq_prefix}:email:fq:state"
+    redis_client.hset(state, mapping={"vt": 36, "base": 0})  # a clock an empty band would reset
     before = prioritized(redis_client, fq_prefix)
     result = rebalance_queue("email", dry_run=True)
     assert result.adopted == 2 and result.dry_run
     assert prioritized(redis_client, fq_prefix) == before
+    assert redis_client.hgetall(state) == {"vt": "36", "base": "0"}
     assert redis_client.llen(f"{fq_prefix}:email:wait") == 1
 
 

@@ -61,7 +61,8 @@ if #candidates < fqPage then
 end
 
 local adopted, aged, parked = 0, 0, 0
-local fqC = fqDry and nil or fqClock(fqK)
+local fqC = nil
+if not fqDry then fqC = fqClock(fqK) end
 for _, candidate in ipairs(candidates) do
   local jobId, wasParked = candidate[1], candidate[2]
   local level, tenant, weight, ready
