@@ -10,7 +10,8 @@ commandstats`` and read ``INFO memory`` without disturbing anyone:
 * **fairqueue**: ``SyncBroker.add_jobs`` in batches of 1,000 (one EVALSHA each); two
   ``rebalance_queue`` passes (first, repeat); a forced paged rebase (the clock's virtual
   time set ``REBASE_THRESHOLD + 1000`` above its base, then ``rebase_page`` until done); a pass
-  with every job overdue (the ready-time index shifted 10 minutes back).
+  with every job overdue (the ready-time index shifted 10 minutes back, a second's list
+  at a time).
 * **plain BullMQ**: ``Queue.addBulk`` in batches of 1,000 (a MULTI of one
   ``addPrioritizedJob`` per job) with numeric priorities (critical=1, high=3,
   normal=5, low=10); seed 1's method of rebalancing as the baseline for a pass: read
@@ -361,12 +362,15 @@ def forced_rebase(slowlog: SlowLog) -> dict[str, Any]:
 
 
 def make_all_overdue(client: redis.Redis) -> None:
-    """Shift every ready time 10 minutes back (order kept), so all jobs are overdue."""
+    """Shift every ready time 10 minutes back (order kept), so all jobs are overdue: the
+    index lists jobs by the second they became ready, so each second's list moves."""
     key = get_sync_broker().broker.fair_key(QUEUE, "ready")
-    total = client.zcard(key)
-    for start in range(0, total, 10_000):
-        rows = client.zrange(key, start, start + 9_999, withscores=True)
-        client.zadd(key, {member: score - OVERDUE_SHIFT_MS for member, score in rows})
+    shift = OVERDUE_SHIFT_MS // 1000
+    for second in client.zrange(key, 0, -1):
+        older = int(second) - shift
+        client.rename(f"{key}:{second}", f"{key}:{older}")
+        client.zrem(key, second)
+        client.zadd(key, {str(older): older})
 
 
 def run_fairqueue(url: str, slowlog: SlowLog, specs) -> dict[str, Any]:

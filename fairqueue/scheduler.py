@@ -36,6 +36,7 @@ lets a flooded level run for thousands of jobs before a small level gets a turn.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -152,28 +153,39 @@ def order_pending_jobs(
 class FairClock:
     """The add script's placement rule, one arrival at a time (a reference model).
 
-    ``vt`` is the virtual time: the start tag of the first job waiting, never going
-    back. A flow whose last tag is not ahead of ``vt`` has no
-    work left and stops counting towards its level's total; when it comes back it starts
-    at ``vt``. Tags are floats: the script keeps them as Lua numbers.
+    ``vt`` is the virtual time: what the first waiting job stands for, never going back.
+    The script reads it from that job's score alone (no per-job record): the job's
+    finish tag as the score keeps it (``resolution`` units per tag unit) less one turn of
+    a lone weight-1 tenant of its level, which is its start tag or a little past it. A
+    flow whose last tag is not ahead of ``vt`` has no work left and stops counting
+    towards its level's total; when it comes back it starts at ``vt``. Tags are floats:
+    the script keeps them as Lua numbers.
     """
 
     weights: Mapping[PriorityLevel, int] = field(default_factory=lambda: DEFAULT_FAIR_WEIGHTS)
+    resolution: int = 1_024
     vt: float = 0.0
     last: dict[tuple[PriorityLevel, str], float] = field(default_factory=dict)
     counted: dict[tuple[PriorityLevel, str], int] = field(default_factory=dict)
 
-    def observe_head(self, head_start: float | None) -> None:
-        """Advance the virtual time to the start tag of the first waiting job."""
-        if head_start is not None and head_start > self.vt:
-            self.vt = head_start
+    def observe_head(self, head_tag: float | None, head_level: PriorityLevel | None = None) -> None:
+        """Advance the virtual time to what the first waiting job (its finish tag and
+        level) stands for."""
+        if head_tag is None or head_level is None:
+            return
+        start = (
+            math.floor(head_tag * self.resolution) / self.resolution
+            - TAG_SCALE / self.weights[head_level]
+        )
+        if start > self.vt:
+            self.vt = start
 
     def place(
         self, level: PriorityLevel, tenant: str, tenant_weight: int = 1, *, front: bool = False
-    ) -> tuple[float, float]:
-        """The start and finish tags of a new job of (``level``, ``tenant``); jobs run in
-        finish-tag order. ``front`` starts it at the virtual time, its flow's next turn
-        (the pass does so for a job it finds already overdue)."""
+    ) -> float:
+        """The finish tag of a new job of (``level``, ``tenant``); jobs run in tag order.
+        ``front`` starts it at the virtual time, its flow's next turn (the pass does so
+        for a job it finds already overdue)."""
         for key in [key for key, tag in self.last.items() if tag <= self.vt]:
             del self.last[key], self.counted[key]
         key = (level, tenant)
@@ -182,7 +194,7 @@ class FairClock:
         start = self.vt if front else max(self.vt, self.last.get(key, self.vt))
         tag = start + flow_step(self.weights[level], tenant_weight, total)
         self.last[key] = max(tag, self.last.get(key, tag))
-        return start, tag
+        return tag
 
 
 def order_by_occupancy(

@@ -1,6 +1,7 @@
 """Plain BullMQ on the wire: a stock Node ``bullmq`` worker runs fairqueue's jobs in the
 fair order (tests/node holds the worker and its pinned package)."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -54,7 +55,10 @@ def test_node_worker_runs_the_fair_order_with_the_pass_running(
     assert processed == expected
     assert len(set(processed)) == 57 and legacy in processed
     levels = [
-        redis_client.hget(f"{fq_prefix}:email:fq:jobs", job_id).split("\n")[0]
+        # the adopted legacy job has no priorityLevel: priority 0 is normal
+        json.loads(redis_client.hget(f"{fq_prefix}:email:{job_id}", "data")).get(
+            "priorityLevel", "normal"
+        )
         for job_id in processed[:15]
     ]
     # Tags up to 24: critical 3..24, normal 6..24 (and the adopted job at 12), low 12, 24.

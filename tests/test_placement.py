@@ -58,10 +58,11 @@ def test_the_add_script_places_every_job_as_the_reference_model(batches):
                 ],
             )
             for (level, tenant, weight), job in zip(batch, added, strict=True):
-                start, tag = clock.place(level, tenant, weight)
-                placed.append((tag, start))
-                # The script reads the head's start tag back from its index.
-                clock.observe_head(min(placed)[1])
+                tag = clock.place(level, tenant, weight)
+                placed.append((math.floor(tag * TAG_RESOLUTION), RANK[level], tag, level))
+                # The script reads the virtual time from the head's score: the same order.
+                _, _, head_tag, head_level = min(placed)
+                clock.observe_head(head_tag, head_level)
                 expected = TAG_FLOOR * 2**32 + math.floor(tag * TAG_RESOLUTION) * 4 + RANK[level]
                 assert redis_client.zscore(f"{prefix}:q:prioritized", job.job_id) == expected
                 assert (
@@ -119,12 +120,12 @@ def test_ready_time_is_redis_clock_not_the_producers(fq_prefix, redis_client, mo
     monkeypatch.setattr(time, "time", lambda: real() - 600)  # a producer 10 minutes behind
     job = enqueue_job("email", {}, tenant_id="t", priority_level="low")
     monkeypatch.setattr(time, "time", real)
-    seconds, micros = redis_client.time()
-    redis_now = seconds * 1000 + micros // 1000
-    ready = redis_client.zscore(f"{fq_prefix}:email:fq:ready", job.job_id)
-    assert 0 <= redis_now - ready < 5_000
+    seconds, _ = redis_client.time()
+    (second,) = redis_client.zrange(f"{fq_prefix}:email:fq:ready", 0, -1)
+    assert 0 <= seconds - int(second) < 5  # indexed by the second it became ready
+    assert redis_client.lrange(f"{fq_prefix}:email:fq:ready:{second}", 0, -1) == [job.job_id]
     stamped = int(redis_client.hget(f"{fq_prefix}:email:{job.job_id}", "timestamp"))
-    assert redis_now - stamped > 500_000  # BullMQ's own timestamp is the producer's
+    assert seconds * 1000 - stamped > 500_000  # BullMQ's own timestamp is the producer's
 
 
 def test_an_idle_queue_starts_afresh_at_the_floor(fq_prefix, redis_client):

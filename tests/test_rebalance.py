@@ -22,18 +22,33 @@ def prioritized(redis_client, prefix, queue="email"):
     return redis_client.zrange(f"{prefix}:{queue}:prioritized", 0, -1, withscores=True)
 
 
+def index_ids(redis_client, prefix, queue="email"):
+    """Every id in fairqueue's ready-time index, by the second it became ready."""
+    ready = f"{prefix}:{queue}:fq:ready"
+    return {
+        int(second): redis_client.lrange(f"{ready}:{second}", 0, -1)
+        for second in redis_client.zrange(ready, 0, -1)
+    }
+
+
 def age(redis_client, prefix, job_ids, ms, queue="email"):
     """Make jobs look ready ``ms`` ago in fairqueue's ready-time index."""
-    now = int(time.time() * 1000)
-    redis_client.zadd(f"{prefix}:{queue}:fq:ready", {job_id: now - ms for job_id in job_ids})
+    ready = f"{prefix}:{queue}:fq:ready"
+    for second in redis_client.zrange(ready, 0, -1):
+        for job_id in job_ids:
+            redis_client.lrem(f"{ready}:{second}", 0, job_id)
+    old = (int(time.time() * 1000) - ms) // 1000
+    redis_client.rpush(f"{ready}:{old}", *job_ids)
+    redis_client.zadd(ready, {str(old): old})
 
 
-def indexed(redis_client, prefix, job_id, queue="email"):
-    """(level, tenant weight, tenant) from fairqueue's job index."""
-    level, weight, _start, tenant = redis_client.hget(f"{prefix}:{queue}:fq:jobs", job_id).split(
-        "\n", 3
-    )
-    return level, int(weight), tenant
+def placed_as(redis_client, prefix, job_id, tenant, queue="email"):
+    """(level, tenant weight) of a placed job: its level from its score, its flow's
+    weight from the clock's flows (the flow must have work)."""
+    score = int(redis_client.zscore(f"{prefix}:{queue}:prioritized", job_id))
+    level = ("critical", "high", "normal", "low")[score % 4]
+    weight = redis_client.hget(f"{prefix}:{queue}:fq:fweights", f"{level}\n{tenant}")
+    return level, int(weight)
 
 
 def add_foreign(prefix, *jobs):
@@ -72,10 +87,12 @@ def test_foreign_jobs__wait_list_and_small_priorities_are_adopted_into_the_tag_o
     scores = dict(prioritized(redis_client, fq_prefix))
     for job_id in (plain, urgent, bulk, parked):
         assert TAG_FLOOR <= scores[job_id] // 2**32 < MAX_PRIORITY
-    assert indexed(redis_client, fq_prefix, parked) == ("high", 1, "default")
-    assert indexed(redis_client, fq_prefix, plain) == ("normal", 1, "acme")
-    assert indexed(redis_client, fq_prefix, urgent) == ("critical", 1, "default")
-    assert indexed(redis_client, fq_prefix, bulk) == ("low", 1, "default")
+    assert placed_as(redis_client, fq_prefix, parked, "default") == ("high", 1)
+    assert placed_as(redis_client, fq_prefix, plain, "acme") == ("normal", 1)
+    assert placed_as(redis_client, fq_prefix, urgent, "default") == ("critical", 1)
+    assert placed_as(redis_client, fq_prefix, bulk, "default") == ("low", 1)
+    indexed = [job_id for ids in index_ids(redis_client, fq_prefix).values() for job_id in ids]
+    assert sorted(indexed) == sorted([plain, urgent, bulk, parked])
     assert rebalance_queue("email").adopted == 0  # adopted once
 
 
@@ -87,7 +104,7 @@ def test_a_foreign_payload_over_the_cap_is_not_decoded(fq_prefix, redis_client, 
 
     conf.reload_settings()
     assert rebalance_queue("email").adopted == 1
-    assert indexed(redis_client, fq_prefix, job_id) == ("low", 1, "default")
+    assert placed_as(redis_client, fq_prefix, job_id, "default") == ("low", 1)
 
 
 def test_delayed_job__parked_until_promoted_then_adopted_and_its_wait_starts_when_ready(
@@ -95,8 +112,10 @@ def test_delayed_job__parked_until_promoted_then_adopted_and_its_wait_starts_whe
 ):
     before = int(time.time() * 1000)
     delayed = enqueue_job("email", {}, tenant_id="t", priority_level="high", delay_ms=100)
-    ready = redis_client.zscore(f"{fq_prefix}:email:fq:ready", delayed.job_id)
-    assert ready >= before + 100
+    meta = redis_client.hget(f"{fq_prefix}:email:fq:jobs", delayed.job_id)
+    level, weight, ready, tenant = meta.split("\n", 3)
+    assert (level, weight, tenant) == ("high", "1", "t") and int(ready) >= before + 100
+    assert delayed.job_id in index_ids(redis_client, fq_prefix)[int(ready) // 1000]
     enqueue_jobs("email", [{} for _ in range(5)], tenant_id="u", priority_level="low")
     time.sleep(0.15)
 
@@ -111,6 +130,7 @@ def test_delayed_job__parked_until_promoted_then_adopted_and_its_wait_starts_whe
     assert (result.adopted, result.aged) == (1, 0)  # not overdue: its delay was not waiting
     score = redis_client.zscore(f"{fq_prefix}:email:prioritized", delayed.job_id)
     assert TAG_FLOOR <= score // 2**32 < MAX_PRIORITY
+    assert redis_client.hget(f"{fq_prefix}:email:fq:jobs", delayed.job_id) is None  # placed
     first = drain_with_stock_worker(fq_prefix, "email", 2)
     assert delayed.job_id in [job_id for job_id, _ in first]
 
@@ -172,8 +192,7 @@ def test_index_entries_of_jobs_that_left_are_dropped(fq_prefix, redis_client):
     drain_with_stock_worker(fq_prefix, "email", 25)
     result = rebalance_queue("email")
     assert result.cleaned == 25
-    assert redis_client.zcard(f"{fq_prefix}:email:fq:ready") == 15
-    assert redis_client.hlen(f"{fq_prefix}:email:fq:jobs") == 15
+    assert sum(len(ids) for ids in index_ids(redis_client, fq_prefix).values()) == 15
 
 
 def test_rebase__a_page_at_a_time_the_order_never_changes(fq_prefix, redis_client):

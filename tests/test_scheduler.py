@@ -264,23 +264,29 @@ def test_property__occupancy_policy_is_seed_1s_overdue_first(arrivals):
 # --- the add script's rule, one arrival at a time ----------------------------------------
 
 
+RANK = {C: 0, H: 1, N: 2, L: 3}
+
+
 def drain(clock, placed, count):
-    """Serve ``count`` jobs in finish-tag order, advancing the clock's virtual time to the
-    start tag of the next job, as the add script reads it from the queue's head."""
+    """Serve ``count`` jobs in the queue's order (finish tag, then the higher weight,
+    then arrival), advancing the clock from the next job, as the add script reads it
+    from the queue's head."""
     served = []
     for _ in range(count):
         placed.sort()
-        _, _, _, job = placed.pop(0)
+        *_, job = placed.pop(0)
         served.append(job)
-        clock.observe_head(placed[0][2] if placed else None)
+        if placed:
+            clock.observe_head(placed[0][0], placed[0][3])
     return served
 
 
 def arrive(clock, placed, level, tenant, label, weight=1):
-    """A job arrives: placed by the clock, ties broken by arrival as BullMQ does."""
-    start, tag = clock.place(level, tenant, weight)
-    placed.append((tag, next(_arrivals), start, label))
-    clock.observe_head(min(placed)[2])
+    """A job arrives: placed by the clock."""
+    tag = clock.place(level, tenant, weight)
+    placed.append((tag, RANK[level], next(_arrivals), level, label))
+    head = min(placed)
+    clock.observe_head(head[0], head[3])
 
 
 _arrivals = itertools.count()
@@ -295,6 +301,7 @@ def test_fair_clock__a_newcomer_runs_within_one_round_of_a_flood():
     # It starts at the head's start tag with a two-tenant step; the flooder's job with an
     # equal tag came first (ties go by arrival), so it runs third.
     assert drain(clock, placed, 3) == ["flooder", "flooder", "sparse"]
+    assert clock.vt == placed[0][0] - 6  # a lone normal tenant's turn back from the head
 
 
 def test_fair_clock__two_floods_arriving_together_alternate():
@@ -321,7 +328,7 @@ def test_fair_clock__levels_interleave_4_3_2_1_under_sustained_arrivals():
 
 def test_fair_clock__front_placement_starts_at_the_virtual_time():
     clock = FairClock()
-    tags = [clock.place(L, "t")[1] for _ in range(5)]
+    tags = [clock.place(L, "t") for _ in range(5)]
     assert tags == [12, 24, 36, 48, 60]
-    assert clock.place(L, "t", front=True) == (0, 12)
-    assert clock.place(L, "t")[1] == 72
+    assert clock.place(L, "t", front=True) == 12
+    assert clock.place(L, "t") == 72

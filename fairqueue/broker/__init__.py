@@ -18,9 +18,10 @@ How fairqueue uses BullMQ's priority (pinned: ``bullmq>=3.4.4,<3.5``, checked by
   realistic backlog, and a stock worker pops the fair order. Priorities below ``TAG_FLOOR`` are
   other producers' (they run first until a pass adopts them); ``MAX_PRIORITY`` is where
   delayed jobs and jobs without room wait to be adopted.
-* fairqueue keeps its own small index beside the queue (the ``fq:`` keys): each job's
-  level, tenant, tenant weight and ready time (Redis's clock), so the rebalance pass
-  never decodes a payload.
+* fairqueue keeps its own small index beside the queue (the ``fq:`` keys): job ids by
+  the second they became ready (Redis's clock), and a delayed job's level, tenant and
+  weight until the pass places it, so the rebalance pass never decodes a payload of its
+  own jobs (a job's level is in its score).
 * Jobs are added by BullMQ's own ``addPrioritizedJob``/``addDelayedJob`` scripts and
   adopted through BullMQ's own ``changePriority`` script, each wrapped in fairqueue's
   Lua, so what lands in Redis is what BullMQ itself writes.

@@ -57,7 +57,8 @@ def _int_or(value: Any, default: int | None) -> int | None:
 
 
 #: fairqueue's own keys beside a queue's (see ``lua/fair_clock.lua``): the clock state,
-#: the flows with work and their counted weights, the ready-time index and the job index.
+#: the flows with work and their counted weights, the ready-time index (job ids by the
+#: second they became ready) and the delayed jobs' meta.
 FAIR_KEYS: Final = ("state", "flows", "fweights", "ready", "jobs")
 
 

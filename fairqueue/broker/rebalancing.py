@@ -76,9 +76,10 @@ class IndexWalk:
     oldest_ms: dict[str, int] = field(default_factory=dict)
     removed: int = 0
     pages: int = 0
-    #: Where the walk stopped (score, entries kept at it); ``None`` when it reached the end.
+    #: Where the walk stopped (a second of the index and the position in its list);
+    #: ``None`` when it reached the end.
     cursor: tuple[str, int] | None = None
-    #: Index entries between the cursor and the walk's end, not checked (0 when done).
+    #: Index ids between the cursor and the walk's end, not checked (0 when done).
     left: int = 0
 
     def extend(self, page: IndexWalk) -> None:
@@ -164,16 +165,16 @@ class RebalancingMixin(_Base):
         script = self.script(plain_script("index_walk"))
         keys = [
             self.fair_key(queue, "ready"),
-            self.fair_key(queue, "jobs"),
             self.key(queue, "prioritized"),
             self.key(queue, "delayed"),
             lock_key,
         ]
-        score, seen = cursor if cursor is not None else ("", 0)
+        second, index = cursor if cursor is not None else ("", 0)
         bound = "" if max_wait_ms is None else max_wait_ms
-        status, score, seen, done, removed, flat, left = await self._guard(
+        status, second, index, done, removed, flat, left = await self._guard(
             script(
-                keys=keys, args=[token, lock_ttl_ms, score, seen, page_size, bound, int(dry_run)]
+                keys=keys,
+                args=[token, lock_ttl_ms, second, index, page_size, bound, int(dry_run)],
             )
         )
         if int(status) < 0:
@@ -181,7 +182,7 @@ class RebalancingMixin(_Base):
         page = IndexWalk(
             removed=int(removed),
             pages=1,
-            cursor=None if int(done) else (str(score), int(seen)),
+            cursor=None if int(done) else (str(second), int(index)),
             left=int(left),
         )
         for level, waiting, oldest in zip(flat[::3], flat[1::3], flat[2::3], strict=True):

@@ -1,6 +1,6 @@
 --[[
   Add one delayed job: BullMQ's own addDelayedJob at fairqueue's parking priority (CAP),
-  indexed with the time it becomes ready (and no start tag yet). When BullMQ promotes it, the pass adopts it
+  indexed by the second it becomes ready, with its meta in fq:jobs for the pass. When BullMQ promotes it, the pass adopts it
   into the fair order (its wait starts when it is ready, not when it was added).
 
   KEYS[1..6]  addDelayedJob's: marker, meta, id, delayed, completed, events

@@ -6,7 +6,10 @@ local fqTime = redis.call('TIME')
 local fqReady = tonumber(fqTime[1]) * 1000 + math.floor(tonumber(fqTime[2]) / 1000) + fqDelay
 local jobId = fqBullmqAddDelayed()
 if fqFresh and type(jobId) == 'string' then
-  redis.call('ZADD', KEYS[7], fqReady, jobId)
-  redis.call('HSET', KEYS[8], jobId, fqLevel .. '\n' .. fqWeight .. '\n0\n' .. fqTenant)
+  local second = string.format('%d', math.floor(fqReady / 1000))
+  redis.call('RPUSH', KEYS[7] .. ':' .. second, jobId)
+  redis.call('ZADD', KEYS[7], 'NX', second, second)
+  redis.call('HSET', KEYS[8], jobId, fqLevel .. '\n' .. fqWeight .. '\n' ..
+    string.format('%d', fqReady) .. '\n' .. fqTenant)
 end
 return jobId

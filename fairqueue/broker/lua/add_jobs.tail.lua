@@ -12,10 +12,10 @@ local fqReplies = {}
 local fqC = fqClock(fqK)
 for _, job in ipairs(fqJobs) do
   local args = cmsgpack.unpack(job[1])
-  local priority, score, start = 0, nil, 0
+  local priority, score = 0, nil
   local fresh = args[2] == '' or redis.call('EXISTS', args[1] .. args[2]) == 0
   if fresh then
-    score, start = fqPlace(fqK, fqC, job[4], job[5], job[6], false)
+    score = fqPlace(fqK, fqC, job[4], job[5], job[6], false)
     priority = fqPriorityOf(score)
     local opts = cmsgpack.unpack(job[3])
     opts['priority'] = priority
@@ -25,8 +25,8 @@ for _, job in ipairs(fqJobs) do
   local jobId = fqBullmqAdd()
   if fresh and type(jobId) == 'string' then
     if score then fqSetScore(fqK, jobId, score) end
-    fqPlaced(fqK, fqC, score, start)
-    fqIndex(fqK, jobId, fqNow, job[4], job[5], job[6], start)
+    fqPlaced(fqK, fqC, score)
+    fqIndex(fqK, jobId, fqNow)
   end
   fqReplies[#fqReplies + 1] = jobId
   fqReplies[#fqReplies + 1] = priority

@@ -6,6 +6,7 @@
   changePriority; a job already past the wait bound starts at the virtual time (its
   flow's next turn). Other producers' jobs are read once (tenantId / priorityLevel, else
   their numeric priority) and indexed; a payload over the size cap is not decoded.
+  fairqueue's own delayed jobs are placed from their meta in fq:jobs, which then goes.
 
   KEYS[1..7]   changePriority's: wait, paused, meta, prioritized, active, pc, marker
   KEYS[8..12]  fairqueue's: state, flows, fweights, ready, jobs

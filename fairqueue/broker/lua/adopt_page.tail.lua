@@ -67,10 +67,9 @@ for _, candidate in ipairs(candidates) do
   local jobId, wasParked = candidate[1], candidate[2]
   local level, tenant, weight, ready
   local meta = redis.call('HGET', fqK.jobs, jobId)
-  if meta then
-    level, weight, tenant = string.match(meta, '^([^\n]*)\n([^\n]*)\n[^\n]*\n(.*)$')
-    weight = tonumber(weight)
-    ready = tonumber(redis.call('ZSCORE', fqK.ready, jobId)) or fqNow
+  if meta then -- one of fairqueue's delayed jobs: indexed already, placed now
+    level, weight, ready, tenant = string.match(meta, '^([^\n]*)\n([^\n]*)\n([^\n]*)\n(.*)$')
+    weight, ready = tonumber(weight), tonumber(ready) or fqNow
   else
     level, tenant, weight, ready = fqForeign(jobId)
   end
@@ -80,17 +79,21 @@ for _, candidate in ipairs(candidates) do
       adopted = adopted + 1
       if overdue then aged = aged + 1 end
     else
-      local score, start = fqPlace(fqK, fqC, level, tenant, weight, overdue)
+      local score = fqPlace(fqK, fqC, level, tenant, weight, overdue)
       local priority = fqPriorityOf(score)
       if not score and wasParked then
         parked = parked + 1
         break -- still no room: the parked jobs behind it have none either
       else
-        fqIndex(fqK, jobId, ready, level, tenant, weight, start)
         ARGV[1], ARGV[2], ARGV[3], ARGV[4] = priority, fqPrefix, jobId, '0'
         if fqBullmqChange() == 0 then
           if score then fqSetScore(fqK, jobId, score) end
-          fqPlaced(fqK, fqC, score, start)
+          fqPlaced(fqK, fqC, score)
+          if meta then
+            redis.call('HDEL', fqK.jobs, jobId)
+          else
+            fqIndex(fqK, jobId, ready)
+          end
           adopted = adopted + 1
           if overdue then aged = aged + 1 end
         end

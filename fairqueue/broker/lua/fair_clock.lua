@@ -12,8 +12,9 @@
   whole 53-bit score is fairqueue's fixed-point tag, so the order keeps 1/SUB of a tag's
   resolution at any backlog (ties go to the higher weight, then the job id), and the
   job's BullMQ priority (its hash's and opts' priority) stays floor(score / 2^32), as
-  BullMQ reads it back on retries. The virtual time is the
-  start tag (the max(...) above) of the first tagged job waiting, never going back; a
+  BullMQ reads it back on retries. The virtual time is the start tag of the first
+  tagged job waiting, read from its score (its finish tag less one turn of a lone
+  weight-1 tenant of its level: a start tag or a little past it), never going back; a
   flow whose last tag is not ahead of it has no work left and stops counting towards its
   level's total.
 
@@ -23,8 +24,11 @@
                    W:<level> (sum of the weights of the level's flows with work)
     K.flows        zset: "<level>\n<tenant>" -> last tag, flows with work
     K.fweights     hash: "<level>\n<tenant>" -> the weight counted in W:<level>
-    K.jobs         hash: job id -> "<level>\n<weight>\n<start tag>\n<tenant>"
-    K.ready        zset: job id -> when it became ready (ms, Redis's clock)
+    K.jobs         hash: delayed job id -> "<level>\n<weight>\n<ready ms>\n<tenant>", what
+                   the pass needs to place it once BullMQ promotes it
+    K.ready        zset: second -> second, the seconds (Redis's clock) in which jobs
+                   became ready; K.ready .. ':' .. second is a list of those jobs' ids
+                   (a few bytes a job: fairqueue's index costs little beside BullMQ's)
   Constants FLOOR, CAP, SCALE, SUB and EXPIRE_PER_CALL are filled in when the script
   loads.
 ]]
@@ -36,10 +40,20 @@ local fqSub = {{SUB}}
 local fqScore = 4294967296
 local fqLevelWeight = {critical = 4, high = 3, normal = 2, low = 1}
 local fqLevelRank = {critical = 0, high = 1, normal = 2, low = 3}
+local fqRankLevel = {[0] = 'critical', [1] = 'high', [2] = 'normal', [3] = 'low'}
 
 local function fqNowMs()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- The virtual time a head at score stands for: its finish tag (as the score keeps it)
+-- less one turn of a lone weight-1 tenant of its level (the rank in the score's low bits).
+local function fqStartOf(c, score)
+  local units = score - fqFloor * fqScore
+  local tag = c.base + math.floor(units / 4) / fqSub
+  if c.cursor and score <= c.cursor then tag = tag + c.delta end
+  return tag - fqScale / fqLevelWeight[fqRankLevel[units % 4]]
 end
 
 -- The virtual time and the score mapping, read once per script call: nothing else runs
@@ -62,16 +76,10 @@ local function fqClock(K)
     return c
   end
   c.headScore = tonumber(head[2])
-  local meta = redis.call('HGET', K.jobs, head[1])
-  local tag = meta and tonumber(string.match(meta, '^[^\n]*\n[^\n]*\n([^\n]*)\n'))
-  if not tag then -- not fairqueue's (a retry back at its old score): read its score
-    local score = tonumber(head[2])
-    tag = c.base + math.floor((score - fqFloor * fqScore) / 4) / fqSub
-    if c.cursor and score <= c.cursor then tag = tag + c.delta end
-  end
-  if tag > c.vt then
-    c.vt = tag
-    redis.call('HSET', K.state, 'vt', tag)
+  local start = fqStartOf(c, c.headScore)
+  if start > c.vt then
+    c.vt = start
+    redis.call('HSET', K.state, 'vt', string.format('%.17g', start))
   end
   return c
 end
@@ -85,8 +93,7 @@ local function fqScoreOf(c, tag, level)
   return score
 end
 
--- Place one job of (level, tenant, weight); returns its score (nil: no room) and its
--- start tag. front: start
+-- Place one job of (level, tenant, weight); returns its score (nil: no room). front: start
 -- at the virtual time whatever the flow's backlog (a job already overdue when the pass
 -- adopts it runs in its flow's next turn).
 local function fqPlace(K, c, level, tenant, weight, front)
@@ -119,14 +126,15 @@ local function fqPlace(K, c, level, tenant, weight, front)
       redis.call('ZADD', K.flows, string.format('%.17g', tag), member)
     end
   end
-  return score, start
+  return score
 end
 
--- After placing a job at score (nil: parked) with start tag start: a job ahead of the
--- head is the new head, and the virtual time moves to its start tag.
-local function fqPlaced(K, c, score, start)
+-- After placing a job at score (nil: parked): a job ahead of the head is the new head,
+-- and the virtual time moves to what it stands for.
+local function fqPlaced(K, c, score)
   if score and (not c.headScore or score < c.headScore) then
     c.headScore = score
+    local start = fqStartOf(c, score)
     if start > c.vt then
       c.vt = start
       redis.call('HSET', K.state, 'vt', string.format('%.17g', start))
@@ -146,9 +154,10 @@ local function fqSetScore(K, jobId, score)
   redis.call('ZADD', K.prioritized, 'XX', string.format('%.17g', score), jobId)
 end
 
--- Record what the pass and the dashboard need of a job, so they never decode payloads.
-local function fqIndex(K, jobId, readyMs, level, tenant, weight, start)
-  redis.call('ZADD', K.ready, readyMs, jobId)
-  redis.call('HSET', K.jobs, jobId,
-    level .. '\n' .. weight .. '\n' .. string.format('%.17g', start) .. '\n' .. tenant)
+-- Index a job by the second it became ready, for the pass's overdue count (its level is
+-- in its score; a delayed job's meta is in K.jobs): no payload is ever decoded for it.
+local function fqIndex(K, jobId, readyMs)
+  local second = string.format('%d', math.floor(readyMs / 1000))
+  redis.call('RPUSH', K.ready .. ':' .. second, jobId)
+  redis.call('ZADD', K.ready, 'NX', second, second)
 end

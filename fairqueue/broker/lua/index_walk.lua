@@ -1,72 +1,97 @@
 --[[
-  Walk one page of fairqueue's ready-time index, oldest first, from a cursor: count the
-  jobs still waiting, per level, and drop the entries of jobs that left (taken by a
-  worker, finished, removed; a job in the wait list is dropped too and re-indexed from
-  its payload when the pass adopts it). Stock workers never tell fairqueue that a job
-  left, so this is how the index is trimmed. No payload is read; every entry costs O(1).
+  Walk one page of fairqueue's ready-time index, oldest second first, from a cursor:
+  count the jobs still waiting, per level (read from the score's low bits), and drop the
+  ids of jobs that left (taken by a worker, finished, removed; a job found in BullMQ's
+  wait list too: the pass adopts it from its payload). Stock workers never tell
+  fairqueue that a job left, so this is how the index is trimmed. No payload is read;
+  every id costs O(1) (a bucket is compacted once, when the walk leaves it).
 
-  KEYS[1] ready (zset id -> ready ms)  KEYS[2] jobs (hash id -> meta)
-  KEYS[3] BullMQ's prioritized         KEYS[4] BullMQ's delayed
-  KEYS[5] the leader lock
-  ARGV    token, lock ttl ms, cursor score ('' = from the start), entries already
-          seen at that score, page size, wait bound ms (the walk stops at now - bound;
+  KEYS[1] ready (zset of seconds; KEYS[1]:<second> lists the ids ready in it)
+  KEYS[2] BullMQ's prioritized  KEYS[3] BullMQ's delayed  KEYS[4] the leader lock
+  ARGV    token, lock ttl ms, cursor second ('' = from the oldest), index in it, page
+          size, wait bound ms (the walk stops at the last second wholly past the bound;
           '' = walk to the end), dry run (1/0)
-  Returns {status (1 ok, -1 lock lost), next cursor score, seen at it, done (1/0),
-  removed, flat [level, waiting, oldest ready ms]... (one 'waiting' row when walking to
-  the end: a sweep does not read levels), entries left before the walk's
-  end (not yet checked: an estimate of what is left, 0 when done)}.
+  Returns {status (1 ok, -1 lock lost), next cursor second, index, done (1/0), removed,
+  flat [level, waiting, oldest ready ms]... (one 'waiting' row when walking to the end:
+  a sweep does not read levels), ids left before the walk's end, unchecked (0 when done;
+  counted over at most 1,000 seconds)}.
 ]]
 --- @include lock_fence
 local token, ttl = ARGV[1], ARGV[2]
 local dry = ARGV[7] == '1'
-if not dry and not fqHoldLock(KEYS[5], token, ttl) then return {-1, '', 0, 1, 0, {}, 0} end
-local cursor, seen, page = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
+if not dry and not fqHoldLock(KEYS[4], token, ttl) then return {-1, '', 0, 1, 0, {}, 0} end
+local second, index, budget = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
+local counting = ARGV[6] ~= ''
 local upper = '+inf'
-if ARGV[6] ~= '' then
+if counting then
   local t = redis.call('TIME')
-  upper = string.format('%.17g', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    - tonumber(ARGV[6]) - 1)
+  local cutoff = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - tonumber(ARGV[6])
+  upper = string.format('%d', math.floor(cutoff / 1000) - 1)
 end
-local rows
-if cursor == '' then
-  rows = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', upper, 'WITHSCORES', 'LIMIT', 0, page)
-else
-  rows = redis.call('ZRANGEBYSCORE', KEYS[1], cursor, upper, 'WITHSCORES', 'LIMIT', seen, page)
+local floorScore, capScore = 1024 * 4294967296, 2097151 * 4294967296
+local levels = {[0] = 'critical', [1] = 'high', [2] = 'normal', [3] = 'low'}
+local stats, removed, done = {}, 0, false
+
+local function nextSecond(after)
+  local min = '-inf'
+  if after ~= '' then min = '(' .. after end
+  local found = redis.call('ZRANGEBYSCORE', KEYS[1], min, upper, 'LIMIT', 0, 1)
+  return found[1]
 end
-local stats, removed = {}, 0
-for i = 1, #rows, 2 do
-  local id, score = rows[i], rows[i + 1]
-  if score ~= cursor then cursor, seen = score, 0 end
-  if redis.call('ZSCORE', KEYS[3], id) then
-    local level = 'waiting' -- a sweep (no bound) does not count by level
-    if ARGV[6] ~= '' then
-      local meta = redis.call('HGET', KEYS[2], id)
-      level = meta and string.match(meta, '^[^\n]*') or '?'
+
+if second == '' or index < 0 then
+  second, index = nextSecond(second), 0
+  if not second then done = true end
+end
+while not done and budget > 0 do
+  local key = KEYS[1] .. ':' .. second
+  local ids = redis.call('LRANGE', key, index, index + budget - 1)
+  for i, id in ipairs(ids) do
+    local score = id ~= '' and tonumber(redis.call('ZSCORE', KEYS[2], id))
+    if id == '' then
+      -- dropped earlier in this second's list; compacted when the walk leaves it
+    elseif score then
+      local level = 'waiting'
+      if counting then
+        level = '?'
+        if score >= floorScore and score < capScore then level = levels[score % 4] end
+      end
+      local s = stats[level]
+      if not s then
+        s = {0, tonumber(second) * 1000}
+        stats[level] = s
+      end
+      s[1] = s[1] + 1
+    elseif not dry and not redis.call('ZSCORE', KEYS[3], id) then
+      redis.call('LSET', key, index + i - 1, '')
+      removed = removed + 1
     end
-    local s = stats[level]
-    if not s then
-      s = {0, score}
-      stats[level] = s
+  end
+  budget = budget - #ids
+  index = index + #ids
+  if budget > 0 then -- the end of this second's list: compact it, go on to the next
+    if not dry then
+      redis.call('LREM', key, 0, '')
+      if redis.call('LLEN', key) == 0 then
+        redis.call('DEL', key)
+        redis.call('ZREM', KEYS[1], second)
+      end
     end
-    s[1] = s[1] + 1
-    seen = seen + 1
-  elseif redis.call('ZSCORE', KEYS[4], id) then
-    seen = seen + 1 -- delayed: BullMQ promotes it later
-  elseif dry then
-    seen = seen + 1
-  else
-    redis.call('ZREM', KEYS[1], id)
-    redis.call('HDEL', KEYS[2], id)
-    removed = removed + 1
+    second, index = nextSecond(second), 0
+    if not second then done = true end
   end
 end
+
 local flat = {}
 for level, s in pairs(stats) do
   flat[#flat + 1] = level
   flat[#flat + 1] = s[1]
   flat[#flat + 1] = s[2]
 end
-local done = #rows / 2 < page
 local left = 0
-if not done then left = redis.call('ZCOUNT', KEYS[1], cursor, upper) - seen end
-return {1, cursor, seen, done and 1 or 0, removed, flat, left}
+if not done then
+  left = redis.call('LLEN', KEYS[1] .. ':' .. second) - index
+  local later = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. second, upper, 'LIMIT', 0, 1000)
+  for _, s in ipairs(later) do left = left + redis.call('LLEN', KEYS[1] .. ':' .. s) end
+end
+return {1, second or '', index, done and 1 or 0, removed, flat, left}
