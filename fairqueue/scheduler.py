@@ -9,7 +9,7 @@ Two models of the same rule (SPEC decisions 7-10):
   scratch: what a queue would look like had every waiting job arrived at once. The
   dashboard compares it with the queue's real order.
 * :class:`FairClock` - the same rule as the add script applies it, one job at a time as
-  jobs arrive (start-time fair queueing with a self-clocked virtual time). The tests run
+  jobs arrive (finish tags with a self-clocked virtual time). The tests run
   it beside the script and require the same placement.
 
 The rule. Each (level, tenant) pair is a *flow* with weight

@@ -1,7 +1,7 @@
 --[[
   fairqueue's fair clock, included by add_jobs, add_delayed and adopt_page.
 
-  Places jobs by start-time fair queueing with a self-clocked virtual time
+  Places jobs by weighted fair queueing with a self-clocked virtual time
   (fairqueue.scheduler.FairClock is the same rule in Python, and the tests hold the two
   together). A flow is a (level, tenant) pair; its weight is the level's weight split
   among the level's tenants with work by their tenant weights. A job's tag is
