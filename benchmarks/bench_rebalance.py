@@ -288,6 +288,20 @@ def enqueue(slowlog: SlowLog, specs: list[tuple[PriorityLevel, str]], add_batch)
     return out
 
 
+def head_mix(client: redis.Redis, prefix: str, *, fair: bool) -> str:
+    """Levels of the first 1,000 jobs a stock worker takes (the lowest scores), as
+    critical/high/normal/low counts: fairqueue's level is in its score's low bits, plain
+    BullMQ's is its priority (1/3/5/10)."""
+    rows = client.zrange(f"{prefix}:{QUEUE}:prioritized", 0, 999, withscores=True)
+    counts = [0, 0, 0, 0]
+    for _, score in rows:
+        if fair:
+            counts[int(score) % 4] += 1
+        else:
+            counts[{1: 0, 3: 1, 5: 2, 10: 3}[int(score) >> 32]] += 1
+    return "/".join(str(count) for count in counts)
+
+
 def at_cap(client: redis.Redis, prefix: str) -> int:
     """Jobs at BullMQ's largest priority (parked: no room in the tag band)."""
     return int(client.zcount(f"{prefix}:{QUEUE}:prioritized", CAP_SCORE, "+inf"))
@@ -398,6 +412,7 @@ def run_fairqueue(url: str, slowlog: SlowLog, specs) -> dict[str, Any]:
                 "enqueue": enqueue(slowlog, specs, add_batch).as_dict(len(specs))
             }
             out["at_cap"] = at_cap(slowlog.client, FAIR_PREFIX)
+            out["head_mix"] = head_mix(slowlog.client, FAIR_PREFIX, fair=True)
             out["pass_first"] = timed_pass(slowlog)
             out["pass_repeat"] = timed_pass(slowlog)
             out["rebase"] = forced_rebase(slowlog)
@@ -433,6 +448,7 @@ def run_plain(url: str, slowlog: SlowLog, specs) -> dict[str, Any]:
 
         out: dict[str, Any] = {"enqueue": enqueue(slowlog, specs, add_batch).as_dict(len(specs))}
         out["at_cap"] = at_cap(slowlog.client, PLAIN_PREFIX)
+        out["head_mix"] = head_mix(slowlog.client, PLAIN_PREFIX, fair=False)
         slowlog.start()
         elapsed, changed = loop.run_until_complete(seed1_pass(queue))
         out["seed1_pass"] = {
@@ -542,6 +558,7 @@ def report(row: dict[str, Any]) -> list[str]:
             _ratio(fe["worst_batch_ms"], pe["worst_batch_ms"]),
         ),
         ("jobs at the cap", f"{fair['at_cap']:,}", f"{plain['at_cap']:,}", ""),
+        ("first 1,000 taken, c/h/n/l", fair["head_mix"], plain["head_mix"], ""),
         (
             "pass first",
             pass_cell(fair["pass_first"]),

@@ -62,13 +62,15 @@ T = TypeVar("T")
 #: Untagged jobs adopted per script call, and calls per pass at most.
 ADOPT_PAGE_SIZE: Final = 500
 ADOPT_PAGES: Final = 20
-#: Index entries per walk call (a few ms of Redis each). A pass walks, for the overdue
-#: count and again for the sweep of younger entries, one page per ``WALK_MS_PER_PAGE`` of
-#: its interval (at least one, at most ``MAX_WALK_PAGES``): about 1% of Redis's time
-#: whatever the interval, so the pass never competes with the workers.
+#: Index entries per walk call (a few ms of Redis each). For the overdue count a pass
+#: walks one page per ``WALK_MS_PER_PAGE`` of its interval (at least one, at most
+#: ``MAX_WALK_PAGES``), and a quarter of that (at least one) for the sweep of younger
+#: entries (an id left behind costs a few bytes): about 1% of Redis's time whatever the
+#: interval, so the pass never competes with the workers.
 WALK_PAGE_SIZE: Final = 1_000
 WALK_MS_PER_PAGE: Final = 250
 MAX_WALK_PAGES: Final = 20
+SWEEP_SHARE: Final = 4
 #: Tag-band jobs moved per rebase call, and calls per pass at most.
 REBASE_PAGE_SIZE: Final = 500
 REBASE_PAGES: Final = 40
@@ -259,7 +261,12 @@ async def arebalance_queue(
         if not dry_run:
             sweep_key = (broker.prefix, queue)
             sweep = await _walk(
-                timed, broker, queue, fence, pages=pages, cursor=_sweep_cursors.pop(sweep_key, None)
+                timed,
+                broker,
+                queue,
+                fence,
+                pages=max(1, pages // SWEEP_SHARE),
+                cursor=_sweep_cursors.pop(sweep_key, None),
             )
             if sweep.cursor is not None:
                 _sweep_cursors[sweep_key] = sweep.cursor
