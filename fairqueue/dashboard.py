@@ -107,18 +107,9 @@ def clamp_page(page: object, per_page: object) -> tuple[int, int]:
 # -- the backlog scan cache ---------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class _Backlog:
-    scan: BacklogScan
-
-
-def _prepare(scan: BacklogScan) -> _Backlog:
-    return _Backlog(scan)
-
-
 @dataclass(slots=True)
 class _CachedScan:
-    backlog: _Backlog | None = None
+    scan: BacklogScan | None = None
     computed_at_ms: int | None = None
     task: asyncio.Future[None] | None = None
     task_started: float = 0.0
@@ -142,8 +133,8 @@ def scans_in_flight() -> int:
         return sum(1 for entry in _cache.values() if entry.task and not entry.task.done())
 
 
-def _refresh_every_ms(backlog: _Backlog | None) -> float:
-    duration_ms = backlog.scan.duration_ms if backlog is not None else 0.0
+def _refresh_every_ms(scan: BacklogScan | None) -> float:
+    duration_ms = scan.duration_ms if scan is not None else 0.0
     return max(BACKLOG_REFRESH_S * 1000, SCAN_DUTY_FACTOR * duration_ms)
 
 
@@ -159,12 +150,12 @@ def _cache_entry(key: tuple[str, str]) -> _CachedScan:
 
 async def _backlog(
     broker: Broker, queue: str, *, total: int, now_ms: int, max_wait_ms: int, sync_limit: int
-) -> tuple[_Backlog | None, dict[str, Any]]:
+) -> tuple[BacklogScan | None, dict[str, Any]]:
     """The backlog scan to show and a description of how fresh it is."""
     cutoff_ms = now_ms - max_wait_ms
     if total <= sync_limit:
         scan = await broker.scan_backlog(queue, cutoff_ms=cutoff_ms, page_size=SCAN_PAGE_SIZE)
-        return _prepare(scan), {
+        return scan, {
             "exact": True,
             "pending": False,
             "computed_at_ms": now_ms,
@@ -175,7 +166,7 @@ async def _backlog(
 
     entry = _cache_entry((broker.prefix, queue))
     fresh = entry.computed_at_ms is not None and now_ms - entry.computed_at_ms < _refresh_every_ms(
-        entry.backlog
+        entry.scan
     )
     running = (
         entry.task is not None
@@ -186,8 +177,8 @@ async def _backlog(
     if not fresh and not running:
         entry.task = asyncio.ensure_future(_refresh(broker, queue, entry, max_wait_ms))
         entry.task_started = time.monotonic()
-    backlog = entry.backlog
-    if backlog is None:
+    scan = entry.scan
+    if scan is None:
         note = (
             f"The backlog holds {total} jobs, more than the {sync_limit} scanned on every "
             "request: per-level counts are being computed in the background."
@@ -203,17 +194,17 @@ async def _backlog(
             "note": note,
         }
     age_ms = now_ms - (entry.computed_at_ms or now_ms)
-    return backlog, {
+    return scan, {
         "exact": False,
         "pending": False,
         "computed_at_ms": entry.computed_at_ms,
         "age_ms": age_ms,
-        "scan_ms": round(backlog.scan.duration_ms, 1),
+        "scan_ms": round(scan.duration_ms, 1),
         "note": (
             f"Per-level counts, oldest jobs and top tenants are from a background scan of "
-            f"{backlog.scan.scanned} jobs {format_duration(age_ms)} ago (the backlog is "
+            f"{scan.scanned} jobs {format_duration(age_ms)} ago (the backlog is "
             f"larger than {sync_limit} jobs, so it is rescanned in the background every "
-            f"{_refresh_every_ms(backlog) / 1000:.0f} s or so, not per request)."
+            f"{_refresh_every_ms(scan) / 1000:.0f} s or so, not per request)."
         ),
     }
 
@@ -224,11 +215,10 @@ async def _refresh(broker: Broker, queue: str, entry: _CachedScan, max_wait_ms: 
         scan = await broker.scan_backlog(
             queue, cutoff_ms=started_ms - max_wait_ms, page_size=SCAN_PAGE_SIZE
         )
-        backlog = _prepare(scan)
     except Exception as exc:  # shown on the page; the next request retries
         entry.error = type(exc).__name__
         return
-    entry.backlog, entry.computed_at_ms, entry.error = backlog, started_ms, None
+    entry.scan, entry.computed_at_ms, entry.error = scan, started_ms, None
 
 
 # -- the stats ----------------------------------------------------------------------------
@@ -291,7 +281,7 @@ async def aqueue_stats(
         broker.read_page(queue, start=start, count=per_page),
     )
     total = counts["wait"] + counts["prioritized"]
-    prepared, backlog = await _backlog(
+    scan, backlog = await _backlog(
         broker,
         queue,
         total=total,
@@ -299,7 +289,6 @@ async def aqueue_stats(
         max_wait_ms=max_wait_ms,
         sync_limit=sync_scan_limit,
     )
-    scan = prepared.scan if prepared is not None else None
     drift_count = sum(1 for job in head.jobs if is_unplaced(job))
 
     levels = _levels(scan, now_ms=now_ms, max_wait_ms=max_wait_ms)

@@ -40,11 +40,9 @@ class BacklogScan:
     levels: dict[str, LevelScan] = field(default_factory=dict)
     #: level -> tenant -> waiting jobs.
     tenants: dict[str, dict[str, int]] = field(default_factory=dict)
-    #: Overdue jobs with readable metadata: (job id, enqueued at ms, level, tenant).
-    overdue: list[tuple[str, int, str, str]] = field(default_factory=list)
     duration_ms: float = 0.0
 
-    def add_page(self, count: int, stats: list[Any], tenants: list[Any], late: list[Any]) -> None:
+    def add_page(self, count: int, stats: list[Any], tenants: list[Any]) -> None:
         self.scanned += count
         for level, waiting, overdue, oldest in zip(
             stats[::4], stats[1::4], stats[2::4], stats[3::4], strict=True
@@ -61,10 +59,6 @@ class BacklogScan:
         for level, tenant, waiting in zip(tenants[::3], tenants[1::3], tenants[2::3], strict=True):
             by_tenant = self.tenants.setdefault(level, {})
             by_tenant[tenant] = by_tenant.get(tenant, 0) + int(waiting)
-        for job_id, timestamp, level, tenant in zip(
-            late[::4], late[1::4], late[2::4], late[3::4], strict=True
-        ):
-            self.overdue.append((str(job_id), int(timestamp), level, tenant))
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,10 +138,10 @@ class DashboardReadsMixin(_Base):
             ("zset", self.key(queue, "prioritized"), "-inf"),
         ):
             while result.scanned < max_jobs:
-                count, cursor, stats, tenants, late = await script(
+                count, cursor, stats, tenants = await script(
                     keys=[key], args=[mode, cursor, page_size, cutoff_ms, prefix]
                 )
-                result.add_page(int(count), stats, tenants, late)
+                result.add_page(int(count), stats, tenants)
                 if int(count) < page_size:
                     break
         result.duration_ms = (time.perf_counter() - started) * 1000

@@ -4,7 +4,7 @@
 -- ARGV[1]: mode; ARGV[2]: cursor (list index, or exclusive score bound);
 -- ARGV[3]: page size; ARGV[4]: overdue cutoff (ms); ARGV[5]: job key prefix.
 -- Returns {count, next cursor, [level, waiting, overdue, oldest ts]...,
--- [level, tenant, waiting]..., [id, ts, level, tenant] of each overdue job}.
+-- [level, tenant, waiting]...}.
 local mode, cursor, count = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local cutoff, prefix = tonumber(ARGV[4]), ARGV[5]
 local ids, nextCursor = {}, cursor
@@ -27,7 +27,7 @@ local function normalize(p)
   if p <= 5 then return 'normal' end
   return 'low'
 end
-local stats, tenants, late = {}, {}, {}
+local stats, tenants = {}, {}
 for _, id in ipairs(ids) do
   local row = redis.call('HMGET', prefix .. id, 'data', 'timestamp', 'priority', 'opts')
   local ts = tonumber(row[2])
@@ -76,12 +76,6 @@ for _, id in ipairs(ids) do
       tenants[level] = byTenant
     end
     byTenant[tenant] = (byTenant[tenant] or 0) + 1
-    if ts < cutoff then
-      late[#late + 1] = id
-      late[#late + 1] = ts
-      late[#late + 1] = level
-      late[#late + 1] = tenant
-    end
   end
 end
 local flatStats, flatTenants = {}, {}
@@ -98,4 +92,4 @@ for level, byTenant in pairs(tenants) do
     flatTenants[#flatTenants + 1] = n
   end
 end
-return {#ids, nextCursor, flatStats, flatTenants, late}
+return {#ids, nextCursor, flatStats, flatTenants}
