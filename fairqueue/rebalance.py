@@ -94,10 +94,8 @@ class PassResult:
     overdue: int = 0
     cleaned: int = 0
     rebased: int = 0
-    #: Overdue jobs found waiting, per level name (the checked part of the count), and
-    #: the oldest one's ready time.
+    #: Overdue jobs found waiting, per level name (the checked part of the count).
     overdue_by_level: dict[str, int] = field(default_factory=dict)
-    oldest_overdue_ms: dict[str, int] = field(default_factory=dict)
     script_calls: int = 0
     #: The slowest script call of the pass, as this host timed it (round trip included).
     worst_script_ms: float = 0.0
@@ -255,7 +253,6 @@ async def arebalance_queue(
             for level in LEVELS_BY_RANK
             if overdue.waiting.get(level.value)
         }
-        result.oldest_overdue_ms = dict(overdue.oldest_ms)
         result.overdue = sum(overdue.waiting.values()) + overdue.left
         result.cleaned = overdue.removed
         if not dry_run:

@@ -69,11 +69,10 @@ class AdoptedPage:
 
 @dataclass(slots=True)
 class IndexWalk:
-    """A walk over the ready-time index: waiting jobs per level (with the oldest ready
-    time) and the entries dropped because their job left."""
+    """A walk over the ready-time index: waiting jobs per level and the entries dropped
+    because their job left."""
 
     waiting: dict[str, int] = field(default_factory=dict)
-    oldest_ms: dict[str, int] = field(default_factory=dict)
     removed: int = 0
     pages: int = 0
     #: Where the walk stopped (a second of the index and the position in its list);
@@ -86,7 +85,6 @@ class IndexWalk:
         """Add the next page of the same walk."""
         for level, count in page.waiting.items():
             self.waiting[level] = self.waiting.get(level, 0) + count
-            self.oldest_ms.setdefault(level, page.oldest_ms[level])
         self.removed += page.removed
         self.pages += page.pages
         self.cursor, self.left = page.cursor, page.left
@@ -185,9 +183,8 @@ class RebalancingMixin(_Base):
             cursor=None if int(done) else (str(second), int(index)),
             left=int(left),
         )
-        for level, waiting, oldest in zip(flat[::3], flat[1::3], flat[2::3], strict=True):
+        for level, waiting in zip(flat[::2], flat[1::2], strict=True):
             page.waiting[level] = int(waiting)
-            page.oldest_ms[level] = int(float(oldest))
         return page
 
     async def rebase_page(

@@ -12,8 +12,8 @@
           size, wait bound ms (the walk stops at the last second wholly past the bound;
           '' = walk to the end), dry run (1/0)
   Returns {status (1 ok, -1 lock lost), next cursor second, index, done (1/0), removed,
-  flat [level, waiting, oldest ready ms]... (one 'waiting' row when walking to the end:
-  a sweep does not read levels), ids left before the walk's end, unchecked (0 when done;
+  flat [level, waiting]... (one 'waiting' row when walking to the end: a sweep does not
+  read levels), ids left before the walk's end, unchecked (0 when done;
   counted over at most 1,000 seconds)}.
 ]]
 --- @include lock_fence
@@ -56,12 +56,7 @@ while not done and budget > 0 do
         level = '?'
         if score >= floorScore and score < capScore then level = levels[score % 4] end
       end
-      local s = stats[level]
-      if not s then
-        s = {0, tonumber(second) * 1000}
-        stats[level] = s
-      end
-      s[1] = s[1] + 1
+      stats[level] = (stats[level] or 0) + 1
     elseif not dry and not redis.call('ZSCORE', KEYS[3], id) then
       redis.call('LSET', key, index + i - 1, '')
       removed = removed + 1
@@ -83,10 +78,9 @@ while not done and budget > 0 do
 end
 
 local flat = {}
-for level, s in pairs(stats) do
+for level, n in pairs(stats) do
   flat[#flat + 1] = level
-  flat[#flat + 1] = s[1]
-  flat[#flat + 1] = s[2]
+  flat[#flat + 1] = n
 end
 local left = 0
 if not done then
