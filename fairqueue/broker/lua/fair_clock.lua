@@ -156,8 +156,12 @@ end
 
 -- Index a job by the second it became ready, for the pass's overdue count (its level is
 -- in its score; a delayed job's meta is in K.jobs): no payload is ever decoded for it.
+local fqIndexedSecond = nil -- a call's jobs share a second: register it once
 local function fqIndex(K, jobId, readyMs)
   local second = string.format('%d', math.floor(readyMs / 1000))
   redis.call('RPUSH', K.ready .. ':' .. second, jobId)
-  redis.call('ZADD', K.ready, 'NX', second, second)
+  if second ~= fqIndexedSecond then
+    redis.call('ZADD', K.ready, 'NX', second, second)
+    fqIndexedSecond = second
+  end
 end
