@@ -96,9 +96,31 @@ class FairqueueSettings:
             f"max_payload_bytes={self.max_payload_bytes})"
         )
 
+    @property
+    def redis_location(self) -> str:
+        """Where ``redis_url`` points, for logs and messages: never its password."""
+        return redis_location(self.redis_url)
+
     def queue_for(self, job_type: str) -> str:
         """The BullMQ queue name of ``job_type``; ``KeyError`` if it is not registered."""
         return self.queues[job_type]
+
+
+def redis_location(url: str) -> str:
+    """``host:port/db`` (or ``unix:path/db``) of a Redis URL, without user or password,
+    so logs and error messages can say which server was tried."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        query = dict(item.partition("=")[::2] for item in parts.query.split("&") if item)
+        return f"unix:{parts.path}/{query.get('db', '0') or '0'}"
+    try:
+        port = parts.port or 6379
+    except ValueError:
+        port = 6379
+    host = parts.hostname or "127.0.0.1"
+    if ":" in host:  # IPv6
+        host = f"[{host}]"
+    return f"{host}:{port}/{parts.path.strip('/') or '0'}"
 
 
 def _source_name(key: str, from_env: bool) -> str:

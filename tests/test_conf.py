@@ -79,6 +79,21 @@ def test_settings_repr_hides_redis_credentials(monkeypatch):
 
 
 @pytest.mark.parametrize(
+    ("url", "location"),
+    [
+        ("redis://:hunter2@redis.internal:6380/3", "redis.internal:6380/3"),
+        ("rediss://user:hunter2@10.0.0.5", "10.0.0.5:6379/0"),
+        ("redis://127.0.0.1:6379/0", "127.0.0.1:6379/0"),
+        ("unix:///run/redis.sock?db=2&password=hunter2", "unix:/run/redis.sock/2"),
+    ],
+)
+def test_redis_location__host_port_db_and_never_the_password(monkeypatch, url, location):
+    monkeypatch.setenv("FAIRQUEUE_REDIS_URL", url)
+    assert conf.get_settings().redis_location == location
+    assert conf.redis_location(url) == location
+
+
+@pytest.mark.parametrize(
     "fairqueue",
     [
         {"MAX_WAIT_MS": True},

@@ -206,7 +206,10 @@ def test_unplaced__other_producers_jobs_are_flagged_until_a_pass_places_them(fq_
     assert top["drift"] is True and top["job_id"] == legacy
     assert any("wait outside the fair order" in w for w in stats["warnings"])
     rebalance_queue("email")
-    assert queue_stats("email")["order"]["drift_count"] == 0
+    after = queue_stats("email")
+    assert after["order"]["drift_count"] == 0
+    assert not any(row["drift"] for row in after["order"]["jobs"])
+    assert not any("wait outside the fair order" in w for w in after["warnings"])  # banner gone
 
 
 def test_overdue__counted_per_level_and_badged(fq_prefix, redis_client):

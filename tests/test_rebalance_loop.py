@@ -1,6 +1,7 @@
 """The rebalance loop as operators run it: real processes, real Redis, failures."""
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -253,3 +254,82 @@ def test_sigterm_finishes_and_exits_zero(fq_prefix):
     process = spawn(["rebalance_fair", "--interval-ms", "100"], fq_prefix)
     time.sleep(2.0)
     assert stop(process) == 0, process.stdout.read()
+
+
+def test_once_with_redis_down__one_honest_message_naming_the_host_and_exit_1(fq_prefix):
+    port = free_port()
+    process = spawn(
+        ["rebalance_fair", "--once"],
+        fq_prefix,
+        FAIRQUEUE_REDIS_URL=f"redis://:hunter2@127.0.0.1:{port}/3",
+    )
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == 1, output
+    assert f"Redis at 127.0.0.1:{port}/3 is unreachable (ConnectionError): no pass ran" in output
+    assert output.count("unreachable") == 1, output  # said once, not wrapped twice
+    assert "retrying" not in output
+    assert "hunter2" not in output
+
+
+def test_dry_run_verbose__prints_each_summary_once(fq_prefix, caplog):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out = StringIO()
+    call_command("rebalance_fair", once=True, dry_run=True, verbosity=2, stdout=out)
+    lines = out.getvalue().splitlines()
+    assert sorted(line.split(":")[0] for line in lines) == ["cleanup", "email", "report"]
+    assert all(line.endswith("(dry run)") for line in lines)
+    assert not [r for r in caplog.records if "(dry run)" in r.getMessage()]  # not logged too
+
+
+def test_default_verbosity__a_start_line_and_a_compact_line_per_pass(fq_prefix, redis_client):
+    enqueue_jobs("email", [{} for _ in range(3)], tenant_id="secret-tenant")
+    now_ms = int(time.time() * 1000)
+    for n in range(4):  # foreign jobs: the first pass adopts them
+        job = {"data": "{}", "timestamp": now_ms}
+        redis_client.hset(f"{fq_prefix}:email:f{n}", mapping=job)
+        redis_client.lpush(f"{fq_prefix}:email:wait", f"f{n}")
+    process = spawn(
+        ["rebalance_fair", "--queue", "email", "--interval-ms", "100"],
+        fq_prefix,
+        FAIRQUEUE_REDIS_URL="redis://:hunter2@" + REDIS_URL.split("://", 1)[1],
+    )
+    try:
+        assert wait_until(lambda: redis_client.llen(f"{fq_prefix}:email:wait") == 0, 20)
+        time.sleep(1.5)  # a dozen quiet passes
+    finally:
+        assert stop(process) == 0
+    output = process.stdout.read()
+    lines = output.splitlines()
+    start = [line for line in lines if "rebalance_fair starting: email; every 100 ms" in line]
+    assert len(start) == 1, output
+    assert f"prefix {fq_prefix!r}" in start[0] and "hunter2" not in output
+    first_pass = "email: adopted 4, aged 0, overdue 0, rebased 0 in"
+    assert any(first_pass in line for line in lines), output
+    # Quiet passes are summarised, not logged one by one (~15 passes ran).
+    assert sum("email: adopted" in line for line in lines) <= 2, output
+    assert re.search(r"\d+ quiet passes in \d+ s", output), output
+    assert "secret-tenant" not in output
+
+
+def test_quiet_passes__one_line_per_summary_period(fq_prefix, caplog, monkeypatch):
+    import logging
+
+    from fairqueue.management.commands import rebalance_fair as command
+
+    monkeypatch.setattr(command, "QUIET_SUMMARY_S", 0.5)
+    caplog.set_level(logging.INFO, logger="fairqueue.rebalance")
+    rebalancer = command.Rebalancer(["email"], interval_ms=20)
+    thread = threading.Thread(target=rebalancer.run, daemon=True)
+    thread.start()
+    time.sleep(1.8)
+    rebalancer.request_stop()
+    thread.join(10)
+    messages = [r.getMessage() for r in caplog.records if r.name == "fairqueue.rebalance"]
+    quiet = [m for m in messages if "quiet passes" in m]
+    passes = sum(int(m.split()[0]) for m in quiet)
+    assert passes >= 10, messages  # dozens of passes ran...
+    assert 2 <= len(quiet) <= 5, messages  # ...and were summarised about every 0.5 s
+    assert sum(m.startswith("email: adopted") for m in messages) == 1  # the first pass

@@ -12,6 +12,7 @@ import os
 import random
 import signal
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any, TextIO
 
@@ -33,6 +34,10 @@ from fairqueue.rebalance import (
 logger = logging.getLogger("fairqueue.rebalance")
 
 MAX_BACKOFF_MS = 30_000
+#: At default verbosity, passes that found nothing to do are logged as one line per
+#: this many seconds (a loop at 4 passes/s over three queues would otherwise log 12
+#: identical lines a second).
+QUIET_SUMMARY_S = 60.0
 
 
 interval_ms = int_in_range(1, 3_600_000)
@@ -45,6 +50,11 @@ class Rebalancer:
     A Redis outage is logged once and retried with backoff; any other failure of a pass
     is logged by class name and the loop goes on. SIGINT/SIGTERM finish the pass in
     flight, release the locks and return; a second signal exits at once.
+
+    Logging (logger ``fairqueue.rebalance``): one line at start; at verbosity 1 one
+    compact line per pass that did something (adopted, aged, rebased, a change in the
+    overdue count, a lost lock) and one line per :data:`QUIET_SUMMARY_S` for the quiet
+    passes; at verbosity 2 every pass's full counts. Counts only: no tenant ids.
     """
 
     def __init__(
@@ -71,6 +81,11 @@ class Rebalancer:
         self._signals = 0
         self._redis_down = False
         self._failures = 0
+        self._last_overdue: dict[str, int] = {}
+        self._quiet_passes = 0
+        self._quiet_worst_ms = 0.0
+        self._quiet_since = time.monotonic()
+        self._once = False
 
     # -- control ----------------------------------------------------------------------
 
@@ -117,7 +132,25 @@ class Rebalancer:
             self._report(result)
         return results
 
+    def start_line(self) -> str:
+        """What the loop will do, logged once at start (no password, no tenant ids)."""
+        settings = get_settings()
+        queues = ", ".join(
+            job_type
+            if settings.queues[job_type] == job_type
+            else f"{job_type} (queue {settings.queues[job_type]})"
+            for job_type in self.job_types
+        )
+        mode = " (dry run: writes nothing)" if self.dry_run else ""
+        return (
+            f"rebalance_fair starting{mode}: {queues}; every {self.interval_ms} ms; "
+            f"wait bound {settings.max_wait_ms} ms; Redis {settings.redis_location} "
+            f"prefix {settings.prefix!r}; {self.token}"
+        )
+
     def run(self, *, once: bool = False) -> None:
+        logger.info("%s", self.start_line())
+        self._once = once
         if not once:
             # Rebalancers started together (a deploy) should not all hit Redis at once.
             self._stop.wait(random.uniform(0, min(self.interval_ms, 1_000)) / 1000)  # noqa: S311
@@ -130,18 +163,24 @@ class Rebalancer:
                         logger.info("Redis is reachable again; rebalancing resumed")
                     self._redis_down, self._failures = False, 0
                 except BrokerUnavailableError as exc:
+                    if once:  # the command says so once, as its error: no retry to announce
+                        raise
                     if not self._redis_down:
-                        logger.warning("Redis is unreachable (%s); retrying with backoff", exc)
+                        logger.warning(
+                            "Redis at %s is unreachable (%s); retrying with backoff up to %d s",
+                            get_settings().redis_location,
+                            unavailable_reason(exc),
+                            MAX_BACKOFF_MS // 1000,
+                        )
                     self._redis_down = True
                     self._failures += 1
                     wait_ms = min(self.interval_ms * 2 ** min(self._failures, 10), MAX_BACKOFF_MS)
-                    if once:
-                        raise
                 if once:
                     break
                 self._stop.wait(wait_ms / 1000)
         finally:
             self.release_locks()
+            self._log_quiet(force=True)
 
     def release_locks(self) -> None:
         for lock in self.locks.values():
@@ -151,10 +190,61 @@ class Rebalancer:
                 pass  # the lock expires by itself
 
     def _report(self, result: PassResult) -> None:
+        """One pass's line: the full summary on ``out`` for a dry run (printed once, not
+        logged as well), else a log line by verbosity (see the class docstring)."""
         if result.dry_run and self.out is not None:
             self.out.write(f"{result.summary()}\n")
-        elif self.verbosity >= 2:
+            return
+        if self.verbosity >= 2:
             logger.info("%s", result.summary())
+            return
+        first = result.job_type not in self._last_overdue
+        previous = self._last_overdue.get(result.job_type, 0)
+        self._last_overdue[result.job_type] = result.overdue
+        busy = result.adopted or result.aged or result.rebased or result.parked or result.lock_lost
+        if busy or first or result.overdue != previous or self._once:
+            logger.info("%s", compact_line(result))
+        else:
+            self._quiet_passes += 1
+            self._quiet_worst_ms = max(self._quiet_worst_ms, result.duration_ms)
+        self._log_quiet()
+
+    def _log_quiet(self, *, force: bool = False) -> None:
+        """The quiet passes since the last such line, once per QUIET_SUMMARY_S."""
+        elapsed = time.monotonic() - self._quiet_since
+        if not self._quiet_passes or (elapsed < QUIET_SUMMARY_S and not force):
+            return
+        overdue = sum(self._last_overdue.values())
+        logger.info(
+            "%d quiet passes in %.0f s (nothing to adopt or rebase; overdue %d; slowest %.1f ms)",
+            self._quiet_passes,
+            elapsed,
+            overdue,
+            self._quiet_worst_ms,
+        )
+        self._quiet_passes, self._quiet_worst_ms = 0, 0.0
+        self._quiet_since = time.monotonic()
+
+
+def compact_line(result: PassResult) -> str:
+    """A pass in one short line: what it changed and how long it took (counts only)."""
+    parts = [
+        f"adopted {result.adopted}",
+        f"aged {result.aged}",
+        f"overdue {result.overdue}",
+        f"rebased {result.rebased}",
+    ]
+    if result.parked:
+        parts.append(f"parked {result.parked}")
+    if result.lock_lost:
+        parts.append("lock lost")
+    return f"{result.job_type}: {', '.join(parts)} in {result.duration_ms:.0f} ms"
+
+
+def unavailable_reason(exc: BrokerUnavailableError) -> str:
+    """Why Redis could not be reached, as the underlying error's class name."""
+    cause = exc.__cause__
+    return type(cause).__name__ if cause is not None else str(exc)
 
 
 class Command(BaseCommand):
@@ -191,6 +281,10 @@ class Command(BaseCommand):
         settings = get_settings()
         level = {0: logging.WARNING, 1: logging.INFO}.get(options["verbosity"], logging.DEBUG)
         logger.setLevel(level)
+        if not logger.hasHandlers():  # no LOGGING for fairqueue: still say what happens
+            handler = logging.StreamHandler(self.stderr)
+            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+            logger.addHandler(handler)
         job_types = options.get("job_types") or list(settings.queues)
         unknown = [job_type for job_type in job_types if job_type not in settings.queues]
         if unknown:
@@ -222,4 +316,7 @@ class Command(BaseCommand):
         try:
             rebalancer.run(once=options["once"])
         except BrokerUnavailableError as exc:
-            raise CommandError(f"Redis is unreachable: {exc}") from None
+            raise CommandError(
+                f"Redis at {settings.redis_location} is unreachable "
+                f"({unavailable_reason(exc)}): no pass ran"
+            ) from None
