@@ -5,11 +5,20 @@ PY     := $(VENV)/bin/python
 
 .PHONY: demo test lint format bench redis
 
+PIP    := $(PY) -m pip install --disable-pip-version-check --progress-bar on
+
+# `make demo` installs the runtime only; `make test` adds the test tools on top.
 $(VENV)/.installed: requirements.txt pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements.txt
-	touch $@
+	@test -x $(PY) || { echo "make: creating $(VENV) with $(PYTHON)"; $(PYTHON) -m venv $(VENV); }
+	@echo "make: installing the runtime (requirements.txt) into $(VENV); a minute or so the first time"
+	$(PIP) --upgrade pip
+	$(PIP) -r requirements.txt
+	@touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed requirements-dev.txt
+	@echo "make: installing the test tools (requirements-dev.txt) into $(VENV)"
+	$(PIP) -r requirements-dev.txt
+	@touch $@
 
 redis:
 	bash .ci/ensure-redis
@@ -26,14 +35,14 @@ tests/node/node_modules/.installed: tests/node/package.json tests/node/package-l
 		cd tests/node && npm ci --no-audit --no-fund --loglevel=error && touch node_modules/.installed; \
 	else echo "npm not found: the Node worker test will be skipped"; fi
 
-test: $(VENV)/.installed redis tests/node/node_modules/.installed
+test: $(VENV)/.installed-dev redis tests/node/node_modules/.installed
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest
 
-lint: $(VENV)/.installed
+lint: $(VENV)/.installed-dev
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
 
-bench: $(VENV)/.installed redis
+bench: $(VENV)/.installed-dev redis
 	$(PY) benchmarks/bench_policy.py
