@@ -58,3 +58,27 @@ class UnknownJobTypeError(FairqueueError, LookupError):
 
 class BrokerUnavailableError(FairqueueError, ConnectionError):
     """Redis could not be reached (or answered with an error) while talking to BullMQ."""
+
+
+class PartialEnqueueError(FairqueueError):
+    """A batch failed part-way: some chunks were added (and audited), the rest were not.
+
+    ``enqueue_jobs`` adds a batch in chunks (one atomic Redis script call each), so a
+    failure after the first chunk leaves the earlier chunks in Redis. ``added`` holds the
+    ``EnqueuedJob`` results of the chunks added for certain, ``job_ids`` their ids; the
+    next ``uncertain`` jobs (the chunk that failed) may or may not have been added when
+    the failure was a timeout; the remaining ones were not sent. The original error is
+    ``__cause__``. Retry ``payloads[len(added):]`` (give them ``job_id``s to make the
+    retry exact).
+    """
+
+    def __init__(self, message: str, *, added: list, uncertain: int, not_sent: int) -> None:
+        super().__init__(message)
+        self.added = added
+        self.job_ids = [job.job_id for job in added]
+        self.uncertain = uncertain
+        self.not_sent = not_sent
+
+    @property
+    def added_count(self) -> int:
+        return len(self.added)

@@ -29,6 +29,7 @@ class QueueFairMetrics:
     aged_boosts: Counter
     overdue_waiting: Gauge
     jobs_enqueued: Counter
+    outbox_pending: Gauge
 
 
 _lock = threading.Lock()
@@ -82,6 +83,13 @@ def initialize_queue_fair_metrics(
                     ["queue", "priority"],
                     registry=registry,
                 ),
+                outbox_pending=Gauge(
+                    "queue_fair_outbox_pending",
+                    "Durable jobs waiting in the outbox for the relay, as of this "
+                    "process's last relay run.",
+                    ["job_type"],
+                    registry=registry,
+                ),
             )
             _by_registry[id(registry)] = metrics
     for job_type in job_types:
@@ -91,6 +99,7 @@ def initialize_queue_fair_metrics(
             metrics.decisions.labels(job_type, decision)
         metrics.aged_boosts.labels(job_type)
         metrics.overdue_waiting.labels(job_type)
+        metrics.outbox_pending.labels(job_type)
     for queue in queues:
         for label in ENQUEUE_PRIORITY_LABELS:
             metrics.jobs_enqueued.labels(queue, label)

@@ -169,8 +169,11 @@ class ClassifierRule(models.Model):
 
 
 class PriorityOverrideAudit(models.Model):
-    """One enqueue that chose its priority by hand. Written by the enqueue service only
-    after the job is in Redis; never changed or deleted afterwards."""
+    """One enqueue that chose its priority by hand; never changed or deleted afterwards.
+
+    Written by the enqueue service in the same transaction as the job's outbox row
+    (durable enqueue), or before the job is added to Redis and rolled back if the add
+    fails (direct enqueue)."""
 
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     job_type = models.CharField(max_length=200)
@@ -202,6 +205,55 @@ class PriorityOverrideAudit(models.Model):
 
     def delete(self, *args: Any, **kwargs: Any) -> Any:
         raise ValueError("PriorityOverrideAudit records are immutable")
+
+
+#: BullMQ job id of an outbox row without a caller's ``job_id`` (never all digits, which
+#: BullMQ reserves for its own counter).
+OUTBOX_JOB_ID_PREFIX: Final = "fq-outbox-"
+
+
+class OutboxJob(models.Model):
+    """A job waiting to be added to BullMQ: written in the caller's transaction by a
+    durable enqueue, moved to Redis by the relay (``fairqueue.outbox``) and deleted only
+    once Redis has it.
+
+    The row holds the job exactly as the direct path would add it (payload with
+    ``tenantId`` and ``priorityLevel`` merged in, level, tenant bucket and weight), so
+    the relay places it with the same add script. Its BullMQ job id is the caller's
+    ``job_id`` or ``fq-outbox-<pk>``: a relay that crashed after the add and retries adds
+    nothing twice (BullMQ keeps the existing job of an existing id).
+    """
+
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    job_type = models.CharField(max_length=200)
+    queue = models.CharField(max_length=200)
+    job_id = models.CharField(
+        max_length=255, blank=True, help_text=_("The caller's job id; empty: fq-outbox-<id>.")
+    )
+    #: The payload's JSON, ASCII-escaped (as json.dumps writes it), so any database
+    #: stores it unchanged.
+    data = models.TextField()
+    level = models.CharField(max_length=20, choices=LEVEL_CHOICES)
+    tenant = models.CharField(max_length=MAX_TENANT_ID_LENGTH)
+    tenant_weight = models.PositiveSmallIntegerField(default=DEFAULT_TENANT_WEIGHT)
+    delay_ms = models.BigIntegerField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(null=True, blank=True)
+    #: Relay attempts that Redis refused (not outages); such rows go behind the others.
+    tries = models.PositiveIntegerField(default=0)
+    last_error = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["tries", "id"]
+        indexes = [models.Index(fields=["tries", "id"], name="fairqueue_outbox_order")]
+        verbose_name = _("outbox job")
+
+    def __str__(self) -> str:
+        return f"{self.job_type}#{self.bullmq_job_id}"
+
+    @property
+    def bullmq_job_id(self) -> str:
+        """The id the relay adds this job under."""
+        return self.job_id or f"{OUTBOX_JOB_ID_PREFIX}{self.pk}"
 
 
 class Dashboard(models.Model):

@@ -12,6 +12,20 @@ slice round-robin, weighted by ``tenant_weight`` (see :mod:`fairqueue.scheduler`
 can go ahead of jobs already waiting when its tag says so, so a stock worker takes the
 fair order with no rebalance pass at all. Delayed jobs wait at the back of the line and
 the pass places them once BullMQ promotes them (their wait starts then).
+
+Two ways in, and what each guarantees:
+
+* **Direct** (``enqueue_job``, ``enqueue_jobs``, ``aenqueue_job``): the job is in Redis
+  when the call returns. An audited job's audit row is validated and inserted first, in
+  a transaction, and the job is added only if that worked; a failed add rolls the row
+  back. Inside an outer transaction that later rolls back, the job stays in Redis (use
+  the durable way for jobs that belong to a transaction). A timeout is ambiguous: the
+  job may have been added; pass ``job_id`` and retry with the same id, which adds
+  nothing if the first attempt got through (the id is the idempotency key).
+* **Durable** (``enqueue_on_commit``, ``durable=True``): an outbox row (and the audit
+  row) is written in the caller's transaction; the relay (:mod:`fairqueue.outbox`) adds
+  the job with the same placement after commit. Nothing is lost or duplicated whatever
+  Redis does; the job reaches Redis when Redis and a relay are up.
 """
 
 from __future__ import annotations
@@ -25,12 +39,14 @@ from typing import Any, Final, TypedDict, Unpack
 from asgiref.sync import sync_to_async
 from django.db import transaction
 
-from .broker import BACK_OF_LINE, AddedJob, NewJob, get_broker, get_sync_broker
+from .broker import ADD_BATCH_SIZE, BACK_OF_LINE, AddedJob, NewJob, get_broker, get_sync_broker
 from .conf import get_settings
 from .exceptions import (
     ConflictingPayloadError,
     InvalidJobOptionError,
     InvalidPayloadError,
+    InvalidPriorityError,
+    PartialEnqueueError,
     PayloadTooLargeError,
     UnknownJobTypeError,
 )
@@ -49,6 +65,9 @@ logger = logging.getLogger("fairqueue.services")
 MAX_JOB_ID_LENGTH: Final = 255
 MAX_ATTEMPTS: Final = 1_000
 MAX_DELAY_MS: Final = 365 * 24 * 3600 * 1000
+#: The audit row's integer columns are 32-bit on PostgreSQL.
+MAX_AUDITED_PRIORITY: Final = 2**31 - 1
+MAX_AUDIT_TEXT_LENGTH: Final = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +76,9 @@ class EnqueuedJob:
 
     ``bullmq_priority`` is ``None`` when a job with the given ``job_id`` already existed:
     BullMQ keeps the existing job and adds nothing (``created`` is then ``False``).
-    ``tenant_weight`` is the tenant's resolved weight inside its level.
+    ``tenant_weight`` is the tenant's resolved weight inside its level. ``durable`` jobs
+    are in the outbox, not yet in Redis (``created`` is ``False``): the relay adds them
+    under ``job_id`` after commit.
     """
 
     job_id: str
@@ -70,6 +91,7 @@ class EnqueuedJob:
     bullmq_priority: int | None
     audited: bool
     tenant_weight: int = DEFAULT_TENANT_WEIGHT
+    durable: bool = False
 
     @property
     def created(self) -> bool:
@@ -161,11 +183,51 @@ def _check_options(job_id: object, delay_ms: object, attempts: object) -> None:
             )
 
 
+def _audit_text(argument: str, value: object) -> str:
+    """``value`` as the audit row stores it, or a named error for text no database can
+    store (PostgreSQL refuses NUL characters and unpaired surrogates)."""
+    text = value[:MAX_AUDIT_TEXT_LENGTH]
+    if "\x00" in text:
+        raise InvalidJobOptionError(
+            f"{argument} is not allowed: it contains a NUL character (\\x00), which the "
+            "audit log cannot store"
+        )
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidJobOptionError(
+            f"{argument} is not allowed: it is not valid UTF-8 text (an unpaired surrogate)"
+        ) from None
+    return text
+
+
+def _audit_source(source: object) -> str:
+    if source is None:
+        return ""
+    if not isinstance(source, str):
+        raise InvalidJobOptionError(
+            f"source of type {type(source).__name__} is not allowed: expected None or a string"
+        )
+    return _audit_text("source", source)
+
+
 def _actor_name(actor: object) -> str:
     if actor is None:
         return ""
     get_username = getattr(actor, "get_username", None)
-    return str(get_username() if callable(get_username) else actor)[:200]
+    return _audit_text("actor", str(get_username() if callable(get_username) else actor))
+
+
+def _check_audited_priority(priority: object) -> None:
+    if (
+        isinstance(priority, int)
+        and not isinstance(priority, bool)
+        and priority > MAX_AUDITED_PRIORITY
+    ):
+        raise InvalidPriorityError(
+            f"priority={priority!r} is not allowed: expected an integer in "
+            f"0..{MAX_AUDITED_PRIORITY} (any value from 6 up means low)"
+        )
 
 
 class EnqueueOptions(TypedDict, total=False):
@@ -199,6 +261,7 @@ def _prepare(
     actor: object = None,
 ) -> _Prepared:
     job_type, queue = _queue_for(job_type)
+    _check_audited_priority(priority)
     resolved = resolve_priority(
         tenant_id=tenant_id,
         priority=priority,
@@ -226,7 +289,7 @@ def _prepare(
             "resolved_level": resolved.level.value,
             "numeric_priority": resolved.numeric,
             "rule": resolved.rule.value,
-            "source": (source or "")[:200],
+            "source": _audit_source(source),
             "actor": _actor_name(actor),
         }
     return _Prepared(
@@ -247,17 +310,48 @@ def _prepare(
     )
 
 
-def _write_audits(prepared: Sequence[_Prepared], added: Sequence[AddedJob]) -> set[int]:
+def _insert_audits(prepared: Sequence[_Prepared]) -> dict[int, Any]:
+    """Insert the audit rows of ``prepared`` (before the add): index -> row. A row of a
+    job without a caller's id gets its id once BullMQ has assigned it."""
     from .models import PriorityOverrideAudit
 
-    rows = [
-        PriorityOverrideAudit(job_id=job.job_id, **item.audit)
-        for item, job in zip(prepared, added, strict=True)
-        if item.audit is not None and job.priority is not None
-    ]
+    rows = {
+        index: PriorityOverrideAudit(job_id=item.new_job.job_id or "", **item.audit)
+        for index, item in enumerate(prepared)
+        if item.audit is not None
+    }
     if rows:
-        PriorityOverrideAudit.objects.bulk_create(rows)
-    return {index for index, item in enumerate(prepared) if item.audit is not None}
+        PriorityOverrideAudit.objects.bulk_create(list(rows.values()))
+    return rows
+
+
+def _settle_audits(rows: Mapping[int, Any], added: Sequence[AddedJob]) -> set[int]:
+    """After the add: fill in BullMQ's ids, and drop the row of a job whose id already
+    existed if that job has an audit row of its own (then this call added nothing). A
+    job that exists without an audit row is the first attempt of a retried call (an
+    ambiguous timeout), so its row stays. The indexes whose rows stay."""
+    from .models import PriorityOverrideAudit
+
+    kept: set[int] = set()
+    new_ids: list[Any] = []
+    dropped: list[int] = []
+    for index, row in rows.items():
+        job = added[index]
+        if job.priority is None:
+            others = PriorityOverrideAudit.objects.filter(queue=row.queue, job_id=row.job_id)
+            if others.exclude(pk=row.pk).exists():
+                dropped.append(row.pk)
+                continue
+        elif not row.job_id:
+            row.job_id = job.job_id
+            new_ids.append(row)
+        kept.add(index)
+    if new_ids:
+        PriorityOverrideAudit.objects.bulk_update(new_ids, ["job_id"])
+    if dropped:
+        # A queryset delete (the model's delete() refuses): a row of this transaction.
+        PriorityOverrideAudit.objects.filter(pk__in=dropped).delete()
+    return kept
 
 
 def _record(prepared: Sequence[_Prepared], added: Sequence[AddedJob], audited: set[int]):
@@ -270,49 +364,117 @@ def _record(prepared: Sequence[_Prepared], added: Sequence[AddedJob], audited: s
                 item.resolved.level,
                 placed=job.priority < BACK_OF_LINE,
             )
-        results.append(
-            EnqueuedJob(
-                job_id=job.job_id,
-                job_type=item.job_type,
-                queue=item.queue,
-                level=item.resolved.level,
-                numeric_priority=item.resolved.numeric,
-                rule=item.resolved.rule,
-                tenant_id=item.resolved.tenant_id,
-                bullmq_priority=job.priority,
-                audited=index in audited and job.priority is not None,
-                tenant_weight=item.resolved.tenant_weight,
-            )
-        )
+        results.append(_result(item, job.job_id, job.priority, index in audited))
     return results
+
+
+def _result(
+    item: _Prepared, job_id: str, priority: int | None, audited: bool, durable: bool = False
+) -> EnqueuedJob:
+    return EnqueuedJob(
+        job_id=job_id,
+        job_type=item.job_type,
+        queue=item.queue,
+        level=item.resolved.level,
+        numeric_priority=item.resolved.numeric,
+        rule=item.resolved.rule,
+        tenant_id=item.resolved.tenant_id,
+        bullmq_priority=priority,
+        audited=audited,
+        tenant_weight=item.resolved.tenant_weight,
+        durable=durable,
+    )
 
 
 def _needs_audit(prepared: Sequence[_Prepared]) -> bool:
     return any(item.audit is not None for item in prepared)
 
 
-def _enqueue_prepared(prepared: Sequence[_Prepared]) -> list[EnqueuedJob]:
-    """Add the jobs, then write their audit rows, inside one database transaction.
-
-    If Redis refuses, nothing is written and the error propagates. The audit rows are
-    written only for jobs Redis accepted (a duplicate ``job_id`` adds nothing, so it is
-    not audited).
-    """
+def _enqueue_chunk(prepared: Sequence[_Prepared]) -> list[EnqueuedJob]:
+    """Add one chunk (one atomic add-script call). With audit rows: insert them first,
+    in a transaction, add the jobs, then settle the rows; a failed add rolls them back."""
     queue = prepared[0].queue
     jobs = [item.new_job for item in prepared]
     if not _needs_audit(prepared):
         added = get_sync_broker().add_jobs(queue, jobs)
         return _record(prepared, added, set())
     with transaction.atomic():
+        rows = _insert_audits(prepared)
         added = get_sync_broker().add_jobs(queue, jobs)
-        audited = _write_audits(prepared, added)
+        audited = _settle_audits(rows, added)
     return _record(prepared, added, audited)
 
 
+def _enqueue_prepared(prepared: Sequence[_Prepared]) -> list[EnqueuedJob]:
+    """Add the jobs chunk by chunk; a failure after the first chunk raises
+    PartialEnqueueError with what was added."""
+    results: list[EnqueuedJob] = []
+    for start in range(0, len(prepared), ADD_BATCH_SIZE):
+        chunk = prepared[start : start + ADD_BATCH_SIZE]
+        try:
+            results += _enqueue_chunk(chunk)
+        except Exception as exc:
+            if not results:
+                raise
+            not_sent = len(prepared) - start - len(chunk)
+            raise PartialEnqueueError(
+                f"enqueue_jobs added {len(results)} of {len(prepared)} jobs, then failed "
+                f"({type(exc).__name__}): the next {len(chunk)} may or may not have been "
+                f"added and {not_sent} were not sent; the added ids are in .job_ids",
+                added=results,
+                uncertain=len(chunk),
+                not_sent=not_sent,
+            ) from exc
+    return results
+
+
+def _enqueue_durable(prepared: Sequence[_Prepared], using: str | None) -> list[EnqueuedJob]:
+    """Write outbox rows and their audit rows in the caller's transaction (one of our
+    own if none is open); after commit, try to relay them at once."""
+    from .models import OutboxJob, PriorityOverrideAudit
+    from .outbox import relay_after_commit
+
+    with transaction.atomic(using=using):
+        rows = OutboxJob.objects.using(using).bulk_create(
+            [
+                OutboxJob(
+                    job_type=item.job_type,
+                    queue=item.queue,
+                    job_id=item.new_job.job_id or "",
+                    data=json.dumps(item.new_job.data, separators=(",", ":"), allow_nan=False),
+                    level=item.new_job.level.value,
+                    tenant=item.new_job.tenant,
+                    tenant_weight=item.new_job.tenant_weight,
+                    delay_ms=item.new_job.delay_ms,
+                    attempts=item.new_job.attempts,
+                )
+                for item in prepared
+            ]
+        )
+        audits = [
+            PriorityOverrideAudit(job_id=row.bullmq_job_id, **item.audit)
+            for item, row in zip(prepared, rows, strict=True)
+            if item.audit is not None
+        ]
+        if audits:
+            PriorityOverrideAudit.objects.using(using).bulk_create(audits)
+    pks = [row.pk for row in rows]
+    transaction.on_commit(lambda: relay_after_commit(pks, using=using), using=using)
+    return [
+        _result(item, row.bullmq_job_id, None, item.audit is not None, durable=True)
+        for item, row in zip(prepared, rows, strict=True)
+    ]
+
+
 def enqueue_job(
-    job_type: str, payload: Mapping[str, Any], **options: Unpack[EnqueueOptions]
+    job_type: str,
+    payload: Mapping[str, Any],
+    *,
+    durable: bool = False,
+    using: str | None = None,
+    **options: Unpack[EnqueueOptions],
 ) -> EnqueuedJob:
-    """Enqueue one job of ``job_type`` now.
+    """Enqueue one job of ``job_type`` now (or, ``durable``, through the outbox).
 
     Args:
         payload: a JSON object; fairqueue adds ``tenantId`` and ``priorityLevel``. Its
@@ -325,26 +487,50 @@ def enqueue_job(
             Server-side only: never take it from request input.
         tenant_weight: the tenant's weight inside its level (1..100), instead of the
             wired weight lookup's answer (default 1). Server-side only; not audited.
-        job_id: a custom BullMQ job id (not all digits); an existing id adds nothing.
+        job_id: a custom BullMQ job id (not all digits): the idempotency key. An existing
+            id adds nothing, so retrying a call that failed with a timeout under the same
+            ``job_id`` never enqueues the job twice.
         delay_ms, attempts: BullMQ's ``delay`` and ``attempts``.
         source, actor: recorded in the audit row (e.g. ``"signup view"``, ``request.user``).
+        durable: write the job to the outbox in the current transaction (on database
+            ``using``) instead of Redis; the relay adds it after commit (see
+            :func:`enqueue_on_commit`). Redis is not contacted before commit.
 
     Raises:
         UnknownJobTypeError, InvalidPayloadError, PayloadTooLargeError,
         ConflictingPayloadError, InvalidTenantError, InvalidTenantWeightError,
         InvalidPriorityError, InvalidPriorityLevelError, ConflictingPriorityError,
         InvalidJobOptionError: bad input; nothing was written.
-        BrokerUnavailableError: Redis could not be reached; nothing was written.
+        BrokerUnavailableError: Redis could not be reached, or did not answer in time.
+            No audit row was written; the job was not added if Redis could not be
+            reached, but after a timeout it may have been: retry with the same
+            ``job_id`` (or use ``durable=True``).
     """
-    return _enqueue_prepared([_prepare(job_type, payload, **options)])[0]
+    prepared = [_prepare(job_type, payload, **options)]
+    if durable:
+        return _enqueue_durable(prepared, using)[0]
+    return _enqueue_prepared(prepared)[0]
 
 
 def enqueue_jobs(
-    job_type: str, payloads: Sequence[Mapping[str, Any]], **options: Unpack[EnqueueOptions]
+    job_type: str,
+    payloads: Sequence[Mapping[str, Any]],
+    *,
+    durable: bool = False,
+    using: str | None = None,
+    **options: Unpack[EnqueueOptions],
 ) -> list[EnqueuedJob]:
     """Enqueue many jobs of one type with the same options, all validated before any is
-    sent, in one Redis round trip per 1,000 jobs. ``job_id`` and ``delay_ms`` are not
-    batch options."""
+    sent, in one Redis round trip per 250 jobs (each chunk atomic: all its jobs or
+    none). ``job_id`` and ``delay_ms`` are not batch options; ``durable`` as in
+    :func:`enqueue_job` (one transaction for the whole batch).
+
+    Raises:
+        PartialEnqueueError: a chunk after the first failed: ``.added`` / ``.job_ids``
+            are the jobs added (and audited), ``.uncertain`` the failed chunk's size,
+            ``.not_sent`` the rest; retry ``payloads[len(exc.added):]``.
+        BrokerUnavailableError: the first chunk failed; nothing else was sent.
+    """
     for option in ("job_id", "delay_ms"):
         if options.get(option) is not None:
             raise InvalidJobOptionError(
@@ -358,21 +544,24 @@ def enqueue_jobs(
         )
     if not payloads:
         return []
-    return _enqueue_prepared([_prepare(job_type, payload, **options) for payload in payloads])
+    prepared = [_prepare(job_type, payload, **options) for payload in payloads]
+    if durable:
+        return _enqueue_durable(prepared, using)
+    return _enqueue_prepared(prepared)
 
 
 async def aenqueue_job(
     job_type: str, payload: Mapping[str, Any], **options: Unpack[EnqueueOptions]
 ) -> EnqueuedJob:
     """Async twin of :func:`enqueue_job`, for async views: the Redis call is awaited on
-    the caller's event loop; the plan lookup and audit row go through the ORM in a
-    thread."""
+    the caller's event loop and the plan lookup goes through the ORM in a thread. An
+    audited job runs the sync path in a thread instead, so its audit row and its add
+    share one transaction."""
     prepared = await sync_to_async(_prepare)(job_type, payload, **options)
-    added = await get_broker().add_jobs(prepared.queue, [prepared.new_job])
-    audited: set[int] = set()
     if prepared.audit is not None:
-        audited = await sync_to_async(_write_audits)([prepared], added)
-    return _record([prepared], added, audited)[0]
+        return (await sync_to_async(_enqueue_prepared)([prepared]))[0]
+    added = await get_broker().add_jobs(prepared.queue, [prepared.new_job])
+    return _record([prepared], added, set())[0]
 
 
 def enqueue_on_commit(
@@ -381,14 +570,16 @@ def enqueue_on_commit(
     *,
     using: str | None = None,
     **options: Unpack[EnqueueOptions],
-) -> None:
-    """Enqueue once the surrounding database transaction commits (now, if none is open).
+) -> EnqueuedJob:
+    """Enqueue durably: the job exists if and only if the surrounding transaction
+    commits (``enqueue_job(..., durable=True)``).
 
     Input is validated immediately, so a bad call raises in the view, not after commit.
-    A rolled-back transaction leaves no job and no audit row. If Redis is unreachable at
-    commit time the error propagates from the commit (the data is committed, the job is
-    not): callers that must never lose the job should enqueue inside the request and
-    handle ``BrokerUnavailableError``.
+    An outbox row (and the audit row, if any) is written in the caller's transaction on
+    database ``using``, so a rolled-back transaction leaves no job and no audit row.
+    After commit the rows are relayed to Redis at once if Redis answers; if it does not,
+    they wait for the relay (``rebalance_fair`` or ``fairqueue_relay``), nothing is
+    raised from the commit and the transaction's other ``on_commit`` hooks still run.
+    The returned job has ``durable=True`` and the ``job_id`` the relay will use.
     """
-    prepared = _prepare(job_type, payload, **options)
-    transaction.on_commit(lambda: _enqueue_prepared([prepared]), using=using)
+    return enqueue_job(job_type, payload, durable=True, using=using, **options)

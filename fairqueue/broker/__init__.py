@@ -47,7 +47,7 @@ The package, one module per concern (import from here, not from them):
 
 from __future__ import annotations
 
-from .adding import AddedJob, AddingMixin, NewJob
+from .adding import ADD_BATCH_SIZE, AddedJob, AddingMixin, NewJob
 from .common import (
     BACK_OF_LINE,
     MAX_PRIORITY,
@@ -85,6 +85,7 @@ class Broker(
 
 
 __all__ = [
+    "ADD_BATCH_SIZE",
     "BACK_OF_LINE",
     "MAX_PRIORITY",
     "REBASE_THRESHOLD",

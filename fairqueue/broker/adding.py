@@ -21,6 +21,10 @@ else:
     _Base = object
 
 
+#: Undelayed jobs per add-script call (each call is atomic: all its jobs or none).
+ADD_BATCH_SIZE: Final = 250
+
+
 @dataclass(frozen=True, slots=True)
 class NewJob:
     """A job to add, in fairqueue's terms: ``tenant`` is its tenant bucket inside its
@@ -82,7 +86,7 @@ class _AddPacker:
     #: Jobs per EVALSHA (each costs Redis about 50 us, so a call blocks Redis ~15 ms);
     #: larger batches are split (each part is still all-or-nothing with respect to
     #: validation, which happens before anything is sent).
-    batch_size: Final = 250
+    batch_size: Final = ADD_BATCH_SIZE
 
     def __init__(self, redis_url: str, prefix: str) -> None:
         self._redis_url = redis_url

@@ -1,0 +1,235 @@
+"""The transactional outbox's relay: move durable jobs from the database to BullMQ.
+
+A durable enqueue (``enqueue_on_commit``, or ``durable=True``) writes an
+:class:`~fairqueue.models.OutboxJob` row in the caller's transaction instead of talking
+to Redis, so the job exists exactly when the caller's data does: a rolled-back
+transaction leaves nothing, and Redis being down at commit leaves the row waiting.
+The relay adds each row's job through the same add script as a direct enqueue (same
+``NewJob``, same fair placement) under the row's BullMQ id, then deletes the row.
+
+Why nothing is lost or sent twice:
+
+* a row is deleted only in the transaction that follows a successful add; if the relay
+  dies between the two, the row is still there and the next relay adds it again under
+  the same job id, which BullMQ answers by keeping the existing job (``existing`` below);
+* a Redis outage or an ambiguous timeout leaves the rows for the next run;
+* rows are claimed with ``SELECT ... FOR UPDATE SKIP LOCKED`` on databases that have it
+  (PostgreSQL), so several relays share the work without sending a row twice. SQLite has
+  no row locks: run a single relay there (two would still not duplicate a job while it
+  is in Redis, thanks to the id, but would both do the work).
+
+The id check covers a retry while the job is still in Redis (waiting, delayed, active,
+or kept after it finished). A job that completed and was trimmed by retention before a
+crashed relay's retry would be added again; the retry follows the crash by one relay
+interval, far inside any sane retention.
+
+Runs: the ``rebalance_fair`` loop relays each round (for its job types), a standalone
+``manage.py fairqueue_relay`` does the same, and a durable enqueue tries its own rows
+once right after commit (best effort: errors are logged, never raised into the commit).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Final
+
+from django.db import transaction
+from django.db.models import Count, Min
+from django.utils import timezone
+
+from .broker import BACK_OF_LINE, NewJob, get_sync_broker
+from .conf import get_settings
+from .exceptions import BrokerUnavailableError
+from .levels import PriorityLevel
+from .metrics import get_metrics, record_enqueue
+
+logger = logging.getLogger("fairqueue.outbox")
+
+#: Rows claimed per transaction (one add-script call per queue for undelayed jobs).
+RELAY_BATCH_SIZE: Final = 250
+#: Batches per relay run at most (10,000 rows), so a run stays bounded.
+RELAY_MAX_BATCHES: Final = 40
+
+
+@dataclass(slots=True)
+class RelayResult:
+    """What one relay run did (counts only)."""
+
+    #: Rows whose job Redis now has, and deleted.
+    sent: int = 0
+    #: Of those, jobs that were already in Redis (a retry after a crash, or a caller's
+    #: ``job_id`` that exists): nothing was added for them.
+    existing: int = 0
+    #: Rows Redis refused (kept, tried again behind the others).
+    refused: int = 0
+
+    def summary(self) -> str:
+        return f"outbox: sent={self.sent} existing={self.existing} refused={self.refused}"
+
+
+def _new_job(row, now: datetime) -> NewJob:
+    delay_ms = None
+    if row.delay_ms:
+        # The delay counts from the durable enqueue, not from the relay.
+        elapsed_ms = int((now - row.created_at).total_seconds() * 1000)
+        delay_ms = max(0, row.delay_ms - elapsed_ms) or None
+    return NewJob(
+        name=row.job_type,
+        data=json.loads(row.data),
+        level=PriorityLevel(row.level),
+        job_id=row.bullmq_job_id,
+        delay_ms=delay_ms,
+        attempts=row.attempts,
+        tenant=row.tenant,
+        tenant_weight=row.tenant_weight,
+    )
+
+
+def _add_rows(queue: str, rows: Sequence, now: datetime, result: RelayResult) -> list[int]:
+    """Add ``rows``' jobs to ``queue``; the pks of the rows Redis now has. Raises
+    BrokerUnavailableError if Redis is unreachable (the rows stay)."""
+    broker = get_sync_broker()
+    try:
+        added = broker.add_jobs(queue, [_new_job(row, now) for row in rows])
+    except BrokerUnavailableError:
+        raise
+    except Exception as exc:
+        if len(rows) > 1:  # find the row Redis refuses; send the others
+            done: list[int] = []
+            for row in rows:
+                done += _add_rows(queue, [row], now, result)
+            return done
+        row = rows[0]
+        row.tries += 1
+        row.last_error = type(exc).__name__[:200]
+        row.save(update_fields=["tries", "last_error"])
+        result.refused += 1
+        logger.warning("outbox row %s: Redis refused the job (%s)", row.pk, row.last_error)
+        return []
+    for row, job in zip(rows, added, strict=True):
+        if job.priority is None:
+            result.existing += 1
+        else:
+            record_enqueue(
+                queue, row.job_type, PriorityLevel(row.level), placed=job.priority < BACK_OF_LINE
+            )
+    return [row.pk for row in rows]
+
+
+def _relay_batch(
+    job_types: Sequence[str] | None,
+    pks: Sequence[int] | None,
+    batch_size: int,
+    using: str | None,
+    result: RelayResult,
+) -> int:
+    """Claim up to ``batch_size`` rows, add their jobs, delete them; rows claimed."""
+    from .models import OutboxJob
+
+    outage: BrokerUnavailableError | None = None
+    with transaction.atomic(using=using):
+        rows = OutboxJob.objects.using(using).select_for_update(skip_locked=True)
+        if job_types is not None:
+            rows = rows.filter(job_type__in=job_types)
+        if pks is not None:
+            rows = rows.filter(pk__in=pks)
+        claimed = list(rows.order_by("tries", "id")[:batch_size])
+        if not claimed:
+            return 0
+        by_queue: dict[str, list] = {}
+        for row in claimed:
+            by_queue.setdefault(row.queue, []).append(row)
+        now = timezone.now()
+        done: list[int] = []
+        for queue, queue_rows in by_queue.items():
+            try:
+                done += _add_rows(queue, queue_rows, now, result)
+            except BrokerUnavailableError as exc:
+                outage = exc  # keep what other queues' adds did; the rest waits
+                break
+        if done:
+            OutboxJob.objects.using(using).filter(pk__in=done).delete()
+            result.sent += len(done)
+    if outage is not None:
+        raise outage
+    return len(claimed)
+
+
+def relay_outbox(
+    *,
+    job_types: Iterable[str] | None = None,
+    pks: Iterable[int] | None = None,
+    batch_size: int = RELAY_BATCH_SIZE,
+    max_batches: int = RELAY_MAX_BATCHES,
+    using: str | None = None,
+) -> RelayResult:
+    """Move waiting outbox rows to BullMQ, oldest first, at most ``max_batches`` batches.
+
+    Args:
+        job_types: only rows of these job types (a ``rebalance_fair --queue`` subset).
+        pks: only these rows (a durable enqueue relaying its own rows after commit).
+
+    Raises:
+        BrokerUnavailableError: Redis is unreachable; rows not sent stay for the next run.
+    """
+    job_types = None if job_types is None else list(job_types)
+    pks = None if pks is None else list(pks)
+    result = RelayResult()
+    try:
+        for _ in range(max_batches):
+            if _relay_batch(job_types, pks, batch_size, using, result) < batch_size:
+                break
+    finally:
+        if pks is None:
+            record_outbox_pending(using=using)
+    return result
+
+
+def outbox_stats(job_type: str | None = None, *, using: str | None = None) -> dict[str, object]:
+    """Rows waiting (for ``job_type``, or all) and the oldest one's age: the dashboard's
+    outbox figures."""
+    from .models import OutboxJob
+
+    rows = OutboxJob.objects.using(using)
+    if job_type is not None:
+        rows = rows.filter(job_type=job_type)
+    found = rows.aggregate(pending=Count("id"), oldest=Min("created_at"))
+    oldest = found["oldest"]
+    age_ms = None
+    if oldest is not None:
+        age_ms = max(0, int((timezone.now() - oldest).total_seconds() * 1000))
+    return {"pending": found["pending"], "oldest_age_ms": age_ms}
+
+
+def record_outbox_pending(*, using: str | None = None) -> dict[str, int]:
+    """Set ``queue_fair_outbox_pending`` per job type from the table; the counts."""
+    from .models import OutboxJob
+
+    counts = {
+        row["job_type"]: row["n"]
+        for row in OutboxJob.objects.using(using)
+        .values("job_type")
+        .annotate(n=Count("id"))
+        .order_by()
+    }
+    gauge = get_metrics().outbox_pending
+    for job_type in set(get_settings().queues) | set(counts):
+        gauge.labels(job_type).set(counts.get(job_type, 0))
+    return counts
+
+
+def relay_after_commit(pks: Sequence[int], *, using: str | None = None) -> None:
+    """Try to relay a durable enqueue's own rows right after its commit. Never raises:
+    a failure must not break the commit's other hooks, and the rows wait for the relay."""
+    try:
+        relay_outbox(pks=pks, using=using)
+    except Exception as exc:
+        logger.warning(
+            "durable enqueue: relaying after commit failed (%s); %d row(s) wait for the relay",
+            type(exc).__name__,
+            len(pks),
+        )
