@@ -39,6 +39,7 @@ from .broker import MAX_PRIORITY, TAG_FLOOR, BacklogScan, Broker, WaitingJob, ge
 from .conf import get_settings
 from .exceptions import UnknownJobTypeError
 from .levels import DEFAULT_FAIR_WEIGHTS, LEVELS_BY_RANK
+from .outbox import outbox_stats
 from .rebalance import LAST_RUN_RECORD, PASS_COUNTS, pending_from_job
 from .scheduler import AGED, WEIGHTED_FAIR
 
@@ -239,7 +240,7 @@ def queue_stats(
         BrokerUnavailableError: Redis could not be reached.
     """
     sync_broker = get_sync_broker()
-    return sync_broker.run(
+    stats = sync_broker.run(
         aqueue_stats,
         job_type,
         page=page,
@@ -248,6 +249,15 @@ def queue_stats(
         sync_scan_limit=sync_scan_limit,
         broker=sync_broker.broker,
     )
+    stats["outbox"] = outbox_figures(job_type)
+    return stats
+
+
+def outbox_figures(job_type: str) -> dict[str, Any]:
+    """The outbox depth of ``job_type`` and its oldest row's age (one database query;
+    durable jobs the relay has not moved to Redis yet)."""
+    found = outbox_stats(job_type)
+    return {**found, "oldest_age": format_duration(found["oldest_age_ms"])}
 
 
 async def aqueue_stats(

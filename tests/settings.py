@@ -8,3 +8,8 @@ FAIRQUEUE = {
     "QUEUES": {"email": "email", "report": "report", "cleanup": "cleanup"},
 }
 LOGGING = {"version": 1, "disable_existing_loggers": False}
+
+# A private test database name, so runs on a shared PostgreSQL do not collide
+# (pytest-django creates and drops ``test_<name>`` otherwise).
+if _test_db_name := os.environ.get("FAIRQUEUE_TEST_DB_NAME"):  # noqa: F405
+    DATABASES["default"]["TEST"] = {"NAME": _test_db_name}  # noqa: F405

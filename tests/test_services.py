@@ -467,3 +467,154 @@ def test_a_connection_redis_closed_is_replaced_before_the_next_enqueue(fq_prefix
     job = enqueue_job("email", {})
     assert job.created
     assert waiting_count(redis_client, fq_prefix) == 2
+
+
+# --- audit before Redis, idempotency, partial batches (issue 9) --------------------
+
+
+def _use_redis(settings, url):
+    from fairqueue import conf
+
+    close_brokers()
+    settings.FAIRQUEUE = {**settings.FAIRQUEUE, "REDIS_URL": url}
+    conf.reload_settings()
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "named"),
+    [
+        ({"source": "view\x00"}, InvalidJobOptionError, "source"),
+        ({"source": "\ud800"}, InvalidJobOptionError, "source"),
+        ({"source": 42}, InvalidJobOptionError, "source"),
+        ({"actor": "ops\x00"}, InvalidJobOptionError, "actor"),
+        ({"priority": 2**31}, InvalidPriorityError, "priority=2147483648"),
+    ],
+)
+def test_audit_fields_postgresql_would_refuse_raise_named_errors_before_anything(
+    fq_prefix, redis_client, options, error, named
+):
+    options = {"priority_override": "high", **options}
+    if "priority" in options:
+        options.pop("priority_override")
+    with pytest.raises(error, match=named):
+        enqueue_job("email", {}, tenant_id="t", **options)
+    assert waiting_count(redis_client, fq_prefix) == 0
+    assert PriorityOverrideAudit.objects.count() == 0
+
+
+def test_audit_row_is_inserted_before_the_add__a_refused_row_adds_no_job(
+    fq_prefix, redis_client, monkeypatch
+):
+    from django.db import DatabaseError
+
+    def refuse(*args, **kwargs):
+        raise DatabaseError("the database refused the audit row")
+
+    monkeypatch.setattr(PriorityOverrideAudit.objects, "bulk_create", refuse)
+    with pytest.raises(DatabaseError):
+        enqueue_job("email", {}, tenant_id="t", priority_override="critical")
+    assert waiting_count(redis_client, fq_prefix) == 0
+
+
+def test_a_failed_add_rolls_the_audit_row_back(fq_prefix, settings):
+    from tests.helpers import free_port
+
+    _use_redis(settings, f"redis://127.0.0.1:{free_port()}/0")
+    with pytest.raises(BrokerUnavailableError):
+        enqueue_job("email", {}, tenant_id="t", priority_override="critical")
+    assert PriorityOverrideAudit.objects.count() == 0
+
+
+def test_job_id_is_the_idempotency_key__retry_after_an_ambiguous_timeout_adds_nothing(
+    fq_prefix, redis_client, monkeypatch
+):
+    from fairqueue.broker import SyncBroker
+
+    real_add = SyncBroker.add_jobs
+    calls = []
+
+    def add_then_lose_the_reply(self, queue, jobs):
+        added = real_add(self, queue, jobs)
+        calls.append(added)
+        if len(calls) == 1:  # the add went through; the reply did not
+            raise BrokerUnavailableError("Redis did not answer in time (TimeoutError)")
+        return added
+
+    monkeypatch.setattr(SyncBroker, "add_jobs", add_then_lose_the_reply)
+    with pytest.raises(BrokerUnavailableError):
+        enqueue_job("email", {"v": 1}, tenant_id="t", priority_override="high", job_id="inv-7")
+    assert waiting_count(redis_client, fq_prefix) == 1
+    assert PriorityOverrideAudit.objects.count() == 0  # rolled back with the failed call
+
+    retry = enqueue_job("email", {"v": 1}, tenant_id="t", priority_override="high", job_id="inv-7")
+    assert not retry.created and retry.audited
+    assert waiting_count(redis_client, fq_prefix) == 1  # nothing added twice
+    # The job that exists now has its audit row, exactly one.
+    assert list(PriorityOverrideAudit.objects.values_list("job_id", flat=True)) == ["inv-7"]
+    again = enqueue_job("email", {"v": 1}, tenant_id="t", priority_override="high", job_id="inv-7")
+    assert not again.audited
+    assert PriorityOverrideAudit.objects.count() == 1
+
+
+def test_audited_jobs_without_an_id_get_bullmqs_id_in_their_audit_rows(fq_prefix):
+    jobs = enqueue_jobs("email", [{}] * 3, tenant_id="t", priority_override="low")
+    assert sorted(PriorityOverrideAudit.objects.values_list("job_id", flat=True)) == sorted(
+        job.job_id for job in jobs
+    )
+    assert all(job.audited and job.job_id for job in jobs)
+
+
+def test_batch_failing_after_its_first_chunk_raises_partial_enqueue_error(
+    fq_prefix, settings, tmp_path, monkeypatch
+):
+    from fairqueue.broker import SyncBroker
+    from fairqueue.exceptions import PartialEnqueueError
+    from tests.helpers import PrivateRedis
+
+    server = PrivateRedis(tmp_path, aof=False).start()
+    try:
+        _use_redis(settings, server.url)
+        real_add = SyncBroker.add_jobs
+
+        def add_then_crash_redis(self, queue, jobs):
+            added = real_add(self, queue, jobs)
+            server.kill9()  # Redis dies after the first chunk: a real failure
+            return added
+
+        monkeypatch.setattr(SyncBroker, "add_jobs", add_then_crash_redis)
+        payloads = [{"i": i} for i in range(600)]
+        with pytest.raises(PartialEnqueueError) as caught:
+            enqueue_jobs("email", payloads, tenant_id="t", priority_override="low")
+        error = caught.value
+        assert (error.added_count, error.uncertain, error.not_sent) == (250, 250, 100)
+        assert "added 250 of 600 jobs" in str(error)
+        assert isinstance(error.__cause__, BrokerUnavailableError)
+        # The first chunk's jobs and their audit rows stay; the failed chunk's rolled back.
+        assert sorted(PriorityOverrideAudit.objects.values_list("job_id", flat=True)) == sorted(
+            error.job_ids
+        )
+    finally:
+        server.stop()
+        close_brokers()
+
+
+def test_durable_option_writes_outbox_and_audit_rows_in_one_transaction(fq_prefix, settings):
+    from fairqueue.models import OutboxJob
+    from tests.helpers import free_port
+
+    _use_redis(settings, f"redis://127.0.0.1:{free_port()}/0")
+    with pytest.raises(RuntimeError), transaction.atomic():
+        enqueue_job("email", {}, tenant_id="t", priority_override="high", durable=True)
+        enqueue_jobs("email", [{}, {}], tenant_id="t", priority_override="low", durable=True)
+        assert OutboxJob.objects.count() == 3
+        assert PriorityOverrideAudit.objects.count() == 3
+        raise RuntimeError("rolled back")
+    assert OutboxJob.objects.count() == 0
+    assert PriorityOverrideAudit.objects.count() == 0
+    job = enqueue_job("email", {}, tenant_id="t", priority_override="high", durable=True)
+    assert job.durable and job.audited and not job.created
+    assert (
+        PriorityOverrideAudit.objects.get().job_id
+        == job.job_id
+        == OutboxJob.objects.get().bullmq_job_id
+    )

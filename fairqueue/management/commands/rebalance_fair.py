@@ -23,6 +23,7 @@ from fairqueue.conf import get_settings
 from fairqueue.exceptions import BrokerUnavailableError
 from fairqueue.management.arguments import int_in_range
 from fairqueue.metrics import get_metrics
+from fairqueue.outbox import relay_outbox
 from fairqueue.rebalance import (
     LeaderLock,
     PassResult,
@@ -45,7 +46,8 @@ port = int_in_range(1, 65_535, "a TCP port")
 
 
 class Rebalancer:
-    """The rebalance loop: one pass per configured queue every interval, as leader only.
+    """The rebalance loop: one pass per configured queue every interval, as leader only,
+    and a run of the outbox relay (for its job types) when it leads any queue.
 
     A Redis outage is logged once and retried with backoff; any other failure of a pass
     is logged by class name and the loop goes on. SIGINT/SIGTERM finish the pass in
@@ -130,6 +132,8 @@ class Rebalancer:
                 continue
             results.append(result)
             self._report(result)
+        if done_queues and not self.dry_run:
+            self._relay()
         return results
 
     def start_line(self) -> str:
@@ -147,6 +151,19 @@ class Rebalancer:
             f"wait bound {settings.max_wait_ms} ms; Redis {settings.redis_location} "
             f"prefix {settings.prefix!r}; {self.token}"
         )
+
+    def _relay(self) -> None:
+        """Move durable jobs from the outbox to Redis. Redis down raises (the loop backs
+        off); any other failure is logged and the loop goes on."""
+        try:
+            result = relay_outbox(job_types=self.job_types)
+        except BrokerUnavailableError:
+            raise
+        except Exception as exc:  # a database hiccup must not end the loop
+            logger.error("outbox relay failed (%s)", type(exc).__name__)
+            return
+        if result.sent or result.refused:
+            logger.log(logging.INFO if self.verbosity >= 2 else logging.DEBUG, result.summary())
 
     def run(self, *, once: bool = False) -> None:
         logger.info("%s", self.start_line())
