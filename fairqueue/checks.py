@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.checks import Error, Tags, register
+from django.core.checks import Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
+from redis.crc import key_slot
 
 from . import conf
+from .redis_target import hash_tag, queue_hash_tag
 
 
 @register(Tags.compatibility)
@@ -28,3 +30,41 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
             )
         ]
     return []
+
+
+@register(Tags.compatibility)
+def check_cluster_slots(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
+    """fairqueue.W011: on a Redis Cluster, queues that share a slot share a master, so
+    they cannot spread over the cluster (the prefix carries the hash tag, or two queues'
+    tags hash alike). Correct either way, only not scaled out."""
+    try:
+        settings = conf.load_settings()
+    except ImproperlyConfigured:
+        return []  # check_settings reports it
+    if settings.redis.kind != "cluster":
+        return []
+    queues = sorted(set(settings.queues.values()))
+    if hash_tag(f"{settings.prefix}:") is not None and len(queues) > 1:
+        return [
+            Warning(
+                f"FAIRQUEUE['PREFIX']={settings.prefix!r} carries a hash tag, so every "
+                "queue lives on one slot of the cluster",
+                hint="Put the hash tag in each queue name instead (e.g. '{email}').",
+                id="fairqueue.W011",
+            )
+        ]
+    by_slot: dict[int, list[str]] = {}
+    for queue in queues:
+        tag = queue_hash_tag(settings.prefix, queue)
+        if tag is not None:
+            by_slot.setdefault(key_slot(tag.encode()), []).append(queue)
+    return [
+        Warning(
+            f"FAIRQUEUE['QUEUES'] queues {names} hash to the same cluster slot {slot}, so "
+            "they always share a master",
+            hint="Give one of them a different hash tag to spread them over the cluster.",
+            id="fairqueue.W011",
+        )
+        for slot, names in sorted(by_slot.items())
+        if len(names) > 1
+    ]

@@ -16,12 +16,24 @@ from dataclasses import dataclass
 from functools import cache
 from types import MappingProxyType
 from typing import Any, Final
-from urllib.parse import urlsplit
 
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
+
+from .redis_target import RedisTarget, parse_redis_target, queue_hash_tag, redis_location
+
+__all__ = [
+    "DEFAULTS",
+    "ENV_VARS",
+    "FairqueueSettings",
+    "RedisTarget",
+    "get_settings",
+    "load_settings",
+    "redis_location",
+    "reload_settings",
+]
 
 DEFAULTS: Final[Mapping[str, Any]] = MappingProxyType(
     {
@@ -29,6 +41,9 @@ DEFAULTS: Final[Mapping[str, Any]] = MappingProxyType(
         "REBALANCE_INTERVAL_MS": 5_000,
         "PRIORITY_ENABLED": True,
         "REDIS_URL": "redis://127.0.0.1:6379/0",
+        # Where Redis is, in any form redis_target.py takes (a URL, Sentinel, Cluster);
+        # None: REDIS_URL. FAIRQUEUE_REDIS_URL (any of the URL forms) wins over both.
+        "REDIS": None,
         # BullMQ key prefix ("bull" is BullMQ's own default, so Node workers find the jobs).
         "PREFIX": "bull",
         # job type -> BullMQ queue name. A job type not listed is unknown.
@@ -68,13 +83,13 @@ _INT_RANGES: Final[Mapping[str, tuple[int, int]]] = MappingProxyType(
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
-_REDIS_SCHEMES = frozenset({"redis", "rediss", "unix"})
 MAX_QUEUE_NAME_LENGTH: Final = 200
 
 
 @dataclass(frozen=True, slots=True)
 class FairqueueSettings:
-    """Validated settings. ``redis_url`` may hold a password: never log it or this object."""
+    """Validated settings. ``redis_url`` and ``redis`` may hold a password: never log them;
+    ``redis_location`` says where Redis is without one."""
 
     max_wait_ms: int
     rebalance_interval_ms: int
@@ -86,6 +101,8 @@ class FairqueueSettings:
     cache_alias: str
     plan_cache_timeout: int
     max_payload_bytes: int
+    #: Where Redis is (one server, Sentinel or Cluster); ``redis_url`` is its URL form.
+    redis: RedisTarget
 
     def __repr__(self) -> str:  # keep credentials in redis_url out of logs and tracebacks
         return (
@@ -99,28 +116,11 @@ class FairqueueSettings:
     @property
     def redis_location(self) -> str:
         """Where ``redis_url`` points, for logs and messages: never its password."""
-        return redis_location(self.redis_url)
+        return self.redis.location
 
     def queue_for(self, job_type: str) -> str:
         """The BullMQ queue name of ``job_type``; ``KeyError`` if it is not registered."""
         return self.queues[job_type]
-
-
-def redis_location(url: str) -> str:
-    """``host:port/db`` (or ``unix:path/db``) of a Redis URL, without user or password,
-    so logs and error messages can say which server was tried."""
-    parts = urlsplit(url)
-    if parts.scheme == "unix":
-        query = dict(item.partition("=")[::2] for item in parts.query.split("&") if item)
-        return f"unix:{parts.path}/{query.get('db', '0') or '0'}"
-    try:
-        port = parts.port or 6379
-    except ValueError:
-        port = 6379
-    host = parts.hostname or "127.0.0.1"
-    if ":" in host:  # IPv6
-        host = f"[{host}]"
-    return f"{host}:{port}/{parts.path.strip('/') or '0'}"
 
 
 def _source_name(key: str, from_env: bool) -> str:
@@ -171,15 +171,33 @@ def _parse_bool(key: str, value: Any, from_env: bool) -> bool:
     )
 
 
-def _parse_redis_url(value: Any, from_env: bool) -> str:
-    name = _source_name("REDIS_URL", from_env)
-    parts = urlsplit(value) if isinstance(value, str) else None
-    if parts is None or parts.scheme not in _REDIS_SCHEMES:
-        # Never echo the value: a Redis URL may carry a password.
-        raise ImproperlyConfigured(
-            f"{name} is not allowed: expected a redis://, rediss:// or unix:// URL"
-        )
-    return value
+def _parse_redis(values: Mapping[str, Any], user: Mapping[str, Any], from_env: bool) -> RedisTarget:
+    """FAIRQUEUE_REDIS_URL, else FAIRQUEUE['REDIS'], else FAIRQUEUE['REDIS_URL']."""
+    if from_env:
+        return parse_redis_target(values["REDIS_URL"], ENV_VARS["REDIS_URL"])
+    if values["REDIS"] is not None:
+        if "REDIS_URL" in user:
+            raise ImproperlyConfigured(
+                "FAIRQUEUE sets both 'REDIS' and 'REDIS_URL': set only one ('REDIS' takes "
+                "a URL too)"
+            )
+        return parse_redis_target(values["REDIS"], "FAIRQUEUE['REDIS']")
+    return parse_redis_target(values["REDIS_URL"], "FAIRQUEUE['REDIS_URL']")
+
+
+def _check_cluster_queues(redis: RedisTarget, prefix: str, queues: Mapping[str, str]) -> None:
+    """On a Redis Cluster every key of a queue must hash to one slot (BullMQ's scripts and
+    fairqueue's touch many keys of a queue at once): its name needs a hash tag."""
+    if redis.kind != "cluster":
+        return
+    for queue in queues.values():
+        if queue_hash_tag(prefix, queue) is None:
+            raise ImproperlyConfigured(
+                f"FAIRQUEUE['QUEUES'] queue name {queue!r} is not allowed on a Redis "
+                f"Cluster: expected a hash tag, e.g. '{{{queue}}}', so all of the queue's "
+                "keys (BullMQ's and fairqueue's) share one slot (workers, Node ones too, "
+                "must use the same queue name)"
+            )
 
 
 def _parse_queues(value: Any) -> Mapping[str, str]:
@@ -216,6 +234,11 @@ def _parse_str(key: str, value: Any, from_env: bool = False) -> str:
 def load_settings() -> FairqueueSettings:
     """Read and validate settings without caching (used by the system check)."""
     values, from_env = _raw_values()
+    user = getattr(django_settings, "FAIRQUEUE", {}) or {}
+    redis = _parse_redis(values, user, "REDIS_URL" in from_env)
+    prefix = _parse_str("PREFIX", values["PREFIX"], "PREFIX" in from_env)
+    queues = _parse_queues(values["QUEUES"])
+    _check_cluster_queues(redis, prefix, queues)
     return FairqueueSettings(
         max_wait_ms=_parse_int("MAX_WAIT_MS", values["MAX_WAIT_MS"], "MAX_WAIT_MS" in from_env),
         rebalance_interval_ms=_parse_int(
@@ -226,9 +249,9 @@ def load_settings() -> FairqueueSettings:
         priority_enabled=_parse_bool(
             "PRIORITY_ENABLED", values["PRIORITY_ENABLED"], "PRIORITY_ENABLED" in from_env
         ),
-        redis_url=_parse_redis_url(values["REDIS_URL"], "REDIS_URL" in from_env),
-        prefix=_parse_str("PREFIX", values["PREFIX"], "PREFIX" in from_env),
-        queues=_parse_queues(values["QUEUES"]),
+        redis_url=redis.url,
+        prefix=prefix,
+        queues=queues,
         rebalance_window=_parse_int(
             "REBALANCE_WINDOW", values["REBALANCE_WINDOW"], "REBALANCE_WINDOW" in from_env
         ),
@@ -237,6 +260,7 @@ def load_settings() -> FairqueueSettings:
         max_payload_bytes=_parse_int(
             "MAX_PAYLOAD_BYTES", values["MAX_PAYLOAD_BYTES"], "MAX_PAYLOAD_BYTES" in from_env
         ),
+        redis=redis,
     )
 
 

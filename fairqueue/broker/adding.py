@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
+import redis.asyncio as aioredis
 from bullmq import Job as BullJob
 from bullmq import Queue as BullQueue
 from redis.exceptions import NoScriptError, ResponseError
@@ -88,8 +89,10 @@ class _AddPacker:
     #: validation, which happens before anything is sent).
     batch_size: Final = ADD_BATCH_SIZE
 
-    def __init__(self, redis_url: str, prefix: str) -> None:
-        self._redis_url = redis_url
+    def __init__(self, prefix: str) -> None:
+        # The queues only pack: their client is never used, so it never connects (and
+        # any kind of deployment, Sentinel or Cluster, packs the same).
+        self._unused_client = aioredis.Redis()
         self.prefix = prefix
         self._queues: dict[str, BullQueue] = {}
         self._lock = threading.Lock()
@@ -101,7 +104,7 @@ class _AddPacker:
         with self._lock:
             queue = self._queues.get(name)
             if queue is None:
-                queue = BullQueue(name, {"connection": self._redis_url, "prefix": self.prefix})
+                queue = BullQueue(name, {"connection": self._unused_client, "prefix": self.prefix})
                 self._queues[name] = queue
             return queue
 

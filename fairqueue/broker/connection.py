@@ -14,11 +14,16 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 import redis.asyncio as aioredis
+import redis.asyncio.cluster as aiocluster
+import redis.asyncio.sentinel as aiosentinel
+import redis.cluster
+import redis.sentinel
 from bullmq import Queue as BullQueue
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..exceptions import BrokerUnavailableError
+from ..redis_target import RedisTarget, parse_redis_target
 from .adding import AddedJob, NewJob, _AddPacker, _run_adds_sync
 from .common import T, _unavailable, fair_key
 from .scripts import Script
@@ -32,35 +37,40 @@ logger = logging.getLogger("fairqueue.broker")
 class _LoopState:
     """Redis client and BullMQ queues bound to one event loop."""
 
-    def __init__(self, client: aioredis.Redis) -> None:
+    def __init__(self, client: AsyncClient) -> None:
         self.client = client
         self.queues: dict[str, BullQueue] = {}
         self.scripts: dict[str, Any] = {}
 
 
 class BrokerCore:
-    """Async access to BullMQ queues under one Redis URL and key prefix.
+    """Async access to BullMQ queues under one Redis target and key prefix.
 
     Args:
-        redis_url: where Redis is (may hold credentials: never logged).
+        redis: where Redis is: a URL (``redis://``, ``redis+sentinel://``,
+            ``redis+cluster://``...) or a validated :class:`RedisTarget` (may hold
+            credentials: never logged).
         prefix: BullMQ key prefix; ``"bull"`` is BullMQ's default.
         client_factory: builds the ``redis.asyncio`` client (injectable for tests).
     """
 
     def __init__(
         self,
-        redis_url: str,
+        redis: str | RedisTarget,
         prefix: str = "bull",
         *,
-        client_factory: Callable[[str], aioredis.Redis] | None = None,
+        client_factory: Callable[[RedisTarget], AsyncClient] | None = None,
     ) -> None:
         self.prefix = prefix
-        self._redis_url = redis_url
-        self._client_factory = client_factory or _default_client
+        self.target = (
+            redis if isinstance(redis, RedisTarget) else parse_redis_target(redis, "redis")
+        )
+        self._redis_url = self.target.url
+        self._client_factory = client_factory or async_client
         self._states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = (
             weakref.WeakKeyDictionary()
         )
-        self._packer = _AddPacker(redis_url, prefix)
+        self._packer = _AddPacker(prefix)
 
     def __repr__(self) -> str:
         return f"Broker(prefix={self.prefix!r})"
@@ -71,7 +81,7 @@ class BrokerCore:
         loop = asyncio.get_running_loop()
         state = self._states.get(loop)
         if state is None:
-            state = _LoopState(self._client_factory(self._redis_url))
+            state = _LoopState(self._client_factory(self.target))
             self._states[loop] = state
         return state
 
@@ -84,7 +94,7 @@ class BrokerCore:
             state.scripts[script.name] = registered
         return registered
 
-    def client(self) -> aioredis.Redis:
+    def client(self) -> AsyncClient:
         return self._state().client
 
     def queue(self, name: str) -> BullQueue:
@@ -119,13 +129,78 @@ class BrokerCore:
             await state.client.aclose()
 
 
-def _default_client(redis_url: str) -> aioredis.Redis:
+#: A ``redis.asyncio`` client of any kind the broker makes (all take the same commands;
+#: a cluster client routes each one, and each script call, to the slot of its keys).
+AsyncClient = aioredis.Redis | aiocluster.RedisCluster
+#: A blocking client of any kind (enqueues from sync code).
+SyncClient = redis.Redis | redis.cluster.RedisCluster
+
+_TIMEOUTS: dict[str, Any] = {"socket_connect_timeout": 2, "socket_timeout": 10}
+
+
+def async_client(target: RedisTarget) -> AsyncClient:
+    """A ``redis.asyncio`` client for ``target``: one server's pool, the master Sentinel
+    names now (re-asked after a failover: the pool reconnects on a connection error or a
+    READONLY reply), or a cluster client that follows MOVED/ASK redirections. BullMQ's
+    Python package takes any of them as its ``connection``."""
+    if target.kind == "sentinel":
+        sentinel = aiosentinel.Sentinel(
+            list(target.nodes),
+            sentinel_kwargs={**_TIMEOUTS, "password": target.sentinel_password},
+            **_TIMEOUTS,
+        )
+        return sentinel.master_for(
+            target.service,
+            decode_responses=True,
+            db=target.db,
+            username=target.username,
+            password=target.password,
+            ssl=target.ssl,
+            health_check_interval=30,
+        )
+    if target.kind == "cluster":
+        return aiocluster.RedisCluster(
+            startup_nodes=[aiocluster.ClusterNode(host, port) for host, port in target.nodes],
+            decode_responses=True,
+            username=target.username,
+            password=target.password,
+            ssl=target.ssl,
+            health_check_interval=30,
+            **_TIMEOUTS,
+        )
     return aioredis.from_url(
-        redis_url,
-        decode_responses=True,
-        socket_connect_timeout=2,
-        socket_timeout=10,
-        health_check_interval=30,
+        target.url, decode_responses=True, health_check_interval=30, **_TIMEOUTS
+    )
+
+
+def sync_client(target: RedisTarget) -> SyncClient:
+    """A blocking client for ``target`` (see :func:`async_client`). For one server it holds
+    a single connection (the enqueue hot path checks nothing out of a pool)."""
+    if target.kind == "sentinel":
+        sentinel = redis.sentinel.Sentinel(
+            list(target.nodes),
+            sentinel_kwargs={**_TIMEOUTS, "password": target.sentinel_password},
+            **_TIMEOUTS,
+        )
+        return sentinel.master_for(
+            target.service,
+            decode_responses=True,
+            db=target.db,
+            username=target.username,
+            password=target.password,
+            ssl=target.ssl,
+        )
+    if target.kind == "cluster":
+        return redis.cluster.RedisCluster(
+            startup_nodes=[redis.cluster.ClusterNode(host, port) for host, port in target.nodes],
+            decode_responses=True,
+            username=target.username,
+            password=target.password,
+            ssl=target.ssl,
+            **_TIMEOUTS,
+        )
+    return redis.Redis.from_url(
+        target.url, decode_responses=True, single_connection_client=True, **_TIMEOUTS
     )
 
 
@@ -151,11 +226,12 @@ class _LoopThread:
 _loop_thread = _LoopThread()
 
 
-def _drop_if_stale(client: redis.Redis) -> None:
+def _drop_if_stale(client: SyncClient) -> None:
     """Disconnect a kept connection that Redis closed (restart, idle timeout), as
     redis-py's pool does on check-out; the next command then reconnects. Sending on it
-    instead would fail after the fact, unsure whether the command ran."""
-    connection = client.connection
+    instead would fail after the fact, unsure whether the command ran. (Pooled clients,
+    Sentinel's and Cluster's, check their connections themselves.)"""
+    connection = getattr(client, "connection", None)
     if connection is None:
         return
     try:
@@ -179,19 +255,13 @@ class SyncBroker:
         self.broker = broker
         self._timeout_s = timeout_s
         self._local = threading.local()
-        self._clients: list[redis.Redis] = []
+        self._clients: list[SyncClient] = []
         self._clients_lock = threading.Lock()
 
-    def _client(self) -> redis.Redis:
+    def _client(self) -> SyncClient:
         client, pid = getattr(self._local, "client", (None, None))
         if client is None or pid != os.getpid():
-            client = redis.Redis.from_url(
-                self.broker._redis_url,
-                decode_responses=True,
-                socket_connect_timeout=2,
-                socket_timeout=10,
-                single_connection_client=True,
-            )
+            client = sync_client(self.broker.target)
             self._local.client = (client, os.getpid())
             with self._clients_lock:
                 self._clients.append(client)
@@ -265,7 +335,7 @@ def _get_pair() -> tuple[Broker, SyncBroker]:
     with _brokers_lock:
         pair = _brokers.get(key)
         if pair is None:
-            broker = Broker(settings.redis_url, settings.prefix)
+            broker = Broker(settings.redis, settings.prefix)
             pair = (broker, SyncBroker(broker))
             _brokers[key] = pair
         return pair

@@ -97,11 +97,17 @@ class WorkerMixin(_Base):
                 )
             )
 
+        # One server: BullMQ builds its clients from the URL (with its retry policy).
+        # Sentinel or Cluster: a client of the worker's own (BullMQ's Python package takes
+        # a Redis or RedisCluster instance), which the worker closes with itself.
+        connection = (
+            self._redis_url if self.target.kind == "url" else self._client_factory(self.target)
+        )
         worker = BullWorker(
             queue,
             process,
             {
-                "connection": self._redis_url,
+                "connection": connection,
                 "prefix": self.prefix,
                 "concurrency": concurrency,
                 "autorun": False,
