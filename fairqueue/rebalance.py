@@ -17,6 +17,11 @@ so the pass is not a second scheduler and never reorders tagged jobs. Each pass:
    decision 9). The same walk, and a bounded sweep of the rest of the index, drop the
    entries of jobs that left: stock workers never tell fairqueue.
 3. **Rebases** tags a page at a time before they reach BullMQ's cap.
+4. **Records history** for the dashboard: the jobs workers started since the last pass,
+   read from BullMQ's own events stream (stock workers record nothing of fairqueue's),
+   per level and tenant, with their waits, in buckets that expire after an hour
+   (:mod:`fairqueue.history`, ``broker/lua/history_record.lua``). A page of the stream
+   per call, ``HISTORY_PAGES`` calls at most.
 
 Every script call does bounded work and is fenced by the queue's leader lock inside
 Redis: it renews the lock, and a pass whose lock another rebalancer took stops writing
@@ -74,6 +79,10 @@ SWEEP_SHARE: Final = 4
 #: Tag-band jobs moved per rebase call, and calls per pass at most.
 REBASE_PAGE_SIZE: Final = 500
 REBASE_PAGES: Final = 40
+#: Stream entries read per history call, and calls per pass at most (BullMQ keeps about
+#: 10,000 entries: at most one stream's worth per pass).
+HISTORY_PAGE_SIZE: Final = 1_000
+HISTORY_PAGES: Final = 12
 #: What a pass did, as counts: recorded for the dashboard, which shows them.
 PASS_COUNTS: Final = ("adopted", "aged", "parked", "overdue", "cleaned", "rebased")
 LAST_RUN_RECORD: Final = "last_pass"
@@ -94,6 +103,11 @@ class PassResult:
     overdue: int = 0
     cleaned: int = 0
     rebased: int = 0
+    #: Started jobs recorded in the history, those of unknown level (their hash was
+    #: gone), and milliseconds of the events stream trimmed before the pass read them.
+    recorded: int = 0
+    unrecorded: int = 0
+    history_gap_ms: int = 0
     #: Overdue jobs found waiting, per level name (the checked part of the count).
     overdue_by_level: dict[str, int] = field(default_factory=dict)
     script_calls: int = 0
@@ -109,6 +123,9 @@ class PassResult:
         return {
             **{name: getattr(self, name) for name in PASS_COUNTS},
             "overdue_by_level": self.overdue_by_level,
+            "recorded": self.recorded,
+            "unrecorded": self.unrecorded,
+            "history_gap_ms": self.history_gap_ms,
             "script_calls": self.script_calls,
             "worst_script_ms": round(self.worst_script_ms, 2),
             "duration_ms": self.duration_ms,
@@ -194,6 +211,7 @@ async def arebalance_queue(
     rebalancer: str | None = None,
     interval_ms: int | None = None,
     by: str | None = None,
+    record_history: bool = True,
 ) -> PassResult:
     """One pass over ``job_type``'s queue (async). See the module docstring.
 
@@ -204,6 +222,7 @@ async def arebalance_queue(
             each script call renews the lock to :func:`lock_ttl_ms` of it, and the index
             walks get a page budget in proportion to it.
         by: who ran the pass, for its status record (default: ``rebalancer``).
+        record_history: record the dashboard's history (``False``: benchmarks compare).
     """
     started = time.perf_counter()
     settings = get_settings()
@@ -275,6 +294,21 @@ async def arebalance_queue(
                 result.rebased += moved
                 if done:
                     break
+            if record_history:
+                for _ in range(HISTORY_PAGES):
+                    recorded = await timed(
+                        broker.record_history_page(
+                            queue,
+                            **fence,
+                            max_wait_ms=settings.max_wait_ms,
+                            page_size=HISTORY_PAGE_SIZE,
+                        )
+                    )
+                    result.recorded += recorded.recorded
+                    result.unrecorded += recorded.unknown
+                    result.history_gap_ms += recorded.gap_ms
+                    if not recorded.more:
+                        break
     except LockLostError:
         result.lock_lost = True
         logger.warning("%s: another rebalancer holds the lock; this pass stopped", job_type)

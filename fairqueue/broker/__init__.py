@@ -42,6 +42,7 @@ The package, one module per concern (import from here, not from them):
 * ``rebalancing``: what the rebalance pass reads and writes (fenced by its lock);
 * ``lock``: the rebalance pass's leader lock;
 * ``dashboard``: the admin dashboard's reads;
+* ``history``: the history the pass records from BullMQ's events stream, and its reads;
 * ``workers``: building a BullMQ worker, and the demo's finished-job reads.
 """
 
@@ -59,6 +60,7 @@ from .common import (
 )
 from .connection import BrokerCore, SyncBroker, close_brokers, get_broker, get_sync_broker
 from .dashboard import BacklogScan, DashboardReadsMixin, JobDetail, LevelScan
+from .history import HistoryMixin, HistoryRead, RecordedPage
 from .lock import LockMixin
 from .rebalancing import (
     AdoptedPage,
@@ -73,7 +75,13 @@ from .workers import ActiveJob, FinishedJob, WorkerMixin
 
 
 class Broker(
-    AddingMixin, RebalancingMixin, LockMixin, DashboardReadsMixin, WorkerMixin, BrokerCore
+    AddingMixin,
+    RebalancingMixin,
+    LockMixin,
+    DashboardReadsMixin,
+    HistoryMixin,
+    WorkerMixin,
+    BrokerCore,
 ):
     """Async access to BullMQ queues under one Redis URL and key prefix.
 
@@ -97,11 +105,13 @@ __all__ = [
     "BacklogScan",
     "Broker",
     "FinishedJob",
+    "HistoryRead",
     "IndexWalk",
     "JobDetail",
     "LevelScan",
     "LockLostError",
     "NewJob",
+    "RecordedPage",
     "Script",
     "SyncBroker",
     "WaitingJob",

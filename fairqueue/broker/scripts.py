@@ -22,6 +22,7 @@ from importlib.resources import files
 
 from bullmq.redis_connection import loadScript
 
+from ..history import WAIT_EDGES
 from ..scheduler import TAG_SCALE
 from .common import MAX_PRIORITY, TAG_FLOOR, TAG_RESOLUTION
 
@@ -35,6 +36,7 @@ _CONSTANTS = {
     "SCALE": TAG_SCALE,
     "SUB": TAG_RESOLUTION,
     "EXPIRE_PER_CALL": EXPIRE_PER_CALL,
+    "WAIT_EDGES": "{" + ", ".join(str(edge) for edge in WAIT_EDGES) + "}",
 }
 _INCLUDE = re.compile(r"^--- @include (\w+)$", re.MULTILINE)
 _CONSTANT = re.compile(r"\{\{(\w+)\}\}")
@@ -90,5 +92,5 @@ def adopt_page_script() -> Script:
 @cache
 def plain_script(name: str) -> Script:
     """One of fairqueue's own scripts (``index_walk``, ``rebase_page``, ``lock_acquire``,
-    ``lock_release``, ``dashboard_page``, ``dashboard_scan``)."""
+    ``lock_release``, ``dashboard_page``, ``dashboard_scan``, ``history_record``)."""
     return Script(name, load_lua(name))

@@ -1,0 +1,118 @@
+"""The dashboard's history in Redis: the pass records a page of BullMQ's events stream
+(``lua/history_record.lua``), the dashboard reads the buckets back.
+
+Every key is ``<prefix>:<queue>:fq:hist...``, beside the queue's own keys (one hash tag
+on Redis Cluster), and every bucket expires after the retention, so the history costs a
+bounded amount of memory whatever the traffic: per bucket one small hash and a zset of at
+most ``TENANTS_PER_BUCKET`` tenants.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..history import BUCKET_S, RETENTION_S, TENANTS_PER_BUCKET
+from .rebalancing import LockLostError
+from .scripts import plain_script
+
+if TYPE_CHECKING:
+    from .connection import BrokerCore as _Base
+else:
+    _Base = object
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedPage:
+    """What one recording call did."""
+
+    #: Stream entries read (every event, not only starts).
+    read: int
+    #: Started jobs recorded with their level, and those whose level could not be read.
+    recorded: int
+    unknown: int
+    #: Milliseconds of events trimmed from the stream before the pass read them.
+    gap_ms: int
+    #: The page was full: more entries may be waiting.
+    more: bool
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryRead:
+    """Raw buckets as stored: start second -> (hash fields, tenant entries)."""
+
+    buckets: dict[int, tuple[dict[str, str], list[tuple[str, float]]]]
+    #: When recording began (ms), ``None`` if it never did.
+    since_ms: int | None
+
+
+class HistoryMixin(_Base):
+    """:class:`Broker`'s history reads and writes (mixed in)."""
+
+    async def record_history_page(
+        self,
+        queue: str,
+        *,
+        lock_key: str,
+        token: str,
+        lock_ttl_ms: int,
+        max_wait_ms: int,
+        page_size: int = 1_000,
+        max_data_bytes: int = 65_536,
+        byte_budget: int = 1_048_576,
+    ) -> RecordedPage:
+        """Record the next page of ``queue``'s events stream (fenced by the lock).
+
+        Raises:
+            LockLostError: another rebalancer holds the lock; nothing was recorded.
+        """
+        script = self.script(plain_script("history_record"))
+        status, read, recorded, unknown, gap_ms, more = await self._guard(
+            script(
+                keys=[self.key(queue, "events"), self.fair_key(queue, "hist"), lock_key],
+                args=[
+                    token,
+                    lock_ttl_ms,
+                    self.key(queue, ""),
+                    self.fair_key(queue, "hist:"),
+                    page_size,
+                    BUCKET_S,
+                    RETENTION_S,
+                    max_wait_ms,
+                    max_data_bytes,
+                    TENANTS_PER_BUCKET,
+                    byte_budget,
+                ],
+            )
+        )
+        if int(status) < 0:
+            raise LockLostError(queue)
+        return RecordedPage(
+            read=int(read),
+            recorded=int(recorded),
+            unknown=int(unknown),
+            gap_ms=int(gap_ms),
+            more=bool(int(more)),
+        )
+
+    async def read_history(self, queue: str, *, now_s: int) -> HistoryRead:
+        """Every bucket kept (the last ``RETENTION_S``), in one pipelined round trip."""
+        return await self._guard(self._read_history(queue, now_s))
+
+    async def _read_history(self, queue: str, now_s: int) -> HistoryRead:
+        prefix = self.fair_key(queue, "hist:")
+        last = now_s // BUCKET_S * BUCKET_S
+        starts = list(range(last - RETENTION_S + BUCKET_S, last + BUCKET_S, BUCKET_S))
+        async with self.client().pipeline(transaction=False) as pipe:
+            pipe.hget(self.fair_key(queue, "hist"), "since")
+            for start in starts:
+                pipe.hgetall(f"{prefix}{start}")
+                pipe.zrange(f"{prefix}t:{start}", 0, -1, withscores=True)
+            replies: list[Any] = await pipe.execute()
+        since = replies[0]
+        buckets = {}
+        for index, start in enumerate(starts):
+            fields, tenants = replies[1 + 2 * index], replies[2 + 2 * index]
+            if fields or tenants:
+                buckets[start] = (fields, [(member, score) for member, score in tenants])
+        return HistoryRead(buckets=buckets, since_ms=int(since) if since else None)

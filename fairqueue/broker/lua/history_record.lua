@@ -1,0 +1,227 @@
+--[[
+  Record one page of the queue's history from BullMQ's events stream: per bucket of
+  BUCKET seconds, the jobs workers started per level, the bucket each became ready in,
+  their waits (a histogram, bins WAIT_EDGES), those over the bound, and the most served
+  tenants. Stock workers, Node or Python, record nothing of fairqueue's: BullMQ itself
+  XADDs an 'active' event with the job id whenever a worker takes a job (the entry's id
+  is Redis's clock at that moment), so the pass reads the stream from its cursor, a
+  bounded page per call, and looks each started job up once.
+
+  A started job's level and tenant come from its data (fairqueue's priorityLevel and
+  tenantId; a job without them: the level of the priority its producer asked for, the
+  default tenant), its ready time is its timestamp plus its delay. A job whose hash is
+  gone (removed on completion before the pass read it) or whose data is too large to
+  decode (over ARGV[9] bytes) counts as started at an unknown level ('?'). A retried
+  attempt (ats > 1) counts as started, with no wait (its timestamp is its first add).
+  BullMQ caps the stream (about 10,000 entries): entries added after the cursor and
+  trimmed before the pass read them (counted from the stream's entries-added, Redis >= 7)
+  are a gap, whose time span is added to the buckets it covers (field g, milliseconds
+  unobserved), never guessed. The first call only sets the cursor at the stream's end.
+
+  KEYS[1] BullMQ's events stream  KEYS[2] fq:hist (hash: cursor, ord, since)  KEYS[3] the leader lock
+  ARGV    token, lock ttl ms, job key prefix ('<prefix>:<queue>:'), bucket key prefix
+          ('<prefix>:<queue>:fq:hist:'), page size (entries), bucket seconds, retention
+          seconds, wait bound ms, largest data decoded (bytes), tenants kept per bucket,
+          data bytes decoded per call at most
+  Bucket keys (same hash tag as the queue): <bucket prefix><start second> (hash: s:<level>
+  started, a:<level> became ready, o:<level> over the bound, w:<level>:<bin> waits, r
+  retried, g gap ms) and <bucket prefix>t:<start second> (zset '<level>\n<tenant>' ->
+  started, trimmed to the most served), each expiring after the retention.
+  Returns {status (1 ok, -1 lock lost), entries read, jobs recorded, unknown, gap ms,
+  more (1: the page was full or the byte budget ran out)}.
+]]
+--- @include lock_fence
+local token, ttl = ARGV[1], ARGV[2]
+if not fqHoldLock(KEYS[3], token, ttl) then return {-1, 0, 0, 0, 0, 0} end
+local jobPrefix, bucketPrefix = ARGV[3], ARGV[4]
+local pageSize, bucketS, retentionS = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local bound, maxData, keepTenants = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+local byteBudget = tonumber(ARGV[11])
+local edges = {{WAIT_EDGES}}
+local levelWeight = {critical = 4, high = 3, normal = 2, low = 1}
+
+local t = redis.call('TIME')
+local nowS = tonumber(t[1])
+local oldestS = math.floor((nowS - retentionS) / bucketS) * bucketS + bucketS
+
+local function msOf(id)
+  return tonumber(string.match(id, '^(%d+)'))
+end
+local function bucketOf(ms)
+  return math.floor(ms / 1000 / bucketS) * bucketS
+end
+-- Stream ids compare as (ms, seq).
+local function idAfter(a, b)
+  local am, as = string.match(a, '^(%d+)-(%d+)$')
+  local bm, bs = string.match(b, '^(%d+)-(%d+)$')
+  am, as, bm, bs = tonumber(am), tonumber(as), tonumber(bm), tonumber(bs)
+  return am > bm or (am == bm and as > bs)
+end
+local function waitBin(ms)
+  local lo, hi = 1, #edges + 1 -- the number of edges <= ms, by bisection
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if edges[mid] <= ms then lo = mid + 1 else hi = mid end
+  end
+  return lo - 1
+end
+-- The level a producer's numeric priority stands for (fairqueue.levels.normalize_priority).
+local function levelOfPriority(p)
+  p = tonumber(p) or 0
+  if p == 1 then return 'critical' end
+  if p == 2 or p == 3 then return 'high' end
+  if p >= 6 then return 'low' end
+  return 'normal'
+end
+
+local incr, tenantIncr = {}, {}
+local function add(bucket, fieldName, n)
+  if bucket < oldestS then return end
+  local row = incr[bucket]
+  if not row then row = {}; incr[bucket] = row end
+  row[fieldName] = (row[fieldName] or 0) + n
+end
+
+-- The stream's state: its first entry, its length and how many entries it ever had
+-- (Redis >= 7: entries-added), so the entries trimmed after the cursor can be counted.
+local function streamInfo()
+  if redis.call('EXISTS', KEYS[1]) == 0 then return nil end
+  local info = redis.call('XINFO', 'STREAM', KEYS[1])
+  local out = {}
+  for i = 1, #info, 2 do
+    if info[i] == 'entries-added' then out.added = tonumber(info[i + 1]) end
+    if info[i] == 'length' then out.length = tonumber(info[i + 1]) end
+    if info[i] == 'first-entry' and type(info[i + 1]) == 'table' then out.first = info[i + 1][1] end
+    if info[i] == 'last-entry' and type(info[i + 1]) == 'table' then out.last = info[i + 1][1] end
+  end
+  return out
+end
+
+local state = redis.call('HMGET', KEYS[2], 'cursor', 'ord', 'since')
+local cursor, ord, since = state[1], tonumber(state[2]), tonumber(state[3]) or 0
+local info = streamInfo()
+if not cursor then
+  -- The first call: history starts now, at the end of the stream (what came before is
+  -- no one's to record: the job hashes behind it may be long gone). ord: the number of
+  -- entries the stream ever had up to the cursor.
+  redis.call('HSET', KEYS[2], 'cursor', info and info.last or '0-0',
+    'ord', info and info.added or 0, 'since', nowS * 1000)
+  return {1, 0, 0, 0, 0, 0}
+end
+
+local gapMs, fromFirst = 0, false
+if info and info.first and idAfter(info.first, cursor) then
+  -- Every entry left is after the cursor: were any trimmed before this read?
+  local lost = 1
+  if info.added and ord then
+    lost = info.added - info.length - ord
+    if lost < 0 then lost = 0 end -- the stream was deleted and made anew
+  end
+  if lost > 0 then
+    local from, to = msOf(cursor), msOf(info.first)
+    from = math.max(from, oldestS * 1000, since)
+    local b = bucketOf(from)
+    while to > from and b * 1000 < to do
+      local lo, hi = math.max(from, b * 1000), math.min(to, (b + bucketS) * 1000)
+      if hi > lo then
+        add(b, 'g', hi - lo)
+        gapMs = gapMs + hi - lo
+      end
+      b = b + bucketS
+    end
+  end
+  -- Read from the first entry left (inclusive); ord counts up to just before it.
+  cursor, fromFirst = info.first, true
+  if info.added then ord = info.added - info.length end
+end
+
+local start = '(' .. cursor
+if fromFirst then start = cursor end
+local entries = {}
+if info then
+  entries = redis.call('XRANGE', KEYS[1], start, '+', 'COUNT', pageSize)
+end
+local read, recorded, unknown, bytes, last = 0, 0, 0, 0, nil
+for _, entry in ipairs(entries) do
+  if bytes > byteBudget then break end
+  read = read + 1
+  last = entry[1]
+  local f = entry[2]
+  local event, jobId = nil, nil
+  for i = 1, #f, 2 do
+    if f[i] == 'event' then event = f[i + 1] elseif f[i] == 'jobId' then jobId = f[i + 1] end
+  end
+  if event == 'active' and jobId then
+    local startMs = msOf(entry[1])
+    local startB = bucketOf(startMs)
+    local jobKey = jobPrefix .. jobId
+    local row = redis.call('HMGET', jobKey, 'timestamp', 'delay', 'ats', 'opts')
+    local size = redis.call('HSTRLEN', jobKey, 'data')
+    local level, tenant = nil, 'default'
+    if row[1] and size <= maxData then
+      bytes = bytes + size
+      local ok, data = pcall(cjson.decode, redis.call('HGET', jobKey, 'data') or '')
+      if ok and type(data) == 'table' then
+        local named, tid = data['priorityLevel'], data['tenantId']
+        if named == nil or named == cjson.null then
+          local okOpts, opts = pcall(cjson.decode, row[4] or '{}')
+          level = levelOfPriority(okOpts and type(opts) == 'table' and opts['priority'] or 0)
+        elseif levelWeight[named] then
+          level = named
+        end
+        if type(tid) == 'string' and tid ~= '' then
+          tenant = tid
+        elseif tid ~= nil and tid ~= cjson.null then
+          level = nil -- unreadable fairqueue metadata, as the dashboard's '?'
+        end
+      end
+    end
+    if not level then
+      unknown = unknown + 1
+      add(startB, 's:?', 1)
+    else
+      recorded = recorded + 1
+      add(startB, 's:' .. level, 1)
+      local key = level .. '\n' .. tenant
+      if startB >= oldestS then
+        local tb = tenantIncr[startB]
+        if not tb then tb = {}; tenantIncr[startB] = tb end
+        tb[key] = (tb[key] or 0) + 1
+      end
+      if (tonumber(row[3]) or 1) > 1 then
+        add(startB, 'r', 1)
+        add(startB, 'a:' .. level, 1)
+      else
+        local readyMs = (tonumber(row[1]) or startMs) + (tonumber(row[2]) or 0)
+        if readyMs > startMs then readyMs = startMs end
+        local wait = startMs - readyMs
+        add(bucketOf(readyMs) >= oldestS and bucketOf(readyMs) or oldestS, 'a:' .. level, 1)
+        add(startB, 'w:' .. level .. ':' .. waitBin(wait), 1)
+        if wait > bound then add(startB, 'o:' .. level, 1) end
+      end
+    end
+  end
+end
+
+local expireS = retentionS + 2 * bucketS
+for bucket, row in pairs(incr) do
+  local key = bucketPrefix .. bucket
+  for fieldName, n in pairs(row) do redis.call('HINCRBY', key, fieldName, n) end
+  redis.call('EXPIRE', key, expireS)
+end
+for bucket, counts in pairs(tenantIncr) do
+  local key = bucketPrefix .. 't:' .. bucket
+  for member, n in pairs(counts) do redis.call('ZINCRBY', key, n, member) end
+  local extra = redis.call('ZCARD', key) - keepTenants
+  if extra > 0 then redis.call('ZREMRANGEBYRANK', key, 0, extra - 1) end
+  redis.call('EXPIRE', key, expireS)
+end
+if last then
+  redis.call('HSET', KEYS[2], 'cursor', last, 'ord', (ord or 0) + read)
+elseif fromFirst then
+  -- Nothing read: keep the cursor just before the first entry left.
+  redis.call('HSET', KEYS[2], 'ord', ord or 0)
+end
+local more = 0
+if #entries == pageSize or bytes > byteBudget then more = 1 end
+return {1, read, recorded, unknown, gapMs, more}

@@ -1,0 +1,316 @@
+"""Served shares and waits over the last minutes: the pure part of the dashboard's history.
+
+Data in, data out: nothing here talks to Redis or reads settings. The rebalance pass
+records what workers started (``broker/lua/history_record.lua``) in per-``BUCKET_S``
+buckets kept ``RETENTION_S``; :func:`summarize` turns those buckets into what the
+dashboard shows: per level the share of the jobs started, the share it was *entitled*
+to given the work each level had, wait p50/p99 against the bound; the top tenants.
+
+Why entitlement and not just the weights: weights say 40/30/20/10 only while every
+level has work. A level that asks for less than its share gets all it asks for and the
+rest goes to the others (weighted max-min, water-filling). So per bucket the demand of a
+level is its backlog at the bucket's start plus the jobs that became ready in it, the
+capacity is what was served in it, and :func:`max_min` gives each level its
+entitlement. Summed over the window, a fair queue serves each level about what it was
+entitled to, whatever the mix; a starved level shows a served share far below it.
+
+Backlogs are not sampled: they follow from the buckets themselves. A started job adds
+one arrival to the bucket it became ready in and one service to the bucket it started
+in, so the running sum of arrivals less services is the backlog of jobs that have
+started since (the backlog before the oldest bucket kept is the least that keeps that
+sum non-negative). Jobs still waiting have not started, so the dashboard adds them
+from its live per-level counts (``waiting_now``) as arrivals at their level's oldest
+waiting job.
+
+Waits go into histograms with bins about 19% wide (:data:`WAIT_EDGES`, four per
+octave); a percentile is interpolated within its bin, so it is within one bin of the
+exact value.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from .levels import DEFAULT_FAIR_WEIGHTS, LEVELS_BY_RANK
+
+#: Width of a history bucket, and how long buckets are kept (Redis TTLs).
+BUCKET_S: Final = 10
+RETENTION_S: Final = 3_600
+#: Tenants kept per bucket (the most served; the rest count as "other tenants").
+TENANTS_PER_BUCKET: Final = 32
+#: Windows the dashboard offers, in minutes.
+DEFAULT_WINDOW_MIN: Final = 15
+MAX_WINDOW_MIN: Final = RETENTION_S // 60
+LEVEL_NAMES: Final = tuple(level.value for level in LEVELS_BY_RANK)
+UNKNOWN: Final = "?"
+
+
+def _wait_edges() -> tuple[int, ...]:
+    edges: list[int] = []
+    step = 0
+    while not edges or edges[-1] <= 2 * 86_400_000:
+        edge = math.ceil(2 ** (step / 4))
+        if not edges or edge > edges[-1]:
+            edges.append(edge)
+        step += 1
+    return tuple(edges)
+
+
+#: Upper edges (ms, exclusive) of the wait bins: bin 0 is [0, 1 ms), bin i is
+#: [WAIT_EDGES[i-1], WAIT_EDGES[i]), the last bin is everything from two days up.
+WAIT_EDGES: Final = _wait_edges()
+
+
+def wait_bin(wait_ms: int) -> int:
+    """The histogram bin of a wait (the Lua recorder bins with the same edges)."""
+    return bisect.bisect_right(WAIT_EDGES, max(0, wait_ms))
+
+
+def bin_bounds(index: int) -> tuple[float, float]:
+    """The [low, high) range of a bin in ms (the last bin's high is its low doubled)."""
+    low = 0.0 if index == 0 else float(WAIT_EDGES[index - 1])
+    high = float(WAIT_EDGES[index]) if index < len(WAIT_EDGES) else 2 * low
+    return low, high
+
+
+def percentile(histogram: Mapping[int, int], q: float) -> float | None:
+    """The ``q`` quantile (0 < q <= 1) of the waits in ``histogram`` (bin -> count),
+    interpolated linearly within its bin; ``None`` for no waits."""
+    if not 0 < q <= 1:
+        raise ValueError(f"q={q!r} is not allowed: expected 0 < q <= 1")
+    total = sum(count for count in histogram.values() if count > 0)
+    if total == 0:
+        return None
+    rank = q * total
+    seen = 0
+    for index in sorted(histogram):
+        count = histogram[index]
+        if count <= 0:
+            continue
+        if seen + count >= rank:
+            low, high = bin_bounds(index)
+            return low + (high - low) * (rank - seen) / count
+        seen += count
+    return bin_bounds(max(histogram))[1]  # pragma: no cover - float rounding only
+
+
+def max_min(
+    capacity: float, demands: Mapping[str, float], weights: Mapping[str, float]
+) -> dict[str, float]:
+    """Weighted max-min fair allocation of ``capacity`` (water-filling): a party that
+    asks for less than its weighted share gets what it asks; the rest is split among
+    the others by weight."""
+    alloc = dict.fromkeys(demands, 0.0)
+    active = {key for key, demand in demands.items() if demand > 0}
+    remaining = float(capacity)
+    while active and remaining > 1e-9:
+        unit = remaining / sum(weights[key] for key in active)
+        done = {key for key in active if demands[key] - alloc[key] <= unit * weights[key]}
+        if not done:
+            for key in active:
+                alloc[key] += unit * weights[key]
+            break
+        for key in done:
+            remaining -= demands[key] - alloc[key]
+            alloc[key] = float(demands[key])
+        active -= done
+    return alloc
+
+
+@dataclass(slots=True)
+class Bucket:
+    """What the pass recorded for one bucket (see ``history_record.lua``)."""
+
+    start_s: int
+    #: Jobs started, per level (``UNKNOWN``: the job's hash was gone when read).
+    served: dict[str, int] = field(default_factory=dict)
+    #: Started jobs that became ready in this bucket, per level.
+    arrived: dict[str, int] = field(default_factory=dict)
+    #: Waits of the jobs started, per level: bin -> count.
+    waits: dict[str, dict[int, int]] = field(default_factory=dict)
+    #: Started jobs that had waited longer than the bound, per level.
+    over: dict[str, int] = field(default_factory=dict)
+    #: Retried attempts among the started (no wait recorded for them).
+    retried: int = 0
+    #: Milliseconds of this bucket whose events the pass never saw (the stream was
+    #: trimmed before it read them).
+    gap_ms: int = 0
+    #: (level, tenant) -> jobs started, for the bucket's most served tenants.
+    tenants: dict[tuple[str, str], int] = field(default_factory=dict)
+
+
+def parse_bucket(
+    start_s: int, fields: Mapping[str, str], tenants: Iterable[tuple[str, float]] = ()
+) -> Bucket:
+    """A bucket from its Redis hash fields (``s:<level>``, ``a:<level>``,
+    ``o:<level>``, ``w:<level>:<bin>``, ``r``, ``g``) and tenant zset entries
+    (``"<level>\\n<tenant>"`` -> count). Unknown fields are ignored."""
+    bucket = Bucket(start_s=start_s)
+    for name, raw in fields.items():
+        try:
+            value = int(raw)
+        except (TypeError, ValueError):
+            continue
+        kind, _, rest = name.partition(":")
+        if kind == "s":
+            bucket.served[rest] = value
+        elif kind == "a":
+            bucket.arrived[rest] = value
+        elif kind == "o":
+            bucket.over[rest] = value
+        elif kind == "w":
+            level, _, index = rest.partition(":")
+            if index.isdigit():
+                bucket.waits.setdefault(level, {})[int(index)] = value
+        elif kind == "r":
+            bucket.retried = value
+        elif kind == "g":
+            bucket.gap_ms = value
+    for member, score in tenants:
+        level, sep, tenant = str(member).partition("\n")
+        if sep:
+            bucket.tenants[(level, tenant)] = int(score)
+    return bucket
+
+
+def backlogs(buckets: list[Bucket]) -> list[dict[str, float]]:
+    """Each bucket's backlog at its start, per level, from arrivals and services (see
+    the module docstring); ``buckets`` oldest first, consecutive or not."""
+    running = dict.fromkeys(LEVEL_NAMES, 0)
+    lowest = dict.fromkeys(LEVEL_NAMES, 0)
+    before: list[dict[str, int]] = []
+    for bucket in buckets:
+        before.append(dict(running))
+        for level in LEVEL_NAMES:
+            running[level] += bucket.arrived.get(level, 0) - bucket.served.get(level, 0)
+            lowest[level] = min(lowest[level], running[level])
+    return [{level: row[level] - lowest[level] for level in LEVEL_NAMES} for row in before]
+
+
+def summarize(
+    buckets: Iterable[Bucket],
+    *,
+    now_ms: int,
+    window_s: int,
+    max_wait_ms: int,
+    waiting_now: Mapping[str, tuple[int, int | None]] | None = None,
+    top_tenants: int = 5,
+    weights: Mapping[str, float] | None = None,
+) -> dict[str, Any]:
+    """Shares, entitlements, waits and top tenants over the last ``window_s`` seconds.
+
+    Args:
+        buckets: every bucket kept (also those before the window: backlogs start there).
+        waiting_now: level -> (jobs waiting now, ready ms of the oldest), when known.
+        weights: level -> weight (default 4/3/2/1).
+    """
+    weights = weights or {level.value: w for level, w in DEFAULT_FAIR_WEIGHTS.items()}
+    ordered = sorted(buckets, key=lambda bucket: bucket.start_s)
+    window_start_s = (now_ms // 1000 - window_s) // BUCKET_S * BUCKET_S + BUCKET_S
+    if waiting_now:
+        ordered = _with_waiting(ordered, waiting_now, now_ms=now_ms)
+    starts = backlogs(ordered)
+    served = dict.fromkeys((*LEVEL_NAMES, UNKNOWN), 0)
+    entitled = dict.fromkeys(LEVEL_NAMES, 0.0)
+    over = dict.fromkeys(LEVEL_NAMES, 0)
+    waits: dict[str, dict[int, int]] = {level: {} for level in LEVEL_NAMES}
+    tenants: dict[tuple[str, str], int] = {}
+    retried = gap_ms = 0
+    series = []
+    for bucket, backlog in zip(ordered, starts, strict=True):
+        if bucket.start_s < window_start_s:
+            continue
+        for level, count in bucket.served.items():
+            served[level if level in served else UNKNOWN] += count
+        capacity = sum(bucket.served.get(level, 0) for level in LEVEL_NAMES)
+        demands = {level: backlog[level] + bucket.arrived.get(level, 0) for level in LEVEL_NAMES}
+        for level, share in max_min(capacity, demands, weights).items():
+            entitled[level] += share
+        for level in LEVEL_NAMES:
+            over[level] += bucket.over.get(level, 0)
+            for index, count in bucket.waits.get(level, {}).items():
+                waits[level][index] = waits[level].get(index, 0) + count
+        for key, count in bucket.tenants.items():
+            tenants[key] = tenants.get(key, 0) + count
+        retried += bucket.retried
+        gap_ms += bucket.gap_ms
+        series.append(
+            {
+                "start_s": bucket.start_s,
+                "served": {level: bucket.served.get(level, 0) for level in LEVEL_NAMES},
+            }
+        )
+    known = sum(served[level] for level in LEVEL_NAMES)
+    total_weight = sum(weights[level] for level in LEVEL_NAMES)
+    levels = {}
+    for level in LEVEL_NAMES:
+        p50 = percentile(waits[level], 0.5)
+        p99 = percentile(waits[level], 0.99)
+        levels[level] = {
+            "weight": weights[level],
+            "weight_share": weights[level] / total_weight,
+            "served": served[level],
+            "share": served[level] / known if known else None,
+            "entitled": round(entitled[level], 1),
+            "entitled_share": entitled[level] / known if known else None,
+            "p50_ms": None if p50 is None else round(p50, 1),
+            "p99_ms": None if p99 is None else round(p99, 1),
+            "over_bound": over[level],
+            "waits_recorded": sum(waits[level].values()),
+        }
+    top = sorted(tenants.items(), key=lambda item: (-item[1], item[0]))[:top_tenants]
+    observed_ms = window_s * 1000
+    return {
+        "window_s": window_s,
+        "bucket_s": BUCKET_S,
+        "max_wait_ms": max_wait_ms,
+        "served_total": known + served[UNKNOWN],
+        "unknown": served[UNKNOWN],
+        "retried": retried,
+        "gap_ms": gap_ms,
+        "coverage": max(0.0, 1 - gap_ms / observed_ms) if observed_ms else None,
+        "levels": levels,
+        "tenants": [
+            {
+                "level": level,
+                "tenant": tenant,
+                "served": count,
+                "share": count / (known + served[UNKNOWN]) if known + served[UNKNOWN] else None,
+            }
+            for (level, tenant), count in top
+        ],
+        "series": series,
+    }
+
+
+def _with_waiting(
+    ordered: list[Bucket], waiting_now: Mapping[str, tuple[int, int | None]], *, now_ms: int
+) -> list[Bucket]:
+    """``ordered`` with the jobs still waiting added as arrivals at their level's oldest
+    waiting job (in a copy of that bucket, or a new one)."""
+    by_start = {bucket.start_s: bucket for bucket in ordered}
+    for level, (count, oldest_ms) in waiting_now.items():
+        if level not in LEVEL_NAMES or count <= 0:
+            continue
+        ready_s = (oldest_ms if oldest_ms is not None else now_ms) // 1000
+        start_s = max(ready_s // BUCKET_S * BUCKET_S, ordered[0].start_s if ordered else 0)
+        bucket = by_start.get(start_s)
+        if bucket is None:
+            bucket = by_start[start_s] = Bucket(start_s=start_s)
+        else:
+            bucket = by_start[start_s] = Bucket(
+                start_s=bucket.start_s,
+                served=bucket.served,
+                arrived=dict(bucket.arrived),
+                waits=bucket.waits,
+                over=bucket.over,
+                retried=bucket.retried,
+                gap_ms=bucket.gap_ms,
+                tenants=bucket.tenants,
+            )
+        bucket.arrived[level] = bucket.arrived.get(level, 0) + count
+    return sorted(by_start.values(), key=lambda bucket: bucket.start_s)
