@@ -35,9 +35,19 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from .broker import MAX_PRIORITY, TAG_FLOOR, BacklogScan, Broker, WaitingJob, get_sync_broker
+from .broker import (
+    MAX_PRIORITY,
+    TAG_FLOOR,
+    BacklogScan,
+    Broker,
+    HistoryRead,
+    WaitingJob,
+    get_sync_broker,
+)
 from .conf import get_settings
 from .exceptions import UnknownJobTypeError
+from .history import DEFAULT_WINDOW_MIN, clamp_window_min, parse_bucket, summarize
+from .history_charts import history_view
 from .levels import DEFAULT_FAIR_WEIGHTS, LEVELS_BY_RANK
 from .outbox import outbox_stats
 from .rebalance import LAST_RUN_RECORD, PASS_COUNTS, pending_from_job
@@ -232,6 +242,7 @@ def queue_stats(
     per_page: int = DEFAULT_PER_PAGE,
     now_ms: int | None = None,
     sync_scan_limit: int = SYNC_SCAN_LIMIT,
+    history_minutes: int = DEFAULT_WINDOW_MIN,
 ) -> dict[str, Any]:
     """Everything the dashboard shows about ``job_type``'s queue (sync callers).
 
@@ -247,6 +258,7 @@ def queue_stats(
         per_page=per_page,
         now_ms=now_ms,
         sync_scan_limit=sync_scan_limit,
+        history_minutes=history_minutes,
         broker=sync_broker.broker,
     )
     stats["outbox"] = outbox_figures(job_type)
@@ -268,6 +280,7 @@ async def aqueue_stats(
     per_page: int = DEFAULT_PER_PAGE,
     now_ms: int | None = None,
     sync_scan_limit: int = SYNC_SCAN_LIMIT,
+    history_minutes: int = DEFAULT_WINDOW_MIN,
 ) -> dict[str, Any]:
     """:func:`queue_stats` for async callers, on ``broker``'s event loop."""
     settings = get_settings()
@@ -282,13 +295,14 @@ async def aqueue_stats(
     page, per_page = clamp_page(page, per_page)
     start = (page - 1) * per_page
 
-    counts, last_pass, lock, head, rows = await asyncio.gather(
+    counts, last_pass, lock, head, rows, recorded = await asyncio.gather(
         broker.counts(queue),
         broker.read_status(queue, LAST_RUN_RECORD),
         broker.lock_holder(broker.fair_key(queue, "leader")),
         # The head the policy's order is compared with: O(window) however long the queue.
         broker.read_head(queue, count=window),
         broker.read_page(queue, start=start, count=per_page),
+        broker.read_history(queue, now_s=now_ms // 1000),
     )
     total = counts["wait"] + counts["prioritized"]
     scan, backlog = await _backlog(
@@ -337,9 +351,41 @@ async def aqueue_stats(
         },
         "last_pass": last,
         "lock": lock_info,
+        "history": _history(
+            recorded,
+            scan,
+            now_ms=now_ms,
+            max_wait_ms=max_wait_ms,
+            minutes=clamp_window_min(history_minutes),
+        ),
     }
     stats["warnings"] = _warnings(stats)
     return stats
+
+
+def _history(
+    recorded: HistoryRead, scan: BacklogScan | None, *, now_ms: int, max_wait_ms: int, minutes: int
+) -> dict[str, Any]:
+    """The last ``minutes`` of what workers started (recorded by the pass), with the jobs
+    still waiting (from the backlog scan) counted as demand."""
+    buckets = [
+        parse_bucket(start, fields, tenants)
+        for start, (fields, tenants) in recorded.buckets.items()
+    ]
+    waiting_now = None
+    if scan is not None:
+        waiting_now = {
+            level: (found.waiting, found.oldest_ms) for level, found in scan.levels.items()
+        }
+    summary = summarize(
+        buckets,
+        now_ms=now_ms,
+        window_s=minutes * 60,
+        max_wait_ms=max_wait_ms,
+        waiting_now=waiting_now,
+        top_tenants=TOP_TENANTS,
+    )
+    return history_view(summary, now_ms=now_ms, since_ms=recorded.since_ms)
 
 
 def is_unplaced(job: WaitingJob) -> bool:

@@ -191,6 +191,15 @@ def backlogs(buckets: list[Bucket]) -> list[dict[str, float]]:
     return [{level: row[level] - lowest[level] for level in LEVEL_NAMES} for row in before]
 
 
+def clamp_window_min(value: object) -> int:
+    """Request input to a window in minutes: 1..``MAX_WINDOW_MIN``, else the default."""
+    try:
+        minutes = int(str(value))
+    except (TypeError, ValueError):
+        return DEFAULT_WINDOW_MIN
+    return min(MAX_WINDOW_MIN, max(1, minutes))
+
+
 def summarize(
     buckets: Iterable[Bucket],
     *,
@@ -242,6 +251,7 @@ def summarize(
             {
                 "start_s": bucket.start_s,
                 "served": {level: bucket.served.get(level, 0) for level in LEVEL_NAMES},
+                "gap_ms": bucket.gap_ms,
             }
         )
     known = sum(served[level] for level in LEVEL_NAMES)

@@ -45,6 +45,7 @@ from .broker import get_sync_broker
 from .conf import get_settings
 from .dashboard import clamp_page, format_duration, format_time, queue_stats
 from .exceptions import BrokerUnavailableError
+from .history import clamp_window_min
 from .rebalance import LAST_RUN_RECORD, pending_from_job, rebalance_queue
 
 logger = logging.getLogger("fairqueue.views")
@@ -57,6 +58,9 @@ REFRESH_MS: Final = 5_000
 MIN_REFRESH_MS: Final = 1_000
 MAX_REFRESH_MS: Final = 60_000
 MAX_JOB_ID_LENGTH: Final = 255
+#: The history windows the page links to, in minutes (``?history_minutes=`` takes any
+#: 1..60).
+HISTORY_CHOICES: Final = (5, 15, 60)
 
 
 def _require(request: HttpRequest, *perms: str) -> None:
@@ -141,10 +145,11 @@ class DashboardAdmin(admin.ModelAdmin):
     ) -> tuple[list[dict[str, Any]], dict[str, str] | None]:
         """Stats of each queue; stops at the first "Redis unreachable" (one server)."""
         can_rebalance = request.user.has_perm(PERM_REBALANCE)
+        minutes = clamp_window_min(request.GET.get("history_minutes"))
         sections = []
         for job_type in job_types:
             try:
-                stats = queue_stats(job_type, page=page, per_page=per_page)
+                stats = queue_stats(job_type, page=page, per_page=per_page, history_minutes=minutes)
             except BrokerUnavailableError as exc:
                 return [], _unreachable(exc, "page")
             sections.append(
@@ -161,7 +166,10 @@ class DashboardAdmin(admin.ModelAdmin):
     ) -> TemplateResponse:
         page, per_page = clamp_page(request.GET.get("page"), request.GET.get("per_page"))
         sections, error = self._sections(request, job_types, page=page, per_page=per_page)
-        stats_url = self._url("stats") + f"?page={page}&per_page={per_page}"
+        minutes = clamp_window_min(request.GET.get("history_minutes"))
+        stats_url = (
+            self._url("stats") + f"?page={page}&per_page={per_page}&history_minutes={minutes}"
+        )
         if single:
             stats_url += f"&queue={single}"
         title = f"Fair queue: {single}" if single else "Fair queue dashboard"
@@ -176,6 +184,8 @@ class DashboardAdmin(admin.ModelAdmin):
                 single=single,
                 page=page,
                 per_page=per_page,
+                history_minutes=minutes,
+                history_choices=HISTORY_CHOICES,
                 stats_url=stats_url,
                 refresh_ms=_refresh_ms(request),
                 # JavaScript fills in the job type and id (URL-encoded).
@@ -198,10 +208,12 @@ class DashboardAdmin(admin.ModelAdmin):
 
     def stats_view(self, request: HttpRequest) -> JsonResponse:
         """The page's numbers as JSON: ``?queue=`` (else every queue), ``page``,
-        ``per_page``. HTTP 503 with ``{"redis": "unreachable", "error": ...}`` when
-        Redis is down."""
+        ``per_page``, ``history_minutes`` (each queue's ``history``: served shares,
+        entitlements, waits and top tenants over that window, with the charts' geometry).
+        HTTP 503 with ``{"redis": "unreachable", "error": ...}`` when Redis is down."""
         _require(request, PERM_VIEW)
         page, per_page = clamp_page(request.GET.get("page"), request.GET.get("per_page"))
+        minutes = clamp_window_min(request.GET.get("history_minutes"))
         job_type = request.GET.get("queue")
         if job_type:
             _job_type_or_404(job_type)
@@ -209,7 +221,10 @@ class DashboardAdmin(admin.ModelAdmin):
         else:
             job_types = list(get_settings().queues)
         try:
-            queues = [queue_stats(jt, page=page, per_page=per_page) for jt in job_types]
+            queues = [
+                queue_stats(jt, page=page, per_page=per_page, history_minutes=minutes)
+                for jt in job_types
+            ]
         except BrokerUnavailableError as exc:
             return JsonResponse({"redis": "unreachable", **_unreachable(exc, "json")}, status=503)
         return JsonResponse(

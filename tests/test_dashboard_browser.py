@@ -122,3 +122,101 @@ def test_browser__staff_sees_worker_order_overdue_count_and_live_refresh(
     # A stock BullMQ worker then processes exactly those 20 jobs, in that order.
     processed = drain_with_stock_worker(fq_prefix, "email", 20)
     assert [job_id for job_id, _ in processed] == shown
+
+
+async def _drain_slowly(prefix: str, queue: str, count: int, run_s: float) -> int:
+    """A stock BullMQ worker taking ``count`` jobs, ``run_s`` each (so waits grow)."""
+    import asyncio
+
+    from bullmq import Worker
+
+    from tests.conftest import REDIS_URL
+
+    done = asyncio.Event()
+    seen = []
+
+    async def process(job, token):
+        seen.append(job.id)
+        await asyncio.sleep(run_s)
+        if len(seen) >= count:
+            done.set()
+
+    worker = Worker(queue, process, {"connection": REDIS_URL, "prefix": prefix, "concurrency": 1})
+    try:
+        await asyncio.wait_for(done.wait(), 60)
+    finally:
+        await worker.close()
+    return len(seen)
+
+
+def test_browser__history_charts_show_shares_and_waits_a_worker_produced(
+    live_server, fq_prefix, settings
+):
+    import asyncio
+
+    from fairqueue import conf
+
+    settings.FAIRQUEUE = {**settings.FAIRQUEUE, "MAX_WAIT_MS": 1_500}
+    conf.reload_settings()
+    dashboard.clear_backlog_cache()
+    user = User.objects.create_user("watcher", password="pw-watcher", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="view_dashboard"))
+
+    tenants = {"critical": ["acme", "globex"], "high": ["initech"], "normal": ["hooli", "umbrella"]}
+    tenants["low"] = ["free-1"]
+    rebalance_queue("email", rebalancer="browser-test")  # history starts here
+    for i in range(60):
+        for level, names in tenants.items():
+            enqueue_job("email", {"i": i}, tenant_id=names[i % len(names)], priority_level=level)
+    started = asyncio.run(_drain_slowly(fq_prefix, "email", 120, 0.02))
+    rebalance_queue("email", rebalancer="browser-test")
+    stats = dashboard.queue_stats("email")["history"]
+    assert stats["served_total"] >= started == 120
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(f"{live_server.url}/admin/login/")
+            page.fill("#id_username", "watcher")
+            page.fill("#id_password", "pw-watcher")
+            page.click("input[type=submit]")
+            page.wait_for_url(f"{live_server.url}/admin/")
+            page.goto(f"{live_server.url}/admin/fairqueue/dashboard/queue/email/?refresh_ms=1000")
+            history = f"{EMAIL} [data-fq-history]"
+
+            def check_charts():
+                # Four served-share bars, each with its entitlement and weight ticks.
+                bars = page.locator(f"{history} svg[data-fq-chart=shares] rect")
+                widths = [
+                    float(w) for w in bars.evaluate_all("r => r.map(e => e.getAttribute('width'))")
+                ]
+                assert len(widths) == 4 and all(w > 0 for w in widths)
+                assert widths[0] > widths[1] > widths[2] > widths[3]  # 4:3:2:1 served
+                assert page.locator(f"{history} svg[data-fq-chart=shares] line").count() == 8
+                # p50 and p99 bars per level, the bound line on each row.
+                assert page.locator(f"{history} svg[data-fq-chart=waits] rect").count() == 8
+                assert (
+                    page.locator(f"{history} svg[data-fq-chart=waits] line.fq-bound").count() == 4
+                )
+                assert page.locator(f"{history} svg[data-fq-chart=series] rect.fq-bar").count() >= 4
+                total = page.locator(f"{history} [data-fq='history.served_total']").inner_text()
+                assert int(total) == stats["served_total"]
+                low_share = page.locator(f"{history} [data-fq='history.levels.low.share_display']")
+                assert low_share.inner_text() == stats["levels"]["low"]["share_display"]
+                assert "acme" in page.locator(f"{history} [data-fq-history-tenants]").inner_text()
+
+            check_charts()
+            # The JavaScript redraws the charts from the JSON endpoint: still there after.
+            refreshes = int(page.locator("#fq-dashboard").get_attribute("data-refresh-count"))
+            page.wait_for_function(
+                "n => Number(document.querySelector('#fq-dashboard')"
+                ".getAttribute('data-refresh-count')) > n",
+                arg=refreshes,
+                timeout=20_000,
+            )
+            check_charts()
+            page.locator(history).screenshot(path=str(ARTIFACTS / "dashboard-history.png"))
+        finally:
+            browser.close()

@@ -118,6 +118,68 @@
     });
   }
 
+  var SVG_NS = "http://www.w3.org/2000/svg";
+
+  function svgNode(tag, attrs) {
+    var el = document.createElementNS(SVG_NS, tag);
+    Object.keys(attrs).forEach(function (name) {
+      el.setAttribute(name, attrs[name]);
+    });
+    return el;
+  }
+
+  // Redraw one history chart from the geometry the server computed (the page's
+  // template draws the same geometry on the first load).
+  function drawChart(svg, chart) {
+    if (!chart) {
+      return;
+    }
+    clear(svg);
+    svg.setAttribute("viewBox", "0 0 " + chart.width + " " + chart.height);
+    chart.rects.forEach(function (r) {
+      var rect = svgNode("rect", { class: r.cls, x: r.x, y: r.y, width: r.w, height: r.h });
+      if (r.title) {
+        var title = svgNode("title", {});
+        title.textContent = r.title;
+        rect.appendChild(title);
+      }
+      svg.appendChild(rect);
+    });
+    chart.lines.forEach(function (l) {
+      svg.appendChild(svgNode("line", { class: l.cls, x1: l.x1, x2: l.x2, y1: l.y1, y2: l.y2 }));
+    });
+    chart.texts.forEach(function (t) {
+      var text = svgNode("text", { class: t.cls, x: t.x, y: t.y });
+      text.textContent = t.text;
+      svg.appendChild(text);
+    });
+  }
+
+  function renderHistory(section, history) {
+    if (!history) {
+      return;
+    }
+    section.querySelectorAll("[data-fq-chart]").forEach(function (svg) {
+      drawChart(svg, history.charts[svg.getAttribute("data-fq-chart")]);
+    });
+    var notes = section.querySelector("[data-fq-history-notes]");
+    if (notes) {
+      renderList(notes, history.notes);
+    }
+    var tenants = section.querySelector("[data-fq-history-tenants]");
+    if (tenants) {
+      clear(tenants);
+      if (!history.tenants.length) {
+        tenants.textContent = "—";
+      }
+      history.tenants.forEach(function (t) {
+        var label = t.tenant + " (" + t.level + ", " + t.served + ", " + t.share_display + ")";
+        tenants.appendChild(node("span", { class: "fq-tenant" }, label));
+        tenants.appendChild(document.createTextNode(" "));
+      });
+    }
+  }
+
   function updateSection(section, stats) {
     section.querySelectorAll("[data-fq]").forEach(function (el) {
       el.textContent = show(lookup(stats, el.getAttribute("data-fq")), "—");
@@ -143,6 +205,7 @@
     if (rows) {
       renderRows(rows, stats);
     }
+    renderHistory(section, stats.history);
   }
 
   function setBanner(text) {

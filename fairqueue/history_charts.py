@@ -1,0 +1,222 @@
+"""What the dashboard shows of the history: :func:`history_view` turns a
+:func:`fairqueue.history.summarize` result into display rows and inline-SVG chart
+geometry (rectangles, lines and labels in a fixed viewBox).
+
+The page's template and its JavaScript both draw the charts from this geometry, so the
+server-rendered page and every refresh from the JSON endpoint show the same thing from
+one computation (no chart library: the machine the dashboard runs on may be offline).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Final
+
+from .history import BUCKET_S, LEVEL_NAMES
+
+CHART_W: Final = 360
+ROW_H: Final = 24
+LABEL_W: Final = 64
+BAR_W: Final = 190
+SERIES_H: Final = 96
+
+
+def _pct(value: float | None) -> str:
+    return "—" if value is None else f"{100 * value:.0f}%"
+
+
+def format_ms(ms: float | None) -> str:
+    """A wait for a chart label: ``850 ms``, ``4.2 s``, ``3.5 min``, ``2.0 h``."""
+    if ms is None:
+        return "—"
+    if ms < 1_000:
+        return f"{ms:.0f} ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.1f} s"
+    if ms < 3_600_000:
+        return f"{ms / 60_000:.1f} min"
+    return f"{ms / 3_600_000:.1f} h"
+
+
+def _chart(height: int) -> dict[str, Any]:
+    return {"width": CHART_W, "height": height, "rects": [], "lines": [], "texts": []}
+
+
+def _share_chart(levels: dict[str, Any]) -> dict[str, Any]:
+    """Per level: the share served (bar), the share entitled (solid tick) and the
+    weight's share (dashed tick), on one 0-100% scale."""
+    chart = _chart(ROW_H * len(LEVEL_NAMES))
+    for row, level in enumerate(LEVEL_NAMES):
+        data, y = levels[level], row * ROW_H
+        chart["texts"].append({"x": 0, "y": y + 15, "text": level, "cls": "fq-chart-label"})
+        served = data["share"] or 0.0
+        chart["rects"].append(
+            {
+                "x": LABEL_W,
+                "y": y + 5,
+                "w": round(BAR_W * served, 1),
+                "h": 14,
+                "cls": f"fq-bar fq-bar-{level}",
+                "title": f"{level}: served {_pct(data['share'])}",
+            }
+        )
+        for key, cls in (
+            ("entitled_share", "fq-tick-entitled"),
+            ("weight_share", "fq-tick-weight"),
+        ):
+            if data[key] is not None:
+                x = round(LABEL_W + BAR_W * data[key], 1)
+                chart["lines"].append({"x1": x, "x2": x, "y1": y + 1, "y2": y + 23, "cls": cls})
+        chart["texts"].append(
+            {
+                "x": LABEL_W + BAR_W + 8,
+                "y": y + 15,
+                "text": f"{_pct(data['share'])} / {_pct(data['entitled_share'])} "
+                f"(w {_pct(data['weight_share'])})",
+                "cls": "fq-chart-value",
+            }
+        )
+    return chart
+
+
+def _log_x(ms: float, top_ms: float) -> float:
+    """x of a wait on a log scale from 1 ms to ``top_ms``."""
+    return LABEL_W + BAR_W * math.log10(max(ms, 1.0)) / math.log10(max(top_ms, 10.0))
+
+
+def _wait_chart(levels: dict[str, Any], max_wait_ms: int) -> dict[str, Any]:
+    """Per level: p99 (light bar) and p50 (dark bar) on a log scale, the bound (red)."""
+    chart = _chart(ROW_H * len(LEVEL_NAMES))
+    worst = max([max_wait_ms] + [levels[level]["p99_ms"] or 0 for level in LEVEL_NAMES])
+    top = worst * 1.5
+    for row, level in enumerate(LEVEL_NAMES):
+        data, y = levels[level], row * ROW_H
+        chart["texts"].append({"x": 0, "y": y + 15, "text": level, "cls": "fq-chart-label"})
+        for key, cls, bar_y, bar_h in (
+            ("p99_ms", "fq-bar fq-bar-p99", 4, 16),
+            ("p50_ms", f"fq-bar fq-bar-{level}", 8, 8),
+        ):
+            if data[key] is not None:
+                chart["rects"].append(
+                    {
+                        "x": LABEL_W,
+                        "y": y + bar_y,
+                        "w": round(_log_x(data[key], top) - LABEL_W, 1),
+                        "h": bar_h,
+                        "cls": cls,
+                        "title": f"{level}: {key[:3]} {format_ms(data[key])}",
+                    }
+                )
+        bound_x = round(_log_x(max_wait_ms, top), 1)
+        chart["lines"].append(
+            {"x1": bound_x, "x2": bound_x, "y1": y, "y2": y + 24, "cls": "fq-bound"}
+        )
+        over = data["over_bound"]
+        chart["texts"].append(
+            {
+                "x": LABEL_W + BAR_W + 8,
+                "y": y + 15,
+                "text": f"{format_ms(data['p50_ms'])} / {format_ms(data['p99_ms'])}"
+                + (f" · {over} over" if over else ""),
+                "cls": "fq-chart-value",
+            }
+        )
+    return chart
+
+
+def _series_chart(series: list[dict[str, Any]], *, window_s: int, now_s: int) -> dict[str, Any]:
+    """Jobs started per bucket over the window, stacked by level (critical at the
+    bottom); buckets with events the pass never saw are shaded."""
+    chart = _chart(SERIES_H + 16)
+    slots = max(1, window_s // BUCKET_S)
+    first_s = (now_s // BUCKET_S - slots + 1) * BUCKET_S
+    slot_w = CHART_W / slots
+    most = max([1] + [sum(row["served"].values()) for row in series])
+    for row in series:
+        slot = (row["start_s"] - first_s) // BUCKET_S
+        if not 0 <= slot < slots:
+            continue
+        x = round(slot * slot_w, 2)
+        if row.get("gap_ms"):
+            chart["rects"].append(
+                {
+                    "x": x,
+                    "y": 0,
+                    "w": round(slot_w, 2),
+                    "h": SERIES_H,
+                    "cls": "fq-gap",
+                    "title": f"{row['gap_ms']} ms of events not seen",
+                }
+            )
+        bottom = float(SERIES_H)
+        for level in LEVEL_NAMES:
+            count = row["served"].get(level, 0)
+            if not count:
+                continue
+            h = SERIES_H * count / most
+            bottom -= h
+            chart["rects"].append(
+                {
+                    "x": x,
+                    "y": round(bottom, 2),
+                    "w": round(max(slot_w - 0.5, 0.5), 2),
+                    "h": round(h, 2),
+                    "cls": f"fq-bar fq-bar-{level}",
+                    "title": f"{level}: {count}",
+                }
+            )
+    chart["lines"].append(
+        {"x1": 0, "x2": CHART_W, "y1": SERIES_H, "y2": SERIES_H, "cls": "fq-axis"}
+    )
+    chart["texts"].append(
+        {"x": 0, "y": SERIES_H + 13, "text": f"-{window_s // 60} min", "cls": "fq-chart-label"}
+    )
+    chart["texts"].append(
+        {"x": CHART_W - 22, "y": SERIES_H + 13, "text": "now", "cls": "fq-chart-label"}
+    )
+    chart["texts"].append(
+        {"x": 2, "y": 10, "text": f"{most} / {BUCKET_S} s", "cls": "fq-chart-label"}
+    )
+    return chart
+
+
+def history_view(summary: dict[str, Any], *, now_ms: int, since_ms: int | None) -> dict[str, Any]:
+    """``summary`` with display strings, notes and the three charts added."""
+    levels = summary["levels"]
+    for data in levels.values():
+        data["share_display"] = _pct(data["share"])
+        data["entitled_display"] = _pct(data["entitled_share"])
+        data["weight_display"] = _pct(data["weight_share"])
+        data["p50"] = format_ms(data["p50_ms"])
+        data["p99"] = format_ms(data["p99_ms"])
+    for row in summary["tenants"]:
+        row["share_display"] = _pct(row["share"])
+    notes = []
+    if since_ms is None:
+        notes.append(
+            "No history yet: the rebalance pass records it (is `rebalance_fair` running?)."
+        )
+    elif now_ms - since_ms < summary["window_s"] * 1000:
+        notes.append(f"Recorded since {format_ms(now_ms - since_ms)} ago (the first pass).")
+    if summary["gap_ms"]:
+        notes.append(
+            f"{format_ms(summary['gap_ms'])} of the window was not observed: BullMQ trimmed "
+            "its events stream before the pass read it (raise the queue's events maxLen, "
+            "or shorten the pass interval). Shares are of what was observed."
+        )
+    if summary["unknown"]:
+        notes.append(
+            f"{summary['unknown']} started job(s) of unknown level: their hash was removed "
+            "before the pass read it (keep finished jobs a few pass intervals)."
+        )
+    summary["notes"] = notes
+    summary["window_min"] = summary["window_s"] // 60
+    summary["charts"] = {
+        "shares": _share_chart(levels),
+        "waits": _wait_chart(levels, summary["max_wait_ms"]),
+        "series": _series_chart(
+            summary["series"], window_s=summary["window_s"], now_s=now_ms // 1000
+        ),
+    }
+    summary["max_wait"] = format_ms(summary["max_wait_ms"])
+    return summary
