@@ -14,11 +14,18 @@ was shared. This module holds the pieces; the command only parses arguments.
   first, Redis last): SIGTERM to each group, SIGKILL after a timeout. On Linux a child
   also gets SIGTERM if the demo itself dies (``PR_SET_PDEATHSIG``), so a killed demo
   leaves no Redis or worker behind.
+* **Its own keys.** The demo writes under its own BullMQ prefix (``fairqueue-demo``) and,
+  on a Redis it did not start, in its own database (15 by default), so a real worker of
+  the ``email`` queue never sees its jobs; it deletes its keys when it stops, Ctrl-C
+  included.
 * **The load** is a critical flood (an enterprise tenant), a steady high stream (system
-  mail), one pro tenant flooding the normal level next to a quiet pro tenant, and a
-  trickle of a free tenant's low jobs. Floods are closed-loop: each keeps a fixed number
-  of jobs waiting, so every flooded level stays backlogged and the service shares show
-  the weights rather than the arrival rates.
+  mail), one pro tenant flooding the normal level next to a quiet pro tenant, a trickle
+  of a free tenant's low jobs, that tenant's password resets overridden to critical
+  (audited), and a tenant with no tier whose subscription a classifier rule makes
+  enterprise. Floods are closed-loop: each keeps a number of jobs waiting (about
+  ``wait_s`` seconds of its level's service), so every flooded level stays backlogged
+  and the service shares show the weights rather than the arrival rates; the tenant
+  flood keeps more than the wait bound's worth waiting, so its own jobs go overdue.
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Final
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .broker import FinishedJob, SyncBroker
 from .levels import DEFAULT_FAIR_WEIGHTS, LEVELS_BY_RANK, PAYLOAD_LEVEL_KEY, PriorityLevel
@@ -49,6 +56,9 @@ from .priority import ABSENT, _Absent
 logger = logging.getLogger("fairqueue.demo")
 
 DEFAULT_REDIS_PORT: Final = 6379
+#: The demo's BullMQ key prefix, and its Redis database on a server it did not start.
+DEMO_PREFIX: Final = "fairqueue-demo"
+DEMO_REDIS_DB: Final = 15
 #: What a stopped child gets before SIGKILL: the worker finishes its active jobs first.
 STOP_TIMEOUT_S: Final = 10.0
 DEMO_ADMIN_USERNAME: Final = "demo"
@@ -77,10 +87,18 @@ def redis_address(url: str) -> tuple[str, int] | None:
 
 def describe_redis(url: str) -> str:
     """Where a Redis URL points, for messages: never the password it may carry."""
-    address = redis_address(url)
-    if address is not None:
-        return f"{address[0]}:{address[1]}"
-    return f"{urlsplit(url).scheme} socket"
+    from .conf import redis_location
+
+    return redis_location(url)
+
+
+def with_db(url: str, db: int) -> str:
+    """``url`` pointing at database ``db`` of the same server (credentials kept)."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        query = [(k, v) for k, v in parse_qsl(parts.query) if k != "db"] + [("db", str(db))]
+        return f"unix://{parts.netloc}{parts.path}?{urlencode(query)}"
+    return urlunsplit(parts._replace(path=f"/{db}"))
 
 
 def redis_answers(url: str, *, timeout_s: float = 1.0) -> bool:
@@ -392,20 +410,35 @@ class Supervisor:
 
 @dataclass(frozen=True, slots=True)
 class DemoTenant:
+    """A demo tenant: an explicit plan tier, or none and a subscription to classify."""
+
     tenant_id: str
     display_name: str
     plan: str
+    subscription: Mapping[str, Any] = field(default_factory=dict)
 
+
+#: The product a classifier rule of the demo makes enterprise.
+CLASSIFIED_PRODUCT: Final = "prod_enterprise_annual"
+CLASSIFIER_NAME: Final = "fairqueue demo"
 
 DEMO_TENANTS: Final = (
     DemoTenant("acme", "Acme Corp", "enterprise"),
     DemoTenant("initech", "Initech", "pro"),
     DemoTenant("hooli", "Hooli", "pro"),
     DemoTenant("umbrella", "Umbrella", "free"),
+    DemoTenant(
+        "globex",
+        "Globex",
+        "",  # no tier: the classifier rule decides from the subscription
+        {"products": [{"subscriptionProductId": CLASSIFIED_PRODUCT}]},
+    ),
 )
 #: The two pro tenants the summary compares: one floods normal, one sends a little.
 FLOODING_TENANT: Final = "initech"
 QUIET_TENANT: Final = "hooli"
+#: What the demo's overridden jobs say they are (the audit log's ``source``).
+OVERRIDE_SOURCE: Final = "fairqueue_demo: password resets"
 
 
 def ensure_demo_superuser(
@@ -455,7 +488,12 @@ def seed_tenants(tenants: Sequence[DemoTenant] = DEMO_TENANTS) -> list[tuple[str
 
     TenantPlan.objects.bulk_create(
         [
-            TenantPlan(tenant_id=t.tenant_id, display_name=t.display_name, plan_tier=t.plan)
+            TenantPlan(
+                tenant_id=t.tenant_id,
+                display_name=t.display_name,
+                plan_tier=t.plan,
+                subscription=dict(t.subscription),
+            )
             for t in tenants
         ],
         ignore_conflicts=True,
@@ -465,6 +503,26 @@ def seed_tenants(tenants: Sequence[DemoTenant] = DEMO_TENANTS) -> list[tuple[str
         (t.tenant_id, rows[t.tenant_id].resolve_plan() if t.tenant_id in rows else "?")
         for t in tenants
     ]
+
+
+def seed_classifier() -> str:
+    """Make sure the demo's classifier rule exists and is active: subscriptions with
+    :data:`CLASSIFIED_PRODUCT` are enterprise (the rest free). Returns the rule, as
+    the admin shows it. An edited rule or tier survives the next demo."""
+    from .models import ClassifierRule, SubscriptionClassifier
+
+    classifier, _ = SubscriptionClassifier.objects.get_or_create(
+        name=CLASSIFIER_NAME, defaults={"default_tier": "free"}
+    )
+    if not classifier.is_active:
+        classifier.is_active = True
+        classifier.save(update_fields=["is_active", "updated_at"])
+    rule = classifier.rules.filter(product_id=CLASSIFIED_PRODUCT).first()
+    if rule is None:
+        rule = ClassifierRule.objects.create(
+            classifier=classifier, position=0, product_id=CLASSIFIED_PRODUCT, plan_tier="enterprise"
+        )
+    return str(rule)
 
 
 def forget_cached_plans(tenants: Sequence[DemoTenant] = DEMO_TENANTS) -> None:
@@ -494,6 +552,8 @@ class LoadSource:
     job_type: str
     tenant_id: str | None | _Absent = ABSENT
     priority_level: str | None = None
+    #: An audited override of the level the plan would give.
+    priority_override: str | None = None
     share: float = 0.0
     rate_per_s: float = 0.0
 
@@ -503,31 +563,45 @@ class LoadSource:
             options["tenant_id"] = self.tenant_id
         if self.priority_level is not None:
             options["priority_level"] = self.priority_level
+        if self.priority_override is not None:
+            options["priority_override"] = self.priority_override
+            options["actor"] = "fairqueue_demo"
         return options
 
 
 #: The job type the floods go to, and whose queue the summary describes.
 DEMO_JOB_TYPE: Final = "email"
-#: Flood shares are the levels' weights among the flooded levels (4:3:2), so each level
-#: waits about as long as the others under fair service: the waits in the summary then
-#: compare like with like.
+#: A flood's share is in seconds of the worker's capacity (:func:`target_backlog`): its
+#: level's weight among the flooded levels (4:3:2 of 9) times how long its jobs should
+#: wait under fair service. The critical and high floods wait about 1.5 s, under the
+#: demo's 3 s bound; the tenant flood keeps about 6 s of its level's service waiting,
+#: more than the bound, so its own jobs go overdue (a flow beyond its share bears its own
+#: overload) while the quiet tenant next to it stays well under the bound.
 DEMO_LOAD: Final = (
-    LoadSource("critical flood", "email", tenant_id="acme", share=4 / 9),
-    LoadSource("system mail", "email", priority_level="high", share=3 / 9),
-    LoadSource("tenant flood", "email", tenant_id=FLOODING_TENANT, share=2 / 9),
+    LoadSource("critical flood", "email", tenant_id="acme", share=4 / 9 * 1.5),
+    LoadSource("system mail", "email", priority_level="high", share=3 / 9 * 1.5),
+    LoadSource("tenant flood", "email", tenant_id=FLOODING_TENANT, share=2 / 9 * 6.0),
     LoadSource("quiet tenant", "email", tenant_id=QUIET_TENANT, rate_per_s=2.0),
     LoadSource("low trickle", "email", tenant_id="umbrella", rate_per_s=3.0),
+    LoadSource(
+        "password resets",
+        "email",
+        tenant_id="umbrella",
+        priority_override="critical",
+        rate_per_s=0.5,
+    ),
+    LoadSource("classified tenant", "email", tenant_id="globex", rate_per_s=1.0),
     LoadSource("reports", "report", tenant_id=QUIET_TENANT, rate_per_s=1.0),
     LoadSource("cleanup", "cleanup", tenant_id=None, rate_per_s=0.2),
 )
-#: How long, in seconds of the worker's estimated capacity, the flooded backlog is.
-TARGET_WAIT_S: Final = 4.0
+#: The unit of the floods' shares: seconds of the worker's estimated capacity.
+TARGET_WAIT_S: Final = 1.0
 #: Per-job overhead of a Python BullMQ worker on top of ``work_ms`` (measured ~2-5 ms).
 WORKER_OVERHEAD_MS: Final = 5.0
 
 
 def target_backlog(*, concurrency: int, work_ms: int, wait_s: float = TARGET_WAIT_S) -> int:
-    """How many flooded jobs to keep waiting: ``wait_s`` of the worker's capacity."""
+    """The floods' unit backlog: ``wait_s`` of the worker's estimated capacity."""
     capacity = concurrency * 1000.0 / (work_ms + WORKER_OVERHEAD_MS)
     return max(20, round(capacity * wait_s))
 
@@ -645,6 +719,50 @@ class LoadGenerator:
 # -- the fairness summary -----------------------------------------------------------------
 
 
+#: A level with at least this many jobs waiting at the end of a summary interval counts
+#: as backlogged: it would have taken any share it was given.
+BACKLOGGED_MIN: Final = 10
+
+
+def entitled_shares(
+    served: Mapping[PriorityLevel, int],
+    backlogged: Iterable[PriorityLevel],
+    weights: Mapping[PriorityLevel, int] = DEFAULT_FAIR_WEIGHTS,
+) -> dict[PriorityLevel, float]:
+    """Each level's fair share of what was served, given its demand (weighted max-min).
+
+    A backlogged level asks for everything; any other level asked for what it got (it
+    was served every job it had). Levels asking less than their weight's share of what
+    is left get what they asked; the rest is split by weight among the others. So a
+    trickle of low jobs is entitled to its trickle, not to 10%, and the flooded levels
+    to 4:3:2:1 of what the trickles leave.
+
+    Returns fractions of the total served (empty when nothing was served).
+    """
+    total = sum(served.values())
+    if total <= 0:
+        return {}
+    flooded = set(backlogged)
+    demand = {
+        level: float("inf") if level in flooded else float(served.get(level, 0))
+        for level in LEVELS_BY_RANK
+        if level in flooded or served.get(level, 0) > 0
+    }
+    entitled: dict[PriorityLevel, float] = {}
+    left = float(total)
+    while demand:
+        weight = sum(weights[level] for level in demand)
+        fair = {level: left * weights[level] / weight for level in demand}
+        modest = [level for level in demand if demand[level] <= fair[level]]
+        if not modest:
+            entitled.update(fair)
+            break
+        for level in modest:
+            entitled[level] = demand.pop(level)
+            left -= entitled[level]
+    return {level: entitled.get(level, 0.0) / total for level in LEVELS_BY_RANK}
+
+
 @dataclass(frozen=True, slots=True)
 class FairnessSample:
     """What the worker did on one queue over one summary interval."""
@@ -658,17 +776,30 @@ class FairnessSample:
     tenant_wait_ms: Mapping[str, int | None]
     waiting: int
     queue: str = DEMO_JOB_TYPE
+    #: Jobs of each level waiting at the end of the interval (the head the monitor read).
+    waiting_by_level: Mapping[PriorityLevel, int] = field(default_factory=dict)
+    #: Jobs of each level waiting longer than the bound, and the bound.
+    overdue_by_level: Mapping[PriorityLevel, int] = field(default_factory=dict)
+    max_wait_ms: int | None = None
+
+    def entitled(self) -> dict[PriorityLevel, float]:
+        backlogged = [
+            level
+            for level in LEVELS_BY_RANK
+            if self.waiting_by_level.get(level, 0) >= BACKLOGGED_MIN
+        ]
+        return entitled_shares(self.done, backlogged)
 
     def line(self) -> str:
-        """The one-line summary the demo prints."""
+        """The one-line summary the demo prints: each level's share of the jobs served
+        against its entitlement given its demand (:func:`entitled_shares`)."""
         total = sum(self.done.values())
         rate = total / self.interval_s if self.interval_s > 0 else 0.0
-        weight_total = sum(DEFAULT_FAIR_WEIGHTS.values())
+        entitled = self.entitled()
         shares = " ".join(
-            f"{level.value} {_percent(self.done.get(level, 0), total)}" for level in LEVELS_BY_RANK
-        )
-        weights = "/".join(
-            f"{round(100 * DEFAULT_FAIR_WEIGHTS[level] / weight_total)}" for level in LEVELS_BY_RANK
+            f"{level.value} {_percent(self.done.get(level, 0), total)}"
+            f"/{_share(entitled.get(level))}"
+            for level in LEVELS_BY_RANK
         )
         oldest = " ".join(
             f"{level.value} {_seconds(self.oldest_wait_ms.get(level))}" for level in LEVELS_BY_RANK
@@ -676,15 +807,27 @@ class FairnessSample:
         tenants = " vs ".join(
             f"{tenant} {_seconds(wait)}" for tenant, wait in self.tenant_wait_ms.items()
         )
+        overdue = ""
+        if self.max_wait_ms is not None:
+            late = [
+                f"{level.value} {self.overdue_by_level[level]}"
+                for level in LEVELS_BY_RANK
+                if self.overdue_by_level.get(level)
+            ]
+            overdue = f" | over the {_seconds(self.max_wait_ms)} bound: {' '.join(late) or 'none'}"
         return (
-            f"[{self.elapsed_s:5.0f}s] {self.queue}: {total} done ({rate:.0f}/s) {shares} "
-            f"(weights {weights}%) | oldest waiting: {oldest} | normal tenants: {tenants} "
-            f"| {self.waiting} waiting"
+            f"[{self.elapsed_s:5.0f}s] {self.queue}: {total} done ({rate:.0f}/s), "
+            f"served/entitled {shares} | oldest waiting: {oldest} | normal tenants: "
+            f"{tenants}{overdue} | {self.waiting} waiting"
         )
 
 
 def _percent(part: int, total: int) -> str:
     return f"{100 * part / total:.0f}%" if total else "-"
+
+
+def _share(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{100 * fraction:.0f}%"
 
 
 def _seconds(ms: int | None) -> str:
@@ -707,9 +850,11 @@ class FairnessMonitor:
         *,
         watch_tenants: Sequence[str] = (FLOODING_TENANT, QUIET_TENANT),
         window: int = 5_000,
+        max_wait_ms: int | None = None,
     ) -> None:
         self.broker = broker
         self.queue = queue
+        self.max_wait_ms = max_wait_ms
         self.watch_tenants = list(watch_tenants)
         self.window = window
         self.started = time.monotonic()
@@ -731,12 +876,17 @@ class FairnessMonitor:
         clock = now_ms()
         oldest: dict[PriorityLevel, int | None] = dict.fromkeys(LEVELS_BY_RANK)
         tenants: dict[str, int | None] = dict.fromkeys(self.watch_tenants)
+        waiting: Counter[PriorityLevel] = Counter()
+        overdue: Counter[PriorityLevel] = Counter()
         for job in snapshot.jobs:
             pending = pending_from_job(job)
             if pending is None:
                 continue
             wait = max(0, clock - pending.enqueued_at_ms)
             level = pending.priority_level
+            waiting[level] += 1
+            if self.max_wait_ms is not None and wait > self.max_wait_ms:
+                overdue[level] += 1
             oldest[level] = max(wait, oldest[level] or 0)
             if pending.tenant_id in tenants:
                 tenants[pending.tenant_id] = max(wait, tenants[pending.tenant_id] or 0)
@@ -748,6 +898,9 @@ class FairnessMonitor:
             tenant_wait_ms=tenants,
             waiting=len(snapshot.jobs) + snapshot.behind,
             queue=self.queue,
+            waiting_by_level=dict(waiting),
+            overdue_by_level=dict(overdue),
+            max_wait_ms=self.max_wait_ms,
         )
         self._last = now
         return sample

