@@ -82,3 +82,13 @@ class PartialEnqueueError(FairqueueError):
     @property
     def added_count(self) -> int:
         return len(self.added)
+
+
+class TaskFailedError(FairqueueError, RuntimeError):
+    """A Django task (``@task``) run by ``fairqueue_worker`` raised.
+
+    The worker fails the BullMQ job with this error, its message starting with the
+    original exception's class path (``myapp.errors.Boom: message``) and the original
+    chained as its cause, so BullMQ's ``failedReason`` and stored traceback tell a
+    ``TaskResult`` which exception it was.
+    """

@@ -6,6 +6,11 @@ Node workers can share a queue). This module adds what BullMQ does not know abou
 
 * which handler runs a job (the job type's registered handler; a queue shared by
   several job types dispatches on the job's name, which fairqueue sets to the job type);
+* Django tasks (``@task`` functions enqueued through
+  :class:`fairqueue.tasks_backend.FairQueueBackend`): a job whose data carries
+  ``djangoTask`` runs the ``@task`` function its path names (only such functions, see
+  :mod:`fairqueue.task_jobs`), and its JSON return value becomes the job's return
+  value; a task that raises fails the job with :class:`TaskFailedError`;
 * the payload the handler sees (fairqueue's ``tenantId`` and ``priorityLevel`` removed)
   and a :class:`~fairqueue.handlers.JobContext`;
 * sync handlers in a thread pool with Django's database connections checked before and
@@ -40,7 +45,7 @@ from django.db import close_old_connections
 
 from .broker import ActiveJob, Broker, get_broker
 from .conf import get_settings
-from .exceptions import FairqueueError, UnknownJobTypeError
+from .exceptions import FairqueueError, TaskFailedError, UnknownJobTypeError
 from .handlers import Handler, JobContext, NoHandlerError, get_handler, registered_job_types
 from .levels import (
     FAIRQUEUE_PAYLOAD_KEYS,
@@ -65,10 +70,16 @@ class WorkerStoppedError(FairqueueError, RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class QueuePlan:
-    """One BullMQ queue the worker serves and the handlers of its job types."""
+    """One BullMQ queue the worker serves, the handlers of its job types and the job
+    types whose Django tasks it runs."""
 
     queue: str
     handlers: Mapping[str, Handler]
+    task_types: frozenset[str] = frozenset()
+
+    @property
+    def job_types(self) -> list[str]:
+        return sorted({*self.handlers, *self.task_types})
 
     def job_type_of(self, job_name: str) -> str | None:
         """The job type a job of this queue belongs to.
@@ -76,9 +87,25 @@ class QueuePlan:
         A queue with one job type takes every job as that type, so jobs a producer
         named differently still run; a shared queue goes by the job's name.
         """
-        if len(self.handlers) == 1:
-            return next(iter(self.handlers))
-        return job_name if job_name in self.handlers else None
+        job_types = self.job_types
+        if len(job_types) == 1:
+            return job_types[0]
+        return job_name if job_name in job_types else None
+
+
+def task_job_types() -> list[str]:
+    """Job types that configured Django tasks backends enqueue to; none when neither
+    ``django.tasks`` nor ``django-tasks`` is installed."""
+    try:
+        from .tasks_backend import task_job_types as configured
+    except ImportError:
+        return []
+    return configured()
+
+
+def runnable_job_types() -> list[str]:
+    """Job types a worker can run: those with a handler, and the Django tasks'."""
+    return sorted({*registered_job_types(), *task_job_types()})
 
 
 def _names(items: Sequence[str]) -> str:
@@ -100,15 +127,21 @@ def validate_concurrency(value: object) -> int:
     return value
 
 
-def plan_queues(job_types: Sequence[str]) -> list[QueuePlan]:
+def plan_queues(
+    job_types: Sequence[str], task_types: Sequence[str] | None = None
+) -> list[QueuePlan]:
     """Group ``job_types`` by their BullMQ queue, with their handlers.
 
     Checked here, when a worker starts, rather than when handlers register (settings
     must not be read at import time).
 
+    Args:
+        task_types: job types that Django tasks are enqueued to (default: those of the
+            configured ``FairQueueBackend`` s); they need no handler.
+
     Raises:
         UnknownJobTypeError: a job type is not in ``FAIRQUEUE['QUEUES']``.
-        NoHandlerError: a job type has no handler.
+        NoHandlerError: a job type has neither a handler nor Django tasks.
         ValueError: no job types, or a queue shared with job types left out (a worker
             on that queue would take their jobs and have nothing to run them with).
     """
@@ -118,23 +151,38 @@ def plan_queues(job_types: Sequence[str]) -> list[QueuePlan]:
             "in an installed app's jobs.py"
         )
     queues = get_settings().queues
+    tasks = set(task_job_types() if task_types is None else task_types)
     by_queue: dict[str, dict[str, Handler]] = {}
+    tasks_by_queue: dict[str, set[str]] = {}
     for job_type in dict.fromkeys(job_types):
         if job_type not in queues:
             raise UnknownJobTypeError(
                 f"job type {job_type!r} is not configured: FAIRQUEUE['QUEUES'] has "
                 f"{_names(sorted(queues))}"
             )
-        by_queue.setdefault(queues[job_type], {})[job_type] = get_handler(job_type)
+        queue = queues[job_type]
+        by_queue.setdefault(queue, {})
+        tasks_by_queue.setdefault(queue, set())
+        if job_type in tasks:
+            tasks_by_queue[queue].add(job_type)
+            if job_type in registered_job_types():
+                by_queue[queue][job_type] = get_handler(job_type)
+        else:
+            by_queue[queue][job_type] = get_handler(job_type)
     for queue, handlers in by_queue.items():
-        left_out = sorted(t for t, q in queues.items() if q == queue and t not in handlers)
+        served = {*handlers, *tasks_by_queue[queue]}
+        left_out = sorted(t for t, q in queues.items() if q == queue and t not in served)
         if left_out:
             raise ValueError(
                 f"queue {queue!r} also holds job types {_names(left_out)}: run them in the "
-                f"same worker as {_names(sorted(handlers))}, or give them their own queue"
+                f"same worker as {_names(sorted(served))}, or give them their own queue"
             )
     return [
-        QueuePlan(queue=queue, handlers=MappingProxyType(handlers))
+        QueuePlan(
+            queue=queue,
+            handlers=MappingProxyType(handlers),
+            task_types=frozenset(tasks_by_queue[queue]),
+        )
         for queue, handlers in by_queue.items()
     ]
 
@@ -171,8 +219,9 @@ class Worker:
     """Serve the queues of ``job_types`` until stopped.
 
     Args:
-        job_types: job types to run; each needs a handler and a queue in
-            ``FAIRQUEUE['QUEUES']``. Default: every job type that has a handler.
+        job_types: job types to run; each needs a queue in ``FAIRQUEUE['QUEUES']`` and a
+            handler, unless a ``FairQueueBackend`` enqueues Django tasks to it. Default:
+            every job type that has a handler or Django tasks.
         concurrency: jobs run at once per queue (1..1000); sync handlers get a thread
             pool of ``concurrency`` threads per queue.
         burst: stop once every queue has nothing waiting, delayed (retries serving
@@ -196,7 +245,7 @@ class Worker:
         install_signal_handlers: bool = True,
     ) -> None:
         self.concurrency = validate_concurrency(concurrency)
-        self.plans = plan_queues(list(job_types) if job_types else registered_job_types())
+        self.plans = plan_queues(list(job_types) if job_types else runnable_job_types())
         self.burst = burst
         self._broker = broker or get_broker()
         self._install_signals = install_signal_handlers
@@ -214,7 +263,7 @@ class Worker:
 
     @property
     def job_types(self) -> list[str]:
-        return [job_type for plan in self.plans for job_type in plan.handlers]
+        return [job_type for plan in self.plans for job_type in plan.job_types]
 
     # -- running ----------------------------------------------------------------------
 
@@ -321,15 +370,23 @@ class Worker:
 
     # -- jobs -------------------------------------------------------------------------
 
-    async def _process(self, plan: QueuePlan, job: ActiveJob) -> None:
+    async def _process(self, plan: QueuePlan, job: ActiveJob) -> Any:
         job_type = plan.job_type_of(job.name)
         if job_type is None:
             logger.warning("job %s (queue %s) failed: NoHandlerError", job.job_id, plan.queue)
             raise NoHandlerError(
                 f"job {job.job_id} of queue {plan.queue!r} is named {job.name!r}, which is "
-                f"not a job type of this queue: {_names(sorted(plan.handlers))}"
+                f"not a job type of this queue: {_names(plan.job_types)}"
             )
-        handler = plan.handlers[job_type]
+        if job_type in plan.task_types and _is_task_job(job.data):
+            return await self._run_task(job_type, job)
+        handler = plan.handlers.get(job_type)
+        if handler is None:
+            logger.warning("job %s (%s) failed: NoHandlerError", job.job_id, job_type)
+            raise NoHandlerError(
+                f"job {job.job_id} of job type {job_type!r} is not a Django task job and the "
+                "job type has no handler"
+            )
         payload, tenant_id, level = split_payload(job.data)
         context = JobContext(
             job_id=job.job_id,
@@ -358,6 +415,54 @@ class Worker:
             )
             raise  # BullMQ fails the job and applies its attempts and backoff
         logger.info("job %s (%s) done in %d ms", job.job_id, job_type, _elapsed_ms(started))
+
+    async def _run_task(self, job_type: str, job: ActiveJob) -> Any:
+        """Run a Django task job; return its JSON result (BullMQ stores it).
+
+        A task that raises (or returns something JSON cannot hold) fails the job with
+        :class:`TaskFailedError`, whose message starts with the original exception's
+        class path and whose cause is the original, so BullMQ's stored traceback has it.
+        """
+        from . import task_jobs
+
+        started = time.monotonic()
+        try:
+            call = task_jobs.parse_task_call(job.data)
+            task = task_jobs.resolve_task(call.path)
+        except task_jobs.TaskJobError as exc:
+            logger.warning("job %s (%s) failed: %s", job.job_id, job_type, type(exc).__name__)
+            raise
+        args: list[Any] = list(call.args)
+        if task.takes_context:
+            running = task_jobs.running_task_result(
+                task,
+                call,
+                job_id=job.job_id,
+                timestamp_ms=job.timestamp_ms,
+                processed_on_ms=job.processed_on_ms,
+                attempt=job.attempts_made + 1,
+            )
+            args.insert(0, task_jobs.TaskContext(task_result=running))
+        logger.debug("job %s (%s) task started", job.job_id, job_type)
+        try:
+            if iscoroutinefunction(task.func):
+                value = await task.func(*args, **call.kwargs)
+            else:
+                value = await sync_to_async(
+                    _call_task_sync, thread_sensitive=False, executor=self._executor
+                )(task.func, args, call.kwargs)
+            value = task_jobs.json_value(value, f"the return value of task {call.path!r}")
+        except Exception as exc:
+            logger.warning(
+                "job %s (%s) failed after %d ms: %s",
+                job.job_id,
+                job_type,
+                _elapsed_ms(started),
+                type(exc).__name__,
+            )
+            raise TaskFailedError(f"{task_jobs.error_class_path(exc)}: {exc}") from exc
+        logger.info("job %s (%s) done in %d ms", job.job_id, job_type, _elapsed_ms(started))
+        return value
 
     def _on_bullmq_error(self, queue: str, error: BaseException) -> None:
         logger.error("BullMQ worker error on queue %s: %s", queue, type(error).__name__)
@@ -405,6 +510,20 @@ class Worker:
             "%s: stopping, waiting for active jobs to finish (send it again to exit now)", name
         )
         self.request_stop()
+
+
+def _is_task_job(data: Any) -> bool:
+    return isinstance(data, dict) and "djangoTask" in data
+
+
+def _call_task_sync(func: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> Any:
+    """A sync task function in a worker thread, with Django's connection care (as
+    :func:`_call_sync`)."""
+    close_old_connections()
+    try:
+        return func(*args, **kwargs)
+    finally:
+        close_old_connections()
 
 
 def _elapsed_ms(started: float) -> int:

@@ -13,3 +13,14 @@ LOGGING = {"version": 1, "disable_existing_loggers": False}
 # (pytest-django creates and drops ``test_<name>`` otherwise).
 if _test_db_name := os.environ.get("FAIRQUEUE_TEST_DB_NAME"):  # noqa: F405
     DATABASES["default"]["TEST"] = {"NAME": _test_db_name}  # noqa: F405
+
+# Django tasks (@task) run through fairqueue: django-tasks' default queue is the
+# `email` job type; `report` is a task queue of its own (tests/test_tasks_backend.py).
+INSTALLED_APPS = [*INSTALLED_APPS, "django_tasks"]  # noqa: F405
+TASKS = {
+    "default": {
+        "BACKEND": "fairqueue.tasks_backend.FairQueueBackend",
+        "QUEUES": ["default", "report"],
+        "OPTIONS": {"JOB_TYPES": {"default": "email"}},
+    }
+}

@@ -43,7 +43,9 @@ The package, one module per concern (import from here, not from them):
 * ``lock``: the rebalance pass's leader lock;
 * ``dashboard``: the admin dashboard's reads;
 * ``history``: the history the pass records from BullMQ's events stream, and its reads;
-* ``workers``: building a BullMQ worker, and the demo's finished-job reads.
+* ``workers``: building a BullMQ worker, and the demo's finished-job reads;
+* ``results``: one job read back by id (state, return value, errors) for the Django
+  tasks backend's ``get_result``.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ from .rebalancing import (
     WaitingJob,
     WaitingSnapshot,
 )
+from .results import JOB_STATES, ResultsMixin, StoredJob
 from .scripts import Script, add_jobs_script, adopt_page_script, plain_script
 from .workers import ActiveJob, FinishedJob, WorkerMixin
 
@@ -81,6 +84,7 @@ class Broker(
     DashboardReadsMixin,
     HistoryMixin,
     WorkerMixin,
+    ResultsMixin,
     BrokerCore,
 ):
     """Async access to BullMQ queues under one Redis URL and key prefix.
@@ -95,6 +99,7 @@ class Broker(
 __all__ = [
     "ADD_BATCH_SIZE",
     "BACK_OF_LINE",
+    "JOB_STATES",
     "MAX_PRIORITY",
     "REBASE_THRESHOLD",
     "TAG_FLOOR",
@@ -113,6 +118,7 @@ __all__ = [
     "NewJob",
     "RecordedPage",
     "Script",
+    "StoredJob",
     "SyncBroker",
     "WaitingJob",
     "WaitingSnapshot",

@@ -24,13 +24,17 @@ class ActiveJob:
     """A job a worker took, in fairqueue's terms (see :meth:`Broker.make_worker`).
 
     ``data`` is the job's payload as enqueued (normally a dict, but other producers may
-    enqueue any JSON value); ``attempts_made`` counts the attempts that already failed.
+    enqueue any JSON value); ``attempts_made`` counts the attempts that already failed;
+    ``timestamp_ms`` is when it was added and ``processed_on_ms`` when this attempt
+    started (ms since the epoch, ``None`` where BullMQ has none).
     """
 
     job_id: str
     name: str
     data: Any
     attempts_made: int
+    timestamp_ms: int | None = None
+    processed_on_ms: int | None = None
 
 
 # -- demo support types -------------------------------------------------------------------
@@ -67,7 +71,7 @@ class WorkerMixin(_Base):
     def make_worker(
         self,
         queue: str,
-        processor: Callable[[ActiveJob], Awaitable[None]],
+        processor: Callable[[ActiveJob], Awaitable[Any]],
         *,
         concurrency: int,
         on_error: Callable[[BaseException], None] | None = None,
@@ -81,19 +85,22 @@ class WorkerMixin(_Base):
         Args:
             queue: the BullMQ queue name.
             processor: called with each job; an exception it raises fails the job, so
-                BullMQ's attempts and backoff apply. Its return value is not stored.
+                BullMQ's attempts and backoff apply. What it returns (JSON) is stored
+                as the job's return value.
             concurrency: how many jobs this worker runs at once.
             on_error: called with errors BullMQ's loop meets outside a processor
                 (e.g. a lost connection), which BullMQ would otherwise drop.
         """
 
-        async def process(job: BullJob, token: str) -> None:
-            await processor(
+        async def process(job: BullJob, token: str) -> Any:
+            return await processor(
                 ActiveJob(
                     job_id=str(job.id),
                     name=job.name or "",
                     data=job.data,
                     attempts_made=_int_or(job.attemptsMade, 0) or 0,
+                    timestamp_ms=_int_or(job.timestamp, None),
+                    processed_on_ms=_int_or(getattr(job, "processedOn", None), None),
                 )
             )
 

@@ -1,4 +1,5 @@
-"""``manage.py fairqueue_worker [JOB_TYPE ...]``: run job handlers on BullMQ's queues.
+"""``manage.py fairqueue_worker [JOB_TYPE ...]``: run job handlers, and Django tasks
+enqueued through ``fairqueue.tasks_backend.FairQueueBackend``, on BullMQ's queues.
 
 This command parses and checks arguments; :class:`fairqueue.worker.Worker` runs the loop.
 """
@@ -13,13 +14,14 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from fairqueue.exceptions import BrokerUnavailableError
-from fairqueue.handlers import autodiscover, registered_job_types
+from fairqueue.handlers import autodiscover
 from fairqueue.management.arguments import int_in_range
 from fairqueue.worker import (
     MAX_CONCURRENCY,
     MIN_CONCURRENCY,
     Worker,
     WorkerStoppedError,
+    runnable_job_types,
     validate_concurrency,
 )
 
@@ -35,7 +37,9 @@ concurrency = int_in_range(MIN_CONCURRENCY, MAX_CONCURRENCY)
 class Command(BaseCommand):
     help = (
         "Run the handlers of fairqueue job types (registered with @fairqueue.handler in "
-        "installed apps' jobs.py) with stock BullMQ workers, one per queue. SIGTERM or "
+        "installed apps' jobs.py) and Django tasks (@task, enqueued through "
+        "fairqueue.tasks_backend.FairQueueBackend) with stock BullMQ workers, one per "
+        "queue. SIGTERM or "
         "SIGINT stops taking jobs and exits once the active ones finish; a second signal "
         "exits at once."
     )
@@ -45,7 +49,10 @@ class Command(BaseCommand):
             "job_types",
             nargs="*",
             metavar="JOB_TYPE",
-            help="Job types to run (default: every job type that has a handler).",
+            help=(
+                "Job types to run (default: every job type that has a handler or that a "
+                "FairQueueBackend enqueues Django tasks to)."
+            ),
         )
         parser.add_argument(
             "--concurrency",
@@ -76,12 +83,15 @@ class Command(BaseCommand):
             ) from None
 
         autodiscover()
-        known = registered_job_types()
+        try:
+            known = runnable_job_types()
+        except ImproperlyConfigured as exc:
+            raise CommandError(str(exc)) from exc
         job_types = list(dict.fromkeys(options["job_types"]))
         unknown = [job_type for job_type in job_types if job_type not in known]
         if unknown:
             raise CommandError(
-                f"unknown job type {unknown[0]!r}: job types with a handler are "
+                f"unknown job type {unknown[0]!r}: job types with a handler or Django tasks are "
                 f"{', '.join(repr(t) for t in known) or '(none)'}"
             )
         try:

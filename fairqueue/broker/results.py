@@ -1,0 +1,101 @@
+"""Reading one job back by id, for the Django tasks backend's ``get_result``: BullMQ's own
+state script and the job's hash, in fairqueue's types."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .common import _int_or
+
+if TYPE_CHECKING:
+    from .connection import BrokerCore as _Base
+else:
+    _Base = object
+
+#: BullMQ's job states (``Queue.getJobState``); ``waiting`` covers the ``wait`` list.
+JOB_STATES = frozenset(
+    {"waiting", "prioritized", "delayed", "waiting-children", "active", "completed", "failed"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredJob:
+    """A job as BullMQ stored it (times in ms since the epoch, ``None`` where unset).
+
+    ``state`` is BullMQ's (``JOB_STATES``); ``return_value`` is the decoded JSON a
+    worker returned (``None`` until it completes); ``stacktrace`` holds one traceback
+    per failed attempt, oldest first, as BullMQ keeps them; ``processed_by`` is the
+    worker name BullMQ records when the worker has one (Node workers with ``name``).
+    """
+
+    queue: str
+    job_id: str
+    name: str
+    state: str
+    data: Any
+    timestamp_ms: int | None
+    processed_on_ms: int | None
+    finished_on_ms: int | None
+    return_value: Any
+    failed_reason: str | None
+    stacktrace: tuple[str, ...]
+    attempts_made: int
+    attempts_started: int
+    processed_by: str | None
+
+
+def _json_or(raw: str | None, default: Any) -> Any:
+    if raw is None:
+        return default
+    try:
+        return json.loads(raw)
+    except (TypeError, ValueError):
+        return default
+
+
+class ResultsMixin(_Base):
+    """:class:`Broker`'s job reads by id (mixed in; uses ``BrokerCore``'s plumbing)."""
+
+    async def find_job(self, queues: Sequence[str], job_id: str) -> StoredJob | None:
+        """The job ``job_id`` in the first of ``queues`` that holds it, or ``None``.
+
+        The state is read before the hash, so a job that finishes in between reads as
+        still active with its result already there, never as completed without one.
+        """
+        return await self._guard(self._find_job(list(dict.fromkeys(queues)), job_id))
+
+    async def _find_job(self, queues: list[str], job_id: str) -> StoredJob | None:
+        if not queues:
+            return None
+        client = self.client()
+        async with client.pipeline(transaction=False) as pipe:
+            for queue in queues:
+                pipe.exists(self.key(queue, job_id))
+            found = await pipe.execute()
+        queue = next((q for q, there in zip(queues, found, strict=True) if there), None)
+        if queue is None:
+            return None
+        state = await self.queue(queue).getJobState(job_id)
+        fields = await client.hgetall(self.key(queue, job_id))
+        if not fields:
+            return None  # removed between the two reads
+        stacktrace = _json_or(fields.get("stacktrace"), [])
+        return StoredJob(
+            queue=queue,
+            job_id=job_id,
+            name=fields.get("name") or "",
+            state=str(state),
+            data=_json_or(fields.get("data"), None),
+            timestamp_ms=_int_or(fields.get("timestamp"), None),
+            processed_on_ms=_int_or(fields.get("processedOn"), None),
+            finished_on_ms=_int_or(fields.get("finishedOn"), None),
+            return_value=_json_or(fields.get("returnvalue"), None),
+            failed_reason=fields.get("failedReason") or None,
+            stacktrace=tuple(str(t) for t in stacktrace) if isinstance(stacktrace, list) else (),
+            attempts_made=_int_or(fields.get("atm") or fields.get("attemptsMade"), 0) or 0,
+            attempts_started=_int_or(fields.get("ats"), 0) or 0,
+            processed_by=fields.get("pb") or None,
+        )

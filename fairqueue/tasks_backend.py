@@ -1,0 +1,379 @@
+"""A Django tasks backend that runs ``@task`` functions through fairqueue's fair BullMQ
+queues (``django.tasks`` on Django 6, the ``django-tasks`` package on Django 5.2).
+
+Settings::
+
+    TASKS = {
+        "default": {
+            "BACKEND": "fairqueue.tasks_backend.FairQueueBackend",
+            "QUEUES": ["default", "emails"],        # the task queue names you use
+            "OPTIONS": {
+                "TENANT_KWARG": "tenant_id",         # the default
+                "JOB_TYPES": {"emails": "email"},    # queue_name -> FAIRQUEUE job type
+            },
+        }
+    }
+
+Why these choices:
+
+* **Queue names.** A task's ``queue_name`` is a fairqueue job type (``JOB_TYPES`` may
+  map it to another), so it must be a key of ``FAIRQUEUE['QUEUES']``: that is where
+  the BullMQ queue name comes from. ``FAIRQUEUE``'s default ``{"default": "default"}``
+  makes django-tasks' default queue work with no mapping.
+* **Priority.** django-tasks' −100..100 maps onto the four levels: 50..100 critical,
+  1..49 high, −49..−1 normal, −100..−50 low, and **0 (the default) sets no level**: the
+  job resolves exactly as ``enqueue_job`` without an explicit priority does (the
+  tenant's plan when a plan lookup is wired, else normal). So ``@task`` with no
+  priority gives normal, and a tenant's plan still decides for its jobs; a non-zero
+  priority is an explicit level, which wins over the plan and, for a tenant's job, is
+  audited (``PriorityOverrideAudit``), as ``enqueue_job(priority_level=...)`` is.
+* **Tenant.** The task's keyword argument named by ``TENANT_KWARG`` (``tenant_id``)
+  is the job's tenant, and stays in the kwargs, so the function receives it too: a
+  string, an integer (a primary key, used as its decimal string), or ``None`` for an
+  internal job (critical). Leave the argument out for a job of no tenant (normal, the
+  ``default`` bucket). The same rules as ``enqueue_job(tenant_id=...)``.
+* **run_after** becomes BullMQ's ``delay``: the job waits in BullMQ's delayed set and
+  takes its fair place once BullMQ promotes it (the rebalance pass places it).
+
+``enqueue``/``aenqueue`` call :func:`fairqueue.services.enqueue_job` /
+``aenqueue_job``: the same validation, audit, metrics and placement. ``get_result``
+reads the job back from BullMQ (see :func:`fairqueue.task_jobs.task_result_from_job`).
+``manage.py fairqueue_worker`` runs the jobs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final
+
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+from django.utils import timezone
+from django.utils.crypto import get_random_string
+
+from . import services
+from .broker import get_sync_broker
+from .conf import get_settings
+from .exceptions import UnknownJobTypeError
+from .levels import PriorityLevel
+from .priority import ABSENT, _Absent
+from .services import MAX_DELAY_MS, MAX_JOB_ID_LENGTH
+from .task_jobs import (
+    BaseTaskBackend,
+    InvalidTaskError,
+    Task,
+    TaskCall,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    json_value,
+    task_backends,
+    task_enqueued,
+    task_result_from_job,
+)
+
+__all__ = [
+    "DEFAULT_TENANT_KWARG",
+    "FairQueueBackend",
+    "UnknownTaskQueueError",
+    "level_for_task_priority",
+    "task_job_types",
+]
+
+DEFAULT_TENANT_KWARG: Final = "tenant_id"
+OPTION_KEYS: Final = frozenset({"TENANT_KWARG", "JOB_TYPES"})
+#: Length of the random job ids the backend gives its jobs (django-tasks' own ids are 32).
+RESULT_ID_LENGTH: Final = 32
+_ID_CHARS: Final = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+
+
+class UnknownTaskQueueError(InvalidTaskError, UnknownJobTypeError):
+    """A task's ``queue_name`` maps to no job type of ``FAIRQUEUE['QUEUES']``.
+
+    Both django-tasks' ``InvalidTaskError`` (``InvalidTask`` on Django 6) and fairqueue's
+    ``UnknownJobTypeError``, so either ``except`` catches it.
+    """
+
+
+def level_for_task_priority(priority: int) -> PriorityLevel | None:
+    """The level a django-tasks priority (−100..100) asks for; ``None`` for 0.
+
+    50..100 critical, 1..49 high, −49..−1 normal, −100..−50 low. 0, django-tasks'
+    default, asks for nothing, so the job resolves as ``enqueue_job`` without an
+    explicit priority (plan lookup for a tenant's job, else normal).
+    """
+    if isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100:
+        raise InvalidTaskError(
+            f"priority={priority!r} is not allowed: expected an integer in -100..100"
+        )
+    if priority == 0:
+        return None
+    if priority >= 50:
+        return PriorityLevel.CRITICAL
+    if priority >= 1:
+        return PriorityLevel.HIGH
+    if priority >= -49:
+        return PriorityLevel.NORMAL
+    return PriorityLevel.LOW
+
+
+@dataclass(frozen=True, slots=True)
+class _Enqueue:
+    job_type: str
+    payload: dict[str, Any]
+    options: dict[str, Any]
+    args: list[Any]
+    kwargs: dict[str, Any]
+
+
+class FairQueueBackend(BaseTaskBackend):
+    """Runs ``@task`` functions as fair BullMQ jobs (see the module docstring).
+
+    ``OPTIONS``: ``TENANT_KWARG`` (default ``"tenant_id"``), the task keyword argument
+    that names the job's tenant; ``JOB_TYPES``, a dict mapping task queue names to
+    ``FAIRQUEUE['QUEUES']`` job types (a queue name not in it is its own job type).
+    """
+
+    supports_defer = True
+    supports_async_task = True
+    supports_get_result = True
+    supports_priority = True
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        options = self.options if isinstance(self.options, Mapping) else None
+        where = f"TASKS[{alias!r}]['OPTIONS']"
+        if options is None:
+            raise ImproperlyConfigured(f"{where}={self.options!r} is not allowed: expected a dict")
+        unknown = sorted(set(options) - OPTION_KEYS)
+        if unknown:
+            raise ImproperlyConfigured(
+                f"{where} has unknown keys {unknown}: allowed keys are {sorted(OPTION_KEYS)}"
+            )
+        tenant_kwarg = options.get("TENANT_KWARG", DEFAULT_TENANT_KWARG)
+        if not isinstance(tenant_kwarg, str) or not tenant_kwarg.isidentifier():
+            raise ImproperlyConfigured(
+                f"{where}['TENANT_KWARG']={tenant_kwarg!r} is not allowed: expected a "
+                "keyword argument name"
+            )
+        job_types = options.get("JOB_TYPES", {})
+        if not isinstance(job_types, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in job_types.items()
+        ):
+            raise ImproperlyConfigured(
+                f"{where}['JOB_TYPES']={job_types!r} is not allowed: expected a dict of "
+                "task queue name -> FAIRQUEUE['QUEUES'] job type"
+            )
+        self.tenant_kwarg: str = tenant_kwarg
+        self.job_types: dict[str, str] = dict(job_types)
+
+    def __repr__(self) -> str:
+        return f"FairQueueBackend(alias={self.alias!r})"
+
+    # -- queues -----------------------------------------------------------------------
+
+    def job_type_for(self, queue_name: str) -> str:
+        """The ``FAIRQUEUE['QUEUES']`` job type of a task queue name.
+
+        Raises:
+            UnknownTaskQueueError: it maps to no configured job type.
+        """
+        job_type = self.job_types.get(queue_name, queue_name)
+        configured = get_settings().queues
+        if job_type not in configured:
+            via = (
+                f" (through OPTIONS['JOB_TYPES'] to {job_type!r})" if job_type != queue_name else ""
+            )
+            raise UnknownTaskQueueError(
+                f"queue_name={queue_name!r}{via} is not allowed: expected a job type of "
+                f"FAIRQUEUE['QUEUES'] ({', '.join(repr(t) for t in sorted(configured))}), "
+                f"or a queue name mapped to one in TASKS[{self.alias!r}]['OPTIONS']['JOB_TYPES']"
+            )
+        return job_type
+
+    def served_job_types(self) -> list[str]:
+        """The job types this backend's queue names map to (those configured), sorted.
+
+        With ``QUEUES`` empty (any queue name allowed): every configured job type.
+        """
+        configured = get_settings().queues
+        if not self.queues:
+            return sorted(configured)
+        mapped = {self.job_types.get(name, name) for name in self.queues}
+        return sorted(job_type for job_type in mapped if job_type in configured)
+
+    def check(self, **kwargs: Any) -> Iterable[checks.CheckMessage]:
+        """fairqueue.E010: a task queue name that maps to no configured job type."""
+        messages = list(super().check(**kwargs))
+        for name in sorted(self.queues):
+            try:
+                self.job_type_for(name)
+            except (UnknownTaskQueueError, ImproperlyConfigured) as exc:
+                messages.append(
+                    checks.Error(
+                        str(exc),
+                        hint="Add the job type to FAIRQUEUE['QUEUES'] or map the queue name.",
+                        obj=self,
+                        id="fairqueue.E010",
+                    )
+                )
+        return messages
+
+    # -- enqueue ----------------------------------------------------------------------
+
+    def _prepare(self, task: Task, args: Any, kwargs: Any) -> _Enqueue:
+        self.validate_task(task)
+        job_type = self.job_type_for(task.queue_name)
+        try:
+            args_json = json_value(list(args), f"args of task {task.module_path!r}")
+            kwargs_json = json_value(dict(kwargs), f"kwargs of task {task.module_path!r}")
+        except TypeError as exc:
+            raise InvalidTaskError(str(exc)) from None
+        if not isinstance(kwargs_json, dict) or set(kwargs_json) != set(kwargs):
+            raise InvalidTaskError(
+                f"kwargs of task {task.module_path!r} are not allowed: every key must be a string"
+            )
+        options: dict[str, Any] = {
+            "job_id": get_random_string(RESULT_ID_LENGTH, _ID_CHARS),
+            "source": f"django task {task.module_path}"[:200],
+        }
+        tenant = self._tenant(kwargs)
+        if not isinstance(tenant, _Absent):
+            options["tenant_id"] = tenant
+        level = level_for_task_priority(task.priority)
+        if level is not None:
+            options["priority_level"] = level
+        if task.run_after is not None:
+            options["delay_ms"] = self._delay_ms(task.run_after)
+        call = TaskCall(
+            path=task.module_path,
+            args=args_json,
+            kwargs=kwargs_json,
+            backend=self.alias,
+            queue_name=task.queue_name,
+            priority=task.priority,
+            run_after=task.run_after.isoformat() if task.run_after is not None else None,
+        )
+        return _Enqueue(
+            job_type=job_type,
+            payload={"djangoTask": call.to_json()},
+            options=options,
+            args=args_json,
+            kwargs=kwargs_json,
+        )
+
+    def _tenant(self, kwargs: Mapping[str, Any]) -> str | None | _Absent:
+        if self.tenant_kwarg not in kwargs:
+            return ABSENT
+        tenant = kwargs[self.tenant_kwarg]
+        if isinstance(tenant, int) and not isinstance(tenant, bool):
+            return str(tenant)
+        if tenant is None or isinstance(tenant, str):
+            return tenant  # validated by resolve_priority (InvalidTenantError)
+        raise InvalidTaskError(
+            f"{self.tenant_kwarg} of type {type(tenant).__name__} is not allowed: expected a "
+            "string, an integer or None (the tenant kwarg is TASKS OPTIONS['TENANT_KWARG'])"
+        )
+
+    def _delay_ms(self, run_after: datetime) -> int:
+        now = timezone.now() if timezone.is_aware(run_after) else datetime.now()
+        delay = math.ceil((run_after - now).total_seconds() * 1000)
+        if delay > MAX_DELAY_MS:
+            raise InvalidTaskError(
+                f"run_after={run_after.isoformat()} is not allowed: it is more than "
+                f"{MAX_DELAY_MS // 86_400_000} days ahead"
+            )
+        return max(0, delay)
+
+    def _result(self, task: Task, job_id: str, prepared: _Enqueue) -> TaskResult:
+        return TaskResult(
+            task=task,
+            id=job_id,
+            status=TaskResultStatus.READY,
+            enqueued_at=timezone.now(),
+            started_at=None,
+            finished_at=None,
+            last_attempted_at=None,
+            args=prepared.args,
+            kwargs=prepared.kwargs,
+            backend=self.alias,
+            errors=[],
+            worker_ids=[],
+        )
+
+    def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+        """Enqueue ``task(*args, **kwargs)`` as a fair BullMQ job; its result's id is the
+        job id.
+
+        Raises:
+            InvalidTaskError (``InvalidTask`` on Django 6): the task or its arguments are
+                not allowed (``UnknownTaskQueueError`` for a queue name).
+            fairqueue's input errors (``InvalidTenantError``, ``PayloadTooLargeError``...)
+                as ``enqueue_job`` raises them; ``BrokerUnavailableError``. Nothing was
+                written then.
+        """
+        prepared = self._prepare(task, args, kwargs)
+        job = services.enqueue_job(prepared.job_type, prepared.payload, **prepared.options)
+        result = self._result(task, job.job_id, prepared)
+        task_enqueued.send(type(self), task_result=result)
+        return result
+
+    async def aenqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+        """Async :meth:`enqueue`: the Redis call is awaited on the caller's loop."""
+        prepared = self._prepare(task, args, kwargs)
+        job = await services.aenqueue_job(prepared.job_type, prepared.payload, **prepared.options)
+        result = self._result(task, job.job_id, prepared)
+        await task_enqueued.asend(type(self), task_result=result)
+        return result
+
+    # -- results ----------------------------------------------------------------------
+
+    def _queues(self) -> list[str]:
+        queues = get_settings().queues
+        return [queues[job_type] for job_type in self.served_job_types()]
+
+    def get_result(self, result_id: str) -> TaskResult:
+        """The task's result as BullMQ has it now (see ``task_result_from_job``).
+
+        Raises:
+            TaskResultDoesNotExist: no task job with that id in this backend's queues
+                (BullMQ removed it, or it never was).
+        """
+        if not _plausible_id(result_id):
+            raise TaskResultDoesNotExist(result_id)
+        stored = get_sync_broker().find_job(self._queues(), result_id)
+        if stored is None:
+            raise TaskResultDoesNotExist(result_id)
+        return task_result_from_job(stored, self.alias)
+
+    async def aget_result(self, result_id: str) -> TaskResult:
+        """Async :meth:`get_result`."""
+        from .broker import get_broker
+
+        if not _plausible_id(result_id):
+            raise TaskResultDoesNotExist(result_id)
+        stored = await get_broker().find_job(self._queues(), result_id)
+        if stored is None:
+            raise TaskResultDoesNotExist(result_id)
+        return task_result_from_job(stored, self.alias)
+
+
+def _plausible_id(result_id: object) -> bool:
+    return (
+        isinstance(result_id, str)
+        and 0 < len(result_id) <= MAX_JOB_ID_LENGTH
+        and ":" not in result_id
+    )
+
+
+def task_job_types() -> list[str]:
+    """Job types that configured ``FairQueueBackend`` s enqueue to (for the worker)."""
+    found: set[str] = set()
+    for alias in task_backends.settings:
+        backend = task_backends[alias]
+        if isinstance(backend, FairQueueBackend):
+            found.update(backend.served_job_types())
+    return sorted(found)
