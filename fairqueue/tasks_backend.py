@@ -10,6 +10,7 @@ Settings::
             "OPTIONS": {
                 "TENANT_KWARG": "tenant_id",         # the default
                 "JOB_TYPES": {"emails": "email"},    # queue_name -> FAIRQUEUE job type
+                "ATTEMPTS": 3,                       # BullMQ attempts (default 1)
             },
         }
     }
@@ -60,7 +61,7 @@ from .conf import get_settings
 from .exceptions import UnknownJobTypeError
 from .levels import PriorityLevel
 from .priority import ABSENT, _Absent
-from .services import MAX_DELAY_MS, MAX_JOB_ID_LENGTH
+from .services import MAX_ATTEMPTS, MAX_DELAY_MS, MAX_JOB_ID_LENGTH
 from .task_jobs import (
     BaseTaskBackend,
     InvalidTaskError,
@@ -84,7 +85,7 @@ __all__ = [
 ]
 
 DEFAULT_TENANT_KWARG: Final = "tenant_id"
-OPTION_KEYS: Final = frozenset({"TENANT_KWARG", "JOB_TYPES"})
+OPTION_KEYS: Final = frozenset({"TENANT_KWARG", "JOB_TYPES", "ATTEMPTS"})
 #: Length of the random job ids the backend gives its jobs (django-tasks' own ids are 32).
 RESULT_ID_LENGTH: Final = 32
 _ID_CHARS: Final = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
@@ -134,7 +135,9 @@ class FairQueueBackend(BaseTaskBackend):
 
     ``OPTIONS``: ``TENANT_KWARG`` (default ``"tenant_id"``), the task keyword argument
     that names the job's tenant; ``JOB_TYPES``, a dict mapping task queue names to
-    ``FAIRQUEUE['QUEUES']`` job types (a queue name not in it is its own job type).
+    ``FAIRQUEUE['QUEUES']`` job types (a queue name not in it is its own job type);
+    ``ATTEMPTS`` (1..1000), BullMQ's ``attempts`` for every task job (default: BullMQ's,
+    one attempt), so a task that raises is run again that many times in all.
     """
 
     supports_defer = True
@@ -167,8 +170,19 @@ class FairQueueBackend(BaseTaskBackend):
                 f"{where}['JOB_TYPES']={job_types!r} is not allowed: expected a dict of "
                 "task queue name -> FAIRQUEUE['QUEUES'] job type"
             )
+        attempts = options.get("ATTEMPTS")
+        if attempts is not None and (
+            isinstance(attempts, bool)
+            or not isinstance(attempts, int)
+            or not 1 <= attempts <= MAX_ATTEMPTS
+        ):
+            raise ImproperlyConfigured(
+                f"{where}['ATTEMPTS']={attempts!r} is not allowed: expected None or an "
+                f"integer in 1..{MAX_ATTEMPTS}"
+            )
         self.tenant_kwarg: str = tenant_kwarg
         self.job_types: dict[str, str] = dict(job_types)
+        self.attempts: int | None = attempts
 
     def __repr__(self) -> str:
         return f"FairQueueBackend(alias={self.alias!r})"
@@ -240,6 +254,8 @@ class FairQueueBackend(BaseTaskBackend):
             "job_id": get_random_string(RESULT_ID_LENGTH, _ID_CHARS),
             "source": f"django task {task.module_path}"[:200],
         }
+        if self.attempts is not None:
+            options["attempts"] = self.attempts
         tenant = self._tenant(kwargs)
         if not isinstance(tenant, _Absent):
             options["tenant_id"] = tenant

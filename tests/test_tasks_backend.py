@@ -16,6 +16,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 from django.utils import timezone
@@ -83,6 +84,17 @@ async def async_add(a: int, b: int) -> int:
 @task()
 def explode(message: str) -> None:
     raise BoomError(message)
+
+
+FLAKY_CALLS: list[int] = []
+
+
+@task()
+def flaky() -> str:
+    FLAKY_CALLS.append(1)
+    if len(FLAKY_CALLS) == 1:
+        raise BoomError("first attempt")
+    return "second attempt"
 
 
 @task()
@@ -255,6 +267,7 @@ def test_backend_options__unknown_or_malformed_are_improperly_configured():
         ({"TENANT": "org"}, r"unknown keys \['TENANT'\]"),
         ({"TENANT_KWARG": "not an identifier"}, r"\['TENANT_KWARG'\]='not an identifier'"),
         ({"JOB_TYPES": ["email"]}, r"\['JOB_TYPES'\]=\['email'\] is not allowed"),
+        ({"ATTEMPTS": 0}, r"\['ATTEMPTS'\]=0 is not allowed: expected None or an integer"),
     ):
         with override_settings(TASKS={"default": {"BACKEND": backend, "OPTIONS": options}}):
             with pytest.raises(ImproperlyConfigured, match=match):
@@ -349,6 +362,24 @@ def test_get_result__a_task_that_raises_is_failed_with_its_error(broker, redis_c
     assert reason == "tests.test_tasks_backend.BoomError: kaboom"
 
 
+def test_attempts_option__a_failed_attempt_is_retried_and_its_error_kept(broker):
+    tasks = {
+        "default": {
+            "BACKEND": "fairqueue.tasks_backend.FairQueueBackend",
+            "OPTIONS": {"JOB_TYPES": {"default": "email"}, "ATTEMPTS": 2},
+        }
+    }
+    FLAKY_CALLS.clear()
+    with override_settings(TASKS=tasks):
+        result = flaky.enqueue()
+        run_worker(broker, "email")
+        done = flaky.get_result(result.id)
+    assert done.status == TaskResultStatus.SUCCESSFUL and done.return_value == "second attempt"
+    assert done.attempts == 2 and len(FLAKY_CALLS) == 2
+    (error,) = done.errors  # the first attempt's
+    assert error.exception_class is BoomError and "first attempt" in error.traceback
+
+
 def test_get_result__a_return_value_json_cannot_hold_fails_the_task(broker):
     result = unserialisable.enqueue()
     run_worker(broker, "email")
@@ -411,7 +442,15 @@ def test_aenqueue_and_aget_result__async_views_use_the_same_path(broker, redis_c
     async def enqueue():
         return await async_add.aenqueue(4, 5), await record_critical.aenqueue("c", tenant_id="t")
 
-    first, second = asyncio.run(enqueue())
+    async def enqueue_and_close():
+        try:
+            return await enqueue()
+        finally:  # the audit row was written from sync_to_async's thread
+            from django.db import connections
+
+            await sync_to_async(connections.close_all)()
+
+    first, second = asyncio.run(enqueue_and_close())
     data = json.loads(job_hash(redis_client, broker.prefix, second.id)["data"])
     assert (data["tenantId"], data["priorityLevel"]) == ("t", "critical")
     assert PriorityOverrideAudit.objects.filter(job_id=second.id).count() == 1
