@@ -739,28 +739,18 @@ def entitled_shares(
 
     Returns fractions of the total served (empty when nothing was served).
     """
+    from .history import max_min
+
     total = sum(served.values())
     if total <= 0:
         return {}
     flooded = set(backlogged)
-    demand = {
-        level: float("inf") if level in flooded else float(served.get(level, 0))
+    demands = {
+        level.value: float("inf") if level in flooded else float(served.get(level, 0))
         for level in LEVELS_BY_RANK
-        if level in flooded or served.get(level, 0) > 0
     }
-    entitled: dict[PriorityLevel, float] = {}
-    left = float(total)
-    while demand:
-        weight = sum(weights[level] for level in demand)
-        fair = {level: left * weights[level] / weight for level in demand}
-        modest = [level for level in demand if demand[level] <= fair[level]]
-        if not modest:
-            entitled.update(fair)
-            break
-        for level in modest:
-            entitled[level] = demand.pop(level)
-            left -= entitled[level]
-    return {level: entitled.get(level, 0.0) / total for level in LEVELS_BY_RANK}
+    allocation = max_min(total, demands, {level.value: weights[level] for level in LEVELS_BY_RANK})
+    return {level: allocation[level.value] / total for level in LEVELS_BY_RANK}
 
 
 @dataclass(frozen=True, slots=True)
