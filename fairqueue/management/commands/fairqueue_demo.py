@@ -573,7 +573,11 @@ class Demo:
         then stop Redis (if the demo started it)."""
         supervisor = self.supervisor
         if supervisor is not None and supervisor.children:
-            self.say("stopping: load and web first, then worker and rebalancer, Redis last")
+            embedded = any(child.name == "redis" for child in supervisor.children)
+            self.say(
+                "stopping: load and web first, then worker and rebalancer, then the demo's "
+                f"keys{', the embedded Redis last' if embedded else ''}"
+            )
             self._stop_phase(["load", "web"])
             self._stop_phase(["worker", "rebalancer"])
         if broker is not None:
