@@ -66,8 +66,9 @@ DATABASES = {
 
 REDIS_URL = os.environ.get("FAIRQUEUE_REDIS_URL", "redis://127.0.0.1:6379/0")
 # fairqueue reads its BullMQ key prefix from FAIRQUEUE_PREFIX ("bull" by default, so
-# Node workers find the jobs). Tests run the demo under a private prefix on a shared
-# Redis; the plan cache's keys then live under it too, so cleaning up the prefix is enough.
+# Node workers find the jobs). The demo runs under its own prefix ("fairqueue-demo",
+# `fairqueue_demo --prefix`); the plan cache's keys then live under it too, so deleting
+# the prefix when the demo stops leaves nothing behind.
 FAIRQUEUE_PREFIX = os.environ.get("FAIRQUEUE_PREFIX", "").strip() or "bull"
 CACHE_KEY_PREFIX = "fairqueue-demo" if FAIRQUEUE_PREFIX == "bull" else f"{FAIRQUEUE_PREFIX}:cache"
 
