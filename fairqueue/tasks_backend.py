@@ -45,6 +45,7 @@ reads the job back from BullMQ (see :func:`fairqueue.task_jobs.task_result_from_
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -53,7 +54,6 @@ from typing import Any, Final
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
-from django.utils.crypto import get_random_string
 
 from . import services
 from .broker import get_sync_broker
@@ -86,9 +86,9 @@ __all__ = [
 
 DEFAULT_TENANT_KWARG: Final = "tenant_id"
 OPTION_KEYS: Final = frozenset({"TENANT_KWARG", "JOB_TYPES", "ATTEMPTS"})
-#: Length of the random job ids the backend gives its jobs (django-tasks' own ids are 32).
-RESULT_ID_LENGTH: Final = 32
-_ID_CHARS: Final = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+#: Bytes of randomness in the job ids the backend gives its jobs (32 hex characters, as
+#: long as django-tasks' own ids).
+RESULT_ID_BYTES: Final = 16
 
 
 class UnknownTaskQueueError(InvalidTaskError, UnknownJobTypeError):
@@ -251,7 +251,7 @@ class FairQueueBackend(BaseTaskBackend):
                 f"kwargs of task {task.module_path!r} are not allowed: every key must be a string"
             )
         options: dict[str, Any] = {
-            "job_id": get_random_string(RESULT_ID_LENGTH, _ID_CHARS),
+            "job_id": _new_job_id(),
             "source": f"django task {task.module_path}"[:200],
         }
         if self.attempts is not None:
@@ -375,6 +375,15 @@ class FairQueueBackend(BaseTaskBackend):
         if stored is None:
             raise TaskResultDoesNotExist(result_id)
         return task_result_from_job(stored, self.alias)
+
+
+def _new_job_id() -> str:
+    """A random job id (the task result's id). Unique across queues, so ``get_result``
+    finds a job by id alone; never all digits (BullMQ keeps those for its own ids)."""
+    while True:
+        job_id = secrets.token_hex(RESULT_ID_BYTES)
+        if not job_id.isdigit():
+            return job_id
 
 
 def _plausible_id(result_id: object) -> bool:

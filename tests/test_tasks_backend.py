@@ -374,6 +374,8 @@ def test_attempts_option__a_failed_attempt_is_retried_and_its_error_kept(broker)
         result = flaky.enqueue()
         run_worker(broker, "email")
         done = flaky.get_result(result.id)
+        with pytest.raises(TaskResultDoesNotExist):  # one queue: no lookup across queues
+            flaky.get_result("f" * 32)
     assert done.status == TaskResultStatus.SUCCESSFUL and done.return_value == "second attempt"
     assert done.attempts == 2 and len(FLAKY_CALLS) == 2
     (error,) = done.errors  # the first attempt's

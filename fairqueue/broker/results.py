@@ -71,11 +71,14 @@ class ResultsMixin(_Base):
         if not queues:
             return None
         client = self.client()
-        async with client.pipeline(transaction=False) as pipe:
-            for queue in queues:
-                pipe.exists(self.key(queue, job_id))
-            found = await pipe.execute()
-        queue = next((q for q, there in zip(queues, found, strict=True) if there), None)
+        if len(queues) == 1:
+            queue: str | None = queues[0]  # its state says "unknown" if the job is not there
+        else:
+            async with client.pipeline(transaction=False) as pipe:
+                for name in queues:
+                    pipe.exists(self.key(name, job_id))
+                found = await pipe.execute()
+            queue = next((q for q, there in zip(queues, found, strict=True) if there), None)
         if queue is None:
             return None
         state = await self.queue(queue).getJobState(job_id)
