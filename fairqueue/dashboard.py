@@ -249,6 +249,7 @@ def queue_stats(
     Raises:
         UnknownJobTypeError: ``job_type`` is not configured.
         BrokerUnavailableError: Redis could not be reached.
+        BrokerRejectedError: Redis answered with an error (e.g. out of memory).
     """
     sync_broker = get_sync_broker()
     stats = sync_broker.run(

@@ -703,14 +703,14 @@ class LoadGenerator:
 
     def run(self, stop: threading.Event) -> None:
         """Tick until ``stop`` is set. A Redis outage is logged and retried."""
-        from .exceptions import BrokerUnavailableError
+        from .exceptions import BrokerError
 
         last = time.monotonic()
         while not stop.is_set():
             now = time.monotonic()
             try:
                 self.step(now - last)
-            except BrokerUnavailableError as exc:
+            except BrokerError as exc:
                 logger.warning("load generator: %s; retrying", exc)
             last = now
             stop.wait(self.tick_s)

@@ -56,8 +56,25 @@ class UnknownJobTypeError(FairqueueError, LookupError):
     """A ``job_type`` that is not registered in ``FAIRQUEUE['QUEUES']``."""
 
 
-class BrokerUnavailableError(FairqueueError, ConnectionError):
-    """Redis could not be reached (or answered with an error) while talking to BullMQ."""
+class BrokerError(FairqueueError):
+    """Talking to Redis/BullMQ failed. Messages name the Redis error class, never the
+    Redis URL, a password or job data; the original error is ``__cause__``."""
+
+
+class BrokerUnavailableError(BrokerError, ConnectionError):
+    """Redis could not be reached or did not answer in time."""
+
+
+class BrokerRejectedError(BrokerError):
+    """Redis answered a command with an error reply (``OutOfMemoryError`` under
+    ``maxmemory``, ``ReadOnlyError`` on a replica, a script error, ``WRONGTYPE``...).
+
+    ``redis_error`` is the Redis error class name (e.g. ``"OutOfMemoryError"``).
+    """
+
+    def __init__(self, message: str, *, redis_error: str = "ResponseError") -> None:
+        super().__init__(message)
+        self.redis_error = redis_error
 
 
 class PartialEnqueueError(FairqueueError):

@@ -70,6 +70,24 @@ PAYLOAD_TENANT_KEY: Final = "tenantId"
 PAYLOAD_LEVEL_KEY: Final = "priorityLevel"
 FAIRQUEUE_PAYLOAD_KEYS: Final = (PAYLOAD_TENANT_KEY, PAYLOAD_LEVEL_KEY)
 
+#: How deeply a job payload may nest (dicts and lists inside the top-level dict). Deeper
+#: payloads are refused with a named error instead of a raw ``RecursionError`` from the
+#: JSON encoder (at ~1,000 levels) and are hard for any worker to handle anyway.
+MAX_PAYLOAD_DEPTH: Final = 32
+
+
+def is_strict_utf8(value: str) -> bool:
+    """Whether ``value`` encodes as UTF-8: no lone surrogate (``"\\ud800"``), which Python
+    strings may hold but Redis, PostgreSQL, JSON readers and HTML pages cannot."""
+    if value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 LEVEL_CHOICES: Final = ", ".join(repr(level.value) for level in LEVELS_BY_RANK)
 
 

@@ -47,6 +47,7 @@ from .levels import (
     MIN_TENANT_WEIGHT,
     NUMERIC_PRIORITY_BY_LEVEL,
     PriorityLevel,
+    is_strict_utf8,
     normalize_priority,
     parse_level,
 )
@@ -162,12 +163,20 @@ def priority_from_override(override: object) -> PriorityLevel:
 
 
 def validate_tenant_id(tenant_id: object) -> str:
-    """A tenant id is an opaque, non-empty string of at most 255 characters."""
+    """A tenant id is an opaque, non-empty string of at most 255 characters of valid
+    UTF-8 text without NUL: it is stored in Redis, in PostgreSQL (which refuses NUL) and
+    shown on the dashboard, so a lone surrogate or a NUL would fail later, far from the
+    caller. Messages never echo a string tenant id (only its length)."""
     if not isinstance(tenant_id, str) or not tenant_id or len(tenant_id) > MAX_TENANT_ID_LENGTH:
         shown = tenant_id if not isinstance(tenant_id, str) else f"<{len(tenant_id)} characters>"
         raise InvalidTenantError(
             f"tenant_id={shown!r} is not allowed: expected None or a non-empty string of at "
             f"most {MAX_TENANT_ID_LENGTH} characters"
+        )
+    if "\x00" in tenant_id or not is_strict_utf8(tenant_id):
+        raise InvalidTenantError(
+            f"tenant_id=<{len(tenant_id)} characters> is not allowed: expected valid UTF-8 "
+            "text without NUL (it holds a lone surrogate or a NUL character)"
         )
     return tenant_id
 

@@ -39,7 +39,15 @@ from typing import Any, Final, TypedDict, Unpack
 from asgiref.sync import sync_to_async
 from django.db import transaction
 
-from .broker import ADD_BATCH_SIZE, BACK_OF_LINE, AddedJob, NewJob, get_broker, get_sync_broker
+from .broker import (
+    ADD_BATCH_SIZE,
+    BACK_OF_LINE,
+    RESERVED_JOB_IDS,
+    AddedJob,
+    NewJob,
+    get_broker,
+    get_sync_broker,
+)
 from .conf import get_settings
 from .exceptions import (
     ConflictingPayloadError,
@@ -52,9 +60,11 @@ from .exceptions import (
 )
 from .levels import (
     DEFAULT_TENANT_WEIGHT,
+    MAX_PAYLOAD_DEPTH,
     PAYLOAD_LEVEL_KEY,
     PAYLOAD_TENANT_KEY,
     PriorityLevel,
+    is_strict_utf8,
     parse_level,
 )
 from .metrics import record_enqueue
@@ -117,6 +127,49 @@ def _queue_for(job_type: object) -> tuple[str, str]:
     return job_type, queues[job_type]
 
 
+def _check_json_tree(data: Mapping[str, Any]) -> None:
+    """Refuse what ``json.dumps`` would accept but store wrongly, or fail on deep down.
+
+    Non-string keys at any depth (``{1: "a", "1": "b"}`` becomes two ``"1"`` keys),
+    strings or keys that are not valid UTF-8 (a lone surrogate: stored, then every page
+    and reader that decodes it fails) and nesting deeper than ``MAX_PAYLOAD_DEPTH``
+    (instead of a ``RecursionError`` at ~1,000 levels). Messages never echo the payload.
+    """
+    stack: list[tuple[object, int]] = [(data, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, str):
+            if not is_strict_utf8(node):
+                raise InvalidPayloadError(
+                    f"payload is not allowed: a string at depth {depth} is not valid UTF-8 "
+                    "(it holds a lone surrogate)"
+                )
+            continue
+        if not isinstance(node, Mapping | list | tuple):
+            continue
+        if depth > MAX_PAYLOAD_DEPTH:
+            raise InvalidPayloadError(
+                f"payload is not allowed: it nests deeper than {MAX_PAYLOAD_DEPTH} levels "
+                "of dicts and lists (MAX_PAYLOAD_DEPTH)"
+            )
+        if isinstance(node, Mapping):
+            for key, value in node.items():
+                if not isinstance(key, str):
+                    raise InvalidPayloadError(
+                        f"payload is not allowed: a key of type {type(key).__name__} at depth "
+                        f"{depth}; every key must be a string (JSON would turn it into a "
+                        "string, possibly a duplicate key)"
+                    )
+                if not is_strict_utf8(key):
+                    raise InvalidPayloadError(
+                        f"payload is not allowed: a key at depth {depth} is not valid UTF-8 "
+                        "(it holds a lone surrogate)"
+                    )
+                stack.append((value, depth + 1))
+        else:
+            stack.extend((item, depth + 1) for item in node)
+
+
 def _merged_payload(payload: object, resolved: ResolvedPriority) -> dict[str, Any]:
     if not isinstance(payload, Mapping):
         raise InvalidPayloadError(
@@ -124,6 +177,7 @@ def _merged_payload(payload: object, resolved: ResolvedPriority) -> dict[str, An
             "(a dict with string keys)"
         )
     data = dict(payload)
+    _check_json_tree(data)
     for key, value in (
         (PAYLOAD_TENANT_KEY, resolved.tenant_id),
         (PAYLOAD_LEVEL_KEY, resolved.level),
@@ -170,6 +224,19 @@ def _check_options(job_id: object, delay_ms: object, attempts: object) -> None:
             f"job_id={job_id!r} is not allowed: expected None or a non-empty string of at "
             f"most {MAX_JOB_ID_LENGTH} characters, not all digits and without ':' "
             "(BullMQ reserves integer ids for its own)"
+        )
+    if job_id is not None and not is_strict_utf8(job_id):
+        raise InvalidJobOptionError(
+            f"job_id of {len(job_id)} characters is not allowed: expected valid UTF-8 text "
+            "(it holds a lone surrogate)"
+        )
+    if job_id in RESERVED_JOB_IDS:
+        # A job's hash is ``prefix:queue:<id>``, so these ids would overwrite (or be)
+        # BullMQ's own keys of the queue: ``wait`` stops every worker (WRONGTYPE),
+        # ``meta`` drops the job, ``completed`` strands later jobs.
+        raise InvalidJobOptionError(
+            f"job_id={job_id!r} is not allowed: it names one of the queue's own Redis keys; "
+            f"reserved ids are {', '.join(sorted(RESERVED_JOB_IDS))}"
         )
     for name, value, low, high in (
         ("delay_ms", delay_ms, 0, MAX_DELAY_MS),
@@ -243,6 +310,21 @@ class EnqueueOptions(TypedDict, total=False):
     attempts: int | None
     source: str | None
     actor: object
+
+
+def _check_keywords(
+    function: str, options: Mapping[str, object], extra: Sequence[str] = ()
+) -> None:
+    """Name an unknown keyword (``delay=`` for ``delay_ms=``) and the allowed ones
+    (``extra``: the function's own keyword-only arguments), instead of a bare
+    ``TypeError`` from a private function."""
+    unknown = sorted(set(options) - set(EnqueueOptions.__annotations__))
+    if unknown:
+        allowed = sorted([*EnqueueOptions.__annotations__, *extra])
+        raise InvalidJobOptionError(
+            f"{function}() got unknown keyword {unknown[0]}={options[unknown[0]]!r}"[:300]
+            + f": allowed keywords are {', '.join(allowed)}"
+        )
 
 
 def _prepare(
@@ -506,6 +588,7 @@ def enqueue_job(
             reached, but after a timeout it may have been: retry with the same
             ``job_id`` (or use ``durable=True``).
     """
+    _check_keywords("enqueue_job", options, ("durable", "using"))
     prepared = [_prepare(job_type, payload, **options)]
     if durable:
         return _enqueue_durable(prepared, using)[0]
@@ -531,6 +614,7 @@ def enqueue_jobs(
             ``.not_sent`` the rest; retry ``payloads[len(exc.added):]``.
         BrokerUnavailableError: the first chunk failed; nothing else was sent.
     """
+    _check_keywords("enqueue_jobs", options, ("durable", "using"))
     for option in ("job_id", "delay_ms"):
         if options.get(option) is not None:
             raise InvalidJobOptionError(
@@ -557,6 +641,7 @@ async def aenqueue_job(
     the caller's event loop and the plan lookup goes through the ORM in a thread. An
     audited job runs the sync path in a thread instead, so its audit row and its add
     share one transaction."""
+    _check_keywords("aenqueue_job", options)
     prepared = await sync_to_async(_prepare)(job_type, payload, **options)
     if prepared.audit is not None:
         return (await sync_to_async(_enqueue_prepared)([prepared]))[0]
@@ -582,4 +667,5 @@ def enqueue_on_commit(
     raised from the commit and the transaction's other ``on_commit`` hooks still run.
     The returned job has ``durable=True`` and the ``job_id`` the relay will use.
     """
+    _check_keywords("enqueue_on_commit", options, ("using",))
     return enqueue_job(job_type, payload, durable=True, using=using, **options)

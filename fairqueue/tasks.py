@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from celery import shared_task
 
 from .conf import get_settings
-from .exceptions import BrokerUnavailableError
+from .exceptions import BrokerError
 from .rebalance import rebalance_as_leader, rebalancer_id
 
 logger = logging.getLogger("fairqueue.tasks")
@@ -49,7 +49,7 @@ def rebalance_fair(job_types: Sequence[str] | None = None) -> dict[str, int]:
             result = rebalance_as_leader(
                 job_type, token=process_token(), interval_ms=settings.rebalance_interval_ms
             )
-        except BrokerUnavailableError as exc:
+        except BrokerError as exc:
             logger.warning("rebalance skipped: %s", exc)
             break
         if result is not None:

@@ -44,7 +44,7 @@ from django.urls import URLPattern, path, reverse
 from .broker import get_sync_broker
 from .conf import get_settings
 from .dashboard import clamp_page, format_duration, format_time, queue_stats
-from .exceptions import BrokerUnavailableError
+from .exceptions import BrokerError, BrokerUnavailableError
 from .history import clamp_window_min
 from .rebalance import LAST_RUN_RECORD, pending_from_job, rebalance_queue
 
@@ -83,10 +83,15 @@ def _refresh_ms(request: HttpRequest) -> int:
     return min(MAX_REFRESH_MS, max(MIN_REFRESH_MS, value))
 
 
-def _unreachable(exc: BrokerUnavailableError, where: str) -> dict[str, str]:
-    # The class name and fairqueue's own sanitized message only: never a URL or data.
-    logger.warning("dashboard %s: Redis unreachable (%s)", where, type(exc).__name__)
-    return {"error": type(exc).__name__, "message": str(exc)}
+def _unreachable(exc: BrokerError, where: str) -> dict[str, str]:
+    """What the banner says about a broker error: "Redis unreachable" when Redis did not
+    answer, "Redis refused the request" for an error reply (out of memory, a read-only
+    replica...). The class name and fairqueue's own sanitized message only: never a URL,
+    a password or job data."""
+    down = isinstance(exc, BrokerUnavailableError)
+    title = "Redis unreachable" if down else "Redis refused the request"
+    logger.warning("dashboard %s: %s (%s)", where, title, type(exc).__name__)
+    return {"error": type(exc).__name__, "message": str(exc), "title": title}
 
 
 class DashboardAdmin(admin.ModelAdmin):
@@ -150,7 +155,7 @@ class DashboardAdmin(admin.ModelAdmin):
         for job_type in job_types:
             try:
                 stats = queue_stats(job_type, page=page, per_page=per_page, history_minutes=minutes)
-            except BrokerUnavailableError as exc:
+            except BrokerError as exc:
                 return [], _unreachable(exc, "page")
             sections.append(
                 {
@@ -225,8 +230,10 @@ class DashboardAdmin(admin.ModelAdmin):
                 queue_stats(jt, page=page, per_page=per_page, history_minutes=minutes)
                 for jt in job_types
             ]
-        except BrokerUnavailableError as exc:
-            return JsonResponse({"redis": "unreachable", **_unreachable(exc, "json")}, status=503)
+        except BrokerError as exc:
+            error = _unreachable(exc, "json")
+            state = "unreachable" if isinstance(exc, BrokerUnavailableError) else "error"
+            return JsonResponse({"redis": state, **error}, status=503)
         return JsonResponse(
             {"redis": "ok", "generated_at_ms": int(time.time() * 1000), "queues": queues}
         )
@@ -253,7 +260,7 @@ class DashboardAdmin(admin.ModelAdmin):
         try:
             holder, _ = broker.lock_holder(broker.fair_key(queue, "leader"))
             last_pass = broker.read_status(queue, LAST_RUN_RECORD)
-        except BrokerUnavailableError as exc:
+        except BrokerError as exc:
             error = _unreachable(exc, "confirm")
         at_ms = (last_pass or {}).get("at_ms")
         return TemplateResponse(
@@ -279,12 +286,12 @@ class DashboardAdmin(admin.ModelAdmin):
         try:
             result = rebalance_queue(job_type, by=f"admin:{request.user.get_username()}")
             holder = get_sync_broker().lock_holder(lock_key)[0] if result.lock_lost else None
-        except BrokerUnavailableError as exc:
+        except BrokerError as exc:
             error = _unreachable(exc, "rebalance")
             self._log(
-                request, job_type, f"Rebalance pass failed: Redis unreachable ({error['error']})"
+                request, job_type, f"Rebalance pass failed: {error['title']} ({error['error']})"
             )
-            messages.error(request, f"Redis unreachable ({error['error']}): the pass did not run.")
+            messages.error(request, f"{error['title']} ({error['error']}): the pass did not run.")
             return HttpResponseRedirect(queue_url)
         self._log(
             request, job_type, f"Ran one rebalance pass from the dashboard: {result.summary()}"
@@ -318,7 +325,7 @@ class DashboardAdmin(admin.ModelAdmin):
             raise Http404("No such job")
         try:
             detail = get_sync_broker().read_job_detail(queue, job_id)
-        except BrokerUnavailableError as exc:
+        except BrokerError as exc:
             detail, error = None, _unreachable(exc, "job")
         else:
             error = None

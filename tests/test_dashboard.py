@@ -7,6 +7,7 @@ import json
 import time
 
 import pytest
+import redis as redis_lib
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
 from django.urls import reverse
@@ -440,3 +441,47 @@ def test_format_duration():
 
 def test_redis_url_is_never_shown(viewer, fq_prefix):
     assert REDIS_URL.encode() not in viewer.get(reverse(DASHBOARD)).content
+
+
+# -- hardening: anything already in Redis renders; Redis error replies ----------------
+
+
+def test_bad_text_in_redis__pages_and_json_render_not_500(client, fq_prefix):
+    raw = redis_lib.Redis.from_url(REDIS_URL)
+    escaped = enqueue_job("email", {"a": 1}, tenant_id="t1")
+    binary = enqueue_job("email", {"a": 2}, tenant_id="t2")
+    # As an older fairqueue or another producer could have written them: a lone
+    # surrogate escape (valid JSON) and bytes that are not UTF-8 at all.
+    raw.hset(
+        f"{fq_prefix}:email:{escaped.job_id}",
+        "data",
+        '{"a":"\\ud800","tenantId":"\\udfffx","priorityLevel":"normal"}',
+    )
+    raw.hset(
+        f"{fq_prefix}:email:{binary.job_id}",
+        "data",
+        b'{"a":"\xff\xfe","tenantId":"\xc3(","priorityLevel":"low"}',
+    )
+    raw.close()
+    client.force_login(staff("reader", "view_dashboard", "view_job_payload"))
+    assert client.get(reverse(DASHBOARD)).status_code == 200
+    assert client.get(reverse(QUEUE, args=["email"])).status_code == 200
+    assert client.get(reverse(STATS)).status_code == 200
+    for job in (escaped, binary):
+        response = client.get(reverse(JOB, args=["email", job.job_id]))
+        assert response.status_code == 200
+        response.content.decode("utf-8")  # strict: what was sent is valid UTF-8
+
+
+def test_redis_error_reply__banner_and_503_not_500(viewer, fq_prefix, redis_client):
+    enqueue_job("email", {}, tenant_id="t1")
+    redis_client.delete(f"{fq_prefix}:email:prioritized")
+    redis_client.set(f"{fq_prefix}:email:prioritized", "not a sorted set")
+    response = viewer.get(reverse(DASHBOARD))
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "Redis refused the request (BrokerRejectedError)" in html
+    assert REDIS_URL not in html and "Traceback" not in html
+    stats = viewer.get(reverse(STATS))
+    assert stats.status_code == 503
+    assert stats.json()["redis"] == "error" and stats.json()["error"] == "BrokerRejectedError"

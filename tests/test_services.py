@@ -4,11 +4,17 @@ import asyncio
 import json
 
 import pytest
+import redis
 from django.db import transaction
+from django.http import JsonResponse
+from django.urls import path
 
 from fairqueue import priority
-from fairqueue.broker import TAG_FLOOR, close_brokers
+from fairqueue.broker import RESERVED_JOB_IDS, TAG_FLOOR, close_brokers
+from fairqueue.demo import free_port
 from fairqueue.exceptions import (
+    BrokerError,
+    BrokerRejectedError,
     BrokerUnavailableError,
     ConflictingPayloadError,
     ConflictingPriorityError,
@@ -21,10 +27,11 @@ from fairqueue.exceptions import (
     PayloadTooLargeError,
     UnknownJobTypeError,
 )
+from fairqueue.levels import MAX_PAYLOAD_DEPTH
 from fairqueue.models import PriorityOverrideAudit, TenantPlan
 from fairqueue.services import aenqueue_job, enqueue_job, enqueue_jobs, enqueue_on_commit
 from tests.conftest import TEST_QUEUES
-from tests.helpers import drain_with_stock_worker, metric, metric_delta
+from tests.helpers import drain_with_stock_worker, metric, metric_delta, wait_until
 
 pytestmark = pytest.mark.django_db
 
@@ -618,3 +625,209 @@ def test_durable_option_writes_outbox_and_audit_rows_in_one_transaction(fq_prefi
         == job.job_id
         == OutboxJob.objects.get().bullmq_job_id
     )
+
+
+# --- hardening: reserved ids, strict text, depth, unknown keywords ------------------
+
+
+@pytest.mark.parametrize("job_id", sorted(RESERVED_JOB_IDS))
+def test_reserved_job_id__refused_naming_the_value_and_the_rule(fq_prefix, redis_client, job_id):
+    with pytest.raises(InvalidJobOptionError) as info:
+        enqueue_job("email", {}, job_id=job_id)
+    assert f"job_id={job_id!r} is not allowed" in str(info.value)
+    assert "own Redis keys" in str(info.value) and "wait" in str(info.value)
+    assert redis_client.keys(f"{fq_prefix}:*") == []
+
+
+def test_reserved_job_id__bullmq_key_list_is_covered():
+    from bullmq.queue_keys import QueueKeys
+
+    assert {name for name in QueueKeys().getKeys("q") if name} <= RESERVED_JOB_IDS
+    assert {"wait", "completed", "meta", "prioritized", "events", "id", "pc", "marker", "fq"} <= (
+        RESERVED_JOB_IDS
+    )
+
+
+@pytest.mark.parametrize("job_id", ["wait", "completed", "meta", "prioritized", "marker"])
+def test_reserved_job_id__the_queue_keeps_working_for_a_stock_worker(fq_prefix, job_id):
+    # Before: "wait" made every worker fail with WRONGTYPE, "completed" stranded the
+    # jobs after it, "meta" dropped the job.
+    with pytest.raises(InvalidJobOptionError):
+        enqueue_job("email", {"n": 0}, job_id=job_id)
+    jobs = [enqueue_job("email", {"n": n}) for n in (1, 2)]
+    processed = drain_with_stock_worker(fq_prefix, "email", 2, timeout_s=15)
+    assert sorted(job_id for job_id, _ in processed) == sorted(job.job_id for job in jobs)
+
+
+LONE = "\ud800"
+
+
+@pytest.mark.parametrize("tenant_id", [LONE, f"acme{LONE}", "a\x00b"])
+def test_strict_text__tenant_id_refused_in_every_enqueue_function_without_echo(
+    fq_prefix, redis_client, tenant_id
+):
+    calls = [
+        lambda: enqueue_job("email", {}, tenant_id=tenant_id),
+        lambda: enqueue_jobs("email", [{}], tenant_id=tenant_id),
+        lambda: enqueue_on_commit("email", {}, tenant_id=tenant_id),
+        lambda: asyncio.run(aenqueue_job("email", {}, tenant_id=tenant_id)),
+    ]
+    for call in calls:
+        with pytest.raises(InvalidTenantError, match="tenant_id=<.*valid UTF-8") as info:
+            call()
+        assert tenant_id not in str(info.value) and "acme" not in str(info.value)
+    close_brokers()
+    assert waiting_count(redis_client, fq_prefix) == 0
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"a": LONE},
+        {LONE: 1},
+        {"a": ["ok", {"b": f"x{LONE}"}]},
+        {"a": {f"k{LONE}": "v"}},
+    ],
+)
+def test_strict_text__lone_surrogate_in_payload_refused_without_echo(fq_prefix, payload):
+    with pytest.raises(InvalidPayloadError, match="not valid UTF-8") as info:
+        enqueue_job("email", payload)
+    assert LONE not in str(info.value)
+
+
+def test_strict_text__real_non_ascii_text_round_trips(fq_prefix, redis_client):
+    payload = {"name": "Zoë 😀 日本", "ключ": ["ü"]}
+    job = enqueue_job("email", payload, tenant_id="tenant-ü😀")
+    data = json.loads(job_hash(redis_client, fq_prefix, job.job_id)["data"])
+    assert data["name"] == "Zoë 😀 日本" and data["ключ"] == ["ü"]
+    assert data["tenantId"] == "tenant-ü😀"
+
+
+def test_strict_text__lone_surrogate_in_job_id_refused(fq_prefix):
+    with pytest.raises(InvalidJobOptionError, match="job_id of 2 characters.*valid UTF-8"):
+        enqueue_job("email", {}, job_id=f"x{LONE}")
+
+
+def _nested(depth):
+    payload = {}
+    node = payload
+    for _ in range(depth - 1):
+        node["n"] = {}
+        node = node["n"]
+    return payload
+
+
+def test_depth__payload_of_max_depth_accepted_one_deeper_refused(fq_prefix):
+    assert enqueue_job("email", _nested(MAX_PAYLOAD_DEPTH)).created
+    with pytest.raises(InvalidPayloadError, match=f"deeper than {MAX_PAYLOAD_DEPTH} levels"):
+        enqueue_job("email", _nested(MAX_PAYLOAD_DEPTH + 1))
+
+
+def test_depth__very_deep_payload_is_a_named_error_not_recursion_error(fq_prefix):
+    deep: list = []
+    node = deep
+    for _ in range(5_000):
+        node.append([])
+        node = node[0]
+    with pytest.raises(InvalidPayloadError, match="nests deeper"):
+        enqueue_job("email", {"deep": deep})
+    with pytest.raises(InvalidPayloadError, match="nests deeper"):
+        enqueue_job("email", _nested(5_000))
+
+
+@pytest.mark.parametrize("key", [1, 1.5, None, True, ("a",)])
+def test_nested_non_string_key_refused(fq_prefix, key):
+    # Before: {"a": {1: "x", "1": "y"}} was stored with the key "1" twice.
+    with pytest.raises(InvalidPayloadError, match=f"a key of type {type(key).__name__} at depth 2"):
+        enqueue_job("email", {"a": {key: "x", "1": "y"}})
+
+
+@pytest.mark.parametrize("function", ["enqueue_job", "enqueue_jobs", "aenqueue_job", "on_commit"])
+def test_unknown_keyword__named_with_the_allowed_ones(fq_prefix, redis_client, function):
+    calls = {
+        "enqueue_job": lambda: enqueue_job("email", {}, delay=5),
+        "enqueue_jobs": lambda: enqueue_jobs("email", [{}], delay=5),
+        "aenqueue_job": lambda: asyncio.run(aenqueue_job("email", {}, delay=5)),
+        "on_commit": lambda: enqueue_on_commit("email", {}, delay=5),
+    }
+    with pytest.raises(InvalidJobOptionError) as info:
+        calls[function]()
+    message = str(info.value)
+    assert "unknown keyword delay=5" in message
+    assert "delay_ms" in message and "tenant_id" in message and "_prepare" not in message
+    close_brokers()
+    assert waiting_count(redis_client, fq_prefix) == 0
+
+
+# --- hardening: connections of short-lived event loops ------------------------------
+
+
+async def _async_enqueue_view(request):
+    job = await aenqueue_job("email", {"n": request.GET["n"]}, tenant_id="t1")
+    return JsonResponse({"id": job.job_id})
+
+
+urlpatterns = [path("async-enqueue/", _async_enqueue_view)]
+
+
+def _fairqueue_connections(redis_client, prefix):
+    from fairqueue.broker.connection import client_name
+
+    return [c for c in redis_client.client_list() if c.get("name") == client_name(prefix)]
+
+
+@pytest.mark.urls("tests.test_services")
+@pytest.mark.django_db(transaction=True)
+def test_async_view_under_wsgi__500_requests_leave_a_fixed_number_of_connections(
+    client, fq_prefix, redis_client
+):
+    # Django's sync test client serves an async view as a WSGI server does: through
+    # async_to_sync, a new event loop per request. Before: one connection per request.
+    for n in range(500):
+        assert client.get("/async-enqueue/", {"n": n}).status_code == 200
+    assert waiting_count(redis_client, fq_prefix) == 500
+    assert wait_until(lambda: len(_fairqueue_connections(redis_client, fq_prefix)) <= 2, 5)
+
+
+# --- hardening: Redis error replies are BrokerError subclasses ----------------------
+
+
+def test_error_reply__wrongtype_is_broker_rejected_error_without_payload(fq_prefix, redis_client):
+    redis_client.set(f"{fq_prefix}:email:prioritized", "not a sorted set")
+    with pytest.raises(BrokerRejectedError) as info:
+        enqueue_job("email", {"secret": "s3cr3t-payload"}, tenant_id="tenant-x")
+    assert info.value.redis_error == "ResponseError"
+    assert isinstance(info.value, BrokerError)
+    assert not isinstance(info.value, BrokerUnavailableError)
+    message = str(info.value)
+    assert "WRONGTYPE" in message
+    assert "s3cr3t" not in message and "tenant-x" not in message and fq_prefix not in message
+    with pytest.raises(BrokerRejectedError):
+        asyncio.run(aenqueue_job("email", {}))
+    close_brokers()
+
+
+def test_error_reply__out_of_memory_is_broker_rejected_error(settings, tmp_path):
+    from fairqueue import conf
+    from tests.test_rebalance_loop import start_private_redis
+
+    port = free_port()
+    server = start_private_redis(port, str(tmp_path))
+    url = f"redis://127.0.0.1:{port}/0"
+    settings.FAIRQUEUE = {"PREFIX": "fqoom", "QUEUES": {"email": "email"}, "REDIS_URL": url}
+    conf.reload_settings()
+    try:
+        private = redis.Redis(port=port)
+        private.config_set("maxmemory", "1")
+        with pytest.raises(BrokerRejectedError) as info:
+            enqueue_jobs("email", [{"n": n} for n in range(3_000)])
+        assert info.value.redis_error == "OutOfMemoryError"
+        assert "OutOfMemoryError" in str(info.value) and url not in str(info.value)
+        private.config_set("maxmemory", "0")
+        assert len(enqueue_jobs("email", [{"n": n} for n in range(10)])) == 10
+        private.close()
+    finally:
+        close_brokers()
+        server.kill()
+        server.wait()
+        conf.reload_settings()

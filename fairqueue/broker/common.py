@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any, Final, TypeVar
 
-from ..exceptions import BrokerUnavailableError
+import redis
+from bullmq.queue_keys import QueueKeys
+
+from ..exceptions import BrokerError, BrokerRejectedError, BrokerUnavailableError
 
 T = TypeVar("T")
 
@@ -38,15 +41,59 @@ def _unavailable(exc: BaseException) -> BrokerUnavailableError:
     return BrokerUnavailableError(f"Redis is unavailable ({type(exc).__name__})")
 
 
+#: Errors that mean Redis was not reached or did not answer (redis-py's connection and
+#: timeout errors, socket errors); every other ``RedisError`` is an error reply.
+UNREACHABLE_ERRORS: Final = (redis.ConnectionError, redis.TimeoutError, OSError)
+#: Everything :func:`broker_error` translates.
+REDIS_ERRORS: Final = (redis.RedisError, OSError)
+
+
+def broker_error(exc: BaseException) -> BrokerError:
+    """fairqueue's error for a redis-py (or socket) error, raised ``from`` it.
+
+    The message carries the Redis error class and, for an error reply, its code word
+    (``WRONGTYPE``, ``ERR``, ``BUSY``...): never the reply's text, which may quote a
+    key (a job id) or a script line, and never the URL.
+    """
+    if isinstance(exc, UNREACHABLE_ERRORS):
+        return _unavailable(exc)
+    name = type(exc).__name__
+    code = str(exc).split(" ", 1)[0]
+    shown = f"{name} {code}" if code.isalpha() and code.isupper() and code != name else name
+    return BrokerRejectedError(f"Redis refused the command ({shown})", redis_error=name)
+
+
 def parse_job_data(raw: str | None) -> dict[str, Any] | None:
-    """Decode a job's ``data`` field; ``None`` when it is not a JSON object."""
+    """Decode a job's ``data`` field; ``None`` when it is not a JSON object.
+
+    A lone surrogate escape (``"\\ud800"``, which JSON allows and another producer or an
+    older fairqueue may have written) becomes ``"?"``, so what is read always encodes as
+    UTF-8: a page that shows it, and a script that is passed it, cannot fail on it.
+    """
     if raw is None:
         return None
     try:
         data = json.loads(raw)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):
         return None
-    return data if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        return None
+    if "\\u" in raw:  # only escapes can make a lone surrogate
+        try:
+            data = _replace_lone_surrogates(data)
+        except RecursionError:
+            return None
+    return data
+
+
+def _replace_lone_surrogates(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.encode("utf-8", "replace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_replace_lone_surrogates(k): _replace_lone_surrogates(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_replace_lone_surrogates(item) for item in value]
+    return value
 
 
 def _int_or(value: Any, default: int | None) -> int | None:
@@ -55,6 +102,14 @@ def _int_or(value: Any, default: int | None) -> int | None:
     except (TypeError, ValueError):
         return default
 
+
+#: Job ids that are a queue's own key suffixes: a job's hash is ``prefix:queue:<id>``, so
+#: such an id would write over (or into) BullMQ's ``wait`` list, ``meta`` hash, ... or
+#: fairqueue's ``fq`` keys. BullMQ's key list (from the installed package) plus the
+#: suffixes its Lua scripts use without listing them, and fairqueue's own.
+RESERVED_JOB_IDS: Final = frozenset(
+    {name for name in QueueKeys().getKeys("q") if name} | {"metrics", "dn", "lock", "logs", "fq"}
+)
 
 #: fairqueue's own keys beside a queue's (see ``lua/fair_clock.lua``): the clock state,
 #: the flows with work and their counted weights, the ready-time index (job ids by the

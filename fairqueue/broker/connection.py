@@ -20,12 +20,11 @@ import redis.cluster
 import redis.sentinel
 from bullmq import Queue as BullQueue
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..exceptions import BrokerUnavailableError
 from ..redis_target import RedisTarget, parse_redis_target
 from .adding import AddedJob, NewJob, _AddPacker, _run_adds_sync
-from .common import T, _unavailable, fair_key
+from .common import REDIS_ERRORS, T, broker_error, fair_key
 from .scripts import Script
 
 if TYPE_CHECKING:
@@ -41,6 +40,20 @@ class _LoopState:
         self.client = client
         self.queues: dict[str, BullQueue] = {}
         self.scripts: dict[str, Any] = {}
+        self.closer: asyncio.Task[None] | None = None
+        self.closed = False
+
+    async def aclose(self) -> None:
+        if not self.closed:
+            self.closed = True
+            await self.client.aclose()
+
+
+def client_name(prefix: str) -> str:
+    """The name fairqueue's Redis connections carry (``CLIENT LIST`` shows it), so an
+    operator sees which connections are fairqueue's and for which prefix."""
+    safe = "".join(c if c.isascii() and (c.isalnum() or c in "-_.") else "_" for c in prefix)
+    return f"fairqueue.{safe}"[:64]
 
 
 class BrokerCore:
@@ -66,7 +79,9 @@ class BrokerCore:
             redis if isinstance(redis, RedisTarget) else parse_redis_target(redis, "redis")
         )
         self._redis_url = self.target.url
-        self._client_factory = client_factory or async_client
+        self._client_factory = client_factory or (
+            lambda target: async_client(target, client_name(prefix))
+        )
         self._states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = (
             weakref.WeakKeyDictionary()
         )
@@ -83,7 +98,20 @@ class BrokerCore:
         if state is None:
             state = _LoopState(self._client_factory(self.target))
             self._states[loop] = state
+            if loop is not _loop_thread.current():
+                # A loop that ends (``asyncio.run``: asgiref's ``async_to_sync`` runs
+                # every async view of a WSGI server on a new one) must take its client
+                # with it: its shutdown cancels this task, which closes the client.
+                state.closer = loop.create_task(self._close_with_loop(loop, state))
         return state
+
+    async def _close_with_loop(self, loop: asyncio.AbstractEventLoop, state: _LoopState) -> None:
+        try:
+            await loop.create_future()  # never set: runs until the loop cancels it
+        finally:
+            if self._states.get(loop) is state:
+                del self._states[loop]
+            await state.aclose()
 
     def script(self, script: Script) -> Any:
         """``script`` registered with this loop's client (EVALSHA, loaded on NOSCRIPT)."""
@@ -114,11 +142,14 @@ class BrokerCore:
         return fair_key(self.prefix, queue, suffix)
 
     async def _guard(self, coro: Awaitable[T]) -> T:
-        """Turn "Redis is not there" into BrokerUnavailableError; let other errors be."""
+        """Every Redis error as a :class:`~fairqueue.exceptions.BrokerError`: "Redis is
+        not there" as ``BrokerUnavailableError``, an error reply (``OutOfMemoryError``,
+        ``WRONGTYPE``, a script error) as ``BrokerRejectedError``. The one place the
+        async broker translates them, so callers never see a raw redis-py error."""
         try:
             return await coro
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-            raise _unavailable(exc) from exc
+        except REDIS_ERRORS as exc:
+            raise broker_error(exc) from exc
 
     async def ping(self) -> bool:
         return await self._guard(self.client().ping())
@@ -126,7 +157,9 @@ class BrokerCore:
     async def close(self) -> None:
         state = self._states.pop(asyncio.get_running_loop(), None)
         if state is not None:
-            await state.client.aclose()
+            if state.closer is not None:
+                state.closer.cancel()
+            await state.aclose()
 
 
 #: A ``redis.asyncio`` client of any kind the broker makes (all take the same commands;
@@ -138,11 +171,17 @@ SyncClient = redis.Redis | redis.cluster.RedisCluster
 _TIMEOUTS: dict[str, Any] = {"socket_connect_timeout": 2, "socket_timeout": 10}
 
 
-def async_client(target: RedisTarget) -> AsyncClient:
+def async_client(target: RedisTarget, name: str | None = None) -> AsyncClient:
     """A ``redis.asyncio`` client for ``target``: one server's pool, the master Sentinel
     names now (re-asked after a failover: the pool reconnects on a connection error or a
     READONLY reply), or a cluster client that follows MOVED/ASK redirections. BullMQ's
-    Python package takes any of them as its ``connection``."""
+    Python package takes any of them as its ``connection``.
+
+    ``name`` is the connections' ``CLIENT SETNAME`` (see :func:`client_name`). Replies
+    are decoded with ``errors="replace"``: the dashboard and the pass read what any
+    producer wrote, and bytes that are not UTF-8 must not turn a page into a 500
+    (strict on what fairqueue writes, tolerant on what it reads)."""
+    named: dict[str, Any] = {"client_name": name, "encoding_errors": "replace"}
     if target.kind == "sentinel":
         sentinel = aiosentinel.Sentinel(
             list(target.nodes),
@@ -157,6 +196,7 @@ def async_client(target: RedisTarget) -> AsyncClient:
             password=target.password,
             ssl=target.ssl,
             health_check_interval=30,
+            **named,
         )
     if target.kind == "cluster":
         return aiocluster.RedisCluster(
@@ -166,16 +206,18 @@ def async_client(target: RedisTarget) -> AsyncClient:
             password=target.password,
             ssl=target.ssl,
             health_check_interval=30,
+            **named,
             **_TIMEOUTS,
         )
     return aioredis.from_url(
-        target.url, decode_responses=True, health_check_interval=30, **_TIMEOUTS
+        target.url, decode_responses=True, health_check_interval=30, **named, **_TIMEOUTS
     )
 
 
-def sync_client(target: RedisTarget) -> SyncClient:
+def sync_client(target: RedisTarget, name: str | None = None) -> SyncClient:
     """A blocking client for ``target`` (see :func:`async_client`). For one server it holds
     a single connection (the enqueue hot path checks nothing out of a pool)."""
+    named: dict[str, Any] = {"client_name": name}
     if target.kind == "sentinel":
         sentinel = redis.sentinel.Sentinel(
             list(target.nodes),
@@ -189,6 +231,7 @@ def sync_client(target: RedisTarget) -> SyncClient:
             username=target.username,
             password=target.password,
             ssl=target.ssl,
+            **named,
         )
     if target.kind == "cluster":
         return redis.cluster.RedisCluster(
@@ -197,10 +240,15 @@ def sync_client(target: RedisTarget) -> SyncClient:
             username=target.username,
             password=target.password,
             ssl=target.ssl,
+            **named,
             **_TIMEOUTS,
         )
     return redis.Redis.from_url(
-        target.url, decode_responses=True, single_connection_client=True, **_TIMEOUTS
+        target.url,
+        decode_responses=True,
+        single_connection_client=True,
+        **named,
+        **_TIMEOUTS,
     )
 
 
@@ -211,6 +259,10 @@ class _LoopThread:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pid: int | None = None
+
+    def current(self) -> asyncio.AbstractEventLoop | None:
+        """This process's broker loop if it has one (no loop is started)."""
+        return self._loop if self._pid == os.getpid() else None
 
     def get(self) -> asyncio.AbstractEventLoop:
         with self._lock:
@@ -261,7 +313,7 @@ class SyncBroker:
     def _client(self) -> SyncClient:
         client, pid = getattr(self._local, "client", (None, None))
         if client is None or pid != os.getpid():
-            client = sync_client(self.broker.target)
+            client = sync_client(self.broker.target, client_name(self.broker.prefix))
             self._local.client = (client, os.getpid())
             with self._clients_lock:
                 self._clients.append(client)
@@ -275,8 +327,8 @@ class SyncBroker:
         commands = self.broker._packer.add_commands(queue, jobs)
         try:
             return _run_adds_sync(self._client(), commands)
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-            raise _unavailable(exc) from exc
+        except REDIS_ERRORS as exc:
+            raise broker_error(exc) from exc
 
     def add_job(self, queue: str, job: NewJob) -> AddedJob:
         return self.add_jobs(queue, [job])[0]

@@ -8,9 +8,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import redis
-
-from .common import _JOB_FIELDS, _SCORE_BASE, T, _int_or, _unavailable, parse_job_data
+from .common import _JOB_FIELDS, _SCORE_BASE, T, _int_or, parse_job_data
 from .rebalancing import WaitingJob
 from .scripts import plain_script
 
@@ -82,13 +80,9 @@ class DashboardReadsMixin(_Base):
     # scan_backlog, which the dashboard runs synchronously only for small backlogs.
 
     async def _dashboard_guard(self, coro: Awaitable[T]) -> T:
-        """Like :meth:`_guard`, but an error answer from Redis (e.g. a script error under
-        memory pressure) is also BrokerUnavailableError: a dashboard shows it, never
-        raises it as a 500."""
-        try:
-            return await self._guard(coro)
-        except redis.RedisError as exc:
-            raise _unavailable(exc) from exc
+        """:meth:`_guard` (every Redis error a ``BrokerError``, which the views show as
+        a banner, never a 500)."""
+        return await self._guard(coro)
 
     async def read_page(self, queue: str, *, start: int, count: int) -> list[WaitingJob]:
         """The waiting jobs at pop positions ``start .. start+count-1`` (0-based), in the

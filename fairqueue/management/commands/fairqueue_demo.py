@@ -58,7 +58,7 @@ from fairqueue.demo import (
     wait_for_port,
     with_db,
 )
-from fairqueue.exceptions import BrokerUnavailableError
+from fairqueue.exceptions import BrokerError
 from fairqueue.levels import PriorityLevel
 from fairqueue.management.arguments import int_in_range, number_in_range
 from fairqueue.scheduler import PendingJob, order_by_occupancy, order_pending_jobs
@@ -540,7 +540,7 @@ class Demo:
             self.say(self.monitor.sample().line())
             for queue in dict.fromkeys(self.settings.queues.values()):
                 broker.trim_finished(queue, grace_ms=KEEP_FINISHED_MS)
-        except BrokerUnavailableError as exc:
+        except BrokerError as exc:
             self.say(f"summary unavailable: {exc}")
 
     # -- stopping ---------------------------------------------------------------------
@@ -587,11 +587,11 @@ class Demo:
             try:
                 deleted = broker.delete_prefix_keys()
                 self.say(f"deleted the demo's {deleted} keys under {self.prefix}:*")
-            except BrokerUnavailableError as exc:
+            except BrokerError as exc:
                 self.say(f"could not delete the demo's keys under {self.prefix}:* ({exc})")
             try:
                 broker.close()
-            except BrokerUnavailableError:
+            except BrokerError:
                 pass
         if supervisor is not None and supervisor.children:
             self._stop_phase([child.name for child in supervisor.children])

@@ -13,7 +13,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from fairqueue.exceptions import BrokerUnavailableError
+from fairqueue.exceptions import BrokerError
 from fairqueue.handlers import autodiscover
 from fairqueue.management.arguments import int_in_range
 from fairqueue.worker import (
@@ -100,7 +100,7 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         try:
             worker.run()
-        except (BrokerUnavailableError, WorkerStoppedError) as exc:
+        except (BrokerError, WorkerStoppedError) as exc:
             raise CommandError(str(exc)) from exc
 
     def _configure_logging(self, verbosity: int) -> None:

@@ -20,7 +20,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import close_old_connections
 
 from fairqueue.conf import get_settings
-from fairqueue.exceptions import BrokerUnavailableError
+from fairqueue.exceptions import BrokerRejectedError, BrokerUnavailableError
 from fairqueue.management.arguments import int_in_range
 from fairqueue.metrics import get_metrics
 from fairqueue.outbox import relay_outbox
@@ -193,6 +193,12 @@ class Rebalancer:
                     self._redis_down = True
                     self._failures += 1
                     wait_ms = min(self.interval_ms * 2 ** min(self._failures, 10), MAX_BACKOFF_MS)
+                except BrokerRejectedError as exc:  # e.g. out of memory taking the lock
+                    if once:
+                        raise
+                    logger.warning("Redis refused a command (%s); retrying", exc.redis_error)
+                    self._failures += 1
+                    wait_ms = min(self.interval_ms * 2 ** min(self._failures, 10), MAX_BACKOFF_MS)
                 if once:
                     break
                 self._stop.wait(wait_ms / 1000)
@@ -204,7 +210,7 @@ class Rebalancer:
         for lock in self.locks.values():
             try:
                 lock.release()
-            except BrokerUnavailableError:
+            except (BrokerUnavailableError, BrokerRejectedError):
                 pass  # the lock expires by itself
 
     def _report(self, result: PassResult) -> None:
@@ -340,4 +346,8 @@ class Command(BaseCommand):
             raise CommandError(
                 f"Redis at {settings.redis_location} is unreachable "
                 f"({unavailable_reason(exc)}): no pass ran"
+            ) from None
+        except BrokerRejectedError as exc:
+            raise CommandError(
+                f"Redis refused a command ({exc.redis_error}): no pass ran"
             ) from None

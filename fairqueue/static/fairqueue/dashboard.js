@@ -228,7 +228,7 @@
 
   function apply(body) {
     if (body.redis !== "ok") {
-      setBanner("Redis unreachable (" + show(body.error, "unknown error") + ")");
+      setBanner(show(body.title, "Redis unreachable") + " (" + show(body.error, "unknown error") + ")");
       return;
     }
     if (!root.querySelector("section[data-job-type]") && body.queues.length) {
