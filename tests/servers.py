@@ -221,11 +221,11 @@ def _wait_cluster_ok(ports: list[int], timeout_s: float = 30.0) -> None:
 
 @dataclass
 class LocalSentinel:
-    """A master and a replica watched by ``len(sentinel_ports)`` sentinels."""
+    """A master and its replicas watched by ``len(sentinel_ports)`` sentinels."""
 
     service: str
     master_port: int
-    replica_port: int
+    replica_ports: list[int]
     sentinel_ports: list[int]
     servers: _Servers
 
@@ -242,10 +242,19 @@ class LocalSentinel:
             client.close()
         return int(port)
 
-    def failover(self, timeout_s: float = 30.0) -> int:
-        """Ask Sentinel to fail over and wait until the old master serves as a replica of
-        the new one; returns the new master's port."""
+    def failover(self, pause_writes_ms: int = 3_000, timeout_s: float = 30.0) -> int:
+        """A planned failover: pause writes on the master (so the replica has every
+        acknowledged write when it is promoted), ask Sentinel to fail over and wait until
+        it names a new master that serves as one; returns the new master's port. Writes
+        held by the pause then meet a master without replicas (NOREPLICAS) and go to the
+        new one. (The old master rejoins as a replica when Sentinel next looks at it.)"""
         old = self.master_port_now()
+        if pause_writes_ms:
+            master = redis.Redis(port=old)
+            try:
+                master.execute_command("CLIENT PAUSE", pause_writes_ms, "WRITE")
+            finally:
+                master.close()
         client = redis.Redis(port=self.sentinel_ports[0], decode_responses=True)
         try:
             client.execute_command("SENTINEL FAILOVER", self.service)
@@ -254,7 +263,7 @@ class LocalSentinel:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             new = self.master_port_now()
-            if new != old and _role(new) == "master" and _role(old) == "slave":
+            if new != old and _role(new) == "master":
                 return new
             time.sleep(0.1)
         raise TimeoutError(f"failover of {self.service} did not complete")
@@ -273,15 +282,32 @@ def _role(port: int) -> str | None:
         client.close()
 
 
-def start_sentinel(sentinels: int = 3, service: str = "fqmaster") -> LocalSentinel:
-    """Start a master, a replica of it and ``sentinels`` sentinels (quorum: a majority)."""
+#: What the README asks of every data node behind Sentinel: refuse writes without a
+#: replica in sync, so a master a failover left behind cannot accept writes it would lose.
+SAFE_REPLICATION = ("--min-replicas-to-write", "1", "--min-replicas-max-lag", "10")
+
+
+def start_sentinel(
+    sentinels: int = 3, replicas: int = 1, service: str = "fqmaster"
+) -> LocalSentinel:
+    """Start a master, ``replicas`` replicas of it and ``sentinels`` sentinels (quorum: a
+    majority), every data node with :data:`SAFE_REPLICATION`.
+
+    With one replica a failover loses nothing: the old master refuses writes the moment
+    its only replica is promoted (NOREPLICAS), and the new master refuses them until the
+    old one rejoins as its replica (seconds: a write outage that clients retry through).
+    A second replica would keep the old master writable, into that replica, until
+    Sentinel repoints it, and those writes are then discarded."""
     servers = _Servers()
-    master, replica, *sentinel_ports = free_ports(2 + sentinels)
+    master, *ports = free_ports(1 + replicas + sentinels)
+    replica_ports, sentinel_ports = ports[:replicas], ports[replicas:]
     try:
-        servers.start(master)
+        servers.start(master, *SAFE_REPLICATION)
         _wait_ping(master)
-        servers.start(replica, "--replicaof", "127.0.0.1", str(master))
-        _wait_ping(replica)
+        for replica in replica_ports:
+            servers.start(replica, *SAFE_REPLICATION, "--replicaof", "127.0.0.1", str(master))
+        for replica in replica_ports:
+            _wait_ping(replica)
         quorum = sentinels // 2 + 1
         for port in sentinel_ports:
             config = servers.directory / f"sentinel-{port}.conf"
@@ -294,12 +320,13 @@ def start_sentinel(sentinels: int = 3, service: str = "fqmaster") -> LocalSentin
             servers.start(port, str(config), "--sentinel")
         for port in sentinel_ports:
             _wait_ping(port)
-        _wait_replica_synced(replica)
-        _wait_sentinels_see_replica(sentinel_ports, service)
+        for replica in replica_ports:
+            _wait_replica_synced(replica)
+        _wait_sentinels_see_replicas(sentinel_ports, service, replicas)
     except BaseException:
         servers.stop()
         raise
-    return LocalSentinel(service, master, replica, sentinel_ports, servers)
+    return LocalSentinel(service, master, replica_ports, sentinel_ports, servers)
 
 
 def _wait_replica_synced(port: int, timeout_s: float = 30.0) -> None:
@@ -318,7 +345,9 @@ def _role_info(port: int) -> dict:
         client.close()
 
 
-def _wait_sentinels_see_replica(ports: list[int], service: str, timeout_s: float = 30.0) -> None:
+def _wait_sentinels_see_replicas(
+    ports: list[int], service: str, replicas: int, timeout_s: float = 30.0
+) -> None:
     """Sentinels learn the replica (and each other) from the master's INFO and hello
     messages; a failover before that has nowhere to go."""
     deadline = time.monotonic() + timeout_s
@@ -327,14 +356,14 @@ def _wait_sentinels_see_replica(ports: list[int], service: str, timeout_s: float
         for port in ports:
             client = redis.Redis(port=port, decode_responses=True)
             try:
-                replicas = client.execute_command("SENTINEL REPLICAS", service)
+                known = client.execute_command("SENTINEL REPLICAS", service)
                 others = client.execute_command("SENTINEL SENTINELS", service)
             finally:
                 client.close()
-            if not replicas or len(others) < len(ports) - 1:
+            if len(known) < replicas or len(others) < len(ports) - 1:
                 ready = False
         if ready:
             return
         if time.monotonic() > deadline:
-            raise TimeoutError(f"sentinels on {ports} never saw the replica of {service}")
+            raise TimeoutError(f"sentinels on {ports} never saw the replicas of {service}")
         time.sleep(0.2)

@@ -19,6 +19,8 @@ import redis.asyncio.sentinel as aiosentinel
 import redis.cluster
 import redis.sentinel
 from bullmq import Queue as BullQueue
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from ..exceptions import BrokerUnavailableError
@@ -26,6 +28,12 @@ from ..redis_target import RedisTarget, parse_redis_target
 from .adding import AddedJob, NewJob, _AddPacker, _run_adds_sync
 from .common import REDIS_ERRORS, T, broker_error, fair_key
 from .scripts import Script
+from .sentinel import (
+    AsyncFailoverAwareConnection,
+    AsyncFailoverAwareSSLConnection,
+    FailoverAwareConnection,
+    FailoverAwareSSLConnection,
+)
 
 if TYPE_CHECKING:
     from . import Broker
@@ -169,13 +177,22 @@ AsyncClient = aioredis.Redis | aiocluster.RedisCluster
 SyncClient = redis.Redis | redis.cluster.RedisCluster
 
 _TIMEOUTS: dict[str, Any] = {"socket_connect_timeout": 2, "socket_timeout": 10}
+#: How long async Sentinel clients (workers, the pass, the dashboard) keep retrying a
+#: command that failed because the master went away or was left behind (0.1 s doubling
+#: to 1 s, ~25 s in all): through a failover, so that a worker's "job done" write reaches
+#: the new master instead of failing and leaving the job active, to run again once BullMQ
+#: finds it stalled. Each retry follows a connection error or NOREPLICAS, where the
+#: script did not run. (Enqueues, on the sync client, fail fast instead: retry them with
+#: the same job id, or enqueue durably.)
+FAILOVER_RETRIES = 30
 
 
 def async_client(target: RedisTarget, name: str | None = None) -> AsyncClient:
     """A ``redis.asyncio`` client for ``target``: one server's pool, the master Sentinel
     names now (re-asked after a failover: the pool reconnects on a connection error or a
-    READONLY reply), or a cluster client that follows MOVED/ASK redirections. BullMQ's
-    Python package takes any of them as its ``connection``.
+    READONLY or NOREPLICAS reply, see ``sentinel.py``), or a cluster client that follows
+    MOVED/ASK redirections. BullMQ's Python package takes any of them as its
+    ``connection``.
 
     ``name`` is the connections' ``CLIENT SETNAME`` (see :func:`client_name`). Replies
     are decoded with ``errors="replace"``: the dashboard and the pass read what any
@@ -194,7 +211,10 @@ def async_client(target: RedisTarget, name: str | None = None) -> AsyncClient:
             db=target.db,
             username=target.username,
             password=target.password,
-            ssl=target.ssl,
+            connection_class=(
+                AsyncFailoverAwareSSLConnection if target.ssl else AsyncFailoverAwareConnection
+            ),
+            retry=AsyncRetry(ExponentialBackoff(cap=1.0, base=0.05), FAILOVER_RETRIES),
             health_check_interval=30,
             **named,
         )
@@ -230,7 +250,7 @@ def sync_client(target: RedisTarget, name: str | None = None) -> SyncClient:
             db=target.db,
             username=target.username,
             password=target.password,
-            ssl=target.ssl,
+            connection_class=FailoverAwareSSLConnection if target.ssl else FailoverAwareConnection,
             **named,
         )
     if target.kind == "cluster":
