@@ -79,10 +79,10 @@ SWEEP_SHARE: Final = 4
 #: Tag-band jobs moved per rebase call, and calls per pass at most.
 REBASE_PAGE_SIZE: Final = 500
 REBASE_PAGES: Final = 40
-#: Stream entries read per history call, and calls per pass at most (BullMQ keeps about
-#: 10,000 entries: at most one stream's worth per pass).
-HISTORY_PAGE_SIZE: Final = 1_000
-HISTORY_PAGES: Final = 12
+#: Stream entries read per history call (about 3 per job: added, active, completed), and
+#: calls per pass at most (BullMQ keeps about 10,000 entries: a stream's worth per pass).
+HISTORY_PAGE_SIZE: Final = 500
+HISTORY_PAGES: Final = 24
 #: What a pass did, as counts: recorded for the dashboard, which shows them.
 PASS_COUNTS: Final = ("adopted", "aged", "parked", "overdue", "cleaned", "rebased")
 LAST_RUN_RECORD: Final = "last_pass"
@@ -372,6 +372,7 @@ def rebalance_queue(
     rebalancer: str | None = None,
     interval_ms: int | None = None,
     by: str | None = None,
+    record_history: bool = True,
 ) -> PassResult:
     """One pass over ``job_type``'s queue, from sync code (commands, Celery, views)."""
     sync_broker = get_sync_broker()
@@ -383,6 +384,7 @@ def rebalance_queue(
         rebalancer=rebalancer,
         interval_ms=interval_ms,
         by=by,
+        record_history=record_history,
     )
 
 

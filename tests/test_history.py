@@ -31,6 +31,7 @@ from fairqueue.history import (
 from fairqueue.rebalance import rebalance_queue
 from fairqueue.services import enqueue_jobs
 from tests.conftest import REDIS_URL
+from tests.test_node_worker import node_worker, run_node_worker  # noqa: F401 - a fixture
 
 WEIGHTS = {"critical": 4, "high": 3, "normal": 2, "low": 1}
 
@@ -344,3 +345,27 @@ def test_live__removed_hashes_count_unknown_and_a_trimmed_stream_is_a_gap(fq_pre
 
     # A dry run records nothing; nor does a pass whose lock another rebalancer holds.
     assert rebalance_queue("email", dry_run=True).recorded == 0
+
+
+@pytest.mark.django_db
+def test_live__a_stock_node_worker_is_recorded_too(node_worker, fq_prefix, redis_client):  # noqa: F811
+    rebalance_queue("email", rebalancer="history-test")  # history starts here
+    enqueue_jobs("email", [{} for _ in range(16)], tenant_id="acme", priority_level="critical")
+    enqueue_jobs("email", [{} for _ in range(8)], tenant_id="free", priority_level="low")
+    processed = run_node_worker(node_worker, fq_prefix, 24)
+    rebalance_queue("email", rebalancer="history-test")
+    out = _recorded(int(time.time() * 1000))
+    assert out["served_total"] == 24 and out["unknown"] == 0
+    assert out["levels"]["critical"]["served"] == 16 and out["levels"]["low"]["served"] == 8
+    assert {(row["level"], row["tenant"], row["served"]) for row in out["tenants"]} == {
+        ("critical", "acme", 16),
+        ("low", "free", 8),
+    }
+    # The Node worker's own processedOn - timestamp, against the recorded p99.
+    waits = sorted(
+        int(redis_client.hget(f"{fq_prefix}:email:{job_id}", "processedOn"))
+        - int(redis_client.hget(f"{fq_prefix}:email:{job_id}", "timestamp"))
+        for job_id in processed
+        if redis_client.hget(f"{fq_prefix}:email:{job_id}", "data").find("low") >= 0
+    )
+    assert out["levels"]["low"]["p99_ms"] == pytest.approx(waits[-1], rel=0.2, abs=25)

@@ -11,7 +11,7 @@
   tenantId; a job without them: the level of the priority its producer asked for, the
   default tenant), its ready time is its timestamp plus its delay. A job whose hash is
   gone (removed on completion before the pass read it) or whose data is too large to
-  decode (over ARGV[9] bytes) counts as started at an unknown level ('?'). A retried
+  decode (over ARGV[9] bytes; a call stops after ARGV[11] bytes of data) counts as started at an unknown level ('?'). A retried
   attempt (ats > 1) counts as started, with no wait (its timestamp is its first add).
   BullMQ caps the stream (about 10,000 entries): entries added after the cursor and
   trimmed before the pass read them (counted from the stream's entries-added, Redis >= 7)
@@ -155,12 +155,12 @@ for _, entry in ipairs(entries) do
     local startMs = msOf(entry[1])
     local startB = bucketOf(startMs)
     local jobKey = jobPrefix .. jobId
-    local row = redis.call('HMGET', jobKey, 'timestamp', 'delay', 'ats', 'opts')
-    local size = redis.call('HSTRLEN', jobKey, 'data')
+    local row = redis.call('HMGET', jobKey, 'timestamp', 'delay', 'ats', 'opts', 'data')
+    local size = row[5] and #row[5] or 0
+    bytes = bytes + size
     local level, tenant = nil, 'default'
     if row[1] and size <= maxData then
-      bytes = bytes + size
-      local ok, data = pcall(cjson.decode, redis.call('HGET', jobKey, 'data') or '')
+      local ok, data = pcall(cjson.decode, row[5] or '')
       if ok and type(data) == 'table' then
         local named, tid = data['priorityLevel'], data['tenantId']
         if named == nil or named == cjson.null then

@@ -1,0 +1,215 @@
+"""What recording the dashboard's history costs the rebalance pass, at 1,000 jobs/s.
+
+A producer adds jobs at ``--rate`` jobs/s (batches every 100 ms through fairqueue's add
+script; four levels, 20 tenants) for ``--seconds``, while a stock Node BullMQ worker
+(``benchmarks/fairness_worker.mjs``, bullmq 6.7, ``--concurrency`` jobs at a time, 0 ms
+jobs) drains them and the rebalance pass runs every ``--interval-ms``. Three runs under
+the same load, each on a fresh private ``redis-server`` (no persistence; the shared
+server is not touched):
+
+* ``off``: passes with ``record_history=False`` (the pass as it was);
+* ``on``: passes as shipped, recording the history from BullMQ's events stream;
+* ``on, 5 s``: the same at the default 5 s interval, where BullMQ's cap on its events
+  stream (~10,000 entries, about 3 per job) trims entries before the pass reads them:
+  the history records that gap instead of guessing.
+
+Per run: jobs added and taken, pass duration (client-timed, median / p95 / max), the
+slowest script call of any pass, jobs recorded, jobs the worker took that the history
+counts (recorded / taken), and the share of the run's time the history observed.
+
+    python benchmarks/bench_history.py [--rate 1000] [--seconds 20] [--interval-ms 1000]
+        [--concurrency 50] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+
+import django  # noqa: E402
+
+django.setup()
+
+from bench_rebalance import private_redis  # noqa: E402
+from django.test.utils import override_settings  # noqa: E402
+
+from fairqueue import conf, history  # noqa: E402
+from fairqueue.broker import NewJob, close_brokers, get_sync_broker  # noqa: E402
+from fairqueue.levels import PAYLOAD_LEVEL_KEY, PAYLOAD_TENANT_KEY, PriorityLevel  # noqa: E402
+from fairqueue.rebalance import rebalance_queue  # noqa: E402
+
+JOB_TYPE = QUEUE = "email"
+PREFIX = "fqhist"
+WORKER = Path(__file__).resolve().parent / "fairness_worker.mjs"
+LEVELS = (PriorityLevel.CRITICAL, PriorityLevel.HIGH, PriorityLevel.NORMAL, PriorityLevel.LOW)
+TICK_S = 0.1
+
+
+def _produce(rate: int, seconds: float, stop: threading.Event, added: list[int]) -> None:
+    broker = get_sync_broker()
+    per_tick = max(1, round(rate * TICK_S))
+    started = time.monotonic()
+    i = 0
+    while not stop.is_set() and time.monotonic() - started < seconds:
+        jobs = []
+        for _ in range(per_tick):
+            level, tenant = LEVELS[i % 4], f"t{i % 20}"
+            data = {PAYLOAD_TENANT_KEY: tenant, PAYLOAD_LEVEL_KEY: level.value, "i": i}
+            jobs.append(NewJob(name=JOB_TYPE, data=data, level=level, tenant=tenant))
+            i += 1
+        broker.add_jobs(QUEUE, jobs)
+        added[0] += len(jobs)
+        next_tick = started + (added[0] / per_tick) * TICK_S
+        time.sleep(max(0.0, next_tick - time.monotonic()))
+
+
+def _passes(interval_s: float, record: bool, stop: threading.Event, out: list[Any]) -> None:
+    while not stop.is_set():
+        began = time.monotonic()
+        out.append(
+            rebalance_queue(
+                JOB_TYPE,
+                rebalancer="bench-history",
+                interval_ms=int(interval_s * 1000),
+                record_history=record,
+            )
+        )
+        stop.wait(max(0.0, interval_s - (time.monotonic() - began)))
+
+
+def run(name: str, args: argparse.Namespace, *, record: bool, interval_ms: int) -> dict[str, Any]:
+    with private_redis() as url:
+        fq = {"PREFIX": PREFIX, "QUEUES": {JOB_TYPE: QUEUE}, "REDIS_URL": url}
+        with override_settings(FAIRQUEUE=fq):
+            os.environ["FAIRQUEUE_REDIS_URL"] = url
+            conf.reload_settings()
+            try:
+                return _run(name, args, url, record=record, interval_ms=interval_ms)
+            finally:
+                close_brokers()
+                conf.reload_settings()
+
+
+def _run(
+    name: str, args: argparse.Namespace, url: str, *, record: bool, interval_ms: int
+) -> dict[str, Any]:
+    worker = subprocess.Popen(  # noqa: S603 - our own script
+        ["node", str(WORKER), url, PREFIX, QUEUE, str(args.concurrency), "0"],  # noqa: S607
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    taken = [0]
+
+    def read() -> None:
+        for line in worker.stdout:
+            if line.startswith("{"):
+                taken[0] += 1
+
+    try:
+        return _measure(name, args, worker, taken, read, record=record, interval_ms=interval_ms)
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(10)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+
+
+def _measure(
+    name: str,
+    args: argparse.Namespace,
+    worker: subprocess.Popen[str],
+    taken: list[int],
+    read: Any,
+    *,
+    record: bool,
+    interval_ms: int,
+) -> dict[str, Any]:
+    if worker.stdout.readline().strip() != "ready":
+        raise SystemExit("the Node worker did not start")
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    stop = threading.Event()
+    passes: list[Any] = []
+    added = [0]
+    rebalance_queue(JOB_TYPE, rebalancer="bench-history", record_history=record)  # cursor
+    began = time.time()
+    loop = threading.Thread(target=_passes, args=(interval_ms / 1000, record, stop, passes))
+    loop.start()
+    _produce(args.rate, args.seconds, stop, added)
+    time.sleep(1.0)  # let the worker catch up
+    stop.set()
+    loop.join()
+    worker.terminate()
+    worker.wait(15)
+    reader.join(5)
+    final = rebalance_queue(JOB_TYPE, rebalancer="bench-history", record_history=record)
+    elapsed_ms = (time.time() - began) * 1000
+    durations = sorted(result.duration_ms for result in passes)
+    recorded = sum(result.recorded for result in [*passes, final])
+    gap_ms = sum(result.history_gap_ms for result in [*passes, final])
+    p95 = durations[min(len(durations) - 1, int(0.95 * len(durations)))]
+    return {
+        "run": name,
+        "interval_ms": interval_ms,
+        "added": added[0],
+        "taken": taken[0],
+        "rate": round(taken[0] / args.seconds),
+        "passes": len(passes),
+        "pass_ms_median": round(statistics.median(durations), 1),
+        "pass_ms_p95": round(p95, 1),
+        "pass_ms_max": round(durations[-1], 1),
+        "worst_script_ms": round(max(result.worst_script_ms for result in passes), 1),
+        "script_calls_per_pass": round(statistics.mean(r.script_calls for r in passes), 1),
+        "recorded": recorded,
+        "unrecorded": sum(result.unrecorded for result in [*passes, final]),
+        "recorded_of_taken": round(recorded / taken[0], 3) if record and taken[0] else None,
+        "observed": round(1 - gap_ms / elapsed_ms, 3) if record else None,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rate", type=int, default=1_000)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--interval-ms", type=int, default=1_000)
+    parser.add_argument("--concurrency", type=int, default=50)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    rows = [
+        run("off", args, record=False, interval_ms=args.interval_ms),
+        run("on", args, record=True, interval_ms=args.interval_ms),
+        run("on, 5 s", args, record=True, interval_ms=5_000),
+    ]
+    print(
+        f"\nHistory recording at {args.rate} jobs/s for {args.seconds:.0f} s, Node worker "
+        f"concurrency {args.concurrency} (buckets {history.BUCKET_S} s):"
+    )
+    cols = (
+        "run", "interval_ms", "added", "taken", "passes", "pass_ms_median", "pass_ms_p95",
+        "pass_ms_max", "worst_script_ms", "script_calls_per_pass", "recorded",
+        "recorded_of_taken", "observed",
+    )  # fmt: skip
+    print(" | ".join(cols))
+    for row in rows:
+        print(" | ".join(str(row[col]) for col in cols))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
