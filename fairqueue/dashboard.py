@@ -19,6 +19,11 @@ What a call costs, whatever the backlog size:
   below 300 ms; the stats say so (``backlog.exact`` is false, with the scan's age) and
   the page shows it.
 
+* the history (``stats["history"]``): what workers started over the last minutes, as
+  the rebalance pass recorded it from BullMQ's events stream (:mod:`fairqueue.history`);
+  one pipelined read of the hour's buckets (360 small hashes and zsets) per request,
+  whatever the traffic.
+
 The returned dict is plain JSON data (numbers, strings, lists, dicts, None), with display
 strings next to raw values so the page and its JavaScript show the same text. No
 payloads: the job detail view reads those separately, behind their own permission.
