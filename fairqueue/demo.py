@@ -676,7 +676,12 @@ class LoadGenerator:
         return self.enqueued[source.name] - self.finished[source.name]
 
     def step(self, elapsed_s: float) -> int:
-        """One tick: count finished jobs, top up floods, add trickles. Jobs added."""
+        """One tick: count finished jobs, top up floods, add trickles. Jobs added.
+
+        A source whose enqueue fails for another reason than Redis (the audited
+        override's row on a busy SQLite) is skipped until the next tick; nothing was
+        added for it (the audit row is written before the job)."""
+        from .exceptions import BrokerUnavailableError
         from .services import enqueue_jobs
 
         for tracker in self._trackers:
@@ -696,7 +701,17 @@ class LoadGenerator:
             if count <= 0:
                 continue
             payload = {"work_ms": self.work_ms, "source": source.name, "run": self.run_id}
-            enqueue_jobs(source.job_type, [payload] * count, **source.enqueue_options())
+            try:
+                enqueue_jobs(source.job_type, [payload] * count, **source.enqueue_options())
+            except BrokerUnavailableError:
+                raise
+            except Exception as exc:  # e.g. SQLite busy writing an audit row: next tick
+                logger.warning(
+                    "load generator: %s not enqueued (%s); next tick",
+                    source.name,
+                    type(exc).__name__,
+                )
+                continue
             self.enqueued[source.name] += count
             added += count
         return added

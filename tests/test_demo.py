@@ -186,6 +186,7 @@ def test_demo__every_part_shown_on_its_own_keys_then_everything_cleaned_up(tmp_p
             lines.append(line)
             if line.startswith("Metrics:"):
                 break
+        assert lines and lines[-1].startswith("Metrics:"), "".join(lines)
         enqueues, passes = re.findall(r"(http://127\.0\.0\.1:\d+/metrics)", lines[-1])
         # Metrics are served where the jobs are enqueued and where the passes run.
         assert _metric_reaches(
@@ -247,7 +248,8 @@ def test_demo__ctrl_c_stops_it_and_deletes_its_keys(tmp_path, demo_prefix):
             lines.append(line)
             if re.search(r"\] email: [1-9]\d* done", line):
                 break
-        assert _keys(DEMO_DB_URL, demo_prefix)
+        assert re.search(r"\] email: \d+ done", lines[-1]), "".join(lines)
+        assert _keys(DEMO_DB_URL, demo_prefix), "".join(lines)
         process.send_signal(signal.SIGINT)
         rest, _ = process.communicate(timeout=60)
     finally:

@@ -320,6 +320,8 @@ class Demo:
         self.supervisor: Supervisor | None = None
         self.monitor: FairnessMonitor | None = None
         self._signals = 0
+        self._stop_signal: str | None = None
+        self._signal_reported = False
         self._reported: set[str] = set()
 
     def say(self, message: str = "") -> None:
@@ -530,6 +532,7 @@ class Demo:
                 next_summary = now + self.summary_every_s
                 self._summary(broker)
             self.stop.wait(0.1)
+        self._report_signal()
         self._summary(broker)
         return None
 
@@ -552,9 +555,11 @@ class Demo:
         previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
 
         def on_signal(signum: int, frame: Any) -> None:
+            # No output here: the main thread may be inside a write to the same stream
+            # ("reentrant call"); it reports the signal when it sees ``stop``.
             self._signals += 1
             if self._signals == 1:
-                self.say(f"\n{signal.Signals(signum).name}: stopping (again to kill at once)")
+                self._stop_signal = signal.Signals(signum).name
                 self.stop.set()
             elif self.supervisor is not None:
                 self.supervisor.kill_all()
@@ -568,9 +573,15 @@ class Demo:
 
         return restore
 
+    def _report_signal(self) -> None:
+        if self._stop_signal is not None and not self._signal_reported:
+            self._signal_reported = True
+            self.say(f"\n{self._stop_signal}: stopping (again to kill at once)")
+
     def _shutdown(self, broker: SyncBroker | None) -> None:
         """Stop the children in order, delete the demo's keys while Redis still runs,
         then stop Redis (if the demo started it)."""
+        self._report_signal()
         supervisor = self.supervisor
         if supervisor is not None and supervisor.children:
             embedded = any(child.name == "redis" for child in supervisor.children)
