@@ -476,7 +476,10 @@ class Demo:
             web_port = self.web_port
             if not port_is_free(WEB_HOST, web_port):
                 web_port = free_port(WEB_HOST)
-            commands["web"] = self._manage("runserver", "--noreload", f"{WEB_HOST}:{web_port}")
+            # --insecure: the admin's CSS and JS even with DEBUG off (local demo only).
+            commands["web"] = self._manage(
+                "runserver", "--noreload", "--insecure", f"{WEB_HOST}:{web_port}"
+            )
         for name, argv in commands.items():
             child = supervisor.start(name, argv)
             self.say(f"started {name} (pid {child.pid}), log {child.log_path}")
