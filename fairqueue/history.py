@@ -134,7 +134,8 @@ class Bucket:
     waits: dict[str, dict[int, int]] = field(default_factory=dict)
     #: Started jobs that had waited longer than the bound, per level.
     over: dict[str, int] = field(default_factory=dict)
-    #: Retried attempts among the started (no wait recorded for them).
+    #: Starts of jobs that had more than one attempt when the pass read them (retried;
+    #: no wait recorded for them: their timestamp is their first add's).
     retried: int = 0
     #: Milliseconds of this bucket whose events the pass never saw (the stream was
     #: trimmed before it read them).

@@ -209,6 +209,11 @@ def history_view(summary: dict[str, Any], *, now_ms: int, since_ms: int | None) 
             f"{summary['unknown']} started job(s) of unknown level: their hash was removed "
             "before the pass read it (keep finished jobs a few pass intervals)."
         )
+    if summary["retried"]:
+        notes.append(
+            f"{summary['retried']} start(s) of retried jobs: counted as started, with no wait "
+            "(a retried job's timestamp is its first add's)."
+        )
     summary["notes"] = notes
     summary["window_min"] = summary["window_s"] // 60
     summary["charts"] = {

@@ -485,3 +485,25 @@ def test_redis_error_reply__banner_and_503_not_500(viewer, fq_prefix, redis_clie
     stats = viewer.get(reverse(STATS))
     assert stats.status_code == 503
     assert stats.json()["redis"] == "error" and stats.json()["error"] == "BrokerRejectedError"
+
+
+def test_stats_json__history_of_what_a_worker_started(viewer, fq_prefix):
+    rebalance_queue("email", rebalancer="t")  # history starts at this pass
+    seed_mixed()
+    drain_with_stock_worker(fq_prefix, "email", 8)
+    rebalance_queue("email", rebalancer="t")
+    body = viewer.get(reverse(STATS), {"queue": "email", "history_minutes": "5"}).json()
+    history = body["queues"][0]["history"]
+    assert history["window_s"] == 300 and history["served_total"] == 8
+    assert sum(level["served"] for level in history["levels"].values()) == 8
+    assert set(history["charts"]) == {"shares", "waits", "series"}
+    assert history["levels"]["critical"]["weight_share"] == 0.4
+    # Bad input gets the default window; too large is clamped to the hour kept.
+    assert (
+        viewer.get(reverse(STATS), {"history_minutes": "x"}).json()["queues"][0]["history"][
+            "window_s"
+        ]
+        == 15 * 60
+    )
+    clamped = viewer.get(reverse(STATS), {"queue": "email", "history_minutes": "999"}).json()
+    assert clamped["queues"][0]["history"]["window_s"] == 3_600

@@ -369,3 +369,54 @@ def test_live__a_stock_node_worker_is_recorded_too(node_worker, fq_prefix, redis
         if redis_client.hget(f"{fq_prefix}:email:{job_id}", "data").find("low") >= 0
     )
     assert out["levels"]["low"]["p99_ms"] == pytest.approx(waits[-1], rel=0.2, abs=25)
+
+
+async def _fail_once(prefix, queue, count, attempts_seen):
+    done = asyncio.Event()
+
+    async def process(job, token):
+        attempts_seen.append(job.id)
+        if job.attemptsMade == 0:
+            raise RuntimeError("first attempt fails")
+        if len(attempts_seen) >= count:
+            done.set()
+
+    worker = Worker(queue, process, {"connection": REDIS_URL, "prefix": prefix, "concurrency": 1})
+    try:
+        await asyncio.wait_for(done.wait(), 30)
+    finally:
+        await worker.close()
+
+
+@pytest.mark.django_db
+def test_live__a_retried_job_counts_as_started_each_time_without_a_wait(fq_prefix):
+    rebalance_queue("email", rebalancer="history-test")
+    enqueue_jobs("email", [{"i": 1}], tenant_id="acme", priority_level="normal", attempts=2)
+    seen: list = []
+    asyncio.run(_fail_once(fq_prefix, "email", 2, seen))
+    assert len(seen) == 2  # the same job, twice
+    result = rebalance_queue("email", rebalancer="history-test")
+    assert result.recorded == 2
+    out = _recorded(int(time.time() * 1000))
+    # Both starts count. The job had two attempts by the time the pass read it, and its
+    # timestamp is its first add's, so neither start has a wait (rather than a wrong one).
+    assert out["levels"]["normal"]["served"] == 2 and out["retried"] == 2
+    assert out["levels"]["normal"]["waits_recorded"] == 0
+
+
+@pytest.mark.django_db
+def test_live__only_the_lock_holder_records(fq_prefix, redis_client):
+    from fairqueue.broker import LockLostError
+
+    rebalance_queue("email", rebalancer="history-test")
+    redis_client.set(f"{fq_prefix}:email:fq:leader", "someone-else", px=10_000)
+    broker = get_sync_broker()
+    with pytest.raises(LockLostError):
+        broker.record_history_page(
+            "email",
+            lock_key=f"{fq_prefix}:email:fq:leader",
+            token="me",
+            lock_ttl_ms=1_000,
+            max_wait_ms=1_000,
+        )
+    assert rebalance_queue("email", rebalancer="me").recorded == 0

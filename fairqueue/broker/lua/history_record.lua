@@ -11,8 +11,10 @@
   tenantId; a job without them: the level of the priority its producer asked for, the
   default tenant), its ready time is its timestamp plus its delay. A job whose hash is
   gone (removed on completion before the pass read it) or whose data is too large to
-  decode (over ARGV[9] bytes; a call stops after ARGV[11] bytes of data) counts as started at an unknown level ('?'). A retried
-  attempt (ats > 1) counts as started, with no wait (its timestamp is its first add).
+  decode (over ARGV[9] bytes; a call stops after ARGV[11] bytes of data) counts as started at an unknown level ('?'). A start of a
+  job with more than one attempt by the time the pass reads it (ats > 1: retried) counts
+  as started, field r, with no wait (its timestamp is its first add's, so a wait from it
+  would include the earlier attempts and their backoff).
   BullMQ caps the stream (about 10,000 entries): entries added after the cursor and
   trimmed before the pass read them (counted from the stream's entries-added, Redis >= 7)
   are a gap, whose time span is added to the buckets it covers (field g, milliseconds
