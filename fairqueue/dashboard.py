@@ -308,7 +308,9 @@ async def aqueue_stats(
         # The head the policy's order is compared with: O(window) however long the queue.
         broker.read_head(queue, count=window),
         broker.read_page(queue, start=start, count=per_page),
-        broker.read_history(queue, now_s=now_ms // 1000),
+        broker.read_history(
+            queue, now_s=now_ms // 1000, window_s=clamp_window_min(history_minutes) * 60
+        ),
     )
     total = counts["wait"] + counts["prioritized"]
     scan, backlog = await _backlog(

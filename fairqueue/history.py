@@ -151,25 +151,21 @@ def parse_bucket(
     ``o:<level>``, ``w:<level>:<bin>``, ``r``, ``g``) and tenant zset entries
     (``"<level>\\n<tenant>"`` -> count). Unknown fields are ignored."""
     bucket = Bucket(start_s=start_s)
+    targets = {"s": bucket.served, "a": bucket.arrived, "o": bucket.over}
     for name, raw in fields.items():
-        try:
-            value = int(raw)
-        except (TypeError, ValueError):
+        kind, rest = name[:1], name[2:]
+        if not str(raw).isdigit():
             continue
-        kind, _, rest = name.partition(":")
-        if kind == "s":
-            bucket.served[rest] = value
-        elif kind == "a":
-            bucket.arrived[rest] = value
-        elif kind == "o":
-            bucket.over[rest] = value
-        elif kind == "w":
+        value = int(raw)
+        if kind == "w":
             level, _, index = rest.partition(":")
             if index.isdigit():
                 bucket.waits.setdefault(level, {})[int(index)] = value
-        elif kind == "r":
+        elif kind in targets and name[1:2] == ":":
+            targets[kind][rest] = value
+        elif name == "r":
             bucket.retried = value
-        elif kind == "g":
+        elif name == "g":
             bucket.gap_ms = value
     for member, score in tenants:
         level, sep, tenant = str(member).partition("\n")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..history import BUCKET_S, RETENTION_S, TENANTS_PER_BUCKET
+from ..history import BUCKET_S, LEVEL_NAMES, RETENTION_S, TENANTS_PER_BUCKET
 from .rebalancing import LockLostError
 from .scripts import plain_script
 
@@ -20,6 +20,10 @@ if TYPE_CHECKING:
     from .connection import BrokerCore as _Base
 else:
     _Base = object
+
+
+#: What the backlogs need of a bucket before the window: jobs started and became ready.
+_COUNT_FIELDS = [f"{kind}:{level}" for kind in ("s", "a") for level in LEVEL_NAMES]
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,24 +99,42 @@ class HistoryMixin(_Base):
             more=bool(int(more)),
         )
 
-    async def read_history(self, queue: str, *, now_s: int) -> HistoryRead:
-        """Every bucket kept (the last ``RETENTION_S``), in one pipelined round trip."""
-        return await self._guard(self._read_history(queue, now_s))
+    async def read_history(
+        self, queue: str, *, now_s: int, window_s: int = RETENTION_S
+    ) -> HistoryRead:
+        """The buckets kept (the last ``RETENTION_S``), in one pipelined round trip: every
+        field and the tenants of those in the last ``window_s``, only the started and
+        became-ready counts of older ones (what the backlogs need)."""
+        return await self._guard(self._read_history(queue, now_s, window_s))
 
-    async def _read_history(self, queue: str, now_s: int) -> HistoryRead:
+    async def _read_history(self, queue: str, now_s: int, window_s: int) -> HistoryRead:
         prefix = self.fair_key(queue, "hist:")
         last = now_s // BUCKET_S * BUCKET_S
         starts = list(range(last - RETENTION_S + BUCKET_S, last + BUCKET_S, BUCKET_S))
+        window_start = last - window_s
         async with self.client().pipeline(transaction=False) as pipe:
             pipe.hget(self.fair_key(queue, "hist"), "since")
             for start in starts:
-                pipe.hgetall(f"{prefix}{start}")
-                pipe.zrange(f"{prefix}t:{start}", 0, -1, withscores=True)
+                if start > window_start:
+                    pipe.hgetall(f"{prefix}{start}")
+                    pipe.zrange(f"{prefix}t:{start}", 0, -1, withscores=True)
+                else:
+                    pipe.hmget(f"{prefix}{start}", _COUNT_FIELDS)
             replies: list[Any] = await pipe.execute()
         since = replies[0]
         buckets = {}
-        for index, start in enumerate(starts):
-            fields, tenants = replies[1 + 2 * index], replies[2 + 2 * index]
+        at = 1
+        for start in starts:
+            if start > window_start:
+                fields, tenants = replies[at], replies[at + 1]
+                at += 2
+            else:
+                fields = {
+                    name: value
+                    for name, value in zip(_COUNT_FIELDS, replies[at], strict=True)
+                    if value is not None
+                }
+                tenants, at = [], at + 1
             if fields or tenants:
                 buckets[start] = (fields, [(member, score) for member, score in tenants])
         return HistoryRead(buckets=buckets, since_ms=int(since) if since else None)
