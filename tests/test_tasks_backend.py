@@ -35,6 +35,7 @@ from fairqueue.tasks_backend import (
 )
 from fairqueue.worker import Worker, runnable_job_types
 from tests.conftest import REDIS_URL
+from tests.test_cluster import on_cluster, redis_cluster  # noqa: F401
 from tests.test_node_worker import node_worker, run_node_worker  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -605,3 +606,22 @@ def test_fresh_project__tasks_setting_and_task_decorator_run_in_the_fair_order(t
     manage("fairqueue_worker", "--burst", "-v", "0")
     u, b = [f"u{i}" for i in range(8)], [f"b{i}" for i in range(2)]
     assert ran.read_text().split() == u[:4] + b[:1] + u[4:] + b[1:]
+
+
+# -- a Redis Cluster --------------------------------------------------------------------
+
+
+def test_cluster__enqueue_run_and_get_result_across_queues_on_different_masters(on_cluster):  # noqa: F811
+    """Task jobs on a private 3-master cluster (tests/test_cluster.py's fixtures): the
+    queues' hash tags keep each job's keys on one slot, and get_result finds a job among
+    queues on different masters."""
+    crit = [record_critical.enqueue(f"c{i}").id for i in range(4)]
+    low = record_low.enqueue("l0").id
+    report = add.using(queue_name="report").enqueue(20, 22).id
+    Worker(["email", "report"], burst=True, install_signal_handlers=False).run()
+    assert RAN == ["c0", "c1", "c2", "c3", "l0"]
+    assert add.get_result(report).return_value == {"sum": 42, "parts": [20, 22]}
+    assert record_low.get_result(low).status == TaskResultStatus.SUCCESSFUL
+    assert [record_critical.get_result(i).return_value for i in crit] == ["c0", "c1", "c2", "c3"]
+    with pytest.raises(TaskResultDoesNotExist):
+        add.get_result("0" * 31 + "a")
