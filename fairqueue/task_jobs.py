@@ -77,7 +77,8 @@ __all__ = [
 #: beside it, as in every fairqueue job).
 TASK_KEY: Final = "djangoTask"
 
-#: BullMQ state -> the task's status (anything else BullMQ may report reads as READY).
+#: BullMQ state -> the task's status (anything else reads as READY: BullMQ's
+#: ``unknown``, and ``outbox`` for a durable job the relay has not added yet).
 STATUS_BY_STATE: Final[Mapping[str, str]] = {
     "waiting": "READY",
     "prioritized": "READY",

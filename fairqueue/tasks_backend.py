@@ -44,6 +44,7 @@ reads the job back from BullMQ (see :func:`fairqueue.task_jobs.task_result_from_
 
 from __future__ import annotations
 
+import json
 import math
 import secrets
 from collections.abc import Iterable, Mapping
@@ -51,12 +52,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
+from asgiref.sync import sync_to_async
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
 from . import services
-from .broker import get_sync_broker
+from .broker import StoredJob, get_sync_broker
 from .conf import get_settings
 from .exceptions import UnknownJobTypeError
 from .levels import PriorityLevel
@@ -85,7 +87,7 @@ __all__ = [
 ]
 
 DEFAULT_TENANT_KWARG: Final = "tenant_id"
-OPTION_KEYS: Final = frozenset({"TENANT_KWARG", "JOB_TYPES", "ATTEMPTS"})
+OPTION_KEYS: Final = frozenset({"TENANT_KWARG", "JOB_TYPES", "ATTEMPTS", "DURABLE"})
 #: Bytes of randomness in the job ids the backend gives its jobs (32 hex characters, as
 #: long as django-tasks' own ids).
 RESULT_ID_BYTES: Final = 16
@@ -137,7 +139,10 @@ class FairQueueBackend(BaseTaskBackend):
     that names the job's tenant; ``JOB_TYPES``, a dict mapping task queue names to
     ``FAIRQUEUE['QUEUES']`` job types (a queue name not in it is its own job type);
     ``ATTEMPTS`` (1..1000), BullMQ's ``attempts`` for every task job (default: BullMQ's,
-    one attempt), so a task that raises is run again that many times in all.
+    one attempt), so a task that raises is run again that many times in all;
+    ``DURABLE`` (default ``False``): enqueue through fairqueue's outbox, in the caller's
+    database transaction, so a rolled-back transaction leaves no job and a committed one
+    never loses it (``enqueue_job(durable=True)``); the relay adds it after commit.
     """
 
     supports_defer = True
@@ -180,9 +185,15 @@ class FairQueueBackend(BaseTaskBackend):
                 f"{where}['ATTEMPTS']={attempts!r} is not allowed: expected None or an "
                 f"integer in 1..{MAX_ATTEMPTS}"
             )
+        durable = options.get("DURABLE", False)
+        if not isinstance(durable, bool):
+            raise ImproperlyConfigured(
+                f"{where}['DURABLE']={durable!r} is not allowed: expected True or False"
+            )
         self.tenant_kwarg: str = tenant_kwarg
         self.job_types: dict[str, str] = dict(job_types)
         self.attempts: int | None = attempts
+        self.durable: bool = durable
 
     def __repr__(self) -> str:
         return f"FairQueueBackend(alias={self.alias!r})"
@@ -332,7 +343,9 @@ class FairQueueBackend(BaseTaskBackend):
                 written then.
         """
         prepared = self._prepare(task, args, kwargs)
-        job = services.enqueue_job(prepared.job_type, prepared.payload, **prepared.options)
+        job = services.enqueue_job(
+            prepared.job_type, prepared.payload, durable=self.durable, **prepared.options
+        )
         result = self._result(task, job.job_id, prepared)
         task_enqueued.send(type(self), task_result=result)
         return result
@@ -340,7 +353,14 @@ class FairQueueBackend(BaseTaskBackend):
     async def aenqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         """Async :meth:`enqueue`: the Redis call is awaited on the caller's loop."""
         prepared = self._prepare(task, args, kwargs)
-        job = await services.aenqueue_job(prepared.job_type, prepared.payload, **prepared.options)
+        if self.durable:  # the outbox row goes through the ORM, in a thread
+            job = await sync_to_async(services.enqueue_job)(
+                prepared.job_type, prepared.payload, durable=True, **prepared.options
+            )
+        else:
+            job = await services.aenqueue_job(
+                prepared.job_type, prepared.payload, **prepared.options
+            )
         result = self._result(task, job.job_id, prepared)
         await task_enqueued.asend(type(self), task_result=result)
         return result
@@ -361,6 +381,8 @@ class FairQueueBackend(BaseTaskBackend):
         if not _plausible_id(result_id):
             raise TaskResultDoesNotExist(result_id)
         stored = get_sync_broker().find_job(self._queues(), result_id)
+        if stored is None and self.durable:
+            stored = _outbox_job(result_id)
         if stored is None:
             raise TaskResultDoesNotExist(result_id)
         return task_result_from_job(stored, self.alias)
@@ -372,9 +394,41 @@ class FairQueueBackend(BaseTaskBackend):
         if not _plausible_id(result_id):
             raise TaskResultDoesNotExist(result_id)
         stored = await get_broker().find_job(self._queues(), result_id)
+        if stored is None and self.durable:
+            stored = await sync_to_async(_outbox_job)(result_id)
         if stored is None:
             raise TaskResultDoesNotExist(result_id)
         return task_result_from_job(stored, self.alias)
+
+
+def _outbox_job(job_id: str) -> StoredJob | None:
+    """A durable task job the relay has not added to Redis yet, as a job READY to run
+    (enqueued when its transaction wrote it)."""
+    from .models import OutboxJob
+
+    row = OutboxJob.objects.filter(job_id=job_id).first()
+    if row is None:
+        return None
+    try:
+        data = json.loads(row.data)
+    except ValueError:
+        return None
+    return StoredJob(
+        queue=row.queue,
+        job_id=job_id,
+        name=row.job_type,
+        state="outbox",
+        data=data,
+        timestamp_ms=int(row.created_at.timestamp() * 1000),
+        processed_on_ms=None,
+        finished_on_ms=None,
+        return_value=None,
+        failed_reason=None,
+        stacktrace=(),
+        attempts_made=0,
+        attempts_started=0,
+        processed_by=None,
+    )
 
 
 def _new_job_id() -> str:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
+from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
 from django_tasks import TaskResultStatus, default_task_backend, task, task_backends
@@ -27,7 +28,7 @@ from fairqueue import conf, priority
 from fairqueue.broker import Broker, NewJob
 from fairqueue.exceptions import InvalidTenantError, UnknownJobTypeError
 from fairqueue.levels import PriorityLevel
-from fairqueue.models import PriorityOverrideAudit
+from fairqueue.models import OutboxJob, PriorityOverrideAudit
 from fairqueue.tasks_backend import (
     FairQueueBackend,
     UnknownTaskQueueError,
@@ -269,6 +270,7 @@ def test_backend_options__unknown_or_malformed_are_improperly_configured():
         ({"TENANT_KWARG": "not an identifier"}, r"\['TENANT_KWARG'\]='not an identifier'"),
         ({"JOB_TYPES": ["email"]}, r"\['JOB_TYPES'\]=\['email'\] is not allowed"),
         ({"ATTEMPTS": 0}, r"\['ATTEMPTS'\]=0 is not allowed: expected None or an integer"),
+        ({"DURABLE": "yes"}, r"\['DURABLE'\]='yes' is not allowed: expected True or False"),
     ):
         with override_settings(TASKS={"default": {"BACKEND": backend, "OPTIONS": options}}):
             with pytest.raises(ImproperlyConfigured, match=match):
@@ -381,6 +383,33 @@ def test_attempts_option__a_failed_attempt_is_retried_and_its_error_kept(broker)
     assert done.attempts == 2 and len(FLAKY_CALLS) == 2
     (error,) = done.errors  # the first attempt's
     assert error.exception_class is BoomError and "first attempt" in error.traceback
+
+
+def test_durable_option__the_job_is_written_in_the_transaction_and_added_after_commit(
+    broker, redis_client
+):
+    tasks = {
+        "default": {
+            "BACKEND": "fairqueue.tasks_backend.FairQueueBackend",
+            "OPTIONS": {"JOB_TYPES": {"default": "email"}, "DURABLE": True},
+        }
+    }
+    key = f"{broker.prefix}:email:{{}}"
+    with override_settings(TASKS=tasks):
+        with transaction.atomic():
+            result = add.enqueue(1, 2)
+            assert not redis_client.exists(key.format(result.id))  # not before commit
+            pending = add.get_result(result.id)  # read from the outbox
+            assert pending.status == TaskResultStatus.READY and pending.args == [1, 2]
+        assert redis_client.exists(key.format(result.id))  # relayed at commit
+        assert not OutboxJob.objects.exists()
+        with pytest.raises(RuntimeError), transaction.atomic():
+            rolled_back = add.enqueue(3, 4)
+            raise RuntimeError("the view failed")
+        assert not redis_client.exists(key.format(rolled_back.id))
+        assert not OutboxJob.objects.exists()
+        run_worker(broker, "email")
+        assert add.get_result(result.id).return_value["sum"] == 3
 
 
 def test_get_result__a_return_value_json_cannot_hold_fails_the_task(broker):
