@@ -11,6 +11,7 @@ Settings::
                 "TENANT_KWARG": "tenant_id",         # the default
                 "JOB_TYPES": {"emails": "email"},    # queue_name -> FAIRQUEUE job type
                 "ATTEMPTS": 3,                       # BullMQ attempts (default 1)
+                "DURABLE": False,                    # True: through the outbox
             },
         }
     }
