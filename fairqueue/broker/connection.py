@@ -20,8 +20,9 @@ import redis.cluster
 import redis.sentinel
 from bullmq import Queue as BullQueue
 from redis.asyncio.retry import Retry as AsyncRetry
-from redis.backoff import ExponentialBackoff
+from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.retry import Retry
 
 from ..exceptions import BrokerUnavailableError
 from ..redis_target import RedisTarget, parse_redis_target
@@ -268,6 +269,10 @@ def sync_client(target: RedisTarget, name: str | None = None) -> SyncClient:
         decode_responses=True,
         single_connection_client=True,
         **named,
+        # No silent resend: an add whose reply was lost may have run, and a resent add
+        # of a job without an id would enqueue it twice. The caller gets
+        # BrokerUnavailableError and retries under its job id.
+        retry=Retry(NoBackoff(), 0),
         **_TIMEOUTS,
     )
 

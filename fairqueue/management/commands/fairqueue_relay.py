@@ -22,7 +22,7 @@ from django.db import close_old_connections
 from fairqueue.conf import get_settings
 from fairqueue.exceptions import BrokerUnavailableError
 from fairqueue.management.arguments import int_in_range
-from fairqueue.outbox import RelayResult, relay_outbox
+from fairqueue.outbox import RELAY_BATCH_SIZE, RelayResult, relay_outbox
 
 logger = logging.getLogger("fairqueue.outbox")
 
@@ -30,6 +30,7 @@ MAX_BACKOFF_MS = 30_000
 DEFAULT_INTERVAL_MS = 1_000
 
 interval_ms = int_in_range(1, 3_600_000)
+batch_size = int_in_range(1, 10_000)
 
 
 class Relay:
@@ -40,8 +41,16 @@ class Relay:
     signal exits at once.
     """
 
-    def __init__(self, job_types: Sequence[str], *, interval_ms: int, verbosity: int = 1):
+    def __init__(
+        self,
+        job_types: Sequence[str],
+        *,
+        interval_ms: int,
+        batch_size: int = RELAY_BATCH_SIZE,
+        verbosity: int = 1,
+    ) -> None:
         self.job_types = list(job_types)
+        self.batch_size = batch_size
         self.interval_ms = interval_ms
         self.verbosity = verbosity
         self._stop = threading.Event()
@@ -60,7 +69,7 @@ class Relay:
 
     def run_once(self) -> RelayResult:
         close_old_connections()
-        result = relay_outbox(job_types=self.job_types)
+        result = relay_outbox(job_types=self.job_types, batch_size=self.batch_size)
         if result.sent or result.refused:
             logger.log(logging.INFO if self.verbosity >= 2 else logging.DEBUG, result.summary())
         return result
@@ -105,6 +114,12 @@ class Command(BaseCommand):
             type=interval_ms,
             help=f"Pause between runs in ms, 1..3600000 (default: {DEFAULT_INTERVAL_MS}).",
         )
+        parser.add_argument(
+            "--batch-size",
+            type=batch_size,
+            default=RELAY_BATCH_SIZE,
+            help=f"Rows claimed per transaction, 1..10000 (default: {RELAY_BATCH_SIZE}).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         settings = get_settings()
@@ -124,7 +139,13 @@ class Command(BaseCommand):
                 interval = interval_ms(interval)
             except argparse.ArgumentTypeError as exc:
                 raise CommandError(f"argument --interval-ms: {exc}") from None
-        relay = Relay(job_types, interval_ms=interval, verbosity=options["verbosity"])
+        try:
+            size = batch_size(options.get("batch_size", RELAY_BATCH_SIZE))
+        except argparse.ArgumentTypeError as exc:
+            raise CommandError(f"argument --batch-size: {exc}") from None
+        relay = Relay(
+            job_types, interval_ms=interval, batch_size=size, verbosity=options["verbosity"]
+        )
         try:
             if options["once"]:
                 self.stdout.write(f"{relay.run_once().summary()}\n")
