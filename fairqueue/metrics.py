@@ -10,6 +10,7 @@ Tenant ids are never a label.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
@@ -33,7 +34,11 @@ class QueueFairMetrics:
 
 
 _lock = threading.Lock()
-_by_registry: dict[int, QueueFairMetrics] = {}
+#: Keyed by the registry itself, weakly: keyed by ``id()``, a registry that was garbage
+#: collected could hand its metrics to a new registry at the same address.
+_by_registry: weakref.WeakKeyDictionary[CollectorRegistry, QueueFairMetrics] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def initialize_queue_fair_metrics(
@@ -50,7 +55,7 @@ def initialize_queue_fair_metrics(
     """
     registry = REGISTRY if registry is None else registry
     with _lock:
-        metrics = _by_registry.get(id(registry))
+        metrics = _by_registry.get(registry)
         if metrics is None:
             metrics = QueueFairMetrics(
                 priority_assigned=Counter(
@@ -91,7 +96,7 @@ def initialize_queue_fair_metrics(
                     registry=registry,
                 ),
             )
-            _by_registry[id(registry)] = metrics
+            _by_registry[registry] = metrics
     for job_type in job_types:
         for level in LEVELS_BY_RANK:
             metrics.priority_assigned.labels(job_type, level.value)
