@@ -77,7 +77,7 @@ class BrokerRejectedError(BrokerError):
         self.redis_error = redis_error
 
 
-class PartialEnqueueError(FairqueueError):
+class PartialEnqueueError(BrokerError):
     """A batch failed part-way: some chunks were added (and audited), the rest were not.
 
     ``enqueue_jobs`` adds a batch in chunks (one atomic Redis script call each), so a
