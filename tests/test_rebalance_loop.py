@@ -252,7 +252,11 @@ def test_celery_children_forked_after_import_get_their_own_lock_tokens():
 
 def test_sigterm_finishes_and_exits_zero(fq_prefix):
     process = spawn(["rebalance_fair", "--interval-ms", "100"], fq_prefix)
-    time.sleep(2.0)
+    # The start line is logged after the signal handlers are installed: wait for it
+    # (however slow a loaded machine starts Django), then let a pass or two run.
+    first_line = process.stdout.readline()
+    assert "rebalance_fair starting" in first_line, first_line
+    time.sleep(0.5)
     assert stop(process) == 0, process.stdout.read()
 
 
@@ -333,3 +337,26 @@ def test_quiet_passes__one_line_per_summary_period(fq_prefix, caplog, monkeypatc
     assert passes >= 10, messages  # dozens of passes ran...
     assert 2 <= len(quiet) <= 5, messages  # ...and were summarised about every 0.5 s
     assert sum(m.startswith("email: adopted") for m in messages) == 1  # the first pass
+
+
+def test_a_failing_outbox_relay_is_logged_once_and_the_loop_goes_on(fq_prefix, monkeypatch, caplog):
+    from django.db import OperationalError
+
+    from fairqueue.management.commands import rebalance_fair as command
+
+    def broken(**kwargs):
+        raise OperationalError("no such table: fairqueue_outboxjob")
+
+    rebalancer = command.Rebalancer(["email"], interval_ms=100)
+    monkeypatch.setattr(command, "relay_outbox", broken)
+    with caplog.at_level("INFO", logger="fairqueue.rebalance"):
+        for _ in range(3):
+            assert [r.job_type for r in rebalancer.run_once()] == ["email"]
+    errors = [r for r in caplog.records if "outbox relay failed" in r.getMessage()]
+    assert len(errors) == 1 and "OperationalError" in errors[0].getMessage()
+    assert "no such table" not in caplog.text  # the class name only
+    monkeypatch.undo()
+    with caplog.at_level("INFO", logger="fairqueue.rebalance"):
+        rebalancer.run_once()
+    assert "outbox relay works again" in caplog.text
+    rebalancer.release_locks()

@@ -84,6 +84,7 @@ class Rebalancer:
         self._signals = 0
         self._redis_down = False
         self._failures = 0
+        self._relay_error: str | None = None
         self._last_overdue: dict[str, int] = {}
         self._quiet_passes = 0
         self._quiet_worst_ms = 0.0
@@ -161,8 +162,14 @@ class Rebalancer:
         except BrokerUnavailableError:
             raise
         except Exception as exc:  # a database hiccup must not end the loop
-            logger.error("outbox relay failed (%s)", type(exc).__name__)
+            error = type(exc).__name__
+            if error != self._relay_error:  # once per kind of failure, not every round
+                logger.error("outbox relay failed (%s); retrying every round", error)
+            self._relay_error = error
             return
+        if self._relay_error is not None:
+            logger.info("outbox relay works again")
+            self._relay_error = None
         if result.sent or result.refused:
             logger.log(logging.INFO if self.verbosity >= 2 else logging.DEBUG, result.summary())
 
