@@ -29,6 +29,14 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
                 id="fairqueue.E001",
             )
         ]
+    except Exception as exc:  # a check reports, it never crashes `manage.py check`
+        return [
+            Error(
+                f"fairqueue settings could not be read ({type(exc).__name__})",
+                hint="Check the FAIRQUEUE setting and the QUEUE_FAIR_*/FAIRQUEUE_* variables.",
+                id="fairqueue.E001",
+            )
+        ]
     return []
 
 

@@ -11,6 +11,7 @@ Nothing here is read at import time.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -55,6 +56,11 @@ DEFAULTS: Final[Mapping[str, Any]] = MappingProxyType(
         "PLAN_CACHE_TIMEOUT": 300,
         # Largest job payload accepted, in bytes of its JSON as BullMQ stores it (1 MiB).
         "MAX_PAYLOAD_BYTES": 1_048_576,
+        # How many finished jobs BullMQ keeps, and for how long (seconds): every job
+        # fairqueue adds carries them as BullMQ's removeOnComplete / removeOnFail, so
+        # workers (Python or Node) trim finished jobs as they finish them. None keeps all.
+        "KEEP_COMPLETED": {"count": 1_000, "age": 86_400},
+        "KEEP_FAILED": {"count": 5_000, "age": 604_800},
     }
 )
 
@@ -81,9 +87,45 @@ _INT_RANGES: Final[Mapping[str, tuple[int, int]]] = MappingProxyType(
     }
 )
 
+#: (setting, field) -> environment variable that overrides that field of a retention.
+RETENTION_ENV_VARS: Final[Mapping[tuple[str, str], str]] = MappingProxyType(
+    {
+        ("KEEP_COMPLETED", "count"): "FAIRQUEUE_KEEP_COMPLETED_COUNT",
+        ("KEEP_COMPLETED", "age"): "FAIRQUEUE_KEEP_COMPLETED_AGE_S",
+        ("KEEP_FAILED", "count"): "FAIRQUEUE_KEEP_FAILED_COUNT",
+        ("KEEP_FAILED", "age"): "FAIRQUEUE_KEEP_FAILED_AGE_S",
+    }
+)
+#: Allowed values of a retention's fields: jobs kept (0: none), age in seconds (10 years).
+RETENTION_RANGES: Final[Mapping[str, tuple[int, int]]] = MappingProxyType(
+    {"count": (0, 100_000_000), "age": (1, 315_360_000)}
+)
+#: An integer as an environment variable may spell it: ASCII digits only (no sign, no
+#: "²" or "٣", which ``str.isdigit`` accepts), at most 12 of them.
+_ASCII_INT = re.compile(r"[0-9]{1,12}")
+
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 MAX_QUEUE_NAME_LENGTH: Final = 200
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """How many finished jobs of a kind BullMQ keeps (``count``) and for how long
+    (``age_s``); ``None`` for no limit of that kind."""
+
+    count: int | None
+    age_s: int | None
+
+    def bullmq_option(self) -> dict[str, int] | bool:
+        """BullMQ's ``removeOnComplete`` / ``removeOnFail`` value (``{count, age}``;
+        ``False``: keep every job)."""
+        option = {}
+        if self.count is not None:
+            option["count"] = self.count
+        if self.age_s is not None:
+            option["age"] = self.age_s
+        return option or False
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +145,8 @@ class FairqueueSettings:
     max_payload_bytes: int
     #: Where Redis is (one server, Sentinel or Cluster); ``redis_url`` is its URL form.
     redis: RedisTarget
+    keep_completed: Retention = Retention(1_000, 86_400)
+    keep_failed: Retention = Retention(5_000, 604_800)
 
     def __repr__(self) -> str:  # keep credentials in redis_url out of logs and tracebacks
         return (
@@ -110,7 +154,8 @@ class FairqueueSettings:
             f"rebalance_interval_ms={self.rebalance_interval_ms}, "
             f"priority_enabled={self.priority_enabled}, prefix={self.prefix!r}, "
             f"queues={dict(self.queues)!r}, rebalance_window={self.rebalance_window}, "
-            f"max_payload_bytes={self.max_payload_bytes})"
+            f"max_payload_bytes={self.max_payload_bytes}, keep_completed={self.keep_completed}, "
+            f"keep_failed={self.keep_failed})"
         )
 
     @property
@@ -142,23 +187,67 @@ def _raw_values() -> tuple[dict[str, Any], set[str]]:
     from_env: set[str] = set()
     for key, env_var in ENV_VARS.items():
         raw = os.environ.get(env_var)
-        if raw is not None and raw.strip() != "":
+        # Set but empty is an error, not the default: ``VAR=`` in a deploy is a mistake
+        # more often than a wish for the default (unset the variable for that).
+        if raw is not None:
             values[key] = raw.strip()
             from_env.add(key)
     return values, from_env
 
 
-def _parse_int(key: str, value: Any, from_env: bool) -> int:
-    low, high = _INT_RANGES[key]
-    name = _source_name(key, from_env)
-    parsed = value
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        parsed = int(value.strip())
+def _empty_hint(value: Any) -> str:
+    return " (unset the variable for the default)" if value == "" else ""
+
+
+def _ascii_int(value: Any) -> Any:
+    """``value`` as an int if it is a string of ASCII digits, else unchanged."""
+    if isinstance(value, str) and _ASCII_INT.fullmatch(value.strip()):
+        return int(value.strip())
+    return value
+
+
+def _int_in(name: str, value: Any, low: int, high: int) -> int:
+    parsed = _ascii_int(value)
     if isinstance(parsed, bool) or not isinstance(parsed, int) or not low <= parsed <= high:
         raise ImproperlyConfigured(
-            f"{name}={value!r} is not allowed: expected an integer in {low}..{high}"
+            f"{name}={value!r} is not allowed: expected an integer in {low}..{high} "
+            f"(ASCII digits){_empty_hint(value)}"
         )
     return parsed
+
+
+def _parse_int(key: str, value: Any, from_env: bool) -> int:
+    low, high = _INT_RANGES[key]
+    return _int_in(_source_name(key, from_env), value, low, high)
+
+
+def _parse_retention(key: str, value: Any) -> Retention:
+    """``None`` (keep all), a count, or ``{"count": n, "age": seconds}`` (either or both,
+    BullMQ's ``removeOnComplete``/``removeOnFail`` form); fields overridden by
+    :data:`RETENTION_ENV_VARS`."""
+    name = f"FAIRQUEUE[{key!r}]"
+    if value is None:
+        fields: dict[str, Any] = {}
+    elif isinstance(value, int) and not isinstance(value, bool):
+        fields = {"count": value}
+    elif isinstance(value, Mapping) and value and set(value) <= set(RETENTION_RANGES):
+        fields = dict(value)
+    else:
+        raise ImproperlyConfigured(
+            f"{name}={value!r} is not allowed: expected None (keep every job), a count of "
+            'jobs, or a dict with "count" and/or "age" (seconds)'
+        )
+    parsed: dict[str, int | None] = {}
+    for field, (low, high) in RETENTION_RANGES.items():
+        env_var = RETENTION_ENV_VARS[(key, field)]
+        raw = os.environ.get(env_var)
+        if raw is not None:
+            parsed[field] = _int_in(env_var, raw.strip(), low, high)
+        elif fields.get(field) is not None:
+            parsed[field] = _int_in(f"{name}[{field!r}]", fields[field], low, high)
+        else:
+            parsed[field] = None
+    return Retention(count=parsed["count"], age_s=parsed["age"])
 
 
 def _parse_bool(key: str, value: Any, from_env: bool) -> bool:
@@ -168,6 +257,7 @@ def _parse_bool(key: str, value: Any, from_env: bool) -> bool:
         return value.strip().lower() in _TRUE
     raise ImproperlyConfigured(
         f"{_source_name(key, from_env)}={value!r} is not allowed: expected true or false"
+        f"{_empty_hint(value)}"
     )
 
 
@@ -261,6 +351,8 @@ def load_settings() -> FairqueueSettings:
             "MAX_PAYLOAD_BYTES", values["MAX_PAYLOAD_BYTES"], "MAX_PAYLOAD_BYTES" in from_env
         ),
         redis=redis,
+        keep_completed=_parse_retention("KEEP_COMPLETED", values["KEEP_COMPLETED"]),
+        keep_failed=_parse_retention("KEEP_FAILED", values["KEEP_FAILED"]),
     )
 
 

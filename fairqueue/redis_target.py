@@ -113,7 +113,7 @@ def _parse_address(name: str, item: Any) -> tuple[str, int]:
             host = host[1:-1]
     else:
         host, port = None, None
-    if isinstance(port, str) and port.isdigit():
+    if isinstance(port, str) and port.isascii() and port.isdigit():
         port = int(port)
     if (
         not isinstance(host, str)
@@ -148,7 +148,7 @@ def _optional_str(name: str, key: str, value: Any) -> str | None:
 
 
 def _db(name: str, value: Any) -> int:
-    if isinstance(value, str) and value.isdigit():
+    if isinstance(value, str) and value.isascii() and value.isdigit():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 15_999:
         raise ImproperlyConfigured(
@@ -209,9 +209,51 @@ def _from_dict(name: str, value: Mapping[str, Any]) -> RedisTarget:
     )
 
 
+def _check_server_url(name: str, value: str) -> None:
+    """A redis://, rediss:// or unix:// URL that redis-py can use: a host, a port in
+    1..65535, a database number (path or ``?db=``) of ASCII digits in 0..15999, a socket
+    path for unix://. Messages name the setting and the part at fault, never the URL
+    (it may carry a password)."""
+    parts = urlsplit(value)
+    query = {key: values[-1] for key, values in parse_qs(parts.query).items()}
+    if parts.scheme == "unix":
+        if not parts.path:
+            raise ImproperlyConfigured(
+                f"{name} is not allowed: a unix:// URL needs the socket's path "
+                "(unix:///run/redis.sock)"
+            )
+        db = query.get("db", "0")
+    else:
+        host_port = parts.netloc.rpartition("@")[2]
+        if not parts.hostname:
+            raise ImproperlyConfigured(
+                f"{name} is not allowed: the URL has no host (redis://host:port/db)"
+            )
+        try:
+            port = parts.port
+        except ValueError:
+            port = 0
+        port_text = host_port.rpartition("]")[2].partition(":")[2] if ":" in host_port else ""
+        if port == 0 or (port_text and not (port_text.isascii() and port_text.isdigit())):
+            raise ImproperlyConfigured(
+                f"{name} is not allowed: port {port_text!r} is not in 1..65535"
+            )
+        path = parts.path.strip("/")
+        if path and "db" in query:
+            raise ImproperlyConfigured(
+                f"{name} is not allowed: give the database in the path or as ?db=, not both"
+            )
+        db = path or query.get("db", "0")
+    if not (db.isascii() and db.isdigit()) or not 0 <= int(db) <= 15_999:
+        raise ImproperlyConfigured(
+            f"{name} is not allowed: database {db!r} is not a number in 0..15999"
+        )
+
+
 def _from_url(name: str, value: Any) -> RedisTarget:
     scheme = value.partition("://")[0] if isinstance(value, str) and "://" in value else None
     if scheme in _URL_SCHEMES:
+        _check_server_url(name, value)
         return RedisTarget("url", value)
     if scheme not in _SENTINEL_SCHEMES and scheme not in _CLUSTER_SCHEMES:
         # Never echo the value: a Redis URL may carry a password.

@@ -70,3 +70,11 @@ def test_node_worker_takes_tag_placed_jobs_interleaved_by_weight(node_worker, fq
     low = enqueue_jobs("email", [{} for _ in range(2)], priority_level="low")
     c, lo = [job.job_id for job in crit], [job.job_id for job in low]
     assert run_node_worker(node_worker, fq_prefix, 10) == c[:4] + lo[:1] + c[4:] + lo[1:]
+
+
+def test_node_worker_applies_fairqueue_retention(node_worker, settings, fq_prefix, redis_client):
+    settings.FAIRQUEUE = {**settings.FAIRQUEUE, "KEEP_COMPLETED": {"count": 3, "age": 3600}}
+    jobs = enqueue_jobs("email", [{"n": n} for n in range(10)])
+    assert len(run_node_worker(node_worker, fq_prefix, 10)) == 10
+    kept = redis_client.zrange(f"{fq_prefix}:email:completed", 0, -1)
+    assert set(kept) == {job.job_id for job in jobs[-3:]}

@@ -30,7 +30,7 @@ from fairqueue.exceptions import (
 from fairqueue.levels import MAX_PAYLOAD_DEPTH
 from fairqueue.models import PriorityOverrideAudit, TenantPlan
 from fairqueue.services import aenqueue_job, enqueue_job, enqueue_jobs, enqueue_on_commit
-from tests.conftest import TEST_QUEUES
+from tests.conftest import REDIS_URL, TEST_QUEUES
 from tests.helpers import drain_with_stock_worker, metric, metric_delta, wait_until
 
 pytestmark = pytest.mark.django_db
@@ -831,3 +831,72 @@ def test_error_reply__out_of_memory_is_broker_rejected_error(settings, tmp_path)
         server.kill()
         server.wait()
         conf.reload_settings()
+
+
+# --- retention: finished jobs are trimmed by the workers ----------------------------
+
+
+async def _run_worker(prefix, queue, count, fail, timeout_s=20.0):
+    from bullmq import Worker
+
+    finished = asyncio.Event()
+    seen = []
+
+    async def process(job, token):
+        seen.append(job.id)
+        if fail:
+            raise RuntimeError("boom")
+        return None
+
+    worker = Worker(
+        queue,
+        process,
+        {"connection": REDIS_URL, "prefix": prefix, "concurrency": 1, "autorun": False},
+    )
+
+    def done(*_args):
+        if len(seen) >= count:
+            finished.set()
+
+    worker.on("completed", done)
+    worker.on("failed", done)
+    task = asyncio.ensure_future(worker.run())
+    try:
+        await asyncio.wait_for(finished.wait(), timeout_s)
+    finally:
+        await worker.close()
+        task.cancel()
+    return seen
+
+
+def test_retention__a_stock_worker_trims_completed_and_failed_jobs_beyond_the_count(
+    settings, fq_prefix, redis_client
+):
+    settings.FAIRQUEUE = {
+        **settings.FAIRQUEUE,
+        "KEEP_COMPLETED": {"count": 3, "age": 3600},
+        "KEEP_FAILED": 2,
+    }
+    done = enqueue_jobs("email", [{"n": n} for n in range(10)], tenant_id="t1")
+    opts = json.loads(job_hash(redis_client, fq_prefix, done[0].job_id)["opts"])
+    assert opts["removeOnComplete"] == {"count": 3, "age": 3600}
+    assert opts["removeOnFail"] == {"count": 2}
+    asyncio.run(_run_worker(fq_prefix, "email", 10, fail=False))
+    assert wait_until(lambda: redis_client.zcard(f"{fq_prefix}:email:completed") == 3)
+    kept = set(redis_client.zrange(f"{fq_prefix}:email:completed", 0, -1))
+    assert kept == {job.job_id for job in done[-3:]}  # the newest three
+    assert not redis_client.exists(f"{fq_prefix}:email:{done[0].job_id}")  # hash gone too
+
+    failing = enqueue_jobs("report", [{"n": n} for n in range(6)])
+    asyncio.run(_run_worker(fq_prefix, "report", 6, fail=True))
+    assert wait_until(lambda: redis_client.zcard(f"{fq_prefix}:report:failed") == 2)
+    assert not redis_client.exists(f"{fq_prefix}:report:{failing[0].job_id}")
+
+
+def test_retention__keep_none_keeps_every_finished_job(settings, fq_prefix, redis_client):
+    settings.FAIRQUEUE = {**settings.FAIRQUEUE, "KEEP_COMPLETED": None}
+    job = enqueue_jobs("email", [{"n": n} for n in range(5)])[0]
+    opts = json.loads(job_hash(redis_client, fq_prefix, job.job_id)["opts"])
+    assert opts["removeOnComplete"] is False  # BullMQ: keep
+    asyncio.run(_run_worker(fq_prefix, "email", 5, fail=False))
+    assert wait_until(lambda: redis_client.zcard(f"{fq_prefix}:email:completed") == 5)

@@ -94,6 +94,9 @@ class Broker(
         redis_url: where Redis is (may hold credentials: never logged).
         prefix: BullMQ key prefix; ``"bull"`` is BullMQ's default.
         client_factory: builds the ``redis.asyncio`` client (injectable for tests).
+        remove_on_complete, remove_on_fail: BullMQ's ``removeOnComplete`` /
+            ``removeOnFail`` (``{"count": n, "age": seconds}``) set on every job this
+            broker adds; ``None`` leaves BullMQ's default (keep every finished job).
     """
 
 

@@ -89,7 +89,24 @@ class _AddPacker:
     #: validation, which happens before anything is sent).
     batch_size: Final = ADD_BATCH_SIZE
 
-    def __init__(self, prefix: str) -> None:
+    def __init__(
+        self,
+        prefix: str,
+        *,
+        remove_on_complete: dict[str, int] | bool | None = None,
+        remove_on_fail: dict[str, int] | bool | None = None,
+    ) -> None:
+        #: BullMQ's ``removeOnComplete`` / ``removeOnFail`` given to every job (``None``:
+        #: BullMQ's default, keep every finished job). Workers apply them when they finish
+        #: a job, Node ones too, since they are stored in the job's own options.
+        self.retention: dict[str, Any] = {
+            name: value
+            for name, value in (
+                ("removeOnComplete", remove_on_complete),
+                ("removeOnFail", remove_on_fail),
+            )
+            if value is not None
+        }
         # The queues only pack: their client is never used, so it never connects (and
         # any kind of deployment, Sentinel or Cluster, packs the same).
         self._unused_client = aioredis.Redis()
@@ -114,7 +131,7 @@ class _AddPacker:
         commands: list[_AddCommand] = []
         batch: list[Any] = []
         for job in jobs:
-            opts: dict[str, Any] = {"priority": BACK_OF_LINE}
+            opts: dict[str, Any] = {"priority": BACK_OF_LINE, **self.retention}
             if job.job_id is not None:
                 opts["jobId"] = job.job_id
             if job.delay_ms:

@@ -82,6 +82,8 @@ class BrokerCore:
         prefix: str = "bull",
         *,
         client_factory: Callable[[RedisTarget], AsyncClient] | None = None,
+        remove_on_complete: dict[str, int] | bool | None = None,
+        remove_on_fail: dict[str, int] | bool | None = None,
     ) -> None:
         self.prefix = prefix
         self.target = (
@@ -94,7 +96,9 @@ class BrokerCore:
         self._states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = (
             weakref.WeakKeyDictionary()
         )
-        self._packer = _AddPacker(prefix)
+        self._packer = _AddPacker(
+            prefix, remove_on_complete=remove_on_complete, remove_on_fail=remove_on_fail
+        )
 
     def __repr__(self) -> str:
         return f"Broker(prefix={self.prefix!r})"
@@ -399,7 +403,7 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return None
 
 
-_brokers: dict[tuple[int, str, str], tuple[Broker, SyncBroker]] = {}
+_brokers: dict[tuple[Any, ...], tuple[Broker, SyncBroker]] = {}
 _brokers_lock = threading.Lock()
 
 
@@ -408,11 +412,17 @@ def _get_pair() -> tuple[Broker, SyncBroker]:
     from . import Broker  # assembled from this module's BrokerCore and the mixins
 
     settings = get_settings()
-    key = (os.getpid(), settings.redis_url, settings.prefix)
+    keep = (settings.keep_completed, settings.keep_failed)
+    key = (os.getpid(), settings.redis_url, settings.prefix, keep)
     with _brokers_lock:
         pair = _brokers.get(key)
         if pair is None:
-            broker = Broker(settings.redis, settings.prefix)
+            broker = Broker(
+                settings.redis,
+                settings.prefix,
+                remove_on_complete=settings.keep_completed.bullmq_option(),
+                remove_on_fail=settings.keep_failed.bullmq_option(),
+            )
             pair = (broker, SyncBroker(broker))
             _brokers[key] = pair
         return pair
