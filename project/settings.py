@@ -12,7 +12,12 @@ import dj_database_url
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "fairqueue-demo-only-not-a-secret")
-DEBUG = os.environ.get("DJANGO_DEBUG", "1") == "1"
+# Off unless asked for (DJANGO_DEBUG=1): a debug page shows settings and local variables.
+# The demo serves its static files without it (runserver --insecure).
+DEBUG = os.environ.get("DJANGO_DEBUG", "0") == "1"
+# Django hides settings named like secrets; this also masks the password of every URL
+# (REDIS_URL, CACHES' LOCATION, CELERY_BROKER_URL, FAIRQUEUE) and of frame variables.
+DEFAULT_EXCEPTION_REPORTER_FILTER = "fairqueue.reporting.CredentialSafeExceptionReporterFilter"
 ALLOWED_HOSTS = ["127.0.0.1", "localhost", "[::1]"]
 
 INSTALLED_APPS = [

@@ -489,3 +489,43 @@ def test_fairness_sample__served_against_entitled_oldest_waits_and_the_bound():
 def test_target_backlog__a_second_of_the_workers_capacity():
     assert target_backlog(concurrency=4, work_ms=20) == 160
     assert target_backlog(concurrency=1, work_ms=60_000) == 20  # never below 20
+
+
+def test_web__static_files_served_with_debug_off(tmp_path):
+    # The demo's web child is `runserver --noreload --insecure`; DEBUG is off by default.
+    port = free_port()
+    env = {k: v for k, v in _demo_env(tmp_path, {}).items() if k != "DJANGO_DEBUG"}
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "django",
+            "runserver",
+            "--noreload",
+            "--insecure",
+            f"127.0.0.1:{port}",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}/static/fairqueue/dashboard.css"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310
+                    assert response.status == 200 and b"fq-" in response.read()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        with urllib.request.urlopen(  # noqa: S310
+            f"http://127.0.0.1:{port}/static/admin/css/base.css", timeout=5
+        ) as response:
+            assert response.status == 200
+    finally:
+        server.terminate()
+        server.wait(10)
