@@ -14,6 +14,7 @@ from .models import (
     PLAN_CHOICES,
     ClassifierRule,
     Dashboard,
+    OutboxJob,
     PriorityOverrideAudit,
     SubscriptionClassifier,
     TenantPlan,
@@ -101,6 +102,37 @@ class PriorityOverrideAuditAdmin(admin.ModelAdmin):
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         return [field.name for field in self.model._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(OutboxJob)
+class OutboxJobAdmin(admin.ModelAdmin):
+    """Durable jobs waiting for the relay: readable (without the payload, which is user
+    data), never added, changed or deleted by hand (deleting one would lose its job)."""
+
+    list_display = ("created_at", "job_type", "bullmq_job_id", "level", "tries", "last_error")
+    list_filter = ("job_type", "level", "tries")
+    fields = (
+        "created_at",
+        "job_type",
+        "queue",
+        "job_id",
+        "level",
+        "tenant_weight",
+        "delay_ms",
+        "attempts",
+        "tries",
+        "last_error",
+    )
+    readonly_fields = fields
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -185,8 +185,17 @@ def relay_outbox(
                 break
     finally:
         if pks is None:
-            record_outbox_pending(using=using)
+            _record_pending_quietly(using)
     return result
+
+
+def _record_pending_quietly(using: str | None) -> None:
+    """Update the gauge without masking the run's own error (the database may be the
+    thing that failed)."""
+    try:
+        record_outbox_pending(using=using)
+    except Exception as exc:
+        logger.debug("outbox gauge not updated (%s)", type(exc).__name__)
 
 
 def outbox_stats(job_type: str | None = None, *, using: str | None = None) -> dict[str, object]:

@@ -275,3 +275,19 @@ def test_concurrent_relays_never_send_a_row_twice(fq_prefix, redis_client, setti
     assert sum(r.existing for r in results) == 0  # no row was sent by two relays
     assert len(waiting_ids(redis_client, fq_prefix)) == 1_000
     assert OutboxJob.objects.count() == 0
+
+
+def test_admin_lists_outbox_rows_read_only_without_the_payload(fq_prefix, admin_client, settings):
+    with redis_unreachable(settings):
+        job = enqueue_job("email", {"secret": "s3cr3t"}, tenant_id="t", durable=True)
+    row = OutboxJob.objects.get()
+    listing = admin_client.get(reverse("admin:fairqueue_outboxjob_changelist"))
+    assert listing.status_code == 200 and job.job_id.encode() in listing.content
+    detail = admin_client.get(reverse("admin:fairqueue_outboxjob_change", args=[row.pk]))
+    assert detail.status_code == 200 and b"s3cr3t" not in detail.content
+    assert admin_client.get(reverse("admin:fairqueue_outboxjob_add")).status_code == 403
+    delete = admin_client.post(
+        reverse("admin:fairqueue_outboxjob_delete", args=[row.pk]), {"post": "yes"}
+    )
+    assert delete.status_code == 403
+    assert OutboxJob.objects.count() == 1
