@@ -9,12 +9,14 @@ server is not touched):
 
 * ``off``: passes with ``record_history=False`` (the pass as it was);
 * ``on``: passes as shipped, recording the history from BullMQ's events stream;
-* ``on, 5 s``: the same at the default 5 s interval, where BullMQ's cap on its events
-  stream (~10,000 entries, about 3 per job) trims entries before the pass reads them:
-  the history records that gap instead of guessing.
+* ``on, 5 s``: the same at the default 5 s interval, with the history step the loop runs
+  every second between passes (``rebalance_fair``'s ``HISTORY_EVERY_MS``): BullMQ keeps
+  about 10,000 events (about 3 per job), 3 s of them at 1,000 jobs/s, so passes alone
+  would see about half (the history records such a gap rather than guessing).
 
 Per run: jobs added and taken, pass duration (client-timed, median / p95 / max), the
-slowest script call of any pass, jobs recorded, jobs the worker took that the history
+slowest script call of any pass or step, the history steps between passes and their
+duration, jobs recorded, jobs the worker took that the history
 counts (recorded / taken), and the share of the run's time the history observed.
 
     python benchmarks/bench_history.py [--rate 1000] [--seconds 20] [--interval-ms 1000]
@@ -48,7 +50,8 @@ from django.test.utils import override_settings  # noqa: E402
 from fairqueue import conf, history  # noqa: E402
 from fairqueue.broker import NewJob, close_brokers, get_sync_broker  # noqa: E402
 from fairqueue.levels import PAYLOAD_LEVEL_KEY, PAYLOAD_TENANT_KEY, PriorityLevel  # noqa: E402
-from fairqueue.rebalance import rebalance_queue  # noqa: E402
+from fairqueue.management.commands.rebalance_fair import HISTORY_EVERY_MS  # noqa: E402
+from fairqueue.rebalance import rebalance_queue, record_history  # noqa: E402
 
 JOB_TYPE = QUEUE = "email"
 PREFIX = "fqhist"
@@ -75,7 +78,12 @@ def _produce(rate: int, seconds: float, stop: threading.Event, added: list[int])
         time.sleep(max(0.0, next_tick - time.monotonic()))
 
 
-def _passes(interval_s: float, record: bool, stop: threading.Event, out: list[Any]) -> None:
+def _passes(
+    interval_s: float, record: bool, stop: threading.Event, out: list[Any], steps: list[Any]
+) -> None:
+    """What ``rebalance_fair`` does: a pass every interval and, between passes, the
+    history step every ``HISTORY_EVERY_MS``."""
+    every_s = HISTORY_EVERY_MS / 1000
     while not stop.is_set():
         began = time.monotonic()
         out.append(
@@ -86,7 +94,16 @@ def _passes(interval_s: float, record: bool, stop: threading.Event, out: list[An
                 record_history=record,
             )
         )
-        stop.wait(max(0.0, interval_s - (time.monotonic() - began)))
+        deadline = began + interval_s
+        while not stop.wait(max(0.0, min(deadline - time.monotonic(), every_s))):
+            if deadline - time.monotonic() <= 0:
+                break
+            if record:
+                steps.append(
+                    record_history(
+                        JOB_TYPE, rebalancer="bench-history", interval_ms=int(interval_s * 1000)
+                    )
+                )
 
 
 def run(name: str, args: argparse.Namespace, *, record: bool, interval_ms: int) -> dict[str, Any]:
@@ -144,10 +161,11 @@ def _measure(
     reader.start()
     stop = threading.Event()
     passes: list[Any] = []
+    steps: list[Any] = []
     added = [0]
     rebalance_queue(JOB_TYPE, rebalancer="bench-history", record_history=record)  # cursor
     began = time.time()
-    loop = threading.Thread(target=_passes, args=(interval_ms / 1000, record, stop, passes))
+    loop = threading.Thread(target=_passes, args=(interval_ms / 1000, record, stop, passes, steps))
     loop.start()
     _produce(args.rate, args.seconds, stop, added)
     time.sleep(1.0)  # let the worker catch up
@@ -159,8 +177,10 @@ def _measure(
     final = rebalance_queue(JOB_TYPE, rebalancer="bench-history", record_history=record)
     elapsed_ms = (time.time() - began) * 1000
     durations = sorted(result.duration_ms for result in passes)
-    recorded = sum(result.recorded for result in [*passes, final])
-    gap_ms = sum(result.history_gap_ms for result in [*passes, final])
+    everything = [*passes, *steps, final]
+    recorded = sum(result.recorded for result in everything)
+    gap_ms = sum(result.history_gap_ms for result in everything)
+    step_ms = sorted(step.duration_ms for step in steps) or [0.0]
     p95 = durations[min(len(durations) - 1, int(0.95 * len(durations)))]
     return {
         "run": name,
@@ -172,10 +192,13 @@ def _measure(
         "pass_ms_median": round(statistics.median(durations), 1),
         "pass_ms_p95": round(p95, 1),
         "pass_ms_max": round(durations[-1], 1),
-        "worst_script_ms": round(max(result.worst_script_ms for result in passes), 1),
+        "worst_script_ms": round(max(r.worst_script_ms for r in [*passes, *steps]), 1),
         "script_calls_per_pass": round(statistics.mean(r.script_calls for r in passes), 1),
         "recorded": recorded,
-        "unrecorded": sum(result.unrecorded for result in [*passes, final]),
+        "unrecorded": sum(result.unrecorded for result in everything),
+        "steps": len(steps),
+        "step_ms_median": round(statistics.median(step_ms), 1),
+        "step_ms_max": round(step_ms[-1], 1),
         "recorded_of_taken": round(recorded / taken[0], 3) if record and taken[0] else None,
         "observed": round(1 - gap_ms / elapsed_ms, 3) if record else None,
     }
@@ -200,8 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     cols = (
         "run", "interval_ms", "added", "taken", "passes", "pass_ms_median", "pass_ms_p95",
-        "pass_ms_max", "worst_script_ms", "script_calls_per_pass", "recorded",
-        "recorded_of_taken", "observed",
+        "pass_ms_max", "worst_script_ms", "script_calls_per_pass", "steps", "step_ms_median",
+        "step_ms_max", "recorded", "recorded_of_taken", "observed",
     )  # fmt: skip
     print(" | ".join(cols))
     for row in rows:

@@ -420,3 +420,28 @@ def test_live__only_the_lock_holder_records(fq_prefix, redis_client):
             max_wait_ms=1_000,
         )
     assert rebalance_queue("email", rebalancer="me").recorded == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_live__the_loop_records_between_passes(fq_prefix, redis_client):
+    """``rebalance_fair`` records the history every second between its passes, so a
+    long interval does not let BullMQ trim the events before they are read."""
+    import json
+
+    from tests.helpers import drain_with_stock_worker, wait_until
+    from tests.test_rebalance_loop import spawn, stop
+
+    loop = spawn(["rebalance_fair", "--queue", "email", "--interval-ms", "8000"], fq_prefix)
+    try:
+        status = f"{fq_prefix}:email:fq:last_pass"
+        assert wait_until(lambda: redis_client.exists(status), timeout_s=20)
+        first_pass = json.loads(redis_client.get(status))["at_ms"]
+        enqueue_jobs("email", [{"i": i} for i in range(10)], tenant_id="acme")
+        drain_with_stock_worker(fq_prefix, "email", 10)
+        assert wait_until(
+            lambda: _recorded(int(time.time() * 1000))["served_total"] == 10, timeout_s=5
+        )
+        # Recorded before the next pass ran.
+        assert json.loads(redis_client.get(status))["at_ms"] == first_pass
+    finally:
+        assert stop(loop) == 0, loop.stdout.read()
