@@ -15,8 +15,9 @@ server is not touched):
   would see about half (the history records such a gap rather than guessing).
 
 Per run: jobs added and taken, pass duration (client-timed, median / p95 / max), the
-slowest script call of any pass or step, the history steps between passes and their
-duration, jobs recorded, jobs the worker took that the history
+slowest script call of any pass or step (client-timed), the history steps between passes
+and their duration, the server time of the history script's calls (Redis's slow log,
+calls over 100 µs: median / max), jobs recorded, jobs the worker took that the history
 counts (recorded / taken), and the share of the run's time the history observed.
 
     python benchmarks/bench_history.py [--rate 1000] [--seconds 20] [--interval-ms 1000]
@@ -44,11 +45,12 @@ import django  # noqa: E402
 
 django.setup()
 
+import redis  # noqa: E402
 from bench_rebalance import private_redis  # noqa: E402
 from django.test.utils import override_settings  # noqa: E402
 
 from fairqueue import conf, history  # noqa: E402
-from fairqueue.broker import NewJob, close_brokers, get_sync_broker  # noqa: E402
+from fairqueue.broker import NewJob, close_brokers, get_sync_broker, plain_script  # noqa: E402
 from fairqueue.levels import PAYLOAD_LEVEL_KEY, PAYLOAD_TENANT_KEY, PriorityLevel  # noqa: E402
 from fairqueue.management.commands.rebalance_fair import HISTORY_EVERY_MS  # noqa: E402
 from fairqueue.rebalance import rebalance_queue, record_history  # noqa: E402
@@ -135,7 +137,9 @@ def _run(
                 taken[0] += 1
 
     try:
-        return _measure(name, args, worker, taken, read, record=record, interval_ms=interval_ms)
+        return _measure(
+            name, url, args, worker, taken, read, record=record, interval_ms=interval_ms
+        )
     finally:
         worker.terminate()
         try:
@@ -145,8 +149,23 @@ def _run(
             worker.wait()
 
 
+def _script_ms(url: str, sha: str) -> list[float]:
+    """Server-side durations (ms) of one script's calls over 100 µs (the slow log)."""
+    client = redis.Redis.from_url(url)
+    try:
+        entries = client.slowlog_get(100_000)
+    finally:
+        client.close()
+    return sorted(
+        entry["duration"] / 1000
+        for entry in entries
+        if len(entry["command"].split()) > 1 and entry["command"].split()[1] == sha.encode()
+    )
+
+
 def _measure(
     name: str,
+    url: str,
     args: argparse.Namespace,
     worker: subprocess.Popen[str],
     taken: list[int],
@@ -175,6 +194,7 @@ def _measure(
     worker.wait(15)
     reader.join(5)
     final = rebalance_queue(JOB_TYPE, rebalancer="bench-history", record_history=record)
+    server_ms = _script_ms(url, plain_script("history_record").sha)
     elapsed_ms = (time.time() - began) * 1000
     durations = sorted(result.duration_ms for result in passes)
     everything = [*passes, *steps, final]
@@ -194,6 +214,8 @@ def _measure(
         "pass_ms_max": round(durations[-1], 1),
         "worst_script_ms": round(max(r.worst_script_ms for r in [*passes, *steps]), 1),
         "script_calls_per_pass": round(statistics.mean(r.script_calls for r in passes), 1),
+        "history_script_ms_median": round(statistics.median(server_ms), 2) if server_ms else None,
+        "history_script_ms_max": round(server_ms[-1], 2) if server_ms else None,
         "recorded": recorded,
         "unrecorded": sum(result.unrecorded for result in everything),
         "steps": len(steps),
@@ -224,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     cols = (
         "run", "interval_ms", "added", "taken", "passes", "pass_ms_median", "pass_ms_p95",
         "pass_ms_max", "worst_script_ms", "script_calls_per_pass", "steps", "step_ms_median",
-        "step_ms_max", "recorded", "recorded_of_taken", "observed",
+        "step_ms_max", "history_script_ms_median", "history_script_ms_max", "recorded",
+        "recorded_of_taken", "observed",
     )  # fmt: skip
     print(" | ".join(cols))
     for row in rows:
