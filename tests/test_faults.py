@@ -103,6 +103,12 @@ class Cluster:
             "FAIRQUEUE_REDIS_URL": server.url,
             "FAIRQUEUE_PREFIX": self.prefix,
             "PYTHONPATH": str(ROOT),
+            # Keep every finished job (retention's largest values): the suite counts
+            # completions from BullMQ's completed set.
+            "FAIRQUEUE_KEEP_COMPLETED_COUNT": "100000000",
+            "FAIRQUEUE_KEEP_COMPLETED_AGE_S": "315360000",
+            "FAIRQUEUE_KEEP_FAILED_COUNT": "100000000",
+            "FAIRQUEUE_KEEP_FAILED_AGE_S": "315360000",
         }
         self.env.pop("FAIRQUEUE_TEST_DB_NAME", None)
         self.processes: list[subprocess.Popen] = []
@@ -383,7 +389,7 @@ def test_kill9_leader_mid_write__the_next_leader_finishes(tmp_path, scratch_db, 
     rebalancer takes over once the lock expires."""
     cluster = Cluster(tmp_path, scratch_db, server)  # Redis not started: rows wait
     try:
-        total = 5_000
+        total = 3_000
         enqueuer, path = cluster.enqueue(total, "durable")
         assert enqueuer.wait(120) == 0, cluster.log_tail()
         server.start()
