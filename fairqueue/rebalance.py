@@ -81,8 +81,8 @@ REBASE_PAGE_SIZE: Final = 500
 REBASE_PAGES: Final = 40
 #: Stream entries read per history call (about 3 per job: added, active, completed), and
 #: calls per pass at most (BullMQ keeps about 10,000 entries: a stream's worth per pass).
-HISTORY_PAGE_SIZE: Final = 500
-HISTORY_PAGES: Final = 24
+HISTORY_PAGE_SIZE: Final = 250
+HISTORY_PAGES: Final = 48
 #: What a pass did, as counts: recorded for the dashboard, which shows them.
 PASS_COUNTS: Final = ("adopted", "aged", "parked", "overdue", "cleaned", "rebased")
 LAST_RUN_RECORD: Final = "last_pass"
@@ -332,8 +332,9 @@ async def arecord_history(
 ) -> PassResult:
     """Only the history step of a pass, for a loop holding the queue's lock to run
     between passes: BullMQ keeps about 10,000 events (about 3 per job), so at 1,000
-    jobs/s a 5 s interval alone would see about half of them. Fenced like a pass; the
-    result carries only the history counts.
+    jobs/s a 5 s interval alone would see about half of them, and a count-based
+    retention removes finished jobs' hashes (their level and tenant) within seconds.
+    Fenced like a pass; the result carries only the history counts.
 
     Raises:
         UnknownJobTypeError: ``job_type`` is not configured.
