@@ -152,7 +152,7 @@ class LocalCluster:
 
 def start_cluster(masters: int = 3) -> LocalCluster:
     """Start ``masters`` cluster-enabled servers and join them with ``redis-cli --cluster
-    create`` (masters only: the slots are split evenly)."""
+    create`` (by hand below 3 masters; masters only: the slots are split evenly)."""
     servers = _Servers()
     ports = free_ports(masters, bus=True)
     try:
@@ -168,13 +168,9 @@ def start_cluster(masters: int = 3) -> LocalCluster:
             )
         for port in ports:
             _wait_ping(port)
-        if masters == 1:
-            # redis-cli --cluster create wants 3 masters: assign every slot by hand.
-            client = redis.Redis(port=ports[0])
-            try:
-                client.execute_command("CLUSTER ADDSLOTSRANGE", 0, 16383)
-            finally:
-                client.close()
+        if masters < 3:
+            # redis-cli --cluster create wants 3 masters: split the slots by hand.
+            _join_by_hand(ports)
         else:
             subprocess.run(
                 [
@@ -196,6 +192,20 @@ def start_cluster(masters: int = 3) -> LocalCluster:
         servers.stop()
         raise
     return LocalCluster(ports, servers)
+
+
+def _join_by_hand(ports: list[int]) -> None:
+    """Give each node an even share of the 16384 slots and introduce it to the first."""
+    share = 16_384 // len(ports)
+    for i, port in enumerate(ports):
+        client = redis.Redis(port=port)
+        try:
+            last = 16_383 if i == len(ports) - 1 else (i + 1) * share - 1
+            client.execute_command("CLUSTER ADDSLOTSRANGE", i * share, last)
+            if i:
+                client.execute_command("CLUSTER MEET", "127.0.0.1", ports[0])
+        finally:
+            client.close()
 
 
 def _wait_cluster_ok(ports: list[int], timeout_s: float = 30.0) -> None:
