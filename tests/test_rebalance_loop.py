@@ -360,3 +360,26 @@ def test_a_failing_outbox_relay_is_logged_once_and_the_loop_goes_on(fq_prefix, m
         rebalancer.run_once()
     assert "outbox relay works again" in caplog.text
     rebalancer.release_locks()
+
+
+def test_redis_error_reply__loop_survives_and_passes_resume(fq_prefix, redis_client, caplog):
+    from fairqueue.management.commands.rebalance_fair import Rebalancer
+
+    lock = f"{fq_prefix}:email:fq:leader"
+    redis_client.hset(lock, "not", "a string")  # the lock script now fails: WRONGTYPE
+    enqueue_jobs("email", [{} for _ in range(3)], priority_level="low")
+    rebalancer = Rebalancer(["email"], interval_ms=100)
+    thread = threading.Thread(target=rebalancer.run, daemon=True)
+    with caplog.at_level("WARNING", logger="fairqueue"):
+        thread.start()
+        try:
+            assert wait_until(lambda: "Redis refused a command" in caplog.text, 10)
+            time.sleep(0.5)  # several failed rounds
+            assert thread.is_alive()
+            assert redis_client.get(f"{fq_prefix}:email:fq:last_pass") is None
+            redis_client.delete(lock)
+            assert wait_until(lambda: redis_client.get(f"{fq_prefix}:email:fq:last_pass"), 15)
+        finally:
+            rebalancer.request_stop()
+            thread.join(10)
+    assert "ResponseError" in caplog.text and "Traceback" not in caplog.text
