@@ -14,6 +14,7 @@ import redis
 import fairqueue
 from fairqueue import conf, handlers
 from fairqueue.broker import close_brokers, get_sync_broker
+from fairqueue.dashboard import clear_backlog_cache, queue_stats
 from fairqueue.exceptions import BrokerUnavailableError
 from fairqueue.rebalance import rebalance_as_leader
 from fairqueue.services import enqueue_job
@@ -157,6 +158,12 @@ def test_failover_during_a_run__no_job_lost_or_run_twice(on_sentinel, recording_
             if key.count(":") == 2
         }
         assert jobs == expected  # no job hash lost, none added twice under another id
+        # The dashboard and the leader lock read the new master through Sentinel.
+        clear_backlog_cache()
+        stats = queue_stats("email")
+        assert stats["waiting_total"] == 0 and stats["counts"]["completed"] == total
+        assert rebalance_as_leader("email", token="sentinel-test", interval_ms=200)
+        assert get_sync_broker().lock_holder(f"{PREFIX}:email:fq:leader")[0] == "sentinel-test"
         assert get_sync_broker().count_unfinished("email") == 0
     finally:
         client.delete(*client.keys(f"{PREFIX}:*"))
