@@ -29,12 +29,14 @@ from redis.crc import key_slot
 
 import fairqueue
 from fairqueue import conf, handlers
-from fairqueue.broker import Broker, SyncBroker, close_brokers, get_sync_broker
+from fairqueue.broker import Broker, NewJob, SyncBroker, close_brokers, get_sync_broker
 from fairqueue.dashboard import clear_backlog_cache, queue_stats
+from fairqueue.exceptions import BrokerUnavailableError
+from fairqueue.levels import PriorityLevel
 from fairqueue.rebalance import LeaderLock, rebalance_as_leader, rebalance_queue
 from fairqueue.services import enqueue_job, enqueue_jobs
 from fairqueue.worker import Worker as FairWorker
-from tests.servers import LocalCluster, cluster_support, start_cluster
+from tests.servers import LocalCluster, cluster_support, free_ports, start_cluster
 
 pytestmark = pytest.mark.django_db
 NODE_DIR = Path(__file__).resolve().parent / "node"
@@ -336,3 +338,16 @@ def test_broker_takes_a_cluster_url(on_cluster, cluster_client):
         )
     finally:
         broker.close()
+
+
+def test_unreachable_cluster__broker_unavailable_error_naming_no_password():
+    (port,) = free_ports(1, bus=True)
+    broker = SyncBroker(Broker(f"redis+cluster://:pw-secret@127.0.0.1:{port}", PREFIX))
+    try:
+        with pytest.raises(BrokerUnavailableError) as info:
+            broker.ping()
+        with pytest.raises(BrokerUnavailableError):
+            broker.add_job("{email}", NewJob("x", {}, PriorityLevel.NORMAL))
+    finally:
+        broker.close()
+    assert "pw-secret" not in str(info.value)

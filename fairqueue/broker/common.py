@@ -7,6 +7,7 @@ from typing import Any, Final, TypeVar
 
 import redis
 from bullmq.queue_keys import QueueKeys
+from redis.exceptions import ClusterDownError, RedisClusterException
 
 from ..exceptions import BrokerError, BrokerRejectedError, BrokerUnavailableError
 
@@ -42,10 +43,18 @@ def _unavailable(exc: BaseException) -> BrokerUnavailableError:
 
 
 #: Errors that mean Redis was not reached or did not answer (redis-py's connection and
-#: timeout errors, socket errors); every other ``RedisError`` is an error reply.
-UNREACHABLE_ERRORS: Final = (redis.ConnectionError, redis.TimeoutError, OSError)
+#: timeout errors, socket errors; on a cluster also CLUSTERDOWN / MASTERDOWN replies and
+#: redis-py's cluster errors, such as no startup node reachable or a slot no master
+#: serves, which are not ``RedisError``); every other ``RedisError`` is an error reply.
+UNREACHABLE_ERRORS: Final = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    OSError,
+    ClusterDownError,
+    RedisClusterException,
+)
 #: Everything :func:`broker_error` translates.
-REDIS_ERRORS: Final = (redis.RedisError, OSError)
+REDIS_ERRORS: Final = (redis.RedisError, OSError, RedisClusterException)
 
 
 def broker_error(exc: BaseException) -> BrokerError:
