@@ -66,6 +66,7 @@ from .levels import PriorityLevel
 from .priority import ABSENT, _Absent
 from .services import MAX_ATTEMPTS, MAX_DELAY_MS, MAX_JOB_ID_LENGTH
 from .task_jobs import (
+    TASK_KEY,
     BaseTaskBackend,
     InvalidTaskError,
     Task,
@@ -287,7 +288,7 @@ class FairQueueBackend(BaseTaskBackend):
         )
         return _Enqueue(
             job_type=job_type,
-            payload={"djangoTask": call.to_json()},
+            payload={TASK_KEY: call.to_json()},
             options=options,
             args=args_json,
             kwargs=kwargs_json,

@@ -513,6 +513,7 @@ class Worker:
 
 
 def _is_task_job(data: Any) -> bool:
+    # task_jobs.TASK_KEY, spelled out: task_jobs needs django-tasks, this module does not.
     return isinstance(data, dict) and "djangoTask" in data
 
 
