@@ -203,10 +203,13 @@ class Run:
 
 def run_once(mode: str, masters: int, jobs_per_queue: int, procs: int, concurrency: int) -> Run:
     cluster = start_cluster(masters)
+    clients: list = []
     try:
         queues = spread_queues(cluster)
         ctx = mp.get_context("spawn")
-        barrier = ctx.Barrier(procs + 1)
+        # A client that dies breaks the barrier (timeout) instead of hanging the parent,
+        # so the cluster is always stopped below.
+        barrier = ctx.Barrier(procs + 1, timeout=900)
         cpu = ctx.Queue()
         clients = [
             ctx.Process(
@@ -244,6 +247,9 @@ def run_once(mode: str, masters: int, jobs_per_queue: int, procs: int, concurren
             client_cpu,
         )
     finally:
+        for process in clients:  # a client that died or hung: its barrier broke
+            if process.is_alive():
+                process.kill()
         cluster.stop()
 
 
