@@ -452,7 +452,8 @@ def run_one(
             if loop is not None:
                 loop_ready = wait_for_loop(prefix, loop)
                 if not loop_ready:
-                    print(f"  warning: the rebalance loop did not take its lock; see {LOG}")
+                    # A "fairqueue" run without its loop would be reported as one with it.
+                    raise SystemExit(f"the rebalance loop did not take its lock; see {LOG}")
             producer = Producer(scheduler, scenario, prefix, db)
             t0, t_end, t_stop = asyncio.run(drive(producer, worker, args))
             worker.stop()

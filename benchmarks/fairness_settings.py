@@ -10,3 +10,11 @@ from tests.settings import *  # noqa: F403
 
 DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
 FAIRQUEUE = {"QUEUES": {"bench": "bench"}}
+# The test settings' @task backend maps its queues onto the test job types; here the
+# only job type is `bench` (manage.py check, which rebalance_fair runs, requires it).
+TASKS = {
+    "default": {
+        "BACKEND": "fairqueue.tasks_backend.FairQueueBackend",
+        "OPTIONS": {"JOB_TYPES": {"default": "bench"}},
+    }
+}
