@@ -117,6 +117,10 @@ def measure(n: int) -> list[tuple[str, float, float]]:
     fq = {"PREFIX": prefix, "QUEUES": {"email": "email"}, "REDIS_URL": REDIS_URL}
     with override_settings(FAIRQUEUE=fq):
         conf.reload_settings()
+        # The demo project wires its TenantPlan lookups at startup; the benchmark has no
+        # database tables, so it measures without them (and with a plan lambda below).
+        priority.unwire_tenant_plan_lookup()
+        priority.unwire_tenant_weight_lookup()
         try:
             raw = best(lambda: raw_single(prefix + "-raw", n))
             fair = best(lambda: in_thread(lambda: fair_single(n, tenant_id="t-1")))

@@ -134,7 +134,10 @@ async def _enqueue(mode: str, nodes: list[str], queues: list[str], jobs: int) ->
     await asyncio.gather(*(fill_plain(queue) for queue in queues))
 
 
-async def _drain(nodes: list[str], queues: list[str], jobs: int, concurrency: int) -> None:
+async def _drain(nodes: list[str], queues: list[str], jobs: int, concurrency: int) -> float:
+    """Drain the queues; the wall-clock time the last job was taken. Closing the workers
+    is not timed: Python BullMQ's ``Worker.close()`` can wait out its 5 s ``drainDelay``
+    (taskforcesh/bullmq#4597), which made the drain rates bimodal."""
     broker = Broker("redis+cluster://" + ",".join(nodes), PREFIX)
     left = {queue: jobs for queue in queues}
     done = asyncio.Event()
@@ -152,10 +155,12 @@ async def _drain(nodes: list[str], queues: list[str], jobs: int, concurrency: in
     ]
     runs = [asyncio.ensure_future(worker.run()) for worker in workers]
     await asyncio.wait_for(done.wait(), 600)
+    drained_at = time.time()
     await asyncio.gather(*(worker.close() for worker in workers))
     for run in runs:
         run.cancel()
     await broker.close()
+    return drained_at
 
 
 def _client(mode, nodes, queues, jobs, concurrency, barrier, cpu) -> None:
@@ -163,9 +168,9 @@ def _client(mode, nodes, queues, jobs, concurrency, barrier, cpu) -> None:
     barrier.wait()  # go
     asyncio.run(_enqueue(mode, nodes, queues, jobs))
     barrier.wait()  # enqueued
-    asyncio.run(_drain(nodes, queues, jobs, concurrency))
+    drained_at = asyncio.run(_drain(nodes, queues, jobs, concurrency))
     barrier.wait()  # drained
-    cpu.put(time.process_time() - start)
+    cpu.put((time.process_time() - start, drained_at))
 
 
 def redis_cpu(ports: list[int]) -> list[float]:
@@ -232,9 +237,12 @@ def run_once(mode: str, masters: int, jobs_per_queue: int, procs: int, concurren
         cpu0, t0 = redis_cpu(cluster.ports), time.perf_counter()
         barrier.wait()
         t1 = time.perf_counter()
+        enqueued_at = time.time()
         barrier.wait()
-        t2, cpu2 = time.perf_counter(), redis_cpu(cluster.ports)
-        client_cpu = sum(cpu.get(timeout=60) for _ in clients)
+        cpu2 = redis_cpu(cluster.ports)
+        reports = [cpu.get(timeout=60) for _ in clients]
+        client_cpu = sum(used for used, _ in reports)
+        drain_s = max(drained_at for _, drained_at in reports) - enqueued_at
         for process in clients:
             process.join(60)
         return Run(
@@ -242,7 +250,7 @@ def run_once(mode: str, masters: int, jobs_per_queue: int, procs: int, concurren
             masters,
             jobs_per_queue * QUEUES,
             t1 - t0,
-            t2 - t1,
+            drain_s,
             [after - before for before, after in zip(cpu0, cpu2, strict=True)],
             client_cpu,
         )
