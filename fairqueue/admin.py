@@ -22,6 +22,20 @@ from .models import (
 from .views import DashboardAdmin
 
 
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Records nobody may add, change or delete by hand: the audit log (it is evidence)
+    and the outbox (deleting a row would lose its job)."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
 class SetTierForm(forms.Form):
     plan_tier = forms.ChoiceField(choices=PLAN_CHOICES, label="New plan tier")
 
@@ -82,7 +96,7 @@ class SubscriptionClassifierAdmin(admin.ModelAdmin):
 
 
 @admin.register(PriorityOverrideAudit)
-class PriorityOverrideAuditAdmin(admin.ModelAdmin):
+class PriorityOverrideAuditAdmin(ReadOnlyAdmin):
     """System-owned records: readable, never added, changed or deleted by anyone."""
 
     list_display = (
@@ -103,18 +117,9 @@ class PriorityOverrideAuditAdmin(admin.ModelAdmin):
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         return [field.name for field in self.model._meta.fields]
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
 
 @admin.register(OutboxJob)
-class OutboxJobAdmin(admin.ModelAdmin):
+class OutboxJobAdmin(ReadOnlyAdmin):
     """Durable jobs waiting for the relay: readable (without the payload, which is user
     data), never added, changed or deleted by hand (deleting one would lose its job)."""
 
@@ -133,15 +138,6 @@ class OutboxJobAdmin(admin.ModelAdmin):
         "last_error",
     )
     readonly_fields = fields
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 # The fair queue dashboard (views in fairqueue.views), linked from the admin index.

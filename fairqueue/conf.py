@@ -23,6 +23,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
+from .exceptions import UnknownJobTypeError
 from .redis_target import RedisTarget, parse_redis_target, queue_hash_tag, redis_location
 
 __all__ = [
@@ -158,14 +159,20 @@ class FairqueueSettings:
             f"keep_failed={self.keep_failed})"
         )
 
+    def queue_for(self, job_type: object) -> str:
+        """The BullMQ queue of ``job_type``; every entry point (enqueue, pass, dashboard)
+        refuses an unknown one with the same message."""
+        if not isinstance(job_type, str) or job_type not in self.queues:
+            raise UnknownJobTypeError(
+                f"job_type={job_type!r} is not allowed: expected one of {sorted(self.queues)} "
+                "(register job types in FAIRQUEUE['QUEUES'])"
+            )
+        return self.queues[job_type]
+
     @property
     def redis_location(self) -> str:
         """Where ``redis_url`` points, for logs and messages: never its password."""
         return self.redis.location
-
-    def queue_for(self, job_type: str) -> str:
-        """The BullMQ queue name of ``job_type``; ``KeyError`` if it is not registered."""
-        return self.queues[job_type]
 
 
 def _source_name(key: str, from_env: bool) -> str:

@@ -50,7 +50,6 @@ from .broker import (
     get_sync_broker,
 )
 from .conf import get_settings
-from .exceptions import UnknownJobTypeError
 from .history import DEFAULT_WINDOW_MIN, clamp_window_min, parse_bucket, summarize
 from .history_charts import history_view
 from .levels import DEFAULT_FAIR_WEIGHTS, LEVELS_BY_RANK
@@ -290,11 +289,7 @@ async def aqueue_stats(
 ) -> dict[str, Any]:
     """:func:`queue_stats` for async callers, on ``broker``'s event loop."""
     settings = get_settings()
-    if job_type not in settings.queues:
-        raise UnknownJobTypeError(
-            f"job_type={job_type!r} is not allowed: expected one of {sorted(settings.queues)}"
-        )
-    queue = settings.queues[job_type]
+    queue = settings.queue_for(job_type)
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     max_wait_ms = settings.max_wait_ms
     window = settings.rebalance_window

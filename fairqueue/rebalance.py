@@ -48,7 +48,6 @@ from .broker import (
     get_sync_broker,
 )
 from .conf import get_settings
-from .exceptions import UnknownJobTypeError
 from .levels import (
     DEFAULT_TENANT,
     LEVELS_BY_RANK,
@@ -226,11 +225,7 @@ async def arebalance_queue(
     """
     started = time.perf_counter()
     settings = get_settings()
-    if job_type not in settings.queues:
-        raise UnknownJobTypeError(
-            f"job_type={job_type!r} is not allowed: expected one of {sorted(settings.queues)}"
-        )
-    queue = settings.queues[job_type]
+    queue = settings.queue_for(job_type)
     broker = broker or get_broker()
     result = PassResult(job_type=job_type, queue=queue, dry_run=dry_run)
     token = rebalancer or f"pass:{rebalancer_id()}"
@@ -340,11 +335,7 @@ async def arecord_history(
         UnknownJobTypeError: ``job_type`` is not configured.
     """
     settings = get_settings()
-    if job_type not in settings.queues:
-        raise UnknownJobTypeError(
-            f"job_type={job_type!r} is not allowed: expected one of {sorted(settings.queues)}"
-        )
-    queue = settings.queues[job_type]
+    queue = settings.queue_for(job_type)
     broker = broker or get_broker()
     result = PassResult(job_type=job_type, queue=queue)
     fence = {
@@ -474,11 +465,7 @@ def rebalance_as_leader(
     job_type: str, *, token: str, interval_ms: int, dry_run: bool = False
 ) -> PassResult | None:
     """Run a pass if we hold (or can take) the queue's leader lock; ``None`` otherwise."""
-    queue = get_settings().queues.get(job_type)
-    if queue is None:
-        raise UnknownJobTypeError(
-            f"job_type={job_type!r} is not allowed: expected one of {sorted(get_settings().queues)}"
-        )
+    queue = get_settings().queue_for(job_type)
     lock = LeaderLock(queue, token, lock_ttl_ms(interval_ms))
     if dry_run:
         return rebalance_queue(job_type, dry_run=True, rebalancer=token)

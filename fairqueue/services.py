@@ -56,7 +56,6 @@ from .exceptions import (
     InvalidPriorityError,
     PartialEnqueueError,
     PayloadTooLargeError,
-    UnknownJobTypeError,
 )
 from .levels import (
     DEFAULT_TENANT_WEIGHT,
@@ -115,16 +114,6 @@ class _Prepared:
     new_job: NewJob
     resolved: ResolvedPriority
     audit: dict[str, Any] | None
-
-
-def _queue_for(job_type: object) -> tuple[str, str]:
-    queues = get_settings().queues
-    if not isinstance(job_type, str) or job_type not in queues:
-        raise UnknownJobTypeError(
-            f"job_type={job_type!r} is not allowed: expected one of {sorted(queues)} "
-            "(register job types in FAIRQUEUE['QUEUES'])"
-        )
-    return job_type, queues[job_type]
 
 
 _JSON_SCALARS: Final = frozenset({int, float, bool, type(None)})
@@ -355,7 +344,7 @@ def _prepare(
     source: str | None = None,
     actor: object = None,
 ) -> _Prepared:
-    job_type, queue = _queue_for(job_type)
+    queue = get_settings().queue_for(job_type)
     _check_audited_priority(priority)
     resolved = resolve_priority(
         tenant_id=tenant_id,
