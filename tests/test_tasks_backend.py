@@ -590,10 +590,37 @@ def test_node_worker__takes_task_jobs_in_the_fair_order(node_worker, fq_prefix, 
 # -- a fresh project: pip install, TASKS, @task, manage.py ------------------------------
 
 
-def test_fresh_project__tasks_setting_and_task_decorator_run_in_the_fair_order(tmp_path, fq_prefix):
+@pytest.fixture(scope="module")
+def installed_wheel(tmp_path_factory) -> Path:
+    """django-fairqueue as pip installs it: the wheel built from this checkout, installed
+    into a directory of its own (its dependencies come from the test environment). It
+    proves the package ships what a project needs (templates, static files, the Lua)."""
+    wheels = tmp_path_factory.mktemp("wheel")
+    site = tmp_path_factory.mktemp("site")
+
+    def pip(*args: str) -> None:
+        done = subprocess.run(
+            [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", *args],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    pip("wheel", "--no-deps", "-w", str(wheels), str(ROOT))
+    (wheel,) = wheels.glob("django_fairqueue-*.whl")
+    pip("install", "--no-deps", "--target", str(site), str(wheel))
+    return site
+
+
+def test_fresh_project__tasks_setting_and_task_decorator_run_in_the_fair_order(
+    tmp_path, fq_prefix, installed_wheel
+):
     """A project that only adds fairqueue and django_tasks to INSTALLED_APPS, a TASKS
-    setting and @task functions: manage.py enqueues and fairqueue_worker runs the jobs
-    in the fair order (real processes, as a user would run them)."""
+    setting and @task functions, with fairqueue pip-installed from its wheel: manage.py
+    enqueues and fairqueue_worker runs the jobs in the fair order (real processes, as a
+    user would run them)."""
     app = tmp_path / "shop"
     app.mkdir()
     (app / "__init__.py").write_text("")
@@ -634,7 +661,7 @@ def test_fresh_project__tasks_setting_and_task_decorator_run_in_the_fair_order(t
     ran = tmp_path / "ran.txt"
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]),
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(installed_wheel)]),
         "DJANGO_SETTINGS_MODULE": "settings",
         "RAN_FILE": str(ran),
     }
@@ -655,6 +682,8 @@ def test_fresh_project__tasks_setting_and_task_decorator_run_in_the_fair_order(t
         return done.stdout
 
     manage("migrate", "--noinput", "-v", "0")
+    imported_from = manage("shell", "-c", "import fairqueue; print(fairqueue.__file__)")
+    assert Path(imported_from.split()[-1]).is_relative_to(installed_wheel), imported_from
     manage(
         "shell",
         "-c",
