@@ -1,7 +1,10 @@
 """enqueue_job and friends against a real Redis server and the real bullmq package."""
 
 import asyncio
+import contextlib
 import json
+import socket
+import threading
 
 import pytest
 import redis
@@ -9,7 +12,7 @@ from django.db import transaction
 from django.http import JsonResponse
 from django.urls import path
 
-from fairqueue import priority
+from fairqueue import conf, priority
 from fairqueue.broker import RESERVED_JOB_IDS, TAG_FLOOR, close_brokers
 from fairqueue.demo import free_port
 from fairqueue.exceptions import (
@@ -561,6 +564,77 @@ def test_job_id_is_the_idempotency_key__retry_after_an_ambiguous_timeout_adds_no
     again = enqueue_job("email", {"v": 1}, tenant_id="t", priority_override="high", job_id="inv-7")
     assert not again.audited
     assert PriorityOverrideAudit.objects.count() == 1
+
+
+class ReplyDroppingProxy:
+    """A TCP proxy in front of Redis that, once armed, lets the next request through and
+    drops its reply by closing the client's connection: a network failure after the
+    send, where the command ran but the client cannot know."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.armed = threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"redis://127.0.0.1:{self.listener.getsockname()[1]}/0"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            threading.Thread(target=self._pump, args=(client, upstream, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, True), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, replies: bool) -> None:
+        try:
+            while data := source.recv(65536):
+                if replies and self.armed.is_set():
+                    self.armed.clear()
+                    break
+                sink.sendall(data)
+        except OSError:
+            pass
+        for sock in (source, sink):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@pytest.mark.parametrize("way", ["enqueue_job", "aenqueue_job"])
+def test_a_lost_reply_is_never_resent__one_job_and_broker_unavailable_error(
+    way, fq_prefix, settings, redis_client
+):
+    """redis-py resends a command after a connection error by default; a resent add of a
+    job without an id would enqueue it twice. fairqueue's clients never resend: the
+    caller gets BrokerUnavailableError (and retries under a job id)."""
+    proxy = ReplyDroppingProxy(redis_client.connection_pool.connection_kwargs["port"])
+    settings.FAIRQUEUE = {**settings.FAIRQUEUE, "REDIS_URL": proxy.url}
+    conf.reload_settings()
+
+    async def twice_async() -> None:
+        await aenqueue_job("email", {"warm": True}, tenant_id="t")  # connects, loads scripts
+        proxy.armed.set()
+        with pytest.raises(BrokerUnavailableError):
+            await aenqueue_job("email", {"lost": True}, tenant_id="t")
+
+    try:
+        if way == "enqueue_job":
+            enqueue_job("email", {"warm": True}, tenant_id="t")
+            proxy.armed.set()
+            with pytest.raises(BrokerUnavailableError):
+                enqueue_job("email", {"lost": True}, tenant_id="t")
+        else:
+            asyncio.run(twice_async())
+    finally:
+        close_brokers()
+        proxy.close()
+    assert waiting_count(redis_client, fq_prefix) == 2  # the warm-up job and the lost one
 
 
 def test_audited_jobs_without_an_id_get_bullmqs_id_in_their_audit_rows(fq_prefix):

@@ -235,7 +235,15 @@ def async_client(target: RedisTarget, name: str | None = None) -> AsyncClient:
             **_TIMEOUTS,
         )
     return aioredis.from_url(
-        target.url, decode_responses=True, health_check_interval=30, **named, **_TIMEOUTS
+        target.url,
+        decode_responses=True,
+        health_check_interval=30,
+        # No silent resend (aenqueue_job's adds go through this client; see sync_client).
+        # Workers on one server use BullMQ's own clients, and a pass or a page that fails
+        # is run again by its loop or its reader.
+        retry=AsyncRetry(NoBackoff(), 0),
+        **named,
+        **_TIMEOUTS,
     )
 
 
