@@ -264,6 +264,7 @@ def sync_client(target: RedisTarget, name: str | None = None) -> SyncClient:
             username=target.username,
             password=target.password,
             connection_class=FailoverAwareSSLConnection if target.ssl else FailoverAwareConnection,
+            retry=Retry(NoBackoff(), 0),  # no silent resend of an add (see below)
             **named,
         )
     if target.kind == "cluster":
