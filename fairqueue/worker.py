@@ -204,13 +204,13 @@ def split_payload(data: Any) -> tuple[Any, str | None, PriorityLevel | None]:
     return payload, tenant if isinstance(tenant, str) else None, level
 
 
-def _call_sync(handler: Handler, payload: Any, context: JobContext) -> None:
-    """Run a sync handler in its worker thread the way Django runs a view: drop
+def _call_sync(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run a sync handler or task in its worker thread the way Django runs a view: drop
     database connections that are broken or past ``CONN_MAX_AGE`` before and after, so
     a long-lived worker never hands a job a dead connection nor keeps one forever."""
     close_old_connections()
     try:
-        handler(payload, context)
+        return func(*args, **kwargs)
     finally:
         close_old_connections()
 
@@ -398,23 +398,20 @@ class Worker:
         started = time.monotonic()
         logger.debug("job %s (%s) started, attempt %d", job.job_id, job_type, job.attempts_made + 1)
         try:
-            if iscoroutinefunction(handler):
-                await handler(payload, context)
-            else:
-                await sync_to_async(_call_sync, thread_sensitive=False, executor=self._executor)(
-                    handler, payload, context
-                )
+            await self._call(handler, payload, context)
         except Exception as exc:
-            # The class name only: messages and tracebacks may quote payload data.
-            logger.warning(
-                "job %s (%s) failed after %d ms: %s",
-                job.job_id,
-                job_type,
-                _elapsed_ms(started),
-                type(exc).__name__,
-            )
+            _log_failure(job, job_type, started, exc)
             raise  # BullMQ fails the job and applies its attempts and backoff
         logger.info("job %s (%s) done in %d ms", job.job_id, job_type, _elapsed_ms(started))
+
+    async def _call(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Await an async handler or task on this loop; run a sync one in the job
+        thread pool (:func:`_call_sync`)."""
+        if iscoroutinefunction(func):
+            return await func(*args, **kwargs)
+        return await sync_to_async(_call_sync, thread_sensitive=False, executor=self._executor)(
+            func, *args, **kwargs
+        )
 
     async def _run_task(self, job_type: str, job: ActiveJob) -> Any:
         """Run a Django task job; return its JSON result (BullMQ stores it).
@@ -445,21 +442,10 @@ class Worker:
             args.insert(0, task_jobs.TaskContext(task_result=running))
         logger.debug("job %s (%s) task started", job.job_id, job_type)
         try:
-            if iscoroutinefunction(task.func):
-                value = await task.func(*args, **call.kwargs)
-            else:
-                value = await sync_to_async(
-                    _call_task_sync, thread_sensitive=False, executor=self._executor
-                )(task.func, args, call.kwargs)
+            value = await self._call(task.func, *args, **call.kwargs)
             value = task_jobs.json_value(value, f"the return value of task {call.path!r}")
         except Exception as exc:
-            logger.warning(
-                "job %s (%s) failed after %d ms: %s",
-                job.job_id,
-                job_type,
-                _elapsed_ms(started),
-                type(exc).__name__,
-            )
+            _log_failure(job, job_type, started, exc)
             raise TaskFailedError(f"{task_jobs.error_class_path(exc)}: {exc}") from exc
         logger.info("job %s (%s) done in %d ms", job.job_id, job_type, _elapsed_ms(started))
         return value
@@ -517,14 +503,15 @@ def _is_task_job(data: Any) -> bool:
     return isinstance(data, dict) and "djangoTask" in data
 
 
-def _call_task_sync(func: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> Any:
-    """A sync task function in a worker thread, with Django's connection care (as
-    :func:`_call_sync`)."""
-    close_old_connections()
-    try:
-        return func(*args, **kwargs)
-    finally:
-        close_old_connections()
+def _log_failure(job: ActiveJob, job_type: str, started: float, exc: Exception) -> None:
+    # The class name only: messages and tracebacks may quote payload data.
+    logger.warning(
+        "job %s (%s) failed after %d ms: %s",
+        job.job_id,
+        job_type,
+        _elapsed_ms(started),
+        type(exc).__name__,
+    )
 
 
 def _elapsed_ms(started: float) -> int:
