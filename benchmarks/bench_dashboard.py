@@ -47,10 +47,11 @@ from django.test.utils import (  # noqa: E402
     teardown_test_environment,
 )
 
-from fairqueue import conf, dashboard  # noqa: E402
+from fairqueue import conf  # noqa: E402
 from fairqueue.broker import close_brokers  # noqa: E402
-from fairqueue.rebalance import rebalance_queue  # noqa: E402
-from fairqueue.services import enqueue_jobs  # noqa: E402
+from fairqueue.dashboard import stats as dashboard  # noqa: E402
+from fairqueue.enqueue.api import enqueue_jobs  # noqa: E402
+from fairqueue.rebalance.passes import rebalance_queue  # noqa: E402
 
 QUEUES = {"email": "email", "report": "report", "cleanup": "cleanup"}
 LEVELS = ("critical", "high", "normal", "low")

@@ -33,9 +33,10 @@ from bullmq import Queue  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.test.utils import override_settings  # noqa: E402
 
-from fairqueue import conf, priority  # noqa: E402
+from fairqueue import conf  # noqa: E402
 from fairqueue.broker import close_brokers  # noqa: E402
-from fairqueue.services import enqueue_job, enqueue_jobs  # noqa: E402
+from fairqueue.enqueue import priority  # noqa: E402
+from fairqueue.enqueue.api import enqueue_job, enqueue_jobs  # noqa: E402
 
 BATCH = 100
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fairqueue.levels import PriorityLevel  # noqa: E402
-from fairqueue.scheduler import PendingJob, order_by_occupancy, order_pending_jobs  # noqa: E402
+from fairqueue.scheduling.levels import PriorityLevel  # noqa: E402
+from fairqueue.scheduling.order import PendingJob, order_by_occupancy, order_pending_jobs  # noqa: E402
 
 NOW = 10**12
 BOUND = 300_000

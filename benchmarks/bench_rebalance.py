@@ -69,8 +69,8 @@ from fairqueue.broker import (  # noqa: E402
 )
 from fairqueue.broker.scripts import add_delayed_script  # noqa: E402
 from fairqueue.demo import free_port  # noqa: E402
-from fairqueue.levels import PAYLOAD_LEVEL_KEY, PAYLOAD_TENANT_KEY, PriorityLevel  # noqa: E402
-from fairqueue.rebalance import REBASE_PAGE_SIZE, rebalance_queue  # noqa: E402
+from fairqueue.rebalance.passes import REBASE_PAGE_SIZE, rebalance_queue  # noqa: E402
+from fairqueue.scheduling.levels import PAYLOAD_LEVEL_KEY, PAYLOAD_TENANT_KEY, PriorityLevel  # noqa: E402
 
 JOB_TYPE = QUEUE = "email"
 FAIR_PREFIX = "fqbench"

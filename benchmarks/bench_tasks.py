@@ -36,13 +36,14 @@ from bullmq import Job, Queue  # noqa: E402
 from django.test.utils import override_settings  # noqa: E402
 from django_tasks import task  # noqa: E402
 
-from fairqueue import conf, priority  # noqa: E402
+from fairqueue import conf  # noqa: E402
 from fairqueue.broker import close_brokers  # noqa: E402
-from fairqueue.services import enqueue_job  # noqa: E402
+from fairqueue.enqueue import priority  # noqa: E402
+from fairqueue.enqueue.api import enqueue_job  # noqa: E402
 
 TASKS = {
     "default": {
-        "BACKEND": "fairqueue.tasks_backend.FairQueueBackend",
+        "BACKEND": "fairqueue.tasks.backend.FairQueueBackend",
         "OPTIONS": {"JOB_TYPES": {"default": "email"}},
     }
 }

@@ -10,7 +10,7 @@ Schedulers (same workload and worker, one after the other, each under its own pr
 
 * ``plain``            - ``bullmq.Queue.addBulk`` with seed 2's numbers (critical=1,
   high=3, normal=5, low=10): BullMQ's strict priority ladder, FIFO within a priority.
-* ``fairqueue-noloop`` - ``fairqueue.services.enqueue_jobs(priority_level=, tenant_id=)``
+* ``fairqueue-noloop`` - ``fairqueue.enqueue.api.enqueue_jobs(priority_level=, tenant_id=)``
   and nothing else: the order the enqueue path gives.
 * ``fairqueue``        - the same enqueue plus ``manage.py rebalance_fair`` (with
   ``QUEUE_FAIR_MAX_WAIT_MS=--bound-ms``, ``FAIRQUEUE_PREFIX`` and the producer's
@@ -382,7 +382,7 @@ class Producer:
 
 
 def enqueue_fair(source: Source, count: int) -> list[str]:
-    from fairqueue.services import enqueue_jobs
+    from fairqueue.enqueue.api import enqueue_jobs
 
     weight = {} if source.weight is None else {"tenant_weight": source.weight}
     results = enqueue_jobs(
@@ -399,8 +399,8 @@ def enqueue_fair(source: Source, count: int) -> list[str]:
 def supports_tenant_weight() -> bool:
     """Whether ``enqueue_job`` takes ``tenant_weight=``: an unknown job type fails
     validation after the keyword arguments are bound, so nothing is written."""
+    from fairqueue.enqueue.api import enqueue_job
     from fairqueue.exceptions import UnknownJobTypeError
-    from fairqueue.services import enqueue_job
 
     try:
         enqueue_job("fqbench-probe-no-such-type", {}, tenant_weight=1)  # type: ignore[typeddict-unknown-key]

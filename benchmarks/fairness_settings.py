@@ -14,7 +14,7 @@ FAIRQUEUE = {"QUEUES": {"bench": "bench"}}
 # only job type is `bench` (manage.py check, which rebalance_fair runs, requires it).
 TASKS = {
     "default": {
-        "BACKEND": "fairqueue.tasks_backend.FairQueueBackend",
+        "BACKEND": "fairqueue.tasks.backend.FairQueueBackend",
         "OPTIONS": {"JOB_TYPES": {"default": "bench"}},
     }
 }

@@ -1,7 +1,76 @@
-"""fairqueue: weighted fair scheduling and plan-based priority for BullMQ queues."""
+"""fairqueue: weighted fair scheduling and plan-based priority for BullMQ queues.
 
-from .handlers import JobContext, handler
+The names below are the public API; import them from here. The subpackages show how it
+is built (see ``docs/design.md``): ``scheduling`` (the pure math), ``broker`` (the only
+code that knows BullMQ's keys and Lua), ``enqueue`` (the producer side and the outbox),
+``rebalance`` (the pass), ``worker``, ``dashboard``, ``tasks`` (Django's task framework)
+and ``contrib.celery``.
+
+The Django tasks backend is ``"fairqueue.tasks.backend.FairQueueBackend"`` in
+``settings.TASKS`` (not imported here: it needs a task framework installed).
+"""
+
+from fairqueue.enqueue.api import (
+    EnqueuedJob,
+    aenqueue_job,
+    enqueue_job,
+    enqueue_jobs,
+    enqueue_on_commit,
+)
+from fairqueue.enqueue.priority import wire_tenant_plan_lookup, wire_tenant_weight_lookup
+from fairqueue.exceptions import (
+    BrokerError,
+    BrokerRejectedError,
+    BrokerUnavailableError,
+    ConflictingPayloadError,
+    ConflictingPriorityError,
+    FairqueueError,
+    InvalidJobOptionError,
+    InvalidPayloadError,
+    InvalidPlanError,
+    InvalidPriorityError,
+    InvalidPriorityLevelError,
+    InvalidTenantError,
+    InvalidTenantWeightError,
+    PartialEnqueueError,
+    PayloadTooLargeError,
+    TaskFailedError,
+    UnknownJobTypeError,
+)
+from fairqueue.plans import set_subscription_to_plan_tier
+from fairqueue.scheduling.levels import PriorityLevel, normalize_priority
+from fairqueue.worker.handlers import JobContext, handler
 
 __version__ = "0.1.0"
 
-__all__ = ["JobContext", "handler"]
+__all__ = [
+    "BrokerError",
+    "BrokerRejectedError",
+    "BrokerUnavailableError",
+    "ConflictingPayloadError",
+    "ConflictingPriorityError",
+    "EnqueuedJob",
+    "FairqueueError",
+    "InvalidJobOptionError",
+    "InvalidPayloadError",
+    "InvalidPlanError",
+    "InvalidPriorityError",
+    "InvalidPriorityLevelError",
+    "InvalidTenantError",
+    "InvalidTenantWeightError",
+    "JobContext",
+    "PartialEnqueueError",
+    "PayloadTooLargeError",
+    "PriorityLevel",
+    "TaskFailedError",
+    "UnknownJobTypeError",
+    "aenqueue_job",
+    "enqueue_job",
+    "enqueue_jobs",
+    "enqueue_on_commit",
+    "handler",
+    "normalize_priority",
+    "set_subscription_to_plan_tier",
+    "wire_tenant_plan_lookup",
+    "wire_tenant_weight_lookup",
+]

@@ -10,7 +10,8 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 
-from .models import (
+from fairqueue.dashboard.views import DashboardAdmin
+from fairqueue.models import (
     PLAN_CHOICES,
     ClassifierRule,
     Dashboard,
@@ -19,7 +20,6 @@ from .models import (
     SubscriptionClassifier,
     TenantPlan,
 )
-from .views import DashboardAdmin
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -140,5 +140,5 @@ class OutboxJobAdmin(ReadOnlyAdmin):
     readonly_fields = fields
 
 
-# The fair queue dashboard (views in fairqueue.views), linked from the admin index.
+# The fair queue dashboard (views in fairqueue.dashboard.views), linked from the admin index.
 admin.site.register(Dashboard, DashboardAdmin)

@@ -8,4 +8,4 @@ class FairqueueConfig(AppConfig):
 
     def ready(self) -> None:
         # Registration only: no I/O, no settings read at start-up.
-        from . import checks, signals  # noqa: F401
+        from fairqueue import checks, signals  # noqa: F401

@@ -12,8 +12,8 @@ from django.core.checks import Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 from redis.crc import key_slot
 
-from . import conf
-from .redis_target import hash_tag, queue_hash_tag
+from fairqueue import conf
+from fairqueue.redis_target import hash_tag, queue_hash_tag
 
 
 @register(Tags.compatibility)

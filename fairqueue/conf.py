@@ -23,8 +23,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from .exceptions import UnknownJobTypeError
-from .redis_target import RedisTarget, parse_redis_target, queue_hash_tag, redis_location
+from fairqueue.exceptions import UnknownJobTypeError
+from fairqueue.redis_target import RedisTarget, parse_redis_target, queue_hash_tag, redis_location
 
 __all__ = [
     "DEFAULTS",

@@ -49,9 +49,14 @@ from pathlib import Path
 from typing import IO, Any, Final
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from .broker import FinishedJob, SyncBroker
-from .levels import DEFAULT_FAIR_WEIGHTS, LEVELS_BY_RANK, PAYLOAD_LEVEL_KEY, PriorityLevel
-from .priority import ABSENT, _Absent
+from fairqueue.broker import FinishedJob, SyncBroker
+from fairqueue.enqueue.priority import ABSENT, _Absent
+from fairqueue.scheduling.levels import (
+    DEFAULT_FAIR_WEIGHTS,
+    LEVELS_BY_RANK,
+    PAYLOAD_LEVEL_KEY,
+    PriorityLevel,
+)
 
 logger = logging.getLogger("fairqueue.demo")
 
@@ -87,7 +92,7 @@ def redis_address(url: str) -> tuple[str, int] | None:
 
 def describe_redis(url: str) -> str:
     """Where a Redis URL points, for messages: never the password it may carry."""
-    from .conf import redis_location
+    from fairqueue.conf import redis_location
 
     return redis_location(url)
 
@@ -484,7 +489,7 @@ def seed_tenants(tenants: Sequence[DemoTenant] = DEMO_TENANTS) -> list[tuple[str
     workers use (an embedded Redis started after settings were read), so the load
     generator forgets the demo tenants' cached plans itself (:func:`forget_cached_plans`).
     """
-    from .models import TenantPlan
+    from fairqueue.models import TenantPlan
 
     TenantPlan.objects.bulk_create(
         [
@@ -509,7 +514,7 @@ def seed_classifier() -> str:
     """Make sure the demo's classifier rule exists and is active: subscriptions with
     :data:`CLASSIFIED_PRODUCT` are enterprise (the rest free). Returns the rule, as
     the admin shows it. An edited rule or tier survives the next demo."""
-    from .models import ClassifierRule, SubscriptionClassifier
+    from fairqueue.models import ClassifierRule, SubscriptionClassifier
 
     classifier, _ = SubscriptionClassifier.objects.get_or_create(
         name=CLASSIFIER_NAME, defaults={"default_tier": "free"}
@@ -526,7 +531,7 @@ def seed_classifier() -> str:
 
 
 def forget_cached_plans(tenants: Sequence[DemoTenant] = DEMO_TENANTS) -> None:
-    from .models import forget_tenant_plan
+    from fairqueue.enqueue.lookups import forget_tenant_plan
 
     for tenant in tenants:
         forget_tenant_plan(tenant.tenant_id)
@@ -681,8 +686,8 @@ class LoadGenerator:
         A source whose enqueue fails for another reason than Redis (the audited
         override's row on a busy SQLite) is skipped until the next tick; nothing was
         added for it (the audit row is written before the job)."""
-        from .exceptions import BrokerUnavailableError
-        from .services import enqueue_jobs
+        from fairqueue.enqueue.api import enqueue_jobs
+        from fairqueue.exceptions import BrokerUnavailableError
 
         for tracker in self._trackers:
             for job in tracker.poll():
@@ -718,7 +723,7 @@ class LoadGenerator:
 
     def run(self, stop: threading.Event) -> None:
         """Tick until ``stop`` is set. A Redis outage is logged and retried."""
-        from .exceptions import BrokerError
+        from fairqueue.exceptions import BrokerError
 
         last = time.monotonic()
         while not stop.is_set():
@@ -754,7 +759,7 @@ def entitled_shares(
 
     Returns fractions of the total served (empty when nothing was served).
     """
-    from .history import max_min
+    from fairqueue.dashboard.history import max_min
 
     total = sum(served.values())
     if total <= 0:
@@ -868,7 +873,7 @@ class FairnessMonitor:
         self.totals: Counter[PriorityLevel] = Counter()
 
     def sample(self) -> FairnessSample:
-        from .rebalance import pending_from_job
+        from fairqueue.rebalance.passes import pending_from_job
 
         now = time.monotonic()
         done: Counter[PriorityLevel] = Counter()

@@ -17,7 +17,7 @@ from typing import Final
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
-from .levels import LEVELS_BY_RANK, PriorityLevel
+from fairqueue.scheduling.levels import LEVELS_BY_RANK, PriorityLevel
 
 DECISIONS: Final = ("aged", "weighted_fair")
 ENQUEUE_PRIORITY_LABELS: Final = ("critical", "high", "normal", "low", "other")
@@ -121,7 +121,7 @@ def get_metrics() -> QueueFairMetrics:
 
     Cheap on the hot path: series are pre-created once per set of configured queues.
     """
-    from .conf import get_settings
+    from fairqueue.conf import get_settings
 
     queues = get_settings().queues
     if _last[0] is queues:

@@ -9,20 +9,23 @@ signal receivers in ``fairqueue.signals`` when a plan, a weight or a rule change
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from typing import Any, Final
 
-from django.core.cache import caches
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils.text import format_lazy
 from django.utils.translation import gettext_lazy as _
 
-from .exceptions import InvalidPlanError
-from .levels import DEFAULT_TENANT_WEIGHT, MAX_TENANT_WEIGHT, MIN_TENANT_WEIGHT
-from .priority import MAX_TENANT_ID_LENGTH, PlanTier, get_subscription_classifier, parse_plan
+from fairqueue.exceptions import InvalidPlanError
+from fairqueue.plans import PlanTier, get_subscription_classifier, parse_plan
+from fairqueue.scheduling.levels import (
+    DEFAULT_TENANT_WEIGHT,
+    MAX_TENANT_ID_LENGTH,
+    MAX_TENANT_WEIGHT,
+    MIN_TENANT_WEIGHT,
+)
 
 PLAN_CHOICES: Final = [(tier.value, tier.value.title()) for tier in PlanTier]
 LEVEL_CHOICES: Final = [
@@ -31,10 +34,6 @@ LEVEL_CHOICES: Final = [
     ("normal", "Normal"),
     ("low", "Low"),
 ]
-
-_CACHE_PREFIX: Final = "fairqueue:plan"
-_GENERATION_KEY: Final = f"{_CACHE_PREFIX}:generation"
-_NO_PLAN: Final = ""
 
 
 class TenantPlan(models.Model):
@@ -214,7 +213,7 @@ OUTBOX_JOB_ID_PREFIX: Final = "fq-outbox-"
 
 class OutboxJob(models.Model):
     """A job waiting to be added to BullMQ: written in the caller's transaction by a
-    durable enqueue, moved to Redis by the relay (``fairqueue.outbox``) and deleted only
+    durable enqueue, moved to Redis by the relay (``fairqueue.enqueue.outbox``) and deleted only
     once Redis has it.
 
     The row holds the job exactly as the direct path would add it (payload with
@@ -270,66 +269,3 @@ class Dashboard(models.Model):
 
     def __str__(self) -> str:
         return "Fair queue dashboard"
-
-
-# -- cached plan lookup ----------------------------------------------------------------
-
-
-def _cache():
-    from .conf import get_settings
-
-    return caches[get_settings().cache_alias]
-
-
-def _tenant_key(tenant_id: str) -> str:
-    digest = hashlib.sha256(tenant_id.encode()).hexdigest()[:32]
-    return f"{_CACHE_PREFIX}:{digest}"
-
-
-def _cached_tenant(tenant_id: str) -> tuple[str | None, int]:
-    """``(plan slug or None, weight)`` of ``tenant_id``, from one cache entry.
-
-    One cache round trip on a hit: the entry and the classifier generation are fetched
-    together; an entry computed under an older generation is stale. The entry is
-    ``(generation, slug or "", weight)``; anything else (such as the
-    ``(generation, slug)`` entries of fairqueue 0.1) is a miss and gets rewritten.
-    """
-    from .conf import get_settings
-
-    cache = _cache()
-    key = _tenant_key(tenant_id)
-    found = cache.get_many([key, _GENERATION_KEY])
-    generation = found.get(_GENERATION_KEY, 0)
-    entry = found.get(key)
-    if isinstance(entry, tuple) and len(entry) == 3 and entry[0] == generation:
-        return entry[1] or None, entry[2]
-    plan = TenantPlan.objects.filter(tenant_id=tenant_id).first()
-    slug = plan.resolve_plan() if plan is not None else None
-    weight = plan.weight if plan is not None else DEFAULT_TENANT_WEIGHT
-    cache.set(key, (generation, slug or _NO_PLAN, weight), get_settings().plan_cache_timeout)
-    return slug, weight
-
-
-def lookup_tenant_plan(tenant_id: str) -> str | None:
-    """The plan slug of ``tenant_id`` (``None`` if the tenant is unknown), via the cache."""
-    return _cached_tenant(tenant_id)[0]
-
-
-def lookup_tenant_weight(tenant_id: str) -> int:
-    """The weight of ``tenant_id`` inside its level (1 if the tenant is unknown), via the
-    same cache entry as its plan."""
-    return _cached_tenant(tenant_id)[1]
-
-
-def forget_tenant_plan(tenant_id: str) -> None:
-    """Drop one tenant's cached plan and weight (its row changed)."""
-    _cache().delete(_tenant_key(tenant_id))
-
-
-def forget_all_tenant_plans() -> None:
-    """Invalidate every cached plan (a classifier or rule changed)."""
-    cache = _cache()
-    try:
-        cache.incr(_GENERATION_KEY)
-    except ValueError:
-        cache.set(_GENERATION_KEY, 1, None)

@@ -13,12 +13,11 @@ from typing import Any
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
-from .models import (
+from fairqueue.enqueue.lookups import forget_all_tenant_plans, forget_tenant_plan
+from fairqueue.models import (
     ClassifierRule,
     SubscriptionClassifier,
     TenantPlan,
-    forget_all_tenant_plans,
-    forget_tenant_plan,
 )
 
 

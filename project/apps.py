@@ -7,7 +7,7 @@ class ProjectConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from fairqueue.priority import wire_tenant_plan_lookup
+        from fairqueue.enqueue.priority import wire_tenant_plan_lookup
 
         from . import signals  # noqa: F401
 

@@ -13,7 +13,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
 
 app = Celery("project")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks(["fairqueue"])
+app.autodiscover_tasks(["fairqueue.contrib"], related_name="celery")
 
 
 def _interval_s() -> float:

@@ -10,7 +10,7 @@ from typing import Any
 from django.db.models.signals import post_save
 from django.dispatch import receiver
 
-from fairqueue.services import enqueue_on_commit
+from fairqueue.enqueue.api import enqueue_on_commit
 
 from .models import Invoice
 

@@ -8,8 +8,9 @@ import uuid
 import pytest
 import redis
 
-from fairqueue import conf, priority
+from fairqueue import conf, plans
 from fairqueue.broker import close_brokers
+from fairqueue.enqueue import priority
 
 REDIS_URL = os.environ.get("FAIRQUEUE_REDIS_URL", "redis://127.0.0.1:6379/0")
 TEST_QUEUES = {"email": "email", "report": "report", "cleanup": "cleanup"}
@@ -48,8 +49,8 @@ def fq_prefix(settings):
 def _reset_plan_lookup():
     priority.unwire_tenant_plan_lookup()
     priority.unwire_tenant_weight_lookup()
-    priority.set_subscription_to_plan_tier(None)
+    plans.set_subscription_to_plan_tier(None)
     yield
     priority.unwire_tenant_plan_lookup()
     priority.unwire_tenant_weight_lookup()
-    priority.set_subscription_to_plan_tier(None)
+    plans.set_subscription_to_plan_tier(None)

@@ -87,7 +87,7 @@ def worker(out_path: str) -> None:
 
 def enqueue(out_path: str, count: int, mode: str) -> None:
     _django()
-    from fairqueue.services import enqueue_job, enqueue_jobs
+    from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
 
     out = open(out_path, "a", buffering=1)  # noqa: SIM115
     tag = os.environ.get("FAULT_TAG", "j")

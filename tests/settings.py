@@ -19,7 +19,7 @@ if _test_db_name := os.environ.get("FAIRQUEUE_TEST_DB_NAME"):  # noqa: F405
 INSTALLED_APPS = [*INSTALLED_APPS, "django_tasks"]  # noqa: F405
 TASKS = {
     "default": {
-        "BACKEND": "fairqueue.tasks_backend.FairQueueBackend",
+        "BACKEND": "fairqueue.tasks.backend.FairQueueBackend",
         "QUEUES": ["default", "report"],
         "OPTIONS": {"JOB_TYPES": {"default": "email"}},
     }

@@ -4,13 +4,12 @@ import pytest
 from django.contrib.auth.models import User
 from django.urls import reverse
 
+from fairqueue.enqueue.lookups import lookup_tenant_plan, lookup_tenant_weight
 from fairqueue.models import (
     ClassifierRule,
     PriorityOverrideAudit,
     SubscriptionClassifier,
     TenantPlan,
-    lookup_tenant_plan,
-    lookup_tenant_weight,
 )
 
 pytestmark = pytest.mark.django_db

@@ -19,7 +19,7 @@ from fairqueue.broker import (
     SyncBroker,
 )
 from fairqueue.exceptions import BrokerUnavailableError
-from fairqueue.levels import PriorityLevel
+from fairqueue.scheduling.levels import PriorityLevel
 from tests.conftest import REDIS_URL
 from tests.helpers import drain_with_stock_worker
 

@@ -28,14 +28,15 @@ from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
 import fairqueue
-from fairqueue import conf, handlers
+from fairqueue import conf
 from fairqueue.broker import Broker, NewJob, SyncBroker, close_brokers, get_sync_broker
-from fairqueue.dashboard import clear_backlog_cache, queue_stats
+from fairqueue.dashboard.stats import clear_backlog_cache, queue_stats
+from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
 from fairqueue.exceptions import BrokerUnavailableError
-from fairqueue.levels import PriorityLevel
-from fairqueue.rebalance import LeaderLock, rebalance_as_leader, rebalance_queue
-from fairqueue.services import enqueue_job, enqueue_jobs
-from fairqueue.worker import Worker as FairWorker
+from fairqueue.rebalance.passes import LeaderLock, rebalance_as_leader, rebalance_queue
+from fairqueue.scheduling.levels import PriorityLevel
+from fairqueue.worker import handlers
+from fairqueue.worker.runner import Worker as FairWorker
 from tests.servers import LocalCluster, cluster_support, free_ports, start_cluster
 
 pytestmark = pytest.mark.django_db

@@ -12,11 +12,12 @@ from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
 from django.urls import reverse
 
-from fairqueue import conf, dashboard
+from fairqueue import conf
 from fairqueue.broker import close_brokers
-from fairqueue.dashboard import format_duration, queue_stats
-from fairqueue.rebalance import LeaderLock, rebalance_queue
-from fairqueue.services import enqueue_job, enqueue_jobs
+from fairqueue.dashboard import stats as dashboard
+from fairqueue.dashboard.stats import format_duration, queue_stats
+from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
+from fairqueue.rebalance.passes import LeaderLock, rebalance_queue
 from tests.conftest import REDIS_URL, TEST_QUEUES
 from tests.helpers import drain_with_stock_worker, wait_until
 from tests.test_rebalance import add_foreign

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from django.contrib.auth.models import Permission, User
 
-from fairqueue import dashboard
-from fairqueue.rebalance import rebalance_queue
-from fairqueue.services import enqueue_job, enqueue_jobs
+from fairqueue.dashboard import stats as dashboard
+from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
+from fairqueue.rebalance.passes import rebalance_queue
 from tests.helpers import drain_with_stock_worker
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

@@ -42,9 +42,9 @@ from fairqueue.demo import (
     target_backlog,
     with_db,
 )
-from fairqueue.levels import PriorityLevel
 from fairqueue.management.commands.fairqueue_demo import how_stopped
 from fairqueue.models import TenantPlan
+from fairqueue.scheduling.levels import PriorityLevel
 from tests.conftest import REDIS_URL
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -302,7 +302,7 @@ def test_readme_snippet_in_manage_py_shell__an_enterprise_tenant_gets_critical(t
     env = _demo_env(tmp_path, {"FAIRQUEUE_PREFIX": fq_prefix, "FAIRQUEUE_REDIS_URL": REDIS_URL})
     code = (
         "from fairqueue.models import TenantPlan\n"
-        "from fairqueue.services import enqueue_job\n"
+        "from fairqueue.enqueue.api import enqueue_job\n"
         "TenantPlan.objects.create(tenant_id='big-co', plan_tier='enterprise')\n"
         "TenantPlan.objects.create(tenant_id='small-co', plan_tier='free')\n"
         "for tenant in ('big-co', 'small-co'):\n"

@@ -14,9 +14,9 @@ from bullmq import Worker
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairqueue import history
 from fairqueue.broker import get_sync_broker
-from fairqueue.history import (
+from fairqueue.dashboard import history
+from fairqueue.dashboard.history import (
     BUCKET_S,
     WAIT_EDGES,
     Bucket,
@@ -28,8 +28,8 @@ from fairqueue.history import (
     summarize,
     wait_bin,
 )
-from fairqueue.rebalance import rebalance_queue
-from fairqueue.services import enqueue_jobs
+from fairqueue.enqueue.api import enqueue_jobs
+from fairqueue.rebalance.passes import rebalance_queue
 from tests.conftest import REDIS_URL
 from tests.test_node_worker import node_worker, run_node_worker  # noqa: F401 - a fixture
 

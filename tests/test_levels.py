@@ -1,7 +1,7 @@
 import pytest
 
 from fairqueue.exceptions import InvalidPriorityError, InvalidPriorityLevelError
-from fairqueue.levels import (
+from fairqueue.scheduling.levels import (
     DEFAULT_FAIR_WEIGHTS,
     JOB_PRIORITY_CRITICAL,
     JOB_PRIORITY_HIGH,

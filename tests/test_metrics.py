@@ -1,7 +1,7 @@
 from prometheus_client import CollectorRegistry, generate_latest
 
-from fairqueue.levels import PriorityLevel
 from fairqueue.metrics import enqueue_priority_label, initialize_queue_fair_metrics
+from fairqueue.scheduling.levels import PriorityLevel
 
 
 def test_initialize_is_idempotent_and_uses_seed_names():
@@ -43,7 +43,7 @@ def test_priority_label():
 
 
 def test_web_process_serves_the_families_at_metrics(client, fq_prefix):
-    from fairqueue.services import enqueue_job
+    from fairqueue.enqueue.api import enqueue_job
 
     enqueue_job("email", {}, priority_level="low")
     body = client.get("/metrics").content.decode()

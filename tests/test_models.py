@@ -3,16 +3,19 @@ from django.core.cache import cache
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
-from fairqueue import priority
+from fairqueue import plans
+from fairqueue.enqueue import priority
+from fairqueue.enqueue.lookups import (
+    _tenant_key,
+    forget_tenant_plan,
+    lookup_tenant_plan,
+    lookup_tenant_weight,
+)
 from fairqueue.models import (
     ClassifierRule,
     PriorityOverrideAudit,
     SubscriptionClassifier,
     TenantPlan,
-    _tenant_key,
-    forget_tenant_plan,
-    lookup_tenant_plan,
-    lookup_tenant_weight,
 )
 
 pytestmark = pytest.mark.django_db
@@ -59,7 +62,7 @@ def test_unknown_tenant_is_none():
 
 def test_code_classifier_takes_precedence(classifier):
     TenantPlan.objects.create(tenant_id="e", subscription=subscription("prod_enterprise"))
-    priority.set_subscription_to_plan_tier(lambda sub: "free")
+    plans.set_subscription_to_plan_tier(lambda sub: "free")
     assert lookup_tenant_plan("e") == "free"
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from fairqueue.rebalance import rebalance_queue
-from fairqueue.services import enqueue_job, enqueue_jobs
+from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
+from fairqueue.rebalance.passes import rebalance_queue
 from tests.conftest import REDIS_URL
 from tests.test_rebalance import add_foreign
 

@@ -14,10 +14,10 @@ from django.urls import reverse
 
 from fairqueue import conf
 from fairqueue.broker import TAG_FLOOR, close_brokers
+from fairqueue.enqueue.api import enqueue_job, enqueue_jobs, enqueue_on_commit
+from fairqueue.enqueue.outbox import outbox_stats, relay_outbox
 from fairqueue.exceptions import BrokerUnavailableError
 from fairqueue.models import OutboxJob, PriorityOverrideAudit
-from fairqueue.outbox import outbox_stats, relay_outbox
-from fairqueue.services import enqueue_job, enqueue_jobs, enqueue_on_commit
 from tests.conftest import REDIS_URL
 from tests.helpers import drain_with_stock_worker, free_port, metric
 
@@ -210,7 +210,7 @@ def test_outbox_gauge_and_dashboard_figures(fq_prefix, dead_redis_url, settings)
 
 
 def test_dashboard_shows_the_outbox(fq_prefix, admin_client):
-    from fairqueue.dashboard import queue_stats
+    from fairqueue.dashboard.stats import queue_stats
 
     enqueue_job("email", {}, durable=True)  # relayed at once
     enqueue_job("email", {}, durable=True)

@@ -21,9 +21,9 @@ from fairqueue.broker import (
     SyncBroker,
     get_sync_broker,
 )
-from fairqueue.levels import PriorityLevel
-from fairqueue.scheduler import FairClock
-from fairqueue.services import enqueue_job, enqueue_jobs
+from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
+from fairqueue.scheduling.levels import PriorityLevel
+from fairqueue.scheduling.order import FairClock
 from tests.conftest import REDIS_URL, delete_prefix
 from tests.helpers import drain_with_stock_worker
 

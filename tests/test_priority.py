@@ -2,7 +2,9 @@ import logging
 
 import pytest
 
-from fairqueue import priority as prio
+from fairqueue import plans
+from fairqueue.enqueue import priority as prio
+from fairqueue.enqueue.priority import PriorityRule, resolve_priority
 from fairqueue.exceptions import (
     ConflictingPriorityError,
     InvalidPlanError,
@@ -11,8 +13,7 @@ from fairqueue.exceptions import (
     InvalidTenantError,
     InvalidTenantWeightError,
 )
-from fairqueue.levels import PriorityLevel
-from fairqueue.priority import PriorityRule, resolve_priority
+from fairqueue.scheduling.levels import PriorityLevel
 
 PLANS = {"t-ent": "enterprise", "t-pro": "pro", "t-free": "free", "t-odd": "platinum"}
 
@@ -29,12 +30,12 @@ PLANS = {"t-ent": "enterprise", "t-pro": "pro", "t-free": "free", "t-odd": "plat
     ],
 )
 def test_priority_from_plan(plan, level):
-    assert prio.priority_from_plan(plan) == PriorityLevel(level)
+    assert plans.priority_from_plan(plan) == PriorityLevel(level)
 
 
 def test_parse_plan__strict():
     with pytest.raises(InvalidPlanError, match="plan='platinum' is not allowed"):
-        prio.parse_plan("platinum")
+        plans.parse_plan("platinum")
 
 
 def test_priority_from_override__unknown_is_an_error():
@@ -254,7 +255,7 @@ def test_weight__bad_explicit_weight_is_rejected_before_the_lookups_run():
 
 
 def test_weight__range_constants_are_exported_from_levels_and_priority():
-    from fairqueue import levels
+    from fairqueue.scheduling import levels
 
     assert (levels.MIN_TENANT_WEIGHT, levels.MAX_TENANT_WEIGHT) == (1, 100)
     assert (prio.MIN_TENANT_WEIGHT, prio.MAX_TENANT_WEIGHT) == (1, 100)
@@ -270,7 +271,7 @@ def test_wiring__custom_plan_lookup_leaves_the_weight_lookup_alone():
 
 
 def test_wiring__default_plan_lookup_also_wires_the_database_weight_lookup():
-    from fairqueue.models import lookup_tenant_plan, lookup_tenant_weight
+    from fairqueue.enqueue.lookups import lookup_tenant_plan, lookup_tenant_weight
 
     prio.wire_tenant_plan_lookup()
     assert prio.get_tenant_plan_lookup() is lookup_tenant_plan
@@ -278,7 +279,7 @@ def test_wiring__default_plan_lookup_also_wires_the_database_weight_lookup():
 
 
 def test_wiring__default_weight_lookup_is_the_database_one_and_unwires_on_its_own():
-    from fairqueue.models import lookup_tenant_weight
+    from fairqueue.enqueue.lookups import lookup_tenant_weight
 
     prio.wire_tenant_plan_lookup(plans_lookup)
     prio.wire_tenant_weight_lookup()

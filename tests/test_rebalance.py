@@ -9,9 +9,9 @@ from bullmq import Queue
 from django.core.management import call_command
 
 from fairqueue.broker import MAX_PRIORITY, TAG_FLOOR, NewJob, get_sync_broker
-from fairqueue.levels import PriorityLevel
-from fairqueue.rebalance import rebalance_queue
-from fairqueue.services import enqueue_job, enqueue_jobs
+from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
+from fairqueue.rebalance.passes import rebalance_queue
+from fairqueue.scheduling.levels import PriorityLevel
 from tests.conftest import REDIS_URL
 from tests.helpers import drain_with_stock_worker, metric, metric_delta
 

@@ -16,10 +16,10 @@ import redis as redis_lib
 
 from fairqueue import conf
 from fairqueue.broker import close_brokers
+from fairqueue.contrib.celery import rebalance_fair
 from fairqueue.demo import free_port
-from fairqueue.rebalance import rebalance_queue
-from fairqueue.services import enqueue_jobs
-from fairqueue.tasks import rebalance_fair
+from fairqueue.enqueue.api import enqueue_jobs
+from fairqueue.rebalance.passes import rebalance_queue
 from tests.conftest import REDIS_URL
 from tests.helpers import wait_until
 
@@ -236,7 +236,7 @@ def test_celery_task_shares_the_leader_lock(fq_prefix, redis_client):
 
 
 def test_celery_children_forked_after_import_get_their_own_lock_tokens():
-    from fairqueue.tasks import process_token
+    from fairqueue.contrib.celery import process_token
 
     parent = process_token()
     read, write = os.pipe()

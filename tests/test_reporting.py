@@ -13,7 +13,8 @@ import pytest
 from django.contrib.auth.models import User
 from django.urls import reverse
 
-from fairqueue import conf, views
+from fairqueue import conf
+from fairqueue.dashboard import views
 from fairqueue.reporting import mask_url_passwords
 
 pytestmark = pytest.mark.django_db

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairqueue.levels import DEFAULT_FAIR_WEIGHTS, PriorityLevel
-from fairqueue.scheduler import (
+from fairqueue.scheduling.levels import DEFAULT_FAIR_WEIGHTS, PriorityLevel
+from fairqueue.scheduling.order import (
     AGED,
     WEIGHTED_FAIR,
     FairClock,

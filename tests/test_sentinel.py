@@ -12,13 +12,14 @@ import pytest
 import redis
 
 import fairqueue
-from fairqueue import conf, handlers
+from fairqueue import conf
 from fairqueue.broker import close_brokers, get_sync_broker
-from fairqueue.dashboard import clear_backlog_cache, queue_stats
+from fairqueue.dashboard.stats import clear_backlog_cache, queue_stats
+from fairqueue.enqueue.api import enqueue_job
 from fairqueue.exceptions import BrokerUnavailableError
-from fairqueue.rebalance import rebalance_as_leader
-from fairqueue.services import enqueue_job
-from fairqueue.worker import Worker
+from fairqueue.rebalance.passes import rebalance_as_leader
+from fairqueue.worker import handlers
+from fairqueue.worker.runner import Worker
 from tests.servers import LocalSentinel, cluster_support, start_sentinel
 
 pytestmark = pytest.mark.django_db

@@ -12,9 +12,11 @@ from django.db import transaction
 from django.http import JsonResponse
 from django.urls import path
 
-from fairqueue import conf, priority
+from fairqueue import conf
 from fairqueue.broker import RESERVED_JOB_IDS, TAG_FLOOR, close_brokers
 from fairqueue.demo import free_port
+from fairqueue.enqueue import priority
+from fairqueue.enqueue.api import aenqueue_job, enqueue_job, enqueue_jobs, enqueue_on_commit
 from fairqueue.exceptions import (
     BrokerError,
     BrokerRejectedError,
@@ -30,9 +32,8 @@ from fairqueue.exceptions import (
     PayloadTooLargeError,
     UnknownJobTypeError,
 )
-from fairqueue.levels import MAX_PAYLOAD_DEPTH
 from fairqueue.models import PriorityOverrideAudit, TenantPlan
-from fairqueue.services import aenqueue_job, enqueue_job, enqueue_jobs, enqueue_on_commit
+from fairqueue.scheduling.levels import MAX_PAYLOAD_DEPTH
 from tests.conftest import REDIS_URL, TEST_QUEUES
 from tests.helpers import drain_with_stock_worker, metric, metric_delta, wait_until
 
@@ -341,7 +342,7 @@ class TestBadInput:
         from django.core.exceptions import ValidationError
 
         from fairqueue.exceptions import InvalidPlanError
-        from fairqueue.priority import parse_plan
+        from fairqueue.plans import parse_plan
 
         with pytest.raises(ValidationError, match="plan_tier='platinum' is not allowed"):
             TenantPlan(tenant_id="t", plan_tier="platinum").full_clean()

@@ -25,17 +25,18 @@ from django.utils import timezone
 from django_tasks import TaskResultStatus, default_task_backend, task, task_backends
 from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
 
-from fairqueue import conf, priority
+from fairqueue import conf
 from fairqueue.broker import Broker, NewJob
+from fairqueue.enqueue import priority
 from fairqueue.exceptions import InvalidTenantError, UnknownJobTypeError
-from fairqueue.levels import PriorityLevel
 from fairqueue.models import OutboxJob, PriorityOverrideAudit
-from fairqueue.tasks_backend import (
+from fairqueue.scheduling.levels import PriorityLevel
+from fairqueue.tasks.backend import (
     FairQueueBackend,
     UnknownTaskQueueError,
     level_for_task_priority,
 )
-from fairqueue.worker import Worker, runnable_job_types
+from fairqueue.worker.runner import Worker, runnable_job_types
 from tests.conftest import REDIS_URL
 from tests.test_cluster import on_cluster, redis_cluster  # noqa: F401
 from tests.test_node_worker import node_worker, run_node_worker  # noqa: F401
@@ -294,7 +295,7 @@ def test_enqueue__queue_name_without_a_configured_job_type_is_a_clear_error(
 
 
 def test_backend_options__unknown_or_malformed_are_improperly_configured():
-    backend = "fairqueue.tasks_backend.FairQueueBackend"
+    backend = "fairqueue.tasks.backend.FairQueueBackend"
     for options, match in (
         ({"TENANT": "org"}, r"unknown keys \['TENANT'\]"),
         ({"TENANT_KWARG": "not an identifier"}, r"\['TENANT_KWARG'\]='not an identifier'"),
@@ -318,7 +319,7 @@ def test_system_check__task_queue_without_a_job_type_is_fairqueue_E010(fq_prefix
 def test_tenant_kwarg_option__names_the_kwarg_that_carries_the_tenant(fq_prefix, redis_client):
     tasks = {
         "default": {
-            "BACKEND": "fairqueue.tasks_backend.FairQueueBackend",
+            "BACKEND": "fairqueue.tasks.backend.FairQueueBackend",
             "OPTIONS": {"TENANT_KWARG": "org", "JOB_TYPES": {"default": "email"}},
         }
     }
@@ -398,7 +399,7 @@ def test_get_result__a_task_that_raises_is_failed_with_its_error(broker, redis_c
 def test_attempts_option__a_failed_attempt_is_retried_and_its_error_kept(broker):
     tasks = {
         "default": {
-            "BACKEND": "fairqueue.tasks_backend.FairQueueBackend",
+            "BACKEND": "fairqueue.tasks.backend.FairQueueBackend",
             "OPTIONS": {"JOB_TYPES": {"default": "email"}, "ATTEMPTS": 2},
         }
     }
@@ -420,7 +421,7 @@ def test_durable_option__the_job_is_written_in_the_transaction_and_added_after_c
 ):
     tasks = {
         "default": {
-            "BACKEND": "fairqueue.tasks_backend.FairQueueBackend",
+            "BACKEND": "fairqueue.tasks.backend.FairQueueBackend",
             "OPTIONS": {"JOB_TYPES": {"default": "email"}, "DURABLE": True},
         }
     }
@@ -654,7 +655,7 @@ def test_fresh_project__tasks_setting_and_task_decorator_run_in_the_fair_order(
             DATABASES = {{"default": {{"ENGINE": "django.db.backends.sqlite3",
                                        "NAME": {str(tmp_path / "db.sqlite3")!r}}}}}
             FAIRQUEUE = {{"REDIS_URL": {REDIS_URL!r}, "PREFIX": {fq_prefix!r}}}
-            TASKS = {{"default": {{"BACKEND": "fairqueue.tasks_backend.FairQueueBackend"}}}}
+            TASKS = {{"default": {{"BACKEND": "fairqueue.tasks.backend.FairQueueBackend"}}}}
             """
         )
     )

@@ -22,12 +22,13 @@ from django.core.management import CommandError, ManagementUtility, call_command
 from django.test import override_settings
 
 import fairqueue
-from fairqueue import conf, handlers
+from fairqueue import conf
 from fairqueue.broker import Broker, NewJob
 from fairqueue.exceptions import UnknownJobTypeError
-from fairqueue.handlers import JobContext, NoHandlerError
-from fairqueue.levels import PriorityLevel
-from fairqueue.worker import Worker, split_payload
+from fairqueue.scheduling.levels import PriorityLevel
+from fairqueue.worker import handlers
+from fairqueue.worker.handlers import JobContext, NoHandlerError
+from fairqueue.worker.runner import Worker, split_payload
 
 REDIS_URL = os.environ.get("FAIRQUEUE_REDIS_URL", "redis://127.0.0.1:6379/0")
 ROOT = Path(__file__).resolve().parent.parent

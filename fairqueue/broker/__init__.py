@@ -12,7 +12,7 @@ How fairqueue uses BullMQ's priority (pinned: ``bullmq>=3.4.4,<3.5``, checked by
   with BullMQ's own add (``lua/fair_clock.lua``): from priority ``TAG_FLOOR`` up, the
   whole 53-bit score (``priority * 2**32 + counter`` as BullMQ writes it) is fairqueue's
   fixed-point fair tag (start-time fair queueing over (level, tenant) flows; see
-  :mod:`fairqueue.scheduler`), ``TAG_RESOLUTION`` score units per tag unit, while the
+  :mod:`fairqueue.scheduling.order`), ``TAG_RESOLUTION`` score units per tag unit, while the
   job's BullMQ priority stays ``floor(score / 2**32)``. So a new job goes ahead of
   waiting jobs whenever its tag says so, the order never runs out of room at any
   realistic backlog, and a stock worker pops the fair order. Priorities below ``TAG_FLOOR`` are
@@ -50,8 +50,8 @@ The package, one module per concern (import from here, not from them):
 
 from __future__ import annotations
 
-from .adding import ADD_BATCH_SIZE, AddedJob, AddingMixin, NewJob
-from .common import (
+from fairqueue.broker.adding import ADD_BATCH_SIZE, AddedJob, AddingMixin, NewJob
+from fairqueue.broker.common import (
     BACK_OF_LINE,
     MAX_PRIORITY,
     REBASE_THRESHOLD,
@@ -61,11 +61,17 @@ from .common import (
     fair_keys,
     parse_job_data,
 )
-from .connection import BrokerCore, SyncBroker, close_brokers, get_broker, get_sync_broker
-from .dashboard import BacklogScan, DashboardReadsMixin, JobDetail, LevelScan
-from .history import HistoryMixin, HistoryRead, RecordedPage
-from .lock import LockMixin
-from .rebalancing import (
+from fairqueue.broker.connection import (
+    BrokerCore,
+    SyncBroker,
+    close_brokers,
+    get_broker,
+    get_sync_broker,
+)
+from fairqueue.broker.dashboard import BacklogScan, DashboardReadsMixin, JobDetail, LevelScan
+from fairqueue.broker.history import HistoryMixin, HistoryRead, RecordedPage
+from fairqueue.broker.lock import LockMixin
+from fairqueue.broker.rebalancing import (
     AdoptedPage,
     IndexWalk,
     LockLostError,
@@ -73,9 +79,9 @@ from .rebalancing import (
     WaitingJob,
     WaitingSnapshot,
 )
-from .results import JOB_STATES, ResultsMixin, StoredJob
-from .scripts import Script, add_jobs_script, adopt_page_script, plain_script
-from .workers import ActiveJob, FinishedJob, WorkerMixin
+from fairqueue.broker.results import JOB_STATES, ResultsMixin, StoredJob
+from fairqueue.broker.scripts import Script, add_jobs_script, adopt_page_script, plain_script
+from fairqueue.broker.workers import ActiveJob, FinishedJob, WorkerMixin
 
 
 class Broker(

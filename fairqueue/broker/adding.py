@@ -12,12 +12,12 @@ from bullmq import Job as BullJob
 from bullmq import Queue as BullQueue
 from redis.exceptions import NoScriptError, ResponseError
 
-from ..levels import DEFAULT_TENANT, PriorityLevel
-from .common import BACK_OF_LINE, fair_key, fair_keys
-from .scripts import add_delayed_script, add_jobs_script
+from fairqueue.broker.common import BACK_OF_LINE, fair_key, fair_keys
+from fairqueue.broker.scripts import add_delayed_script, add_jobs_script
+from fairqueue.scheduling.levels import DEFAULT_TENANT, PriorityLevel
 
 if TYPE_CHECKING:
-    from .connection import BrokerCore as _Base
+    from fairqueue.broker.connection import BrokerCore as _Base
 else:
     _Base = object
 

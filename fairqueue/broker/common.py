@@ -9,7 +9,7 @@ import redis
 from bullmq.queue_keys import QueueKeys
 from redis.exceptions import ClusterDownError, RedisClusterException
 
-from ..exceptions import BrokerError, BrokerRejectedError, BrokerUnavailableError
+from fairqueue.exceptions import BrokerError, BrokerRejectedError, BrokerUnavailableError
 
 T = TypeVar("T")
 

@@ -24,20 +24,20 @@ from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.retry import Retry
 
-from ..exceptions import BrokerUnavailableError
-from ..redis_target import RedisTarget, parse_redis_target
-from .adding import AddedJob, NewJob, _AddPacker, _run_adds_sync
-from .common import REDIS_ERRORS, T, broker_error, fair_key
-from .scripts import Script
-from .sentinel import (
+from fairqueue.broker.adding import AddedJob, NewJob, _AddPacker, _run_adds_sync
+from fairqueue.broker.common import REDIS_ERRORS, T, broker_error, fair_key
+from fairqueue.broker.scripts import Script
+from fairqueue.broker.sentinel import (
     AsyncFailoverAwareConnection,
     AsyncFailoverAwareSSLConnection,
     FailoverAwareConnection,
     FailoverAwareSSLConnection,
 )
+from fairqueue.exceptions import BrokerUnavailableError
+from fairqueue.redis_target import RedisTarget, parse_redis_target
 
 if TYPE_CHECKING:
-    from . import Broker
+    from fairqueue.broker import Broker
 
 logger = logging.getLogger("fairqueue.broker")
 
@@ -417,8 +417,8 @@ _brokers_lock = threading.Lock()
 
 
 def _get_pair() -> tuple[Broker, SyncBroker]:
-    from ..conf import get_settings
-    from . import Broker  # assembled from this module's BrokerCore and the mixins
+    from fairqueue.broker import Broker  # assembled from this module's BrokerCore and the mixins
+    from fairqueue.conf import get_settings
 
     settings = get_settings()
     keep = (settings.keep_completed, settings.keep_failed)

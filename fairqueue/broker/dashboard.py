@@ -8,13 +8,13 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .common import _JOB_FIELDS, _SCORE_BASE, T, _int_or, parse_job_data
-from .rebalancing import WaitingJob
-from .scripts import plain_script
+from fairqueue.broker.common import _JOB_FIELDS, _SCORE_BASE, T, _int_or, parse_job_data
+from fairqueue.broker.rebalancing import WaitingJob
+from fairqueue.broker.scripts import plain_script
 
 if TYPE_CHECKING:
     # Uses BrokerCore's plumbing and RebalancingMixin's _read_jobs.
-    from .rebalancing import RebalancingMixin as _Base
+    from fairqueue.broker.rebalancing import RebalancingMixin as _Base
 else:
     _Base = object
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..history import BUCKET_S, LEVEL_NAMES, RETENTION_S, TENANTS_PER_BUCKET
-from .rebalancing import LockLostError
-from .scripts import plain_script
+from fairqueue.broker.rebalancing import LockLostError
+from fairqueue.broker.scripts import plain_script
+from fairqueue.dashboard.history import BUCKET_S, LEVEL_NAMES, RETENTION_S, TENANTS_PER_BUCKET
 
 if TYPE_CHECKING:
-    from .connection import BrokerCore as _Base
+    from fairqueue.broker.connection import BrokerCore as _Base
 else:
     _Base = object
 

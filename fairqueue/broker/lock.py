@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .scripts import plain_script
+from fairqueue.broker.scripts import plain_script
 
 if TYPE_CHECKING:
-    from .connection import BrokerCore as _Base
+    from fairqueue.broker.connection import BrokerCore as _Base
 else:
     _Base = object
 

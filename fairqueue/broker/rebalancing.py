@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .common import (
+from fairqueue.broker.common import (
     _JOB_FIELDS,
     REBASE_MARGIN,
     REBASE_THRESHOLD,
@@ -17,10 +17,10 @@ from .common import (
     fair_keys,
     parse_job_data,
 )
-from .scripts import adopt_page_script, plain_script
+from fairqueue.broker.scripts import adopt_page_script, plain_script
 
 if TYPE_CHECKING:
-    from .connection import BrokerCore as _Base
+    from fairqueue.broker.connection import BrokerCore as _Base
 else:
     _Base = object
 

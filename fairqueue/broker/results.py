@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .common import _int_or
+from fairqueue.broker.common import _int_or
 
 if TYPE_CHECKING:
-    from .connection import BrokerCore as _Base
+    from fairqueue.broker.connection import BrokerCore as _Base
 else:
     _Base = object
 

@@ -22,9 +22,9 @@ from importlib.resources import files
 
 from bullmq.redis_connection import loadScript
 
-from ..history import WAIT_EDGES
-from ..scheduler import TAG_SCALE
-from .common import MAX_PRIORITY, TAG_FLOOR, TAG_RESOLUTION
+from fairqueue.broker.common import MAX_PRIORITY, TAG_FLOOR, TAG_RESOLUTION
+from fairqueue.dashboard.history import WAIT_EDGES
+from fairqueue.scheduling.order import TAG_SCALE
 
 #: Flows of a level that one placement may retire (bounded work per call; the rest go
 #: on later calls, meanwhile counted as if they still had work).

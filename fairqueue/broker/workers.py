@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any, Final
 from bullmq import Job as BullJob
 from bullmq import Worker as BullWorker
 
-from .common import _int_or, parse_job_data
+from fairqueue.broker.common import _int_or, parse_job_data
 
 if TYPE_CHECKING:
-    from .connection import BrokerCore as _Base
+    from fairqueue.broker.connection import BrokerCore as _Base
 else:
     _Base = object
 

@@ -59,9 +59,9 @@ from fairqueue.demo import (
     with_db,
 )
 from fairqueue.exceptions import BrokerError
-from fairqueue.levels import PriorityLevel
 from fairqueue.management.arguments import int_in_range, number_in_range
-from fairqueue.scheduler import PendingJob, order_by_occupancy, order_pending_jobs
+from fairqueue.scheduling.levels import PriorityLevel
+from fairqueue.scheduling.order import PendingJob, order_by_occupancy, order_pending_jobs
 
 #: Demo defaults: a 3 s wait bound (the tenant flood goes past it within seconds) and
 #: 1 s passes; the environment variables win, as everywhere in fairqueue.
@@ -224,8 +224,8 @@ class Command(BaseCommand):
         """The load generator child: wire plan lookups (the demo project's AppConfig
         does too; another project's may not), serve the metrics of its enqueues, then
         enqueue until SIGTERM."""
+        from fairqueue.enqueue.priority import wire_tenant_plan_lookup
         from fairqueue.metrics import get_metrics
-        from fairqueue.priority import wire_tenant_plan_lookup
 
         wire_tenant_plan_lookup()
         forget_cached_plans()
@@ -358,7 +358,7 @@ class Demo:
             raise DemoError(failed)
 
     def _check_job_types(self) -> None:
-        from fairqueue.handlers import autodiscover, registered_job_types
+        from fairqueue.worker.handlers import autodiscover, registered_job_types
 
         autodiscover()
         needed = sorted({source.job_type for source in DEMO_LOAD})

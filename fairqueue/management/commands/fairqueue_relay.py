@@ -20,9 +20,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import close_old_connections
 
 from fairqueue.conf import get_settings
+from fairqueue.enqueue.outbox import RELAY_BATCH_SIZE, RelayResult, relay_outbox
 from fairqueue.exceptions import BrokerUnavailableError
 from fairqueue.management.arguments import int_in_range
-from fairqueue.outbox import RELAY_BATCH_SIZE, RelayResult, relay_outbox
 
 logger = logging.getLogger("fairqueue.outbox")
 

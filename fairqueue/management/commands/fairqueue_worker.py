@@ -1,5 +1,5 @@
 """``manage.py fairqueue_worker [JOB_TYPE ...]``: run job handlers, and Django tasks
-enqueued through ``fairqueue.tasks_backend.FairQueueBackend``, on BullMQ's queues.
+enqueued through ``fairqueue.tasks.backend.FairQueueBackend``, on BullMQ's queues.
 
 This command parses and checks arguments; :class:`fairqueue.worker.Worker` runs the loop.
 """
@@ -14,9 +14,9 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from fairqueue.exceptions import BrokerError
-from fairqueue.handlers import autodiscover
 from fairqueue.management.arguments import int_in_range
-from fairqueue.worker import (
+from fairqueue.worker.handlers import autodiscover
+from fairqueue.worker.runner import (
     MAX_CONCURRENCY,
     MIN_CONCURRENCY,
     Worker,
@@ -38,7 +38,7 @@ class Command(BaseCommand):
     help = (
         "Run the handlers of fairqueue job types (registered with @fairqueue.handler in "
         "installed apps' jobs.py) and Django tasks (@task, enqueued through "
-        "fairqueue.tasks_backend.FairQueueBackend) with stock BullMQ workers, one per "
+        "fairqueue.tasks.backend.FairQueueBackend) with stock BullMQ workers, one per "
         "queue. SIGTERM or "
         "SIGINT stops taking jobs and exits once the active ones finish; a second signal "
         "exits at once."

@@ -20,11 +20,11 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import close_old_connections
 
 from fairqueue.conf import get_settings
+from fairqueue.enqueue.outbox import relay_outbox
 from fairqueue.exceptions import BrokerRejectedError, BrokerUnavailableError
 from fairqueue.management.arguments import int_in_range
 from fairqueue.metrics import get_metrics
-from fairqueue.outbox import relay_outbox
-from fairqueue.rebalance import (
+from fairqueue.rebalance.passes import (
     LeaderLock,
     PassResult,
     lock_ttl_ms,

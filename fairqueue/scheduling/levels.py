@@ -10,7 +10,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Final
 
-from .exceptions import InvalidPriorityError, InvalidPriorityLevelError
+from fairqueue.exceptions import InvalidPriorityError, InvalidPriorityLevelError
 
 
 class PriorityLevel(StrEnum):
@@ -56,6 +56,8 @@ NUMERIC_PRIORITY_BY_LEVEL: Final = MappingProxyType(
 
 #: The tenant bucket of jobs enqueued without a tenant id (seed 1).
 DEFAULT_TENANT: Final = "default"
+#: The longest tenant id (a column of its own in the models, a string in Redis).
+MAX_TENANT_ID_LENGTH: Final = 255
 
 #: Per-tenant weights inside a level: a tenant of weight 3 gets 3 turns per round of a
 #: level's round-robin against a weight-1 tenant. Bounded so that one tenant cannot

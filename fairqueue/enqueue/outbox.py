@@ -41,11 +41,11 @@ from django.db import transaction
 from django.db.models import Count, Min
 from django.utils import timezone
 
-from .broker import BACK_OF_LINE, NewJob, get_sync_broker
-from .conf import get_settings
-from .exceptions import BrokerUnavailableError
-from .levels import PriorityLevel
-from .metrics import get_metrics, record_enqueue
+from fairqueue.broker import BACK_OF_LINE, NewJob, get_sync_broker
+from fairqueue.conf import get_settings
+from fairqueue.exceptions import BrokerUnavailableError
+from fairqueue.metrics import get_metrics, record_enqueue
+from fairqueue.scheduling.levels import PriorityLevel
 
 logger = logging.getLogger("fairqueue.outbox")
 
@@ -128,7 +128,7 @@ def _relay_batch(
     result: RelayResult,
 ) -> int:
     """Claim up to ``batch_size`` rows, add their jobs, delete them; rows claimed."""
-    from .models import OutboxJob
+    from fairqueue.models import OutboxJob
 
     outage: BrokerUnavailableError | None = None
     with transaction.atomic(using=using):
@@ -201,7 +201,7 @@ def _record_pending_quietly(using: str | None) -> None:
 def outbox_stats(job_type: str | None = None, *, using: str | None = None) -> dict[str, object]:
     """Rows waiting (for ``job_type``, or all) and the oldest one's age: the dashboard's
     outbox figures."""
-    from .models import OutboxJob
+    from fairqueue.models import OutboxJob
 
     rows = OutboxJob.objects.using(using)
     if job_type is not None:
@@ -216,7 +216,7 @@ def outbox_stats(job_type: str | None = None, *, using: str | None = None) -> di
 
 def record_outbox_pending(*, using: str | None = None) -> dict[str, int]:
     """Set ``queue_fair_outbox_pending`` per job type from the table; the counts."""
-    from .models import OutboxJob
+    from fairqueue.models import OutboxJob
 
     counts = {
         row["job_type"]: row["n"]

@@ -41,12 +41,12 @@ from django.http import (
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
-from .broker import get_sync_broker
-from .conf import get_settings
-from .dashboard import clamp_page, format_duration, format_time, queue_stats
-from .exceptions import BrokerError, BrokerUnavailableError
-from .history import clamp_window_min
-from .rebalance import LAST_RUN_RECORD, pending_from_job, rebalance_queue
+from fairqueue.broker import get_sync_broker
+from fairqueue.conf import get_settings
+from fairqueue.dashboard.history import clamp_window_min
+from fairqueue.dashboard.stats import clamp_page, format_duration, format_time, queue_stats
+from fairqueue.exceptions import BrokerError, BrokerUnavailableError
+from fairqueue.rebalance.passes import LAST_RUN_RECORD, pending_from_job, rebalance_queue
 
 logger = logging.getLogger("fairqueue.views")
 

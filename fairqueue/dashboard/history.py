@@ -35,7 +35,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from .levels import DEFAULT_FAIR_WEIGHTS, LEVELS_BY_RANK
+from fairqueue.scheduling.levels import DEFAULT_FAIR_WEIGHTS, LEVELS_BY_RANK
 
 #: Width of a history bucket, and how long buckets are kept (Redis TTLs).
 BUCKET_S: Final = 10

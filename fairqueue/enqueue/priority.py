@@ -32,17 +32,18 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Any, Final
+from typing import Final
 
-from .exceptions import (
+from fairqueue.exceptions import (
     ConflictingPriorityError,
-    InvalidPlanError,
     InvalidTenantError,
     InvalidTenantWeightError,
 )
-from .levels import (
+from fairqueue.plans import priority_from_plan
+from fairqueue.scheduling.levels import (
     DEFAULT_TENANT,
     DEFAULT_TENANT_WEIGHT,
+    MAX_TENANT_ID_LENGTH,
     MAX_TENANT_WEIGHT,
     MIN_TENANT_WEIGHT,
     NUMERIC_PRIORITY_BY_LEVEL,
@@ -53,8 +54,6 @@ from .levels import (
 )
 
 logger = logging.getLogger("fairqueue.priority")
-
-MAX_TENANT_ID_LENGTH: Final = 255
 
 
 class _Absent:
@@ -75,19 +74,6 @@ class _Absent:
 
 
 ABSENT: Final = _Absent()
-
-
-class PlanTier(StrEnum):
-    ENTERPRISE = "enterprise"
-    PRO = "pro"
-    FREE = "free"
-
-
-PLAN_PRIORITY: Final = {
-    PlanTier.ENTERPRISE: PriorityLevel.CRITICAL,
-    PlanTier.PRO: PriorityLevel.NORMAL,
-    PlanTier.FREE: PriorityLevel.LOW,
-}
 
 
 class PriorityRule(StrEnum):
@@ -127,34 +113,9 @@ class ResolvedPriority:
 
 TenantPlanLookup = Callable[[str], str | None]
 TenantWeightLookup = Callable[[str], int]
-SubscriptionClassifier = Callable[[Any], str | None]
 
 _lookup: TenantPlanLookup | None = None
 _weight_lookup: TenantWeightLookup | None = None
-_classifier: SubscriptionClassifier | None = None
-
-
-def parse_plan(plan: object, *, argument: str = "plan") -> PlanTier:
-    """Strictly parse a plan tier (for models, admin actions and classifiers)."""
-    if isinstance(plan, str):
-        try:
-            return PlanTier(plan.strip().lower())
-        except ValueError:
-            pass
-    allowed = ", ".join(repr(tier.value) for tier in PlanTier)
-    raise InvalidPlanError(f"{argument}={plan!r} is not allowed: expected one of {allowed}")
-
-
-def priority_from_plan(plan: str | None) -> PriorityLevel:
-    """Seed 2's mapping: enterprise -> critical, pro -> normal, free -> low.
-
-    Unknown or missing plans get normal: a tenant whose billing data is odd must not be
-    demoted (nor promoted) by accident.
-    """
-    try:
-        return PLAN_PRIORITY[parse_plan(plan)]
-    except InvalidPlanError:
-        return PriorityLevel.NORMAL
 
 
 def priority_from_override(override: object) -> PriorityLevel:
@@ -203,19 +164,6 @@ def validate_tenant_weight(weight: object, *, argument: str = "tenant_weight") -
     )
 
 
-def set_subscription_to_plan_tier(classifier: SubscriptionClassifier | None) -> None:
-    """Install a code-level classifier ``subscription -> plan slug`` (``None`` removes it).
-
-    It takes precedence over the classifier rules kept in the database.
-    """
-    global _classifier
-    _classifier = classifier
-
-
-def get_subscription_classifier() -> SubscriptionClassifier | None:
-    return _classifier
-
-
 def wire_tenant_plan_lookup(lookup: TenantPlanLookup | None = None) -> None:
     """Make rule 4 apply: tenants' plans now decide their jobs' level.
 
@@ -227,7 +175,7 @@ def wire_tenant_plan_lookup(lookup: TenantPlanLookup | None = None) -> None:
     """
     global _lookup
     if lookup is None:
-        from .models import lookup_tenant_plan
+        from fairqueue.enqueue.lookups import lookup_tenant_plan
 
         lookup = lookup_tenant_plan
         wire_tenant_weight_lookup()
@@ -254,7 +202,7 @@ def wire_tenant_weight_lookup(lookup: TenantWeightLookup | None = None) -> None:
     """
     global _weight_lookup
     if lookup is None:
-        from .models import lookup_tenant_weight
+        from fairqueue.enqueue.lookups import lookup_tenant_weight
 
         lookup = lookup_tenant_weight
     _weight_lookup = lookup
@@ -364,7 +312,7 @@ def _resolve_level(
         return _resolved(PriorityLevel.NORMAL, PriorityRule.DEFAULT, DEFAULT_TENANT)
 
     if enabled is None:
-        from .conf import get_settings
+        from fairqueue.conf import get_settings
 
         enabled = get_settings().priority_enabled
     if not enabled:

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from .broker import (
+from fairqueue.broker import (
     MAX_PRIORITY,
     TAG_FLOOR,
     BacklogScan,
@@ -49,13 +49,18 @@ from .broker import (
     WaitingJob,
     get_sync_broker,
 )
-from .conf import get_settings
-from .history import DEFAULT_WINDOW_MIN, clamp_window_min, parse_bucket, summarize
-from .history_charts import history_view
-from .levels import DEFAULT_FAIR_WEIGHTS, LEVELS_BY_RANK
-from .outbox import outbox_stats
-from .rebalance import LAST_RUN_RECORD, PASS_COUNTS, pending_from_job
-from .scheduler import AGED, WEIGHTED_FAIR
+from fairqueue.conf import get_settings
+from fairqueue.dashboard.charts import history_view
+from fairqueue.dashboard.history import (
+    DEFAULT_WINDOW_MIN,
+    clamp_window_min,
+    parse_bucket,
+    summarize,
+)
+from fairqueue.enqueue.outbox import outbox_stats
+from fairqueue.rebalance.passes import LAST_RUN_RECORD, PASS_COUNTS, pending_from_job
+from fairqueue.scheduling.levels import DEFAULT_FAIR_WEIGHTS, LEVELS_BY_RANK
+from fairqueue.scheduling.order import AGED, WEIGHTED_FAIR
 
 #: Backlogs up to this many waiting jobs are scanned on every request (about 60 ms).
 SYNC_SCAN_LIMIT: Final = 10_000

@@ -1,7 +1,7 @@
 """Django tasks (``@task``) as BullMQ jobs: the job's payload, finding a task by its path,
 and reading a job back as a ``TaskResult``.
 
-Shared by :mod:`fairqueue.tasks_backend` (enqueue, ``get_result``) and
+Shared by :mod:`fairqueue.tasks.backend` (enqueue, ``get_result``) and
 :mod:`fairqueue.worker` (running the jobs). Works with Django 6's ``django.tasks`` and
 with the ``django-tasks`` package on Django 5.2 (the same API): whichever is importable,
 ``django.tasks`` first.
@@ -33,8 +33,8 @@ from django.apps import apps
 from django.conf import settings as django_settings
 from django.utils import timezone
 
-from .broker import StoredJob
-from .exceptions import FairqueueError, TaskFailedError
+from fairqueue.broker import StoredJob
+from fairqueue.exceptions import FairqueueError, TaskFailedError
 
 try:  # Django 6
     from django.tasks import task_backends

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from math import lcm
 from typing import Final, Literal
 
-from .levels import DEFAULT_FAIR_WEIGHTS, LEVELS_BY_RANK, PriorityLevel
+from fairqueue.scheduling.levels import DEFAULT_FAIR_WEIGHTS, LEVELS_BY_RANK, PriorityLevel
 
 Decision = Literal["aged", "weighted_fair"]
 

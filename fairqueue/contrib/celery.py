@@ -13,9 +13,9 @@ from collections.abc import Sequence
 
 from celery import shared_task
 
-from .conf import get_settings
-from .exceptions import BrokerError
-from .rebalance import rebalance_as_leader, rebalancer_id
+from fairqueue.conf import get_settings
+from fairqueue.exceptions import BrokerError
+from fairqueue.rebalance.passes import rebalance_as_leader, rebalancer_id
 
 logger = logging.getLogger("fairqueue.tasks")
 

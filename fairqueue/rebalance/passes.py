@@ -39,7 +39,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
-from .broker import (
+from fairqueue.broker import (
     Broker,
     IndexWalk,
     LockLostError,
@@ -47,8 +47,9 @@ from .broker import (
     get_broker,
     get_sync_broker,
 )
-from .conf import get_settings
-from .levels import (
+from fairqueue.conf import get_settings
+from fairqueue.metrics import get_metrics
+from fairqueue.scheduling.levels import (
     DEFAULT_TENANT,
     LEVELS_BY_RANK,
     PAYLOAD_LEVEL_KEY,
@@ -56,8 +57,7 @@ from .levels import (
     PriorityLevel,
     normalize_priority,
 )
-from .metrics import get_metrics
-from .scheduler import PendingJob
+from fairqueue.scheduling.order import PendingJob
 
 logger = logging.getLogger("fairqueue.rebalance")
 

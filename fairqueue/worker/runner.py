@@ -7,12 +7,12 @@ Node workers can share a queue). This module adds what BullMQ does not know abou
 * which handler runs a job (the job type's registered handler; a queue shared by
   several job types dispatches on the job's name, which fairqueue sets to the job type);
 * Django tasks (``@task`` functions enqueued through
-  :class:`fairqueue.tasks_backend.FairQueueBackend`): a job whose data carries
+  :class:`fairqueue.tasks.backend.FairQueueBackend`): a job whose data carries
   ``djangoTask`` runs the ``@task`` function its path names (only such functions, see
-  :mod:`fairqueue.task_jobs`), and its JSON return value becomes the job's return
+  :mod:`fairqueue.tasks.jobs`), and its JSON return value becomes the job's return
   value; a task that raises fails the job with :class:`TaskFailedError`;
 * the payload the handler sees (fairqueue's ``tenantId`` and ``priorityLevel`` removed)
-  and a :class:`~fairqueue.handlers.JobContext`;
+  and a :class:`~fairqueue.worker.handlers.JobContext`;
 * sync handlers in a thread pool with Django's database connections checked before and
   after each job in that thread, as Django does around a request;
 * logs that name job ids, job types and exception classes only: payloads and tenant
@@ -43,16 +43,22 @@ from typing import Any, Final
 from asgiref.sync import iscoroutinefunction, sync_to_async
 from django.db import close_old_connections
 
-from .broker import ActiveJob, Broker, get_broker
-from .conf import get_settings
-from .exceptions import FairqueueError, TaskFailedError, UnknownJobTypeError
-from .handlers import Handler, JobContext, NoHandlerError, get_handler, registered_job_types
-from .levels import (
+from fairqueue.broker import ActiveJob, Broker, get_broker
+from fairqueue.conf import get_settings
+from fairqueue.exceptions import FairqueueError, TaskFailedError, UnknownJobTypeError
+from fairqueue.scheduling.levels import (
     FAIRQUEUE_PAYLOAD_KEYS,
     PAYLOAD_LEVEL_KEY,
     PAYLOAD_TENANT_KEY,
     PriorityLevel,
     parse_level,
+)
+from fairqueue.worker.handlers import (
+    Handler,
+    JobContext,
+    NoHandlerError,
+    get_handler,
+    registered_job_types,
 )
 
 logger = logging.getLogger("fairqueue.worker")
@@ -97,7 +103,7 @@ def task_job_types() -> list[str]:
     """Job types that configured Django tasks backends enqueue to; none when neither
     ``django.tasks`` nor ``django-tasks`` is installed."""
     try:
-        from .tasks_backend import task_job_types as configured
+        from fairqueue.tasks.backend import task_job_types as configured
     except ImportError:
         return []
     return configured()
@@ -420,7 +426,7 @@ class Worker:
         :class:`TaskFailedError`, whose message starts with the original exception's
         class path and whose cause is the original, so BullMQ's stored traceback has it.
         """
-        from . import task_jobs
+        from fairqueue.tasks import jobs as task_jobs
 
         started = time.monotonic()
         try:

@@ -8,7 +8,7 @@ BullMQ's own add (one round trip per batch of up to 250 jobs), never priority 0
 (priority-0 jobs sit in BullMQ's ``wait`` list, which workers drain before any
 prioritized job: SPEC decision 6). The place is a virtual finish tag of the job's flow,
 its (level, tenant) pair: levels share by weight 4:3:2:1, the tenants of a level share its
-slice round-robin, weighted by ``tenant_weight`` (see :mod:`fairqueue.scheduler`). A job
+slice round-robin, weighted by ``tenant_weight`` (see :mod:`fairqueue.scheduling.order`). A job
 can go ahead of jobs already waiting when its tag says so, so a stock worker takes the
 fair order with no rebalance pass at all. Delayed jobs wait at the back of the line and
 the pass places them once BullMQ promotes them (their wait starts then).
@@ -23,7 +23,7 @@ Two ways in, and what each guarantees:
   job may have been added; pass ``job_id`` and retry with the same id, which adds
   nothing if the first attempt got through (the id is the idempotency key).
 * **Durable** (``enqueue_on_commit``, ``durable=True``): an outbox row (and the audit
-  row) is written in the caller's transaction; the relay (:mod:`fairqueue.outbox`) adds
+  row) is written in the caller's transaction; the relay (:mod:`fairqueue.enqueue.outbox`) adds
   the job with the same placement after commit. Nothing is lost or duplicated whatever
   Redis does; the job reaches Redis when Redis and a relay are up.
 """
@@ -39,7 +39,7 @@ from typing import Any, Final, TypedDict, Unpack
 from asgiref.sync import sync_to_async
 from django.db import transaction
 
-from .broker import (
+from fairqueue.broker import (
     ADD_BATCH_SIZE,
     BACK_OF_LINE,
     RESERVED_JOB_IDS,
@@ -48,8 +48,15 @@ from .broker import (
     get_broker,
     get_sync_broker,
 )
-from .conf import get_settings
-from .exceptions import (
+from fairqueue.conf import get_settings
+from fairqueue.enqueue.priority import (
+    ABSENT,
+    PriorityRule,
+    ResolvedPriority,
+    _Absent,
+    resolve_priority,
+)
+from fairqueue.exceptions import (
     ConflictingPayloadError,
     InvalidJobOptionError,
     InvalidPayloadError,
@@ -57,7 +64,8 @@ from .exceptions import (
     PartialEnqueueError,
     PayloadTooLargeError,
 )
-from .levels import (
+from fairqueue.metrics import record_enqueue
+from fairqueue.scheduling.levels import (
     DEFAULT_TENANT_WEIGHT,
     MAX_PAYLOAD_DEPTH,
     PAYLOAD_LEVEL_KEY,
@@ -66,8 +74,6 @@ from .levels import (
     is_strict_utf8,
     parse_level,
 )
-from .metrics import record_enqueue
-from .priority import ABSENT, PriorityRule, ResolvedPriority, _Absent, resolve_priority
 
 logger = logging.getLogger("fairqueue.services")
 
@@ -397,7 +403,7 @@ def _prepare(
 def _insert_audits(prepared: Sequence[_Prepared]) -> dict[int, Any]:
     """Insert the audit rows of ``prepared`` (before the add): index -> row. A row of a
     job without a caller's id gets its id once BullMQ has assigned it."""
-    from .models import PriorityOverrideAudit
+    from fairqueue.models import PriorityOverrideAudit
 
     rows = {
         index: PriorityOverrideAudit(job_id=item.new_job.job_id or "", **item.audit)
@@ -414,7 +420,7 @@ def _settle_audits(rows: Mapping[int, Any], added: Sequence[AddedJob]) -> set[in
     existed if that job has an audit row of its own (then this call added nothing). A
     job that exists without an audit row is the first attempt of a retried call (an
     ambiguous timeout), so its row stays. The indexes whose rows stay."""
-    from .models import PriorityOverrideAudit
+    from fairqueue.models import PriorityOverrideAudit
 
     kept: set[int] = set()
     new_ids: list[Any] = []
@@ -515,8 +521,8 @@ def _enqueue_prepared(prepared: Sequence[_Prepared]) -> list[EnqueuedJob]:
 def _enqueue_durable(prepared: Sequence[_Prepared], using: str | None) -> list[EnqueuedJob]:
     """Write outbox rows and their audit rows in the caller's transaction (one of our
     own if none is open); after commit, try to relay them at once."""
-    from .models import OutboxJob, PriorityOverrideAudit
-    from .outbox import relay_after_commit
+    from fairqueue.enqueue.outbox import relay_after_commit
+    from fairqueue.models import OutboxJob, PriorityOverrideAudit
 
     with transaction.atomic(using=using):
         rows = OutboxJob.objects.using(using).bulk_create(

@@ -5,7 +5,7 @@ Settings::
 
     TASKS = {
         "default": {
-            "BACKEND": "fairqueue.tasks_backend.FairQueueBackend",
+            "BACKEND": "fairqueue.tasks.backend.FairQueueBackend",
             "QUEUES": ["default", "emails"],        # the task queue names you use
             "OPTIONS": {
                 "TENANT_KWARG": "tenant_id",         # the default
@@ -37,9 +37,9 @@ Why these choices:
 * **run_after** becomes BullMQ's ``delay``: the job waits in BullMQ's delayed set and
   takes its fair place once BullMQ promotes it (the rebalance pass places it).
 
-``enqueue``/``aenqueue`` call :func:`fairqueue.services.enqueue_job` /
+``enqueue``/``aenqueue`` call :func:`fairqueue.enqueue.api.enqueue_job` /
 ``aenqueue_job``: the same validation, audit, metrics and placement. ``get_result``
-reads the job back from BullMQ (see :func:`fairqueue.task_jobs.task_result_from_job`).
+reads the job back from BullMQ (see :func:`fairqueue.tasks.jobs.task_result_from_job`).
 ``manage.py fairqueue_worker`` runs the jobs.
 """
 
@@ -58,14 +58,14 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
-from . import services
-from .broker import StoredJob, get_sync_broker
-from .conf import get_settings
-from .exceptions import UnknownJobTypeError
-from .levels import PriorityLevel
-from .priority import ABSENT, _Absent
-from .services import MAX_ATTEMPTS, MAX_DELAY_MS, MAX_JOB_ID_LENGTH
-from .task_jobs import (
+from fairqueue.broker import StoredJob, get_sync_broker
+from fairqueue.conf import get_settings
+from fairqueue.enqueue import api as services
+from fairqueue.enqueue.api import MAX_ATTEMPTS, MAX_DELAY_MS, MAX_JOB_ID_LENGTH
+from fairqueue.enqueue.priority import ABSENT, _Absent
+from fairqueue.exceptions import UnknownJobTypeError
+from fairqueue.scheduling.levels import PriorityLevel
+from fairqueue.tasks.jobs import (
     TASK_KEY,
     BaseTaskBackend,
     InvalidTaskError,
@@ -391,7 +391,7 @@ class FairQueueBackend(BaseTaskBackend):
 
     async def aget_result(self, result_id: str) -> TaskResult:
         """Async :meth:`get_result`."""
-        from .broker import get_broker
+        from fairqueue.broker import get_broker
 
         if not _plausible_id(result_id):
             raise TaskResultDoesNotExist(result_id)
@@ -406,7 +406,7 @@ class FairQueueBackend(BaseTaskBackend):
 def _outbox_job(job_id: str) -> StoredJob | None:
     """A durable task job the relay has not added to Redis yet, as a job READY to run
     (enqueued when its transaction wrote it)."""
-    from .models import OutboxJob
+    from fairqueue.models import OutboxJob
 
     row = OutboxJob.objects.filter(job_id=job_id).first()
     if row is None:

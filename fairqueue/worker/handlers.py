@@ -28,8 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from .exceptions import FairqueueError
-from .levels import PriorityLevel
+from fairqueue.exceptions import FairqueueError
+from fairqueue.scheduling.levels import PriorityLevel
 
 __all__ = [
     "Handler",

@@ -1,0 +1,2 @@
+"""The rebalance pass: adopting untagged jobs, promoting overdue ones, rebasing tags
+and recording the dashboard's history, as leader of a queue (``passes``)."""
