@@ -346,7 +346,8 @@ def forced_rebase(slowlog: SlowLog) -> dict[str, Any]:
     try:
         while True:
             started = time.perf_counter()
-            page_moved, done = sync_broker.rebase_page(
+            page_moved, done = sync_broker.run(
+                sync_broker.broker.passes.rebase_page,
                 QUEUE,
                 lock_key=lock_key,
                 token=REBASE_TOKEN,
@@ -363,7 +364,7 @@ def forced_rebase(slowlog: SlowLog) -> dict[str, Any]:
             if done:
                 break
     finally:
-        sync_broker.release_lock(lock_key, REBASE_TOKEN)
+        sync_broker.run(sync_broker.broker.lock.release_lock, lock_key, REBASE_TOKEN)
     worst = slowlog.stop()
     assert moved > 0, "the rebase did not start"
     return {

@@ -97,7 +97,7 @@ async def _enqueue(mode: str, nodes: list[str], queues: list[str], jobs: int) ->
 
         async def fill(queue: str) -> None:
             for start in range(0, jobs, BATCH):
-                await broker.add_jobs(
+                await broker.adding.add_jobs(
                     queue,
                     [
                         NewJob(
@@ -151,7 +151,8 @@ async def _drain(nodes: list[str], queues: list[str], jobs: int, concurrency: in
         return process
 
     workers = [
-        broker.make_worker(queue, processor(queue), concurrency=concurrency) for queue in queues
+        broker.workers.make_worker(queue, processor(queue), concurrency=concurrency)
+        for queue in queues
     ]
     runs = [asyncio.ensure_future(worker.run()) for worker in workers]
     await asyncio.wait_for(done.wait(), 600)

@@ -286,7 +286,8 @@ def test_pass_adopts_foreign_jobs_and_promoted_delayed_jobs_under_its_lock(
     lock = LeaderLock("{email}", "rebalancer-2", 10_000)
     assert lock.acquire() is False
     assert rebalance_as_leader("email", token="rebalancer-2", interval_ms=5_000) is None
-    holder, ttl = get_sync_broker().lock_holder(lock.key)
+    sync = get_sync_broker()
+    holder, ttl = sync.run(sync.broker.lock.lock_holder, lock.key)
     assert holder == "rebalancer-1" and ttl > 0
 
 
@@ -327,13 +328,16 @@ def test_fairqueue_worker_drains_queues_on_different_masters(on_cluster):
     assert sorted(seen["email"], key=int) == [str(i) for i in range(20)]
     assert sorted(seen["report"], key=int) == [str(i) for i in range(15)]
     broker = get_sync_broker()
-    assert broker.count_unfinished("{email}") == 0 and broker.count_unfinished("{report}") == 0
+    assert (
+        broker.run(broker.broker.workers.count_unfinished, "{email}") == 0
+        and broker.run(broker.broker.workers.count_unfinished, "{report}") == 0
+    )
 
 
 def test_broker_takes_a_cluster_url(on_cluster, cluster_client):
     broker = SyncBroker(Broker("redis+cluster://" + ",".join(on_cluster.nodes), PREFIX))
     try:
-        assert broker.ping() is True
+        assert broker.run(broker.broker.ping) is True
         assert repr(broker.broker.target) == (
             "RedisTarget(cluster via " + ",".join(on_cluster.nodes) + ")"
         )
@@ -346,7 +350,7 @@ def test_unreachable_cluster__broker_unavailable_error_naming_no_password():
     broker = SyncBroker(Broker(f"redis+cluster://:pw-secret@127.0.0.1:{port}", PREFIX))
     try:
         with pytest.raises(BrokerUnavailableError) as info:
-            broker.ping()
+            broker.run(broker.broker.ping)
         with pytest.raises(BrokerUnavailableError):
             broker.add_job("{email}", NewJob("x", {}, PriorityLevel.NORMAL))
     finally:

@@ -227,7 +227,8 @@ def _passes(stop, results):
 
 
 def _recorded(now_ms, max_wait_ms=300_000, waiting_now=None):
-    raw = get_sync_broker().read_history("email", now_s=now_ms // 1000)
+    sync = get_sync_broker()
+    raw = sync.run(sync.broker.history.read_history, "email", now_s=now_ms // 1000)
     buckets = [
         parse_bucket(start, fields, tenants) for start, (fields, tenants) in raw.buckets.items()
     ]
@@ -412,7 +413,8 @@ def test_live__only_the_lock_holder_records(fq_prefix, redis_client):
     redis_client.set(f"{fq_prefix}:email:fq:leader", "someone-else", px=10_000)
     broker = get_sync_broker()
     with pytest.raises(LockLostError):
-        broker.record_history_page(
+        broker.run(
+            broker.broker.history.record_history_page,
             "email",
             lock_key=f"{fq_prefix}:email:fq:leader",
             token="me",

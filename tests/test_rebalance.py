@@ -204,12 +204,16 @@ def test_rebase__a_page_at_a_time_the_order_never_changes(fq_prefix, redis_clien
     drain_with_stock_worker(fq_prefix, "email", 10)  # the virtual time moves on
     fence = {"lock_key": f"{fq_prefix}:email:fq:leader", "token": "t", "lock_ttl_ms": 5_000}
     order = [job_id for job_id, _ in prioritized(redis_client, fq_prefix)]
-    moved, done = broker.rebase_page("email", **fence, page_size=7, threshold=1, margin=0)
+    moved, done = broker.run(
+        broker.broker.passes.rebase_page, "email", **fence, page_size=7, threshold=1, margin=0
+    )
     assert (moved, done) == (7, False)
     # New jobs during a rebase land in shifted terms where they belong.
     added = broker.add_jobs("email", queue_jobs(3, "c", "normal"))
     while not done:
-        _, done = broker.rebase_page("email", **fence, page_size=7, threshold=1, margin=0)
+        _, done = broker.run(
+            broker.broker.passes.rebase_page, "email", **fence, page_size=7, threshold=1, margin=0
+        )
     after = [job_id for job_id, _ in prioritized(redis_client, fq_prefix)]
     assert [job_id for job_id in after if job_id in order] == order
     assert set(after) == set(order) | {job.job_id for job in added}
@@ -226,14 +230,19 @@ def test_lock__a_lone_rebalancer_keeps_its_lock_through_a_pass_longer_than_its_t
 ):
     broker = get_sync_broker()
     lock_key = f"{fq_prefix}:email:fq:leader"
-    assert broker.acquire_lock(lock_key, "me", 1_000)
+    assert broker.run(broker.broker.lock.acquire_lock, lock_key, "me", 1_000)
     for _ in range(3):  # 1.5 s of script calls, each renewing the 1 s lock
         time.sleep(0.5)
-        broker.walk_index_page(
-            "email", lock_key=lock_key, token="me", lock_ttl_ms=1_000, max_wait_ms=None
+        broker.run(
+            broker.broker.passes.walk_index_page,
+            "email",
+            lock_key=lock_key,
+            token="me",
+            lock_ttl_ms=1_000,
+            max_wait_ms=None,
         )
     assert redis_client.get(lock_key) == "me"
-    assert broker.acquire_lock(lock_key, "me", 1_000)
+    assert broker.run(broker.broker.lock.acquire_lock, lock_key, "me", 1_000)
 
 
 def test_lock__a_pass_that_lost_its_lock_writes_nothing(fq_prefix, redis_client):

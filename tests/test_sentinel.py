@@ -88,7 +88,8 @@ def _enqueue_until_added(job_id: str, errors: list[str]) -> None:
 
 def _unfinished() -> int:
     try:
-        return get_sync_broker().count_unfinished("email")
+        sync = get_sync_broker()
+        return sync.run(sync.broker.workers.count_unfinished, "email")
     except BrokerUnavailableError:
         return -1
 
@@ -164,8 +165,11 @@ def test_failover_during_a_run__no_job_lost_or_run_twice(on_sentinel, recording_
         stats = queue_stats("email")
         assert stats["waiting_total"] == 0 and stats["counts"]["completed"] == total
         assert rebalance_as_leader("email", token="sentinel-test", interval_ms=200)
-        assert get_sync_broker().lock_holder(f"{PREFIX}:email:fq:leader")[0] == "sentinel-test"
-        assert get_sync_broker().count_unfinished("email") == 0
+        sync = get_sync_broker()
+        assert sync.run(sync.broker.lock.lock_holder, f"{PREFIX}:email:fq:leader")[0] == (
+            "sentinel-test"
+        )
+        assert sync.run(sync.broker.workers.count_unfinished, "email") == 0
     finally:
         client.delete(*client.keys(f"{PREFIX}:*"))
         client.close()

@@ -456,7 +456,8 @@ def test_fork_safe__a_forked_process_gets_its_own_connections(fq_prefix, redis_c
     from fairqueue.broker import get_sync_broker
 
     first = enqueue_job("email", {"from": "parent"})
-    get_sync_broker().counts("email")  # the parent's event-loop thread is running too
+    sync = get_sync_broker()
+    sync.run(sync.broker.passes.counts, "email")  # the parent's event-loop thread is running too
     ctx = multiprocessing.get_context("fork")
     parent_end, child_end = ctx.Pipe()
     child = ctx.Process(target=_enqueue_in_child, args=(child_end,))
@@ -466,7 +467,7 @@ def test_fork_safe__a_forked_process_gets_its_own_connections(fq_prefix, redis_c
     assert child.exitcode == 0
     again = enqueue_job("email", {"from": "parent"})
     assert len({first.job_id, child_job, again.job_id}) == 3
-    assert get_sync_broker().counts("email")["prioritized"] == 3
+    assert sync.run(sync.broker.passes.counts, "email")["prioritized"] == 3
 
 
 def test_a_connection_redis_closed_is_replaced_before_the_next_enqueue(fq_prefix, redis_client):
@@ -846,7 +847,7 @@ urlpatterns = [path("async-enqueue/", _async_enqueue_view)]
 
 
 def _fairqueue_connections(redis_client, prefix):
-    from fairqueue.broker.connection import client_name
+    from fairqueue.broker.clients import client_name
 
     return [c for c in redis_client.client_list() if c.get("name") == client_name(prefix)]
 

@@ -535,7 +535,7 @@ def test_aenqueue_and_aget_result__async_views_use_the_same_path(broker, redis_c
 async def _add_raw(broker: Broker, *payloads: dict) -> list[str]:
     try:
         jobs = [NewJob(name="email", data=p, level=PriorityLevel.NORMAL) for p in payloads]
-        return [added.job_id for added in await broker.add_jobs("email", jobs)]
+        return [added.job_id for added in await broker.adding.add_jobs("email", jobs)]
     finally:
         await broker.close()
 

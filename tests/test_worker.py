@@ -111,11 +111,11 @@ def add(broker: Broker, job_type: str, *payloads: dict, attempts: int | None = N
         NewJob(name=job_type, data=payload, level=PriorityLevel.NORMAL, attempts=attempts)
         for payload in payloads
     ]
-    return [added.job_id for added in run(broker, broker.add_jobs, QUEUES[job_type], jobs)]
+    return [added.job_id for added in run(broker, broker.adding.add_jobs, QUEUES[job_type], jobs)]
 
 
 def counts(broker: Broker, job_type: str) -> dict[str, int]:
-    return run(broker, broker.counts, QUEUES[job_type])
+    return run(broker, broker.passes.counts, QUEUES[job_type])
 
 
 def run_burst(broker: Broker, *job_types: str, concurrency: int = 1) -> float:

@@ -26,31 +26,36 @@ How fairqueue uses BullMQ's priority (pinned: ``bullmq>=3.4.4,<3.5``, checked by
   adopted through BullMQ's own ``changePriority`` script, each wrapped in fairqueue's
   Lua, so what lands in Redis is what BullMQ itself writes.
 
-Sync callers (Django views, management commands) use :class:`SyncBroker`: enqueues go
-straight from the calling thread through one blocking connection pool per process (the
-hot path pays no thread hop); everything else runs on one event-loop thread per process
-with one async pool. Both are recreated after ``fork()``. Async callers (async views)
-await :class:`Broker` directly.
+Async callers (async views, the worker) use :class:`Broker`, composed of one small part
+per job over one :class:`Connection`: ``broker.adding``, ``broker.passes``,
+``broker.lock``, ``broker.dashboard``, ``broker.history``, ``broker.workers`` and
+``broker.results``. Sync callers (Django views, management commands) use
+:class:`SyncBroker`: enqueues go straight from the calling thread through a blocking
+connection per thread (the hot path pays no thread hop); any other call is
+``sync.run(sync.broker.<part>.<method>, ...)``, typed like the method it runs, on one
+event-loop thread per process with one async pool. Both are recreated after ``fork()``.
 
 The package, one module per concern (import from here, not from them):
 
 * ``common``: the priority layout (``MAX_PRIORITY``, ``TAG_FLOOR``, ...), key names and helpers;
 * ``scripts``: the Lua scripts, read from ``lua/*.lua``, and those wrapping BullMQ's own;
-* ``connection``: ``BrokerCore`` (a client per event loop, keys, errors), ``SyncBroker``
-  and the per-process brokers (``get_broker``, ``get_sync_broker``, ``close_brokers``);
-* ``adding``: ``NewJob``, ``AddedJob`` and enqueueing, sync and async;
-* ``rebalancing``: what the rebalance pass reads and writes (fenced by its lock);
+* ``clients`` and ``sentinel``: Redis clients of every kind (one server, Sentinel, Cluster);
+* ``connection``: :class:`Connection` (a client per event loop, keys, errors) and the
+  parts' base;
+* ``brokers``: :class:`Broker`, :class:`SyncBroker` and the per-process brokers
+  (``get_broker``, ``get_sync_broker``, ``close_brokers``);
+* ``adding``: ``NewJob``, ``AddedJob`` and enqueueing;
+* ``passes``: what the rebalance pass reads and writes (fenced by its lock);
 * ``lock``: the rebalance pass's leader lock;
 * ``dashboard``: the admin dashboard's reads;
 * ``history``: the history the pass records from BullMQ's events stream, and its reads;
-* ``workers``: building a BullMQ worker, and the demo's finished-job reads;
+* ``workers``: building a BullMQ worker, and the idle check of a burst worker;
 * ``results``: one job read back by id (state, return value, errors) for the Django
   tasks backend's ``get_result``.
 """
 
-from __future__ import annotations
-
-from fairqueue.broker.adding import ADD_BATCH_SIZE, AddedJob, AddingMixin, NewJob
+from fairqueue.broker.adding import ADD_BATCH_SIZE, AddedJob, NewJob
+from fairqueue.broker.brokers import Broker, SyncBroker, close_brokers, get_broker, get_sync_broker
 from fairqueue.broker.common import (
     BACK_OF_LINE,
     MAX_PRIORITY,
@@ -61,50 +66,19 @@ from fairqueue.broker.common import (
     fair_keys,
     parse_job_data,
 )
-from fairqueue.broker.connection import (
-    BrokerCore,
-    SyncBroker,
-    close_brokers,
-    get_broker,
-    get_sync_broker,
-)
-from fairqueue.broker.dashboard import BacklogScan, DashboardReadsMixin, JobDetail, LevelScan
-from fairqueue.broker.history import HistoryMixin, HistoryRead, RecordedPage
-from fairqueue.broker.lock import LockMixin
-from fairqueue.broker.rebalancing import (
+from fairqueue.broker.connection import Connection
+from fairqueue.broker.dashboard import BacklogScan, JobDetail, LevelScan
+from fairqueue.broker.history import HistoryRead, RecordedPage
+from fairqueue.broker.passes import (
     AdoptedPage,
     IndexWalk,
     LockLostError,
-    RebalancingMixin,
     WaitingJob,
     WaitingSnapshot,
 )
-from fairqueue.broker.results import JOB_STATES, ResultsMixin, StoredJob
+from fairqueue.broker.results import JOB_STATES, StoredJob
 from fairqueue.broker.scripts import Script, add_jobs_script, adopt_page_script, plain_script
-from fairqueue.broker.workers import ActiveJob, FinishedJob, WorkerMixin
-
-
-class Broker(
-    AddingMixin,
-    RebalancingMixin,
-    LockMixin,
-    DashboardReadsMixin,
-    HistoryMixin,
-    WorkerMixin,
-    ResultsMixin,
-    BrokerCore,
-):
-    """Async access to BullMQ queues under one Redis URL and key prefix.
-
-    Args:
-        redis_url: where Redis is (may hold credentials: never logged).
-        prefix: BullMQ key prefix; ``"bull"`` is BullMQ's default.
-        client_factory: builds the ``redis.asyncio`` client (injectable for tests).
-        remove_on_complete, remove_on_fail: BullMQ's ``removeOnComplete`` /
-            ``removeOnFail`` (``{"count": n, "age": seconds}``) set on every job this
-            broker adds; ``None`` leaves BullMQ's default (keep every finished job).
-    """
-
+from fairqueue.broker.workers import ActiveJob, FinishedJob
 
 __all__ = [
     "ADD_BATCH_SIZE",
@@ -120,6 +94,7 @@ __all__ = [
     "AdoptedPage",
     "BacklogScan",
     "Broker",
+    "Connection",
     "FinishedJob",
     "HistoryRead",
     "IndexWalk",

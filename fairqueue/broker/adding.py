@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import redis.asyncio as aioredis
 from bullmq import Job as BullJob
@@ -13,14 +13,9 @@ from bullmq import Queue as BullQueue
 from redis.exceptions import NoScriptError, ResponseError
 
 from fairqueue.broker.common import BACK_OF_LINE, fair_key, fair_keys
+from fairqueue.broker.connection import BrokerPart, Connection
 from fairqueue.broker.scripts import add_delayed_script, add_jobs_script
 from fairqueue.scheduling.levels import DEFAULT_TENANT, PriorityLevel
-
-if TYPE_CHECKING:
-    from fairqueue.broker.connection import BrokerCore as _Base
-else:
-    _Base = object
-
 
 #: Undelayed jobs per add-script call (each call is atomic: all its jobs or none).
 ADD_BATCH_SIZE: Final = 250
@@ -78,7 +73,7 @@ def _added(command: _AddCommand, reply: Any) -> list[AddedJob]:
     return added
 
 
-class _AddPacker:
+class AddPacker:
     """Builds add commands (keys and BullMQ's msgpacked arguments) with BullMQ's own code.
 
     The bullmq ``Queue`` objects kept here only pack arguments; they never connect.
@@ -180,8 +175,8 @@ class _AddPacker:
         return _AddCommand(self.add_sha, self.add_source, keys, args, delayed=False)
 
 
-def _run_adds_sync(client: Any, commands: list[_AddCommand]) -> list[AddedJob]:
-    """Run add commands with a blocking client; the twin of ``Broker._run_adds``."""
+def run_adds_sync(client: Any, commands: list[_AddCommand]) -> list[AddedJob]:
+    """Run add commands with a blocking client; the twin of ``Adder._run_adds``."""
     added: list[AddedJob] = []
     for command in commands:
         try:
@@ -194,11 +189,21 @@ def _run_adds_sync(client: Any, commands: list[_AddCommand]) -> list[AddedJob]:
     return added
 
 
-class AddingMixin(_Base):
-    """:class:`Broker`'s enqueue methods (mixed in; uses ``BrokerCore``'s plumbing and
-    the ``_packer`` it builds)."""
+class Adder(BrokerPart):
+    """Enqueueing. The packer is shared with :class:`SyncBroker`, whose blocking adds
+    send the very commands this class sends from async code."""
 
-    # -- enqueue ----------------------------------------------------------------------
+    def __init__(
+        self,
+        conn: Connection,
+        *,
+        remove_on_complete: dict[str, int] | bool | None = None,
+        remove_on_fail: dict[str, int] | bool | None = None,
+    ) -> None:
+        super().__init__(conn)
+        self.packer = AddPacker(
+            conn.prefix, remove_on_complete=remove_on_complete, remove_on_fail=remove_on_fail
+        )
 
     async def add_jobs(self, queue: str, jobs: Sequence[NewJob]) -> list[AddedJob]:
         """Add ``jobs`` at their fair places, one EVALSHA per batch of up to 250 jobs
@@ -207,14 +212,14 @@ class AddingMixin(_Base):
         Raises:
             BrokerUnavailableError: Redis did not answer; nothing was added.
         """
-        commands = self._packer.add_commands(queue, jobs)
-        return await self._guard(self._run_adds(commands))
+        commands = self.packer.add_commands(queue, jobs)
+        return await self.conn.guard(self._run_adds(commands))
 
     async def add_job(self, queue: str, job: NewJob) -> AddedJob:
         return (await self.add_jobs(queue, [job]))[0]
 
     async def _run_adds(self, commands: list[_AddCommand]) -> list[AddedJob]:
-        client = self.client()
+        client = self.conn.client()
         added: list[AddedJob] = []
         for command in commands:
             try:

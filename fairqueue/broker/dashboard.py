@@ -6,17 +6,12 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fairqueue.broker.common import _JOB_FIELDS, _SCORE_BASE, T, _int_or, parse_job_data
-from fairqueue.broker.rebalancing import WaitingJob
+from fairqueue.broker.connection import BrokerPart
+from fairqueue.broker.passes import WaitingJob, read_jobs
 from fairqueue.broker.scripts import plain_script
-
-if TYPE_CHECKING:
-    # Uses BrokerCore's plumbing and RebalancingMixin's _read_jobs.
-    from fairqueue.broker.rebalancing import RebalancingMixin as _Base
-else:
-    _Base = object
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,9 +66,8 @@ class JobDetail:
     finished_on_ms: int | None
 
 
-class DashboardReadsMixin(_Base):
-    """:class:`Broker`'s dashboard reads (mixed in; uses ``BrokerCore``'s plumbing and
-    ``RebalancingMixin._read_jobs``)."""
+class DashboardReads(BrokerPart):
+    """The admin dashboard's reads."""
 
     # -- dashboard support (fairqueue.dashboard) --------------------------------------
     # Read-only helpers for the admin dashboard. Each costs O(page) per call except
@@ -82,7 +76,7 @@ class DashboardReadsMixin(_Base):
     async def _dashboard_guard(self, coro: Awaitable[T]) -> T:
         """:meth:`_guard` (every Redis error a ``BrokerError``, which the views show as
         a banner, never a 500)."""
-        return await self._guard(coro)
+        return await self.conn.guard(coro)
 
     async def read_page(self, queue: str, *, start: int, count: int) -> list[WaitingJob]:
         """The waiting jobs at pop positions ``start .. start+count-1`` (0-based), in the
@@ -95,16 +89,16 @@ class DashboardReadsMixin(_Base):
     async def _read_page(self, queue: str, start: int, count: int) -> list[WaitingJob]:
         if count <= 0:
             return []
-        script = self.script(plain_script("dashboard_page"))
+        script = self.conn.script(plain_script("dashboard_page"))
         _, flat = await script(
-            keys=[self.key(queue, "wait"), self.key(queue, "prioritized")],
+            keys=[self.conn.key(queue, "wait"), self.conn.key(queue, "prioritized")],
             args=[start, start + count - 1],
         )
         entries = [
             (str(job_id), int(float(score)) // _SCORE_BASE, score == "0")
             for job_id, score in zip(flat[::2], flat[1::2], strict=True)
         ]
-        return await self._read_jobs(queue, entries)
+        return await read_jobs(self.conn, queue, entries)
 
     async def scan_backlog(
         self, queue: str, *, cutoff_ms: int, page_size: int = 5_000, max_jobs: int = 2_000_000
@@ -124,12 +118,12 @@ class DashboardReadsMixin(_Base):
         self, queue: str, cutoff_ms: int, page_size: int, max_jobs: int
     ) -> BacklogScan:
         started = time.perf_counter()
-        script = self.script(plain_script("dashboard_scan"))
+        script = self.conn.script(plain_script("dashboard_scan"))
         result = BacklogScan(cutoff_ms=cutoff_ms)
-        prefix = self.key(queue, "")
+        prefix = self.conn.key(queue, "")
         for mode, key, cursor in (
-            ("list", self.key(queue, "wait"), "0"),
-            ("zset", self.key(queue, "prioritized"), "-inf"),
+            ("list", self.conn.key(queue, "wait"), "0"),
+            ("zset", self.conn.key(queue, "prioritized"), "-inf"),
         ):
             while result.scanned < max_jobs:
                 count, cursor, stats, tenants = await script(
@@ -147,14 +141,14 @@ class DashboardReadsMixin(_Base):
         return await self._dashboard_guard(self._read_job_detail(queue, job_id))
 
     async def _read_job_detail(self, queue: str, job_id: str) -> JobDetail | None:
-        async with self.client().pipeline(transaction=False) as pipe:
-            pipe.hmget(self.key(queue, job_id), *_JOB_FIELDS, "processedOn", "finishedOn")
-            pipe.zscore(self.key(queue, "prioritized"), job_id)
-            pipe.lpos(self.key(queue, "wait"), job_id)
-            pipe.lpos(self.key(queue, "active"), job_id)
-            pipe.zscore(self.key(queue, "delayed"), job_id)
-            pipe.zscore(self.key(queue, "completed"), job_id)
-            pipe.zscore(self.key(queue, "failed"), job_id)
+        async with self.conn.client().pipeline(transaction=False) as pipe:
+            pipe.hmget(self.conn.key(queue, job_id), *_JOB_FIELDS, "processedOn", "finishedOn")
+            pipe.zscore(self.conn.key(queue, "prioritized"), job_id)
+            pipe.lpos(self.conn.key(queue, "wait"), job_id)
+            pipe.lpos(self.conn.key(queue, "active"), job_id)
+            pipe.zscore(self.conn.key(queue, "delayed"), job_id)
+            pipe.zscore(self.conn.key(queue, "completed"), job_id)
+            pipe.zscore(self.conn.key(queue, "failed"), job_id)
             replies = await pipe.execute(raise_on_error=False)
         row = replies[0]
         if isinstance(row, Exception) or all(value is None for value in row[:3]):

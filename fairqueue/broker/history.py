@@ -10,17 +10,12 @@ most ``TENANTS_PER_BUCKET`` tenants.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from fairqueue.broker.rebalancing import LockLostError
+from fairqueue.broker.connection import BrokerPart
+from fairqueue.broker.passes import LockLostError
 from fairqueue.broker.scripts import plain_script
 from fairqueue.dashboard.history import BUCKET_S, LEVEL_NAMES, RETENTION_S, TENANTS_PER_BUCKET
-
-if TYPE_CHECKING:
-    from fairqueue.broker.connection import BrokerCore as _Base
-else:
-    _Base = object
-
 
 #: What the backlogs need of a bucket before the window: jobs started and became ready.
 _COUNT_FIELDS = [f"{kind}:{level}" for kind in ("s", "a") for level in LEVEL_NAMES]
@@ -50,8 +45,8 @@ class HistoryRead:
     since_ms: int | None
 
 
-class HistoryMixin(_Base):
-    """:class:`Broker`'s history reads and writes (mixed in)."""
+class HistoryStore(BrokerPart):
+    """The history the pass records from BullMQ's events stream, and its reads."""
 
     async def record_history_page(
         self,
@@ -70,15 +65,15 @@ class HistoryMixin(_Base):
         Raises:
             LockLostError: another rebalancer holds the lock; nothing was recorded.
         """
-        script = self.script(plain_script("history_record"))
-        status, read, recorded, unknown, gap_ms, more = await self._guard(
+        script = self.conn.script(plain_script("history_record"))
+        status, read, recorded, unknown, gap_ms, more = await self.conn.guard(
             script(
-                keys=[self.key(queue, "events"), self.fair_key(queue, "hist"), lock_key],
+                keys=[self.conn.key(queue, "events"), self.conn.fair_key(queue, "hist"), lock_key],
                 args=[
                     token,
                     lock_ttl_ms,
-                    self.key(queue, ""),
-                    self.fair_key(queue, "hist:"),
+                    self.conn.key(queue, ""),
+                    self.conn.fair_key(queue, "hist:"),
                     page_size,
                     BUCKET_S,
                     RETENTION_S,
@@ -105,15 +100,15 @@ class HistoryMixin(_Base):
         """The buckets kept (the last ``RETENTION_S``), in one pipelined round trip: every
         field and the tenants of those in the last ``window_s``, only the started and
         became-ready counts of older ones (what the backlogs need)."""
-        return await self._guard(self._read_history(queue, now_s, window_s))
+        return await self.conn.guard(self._read_history(queue, now_s, window_s))
 
     async def _read_history(self, queue: str, now_s: int, window_s: int) -> HistoryRead:
-        prefix = self.fair_key(queue, "hist:")
+        prefix = self.conn.fair_key(queue, "hist:")
         last = now_s // BUCKET_S * BUCKET_S
         starts = list(range(last - RETENTION_S + BUCKET_S, last + BUCKET_S, BUCKET_S))
         window_start = last - window_s
-        async with self.client().pipeline(transaction=False) as pipe:
-            pipe.hget(self.fair_key(queue, "hist"), "since")
+        async with self.conn.client().pipeline(transaction=False) as pipe:
+            pipe.hget(self.conn.fair_key(queue, "hist"), "since")
             for start in starts:
                 if start > window_start:
                     pipe.hgetall(f"{prefix}{start}")

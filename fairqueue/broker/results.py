@@ -6,14 +6,10 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fairqueue.broker.common import _int_or
-
-if TYPE_CHECKING:
-    from fairqueue.broker.connection import BrokerCore as _Base
-else:
-    _Base = object
+from fairqueue.broker.connection import BrokerPart
 
 #: BullMQ's job states (``Queue.getJobState``); ``waiting`` covers the ``wait`` list.
 JOB_STATES = frozenset(
@@ -56,8 +52,8 @@ def _json_or(raw: str | None, default: Any) -> Any:
         return default
 
 
-class ResultsMixin(_Base):
-    """:class:`Broker`'s job reads by id (mixed in; uses ``BrokerCore``'s plumbing)."""
+class ResultReads(BrokerPart):
+    """One job read back by id, for the Django tasks backend's ``get_result``."""
 
     async def find_job(self, queues: Sequence[str], job_id: str) -> StoredJob | None:
         """The job ``job_id`` in the first of ``queues`` that holds it, or ``None``.
@@ -65,24 +61,24 @@ class ResultsMixin(_Base):
         The state is read before the hash, so a job that finishes in between reads as
         still active with its result already there, never as completed without one.
         """
-        return await self._guard(self._find_job(list(dict.fromkeys(queues)), job_id))
+        return await self.conn.guard(self._find_job(list(dict.fromkeys(queues)), job_id))
 
     async def _find_job(self, queues: list[str], job_id: str) -> StoredJob | None:
         if not queues:
             return None
-        client = self.client()
+        client = self.conn.client()
         if len(queues) == 1:
             queue: str | None = queues[0]  # its state says "unknown" if the job is not there
         else:
             async with client.pipeline(transaction=False) as pipe:
                 for name in queues:
-                    pipe.exists(self.key(name, job_id))
+                    pipe.exists(self.conn.key(name, job_id))
                 found = await pipe.execute()
             queue = next((q for q, there in zip(queues, found, strict=True) if there), None)
         if queue is None:
             return None
-        state = await self.queue(queue).getJobState(job_id)
-        fields = await client.hgetall(self.key(queue, job_id))
+        state = await self.conn.queue(queue).getJobState(job_id)
+        fields = await client.hgetall(self.conn.key(queue, job_id))
         if not fields:
             return None  # removed between the two reads
         stacktrace = _json_or(fields.get("stacktrace"), [])

@@ -6,17 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from bullmq import Job as BullJob
 from bullmq import Worker as BullWorker
 
 from fairqueue.broker.common import _int_or, parse_job_data
-
-if TYPE_CHECKING:
-    from fairqueue.broker.connection import BrokerCore as _Base
-else:
-    _Base = object
+from fairqueue.broker.connection import BrokerPart
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +57,7 @@ class FinishedJob:
         return max(0, self.processed_on_ms - self.timestamp_ms)
 
 
-class WorkerMixin(_Base):
+class WorkerSupport(BrokerPart):
     """:class:`Broker`'s worker and demo support (mixed in; uses ``BrokerCore``'s
     plumbing)."""
 
@@ -108,14 +104,16 @@ class WorkerMixin(_Base):
         # Sentinel or Cluster: a client of the worker's own (BullMQ's Python package takes
         # a Redis or RedisCluster instance), which the worker closes with itself.
         connection = (
-            self._redis_url if self.target.kind == "url" else self._client_factory(self.target)
+            self.conn.target.url
+            if self.conn.target.kind == "url"
+            else self.conn.client_factory(self.conn.target)
         )
         worker = BullWorker(
             queue,
             process,
             {
                 "connection": connection,
-                "prefix": self.prefix,
+                "prefix": self.conn.prefix,
                 "concurrency": concurrency,
                 "autorun": False,
             },
@@ -133,12 +131,12 @@ class WorkerMixin(_Base):
         active back to prioritized) is counted exactly once and an idle check cannot
         see a queue empty while it is not.
         """
-        async with self.client().pipeline(transaction=True) as pipe:
-            pipe.llen(self.key(queue, "wait"))
-            pipe.zcard(self.key(queue, "prioritized"))
-            pipe.zcard(self.key(queue, "delayed"))
-            pipe.llen(self.key(queue, "active"))
-            counts = await self._guard(pipe.execute())
+        async with self.conn.client().pipeline(transaction=True) as pipe:
+            pipe.llen(self.conn.key(queue, "wait"))
+            pipe.zcard(self.conn.key(queue, "prioritized"))
+            pipe.zcard(self.conn.key(queue, "delayed"))
+            pipe.llen(self.conn.key(queue, "active"))
+            counts = await self.conn.guard(pipe.execute())
         return sum(int(count) for count in counts)
 
     # -- demo support (fairqueue.demo) ------------------------------------------------
@@ -154,18 +152,18 @@ class WorkerMixin(_Base):
         BullMQ keeps completed jobs in a sorted set scored by ``finishedOn``, so this costs
         O(log n + found) however long the history is.
         """
-        return await self._guard(self._finished_since(queue, since_ms, limit))
+        return await self.conn.guard(self._finished_since(queue, since_ms, limit))
 
     async def _finished_since(self, queue: str, since_ms: int, limit: int) -> list[FinishedJob]:
-        client = self.client()
+        client = self.conn.client()
         ids = await client.zrangebyscore(
-            self.key(queue, "completed"), since_ms, "+inf", start=0, num=limit
+            self.conn.key(queue, "completed"), since_ms, "+inf", start=0, num=limit
         )
         if not ids:
             return []
         async with client.pipeline(transaction=False) as pipe:
             for job_id in ids:
-                pipe.hmget(self.key(queue, job_id), *_FINISHED_FIELDS)
+                pipe.hmget(self.conn.key(queue, job_id), *_FINISHED_FIELDS)
             rows = await pipe.execute()
         return [
             FinishedJob(
@@ -182,20 +180,22 @@ class WorkerMixin(_Base):
     async def trim_finished(self, queue: str, *, grace_ms: int, limit: int = 10_000) -> int:
         """Delete up to ``limit`` completed jobs that finished more than ``grace_ms`` ago,
         with BullMQ's own ``clean``; returns how many were deleted."""
-        return len(await self._guard(self.queue(queue).clean(grace_ms, limit, "completed")))
+        return len(
+            await self.conn.guard(self.conn.queue(queue).clean(grace_ms, limit, "completed"))
+        )
 
     async def delete_prefix_keys(self, *, batch: int = 1_000) -> int:
         """Delete every key under this broker's prefix (``prefix:*``), in batches of
         ``batch`` (SCAN, then UNLINK: Redis is never blocked for long). Returns how many
         were deleted. For the demo's own prefix when it stops: never point it at a
         prefix real queues use."""
-        return await self._guard(self._delete_prefix_keys(batch))
+        return await self.conn.guard(self._delete_prefix_keys(batch))
 
     async def _delete_prefix_keys(self, batch: int) -> int:
-        client = self.client()
+        client = self.conn.client()
         deleted = 0
         keys: list[str] = []
-        async for key in client.scan_iter(match=f"{self.prefix}:*", count=batch):
+        async for key in client.scan_iter(match=f"{self.conn.prefix}:*", count=batch):
             keys.append(key)
             if len(keys) >= batch:
                 deleted += await client.unlink(*keys)

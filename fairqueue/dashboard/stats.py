@@ -174,7 +174,9 @@ async def _backlog(
     """The backlog scan to show and a description of how fresh it is."""
     cutoff_ms = now_ms - max_wait_ms
     if total <= sync_limit:
-        scan = await broker.scan_backlog(queue, cutoff_ms=cutoff_ms, page_size=SCAN_PAGE_SIZE)
+        scan = await broker.dashboard.scan_backlog(
+            queue, cutoff_ms=cutoff_ms, page_size=SCAN_PAGE_SIZE
+        )
         return scan, {
             "exact": True,
             "pending": False,
@@ -232,7 +234,7 @@ async def _backlog(
 async def _refresh(broker: Broker, queue: str, entry: _CachedScan, max_wait_ms: int) -> None:
     started_ms = int(time.time() * 1000)
     try:
-        scan = await broker.scan_backlog(
+        scan = await broker.dashboard.scan_backlog(
             queue, cutoff_ms=started_ms - max_wait_ms, page_size=SCAN_PAGE_SIZE
         )
     except Exception as exc:  # shown on the page; the next request retries
@@ -302,13 +304,13 @@ async def aqueue_stats(
     start = (page - 1) * per_page
 
     counts, last_pass, lock, head, rows, recorded = await asyncio.gather(
-        broker.counts(queue),
-        broker.read_status(queue, LAST_RUN_RECORD),
-        broker.lock_holder(broker.fair_key(queue, "leader")),
+        broker.passes.counts(queue),
+        broker.passes.read_status(queue, LAST_RUN_RECORD),
+        broker.lock.lock_holder(broker.fair_key(queue, "leader")),
         # The head the policy's order is compared with: O(window) however long the queue.
-        broker.read_head(queue, count=window),
-        broker.read_page(queue, start=start, count=per_page),
-        broker.read_history(
+        broker.passes.read_head(queue, count=window),
+        broker.dashboard.read_page(queue, start=start, count=per_page),
+        broker.history.read_history(
             queue, now_s=now_ms // 1000, window_s=clamp_window_min(history_minutes) * 60
         ),
     )

@@ -256,10 +256,12 @@ class DashboardAdmin(admin.ModelAdmin):
         if request.method == "POST":
             return self._run_pass(request, job_type, queue, queue_url)
         holder, last_pass, error = None, None, None
-        broker = get_sync_broker()
+        sync = get_sync_broker()
         try:
-            holder, _ = broker.lock_holder(broker.fair_key(queue, "leader"))
-            last_pass = broker.read_status(queue, LAST_RUN_RECORD)
+            holder, _ = sync.run(
+                sync.broker.lock.lock_holder, sync.broker.fair_key(queue, "leader")
+            )
+            last_pass = sync.run(sync.broker.passes.read_status, queue, LAST_RUN_RECORD)
         except BrokerError as exc:
             error = _unreachable(exc, "confirm")
         at_ms = (last_pass or {}).get("at_ms")
@@ -282,10 +284,13 @@ class DashboardAdmin(admin.ModelAdmin):
     def _run_pass(
         self, request: HttpRequest, job_type: str, queue: str, queue_url: str
     ) -> HttpResponse:
-        lock_key = get_sync_broker().broker.fair_key(queue, "leader")
+        sync = get_sync_broker()
+        lock_key = sync.broker.fair_key(queue, "leader")
         try:
             result = rebalance_queue(job_type, by=f"admin:{request.user.get_username()}")
-            holder = get_sync_broker().lock_holder(lock_key)[0] if result.lock_lost else None
+            holder = (
+                sync.run(sync.broker.lock.lock_holder, lock_key)[0] if result.lock_lost else None
+            )
         except BrokerError as exc:
             error = _unreachable(exc, "rebalance")
             self._log(
@@ -324,7 +329,8 @@ class DashboardAdmin(admin.ModelAdmin):
         if not job_id or len(job_id) > MAX_JOB_ID_LENGTH or ":" in job_id:
             raise Http404("No such job")
         try:
-            detail = get_sync_broker().read_job_detail(queue, job_id)
+            sync = get_sync_broker()
+            detail = sync.run(sync.broker.dashboard.read_job_detail, queue, job_id)
         except BrokerError as exc:
             detail, error = None, _unreachable(exc, "job")
         else:

@@ -656,7 +656,7 @@ async def aenqueue_job(
     prepared = await sync_to_async(_prepare)(job_type, payload, **options)
     if prepared.audit is not None:
         return (await sync_to_async(_enqueue_prepared)([prepared]))[0]
-    added = await get_broker().add_jobs(prepared.queue, [prepared.new_job])
+    added = await get_broker().adding.add_jobs(prepared.queue, [prepared.new_job])
     return _record([prepared], added, set())[0]
 
 

@@ -239,7 +239,7 @@ async def arebalance_queue(
     try:
         for _ in range(ADOPT_PAGES):
             page = await timed(
-                broker.adopt_page(
+                broker.passes.adopt_page(
                     queue,
                     **fence,
                     page_size=ADOPT_PAGE_SIZE,
@@ -284,7 +284,7 @@ async def arebalance_queue(
             result.cleaned += sweep.removed
             for _ in range(REBASE_PAGES):
                 moved, done = await timed(
-                    broker.rebase_page(queue, **fence, page_size=REBASE_PAGE_SIZE)
+                    broker.passes.rebase_page(queue, **fence, page_size=REBASE_PAGE_SIZE)
                 )
                 result.rebased += moved
                 if done:
@@ -296,12 +296,14 @@ async def arebalance_queue(
         logger.warning("%s: another rebalancer holds the lock; this pass stopped", job_type)
     finally:
         if rebalancer is None and not dry_run:
-            await broker.release_lock(fence["lock_key"], token)
+            await broker.lock.release_lock(fence["lock_key"], token)
     result.duration_ms = (time.perf_counter() - started) * 1000
     if not dry_run and not result.lock_lost:
         _record_metrics(result)
         now_ms = int(time.time() * 1000)
-        await broker.write_status(queue, LAST_RUN_RECORD, result.record(now_ms, by or rebalancer))
+        await broker.passes.write_status(
+            queue, LAST_RUN_RECORD, result.record(now_ms, by or rebalancer)
+        )
     return result
 
 
@@ -311,7 +313,7 @@ async def _record(timed: _Timed, broker: Broker, queue: str, fence: dict, max_wa
     result = timed.result
     for _ in range(HISTORY_PAGES):
         recorded = await timed(
-            broker.record_history_page(
+            broker.history.record_history_page(
                 queue, **fence, max_wait_ms=max_wait_ms, page_size=HISTORY_PAGE_SIZE
             )
         )
@@ -381,7 +383,7 @@ async def _walk(
     for _ in range(pages):
         walk.extend(
             await timed(
-                broker.walk_index_page(
+                broker.passes.walk_index_page(
                     queue,
                     **fence,
                     max_wait_ms=max_wait_ms,
@@ -452,12 +454,14 @@ class LeaderLock:
 
     def acquire(self) -> bool:
         """Take the lock if it is free or renew it if we hold it (one atomic step)."""
-        self.held = get_sync_broker().acquire_lock(self.key, self.token, self.ttl_ms)
+        sync = get_sync_broker()
+        self.held = sync.run(sync.broker.lock.acquire_lock, self.key, self.token, self.ttl_ms)
         return self.held
 
     def release(self) -> None:
         if self.held:
-            get_sync_broker().release_lock(self.key, self.token)
+            sync = get_sync_broker()
+            sync.run(sync.broker.lock.release_lock, self.key, self.token)
             self.held = False
 
 

@@ -382,7 +382,8 @@ class FairQueueBackend(BaseTaskBackend):
         """
         if not _plausible_id(result_id):
             raise TaskResultDoesNotExist(result_id)
-        stored = get_sync_broker().find_job(self._queues(), result_id)
+        sync = get_sync_broker()
+        stored = sync.run(sync.broker.results.find_job, self._queues(), result_id)
         if stored is None and self.durable:
             stored = _outbox_job(result_id)
         if stored is None:
@@ -395,7 +396,7 @@ class FairQueueBackend(BaseTaskBackend):
 
         if not _plausible_id(result_id):
             raise TaskResultDoesNotExist(result_id)
-        stored = await get_broker().find_job(self._queues(), result_id)
+        stored = await get_broker().results.find_job(self._queues(), result_id)
         if stored is None and self.durable:
             stored = await sync_to_async(_outbox_job)(result_id)
         if stored is None:

@@ -298,7 +298,7 @@ class Worker:
             max_workers=self.concurrency * len(self.plans), thread_name_prefix="fairqueue-job"
         )
         bull_workers = [
-            self._broker.make_worker(
+            self._broker.workers.make_worker(
                 plan.queue,
                 partial(self._process, plan),
                 concurrency=self.concurrency,
@@ -360,7 +360,7 @@ class Worker:
 
     async def _all_queues_empty(self) -> bool:
         for queue in self.queues:
-            if await self._broker.count_unfinished(queue):
+            if await self._broker.workers.count_unfinished(queue):
                 return False
         return True
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fairqueue.broker.common import (
     _JOB_FIELDS,
@@ -17,12 +17,8 @@ from fairqueue.broker.common import (
     fair_keys,
     parse_job_data,
 )
+from fairqueue.broker.connection import BrokerPart, Connection
 from fairqueue.broker.scripts import adopt_page_script, plain_script
-
-if TYPE_CHECKING:
-    from fairqueue.broker.connection import BrokerCore as _Base
-else:
-    _Base = object
 
 _SCORE_BASE = 1 << 32
 
@@ -90,17 +86,16 @@ class IndexWalk:
         self.cursor, self.left = page.cursor, page.left
 
 
-class RebalancingMixin(_Base):
-    """:class:`Broker`'s reads and writes for the rebalance pass (mixed in; uses
-    ``BrokerCore``'s plumbing). Every write takes the pass's lock token and is fenced
-    inside Redis: a pass that lost its lock writes nothing more."""
+class PassStore(BrokerPart):
+    """What the rebalance pass reads and writes. Every write takes the pass's lock token
+    and is fenced inside Redis: a pass that lost its lock writes nothing more."""
 
     # -- the pass ---------------------------------------------------------------------
 
     def _adopt_keys(self, queue: str, lock_key: str) -> list[str]:
         bullmq = ("wait", "paused", "meta", "prioritized", "active", "pc", "marker")
-        keys = [self.key(queue, name) for name in bullmq]
-        return [*keys, *fair_keys(self.prefix, queue), lock_key]
+        keys = [self.conn.key(queue, name) for name in bullmq]
+        return [*keys, *fair_keys(self.conn.prefix, queue), lock_key]
 
     async def adopt_page(
         self,
@@ -120,14 +115,14 @@ class RebalancingMixin(_Base):
         Raises:
             LockLostError: another rebalancer holds the lock; nothing was written.
         """
-        script = self.script(adopt_page_script())
-        reply = await self._guard(
+        script = self.conn.script(adopt_page_script())
+        reply = await self.conn.guard(
             script(
                 keys=self._adopt_keys(queue, lock_key),
                 args=[
                     token,
                     lock_ttl_ms,
-                    self.key(queue, ""),
+                    self.conn.key(queue, ""),
                     page_size,
                     max_wait_ms,
                     max_payload_bytes,
@@ -160,16 +155,16 @@ class RebalancingMixin(_Base):
         Raises:
             LockLostError: another rebalancer holds the lock.
         """
-        script = self.script(plain_script("index_walk"))
+        script = self.conn.script(plain_script("index_walk"))
         keys = [
-            self.fair_key(queue, "ready"),
-            self.key(queue, "prioritized"),
-            self.key(queue, "delayed"),
+            self.conn.fair_key(queue, "ready"),
+            self.conn.key(queue, "prioritized"),
+            self.conn.key(queue, "delayed"),
             lock_key,
         ]
         second, index = cursor if cursor is not None else ("", 0)
         bound = "" if max_wait_ms is None else max_wait_ms
-        status, second, index, done, removed, flat, left = await self._guard(
+        status, second, index, done, removed, flat, left = await self.conn.guard(
             script(
                 keys=keys,
                 args=[token, lock_ttl_ms, second, index, page_size, bound, int(dry_run)],
@@ -205,18 +200,18 @@ class RebalancingMixin(_Base):
         Raises:
             LockLostError: another rebalancer holds the lock.
         """
-        script = self.script(plain_script("rebase_page"))
-        status, moved, done = await self._guard(
+        script = self.conn.script(plain_script("rebase_page"))
+        status, moved, done = await self.conn.guard(
             script(
                 keys=[
-                    self.key(queue, "prioritized"),
+                    self.conn.key(queue, "prioritized"),
                     *(
-                        self.fair_key(queue, name)
+                        self.conn.fair_key(queue, name)
                         for name in ("state", "flows", "fweights", "jobs")
                     ),
                     lock_key,
                 ],
-                args=[token, lock_ttl_ms, self.key(queue, ""), page_size, threshold, margin],
+                args=[token, lock_ttl_ms, self.conn.key(queue, ""), page_size, threshold, margin],
             )
         )
         if int(status) < 0:
@@ -227,67 +222,72 @@ class RebalancingMixin(_Base):
 
     async def read_head(self, queue: str, *, count: int) -> WaitingSnapshot:
         """The first ``count`` waiting jobs in the order a worker takes them."""
-        return await self._guard(self._read_head(queue, count))
+        return await self.conn.guard(self._read_head(queue, count))
 
     async def _read_head(self, queue: str, count: int) -> WaitingSnapshot:
-        prioritized = self.key(queue, "prioritized")
-        async with self.client().pipeline(transaction=True) as pipe:
-            pipe.lrange(self.key(queue, "wait"), -count, -1)
+        prioritized = self.conn.key(queue, "prioritized")
+        async with self.conn.client().pipeline(transaction=True) as pipe:
+            pipe.lrange(self.conn.key(queue, "wait"), -count, -1)
             pipe.zrange(prioritized, 0, count - 1, withscores=True)
-            pipe.llen(self.key(queue, "wait"))
+            pipe.llen(self.conn.key(queue, "wait"))
             pipe.zcard(prioritized)
             wait_ids, entries, wait_len, total = await pipe.execute()
         wait_ids.reverse()  # BullMQ pops the wait list from its right end
         head = [(job_id, 0, True) for job_id in wait_ids] + [
             (job_id, int(score // _SCORE_BASE), False) for job_id, score in entries
         ][: max(0, count - len(wait_ids))]
-        jobs = await self._read_jobs(queue, head)
+        jobs = await read_jobs(self.conn, queue, head)
         return WaitingSnapshot(jobs=jobs, behind=max(0, wait_len + total - len(head)))
-
-    async def _read_jobs(
-        self, queue: str, entries: Sequence[tuple[str, int | None, bool]]
-    ) -> list[WaitingJob]:
-        if not entries:
-            return []
-        async with self.client().pipeline(transaction=False) as pipe:
-            for job_id, _, _ in entries:
-                pipe.hmget(self.key(queue, job_id), *_JOB_FIELDS)
-            rows = await pipe.execute()
-        jobs = []
-        for (job_id, priority, in_wait), row in zip(entries, rows, strict=True):
-            name, data, timestamp, stored_priority, attempts_made, opts = row
-            if name is None and data is None and timestamp is None:
-                continue  # removed or finished since we read the ids
-            requested = (parse_job_data(opts) or {}).get("priority")
-            jobs.append(
-                WaitingJob(
-                    job_id=job_id,
-                    name=name or "",
-                    data=parse_job_data(data),
-                    timestamp_ms=_int_or(timestamp, None),
-                    priority=priority if priority is not None else _int_or(stored_priority, 0),
-                    attempts_made=_int_or(attempts_made, 0) or 0,
-                    in_wait_list=in_wait,
-                    requested_priority=requested if type(requested) is int else None,
-                )
-            )
-        return jobs
 
     async def counts(self, queue: str) -> dict[str, int]:
         """Job counts by BullMQ state."""
         states = ("wait", "prioritized", "active", "delayed", "failed", "completed")
-        return await self._guard(self._counts(queue, states))
+        return await self.conn.guard(self._counts(queue, states))
 
     async def _counts(self, queue, states):
-        values = await self.queue(queue).getJobCounts(*states)
+        values = await self.conn.queue(queue).getJobCounts(*states)
         return {state: int(values.get(state, 0)) for state in states}
 
     # -- status records --------------------------------------------------------------
 
     async def write_status(self, queue: str, name: str, record: dict[str, Any]) -> None:
         """Store a small JSON status record beside the queue (e.g. the last pass)."""
-        await self._guard(self.client().set(self.fair_key(queue, name), json.dumps(record)))
+        await self.conn.guard(
+            self.conn.client().set(self.conn.fair_key(queue, name), json.dumps(record))
+        )
 
     async def read_status(self, queue: str, name: str) -> dict[str, Any] | None:
-        raw = await self._guard(self.client().get(self.fair_key(queue, name)))
+        raw = await self.conn.guard(self.conn.client().get(self.conn.fair_key(queue, name)))
         return parse_job_data(raw)
+
+
+async def read_jobs(
+    conn: Connection, queue: str, entries: Sequence[tuple[str, int | None, bool]]
+) -> list[WaitingJob]:
+    """The waiting jobs behind ``entries`` (id, priority or None, in the wait list),
+    read in one pipeline; jobs removed or finished since their ids were read drop out."""
+    if not entries:
+        return []
+    async with conn.client().pipeline(transaction=False) as pipe:
+        for job_id, _, _ in entries:
+            pipe.hmget(conn.key(queue, job_id), *_JOB_FIELDS)
+        rows = await pipe.execute()
+    jobs = []
+    for (job_id, priority, in_wait), row in zip(entries, rows, strict=True):
+        name, data, timestamp, stored_priority, attempts_made, opts = row
+        if name is None and data is None and timestamp is None:
+            continue  # removed or finished since we read the ids
+        requested = (parse_job_data(opts) or {}).get("priority")
+        jobs.append(
+            WaitingJob(
+                job_id=job_id,
+                name=name or "",
+                data=parse_job_data(data),
+                timestamp_ms=_int_or(timestamp, None),
+                priority=priority if priority is not None else _int_or(stored_priority, 0),
+                attempts_made=_int_or(attempts_made, 0) or 0,
+                in_wait_list=in_wait,
+                requested_priority=requested if type(requested) is int else None,
+            )
+        )
+    return jobs
