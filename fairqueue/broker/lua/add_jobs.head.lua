@@ -1,7 +1,11 @@
 --[[
   Add a batch of jobs at their fair places: BullMQ's own addPrioritizedJob, run once per
-  job with the priority fair_clock gives it, then the job's score set to its fair
-  score, and the job indexed for the pass.
+  job at the cap priority, then the job's score set to its fair score, and the job
+  indexed for the pass. The job hash keeps the cap as its priority: that is where
+  BullMQ's own scripts re-add it when it runs again (a retry, a promoted backoff, a
+  rate-limited re-add), so a re-run waits at the back until the pass places it by the
+  fair clock, instead of jumping to the front. The job's opts carry fqReady, its first
+  ready time on Redis's clock (the second it is indexed under), for its re-runs.
 
   KEYS[1..9]  addPrioritizedJob's: marker, meta, id, prioritized, delayed, completed,
               active, events, pc

@@ -18,7 +18,8 @@ for _, job in ipairs(fqJobs) do
     score = fqPlace(fqK, fqC, job[4], job[5], job[6], false)
     priority = fqPriorityOf(score)
     local opts = cmsgpack.unpack(job[3])
-    opts['priority'] = priority
+    opts['priority'] = fqCap -- where BullMQ re-adds it (retries): the back, for the pass
+    opts['fqReady'] = fqNow -- its first ready time (Redis's clock), kept for its re-runs
     job[3] = cmsgpack.pack(opts)
   end
   ARGV[1], ARGV[2], ARGV[3] = job[1], job[2], job[3]

@@ -2,11 +2,15 @@
   Adopt one page of untagged waiting jobs into the fair order: jobs in BullMQ's wait
   list (priority 0, served before every prioritized job), jobs below the tag band
   (other producers' small priorities) and jobs parked at CAP (promoted delayed jobs,
-  jobs that found no room). Each gets its flow's next tag through BullMQ's own
-  changePriority; a job already past the wait bound starts at the virtual time (its
-  flow's next turn). Other producers' jobs are read once (tenantId / priorityLevel, else
-  their numeric priority) and indexed; a payload over the size cap is not decoded.
-  fairqueue's own delayed jobs are placed from their meta in fq:jobs, which then goes.
+  jobs that found no room, and every job BullMQ re-added because it runs again: a retry,
+  a promoted backoff, a stalled job's recovery, a retried failed job). Each gets its
+  flow's next tag, like a new arrival of its flow, through BullMQ's own changePriority
+  (at the cap priority, so a later re-add lands at the back again); a job already past
+  the wait bound starts at the virtual time (its flow's next turn). Jobs without meta are
+  read once (tenantId / priorityLevel, else their numeric priority; a payload over the
+  size cap is not decoded) and indexed at their first ready time unless indexed there
+  already. fairqueue's own delayed jobs are placed from their meta in fq:jobs, which
+  then goes.
 
   KEYS[1..7]   changePriority's: wait, paused, meta, prioritized, active, pc, marker
   KEYS[8..12]  fairqueue's: state, flows, fweights, ready, jobs

@@ -16,10 +16,15 @@ local function fqNormalize(p)
   return 'low'
 end
 
--- level, tenant, weight and ready time of a job fairqueue did not index.
+-- level, tenant, weight and ready time of a job without meta in fq:jobs: another
+-- producer's, or one of fairqueue's that runs again (a retry, a stalled job's recovery,
+-- a retried failed job). Its ready time is its first one: fqReady in its opts for
+-- fairqueue's jobs (Redis's clock, the second its index entry is under), else BullMQ's
+-- timestamp plus the delay it was added with (the hash's delay is a backoff's once it
+-- was retried). Its tenant weight is the one its flow counts now (1 if the flow has no
+-- work).
 local function fqForeign(jobId)
-  local f = redis.call('HMGET', fqPrefix .. jobId, 'data', 'opts', 'timestamp', 'delay',
-    'priority')
+  local f = redis.call('HMGET', fqPrefix .. jobId, 'data', 'opts', 'timestamp', 'priority')
   if not (f[1] or f[2] or f[3]) then return nil end -- no such job (removed meanwhile)
   local tenant, level = 'default', nil
   if f[1] and #f[1] <= fqMaxPayload and string.find(f[1], '^%s*{') then
@@ -33,17 +38,32 @@ local function fqForeign(jobId)
       end
     end
   end
+  local ok, opts = pcall(cjson.decode, f[2] or 'null')
+  if not (ok and type(opts) == 'table') then opts = {} end
   if not level then
     local requested = nil
-    local ok, opts = pcall(cjson.decode, f[2] or 'null')
-    if ok and type(opts) == 'table' and type(opts['priority']) == 'number' then
-      requested = opts['priority']
-    end
-    level = fqNormalize(requested or tonumber(f[5]))
+    if type(opts['priority']) == 'number' then requested = opts['priority'] end
+    level = fqNormalize(requested or tonumber(f[4]))
   end
-  local ready = (tonumber(f[3]) or fqNow) + (tonumber(f[4]) or 0)
-  if ready > fqNow then ready = fqNow end
-  return level, tenant, 1, ready
+  local ready = tonumber(opts['fqReady'])
+  if not ready then
+    local delay = 0
+    if type(opts['delay']) == 'number' and opts['delay'] > 0 then delay = opts['delay'] end
+    ready = (tonumber(f[3]) or fqNow) + delay
+    if ready > fqNow then ready = fqNow end
+  end
+  local weight = tonumber(redis.call('HGET', fqK.fweights, level .. '\n' .. tenant)) or 1
+  return level, tenant, weight, ready
+end
+
+-- Index a job by its ready second unless it is indexed there already: a job that runs
+-- again keeps the entry of its first wait while it is in the prioritized set (the walk
+-- drops an entry only when the job is not waiting), so each job has one entry.
+local function fqIndexOnce(K, jobId, readyMs)
+  local second = string.format('%d', math.floor(readyMs / 1000))
+  if not redis.call('LPOS', K.ready .. ':' .. second, jobId) then
+    fqIndex(K, jobId, readyMs)
+  end
 end
 
 local candidates = {}
@@ -80,19 +100,19 @@ for _, candidate in ipairs(candidates) do
       if overdue then aged = aged + 1 end
     else
       local score = fqPlace(fqK, fqC, level, tenant, weight, overdue)
-      local priority = fqPriorityOf(score)
       if not score and wasParked then
         parked = parked + 1
         break -- still no room: the parked jobs behind it have none either
       else
-        ARGV[1], ARGV[2], ARGV[3], ARGV[4] = priority, fqPrefix, jobId, '0'
+        -- At the cap, as every placed job's hash keeps it (see add_jobs).
+        ARGV[1], ARGV[2], ARGV[3], ARGV[4] = fqCap, fqPrefix, jobId, '0'
         if fqBullmqChange() == 0 then
           if score then fqSetScore(fqK, jobId, score) end
           fqPlaced(fqK, fqC, score)
           if meta then
             redis.call('HDEL', fqK.jobs, jobId)
           else
-            fqIndex(fqK, jobId, ready)
+            fqIndexOnce(fqK, jobId, ready)
           end
           adopted = adopted + 1
           if overdue then aged = aged + 1 end

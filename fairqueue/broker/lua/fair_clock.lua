@@ -10,9 +10,10 @@
     FLOOR * 2^32 + floor((tag - base) * SUB) * 4 + the level's rank (critical 0 .. low 3)
   written over the score BullMQ's own add gave it (priority * 2^32 + a FIFO counter): the
   whole 53-bit score is fairqueue's fixed-point tag, so the order keeps 1/SUB of a tag's
-  resolution at any backlog (ties go to the higher weight, then the job id), and the
-  job's BullMQ priority (its hash's and opts' priority) stays floor(score / 2^32), as
-  BullMQ reads it back on retries. The virtual time is the start tag of the first
+  resolution at any backlog (ties go to the higher weight, then the job id). The job's
+  BullMQ priority (its hash's and opts' priority) is the cap: BullMQ's own scripts re-add
+  a job that runs again (a retry, a promoted backoff, a rate-limited re-add) at that
+  priority, behind everything, where the pass adopts it by the fair clock (decision 11). The virtual time is the start tag of the first
   tagged job waiting, read from its score (its finish tag less one turn of a lone
   weight-1 tenant of its level: a start tag or a little past it), never going back; a
   flow whose last tag is not ahead of it has no work left and stops counting towards its

@@ -3,8 +3,8 @@
   queue that is never empty (with 1/SUB of a tag per score unit that takes about 10^11
   jobs; this is the safety net). A rebase shifts every tagged job by the same delta, a page at a time from
   the head (shifted jobs stay ahead of unshifted ones, so the order never changes), and
-  fair_clock places new jobs in shifted terms below the cursor. The job hash's priority
-  is kept in step (BullMQ re-reads it on retries).
+  fair_clock places new jobs in shifted terms below the cursor. The job hashes are not
+  touched: their priority is the cap (where BullMQ re-adds a job that runs again).
 
   KEYS[1] BullMQ's prioritized  KEYS[2] state  KEYS[3] flows  KEYS[4] fweights
   KEYS[5] jobs  KEYS[6] the leader lock
@@ -35,7 +35,6 @@ for i = 1, #rows, 2 do
   local moved = score - delta * fqSub * 4
   if moved < fqFloor * fqScore then moved = fqFloor * fqScore + score % 4 end
   redis.call('ZADD', KEYS[1], string.format('%.17g', moved), rows[i])
-  redis.call('HSET', prefix .. rows[i], 'priority', math.floor(moved / fqScore))
   cursor = score
 end
 if #rows / 2 < page then

@@ -1,0 +1,136 @@
+"""Every attempt takes a fair turn (SPEC decision 11): a job that runs again is placed by
+the fair clock like a new arrival of its flow, never at the front, and keeps its first
+ready time and its one index entry."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from bullmq import Queue, Worker
+
+from fairqueue import enqueue_job
+from fairqueue.broker import MAX_PRIORITY, TAG_FLOOR
+from fairqueue.rebalance.passes import rebalance_queue
+from tests.conftest import REDIS_URL
+from tests.test_rebalance import index_ids
+
+pytestmark = pytest.mark.django_db
+
+SCORE_BASE = 1 << 32
+
+
+def _enqueue_two_tenants(per_tenant: int, **options) -> dict[str, list[str]]:
+    ids: dict[str, list[str]] = {"a": [], "b": []}
+    for _ in range(per_tenant):
+        for tenant in ids:
+            ids[tenant].append(enqueue_job("email", {}, tenant_id=tenant, **options).job_id)
+    return ids
+
+
+async def _run_stock_worker(prefix: str, count: int, fail: set[str]) -> list[str]:
+    """A stock ``bullmq.Worker`` (concurrency 1) that fails the first attempt of the jobs
+    in ``fail``; returns the ids it took, in order, once it took ``count``."""
+    taken: list[str] = []
+    done = asyncio.Event()
+
+    async def process(job, token):
+        taken.append(job.id)
+        if len(taken) >= count:
+            done.set()
+        if job.id in fail and job.attemptsMade == 0:
+            raise RuntimeError("integration down")
+        return None
+
+    worker = Worker(
+        "email",
+        process,
+        {"connection": REDIS_URL, "prefix": prefix, "concurrency": 1, "autorun": False},
+    )
+    task = asyncio.ensure_future(worker.run())
+    try:
+        await asyncio.wait_for(done.wait(), 30)
+    finally:
+        await worker.close()
+        task.cancel()
+    return taken[:count]
+
+
+def _rank(redis_client, prefix: str, job_id: str) -> int | None:
+    return redis_client.zrank(f"{prefix}:email:prioritized", job_id)
+
+
+def _score(redis_client, prefix: str, job_id: str) -> float:
+    return redis_client.zscore(f"{prefix}:email:prioritized", job_id)
+
+
+def _assert_one_index_entry_per_waiting_job(redis_client, prefix: str) -> None:
+    indexed = [job_id for ids in index_ids(redis_client, prefix).values() for job_id in ids]
+    waiting = redis_client.zrange(f"{prefix}:email:prioritized", 0, -1)
+    assert sorted(indexed) == sorted(waiting)
+
+
+def test_a_retry_does_not_jump_the_queue(fq_prefix, redis_client):
+    ids = _enqueue_two_tenants(5, attempts=2)
+    first = redis_client.zrange(f"{fq_prefix}:email:prioritized", 0, 0)[0]
+    taken = asyncio.run(_run_stock_worker(fq_prefix, 2, fail={first}))
+    # BullMQ re-added the failed job at the priority in its hash: the back of the line,
+    # not the front (where it would run next, ahead of every other flow's turn).
+    assert taken[0] == first and taken[1] != first
+    assert _rank(redis_client, fq_prefix, first) == 8  # the last of 9 waiting
+    assert int(redis_client.hget(f"{fq_prefix}:email:{first}", "priority")) == MAX_PRIORITY
+
+    result = rebalance_queue("email", rebalancer="reruns-test")
+    assert result.adopted == 1
+    # Placed by the fair clock, like a new arrival of its flow: behind its own tenant's
+    # line, in the tag band, its hash still at the cap for the next re-add.
+    flow = "a" if first in ids["a"] else "b"
+    own = [_rank(redis_client, fq_prefix, job_id) for job_id in ids[flow] if job_id != first]
+    score = _score(redis_client, fq_prefix, first)
+    assert TAG_FLOOR * SCORE_BASE <= score < MAX_PRIORITY * SCORE_BASE
+    assert _rank(redis_client, fq_prefix, first) > max(r for r in own if r is not None)
+    assert int(redis_client.hget(f"{fq_prefix}:email:{first}", "priority")) == MAX_PRIORITY
+    _assert_one_index_entry_per_waiting_job(redis_client, fq_prefix)
+
+
+def test_a_retry_keeps_its_first_ready_time(fq_prefix, redis_client, settings):
+    """The wait bound counts from the job's first ready time: a retry of a job that has
+    waited past the bound takes its flow's next turn (decision 9), not the back of its
+    flow's line."""
+    from fairqueue import conf
+
+    settings.FAIRQUEUE = {**settings.FAIRQUEUE, "MAX_WAIT_MS": 1_500}
+    conf.reload_settings()
+    ids = _enqueue_two_tenants(3, attempts=2)
+    first = redis_client.zrange(f"{fq_prefix}:email:prioritized", 0, 0)[0]
+    time.sleep(1.6)  # its first wait passes the bound; its re-add, just now, does not
+    asyncio.run(_run_stock_worker(fq_prefix, 2, fail={first}))
+    result = rebalance_queue("email", rebalancer="reruns-test")
+    assert (result.adopted, result.aged) == (1, 1)
+    flow = "a" if first in ids["a"] else "b"
+    own = [_rank(redis_client, fq_prefix, job_id) for job_id in ids[flow] if job_id != first]
+    own = [r for r in own if r is not None]
+    assert _rank(redis_client, fq_prefix, first) <= min(own) + 1 < max(own)
+    _assert_one_index_entry_per_waiting_job(redis_client, fq_prefix)
+
+
+def test_retried_failed_jobs_have_one_index_entry_each(fq_prefix, redis_client):
+    _enqueue_two_tenants(4, attempts=1)
+    every = set(redis_client.zrange(f"{fq_prefix}:email:prioritized", 0, -1))
+    asyncio.run(_run_stock_worker(fq_prefix, 8, fail=every))
+    assert redis_client.zcard(f"{fq_prefix}:email:failed") == 8
+
+    async def retry_failed() -> None:
+        queue = Queue("email", {"connection": REDIS_URL, "prefix": fq_prefix})
+        await queue.retryJobs({"state": "failed"})
+        await queue.close()
+
+    asyncio.run(retry_failed())
+    rebalance_queue("email", rebalancer="reruns-test")
+    assert set(redis_client.zrange(f"{fq_prefix}:email:prioritized", 0, -1)) == every
+    _assert_one_index_entry_per_waiting_job(redis_client, fq_prefix)
+    # ...and the pass's walk, run to the end, counts each of them once.
+    result = rebalance_queue("email", rebalancer="reruns-test")
+    assert result.adopted == 0
+    _assert_one_index_entry_per_waiting_job(redis_client, fq_prefix)
