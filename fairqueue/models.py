@@ -237,6 +237,8 @@ class OutboxJob(models.Model):
     tenant_weight = models.PositiveSmallIntegerField(default=DEFAULT_TENANT_WEIGHT)
     delay_ms = models.BigIntegerField(null=True, blank=True)
     attempts = models.PositiveIntegerField(null=True, blank=True)
+    #: BullMQ's backoff option (``{"type": ..., "delay": ms}``), or null.
+    backoff = models.JSONField(null=True, blank=True)
     #: Relay attempts that Redis refused (not outages); such rows go behind the others.
     tries = models.PositiveIntegerField(default=0)
     last_error = models.CharField(max_length=200, blank=True)

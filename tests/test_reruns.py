@@ -5,12 +5,13 @@ ready time and its one index entry."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import pytest
 from bullmq import Queue, Worker
 
-from fairqueue import enqueue_job
+from fairqueue import InvalidJobOptionError, enqueue_job, enqueue_jobs
 from fairqueue.broker import MAX_PRIORITY, TAG_FLOOR
 from fairqueue.rebalance.passes import rebalance_queue
 from tests.conftest import REDIS_URL
@@ -133,4 +134,66 @@ def test_retried_failed_jobs_have_one_index_entry_each(fq_prefix, redis_client):
     # ...and the pass's walk, run to the end, counts each of them once.
     result = rebalance_queue("email", rebalancer="reruns-test")
     assert result.adopted == 0
+    _assert_one_index_entry_per_waiting_job(redis_client, fq_prefix)
+
+
+# -- backoff ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("backoff", "stored"),
+    [
+        (250, {"type": "fixed", "delay": 250}),
+        ({"type": "exponential", "delay": 100}, {"type": "exponential", "delay": 100}),
+        ({"type": "fixed", "delay": 0}, {"type": "fixed", "delay": 0}),
+    ],
+)
+def test_backoff_reaches_bullmq_opts(
+    fq_prefix, redis_client, django_capture_on_commit_callbacks, backoff, stored
+):
+    single = enqueue_job("email", {}, tenant_id="a", attempts=3, backoff=backoff)
+    batch = enqueue_jobs("email", [{}, {}], tenant_id="b", attempts=3, backoff=backoff)
+    with django_capture_on_commit_callbacks(execute=True):  # the relay runs after commit
+        durable = enqueue_job("email", {}, tenant_id="c", attempts=3, backoff=backoff, durable=True)
+    for job in (single, *batch, durable):
+        opts = json.loads(redis_client.hget(f"{fq_prefix}:email:{job.job_id}", "opts"))
+        assert opts["backoff"] == stored and opts["attempts"] == 3
+
+
+@pytest.mark.parametrize(
+    "backoff",
+    [
+        -1,
+        True,
+        1.5,
+        "fixed",
+        {"type": "linear", "delay": 10},
+        {"type": "fixed"},
+        {"type": "fixed", "delay": -5},
+        {"type": "fixed", "delay": 10, "jitter": 0.5},
+    ],
+)
+def test_a_bad_backoff_is_refused_by_name(fq_prefix, redis_client, backoff):
+    with pytest.raises(InvalidJobOptionError, match=r"^backoff=.* is not allowed: expected None"):
+        enqueue_job("email", {}, tenant_id="a", attempts=3, backoff=backoff)
+    assert redis_client.zcard(f"{fq_prefix}:email:prioritized") == 0
+
+
+def test_a_retry_after_backoff_does_not_jump_the_queue(fq_prefix, redis_client):
+    ids = _enqueue_two_tenants(5, attempts=2, backoff={"type": "fixed", "delay": 50})
+    first = redis_client.zrange(f"{fq_prefix}:email:prioritized", 0, 0)[0]
+    taken = asyncio.run(_run_stock_worker(fq_prefix, 2, fail={first}))
+    assert redis_client.zscore(f"{fq_prefix}:email:delayed", first) is not None
+    time.sleep(0.1)  # the backoff is over: the next worker's fetch promotes the retry...
+    taken += asyncio.run(_run_stock_worker(fq_prefix, 1, fail=set()))
+    # ...at the priority in its hash: the back, not the front.
+    assert taken[0] == first and first not in taken[1:]
+    assert (
+        _rank(redis_client, fq_prefix, first)
+        == redis_client.zcard(f"{fq_prefix}:email:prioritized") - 1
+    )
+    rebalance_queue("email", rebalancer="reruns-test")
+    flow = "a" if first in ids["a"] else "b"
+    own = [_rank(redis_client, fq_prefix, job_id) for job_id in ids[flow] if job_id != first]
+    assert _rank(redis_client, fq_prefix, first) > max(r for r in own if r is not None)
     _assert_one_index_entry_per_waiting_job(redis_client, fq_prefix)

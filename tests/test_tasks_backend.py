@@ -302,6 +302,7 @@ def test_backend_options__unknown_or_malformed_are_improperly_configured():
         ({"JOB_TYPES": ["email"]}, r"\['JOB_TYPES'\]=\['email'\] is not allowed"),
         ({"ATTEMPTS": 0}, r"\['ATTEMPTS'\]=0 is not allowed: expected None or an integer"),
         ({"DURABLE": "yes"}, r"\['DURABLE'\]='yes' is not allowed: expected True or False"),
+        ({"BACKOFF": "slow"}, r"\['BACKOFF'\]='slow' is not allowed: expected None, a delay"),
     ):
         with override_settings(TASKS={"default": {"BACKEND": backend, "OPTIONS": options}}):
             with pytest.raises(ImproperlyConfigured, match=match):
@@ -414,6 +415,27 @@ def test_attempts_option__a_failed_attempt_is_retried_and_its_error_kept(broker)
     assert done.attempts == 2 and len(FLAKY_CALLS) == 2
     (error,) = done.errors  # the first attempt's
     assert error.exception_class is BoomError and "first attempt" in error.traceback
+
+
+def test_backoff_option__spaces_the_attempts_as_bullmq_does(broker, redis_client):
+    tasks = {
+        "default": {
+            "BACKEND": "fairqueue.tasks.backend.FairQueueBackend",
+            "OPTIONS": {
+                "JOB_TYPES": {"default": "email"},
+                "ATTEMPTS": 2,
+                "BACKOFF": {"type": "exponential", "delay": 20},
+            },
+        }
+    }
+    FLAKY_CALLS.clear()
+    with override_settings(TASKS=tasks):
+        result = flaky.enqueue()
+        opts = json.loads(redis_client.hget(f"{broker.prefix}:email:{result.id}", "opts"))
+        assert opts["backoff"] == {"type": "exponential", "delay": 20}
+        run_worker(broker, "email")
+        done = flaky.get_result(result.id)
+    assert done.status == TaskResultStatus.SUCCESSFUL and done.attempts == 2
 
 
 def test_durable_option__the_job_is_written_in_the_transaction_and_added_after_commit(

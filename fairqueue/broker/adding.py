@@ -33,6 +33,8 @@ class NewJob:
     job_id: str | None = None
     delay_ms: int | None = None
     attempts: int | None = None
+    #: BullMQ's ``backoff`` option (``{"type": ..., "delay": ms}``), validated upstream.
+    backoff: dict[str, Any] | None = None
     tenant: str = DEFAULT_TENANT
     tenant_weight: int = 1
 
@@ -133,6 +135,8 @@ class AddPacker:
                 opts["delay"] = job.delay_ms
             if job.attempts is not None:
                 opts["attempts"] = job.attempts
+            if job.backoff is not None:
+                opts["backoff"] = job.backoff
             bull_job = BullJob(bull_queue, job.name, job.data, opts)
             args = [*scripts.addJobArgs(bull_job), job.level.value, job.tenant, job.tenant_weight]
             if job.delay_ms:

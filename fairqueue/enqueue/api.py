@@ -220,6 +220,34 @@ def _merged_payload(payload: object, resolved: ResolvedPriority) -> dict[str, An
     return data
 
 
+#: BullMQ's built-in backoff strategies (what stock Python and Node workers compute).
+BACKOFF_TYPES: Final = ("fixed", "exponential")
+
+
+def parse_backoff(backoff: object, *, argument: str = "backoff") -> dict[str, Any] | None:
+    """BullMQ's ``backoff`` job option, validated: ``None`` (retry at once), a delay in ms
+    (a fixed backoff, as BullMQ reads a number) or ``{"type": "fixed" | "exponential",
+    "delay": ms}``. Returned in the dict form BullMQ stores, so a Node worker reading the
+    job computes the same delays as a Python one."""
+    if backoff is None:
+        return None
+    if isinstance(backoff, int) and not isinstance(backoff, bool):
+        backoff = {"type": "fixed", "delay": backoff}
+    if isinstance(backoff, Mapping) and set(backoff) == {"type", "delay"}:
+        kind, delay = backoff["type"], backoff["delay"]
+        if (
+            kind in BACKOFF_TYPES
+            and isinstance(delay, int)
+            and not isinstance(delay, bool)
+            and 0 <= delay <= MAX_DELAY_MS
+        ):
+            return {"type": kind, "delay": delay}
+    raise InvalidJobOptionError(
+        f"{argument}={backoff!r} is not allowed: expected None, a delay in ms (0.."
+        f"{MAX_DELAY_MS}) or {{'type': 'fixed' | 'exponential', 'delay': ms}}"[:400]
+    )
+
+
 def _check_options(job_id: object, delay_ms: object, attempts: object) -> None:
     if job_id is not None and (
         not isinstance(job_id, str)
@@ -316,6 +344,7 @@ class EnqueueOptions(TypedDict, total=False):
     job_id: str | None
     delay_ms: int | None
     attempts: int | None
+    backoff: int | Mapping[str, Any] | None
     source: str | None
     actor: object
 
@@ -347,6 +376,7 @@ def _prepare(
     job_id: str | None = None,
     delay_ms: int | None = None,
     attempts: int | None = None,
+    backoff: int | Mapping[str, Any] | None = None,
     source: str | None = None,
     actor: object = None,
 ) -> _Prepared:
@@ -361,6 +391,7 @@ def _prepare(
     )
     data = _merged_payload(payload, resolved)
     _check_options(job_id, delay_ms, attempts)
+    backoff = parse_backoff(backoff)
     explicit = resolved.rule in (PriorityRule.EXPLICIT_LEVEL, PriorityRule.EXPLICIT_PRIORITY)
     tenant_job = not isinstance(tenant_id, _Absent) and tenant_id is not None
     audit = None
@@ -392,6 +423,7 @@ def _prepare(
             job_id=job_id,
             delay_ms=delay_ms,
             attempts=attempts,
+            backoff=backoff,
             tenant=resolved.tenant_bucket,
             tenant_weight=resolved.tenant_weight,
         ),
@@ -537,6 +569,7 @@ def _enqueue_durable(prepared: Sequence[_Prepared], using: str | None) -> list[E
                     tenant_weight=item.new_job.tenant_weight,
                     delay_ms=item.new_job.delay_ms,
                     attempts=item.new_job.attempts,
+                    backoff=item.new_job.backoff,
                 )
                 for item in prepared
             ]
@@ -581,6 +614,9 @@ def enqueue_job(
             id adds nothing, so retrying a call that failed with a timeout under the same
             ``job_id`` never enqueues the job twice.
         delay_ms, attempts: BullMQ's ``delay`` and ``attempts``.
+        backoff: BullMQ's ``backoff`` between attempts: a delay in ms (fixed) or
+            ``{"type": "fixed" | "exponential", "delay": ms}``; ``None`` retries at once.
+            A retry, with or without backoff, waits for its flow's next fair turn.
         source, actor: recorded in the audit row (e.g. ``"signup view"``, ``request.user``).
         durable: write the job to the outbox in the current transaction (on database
             ``using``) instead of Redis; the relay adds it after commit (see

@@ -84,6 +84,7 @@ def _new_job(row, now: datetime) -> NewJob:
         job_id=row.bullmq_job_id,
         delay_ms=delay_ms,
         attempts=row.attempts,
+        backoff=row.backoff,
         tenant=row.tenant,
         tenant_weight=row.tenant_weight,
     )

@@ -11,6 +11,7 @@ Settings::
                 "TENANT_KWARG": "tenant_id",         # the default
                 "JOB_TYPES": {"emails": "email"},    # queue_name -> FAIRQUEUE job type
                 "ATTEMPTS": 3,                       # BullMQ attempts (default 1)
+                "BACKOFF": {"type": "exponential", "delay": 1000},  # between attempts
                 "DURABLE": False,                    # True: through the outbox
             },
         }
@@ -63,7 +64,7 @@ from fairqueue.conf import get_settings
 from fairqueue.enqueue import api as services
 from fairqueue.enqueue.api import MAX_ATTEMPTS, MAX_DELAY_MS, MAX_JOB_ID_LENGTH
 from fairqueue.enqueue.priority import ABSENT, _Absent
-from fairqueue.exceptions import UnknownJobTypeError
+from fairqueue.exceptions import InvalidJobOptionError, UnknownJobTypeError
 from fairqueue.scheduling.levels import PriorityLevel
 from fairqueue.tasks.jobs import (
     TASK_KEY,
@@ -89,7 +90,7 @@ __all__ = [
 ]
 
 DEFAULT_TENANT_KWARG: Final = "tenant_id"
-OPTION_KEYS: Final = frozenset({"TENANT_KWARG", "JOB_TYPES", "ATTEMPTS", "DURABLE"})
+OPTION_KEYS: Final = frozenset({"TENANT_KWARG", "JOB_TYPES", "ATTEMPTS", "BACKOFF", "DURABLE"})
 #: Bytes of randomness in the job ids the backend gives its jobs (32 hex characters, as
 #: long as django-tasks' own ids).
 RESULT_ID_BYTES: Final = 16
@@ -142,6 +143,8 @@ class FairQueueBackend(BaseTaskBackend):
     ``FAIRQUEUE['QUEUES']`` job types (a queue name not in it is its own job type);
     ``ATTEMPTS`` (1..1000), BullMQ's ``attempts`` for every task job (default: BullMQ's,
     one attempt), so a task that raises is run again that many times in all;
+    ``BACKOFF``, BullMQ's ``backoff`` between those attempts (a delay in ms, or
+    ``{"type": "fixed" | "exponential", "delay": ms}``; default: retry at once);
     ``DURABLE`` (default ``False``): enqueue through fairqueue's outbox, in the caller's
     database transaction, so a rolled-back transaction leaves no job and a committed one
     never loses it (``enqueue_job(durable=True)``); the relay adds it after commit.
@@ -187,6 +190,10 @@ class FairQueueBackend(BaseTaskBackend):
                 f"{where}['ATTEMPTS']={attempts!r} is not allowed: expected None or an "
                 f"integer in 1..{MAX_ATTEMPTS}"
             )
+        try:
+            backoff = services.parse_backoff(options.get("BACKOFF"), argument=f"{where}['BACKOFF']")
+        except InvalidJobOptionError as exc:
+            raise ImproperlyConfigured(str(exc)) from None
         durable = options.get("DURABLE", False)
         if not isinstance(durable, bool):
             raise ImproperlyConfigured(
@@ -195,6 +202,7 @@ class FairQueueBackend(BaseTaskBackend):
         self.tenant_kwarg: str = tenant_kwarg
         self.job_types: dict[str, str] = dict(job_types)
         self.attempts: int | None = attempts
+        self.backoff: dict[str, Any] | None = backoff
         self.durable: bool = durable
 
     def __repr__(self) -> str:
@@ -269,6 +277,8 @@ class FairQueueBackend(BaseTaskBackend):
         }
         if self.attempts is not None:
             options["attempts"] = self.attempts
+        if self.backoff is not None:
+            options["backoff"] = self.backoff
         tenant = self._tenant(kwargs)
         if not isinstance(tenant, _Absent):
             options["tenant_id"] = tenant
