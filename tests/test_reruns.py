@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -15,6 +19,7 @@ from fairqueue import InvalidJobOptionError, enqueue_job, enqueue_jobs
 from fairqueue.broker import MAX_PRIORITY, TAG_FLOOR
 from fairqueue.rebalance.passes import rebalance_queue
 from tests.conftest import REDIS_URL
+from tests.helpers import wait_until
 from tests.test_rebalance import index_ids
 
 pytestmark = pytest.mark.django_db
@@ -197,3 +202,64 @@ def test_a_retry_after_backoff_does_not_jump_the_queue(fq_prefix, redis_client):
     own = [_rank(redis_client, fq_prefix, job_id) for job_id in ids[flow] if job_id != first]
     assert _rank(redis_client, fq_prefix, first) > max(r for r in own if r is not None)
     _assert_one_index_entry_per_waiting_job(redis_client, fq_prefix)
+
+
+# -- stalled jobs -------------------------------------------------------------------------
+
+#: A stock Python worker that takes one job, says so, and hangs in it (then is killed).
+HANGING_WORKER = """
+import asyncio, sys
+from bullmq import Worker
+
+async def main(url, prefix):
+    taken = asyncio.Event()
+    async def process(job, token):
+        print(job.id, flush=True)
+        await asyncio.sleep(3600)
+    worker = Worker("email", process, {"connection": url, "prefix": prefix,
+                    "concurrency": 1, "lockDuration": 1000, "autorun": False})
+    await worker.run()
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+def _kill_a_worker_mid_job(prefix: str) -> str:
+    worker = subprocess.Popen(  # noqa: S603
+        [sys.executable, "-c", HANGING_WORKER, REDIS_URL, prefix],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        job_id = worker.stdout.readline().strip()
+    finally:
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait(10)
+    return job_id
+
+
+def test_a_stalled_job_is_recovered_in_its_flows_turn_exactly_once(fq_prefix, redis_client):
+    ids = _enqueue_two_tenants(5)
+    stalled = _kill_a_worker_mid_job(fq_prefix)
+    assert redis_client.lrange(f"{fq_prefix}:email:active", 0, -1) == [stalled]
+    passes = []
+
+    def recovered() -> bool:
+        passes.append(rebalance_queue("email", rebalancer="reruns-test"))
+        return passes[-1].recovered > 0
+
+    # The pass's first check marks the job; once its lock (1 s) has expired, the next
+    # recovers it.
+    assert wait_until(recovered, timeout_s=15, interval_s=0.2)
+    assert sum(result.recovered for result in passes) == 1
+    assert redis_client.llen(f"{fq_prefix}:email:active") == 0
+    assert redis_client.llen(f"{fq_prefix}:email:wait") == 0
+    # Placed like a new arrival of its flow: not at the front where BullMQ puts it.
+    flow = "a" if stalled in ids["a"] else "b"
+    own = [_rank(redis_client, fq_prefix, job_id) for job_id in ids[flow] if job_id != stalled]
+    assert _rank(redis_client, fq_prefix, stalled) > max(r for r in own if r is not None)
+    assert int(redis_client.hget(f"{fq_prefix}:email:{stalled}", "stc")) == 1
+    _assert_one_index_entry_per_waiting_job(redis_client, fq_prefix)
+    # ...and it runs exactly once more, with every other job.
+    taken = asyncio.run(_run_stock_worker(fq_prefix, 10, fail=set()))
+    assert sorted(taken) == sorted(ids["a"] + ids["b"])

@@ -5,6 +5,7 @@ queue as the dashboard and the demo read it."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +19,7 @@ from fairqueue.broker.common import (
     parse_job_data,
 )
 from fairqueue.broker.connection import BrokerPart, Connection
-from fairqueue.broker.scripts import adopt_page_script, plain_script
+from fairqueue.broker.scripts import adopt_page_script, plain_script, stalled_page_script
 
 _SCORE_BASE = 1 << 32
 
@@ -61,6 +62,15 @@ class AdoptedPage:
     #: Parked jobs still without room (the tag band is full until a rebase).
     parked: int
     examined: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveredStalled:
+    """What one stalled-job check recovered into the fair order (``aged``: of those,
+    already past the wait bound, placed at their flow's next turn)."""
+
+    recovered: int
+    aged: int
 
 
 @dataclass(slots=True)
@@ -134,6 +144,49 @@ class PassStore(BrokerPart):
         if status < 0:
             raise LockLostError(queue)
         return AdoptedPage(adopted=adopted, aged=aged, parked=parked, examined=examined)
+
+    async def recover_stalled(
+        self,
+        queue: str,
+        *,
+        lock_key: str,
+        token: str,
+        lock_ttl_ms: int,
+        max_wait_ms: int,
+        max_payload_bytes: int,
+        max_stalled_count: int,
+        check_ms: int,
+    ) -> RecoveredStalled:
+        """Run BullMQ's own stalled-job check (jobs whose worker died: marked by the last
+        check and still without a lock) and place what it recovers in the fair order in
+        the same step, before a worker could take it from the front of the wait list.
+
+        Raises:
+            LockLostError: another rebalancer holds the lock; nothing was written.
+        """
+        bullmq = ("stalled", "wait", "active", "stalled-check", "meta", "paused", "marker")
+        keys = [self.conn.key(queue, name) for name in (*bullmq, "events", "repeat")]
+        keys += [self.conn.key(queue, "prioritized"), *fair_keys(self.conn.prefix, queue)]
+        script = self.conn.script(stalled_page_script())
+        reply = await self.conn.guard(
+            script(
+                keys=[*keys, lock_key],
+                args=[
+                    max_stalled_count,
+                    self.conn.key(queue, ""),
+                    int(time.time() * 1000),
+                    check_ms,
+                    token,
+                    lock_ttl_ms,
+                    max_wait_ms,
+                    max_payload_bytes,
+                ],
+            )
+        )
+        status, recovered, aged = (int(value) for value in reply)
+        if status < 0:
+            raise LockLostError(queue)
+        return RecoveredStalled(recovered=recovered, aged=aged)
 
     async def walk_index_page(
         self,

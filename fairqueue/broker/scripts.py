@@ -90,6 +90,13 @@ def adopt_page_script() -> Script:
 
 
 @cache
+def stalled_page_script() -> Script:
+    """The pass: recovers stalled jobs into the fair order (wraps
+    ``moveStalledJobsToWait``)."""
+    return _wrapping("stalled_page", "moveStalledJobsToWait-9.lua")
+
+
+@cache
 def plain_script(name: str) -> Script:
     """One of fairqueue's own scripts (``index_walk``, ``rebase_page``, ``lock_acquire``,
     ``lock_release``, ``dashboard_page``, ``dashboard_scan``, ``history_record``)."""

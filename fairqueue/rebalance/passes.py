@@ -83,8 +83,13 @@ REBASE_PAGES: Final = 40
 HISTORY_PAGE_SIZE: Final = 250
 HISTORY_PAGES: Final = 48
 #: What a pass did, as counts: recorded for the dashboard, which shows them.
-PASS_COUNTS: Final = ("adopted", "aged", "parked", "overdue", "cleaned", "rebased")
+PASS_COUNTS: Final = ("adopted", "recovered", "aged", "parked", "overdue", "cleaned", "rebased")
 LAST_RUN_RECORD: Final = "last_pass"
+#: BullMQ's defaults for the stalled-job check the pass runs (its workers' own
+#: ``maxStalledCount`` and ``stalledInterval``): a job that stalls more often than this
+#: is failed, and between two of the pass's checks workers skip theirs for this long.
+MAX_STALLED_COUNT: Final = 1
+STALLED_CHECK_MS: Final = 30_000
 
 #: Where each queue's sweep of the index stopped, per process: (prefix, queue) -> cursor.
 _sweep_cursors: dict[tuple[str, str], tuple[str, int]] = {}
@@ -97,6 +102,8 @@ class PassResult:
     job_type: str
     queue: str
     adopted: int = 0
+    #: Stalled jobs (their worker died) recovered into the fair order.
+    recovered: int = 0
     aged: int = 0
     parked: int = 0
     overdue: int = 0
@@ -237,6 +244,18 @@ async def arebalance_queue(
     pages = walk_pages(interval_ms or settings.rebalance_interval_ms)
     timed = _Timed(result)
     try:
+        if not dry_run:
+            stalled = await timed(
+                broker.passes.recover_stalled(
+                    queue,
+                    **fence,
+                    max_wait_ms=settings.max_wait_ms,
+                    max_payload_bytes=settings.max_payload_bytes,
+                    max_stalled_count=MAX_STALLED_COUNT,
+                    check_ms=STALLED_CHECK_MS,
+                )
+            )
+            result.recovered, result.aged = stalled.recovered, stalled.aged
         for _ in range(ADOPT_PAGES):
             page = await timed(
                 broker.passes.adopt_page(

@@ -21,4 +21,5 @@
 ]]
 --- @include fair_clock
 --- @include lock_fence
+--- @include rerun_meta
 local function fqBullmqChange()

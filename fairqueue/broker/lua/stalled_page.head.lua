@@ -1,0 +1,24 @@
+--[[
+  Recover stalled jobs and place them in the fair order, in one step. BullMQ's own
+  moveStalledJobsToWait (the check every worker runs every stalledInterval) puts a job
+  whose worker died back on the wait list, at the end workers take from next: ahead of
+  every flow's turn. Run here, by the leader, more often than workers run it (its gate
+  key is taken over for each call), each job it recovers is taken off the wait list in
+  the same script, before any worker can take it, and placed like a new arrival of its
+  flow (at its flow's next turn if its first wait is past the bound), its index entry
+  kept. A job BullMQ failed for stalling too often stays on the wait list, marked: a
+  worker fails it when it takes it, as BullMQ does.
+
+  KEYS[1..9]   moveStalledJobsToWait's: stalled, wait, active, stalled-check, meta,
+               paused, marker, events, repeat
+  KEYS[10..14] fairqueue's: prioritized, state, flows, fweights, ready
+  KEYS[15]     fq:jobs  KEYS[16] the leader lock
+  ARGV[1..4]   moveStalledJobsToWait's: max stalled count, job key prefix, timestamp,
+               the gate's time (ms)
+  ARGV[5..8]   token, lock ttl ms, wait bound ms, payload cap bytes
+  Returns {status (1 ok, -1 lock lost), recovered, aged}.
+]]
+--- @include fair_clock
+--- @include lock_fence
+--- @include rerun_meta
+local function fqBullmqStalled()

@@ -1,0 +1,36 @@
+end
+local fqPrefix, fqToken, fqTtl = ARGV[2], ARGV[5], ARGV[6]
+local fqBound, fqMaxPayload = tonumber(ARGV[7]), tonumber(ARGV[8])
+if not fqHoldLock(KEYS[16], fqToken, fqTtl) then return {-1, 0, 0} end
+local fqK = {prioritized = KEYS[10], state = KEYS[11], flows = KEYS[12], fweights = KEYS[13],
+  ready = KEYS[14], jobs = KEYS[15]}
+redis.call('DEL', KEYS[4]) -- the check's gate: the leader checks at its own pace
+local stalled = fqBullmqStalled()
+local recovered, aged = 0, 0
+if #stalled == 0 then return {1, 0, 0} end
+local fqNow = fqNowMs()
+local fqC = fqClock(fqK)
+for _, jobId in ipairs(stalled) do
+  -- Only what BullMQ just put on the wait list (not a paused queue's list), and not a job
+  -- it marked to fail: the worker that takes it fails it.
+  local doomed = redis.call('HEXISTS', fqPrefix .. jobId, 'defa') == 1
+  if not doomed and redis.call('LREM', KEYS[2], -1, jobId) == 1 then
+    local level, tenant, weight, ready = fqForeign(fqK, fqPrefix, jobId, fqNow, fqMaxPayload)
+    if level then
+      local overdue = fqNow - ready > fqBound
+      local score = fqPlace(fqK, fqC, level, tenant, weight, overdue)
+      -- As changePriority would: the hash at the cap, the job in the prioritized set (the
+      -- wait list's move already set BullMQ's marker for the workers).
+      redis.call('HSET', fqPrefix .. jobId, 'priority', fqCap)
+      redis.call('ZADD', fqK.prioritized, string.format('%.17g',
+        score or (fqCap * fqScore)), jobId)
+      fqPlaced(fqK, fqC, score)
+      fqIndexOnce(fqK, jobId, ready)
+      recovered = recovered + 1
+      if overdue then aged = aged + 1 end
+    else
+      redis.call('RPUSH', KEYS[2], jobId) -- gone meanwhile: leave it as BullMQ put it
+    end
+  end
+end
+return {1, recovered, aged}
