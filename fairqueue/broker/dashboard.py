@@ -172,7 +172,13 @@ class DashboardReads(BrokerPart):
                 name=name or "",
                 data=parse_job_data(data),
                 timestamp_ms=_int_or(timestamp, None),
-                priority=_int_or(priority, 0) or 0,
+                # Waiting, its place is its score (the hash keeps the cap, where BullMQ
+                # re-adds a job that runs again).
+                priority=(
+                    int(float(replies[1])) // _SCORE_BASE
+                    if state == "prioritized"
+                    else _int_or(priority, 0) or 0
+                ),
                 attempts_made=_int_or(attempts_made, 0) or 0,
                 in_wait_list=state == "waiting",
                 requested_priority=requested if type(requested) is int else None,
