@@ -13,7 +13,7 @@ from django.http import JsonResponse
 from django.urls import path
 
 from fairqueue import conf
-from fairqueue.broker import RESERVED_JOB_IDS, TAG_FLOOR, close_brokers
+from fairqueue.broker import MAX_PRIORITY, RESERVED_JOB_IDS, TAG_FLOOR, close_brokers
 from fairqueue.demo import free_port
 from fairqueue.enqueue import priority
 from fairqueue.enqueue.api import aenqueue_job, enqueue_job, enqueue_jobs, enqueue_on_commit
@@ -82,8 +82,9 @@ def test_done_when__plans_internal_and_override_round_trip_through_redis(
         stored = job_hash(redis_client, fq_prefix, job.job_id)
         data = json.loads(stored["data"])
         assert data == {"to": "someone", "tenantId": tenant, "priorityLevel": level}
-        assert int(stored["priority"]) >= TAG_FLOOR  # placed by tag, never 0
-        assert int(stored["priority"]) == job.bullmq_priority
+        score = redis_client.zscore(f"{fq_prefix}:email:prioritized", job.job_id)
+        assert int(score) // 2**32 == job.bullmq_priority >= TAG_FLOOR  # placed by tag
+        assert int(stored["priority"]) == MAX_PRIORITY  # where BullMQ re-adds a re-run
         enqueued.append(job)
 
     audits = list(PriorityOverrideAudit.objects.all())
