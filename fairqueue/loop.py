@@ -42,8 +42,9 @@ STOP_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM)
 #: How long a second signal waits for its log line to be written before exiting.
 _LAST_WORDS_S: Final = 1.0
 
-#: Lines a ``signal.signal`` handler leaves for the reporter thread (None: stop).
-_Reporter = queue.SimpleQueue[tuple[str, threading.Event] | None]
+#: What a ``signal.signal`` handler leaves for the reporter thread: a line to log, what
+#: to do next, an event set when both are done (None: the reporter ends).
+_Reporter = queue.SimpleQueue[tuple[str, Callable[[], None] | None, threading.Event] | None]
 
 
 def backoff_ms(interval_ms: int, failures: int) -> int:
@@ -133,7 +134,12 @@ class GracefulStop:
 
     ``finishing`` ends the first signal's line ("SIGTERM: stopping <finishing>"),
     ``forced`` the second's ("SIGTERM again: exiting now<forced>"). ``on_request`` wakes
-    the loop; it must be safe to call from a signal handler.
+    the loop (from any thread).
+
+    Under ``signal.signal`` (:meth:`install`) the handler only sets a flag and hands the
+    rest to a reporter thread: it runs in the main thread between two bytecodes, maybe
+    inside a write to the stream it would log to ("reentrant call") or holding the lock
+    of the event it would set (a deadlock).
     """
 
     def __init__(
@@ -152,35 +158,39 @@ class GracefulStop:
         self._reporter: _Reporter | None = None
 
     def request(self) -> None:
-        """Stop after the work in flight. Safe from any thread and from signal handlers."""
+        """Stop after the work in flight. Safe from any thread (not from a
+        ``signal.signal`` handler: :meth:`on_signal` is that)."""
         self.requested = True
         self._on_request()
 
     def on_signal(self, signum: int, frame: Any = None) -> None:
         name = signal.Signals(signum).name
         if self.requested:
-            self._say(f"{name} again: exiting now{self.forced}", wait=True)
+            self._act(f"{name} again: exiting now{self.forced}", None, wait=True)
             for stream in (sys.stdout, sys.stderr):
                 try:
                     stream.flush()
                 except (OSError, RuntimeError, ValueError):
                     pass  # a reentrant or closed stream: exit all the same
             os._exit(128 + signum)
-        self._say(f"{name}: stopping {self.finishing} (send it again to exit now)")
-        self.request()
+        self.requested = True
+        self._act(
+            f"{name}: stopping {self.finishing} (send it again to exit now)", self._on_request
+        )
 
-    def _say(self, message: str, *, wait: bool = False) -> None:
-        """Log ``message``. In a ``signal.signal`` handler the reporter thread writes it:
-        the handler may have interrupted this very thread inside a write to the same
-        stream, where writing again raises ("reentrant call")."""
+    def _act(self, message: str, then: Callable[[], None] | None, *, wait: bool = False) -> None:
+        """Log ``message``, then call ``then``: here on an asyncio loop, on the reporter
+        thread under ``signal.signal`` (``wait``: until it is done, a second at most)."""
         reporter = self._reporter
         if reporter is None:
             self.logger.warning("%s", message)
+            if then is not None:
+                then()
             return
-        written = threading.Event()
-        reporter.put((message, written))  # SimpleQueue.put is reentrant
+        done = threading.Event()
+        reporter.put((message, then, done))  # SimpleQueue.put is reentrant
         if wait:
-            written.wait(_LAST_WORDS_S)
+            done.wait(_LAST_WORDS_S)
 
     def install(self) -> Callable[[], None]:
         """Take SIGINT/SIGTERM with ``signal.signal`` (main thread only; elsewhere this
@@ -230,11 +240,13 @@ class GracefulStop:
 
     def _report(self, reporter: _Reporter) -> None:
         while (item := reporter.get()) is not None:
-            message, written = item
+            message, then, done = item
             try:
                 self.logger.warning("%s", message)
+                if then is not None:
+                    then()
             finally:
-                written.set()
+                done.set()
 
 
 class Loop:
@@ -297,7 +309,8 @@ class Loop:
 
     @property
     def stopping(self) -> bool:
-        return self._stop.is_set()
+        # The flag is set in the signal handler itself, the event a moment later.
+        return self.graceful.requested or self._stop.is_set()
 
     def request_stop(self) -> None:
         """Stop after the round in flight. Safe from any thread."""
@@ -319,9 +332,9 @@ class Loop:
                 self.logger.info("%s", line)
             if not once:
                 self._stop.wait(startup_delay_s(self.interval_ms))
-            while not self._stop.is_set():
+            while not self.stopping:
                 result, pause = self._round()
-                if once or self._stop.is_set():
+                if once or self.stopping:
                     break
                 self.wait(pause)
         finally:

@@ -27,6 +27,8 @@ from fairqueue.loop import MAX_BACKOFF_MS, Loop, backoff_ms, startup_delay_s
 from fairqueue.management.base import command_logging
 
 ROOT = Path(__file__).resolve().parent.parent
+# Every round closes stale database connections: the loops may touch the database.
+pytestmark = pytest.mark.django_db
 
 
 def unavailable() -> BrokerUnavailableError:
