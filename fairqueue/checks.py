@@ -1,53 +1,173 @@
 """System checks: report bad fairqueue settings under ``manage.py check``.
 
 The same validation raises ``ImproperlyConfigured`` when a process first uses the
-settings; the check lets ``manage.py check`` (and CI) say so before anything runs.
+settings; the check lets ``manage.py check`` (and CI) say so before anything runs, and
+reports every problem at once, each under its own id (ids are stable: scripts and
+``SILENCED_SYSTEM_CHECKS`` name them). The message is the one first use raises.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any, Final
 
-from django.core.checks import Error, Tags, Warning, register
-from django.core.exceptions import ImproperlyConfigured
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from redis.crc import key_slot
 
 from fairqueue import conf
+from fairqueue.conf import Problem
 from fairqueue.redis_target import hash_tag, queue_hash_tag
 
+#: The id of an unexpected exception while checking (a bug, or a very odd FAIRQUEUE).
+UNEXPECTED_ERROR_ID: Final = "fairqueue.E019"
+
+Check = Callable[..., list[CheckMessage]]
+
+
+def _sources(key: str) -> str:
+    """Where ``key`` is set: its environment variable (which wins) and the setting."""
+    setting = f"FAIRQUEUE[{key!r}]"
+    env_var = conf.ENV_VARS.get(key)
+    return f"{env_var} or {setting} (the variable wins)" if env_var else setting
+
+
+def _int_hint(key: str, unit: str) -> str:
+    low, high = conf.INT_RANGES[key]
+    digits = " (ASCII digits in the variable)" if key in conf.ENV_VARS else ""
+    return (
+        f"Set {_sources(key)} to a number of {unit} in {low}..{high}{digits}, or remove it "
+        f"for the default {conf.DEFAULTS[key]}."
+    )
+
+
+def _retention_hint(key: str) -> str:
+    count, age = (conf.RETENTION_RANGES[field] for field in ("count", "age"))
+    env_count, env_age = (conf.RETENTION_ENV_VARS[(key, field)] for field in ("count", "age"))
+    return (
+        f"Set FAIRQUEUE[{key!r}] to None (keep every job), a count of jobs in "
+        f"{count[0]}..{count[1]}, or a dict with 'count' and/or 'age' (seconds in "
+        f"{age[0]}..{age[1]}); {env_count} and {env_age} override one field each."
+    )
+
+
+#: Problem -> (check id, hint). Ids follow DEFAULTS' order, then the problems no single
+#: key owns; fairqueue's ids share one number space (E010 is the tasks backend's check,
+#: W011 the cluster-slot warning below), a new problem takes the next free number and
+#: no number is ever reused.
+SETTING_CHECKS: Final[Mapping[Problem, tuple[str, str]]] = MappingProxyType(
+    {
+        Problem.MAX_WAIT_MS: ("fairqueue.E001", _int_hint("MAX_WAIT_MS", "milliseconds")),
+        Problem.REBALANCE_INTERVAL_MS: (
+            "fairqueue.E002",
+            _int_hint("REBALANCE_INTERVAL_MS", "milliseconds"),
+        ),
+        Problem.PRIORITY_ENABLED: (
+            "fairqueue.E003",
+            f"Set {_sources('PRIORITY_ENABLED')} to true or false (or 1/0, yes/no, on/off), "
+            "or remove it for the default True.",
+        ),
+        Problem.REDIS: (
+            "fairqueue.E004",
+            "Fix the part the message names in FAIRQUEUE_REDIS_URL (it wins), "
+            "FAIRQUEUE['REDIS'] or FAIRQUEUE['REDIS_URL']: a redis://host:port/db URL "
+            "(or rediss://, unix://), a redis+sentinel:// or redis+cluster:// URL, or a dict "
+            "with 'url', 'sentinel' (and 'service') or 'cluster'.",
+        ),
+        Problem.PREFIX: (
+            "fairqueue.E005",
+            f"Set {_sources('PREFIX')} to the BullMQ key prefix your workers use, a non-empty "
+            "string without ':', or remove it for BullMQ's default 'bull'.",
+        ),
+        Problem.QUEUES: (
+            "fairqueue.E006",
+            "Map each job type to its BullMQ queue name, both non-empty strings of at most "
+            f"{conf.MAX_QUEUE_NAME_LENGTH} characters without ':', e.g. "
+            "FAIRQUEUE['QUEUES'] = {'email': 'email'}.",
+        ),
+        Problem.REBALANCE_WINDOW: ("fairqueue.E007", _int_hint("REBALANCE_WINDOW", "jobs")),
+        Problem.CACHE_ALIAS: (
+            "fairqueue.E008",
+            "Set FAIRQUEUE['CACHE_ALIAS'] to the alias of a cache in CACHES (a non-empty "
+            "string without ':'), or remove it for 'default'.",
+        ),
+        Problem.PLAN_CACHE_TIMEOUT: (
+            "fairqueue.E009",
+            _int_hint("PLAN_CACHE_TIMEOUT", "seconds"),
+        ),
+        Problem.MAX_PAYLOAD_BYTES: ("fairqueue.E012", _int_hint("MAX_PAYLOAD_BYTES", "bytes")),
+        Problem.KEEP_COMPLETED: ("fairqueue.E013", _retention_hint("KEEP_COMPLETED")),
+        Problem.KEEP_FAILED: ("fairqueue.E014", _retention_hint("KEEP_FAILED")),
+        Problem.REDIS_AND_REDIS_URL: (
+            "fairqueue.E015",
+            "Keep FAIRQUEUE['REDIS'] and remove FAIRQUEUE['REDIS_URL'] (REDIS takes the same "
+            "URLs).",
+        ),
+        Problem.CLUSTER_QUEUE_WITHOUT_HASH_TAG: (
+            "fairqueue.E016",
+            "Name every queue with a hash tag, e.g. FAIRQUEUE['QUEUES'] = {'email': '{email}'}, "
+            "and give workers the same queue name.",
+        ),
+        Problem.FAIRQUEUE_NOT_A_DICT: (
+            "fairqueue.E017",
+            "Set FAIRQUEUE to a dict of fairqueue settings, e.g. FAIRQUEUE = {'QUEUES': "
+            "{'email': 'email'}}, or remove it for the defaults.",
+        ),
+        Problem.UNKNOWN_KEYS: (
+            "fairqueue.E018",
+            "Remove the unknown keys from FAIRQUEUE or correct their spelling.",
+        ),
+    }
+)
+
+
+def _unexpected(exc: Exception) -> Error:
+    # The type only: the exception's text may quote a setting, and settings hold passwords.
+    return Error(
+        f"fairqueue settings could not be checked: {type(exc).__name__} was raised while "
+        "reading them",
+        hint="Call fairqueue.conf.load_settings() in `manage.py shell` for the traceback; "
+        "check FAIRQUEUE and the QUEUE_FAIR_*, JOB_PRIORITY_ENABLED and FAIRQUEUE_* "
+        "environment variables.",
+        id=UNEXPECTED_ERROR_ID,
+    )
+
+
+def _never_crashes(check: Check) -> Check:
+    """A check reports; it never turns `manage.py check` into a traceback."""
+
+    @functools.wraps(check)
+    def guarded(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+        try:
+            return check(app_configs, **kwargs)
+        except Exception as exc:
+            return [_unexpected(exc)]
+
+    return guarded
+
 
 @register(Tags.compatibility)
-def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
-    """fairqueue.E001: a setting or environment variable is out of range or malformed."""
-    try:
-        conf.load_settings()
-    except ImproperlyConfigured as exc:
-        return [
-            Error(
-                str(exc),
-                hint="Fix the environment variable or the FAIRQUEUE setting it names.",
-                id="fairqueue.E001",
-            )
-        ]
-    except Exception as exc:  # a check reports, it never crashes `manage.py check`
-        return [
-            Error(
-                f"fairqueue settings could not be read ({type(exc).__name__})",
-                hint="Check the FAIRQUEUE setting and the QUEUE_FAIR_*/FAIRQUEUE_* variables.",
-                id="fairqueue.E001",
-            )
-        ]
-    return []
+@_never_crashes
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """fairqueue.E001..E009 and E012..E018: every bad setting or environment variable,
+    one message per problem (see SETTING_CHECKS); E019 if reading them fails unexpectedly."""
+    messages: list[CheckMessage] = []
+    for error in conf.setting_errors():
+        check_id, hint = SETTING_CHECKS[error.problem]
+        messages.append(Error(str(error), hint=hint, id=check_id))
+    return messages
 
 
 @register(Tags.compatibility)
-def check_cluster_slots(app_configs: Any = None, **kwargs: Any) -> list[Warning]:
+@_never_crashes
+def check_cluster_slots(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """fairqueue.W011: on a Redis Cluster, queues that share a slot share a master, so
     they cannot spread over the cluster (the prefix carries the hash tag, or two queues'
     tags hash alike). Correct either way, only not scaled out."""
     try:
         settings = conf.load_settings()
-    except ImproperlyConfigured:
+    except Exception:
         return []  # check_settings reports it
     if settings.redis.kind != "cluster":
         return []

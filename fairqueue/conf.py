@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from functools import cache
 from types import MappingProxyType
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
@@ -29,12 +30,16 @@ from fairqueue.redis_target import RedisTarget, parse_redis_target, queue_hash_t
 __all__ = [
     "DEFAULTS",
     "ENV_VARS",
+    "INT_RANGES",
     "FairqueueSettings",
+    "Problem",
     "RedisTarget",
+    "SettingError",
     "get_settings",
     "load_settings",
     "redis_location",
     "reload_settings",
+    "setting_errors",
 ]
 
 DEFAULTS: Final[Mapping[str, Any]] = MappingProxyType(
@@ -78,7 +83,8 @@ ENV_VARS: Final[Mapping[str, str]] = MappingProxyType(
     }
 )
 
-_INT_RANGES: Final[Mapping[str, tuple[int, int]]] = MappingProxyType(
+#: Allowed values of the integer settings (inclusive).
+INT_RANGES: Final[Mapping[str, tuple[int, int]]] = MappingProxyType(
     {
         "MAX_WAIT_MS": (1, 86_400_000),
         "REBALANCE_INTERVAL_MS": (1, 3_600_000),
@@ -108,6 +114,41 @@ _ASCII_INT = re.compile(r"[0-9]{1,12}")
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 MAX_QUEUE_NAME_LENGTH: Final = 200
+_T = TypeVar("_T")
+
+
+class Problem(StrEnum):
+    """What a :class:`SettingError` is about: one setting (a ``FAIRQUEUE`` key and the
+    environment variable that overrides it) or a problem no single key owns. The system
+    check gives each its own id, so these names only grow."""
+
+    MAX_WAIT_MS = "MAX_WAIT_MS"
+    REBALANCE_INTERVAL_MS = "REBALANCE_INTERVAL_MS"
+    PRIORITY_ENABLED = "PRIORITY_ENABLED"
+    #: FAIRQUEUE_REDIS_URL, FAIRQUEUE['REDIS'] or FAIRQUEUE['REDIS_URL']: one location.
+    REDIS = "REDIS"
+    PREFIX = "PREFIX"
+    QUEUES = "QUEUES"
+    REBALANCE_WINDOW = "REBALANCE_WINDOW"
+    CACHE_ALIAS = "CACHE_ALIAS"
+    PLAN_CACHE_TIMEOUT = "PLAN_CACHE_TIMEOUT"
+    MAX_PAYLOAD_BYTES = "MAX_PAYLOAD_BYTES"
+    KEEP_COMPLETED = "KEEP_COMPLETED"
+    KEEP_FAILED = "KEEP_FAILED"
+    REDIS_AND_REDIS_URL = "REDIS_AND_REDIS_URL"
+    CLUSTER_QUEUE_WITHOUT_HASH_TAG = "CLUSTER_QUEUE_WITHOUT_HASH_TAG"
+    FAIRQUEUE_NOT_A_DICT = "FAIRQUEUE_NOT_A_DICT"
+    UNKNOWN_KEYS = "UNKNOWN_KEYS"
+
+
+class SettingError(ImproperlyConfigured):
+    """A bad setting or environment variable, tagged with its :class:`Problem` so the
+    system check can report each problem under its own id with the very message that
+    first use raises."""
+
+    def __init__(self, problem: Problem, message: str) -> None:
+        super().__init__(message)
+        self.problem = problem
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,17 +220,30 @@ def _source_name(key: str, from_env: bool) -> str:
     return ENV_VARS[key] if from_env else f"FAIRQUEUE[{key!r}]"
 
 
-def _raw_values() -> tuple[dict[str, Any], set[str]]:
+def _user_settings(errors: list[SettingError]) -> Mapping[str, Any]:
+    """``settings.FAIRQUEUE``'s known keys; a non-dict or unknown keys are recorded in
+    ``errors`` and the rest is still read, so one check run reports every problem."""
     user = getattr(django_settings, "FAIRQUEUE", {}) or {}
     if not isinstance(user, Mapping):
-        raise ImproperlyConfigured(
-            f"FAIRQUEUE={user!r} is not allowed: expected a dict of fairqueue settings"
+        errors.append(
+            SettingError(
+                Problem.FAIRQUEUE_NOT_A_DICT,
+                f"FAIRQUEUE={user!r} is not allowed: expected a dict of fairqueue settings",
+            )
         )
+        return {}
     unknown = sorted(set(user) - set(DEFAULTS))
     if unknown:
-        raise ImproperlyConfigured(
-            f"FAIRQUEUE has unknown keys {unknown}: allowed keys are {sorted(DEFAULTS)}"
+        errors.append(
+            SettingError(
+                Problem.UNKNOWN_KEYS,
+                f"FAIRQUEUE has unknown keys {unknown}: allowed keys are {sorted(DEFAULTS)}",
+            )
         )
+    return {key: value for key, value in user.items() if key in DEFAULTS}
+
+
+def _raw_values(user: Mapping[str, Any]) -> tuple[dict[str, Any], set[str]]:
     values = {**DEFAULTS, **user}
     from_env: set[str] = set()
     for key, env_var in ENV_VARS.items():
@@ -224,7 +278,7 @@ def _int_in(name: str, value: Any, low: int, high: int) -> int:
 
 
 def _parse_int(key: str, value: Any, from_env: bool) -> int:
-    low, high = _INT_RANGES[key]
+    low, high = INT_RANGES[key]
     return _int_in(_source_name(key, from_env), value, low, high)
 
 
@@ -268,16 +322,22 @@ def _parse_bool(key: str, value: Any, from_env: bool) -> bool:
     )
 
 
-def _parse_redis(values: Mapping[str, Any], user: Mapping[str, Any], from_env: bool) -> RedisTarget:
+def _check_one_redis_setting(
+    values: Mapping[str, Any], user: Mapping[str, Any], from_env: bool
+) -> None:
+    """Two places for one location are a mistake waiting to happen (which one wins?),
+    unless the environment variable overrides both."""
+    if not from_env and values["REDIS"] is not None and "REDIS_URL" in user:
+        raise ImproperlyConfigured(
+            "FAIRQUEUE sets both 'REDIS' and 'REDIS_URL': set only one ('REDIS' takes a URL too)"
+        )
+
+
+def _parse_redis(values: Mapping[str, Any], from_env: bool) -> RedisTarget:
     """FAIRQUEUE_REDIS_URL, else FAIRQUEUE['REDIS'], else FAIRQUEUE['REDIS_URL']."""
     if from_env:
         return parse_redis_target(values["REDIS_URL"], ENV_VARS["REDIS_URL"])
     if values["REDIS"] is not None:
-        if "REDIS_URL" in user:
-            raise ImproperlyConfigured(
-                "FAIRQUEUE sets both 'REDIS' and 'REDIS_URL': set only one ('REDIS' takes "
-                "a URL too)"
-            )
         return parse_redis_target(values["REDIS"], "FAIRQUEUE['REDIS']")
     return parse_redis_target(values["REDIS_URL"], "FAIRQUEUE['REDIS_URL']")
 
@@ -328,39 +388,77 @@ def _parse_str(key: str, value: Any, from_env: bool = False) -> str:
     return value
 
 
-def load_settings() -> FairqueueSettings:
-    """Read and validate settings without caching (used by the system check)."""
-    values, from_env = _raw_values()
-    user = getattr(django_settings, "FAIRQUEUE", {}) or {}
-    redis = _parse_redis(values, user, "REDIS_URL" in from_env)
-    prefix = _parse_str("PREFIX", values["PREFIX"], "PREFIX" in from_env)
-    queues = _parse_queues(values["QUEUES"])
-    _check_cluster_queues(redis, prefix, queues)
-    return FairqueueSettings(
-        max_wait_ms=_parse_int("MAX_WAIT_MS", values["MAX_WAIT_MS"], "MAX_WAIT_MS" in from_env),
-        rebalance_interval_ms=_parse_int(
-            "REBALANCE_INTERVAL_MS",
-            values["REBALANCE_INTERVAL_MS"],
-            "REBALANCE_INTERVAL_MS" in from_env,
+def _validate() -> tuple[FairqueueSettings | None, list[SettingError]]:
+    """The settings, or ``None`` and every problem found, in the order first use reports
+    them (the first one is what ``load_settings`` raises)."""
+    errors: list[SettingError] = []
+    user = _user_settings(errors)
+    values, from_env = _raw_values(user)
+
+    def read(problem: Problem, parse: Callable[..., _T], *args: Any) -> _T | None:
+        """``parse(*args)``, or ``None`` with its error recorded as ``problem``, so the
+        next setting is still checked."""
+        try:
+            return parse(*args)
+        except ImproperlyConfigured as exc:
+            errors.append(SettingError(problem, str(exc)))
+            return None
+
+    def number(key: str) -> int | None:
+        return read(Problem(key), _parse_int, key, values[key], key in from_env)
+
+    redis_from_env = "REDIS_URL" in from_env
+    read(Problem.REDIS_AND_REDIS_URL, _check_one_redis_setting, values, user, redis_from_env)
+    redis = read(Problem.REDIS, _parse_redis, values, redis_from_env)
+    prefix = read(Problem.PREFIX, _parse_str, "PREFIX", values["PREFIX"], "PREFIX" in from_env)
+    queues = read(Problem.QUEUES, _parse_queues, values["QUEUES"])
+    if redis is not None and prefix is not None and queues is not None:
+        read(Problem.CLUSTER_QUEUE_WITHOUT_HASH_TAG, _check_cluster_queues, redis, prefix, queues)
+    fields = {
+        "max_wait_ms": number("MAX_WAIT_MS"),
+        "rebalance_interval_ms": number("REBALANCE_INTERVAL_MS"),
+        "priority_enabled": read(
+            Problem.PRIORITY_ENABLED,
+            _parse_bool,
+            "PRIORITY_ENABLED",
+            values["PRIORITY_ENABLED"],
+            "PRIORITY_ENABLED" in from_env,
         ),
-        priority_enabled=_parse_bool(
-            "PRIORITY_ENABLED", values["PRIORITY_ENABLED"], "PRIORITY_ENABLED" in from_env
+        "rebalance_window": number("REBALANCE_WINDOW"),
+        "cache_alias": read(Problem.CACHE_ALIAS, _parse_str, "CACHE_ALIAS", values["CACHE_ALIAS"]),
+        "plan_cache_timeout": number("PLAN_CACHE_TIMEOUT"),
+        "max_payload_bytes": number("MAX_PAYLOAD_BYTES"),
+        "keep_completed": read(
+            Problem.KEEP_COMPLETED, _parse_retention, "KEEP_COMPLETED", values["KEEP_COMPLETED"]
         ),
-        redis_url=redis.url,
-        prefix=prefix,
-        queues=queues,
-        rebalance_window=_parse_int(
-            "REBALANCE_WINDOW", values["REBALANCE_WINDOW"], "REBALANCE_WINDOW" in from_env
+        "keep_failed": read(
+            Problem.KEEP_FAILED, _parse_retention, "KEEP_FAILED", values["KEEP_FAILED"]
         ),
-        cache_alias=_parse_str("CACHE_ALIAS", values["CACHE_ALIAS"]),
-        plan_cache_timeout=_parse_int("PLAN_CACHE_TIMEOUT", values["PLAN_CACHE_TIMEOUT"], False),
-        max_payload_bytes=_parse_int(
-            "MAX_PAYLOAD_BYTES", values["MAX_PAYLOAD_BYTES"], "MAX_PAYLOAD_BYTES" in from_env
-        ),
-        redis=redis,
-        keep_completed=_parse_retention("KEEP_COMPLETED", values["KEEP_COMPLETED"]),
-        keep_failed=_parse_retention("KEEP_FAILED", values["KEEP_FAILED"]),
+    }
+    if errors or redis is None:
+        return None, errors
+    settings = FairqueueSettings(
+        **fields, redis_url=redis.url, prefix=prefix, queues=queues, redis=redis
     )
+    return settings, []
+
+
+def setting_errors() -> list[SettingError]:
+    """Every problem with the settings, not only the first (the system check reports
+    them all, each under its own id)."""
+    return _validate()[1]
+
+
+def load_settings() -> FairqueueSettings:
+    """Read and validate settings without caching.
+
+    Raises:
+        SettingError: the first problem found (an ``ImproperlyConfigured``).
+    """
+    settings, errors = _validate()
+    if settings is None:
+        raise errors[0]
+    return settings
 
 
 @cache

@@ -111,7 +111,7 @@ def test_check__cluster_queue_without_hash_tag_is_an_error_naming_the_queue():
     with override_settings(
         FAIRQUEUE={"REDIS": {"cluster": ["127.0.0.1:7001"]}, "QUEUES": {"email": "email"}}
     ):
-        errors = [e for e in run_checks() if e.id == "fairqueue.E001"]
+        errors = [e for e in run_checks() if e.id == "fairqueue.E016"]
         with pytest.raises(ImproperlyConfigured, match=r"queue name 'email'.*'\{email\}'"):
             conf.load_settings()
     assert len(errors) == 1 and "Redis Cluster" in errors[0].msg

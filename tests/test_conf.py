@@ -156,7 +156,7 @@ def test_max_payload_bytes__bad_setting_names_key_value_and_range(monkeypatch):
 
 def test_system_check__flags_out_of_range_max_payload_bytes(monkeypatch):
     monkeypatch.setenv("FAIRQUEUE_MAX_PAYLOAD_BYTES", "100")
-    errors = [e for e in run_checks() if e.id == "fairqueue.E001"]
+    errors = [e for e in run_checks() if e.id == "fairqueue.E012"]
     assert len(errors) == 1
     assert "FAIRQUEUE_MAX_PAYLOAD_BYTES='100'" in errors[0].msg
 
@@ -173,6 +173,17 @@ NUMERIC_ENV_VARS = [
     ("FAIRQUEUE_KEEP_FAILED_COUNT", "0..100000000"),
     ("FAIRQUEUE_KEEP_FAILED_AGE_S", "1..315360000"),
 ]
+#: The check id of each variable's problem (docs/checks.md).
+CHECK_IDS = {
+    "QUEUE_FAIR_MAX_WAIT_MS": "fairqueue.E001",
+    "QUEUE_FAIR_REBALANCE_INTERVAL_MS": "fairqueue.E002",
+    "QUEUE_FAIR_REBALANCE_WINDOW": "fairqueue.E007",
+    "FAIRQUEUE_MAX_PAYLOAD_BYTES": "fairqueue.E012",
+    "FAIRQUEUE_KEEP_COMPLETED_COUNT": "fairqueue.E013",
+    "FAIRQUEUE_KEEP_COMPLETED_AGE_S": "fairqueue.E013",
+    "FAIRQUEUE_KEEP_FAILED_COUNT": "fairqueue.E014",
+    "FAIRQUEUE_KEEP_FAILED_AGE_S": "fairqueue.E014",
+}
 BAD_NUMBERS = ["--5", "²", "٣", "", " ", "+5", "-5", "5.0", "1e3", "0x10", "5 5", "1" * 13]
 
 
@@ -193,7 +204,7 @@ def test_env_int__only_ascii_digits_named_error_and_check_reports_it(
         conf.get_settings()
     message = str(info.value)
     assert f"{var}={value.strip()!r} is not allowed" in message and allowed in message
-    errors = [e for e in run_checks() if e.id == "fairqueue.E001"]
+    errors = [e for e in run_checks() if e.id == CHECK_IDS[var]]
     assert len(errors) == 1 and var in errors[0].msg
 
 
@@ -255,13 +266,13 @@ def test_manage_py_check__bad_env_var_is_a_check_error_not_a_traceback():
 )
 def test_redis_url__check_names_the_setting_and_part_never_the_password(clean_env, url, part):
     clean_env.setenv("FAIRQUEUE_REDIS_URL", url)
-    errors = [e for e in run_checks() if e.id == "fairqueue.E001"]
+    errors = [e for e in run_checks() if e.id == "fairqueue.E004"]
     assert len(errors) == 1
     assert "FAIRQUEUE_REDIS_URL" in errors[0].msg and part in errors[0].msg
     assert "hunter2" not in errors[0].msg
     clean_env.delenv("FAIRQUEUE_REDIS_URL")
     with override_settings(FAIRQUEUE={"REDIS_URL": url}):
-        errors = [e for e in run_checks() if e.id == "fairqueue.E001"]
+        errors = [e for e in run_checks() if e.id == "fairqueue.E004"]
     assert len(errors) == 1 and "FAIRQUEUE['REDIS_URL']" in errors[0].msg
     assert "hunter2" not in errors[0].msg
 
@@ -279,7 +290,7 @@ def test_redis_url__check_names_the_setting_and_part_never_the_password(clean_en
 )
 def test_redis_url__good_urls_pass_check(clean_env, url):
     clean_env.setenv("FAIRQUEUE_REDIS_URL", url)
-    assert [e for e in run_checks() if e.id == "fairqueue.E001"] == []
+    assert [e for e in run_checks() if e.id == "fairqueue.E004"] == []
 
 
 # -- retention ---------------------------------------------------------------------------

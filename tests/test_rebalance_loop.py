@@ -1,5 +1,6 @@
 """The rebalance loop as operators run it: real processes, real Redis, failures."""
 
+import json
 import os
 import re
 import shutil
@@ -17,11 +18,11 @@ import redis as redis_lib
 from fairqueue import conf
 from fairqueue.broker import close_brokers
 from fairqueue.contrib.celery import rebalance_fair
-from fairqueue.demo import free_port
 from fairqueue.enqueue.api import enqueue_jobs
+from fairqueue.rebalance.loop import Rebalancer
 from fairqueue.rebalance.passes import rebalance_queue
 from tests.conftest import REDIS_URL
-from tests.helpers import wait_until
+from tests.helpers import free_port, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -58,6 +59,24 @@ def holder(redis_client, prefix):
     return redis_client.get(f"{prefix}:email:fq:leader")
 
 
+def next_passes(redis_client, prefix, count, timeout_s=30.0):
+    """The status records of the next ``count`` passes over ``email`` (each pass writes
+    one, stamped with its time), polled until they came or the deadline passed."""
+    key = f"{prefix}:email:fq:last_pass"
+    current = redis_client.get(key)
+    seen = {json.loads(current)["at_ms"]} if current else set()
+    records = []
+    deadline = time.monotonic() + timeout_s
+    while len(records) < count and time.monotonic() < deadline:
+        raw = redis_client.get(key)
+        if raw and (record := json.loads(raw))["at_ms"] not in seen:
+            seen.add(record["at_ms"])
+            records.append(record)
+        time.sleep(0.01)
+    assert len(records) >= count, f"{len(records)} of {count} passes in {timeout_s} s"
+    return records
+
+
 def test_leader_lock__one_writer_and_takeover_within_two_intervals(fq_prefix, redis_client):
     interval_ms = 400
     enqueue_jobs("email", [{} for _ in range(50)], priority_level="normal")
@@ -69,9 +88,8 @@ def test_leader_lock__one_writer_and_takeover_within_two_intervals(fq_prefix, re
         leader_pid = int(leader.split(":")[1])
         assert leader_pid in (first.pid, second.pid)
         assert wait_until(lambda: redis_client.get(f"{fq_prefix}:email:fq:last_pass"), 10)
-        for _ in range(3):  # only the leader's passes are recorded
-            time.sleep(interval_ms / 1000)
-            assert f'"by": "{leader}"' in redis_client.get(f"{fq_prefix}:email:fq:last_pass")
+        # Only the leader's passes are recorded.
+        assert [p["by"] for p in next_passes(redis_client, fq_prefix, 3)] == [leader] * 3
         dead, survivor = (first, second) if leader_pid == first.pid else (second, first)
         dead.kill()
         dead.wait()
@@ -135,13 +153,25 @@ def test_no_job_lost_or_duplicated__10000_jobs_two_rebalancers_four_workers(
             expected += [job.job_id for job in jobs]
             time.sleep(0.01)
         assert wait_until(lambda: redis_client.llen(f"{fq_prefix}:processed") >= 10_000, 120)
-        time.sleep(0.5)  # would a duplicate still arrive?
+        # Nothing left to run (a job leaves ``active`` after its processor recorded it),
+        # so no duplicate can still arrive.
+        assert wait_until(lambda: unfinished(redis_client, fq_prefix) == 0, 30)
         processed = redis_client.lrange(f"{fq_prefix}:processed", 0, -1)
         assert len(processed) == 10_000
         assert sorted(processed) == sorted(expected)
     finally:
         for process in workers + rebalancers:
             stop(process)
+
+
+def unfinished(redis_client, prefix):
+    base = f"{prefix}:email"
+    return (
+        redis_client.llen(f"{base}:wait")
+        + redis_client.zcard(f"{base}:prioritized")
+        + redis_client.llen(f"{base}:active")
+        + redis_client.zcard(f"{base}:delayed")
+    )
 
 
 def start_private_redis(port, directory):
@@ -177,8 +207,6 @@ def _pings(client):
 
 
 def test_redis_killed_mid_loop__loop_survives_and_next_pass_is_correct(settings, caplog):
-    from fairqueue.management.commands.rebalance_fair import Rebalancer
-
     port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
     directory = tempfile.mkdtemp()
@@ -195,7 +223,7 @@ def test_redis_killed_mid_loop__loop_survives_and_next_pass_is_correct(settings,
         assert wait_until(lambda: client.get("fqloop:email:fq:last_pass"), 10)
         server.kill()
         server.wait()
-        time.sleep(1.0)  # several failed passes
+        assert wait_until(lambda: rebalancer.backoff.failures >= 3, 15)  # failed rounds
         assert thread.is_alive()
         server = start_private_redis(port, directory)  # empty: the old data is gone
         enqueue_jobs("email", [{} for _ in range(8)], priority_level="critical")
@@ -250,13 +278,13 @@ def test_celery_children_forked_after_import_get_their_own_lock_tokens():
     assert process_token() == parent
 
 
-def test_sigterm_finishes_and_exits_zero(fq_prefix):
+def test_sigterm_finishes_and_exits_zero(fq_prefix, redis_client):
     process = spawn(["rebalance_fair", "--interval-ms", "100"], fq_prefix)
     # The start line is logged after the signal handlers are installed: wait for it
-    # (however slow a loaded machine starts Django), then let a pass or two run.
+    # (however slow a loaded machine starts Django), then for a pass to have run.
     first_line = process.stdout.readline()
     assert "rebalance_fair starting" in first_line, first_line
-    time.sleep(0.5)
+    next_passes(redis_client, fq_prefix, 1)
     assert stop(process) == 0, process.stdout.read()
 
 
@@ -302,7 +330,7 @@ def test_default_verbosity__a_start_line_and_a_compact_line_per_pass(fq_prefix, 
     )
     try:
         assert wait_until(lambda: redis_client.llen(f"{fq_prefix}:email:wait") == 0, 20)
-        time.sleep(1.5)  # a dozen quiet passes
+        next_passes(redis_client, fq_prefix, 12)  # a dozen quiet passes
     finally:
         assert stop(process) == 0
     output = process.stdout.read()
@@ -321,34 +349,42 @@ def test_default_verbosity__a_start_line_and_a_compact_line_per_pass(fq_prefix, 
 def test_quiet_passes__one_line_per_summary_period(fq_prefix, caplog, monkeypatch):
     import logging
 
-    from fairqueue.management.commands import rebalance_fair as command
+    from fairqueue.rebalance import loop
 
-    monkeypatch.setattr(command, "QUIET_SUMMARY_S", 0.5)
+    monkeypatch.setattr(loop, "QUIET_SUMMARY_S", 0.5)
     caplog.set_level(logging.INFO, logger="fairqueue.rebalance")
-    rebalancer = command.Rebalancer(["email"], interval_ms=20)
+
+    def quiet_records():
+        return [r for r in list(caplog.records) if "quiet passes" in r.getMessage()]
+
+    rebalancer = loop.Rebalancer(["email"], interval_ms=20)
     thread = threading.Thread(target=rebalancer.run, daemon=True)
     thread.start()
-    time.sleep(1.8)
-    rebalancer.request_stop()
-    thread.join(10)
+    try:  # three summary periods, however long a loaded machine takes for them
+        assert wait_until(lambda: len(quiet_records()) >= 3, 30), caplog.text
+    finally:
+        rebalancer.request_stop()
+        thread.join(10)
     messages = [r.getMessage() for r in caplog.records if r.name == "fairqueue.rebalance"]
     quiet = [m for m in messages if "quiet passes" in m]
     passes = sum(int(m.split()[0]) for m in quiet)
     assert passes >= 10, messages  # dozens of passes ran...
-    assert 2 <= len(quiet) <= 5, messages  # ...and were summarised about every 0.5 s
+    assert len(quiet) >= 3 and passes > len(quiet), messages  # ...summarised...
+    periodic = [r.created for r in quiet_records()[:3]]  # ...every 0.5 s, not sooner
+    assert all(b - a >= 0.45 for a, b in zip(periodic, periodic[1:], strict=False)), messages
     assert sum(m.startswith("email: adopted") for m in messages) == 1  # the first pass
 
 
 def test_a_failing_outbox_relay_is_logged_once_and_the_loop_goes_on(fq_prefix, monkeypatch, caplog):
     from django.db import OperationalError
 
-    from fairqueue.management.commands import rebalance_fair as command
+    from fairqueue.rebalance import loop
 
     def broken(**kwargs):
         raise OperationalError("no such table: fairqueue_outboxjob")
 
-    rebalancer = command.Rebalancer(["email"], interval_ms=100)
-    monkeypatch.setattr(command, "relay_outbox", broken)
+    rebalancer = loop.Rebalancer(["email"], interval_ms=100)
+    monkeypatch.setattr(loop, "relay_outbox", broken)
     with caplog.at_level("INFO", logger="fairqueue.rebalance"):
         for _ in range(3):
             assert [r.job_type for r in rebalancer.run_once()] == ["email"]
@@ -363,8 +399,6 @@ def test_a_failing_outbox_relay_is_logged_once_and_the_loop_goes_on(fq_prefix, m
 
 
 def test_redis_error_reply__loop_survives_and_passes_resume(fq_prefix, redis_client, caplog):
-    from fairqueue.management.commands.rebalance_fair import Rebalancer
-
     lock = f"{fq_prefix}:email:fq:leader"
     redis_client.hset(lock, "not", "a string")  # the lock script now fails: WRONGTYPE
     enqueue_jobs("email", [{} for _ in range(3)], priority_level="low")
@@ -374,7 +408,7 @@ def test_redis_error_reply__loop_survives_and_passes_resume(fq_prefix, redis_cli
         thread.start()
         try:
             assert wait_until(lambda: "Redis refused a command" in caplog.text, 10)
-            time.sleep(0.5)  # several failed rounds
+            assert wait_until(lambda: rebalancer.backoff.failures >= 3, 15)  # failed rounds
             assert thread.is_alive()
             assert redis_client.get(f"{fq_prefix}:email:fq:last_pass") is None
             redis_client.delete(lock)

@@ -104,7 +104,7 @@ def test_settings__redis_and_redis_url_together_is_an_error():
     with override_settings(
         FAIRQUEUE={"REDIS": "redis://127.0.0.1:6379/0", "REDIS_URL": "redis://127.0.0.1:6379/1"}
     ):
-        errors = [e for e in run_checks() if e.id == "fairqueue.E001"]
+        errors = [e for e in run_checks() if e.id == "fairqueue.E015"]
     assert len(errors) == 1 and "both 'REDIS' and 'REDIS_URL'" in errors[0].msg
 
 
@@ -112,7 +112,7 @@ def test_check__bad_sentinel_setting_is_reported_without_the_password():
     with override_settings(
         FAIRQUEUE={"REDIS": {"sentinel": ["127.0.0.1:0"], "service": "m", "password": "pw-x"}}
     ):
-        errors = [e for e in run_checks() if e.id == "fairqueue.E001"]
+        errors = [e for e in run_checks() if e.id == "fairqueue.E004"]
     assert len(errors) == 1 and "FAIRQUEUE['REDIS'] address" in errors[0].msg
     assert "pw-x" not in errors[0].msg
 

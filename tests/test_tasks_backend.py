@@ -317,6 +317,16 @@ def test_system_check__task_queue_without_a_job_type_is_fairqueue_E010(fq_prefix
     assert "queue_name='report'" in errors[0].msg
 
 
+def test_system_check__bad_settings_are_reported_once_under_their_own_id(fq_prefix, settings):
+    settings.FAIRQUEUE = {**settings.FAIRQUEUE, "QUEUES": {"email": "email"}, "MAX_WAIT_MS": 0}
+    conf.reload_settings()
+    assert list(task_backends["default"].check()) == []
+    from django.core.checks import run_checks
+
+    ids = [message.id for message in run_checks() if message.id.startswith("fairqueue.")]
+    assert ids == ["fairqueue.E001"]
+
+
 def test_tenant_kwarg_option__names_the_kwarg_that_carries_the_tenant(fq_prefix, redis_client):
     tasks = {
         "default": {

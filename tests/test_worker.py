@@ -24,11 +24,12 @@ from django.test import override_settings
 import fairqueue
 from fairqueue import conf
 from fairqueue.broker import Broker, NewJob
-from fairqueue.exceptions import UnknownJobTypeError
+from fairqueue.exceptions import BrokerUnavailableError, UnknownJobTypeError
 from fairqueue.scheduling.levels import PriorityLevel
 from fairqueue.worker import handlers
 from fairqueue.worker.handlers import JobContext, NoHandlerError
 from fairqueue.worker.runner import Worker, split_payload
+from tests.helpers import PrivateRedis, free_port, wait_until
 
 REDIS_URL = os.environ.get("FAIRQUEUE_REDIS_URL", "redis://127.0.0.1:6379/0")
 ROOT = Path(__file__).resolve().parent.parent
@@ -435,16 +436,87 @@ def test_process__sigterm_lets_the_active_job_finish_then_exits_0(broker, worker
     assert "SIGTERM: stopping" in output and "worker stopped" in output
 
 
+def _read_until(process: subprocess.Popen, text: str, timeout_s: float = 10.0) -> list[str]:
+    """``process``'s output lines up to the first containing ``text`` (read on a thread:
+    a pipe read has no timeout)."""
+    lines: list[str] = []
+    found = threading.Event()
+
+    def read() -> None:
+        for line in process.stdout:
+            lines.append(line)
+            if text in line:
+                found.set()
+                return
+
+    threading.Thread(target=read, daemon=True).start()
+    assert found.wait(timeout_s), "".join(lines)
+    return lines
+
+
 def test_process__second_signal_exits_at_once(broker, worker_process):
     add(broker, "email", {"work_ms": 30_000, "tenantId": "t", "priorityLevel": "low"})
     process = worker_process("email")
     _wait_for_active(broker, "email")
 
     process.send_signal(signal.SIGINT)
-    time.sleep(0.2)
+    before = _read_until(process, "SIGINT: stopping")  # the first one was taken
     process.send_signal(signal.SIGINT)
     started = time.monotonic()
     output, _ = process.communicate(timeout=5)
+    output = "".join(before) + output
     assert process.returncode == 128 + signal.SIGINT, output
     assert time.monotonic() - started < 3
     assert counts(broker, "email")["completed"] == 0
+
+
+# -- Redis unreachable at start -----------------------------------------------------------
+
+
+def test_redis_down_at_start__the_worker_waits_with_backoff_then_serves(prefix, tmp_path, caplog):
+    server = PrivateRedis(tmp_path, aof=False)  # its port is free: nothing answers yet
+    ran = []
+    fairqueue.handler("t_sync")(lambda payload, job: ran.append(job.job_id))
+    worker = Worker(["t_sync"], broker=Broker(server.url, prefix), install_signal_handlers=False)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    with caplog.at_level(logging.INFO, logger="fairqueue.worker"):
+        thread.start()
+        try:
+            assert wait_until(lambda: "unreachable" in caplog.text, 10), caplog.text
+            assert thread.is_alive()
+            server.start()
+            job_ids = add(Broker(server.url, prefix), "t_sync", {"n": 1})
+            assert wait_until(lambda: ran == job_ids, 30), caplog.text
+        finally:
+            worker.request_stop()
+            thread.join(15)
+            server.stop()
+    assert not thread.is_alive()
+    lines = [r.getMessage() for r in caplog.records if r.name == "fairqueue.worker"]
+    down = [line for line in lines if "unreachable" in line]
+    assert len(down) == 1, lines  # once, not once per try
+    assert down[0].endswith("is unreachable (ConnectionError); retrying with backoff up to 30 s")
+    assert lines.count("Redis is reachable again; worker starting") == 1, lines
+
+
+def test_redis_down_at_start__a_stop_ends_the_wait(prefix, caplog):
+    fairqueue.handler("t_sync")(lambda payload, job: None)
+    dead = Broker(f"redis://127.0.0.1:{free_port()}/0", prefix)
+    worker = Worker(["t_sync"], broker=dead, install_signal_handlers=False)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    with caplog.at_level(logging.INFO, logger="fairqueue.worker"):
+        thread.start()
+        assert wait_until(lambda: "unreachable" in caplog.text, 10), caplog.text
+        worker.request_stop()
+        thread.join(5)
+    assert not thread.is_alive()
+    assert "worker stopped" in caplog.text and "worker started" not in caplog.text
+
+
+def test_burst_with_redis_down__fails_at_once_like_once(prefix):
+    fairqueue.handler("t_sync")(lambda payload, job: None)
+    dead = Broker(f"redis://127.0.0.1:{free_port()}/0", prefix)
+    started = time.monotonic()
+    with pytest.raises(BrokerUnavailableError):
+        Worker(["t_sync"], burst=True, broker=dead, install_signal_handlers=False).run()
+    assert time.monotonic() - started < 5

@@ -28,10 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import signal
-import sys
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -45,7 +41,13 @@ from django.db import close_old_connections
 
 from fairqueue.broker import ActiveJob, Broker, get_broker
 from fairqueue.conf import get_settings
-from fairqueue.exceptions import FairqueueError, TaskFailedError, UnknownJobTypeError
+from fairqueue.exceptions import (
+    BrokerUnavailableError,
+    FairqueueError,
+    TaskFailedError,
+    UnknownJobTypeError,
+)
+from fairqueue.loop import Backoff, GracefulStop
 from fairqueue.scheduling.levels import (
     FAIRQUEUE_PAYLOAD_KEYS,
     PAYLOAD_LEVEL_KEY,
@@ -67,7 +69,9 @@ MIN_CONCURRENCY: Final = 1
 MAX_CONCURRENCY: Final = 1_000
 #: How often burst mode checks whether every queue is empty.
 BURST_POLL_INTERVAL_S: Final = 0.05
-_STOP_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM)
+#: Redis unreachable at start: the base interval of :func:`fairqueue.loop.backoff_ms`
+#: (tries 1 s, 2 s, 4 s... apart, up to its cap).
+REDIS_RETRY_MS: Final = 500
 
 
 class WorkerStoppedError(FairqueueError, RuntimeError):
@@ -257,7 +261,7 @@ class Worker:
         self._install_signals = install_signal_handlers
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
-        self._stop_requested = False
+        self._graceful = self._graceful_stop()
         self._executor: ThreadPoolExecutor | None = None
 
     def __repr__(self) -> str:
@@ -277,7 +281,8 @@ class Worker:
         """Run on a new event loop until stopped (blocking); then close connections.
 
         Raises:
-            BrokerUnavailableError: Redis did not answer at start.
+            BrokerUnavailableError: Redis did not answer at start in burst mode (else
+                the worker waits for it, retrying with backoff).
             WorkerStoppedError: a BullMQ worker loop ended on its own.
         """
         asyncio.run(self._run_and_disconnect())
@@ -292,8 +297,17 @@ class Worker:
         """Run on the current event loop until stopped (see :meth:`run`)."""
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        self._stop_requested = False
-        await self._broker.ping()  # fail fast, rather than BullMQ retrying quietly
+        self._graceful = self._graceful_stop()
+        restore_signals = self._take_signals()
+        try:
+            reached = await self._reach_redis()
+        except BaseException:
+            restore_signals()
+            raise
+        if not reached:  # stopped while waiting for Redis
+            restore_signals()
+            logger.info("worker stopped")
+            return
         self._executor = ThreadPoolExecutor(
             max_workers=self.concurrency * len(self.plans), thread_name_prefix="fairqueue-job"
         )
@@ -310,7 +324,6 @@ class Worker:
             asyncio.ensure_future(bull_worker.run()): plan.queue
             for bull_worker, plan in zip(bull_workers, self.plans, strict=True)
         }
-        restore_signals = self._take_signals()
         logger.info(
             "worker started: job types %s on queues %s, concurrency %d%s",
             _names(self.job_types),
@@ -369,7 +382,9 @@ class Worker:
 
         Safe to call from any thread and from signal handlers.
         """
-        self._stop_requested = True
+        self._graceful.request()
+
+    def _wake(self) -> None:
         loop, stop = self._loop, self._stop
         if loop is not None and stop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(stop.set)
@@ -459,49 +474,49 @@ class Worker:
     def _on_bullmq_error(self, queue: str, error: BaseException) -> None:
         logger.error("BullMQ worker error on queue %s: %s", queue, type(error).__name__)
 
-    # -- signals ----------------------------------------------------------------------
+    # -- stopping and starting ----------------------------------------------------------
+
+    def _graceful_stop(self) -> GracefulStop:
+        """The loops' stop rule (:class:`fairqueue.loop.GracefulStop`): the first signal
+        stops taking jobs and lets the active ones finish, a second exits at once."""
+        return GracefulStop(
+            logger,
+            finishing="once the active jobs finish",
+            forced="; BullMQ's stalled-job check takes back the active jobs once their "
+            "locks expire",
+            on_request=self._wake,
+        )
 
     def _take_signals(self) -> Callable[[], None]:
-        """Handle SIGTERM/SIGINT on the event loop; return a function that puts back the
-        previous handlers.
-
-        ``loop.add_signal_handler`` (not ``signal.signal``) so the loop wakes at once
-        whichever thread the kernel delivers the signal to, even while every job runs
-        in the thread pool.
-        """
-        loop = self._loop
-        if (
-            not self._install_signals
-            or loop is None
-            or threading.current_thread() is not threading.main_thread()
-        ):
+        """Handle SIGTERM/SIGINT on the event loop (:meth:`GracefulStop.install_on`, so
+        the loop wakes at once even while every job runs in the thread pool); return a
+        function that puts back the previous handlers."""
+        if not self._install_signals or self._loop is None:
             return lambda: None
-        previous = {sig: signal.getsignal(sig) for sig in _STOP_SIGNALS}
-        for sig in _STOP_SIGNALS:
-            loop.add_signal_handler(sig, self._on_signal, sig)
+        return self._graceful.install_on(self._loop)
 
-        def restore() -> None:
-            for sig, handler in previous.items():
-                loop.remove_signal_handler(sig)
-                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
-
-        return restore
-
-    def _on_signal(self, signum: int) -> None:
-        name = signal.Signals(signum).name
-        if self._stop_requested:
-            logger.warning(
-                "%s again: exiting now; BullMQ's stalled-job check takes back the "
-                "active jobs once their locks expire",
-                name,
-            )
-            for stream in (sys.stdout, sys.stderr):
-                stream.flush()
-            os._exit(128 + signum)
-        logger.warning(
-            "%s: stopping, waiting for active jobs to finish (send it again to exit now)", name
-        )
-        self.request_stop()
+    async def _reach_redis(self) -> bool:
+        """Ping Redis until it answers, rather than letting BullMQ retry quietly: an
+        outage is logged once and retried with the loops' backoff, and once more when
+        Redis answers. In burst mode (the worker's ``--once``) the first failure raises.
+        False if a stop came first."""
+        if self._stop is None:
+            raise RuntimeError("Worker._reach_redis called outside arun()")
+        backoff = Backoff(logger, interval_ms=REDIS_RETRY_MS, resumed="worker starting")
+        while True:
+            try:
+                await self._broker.ping()
+            except BrokerUnavailableError as exc:
+                if self.burst:
+                    raise
+                pause_s = backoff.unreachable(exc) / 1000
+                try:
+                    await asyncio.wait_for(self._stop.wait(), pause_s)
+                except TimeoutError:
+                    continue
+                return False
+            backoff.succeeded()
+            return True
 
 
 def _is_task_job(data: Any) -> bool:

@@ -1,20 +1,21 @@
 """``manage.py fairqueue_worker [JOB_TYPE ...]``: run job handlers, and Django tasks
 enqueued through ``fairqueue.tasks.backend.FairQueueBackend``, on BullMQ's queues.
 
-This command parses and checks arguments; :class:`fairqueue.worker.Worker` runs the loop.
+This command parses and checks arguments; :class:`fairqueue.worker.runner.Worker` runs the
+loop (an asyncio one: it shares :mod:`fairqueue.loop`'s stop rule and backoff, and
+:class:`~fairqueue.management.base.LoopCommand`'s logging; ``--burst`` is its ``--once``).
 """
 
 from __future__ import annotations
 
-import argparse
-import logging
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from fairqueue.exceptions import BrokerError
-from fairqueue.management.arguments import int_in_range
+from fairqueue.management.arguments import int_in_range, recheck
+from fairqueue.management.base import LoopCommand
 from fairqueue.worker.handlers import autodiscover
 from fairqueue.worker.runner import (
     MAX_CONCURRENCY,
@@ -22,19 +23,13 @@ from fairqueue.worker.runner import (
     Worker,
     WorkerStoppedError,
     runnable_job_types,
-    validate_concurrency,
 )
-
-logger = logging.getLogger("fairqueue.worker")
-
-_CONCURRENCY_RANGE = f"expected an integer in {MIN_CONCURRENCY}..{MAX_CONCURRENCY}"
-
 
 #: argparse type of ``--concurrency``: an integer in 1..1000.
 concurrency = int_in_range(MIN_CONCURRENCY, MAX_CONCURRENCY)
 
 
-class Command(BaseCommand):
+class Command(LoopCommand):
     help = (
         "Run the handlers of fairqueue job types (registered with @fairqueue.handler in "
         "installed apps' jobs.py) and Django tasks (@task, enqueued through "
@@ -71,17 +66,8 @@ class Command(BaseCommand):
             ),
         )
 
-    def handle(self, *args: Any, **options: Any) -> None:
-        self._configure_logging(options["verbosity"])
-        # call_command(..., concurrency=0) skips argparse's type check: repeat it.
-        value = options["concurrency"]
-        try:
-            value = concurrency(value) if isinstance(value, str) else validate_concurrency(value)
-        except (argparse.ArgumentTypeError, ValueError):
-            raise CommandError(
-                f"argument --concurrency: {value!r} is not allowed: {_CONCURRENCY_RANGE}"
-            ) from None
-
+    def handle_loop(self, **options: Any) -> None:
+        value = recheck("--concurrency", options["concurrency"], concurrency)
         autodiscover()
         try:
             known = runnable_job_types()
@@ -102,9 +88,3 @@ class Command(BaseCommand):
             worker.run()
         except (BrokerError, WorkerStoppedError) as exc:
             raise CommandError(str(exc)) from exc
-
-    def _configure_logging(self, verbosity: int) -> None:
-        """--verbosity sets the worker's log level: 0 warnings, 1 info, 2+ debug."""
-        logger.setLevel({0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG))
-        if not logger.hasHandlers():  # otherwise nothing would show, whatever the level
-            logger.addHandler(logging.StreamHandler(self.stdout))

@@ -1,0 +1,70 @@
+"""The standalone relay loop that ``manage.py fairqueue_relay`` runs: :func:`relay_outbox`
+every interval, at once again while rows remain. Stopping, start-up, backoff and
+database connections are :class:`fairqueue.loop.Loop`'s.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TextIO
+
+from fairqueue.conf import get_settings
+from fairqueue.enqueue.outbox import RELAY_BATCH_SIZE, RelayResult, relay_outbox
+from fairqueue.loop import Loop
+
+logger = logging.getLogger("fairqueue.outbox")
+
+#: The pause between relay runs when nothing was waiting.
+DEFAULT_INTERVAL_MS = 1_000
+
+
+class Relay(Loop):
+    """The relay loop: a relay run every interval (at once again while rows remain).
+
+    Redis down is logged once and retried with backoff; any other failure is logged by
+    class name and the loop goes on. SIGINT/SIGTERM finish the run in flight; a second
+    signal exits at once (rows whose jobs were added but not yet deleted are added again
+    under the same id by the next relay: nothing twice). With ``once`` the run's summary
+    is written to ``out``.
+    """
+
+    logger = logger
+    round_name = "outbox relay"
+    resumed = "relaying resumed"
+    finishing = "after the relay run in flight"
+
+    def __init__(
+        self,
+        job_types: Sequence[str],
+        *,
+        interval_ms: int = DEFAULT_INTERVAL_MS,
+        batch_size: int = RELAY_BATCH_SIZE,
+        verbosity: int = 1,
+        out: TextIO | None = None,
+        install_signal_handlers: bool = True,
+    ) -> None:
+        super().__init__(interval_ms=interval_ms, install_signal_handlers=install_signal_handlers)
+        self.job_types = list(job_types)
+        self.batch_size = batch_size
+        self.verbosity = verbosity
+        self.out = out
+
+    def run_once(self) -> RelayResult:
+        result = relay_outbox(job_types=self.job_types, batch_size=self.batch_size)
+        if self.once and self.out is not None:
+            self.out.write(f"{result.summary()}\n")
+        elif result.sent or result.refused:
+            logger.log(logging.INFO if self.verbosity >= 2 else logging.DEBUG, result.summary())
+        return result
+
+    def pause_ms(self, result: RelayResult) -> int:
+        return 0 if result.sent else self.interval_ms  # rows moved: more may wait
+
+    def start_line(self) -> str:
+        settings = get_settings()
+        return (
+            f"fairqueue_relay starting: {', '.join(self.job_types)}; every {self.interval_ms} ms "
+            f"(at once while rows remain), {self.batch_size} rows a batch; Redis "
+            f"{settings.redis_location} prefix {settings.prefix!r}"
+        )

@@ -1,0 +1,240 @@
+"""The rebalance loop that ``manage.py rebalance_fair`` runs: a pass per configured queue
+every interval, as leader only, the outbox relay when it leads, and the dashboard's
+history between passes. Stopping, start-up, backoff and database connections are
+:class:`fairqueue.loop.Loop`'s.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import TextIO
+
+from fairqueue.conf import get_settings
+from fairqueue.enqueue.outbox import relay_outbox
+from fairqueue.exceptions import BrokerRejectedError, BrokerUnavailableError
+from fairqueue.loop import Loop, RepeatedFailure
+from fairqueue.rebalance.passes import (
+    LeaderLock,
+    PassResult,
+    lock_ttl_ms,
+    rebalance_queue,
+    rebalancer_id,
+    record_history,
+)
+
+logger = logging.getLogger("fairqueue.rebalance")
+
+#: Between two passes the loop records the dashboard's history this often: BullMQ keeps
+#: about 10,000 events (about 3 per job: 3 s of them at 1,000 jobs/s), and with
+#: KEEP_COMPLETED's count of 1,000 a finished job's hash (its level and tenant) lives
+#: about 1,000 / throughput seconds.
+HISTORY_EVERY_MS = 250
+#: At default verbosity, passes that found nothing to do are logged as one line per
+#: this many seconds (a loop at 4 passes/s over three queues would otherwise log 12
+#: identical lines a second).
+QUIET_SUMMARY_S = 60.0
+
+
+class Rebalancer(Loop):
+    """The rebalance loop: one pass per configured queue every interval, as leader only,
+    and a run of the outbox relay (for its job types) when it leads any queue.
+
+    A Redis outage is logged once and retried with backoff; any other failure of a pass
+    is logged by class name and the loop goes on. SIGINT/SIGTERM finish the pass in
+    flight, release the locks and return; a second signal exits at once.
+
+    Logging (logger ``fairqueue.rebalance``): one line at start; at verbosity 1 one
+    compact line per pass that did something (adopted, aged, rebased, parked, a lost
+    lock, jobs going overdue or none overdue any more) and one line per
+    :data:`QUIET_SUMMARY_S` for the quiet passes; at verbosity 2 every pass's full
+    counts. Counts only: no tenant ids.
+    """
+
+    logger = logger
+    round_name = "rebalance round"
+    resumed = "rebalancing resumed"
+    finishing = "after the pass in flight"
+    forced = "; its locks expire by themselves within two intervals"
+
+    def __init__(
+        self,
+        job_types: Sequence[str],
+        *,
+        interval_ms: int,
+        dry_run: bool = False,
+        out: TextIO | None = None,
+        verbosity: int = 1,
+        install_signal_handlers: bool = True,
+    ) -> None:
+        super().__init__(interval_ms=interval_ms, install_signal_handlers=install_signal_handlers)
+        self.job_types = list(job_types)
+        self.dry_run = dry_run
+        self.out = out
+        self.verbosity = verbosity
+        self.token = rebalancer_id()
+        settings = get_settings()
+        self.locks = {
+            queue: LeaderLock(queue, self.token, lock_ttl_ms(interval_ms))
+            for queue in {settings.queues[job_type] for job_type in self.job_types}
+        }
+        self._relay_failure = RepeatedFailure(logger, "outbox relay")
+        self._last_overdue: dict[str, int] = {}
+        self._quiet_passes = 0
+        self._quiet_worst_ms = 0.0
+        self._quiet_since = time.monotonic()
+
+    # -- a round ----------------------------------------------------------------------
+
+    def run_once(self) -> list[PassResult]:
+        """One round over every queue. Raises BrokerUnavailableError if Redis is down."""
+        settings = get_settings()
+        results = []
+        done_queues: set[str] = set()
+        for job_type in self.job_types:
+            queue = settings.queues[job_type]
+            if not self.dry_run:
+                if queue not in done_queues and not self.locks[queue].acquire():
+                    logger.debug("%s: another rebalancer holds the lock", job_type)
+                    continue
+                done_queues.add(queue)
+            try:
+                result = rebalance_queue(
+                    job_type,
+                    dry_run=self.dry_run,
+                    rebalancer=self.token,
+                    interval_ms=self.interval_ms,
+                )
+            except BrokerUnavailableError:
+                raise
+            except Exception as exc:  # a bad pass must not end the loop
+                logger.error("%s: pass failed (%s)", job_type, type(exc).__name__)
+                continue
+            results.append(result)
+            self._report(result)
+        if done_queues and not self.dry_run:
+            self._relay()
+        return results
+
+    def start_line(self) -> str:
+        settings = get_settings()
+        queues = ", ".join(
+            job_type
+            if settings.queues[job_type] == job_type
+            else f"{job_type} (queue {settings.queues[job_type]})"
+            for job_type in self.job_types
+        )
+        mode = " (dry run: writes nothing)" if self.dry_run else ""
+        return (
+            f"rebalance_fair starting{mode}: {queues}; every {self.interval_ms} ms; "
+            f"wait bound {settings.max_wait_ms} ms; Redis {settings.redis_location} "
+            f"prefix {settings.prefix!r}; {self.token}"
+        )
+
+    def _relay(self) -> None:
+        """Move durable jobs from the outbox to Redis. Redis down raises (the loop backs
+        off); any other failure is logged once per kind and the pass's round goes on."""
+        try:
+            result = relay_outbox(job_types=self.job_types)
+        except BrokerUnavailableError:
+            raise
+        except Exception as exc:  # a database hiccup must not end the loop
+            self._relay_failure.failed(exc)
+            return
+        self._relay_failure.succeeded()
+        if result.sent or result.refused:
+            logger.log(logging.INFO if self.verbosity >= 2 else logging.DEBUG, result.summary())
+
+    # -- between rounds and after the last ----------------------------------------------
+
+    def wait(self, pause_ms: int) -> None:
+        """Wait for the next pass, recording the history every ``HISTORY_EVERY_MS`` for
+        the queues this loop leads (never while Redis is down, never in a dry run)."""
+        deadline = time.monotonic() + pause_ms / 1000
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._stop.wait(min(remaining, HISTORY_EVERY_MS / 1000)):
+                return
+            if deadline - time.monotonic() > 0 and not (self.dry_run or self.backoff.down):
+                self._record_history()
+
+    def _record_history(self) -> None:
+        settings = get_settings()
+        done: set[str] = set()
+        for job_type in self.job_types:
+            queue = settings.queues[job_type]
+            if queue in done or not self.locks[queue].held:
+                continue
+            done.add(queue)
+            try:
+                record_history(job_type, rebalancer=self.token, interval_ms=self.interval_ms)
+            except Exception as exc:  # the next pass records what this one missed
+                logger.debug("%s: history step failed (%s)", job_type, type(exc).__name__)
+
+    def finish(self) -> None:
+        self.release_locks()
+        self._log_quiet(force=True)
+
+    def release_locks(self) -> None:
+        for lock in self.locks.values():
+            try:
+                lock.release()
+            except (BrokerUnavailableError, BrokerRejectedError):
+                pass  # the lock expires by itself
+
+    # -- what a pass logs -----------------------------------------------------------------
+
+    def _report(self, result: PassResult) -> None:
+        """One pass's line: the full summary on ``out`` for a dry run (printed once, not
+        logged as well), else a log line by verbosity (see the class docstring)."""
+        if result.dry_run and self.out is not None:
+            self.out.write(f"{result.summary()}\n")
+            return
+        if self.verbosity >= 2:
+            logger.info("%s", result.summary())
+            return
+        first = result.job_type not in self._last_overdue
+        previous = self._last_overdue.get(result.job_type, 0)
+        self._last_overdue[result.job_type] = result.overdue
+        busy = result.adopted or result.aged or result.rebased or result.parked or result.lock_lost
+        # Overdue counts move with every pass under load: only jobs going overdue, or
+        # none being overdue any more, is news; the quiet line carries the count.
+        if busy or first or (result.overdue > 0) != (previous > 0) or self.once:
+            logger.info("%s", compact_line(result))
+        else:
+            self._quiet_passes += 1
+            self._quiet_worst_ms = max(self._quiet_worst_ms, result.duration_ms)
+        self._log_quiet()
+
+    def _log_quiet(self, *, force: bool = False) -> None:
+        """The quiet passes since the last such line, once per QUIET_SUMMARY_S."""
+        elapsed = time.monotonic() - self._quiet_since
+        if not self._quiet_passes or (elapsed < QUIET_SUMMARY_S and not force):
+            return
+        overdue = sum(self._last_overdue.values())
+        logger.info(
+            "%d quiet passes in %.0f s (nothing to adopt or rebase; overdue now %d; "
+            "slowest %.1f ms)",
+            self._quiet_passes,
+            elapsed,
+            overdue,
+            self._quiet_worst_ms,
+        )
+        self._quiet_passes, self._quiet_worst_ms = 0, 0.0
+        self._quiet_since = time.monotonic()
+
+
+def compact_line(result: PassResult) -> str:
+    """A pass in one short line: what it changed and how long it took (counts only)."""
+    parts = [
+        f"adopted {result.adopted}",
+        f"aged {result.aged}",
+        f"overdue {result.overdue}",
+        f"rebased {result.rebased}",
+    ]
+    if result.parked:
+        parts.append(f"parked {result.parked}")
+    if result.lock_lost:
+        parts.append("lock lost")
+    return f"{result.job_type}: {', '.join(parts)} in {result.duration_ms:.0f} ms"
