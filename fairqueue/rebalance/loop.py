@@ -21,7 +21,7 @@ from fairqueue.rebalance.passes import (
     lock_ttl_ms,
     rebalance_queue,
     rebalancer_id,
-    record_history,
+    run_tick,
 )
 
 logger = logging.getLogger("fairqueue.rebalance")
@@ -149,17 +149,19 @@ class Rebalancer(Loop):
     # -- between rounds and after the last ----------------------------------------------
 
     def wait(self, pause_ms: int) -> None:
-        """Wait for the next pass, recording the history every ``HISTORY_EVERY_MS`` for
-        the queues this loop leads (never while Redis is down, never in a dry run)."""
+        """Wait for the next pass, running a tick every ``HISTORY_EVERY_MS`` for the
+        queues this loop leads (never while Redis is down, never in a dry run): the
+        stalled-job check, a page of adoption (jobs that run again get their fair place
+        within a tick) and the history step."""
         deadline = time.monotonic() + pause_ms / 1000
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or self._stop.wait(min(remaining, HISTORY_EVERY_MS / 1000)):
                 return
             if deadline - time.monotonic() > 0 and not (self.dry_run or self.backoff.down):
-                self._record_history()
+                self._tick()
 
-    def _record_history(self) -> None:
+    def _tick(self) -> None:
         settings = get_settings()
         done: set[str] = set()
         for job_type in self.job_types:
@@ -168,9 +170,9 @@ class Rebalancer(Loop):
                 continue
             done.add(queue)
             try:
-                record_history(job_type, rebalancer=self.token, interval_ms=self.interval_ms)
-            except Exception as exc:  # the next pass records what this one missed
-                logger.debug("%s: history step failed (%s)", job_type, type(exc).__name__)
+                run_tick(job_type, rebalancer=self.token, interval_ms=self.interval_ms)
+            except Exception as exc:  # the next pass does what this tick missed
+                logger.debug("%s: tick failed (%s)", job_type, type(exc).__name__)
 
     def finish(self) -> None:
         self.release_locks()
@@ -197,7 +199,14 @@ class Rebalancer(Loop):
         first = result.job_type not in self._last_overdue
         previous = self._last_overdue.get(result.job_type, 0)
         self._last_overdue[result.job_type] = result.overdue
-        busy = result.adopted or result.aged or result.rebased or result.parked or result.lock_lost
+        busy = (
+            result.adopted
+            or result.recovered
+            or result.aged
+            or result.rebased
+            or result.parked
+            or result.lock_lost
+        )
         # Overdue counts move with every pass under load: only jobs going overdue, or
         # none being overdue any more, is news; the quiet line carries the count.
         if busy or first or (result.overdue > 0) != (previous > 0) or self.once:
@@ -233,6 +242,8 @@ def compact_line(result: PassResult) -> str:
         f"overdue {result.overdue}",
         f"rebased {result.rebased}",
     ]
+    if result.recovered:
+        parts.append(f"recovered {result.recovered} stalled")
     if result.parked:
         parts.append(f"parked {result.parked}")
     if result.lock_lost:

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
 from fairqueue.broker import (
+    AdoptedPage,
     Broker,
     IndexWalk,
     LockLostError,
@@ -245,31 +246,9 @@ async def arebalance_queue(
     timed = _Timed(result)
     try:
         if not dry_run:
-            stalled = await timed(
-                broker.passes.recover_stalled(
-                    queue,
-                    **fence,
-                    max_wait_ms=settings.max_wait_ms,
-                    max_payload_bytes=settings.max_payload_bytes,
-                    max_stalled_count=MAX_STALLED_COUNT,
-                    check_ms=STALLED_CHECK_MS,
-                )
-            )
-            result.recovered, result.aged = stalled.recovered, stalled.aged
+            await _recover_stalled(timed, broker, queue, fence, result)
         for _ in range(ADOPT_PAGES):
-            page = await timed(
-                broker.passes.adopt_page(
-                    queue,
-                    **fence,
-                    page_size=ADOPT_PAGE_SIZE,
-                    max_wait_ms=settings.max_wait_ms,
-                    max_payload_bytes=settings.max_payload_bytes,
-                    dry_run=dry_run,
-                )
-            )
-            result.adopted += page.adopted
-            result.aged += page.aged
-            result.parked = page.parked
+            page = await _adopt(timed, broker, queue, fence, result, dry_run=dry_run)
             if page.examined < ADOPT_PAGE_SIZE or page.parked or dry_run:
                 break
         overdue = await _walk(
@@ -341,6 +320,88 @@ async def _record(timed: _Timed, broker: Broker, queue: str, fence: dict, max_wa
         result.history_gap_ms += recorded.gap_ms
         if not recorded.more:
             break
+
+
+async def _recover_stalled(
+    timed: _Timed, broker: Broker, queue: str, fence: dict, result: PassResult
+) -> None:
+    settings = get_settings()
+    stalled = await timed(
+        broker.passes.recover_stalled(
+            queue,
+            **fence,
+            max_wait_ms=settings.max_wait_ms,
+            max_payload_bytes=settings.max_payload_bytes,
+            max_stalled_count=MAX_STALLED_COUNT,
+            check_ms=STALLED_CHECK_MS,
+        )
+    )
+    result.recovered += stalled.recovered
+    result.aged += stalled.aged
+
+
+async def _adopt(
+    timed: _Timed, broker: Broker, queue: str, fence: dict, result: PassResult, *, dry_run: bool
+) -> AdoptedPage:
+    settings = get_settings()
+    page = await timed(
+        broker.passes.adopt_page(
+            queue,
+            **fence,
+            page_size=ADOPT_PAGE_SIZE,
+            max_wait_ms=settings.max_wait_ms,
+            max_payload_bytes=settings.max_payload_bytes,
+            dry_run=dry_run,
+        )
+    )
+    result.adopted += page.adopted
+    result.aged += page.aged
+    result.parked = page.parked
+    return page
+
+
+async def arun_tick(
+    job_type: str, *, rebalancer: str, interval_ms: int, broker: Broker | None = None
+) -> PassResult:
+    """What a loop holding the queue's lock runs between two passes, every
+    ``HISTORY_EVERY_MS``: the stalled-job check and one page of adoption, so a job that
+    runs again (a retry, a promoted backoff, a stalled job) waits at most a tick for its
+    fair place instead of a whole interval, and the history step.
+
+    Raises:
+        UnknownJobTypeError: ``job_type`` is not configured.
+    """
+    settings = get_settings()
+    queue = settings.queue_for(job_type)
+    broker = broker or get_broker()
+    result = PassResult(job_type=job_type, queue=queue)
+    fence = {
+        "lock_key": broker.fair_key(queue, "leader"),
+        "token": rebalancer,
+        "lock_ttl_ms": lock_ttl_ms(interval_ms),
+    }
+    started = time.perf_counter()
+    timed = _Timed(result)
+    try:
+        await _recover_stalled(timed, broker, queue, fence, result)
+        await _adopt(timed, broker, queue, fence, result, dry_run=False)
+        await _record(timed, broker, queue, fence, settings.max_wait_ms)
+    except LockLostError:
+        result.lock_lost = True
+    result.duration_ms = (time.perf_counter() - started) * 1000
+    return result
+
+
+def run_tick(job_type: str, *, rebalancer: str, interval_ms: int) -> PassResult:
+    """:func:`arun_tick` from sync code (the rebalance loop)."""
+    sync_broker = get_sync_broker()
+    return sync_broker.run(
+        arun_tick,
+        job_type,
+        rebalancer=rebalancer,
+        interval_ms=interval_ms,
+        broker=sync_broker.broker,
+    )
 
 
 async def arecord_history(
