@@ -17,11 +17,10 @@ import redis as redis_lib
 from fairqueue import conf
 from fairqueue.broker import close_brokers
 from fairqueue.contrib.celery import rebalance_fair
-from fairqueue.demo import free_port
 from fairqueue.enqueue.api import enqueue_jobs
 from fairqueue.rebalance.passes import rebalance_queue
 from tests.conftest import REDIS_URL
-from tests.helpers import wait_until
+from tests.helpers import free_port, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -58,6 +57,7 @@ def holder(redis_client, prefix):
     return redis_client.get(f"{prefix}:email:fq:leader")
 
 
+@pytest.mark.slow
 def test_leader_lock__one_writer_and_takeover_within_two_intervals(fq_prefix, redis_client):
     interval_ms = 400
     enqueue_jobs("email", [{} for _ in range(50)], priority_level="normal")
