@@ -1,9 +1,10 @@
-# The two commands a newcomer runs: `make demo` and `make test`.
+# The two commands a newcomer runs: `make demo` and `make test` (`make test-fast` while
+# working: the same checks, without the tests marked slow).
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: demo test lint format bench redis
+.PHONY: demo test test-fast lint format bench redis
 
 PIP    := $(PY) -m pip install --disable-pip-version-check --progress-bar on
 
@@ -39,6 +40,14 @@ test: $(VENV)/.installed-dev redis tests/node/node_modules/.installed
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest
+
+# Everything but the long integration tests (pytest's `slow` marker: whole demos, fault
+# injection, failovers, 10,000-job runs, the wheel in a fresh project): about a minute.
+# CI (.ci/run) runs `make test`.
+test-fast: $(VENV)/.installed-dev redis tests/node/node_modules/.installed
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m pytest -m "not slow"
 
 lint: $(VENV)/.installed-dev
 	$(PY) -m ruff check --fix .

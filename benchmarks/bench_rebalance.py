@@ -56,6 +56,7 @@ from bullmq import Queue  # noqa: E402
 from bullmq.redis_connection import SCRIPT_DEFINITIONS, loadScript  # noqa: E402
 from django.test.utils import override_settings  # noqa: E402
 
+from benchmarks.common import free_port  # noqa: E402
 from fairqueue import conf  # noqa: E402
 from fairqueue.broker import (  # noqa: E402
     MAX_PRIORITY,
@@ -68,7 +69,6 @@ from fairqueue.broker import (  # noqa: E402
     plain_script,
 )
 from fairqueue.broker.scripts import add_delayed_script  # noqa: E402
-from fairqueue.demo import free_port  # noqa: E402
 from fairqueue.rebalance.passes import REBASE_PAGE_SIZE, rebalance_queue  # noqa: E402
 from fairqueue.scheduling.levels import PAYLOAD_LEVEL_KEY, PAYLOAD_TENANT_KEY, PriorityLevel  # noqa: E402
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 
 import redis
 
@@ -18,3 +19,10 @@ def delete_prefix(prefix: str) -> None:
             client.delete(*keys[start : start + 5000])
     finally:
         client.close()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now (the OS picks it), for a private Redis."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])

@@ -77,17 +77,33 @@ def free_port() -> int:
 
 class PrivateRedis:
     """A redis-server of the test's own, on its own port and directory, with AOF on
-    (``appendfsync always``), that the test can kill -9 and restart on the same data."""
+    (``appendfsync always``), that the test can kill -9 and restart on the same data.
 
-    def __init__(self, directory, *, port: int | None = None, aof: bool = True) -> None:
+    ``password`` makes it require one (``requirepass``); ``unix_socket`` has it listen on
+    that socket too, and :attr:`url` is then the socket's ``unix://`` URL."""
+
+    def __init__(
+        self,
+        directory,
+        *,
+        port: int | None = None,
+        aof: bool = True,
+        password: str | None = None,
+        unix_socket: str | None = None,
+    ) -> None:
         self.directory = str(directory)
         self.port = port or free_port()
         self.aof = aof
+        self.password = password
+        self.unix_socket = unix_socket
         self.process = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        if self.unix_socket:
+            return f"unix://{auth}{self.unix_socket}?db=0"
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self, timeout_s: float = 10.0) -> PrivateRedis:
         import subprocess
@@ -111,8 +127,12 @@ class PrivateRedis:
         ]
         if self.aof:
             args += ["--appendonly", "yes", "--appendfsync", "always"]
+        if self.password:
+            args += ["--requirepass", self.password]
+        if self.unix_socket:
+            args += ["--unixsocket", self.unix_socket, "--unixsocketperm", "700"]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        client = redis.Redis(port=self.port, password=self.password, socket_connect_timeout=0.2)
         try:
             if not wait_until(lambda: _answers(client), timeout_s):
                 raise RuntimeError(f"redis-server did not start on port {self.port}")
@@ -144,3 +164,35 @@ def _answers(client) -> bool:
         return True
     except (redis.ConnectionError, redis.BusyLoadingError, OSError):
         return False
+
+
+@contextmanager
+def hang_up_server():
+    """A localhost TCP port where something accepts every connection and closes it at
+    once: it answers a port probe, but no Redis (nor a TLS handshake) is behind it.
+    Yields the port."""
+    import socket
+    import threading
+
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    listener.settimeout(0.1)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                connection, _ = listener.accept()
+            except OSError:  # the accept timeout: look at ``stop`` again
+                continue
+            connection.close()
+
+    thread = threading.Thread(target=serve, name="hang-up-server", daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()

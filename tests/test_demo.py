@@ -1,54 +1,60 @@
-"""``manage.py fairqueue_demo``: the whole system runs, every level is served, and
-everything the demo started is gone when it returns.
+"""The demo project's ``manage.py fairqueue_demo``: the whole system runs, every level is
+served, and everything the demo started is gone when it returns.
 
-The end-to-end tests run the demo as ``manage.py`` would, in a subprocess, under a
-private prefix (``--prefix``) in the demo's database of the shared Redis and a throwaway
-SQLite database: its children (worker, rebalancer, load generator) are separate
-processes and cannot see pytest's test database.
+The demo is an application of fairqueue (project/demo.py), so it is tested as a user
+meets it: through its command and what it prints and leaves behind, never through its
+internals. The end-to-end tests run it as ``manage.py`` would, in a subprocess, under a
+private prefix (``--prefix``) in the demo's database of the shared Redis (or a private
+Redis) and a throwaway SQLite database: its children (worker, rebalancer, load
+generator) are separate processes and cannot see pytest's test database.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
-from django.contrib.auth import get_user_model
+from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.core.management import CommandError, call_command
 from prometheus_client.parser import text_string_to_metric_families
 
-from fairqueue.demo import (
-    DEMO_ADMIN_PASSWORD,
-    DEMO_ADMIN_USERNAME,
-    DEMO_REDIS_DB,
-    DEMO_TENANTS,
-    FairnessSample,
-    Supervisor,
-    ensure_demo_superuser,
-    entitled_shares,
-    free_port,
-    redis_answers,
-    seed_classifier,
-    seed_tenants,
-    start_embedded_redis,
-    target_backlog,
-    with_db,
-)
-from fairqueue.management.commands.fairqueue_demo import how_stopped
-from fairqueue.models import TenantPlan
-from fairqueue.scheduling.levels import PriorityLevel
+from fairqueue import conf
 from tests.conftest import REDIS_URL
+from tests.helpers import PrivateRedis, free_port, hang_up_server, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 LEVELS = ("critical", "high", "normal", "low")
+#: What the demo promises (its --help, the README): its database on a Redis it did not
+#: start, the admin account it prints, and its five tenants.
+DEMO_REDIS_DB = 15
+DEMO_ADMIN = ("demo", "demo")
+DEMO_PLANS = {
+    "acme": "enterprise",
+    "initech": "pro",
+    "hooli": "pro",
+    "umbrella": "free",
+    "globex": "enterprise",  # no tier: a classifier rule decides from its subscription
+}
+
+
+def _with_db(url: str, db: int) -> str:
+    return urlunsplit(urlsplit(url)._replace(path=f"/{db}"))
+
+
+DEMO_DB_URL = _with_db(REDIS_URL, DEMO_REDIS_DB)
 
 
 def _demo_env(tmp_path: Path, env: dict[str, str]) -> dict[str, str]:
@@ -93,6 +99,16 @@ def _start_demo(tmp_path: Path, *args: str, env: dict[str, str]) -> subprocess.P
     )
 
 
+def _read_until(process: subprocess.Popen, pattern: str) -> list[str]:
+    """The demo's lines up to the first one matching ``pattern`` (or all, if it ended)."""
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if re.search(pattern, line):
+            break
+    return lines
+
+
 def _processed(output: str) -> dict[str, int]:
     match = re.search(r"while the demo ran: (.*)", output)
     assert match, output
@@ -115,13 +131,20 @@ def _alive(pid: int) -> bool:
     return True
 
 
-DEMO_DB_URL = with_db(REDIS_URL, DEMO_REDIS_DB)
-
-
 def _keys(url: str, prefix: str) -> list[bytes]:
     client = redis.Redis.from_url(url)
     try:
         return list(client.scan_iter(match=f"{prefix}:*", count=1000))
+    finally:
+        client.close()
+
+
+def _answers(url: str) -> bool:
+    client = redis.Redis.from_url(url, socket_connect_timeout=0.5)
+    try:
+        return client.ping()
+    except redis.ConnectionError:
+        return False
     finally:
         client.close()
 
@@ -164,6 +187,46 @@ def _metric_reaches(url, name, minimum=1, timeout_s=30, **labels):
     return False
 
 
+# -- the summary lines --------------------------------------------------------------------
+
+_SHARE = r"(\d+%|-)"
+_WAIT = r"(?:\d+\.\ds|-)"
+SUMMARY = re.compile(
+    r"^\[\s*\d+s\] email: (?P<done>\d+) done \(\d+/s\), served/entitled "
+    + " ".join(rf"{level} {_SHARE}/{_SHARE}" for level in LEVELS)
+    + r" \| oldest waiting: "
+    + " ".join(f"{level} {_WAIT}" for level in LEVELS)
+    + rf" \| normal tenants: initech {_WAIT} vs hooli {_WAIT}"
+    + r" \| over the 3\.0s bound: (?:none|(?:critical|high|normal|low) \d+(?: \w+ \d+)*)"
+    + r" \| (?P<waiting>\d+) waiting$"
+)
+
+
+def _summaries(output: str) -> list[tuple[int, dict[str, tuple[int | None, int | None]]]]:
+    """Every summary line: jobs done, and each level's served and entitled percent."""
+    lines = [line for line in output.splitlines() if line.startswith("[")]
+    parsed = []
+    for line in lines:
+        match = SUMMARY.match(line)
+        assert match, f"not a summary line: {line!r}"
+        assert "weights" not in line
+        values = [None if v == "-" else int(v.rstrip("%")) for v in match.groups()[1:9]]
+        shares = {level: (values[2 * i], values[2 * i + 1]) for i, level in enumerate(LEVELS)}
+        parsed.append((int(match["done"]), shares))
+    return parsed
+
+
+def _weights_split_the_rest(shares: dict[str, tuple[int | None, int | None]]) -> bool:
+    """Low, a trickle, is entitled to what it got (not to 10%), and the three flooded
+    levels to 4:3:2 of the rest."""
+    low_served, low_entitled = shares["low"]
+    if low_served is None or low_served != low_entitled or low_entitled >= 10:
+        return False
+    rest = 100 - low_entitled
+    expected = {"critical": rest * 4 / 9, "high": rest * 3 / 9, "normal": rest * 2 / 9}
+    return all(abs(shares[level][1] - share) <= 1.5 for level, share in expected.items())
+
+
 # -- end to end ---------------------------------------------------------------------------
 
 
@@ -180,12 +243,8 @@ def test_demo__every_part_shown_on_its_own_keys_then_everything_cleaned_up(tmp_p
         demo_prefix,
         env={"FAIRQUEUE_REDIS_URL": REDIS_URL},
     )
-    lines = []
     try:
-        for line in process.stdout:  # up to the metrics line: the children are running
-            lines.append(line)
-            if line.startswith("Metrics:"):
-                break
+        lines = _read_until(process, r"^Metrics:")  # the children are running
         assert lines and lines[-1].startswith("Metrics:"), "".join(lines)
         enqueues, passes = re.findall(r"(http://127\.0\.0\.1:\d+/metrics)", lines[-1])
         # Metrics are served where the jobs are enqueued and where the passes run.
@@ -207,12 +266,23 @@ def test_demo__every_part_shown_on_its_own_keys_then_everything_cleaned_up(tmp_p
     output = "".join(lines) + rest
     assert process.returncode == 0, output
     assert f"using the server at 127.0.0.1:6379/{DEMO_REDIS_DB}" in output  # nothing embedded
+    # The floods' targets: a second of the worker's capacity (4 x 1000 / (20 + 5) ms = 160
+    # jobs) times each flood's share.
+    assert "floods keep jobs waiting (critical flood 107, system mail 80, tenant flood 213)" in (
+        output
+    )
 
     processed = _processed(output)
     assert all(processed[level] > 0 for level in LEVELS), processed
     # The critical flood outranks the low trickle, which is still served.
     assert processed["critical"] > processed["low"]
-    assert re.search(r"\] email: \d+ done .* \| \d+ waiting", output), output
+    summaries = _summaries(output)
+    assert len(summaries) >= 3, output
+    for done, shares in summaries:
+        if done:  # shares of what was served, served and entitled alike
+            assert abs(sum(served or 0 for served, _ in shares.values()) - 100) <= 2, shares
+            assert abs(sum(entitled or 0 for _, entitled in shares.values()) - 100) <= 2, shares
+    assert any(_weights_split_the_rest(shares) for _, shares in summaries), output
     assert re.search(r"over the 3\.0s bound: .*normal \d+", output), output  # the tenant flood
     assert "globex (enterprise)" in output  # no tier: the classifier rule made it enterprise
     audited = re.search(r"priority overrides audited while the demo ran: (\d+)", output)
@@ -221,6 +291,8 @@ def test_demo__every_part_shown_on_its_own_keys_then_everything_cleaned_up(tmp_p
     pids = _started_pids(output)
     assert set(pids) == {"worker", "rebalancer", "load"}, output
     assert not [name for name, pid in pids.items() if _alive(pid)]
+    for name in pids:  # each ended on the demo's SIGTERM: "stopped", not an exit code
+        assert f"  {name} (pid {pids[name]}) stopped" in output, output
     assert "exit code" not in output and "demo stopped" in output
 
     # Nothing left behind: not in its database, not in db 0.
@@ -240,14 +312,10 @@ def test_demo__ctrl_c_stops_it_and_deletes_its_keys(tmp_path, demo_prefix):
         demo_prefix,
         env={"FAIRQUEUE_REDIS_URL": REDIS_URL},
     )
-    lines = []
     try:
         # Wait for a job done, not the first summary: under load that can come before
         # the load generator wrote anything.
-        for line in process.stdout:
-            lines.append(line)
-            if re.search(r"\] email: [1-9]\d* done", line):
-                break
+        lines = _read_until(process, r"\] email: [1-9]\d* done")
         assert re.search(r"\] email: \d+ done", lines[-1]), "".join(lines)
         assert _keys(DEMO_DB_URL, demo_prefix), "".join(lines)
         process.send_signal(signal.SIGINT)
@@ -265,22 +333,191 @@ def test_demo__ctrl_c_stops_it_and_deletes_its_keys(tmp_path, demo_prefix):
 
 @pytest.mark.slow
 def test_demo__without_redis_runs_an_embedded_one_and_stops_it(tmp_path):
-    dead_url = f"redis://127.0.0.1:{free_port()}/0"
-    result = _run_demo(
-        tmp_path, "--duration", "6", "--no-web", env={"FAIRQUEUE_REDIS_URL": dead_url}
+    dead_port = free_port()
+    process = _start_demo(
+        tmp_path,
+        "--duration",
+        "6",
+        "--no-web",
+        env={"FAIRQUEUE_REDIS_URL": f"redis://127.0.0.1:{dead_port}/0"},
     )
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output
-    assert "starting the embedded Redis" in output
+    try:
+        lines = _read_until(process, r"^Metrics:")
+        output = "".join(lines)
+        embedded = re.search(r"embedded server on 127\.0\.0\.1:(\d+) \(pid (\d+)\)", output)
+        assert embedded, output
+        port, pid = int(embedded.group(1)), int(embedded.group(2))
+        # It is a real Redis, on the port the demo printed, on a port the OS chose.
+        client = redis.Redis(port=port)
+        try:
+            assert client.ping() is True
+            assert client.info("server")["tcp_port"] == port
+        finally:
+            client.close()
+        rest, _ = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    output += rest
+    assert process.returncode == 0, output
+    # A bare PING found nothing where the URL points, so the demo embedded its own.
+    assert f"nothing answers at 127.0.0.1:{dead_port}/0; starting the embedded Redis" in output
     processed = _processed(output)
     assert all(processed[level] > 0 for level in LEVELS), processed
 
     pids = _started_pids(output)
     assert set(pids) == {"redis", "worker", "rebalancer", "load"}, output
+    assert pids["redis"] == pid
     assert not [name for name, pid in pids.items() if _alive(pid)]
-    embedded_port = re.search(r"embedded server on [\d.]+:(\d+)", output).group(1)
-    assert not redis_answers(f"redis://127.0.0.1:{embedded_port}/0")
+    assert not _answers(f"redis://127.0.0.1:{port}/0")
     assert "deleted the demo's" in output and "exit code" not in output
+    # Stopped last, cleanly on SIGTERM (exit code 0), its log where the demo keeps state.
+    assert output.index("deleted the demo's") < output.index(f"  redis (pid {pid}) stopped")
+    log = tmp_path / "state" / "redis" / "redis.log"
+    assert "ready to exit, bye bye" in log.read_text(), log.read_text()
+
+
+def _rows(database: Path, query: str) -> list[tuple]:
+    connection = sqlite3.connect(database)
+    try:
+        return connection.execute(query).fetchall()
+    finally:
+        connection.close()
+
+
+def _plans(output: str) -> dict[str, str]:
+    line = re.search(r"^Tenants: (.*); plans decide", output, re.MULTILINE)
+    assert line, output
+    return dict(re.findall(r"(\w+) \((\w+)\)", line.group(1)))
+
+
+@pytest.mark.slow
+def test_demo__seeds_once_restores_its_admin_and_keeps_what_was_changed_in_the_admin(
+    tmp_path, demo_prefix
+):
+    """Two runs on one database, against a Redis that wants a password, over a unix
+    socket: the demo's database (15) replaces the URL's, the password is kept (the runs
+    work) and never printed."""
+    server = PrivateRedis(
+        tmp_path, aof=False, password="s3cret-pw", unix_socket=str(tmp_path / "redis.sock")
+    ).start()
+    database = tmp_path / "demo.sqlite3"
+    env = {"FAIRQUEUE_REDIS_URL": server.url}
+    argv = ("--duration", "0.5", "--no-web", "--prefix", demo_prefix)
+    try:
+        first = _run_demo(tmp_path, *argv, env=env)
+        output = first.stdout + first.stderr
+        assert first.returncode == 0, output
+        assert f"using the server at unix:{tmp_path / 'redis.sock'}/{DEMO_REDIS_DB}" in output
+        assert re.search(rf"deleted the demo's [1-9]\d* keys under {demo_prefix}:\*", output)
+        assert "Admin: log in as 'demo' / 'demo' (created)" in output
+        assert _plans(output) == DEMO_PLANS
+        assert set(_plans(output).values()) == {"enterprise", "pro", "free"}
+        assert "Classifier rule: prod_enterprise_annual -> enterprise" in output
+        globex = "SELECT plan_tier FROM fairqueue_tenantplan WHERE tenant_id = 'globex'"
+        assert _rows(database, globex) == [("",)]  # no tier: the rule decides
+
+        # Someone changes the admin's password and flags, and a plan, in the admin.
+        connection = sqlite3.connect(database)
+        with connection:
+            connection.execute(
+                "UPDATE auth_user SET password = '!', is_staff = 0 WHERE username = 'demo'"
+            )
+            connection.execute(
+                "UPDATE fairqueue_tenantplan SET plan_tier = 'free' WHERE tenant_id = 'acme'"
+            )
+        connection.close()
+
+        second = _run_demo(tmp_path, *argv, env=env)
+        again = second.stdout + second.stderr
+        assert second.returncode == 0, again
+        assert "Admin: log in as 'demo' / 'demo' (already there)" in again
+        assert _plans(again) == {**DEMO_PLANS, "acme": "free"}  # the admin's change stays
+        assert "Classifier rule: prod_enterprise_annual -> enterprise" in again
+        assert "s3cret-pw" not in output + again
+        # The demo's keys were in its database only, and are gone.
+        client = redis.Redis.from_url(server.url)
+        try:
+            assert client.info("keyspace") == {}
+        finally:
+            client.close()
+    finally:
+        server.stop()
+
+    users = _rows(database, "SELECT password, is_active, is_staff, is_superuser FROM auth_user")
+    assert len(users) == 1
+    password, *flags = users[0]
+    assert flags == [1, 1, 1]
+    assert PBKDF2PasswordHasher().verify(DEMO_ADMIN[1], password)  # the printed password
+    assert _rows(database, "SELECT COUNT(*) FROM fairqueue_tenantplan") == [(len(DEMO_PLANS),)]
+    assert _rows(database, "SELECT COUNT(*) FROM fairqueue_subscriptionclassifier") == [(1,)]
+    assert _rows(database, "SELECT COUNT(*) FROM fairqueue_classifierrule") == [(1,)]
+
+
+@pytest.mark.slow
+def test_demo__a_child_that_dies_fails_it_and_a_child_that_does_not_stop_is_killed(
+    tmp_path, demo_prefix
+):
+    """Jobs of 30 s keep the worker busy past the demo's stop timeout (10 s); the
+    rebalancer is killed under it. The demo fails naming the dead child, still stops the
+    others in order, kills the worker that would not stop in time, and cleans up."""
+    process = _start_demo(
+        tmp_path,
+        "--no-web",
+        "--work-ms",
+        "30000",
+        "--concurrency",
+        "1",
+        "--summary-every",
+        "1",
+        "--prefix",
+        demo_prefix,
+        env={"FAIRQUEUE_REDIS_URL": REDIS_URL},
+    )
+    client = redis.Redis.from_url(DEMO_DB_URL)
+    try:
+        lines = _read_until(process, r"^Metrics:")
+        pids = _started_pids("".join(lines))
+        assert set(pids) == {"worker", "rebalancer", "load"}, "".join(lines)
+        # Keep reading (the pipe must not fill up) until the worker holds an email job
+        # and a summary was printed.
+        reader = threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True)
+        reader.start()
+
+        def busy_and_summarised() -> bool:
+            active = client.llen(f"{demo_prefix}:email:active")
+            return bool(active) and any(line.startswith("[") for line in lines)
+
+        assert wait_until(busy_and_summarised, timeout_s=60), "".join(lines)
+        os.kill(pids["rebalancer"], signal.SIGKILL)
+        process.wait(90)
+        reader.join(10)
+    finally:
+        client.close()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    output = "".join(lines)
+    assert process.returncode == 1, output
+    assert f"rebalancer (pid {pids['rebalancer']}) exited with code -9; the end of " in output
+    # Floods of 30 s jobs: a second of one job at a time is below the floor of 20 jobs.
+    assert "floods keep jobs waiting (critical flood 13, system mail 10, tenant flood 27)" in (
+        output
+    )
+    # No job finished: nothing served, so nobody is entitled to anything.
+    no_service = "email: 0 done (0/s), served/entitled critical -/- high -/- normal -/- low -/-"
+    assert no_service in output
+    assert f"  load (pid {pids['load']}) stopped" in output
+    assert f"  worker (pid {pids['worker']}) killed after a timeout" in output
+    # Only an unexpected end is worth its exit code.
+    assert f"  rebalancer (pid {pids['rebalancer']}) exited with code -9" in output
+    assert not [name for name, pid in pids.items() if _alive(pid)]
+    assert "deleted the demo's" in output and "demo stopped" in output
+    assert _keys(DEMO_DB_URL, demo_prefix) == []
+
+
+# -- refusals before anything starts ------------------------------------------------------
 
 
 def test_demo__refuses_bullmqs_default_prefix_it_would_delete():
@@ -290,10 +527,42 @@ def test_demo__refuses_bullmqs_default_prefix_it_would_delete():
         call_command("fairqueue_demo", redis_db=16)
 
 
-def test_with_db__same_server_and_credentials_other_database():
-    assert with_db("redis://:pw@10.0.0.5:6380/0", 15) == "redis://:pw@10.0.0.5:6380/15"
-    assert with_db("rediss://cache.internal", 3) == "rediss://cache.internal/3"
-    assert with_db("unix:///run/redis.sock?db=0", 15) == "unix:///run/redis.sock?db=15"
+def test_demo__a_bad_duration_is_refused_before_anything_starts():
+    with pytest.raises(CommandError, match=r"--duration: '0' is not allowed"):
+        call_command("fairqueue_demo", duration=0)
+
+
+def test_demo__a_server_that_answers_but_refuses_its_connection_stops_it_before_anything(
+    tmp_path, monkeypatch
+):
+    """Something answers at the URL (a port probe works) but the demo's client cannot
+    talk to it (here: TLS to a server that hangs up): the demo names where, on its own
+    database of the same server, and fails before it migrates or starts a child."""
+    with hang_up_server() as port:
+        monkeypatch.setenv("FAIRQUEUE_REDIS_URL", f"rediss://:hunter2@127.0.0.1:{port}")
+        conf.reload_settings()
+        out = io.StringIO()
+        try:
+            with pytest.raises(CommandError) as refused:
+                call_command(
+                    "fairqueue_demo", redis_db=3, no_web=True, state_dir=tmp_path, stdout=out
+                )
+        finally:
+            monkeypatch.delenv("FAIRQUEUE_REDIS_URL")
+            conf.reload_settings()
+    output = out.getvalue()
+    assert f"Redis: using the server at 127.0.0.1:{port}/3 (FAIRQUEUE_REDIS_URL, database 3)" in (
+        output
+    )
+    assert str(refused.value).startswith(
+        f"Redis at 127.0.0.1:{port}/3 answers but refused the demo's connection ("
+    )
+    assert "hunter2" not in output + str(refused.value)
+    assert "Admin:" not in output and "started" not in output
+    assert not (tmp_path / "logs").exists()
+
+
+# -- the demo project ---------------------------------------------------------------------
 
 
 def test_readme_snippet_in_manage_py_shell__an_enterprise_tenant_gets_critical(tmp_path, fq_prefix):
@@ -322,173 +591,6 @@ def test_readme_snippet_in_manage_py_shell__an_enterprise_tenant_gets_critical(t
         assert result.returncode == 0, result.stdout + result.stderr
     printed = result.stdout.splitlines()
     assert "big-co critical" in printed and "small-co low" in printed, result.stdout
-
-
-def test_demo__a_bad_duration_is_refused_before_anything_starts():
-    with pytest.raises(CommandError, match=r"--duration: '0' is not allowed"):
-        call_command("fairqueue_demo", duration=0)
-
-
-# -- the embedded Redis -------------------------------------------------------------------
-
-
-def test_embedded_redis__starts_on_a_free_port_answers_ping_and_stops(tmp_path):
-    embedded = start_embedded_redis(tmp_path / "redis")
-    try:
-        client = redis.Redis.from_url(embedded.url)
-        try:
-            assert client.ping() is True
-            assert client.info("server")["tcp_port"] == embedded.port
-        finally:
-            client.close()
-        assert redis_answers(embedded.url)
-    finally:
-        code = embedded.stop()
-    assert code == 0
-    assert not _alive(embedded.pid)
-    assert not redis_answers(embedded.url)
-    assert (tmp_path / "redis" / "redis.log").exists()
-
-
-def test_redis_answers__false_where_nothing_listens():
-    assert not redis_answers(f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.5)
-    assert redis_answers(REDIS_URL)
-
-
-# -- process supervision ------------------------------------------------------------------
-
-
-def test_supervisor__sigkills_a_child_that_ignores_sigterm(tmp_path):
-    supervisor = Supervisor(log_dir=tmp_path, env=dict(os.environ))
-    stubborn = supervisor.start(
-        "stubborn",
-        [
-            sys.executable,
-            "-c",
-            "import signal, time\n"
-            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-            "print('ready', flush=True)\n"
-            "time.sleep(60)\n",
-        ],
-    )
-    polite = supervisor.start("polite", [sys.executable, "-c", "import time; time.sleep(60)"])
-    deadline = time.monotonic() + 10
-    while "ready" not in stubborn.log_path.read_text() and time.monotonic() < deadline:
-        time.sleep(0.05)
-
-    killed = supervisor.stop(timeout_s=0.5)
-
-    assert killed == [stubborn]
-    assert stubborn.process.returncode == -signal.SIGKILL
-    assert polite.process.returncode == -signal.SIGTERM
-    assert not supervisor.children[0].running and not supervisor.children[1].running
-    # A child that ends on the demo's SIGTERM (runserver does) is reported as stopped,
-    # not as "exit code -15".
-    assert how_stopped(polite, killed) == "stopped"
-    assert how_stopped(stubborn, killed) == "killed after a timeout"
-
-
-def test_how_stopped__names_only_an_unexpected_exit(tmp_path):
-    supervisor = Supervisor(log_dir=tmp_path, env=dict(os.environ))
-    failing = supervisor.start("failing", [sys.executable, "-c", "raise SystemExit(3)"])
-    failing.process.wait(10)
-    assert how_stopped(failing, []) == "exited with code 3"
-
-
-# -- demo data ----------------------------------------------------------------------------
-
-
-@pytest.mark.django_db
-def test_ensure_demo_superuser__is_idempotent_and_restores_the_printed_password():
-    assert ensure_demo_superuser() is True
-    user = get_user_model().objects.get(username=DEMO_ADMIN_USERNAME)
-    user.set_password("changed")
-    user.is_staff = False
-    user.save()
-
-    assert ensure_demo_superuser() is False
-
-    user.refresh_from_db()
-    assert user.is_staff and user.is_superuser
-    assert user.check_password(DEMO_ADMIN_PASSWORD)
-    assert get_user_model().objects.filter(username=DEMO_ADMIN_USERNAME).count() == 1
-
-
-@pytest.mark.django_db
-def test_seed_classifier__a_rule_makes_the_tierless_tenant_enterprise_once():
-    assert seed_classifier() == "prod_enterprise_annual -> enterprise"
-    assert seed_classifier() == "prod_enterprise_annual -> enterprise"  # idempotent
-    plans = dict(seed_tenants())
-    assert TenantPlan.objects.get(tenant_id="globex").plan_tier == ""
-    assert plans["globex"] == "enterprise"  # decided by the classifier rule
-
-
-@pytest.mark.django_db
-def test_seed_tenants__creates_one_per_plan_and_keeps_plans_changed_in_the_admin():
-    plans = dict(seed_tenants())
-    assert set(plans.values()) == {"enterprise", "pro", "free"}
-    TenantPlan.objects.filter(tenant_id="acme").update(plan_tier="free")
-
-    again = dict(seed_tenants())
-
-    assert again["acme"] == "free"
-    assert TenantPlan.objects.count() == len(DEMO_TENANTS)
-
-
-# -- the summary --------------------------------------------------------------------------
-
-
-C, H, N, L = PriorityLevel.CRITICAL, PriorityLevel.HIGH, PriorityLevel.NORMAL, PriorityLevel.LOW
-
-
-def test_entitled_shares__a_trickle_is_entitled_to_its_demand_floods_split_the_rest():
-    # Three flooded levels and a low trickle that got every job it had (4 of 200).
-    shares = entitled_shares({C: 90, H: 64, N: 42, L: 4}, backlogged=[C, H, N])
-    assert shares[L] == pytest.approx(4 / 200)  # not 10%: it asked for 2%
-    assert shares[C] == pytest.approx(196 / 200 * 4 / 9)
-    assert shares[H] == pytest.approx(196 / 200 * 3 / 9)
-    assert shares[N] == pytest.approx(196 / 200 * 2 / 9)
-
-
-def test_entitled_shares__all_backlogged_is_the_weights():
-    shares = entitled_shares({C: 40, H: 30, N: 20, L: 10}, backlogged=[C, H, N, L])
-    assert [round(shares[level], 3) for level in (C, H, N, L)] == [0.4, 0.3, 0.2, 0.1]
-
-
-def test_entitled_shares__a_level_served_beyond_its_share_while_others_idle_is_capped():
-    # Only critical asked, then left; low backlogged: low is entitled to what remains.
-    shares = entitled_shares({C: 10, L: 90}, backlogged=[L])
-    assert shares == {C: pytest.approx(0.1), H: 0.0, N: 0.0, L: pytest.approx(0.9)}
-    assert entitled_shares({}, backlogged=[C]) == {}
-
-
-def test_fairness_sample__served_against_entitled_oldest_waits_and_the_bound():
-    sample = FairnessSample(
-        elapsed_s=12,
-        interval_s=3,
-        done={C: 88, H: 66, N: 44, L: 2},
-        oldest_wait_ms={C: 1500, H: 1200, N: 6500, L: None},
-        tenant_wait_ms={"initech": 6500, "hooli": 300},
-        waiting=812,
-        waiting_by_level={C: 300, H: 220, N: 290},
-        overdue_by_level={N: 120},
-        max_wait_ms=3000,
-    )
-    line = sample.line()
-    assert "\n" not in line
-    assert "200 done (67/s)" in line
-    # Low got its 1% trickle, and 1% is all it was entitled to: not "10%" as if failing.
-    assert "served/entitled critical 44%/44% high 33%/33% normal 22%/22% low 1%/1%" in line
-    assert "weights" not in line
-    assert "critical 1.5s high 1.2s normal 6.5s low -" in line
-    assert "initech 6.5s vs hooli 0.3s" in line
-    assert "over the 3.0s bound: normal 120" in line
-    assert line.endswith("| 812 waiting")
-
-
-def test_target_backlog__a_second_of_the_workers_capacity():
-    assert target_backlog(concurrency=4, work_ms=20) == 160
-    assert target_backlog(concurrency=1, work_ms=60_000) == 20  # never below 20
 
 
 def test_web__static_files_served_with_debug_off(tmp_path):

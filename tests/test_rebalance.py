@@ -155,6 +155,7 @@ def test_overdue_jobs_are_counted_per_level_and_keep_their_flows_turns(fq_prefix
     assert len(critical) == 80
 
 
+@pytest.mark.slow
 def test_a_huge_overdue_backlog_is_counted_in_a_bounded_pass(fq_prefix, redis_client):
     jobs = enqueue_jobs("email", [{} for _ in range(6_500)], tenant_id="t", priority_level="low")
     age(redis_client, fq_prefix, [job.job_id for job in jobs], 400_000)

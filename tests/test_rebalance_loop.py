@@ -77,6 +77,7 @@ def next_passes(redis_client, prefix, count, timeout_s=30.0):
     return records
 
 
+@pytest.mark.slow
 def test_leader_lock__one_writer_and_takeover_within_two_intervals(fq_prefix, redis_client):
     interval_ms = 400
     enqueue_jobs("email", [{} for _ in range(50)], priority_level="normal")

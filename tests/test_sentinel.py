@@ -22,7 +22,7 @@ from fairqueue.worker import handlers
 from fairqueue.worker.runner import Worker
 from tests.servers import LocalSentinel, cluster_support, start_sentinel
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 PREFIX = "fqs"
 
 

@@ -14,7 +14,6 @@ from django.urls import path
 
 from fairqueue import conf
 from fairqueue.broker import MAX_PRIORITY, RESERVED_JOB_IDS, TAG_FLOOR, close_brokers
-from fairqueue.demo import free_port
 from fairqueue.enqueue import priority
 from fairqueue.enqueue.api import aenqueue_job, enqueue_job, enqueue_jobs, enqueue_on_commit
 from fairqueue.exceptions import (
@@ -35,7 +34,7 @@ from fairqueue.exceptions import (
 from fairqueue.models import PriorityOverrideAudit, TenantPlan
 from fairqueue.scheduling.levels import MAX_PAYLOAD_DEPTH
 from tests.conftest import REDIS_URL, TEST_QUEUES
-from tests.helpers import drain_with_stock_worker, metric, metric_delta, wait_until
+from tests.helpers import drain_with_stock_worker, free_port, metric, metric_delta, wait_until
 
 pytestmark = pytest.mark.django_db
 

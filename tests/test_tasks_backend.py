@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -641,12 +642,23 @@ def installed_wheel(tmp_path_factory) -> Path:
         )
         assert done.returncode == 0, done.stdout + done.stderr
 
-    pip("wheel", "--no-deps", "-w", str(wheels), str(ROOT))
+    # From a copy without build artifacts: setuptools reuses a stale build/lib and would
+    # ship modules that were moved or deleted since the last build in this checkout.
+    source = tmp_path_factory.mktemp("source") / "django-fairqueue"
+    shutil.copytree(
+        ROOT,
+        source,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv", "build", "*.egg-info", "node_modules", ".demo", "__pycache__"
+        ),
+    )
+    pip("wheel", "--no-deps", "-w", str(wheels), str(source))
     (wheel,) = wheels.glob("django_fairqueue-*.whl")
     pip("install", "--no-deps", "--target", str(site), str(wheel))
     return site
 
 
+@pytest.mark.slow
 def test_fresh_project__tasks_setting_and_task_decorator_run_in_the_fair_order(
     tmp_path, fq_prefix, installed_wheel
 ):
@@ -715,6 +727,11 @@ def test_fresh_project__tasks_setting_and_task_decorator_run_in_the_fair_order(
         return done.stdout
 
     manage("migrate", "--noinput", "-v", "0")
+    # The app's commands, and not the demo project's: no demo superuser or runserver in a
+    # user's project.
+    commands = manage("help", "--commands").split()
+    assert {"fairqueue_worker", "rebalance_fair", "fairqueue_relay"} <= set(commands), commands
+    assert "fairqueue_demo" not in commands, commands
     imported_from = manage("shell", "-c", "import fairqueue; print(fairqueue.__file__)")
     assert Path(imported_from.split()[-1]).is_relative_to(installed_wheel), imported_from
     manage(

@@ -78,7 +78,7 @@ from fairqueue.broker.passes import (
 )
 from fairqueue.broker.results import JOB_STATES, StoredJob
 from fairqueue.broker.scripts import Script, add_jobs_script, adopt_page_script, plain_script
-from fairqueue.broker.workers import ActiveJob, FinishedJob
+from fairqueue.broker.workers import ActiveJob
 
 __all__ = [
     "ADD_BATCH_SIZE",
@@ -95,7 +95,6 @@ __all__ = [
     "BacklogScan",
     "Broker",
     "Connection",
-    "FinishedJob",
     "HistoryRead",
     "IndexWalk",
     "JobDetail",

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
 from bullmq import Job as BullJob
 from bullmq import Worker as BullWorker
 
-from fairqueue.broker.common import _int_or, parse_job_data
+from fairqueue.broker.common import _int_or
 from fairqueue.broker.connection import BrokerPart
 
 
@@ -35,31 +35,10 @@ class ActiveJob:
 
 # -- demo support types -------------------------------------------------------------------
 
-_FINISHED_FIELDS: Final = ("data", "timestamp", "processedOn", "finishedOn")
-
-
-@dataclass(frozen=True, slots=True)
-class FinishedJob:
-    """A completed job as :meth:`Broker.finished_since` reads it (times in ms since the
-    epoch; ``None`` where BullMQ stored nothing)."""
-
-    job_id: str
-    data: dict[str, Any] | None
-    timestamp_ms: int | None
-    processed_on_ms: int | None
-    finished_on_ms: int | None
-
-    @property
-    def wait_ms(self) -> int | None:
-        """How long the job waited before a worker took it."""
-        if self.timestamp_ms is None or self.processed_on_ms is None:
-            return None
-        return max(0, self.processed_on_ms - self.timestamp_ms)
-
 
 class WorkerSupport(BrokerPart):
-    """:class:`Broker`'s worker and demo support (mixed in; uses ``BrokerCore``'s
-    plumbing)."""
+    """What a worker needs of the broker: a stock BullMQ worker built under this broker's
+    Redis and prefix, and the idle check of a burst worker."""
 
     # -- worker support (fairqueue.worker) --------------------------------------------
     # The only place a BullMQ Worker is built, so BullMQ's Job object stays in here.
@@ -138,68 +117,3 @@ class WorkerSupport(BrokerPart):
             pipe.llen(self.conn.key(queue, "active"))
             counts = await self.conn.guard(pipe.execute())
         return sum(int(count) for count in counts)
-
-    # -- demo support (fairqueue.demo) ------------------------------------------------
-    # The demo's load generator and fairness summary count finished jobs by level and
-    # tenant; a long demo trims them so Redis does not fill up with completed jobs.
-
-    async def finished_since(
-        self, queue: str, *, since_ms: int, limit: int = 10_000
-    ) -> list[FinishedJob]:
-        """Completed jobs of ``queue`` that finished at or after ``since_ms``, oldest first
-        (at most ``limit``), with the times BullMQ stored for them.
-
-        BullMQ keeps completed jobs in a sorted set scored by ``finishedOn``, so this costs
-        O(log n + found) however long the history is.
-        """
-        return await self.conn.guard(self._finished_since(queue, since_ms, limit))
-
-    async def _finished_since(self, queue: str, since_ms: int, limit: int) -> list[FinishedJob]:
-        client = self.conn.client()
-        ids = await client.zrangebyscore(
-            self.conn.key(queue, "completed"), since_ms, "+inf", start=0, num=limit
-        )
-        if not ids:
-            return []
-        async with client.pipeline(transaction=False) as pipe:
-            for job_id in ids:
-                pipe.hmget(self.conn.key(queue, job_id), *_FINISHED_FIELDS)
-            rows = await pipe.execute()
-        return [
-            FinishedJob(
-                job_id=str(job_id),
-                data=parse_job_data(data),
-                timestamp_ms=_int_or(timestamp, None),
-                processed_on_ms=_int_or(processed, None),
-                finished_on_ms=_int_or(finished, None),
-            )
-            for job_id, (data, timestamp, processed, finished) in zip(ids, rows, strict=True)
-            if finished is not None  # trimmed between the two reads
-        ]
-
-    async def trim_finished(self, queue: str, *, grace_ms: int, limit: int = 10_000) -> int:
-        """Delete up to ``limit`` completed jobs that finished more than ``grace_ms`` ago,
-        with BullMQ's own ``clean``; returns how many were deleted."""
-        return len(
-            await self.conn.guard(self.conn.queue(queue).clean(grace_ms, limit, "completed"))
-        )
-
-    async def delete_prefix_keys(self, *, batch: int = 1_000) -> int:
-        """Delete every key under this broker's prefix (``prefix:*``), in batches of
-        ``batch`` (SCAN, then UNLINK: Redis is never blocked for long). Returns how many
-        were deleted. For the demo's own prefix when it stops: never point it at a
-        prefix real queues use."""
-        return await self.conn.guard(self._delete_prefix_keys(batch))
-
-    async def _delete_prefix_keys(self, batch: int) -> int:
-        client = self.conn.client()
-        deleted = 0
-        keys: list[str] = []
-        async for key in client.scan_iter(match=f"{self.conn.prefix}:*", count=batch):
-            keys.append(key)
-            if len(keys) >= batch:
-                deleted += await client.unlink(*keys)
-                keys = []
-        if keys:
-            deleted += await client.unlink(*keys)
-        return deleted

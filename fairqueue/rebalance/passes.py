@@ -168,8 +168,8 @@ def lock_ttl_ms(interval_ms: int) -> int:
 
 
 def pending_from_job(job: WaitingJob) -> PendingJob | None:
-    """The policy's view of a job read from BullMQ (the dashboard's and the demo's
-    reads); ``None`` if its data cannot say.
+    """The policy's view of a job read from BullMQ (the dashboard's reads); ``None`` if
+    its data cannot say.
 
     fairqueue's jobs carry ``tenantId`` and ``priorityLevel`` in their data; jobs from
     other producers fall back to the priority their producer asked for and the

