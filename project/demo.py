@@ -268,7 +268,7 @@ REDIS_ERRORS: Final = (redis.RedisError, OSError)
 
 
 @dataclass(frozen=True, slots=True)
-class FinishedJob:
+class CompletedJob:
     """A completed job of the demo, as BullMQ keeps it (``finishedOn`` in ms since the
     epoch; ``data`` is ``None`` when it is not a JSON object)."""
 
@@ -349,9 +349,9 @@ class DemoRedis:
                 "of FAIRQUEUE_REDIS_URL"
             ) from None
 
-    def finished_since(
+    def completed_since(
         self, queue: str, *, since_ms: int, limit: int = 10_000
-    ) -> list[FinishedJob]:
+    ) -> list[CompletedJob]:
         """Completed jobs of ``queue`` that finished at or after ``since_ms``, oldest
         first (at most ``limit``): O(log n + found) however long the history is."""
         ids = self.client.zrangebyscore(
@@ -368,7 +368,7 @@ class DemoRedis:
             for job_id, (data, finished_on) in zip(ids, rows, strict=True)
         ]
         return [
-            FinishedJob(job_id=job_id, data=_json_object(data), finished_on_ms=finished_on)
+            CompletedJob(job_id=job_id, data=_json_object(data), finished_on_ms=finished_on)
             for job_id, data, finished_on in finished
             if finished_on is not None  # trimmed between the two reads
         ]
@@ -407,7 +407,7 @@ class DemoRedis:
                 )
         return QueueHead(jobs=jobs, behind=max(0, int(wait_len) + int(total) - len(head)))
 
-    def trim_finished(self, queue: str, *, grace_ms: int, limit: int = 10_000) -> int:
+    def trim_completed(self, queue: str, *, grace_ms: int, limit: int = 10_000) -> int:
         """Delete up to ``limit`` completed jobs that finished more than ``grace_ms`` ago
         with BullMQ's own ``clean`` (it knows every key a job has); how many went."""
         if self._loop is None:
@@ -419,7 +419,7 @@ class DemoRedis:
             )
         return len(self._loop.run_until_complete(bull.clean(grace_ms, limit, "completed")))
 
-    def delete_prefix_keys(self, *, batch: int = 1_000) -> int:
+    def delete_demo_keys(self, *, batch: int = 1_000) -> int:
         """Delete every key under the demo's prefix (SCAN, then UNLINK ``batch`` at a
         time, so Redis is never blocked for long); how many were deleted. Only for the
         demo's own prefix, which the command refuses to be BullMQ's default."""
@@ -848,8 +848,8 @@ class FinishedTracker:
         self._overlap = overlap_ms
         self._seen: dict[str, int] = {}
 
-    def poll(self) -> list[FinishedJob]:
-        jobs = self.store.finished_since(self.queue, since_ms=self._since - self._overlap)
+    def poll(self) -> list[CompletedJob]:
+        jobs = self.store.completed_since(self.queue, since_ms=self._since - self._overlap)
         new = [job for job in jobs if job.job_id not in self._seen]
         for job in new:
             finished = job.finished_on_ms

@@ -571,7 +571,7 @@ class Demo:
         try:
             self.say(self.monitor.sample().line())
             for queue in dict.fromkeys(self.settings.queues.values()):
-                store.trim_finished(queue, grace_ms=KEEP_FINISHED_MS)
+                store.trim_completed(queue, grace_ms=KEEP_FINISHED_MS)
         except REDIS_ERRORS as exc:
             self.say(f"summary unavailable: Redis did not answer ({type(exc).__name__})")
 
@@ -625,7 +625,7 @@ class Demo:
                 self.say(self.monitor.totals_line())
             self._report_overrides()
             try:
-                deleted = store.delete_prefix_keys()
+                deleted = store.delete_demo_keys()
                 self.say(f"deleted the demo's {deleted} keys under {self.prefix}:*")
             except REDIS_ERRORS as exc:
                 self.say(
