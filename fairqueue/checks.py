@@ -97,6 +97,11 @@ SETTING_CHECKS: Final[Mapping[Problem, tuple[str, str]]] = MappingProxyType(
             _int_hint("PLAN_CACHE_TIMEOUT", "seconds"),
         ),
         Problem.MAX_PAYLOAD_BYTES: ("fairqueue.E012", _int_hint("MAX_PAYLOAD_BYTES", "bytes")),
+        Problem.FAIRNESS_BY: (
+            "fairqueue.E020",
+            "Set FAIRQUEUE['FAIRNESS_BY'] to 'time' (service is the workers' time, the "
+            "default) or 'jobs' (service is the number of jobs), or remove it.",
+        ),
         Problem.KEEP_COMPLETED: ("fairqueue.E013", _retention_hint("KEEP_COMPLETED")),
         Problem.KEEP_FAILED: ("fairqueue.E014", _retention_hint("KEEP_FAILED")),
         Problem.REDIS_AND_REDIS_URL: (

@@ -67,6 +67,9 @@ DEFAULTS: Final[Mapping[str, Any]] = MappingProxyType(
         # workers (Python or Node) trim finished jobs as they finish them. None keeps all.
         "KEEP_COMPLETED": {"count": 1_000, "age": 86_400},
         "KEEP_FAILED": {"count": 5_000, "age": 604_800},
+        # What "service proportional to weight" counts (SPEC decision 12): "time", the
+        # workers' time on a flow's attempts; "jobs", seed 1's job count.
+        "FAIRNESS_BY": "time",
     }
 )
 
@@ -139,6 +142,7 @@ class Problem(StrEnum):
     CLUSTER_QUEUE_WITHOUT_HASH_TAG = "CLUSTER_QUEUE_WITHOUT_HASH_TAG"
     FAIRQUEUE_NOT_A_DICT = "FAIRQUEUE_NOT_A_DICT"
     UNKNOWN_KEYS = "UNKNOWN_KEYS"
+    FAIRNESS_BY = "FAIRNESS_BY"
 
 
 class SettingError(ImproperlyConfigured):
@@ -189,6 +193,7 @@ class FairqueueSettings:
     redis: RedisTarget
     keep_completed: Retention = Retention(1_000, 86_400)
     keep_failed: Retention = Retention(5_000, 604_800)
+    fairness_by: str = "time"
 
     def __repr__(self) -> str:  # keep credentials in redis_url out of logs and tracebacks
         return (
@@ -197,7 +202,7 @@ class FairqueueSettings:
             f"priority_enabled={self.priority_enabled}, prefix={self.prefix!r}, "
             f"queues={dict(self.queues)!r}, rebalance_window={self.rebalance_window}, "
             f"max_payload_bytes={self.max_payload_bytes}, keep_completed={self.keep_completed}, "
-            f"keep_failed={self.keep_failed})"
+            f"keep_failed={self.keep_failed}, fairness_by={self.fairness_by!r})"
         )
 
     def queue_for(self, job_type: object) -> str:
@@ -388,6 +393,18 @@ def _parse_str(key: str, value: Any, from_env: bool = False) -> str:
     return value
 
 
+#: What FAIRNESS_BY may be.
+FAIRNESS_BY_CHOICES: Final = ("time", "jobs")
+
+
+def _parse_fairness_by(value: Any) -> str:
+    if value not in FAIRNESS_BY_CHOICES:
+        raise ImproperlyConfigured(
+            f"FAIRQUEUE['FAIRNESS_BY']={value!r} is not allowed: expected 'time' or 'jobs'"
+        )
+    return value
+
+
 def _validate() -> tuple[FairqueueSettings | None, list[SettingError]]:
     """The settings, or ``None`` and every problem found, in the order first use reports
     them (the first one is what ``load_settings`` raises)."""
@@ -434,6 +451,7 @@ def _validate() -> tuple[FairqueueSettings | None, list[SettingError]]:
         "keep_failed": read(
             Problem.KEEP_FAILED, _parse_retention, "KEEP_FAILED", values["KEEP_FAILED"]
         ),
+        "fairness_by": read(Problem.FAIRNESS_BY, _parse_fairness_by, values["FAIRNESS_BY"]),
     }
     if errors or redis is None:
         return None, errors

@@ -31,6 +31,8 @@ class QueueFairMetrics:
     overdue_waiting: Gauge
     jobs_enqueued: Counter
     outbox_pending: Gauge
+    worker_seconds: Counter
+    retries: Counter
 
 
 _lock = threading.Lock()
@@ -95,6 +97,20 @@ def initialize_queue_fair_metrics(
                     ["job_type"],
                     registry=registry,
                 ),
+                worker_seconds=Counter(
+                    "queue_fair_worker_seconds",
+                    "Worker time spent on finished attempts, per level (what fairness by "
+                    "time shares out), from BullMQ's events as the leader reads them.",
+                    ["job_type", "priority_level"],
+                    registry=registry,
+                ),
+                retries=Counter(
+                    "queue_fair_retries",
+                    "Starts of jobs that had run before (retries, recovered stalled jobs), "
+                    "per level.",
+                    ["job_type", "priority_level"],
+                    registry=registry,
+                ),
             )
             _by_registry[registry] = metrics
     for job_type in job_types:
@@ -105,6 +121,9 @@ def initialize_queue_fair_metrics(
         metrics.aged_boosts.labels(job_type)
         metrics.overdue_waiting.labels(job_type)
         metrics.outbox_pending.labels(job_type)
+        for level in LEVELS_BY_RANK:
+            metrics.worker_seconds.labels(job_type, level.value)
+            metrics.retries.labels(job_type, level.value)
     for queue in queues:
         for label in ENQUEUE_PRIORITY_LABELS:
             metrics.jobs_enqueued.labels(queue, label)

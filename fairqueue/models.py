@@ -239,6 +239,8 @@ class OutboxJob(models.Model):
     attempts = models.PositiveIntegerField(null=True, blank=True)
     #: BullMQ's backoff option (``{"type": ..., "delay": ms}``), or null.
     backoff = models.JSONField(null=True, blank=True)
+    #: The caller's cost= (expected worker time, ms), or null.
+    cost_ms = models.PositiveIntegerField(null=True, blank=True)
     #: Relay attempts that Redis refused (not outages); such rows go behind the others.
     tries = models.PositiveIntegerField(default=0)
     last_error = models.CharField(max_length=200, blank=True)

@@ -19,9 +19,9 @@ from fairqueue.conf import Problem
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "checks.md"
 ALLOWED_KEYS = (
-    "['CACHE_ALIAS', 'KEEP_COMPLETED', 'KEEP_FAILED', 'MAX_PAYLOAD_BYTES', 'MAX_WAIT_MS', "
-    "'PLAN_CACHE_TIMEOUT', 'PREFIX', 'PRIORITY_ENABLED', 'QUEUES', 'REBALANCE_INTERVAL_MS', "
-    "'REBALANCE_WINDOW', 'REDIS', 'REDIS_URL']"
+    "['CACHE_ALIAS', 'FAIRNESS_BY', 'KEEP_COMPLETED', 'KEEP_FAILED', 'MAX_PAYLOAD_BYTES', "
+    "'MAX_WAIT_MS', 'PLAN_CACHE_TIMEOUT', 'PREFIX', 'PRIORITY_ENABLED', 'QUEUES', "
+    "'REBALANCE_INTERVAL_MS', 'REBALANCE_WINDOW', 'REDIS', 'REDIS_URL']"
 )
 CLUSTER = {"cluster": ["127.0.0.1:7001"]}
 
@@ -136,6 +136,14 @@ SETTING_CASES = [
         "Set FAIRQUEUE_MAX_PAYLOAD_BYTES or FAIRQUEUE['MAX_PAYLOAD_BYTES'] (the variable "
         "wins) to a number of bytes in 1024..536870912 (ASCII digits in the variable), or "
         "remove it for the default 1048576.",
+    ),
+    (
+        "fairqueue.E020",
+        {"FAIRNESS_BY": "seconds"},
+        {},
+        "FAIRQUEUE['FAIRNESS_BY']='seconds' is not allowed: expected 'time' or 'jobs'",
+        "Set FAIRQUEUE['FAIRNESS_BY'] to 'time' (service is the workers' time, the "
+        "default) or 'jobs' (service is the number of jobs), or remove it.",
     ),
     (
         "fairqueue.E013",

@@ -147,3 +147,49 @@ def test_a_180k_backlog_of_one_tenant_leaves_no_job_without_room(fq_prefix, redi
     key = f"{fq_prefix}:email:prioritized"
     assert redis_client.zcount(key, MAX_PRIORITY * 2**32, "+inf") == 0
     assert redis_client.zrank(key, urgent.job_id) <= 1
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(arrival, min_size=1, max_size=30),
+    st.dictionaries(
+        st.sampled_from(["a", "b", "c", "d", "e"]),
+        st.floats(min_value=0.1, max_value=5_000, allow_nan=False),
+    ),
+)
+def test_with_measured_costs_the_add_script_places_as_the_model(arrivals, estimates):
+    """Fairness by time: each flow's step is its cost in turns (its estimate over the
+    queue's typical run time, on the model's grid), exactly as the Python model says."""
+    from fairqueue.scheduling.order import cost_turns
+
+    prefix = f"fqtest-{uuid.uuid4().hex[:12]}"
+    broker = SyncBroker(Broker(REDIS_URL, prefix))
+    redis_client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    typical = 100.0
+    state = f"{prefix}:q:fq:state"
+    redis_client.hset(state, "typ", typical)
+    for level in PriorityLevel:
+        for tenant, ms in estimates.items():
+            redis_client.hset(state, f"c:{level.value}\n{tenant}", ms)
+    clock, placed = FairClock(), []
+    try:
+        added = broker.add_jobs(
+            "q",
+            [
+                NewJob("x", {}, level, tenant=tenant, tenant_weight=w)
+                for level, tenant, w in arrivals
+            ],
+        )
+        for (level, tenant, weight), job in zip(arrivals, added, strict=True):
+            tag = clock.place(
+                level, tenant, weight, cost=cost_turns(estimates.get(tenant), typical)
+            )
+            placed.append((math.floor(tag * TAG_RESOLUTION), RANK[level], tag, level))
+            _, _, head_tag, head_level = min(placed)
+            clock.observe_head(head_tag, head_level)
+            expected = TAG_FLOOR * 2**32 + math.floor(tag * TAG_RESOLUTION) * 4 + RANK[level]
+            assert redis_client.zscore(f"{prefix}:q:prioritized", job.job_id) == expected
+    finally:
+        broker.close()
+        delete_prefix(prefix)
+        redis_client.close()

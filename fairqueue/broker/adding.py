@@ -37,6 +37,9 @@ class NewJob:
     backoff: dict[str, Any] | None = None
     tenant: str = DEFAULT_TENANT
     tenant_weight: int = 1
+    #: The caller's estimate of the job's worker time (``cost=``, in ms); ``None``: its
+    #: flow's measured estimate.
+    cost_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +95,10 @@ class AddPacker:
         *,
         remove_on_complete: dict[str, int] | bool | None = None,
         remove_on_fail: dict[str, int] | bool | None = None,
+        fairness_by: str = "time",
     ) -> None:
+        #: What the fair clock counts (``FAIRNESS_BY``): ``"time"`` or ``"jobs"``.
+        self.fairness_by = fairness_by
         #: BullMQ's ``removeOnComplete`` / ``removeOnFail`` given to every job (``None``:
         #: BullMQ's default, keep every finished job). Workers apply them when they finish
         #: a job, Node ones too, since they are stored in the job's own options.
@@ -139,6 +145,8 @@ class AddPacker:
                 opts["backoff"] = job.backoff
             bull_job = BullJob(bull_queue, job.name, job.data, opts)
             args = [*scripts.addJobArgs(bull_job), job.level.value, job.tenant, job.tenant_weight]
+            if not job.delay_ms:
+                args.append("" if job.cost_ms is None else job.cost_ms)
             if job.delay_ms:
                 keys = scripts.getKeys(["marker", "meta", "id", "delayed", "completed", "events"])
                 keys += [
@@ -173,7 +181,7 @@ class AddPacker:
             ]
         )
         keys += fair_keys(self.prefix, queue)
-        args: list[Any] = [len(batch)]
+        args: list[Any] = [len(batch), self.fairness_by]
         for job_args in batch:
             args.extend(job_args)
         return _AddCommand(self.add_sha, self.add_source, keys, args, delayed=False)
@@ -203,10 +211,14 @@ class Adder(BrokerPart):
         *,
         remove_on_complete: dict[str, int] | bool | None = None,
         remove_on_fail: dict[str, int] | bool | None = None,
+        fairness_by: str = "time",
     ) -> None:
         super().__init__(conn)
         self.packer = AddPacker(
-            conn.prefix, remove_on_complete=remove_on_complete, remove_on_fail=remove_on_fail
+            conn.prefix,
+            remove_on_complete=remove_on_complete,
+            remove_on_fail=remove_on_fail,
+            fairness_by=fairness_by,
         )
 
     async def add_jobs(self, queue: str, jobs: Sequence[NewJob]) -> list[AddedJob]:

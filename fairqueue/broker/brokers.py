@@ -38,6 +38,7 @@ class Broker:
             credentials: never logged).
         prefix: BullMQ key prefix; ``"bull"`` is BullMQ's default.
         client_factory: builds the ``redis.asyncio`` client (injectable for tests).
+        fairness_by: what the fair clock counts (``FAIRNESS_BY``: ``"time"``, ``"jobs"``).
         remove_on_complete, remove_on_fail: BullMQ's ``removeOnComplete`` /
             ``removeOnFail`` (``{"count": n, "age": seconds}``) set on every job this
             broker adds; ``None`` leaves BullMQ's default (keep every finished job).
@@ -51,10 +52,14 @@ class Broker:
         client_factory: Callable[[RedisTarget], Any] | None = None,
         remove_on_complete: dict[str, int] | bool | None = None,
         remove_on_fail: dict[str, int] | bool | None = None,
+        fairness_by: str = "time",
     ) -> None:
         self.conn = Connection(redis, prefix, client_factory=client_factory)
         self.adding = Adder(
-            self.conn, remove_on_complete=remove_on_complete, remove_on_fail=remove_on_fail
+            self.conn,
+            remove_on_complete=remove_on_complete,
+            remove_on_fail=remove_on_fail,
+            fairness_by=fairness_by,
         )
         self.passes = PassStore(self.conn)
         self.lock = LockStore(self.conn)
@@ -164,7 +169,7 @@ _brokers_lock = threading.Lock()
 def _get_pair() -> tuple[Broker, SyncBroker]:
     settings = get_settings()
     keep = (settings.keep_completed, settings.keep_failed)
-    key = (os.getpid(), settings.redis_url, settings.prefix, keep)
+    key = (os.getpid(), settings.redis_url, settings.prefix, keep, settings.fairness_by)
     with _brokers_lock:
         pair = _brokers.get(key)
         if pair is None:
@@ -173,6 +178,7 @@ def _get_pair() -> tuple[Broker, SyncBroker]:
                 settings.prefix,
                 remove_on_complete=settings.keep_completed.bullmq_option(),
                 remove_on_fail=settings.keep_failed.bullmq_option(),
+                fairness_by=settings.fairness_by,
             )
             pair = (broker, SyncBroker(broker))
             _brokers[key] = pair

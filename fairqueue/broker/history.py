@@ -9,7 +9,7 @@ most ``TENANTS_PER_BUCKET`` tenants.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fairqueue.broker.connection import BrokerPart
@@ -34,6 +34,9 @@ class RecordedPage:
     gap_ms: int
     #: The page was full: more entries may be waiting.
     more: bool
+    #: Level name -> (worker milliseconds of the attempts that finished, restarts of
+    #: jobs that had run before) in this page.
+    served: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +62,7 @@ class HistoryStore(BrokerPart):
         page_size: int = 1_000,
         max_data_bytes: int = 65_536,
         byte_budget: int = 1_048_576,
+        fairness_by: str = "time",
     ) -> RecordedPage:
         """Record the next page of ``queue``'s events stream (fenced by the lock).
 
@@ -66,9 +70,17 @@ class HistoryStore(BrokerPart):
             LockLostError: another rebalancer holds the lock; nothing was recorded.
         """
         script = self.conn.script(plain_script("history_record"))
-        status, read, recorded, unknown, gap_ms, more = await self.conn.guard(
+        status, read, recorded, unknown, gap_ms, more, flat = await self.conn.guard(
             script(
-                keys=[self.conn.key(queue, "events"), self.conn.fair_key(queue, "hist"), lock_key],
+                keys=[
+                    self.conn.key(queue, "events"),
+                    self.conn.fair_key(queue, "hist"),
+                    lock_key,
+                    self.conn.fair_key(queue, "run"),
+                    self.conn.fair_key(queue, "state"),
+                    self.conn.fair_key(queue, "flows"),
+                    self.conn.fair_key(queue, "fweights"),
+                ],
                 args=[
                     token,
                     lock_ttl_ms,
@@ -81,6 +93,7 @@ class HistoryStore(BrokerPart):
                     max_data_bytes,
                     TENANTS_PER_BUCKET,
                     byte_budget,
+                    fairness_by,
                 ],
             )
         )
@@ -92,6 +105,9 @@ class HistoryStore(BrokerPart):
             unknown=int(unknown),
             gap_ms=int(gap_ms),
             more=bool(int(more)),
+            served={
+                str(flat[i]): (int(flat[i + 1]), int(flat[i + 2])) for i in range(0, len(flat), 3)
+            },
         )
 
     async def read_history(

@@ -118,6 +118,7 @@ class PassStore(BrokerPart):
         max_wait_ms: int,
         max_payload_bytes: int,
         dry_run: bool = False,
+        fairness_by: str = "time",
     ) -> AdoptedPage:
         """Give up to ``page_size`` untagged waiting jobs (the wait list, other
         producers' small priorities, parked jobs) their fair places.
@@ -137,6 +138,7 @@ class PassStore(BrokerPart):
                     max_wait_ms,
                     max_payload_bytes,
                     int(dry_run),
+                    fairness_by,
                 ],
             )
         )
@@ -156,6 +158,7 @@ class PassStore(BrokerPart):
         max_payload_bytes: int,
         max_stalled_count: int,
         check_ms: int,
+        fairness_by: str = "time",
     ) -> RecoveredStalled:
         """Run BullMQ's own stalled-job check (jobs whose worker died: marked by the last
         check and still without a lock) and place what it recovers in the fair order in
@@ -180,6 +183,7 @@ class PassStore(BrokerPart):
                     lock_ttl_ms,
                     max_wait_ms,
                     max_payload_bytes,
+                    fairness_by,
                 ],
             )
         )

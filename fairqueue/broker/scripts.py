@@ -24,7 +24,7 @@ from bullmq.redis_connection import loadScript
 
 from fairqueue.broker.common import MAX_PRIORITY, TAG_FLOOR, TAG_RESOLUTION
 from fairqueue.dashboard.history import WAIT_EDGES
-from fairqueue.scheduling.order import TAG_SCALE
+from fairqueue.scheduling.order import COST_DEAD_BAND, MAX_COST_TURNS, MIN_COST_TURNS, TAG_SCALE
 
 #: Flows of a level that one placement may retire (bounded work per call; the rest go
 #: on later calls, meanwhile counted as if they still had work).
@@ -36,6 +36,9 @@ _CONSTANTS = {
     "SCALE": TAG_SCALE,
     "SUB": TAG_RESOLUTION,
     "EXPIRE_PER_CALL": EXPIRE_PER_CALL,
+    "MIN_COST": repr(MIN_COST_TURNS),
+    "MAX_COST": repr(MAX_COST_TURNS),
+    "COST_DEAD_BAND": repr(COST_DEAD_BAND),
     "WAIT_EDGES": "{" + ", ".join(str(edge) for edge in WAIT_EDGES) + "}",
 }
 _INCLUDE = re.compile(r"^--- @include (\w+)$", re.MULTILINE)

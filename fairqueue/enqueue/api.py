@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypedDict, Unpack
@@ -248,6 +249,30 @@ def parse_backoff(backoff: object, *, argument: str = "backoff") -> dict[str, An
     )
 
 
+#: The largest ``cost=`` (seconds of worker time a job is expected to take): a day.
+MAX_COST_S: Final = 86_400
+
+
+def parse_cost(cost: object) -> int | None:
+    """``cost=``, the caller's estimate of a job's worker time in seconds (a positive
+    number), as the whole milliseconds the add script takes; ``None``: the flow's
+    measured estimate."""
+    if cost is None:
+        return None
+    if (
+        isinstance(cost, int | float)
+        and not isinstance(cost, bool)
+        and math.isfinite(cost)
+        and 0 < cost <= MAX_COST_S
+    ):
+        return max(1, round(cost * 1000))
+    raise InvalidJobOptionError(
+        f"cost={cost!r} is not allowed: expected None or a number of seconds in (0, {MAX_COST_S}]"[
+            :300
+        ]
+    )
+
+
 def _check_options(job_id: object, delay_ms: object, attempts: object) -> None:
     if job_id is not None and (
         not isinstance(job_id, str)
@@ -345,6 +370,7 @@ class EnqueueOptions(TypedDict, total=False):
     delay_ms: int | None
     attempts: int | None
     backoff: int | Mapping[str, Any] | None
+    cost: float | None
     source: str | None
     actor: object
 
@@ -377,6 +403,7 @@ def _prepare(
     delay_ms: int | None = None,
     attempts: int | None = None,
     backoff: int | Mapping[str, Any] | None = None,
+    cost: float | None = None,
     source: str | None = None,
     actor: object = None,
 ) -> _Prepared:
@@ -392,6 +419,7 @@ def _prepare(
     data = _merged_payload(payload, resolved)
     _check_options(job_id, delay_ms, attempts)
     backoff = parse_backoff(backoff)
+    cost_ms = parse_cost(cost)
     explicit = resolved.rule in (PriorityRule.EXPLICIT_LEVEL, PriorityRule.EXPLICIT_PRIORITY)
     tenant_job = not isinstance(tenant_id, _Absent) and tenant_id is not None
     audit = None
@@ -425,6 +453,7 @@ def _prepare(
             attempts=attempts,
             backoff=backoff,
             tenant=resolved.tenant_bucket,
+            cost_ms=cost_ms,
             tenant_weight=resolved.tenant_weight,
         ),
         resolved=resolved,
@@ -570,6 +599,7 @@ def _enqueue_durable(prepared: Sequence[_Prepared], using: str | None) -> list[E
                     delay_ms=item.new_job.delay_ms,
                     attempts=item.new_job.attempts,
                     backoff=item.new_job.backoff,
+                    cost_ms=item.new_job.cost_ms,
                 )
                 for item in prepared
             ]
@@ -617,6 +647,10 @@ def enqueue_job(
         backoff: BullMQ's ``backoff`` between attempts: a delay in ms (fixed) or
             ``{"type": "fixed" | "exponential", "delay": ms}``; ``None`` retries at once.
             A retry, with or without backoff, waits for its flow's next fair turn.
+        cost: the job's expected worker time in seconds, when the caller knows better
+            than the flow's measured run times (``FAIRNESS_BY = "time"``): the job takes
+            that share of its flow's turns; what its attempts actually use beyond it is
+            charged to the flow after the fact either way.
         source, actor: recorded in the audit row (e.g. ``"signup view"``, ``request.user``).
         durable: write the job to the outbox in the current transaction (on database
             ``using``) instead of Redis; the relay adds it after commit (see

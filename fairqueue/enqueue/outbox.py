@@ -85,6 +85,7 @@ def _new_job(row, now: datetime) -> NewJob:
         delay_ms=delay_ms,
         attempts=row.attempts,
         backoff=row.backoff,
+        cost_ms=row.cost_ms,
         tenant=row.tenant,
         tenant_weight=row.tenant_weight,
     )

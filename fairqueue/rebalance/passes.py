@@ -117,6 +117,9 @@ class PassResult:
     history_gap_ms: int = 0
     #: Overdue jobs found waiting, per level name (the checked part of the count).
     overdue_by_level: dict[str, int] = field(default_factory=dict)
+    #: Level name -> (worker milliseconds of the attempts seen finishing, restarts of jobs
+    #: that had run before), from BullMQ's events stream.
+    served: dict[str, tuple[int, int]] = field(default_factory=dict)
     script_calls: int = 0
     #: The slowest script call of the pass, as this host timed it (round trip included).
     worst_script_ms: float = 0.0
@@ -312,9 +315,21 @@ async def _record(timed: _Timed, broker: Broker, queue: str, fence: dict, max_wa
     for _ in range(HISTORY_PAGES):
         recorded = await timed(
             broker.history.record_history_page(
-                queue, **fence, max_wait_ms=max_wait_ms, page_size=HISTORY_PAGE_SIZE
+                queue,
+                **fence,
+                max_wait_ms=max_wait_ms,
+                page_size=HISTORY_PAGE_SIZE,
+                fairness_by=get_settings().fairness_by,
             )
         )
+        metrics = get_metrics()
+        for level, (worker_ms, retries) in recorded.served.items():
+            done_ms, restarts = result.served.get(level, (0, 0))
+            result.served[level] = (done_ms + worker_ms, restarts + retries)
+            if worker_ms:
+                metrics.worker_seconds.labels(result.job_type, level).inc(worker_ms / 1000)
+            if retries:
+                metrics.retries.labels(result.job_type, level).inc(retries)
         result.recorded += recorded.recorded
         result.unrecorded += recorded.unknown
         result.history_gap_ms += recorded.gap_ms
@@ -334,6 +349,7 @@ async def _recover_stalled(
             max_payload_bytes=settings.max_payload_bytes,
             max_stalled_count=MAX_STALLED_COUNT,
             check_ms=STALLED_CHECK_MS,
+            fairness_by=settings.fairness_by,
         )
     )
     result.recovered += stalled.recovered
@@ -352,6 +368,7 @@ async def _adopt(
             max_wait_ms=settings.max_wait_ms,
             max_payload_bytes=settings.max_payload_bytes,
             dry_run=dry_run,
+            fairness_by=settings.fairness_by,
         )
     )
     result.adopted += page.adopted

@@ -96,11 +96,52 @@ def is_overdue(job: PendingJob, *, now_ms: int, max_wait_ms: int) -> bool:
 
 
 def flow_step(
-    level_weight: int, tenant_weight: int, level_tenant_weights: int, scale: int = TAG_SCALE
+    level_weight: int,
+    tenant_weight: int,
+    level_tenant_weights: int,
+    scale: int = TAG_SCALE,
+    cost: float = 1.0,
 ) -> float:
-    """Virtual time one job of a flow uses: ``scale / flow weight`` where the flow weight
-    is the level's weight split among its tenants with work by their tenant weights."""
-    return scale * level_tenant_weights / (level_weight * tenant_weight)
+    """Virtual time one job of a flow uses: ``scale * cost / flow weight`` where the flow
+    weight is the level's weight split among its tenants with work by their tenant
+    weights, and ``cost`` the job's worker time in turns (:func:`cost_turns`; 1 when
+    fairness counts jobs, SPEC decision 12)."""
+    return scale * cost * level_tenant_weights / (level_weight * tenant_weight)
+
+
+#: A job's cost in turns is kept within these bounds (a job 100x the others is charged
+#: 16 turns: a slow flow waits longer, it never starves the others, and one outlier
+#: never sets a flow back for long).
+MIN_COST_TURNS: Final = 1 / 16
+MAX_COST_TURNS: Final = 16.0
+#: Estimates within this factor of the queue's typical run time count as one turn
+#: exactly, so equal-cost jobs keep the order of fairness by jobs (their measured times
+#: differ by noise only).
+COST_DEAD_BAND: Final = 2**0.125
+
+
+def cost_turns(estimate_s: float | None, typical_s: float | None) -> float:
+    """The turns a job costs its flow when it is placed: its estimated run time over the
+    queue's typical one, on a grid of quarter powers of two (so placements of equal-cost
+    flows are exactly equal), within :data:`MIN_COST_TURNS`..:data:`MAX_COST_TURNS`.
+    One turn with nothing measured yet (cold start)."""
+    if not estimate_s or not typical_s or estimate_s <= 0 or typical_s <= 0:
+        return 1.0
+    ratio = estimate_s / typical_s
+    if 1 / COST_DEAD_BAND < ratio < COST_DEAD_BAND:
+        return 1.0
+    quarters = max(-16, min(16, math.floor(math.log(ratio) / math.log(2) * 4 + 0.5)))  # as the Lua
+    return 2.0 ** (quarters / 4)
+
+
+def overrun_turns(used_s: float, placed_turns: float, typical_s: float | None) -> float:
+    """What an attempt used beyond what its flow was charged when it was placed, in
+    turns (0 when it used less: a fast job earns no credit, so no flow can jump the line
+    by being quick once)."""
+    if not typical_s or typical_s <= 0:
+        return 0.0
+    used = min(MAX_COST_TURNS, max(0.0, used_s / typical_s))
+    return max(0.0, used - placed_turns)
 
 
 def order_pending_jobs(
@@ -181,20 +222,36 @@ class FairClock:
             self.vt = start
 
     def place(
-        self, level: PriorityLevel, tenant: str, tenant_weight: int = 1, *, front: bool = False
+        self,
+        level: PriorityLevel,
+        tenant: str,
+        tenant_weight: int = 1,
+        *,
+        front: bool = False,
+        cost: float = 1.0,
     ) -> float:
         """The finish tag of a new job of (``level``, ``tenant``); jobs run in tag order.
         ``front`` starts it at the virtual time, its flow's next turn (the pass does so
-        for a job it finds already overdue)."""
+        for a job it finds already overdue); ``cost`` is its worker time in turns."""
         for key in [key for key, tag in self.last.items() if tag <= self.vt]:
             del self.last[key], self.counted[key]
         key = (level, tenant)
         self.counted[key] = tenant_weight
         total = sum(w for (lvl, _), w in self.counted.items() if lvl == level)
         start = self.vt if front else max(self.vt, self.last.get(key, self.vt))
-        tag = start + flow_step(self.weights[level], tenant_weight, total)
+        tag = start + flow_step(self.weights[level], tenant_weight, total, cost=cost)
         self.last[key] = max(tag, self.last.get(key, tag))
         return tag
+
+    def charge(self, level: PriorityLevel, tenant: str, turns: float) -> None:
+        """A finished attempt of the flow used ``turns`` more than it was placed with:
+        the flow's later jobs start that much later (a flow with no work left has
+        nothing to charge; it starts afresh at the virtual time)."""
+        key = (level, tenant)
+        if key not in self.last or turns <= 0:
+            return
+        total = sum(w for (lvl, _), w in self.counted.items() if lvl == level)
+        self.last[key] += flow_step(self.weights[level], self.counted[key], total, cost=turns)
 
 
 def order_by_occupancy(

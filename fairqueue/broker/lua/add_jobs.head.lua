@@ -10,8 +10,10 @@
   KEYS[1..9]  addPrioritizedJob's: marker, meta, id, prioritized, delayed, completed,
               active, events, pc
   KEYS[10..14] fairqueue's: state, flows, fweights, ready, jobs
-  ARGV[1]     the number of jobs n; then per job: BullMQ's packed args, JSON data,
-              packed opts, then the level, the tenant and the tenant weight.
+  ARGV[1]     the number of jobs n; ARGV[2] what fairness counts ('time' or 'jobs');
+              then per job: BullMQ's packed args, JSON data, packed opts, then the
+              level, the tenant, the tenant weight and the caller's cost in ms ('' for
+              the flow's estimate).
   Returns per job: the job id and its BullMQ priority (0: the id existed, nothing was
   added; the cap: parked, no room).
   The ready time is Redis's clock (TIME), never the producer's.

@@ -3,19 +3,21 @@ local fqK = {prioritized = KEYS[4], state = KEYS[10], flows = KEYS[11], fweights
   ready = KEYS[13], jobs = KEYS[14]}
 local fqNow = fqNowMs()
 local fqJobs = {}
+local fqByTime = ARGV[2] == 'time'
 for i = 1, tonumber(ARGV[1]) do
-  local b = 2 + (i - 1) * 6
+  local b = 3 + (i - 1) * 7
   fqJobs[i] = {ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4],
-    tonumber(ARGV[b + 5])}
+    tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6])}
 end
 local fqReplies = {}
 local fqC = fqClock(fqK)
+fqC.byTime = fqByTime
 for _, job in ipairs(fqJobs) do
   local args = cmsgpack.unpack(job[1])
   local priority, score = 0, nil
   local fresh = args[2] == '' or redis.call('EXISTS', args[1] .. args[2]) == 0
   if fresh then
-    score = fqPlace(fqK, fqC, job[4], job[5], job[6], false)
+    score = fqPlace(fqK, fqC, job[4], job[5], job[6], false, job[7])
     priority = fqPriorityOf(score)
     local opts = cmsgpack.unpack(job[3])
     opts['priority'] = fqCap -- where BullMQ re-adds it (retries): the back, for the pass

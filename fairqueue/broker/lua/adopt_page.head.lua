@@ -16,7 +16,7 @@
   KEYS[8..12]  fairqueue's: state, flows, fweights, ready, jobs
   KEYS[13]     the leader lock
   ARGV         token, lock ttl ms, job key prefix, page size, wait bound ms,
-               payload cap bytes, dry run (1/0)
+               payload cap bytes, dry run (1/0), what fairness counts ('time'/'jobs')
   Returns {status (1 ok, -1 lock lost), adopted, aged, parked (no room), examined}.
 ]]
 --- @include fair_clock

@@ -22,7 +22,10 @@ end
 
 local adopted, aged, parked = 0, 0, 0
 local fqC = nil
-if not fqDry then fqC = fqClock(fqK) end
+if not fqDry then
+  fqC = fqClock(fqK)
+  fqC.byTime = ARGV[8] == 'time'
+end
 for _, candidate in ipairs(candidates) do
   local jobId, wasParked = candidate[1], candidate[2]
   local level, tenant, weight, ready

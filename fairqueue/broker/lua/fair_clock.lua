@@ -30,14 +30,21 @@
     K.ready        zset: second -> second, the seconds (Redis's clock) in which jobs
                    became ready; K.ready .. ':' .. second is a list of those jobs' ids
                    (a few bytes a job: fairqueue's index costs little beside BullMQ's)
-  Constants FLOOR, CAP, SCALE, SUB and EXPIRE_PER_CALL are filled in when the script
-  loads.
+  Service is worker time (decision 12): with fairness by time, a job's step is
+  multiplied by its cost in turns, its flow's estimated run time over the queue's
+  typical one (fqCostTurns, the same grid as fairqueue.scheduling.order.cost_turns), and
+  the pass charges a flow what its attempts used beyond that (history_record). The
+  estimates live in K.state: 'typ' (the queue's typical run time, ms) and
+  'c:<level>\n<tenant>' (a flow's, ms).
+  Constants FLOOR, CAP, SCALE, SUB, EXPIRE_PER_CALL and the cost bounds are filled in when
+  the script loads.
 ]]
 local fqFloor = {{FLOOR}}
 local fqCap = {{CAP}}
 local fqScale = {{SCALE}}
 local fqExpirePerCall = {{EXPIRE_PER_CALL}}
 local fqSub = {{SUB}}
+local fqMinCost, fqMaxCost, fqDeadBand = {{MIN_COST}}, {{MAX_COST}}, {{COST_DEAD_BAND}}
 local fqScore = 4294967296
 local fqLevelWeight = {critical = 4, high = 3, normal = 2, low = 1}
 local fqLevelRank = {critical = 0, high = 1, normal = 2, low = 3}
@@ -85,6 +92,36 @@ local function fqClock(K)
   return c
 end
 
+-- A job's cost in turns: its estimate over the queue's typical run time, on a grid of
+-- quarter powers of two, 1 within the dead band or with nothing measured yet.
+local function fqCostTurns(estimate, typical)
+  if not estimate or not typical or estimate <= 0 or typical <= 0 then return 1 end
+  local ratio = estimate / typical
+  if ratio > 1 / fqDeadBand and ratio < fqDeadBand then return 1 end
+  local quarters = math.floor(math.log(ratio) / math.log(2) * 4 + 0.5)
+  if quarters < -16 then quarters = -16 elseif quarters > 16 then quarters = 16 end
+  return 2 ^ (quarters / 4)
+end
+
+-- The cost in turns of a job of flow member placed now: 1 when fairness counts jobs
+-- (c.byTime false); else from the estimates in K.state, read once per call and flow.
+-- explicitMs: the caller's cost= (ms), instead of the flow's estimate.
+local function fqCostOf(K, c, member, explicitMs)
+  if not c.byTime then return 1 end
+  if c.typical == nil then
+    c.typical = tonumber(redis.call('HGET', K.state, 'typ')) or false
+    c.costs = {}
+  end
+  if not c.typical then return 1 end
+  if explicitMs then return fqCostTurns(explicitMs, c.typical) end
+  local turns = c.costs[member]
+  if turns == nil then
+    turns = fqCostTurns(tonumber(redis.call('HGET', K.state, 'c:' .. member)), c.typical)
+    c.costs[member] = turns
+  end
+  return turns
+end
+
 -- The score of a tag of a level; nil when there is no room (the job waits, parked).
 local function fqScoreOf(c, tag, level)
   local score = fqFloor * fqScore + math.floor((tag - c.base) * fqSub) * 4 + fqLevelRank[level]
@@ -96,8 +133,8 @@ end
 
 -- Place one job of (level, tenant, weight); returns its score (nil: no room). front: start
 -- at the virtual time whatever the flow's backlog (a job already overdue when the pass
--- adopts it runs in its flow's next turn).
-local function fqPlace(K, c, level, tenant, weight, front)
+-- adopts it runs in its flow's next turn). explicitMs: the caller's cost= (ms) or nil.
+local function fqPlace(K, c, level, tenant, weight, front, explicitMs)
   if c.expiredAt ~= c.vt then -- retire flows the virtual time has passed (once per vt)
     local gone = redis.call('ZRANGEBYSCORE', K.flows, '-inf', c.vt, 'LIMIT', 0,
       fqExpirePerCall)
@@ -115,7 +152,8 @@ local function fqPlace(K, c, level, tenant, weight, front)
   local total = (tonumber(redis.call('HGET', K.state, 'W:' .. level)) or 0) + weight - counted
   local start = c.vt
   if last and last > start and not front then start = last end
-  local tag = start + fqScale * total / (fqLevelWeight[level] * weight)
+  local cost = fqCostOf(K, c, member, explicitMs)
+  local tag = start + fqScale * cost * total / (fqLevelWeight[level] * weight)
   local score = fqScoreOf(c, tag, level)
   if score then
     -- Placed: the flow counts towards its level (a parked job changes nothing).

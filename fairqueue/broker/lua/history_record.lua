@@ -20,25 +20,45 @@
   are a gap, whose time span is added to the buckets it covers (field g, milliseconds
   unobserved), never guessed. The first call only sets the cursor at the stream's end.
 
+  Worker time (decision 12): each start is remembered in KEYS[4] (fq:run: job id ->
+  '<level>\n<tenant>\n<start ms>\n<turns it was charged>') until its 'completed' or
+  'failed' event; its run time (between the two events, Redis's clock) then goes to the
+  bucket (field t:<level>, ms of worker time) and, with fairness by time, updates the
+  estimates the clock places jobs with (KEYS[5] fq:state 'typ' and 'c:<flow>', moving
+  averages of the run times in ms, each run bounded to 1/16..16 times the typical one)
+  and charges the flow what the run used beyond its turns (its last tag in KEYS[6]
+  fq:flows moves on), so a flow whose jobs run long waits longer for its next turns.
+  A start with attempts made before it (ats > 1) also counts per level (R:<level>).
+
   KEYS[1] BullMQ's events stream  KEYS[2] fq:hist (hash: cursor, ord, since)  KEYS[3] the leader lock
+  KEYS[4] fq:run  KEYS[5] fq:state  KEYS[6] fq:flows  KEYS[7] fq:fweights
   ARGV    token, lock ttl ms, job key prefix ('<prefix>:<queue>:'), bucket key prefix
           ('<prefix>:<queue>:fq:hist:'), page size (entries), bucket seconds, retention
           seconds, wait bound ms, largest data decoded (bytes), tenants kept per bucket,
-          data bytes decoded per call at most
+          data bytes decoded per call at most, what fairness counts ('time'/'jobs')
   Bucket keys (same hash tag as the queue): <bucket prefix><start second> (hash: s:<level>
   started, a:<level> became ready, o:<level> over the bound, w:<level>:<bin> waits, r
   retried, g gap ms) and <bucket prefix>t:<start second> (zset '<level>\n<tenant>' ->
   started, trimmed to the most served), each expiring after the retention.
   Returns {status (1 ok, -1 lock lost), entries read, jobs recorded, unknown, gap ms,
-  more (1: the page was full or the byte budget ran out)}.
+  more (1: the page was full or the byte budget ran out), flat [level, worker ms,
+  retries]... of what this page finished and restarted}.
 ]]
+--- @include fair_clock
 --- @include lock_fence
 local token, ttl = ARGV[1], ARGV[2]
-if not fqHoldLock(KEYS[3], token, ttl) then return {-1, 0, 0, 0, 0, 0} end
+if not fqHoldLock(KEYS[3], token, ttl) then return {-1, 0, 0, 0, 0, 0, {}} end
 local jobPrefix, bucketPrefix = ARGV[3], ARGV[4]
 local pageSize, bucketS, retentionS = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local bound, maxData, keepTenants = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
 local byteBudget = tonumber(ARGV[11])
+local byTime = ARGV[12] == 'time'
+local runKey, stateKey, flowsKey, fweightsKey = KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+-- Moving averages of run times: a flow's follows its own recent runs, the queue's typical
+-- one changes slowly (it is every flow's yardstick).
+local flowAlpha, typicalAlpha = 0.2, 0.05
+local served = {} -- level -> {worker ms, retries} of this page
+local typical = nil
 local edges = {{WAIT_EDGES}}
 local levelWeight = {critical = 4, high = 3, normal = 2, low = 1}
 
@@ -108,7 +128,52 @@ if not cursor then
   -- entries the stream ever had up to the cursor.
   redis.call('HSET', KEYS[2], 'cursor', info and info.last or '0-0',
     'ord', info and info.added or 0, 'since', nowS * 1000)
-  return {1, 0, 0, 0, 0, 0}
+  return {1, 0, 0, 0, 0, 0, {}}
+end
+
+local function servedOf(level)
+  local row = served[level]
+  if not row then row = {0, 0}; served[level] = row end
+  return row
+end
+
+-- A finished attempt of a job whose start was recorded: its worker time to its level, and
+-- with fairness by time the estimates and the flow's charge.
+local function finished(jobId, endMs)
+  local run = redis.call('HGET', runKey, jobId)
+  if not run then return end
+  redis.call('HDEL', runKey, jobId)
+  local level, tenant, startMs, turns = string.match(run, '^([^\n]*)\n(.*)\n([^\n]*)\n([^\n]*)$')
+  startMs, turns = tonumber(startMs), tonumber(turns) or 1
+  if not (level and startMs and levelWeight[level]) then return end
+  local used = endMs - startMs
+  if used < 0 then used = 0 end
+  add(bucketOf(endMs), 't:' .. level, used)
+  local row = servedOf(level)
+  row[1] = row[1] + used
+  if not byTime then return end
+  if typical == nil then typical = tonumber(redis.call('HGET', stateKey, 'typ')) or false end
+  local member = level .. '\n' .. tenant
+  local bounded = used
+  if typical then
+    bounded = math.min(math.max(used, typical * fqMinCost), typical * fqMaxCost)
+    -- What the run used beyond the turns its flow was charged at its start.
+    local over = math.min(bounded / typical, fqMaxCost) - turns
+    local last = over > 0 and tonumber(redis.call('ZSCORE', flowsKey, member))
+    if last then
+      local w = tonumber(redis.call('HGET', fweightsKey, member)) or 1
+      local total = tonumber(redis.call('HGET', stateKey, 'W:' .. level)) or w
+      local step = fqScale * over * total / (levelWeight[level] * w)
+      redis.call('ZADD', flowsKey, string.format('%.17g', last + step), member)
+    end
+    typical = typical + typicalAlpha * (bounded - typical)
+  else
+    typical = math.max(bounded, 1)
+  end
+  redis.call('HSET', stateKey, 'typ', string.format('%.6g', typical))
+  local estimate = tonumber(redis.call('HGET', stateKey, 'c:' .. member))
+  if estimate then estimate = estimate + flowAlpha * (bounded - estimate) else estimate = bounded end
+  redis.call('HSET', stateKey, 'c:' .. member, string.format('%.6g', estimate))
 end
 
 local gapMs, fromFirst = 0, false
@@ -153,7 +218,9 @@ for _, entry in ipairs(entries) do
   for i = 1, #f, 2 do
     if f[i] == 'event' then event = f[i + 1] elseif f[i] == 'jobId' then jobId = f[i + 1] end
   end
-  if event == 'active' and jobId then
+  if (event == 'completed' or event == 'failed') and jobId then
+    finished(jobId, msOf(entry[1]))
+  elseif event == 'active' and jobId then
     local startMs = msOf(entry[1])
     local startB = bucketOf(startMs)
     local jobKey = jobPrefix .. jobId
@@ -190,8 +257,20 @@ for _, entry in ipairs(entries) do
         if not tb then tb = {}; tenantIncr[startB] = tb end
         tb[key] = (tb[key] or 0) + 1
       end
+      -- Remembered until it finishes, with the turns its flow pays for it now.
+      local turns = 1
+      if byTime then
+        if typical == nil then typical = tonumber(redis.call('HGET', stateKey, 'typ')) or false end
+        if typical then
+          turns = fqCostTurns(tonumber(redis.call('HGET', stateKey, 'c:' .. key)), typical)
+        end
+      end
+      redis.call('HSET', runKey, jobId, key .. '\n' .. string.format('%d', startMs) .. '\n' ..
+        string.format('%.6g', turns))
       if (tonumber(row[3]) or 1) > 1 then
         add(startB, 'r', 1)
+        add(startB, 'R:' .. level, 1)
+        servedOf(level)[2] = servedOf(level)[2] + 1
         add(startB, 'a:' .. level, 1)
       else
         local readyMs = (tonumber(row[1]) or startMs) + (tonumber(row[2]) or 0)
@@ -226,4 +305,10 @@ elseif fromFirst then
 end
 local more = 0
 if #entries == pageSize or bytes > byteBudget then more = 1 end
-return {1, read, recorded, unknown, gapMs, more}
+local flat = {}
+for level, row in pairs(served) do
+  flat[#flat + 1] = level
+  flat[#flat + 1] = row[1]
+  flat[#flat + 1] = row[2]
+end
+return {1, read, recorded, unknown, gapMs, more, flat}

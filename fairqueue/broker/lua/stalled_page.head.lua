@@ -15,7 +15,8 @@
   KEYS[15]     fq:jobs  KEYS[16] the leader lock
   ARGV[1..4]   moveStalledJobsToWait's: max stalled count, job key prefix, timestamp,
                the gate's time (ms)
-  ARGV[5..8]   token, lock ttl ms, wait bound ms, payload cap bytes
+  ARGV[5..9]   token, lock ttl ms, wait bound ms, payload cap bytes, what fairness
+               counts ('time'/'jobs')
   Returns {status (1 ok, -1 lock lost), recovered, aged}.
 ]]
 --- @include fair_clock

@@ -10,6 +10,7 @@ local recovered, aged = 0, 0
 if #stalled == 0 then return {1, 0, 0} end
 local fqNow = fqNowMs()
 local fqC = fqClock(fqK)
+fqC.byTime = ARGV[9] == 'time'
 for _, jobId in ipairs(stalled) do
   -- Only what BullMQ just put on the wait list (not a paused queue's list), and not a job
   -- it marked to fail: the worker that takes it fails it.
