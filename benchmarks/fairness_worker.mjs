@@ -1,8 +1,10 @@
 // The consumer of benchmarks/fairness.py: one stock Node BullMQ Worker (bullmq 6.7 from
 // tests/node/node_modules, no fairqueue code), `concurrency` jobs at a time, each job
-// "running" `runMs` ms. Prints "ready" once connected, then one JSON line per finished
-// job: {"id", "l": data.priorityLevel, "t": data.tenantId, "ts": job.timestamp,
-// "p": processedOn, "f": finishedOn, "ok": completed (true) or failed (false)}.
+// "running" `runMs` ms (or the job's own data.runMs), and failing its first
+// data.failTimes attempts (benchmarks/attempts.py). Prints "ready" once connected, then
+// one JSON line per finished attempt: {"id", "l": data.priorityLevel, "t": data.tenantId,
+// "ts": job.timestamp, "p": processedOn, "f": finishedOn, "a": attempts made before it,
+// "ok": completed (true) or failed (false)}.
 // SIGTERM/SIGINT: stop taking jobs, let the active ones finish, flush, exit 0.
 //
 //   node benchmarks/fairness_worker.mjs REDIS_URL PREFIX QUEUE CONCURRENCY RUN_MS
@@ -28,7 +30,11 @@ const worker = new Worker(
   queue,
   async (job) => {
     started.set(job.id, Date.now());
-    await new Promise((resolve) => setTimeout(resolve, Number(runMs)));
+    const data = job.data || {};
+    await new Promise((resolve) => setTimeout(resolve, Number(data.runMs ?? runMs)));
+    if ((job.attemptsMade ?? 0) < Number(data.failTimes ?? 0)) {
+      throw new Error("integration down");
+    }
     return null;
   },
   { connection, prefix, concurrency: Number(concurrency), autorun: false },
@@ -47,6 +53,7 @@ function record(job, ok) {
       ts: job.timestamp,
       p: job.processedOn ?? startedAt ?? null,
       f: job.finishedOn ?? Date.now(),
+      a: (job.attemptsMade ?? 1) - 1,
       ok,
     }) + "\n",
   );

@@ -22,6 +22,7 @@ from fairqueue.scheduling.order import (
     FairClock,
     cost_turns,
     overrun_turns,
+    settle_debt,
 )
 from tests.conftest import REDIS_URL
 from tests.helpers import metric
@@ -54,11 +55,22 @@ def test_cost_grows_with_the_estimate(a, b, typical):
     assert cost_turns(low, typical) <= cost_turns(high, typical)
 
 
-@given(positive, st.floats(min_value=0, max_value=16), positive)
-def test_an_overrun_is_never_a_credit_and_never_more_than_the_bound(used, placed, typical):
+@given(positive, st.floats(min_value=MIN_COST_TURNS, max_value=MAX_COST_TURNS), positive)
+def test_an_overrun_is_bounded_both_ways(used, placed, typical):
     turns = overrun_turns(used, placed, typical)
-    assert 0 <= turns <= MAX_COST_TURNS
+    assert MIN_COST_TURNS - placed <= turns <= MAX_COST_TURNS - placed
     assert overrun_turns(used, placed, None) == 0
+
+
+@given(st.lists(st.floats(min_value=-16, max_value=16), max_size=50))
+def test_a_balance_is_settled_whole_turns_at_a_time_and_nothing_is_lost(overruns):
+    debt, charged = 0.0, 0.0
+    for overrun in overruns:
+        debt, now = settle_debt(debt, overrun)
+        assert now == 0 or abs(now) >= 1
+        assert abs(debt) < 1
+        charged += now
+    assert math.isclose(charged + debt, sum(overruns), abs_tol=1e-6)
 
 
 def test_the_model_places_a_costly_flow_later_and_charges_an_overrun():

@@ -135,13 +135,25 @@ def cost_turns(estimate_s: float | None, typical_s: float | None) -> float:
 
 
 def overrun_turns(used_s: float, placed_turns: float, typical_s: float | None) -> float:
-    """What an attempt used beyond what its flow was charged when it was placed, in
-    turns (0 when it used less: a fast job earns no credit, so no flow can jump the line
-    by being quick once)."""
+    """What an attempt used beyond the turns its flow paid for it, in turns: negative when
+    it used less. The attempt's use is bounded to MIN..MAX_COST_TURNS, so one outlier
+    moves its flow by at most 16 turns."""
     if not typical_s or typical_s <= 0:
         return 0.0
-    used = min(MAX_COST_TURNS, max(0.0, used_s / typical_s))
-    return max(0.0, used - placed_turns)
+    used = min(MAX_COST_TURNS, max(MIN_COST_TURNS, used_s / typical_s))
+    return used - placed_turns
+
+
+def settle_debt(debt: float, overrun: float) -> tuple[float, float]:
+    """A flow's running balance of overruns, and what to charge it now: the balance once
+    it reaches a whole turn either way, else nothing. Jitter (zero on average) seldom
+    adds up to a turn, so equal-cost flows keep the order of counting jobs, while a
+    systematic error of the estimate (its grid, a flow whose jobs got slower) is paid in
+    full, both ways, one turn at a time."""
+    debt += overrun
+    if abs(debt) >= 1:
+        return 0.0, debt
+    return debt, 0.0
 
 
 def order_pending_jobs(
@@ -244,11 +256,11 @@ class FairClock:
         return tag
 
     def charge(self, level: PriorityLevel, tenant: str, turns: float) -> None:
-        """A finished attempt of the flow used ``turns`` more than it was placed with:
-        the flow's later jobs start that much later (a flow with no work left has
-        nothing to charge; it starts afresh at the virtual time)."""
+        """The flow's attempts used ``turns`` more (less, if negative) than it was placed
+        with: its later jobs start that much later (earlier). A flow with no work left
+        has nothing to settle; it starts afresh at the virtual time."""
         key = (level, tenant)
-        if key not in self.last or turns <= 0:
+        if key not in self.last or not turns:
             return
         total = sum(w for (lvl, _), w in self.counted.items() if lvl == level)
         self.last[key] += flow_step(self.weights[level], self.counted[key], total, cost=turns)

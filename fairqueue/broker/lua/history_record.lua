@@ -26,8 +26,9 @@
   bucket (field t:<level>, ms of worker time) and, with fairness by time, updates the
   estimates the clock places jobs with (KEYS[5] fq:state 'typ' and 'c:<flow>', moving
   averages of the run times in ms, each run bounded to 1/16..16 times the typical one)
-  and charges the flow what the run used beyond its turns (its last tag in KEYS[6]
-  fq:flows moves on), so a flow whose jobs run long waits longer for its next turns.
+  and settles what the run used beyond or short of its turns: a flow's balance
+  ('d:<flow>' in fq:state) moves its last tag in KEYS[6] fq:flows once it reaches a whole
+  turn, so a flow whose jobs run long waits longer for its next turns.
   A start with attempts made before it (ats > 1) also counts per level (R:<level>).
 
   KEYS[1] BullMQ's events stream  KEYS[2] fq:hist (hash: cursor, ord, since)  KEYS[3] the leader lock
@@ -157,15 +158,21 @@ local function finished(jobId, endMs)
   local bounded = used
   if typical then
     bounded = math.min(math.max(used, typical * fqMinCost), typical * fqMaxCost)
-    -- What the run used beyond the turns its flow was charged at its start.
-    local over = math.min(bounded / typical, fqMaxCost) - turns
-    local last = over > 0 and tonumber(redis.call('ZSCORE', flowsKey, member))
-    if last then
-      local w = tonumber(redis.call('HGET', fweightsKey, member)) or 1
-      local total = tonumber(redis.call('HGET', stateKey, 'W:' .. level)) or w
-      local step = fqScale * over * total / (levelWeight[level] * w)
-      redis.call('ZADD', flowsKey, string.format('%.17g', last + step), member)
+    -- What the run used beyond (or short of) the turns its flow paid at its start, kept
+    -- as the flow's balance and settled a whole turn at a time (order.settle_debt).
+    local debt = (tonumber(redis.call('HGET', stateKey, 'd:' .. member)) or 0)
+      + bounded / typical - turns
+    if math.abs(debt) >= 1 then
+      local last = tonumber(redis.call('ZSCORE', flowsKey, member))
+      if last then
+        local w = tonumber(redis.call('HGET', fweightsKey, member)) or 1
+        local total = tonumber(redis.call('HGET', stateKey, 'W:' .. level)) or w
+        local step = fqScale * debt * total / (levelWeight[level] * w)
+        redis.call('ZADD', flowsKey, string.format('%.17g', last + step), member)
+      end
+      debt = 0
     end
+    redis.call('HSET', stateKey, 'd:' .. member, string.format('%.6g', debt))
     typical = typical + typicalAlpha * (bounded - typical)
   else
     typical = math.max(bounded, 1)
