@@ -16,9 +16,9 @@ Scenarios (every flow backlogged, so the shares are the schedulers' choice):
 3. ``retry-storm-ok``       - the same load, the failing tenant's jobs succeeding at once:
    the healthy tenant's wait here is what the storm's is held against.
 4. ``slow-tenant``          - normal ``quick`` and ``slow`` (jobs 10x as long), each asking
-   for 1.5x its share of the workers' time: shares of the *worker time* (target 50/50).
+   for twice its share of the workers' time: shares of the *worker time* (target 50/50).
 5. ``mixed-levels``         - four levels with job lengths 1x, 3x, 0.5x, 2x, each asking
-   for 1.5x its share: worker-time shares against 40/30/20/10.
+   for twice its share: worker-time shares against 40/30/20/10.
 
 Measured over the window [start + ``--warmup-s``, end of arrivals]: attempts started
 (the worker's ``processedOn``) and worker time (``finishedOn - processedOn``) per flow;
@@ -112,14 +112,14 @@ def build_scenarios(capacity: float) -> dict[str, Scenario]:
             backoff={"type": "exponential", "delay": 20},
         ),
         Scenario("retry-storm-ok", ok, "attempts", attempts=4),
-        # Each flow asks for 1.5x its share of the workers' time: every flow backlogged,
+        # Each flow asks for twice its share of the workers' time: every flow backlogged,
         # and backlogs that grow slowly enough for the window to see placements made with
         # measured costs (at 4x overload it would mostly see the cold start's).
         Scenario(
             "slow-tenant",
             (
-                Flow("normal", "quick", 1.5 * 0.5 * c),
-                Flow("normal", "slow", 1.5 * 0.5 * c / 10, run_x=10.0),
+                Flow("normal", "quick", 2 * 0.5 * c),
+                Flow("normal", "slow", 2 * 0.5 * c / 10, run_x=10.0),
             ),
             "time",
         ),
@@ -129,7 +129,7 @@ def build_scenarios(capacity: float) -> dict[str, Scenario]:
                 Flow(
                     level,
                     f"{level[0]}1",
-                    1.5 * WEIGHTS[level] / 10 * c / lengths[level],
+                    2 * WEIGHTS[level] / 10 * c / lengths[level],
                     run_x=lengths[level],
                 )
                 for level in lengths

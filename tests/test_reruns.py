@@ -293,3 +293,54 @@ def test_the_loop_places_a_retry_within_a_tick(fq_prefix, redis_client):
         rebalancer.request_stop()
         loop.join(10)
     _assert_one_index_entry_per_waiting_job(redis_client, fq_prefix, walked=False)
+
+
+# -- a job's fairqueue keys go with it ----------------------------------------------------
+
+
+def test_delayed_jobs_leave_no_fairqueue_entry_behind(fq_prefix, redis_client):
+    """A delayed job's meta lives in its own opts, not in fq:jobs: drained by a worker
+    straight from BullMQ's promotion (before any pass), or removed, nothing of it is left
+    once the pass's walk has dropped its index entry."""
+    ids = [enqueue_job("email", {}, tenant_id="t", delay_ms=20).job_id for _ in range(5)]
+    assert redis_client.hlen(f"{fq_prefix}:email:fq:jobs") == 0
+    time.sleep(0.05)
+    taken = asyncio.run(_run_stock_worker(fq_prefix, 5, fail=set()))
+    assert sorted(taken) == sorted(ids)
+    rebalance_queue("email", rebalancer="reruns-test")
+    assert redis_client.hlen(f"{fq_prefix}:email:fq:jobs") == 0
+    assert index_ids(redis_client, fq_prefix) == {}
+
+    removed = enqueue_job("email", {}, tenant_id="t", delay_ms=60_000).job_id
+
+    async def remove() -> None:
+        queue = Queue("email", {"connection": REDIS_URL, "prefix": fq_prefix})
+        await queue.remove(removed)
+        await queue.close()
+
+    asyncio.run(remove())
+    rebalance_queue("email", rebalancer="reruns-test")
+    assert index_ids(redis_client, fq_prefix) == {}
+    assert redis_client.hlen(f"{fq_prefix}:email:fq:jobs") == 0
+
+
+def test_a_promoted_delayed_job_is_placed_from_its_own_meta(fq_prefix, redis_client):
+    job = enqueue_job("email", {}, tenant_id="t", tenant_weight=3, delay_ms=20)
+    opts = json.loads(redis_client.hget(f"{fq_prefix}:email:{job.job_id}", "opts"))
+    assert opts["fqMeta"] == "normal\n3\nt" and opts["fqReady"] > 0
+    time.sleep(0.05)
+    # BullMQ promotes due delayed jobs when a worker fetches; here with its own script.
+
+    async def promote() -> None:
+        queue = Queue("email", {"connection": REDIS_URL, "prefix": fq_prefix})
+        await queue.promoteJobs()
+        await queue.close()
+
+    asyncio.run(promote())
+    result = rebalance_queue("email", rebalancer="reruns-test")
+    assert result.adopted == 1
+    assert redis_client.zscore(f"{fq_prefix}:email:prioritized", job.job_id) < (
+        MAX_PRIORITY * SCORE_BASE
+    )
+    assert redis_client.hget(f"{fq_prefix}:email:fq:fweights", "normal\nt") == "3"
+    _assert_one_index_entry_per_waiting_job(redis_client, fq_prefix)

@@ -7,6 +7,9 @@ local fqReady = tonumber(fqTime[1]) * 1000 + math.floor(tonumber(fqTime[2]) / 10
 if fqFresh then
   local opts = cmsgpack.unpack(ARGV[3])
   opts['fqReady'] = fqReady -- its first ready time, kept for its re-runs (see add_jobs)
+  -- What the pass places it with once BullMQ promotes it: kept in the job itself, so it
+  -- goes when the job does (however it goes: run, removed, drained, obliterated).
+  opts['fqMeta'] = fqLevel .. '\n' .. fqWeight .. '\n' .. fqTenant
   ARGV[3] = cmsgpack.pack(opts)
 end
 local jobId = fqBullmqAddDelayed()
@@ -14,7 +17,5 @@ if fqFresh and type(jobId) == 'string' then
   local second = string.format('%d', math.floor(fqReady / 1000))
   redis.call('RPUSH', KEYS[7] .. ':' .. second, jobId)
   redis.call('ZADD', KEYS[7], 'NX', second, second)
-  redis.call('HSET', KEYS[8], jobId, fqLevel .. '\n' .. fqWeight .. '\n' ..
-    string.format('%d', fqReady) .. '\n' .. fqTenant)
 end
 return jobId

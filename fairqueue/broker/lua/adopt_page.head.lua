@@ -9,8 +9,8 @@
   the wait bound starts at the virtual time (its flow's next turn). Jobs without meta are
   read once (tenantId / priorityLevel, else their numeric priority; a payload over the
   size cap is not decoded) and indexed at their first ready time unless indexed there
-  already. fairqueue's own delayed jobs are placed from their meta in fq:jobs, which
-  then goes.
+  already. fairqueue's own delayed jobs are placed from the meta in their opts (fqMeta);
+  meta that fairqueue 0.1 kept in fq:jobs is still read, and then goes.
 
   KEYS[1..7]   changePriority's: wait, paused, meta, prioritized, active, pc, marker
   KEYS[8..12]  fairqueue's: state, flows, fweights, ready, jobs

@@ -25,8 +25,9 @@
                    W:<level> (sum of the weights of the level's flows with work)
     K.flows        zset: "<level>\n<tenant>" -> last tag, flows with work
     K.fweights     hash: "<level>\n<tenant>" -> the weight counted in W:<level>
-    K.jobs         hash: delayed job id -> "<level>\n<weight>\n<ready ms>\n<tenant>", what
-                   the pass needs to place it once BullMQ promotes it
+    K.jobs         hash: delayed job id -> "<level>\n<weight>\n<ready ms>\n<tenant>", where
+                   fairqueue 0.1 kept a delayed job's meta (now in its opts: fqMeta);
+                   read and emptied by the pass
     K.ready        zset: second -> second, the seconds (Redis's clock) in which jobs
                    became ready; K.ready .. ':' .. second is a list of those jobs' ids
                    (a few bytes a job: fairqueue's index costs little beside BullMQ's)

@@ -23,6 +23,15 @@ end
 local function fqForeign(K, prefix, jobId, now, maxPayload)
   local f = redis.call('HMGET', prefix .. jobId, 'data', 'opts', 'timestamp', 'priority')
   if not (f[1] or f[2] or f[3]) then return nil end -- no such job (removed meanwhile)
+  local ok, opts = pcall(cjson.decode, f[2] or 'null')
+  if not (ok and type(opts) == 'table') then opts = {} end
+  if type(opts['fqMeta']) == 'string' and tonumber(opts['fqReady']) then
+    -- One of fairqueue's delayed jobs: placed from its own meta, no payload decoded.
+    local mLevel, mWeight, mTenant = string.match(opts['fqMeta'], '^([^\n]*)\n([^\n]*)\n(.*)$')
+    if mLevel and fqNames[mLevel] then
+      return mLevel, mTenant, tonumber(mWeight) or 1, tonumber(opts['fqReady'])
+    end
+  end
   local tenant, level = 'default', nil
   if f[1] and #f[1] <= maxPayload and string.find(f[1], '^%s*{') then
     local ok, data = pcall(cjson.decode, f[1])
@@ -35,8 +44,6 @@ local function fqForeign(K, prefix, jobId, now, maxPayload)
       end
     end
   end
-  local ok, opts = pcall(cjson.decode, f[2] or 'null')
-  if not (ok and type(opts) == 'table') then opts = {} end
   if not level then
     local requested = nil
     if type(opts['priority']) == 'number' then requested = opts['priority'] end
