@@ -106,8 +106,7 @@ def initialize_queue_fair_metrics(
                 ),
                 retries=Counter(
                     "queue_fair_retries",
-                    "Starts of jobs that had run before (retries, recovered stalled jobs), "
-                    "per level.",
+                    "Attempts that failed with attempts left, so their job runs again, per level.",
                     ["job_type", "priority_level"],
                     registry=registry,
                 ),

@@ -177,3 +177,27 @@ def test_cost_option_reaches_the_placement_and_is_validated(fq_prefix, redis_cli
             enqueue_job("email", {}, tenant_id="x", cost=bad)
     opts = json.loads(redis_client.hget(f"{fq_prefix}:email:{cheap}", "opts"))
     assert "fqReady" in opts
+
+
+def test_the_dashboard_history_shows_worker_time_and_retries_per_level(fq_prefix, redis_client):
+    from fairqueue.dashboard.stats import queue_stats
+
+    _measure_two_tenants(fq_prefix, fast_s=0.01, slow_s=0.05)
+    levels = queue_stats("email")["history"]["levels"]
+    assert levels["normal"]["worker_s"] > 0.2 and levels["normal"]["time_share"] == 1.0
+    assert levels["normal"]["time_share_display"] == "100%"
+    assert levels["critical"]["worker_s"] == 0 and levels["normal"]["retries"] == 0
+
+
+def test_retries_are_counted_per_level(fq_prefix, redis_client):
+    from tests.test_reruns import _run_stock_worker
+
+    rebalance_queue("email", rebalancer="time-test")  # the history starts now
+    job = enqueue_job("email", {}, tenant_id="t", priority_level="high", attempts=2)
+    before = metric("queue_fair_retries_total", job_type="email", priority_level="high")
+    asyncio.run(_run_stock_worker(fq_prefix, 2, fail={job.job_id}))  # fails, then runs
+    result = rebalance_queue("email", rebalancer="time-test")
+    assert result.served["high"][1] == 1
+    assert metric("queue_fair_retries_total", job_type="email", priority_level="high") == (
+        before + 1
+    )

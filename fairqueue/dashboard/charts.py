@@ -187,6 +187,8 @@ def history_view(summary: dict[str, Any], *, now_ms: int, since_ms: int | None) 
         data["share_display"] = _pct(data["share"])
         data["entitled_display"] = _pct(data["entitled_share"])
         data["weight_display"] = _pct(data["weight_share"])
+        data["time_share_display"] = _pct(data["time_share"])
+        data["worker_display"] = f"{data['worker_s']:g} s"
         data["p50"] = format_ms(data["p50_ms"])
         data["p99"] = format_ms(data["p99_ms"])
     for row in summary["tenants"]:

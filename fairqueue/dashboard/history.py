@@ -137,6 +137,10 @@ class Bucket:
     #: Starts of jobs that had more than one attempt when the pass read them (retried;
     #: no wait recorded for them: their timestamp is their first add's).
     retried: int = 0
+    #: Worker milliseconds of the attempts that finished in this bucket, per level.
+    worker_ms: dict[str, int] = field(default_factory=dict)
+    #: Starts of jobs that had run before (retries, recovered stalled jobs), per level.
+    restarts: dict[str, int] = field(default_factory=dict)
     #: Milliseconds of this bucket whose events the pass never saw (the stream was
     #: trimmed before it read them).
     gap_ms: int = 0
@@ -148,10 +152,17 @@ def parse_bucket(
     start_s: int, fields: Mapping[str, str], tenants: Iterable[tuple[str, float]] = ()
 ) -> Bucket:
     """A bucket from its Redis hash fields (``s:<level>``, ``a:<level>``,
-    ``o:<level>``, ``w:<level>:<bin>``, ``r``, ``g``) and tenant zset entries
+    ``o:<level>``, ``w:<level>:<bin>``, ``t:<level>``, ``R:<level>``, ``r``, ``g``)
+    and tenant zset entries
     (``"<level>\\n<tenant>"`` -> count). Unknown fields are ignored."""
     bucket = Bucket(start_s=start_s)
-    targets = {"s": bucket.served, "a": bucket.arrived, "o": bucket.over}
+    targets = {
+        "s": bucket.served,
+        "a": bucket.arrived,
+        "o": bucket.over,
+        "t": bucket.worker_ms,
+        "R": bucket.restarts,
+    }
     for name, raw in fields.items():
         kind, rest = name[:1], name[2:]
         if not str(raw).isdigit():
@@ -226,6 +237,8 @@ def summarize(
     waits: dict[str, dict[int, int]] = {level: {} for level in LEVEL_NAMES}
     tenants: dict[tuple[str, str], int] = {}
     retried = gap_ms = 0
+    worker_ms = dict.fromkeys(LEVEL_NAMES, 0)
+    restarts = dict.fromkeys(LEVEL_NAMES, 0)
     series = []
     for bucket, backlog in zip(ordered, starts, strict=True):
         if bucket.start_s < window_start_s:
@@ -238,6 +251,8 @@ def summarize(
             entitled[level] += share
         for level in LEVEL_NAMES:
             over[level] += bucket.over.get(level, 0)
+            worker_ms[level] += bucket.worker_ms.get(level, 0)
+            restarts[level] += bucket.restarts.get(level, 0)
             for index, count in bucket.waits.get(level, {}).items():
                 waits[level][index] = waits[level].get(index, 0) + count
         for key, count in bucket.tenants.items():
@@ -252,6 +267,7 @@ def summarize(
             }
         )
     known = sum(served[level] for level in LEVEL_NAMES)
+    worked_ms = sum(worker_ms.values())
     total_weight = sum(weights[level] for level in LEVEL_NAMES)
     levels = {}
     for level in LEVEL_NAMES:
@@ -268,6 +284,10 @@ def summarize(
             "p99_ms": None if p99 is None else round(p99, 1),
             "over_bound": over[level],
             "waits_recorded": sum(waits[level].values()),
+            # What fairness by time shares out: the workers' time on the level's attempts.
+            "worker_s": round(worker_ms[level] / 1000, 1),
+            "time_share": worker_ms[level] / worked_ms if worked_ms else None,
+            "retries": restarts[level],
         }
     top = sorted(tenants.items(), key=lambda item: (-item[1], item[0]))[:top_tenants]
     observed_ms = window_s * 1000

@@ -29,7 +29,10 @@
   and settles what the run used beyond or short of its turns: a flow's balance
   ('d:<flow>' in fq:state) moves its last tag in KEYS[6] fq:flows once it reaches a whole
   turn, so a flow whose jobs run long waits longer for its next turns.
-  A start with attempts made before it (ats > 1) also counts per level (R:<level>).
+  An attempt ends at its 'completed' or 'failed' event, or, when it failed with attempts
+  left, at the 'waiting' or 'delayed' event that re-adds it (prev 'active'): those count
+  as retries of its level (R:<level>). A stalled attempt has no end (its time is lost
+  with its worker); its run entry is replaced when the job starts again.
 
   KEYS[1] BullMQ's events stream  KEYS[2] fq:hist (hash: cursor, ord, since)  KEYS[3] the leader lock
   KEYS[4] fq:run  KEYS[5] fq:state  KEYS[6] fq:flows  KEYS[7] fq:fweights
@@ -140,7 +143,7 @@ end
 
 -- A finished attempt of a job whose start was recorded: its worker time to its level, and
 -- with fairness by time the estimates and the flow's charge.
-local function finished(jobId, endMs)
+local function finished(jobId, endMs, retried)
   local run = redis.call('HGET', runKey, jobId)
   if not run then return end
   redis.call('HDEL', runKey, jobId)
@@ -152,6 +155,10 @@ local function finished(jobId, endMs)
   add(bucketOf(endMs), 't:' .. level, used)
   local row = servedOf(level)
   row[1] = row[1] + used
+  if retried then
+    add(bucketOf(endMs), 'R:' .. level, 1)
+    row[2] = row[2] + 1
+  end
   if not byTime then return end
   if typical == nil then typical = tonumber(redis.call('HGET', stateKey, 'typ')) or false end
   local member = level .. '\n' .. tenant
@@ -221,12 +228,17 @@ for _, entry in ipairs(entries) do
   read = read + 1
   last = entry[1]
   local f = entry[2]
-  local event, jobId = nil, nil
+  local event, jobId, prev = nil, nil, nil
   for i = 1, #f, 2 do
-    if f[i] == 'event' then event = f[i + 1] elseif f[i] == 'jobId' then jobId = f[i + 1] end
+    if f[i] == 'event' then event = f[i + 1]
+    elseif f[i] == 'jobId' then jobId = f[i + 1]
+    elseif f[i] == 'prev' then prev = f[i + 1] end
   end
   if (event == 'completed' or event == 'failed') and jobId then
-    finished(jobId, msOf(entry[1]))
+    finished(jobId, msOf(entry[1]), false)
+  elseif (event == 'waiting' or event == 'delayed') and prev == 'active' and jobId then
+    -- An attempt that failed with attempts left (at once, or after a backoff): a retry.
+    finished(jobId, msOf(entry[1]), true)
   elseif event == 'active' and jobId then
     local startMs = msOf(entry[1])
     local startB = bucketOf(startMs)
@@ -276,8 +288,6 @@ for _, entry in ipairs(entries) do
         string.format('%.6g', turns))
       if (tonumber(row[3]) or 1) > 1 then
         add(startB, 'r', 1)
-        add(startB, 'R:' .. level, 1)
-        servedOf(level)[2] = servedOf(level)[2] + 1
         add(startB, 'a:' .. level, 1)
       else
         local readyMs = (tonumber(row[1]) or startMs) + (tonumber(row[2]) or 0)
@@ -309,6 +319,16 @@ if last then
 elseif fromFirst then
   -- Nothing read: keep the cursor just before the first entry left.
   redis.call('HSET', KEYS[2], 'ord', ord or 0)
+end
+-- fq:run holds the attempts running now; an entry whose end the stream never showed (a
+-- job removed while it ran) is dropped once the hash outgrows the active list.
+if redis.call('HLEN', runKey) > 2 * redis.call('LLEN', jobPrefix .. 'active') + 1000 then
+  local scan = redis.call('HSCAN', runKey, '0', 'COUNT', 1000)
+  for i = 1, #scan[2], 2 do
+    if not redis.call('LPOS', jobPrefix .. 'active', scan[2][i]) then
+      redis.call('HDEL', runKey, scan[2][i])
+    end
+  end
 end
 local more = 0
 if #entries == pageSize or bytes > byteBudget then more = 1 end
