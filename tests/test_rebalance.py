@@ -2,6 +2,7 @@
 stock BullMQ workers."""
 
 import asyncio
+import json
 import time
 
 import pytest
@@ -112,8 +113,9 @@ def test_delayed_job__parked_until_promoted_then_adopted_and_its_wait_starts_whe
 ):
     before = int(time.time() * 1000)
     delayed = enqueue_job("email", {}, tenant_id="t", priority_level="high", delay_ms=100)
-    meta = redis_client.hget(f"{fq_prefix}:email:fq:jobs", delayed.job_id)
-    level, weight, ready, tenant = meta.split("\n", 3)
+    opts = json.loads(redis_client.hget(f"{fq_prefix}:email:{delayed.job_id}", "opts"))
+    level, weight, tenant = opts["fqMeta"].split("\n", 2)  # its meta, in the job itself
+    ready = opts["fqReady"]
     assert (level, weight, tenant) == ("high", "1", "t") and int(ready) >= before + 100
     assert delayed.job_id in index_ids(redis_client, fq_prefix)[int(ready) // 1000]
     enqueue_jobs("email", [{} for _ in range(5)], tenant_id="u", priority_level="low")
@@ -130,7 +132,7 @@ def test_delayed_job__parked_until_promoted_then_adopted_and_its_wait_starts_whe
     assert (result.adopted, result.aged) == (1, 0)  # not overdue: its delay was not waiting
     score = redis_client.zscore(f"{fq_prefix}:email:prioritized", delayed.job_id)
     assert TAG_FLOOR <= score // 2**32 < MAX_PRIORITY
-    assert redis_client.hget(f"{fq_prefix}:email:fq:jobs", delayed.job_id) is None  # placed
+    assert not redis_client.exists(f"{fq_prefix}:email:fq:jobs")  # nothing kept beside it
     first = drain_with_stock_worker(fq_prefix, "email", 2)
     assert delayed.job_id in [job_id for job_id, _ in first]
 
