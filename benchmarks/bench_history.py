@@ -56,7 +56,7 @@ from fairqueue import conf  # noqa: E402
 from fairqueue.broker import NewJob, close_brokers, get_sync_broker, plain_script  # noqa: E402
 from fairqueue.dashboard import history  # noqa: E402
 from fairqueue.rebalance.loop import HISTORY_EVERY_MS  # noqa: E402
-from fairqueue.rebalance.passes import rebalance_queue, record_history  # noqa: E402
+from fairqueue.rebalance.passes import rebalance_queue, run_tick  # noqa: E402
 from fairqueue.scheduling.levels import PAYLOAD_LEVEL_KEY, PAYLOAD_TENANT_KEY, PriorityLevel  # noqa: E402
 
 JOB_TYPE = QUEUE = "email"
@@ -106,8 +106,11 @@ def _passes(
                 break
             if record:
                 steps.append(
-                    record_history(
-                        JOB_TYPE, rebalancer="bench-history", interval_ms=int(interval_s * 1000)
+                    run_tick(
+                        JOB_TYPE,
+                        rebalancer="bench-history",
+                        interval_ms=int(interval_s * 1000),
+                        history_only=True,
                     )
                 )
 

@@ -36,14 +36,19 @@ def _enqueue_two_tenants(per_tenant: int, **options) -> dict[str, list[str]]:
     return ids
 
 
-async def _run_stock_worker(prefix: str, count: int, fail: set[str]) -> list[str]:
+async def _run_stock_worker(
+    prefix: str, count: int, fail: set[str], run_s: dict[str, float] | None = None
+) -> list[str]:
     """A stock ``bullmq.Worker`` (concurrency 1) that fails the first attempt of the jobs
-    in ``fail``; returns the ids it took, in order, once it took ``count``."""
+    in ``fail`` and runs a job of tenant t for ``run_s[t]`` seconds; returns the ids it
+    took, in order, once it took ``count``."""
     taken: list[str] = []
     done = asyncio.Event()
 
     async def process(job, token):
         taken.append(job.id)
+        if run_s:
+            await asyncio.sleep(run_s[job.data["tenantId"]])
         if len(taken) >= count:
             done.set()
         if job.id in fail and job.attemptsMade == 0:
@@ -57,7 +62,7 @@ async def _run_stock_worker(prefix: str, count: int, fail: set[str]) -> list[str
     )
     task = asyncio.ensure_future(worker.run())
     try:
-        await asyncio.wait_for(done.wait(), 30)
+        await asyncio.wait_for(done.wait(), 60)
     finally:
         await worker.close()
         task.cancel()

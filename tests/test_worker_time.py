@@ -9,7 +9,6 @@ import json
 import math
 
 import pytest
-from bullmq import Worker
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -24,8 +23,8 @@ from fairqueue.scheduling.order import (
     overrun_turns,
     settle_debt,
 )
-from tests.conftest import REDIS_URL
 from tests.helpers import metric
+from tests.test_reruns import _run_stock_worker
 
 pytestmark = pytest.mark.django_db
 
@@ -86,36 +85,13 @@ def test_the_model_places_a_costly_flow_later_and_charges_an_overrun():
 # -- in Redis -------------------------------------------------------------------------
 
 
-async def _run_jobs(prefix: str, count: int, seconds_by_tenant: dict[str, float]) -> None:
-    done = asyncio.Event()
-    seen = []
-
-    async def process(job, token):
-        await asyncio.sleep(seconds_by_tenant[job.data["tenantId"]])
-        seen.append(job.id)
-        if len(seen) >= count:
-            done.set()
-
-    worker = Worker(
-        "email",
-        process,
-        {"connection": REDIS_URL, "prefix": prefix, "concurrency": 1, "autorun": False},
-    )
-    task = asyncio.ensure_future(worker.run())
-    try:
-        await asyncio.wait_for(done.wait(), 60)
-    finally:
-        await worker.close()
-        task.cancel()
-
-
 def _measure_two_tenants(prefix: str, fast_s: float = 0.01, slow_s: float = 0.1) -> None:
     """Both tenants' jobs run (one slow, one fast); the pass reads their run times."""
     rebalance_queue("email", rebalancer="time-test")  # the history starts now
     for _ in range(4):
         for tenant in ("fast", "slow"):
             enqueue_job("email", {}, tenant_id=tenant)
-    asyncio.run(_run_jobs(prefix, 8, {"fast": fast_s, "slow": slow_s}))
+    asyncio.run(_run_stock_worker(prefix, 8, set(), {"fast": fast_s, "slow": slow_s}))
     rebalance_queue("email", rebalancer="time-test")
 
 
@@ -162,7 +138,7 @@ def test_an_overrun_moves_its_flows_later_jobs_back(fq_prefix, redis_client):
             enqueue_job("email", {}, tenant_id=tenant)
     flows = f"{fq_prefix}:email:fq:flows"
     before = redis_client.zscore(flows, "normal\nbursty")
-    asyncio.run(_run_jobs(fq_prefix, 2, {"steady": 0.01, "bursty": 0.15}))
+    asyncio.run(_run_stock_worker(fq_prefix, 2, set(), {"steady": 0.01, "bursty": 0.15}))
     rebalance_queue("email", rebalancer="time-test")
     assert redis_client.zscore(flows, "normal\nbursty") > before
 
@@ -190,8 +166,6 @@ def test_the_dashboard_history_shows_worker_time_and_retries_per_level(fq_prefix
 
 
 def test_retries_are_counted_per_level(fq_prefix, redis_client):
-    from tests.test_reruns import _run_stock_worker
-
     rebalance_queue("email", rebalancer="time-test")  # the history starts now
     job = enqueue_job("email", {}, tenant_id="t", priority_level="high", attempts=2)
     before = metric("queue_fair_retries_total", job_type="email", priority_level="high")

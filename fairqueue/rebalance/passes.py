@@ -378,12 +378,20 @@ async def _adopt(
 
 
 async def arun_tick(
-    job_type: str, *, rebalancer: str, interval_ms: int, broker: Broker | None = None
+    job_type: str,
+    *,
+    rebalancer: str,
+    interval_ms: int,
+    broker: Broker | None = None,
+    history_only: bool = False,
 ) -> PassResult:
     """What a loop holding the queue's lock runs between two passes, every
     ``HISTORY_EVERY_MS``: the stalled-job check and one page of adoption, so a job that
     runs again (a retry, a promoted backoff, a stalled job) waits at most a tick for its
-    fair place instead of a whole interval, and the history step.
+    fair place instead of a whole interval, and the history step (BullMQ keeps about
+    10,000 events, about 3 per job, so at 1,000 jobs/s a 5 s interval alone would see
+    about half of them). Fenced like a pass; ``history_only``: the history step alone
+    (benchmarks compare it).
 
     Raises:
         UnknownJobTypeError: ``job_type`` is not configured.
@@ -400,8 +408,9 @@ async def arun_tick(
     started = time.perf_counter()
     timed = _Timed(result)
     try:
-        await _recover_stalled(timed, broker, queue, fence, result)
-        await _adopt(timed, broker, queue, fence, result, dry_run=False)
+        if not history_only:
+            await _recover_stalled(timed, broker, queue, fence, result)
+            await _adopt(timed, broker, queue, fence, result, dry_run=False)
         await _record(timed, broker, queue, fence, settings.max_wait_ms)
     except LockLostError:
         result.lock_lost = True
@@ -409,7 +418,9 @@ async def arun_tick(
     return result
 
 
-def run_tick(job_type: str, *, rebalancer: str, interval_ms: int) -> PassResult:
+def run_tick(
+    job_type: str, *, rebalancer: str, interval_ms: int, history_only: bool = False
+) -> PassResult:
     """:func:`arun_tick` from sync code (the rebalance loop)."""
     sync_broker = get_sync_broker()
     return sync_broker.run(
@@ -418,48 +429,7 @@ def run_tick(job_type: str, *, rebalancer: str, interval_ms: int) -> PassResult:
         rebalancer=rebalancer,
         interval_ms=interval_ms,
         broker=sync_broker.broker,
-    )
-
-
-async def arecord_history(
-    job_type: str, *, rebalancer: str, interval_ms: int, broker: Broker | None = None
-) -> PassResult:
-    """Only the history step of a pass, for a loop holding the queue's lock to run
-    between passes: BullMQ keeps about 10,000 events (about 3 per job), so at 1,000
-    jobs/s a 5 s interval alone would see about half of them, and a count-based
-    retention removes finished jobs' hashes (their level and tenant) within seconds.
-    Fenced like a pass; the result carries only the history counts.
-
-    Raises:
-        UnknownJobTypeError: ``job_type`` is not configured.
-    """
-    settings = get_settings()
-    queue = settings.queue_for(job_type)
-    broker = broker or get_broker()
-    result = PassResult(job_type=job_type, queue=queue)
-    fence = {
-        "lock_key": broker.fair_key(queue, "leader"),
-        "token": rebalancer,
-        "lock_ttl_ms": lock_ttl_ms(interval_ms),
-    }
-    started = time.perf_counter()
-    try:
-        await _record(_Timed(result), broker, queue, fence, settings.max_wait_ms)
-    except LockLostError:
-        result.lock_lost = True
-    result.duration_ms = (time.perf_counter() - started) * 1000
-    return result
-
-
-def record_history(job_type: str, *, rebalancer: str, interval_ms: int) -> PassResult:
-    """:func:`arecord_history` from sync code (the rebalance loop)."""
-    sync_broker = get_sync_broker()
-    return sync_broker.run(
-        arecord_history,
-        job_type,
-        rebalancer=rebalancer,
-        interval_ms=interval_ms,
-        broker=sync_broker.broker,
+        history_only=history_only,
     )
 
 
