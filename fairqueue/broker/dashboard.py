@@ -25,7 +25,7 @@ class LevelScan:
 
 @dataclass(slots=True)
 class BacklogScan:
-    """What :meth:`Broker.scan_backlog` found. Levels are level names, plus ``"?"`` for
+    """What :meth:`DashboardReads.scan_backlog` found. Levels are level names, plus ``"?"`` for
     jobs whose fairqueue metadata cannot be read (the pass skips those)."""
 
     cutoff_ms: int

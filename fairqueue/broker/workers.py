@@ -1,6 +1,5 @@
 """Worker support (fairqueue.worker): the only place a BullMQ Worker is built, so
-BullMQ's Job object stays in the broker. Also the demo's support (fairqueue.demo):
-finished jobs read and trimmed."""
+BullMQ's Job object stays in the broker, and the idle check of a burst worker."""
 
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ from fairqueue.broker.connection import BrokerPart
 
 @dataclass(frozen=True, slots=True)
 class ActiveJob:
-    """A job a worker took, in fairqueue's terms (see :meth:`Broker.make_worker`).
+    """A job a worker took, in fairqueue's terms (see :meth:`WorkerSupport.make_worker`).
 
     ``data`` is the job's payload as enqueued (normally a dict, but other producers may
     enqueue any JSON value); ``attempts_made`` counts the attempts that already failed;

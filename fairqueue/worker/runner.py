@@ -1,6 +1,6 @@
 """Run registered job handlers with stock BullMQ workers.
 
-One ``bullmq.Worker`` per BullMQ queue (built by :meth:`Broker.make_worker`, so BullMQ's
+One ``bullmq.Worker`` per BullMQ queue (built by :meth:`WorkerSupport.make_worker`, so BullMQ's
 own locking, stalled-job recovery, attempts and backoff apply unchanged, and Python and
 Node workers can share a queue). This module adds what BullMQ does not know about:
 
