@@ -65,6 +65,7 @@ from fairqueue.broker.common import (
     TAG_RESOLUTION,
     fair_keys,
     parse_job_data,
+    refuses_every_write,
 )
 from fairqueue.broker.connection import Connection
 from fairqueue.broker.dashboard import BacklogScan, JobDetail, LevelScan
@@ -115,4 +116,5 @@ __all__ = [
     "get_sync_broker",
     "parse_job_data",
     "plain_script",
+    "refuses_every_write",
 ]

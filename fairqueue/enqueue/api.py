@@ -554,7 +554,7 @@ def _enqueue_durable(prepared: Sequence[_Prepared], using: str | None) -> list[E
     """Write outbox rows and their audit rows in the caller's transaction (one of our
     own if none is open); after commit, try to relay them at once."""
     from fairqueue.enqueue.outbox import relay_after_commit
-    from fairqueue.models import OutboxJob, PriorityOverrideAudit
+    from fairqueue.models import OutboxJob, PriorityOverrideAudit, new_outbox_job_id
 
     with transaction.atomic(using=using):
         rows = OutboxJob.objects.using(using).bulk_create(
@@ -562,7 +562,7 @@ def _enqueue_durable(prepared: Sequence[_Prepared], using: str | None) -> list[E
                 OutboxJob(
                     job_type=item.job_type,
                     queue=item.queue,
-                    job_id=item.new_job.job_id or "",
+                    job_id=item.new_job.job_id or new_outbox_job_id(),
                     data=json.dumps(item.new_job.data, separators=(",", ":"), allow_nan=False),
                     level=item.new_job.level.value,
                     tenant=item.new_job.tenant,
