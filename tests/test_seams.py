@@ -324,3 +324,86 @@ def test_an_obliterated_queue_loses_its_fairqueue_keys_at_the_next_pass(fq_prefi
     rebalance_queue("email")
     assert {"state", "ready"} <= fair_key_names(redis_client, fq_prefix, "email")
     assert redis_client.zscore(f"{fq_prefix}:email:prioritized", job.job_id) is not None
+
+
+# -- 5. an ACL that forbids a command -------------------------------------------------
+
+
+def test_an_acl_refusal_names_the_command_and_what_to_grant():
+    from redis.exceptions import NoPermissionError, ResponseError
+
+    from fairqueue.broker.common import broker_error
+
+    error = broker_error(
+        NoPermissionError("this user has no permissions to run the 'evalsha' command")
+    )
+    assert isinstance(error, BrokerRejectedError) and error.redis_error == "NoPermissionError"
+    assert "EVALSHA" in str(error) and "+evalsha" in str(error)
+    keys = broker_error(
+        NoPermissionError(
+            "this user has no permissions to access one of the keys used as arguments"
+        )
+    )
+    assert "'~<PREFIX>:*'" in str(keys)
+    in_script = broker_error(
+        ResponseError(
+            "The user executing the script can't run this command or subcommand script: "
+            "3c4f30, on @user_script:1."
+        )
+    )
+    assert in_script.redis_error == "NoPermissionError" and "ACL LOG" in str(in_script)
+    assert "3c4f30" not in str(in_script)
+
+
+@pytest.fixture
+def acl_redis(tmp_path):
+    """A private server with a user that may do everything but EVALSHA."""
+    server = PrivateRedis(tmp_path, aof=False).start()
+    client = redis.Redis(port=server.port)
+    client.acl_setuser(
+        "noeval",
+        enabled=True,
+        passwords=["+pw"],
+        keys=["*"],
+        channels=["*"],
+        commands=["+@all", "-evalsha"],
+    )
+    client.close()
+    yield server
+    close_brokers()
+    server.stop()
+
+
+@pytest.mark.django_db
+def test_burst_worker_exits_non_zero_on_a_permission_error(fq_prefix, acl_redis, settings):
+    from django.core.management import CommandError
+
+    use_redis(settings, acl_redis.url)
+    enqueue_jobs("email", [{"work_ms": 1} for _ in range(3)], tenant_id="t")
+    use_redis(settings, f"redis://noeval:pw@127.0.0.1:{acl_redis.port}/0")
+    with pytest.raises(CommandError, match="EVALSHA") as raised:
+        call_command("fairqueue_worker", "email", burst=True, verbosity=0)
+    assert "+evalsha" in str(raised.value)
+
+
+@pytest.mark.django_db
+def test_a_once_command_exits_non_zero_on_a_permission_error(fq_prefix, acl_redis, settings):
+    from django.core.management import CommandError
+
+    use_redis(settings, acl_redis.url)
+    enqueue_jobs("email", [{} for _ in range(3)], tenant_id="t")
+    use_redis(settings, f"redis://noeval:pw@127.0.0.1:{acl_redis.port}/0")
+    with pytest.raises(CommandError, match="EVALSHA"):
+        call_command("rebalance_fair", once=True, verbosity=0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_relay_once_exits_non_zero_on_a_permission_error(fq_prefix, acl_redis, settings):
+    from django.core.management import CommandError
+
+    rows_while_redis_is_down(settings, "email", 2, tenant_id="t")
+    use_redis(settings, f"redis://noeval:pw@127.0.0.1:{acl_redis.port}/0")
+    with pytest.raises(CommandError, match="EVALSHA"):
+        call_command("fairqueue_relay", once=True)
+    assert set(OutboxJob.objects.values_list("last_error", flat=True)) == {"NoPermissionError"}
+    assert set(OutboxJob.objects.values_list("tries", flat=True)) == {0}

@@ -65,6 +65,7 @@ from fairqueue.broker.common import (
     TAG_RESOLUTION,
     fair_keys,
     parse_job_data,
+    permission_error,
     refuses_every_write,
 )
 from fairqueue.broker.connection import Connection
@@ -115,6 +116,7 @@ __all__ = [
     "get_broker",
     "get_sync_broker",
     "parse_job_data",
+    "permission_error",
     "plain_script",
     "refuses_every_write",
 ]

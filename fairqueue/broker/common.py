@@ -118,6 +118,17 @@ def _permission_message(exc: BaseException) -> str | None:
     )
 
 
+def permission_error(exc: BaseException) -> BrokerRejectedError | None:
+    """fairqueue's error for an ACL refusal (``NOPERM``, raw or already translated), or
+    ``None`` for any other error: what a burst worker stops on (no retry can help)."""
+    if isinstance(exc, BrokerRejectedError):
+        return exc if exc.redis_error == "NoPermissionError" else None
+    message = _permission_message(exc)
+    return (
+        None if message is None else BrokerRejectedError(message, redis_error="NoPermissionError")
+    )
+
+
 #: Redis errors that refuse every write of the server, whatever the job: out of memory
 #: under ``noeviction``, a read-only replica, an ACL refusal, a master without its
 #: replicas or a failed save (``MISCONF``), a script running too long (``BUSY``).
