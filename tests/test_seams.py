@@ -407,3 +407,145 @@ def test_relay_once_exits_non_zero_on_a_permission_error(fq_prefix, acl_redis, s
         call_command("fairqueue_relay", once=True)
     assert set(OutboxJob.objects.values_list("last_error", flat=True)) == {"NoPermissionError"}
     assert set(OutboxJob.objects.values_list("tries", flat=True)) == {0}
+
+
+# -- 6. reads under maxmemory + noeviction; 8. a paused queue --------------------------
+
+
+@pytest.fixture
+def viewer(client):
+    from django.contrib.auth.models import Permission, User
+
+    user = User.objects.create_user("viewer", password="pw", is_staff=True)
+    user.user_permissions.add(
+        Permission.objects.get(content_type__app_label="fairqueue", codename="view_dashboard")
+    )
+    client.force_login(User.objects.get(pk=user.pk))
+    return client
+
+
+@pytest.fixture
+def _fresh_backlog_cache():
+    from fairqueue.dashboard import stats
+
+    stats.clear_backlog_cache()
+    yield
+    stats.clear_backlog_cache()
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("_fresh_backlog_cache")
+def test_the_dashboard_renders_what_redis_holds_when_it_is_out_of_memory(
+    fq_prefix, private_redis, settings, viewer
+):
+    from django.urls import reverse
+
+    use_redis(settings, private_redis.url)
+    jobs = enqueue_jobs("email", [{"i": i} for i in range(12)], tenant_id="t")
+    out_of_memory(private_redis.port)
+    with pytest.raises(BrokerRejectedError):  # writes are refused...
+        enqueue_job("email", {}, tenant_id="t")
+
+    response = viewer.get(reverse("admin:fairqueue_dashboard_stats"), {"queue": "email"})
+    assert response.status_code == 200  # ...reads are not
+    (stats,) = response.json()["queues"]
+    assert stats["waiting_total"] == 12
+    assert stats["redis_memory"]["refuses_writes"] is True
+    assert stats["warnings"][0].startswith("Redis is out of memory")
+    assert [row["job_id"] for row in stats["order"]["jobs"]] == [job.job_id for job in jobs]
+    assert stats["levels"]["normal"]["waiting"] == 12
+
+    page = viewer.get(reverse("admin:fairqueue_dashboard_changelist"))
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "Redis is out of memory" in html and jobs[0].job_id in html
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("_fresh_backlog_cache")
+@pytest.mark.parametrize("side", ["python", "node"])
+def test_a_paused_queue_is_shown_paused_and_the_pass_still_places_its_jobs(
+    fq_prefix, redis_client, viewer, side
+):
+    from django.urls import reverse
+
+    from fairqueue.rebalance.passes import rebalance_queue
+    from tests.test_rebalance import add_foreign
+
+    enqueue_jobs("email", [{"i": i} for i in range(3)], tenant_id="t")
+    pause(fq_prefix, "email", side)
+    add_foreign(fq_prefix, ({"tenantId": "t"}, {}))  # a job without a place (the wait list)
+
+    (stats,) = viewer.get(reverse("admin:fairqueue_dashboard_stats"), {"queue": "email"}).json()[
+        "queues"
+    ]
+    assert stats["paused"] is True
+    assert any(warning.startswith("The queue is paused") for warning in stats["warnings"])
+    html = viewer.get(reverse("admin:fairqueue_dashboard_changelist")).content.decode()
+    assert "data-fq-paused>paused</span>" in html
+
+    assert rebalance_queue("email").adopted == 1
+    assert redis_client.zcard(f"{fq_prefix}:email:prioritized") == 4
+    resume(fq_prefix, "email")
+    (stats,) = viewer.get(reverse("admin:fairqueue_dashboard_stats"), {"queue": "email"}).json()[
+        "queues"
+    ]
+    assert stats["paused"] is False
+
+
+def pause(prefix: str, queue: str, side: str) -> None:
+    if side == "node":
+        node_pause(prefix, queue)
+        return
+    import asyncio
+
+    from bullmq import Queue
+
+    async def run() -> None:
+        bull = Queue(queue, {"connection": REDIS_URL, "prefix": prefix})
+        try:
+            await bull.pause()
+        finally:
+            await bull.close()
+
+    asyncio.run(run())
+
+
+def node_pause(prefix: str, queue: str) -> None:
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    node_dir = Path(__file__).resolve().parent / "node"
+    node = shutil.which("node")
+    if node is None or not (node_dir / "node_modules" / "bullmq").is_dir():
+        pytest.skip("node or tests/node/node_modules missing")
+    script = (
+        "import { Queue } from 'bullmq';"
+        "const [url, prefix, name] = process.argv.slice(1);"
+        "const u = new URL(url);"
+        "const q = new Queue(name, {prefix, connection: {host: u.hostname, port: +u.port}});"
+        "await q.pause(); await q.close();"
+    )
+    subprocess.run(
+        [node, "--input-type=module", "-e", script, REDIS_URL, prefix, queue],
+        cwd=node_dir,
+        check=True,
+        timeout=60,
+        capture_output=True,
+    )
+
+
+def resume(prefix: str, queue: str) -> None:
+    import asyncio
+
+    from bullmq import Queue
+
+    async def run() -> None:
+        bull = Queue(queue, {"connection": REDIS_URL, "prefix": prefix})
+        try:
+            await bull.resume()
+        finally:
+            await bull.close()
+
+    asyncio.run(run())

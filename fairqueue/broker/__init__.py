@@ -69,7 +69,7 @@ from fairqueue.broker.common import (
     refuses_every_write,
 )
 from fairqueue.broker.connection import Connection
-from fairqueue.broker.dashboard import BacklogScan, JobDetail, LevelScan
+from fairqueue.broker.dashboard import BacklogScan, JobDetail, LevelScan, MemoryState
 from fairqueue.broker.history import HistoryRead, RecordedPage
 from fairqueue.broker.passes import (
     AdoptedPage,
@@ -102,6 +102,7 @@ __all__ = [
     "JobDetail",
     "LevelScan",
     "LockLostError",
+    "MemoryState",
     "NewJob",
     "RecordedPage",
     "Script",

@@ -319,7 +319,10 @@ class PassStore(BrokerPart):
 
     async def _read_head(self, queue: str, count: int) -> WaitingSnapshot:
         prioritized = self.conn.key(queue, "prioritized")
-        async with self.conn.client().pipeline(transaction=True) as pipe:
+        # Not a MULTI: Redis refuses every command of a MULTI over ``maxmemory``, reads
+        # included, and the dashboard must show what Redis holds then. A job moving
+        # between the four reads can be missed or seen twice in this snapshot.
+        async with self.conn.client().pipeline(transaction=False) as pipe:
             pipe.lrange(self.conn.key(queue, "wait"), -count, -1)
             pipe.zrange(prioritized, 0, count - 1, withscores=True)
             pipe.llen(self.conn.key(queue, "wait"))
