@@ -549,3 +549,65 @@ def resume(prefix: str, queue: str) -> None:
             await bull.close()
 
     asyncio.run(run())
+
+
+# -- 7. exact per-level counts with ties across page boundaries -------------------------
+
+
+def level_sum(stats) -> int:
+    return (
+        sum(level["waiting"] for level in stats["levels"].values()) + stats["unparsed"]["waiting"]
+    )
+
+
+def backlog(count: int, tenants: int = 5) -> None:
+    per_tenant = count // tenants
+    for tenant in range(tenants):
+        for level, share in (("normal", 0.6), ("low", 0.25), ("high", 0.15)):
+            n = int(per_tenant * share)
+            if n:
+                enqueue_jobs(
+                    "email", [{} for _ in range(n)], tenant_id=f"t{tenant}", priority_level=level
+                )
+
+
+def tie_every_boundary(redis_client, prefix: str, group: int) -> None:
+    """Give every run of ``group`` jobs of the pop order one score (their order kept),
+    so scan pages of fewer than ``group`` jobs all end inside a tie."""
+    key = f"{prefix}:email:prioritized"
+    entries = redis_client.zrange(key, 0, -1, withscores=True)
+    with redis_client.pipeline(transaction=False) as pipe:
+        for start in range(0, len(entries), group):
+            run = entries[start : start + group]
+            score = run[0][1]
+            pipe.zadd(key, {job_id: score for job_id, _ in run})
+        pipe.execute()
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("_fresh_backlog_cache")
+@pytest.mark.parametrize("count", [1_000, 10_000, pytest.param(100_000, marks=pytest.mark.slow)])
+def test_level_counts_equal_the_waiting_total_with_ties_at_every_page_boundary(
+    fq_prefix, redis_client, count
+):
+    from fairqueue.dashboard import stats as dashboard
+    from fairqueue.dashboard.stats import queue_stats
+
+    backlog(count)
+    total = redis_client.zcard(f"{fq_prefix}:email:prioritized")
+    # As added: the tenants of a level share tags, five jobs a score.
+    stats = queue_stats("email", sync_scan_limit=10**6)
+    assert stats["waiting_total"] == total == level_sum(stats)
+    # Ties longer than a scan page, across every boundary.
+    tie_every_boundary(redis_client, fq_prefix, dashboard.SCAN_PAGE_SIZE + 7)
+    dashboard.clear_backlog_cache()
+    stats = queue_stats("email", sync_scan_limit=10**6)
+    assert stats["waiting_total"] == total == level_sum(stats)
+    by_level = {name: level["waiting"] for name, level in stats["levels"].items()}
+    per_tenant = count // 5
+    assert by_level == {
+        "critical": 0,
+        "high": 5 * int(per_tenant * 0.15),
+        "normal": 5 * int(per_tenant * 0.6),
+        "low": 5 * int(per_tenant * 0.25),
+    }
