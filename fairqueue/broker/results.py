@@ -77,10 +77,12 @@ class ResultReads(BrokerPart):
             queue = next((q for q, there in zip(queues, found, strict=True) if there), None)
         if queue is None:
             return None
+        if await client.type(self.conn.key(queue, job_id)) not in ("hash", b"hash"):
+            return None  # no job, or one of the queue's own keys (a list, a stream...)
         state = await self.conn.queue(queue).getJobState(job_id)
         fields = await client.hgetall(self.conn.key(queue, job_id))
         if not fields:
-            return None  # removed between the two reads
+            return None  # removed between the reads
         stacktrace = _json_or(fields.get("stacktrace"), [])
         return StoredJob(
             queue=queue,
