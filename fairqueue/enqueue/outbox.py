@@ -377,6 +377,6 @@ def relay_after_commit(pks: Sequence[int], *, using: str | None = None) -> None:
     except Exception as exc:
         logger.warning(
             "durable enqueue: relaying after commit failed (%s); %d row(s) wait for the relay",
-            type(exc).__name__,
+            exc.redis_error if isinstance(exc, BrokerRejectedError) else type(exc).__name__,
             len(pks),
         )

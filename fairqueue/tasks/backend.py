@@ -443,7 +443,8 @@ def _outbox_job(job_id: str) -> StoredJob | None:
     except ValueError:
         return None
     return StoredJob(
-        queue=row.queue,
+        # Where the relay will add it: its job type's queue now (QUEUES may have moved it).
+        queue=get_settings().queues.get(row.job_type, row.queue),
         job_id=job_id,
         name=row.job_type,
         state="outbox",
