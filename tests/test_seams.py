@@ -281,7 +281,14 @@ def fair_key_names(redis_client, prefix: str, queue: str) -> set[str]:
     return {key[len(base) :] for key in redis_client.scan_iter(match=f"{base}*", count=1000)}
 
 
-def obliterate(prefix: str, queue: str) -> None:
+def obliterate(prefix: str, queue: str, side: str = "python") -> None:
+    if side == "node":
+        node_run(
+            "await q.pause(); await q.obliterate({force: true}); await q.close();",
+            prefix,
+            queue,
+        )
+        return
     import asyncio
 
     from bullmq import Queue
@@ -296,7 +303,10 @@ def obliterate(prefix: str, queue: str) -> None:
     asyncio.run(run())
 
 
-def test_an_obliterated_queue_loses_its_fairqueue_keys_at_the_next_pass(fq_prefix, redis_client):
+@pytest.mark.parametrize("side", ["python", "node"])
+def test_an_obliterated_queue_loses_its_fairqueue_keys_at_the_next_pass(
+    fq_prefix, redis_client, side
+):
     from fairqueue.rebalance.passes import rebalance_queue
 
     enqueue_jobs("email", [{"i": i} for i in range(40)], tenant_id="a")
@@ -308,7 +318,7 @@ def test_an_obliterated_queue_loses_its_fairqueue_keys_at_the_next_pass(fq_prefi
     assert {"state", "flows", "ready", "last_pass"} <= before
     assert any(name.startswith("ready:") for name in before)
 
-    obliterate(fq_prefix, "email")
+    obliterate(fq_prefix, "email", side)
     assert not redis_client.exists(f"{fq_prefix}:email:id")
     assert fair_key_names(redis_client, fq_prefix, "email") == before  # BullMQ left them
 
@@ -512,6 +522,11 @@ def pause(prefix: str, queue: str, side: str) -> None:
 
 
 def node_pause(prefix: str, queue: str) -> None:
+    node_run("await q.pause(); await q.close();", prefix, queue)
+
+
+def node_run(body: str, prefix: str, queue: str) -> None:
+    """Run ``body`` against BullMQ's Node ``Queue`` ``q`` (tests/node's pinned package)."""
     import shutil
     import subprocess
     from pathlib import Path
@@ -524,8 +539,7 @@ def node_pause(prefix: str, queue: str) -> None:
         "import { Queue } from 'bullmq';"
         "const [url, prefix, name] = process.argv.slice(1);"
         "const u = new URL(url);"
-        "const q = new Queue(name, {prefix, connection: {host: u.hostname, port: +u.port}});"
-        "await q.pause(); await q.close();"
+        "const q = new Queue(name, {prefix, connection: {host: u.hostname, port: +u.port}});" + body
     )
     subprocess.run(
         [node, "--input-type=module", "-e", script, REDIS_URL, prefix, queue],
