@@ -98,7 +98,7 @@ SETTING_CHECKS: Final[Mapping[Problem, tuple[str, str]]] = MappingProxyType(
         ),
         Problem.MAX_PAYLOAD_BYTES: ("fairqueue.E012", _int_hint("MAX_PAYLOAD_BYTES", "bytes")),
         Problem.FAIRNESS_BY: (
-            "fairqueue.E020",
+            "fairqueue.E021",
             "Set FAIRQUEUE['FAIRNESS_BY'] to 'time' (service is the workers' time, the "
             "default) or 'jobs' (service is the number of jobs), or remove it.",
         ),
@@ -201,3 +201,60 @@ def check_cluster_slots(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
         for slot, names in sorted(by_slot.items())
         if len(names) > 1
     ]
+
+
+#: The id of the warning about outbox rows no relay will send.
+OUTBOX_UNKNOWN_JOB_TYPE_ID: Final = "fairqueue.W020"
+
+
+@register(Tags.compatibility)
+@_never_crashes
+def check_outbox_job_types(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """fairqueue.W020: outbox rows of job types no longer in FAIRQUEUE['QUEUES'].
+
+    The relay sends a row to its job type's queue as QUEUES maps it now; a job type that
+    was removed has no queue, so its rows wait, untouched, and only this check and the
+    outbox gauge show them. Reads the database (one GROUP BY over the outbox): silent
+    when the table is not there yet (before ``migrate``) or the database cannot be
+    reached, which other commands report."""
+    from django.db import DatabaseError, connections
+    from django.db.models import Count
+
+    from fairqueue.models import OutboxJob
+
+    try:
+        configured = set(conf.load_settings().queues)
+    except Exception:
+        return []  # check_settings reports it
+    messages: list[CheckMessage] = []
+    for alias in databases or ["default"]:
+        if alias not in connections:
+            continue
+        try:
+            counts = {
+                row["job_type"]: row["n"]
+                for row in OutboxJob.objects.using(alias)
+                .exclude(job_type__in=configured)
+                .values("job_type")
+                .annotate(n=Count("id"))
+                .order_by()
+            }
+        except (DatabaseError, RuntimeError):  # no table yet, no database (or no access)
+            continue
+        if counts:
+            where = "" if alias == "default" else f" in database {alias!r}"
+            messages.append(
+                Warning(
+                    f"{sum(counts.values())} outbox row(s){where} of job types that "
+                    f"FAIRQUEUE['QUEUES'] no longer configures ({sorted(counts)!r}) wait "
+                    "and will not be relayed",
+                    hint="Map the job types in FAIRQUEUE['QUEUES'] again (the relay sends "
+                    "their rows to the queue they map to then), or delete the rows "
+                    "(OutboxJob.objects.filter(job_type=...).delete()) if their jobs "
+                    "should not run.",
+                    id=OUTBOX_UNKNOWN_JOB_TYPE_ID,
+                )
+            )
+    return messages

@@ -9,6 +9,7 @@ signal receivers in ``fairqueue.signals`` when a plan, a weight or a rule change
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -209,6 +210,19 @@ class PriorityOverrideAudit(models.Model):
 #: BullMQ job id of an outbox row without a caller's ``job_id`` (never all digits, which
 #: BullMQ reserves for its own counter).
 OUTBOX_JOB_ID_PREFIX: Final = "fq-outbox-"
+#: Random bytes of such an id (hex): 128 bits, so no two rows ever share one.
+OUTBOX_JOB_ID_BYTES: Final = 16
+
+
+def new_outbox_job_id() -> str:
+    """A fresh BullMQ job id for an outbox row without a caller's ``job_id``.
+
+    Random, not the row's primary key: a primary key comes back after ``manage.py
+    flush`` (which resets sequences), a point-in-time restore, or on another database
+    (``using=``), while BullMQ keeps finished jobs for a day; an id that came back would
+    make the relay take the earlier job for this row's and drop this one.
+    """
+    return f"{OUTBOX_JOB_ID_PREFIX}{secrets.token_hex(OUTBOX_JOB_ID_BYTES)}"
 
 
 class OutboxJob(models.Model):
@@ -219,15 +233,22 @@ class OutboxJob(models.Model):
     The row holds the job exactly as the direct path would add it (payload with
     ``tenantId`` and ``priorityLevel`` merged in, level, tenant bucket and weight), so
     the relay places it with the same add script. Its BullMQ job id is the caller's
-    ``job_id`` or ``fq-outbox-<pk>``: a relay that crashed after the add and retries adds
-    nothing twice (BullMQ keeps the existing job of an existing id).
+    ``job_id`` or a random ``fq-outbox-<hex>`` chosen at enqueue (rows written before
+    migration 0005 have none stored and use ``fq-outbox-<pk>``): a relay that crashed
+    after the add and retries adds nothing twice (BullMQ keeps the existing job of an
+    existing id, and the relay checks that it is this row's job).
     """
 
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     job_type = models.CharField(max_length=200)
     queue = models.CharField(max_length=200)
     job_id = models.CharField(
-        max_length=255, blank=True, help_text=_("The caller's job id; empty: fq-outbox-<id>.")
+        max_length=255,
+        blank=True,
+        help_text=_(
+            "The BullMQ job id: the caller's, or fq-outbox-<random hex> chosen at enqueue "
+            "(empty on rows written before 0005: fq-outbox-<id>)."
+        ),
     )
     #: The payload's JSON, ASCII-escaped (as json.dumps writes it), so any database
     #: stores it unchanged.

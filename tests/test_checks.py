@@ -138,7 +138,7 @@ SETTING_CASES = [
         "remove it for the default 1048576.",
     ),
     (
-        "fairqueue.E020",
+        "fairqueue.E021",
         {"FAIRNESS_BY": "seconds"},
         {},
         "FAIRQUEUE['FAIRNESS_BY']='seconds' is not allowed: expected 'time' or 'jobs'",
@@ -371,6 +371,23 @@ def test_clean_settings__no_fairqueue_messages(settings, clean_env):
     assert [m for m in run_checks() if m.id.startswith("fairqueue.")] == []
 
 
+@pytest.mark.parametrize(
+    ("fairqueue", "expected"),
+    [
+        ({"PREFIX": "a:b", "QUEUES": {"email": "email"}}, ["fairqueue.E005"]),
+        ({"QUEUES": {"email": "email"}, "QUEUS": {}}, ["fairqueue.E018"]),
+        ({"QUEUES": {}}, ["fairqueue.E006"]),
+    ],
+)
+def test_a_bad_setting_is_one_error_not_one_per_task_queue_too(
+    settings, clean_env, fairqueue, expected
+):
+    """With the settings wrong, the tasks backend's E010 says nothing (its message would
+    repeat the settings error once per task queue, with a hint that does not apply)."""
+    configure(settings, clean_env, fairqueue, {})
+    assert [m.id for m in run_checks() if m.id.startswith("fairqueue.")] == expected
+
+
 # -- ids are stable API: one per problem, unique, documented in order ----------------------
 
 
@@ -382,7 +399,13 @@ def documented_sections() -> dict[str, str]:
 
 def all_ids() -> list[str]:
     ids = [check_id for check_id, _ in checks.SETTING_CHECKS.values()]
-    return [*ids, checks.UNEXPECTED_ERROR_ID, "fairqueue.E010", "fairqueue.W011"]
+    return [
+        *ids,
+        checks.UNEXPECTED_ERROR_ID,
+        "fairqueue.E010",
+        "fairqueue.W011",
+        checks.OUTBOX_UNKNOWN_JOB_TYPE_ID,
+    ]
 
 
 def test_ids__every_problem_has_one_and_no_two_problems_share_one():

@@ -281,6 +281,48 @@ def test_enqueue__bad_input_names_the_argument_and_writes_nothing(fq_prefix, red
     assert redis_client.keys(f"{fq_prefix}:*") == []
 
 
+def test_enqueue__arguments_get_the_payloads_checks_as_invalid_task_errors(
+    fq_prefix, redis_client, settings
+):
+    # JSON would store {1: "a", "1": "b", 2: "c"} as {"1": "b", "2": "c"}: a value lost.
+    with pytest.raises(InvalidTaskError, match=r"args\[0\] of task .*record.* key of type int"):
+        record.enqueue({1: "a", "1": "b", 2: "c"})
+    with pytest.raises(InvalidTaskError, match=r"kwargs\['b'\] of task .*add.* key of type int"):
+        add.enqueue(1, b={"x": [{2: 0}]})
+    with pytest.raises(InvalidTaskError, match=r"args\[0\] of task .* not valid UTF-8"):
+        record.enqueue("\ud800")
+    with pytest.raises(InvalidTaskError, match=r"kwargs\['b'\] of task .* deeper than"):
+        deep: list = []
+        for _ in range(100):
+            deep = [deep]
+        add.enqueue(1, b=deep)
+    settings.FAIRQUEUE = {**settings.FAIRQUEUE, "MAX_PAYLOAD_BYTES": 1024}
+    conf.reload_settings()
+    with pytest.raises(InvalidTaskError, match=r"arguments of task .*record.* bytes"):
+        record.enqueue("x" * 2_000)
+    assert redis_client.keys(f"{fq_prefix}:*") == []
+
+
+@pytest.mark.parametrize(
+    "result_id", ["id", "prioritized", "events", "meta", "wait", "stalled-check", "fq"]
+)
+def test_get_result__a_queue_key_name_is_no_result(fq_prefix, redis_client, result_id):
+    add.enqueue(1, 2)  # the queue's keys exist: id, events, prioritized, meta...
+    redis_client.xadd(f"{fq_prefix}:email:events", {"event": "x"})
+    with pytest.raises(TaskResultDoesNotExist):
+        add.get_result(result_id)
+    with pytest.raises(TaskResultDoesNotExist):
+        asyncio.run(add.aget_result(result_id))
+
+
+def test_get_result__a_job_that_is_no_task_is_no_result(fq_prefix):
+    from fairqueue.enqueue.api import enqueue_job
+
+    job = enqueue_job("email", {"plain": True}, tenant_id="t", job_id="not-a-task")
+    with pytest.raises(TaskResultDoesNotExist):
+        add.get_result(job.job_id)
+
+
 def test_enqueue__queue_name_without_a_configured_job_type_is_a_clear_error(
     fq_prefix, settings, redis_client
 ):

@@ -65,9 +65,11 @@ from fairqueue.broker.common import (
     TAG_RESOLUTION,
     fair_keys,
     parse_job_data,
+    permission_error,
+    refuses_every_write,
 )
 from fairqueue.broker.connection import Connection
-from fairqueue.broker.dashboard import BacklogScan, JobDetail, LevelScan
+from fairqueue.broker.dashboard import BacklogScan, JobDetail, LevelScan, MemoryState
 from fairqueue.broker.history import HistoryRead, RecordedPage
 from fairqueue.broker.passes import (
     AdoptedPage,
@@ -100,6 +102,7 @@ __all__ = [
     "JobDetail",
     "LevelScan",
     "LockLostError",
+    "MemoryState",
     "NewJob",
     "RecordedPage",
     "Script",
@@ -114,5 +117,7 @@ __all__ = [
     "get_broker",
     "get_sync_broker",
     "parse_job_data",
+    "permission_error",
     "plain_script",
+    "refuses_every_write",
 ]

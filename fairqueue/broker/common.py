@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Final, TypeVar
 
 import redis
 from bullmq.queue_keys import QueueKeys
-from redis.exceptions import ClusterDownError, RedisClusterException
+from redis.exceptions import ClusterDownError, NoPermissionError, RedisClusterException
 
 from fairqueue.exceptions import BrokerError, BrokerRejectedError, BrokerUnavailableError
 
@@ -62,14 +63,93 @@ def broker_error(exc: BaseException) -> BrokerError:
 
     The message carries the Redis error class and, for an error reply, its code word
     (``WRONGTYPE``, ``ERR``, ``BUSY``...): never the reply's text, which may quote a
-    key (a job id) or a script line, and never the URL.
+    key (a job id) or a script line, and never the URL. An ACL refusal also names the
+    refused command (a command name is no data) and what to grant, because "no
+    permission" alone leaves an operator guessing which of dozens of commands it was.
     """
     if isinstance(exc, UNREACHABLE_ERRORS):
         return _unavailable(exc)
+    permission = _permission_message(exc)
+    if permission is not None:
+        return BrokerRejectedError(permission, redis_error="NoPermissionError")
     name = type(exc).__name__
     code = str(exc).split(" ", 1)[0]
     shown = f"{name} {code}" if code.isalpha() and code.isupper() and code != name else name
     return BrokerRejectedError(f"Redis refused the command ({shown})", redis_error=name)
+
+
+#: The command a NOPERM reply names (``this user has no permissions to run the 'zadd'
+#: command``); subcommands read ``'client|setname'``.
+_NOPERM_COMMAND: Final = re.compile(r"permissions to run the '([A-Za-z0-9_|.-]{1,64})' command")
+#: How Redis words an ACL refusal of a command a Lua script runs (a plain error reply).
+_SCRIPT_NOPERM: Final = "The user executing the script can't"
+
+
+def _permission_message(exc: BaseException) -> str | None:
+    """The message of an ACL refusal (``NOPERM``), or ``None`` for any other error."""
+    text = str(exc)
+    in_script = text.startswith(_SCRIPT_NOPERM)
+    if not isinstance(exc, NoPermissionError) and not in_script:
+        return None
+    found = _NOPERM_COMMAND.search(text)
+    if found is not None:
+        command = found.group(1)
+        return (
+            f"Redis refused the command (NoPermissionError NOPERM): the Redis user may not "
+            f"run {command.upper().replace('|', ' ')}; grant it (ACL SETUSER <user> "
+            f"+{command.lower()}) or the command categories fairqueue needs "
+            "(docs/operations.md, Redis ACL)"
+        )
+    if "key" in text:
+        return (
+            "Redis refused the command (NoPermissionError NOPERM): the Redis user may not "
+            "access one of fairqueue's keys; grant the prefix's keys (ACL SETUSER <user> "
+            "'~<PREFIX>:*') (docs/operations.md, Redis ACL)"
+        )
+    if in_script:
+        return (
+            "Redis refused the command (NoPermissionError NOPERM): the Redis user may not "
+            "run a command inside one of fairqueue's or BullMQ's Lua scripts; ACL LOG on "
+            "the server names it: grant it (docs/operations.md, Redis ACL)"
+        )
+    return (
+        "Redis refused the command (NoPermissionError NOPERM): the Redis user lacks a "
+        "permission; ACL LOG on the server names it (docs/operations.md, Redis ACL)"
+    )
+
+
+def permission_error(exc: BaseException) -> BrokerRejectedError | None:
+    """fairqueue's error for an ACL refusal (``NOPERM``, raw or already translated), or
+    ``None`` for any other error: what a burst worker stops on (no retry can help)."""
+    if isinstance(exc, BrokerRejectedError):
+        return exc if exc.redis_error == "NoPermissionError" else None
+    message = _permission_message(exc)
+    return (
+        None if message is None else BrokerRejectedError(message, redis_error="NoPermissionError")
+    )
+
+
+#: Redis errors that refuse every write of the server, whatever the job: out of memory
+#: under ``noeviction``, a read-only replica, an ACL refusal, a master without its
+#: replicas or a failed save (``MISCONF``), a script running too long (``BUSY``).
+#: Retrying the next job is pointless until the condition ends.
+SERVER_REFUSALS: Final = frozenset(
+    {"OutOfMemoryError", "ReadOnlyError", "NoPermissionError", "MasterDownError"}
+)
+_SERVER_REFUSAL_CODES: Final = frozenset(
+    {"OOM", "READONLY", "NOPERM", "MISCONF", "NOREPLICAS", "BUSY"}
+)
+
+
+def refuses_every_write(exc: BaseException) -> bool:
+    """Whether ``exc`` (a :class:`BrokerRejectedError` or the redis-py error behind it)
+    says the server refuses writes in general rather than this one command's data."""
+    cause = exc.__cause__ if isinstance(exc, BrokerError) and exc.__cause__ else exc
+    if isinstance(exc, BrokerRejectedError) and exc.redis_error in SERVER_REFUSALS:
+        return True
+    if type(cause).__name__ in SERVER_REFUSALS or _permission_message(cause) is not None:
+        return True
+    return str(cause).split(" ", 1)[0] in _SERVER_REFUSAL_CODES
 
 
 def parse_job_data(raw: str | None) -> dict[str, Any] | None:

@@ -55,6 +55,26 @@ class BacklogScan:
 
 
 @dataclass(frozen=True, slots=True)
+class MemoryState:
+    """Redis's memory as ``INFO memory`` reports it (the fullest node on a cluster)."""
+
+    used_bytes: int
+    #: ``maxmemory``; 0 means no limit.
+    max_bytes: int
+    policy: str
+
+    @property
+    def refuses_writes(self) -> bool:
+        """Over ``maxmemory`` with ``noeviction``: Redis refuses every write (and every
+        command of a MULTI) while reads keep working."""
+        return (
+            self.max_bytes > 0
+            and self.used_bytes >= self.max_bytes
+            and (self.policy == "noeviction")
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class JobDetail:
     """A job as the dashboard's detail page shows it. ``state`` is BullMQ's:
     waiting, prioritized, active, delayed, completed, failed or unknown."""
@@ -77,6 +97,36 @@ class DashboardReads(BrokerPart):
         """:meth:`_guard` (every Redis error a ``BrokerError``, which the views show as
         a banner, never a 500)."""
         return await self.conn.guard(coro)
+
+    async def is_paused(self, queue: str) -> bool:
+        """Whether ``queue`` is paused (``queue.pause()`` from Node or Python sets its
+        ``meta`` hash's ``paused`` field; workers take nothing until it is resumed)."""
+        paused = await self._dashboard_guard(
+            self.conn.client().hget(self.conn.key(queue, "meta"), "paused")
+        )
+        return paused is not None and str(paused) not in ("", "0")
+
+    async def memory_state(self) -> MemoryState | None:
+        """Redis's memory use and limit, or ``None`` when ``INFO`` cannot be read (an ACL
+        that forbids it, a server that hides it): the page then says nothing of it."""
+        try:
+            info = await self.conn.client().info("memory")
+        except Exception:  # a read for a banner only: never fail the page on it
+            return None
+        nodes = [info] if "used_memory" in info else list(info.values())
+        states = []
+        for node in nodes:
+            if isinstance(node, dict) and "used_memory" in node:
+                states.append(
+                    MemoryState(
+                        used_bytes=_int_or(node.get("used_memory"), 0) or 0,
+                        max_bytes=_int_or(node.get("maxmemory"), 0) or 0,
+                        policy=str(node.get("maxmemory_policy") or ""),
+                    )
+                )
+        if not states:
+            return None
+        return max(states, key=lambda state: (state.refuses_writes, state.used_bytes))
 
     async def read_page(self, queue: str, *, start: int, count: int) -> list[WaitingJob]:
         """The waiting jobs at pop positions ``start .. start+count-1`` (0-based), in the

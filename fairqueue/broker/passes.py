@@ -12,6 +12,7 @@ from typing import Any
 
 from fairqueue.broker.common import (
     _JOB_FIELDS,
+    FAIR_KEYS,
     REBASE_MARGIN,
     REBASE_THRESHOLD,
     _int_or,
@@ -275,6 +276,45 @@ class PassStore(BrokerPart):
             raise LockLostError(queue)
         return int(moved), bool(int(done))
 
+    async def forget_obliterated(
+        self,
+        queue: str,
+        *,
+        lock_key: str,
+        token: str,
+        lock_ttl_ms: int,
+        status_names: Sequence[str] = (),
+        page_size: int = 1_000,
+    ) -> int | None:
+        """Delete fairqueue's keys beside ``queue`` if BullMQ obliterated it (no ``id``
+        counter: every add increments it, ``Queue.obliterate`` deletes it): the clock
+        state, flows, the ready-time index and its lists, delayed jobs' meta, the
+        history cursor and the status records ``status_names``. The keys deleted, or
+        ``None`` when the queue exists (nothing done). The leader lock stays.
+
+        Raises:
+            LockLostError: another rebalancer holds the lock.
+        """
+        script = self.conn.script(plain_script("forget_obliterated"))
+        others = [
+            self.conn.fair_key(queue, name)
+            for name in (*FAIR_KEYS, "hist", *status_names)
+            if name != "ready"
+        ]
+        keys = [self.conn.key(queue, "id"), self.conn.fair_key(queue, "ready"), lock_key]
+        deleted = 0
+        while True:
+            status, count, done = await self.conn.guard(
+                script(keys=[*keys, *others], args=[token, lock_ttl_ms, page_size])
+            )
+            if int(status) < 0:
+                raise LockLostError(queue)
+            if int(status) == 0:
+                return None if not deleted else deleted
+            deleted += int(count)
+            if int(done):
+                return deleted
+
     # -- reading ----------------------------------------------------------------------
 
     async def read_head(self, queue: str, *, count: int) -> WaitingSnapshot:
@@ -283,7 +323,10 @@ class PassStore(BrokerPart):
 
     async def _read_head(self, queue: str, count: int) -> WaitingSnapshot:
         prioritized = self.conn.key(queue, "prioritized")
-        async with self.conn.client().pipeline(transaction=True) as pipe:
+        # Not a MULTI: Redis refuses every command of a MULTI over ``maxmemory``, reads
+        # included, and the dashboard must show what Redis holds then. A job moving
+        # between the four reads can be missed or seen twice in this snapshot.
+        async with self.conn.client().pipeline(transaction=False) as pipe:
             pipe.lrange(self.conn.key(queue, "wait"), -count, -1)
             pipe.zrange(prioritized, 0, count - 1, withscores=True)
             pipe.llen(self.conn.key(queue, "wait"))

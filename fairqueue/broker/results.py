@@ -77,10 +77,12 @@ class ResultReads(BrokerPart):
             queue = next((q for q, there in zip(queues, found, strict=True) if there), None)
         if queue is None:
             return None
+        if await client.type(self.conn.key(queue, job_id)) not in ("hash", b"hash"):
+            return None  # no job, or one of the queue's own keys (a list, a stream...)
         state = await self.conn.queue(queue).getJobState(job_id)
         fields = await client.hgetall(self.conn.key(queue, job_id))
         if not fields:
-            return None  # removed between the two reads
+            return None  # removed between the reads
         stacktrace = _json_or(fields.get("stacktrace"), [])
         return StoredJob(
             queue=queue,
@@ -98,3 +100,28 @@ class ResultReads(BrokerPart):
             attempts_started=_int_or(fields.get("ats"), 0) or 0,
             processed_by=fields.get("pb") or None,
         )
+
+    async def stored_payloads(
+        self, queue: str, job_ids: Sequence[str]
+    ) -> list[tuple[str, str] | None]:
+        """Each job's ``(name, data)`` as stored, or ``None`` where ``queue`` has no such
+        job: how the outbox relay tells its own job (a retry after a crash) from another
+        job that holds the same id. One pipeline, no MULTI."""
+        return await self.conn.guard(self._stored_payloads(queue, list(job_ids)))
+
+    async def _stored_payloads(
+        self, queue: str, job_ids: list[str]
+    ) -> list[tuple[str, str] | None]:
+        if not job_ids:
+            return []
+        async with self.conn.client().pipeline(transaction=False) as pipe:
+            for job_id in job_ids:
+                pipe.hmget(self.conn.key(queue, job_id), "name", "data")
+            rows = await pipe.execute(raise_on_error=False)
+        found: list[tuple[str, str] | None] = []
+        for row in rows:
+            if isinstance(row, Exception) or row[0] is None or row[1] is None:
+                found.append(None)  # no job, or a key of another type
+            else:
+                found.append((str(row[0]), str(row[1])))
+        return found

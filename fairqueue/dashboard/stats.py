@@ -46,6 +46,7 @@ from fairqueue.broker import (
     BacklogScan,
     Broker,
     HistoryRead,
+    MemoryState,
     WaitingJob,
     get_sync_broker,
 )
@@ -303,7 +304,7 @@ async def aqueue_stats(
     page, per_page = clamp_page(page, per_page)
     start = (page - 1) * per_page
 
-    counts, last_pass, lock, head, rows, recorded = await asyncio.gather(
+    counts, last_pass, lock, head, rows, recorded, paused, memory = await asyncio.gather(
         broker.passes.counts(queue),
         broker.passes.read_status(queue, LAST_RUN_RECORD),
         broker.lock.lock_holder(broker.fair_key(queue, "leader")),
@@ -313,6 +314,8 @@ async def aqueue_stats(
         broker.history.read_history(
             queue, now_s=now_ms // 1000, window_s=clamp_window_min(history_minutes) * 60
         ),
+        broker.dashboard.is_paused(queue),
+        broker.dashboard.memory_state(),
     )
     total = counts["wait"] + counts["prioritized"]
     scan, backlog = await _backlog(
@@ -341,6 +344,8 @@ async def aqueue_stats(
         "now_ms": now_ms,
         "counts": counts,
         "waiting_total": total,
+        "paused": paused,
+        "redis_memory": _memory(memory),
         "max_wait_ms": max_wait_ms,
         "max_wait": format_duration(max_wait_ms),
         "interval_ms": settings.rebalance_interval_ms,
@@ -492,9 +497,39 @@ def _last_pass(record: dict[str, Any] | None, *, now_ms: int) -> dict[str, Any] 
     }
 
 
+def _memory(state: MemoryState | None) -> dict[str, Any] | None:
+    if state is None:
+        return None
+    return {
+        "used_bytes": state.used_bytes,
+        "max_bytes": state.max_bytes,
+        "policy": state.policy,
+        "refuses_writes": state.refuses_writes,
+    }
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1 << 20):.1f} MiB"
+
+
 def _warnings(stats: dict[str, Any]) -> list[str]:
     """What an operator should look at first, most urgent first."""
     warnings = []
+    memory = stats["redis_memory"]
+    if memory and memory["refuses_writes"]:
+        warnings.append(
+            f"Redis is out of memory: it uses {_mib(memory['used_bytes'])} of its maxmemory "
+            f"{_mib(memory['max_bytes'])} with maxmemory-policy noeviction, so it refuses "
+            "every write (enqueues, passes, workers finishing jobs; the outbox keeps durable "
+            "jobs) while reads work: this page shows what Redis holds. Free memory (fewer "
+            "kept jobs: KEEP_COMPLETED, KEEP_FAILED) or raise maxmemory."
+        )
+    if stats["paused"]:
+        warnings.append(
+            "The queue is paused (queue.pause()): workers take no job until it is resumed "
+            "(queue.resume()). Passes still place the jobs that arrive, so they run in the "
+            "fair order once it resumes; their wait keeps counting toward the bound."
+        )
     overdue = stats["overdue_total"]
     if overdue:
         warnings.append(

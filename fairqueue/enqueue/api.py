@@ -126,7 +126,9 @@ class _Prepared:
 _JSON_SCALARS: Final = frozenset({int, float, bool, type(None)})
 
 
-def _check_json_tree(data: Mapping[str, Any], *, text: bool = False) -> None:
+def _check_json_tree(
+    data: object, *, text: bool = False, what: str = "payload", depth: int = 1
+) -> None:
     """Refuse what ``json.dumps`` would accept but store wrongly, or fail on deep down.
 
     Non-string keys at any depth (``{1: "a", "1": "b"}`` becomes two ``"1"`` keys) and
@@ -134,17 +136,18 @@ def _check_json_tree(data: Mapping[str, Any], *, text: bool = False) -> None:
     levels); with ``text``, also strings and keys that are not valid UTF-8 (a lone
     surrogate: stored, then every page and reader that decodes it fails). Only
     containers are walked (``type`` checks, no ABC lookups on the common types), so the
-    walk costs a fraction of the serialisation. Messages never echo the payload.
+    walk costs a fraction of the serialisation. Messages never echo the payload; they
+    name ``what`` (a task argument's name), found at ``depth`` of the payload.
     """
     leaves = _JSON_SCALARS if text else _JSON_SCALARS | {str}
-    stack: list[tuple[object, int]] = [(data, 1)]
+    stack: list[tuple[object, int]] = [(data, depth)]
     while stack:
         node, depth = stack.pop()
         kind = type(node)
         if kind is str or isinstance(node, str):
             if not is_strict_utf8(node):  # type: ignore[arg-type]
                 raise InvalidPayloadError(
-                    f"payload is not allowed: a string at depth {depth} is not valid UTF-8 "
+                    f"{what} is not allowed: a string at depth {depth} is not valid UTF-8 "
                     "(it holds a lone surrogate)"
                 )
             continue
@@ -153,20 +156,20 @@ def _check_json_tree(data: Mapping[str, Any], *, text: bool = False) -> None:
             continue  # a scalar, or something json.dumps refuses with its own error
         if depth > MAX_PAYLOAD_DEPTH:
             raise InvalidPayloadError(
-                f"payload is not allowed: it nests deeper than {MAX_PAYLOAD_DEPTH} levels "
+                f"{what} is not allowed: it nests deeper than {MAX_PAYLOAD_DEPTH} levels "
                 "of dicts and lists (MAX_PAYLOAD_DEPTH)"
             )
         if is_map:
             for key, value in node.items():  # type: ignore[attr-defined]
                 if type(key) is not str and not isinstance(key, str):
                     raise InvalidPayloadError(
-                        f"payload is not allowed: a key of type {type(key).__name__} at depth "
+                        f"{what} is not allowed: a key of type {type(key).__name__} at depth "
                         f"{depth}; every key must be a string (JSON would turn it into a "
                         "string, possibly a duplicate key)"
                     )
                 if text and not is_strict_utf8(key):
                     raise InvalidPayloadError(
-                        f"payload is not allowed: a key at depth {depth} is not valid UTF-8 "
+                        f"{what} is not allowed: a key at depth {depth} is not valid UTF-8 "
                         "(it holds a lone surrogate)"
                     )
                 if type(value) not in leaves:
@@ -583,7 +586,7 @@ def _enqueue_durable(prepared: Sequence[_Prepared], using: str | None) -> list[E
     """Write outbox rows and their audit rows in the caller's transaction (one of our
     own if none is open); after commit, try to relay them at once."""
     from fairqueue.enqueue.outbox import relay_after_commit
-    from fairqueue.models import OutboxJob, PriorityOverrideAudit
+    from fairqueue.models import OutboxJob, PriorityOverrideAudit, new_outbox_job_id
 
     with transaction.atomic(using=using):
         rows = OutboxJob.objects.using(using).bulk_create(
@@ -591,7 +594,7 @@ def _enqueue_durable(prepared: Sequence[_Prepared], using: str | None) -> list[E
                 OutboxJob(
                     job_type=item.job_type,
                     queue=item.queue,
-                    job_id=item.new_job.job_id or "",
+                    job_id=item.new_job.job_id or new_outbox_job_id(),
                     data=json.dumps(item.new_job.data, separators=(",", ":"), allow_nan=False),
                     level=item.new_job.level.value,
                     tenant=item.new_job.tenant,

@@ -41,13 +41,16 @@ from django.db import transaction
 from django.db.models import Count, Min
 from django.utils import timezone
 
-from fairqueue.broker import BACK_OF_LINE, NewJob, get_sync_broker
+from fairqueue.broker import BACK_OF_LINE, NewJob, get_sync_broker, refuses_every_write
 from fairqueue.conf import get_settings
-from fairqueue.exceptions import BrokerUnavailableError
+from fairqueue.exceptions import BrokerRejectedError, BrokerUnavailableError
 from fairqueue.metrics import get_metrics, record_enqueue
 from fairqueue.scheduling.levels import PriorityLevel
 
 logger = logging.getLogger("fairqueue.outbox")
+
+#: ``last_error`` of a row whose fairqueue-chosen job id held another job.
+JOB_ID_COLLISION: Final = "JobIdCollision"
 
 #: Rows claimed per transaction (one add-script call per queue for undelayed jobs).
 RELAY_BATCH_SIZE: Final = 250
@@ -66,9 +69,17 @@ class RelayResult:
     existing: int = 0
     #: Rows Redis refused (kept, tried again behind the others).
     refused: int = 0
+    #: Of those, rows whose fairqueue-chosen id held another job (kept, reported).
+    collisions: int = 0
+    #: The Redis error with which Redis refused every write, if it did (the run
+    #: stopped at its first add).
+    refusing: str | None = None
 
     def summary(self) -> str:
-        return f"outbox: sent={self.sent} existing={self.existing} refused={self.refused}"
+        text = f"outbox: sent={self.sent} existing={self.existing} refused={self.refused}"
+        if self.collisions:
+            text += f" collisions={self.collisions}"
+        return text
 
 
 def _new_job(row, now: datetime) -> NewJob:
@@ -91,39 +102,137 @@ def _new_job(row, now: datetime) -> NewJob:
     )
 
 
+class _ServerRefusal(Exception):
+    """Redis refuses every write (out of memory, read-only, an ACL): the run stops."""
+
+    def __init__(self, error: BrokerRejectedError) -> None:
+        super().__init__(error.redis_error)
+        self.error = error
+
+
+def _same_job(row, stored: tuple[str, str] | None) -> bool:
+    """Whether ``stored`` (name, data) is the job ``row`` describes."""
+    if stored is None:
+        return False
+    name, data = stored
+    try:
+        return name == row.job_type and json.loads(data) == json.loads(row.data)
+    except ValueError:
+        return False
+
+
+def _checks_collisions(row) -> bool:
+    """Rows whose id fairqueue chose: an existing job of that id must be this row's own
+    (a relay that crashed after its add). A caller's ``job_id`` is an idempotency key:
+    an existing job of that id is the point, whatever its payload."""
+    from fairqueue.models import OUTBOX_JOB_ID_PREFIX
+
+    return not row.job_id or row.job_id.startswith(OUTBOX_JOB_ID_PREFIX)
+
+
+def _refuse(row, error: str, result: RelayResult) -> None:
+    row.tries += 1
+    row.last_error = error[:200]
+    row.save(update_fields=["tries", "last_error"])
+    result.refused += 1
+
+
+def _settle_existing(queue: str, rows: Sequence, result: RelayResult) -> list[int]:
+    """Of ``rows`` whose id BullMQ already had: the pks of those whose existing job is
+    their own; the others keep their rows, reported as a collision (never deleted: their
+    job was not added)."""
+    sync = get_sync_broker()
+    checked = [row for row in rows if _checks_collisions(row)]
+    stored = sync.run(
+        sync.broker.results.stored_payloads, queue, [row.bullmq_job_id for row in checked]
+    )
+    collided = {
+        row.pk for row, found in zip(checked, stored, strict=True) if not _same_job(row, found)
+    }
+    done = []
+    for row in rows:
+        if row.pk not in collided:
+            result.existing += 1
+            done.append(row.pk)
+            continue
+        _refuse(row, JOB_ID_COLLISION, result)
+        result.collisions += 1
+        # The id only: the payload and the tenant are user data.
+        logger.warning(
+            "outbox row %s: job id %s already holds another job in queue %s; the row "
+            "is kept (last_error %s) and its job was not added",
+            row.pk,
+            row.bullmq_job_id,
+            queue,
+            JOB_ID_COLLISION,
+        )
+    return done
+
+
 def _add_rows(queue: str, rows: Sequence, now: datetime, result: RelayResult) -> list[int]:
     """Add ``rows``' jobs to ``queue``; the pks of the rows Redis now has. Raises
-    BrokerUnavailableError if Redis is unreachable (the rows stay)."""
+    BrokerUnavailableError if Redis is unreachable (the rows stay), _ServerRefusal if
+    Redis refuses writes in general (the rows stay, untouched but for ``last_error``)."""
     broker = get_sync_broker()
     try:
         added = broker.add_jobs(queue, [_new_job(row, now) for row in rows])
     except BrokerUnavailableError:
         raise
+    except BrokerRejectedError as exc:
+        if refuses_every_write(exc):
+            raise _ServerRefusal(exc) from exc
+        return _refused(queue, rows, now, result, exc.redis_error)
     except Exception as exc:
-        if len(rows) > 1:  # find the row Redis refuses; send the others
-            done: list[int] = []
-            for row in rows:
-                done += _add_rows(queue, [row], now, result)
-            return done
-        row = rows[0]
-        row.tries += 1
-        row.last_error = type(exc).__name__[:200]
-        row.save(update_fields=["tries", "last_error"])
-        result.refused += 1
-        logger.warning("outbox row %s: Redis refused the job (%s)", row.pk, row.last_error)
-        return []
+        return _refused(queue, rows, now, result, type(exc).__name__)
+    done, existing = [], []
     for row, job in zip(rows, added, strict=True):
         if job.priority is None:
-            result.existing += 1
-        else:
-            record_enqueue(
-                queue, row.job_type, PriorityLevel(row.level), placed=job.priority < BACK_OF_LINE
-            )
-    return [row.pk for row in rows]
+            existing.append(row)
+            continue
+        done.append(row.pk)
+        record_enqueue(
+            queue, row.job_type, PriorityLevel(row.level), placed=job.priority < BACK_OF_LINE
+        )
+    return done + _settle_existing(queue, existing, result)
+
+
+def _refused(queue: str, rows: Sequence, now: datetime, result: RelayResult, error: str):
+    if len(rows) > 1:  # find the row Redis refuses; send the others
+        done: list[int] = []
+        for row in rows:
+            done += _add_rows(queue, [row], now, result)
+        return done
+    row = rows[0]
+    _refuse(row, error, result)
+    logger.warning("outbox row %s: Redis refused the job (%s)", row.pk, row.last_error)
+    return []
+
+
+def _already_in_old_queue(queue: str, rows: Sequence, result: RelayResult) -> list[int]:
+    """Rows written for another queue than their job type's now (``QUEUES`` changed)
+    whose job that queue already has (a relay crashed after adding it there, before the
+    change): they are sent, not added again to the new queue."""
+    sync = get_sync_broker()
+    moved = [row for row in rows if row.queue != queue]
+    done = []
+    by_old: dict[str, list] = {}
+    for row in moved:
+        by_old.setdefault(row.queue, []).append(row)
+    for old_queue, old_rows in by_old.items():
+        stored = sync.run(
+            sync.broker.results.stored_payloads,
+            old_queue,
+            [row.bullmq_job_id for row in old_rows],
+        )
+        for row, found in zip(old_rows, stored, strict=True):
+            if _same_job(row, found):
+                result.existing += 1
+                done.append(row.pk)
+    return done
 
 
 def _relay_batch(
-    job_types: Sequence[str] | None,
+    job_types: Sequence[str],
     pks: Sequence[int] | None,
     batch_size: int,
     using: str | None,
@@ -132,11 +241,11 @@ def _relay_batch(
     """Claim up to ``batch_size`` rows, add their jobs, delete them; rows claimed."""
     from fairqueue.models import OutboxJob
 
-    outage: BrokerUnavailableError | None = None
+    queues = get_settings().queues
+    stop: BaseException | None = None
     with transaction.atomic(using=using):
         rows = OutboxJob.objects.using(using).select_for_update(skip_locked=True)
-        if job_types is not None:
-            rows = rows.filter(job_type__in=job_types)
+        rows = rows.filter(job_type__in=job_types)
         if pks is not None:
             rows = rows.filter(pk__in=pks)
         claimed = list(rows.order_by("tries", "id")[:batch_size])
@@ -144,20 +253,35 @@ def _relay_batch(
             return 0
         by_queue: dict[str, list] = {}
         for row in claimed:
-            by_queue.setdefault(row.queue, []).append(row)
+            # The job type's queue now, not when the row was written (QUEUES may have
+            # moved it since: docs/enqueueing.md, "When QUEUES changes").
+            by_queue.setdefault(queues[row.job_type], []).append(row)
         now = timezone.now()
         done: list[int] = []
         for queue, queue_rows in by_queue.items():
             try:
-                done += _add_rows(queue, queue_rows, now, result)
+                sent = _already_in_old_queue(queue, queue_rows, result)
+                done += sent
+                rest = [row for row in queue_rows if row.pk not in set(sent)]
+                if rest:
+                    done += _add_rows(queue, rest, now, result)
             except BrokerUnavailableError as exc:
-                outage = exc  # keep what other queues' adds did; the rest waits
+                stop = exc  # keep what other queues' adds did; the rest waits
+                break
+            except _ServerRefusal as refusal:
+                # One UPDATE, no tries: the rows are not at fault, the server is.
+                pending = [row.pk for row in queue_rows if row.pk not in set(done)]
+                OutboxJob.objects.using(using).filter(pk__in=pending).update(
+                    last_error=refusal.error.redis_error[:200]
+                )
+                result.refusing = refusal.error.redis_error
+                stop = refusal.error
                 break
         if done:
             OutboxJob.objects.using(using).filter(pk__in=done).delete()
             result.sent += len(done)
-    if outage is not None:
-        raise outage
+    if stop is not None:
+        raise stop
     return len(claimed)
 
 
@@ -171,14 +295,27 @@ def relay_outbox(
 ) -> RelayResult:
     """Move waiting outbox rows to BullMQ, oldest first, at most ``max_batches`` batches.
 
+    Each row goes to its job type's queue as ``FAIRQUEUE['QUEUES']`` maps it now. Rows of
+    a job type that is no longer configured are left alone (``manage.py check`` warns:
+    fairqueue.W020) until the job type comes back or someone deletes them.
+
     Args:
-        job_types: only rows of these job types (a ``rebalance_fair --queue`` subset).
+        job_types: only rows of these job types (a ``rebalance_fair --queue`` subset);
+            default: every configured job type.
         pks: only these rows (a durable enqueue relaying its own rows after commit).
 
     Raises:
         BrokerUnavailableError: Redis is unreachable; rows not sent stay for the next run.
+        BrokerRejectedError: Redis refuses writes in general (``OutOfMemoryError``,
+            ``ReadOnlyError``, ``NoPermissionError``...): the run stopped at its first
+            add; the rows stay, their ``last_error`` naming the Redis error.
     """
-    job_types = None if job_types is None else list(job_types)
+    configured = get_settings().queues
+    job_types = [
+        job_type
+        for job_type in (configured if job_types is None else job_types)
+        if job_type in configured
+    ]
     pks = None if pks is None else list(pks)
     result = RelayResult()
     try:
@@ -241,6 +378,6 @@ def relay_after_commit(pks: Sequence[int], *, using: str | None = None) -> None:
     except Exception as exc:
         logger.warning(
             "durable enqueue: relaying after commit failed (%s); %d row(s) wait for the relay",
-            type(exc).__name__,
+            exc.redis_error if isinstance(exc, BrokerRejectedError) else type(exc).__name__,
             len(pks),
         )

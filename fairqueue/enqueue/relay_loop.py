@@ -9,9 +9,11 @@ import logging
 from collections.abc import Sequence
 from typing import TextIO
 
+from fairqueue.broker import refuses_every_write
 from fairqueue.conf import get_settings
 from fairqueue.enqueue.outbox import RELAY_BATCH_SIZE, RelayResult, relay_outbox
-from fairqueue.loop import Loop
+from fairqueue.exceptions import BrokerRejectedError
+from fairqueue.loop import Loop, backoff_ms
 
 logger = logging.getLogger("fairqueue.outbox")
 
@@ -22,8 +24,10 @@ DEFAULT_INTERVAL_MS = 1_000
 class Relay(Loop):
     """The relay loop: a relay run every interval (at once again while rows remain).
 
-    Redis down is logged once and retried with backoff; any other failure is logged by
-    class name and the loop goes on. SIGINT/SIGTERM finish the run in flight; a second
+    Redis down is logged once and retried with backoff; so is Redis refusing every write
+    (out of memory, read-only, an ACL): one add per run until it ends, one log line when
+    it starts and one when it ends. Any other failure is logged by class name and the
+    loop goes on. SIGINT/SIGTERM finish the run in flight; a second
     signal exits at once (rows whose jobs were added but not yet deleted are added again
     under the same id by the next relay: nothing twice). With ``once`` the run's summary
     is written to ``out``.
@@ -49,16 +53,39 @@ class Relay(Loop):
         self.batch_size = batch_size
         self.verbosity = verbosity
         self.out = out
+        #: The Redis error refusing every write, and the runs it refused in a row.
+        self.refusing: str | None = None
+        self.refusals = 0
 
     def run_once(self) -> RelayResult:
-        result = relay_outbox(job_types=self.job_types, batch_size=self.batch_size)
+        try:
+            result = relay_outbox(job_types=self.job_types, batch_size=self.batch_size)
+        except BrokerRejectedError as exc:
+            if self.once or not refuses_every_write(exc):
+                raise
+            return self._refused(exc)
+        if self.refusing is not None:
+            logger.info("Redis accepts writes again (was %s); relaying resumed", self.refusing)
+            self.refusing, self.refusals = None, 0
         if self.once and self.out is not None:
             self.out.write(f"{result.summary()}\n")
         elif result.sent or result.refused:
             logger.log(logging.INFO if self.verbosity >= 2 else logging.DEBUG, result.summary())
         return result
 
+    def _refused(self, exc: BrokerRejectedError) -> RelayResult:
+        if self.refusing != exc.redis_error:
+            logger.warning(
+                "Redis refuses writes (%s): the outbox rows wait; retrying with backoff",
+                exc.redis_error,
+            )
+        self.refusing = exc.redis_error
+        self.refusals += 1
+        return RelayResult(refusing=exc.redis_error)
+
     def pause_ms(self, result: RelayResult) -> int:
+        if result.refusing is not None:
+            return backoff_ms(self.interval_ms, self.refusals)
         return 0 if result.sent else self.interval_ms  # rows moved: more may wait
 
     def start_line(self) -> str:

@@ -249,6 +249,8 @@ async def arebalance_queue(
     timed = _Timed(result)
     try:
         if not dry_run:
+            # A queue BullMQ obliterated leaves fairqueue's keys behind: forget them.
+            await broker.passes.forget_obliterated(queue, **fence, status_names=(LAST_RUN_RECORD,))
             await _recover_stalled(timed, broker, queue, fence, result)
         for _ in range(ADOPT_PAGES):
             page = await _adopt(timed, broker, queue, fence, result, dry_run=dry_run)

@@ -49,7 +49,8 @@ from __future__ import annotations
 import json
 import math
 import secrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
@@ -60,12 +61,12 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
 from fairqueue import conf
-from fairqueue.broker import StoredJob, get_sync_broker
+from fairqueue.broker import RESERVED_JOB_IDS, StoredJob, get_sync_broker
 from fairqueue.conf import get_settings
 from fairqueue.enqueue import api as services
 from fairqueue.enqueue.api import MAX_ATTEMPTS, MAX_DELAY_MS, MAX_JOB_ID_LENGTH
 from fairqueue.enqueue.priority import ABSENT, _Absent
-from fairqueue.exceptions import InvalidJobOptionError, UnknownJobTypeError
+from fairqueue.exceptions import InvalidJobOptionError, InvalidPayloadError, UnknownJobTypeError
 from fairqueue.scheduling.levels import PriorityLevel
 from fairqueue.tasks.jobs import (
     TASK_KEY,
@@ -76,7 +77,7 @@ from fairqueue.tasks.jobs import (
     TaskResult,
     TaskResultDoesNotExist,
     TaskResultStatus,
-    json_value,
+    task_arguments,
     task_backends,
     task_enqueued,
     task_result_from_job,
@@ -271,15 +272,7 @@ class FairQueueBackend(BaseTaskBackend):
     def _prepare(self, task: Task, args: Any, kwargs: Any) -> _Enqueue:
         self.validate_task(task)
         job_type = self.job_type_for(task.queue_name)
-        try:
-            args_json = json_value(list(args), f"args of task {task.module_path!r}")
-            kwargs_json = json_value(dict(kwargs), f"kwargs of task {task.module_path!r}")
-        except TypeError as exc:
-            raise InvalidTaskError(str(exc)) from None
-        if not isinstance(kwargs_json, dict) or set(kwargs_json) != set(kwargs):
-            raise InvalidTaskError(
-                f"kwargs of task {task.module_path!r} are not allowed: every key must be a string"
-            )
+        args_json, kwargs_json = task_arguments(args, kwargs, task.module_path)
         options: dict[str, Any] = {
             "job_id": _new_job_id(),
             "source": f"django task {task.module_path}"[:200],
@@ -364,9 +357,10 @@ class FairQueueBackend(BaseTaskBackend):
                 written then.
         """
         prepared = self._prepare(task, args, kwargs)
-        job = services.enqueue_job(
-            prepared.job_type, prepared.payload, durable=self.durable, **prepared.options
-        )
+        with _arguments_error(task):
+            job = services.enqueue_job(
+                prepared.job_type, prepared.payload, durable=self.durable, **prepared.options
+            )
         result = self._result(task, job.job_id, prepared)
         task_enqueued.send(type(self), task_result=result)
         return result
@@ -374,14 +368,15 @@ class FairQueueBackend(BaseTaskBackend):
     async def aenqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         """Async :meth:`enqueue`: the Redis call is awaited on the caller's loop."""
         prepared = self._prepare(task, args, kwargs)
-        if self.durable:  # the outbox row goes through the ORM, in a thread
-            job = await sync_to_async(services.enqueue_job)(
-                prepared.job_type, prepared.payload, durable=True, **prepared.options
-            )
-        else:
-            job = await services.aenqueue_job(
-                prepared.job_type, prepared.payload, **prepared.options
-            )
+        with _arguments_error(task):
+            if self.durable:  # the outbox row goes through the ORM, in a thread
+                job = await sync_to_async(services.enqueue_job)(
+                    prepared.job_type, prepared.payload, durable=True, **prepared.options
+                )
+            else:
+                job = await services.aenqueue_job(
+                    prepared.job_type, prepared.payload, **prepared.options
+                )
         result = self._result(task, job.job_id, prepared)
         await task_enqueued.asend(type(self), task_result=result)
         return result
@@ -423,6 +418,18 @@ class FairQueueBackend(BaseTaskBackend):
         return task_result_from_job(stored, self.alias)
 
 
+@contextmanager
+def _arguments_error(task: Task) -> Iterator[None]:
+    """The payload's own errors (its size, above all) as the task framework's: the
+    arguments are the only part of a task's payload its caller chose."""
+    try:
+        yield
+    except InvalidPayloadError as exc:
+        raise InvalidTaskError(
+            f"the arguments of task {task.module_path!r} are not allowed: {exc}"
+        ) from None
+
+
 def _outbox_job(job_id: str) -> StoredJob | None:
     """A durable task job the relay has not added to Redis yet, as a job READY to run
     (enqueued when its transaction wrote it)."""
@@ -436,7 +443,8 @@ def _outbox_job(job_id: str) -> StoredJob | None:
     except ValueError:
         return None
     return StoredJob(
-        queue=row.queue,
+        # Where the relay will add it: its job type's queue now (QUEUES may have moved it).
+        queue=get_settings().queues.get(row.job_type, row.queue),
         job_id=job_id,
         name=row.job_type,
         state="outbox",
@@ -463,10 +471,14 @@ def _new_job_id() -> str:
 
 
 def _plausible_id(result_id: object) -> bool:
+    """Whether ``result_id`` may name one of the backend's jobs. Not a queue's own key
+    suffix (``id``, ``events``, ``prioritized``...): ``prefix:queue:<id>`` would read
+    BullMQ's counter, stream or set as a job (a WRONGTYPE error, not "no such result")."""
     return (
         isinstance(result_id, str)
         and 0 < len(result_id) <= MAX_JOB_ID_LENGTH
         and ":" not in result_id
+        and result_id not in RESERVED_JOB_IDS
     )
 
 

@@ -68,6 +68,7 @@ __all__ = [
     "moment_from_ms",
     "resolve_task",
     "running_task_result",
+    "task_arguments",
     "task_backends",
     "task_enqueued",
     "task_result_from_job",
@@ -223,6 +224,43 @@ def json_value(value: Any, what: str) -> Any:
             f"{what} is not allowed: it must be JSON-serialisable (dicts with string keys, "
             f"lists, strings, finite numbers, booleans, None); {type(exc).__name__}: {exc}"
         ) from None
+
+
+#: Where a task argument sits in its job's payload (``{"djangoTask": {"args": [here]}}``),
+#: for the payload's depth limit.
+ARGUMENT_DEPTH: Final = 4
+
+
+def task_arguments(args: Any, kwargs: Any, path: str) -> tuple[list[Any], dict[str, Any]]:
+    """``args`` and ``kwargs`` as their job stores them, with the checks a payload of
+    ``enqueue_job`` gets (string keys at any depth, nesting, valid UTF-8), each error
+    naming the argument: JSON would turn ``{1: "a", "1": "b"}`` into one ``"1"`` key and
+    lose a value without a word.
+
+    Raises:
+        InvalidTaskError: an argument that cannot be stored as given.
+    """
+    from fairqueue.enqueue.api import _check_json_tree
+    from fairqueue.exceptions import InvalidPayloadError
+
+    named = [(f"args[{index}]", value) for index, value in enumerate(args)]
+    named += [(f"kwargs[{name!r}]", value) for name, value in dict(kwargs).items()]
+    for name, value in named:
+        what = f"{name} of task {path!r}"
+        try:
+            _check_json_tree(value, text=True, what=what, depth=ARGUMENT_DEPTH)
+        except InvalidPayloadError as exc:
+            raise InvalidTaskError(str(exc)) from None
+    try:
+        args_json = json_value(list(args), f"args of task {path!r}")
+        kwargs_json = json_value(dict(kwargs), f"kwargs of task {path!r}")
+    except TypeError as exc:
+        raise InvalidTaskError(str(exc)) from None
+    if not isinstance(kwargs_json, dict) or set(kwargs_json) != set(kwargs):
+        raise InvalidTaskError(
+            f"kwargs of task {path!r} are not allowed: every key must be a string"
+        )
+    return args_json, kwargs_json
 
 
 def error_class_path(exc: BaseException) -> str:

@@ -39,9 +39,10 @@ from typing import Any, Final
 from asgiref.sync import iscoroutinefunction, sync_to_async
 from django.db import close_old_connections
 
-from fairqueue.broker import ActiveJob, Broker, get_broker
+from fairqueue.broker import ActiveJob, Broker, get_broker, permission_error
 from fairqueue.conf import get_settings
 from fairqueue.exceptions import (
+    BrokerRejectedError,
     BrokerUnavailableError,
     FairqueueError,
     TaskFailedError,
@@ -263,6 +264,8 @@ class Worker:
         self._stop: asyncio.Event | None = None
         self._graceful = self._graceful_stop()
         self._executor: ThreadPoolExecutor | None = None
+        #: A burst worker's reason to stop with an error (an ACL refusal: no retry helps).
+        self._fatal: BrokerRejectedError | None = None
 
     def __repr__(self) -> str:
         return f"Worker(queues={self.queues!r}, concurrency={self.concurrency})"
@@ -340,6 +343,8 @@ class Worker:
             await asyncio.gather(*runs, return_exceptions=True)
             self._executor.shutdown(wait=True)
             restore_signals()
+        if self._fatal is not None:
+            raise self._fatal
         if stopped_queue is not None:
             raise WorkerStoppedError(
                 f"the BullMQ worker of queue {stopped_queue!r} stopped unexpectedly"
@@ -472,7 +477,19 @@ class Worker:
         return value
 
     def _on_bullmq_error(self, queue: str, error: BaseException) -> None:
-        logger.error("BullMQ worker error on queue %s: %s", queue, type(error).__name__)
+        refused = permission_error(error)
+        if refused is not None and self.burst:
+            # BullMQ would retry forever; a burst run (CI, a cron job) must fail instead.
+            if self._fatal is None:
+                logger.error("BullMQ worker error on queue %s: %s", queue, refused)
+                self._fatal = refused
+                self._wake()
+            return
+        logger.error(
+            "BullMQ worker error on queue %s: %s",
+            queue,
+            refused if refused is not None else type(error).__name__,
+        )
 
     # -- stopping and starting ----------------------------------------------------------
 

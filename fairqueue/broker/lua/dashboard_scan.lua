@@ -1,8 +1,13 @@
 -- One page of a backlog scan over the wait list or the prioritized set, classifying
 -- each job by level and tenant as rebalance.pending_from_job does.
 -- KEYS[1]: the wait list (mode 'list') or the prioritized set (mode 'zset').
--- ARGV[1]: mode; ARGV[2]: cursor (list index, or exclusive score bound);
--- ARGV[3]: page size; ARGV[4]: overdue cutoff (ms); ARGV[5]: job key prefix.
+-- ARGV[1]: mode; ARGV[2]: cursor (list index; for the set '-inf' to start, else the
+-- last job read as '<score> <id>'); ARGV[3]: page size; ARGV[4]: overdue cutoff (ms);
+-- ARGV[5]: job key prefix.
+-- The set is paged by rank from the last job read (ZRANK), not by score: jobs of a
+-- level's tenants often share a score, and a '(score' cursor skipped the ties behind a
+-- page boundary. If that job left meanwhile, the page starts at the first job of its
+-- score (ties may then be counted twice: the scan is a snapshot, not a transaction).
 -- Returns {count, next cursor, [level, waiting, overdue, oldest ts]...,
 -- [level, tenant, waiting]...}.
 local mode, cursor, count = ARGV[1], ARGV[2], tonumber(ARGV[3])
@@ -13,10 +18,20 @@ if mode == 'list' then
   ids = redis.call('LRANGE', KEYS[1], first, first + count - 1)
   nextCursor = tostring(first + #ids)
 else
-  local entries = redis.call('ZRANGEBYSCORE', KEYS[1], cursor, '+inf', 'WITHSCORES',
-    'LIMIT', 0, count)
+  local start = 0
+  if cursor ~= '-inf' then
+    local gap = string.find(cursor, ' ', 1, true)
+    local score, member = string.sub(cursor, 1, gap - 1), string.sub(cursor, gap + 1)
+    local rank = redis.call('ZRANK', KEYS[1], member)
+    if rank and redis.call('ZSCORE', KEYS[1], member) == score then
+      start = rank + 1
+    else
+      start = redis.call('ZCOUNT', KEYS[1], '-inf', '(' .. score)
+    end
+  end
+  local entries = redis.call('ZRANGE', KEYS[1], start, start + count - 1, 'WITHSCORES')
   for i = 1, #entries, 2 do ids[#ids + 1] = entries[i] end
-  if #entries > 0 then nextCursor = '(' .. entries[#entries] end
+  if #entries > 0 then nextCursor = entries[#entries] .. ' ' .. entries[#entries - 1] end
 end
 local names = {critical = true, high = true, normal = true, low = true}
 local function normalize(p)

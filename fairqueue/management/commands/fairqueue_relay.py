@@ -14,7 +14,7 @@ from django.core.management.base import CommandError, CommandParser
 
 from fairqueue.enqueue.outbox import RELAY_BATCH_SIZE
 from fairqueue.enqueue.relay_loop import DEFAULT_INTERVAL_MS, Relay
-from fairqueue.exceptions import BrokerUnavailableError
+from fairqueue.exceptions import BrokerRejectedError, BrokerUnavailableError
 from fairqueue.management.arguments import configured_job_types, int_in_range, recheck
 from fairqueue.management.base import LoopCommand
 
@@ -61,3 +61,5 @@ class Command(LoopCommand):
             relay.run(once=options["once"])
         except BrokerUnavailableError as exc:
             raise CommandError(f"Redis is unreachable: {exc}") from None
+        except BrokerRejectedError as exc:
+            raise CommandError(f"{exc}: the outbox rows wait") from None

@@ -77,6 +77,8 @@ class Command(LoopCommand):
                 f"({unavailable_reason(exc)}): no pass ran"
             ) from None
         except BrokerRejectedError as exc:
+            if exc.redis_error == "NoPermissionError":  # the message names the command
+                raise CommandError(f"{exc}: no pass ran") from None
             raise CommandError(
                 f"Redis refused a command ({exc.redis_error}): no pass ran"
             ) from None

@@ -197,6 +197,10 @@
       var level = stats.levels[el.getAttribute("data-fq-tenants")];
       renderTenants(el, level ? level.top_tenants : []);
     });
+    var paused = section.querySelector("[data-fq-paused]");
+    if (paused) {
+      paused.hidden = !stats.paused;
+    }
     var warnings = section.querySelector("[data-fq-warnings]");
     if (warnings) {
       renderList(warnings, stats.warnings);
