@@ -15,7 +15,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
+from django.http import HttpRequest, HttpResponse
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    generate_latest,
+)
 
 from fairqueue.scheduling.levels import LEVELS_BY_RANK, PriorityLevel
 
@@ -158,3 +166,12 @@ def record_enqueue(queue: str, job_type: str, level: PriorityLevel, *, placed: b
 def enqueue_priority_label(level: PriorityLevel | None) -> str:
     """The low-cardinality ``priority`` label of ``queue_jobs_enqueued_total``."""
     return level.value if isinstance(level, PriorityLevel) else "other"
+
+
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    """``/metrics`` for the process-wide registry, fairqueue's families included, for
+    projects without django-prometheus (whose 2.5.0 requires Django<6.1):
+    ``path("metrics", metrics_view)``. Serves what prometheus_client's own exporter
+    serves, in the text format."""
+    get_metrics()
+    return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)

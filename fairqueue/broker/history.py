@@ -9,7 +9,7 @@ most ``TENANTS_PER_BUCKET`` tenants.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fairqueue.broker.connection import BrokerPart
@@ -34,6 +34,11 @@ class RecordedPage:
     gap_ms: int
     #: The page was full: more entries may be waiting.
     more: bool
+    #: Starts recorded per level name (retried jobs' too), and the waits (ms, ready to
+    #: start on Redis's clock) of the first attempts among them, as (level name, ms):
+    #: the rebalancer's metrics. Empty on the first call (it only sets the cursor).
+    started_by_level: dict[str, int] = field(default_factory=dict)
+    waits: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +71,7 @@ class HistoryStore(BrokerPart):
             LockLostError: another rebalancer holds the lock; nothing was recorded.
         """
         script = self.conn.script(plain_script("history_record"))
-        status, read, recorded, unknown, gap_ms, more = await self.conn.guard(
+        reply = await self.conn.guard(
             script(
                 keys=[self.conn.key(queue, "events"), self.conn.fair_key(queue, "hist"), lock_key],
                 args=[
@@ -84,14 +89,23 @@ class HistoryStore(BrokerPart):
                 ],
             )
         )
+        status, read, recorded, unknown, gap_ms, more = reply[:6]
         if int(status) < 0:
             raise LockLostError(queue)
+        started = reply[6] if len(reply) > 6 else []
+        flat = reply[7] if len(reply) > 7 else []
         return RecordedPage(
             read=int(read),
             recorded=int(recorded),
             unknown=int(unknown),
             gap_ms=int(gap_ms),
             more=bool(int(more)),
+            started_by_level={
+                name: int(count) for name, count in zip(LEVEL_NAMES, started, strict=False) if count
+            },
+            waits=tuple(
+                (LEVEL_NAMES[int(flat[i])], int(flat[i + 1])) for i in range(0, len(flat) - 1, 2)
+            ),
         )
 
     async def read_history(
