@@ -656,7 +656,14 @@ def installed_wheel(tmp_path_factory) -> Path:
         ROOT,
         source,
         ignore=shutil.ignore_patterns(
-            ".git", ".venv", "build", "*.egg-info", "node_modules", ".demo", "__pycache__"
+            ".git",
+            ".venv",
+            ".venv-dj6",
+            "build",
+            "*.egg-info",
+            "node_modules",
+            ".demo",
+            "__pycache__",
         ),
     )
     pip("wheel", "--no-deps", "-w", str(wheels), str(source))
