@@ -32,6 +32,8 @@ $(VENV_DJ6)/.installed: requirements-django6.txt requirements-tools.txt pyprojec
 	@echo "make: installing Django 6.1 and the test tools (requirements-django6.txt) into $(VENV_DJ6)"
 	$(PY_DJ6) -m pip install --disable-pip-version-check --progress-bar on --upgrade pip
 	$(PY_DJ6) -m pip install --disable-pip-version-check --progress-bar on -r requirements-django6.txt
+	@# The backport apart, off the suite's path: tests/test_django6.py's both-frameworks test.
+	$(PY_DJ6) -m pip install --disable-pip-version-check --no-deps --upgrade --target $(VENV_DJ6)/backport "django-tasks>=0.12,<0.13" "django-stubs-ext>=5,<7" "typing_extensions>=4"
 	@touch $@
 
 redis:

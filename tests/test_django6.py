@@ -37,6 +37,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parent.parent
 DJANGO_6 = django.VERSION >= (6, 0)
 HAS_BACKPORT = importlib.util.find_spec("django_tasks") is not None
+#: The backport, installed apart (`make test-django6` puts it there): the both-frameworks
+#: test puts it on a subprocess's path, so the suite itself runs without it.
+BACKPORT_DIR = ROOT / ".venv-dj6" / "backport"
 SIGNALS = ("task_enqueued", "task_started", "task_finished")
 
 
@@ -365,3 +368,87 @@ def test_frameworks_module__refuses_to_import_without_a_framework(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "needs a Django task framework" in done.stdout
     assert frameworks.PRIMARY is FRAMEWORKS[0]
+
+
+BOTH_FRAMEWORKS = """
+import json
+import django
+
+django.setup()
+import django.tasks.exceptions as dj_exc
+import django.tasks.signals as dj_signals
+import django_tasks.exceptions as bp_exc
+import django_tasks.signals as bp_signals
+
+from fairqueue.tasks.frameworks import FRAMEWORKS
+from fairqueue.worker.runner import Worker
+from tests.dual_tasks import backport_add, django_add
+
+out = {"frameworks": [f.name for f in FRAMEWORKS], "seen": [], "caught": []}
+for module in (dj_signals, bp_signals):
+    for name in ("task_enqueued", "task_started", "task_finished"):
+        def receiver(sender, task_result, _m=module.__name__, _n=name, **kwargs):
+            out["seen"].append([_m, _n, type(task_result).__module__, task_result.id])
+        getattr(module, name).connect(receiver, weak=False)
+r1 = backport_add.enqueue(1, 2)
+r2 = django_add.enqueue(3, 4)
+out["ids"] = [r1.id, r2.id]
+out["enqueued_types"] = [type(r1).__module__, type(r2).__module__]
+for task in (backport_add, django_add):
+    for kind in (dj_exc.InvalidTask, bp_exc.InvalidTaskError):
+        try:
+            task.enqueue(object(), 1)
+        except kind:
+            out["caught"].append(kind.__module__)
+    for kind in (dj_exc.TaskResultDoesNotExist, bp_exc.TaskResultDoesNotExist):
+        try:
+            task.get_result("f" * 32)
+        except kind:
+            out["caught"].append(kind.__module__)
+Worker(["email"], burst=True, install_signal_handlers=False).run()
+done = [backport_add.get_result(r1.id), django_add.get_result(r2.id)]
+out["done"] = [[type(r).__module__, str(r.status), r.return_value] for r in done]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(
+    not DJANGO_6 or HAS_BACKPORT or not (BACKPORT_DIR / "django_tasks").is_dir(),
+    reason="Django 6 with the backport installed apart in .venv-dj6/backport (make test-django6)",
+)
+def test_both_frameworks__either_task_either_except_and_both_signals(fq_prefix):
+    """A Django 6 project that still has the backport: a backport ``Task`` and a Django
+    ``Task`` through the same backend, each result in its own framework, each
+    framework's ``except`` catching the errors, both frameworks' signals for both."""
+    done = subprocess.run(
+        [sys.executable, "-c", BOTH_FRAMEWORKS],
+        cwd=ROOT,
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(BACKPORT_DIR), str(ROOT)]),
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            "FAIRQUEUE_PREFIX": fq_prefix,
+            "FAIRQUEUE_REDIS_URL": REDIS_URL,
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["frameworks"] == ["django.tasks", "django_tasks"]
+    assert out["enqueued_types"] == ["django_tasks.base", "django.tasks.base"]
+    assert out["done"] == [
+        ["django_tasks.base", "SUCCESSFUL", 3],
+        ["django.tasks.base", "SUCCESSFUL", 7],
+    ]
+    assert out["caught"] == ["django.tasks.exceptions", "django_tasks.exceptions"] * 4
+    backport_id, django_id = out["ids"]
+    for job_id, kind in ((backport_id, "django_tasks.base"), (django_id, "django.tasks.base")):
+        got = sorted((m, n) for m, n, t, i in out["seen"] if i == job_id and t == kind)
+        assert got == sorted(
+            (module, name)
+            for module in ("django.tasks.signals", "django_tasks.signals")
+            for name in SIGNALS
+        ), out["seen"]

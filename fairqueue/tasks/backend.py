@@ -150,8 +150,8 @@ class FairQueueBackend(BaseTaskBackend):
     frameworks' ``task_enqueued`` (``fairqueue_worker`` sends ``task_started`` and
     ``task_finished``). Extra ``@task(...)`` arguments, which Django 6.1 forwards to the
     backend's task class, are refused (``TypeError``): a task's tenant is a call's
-    keyword argument (``TENANT_KWARG``), not a property of the function, and its cost is
-    measured, not declared.
+    keyword argument (``TENANT_KWARG``), not a property of the function, and so is a
+    cost (the same function costs more for a bigger input).
 
     ``OPTIONS``: ``TENANT_KWARG`` (default ``"tenant_id"``), the task keyword argument
     that names the job's tenant; ``JOB_TYPES``, a dict mapping task queue names to

@@ -10,7 +10,8 @@ Node workers can share a queue). This module adds what BullMQ does not know abou
   :class:`fairqueue.tasks.backend.FairQueueBackend`): a job whose data carries
   ``djangoTask`` runs the ``@task`` function its path names (only such functions, see
   :mod:`fairqueue.tasks.jobs`), and its JSON return value becomes the job's return
-  value; a task that raises fails the job with :class:`TaskFailedError`;
+  value; a task that raises fails the job with :class:`TaskFailedError`; each run sends
+  the task frameworks' ``task_started`` and ``task_finished`` signals;
 * the payload the handler sees (fairqueue's ``tenantId`` and ``priorityLevel`` removed)
   and a :class:`~fairqueue.worker.handlers.JobContext`;
 * sync handlers in a thread pool with Django's database connections checked before and
