@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: demo test test-fast lint format bench redis
+.PHONY: demo test test-fast test-django6 lint format bench redis
 
 PIP    := $(PY) -m pip install --disable-pip-version-check --progress-bar on
 
@@ -16,9 +16,24 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PIP) -r requirements.txt
 	@touch $@
 
-$(VENV)/.installed-dev: $(VENV)/.installed requirements-dev.txt
+$(VENV)/.installed-dev: $(VENV)/.installed requirements-dev.txt requirements-tools.txt
 	@echo "make: installing the test tools (requirements-dev.txt) into $(VENV)"
 	$(PIP) -r requirements-dev.txt
+	@touch $@
+
+# The same suite on Django 6.1 and Python 3.12, in a virtualenv of its own, with Django's
+# own django.tasks and no backport (requirements-django6.txt).
+PYTHON_DJ6 ?= python3.12
+VENV_DJ6   := .venv-dj6
+PY_DJ6     := $(VENV_DJ6)/bin/python
+
+$(VENV_DJ6)/.installed: requirements-django6.txt requirements-tools.txt pyproject.toml
+	@test -x $(PY_DJ6) || { echo "make: creating $(VENV_DJ6) with $(PYTHON_DJ6)"; $(PYTHON_DJ6) -m venv $(VENV_DJ6); }
+	@echo "make: installing Django 6.1 and the test tools (requirements-django6.txt) into $(VENV_DJ6)"
+	$(PY_DJ6) -m pip install --disable-pip-version-check --progress-bar on --upgrade pip
+	$(PY_DJ6) -m pip install --disable-pip-version-check --progress-bar on -r requirements-django6.txt
+	@# The backport apart, off the suite's path: tests/test_django6.py's both-frameworks test.
+	$(PY_DJ6) -m pip install --disable-pip-version-check --no-deps --upgrade --target $(VENV_DJ6)/backport "django-tasks>=0.12,<0.13" "django-stubs-ext>=5,<7" "typing_extensions>=4"
 	@touch $@
 
 redis:
@@ -48,6 +63,11 @@ test-fast: $(VENV)/.installed-dev redis tests/node/node_modules/.installed
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest -m "not slow"
+
+# `make test`'s pytest run on Django 6.1 / Python 3.12 (ruff ran in `make test`).
+test-django6: $(VENV_DJ6)/.installed redis tests/node/node_modules/.installed
+	$(PY_DJ6) -c "import django, sys; print('make: Django', django.get_version(), 'on Python', sys.version.split()[0])"
+	$(PY_DJ6) -m pytest
 
 lint: $(VENV)/.installed-dev
 	$(PY) -m ruff check --fix .

@@ -34,7 +34,11 @@ django.setup()
 
 from bullmq import Job, Queue  # noqa: E402
 from django.test.utils import override_settings  # noqa: E402
-from django_tasks import task  # noqa: E402
+
+try:  # Django 6
+    from django.tasks import task  # noqa: E402
+except ImportError:  # Django 5.2: the django-tasks backport
+    from django_tasks import task  # noqa: E402
 
 from fairqueue import conf  # noqa: E402
 from fairqueue.broker import close_brokers  # noqa: E402

@@ -5,6 +5,13 @@ registry; by default the process-wide one that django-prometheus serves at ``/me
 and ``rebalance_fair --metrics-port`` serves on its own port. Label children are
 pre-created for every configured job type so series exist at zero from the start.
 Tenant ids are never a label.
+
+The rebalancer's families (waits, starts, passes, the leader) are set only by
+``rebalance_fair``: from what its passes already read (the history step's page of BullMQ's
+events stream gives every start and its wait), so the metrics cost no extra Redis call.
+The leader and last-pass gauges are not pre-created: a process that never rebalanced
+has no such series, and the shipped rules (``fairqueue/contrib/prometheus/rules.yml``)
+say so with ``absent()``.
 """
 
 from __future__ import annotations
@@ -15,12 +22,29 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
+from django.http import HttpRequest, HttpResponse
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 
-from fairqueue.scheduling.levels import LEVELS_BY_RANK, PriorityLevel
+from fairqueue.scheduling.levels import DEFAULT_FAIR_WEIGHTS, LEVELS_BY_RANK, PriorityLevel
 
 DECISIONS: Final = ("aged", "weighted_fair")
 ENQUEUE_PRIORITY_LABELS: Final = ("critical", "high", "normal", "low", "other")
+#: Upper bounds (seconds) of the wait histogram's buckets: ms to an hour, with the default
+#: wait bound (300 s) among them, about 2.5x apart (Prometheus interpolates within one).
+WAIT_BUCKETS_S: Final = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+    300.0, 600.0, 1800.0, 3600.0,
+)  # fmt: skip
+#: Upper bounds (seconds) of the pass duration histogram's buckets.
+PASS_BUCKETS_S: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +57,17 @@ class QueueFairMetrics:
     outbox_pending: Gauge
     worker_seconds: Counter
     retries: Counter
+    # The rebalancer's (``rebalance_fair --metrics-port``): what its passes read.
+    wait_seconds: Histogram
+    jobs_started: Counter
+    level_overdue_waiting: Gauge
+    pass_duration: Histogram
+    pass_errors: Counter
+    leader: Gauge
+    last_pass_success: Gauge
+    rebalance_interval: Gauge
+    max_wait: Gauge
+    level_weight: Gauge
 
 
 _lock = threading.Lock()
@@ -110,7 +145,73 @@ def initialize_queue_fair_metrics(
                     ["job_type", "priority_level"],
                     registry=registry,
                 ),
+                wait_seconds=Histogram(
+                    "queue_fair_wait_seconds",
+                    "Wait of started jobs from ready to start, on Redis's clock (first "
+                    "attempts), read by the rebalancer from BullMQ's events stream.",
+                    ["queue", "priority_level"],
+                    buckets=WAIT_BUCKETS_S,
+                    registry=registry,
+                ),
+                jobs_started=Counter(
+                    "queue_fair_jobs_started_total",
+                    "Jobs workers started (every attempt), read by the rebalancer from "
+                    "BullMQ's events stream.",
+                    ["queue", "priority_level"],
+                    registry=registry,
+                ),
+                level_overdue_waiting=Gauge(
+                    "queue_fair_level_overdue_waiting",
+                    "Waiting jobs past the wait bound per level, as of the last rebalance "
+                    "pass (the part of the overdue count checked job by job).",
+                    ["queue", "priority_level"],
+                    registry=registry,
+                ),
+                pass_duration=Histogram(
+                    "queue_fair_pass_duration_seconds",
+                    "Duration of rebalance passes that ran to the end.",
+                    ["job_type"],
+                    buckets=PASS_BUCKETS_S,
+                    registry=registry,
+                ),
+                pass_errors=Counter(
+                    "queue_fair_pass_errors_total",
+                    "Rebalance passes that failed (Redis unreachable or another error).",
+                    ["job_type"],
+                    registry=registry,
+                ),
+                leader=Gauge(
+                    "queue_fair_leader",
+                    "1 while this rebalancer holds the queue's leader lock, else 0.",
+                    ["queue"],
+                    registry=registry,
+                ),
+                last_pass_success=Gauge(
+                    "queue_fair_last_pass_success_timestamp_seconds",
+                    "When this process's last successful pass over the job type ended (Unix time).",
+                    ["job_type"],
+                    registry=registry,
+                ),
+                rebalance_interval=Gauge(
+                    "queue_fair_rebalance_interval_seconds",
+                    "The rebalance loop's pass interval (for rules that count intervals).",
+                    registry=registry,
+                ),
+                max_wait=Gauge(
+                    "queue_fair_max_wait_seconds",
+                    "The wait bound (QUEUE_FAIR_MAX_WAIT_MS) the rebalancer enforces.",
+                    registry=registry,
+                ),
+                level_weight=Gauge(
+                    "queue_fair_level_weight",
+                    "Each level's weight in the fair share (its entitlement among the "
+                    "levels with work).",
+                    ["priority_level"],
+                    registry=registry,
+                ),
             )
+            for level, weight in DEFAULT_FAIR_WEIGHTS.items():
+                metrics.level_weight.labels(PriorityLevel(level).value).set(weight)
             _by_registry[registry] = metrics
     for job_type in job_types:
         for level in LEVELS_BY_RANK:
@@ -123,9 +224,15 @@ def initialize_queue_fair_metrics(
         for level in LEVELS_BY_RANK:
             metrics.worker_seconds.labels(job_type, level.value)
             metrics.retries.labels(job_type, level.value)
+        metrics.pass_duration.labels(job_type)
+        metrics.pass_errors.labels(job_type)
     for queue in queues:
         for label in ENQUEUE_PRIORITY_LABELS:
             metrics.jobs_enqueued.labels(queue, label)
+        for level in LEVELS_BY_RANK:
+            metrics.wait_seconds.labels(queue, level.value)
+            metrics.jobs_started.labels(queue, level.value)
+            metrics.level_overdue_waiting.labels(queue, level.value)
     return metrics
 
 
@@ -176,3 +283,12 @@ def record_enqueue(queue: str, job_type: str, level: PriorityLevel, *, placed: b
 def enqueue_priority_label(level: PriorityLevel | None) -> str:
     """The low-cardinality ``priority`` label of ``queue_jobs_enqueued_total``."""
     return level.value if isinstance(level, PriorityLevel) else "other"
+
+
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    """``/metrics`` for the process-wide registry, fairqueue's families included, for
+    projects without django-prometheus (whose 2.5.0 requires Django<6.1):
+    ``path("metrics", metrics_view)``. Serves what prometheus_client's own exporter
+    serves, in the text format."""
+    get_metrics()
+    return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)

@@ -5,6 +5,7 @@ understands). Redis for BullMQ and the cache comes from ``FAIRQUEUE_REDIS_URL``.
 """
 
 import os
+from importlib.util import find_spec
 from pathlib import Path
 
 import dj_database_url
@@ -43,6 +44,12 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
+
+# django-prometheus 2.5.0, its latest, requires Django<6.1: without it (Django 6.1) the
+# demo serves /metrics with fairqueue's own view (project/urls.py) and has no request metrics.
+if not find_spec("django_prometheus"):
+    INSTALLED_APPS.remove("django_prometheus")
+    MIDDLEWARE = [entry for entry in MIDDLEWARE if not entry.startswith("django_prometheus.")]
 
 ROOT_URLCONF = "project.urls"
 

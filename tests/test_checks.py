@@ -12,7 +12,11 @@ from typing import Any
 import pytest
 from django.core.checks import Error, Tags, Warning, run_checks
 from django.core.exceptions import ImproperlyConfigured
-from django_tasks import task_backends
+
+try:  # Django 6
+    from django.tasks import task_backends
+except ImportError:  # Django 5.2: the django-tasks backport
+    from django_tasks import task_backends
 
 from fairqueue import checks, conf
 from fairqueue.conf import Problem

@@ -37,6 +37,11 @@ class RecordedPage:
     #: Level name -> (worker milliseconds of the attempts that finished, restarts of
     #: jobs that had run before) in this page.
     served: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: Starts recorded per level name (retried jobs' too), and the waits (ms, ready to
+    #: start on Redis's clock) of the first attempts among them, as (level name, ms):
+    #: the rebalancer's metrics. Empty on the first call (it only sets the cursor).
+    started_by_level: dict[str, int] = field(default_factory=dict)
+    waits: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +75,7 @@ class HistoryStore(BrokerPart):
             LockLostError: another rebalancer holds the lock; nothing was recorded.
         """
         script = self.conn.script(plain_script("history_record"))
-        status, read, recorded, unknown, gap_ms, more, flat = await self.conn.guard(
+        reply = await self.conn.guard(
             script(
                 keys=[
                     self.conn.key(queue, "events"),
@@ -97,16 +102,25 @@ class HistoryStore(BrokerPart):
                 ],
             )
         )
+        status, read, recorded, unknown, gap_ms, more = reply[:6]
         if int(status) < 0:
             raise LockLostError(queue)
+        started, waits, served = (list(part) for part in reply[6:9])
         return RecordedPage(
             read=int(read),
             recorded=int(recorded),
             unknown=int(unknown),
             gap_ms=int(gap_ms),
             more=bool(int(more)),
+            started_by_level={
+                name: int(count) for name, count in zip(LEVEL_NAMES, started, strict=False) if count
+            },
+            waits=tuple(
+                (LEVEL_NAMES[int(waits[i])], int(waits[i + 1])) for i in range(0, len(waits) - 1, 2)
+            ),
             served={
-                str(flat[i]): (int(flat[i + 1]), int(flat[i + 2])) for i in range(0, len(flat), 3)
+                str(served[i]): (int(served[i + 1]), int(served[i + 2]))
+                for i in range(0, len(served), 3)
             },
         )
 

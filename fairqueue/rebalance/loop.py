@@ -15,6 +15,7 @@ from fairqueue.conf import get_settings
 from fairqueue.enqueue.outbox import relay_outbox
 from fairqueue.exceptions import BrokerRejectedError, BrokerUnavailableError
 from fairqueue.loop import Loop, RepeatedFailure
+from fairqueue.metrics import get_metrics
 from fairqueue.rebalance.passes import (
     LeaderLock,
     PassResult,
@@ -84,6 +85,11 @@ class Rebalancer(Loop):
         self._quiet_passes = 0
         self._quiet_worst_ms = 0.0
         self._quiet_since = time.monotonic()
+        metrics = get_metrics()
+        metrics.rebalance_interval.set(interval_ms / 1000)
+        metrics.max_wait.set(settings.max_wait_ms / 1000)
+        if not dry_run:
+            self._publish_leadership()
 
     # -- a round ----------------------------------------------------------------------
 
@@ -92,10 +98,17 @@ class Rebalancer(Loop):
         settings = get_settings()
         results = []
         done_queues: set[str] = set()
+        pass_errors = get_metrics().pass_errors
         for job_type in self.job_types:
             queue = settings.queues[job_type]
             if not self.dry_run:
-                if queue not in done_queues and not self.locks[queue].acquire():
+                try:
+                    acquired = queue in done_queues or self.locks[queue].acquire()
+                except Exception:  # the loop backs off; this round ran no pass
+                    pass_errors.labels(job_type).inc()
+                    self._publish_leadership(reachable=False)
+                    raise
+                if not acquired:
                     logger.debug("%s: another rebalancer holds the lock", job_type)
                     continue
                 done_queues.add(queue)
@@ -107,15 +120,29 @@ class Rebalancer(Loop):
                     interval_ms=self.interval_ms,
                 )
             except BrokerUnavailableError:
+                pass_errors.labels(job_type).inc()
+                if not self.dry_run:
+                    self._publish_leadership(reachable=False)
                 raise
             except Exception as exc:  # a bad pass must not end the loop
+                pass_errors.labels(job_type).inc()
                 logger.error("%s: pass failed (%s)", job_type, type(exc).__name__)
                 continue
             results.append(result)
             self._report(result)
+        if not self.dry_run:
+            self._publish_leadership()
         if done_queues and not self.dry_run:
             self._relay()
         return results
+
+    def _publish_leadership(self, *, reachable: bool = True) -> None:
+        """``queue_fair_leader``: 1 for each queue whose lock this loop holds, 0 for the
+        others, and 0 for all while Redis is unreachable (the lock cannot be renewed, so
+        this loop leads nothing)."""
+        leader = get_metrics().leader
+        for queue, lock in self.locks.items():
+            leader.labels(queue).set(1 if reachable and lock.held else 0)
 
     def start_line(self) -> str:
         settings = get_settings()
@@ -176,6 +203,8 @@ class Rebalancer(Loop):
 
     def finish(self) -> None:
         self.release_locks()
+        if not self.dry_run:
+            self._publish_leadership()
         self._log_quiet(force=True)
 
     def release_locks(self) -> None:

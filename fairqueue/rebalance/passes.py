@@ -44,6 +44,7 @@ from fairqueue.broker import (
     Broker,
     IndexWalk,
     LockLostError,
+    RecordedPage,
     WaitingJob,
     get_broker,
     get_sync_broker,
@@ -335,8 +336,21 @@ async def _record(timed: _Timed, broker: Broker, queue: str, fence: dict, max_wa
         result.recorded += recorded.recorded
         result.unrecorded += recorded.unknown
         result.history_gap_ms += recorded.gap_ms
+        _record_starts(queue, recorded)
         if not recorded.more:
             break
+
+
+def _record_starts(queue: str, page: RecordedPage) -> None:
+    """The starts and waits a history page read, into the rebalancer's metrics: once
+    per page, as the script moved its cursor past them (never counted twice)."""
+    if not (page.started_by_level or page.waits):
+        return
+    metrics = get_metrics()
+    for level, count in page.started_by_level.items():
+        metrics.jobs_started.labels(queue, level).inc(count)
+    for level, wait_ms in page.waits:
+        metrics.wait_seconds.labels(queue, level).observe(wait_ms / 1000)
 
 
 async def _recover_stalled(
@@ -475,6 +489,12 @@ def _record_metrics(result: PassResult) -> None:
     if result.adopted - result.aged:
         metrics.decisions.labels(result.job_type, "weighted_fair").inc(result.adopted - result.aged)
     metrics.overdue_waiting.labels(result.job_type).set(result.overdue)
+    for level in LEVELS_BY_RANK:
+        metrics.level_overdue_waiting.labels(result.queue, level.value).set(
+            result.overdue_by_level.get(level.value, 0)
+        )
+    metrics.pass_duration.labels(result.job_type).observe(result.duration_ms / 1000)
+    metrics.last_pass_success.labels(result.job_type).set(time.time())
 
 
 def rebalance_queue(

@@ -68,6 +68,12 @@ from fairqueue.enqueue.api import MAX_ATTEMPTS, MAX_DELAY_MS, MAX_JOB_ID_LENGTH
 from fairqueue.enqueue.priority import ABSENT, _Absent
 from fairqueue.exceptions import InvalidJobOptionError, InvalidPayloadError, UnknownJobTypeError
 from fairqueue.scheduling.levels import PriorityLevel
+from fairqueue.tasks.frameworks import (
+    FRAMEWORKS,
+    asend_signal,
+    framework_of,
+    send_signal,
+)
 from fairqueue.tasks.jobs import (
     TASK_KEY,
     BaseTaskBackend,
@@ -76,10 +82,8 @@ from fairqueue.tasks.jobs import (
     TaskCall,
     TaskResult,
     TaskResultDoesNotExist,
-    TaskResultStatus,
     task_arguments,
     task_backends,
-    task_enqueued,
     task_result_from_job,
 )
 
@@ -101,8 +105,8 @@ RESULT_ID_BYTES: Final = 16
 class UnknownTaskQueueError(InvalidTaskError, UnknownJobTypeError):
     """A task's ``queue_name`` maps to no job type of ``FAIRQUEUE['QUEUES']``.
 
-    Both django-tasks' ``InvalidTaskError`` (``InvalidTask`` on Django 6) and fairqueue's
-    ``UnknownJobTypeError``, so either ``except`` catches it.
+    Django's ``InvalidTask``, the backport's ``InvalidTaskError`` (those installed) and
+    fairqueue's ``UnknownJobTypeError``, so any of those ``except`` catches it.
     """
 
 
@@ -139,6 +143,16 @@ class _Enqueue:
 
 class FairQueueBackend(BaseTaskBackend):
     """Runs ``@task`` functions as fair BullMQ jobs (see the module docstring).
+
+    A ``django.tasks`` backend on Django 6 (``django.tasks.backends.base.BaseTaskBackend``),
+    the backport's on Django 5.2. It takes either framework's ``Task``, builds each
+    result in its task's framework, raises exceptions that are both frameworks' classes
+    (``InvalidTask`` and ``InvalidTaskError``; ``TaskResultDoesNotExist``), and sends both
+    frameworks' ``task_enqueued`` (``fairqueue_worker`` sends ``task_started`` and
+    ``task_finished``). Extra ``@task(...)`` arguments, which Django 6.1 forwards to the
+    backend's task class, are refused (``TypeError``): a task's tenant is a call's
+    keyword argument (``TENANT_KWARG``), not a property of the function, and so is a
+    cost (the same function costs more for a bigger input).
 
     ``OPTIONS``: ``TENANT_KWARG`` (default ``"tenant_id"``), the task keyword argument
     that names the job's tenant; ``JOB_TYPES``, a dict mapping task queue names to
@@ -269,6 +283,22 @@ class FairQueueBackend(BaseTaskBackend):
 
     # -- enqueue ----------------------------------------------------------------------
 
+    def validate_task(self, task: Task) -> None:
+        """The framework's own checks, for either framework's ``Task``, raising an
+        exception both frameworks' ``except`` catch.
+
+        Raises:
+            InvalidTaskError: the task is not allowed (the message says why).
+        """
+        framework_of(task)
+        invalid = tuple(f.invalid_task for f in FRAMEWORKS)
+        try:
+            super().validate_task(task)
+        except InvalidTaskError:
+            raise
+        except invalid as exc:
+            raise InvalidTaskError(str(exc)) from None
+
     def _prepare(self, task: Task, args: Any, kwargs: Any) -> _Enqueue:
         self.validate_task(task)
         job_type = self.job_type_for(task.queue_name)
@@ -330,10 +360,11 @@ class FairQueueBackend(BaseTaskBackend):
         return max(0, delay)
 
     def _result(self, task: Task, job_id: str, prepared: _Enqueue) -> TaskResult:
-        return TaskResult(
+        kind = framework_of(task)
+        return kind.TaskResult(
             task=task,
             id=job_id,
-            status=TaskResultStatus.READY,
+            status=kind.TaskResultStatus.READY,
             enqueued_at=timezone.now(),
             started_at=None,
             finished_at=None,
@@ -350,8 +381,8 @@ class FairQueueBackend(BaseTaskBackend):
         job id.
 
         Raises:
-            InvalidTaskError (``InvalidTask`` on Django 6): the task or its arguments are
-                not allowed (``UnknownTaskQueueError`` for a queue name).
+            InvalidTaskError (also Django's ``InvalidTask``): the task or its arguments
+                are not allowed (``UnknownTaskQueueError`` for a queue name).
             fairqueue's input errors (``InvalidTenantError``, ``PayloadTooLargeError``...)
                 as ``enqueue_job`` raises them; ``BrokerUnavailableError``. Nothing was
                 written then.
@@ -362,7 +393,7 @@ class FairQueueBackend(BaseTaskBackend):
                 prepared.job_type, prepared.payload, durable=self.durable, **prepared.options
             )
         result = self._result(task, job.job_id, prepared)
-        task_enqueued.send(type(self), task_result=result)
+        send_signal("task_enqueued", type(self), result)
         return result
 
     async def aenqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
@@ -378,7 +409,7 @@ class FairQueueBackend(BaseTaskBackend):
                     prepared.job_type, prepared.payload, **prepared.options
                 )
         result = self._result(task, job.job_id, prepared)
-        await task_enqueued.asend(type(self), task_result=result)
+        await asend_signal("task_enqueued", type(self), result)
         return result
 
     # -- results ----------------------------------------------------------------------

@@ -24,6 +24,7 @@ import importlib
 import json
 import re
 import sys
+import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -35,20 +36,25 @@ from django.utils import timezone
 
 from fairqueue.broker import StoredJob
 from fairqueue.exceptions import FairqueueError, TaskFailedError
+from fairqueue.tasks.frameworks import (
+    PRIMARY,
+    InvalidTaskError,
+    TaskResultDoesNotExist,
+    asend_signal,
+    framework_of,
+    is_task,
+    send_signal,
+)
 
-try:  # Django 6
-    from django.tasks import task_backends
-    from django.tasks.backends.base import BaseTaskBackend
-    from django.tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus
-    from django.tasks.exceptions import InvalidTask as InvalidTaskError
-    from django.tasks.exceptions import TaskResultDoesNotExist
-    from django.tasks.signals import task_enqueued
-except ImportError:  # Django 5.2 with the django-tasks package
-    from django_tasks import task_backends
-    from django_tasks.backends.base import BaseTaskBackend
-    from django_tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus
-    from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
-    from django_tasks.signals import task_enqueued
+# Django's own classes where Django has them (the backend subclasses this base; results
+# of each task are built in its own framework: ``framework_of``).
+BaseTaskBackend = PRIMARY.BaseTaskBackend
+Task = PRIMARY.Task
+TaskContext = PRIMARY.TaskContext
+TaskError = PRIMARY.TaskError
+TaskResult = PRIMARY.TaskResult
+TaskResultStatus = PRIMARY.TaskResultStatus
+task_backends = PRIMARY.task_backends
 
 __all__ = [
     "TASK_KEY",
@@ -62,15 +68,18 @@ __all__ = [
     "TaskResult",
     "TaskResultDoesNotExist",
     "TaskResultStatus",
+    "asend_signal",
     "error_class_path",
+    "finish_task_result",
+    "framework_of",
     "json_value",
     "parse_task_call",
     "moment_from_ms",
     "resolve_task",
     "running_task_result",
     "task_arguments",
+    "send_signal",
     "task_backends",
-    "task_enqueued",
     "task_result_from_job",
 ]
 
@@ -206,7 +215,7 @@ def resolve_task(path: str) -> Task:
                 f"({type(exc).__name__})"
             ) from exc
     found = getattr(module, name, None)
-    if not isinstance(found, Task):
+    if not is_task(found):
         raise TaskJobError(
             f"task path {path!r} is not allowed: {name!r} in {module_name!r} is not a "
             "function decorated with @task"
@@ -320,19 +329,20 @@ def task_result_from_job(stored: StoredJob, backend: str) -> TaskResult:
         queue_name=call.queue_name,
         run_after=_parse_run_after(call.run_after),
     )
-    status = TaskResultStatus(STATUS_BY_STATE.get(stored.state, "READY"))
+    kind = framework_of(task)
+    status = kind.TaskResultStatus(STATUS_BY_STATE.get(stored.state, "READY"))
     fallback = (
         _error_path(stored.failed_reason)
         or f"{TaskFailedError.__module__}.{TaskFailedError.__qualname__}"
     )
     errors = [
-        TaskError(exception_class_path=_error_path(trace) or fallback, traceback=trace)
+        kind.TaskError(exception_class_path=_error_path(trace) or fallback, traceback=trace)
         for trace in stored.stacktrace
     ]
-    if not errors and stored.failed_reason and status == TaskResultStatus.FAILED:
-        errors = [TaskError(exception_class_path=fallback, traceback=stored.failed_reason)]
-    finished = status in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED)
-    result = TaskResult(
+    if not errors and stored.failed_reason and status == kind.TaskResultStatus.FAILED:
+        errors = [kind.TaskError(exception_class_path=fallback, traceback=stored.failed_reason)]
+    finished = status in (kind.TaskResultStatus.SUCCESSFUL, kind.TaskResultStatus.FAILED)
+    result = kind.TaskResult(
         task=task,
         id=stored.job_id,
         status=status,
@@ -346,7 +356,7 @@ def task_result_from_job(stored: StoredJob, backend: str) -> TaskResult:
         errors=errors,
         worker_ids=[stored.processed_by or UNNAMED_WORKER] * stored.attempts_started,
     )
-    if status == TaskResultStatus.SUCCESSFUL:
+    if status == kind.TaskResultStatus.SUCCESSFUL:
         object.__setattr__(result, "_return_value", stored.return_value)
     return result
 
@@ -362,10 +372,11 @@ def running_task_result(
 ) -> TaskResult:
     """The ``TaskResult`` a ``takes_context=True`` task sees in its ``TaskContext`` while
     it runs (RUNNING; ``context.attempt`` is this attempt's number, from 1)."""
-    return TaskResult(
+    kind = framework_of(task)
+    return kind.TaskResult(
         task=task,
         id=job_id,
-        status=TaskResultStatus.RUNNING,
+        status=kind.TaskResultStatus.RUNNING,
         enqueued_at=moment_from_ms(timestamp_ms),
         started_at=moment_from_ms(processed_on_ms),
         finished_at=None,
@@ -376,3 +387,22 @@ def running_task_result(
         errors=[],
         worker_ids=[UNNAMED_WORKER] * attempt,
     )
+
+
+def finish_task_result(
+    result: TaskResult, *, value: Any = None, error: Exception | None = None
+) -> None:
+    """Mark a running task's ``TaskResult`` finished, in place (the object the worker
+    sends with ``task_finished``): SUCCESSFUL with its return value, or FAILED with this
+    attempt's error added, as Django's own backends do."""
+    kind = framework_of(result.task)
+    object.__setattr__(result, "finished_at", timezone.now())
+    if error is None:
+        object.__setattr__(result, "status", kind.TaskResultStatus.SUCCESSFUL)
+        object.__setattr__(result, "_return_value", value)
+        return
+    trace = "".join(traceback.format_exception(error))
+    result.errors.append(
+        kind.TaskError(exception_class_path=error_class_path(error), traceback=trace)
+    )
+    object.__setattr__(result, "status", kind.TaskResultStatus.FAILED)

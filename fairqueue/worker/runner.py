@@ -10,7 +10,8 @@ Node workers can share a queue). This module adds what BullMQ does not know abou
   :class:`fairqueue.tasks.backend.FairQueueBackend`): a job whose data carries
   ``djangoTask`` runs the ``@task`` function its path names (only such functions, see
   :mod:`fairqueue.tasks.jobs`), and its JSON return value becomes the job's return
-  value; a task that raises fails the job with :class:`TaskFailedError`;
+  value; a task that raises fails the job with :class:`TaskFailedError`; each run sends
+  the task frameworks' ``task_started`` and ``task_finished`` signals;
 * the payload the handler sees (fairqueue's ``tenantId`` and ``priorityLevel`` removed)
   and a :class:`~fairqueue.worker.handlers.JobContext`;
 * sync handlers in a thread pool with Django's database connections checked before and
@@ -447,6 +448,7 @@ class Worker:
         class path and whose cause is the original, so BullMQ's stored traceback has it.
         """
         from fairqueue.tasks import jobs as task_jobs
+        from fairqueue.tasks.backend import FairQueueBackend
 
         started = time.monotonic()
         try:
@@ -456,23 +458,30 @@ class Worker:
             logger.warning("job %s (%s) failed: %s", job.job_id, job_type, type(exc).__name__)
             raise
         args: list[Any] = list(call.args)
+        # The TaskResult receivers of Django's task signals get (and a takes_context
+        # task sees in its TaskContext), finished in place once the task returns.
+        running = task_jobs.running_task_result(
+            task,
+            call,
+            job_id=job.job_id,
+            timestamp_ms=job.timestamp_ms,
+            processed_on_ms=job.processed_on_ms,
+            attempt=job.attempts_made + 1,
+        )
         if task.takes_context:
-            running = task_jobs.running_task_result(
-                task,
-                call,
-                job_id=job.job_id,
-                timestamp_ms=job.timestamp_ms,
-                processed_on_ms=job.processed_on_ms,
-                attempt=job.attempts_made + 1,
-            )
-            args.insert(0, task_jobs.TaskContext(task_result=running))
+            args.insert(0, task_jobs.framework_of(task).TaskContext(task_result=running))
+        await task_jobs.asend_signal("task_started", FairQueueBackend, running)
         logger.debug("job %s (%s) task started", job.job_id, job_type)
         try:
             value = await self._call(task.func, *args, **call.kwargs)
             value = task_jobs.json_value(value, f"the return value of task {call.path!r}")
         except Exception as exc:
             _log_failure(job, job_type, started, exc)
+            task_jobs.finish_task_result(running, error=exc)
+            await task_jobs.asend_signal("task_finished", FairQueueBackend, running)
             raise TaskFailedError(f"{task_jobs.error_class_path(exc)}: {exc}") from exc
+        task_jobs.finish_task_result(running, value=value)
+        await task_jobs.asend_signal("task_finished", FairQueueBackend, running)
         logger.info("job %s (%s) done in %d ms", job.job_id, job_type, _elapsed_ms(started))
         return value
 

@@ -45,13 +45,16 @@
   retried, g gap ms) and <bucket prefix>t:<start second> (zset '<level>\n<tenant>' ->
   started, trimmed to the most served), each expiring after the retention.
   Returns {status (1 ok, -1 lock lost), entries read, jobs recorded, unknown, gap ms,
-  more (1: the page was full or the byte budget ran out), flat [level, worker ms,
-  retries]... of what this page finished and restarted}.
+  more (1: the page was full or the byte budget ran out), starts per level (critical,
+  high, normal, low; retried starts too), waits (level rank, ms, level rank, ms... of
+  the first attempts: the rebalancer's metrics), flat [level, worker ms, retries]... of
+  what this page finished and restarted}. A job's ready time is its opts' fqReady
+  (Redis's clock, set by fairqueue's add scripts) where it has one.
 ]]
 --- @include fair_clock
 --- @include lock_fence
 local token, ttl = ARGV[1], ARGV[2]
-if not fqHoldLock(KEYS[3], token, ttl) then return {-1, 0, 0, 0, 0, 0, {}} end
+if not fqHoldLock(KEYS[3], token, ttl) then return {-1, 0, 0, 0, 0, 0, {}, {}, {}} end
 local jobPrefix, bucketPrefix = ARGV[3], ARGV[4]
 local pageSize, bucketS, retentionS = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local bound, maxData, keepTenants = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
@@ -65,6 +68,8 @@ local served = {} -- level -> {worker ms, retries} of this page
 local typical = nil
 local edges = {{WAIT_EDGES}}
 local levelWeight = {critical = 4, high = 3, normal = 2, low = 1}
+local levelRank = {critical = 0, high = 1, normal = 2, low = 3}
+local startedBy, waits = {0, 0, 0, 0}, {}
 
 local t = redis.call('TIME')
 local nowS = tonumber(t[1])
@@ -132,7 +137,7 @@ if not cursor then
   -- entries the stream ever had up to the cursor.
   redis.call('HSET', KEYS[2], 'cursor', info and info.last or '0-0',
     'ord', info and info.added or 0, 'since', nowS * 1000)
-  return {1, 0, 0, 0, 0, 0, {}}
+  return {1, 0, 0, 0, 0, 0, {}, {}, {}}
 end
 
 local function servedOf(level)
@@ -246,14 +251,16 @@ for _, entry in ipairs(entries) do
     local row = redis.call('HMGET', jobKey, 'timestamp', 'delay', 'ats', 'opts', 'data')
     local size = row[5] and #row[5] or 0
     bytes = bytes + size
-    local level, tenant = nil, 'default'
+    local level, tenant, readyAt = nil, 'default', nil
     if row[1] and size <= maxData then
       local ok, data = pcall(cjson.decode, row[5] or '')
+      local okOpts, opts = pcall(cjson.decode, row[4] or '{}')
+      if not (okOpts and type(opts) == 'table') then opts = {} end
+      readyAt = tonumber(opts['fqReady'])
       if ok and type(data) == 'table' then
         local named, tid = data['priorityLevel'], data['tenantId']
         if named == nil or named == cjson.null then
-          local okOpts, opts = pcall(cjson.decode, row[4] or '{}')
-          level = levelOfPriority(okOpts and type(opts) == 'table' and opts['priority'] or 0)
+          level = levelOfPriority(opts['priority'] or 0)
         elseif levelWeight[named] then
           level = named
         end
@@ -270,6 +277,8 @@ for _, entry in ipairs(entries) do
     else
       recorded = recorded + 1
       add(startB, 's:' .. level, 1)
+      local rank = levelRank[level]
+      startedBy[rank + 1] = startedBy[rank + 1] + 1
       local key = level .. '\n' .. tenant
       if startB >= oldestS then
         local tb = tenantIncr[startB]
@@ -290,9 +299,11 @@ for _, entry in ipairs(entries) do
         add(startB, 'r', 1)
         add(startB, 'a:' .. level, 1)
       else
-        local readyMs = (tonumber(row[1]) or startMs) + (tonumber(row[2]) or 0)
+        local readyMs = readyAt or ((tonumber(row[1]) or startMs) + (tonumber(row[2]) or 0))
         if readyMs > startMs then readyMs = startMs end
         local wait = startMs - readyMs
+        waits[#waits + 1] = rank
+        waits[#waits + 1] = wait
         add(bucketOf(readyMs) >= oldestS and bucketOf(readyMs) or oldestS, 'a:' .. level, 1)
         add(startB, 'w:' .. level .. ':' .. waitBin(wait), 1)
         if wait > bound then add(startB, 'o:' .. level, 1) end
@@ -338,4 +349,4 @@ for level, row in pairs(served) do
   flat[#flat + 1] = row[1]
   flat[#flat + 1] = row[2]
 end
-return {1, read, recorded, unknown, gapMs, more, flat}
+return {1, read, recorded, unknown, gapMs, more, startedBy, waits, flat}
