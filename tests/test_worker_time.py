@@ -160,7 +160,7 @@ def test_the_dashboard_history_shows_worker_time_and_retries_per_level(fq_prefix
 
     _measure_two_tenants(fq_prefix, fast_s=0.01, slow_s=0.05)
     levels = queue_stats("email")["history"]["levels"]
-    assert levels["normal"]["worker_s"] > 0.2 and levels["normal"]["time_share"] == 1.0
+    assert levels["normal"]["worker_s"] >= 0.2 and levels["normal"]["time_share"] == 1.0
     assert levels["normal"]["time_share_display"] == "100%"
     assert levels["critical"]["worker_s"] == 0 and levels["normal"]["retries"] == 0
 
