@@ -202,13 +202,13 @@ def _merged_payload(payload: object, resolved: ResolvedPriority) -> dict[str, An
             f"payload is not allowed: it must be JSON-serialisable ({type(exc).__name__}: "
             "only dicts with string keys, lists, strings, finite numbers, booleans and None)"
         ) from None
-    if any(not isinstance(key, str) for key in data):
-        raise InvalidPayloadError("payload is not allowed: every key must be a string")
     if "\\ud" in serialized:
         # JSON escapes every non-ASCII character; only a surrogate escape can hide a
         # lone surrogate, so the exact (slower) walk over the strings runs only then.
         _check_json_tree(data, text=True)
-    size = len(serialized.encode("utf-8"))
+    # json.dumps escapes every non-ASCII character (ensure_ascii), so the text is ASCII
+    # and its length is its size in bytes: no encoded copy per job.
+    size = len(serialized)
     limit = get_settings().max_payload_bytes
     if size > limit:
         # Never echo the payload: it is user data.
