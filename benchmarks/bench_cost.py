@@ -48,6 +48,7 @@ import asyncio
 import contextlib
 import multiprocessing as mp
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -61,10 +62,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
-_DB_DIR = tempfile.mkdtemp(prefix="fqbench-cost-")
-# Read before Django is set up (tests.settings reads DATABASE_URL), so by hand here.
-_given = [arg.split("=", 1)[1] for arg in sys.argv if arg.startswith("--database-url=")]
-os.environ["DATABASE_URL"] = _given[0] if _given else f"sqlite:///{_DB_DIR}/bench.sqlite3"
+if "FQBENCH_COST_DIR" not in os.environ:  # the benchmark, not a worker it spawned
+    os.environ["FQBENCH_COST_DIR"] = tempfile.mkdtemp(prefix="fqbench-cost-")
+    # Read before Django is set up (tests.settings reads DATABASE_URL), so by hand here.
+    _given = [arg.split("=", 1)[1] for arg in sys.argv if arg.startswith("--database-url=")]
+    os.environ["DATABASE_URL"] = (
+        _given[0] if _given else f"sqlite:///{os.environ['FQBENCH_COST_DIR']}/bench.sqlite3"
+    )
+_DB_DIR = os.environ["FQBENCH_COST_DIR"]
 
 import django  # noqa: E402
 
@@ -840,6 +845,14 @@ def main() -> None:
     )
     print(f"cores: {os.cpu_count()}, load average at start: {os.getloadavg()}")
     log_path = Path(_DB_DIR) / "loop.log"
+    try:
+        run(args, log_path)
+    finally:
+        shutil.rmtree(_DB_DIR, ignore_errors=True)  # the SQLite file and the loop's log
+    print(f"\nload average at the end: {os.getloadavg()}")
+
+
+def run(args: argparse.Namespace, log_path: Path) -> None:
     with private_redis() as url, open(log_path, "w") as log:
         if "enqueue" in args.only:
             print_enqueue(enqueue_costs(url, args.jobs, args.repeat), args.jobs, args.repeat)
@@ -857,7 +870,6 @@ def main() -> None:
             print_parts(add_script_parts(url, args.jobs, args.repeat), args.jobs)
         if "history" in args.only:
             print_history(history_parts(url, args.jobs), args.jobs)
-    print(f"\nload average at the end: {os.getloadavg()}")
 
 
 if __name__ == "__main__":
