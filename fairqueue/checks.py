@@ -123,6 +123,15 @@ SETTING_CHECKS: Final[Mapping[Problem, tuple[str, str]]] = MappingProxyType(
             "fairqueue.E018",
             "Remove the unknown keys from FAIRQUEUE or correct their spelling.",
         ),
+        Problem.AUDIT_EXPLICIT_PRIORITY: (
+            "fairqueue.E022",
+            "Set FAIRQUEUE['AUDIT_EXPLICIT_PRIORITY'] to True or False, or remove it for the "
+            "default False (only priority_override= is audited).",
+        ),
+        Problem.PLAN_LOCAL_CACHE_TIMEOUT: (
+            "fairqueue.E023",
+            _int_hint("PLAN_LOCAL_CACHE_TIMEOUT", "seconds"),
+        ),
     }
 )
 
@@ -155,7 +164,7 @@ def _never_crashes(check: Check) -> Check:
 @register(Tags.compatibility)
 @_never_crashes
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """fairqueue.E001..E009 and E012..E018: every bad setting or environment variable,
+    """fairqueue.E001..E009, E012..E018, E021..E023: every bad setting or environment variable,
     one message per problem (see SETTING_CHECKS); E019 if reading them fails unexpectedly."""
     messages: list[CheckMessage] = []
     for error in conf.setting_errors():

@@ -60,6 +60,10 @@ DEFAULTS: Final[Mapping[str, Any]] = MappingProxyType(
         # Django cache alias used for tenant-plan lookups.
         "CACHE_ALIAS": "default",
         "PLAN_CACHE_TIMEOUT": 300,
+        # How long a process keeps a tenant's plan and weight in its own memory (seconds;
+        # 0: ask the Django cache every time). Changes saved through the ORM reach every
+        # process within PLAN_VERSION_CHECK_S anyway (fairqueue/enqueue/lookups.py).
+        "PLAN_LOCAL_CACHE_TIMEOUT": 10,
         # Largest job payload accepted, in bytes of its JSON as BullMQ stores it (1 MiB).
         "MAX_PAYLOAD_BYTES": 1_048_576,
         # How many finished jobs BullMQ keeps, and for how long (seconds): every job
@@ -70,6 +74,9 @@ DEFAULTS: Final[Mapping[str, Any]] = MappingProxyType(
         # What "service proportional to weight" counts (SPEC decision 12): "time", the
         # workers' time on a flow's attempts; "jobs", seed 1's job count.
         "FAIRNESS_BY": "time",
+        # Whether an explicit priority_level= / priority= on a tenant's job writes a
+        # PriorityOverrideAudit row (priority_override= always does).
+        "AUDIT_EXPLICIT_PRIORITY": False,
     }
 )
 
@@ -93,6 +100,7 @@ INT_RANGES: Final[Mapping[str, tuple[int, int]]] = MappingProxyType(
         "REBALANCE_INTERVAL_MS": (1, 3_600_000),
         "REBALANCE_WINDOW": (1, 100_000),
         "PLAN_CACHE_TIMEOUT": (0, 86_400),
+        "PLAN_LOCAL_CACHE_TIMEOUT": (0, 3_600),
         "MAX_PAYLOAD_BYTES": (1_024, 536_870_912),  # 1 KiB .. 512 MiB (Redis's string limit)
     }
 )
@@ -143,6 +151,8 @@ class Problem(StrEnum):
     FAIRQUEUE_NOT_A_DICT = "FAIRQUEUE_NOT_A_DICT"
     UNKNOWN_KEYS = "UNKNOWN_KEYS"
     FAIRNESS_BY = "FAIRNESS_BY"
+    AUDIT_EXPLICIT_PRIORITY = "AUDIT_EXPLICIT_PRIORITY"
+    PLAN_LOCAL_CACHE_TIMEOUT = "PLAN_LOCAL_CACHE_TIMEOUT"
 
 
 class SettingError(ImproperlyConfigured):
@@ -194,6 +204,8 @@ class FairqueueSettings:
     keep_completed: Retention = Retention(1_000, 86_400)
     keep_failed: Retention = Retention(5_000, 604_800)
     fairness_by: str = "time"
+    audit_explicit_priority: bool = False
+    plan_local_cache_timeout: int = 10
 
     def __repr__(self) -> str:  # keep credentials in redis_url out of logs and tracebacks
         return (
@@ -452,6 +464,14 @@ def _validate() -> tuple[FairqueueSettings | None, list[SettingError]]:
             Problem.KEEP_FAILED, _parse_retention, "KEEP_FAILED", values["KEEP_FAILED"]
         ),
         "fairness_by": read(Problem.FAIRNESS_BY, _parse_fairness_by, values["FAIRNESS_BY"]),
+        "audit_explicit_priority": read(
+            Problem.AUDIT_EXPLICIT_PRIORITY,
+            _parse_bool,
+            "AUDIT_EXPLICIT_PRIORITY",
+            values["AUDIT_EXPLICIT_PRIORITY"],
+            False,
+        ),
+        "plan_local_cache_timeout": number("PLAN_LOCAL_CACHE_TIMEOUT"),
     }
     if errors or redis is None:
         return None, errors

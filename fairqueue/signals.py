@@ -1,15 +1,20 @@
 """Keep cached tenant plans and weights honest: any change to a tenant's row or to a rule
-invalidates them.
+invalidates them, in this process at once and in every other one within
+``fairqueue.enqueue.lookups.VERSION_CHECK_S``.
 
 A tenant's plan and weight share one cache entry, so forgetting it on a ``TenantPlan``
-save or delete covers both. ``QuerySet.update()`` and ``bulk_create`` send no signals:
-call ``forget_tenant_plan`` (or ``forget_all_tenant_plans``) after them.
+save or delete covers both. Inside a transaction the entries are forgotten again once it
+commits: a process that read the row between the save and the commit cached the old
+value. ``QuerySet.update()`` and ``bulk_create`` send no signals: call
+``forget_tenant_plan`` (or ``forget_all_tenant_plans``) after them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
@@ -21,12 +26,21 @@ from fairqueue.models import (
 )
 
 
+def _forget_now_and_on_commit(forget: Callable[[], None], using: str | None) -> None:
+    forget()
+    if transaction.get_connection(using).in_atomic_block:
+        transaction.on_commit(forget, using=using)
+
+
 @receiver([post_save, post_delete], sender=TenantPlan)
-def _tenant_plan_changed(sender: type, instance: TenantPlan, **kwargs: Any) -> None:
-    forget_tenant_plan(instance.tenant_id)
+def _tenant_plan_changed(
+    sender: type, instance: TenantPlan, using: str | None = None, **kwargs: Any
+) -> None:
+    tenant_id = instance.tenant_id
+    _forget_now_and_on_commit(lambda: forget_tenant_plan(tenant_id), using)
 
 
 @receiver([post_save, post_delete], sender=SubscriptionClassifier)
 @receiver([post_save, post_delete], sender=ClassifierRule)
-def _classifier_changed(sender: type, **kwargs: Any) -> None:
-    forget_all_tenant_plans()
+def _classifier_changed(sender: type, using: str | None = None, **kwargs: Any) -> None:
+    _forget_now_and_on_commit(forget_all_tenant_plans, using)

@@ -47,10 +47,14 @@ def fq_prefix(settings):
 
 @pytest.fixture(autouse=True)
 def _reset_plan_lookup():
+    from fairqueue.enqueue import lookups  # imports the models: not before Django is set up
+
     priority.unwire_tenant_plan_lookup()
     priority.unwire_tenant_weight_lookup()
     plans.set_subscription_to_plan_tier(None)
+    lookups.clear_local_plans()  # a rolled-back test database sends no signals
     yield
     priority.unwire_tenant_plan_lookup()
     priority.unwire_tenant_weight_lookup()
     plans.set_subscription_to_plan_tier(None)
+    lookups.clear_local_plans()

@@ -23,8 +23,9 @@ from fairqueue.conf import Problem
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "checks.md"
 ALLOWED_KEYS = (
-    "['CACHE_ALIAS', 'FAIRNESS_BY', 'KEEP_COMPLETED', 'KEEP_FAILED', 'MAX_PAYLOAD_BYTES', "
-    "'MAX_WAIT_MS', 'PLAN_CACHE_TIMEOUT', 'PREFIX', 'PRIORITY_ENABLED', 'QUEUES', "
+    "['AUDIT_EXPLICIT_PRIORITY', 'CACHE_ALIAS', 'FAIRNESS_BY', 'KEEP_COMPLETED', "
+    "'KEEP_FAILED', 'MAX_PAYLOAD_BYTES', 'MAX_WAIT_MS', 'PLAN_CACHE_TIMEOUT', "
+    "'PLAN_LOCAL_CACHE_TIMEOUT', 'PREFIX', 'PRIORITY_ENABLED', 'QUEUES', "
     "'REBALANCE_INTERVAL_MS', 'REBALANCE_WINDOW', 'REDIS', 'REDIS_URL']"
 )
 CLUSTER = {"cluster": ["127.0.0.1:7001"]}
@@ -201,6 +202,23 @@ SETTING_CASES = [
         {},
         f"FAIRQUEUE has unknown keys ['MAX_WAIT']: allowed keys are {ALLOWED_KEYS}",
         "Remove the unknown keys from FAIRQUEUE or correct their spelling.",
+    ),
+    (
+        "fairqueue.E022",
+        {"AUDIT_EXPLICIT_PRIORITY": "sometimes"},
+        {},
+        "FAIRQUEUE['AUDIT_EXPLICIT_PRIORITY']='sometimes' is not allowed: expected true or false",
+        "Set FAIRQUEUE['AUDIT_EXPLICIT_PRIORITY'] to True or False, or remove it for the "
+        "default False (only priority_override= is audited).",
+    ),
+    (
+        "fairqueue.E023",
+        {"PLAN_LOCAL_CACHE_TIMEOUT": 3_601},
+        {},
+        "FAIRQUEUE['PLAN_LOCAL_CACHE_TIMEOUT']=3601 is not allowed: expected an integer in "
+        "0..3600 (ASCII digits)",
+        "Set FAIRQUEUE['PLAN_LOCAL_CACHE_TIMEOUT'] to a number of seconds in 0..3600, or "
+        "remove it for the default 10.",
     ),
 ]
 

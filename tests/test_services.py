@@ -124,7 +124,20 @@ def test_no_tenant_argument__normal_in_default_bucket(fq_prefix, redis_client):
     assert data == {"n": 1, "tenantId": "default", "priorityLevel": "normal"}
 
 
-def test_explicit_priority_on_tenant_job_is_audited(fq_prefix):
+def test_explicit_priority_on_tenant_job_is_not_audited_by_default(fq_prefix):
+    job = enqueue_job("email", {}, tenant_id="t1", priority=2, actor="svc")
+    level = enqueue_job("email", {}, tenant_id="t1", priority_level="low", source="view")
+    batch = enqueue_jobs("email", [{}, {}], tenant_id="t1", priority_level="critical")
+    assert (job.level, job.numeric_priority, job.rule) == ("high", 2, "explicit_priority")
+    assert (level.level, level.rule) == ("low", "explicit_level")
+    assert [job.audited for job in (job, level, *batch)] == [False] * 4
+    assert PriorityOverrideAudit.objects.count() == 0
+
+
+def test_explicit_priority_on_tenant_job_is_audited_with_audit_explicit_priority(
+    fq_prefix, settings
+):
+    settings.FAIRQUEUE = {**settings.FAIRQUEUE, "AUDIT_EXPLICIT_PRIORITY": True}
     job = enqueue_job("email", {}, tenant_id="t1", priority=2, actor="svc")
     assert (job.level, job.numeric_priority, job.audited) == ("high", 2, True)
     audit = PriorityOverrideAudit.objects.get()
@@ -135,6 +148,9 @@ def test_explicit_priority_on_tenant_job_is_audited(fq_prefix):
     )
     enqueue_job("email", {}, priority_level="low")  # not a tenant job: not audited
     assert PriorityOverrideAudit.objects.count() == 1
+    batch = enqueue_jobs("email", [{}, {}], tenant_id="t1", priority_level="low")
+    assert [job.audited for job in batch] == [True, True]
+    assert PriorityOverrideAudit.objects.filter(requested_level="low").count() == 2
 
 
 def test_matching_payload_fields_are_accepted(fq_prefix):

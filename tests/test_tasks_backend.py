@@ -254,7 +254,7 @@ def test_enqueue__tenant_kwarg_rules_match_enqueue_job(fq_prefix, redis_client):
         record.enqueue("float", tenant_id=1.5)
 
 
-def test_enqueue__priority_zero_leaves_the_plan_to_decide_other_priorities_are_audited(
+def test_enqueue__priority_zero_leaves_the_plan_to_decide_other_priorities_win(
     fq_prefix, redis_client
 ):
     priority.wire_tenant_plan_lookup({"big": "enterprise", "small": "free"}.get)
@@ -266,6 +266,14 @@ def test_enqueue__priority_zero_leaves_the_plan_to_decide_other_priorities_are_a
         for r in (plan_big, plan_small, explicit)
     ]
     assert levels == ["critical", "low", "low"]
+    # A task's priority is an explicit level, a code decision: not audited by default.
+    assert PriorityOverrideAudit.objects.count() == 0
+
+
+def test_enqueue__a_task_priority_is_audited_with_audit_explicit_priority(fq_prefix, settings):
+    settings.FAIRQUEUE = {**settings.FAIRQUEUE, "AUDIT_EXPLICIT_PRIORITY": True}
+    record.enqueue("plan", tenant_id="big")  # priority 0: the plan decides, no audit
+    explicit = record_low.enqueue("explicit", tenant_id="big")
     audits = list(PriorityOverrideAudit.objects.values("job_id", "resolved_level", "source"))
     assert audits == [
         {
@@ -583,7 +591,9 @@ def test_run_after__becomes_a_bullmq_delay_and_runs_after_it(broker, redis_clien
 # -- async ------------------------------------------------------------------------------
 
 
-def test_aenqueue_and_aget_result__async_views_use_the_same_path(broker, redis_client):
+def test_aenqueue_and_aget_result__async_views_use_the_same_path(broker, redis_client, settings):
+    settings.FAIRQUEUE = {**settings.FAIRQUEUE, "AUDIT_EXPLICIT_PRIORITY": True}
+
     async def enqueue():
         return await async_add.aenqueue(4, 5), await record_critical.aenqueue("c", tenant_id="t")
 

@@ -1,23 +1,53 @@
 """The database-backed tenant lookups that ``wire_tenant_plan_lookup()`` wires: a
-tenant's plan slug and weight from its ``TenantPlan`` row, through the Django cache.
+tenant's plan slug and weight from its ``TenantPlan`` row, in two cache layers.
 
-``fairqueue.signals`` calls ``forget_tenant_plan``/``forget_all_tenant_plans`` when a
-row, a classifier or a rule changes.
+* **In this process** (``PLAN_LOCAL_CACHE_TIMEOUT`` seconds, default 10): a warm enqueue
+  asks no cache and no database, since a Django-cache round trip (a Redis call with
+  django-redis) per job cost more producer and Redis CPU than the add itself.
+* **The Django cache** (``CACHE_ALIAS``, ``PLAN_CACHE_TIMEOUT`` seconds): shared by the
+  processes, so a miss in one process rarely reaches the database.
+
+How a change reaches every producer: ``fairqueue.signals`` calls ``forget_tenant_plan``
+/ ``forget_all_tenant_plans`` when a ``TenantPlan``, a classifier or a rule is saved or
+deleted (again once the transaction commits). They drop this process's entries at once
+and write a new *version* token to the Django cache; every process reads that token at
+most once per :data:`VERSION_CHECK_S` and drops its own entries when it changed. So with
+a cache the processes share (Redis, Memcached), a change saved through the ORM reaches
+every producer within ``VERSION_CHECK_S`` (1 s) of its commit. A change that sends no
+signal (``QuerySet.update()``, raw SQL) is seen once ``forget_tenant_plan`` is called
+(then within 1 s), or else when both layers' entries expire: within
+``PLAN_LOCAL_CACHE_TIMEOUT`` + ``PLAN_CACHE_TIMEOUT`` seconds. With a per-process cache
+(``LocMemCache``) the version token is not shared either: other processes then see a
+change when their entries expire, as before the local layer existed.
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import Final
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, Final
 
 from django.core.cache import caches
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 
 from fairqueue.models import TenantPlan
 from fairqueue.scheduling.levels import DEFAULT_TENANT_WEIGHT
 
 _CACHE_PREFIX: Final = "fairqueue:plan"
 _GENERATION_KEY: Final = f"{_CACHE_PREFIX}:generation"
+#: A token rewritten on every change of a plan, weight, classifier or rule.
+_VERSION_KEY: Final = f"{_CACHE_PREFIX}:version"
 _NO_PLAN: Final = ""
+#: How often a process reads the version token, in seconds: the bound within which a
+#: change saved in one process reaches the in-process caches of all the others.
+VERSION_CHECK_S: Final = 1.0
+#: Tenants a process keeps at most (the oldest entry goes first past that).
+MAX_LOCAL_TENANTS: Final = 10_000
 
 
 def _cache():
@@ -31,8 +61,98 @@ def _tenant_key(tenant_id: str) -> str:
     return f"{_CACHE_PREFIX}:{digest}"
 
 
-def _cached_tenant(tenant_id: str) -> tuple[str | None, int]:
-    """``(plan slug or None, weight)`` of ``tenant_id``, from one cache entry.
+class _Unseen:
+    """The version before this process first read it (differs from any token and from
+    ``None``, an absent key)."""
+
+
+class LocalPlans:
+    """One process's copy of tenants' ``(plan slug or None, weight)``, each entry kept
+    ``timeout`` seconds, all dropped when the shared version token changes.
+
+    ``clock`` is a monotonic clock in seconds; reads take no lock (a dict lookup is
+    atomic), writes and the version check do. ``epoch`` moves on every drop, so a value
+    fetched before a drop is not stored after it (:meth:`put` refuses it).
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._entries: dict[str, tuple[float, str | None, int]] = {}
+        self._version: object = _Unseen
+        self._next_check = 0.0
+        self._lock = threading.Lock()
+        self.epoch = 0
+
+    def get(self, tenant_id: str) -> tuple[str | None, int] | None:
+        """The cached ``(slug, weight)``, or ``None`` (absent or expired)."""
+        now = self._clock()
+        if now >= self._next_check:
+            self._check_version(now)
+        entry = self._entries.get(tenant_id)
+        if entry is None or entry[0] <= now:
+            return None
+        return entry[1], entry[2]
+
+    def put(
+        self, tenant_id: str, slug: str | None, weight: int, timeout: float, epoch: int
+    ) -> None:
+        """Keep ``(slug, weight)``, fetched when :attr:`epoch` was ``epoch``: unless
+        something was dropped since (the value may predate the change that dropped it)."""
+        now = self._clock()
+        with self._lock:
+            if epoch != self.epoch:
+                return
+            entries = self._entries
+            if tenant_id not in entries and len(entries) >= MAX_LOCAL_TENANTS:
+                for stale in [key for key, entry in entries.items() if entry[0] <= now]:
+                    del entries[stale]
+                if len(entries) >= MAX_LOCAL_TENANTS:
+                    del entries[next(iter(entries))]
+            entries[tenant_id] = (now + timeout, slug, weight)
+
+    def forget(self, tenant_id: str) -> None:
+        with self._lock:
+            self._entries.pop(tenant_id, None)
+            self.epoch += 1
+
+    def clear(self) -> None:
+        """Drop every entry and read the version token again on the next lookup."""
+        with self._lock:
+            self._entries.clear()
+            self._version = _Unseen
+            self._next_check = 0.0
+            self.epoch += 1
+
+    def _check_version(self, now: float) -> None:
+        with self._lock:
+            if now < self._next_check:
+                return  # another thread checked meanwhile
+            self._next_check = now + VERSION_CHECK_S
+            try:
+                version = _cache().get(_VERSION_KEY)
+            except Exception:
+                # Freshness cannot be confirmed: serve nothing from memory, and let the
+                # lookup's own cache call fail (or succeed) as it would without this layer.
+                self._entries.clear()
+                self._version = _Unseen
+                self.epoch += 1
+                return
+            if version != self._version:
+                self._entries.clear()
+                self._version = version
+                self.epoch += 1
+
+    def _after_fork(self) -> None:
+        """A forked child gets a fresh lock (the parent's may have been held)."""
+        self._lock = threading.Lock()
+
+
+_local = LocalPlans()
+os.register_at_fork(after_in_child=_local._after_fork)
+
+
+def _shared_tenant(tenant_id: str) -> tuple[str | None, int]:
+    """``(plan slug or None, weight)`` of ``tenant_id``, from one Django-cache entry.
 
     One cache round trip on a hit: the entry and the classifier generation are fetched
     together; an entry computed under an older generation is stale. The entry is
@@ -55,26 +175,66 @@ def _cached_tenant(tenant_id: str) -> tuple[str | None, int]:
     return slug, weight
 
 
+def _cached_tenant(tenant_id: str) -> tuple[str | None, int]:
+    """``(plan slug or None, weight)`` of ``tenant_id``: from this process's memory when
+    it has a fresh entry, else from the Django cache (or the database)."""
+    from fairqueue.conf import get_settings
+
+    timeout = get_settings().plan_local_cache_timeout
+    if not timeout:
+        return _shared_tenant(tenant_id)
+    found = _local.get(tenant_id)
+    if found is not None:
+        return found
+    epoch = _local.epoch  # after get(), which may have dropped everything
+    slug, weight = _shared_tenant(tenant_id)
+    _local.put(tenant_id, slug, weight, timeout, epoch)
+    return slug, weight
+
+
 def lookup_tenant_plan(tenant_id: str) -> str | None:
-    """The plan slug of ``tenant_id`` (``None`` if the tenant is unknown), via the cache."""
+    """The plan slug of ``tenant_id`` (``None`` if the tenant is unknown), via the caches."""
     return _cached_tenant(tenant_id)[0]
 
 
 def lookup_tenant_weight(tenant_id: str) -> int:
     """The weight of ``tenant_id`` inside its level (1 if the tenant is unknown), via the
-    same cache entry as its plan."""
+    same cache entries as its plan."""
     return _cached_tenant(tenant_id)[1]
 
 
+def _bump_version(cache: Any) -> None:
+    # A fresh random token rather than a counter: a counter the cache evicted and
+    # restarted could come back to the very value a process saw last.
+    cache.set(_VERSION_KEY, uuid.uuid4().hex, None)
+
+
 def forget_tenant_plan(tenant_id: str) -> None:
-    """Drop one tenant's cached plan and weight (its row changed)."""
-    _cache().delete(_tenant_key(tenant_id))
+    """Drop one tenant's cached plan and weight (its row changed): here at once, in the
+    Django cache, and in every other process within ``VERSION_CHECK_S``."""
+    _local.forget(tenant_id)
+    cache = _cache()
+    cache.delete(_tenant_key(tenant_id))
+    _bump_version(cache)
 
 
 def forget_all_tenant_plans() -> None:
-    """Invalidate every cached plan (a classifier or rule changed)."""
+    """Invalidate every cached plan (a classifier or rule changed), in every process."""
+    _local.clear()
     cache = _cache()
     try:
         cache.incr(_GENERATION_KEY)
     except ValueError:
         cache.set(_GENERATION_KEY, 1, None)
+    _bump_version(cache)
+
+
+def clear_local_plans() -> None:
+    """Forget this process's in-memory entries only (tests; settings changes)."""
+    _local.clear()
+
+
+@receiver(setting_changed)
+def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting in ("FAIRQUEUE", "CACHES"):
+        clear_local_plans()

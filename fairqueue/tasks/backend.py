@@ -28,8 +28,10 @@ Why these choices:
   job resolves exactly as ``enqueue_job`` without an explicit priority does (the
   tenant's plan when a plan lookup is wired, else normal). So ``@task`` with no
   priority gives normal, and a tenant's plan still decides for its jobs; a non-zero
-  priority is an explicit level, which wins over the plan and, for a tenant's job, is
-  audited (``PriorityOverrideAudit``), as ``enqueue_job(priority_level=...)`` is.
+  priority is an explicit level, which wins over the plan, and is audited
+  (``PriorityOverrideAudit``) exactly when ``enqueue_job(priority_level=...)`` is: for
+  a tenant's job with ``FAIRQUEUE['AUDIT_EXPLICIT_PRIORITY']`` on, else not (a code
+  decision, not an override of the plan for one request).
 * **Tenant.** The task's keyword argument named by ``TENANT_KWARG`` (``tenant_id``)
   is the job's tenant, and stays in the kwargs, so the function receives it too: a
   string, an integer (a primary key, used as its decimal string), or ``None`` for an
