@@ -632,6 +632,8 @@ def add_script_parts(url: str, n: int, repeat: int) -> list[tuple[str, float, fl
 
 # -- the history step, part by part ----------------------------------------------------------
 
+WITHOUT_RUN_TIMES = "without run times (worker time not read)"
+
 #: Variants of the history script (text edits of the loaded source, here only), each
 #: replayed over the same stretch of the events stream as the shipped script.
 HISTORY_VARIANTS: dict[str, tuple[list[tuple[str, str]], int]] = {
@@ -649,6 +651,23 @@ HISTORY_VARIANTS: dict[str, tuple[list[tuple[str, str]], int]] = {
             (
                 "local ok, data = pcall(cjson.decode, row[5] or '')",
                 "local ok, data = true, {priorityLevel = 'normal', tenantId = 't-1'}",
+            ),
+        ],
+        250,
+    ),
+    # Issue 18's cost: the same script without reading run times (no fq:run entry at a
+    # start, no pairing at an end, no estimate lookups): the shipped script's excess over
+    # this is what worker-time fairness costs Redis per started job.
+    WITHOUT_RUN_TIMES: (
+        [
+            ("    finished(jobId, msOf(entry[1]), false)\n", ""),
+            ("    finished(jobId, msOf(entry[1]), true)\n", ""),
+            ("      if byTime then\n", "      if false then\n"),
+            (
+                "      redis.call('HSET', runKey, jobId, key .. '\\n' .. "
+                "string.format('%d', startMs) .. '\\n' ..\n"
+                "        string.format('%.6g', turns))\n",
+                "",
             ),
         ],
         250,
@@ -673,7 +692,12 @@ def history_parts(url: str, jobs: int) -> list[tuple[str, float, int]]:
                 raise SystemExit(f"the history script changed: cannot make {name!r}")
             source = source.replace(old, new)
         variants[name] = (source, page)
-    edits = [edit for edits, _ in HISTORY_VARIANTS.values() for edit in edits]
+    edits = [
+        edit
+        for name, (edits, _) in HISTORY_VARIANTS.items()
+        if name != WITHOUT_RUN_TIMES
+        for edit in edits
+    ]
     source = full
     for old, new in edits:
         source = source.replace(old, new)
@@ -682,7 +706,12 @@ def history_parts(url: str, jobs: int) -> list[tuple[str, float, int]]:
     rows = []
     try:
         with fairqueue_on(url, prefix), stock_worker(url, prefix):
-            keys = [f"{base}:events", f"{base}:fq:hist", f"{base}:fq:leader"]
+            keys = [
+                f"{base}:events",
+                f"{base}:fq:hist",
+                f"{base}:fq:leader",
+                *(f"{base}:fq:{name}" for name in ("run", "state", "flows", "fweights")),
+            ]
 
             def args(page: int) -> list[Any]:
                 return [
@@ -697,6 +726,7 @@ def history_parts(url: str, jobs: int) -> list[tuple[str, float, int]]:
                     65_536,
                     TENANTS_PER_BUCKET,
                     1_048_576,
+                    "time",
                 ]
 
             client.set(keys[2], token)
