@@ -17,7 +17,10 @@ Scenarios (every flow backlogged, so the shares are the schedulers' choice):
    the healthy tenant's wait here is what the storm's is held against.
 4. ``slow-tenant``          - normal ``quick`` and ``slow`` (jobs 10x as long), each asking
    for twice its share of the workers' time: shares of the *worker time* (target 50/50).
-5. ``mixed-levels``         - four levels with job lengths 1x, 3x, 0.5x, 2x, each asking
+5. ``slow-flood``           - the same, the slow tenant asking for ten times its share of
+   *jobs* as well: fairness by time keeps 50/50 of the time, ``fairqueue-jobs``
+   (``FAIRNESS_BY="jobs"``) 50/50 of the attempts (so ~91% of the time to the slow one).
+6. ``mixed-levels``         - four levels with job lengths 1x, 3x, 0.5x, 2x, each asking
    for twice its share: worker-time shares against 40/30/20/10.
 
 Measured over the window [start + ``--warmup-s``, end of arrivals]: attempts started
@@ -65,7 +68,10 @@ from benchmarks.fairness import (  # noqa: E402
     wait_for_loop,
 )
 
-SCHEDULERS = ("plain", "fairqueue")
+#: "fairqueue-jobs" is fairqueue with FAIRNESS_BY="jobs" (seed 1's job count), the loop
+#: and the producer alike: with it the slow tenant gets equal *jobs*, not equal time.
+SCHEDULERS = ("plain", "fairqueue", "fairqueue-jobs")
+FAIRNESS_BY = {"fairqueue": "time", "fairqueue-jobs": "jobs"}
 
 
 @dataclass(frozen=True)
@@ -120,6 +126,16 @@ def build_scenarios(capacity: float) -> dict[str, Scenario]:
             (
                 Flow("normal", "quick", 2 * 0.5 * c),
                 Flow("normal", "slow", 2 * 0.5 * c / 10, run_x=10.0),
+            ),
+            "time",
+        ),
+        # The slow tenant asks for ten times its share of jobs too: with FAIRNESS_BY="jobs"
+        # (seed 1's count) both flows get equal attempts, so the slow one most of the time.
+        Scenario(
+            "slow-flood",
+            (
+                Flow("normal", "quick", 2 * 0.5 * c),
+                Flow("normal", "slow", 0.5 * c, run_x=10.0),
             ),
             "time",
         ),
@@ -235,11 +251,16 @@ class Producer:
 
 
 def run_one(scheduler: str, scenario: Scenario, args: argparse.Namespace, db) -> Result:
+    from django.conf import settings
+
     from fairqueue import conf
     from fairqueue.broker import close_brokers
 
     prefix = f"fqbench-{uuid.uuid4().hex[:12]}"
     os.environ.update(fair_env(prefix, args))
+    fairness_by = FAIRNESS_BY.get(scheduler, "time")
+    os.environ["FQBENCH_FAIRNESS_BY"] = fairness_by  # the loop's (fairness_settings)
+    settings.FAIRQUEUE = {**settings.FAIRQUEUE, "FAIRNESS_BY": fairness_by}  # the producer's
     db.submit(conf.reload_settings).result()
     worker = loop = None
     OUT.mkdir(parents=True, exist_ok=True)
@@ -248,7 +269,7 @@ def run_one(scheduler: str, scenario: Scenario, args: argparse.Namespace, db) ->
         log.write(f"--- attempts {scenario.name} / {scheduler} ({prefix})\n")
         log.flush()
         try:
-            if scheduler == "fairqueue":
+            if scheduler in FAIRNESS_BY:
                 loop = start_loop(prefix, args, log)
             worker = NodeWorker(prefix, args, log)
             if loop is not None and not wait_for_loop(prefix, loop):
@@ -327,6 +348,15 @@ def print_results(results: dict[str, dict[str, Result]]) -> None:
                     f"{'':<20} {scheduler}: {result.runs} attempts in the window, "
                     f"{result.duplicates} attempts reported twice"
                 )
+                if scenario.measure == "time":
+                    counts = sum(result.attempts.values()) or 1
+                    print(
+                        f"{'':<20} {scheduler}: attempt shares "
+                        + ", ".join(
+                            f"{f.key} {result.attempts.get(f.key, 0) / counts:.1%}"
+                            for f in scenario.flows
+                        )
+                    )
     storm, ok = results.get("retry-storm"), results.get("retry-storm-ok")
     if storm and ok and "fairqueue" in storm and "fairqueue" in ok:
         p99_storm = _p(storm["fairqueue"].waits.get("normal/healthy", []), 0.99)

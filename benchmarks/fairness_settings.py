@@ -6,10 +6,16 @@ The BullMQ prefix, wait bound and pass interval come from the environment
 which the benchmark sets alike for its producer and for the loop.
 """
 
+import os
+
 from tests.settings import *  # noqa: F403
 
 DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
-FAIRQUEUE = {"QUEUES": {"bench": "bench"}}
+# benchmarks/attempts.py's "fairqueue-jobs" run sets FQBENCH_FAIRNESS_BY=jobs.
+FAIRQUEUE = {
+    "QUEUES": {"bench": "bench"},
+    "FAIRNESS_BY": os.environ.get("FQBENCH_FAIRNESS_BY", "time"),
+}
 # The test settings' @task backend maps its queues onto the test job types; here the
 # only job type is `bench` (manage.py check, which rebalance_fair runs, requires it).
 TASKS = {
