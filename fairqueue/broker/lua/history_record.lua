@@ -112,6 +112,19 @@ local incr, tenantIncr = {}, {}
 local fastMeta = '^{"priorityLevel":"(%l+)","tenantId":"([^"\\]+)"[,}]'
 local fastReady = '[{,]"fqReady":(%d+)[,}]'
 
+-- A level's field names, made once per call.
+local fieldsOf = {}
+for level in pairs(levelWeight) do
+  fieldsOf[level] = {s = 's:' .. level, a = 'a:' .. level, t = 't:' .. level,
+    R = 'R:' .. level, o = 'o:' .. level, w = {}}
+end
+local function waitField(level, bin)
+  local w = fieldsOf[level].w
+  local name = w[bin]
+  if not name then name = 'w:' .. level .. ':' .. bin; w[bin] = name end
+  return name
+end
+
 local function add(bucket, fieldName, n)
   if bucket < oldestS then return end
   local row = incr[bucket]
@@ -183,6 +196,8 @@ local function setState(field, value)
   stateCache[field], stateDirty[field] = tonumber(text), text
 end
 local pendingRuns, endedRuns = {}, {}
+-- A run: {level, tenant, start ms, turns}, from this page's starts or from fq:run
+-- ('<level>\n<tenant>\n<start ms>\n<turns>'); nil when unknown or already ended.
 local function runOf(jobId)
   local run = pendingRuns[jobId]
   if run then
@@ -191,9 +206,11 @@ local function runOf(jobId)
     return run
   end
   if endedRuns[jobId] then return nil end
-  run = redis.call('HGET', runKey, jobId)
-  if run then endedRuns[jobId] = true end
-  return run
+  local text = redis.call('HGET', runKey, jobId)
+  if not text then return nil end
+  endedRuns[jobId] = true
+  local level, tenant, startMs, turns = string.match(text, '^([^\n]*)\n(.*)\n([^\n]*)\n([^\n]*)$')
+  return {level, tenant, tonumber(startMs), tonumber(turns) or 1}
 end
 
 -- A finished attempt of a job whose start was recorded: its worker time to its level, and
@@ -201,16 +218,16 @@ end
 local function finished(jobId, endMs, retried)
   local run = runOf(jobId)
   if not run then return end
-  local level, tenant, startMs, turns = string.match(run, '^([^\n]*)\n(.*)\n([^\n]*)\n([^\n]*)$')
-  startMs, turns = tonumber(startMs), tonumber(turns) or 1
+  local level, tenant, startMs, turns = run[1], run[2], run[3], run[4]
   if not (level and startMs and levelWeight[level]) then return end
   local used = endMs - startMs
   if used < 0 then used = 0 end
-  add(bucketOf(endMs), 't:' .. level, used)
+  local names = fieldsOf[level]
+  add(bucketOf(endMs), names.t, used)
   local row = servedOf(level)
   row[1] = row[1] + used
   if retried then
-    add(bucketOf(endMs), 'R:' .. level, 1)
+    add(bucketOf(endMs), names.R, 1)
     row[2] = row[2] + 1
   end
   if not byTime then return end
@@ -278,16 +295,22 @@ if not entries then
   end
 end
 local read, recorded, unknown, bytes, last = 0, 0, 0, 0, nil
+-- The events the step reads further than their name ('added', 'drained'... are skipped).
+local wanted = {active = true, completed = true, failed = true, waiting = true, delayed = true}
 for _, entry in ipairs(entries) do
   if bytes > byteBudget then break end
   read = read + 1
   last = entry[1]
   local f = entry[2]
   local event, jobId, prev = nil, nil, nil
-  for i = 1, #f, 2 do
-    if f[i] == 'event' then event = f[i + 1]
-    elseif f[i] == 'jobId' then jobId = f[i + 1]
-    elseif f[i] == 'prev' then prev = f[i + 1] end
+  local from = 1
+  if f[1] == 'event' then event, from = f[2], 3 end -- BullMQ writes it first
+  if event == nil or wanted[event] then
+    for i = from, #f, 2 do
+      if f[i] == 'event' then event = f[i + 1]
+      elseif f[i] == 'jobId' then jobId = f[i + 1]
+      elseif f[i] == 'prev' then prev = f[i + 1] end
+    end
   end
   if (event == 'completed' or event == 'failed') and jobId then
     finished(jobId, msOf(entry[1]), false)
@@ -334,7 +357,8 @@ for _, entry in ipairs(entries) do
       add(startB, 's:?', 1)
     else
       recorded = recorded + 1
-      add(startB, 's:' .. level, 1)
+      local names = fieldsOf[level]
+      add(startB, names.s, 1)
       local rank = levelRank[level]
       startedBy[rank + 1] = startedBy[rank + 1] + 1
       local key = level .. '\n' .. tenant
@@ -351,20 +375,19 @@ for _, entry in ipairs(entries) do
           turns = fqCostTurns(stateOf('c:' .. key), typical)
         end
       end
-      pendingRuns[jobId] = key .. '\n' .. string.format('%d', startMs) .. '\n' ..
-        string.format('%.6g', turns)
+      pendingRuns[jobId] = {level, tenant, startMs, tonumber(string.format('%.6g', turns))}
       if (tonumber(row[3]) or 1) > 1 then
         add(startB, 'r', 1)
-        add(startB, 'a:' .. level, 1)
+        add(startB, names.a, 1)
       else
         local readyMs = readyAt or ((tonumber(row[1]) or startMs) + (tonumber(row[2]) or 0))
         if readyMs > startMs then readyMs = startMs end
         local wait = startMs - readyMs
         waits[#waits + 1] = rank
         waits[#waits + 1] = wait
-        add(bucketOf(readyMs) >= oldestS and bucketOf(readyMs) or oldestS, 'a:' .. level, 1)
-        add(startB, 'w:' .. level .. ':' .. waitBin(wait), 1)
-        if wait > bound then add(startB, 'o:' .. level, 1) end
+        add(bucketOf(readyMs) >= oldestS and bucketOf(readyMs) or oldestS, names.a, 1)
+        add(startB, waitField(level, waitBin(wait)), 1)
+        if wait > bound then add(startB, names.o, 1) end
       end
     end
   end
@@ -381,7 +404,8 @@ local ended, started = {}, {}
 for jobId in pairs(endedRuns) do ended[#ended + 1] = jobId end
 for jobId, run in pairs(pendingRuns) do
   started[#started + 1] = jobId
-  started[#started + 1] = run
+  started[#started + 1] = run[1] .. '\n' .. run[2] .. '\n' .. string.format('%d', run[3]) ..
+    '\n' .. string.format('%.6g', run[4])
 end
 inChunks('HDEL', runKey, ended)
 inChunks('HSET', runKey, started)
