@@ -4,7 +4,8 @@
   ids of jobs that left (taken by a worker, finished, removed; a job found in BullMQ's
   wait list too: the pass adopts it from its payload). Stock workers never tell
   fairqueue that a job left, so this is how the index is trimmed. No payload is read;
-  every id costs O(1) (a bucket is compacted once, when the walk leaves it).
+  every id costs O(1) (a bucket is compacted once, when the walk leaves it; one the walk
+  read whole with no id left is deleted without blanking its ids one by one).
 
   KEYS[1] ready (zset of seconds; KEYS[1]:<second> lists the ids ready in it)
   KEYS[2] BullMQ's prioritized  KEYS[3] BullMQ's delayed  KEYS[4] the leader lock
@@ -43,6 +44,13 @@ if second == '' or index < 0 then
   second, index = nextSecond(second), 0
   if not second then done = true end
 end
+-- The ids of a second that left are blanked (LSET) only when some of its ids stay: a
+-- second the walk read whole with none left is deleted at once, without a write per id.
+local fromStart, kept, gone = index == 0, 0, {}
+local function blank(key)
+  for _, at in ipairs(gone) do redis.call('LSET', key, at, '') end
+  gone = {}
+end
 while not done and budget > 0 do
   local key = KEYS[1] .. ':' .. second
   local ids = redis.call('LRANGE', key, index, index + budget - 1)
@@ -51,14 +59,17 @@ while not done and budget > 0 do
     if id == '' then
       -- dropped earlier in this second's list; compacted when the walk leaves it
     elseif score then
+      kept = kept + 1
       local level = 'waiting'
       if counting then
         level = '?'
         if score >= floorScore and score < capScore then level = levels[score % 4] end
       end
       stats[level] = (stats[level] or 0) + 1
-    elseif not dry and not redis.call('ZSCORE', KEYS[3], id) then
-      redis.call('LSET', key, index + i - 1, '')
+    elseif dry or redis.call('ZSCORE', KEYS[3], id) then
+      kept = kept + 1
+    else
+      gone[#gone + 1] = index + i - 1
       removed = removed + 1
     end
   end
@@ -66,14 +77,23 @@ while not done and budget > 0 do
   index = index + #ids
   if budget > 0 then -- the end of this second's list: compact it, go on to the next
     if not dry then
-      redis.call('LREM', key, 0, '')
-      if redis.call('LLEN', key) == 0 then
+      if fromStart and kept == 0 then
         redis.call('DEL', key)
         redis.call('ZREM', KEYS[1], second)
+      else
+        blank(key)
+        redis.call('LREM', key, 0, '')
+        if redis.call('LLEN', key) == 0 then
+          redis.call('DEL', key)
+          redis.call('ZREM', KEYS[1], second)
+        end
       end
     end
+    gone, fromStart, kept = {}, true, 0
     second, index = nextSecond(second), 0
     if not second then done = true end
+  elseif not dry then
+    blank(key) -- the page ends inside this second: the next call goes on from index
   end
 end
 
