@@ -4,8 +4,9 @@
   ids of jobs that left (taken by a worker, finished, removed; a job found in BullMQ's
   wait list too: the pass adopts it from its payload). Stock workers never tell
   fairqueue that a job left, so this is how the index is trimmed. No payload is read;
-  every id costs O(1) (a bucket is compacted once, when the walk leaves it; one the walk
-  read whole with no id left is deleted without blanking its ids one by one).
+  every id costs O(1) (ids that left ahead of any that stays are cut off the front of
+  their second's list at once; the rest are blanked and the list compacted once, when
+  the walk leaves it).
 
   KEYS[1] ready (zset of seconds; KEYS[1]:<second> lists the ids ready in it)
   KEYS[2] BullMQ's prioritized  KEYS[3] BullMQ's delayed  KEYS[4] the leader lock
@@ -44,20 +45,27 @@ if second == '' or index < 0 then
   second, index = nextSecond(second), 0
   if not second then done = true end
 end
--- The ids of a second that left are blanked (LSET) only when some of its ids stay: a
--- second the walk read whole with none left is deleted at once, without a write per id.
-local fromStart, kept, gone = index == 0, 0, {}
-local function blank(key)
+-- Trimming a second's list: ids that left before any that stays (jobs mostly leave in
+-- the order they came) are cut off its front with one LTRIM; the others are blanked
+-- (LSET) and compacted when the walk leaves the second; a second read whole with no id
+-- left is deleted. No write per id in the usual case.
+local fromStart, kept, front, gone = index == 0, 0, 0, {}
+local function trim(key)
   for _, at in ipairs(gone) do redis.call('LSET', key, at, '') end
-  gone = {}
+  if front > 0 then
+    redis.call('LTRIM', key, front, -1)
+    index = index - front
+  end
+  gone, front = {}, 0
 end
 while not done and budget > 0 do
   local key = KEYS[1] .. ':' .. second
   local ids = redis.call('LRANGE', key, index, index + budget - 1)
   for i, id in ipairs(ids) do
     local score = id ~= '' and tonumber(redis.call('ZSCORE', KEYS[2], id))
+    local left = false
     if id == '' then
-      -- dropped earlier in this second's list; compacted when the walk leaves it
+      left = true -- dropped earlier in this second's list
     elseif score then
       kept = kept + 1
       local level = 'waiting'
@@ -69,8 +77,13 @@ while not done and budget > 0 do
     elseif dry or redis.call('ZSCORE', KEYS[3], id) then
       kept = kept + 1
     else
-      gone[#gone + 1] = index + i - 1
+      left = true
       removed = removed + 1
+    end
+    if left and fromStart and kept == 0 then
+      front = front + 1
+    elseif left and id ~= '' then
+      gone[#gone + 1] = index + i - 1
     end
   end
   budget = budget - #ids
@@ -81,7 +94,7 @@ while not done and budget > 0 do
         redis.call('DEL', key)
         redis.call('ZREM', KEYS[1], second)
       else
-        blank(key)
+        trim(key)
         redis.call('LREM', key, 0, '')
         if redis.call('LLEN', key) == 0 then
           redis.call('DEL', key)
@@ -89,11 +102,11 @@ while not done and budget > 0 do
         end
       end
     end
-    gone, fromStart, kept = {}, true, 0
+    gone, front, fromStart, kept = {}, 0, true, 0
     second, index = nextSecond(second), 0
     if not second then done = true end
   elseif not dry then
-    blank(key) -- the page ends inside this second: the next call goes on from index
+    trim(key) -- the page ends inside this second: the next call goes on from index
   end
 end
 
