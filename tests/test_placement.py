@@ -76,6 +76,52 @@ def test_the_add_script_places_every_job_as_the_reference_model(batches):
         delete_prefix(prefix)
 
 
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.tuples(st.lists(arrival, min_size=1, max_size=12), st.integers(0, 12)),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_the_add_script_places_as_the_model_while_a_worker_takes_jobs(rounds):
+    """Batches of arrivals with jobs taken in between (the lowest scores, as a worker
+    takes them; one job always left, so the clock never starts afresh): the virtual time
+    moves, flows run out of work and stop counting, and each job's score is still exactly
+    the model's, batch after batch (the call's memo of the flows agrees with Redis)."""
+    prefix = f"fqtest-{uuid.uuid4().hex[:12]}"
+    broker = SyncBroker(Broker(REDIS_URL, prefix))
+    redis_client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    clock, placed = FairClock(), {}
+    key = f"{prefix}:q:prioritized"
+    try:
+        for batch, taken in rounds:
+            added = broker.add_jobs(
+                "q",
+                [
+                    NewJob("x", {}, level, tenant=tenant, tenant_weight=w)
+                    for level, tenant, w in batch
+                ],
+            )
+            for (level, tenant, weight), job in zip(batch, added, strict=True):
+                tag = clock.place(level, tenant, weight)
+                placed[job.job_id] = (math.floor(tag * TAG_RESOLUTION), RANK[level], tag, level)
+                _, _, head_tag, head_level = min(placed.values())
+                clock.observe_head(head_tag, head_level)
+                expected = TAG_FLOOR * 2**32 + math.floor(tag * TAG_RESOLUTION) * 4 + RANK[level]
+                assert redis_client.zscore(key, job.job_id) == expected
+            taken = min(taken, len(placed) - 1)
+            if taken:
+                for job_id, _ in redis_client.zpopmin(key, taken):
+                    del placed[job_id]
+                _, _, head_tag, head_level = min(placed.values())
+                clock.observe_head(head_tag, head_level)
+    finally:
+        broker.close()
+        redis_client.close()
+        delete_prefix(prefix)
+
+
 def test_a_new_job_goes_ahead_of_waiting_jobs_when_its_tag_says_so(fq_prefix, redis_client):
     enqueue_jobs("email", [{} for _ in range(1_000)], tenant_id="bulk", priority_level="low")
     urgent = enqueue_job("email", {}, tenant_id="ops", priority_level="critical")

@@ -68,9 +68,14 @@ end
 -- The virtual time and the score mapping, read once per script call: nothing else runs
 -- while a script does, so only its own placements can change the head (fqPlaced).
 local function fqClock(K)
-  local st = redis.call('HMGET', K.state, 'vt', 'base', 'rbDelta', 'rbCursor')
+  -- With the typical run time and the levels' totals in the same read (nothing in these
+  -- scripts writes 'typ'; the totals serve a memo until something else writes them).
+  local st = redis.call('HMGET', K.state, 'vt', 'base', 'rbDelta', 'rbCursor', 'typ',
+    'W:critical', 'W:high', 'W:normal', 'W:low')
   local c = {vt = tonumber(st[1]) or 0, base = tonumber(st[2]) or 0,
-    delta = tonumber(st[3]), cursor = tonumber(st[4])}
+    delta = tonumber(st[3]), cursor = tonumber(st[4]), typical = tonumber(st[5]) or false,
+    costs = {}, readTotals = {critical = tonumber(st[6]) or 0, high = tonumber(st[7]) or 0,
+      normal = tonumber(st[8]) or 0, low = tonumber(st[9]) or 0}}
   local head = redis.call('ZRANGEBYSCORE', K.prioritized, fqFloor * fqScore,
     '(' .. string.format('%.17g', fqCap * fqScore), 'WITHSCORES', 'LIMIT', 0, 1)
   if #head == 0 then
@@ -80,6 +85,7 @@ local function fqClock(K)
       redis.call('HDEL', K.state, 'rbDelta', 'rbCursor', 'W:critical', 'W:high', 'W:normal',
         'W:low')
       redis.call('HSET', K.state, 'base', c.vt, 'vt', c.vt)
+      c.readTotals = {critical = 0, high = 0, normal = 0, low = 0}
     end
     c.base, c.delta, c.cursor = c.vt, nil, nil
     return c
@@ -109,10 +115,6 @@ end
 -- explicitMs: the caller's cost= (ms), instead of the flow's estimate.
 local function fqCostOf(K, c, member, explicitMs)
   if not c.byTime then return 1 end
-  if c.typical == nil then
-    c.typical = tonumber(redis.call('HGET', K.state, 'typ')) or false
-    c.costs = {}
-  end
   if not c.typical then return 1 end
   if explicitMs then return fqCostTurns(explicitMs, c.typical) end
   local turns = c.costs[member]
@@ -179,7 +181,10 @@ local function fqExpire(K, c)
     redis.call('HDEL', K.fweights, gone[i])
     redis.call('ZREM', K.flows, gone[i])
   end
-  if #gone > 0 and c.memo then c.memo = fqNewMemo() end
+  if #gone > 0 then
+    c.readTotals = nil -- the totals changed: read them again
+    if c.memo then c.memo = fqNewMemo() end
+  end
   if #gone < fqExpirePerCall then c.expiredAt = c.vt end
 end
 
@@ -196,11 +201,11 @@ local function fqPlace(K, c, level, tenant, weight, front, explicitMs)
       counted = tonumber(redis.call('HGET', K.fweights, member)) or 0}
     if m then m.flows[member] = f end
   end
-  local levelTotal = m and m.totals[level]
+  local levelTotal = m and (m.totals[level] or (c.readTotals and c.readTotals[level]))
   if not levelTotal then
     levelTotal = tonumber(redis.call('HGET', K.state, 'W:' .. level)) or 0
-    if m then m.totals[level] = levelTotal end
   end
+  if m then m.totals[level] = levelTotal end
   local last, counted = f.last, f.counted
   local total = levelTotal + weight - counted
   local start = c.vt
