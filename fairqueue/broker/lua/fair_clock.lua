@@ -86,6 +86,7 @@ local function fqClock(K)
         'W:low')
       redis.call('HSET', K.state, 'base', c.vt, 'vt', c.vt)
       c.readTotals = {critical = 0, high = 0, normal = 0, low = 0}
+      c.flowsEmpty = true -- until a memo writes them: nothing to read or retire
     end
     c.base, c.delta, c.cursor = c.vt, nil, nil
     return c
@@ -165,6 +166,7 @@ local function fqFlush(K, c)
   m.dirtyTotals = {}
   if #tags > 0 then redis.call('ZADD', K.flows, unpack(tags)) end
   if #weights > 0 then redis.call('HSET', K.fweights, unpack(weights)) end
+  if #tags > 0 or #weights > 0 then c.flowsEmpty = false end
   if #totals > 0 then redis.call('HSET', K.state, unpack(totals)) end
 end
 
@@ -172,6 +174,7 @@ end
 -- scan sees every tag, and dropped after a retirement, so nothing stale is kept).
 local function fqExpire(K, c)
   if c.expiredAt == c.vt then return end
+  if c.flowsEmpty and c.memo then c.expiredAt = c.vt; return end
   fqFlush(K, c)
   local gone = redis.call('ZRANGEBYSCORE', K.flows, '-inf', c.vt, 'LIMIT', 0,
     fqExpirePerCall)
@@ -196,7 +199,10 @@ local function fqPlace(K, c, level, tenant, weight, front, explicitMs)
   local member = level .. '\n' .. tenant
   local m = c.memo
   local f = m and m.flows[member]
-  if not f then
+  if not f and m and c.flowsEmpty then
+    f = {last = nil, counted = 0} -- the flows were cleared by this call's clock
+    m.flows[member] = f
+  elseif not f then
     f = {last = tonumber(redis.call('ZSCORE', K.flows, member)),
       counted = tonumber(redis.call('HGET', K.fweights, member)) or 0}
     if m then m.flows[member] = f end
