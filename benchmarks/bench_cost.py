@@ -256,8 +256,8 @@ FAIR_CASES: list[tuple[str, bool, dict[str, Any]]] = [
 
 
 @contextlib.contextmanager
-def fairqueue_on(url: str, prefix: str) -> Iterator[None]:
-    fq = {"PREFIX": prefix, "QUEUES": {QUEUE: QUEUE}, "REDIS_URL": url}
+def fairqueue_on(url: str, prefix: str, **extra: Any) -> Iterator[None]:
+    fq = {"PREFIX": prefix, "QUEUES": {QUEUE: QUEUE}, "REDIS_URL": url, **extra}
     caches = {
         "default": {
             "BACKEND": "django_redis.cache.RedisCache",
@@ -556,18 +556,18 @@ def loop_steps(url: str, rate: int, rounds: int = 40) -> dict[str, float]:
 #: the loaded source, here only: the shipped Lua is untouched). The cost of a part is the
 #: full script's time less its variant's.
 ADD_VARIANTS: dict[str, list[tuple[str, str]]] = {
-    "the ready-second index (RPUSH per job)": [("    fqIndex(fqK, jobId, fqNow)\n", "")],
-    "the opts re-pack (cmsgpack unpack + pack per job)": [
-        ("    local opts = cmsgpack.unpack(job[3])\n", ""),
-        ("    opts['priority'] = fqCap", "    --"),
-        ("    opts['fqReady'] = fqNow", "    --"),
-        ("    job[3] = cmsgpack.pack(opts)\n", ""),
+    "the ready-second index (one RPUSH per call)": [("fqIndexMany(fqK, fqIndexed, fqNow)\n", "")],
+    "the fqReady slot filled in (bytes, per job)": [
+        ("  if slotted then job[3] = string.sub(job[3], 1, -10) .. fqReadyPacked end\n", "")
     ],
-    "the flow's state (fqPlace: ZSCORE, HGETs, ZADD per job)": [
+    "the flows' state (fqPlace over the call's memo, per job)": [
         (
-            "score = fqPlace(fqK, fqC, job[4], job[5], job[6], false)",
+            "score = fqPlace(fqK, fqC, job[4], job[5], job[6], false, job[7])",
             "score = fqFloor * fqScore + 4 * (#fqReplies + 1)",
         )
+    ],
+    "the flows' state written once (fqFlush, per call)": [
+        ("fqFlush(fqK, fqC)\nfqIndexMany", "fqIndexMany")
     ],
     "the fair score over BullMQ's (ZADD XX per job)": [
         ("    if score then fqSetScore(fqK, jobId, score) end\n", "")
@@ -575,8 +575,39 @@ ADD_VARIANTS: dict[str, list[tuple[str, str]]] = {
 }
 
 
-def add_script_parts(url: str, n: int, repeat: int) -> list[tuple[str, float, float]]:
-    """(part, us per job in a batch of BATCH, us per job alone) of the add script."""
+def lua_at(rev: str, name: str) -> str:
+    """``lua/<name>.lua`` as it was at git revision ``rev``, its includes (from the same
+    revision) expanded and constants filled in as the loader does: a script from before
+    a change, measured beside today's in the same run."""
+    from fairqueue.broker import scripts
+
+    text = subprocess.run(
+        ["git", "show", f"{rev}:fairqueue/broker/lua/{name}.lua"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    text = scripts._INCLUDE.sub(lambda match: lua_at(rev, match.group(1)), text)
+    return scripts._CONSTANT.sub(lambda match: str(scripts._CONSTANTS[match.group(1)]), text)
+
+
+def add_script_at(rev: str) -> str:
+    """The add script as it was at ``rev`` (its per-job arguments are today's)."""
+    from bullmq.redis_connection import loadScript
+
+    return (
+        lua_at(rev, "add_jobs.head")
+        + loadScript("addPrioritizedJob-9.lua")
+        + lua_at(rev, "add_jobs.tail")
+    )
+
+
+def add_script_parts(
+    url: str, n: int, repeat: int, rev: str | None = None
+) -> list[tuple[str, float, float]]:
+    """(part, us per job in a batch of BATCH, us per job alone) of the add script; with
+    ``before``, the whole script as it was at that git revision too."""
     from fairqueue.broker import NewJob, add_jobs_script
     from fairqueue.broker.scripts import script_sha
     from fairqueue.scheduling.levels import PriorityLevel
@@ -590,6 +621,8 @@ def add_script_parts(url: str, n: int, repeat: int) -> list[tuple[str, float, fl
                 raise SystemExit(f"the add script changed: cannot leave out {name}")
             source = source.replace(old, new)
         sources[name] = source
+    if rev:
+        sources[f"whole script at {rev}"] = add_script_at(rev)
     client = redis.Redis.from_url(url)
     for source in sources.values():
         client.script_load(source)
@@ -626,65 +659,58 @@ def add_script_parts(url: str, n: int, repeat: int) -> list[tuple[str, float, fl
     }
     whole = best.pop("whole script")
     rows = [("whole script", *whole)]
+    if rev:
+        rows.append((f"whole script at {rev}", *best.pop(f"whole script at {rev}")))
     rows += [(name, whole[0] - batch, whole[1] - single) for name, (batch, single) in best.items()]
     return rows
 
 
 # -- the history step, part by part ----------------------------------------------------------
 
-WITHOUT_RUN_TIMES = "without run times (worker time not read)"
-
 #: Variants of the history script (text edits of the loaded source, here only), each
-#: replayed over the same stretch of the events stream as the shipped script.
+#: replayed over the same stretch of the events stream as the shipped script: what each
+#: of its savings is worth is the variant's cost less the shipped script's.
 HISTORY_VARIANTS: dict[str, tuple[list[tuple[str, str]], int]] = {
-    "pages of 1,000 entries instead of 250": ([], 1_000),
-    "no XINFO STREAM per call (gap check)": (
-        [("local info = streamInfo()\n", "local info = {}\n")],
-        250,
+    "pages of 250 entries instead of 1,000": ([], 250),
+    "XINFO STREAM every call (no cursor-entry check)": (
+        [("  if page[1] and page[1][1] == cursor then\n", "  if false then\n")],
+        1_000,
     ),
-    "level and tenant without decoding the payload": (
-        [
-            (
-                "redis.call('HMGET', jobKey, 'timestamp', 'delay', 'ats', 'opts', 'data')",
-                "redis.call('HMGET', jobKey, 'timestamp', 'delay', 'ats', 'opts')",
-            ),
-            (
-                "local ok, data = pcall(cjson.decode, row[5] or '')",
-                "local ok, data = true, {priorityLevel = 'normal', tenantId = 't-1'}",
-            ),
-        ],
-        250,
+    "every payload and opts decoded (no text read)": (
+        [("      if named and levelWeight[named] and ready then\n", "      if false then\n")],
+        1_000,
     ),
-    # Issue 18's cost: the same script without reading run times (no fq:run entry at a
-    # start, no pairing at an end, no estimate lookups): the shipped script's excess over
-    # this is what worker-time fairness costs Redis per started job.
-    WITHOUT_RUN_TIMES: (
+    # Issue 18's cost: no run times read (no run remembered at a start, none paired at an
+    # end, no estimates): the shipped script's excess over this is what worker-time
+    # fairness costs Redis per started job.
+    "without run times (worker time not read)": (
         [
             ("    finished(jobId, msOf(entry[1]), false)\n", ""),
             ("    finished(jobId, msOf(entry[1]), true)\n", ""),
             ("      if byTime then\n", "      if false then\n"),
             (
-                "      redis.call('HSET', runKey, jobId, key .. '\\n' .. "
-                "string.format('%d', startMs) .. '\\n' ..\n"
-                "        string.format('%.6g', turns))\n",
+                "      pendingRuns[jobId] = {level, tenant, startMs, "
+                "tonumber(string.format('%.6g', turns))}\n",
                 "",
             ),
         ],
-        250,
+        1_000,
     ),
 }
 
 
-def history_parts(url: str, jobs: int) -> list[tuple[str, float, int]]:
+def history_parts(url: str, jobs: int, rev: str | None = None) -> list[tuple[str, float, int]]:
     """(variant, script us per started job, calls) over one stretch of ``jobs`` jobs'
-    events, each variant from the same cursor."""
+    events, each variant from the same cursor; with ``before``, the script as it was
+    at that git revision too (pages of 250, as it was called then)."""
     from fairqueue.broker.scripts import plain_script
     from fairqueue.dashboard.history import BUCKET_S, RETENTION_S, TENANTS_PER_BUCKET
 
     prefix = f"hist{uuid.uuid4().hex[:6]}"
     client = redis.Redis.from_url(url)
     full = plain_script("history_record").source
-    variants = {"the shipped script (pages of 250)": (full, 250)}
+    shipped = "the shipped script (pages of 1,000)"
+    variants = {shipped: (full, 1_000)}
     for name, (edits, page) in HISTORY_VARIANTS.items():
         source = full
         for old, new in edits:
@@ -692,26 +718,18 @@ def history_parts(url: str, jobs: int) -> list[tuple[str, float, int]]:
                 raise SystemExit(f"the history script changed: cannot make {name!r}")
             source = source.replace(old, new)
         variants[name] = (source, page)
-    edits = [
-        edit
-        for name, (edits, _) in HISTORY_VARIANTS.items()
-        if name != WITHOUT_RUN_TIMES
-        for edit in edits
-    ]
-    source = full
-    for old, new in edits:
-        source = source.replace(old, new)
-    variants["all three"] = (source, 1_000)
+    if rev:
+        variants[f"the script at {rev} (pages of 250)"] = (lua_at(rev, "history_record"), 250)
     token, base = "bench-history", f"{prefix}:{QUEUE}"
     rows = []
     try:
-        with fairqueue_on(url, prefix), stock_worker(url, prefix):
-            keys = [
-                f"{base}:events",
-                f"{base}:fq:hist",
-                f"{base}:fq:leader",
-                *(f"{base}:fq:{name}" for name in ("run", "state", "flows", "fweights")),
-            ]
+        # Every finished job kept, so each start the step reads has its hash (as when the
+        # loop reads the stream while the jobs run; here it reads after the drain).
+        keep = {"KEEP_COMPLETED": {"count": 10 * jobs, "age": 86_400}}
+        with fairqueue_on(url, prefix, **keep), stock_worker(url, prefix):
+            keys = [f"{base}:events", f"{base}:fq:hist", f"{base}:fq:leader"]
+            keys += [f"{base}:fq:run", f"{base}:fq:state", f"{base}:fq:flows"]
+            keys += [f"{base}:fq:fweights"]
 
             def args(page: int) -> list[Any]:
                 return [
@@ -731,24 +749,28 @@ def history_parts(url: str, jobs: int) -> list[tuple[str, float, int]]:
 
             client.set(keys[2], token)
             scripts = {name: client.register_script(src) for name, (src, _) in variants.items()}
-            scripts["the shipped script (pages of 250)"](keys=keys, args=args(250))  # cursor
+            scripts[shipped](keys=keys, args=args(1_000))  # the cursor
             for _ in range(0, jobs, BATCH):
                 enqueue_jobs(JOB_TYPE, [fair_data(i) for i in range(BATCH)], tenant_id=TENANT)
             wait_drained(client, prefix)
             saved = client.hgetall(keys[1])
+            state = {key: client.dump(key) for key in keys[3:]}
             best: dict[str, tuple[float, int]] = {}
             for name, (_, page) in [*variants.items()] * 3:
-                client.delete(keys[1])
+                client.delete(keys[1], *keys[3:])
                 client.hset(keys[1], mapping=saved)
+                for key, dumped in state.items():
+                    if dumped is not None:
+                        client.restore(key, 0, dumped)
                 calls, recorded = 0, 0
-                before = cpu_us(client)
+                cpu_before = cpu_us(client)
                 while True:
                     reply = scripts[name](keys=keys, args=args(page))
                     calls += 1
                     recorded += int(reply[2])
                     if not int(reply[5]):
                         break
-                per_job = (cpu_us(client) - before) / max(recorded, 1)
+                per_job = (cpu_us(client) - cpu_before) / max(recorded, 1)
                 if name not in best or per_job < best[name][0]:
                     best[name] = (per_job, calls)
             rows = [(name, us, calls) for name, (us, calls) in best.items()]
@@ -861,6 +883,12 @@ def main() -> None:
         "--database-url", help="--database-url=URL: a database instead of a fresh SQLite file"
     )
     parser.add_argument(
+        "--before",
+        metavar="REV",
+        help="a git revision: the add and history scripts as they were there, measured "
+        "beside today's (sections 4 and 5)",
+    )
+    parser.add_argument(
         "--only",
         nargs="+",
         choices=["enqueue", "life", "steps", "parts", "history"],
@@ -897,9 +925,9 @@ def run(args: argparse.Namespace, log_path: Path) -> None:
         if "steps" in args.only:
             print_steps(loop_steps(url, args.rate), args.rate, whole)
         if "parts" in args.only:
-            print_parts(add_script_parts(url, args.jobs, args.repeat), args.jobs)
+            print_parts(add_script_parts(url, args.jobs, args.repeat, args.before), args.jobs)
         if "history" in args.only:
-            print_history(history_parts(url, args.jobs), args.jobs)
+            print_history(history_parts(url, args.jobs, args.before), args.jobs)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,9 @@ commandstats`` and read ``INFO memory`` without disturbing anyone:
   at a time).
 * **plain BullMQ**: ``Queue.addBulk`` in batches of 1,000 (a MULTI of one
   ``addPrioritizedJob`` per job) with numeric priorities (critical=1, high=3,
-  normal=5, low=10); seed 1's method of rebalancing as the baseline for a pass: read
+  normal=5, low=10) and the retention options fairqueue gives every job
+  (``removeOnComplete``, ``removeOnFail``), so memory per job compares the same job
+  options; seed 1's method of rebalancing as the baseline for a pass: read
   the first 1,000 waiting jobs, one awaited ``Job.changePriority`` per job.
 
 "worst script" is the longest EVAL/EVALSHA that Redis itself logged during the phase
@@ -432,6 +434,13 @@ def run_fairqueue(url: str, slowlog: SlowLog, specs) -> dict[str, Any]:
 def run_plain(url: str, slowlog: SlowLog, specs) -> dict[str, Any]:
     loop = asyncio.new_event_loop()
     queue = Queue(QUEUE, {"connection": url, "prefix": PLAIN_PREFIX})
+    # The job options fairqueue gives every job (its retention), so memory per job
+    # compares like with like.
+    settings = conf.get_settings()
+    retention = {
+        "removeOnComplete": settings.keep_completed.bullmq_option(),
+        "removeOnFail": settings.keep_failed.bullmq_option(),
+    }
     try:
 
         def add_batch(batch) -> float:
@@ -439,7 +448,7 @@ def run_plain(url: str, slowlog: SlowLog, specs) -> dict[str, Any]:
                 {
                     "name": JOB_TYPE,
                     "data": payload(i, level, tenant),
-                    "opts": {"priority": PLAIN_PRIORITY[level]},
+                    "opts": {"priority": PLAIN_PRIORITY[level], **retention},
                 }
                 for i, level, tenant in batch
             ]

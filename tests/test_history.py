@@ -349,6 +349,39 @@ def test_live__removed_hashes_count_unknown_and_a_trimmed_stream_is_a_gap(fq_pre
 
 
 @pytest.mark.django_db
+def test_live__level_and_tenant_read_as_text_or_decoded_agree(fq_prefix, redis_client):
+    """fairqueue's own jobs are read from the text of their data and opts; a tenant with
+    an escape, a foreign job with its keys in another order and one without fqReady are
+    decoded: every one is recorded at its level and tenant, with a wait."""
+    from bullmq import Queue
+
+    enqueue_jobs("email", [{"i": 1}], tenant_id="plain", priority_level="high")
+    enqueue_jobs("email", [{"i": 2}], tenant_id='quo"te-\u00e9', priority_level="low")
+
+    async def add_foreign():
+        queue = Queue("email", {"connection": REDIS_URL, "prefix": fq_prefix})
+        await queue.add("email", {"i": 3, "tenantId": "foreign", "priorityLevel": "critical"})
+        await queue.add("email", {"priorityLevel": "normal", "tenantId": "nofq", "i": 4})
+        await queue.close()
+
+    rebalance_queue("email", rebalancer="history-test")  # the cursor now exists
+    asyncio.run(add_foreign())
+    seen: list = []
+    asyncio.run(_work(fq_prefix, "email", 4, seen, threading.Event()))
+    result = rebalance_queue("email", rebalancer="history-test")
+    assert (result.recorded, result.unrecorded) == (4, 0)
+    out = _recorded(int(time.time() * 1000))
+    tenants = {(row["level"], row["tenant"]): row["served"] for row in out["tenants"]}
+    assert tenants == {
+        ("high", "plain"): 1,
+        ("low", 'quo"te-\u00e9'): 1,
+        ("critical", "foreign"): 1,
+        ("normal", "nofq"): 1,
+    }
+    assert sum(out["levels"][level]["waits_recorded"] for level in WEIGHTS) == 4
+
+
+@pytest.mark.django_db
 def test_live__a_stock_node_worker_is_recorded_too(node_worker, fq_prefix, redis_client):  # noqa: F811
     rebalance_queue("email", rebalancer="history-test")  # history starts here
     enqueue_jobs("email", [{} for _ in range(16)], tenant_id="acme", priority_level="critical")

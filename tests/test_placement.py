@@ -76,6 +76,52 @@ def test_the_add_script_places_every_job_as_the_reference_model(batches):
         delete_prefix(prefix)
 
 
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.tuples(st.lists(arrival, min_size=1, max_size=12), st.integers(0, 12)),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_the_add_script_places_as_the_model_while_a_worker_takes_jobs(rounds):
+    """Batches of arrivals with jobs taken in between (the lowest scores, as a worker
+    takes them; one job always left, so the clock never starts afresh): the virtual time
+    moves, flows run out of work and stop counting, and each job's score is still exactly
+    the model's, batch after batch (the call's memo of the flows agrees with Redis)."""
+    prefix = f"fqtest-{uuid.uuid4().hex[:12]}"
+    broker = SyncBroker(Broker(REDIS_URL, prefix))
+    redis_client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    clock, placed = FairClock(), {}
+    key = f"{prefix}:q:prioritized"
+    try:
+        for batch, taken in rounds:
+            added = broker.add_jobs(
+                "q",
+                [
+                    NewJob("x", {}, level, tenant=tenant, tenant_weight=w)
+                    for level, tenant, w in batch
+                ],
+            )
+            for (level, tenant, weight), job in zip(batch, added, strict=True):
+                tag = clock.place(level, tenant, weight)
+                placed[job.job_id] = (math.floor(tag * TAG_RESOLUTION), RANK[level], tag, level)
+                _, _, head_tag, head_level = min(placed.values())
+                clock.observe_head(head_tag, head_level)
+                expected = TAG_FLOOR * 2**32 + math.floor(tag * TAG_RESOLUTION) * 4 + RANK[level]
+                assert redis_client.zscore(key, job.job_id) == expected
+            taken = min(taken, len(placed) - 1)
+            if taken:
+                for job_id, _ in redis_client.zpopmin(key, taken):
+                    del placed[job_id]
+                _, _, head_tag, head_level = min(placed.values())
+                clock.observe_head(head_tag, head_level)
+    finally:
+        broker.close()
+        redis_client.close()
+        delete_prefix(prefix)
+
+
 def test_a_new_job_goes_ahead_of_waiting_jobs_when_its_tag_says_so(fq_prefix, redis_client):
     enqueue_jobs("email", [{} for _ in range(1_000)], tenant_id="bulk", priority_level="low")
     urgent = enqueue_job("email", {}, tenant_id="ops", priority_level="critical")
@@ -126,6 +172,60 @@ def test_ready_time_is_redis_clock_not_the_producers(fq_prefix, redis_client, mo
     assert redis_client.lrange(f"{fq_prefix}:email:fq:ready:{second}", 0, -1) == [job.job_id]
     stamped = int(redis_client.hget(f"{fq_prefix}:email:{job.job_id}", "timestamp"))
     assert seconds * 1000 - stamped > 500_000  # BullMQ's own timestamp is the producer's
+
+
+def test_the_ready_slot_is_filled_with_redis_clock_for_every_job_of_a_call(fq_prefix, redis_client):
+    """The packer's fqReady slot is overwritten in Redis, as bytes: every job of a batch
+    stores Redis's clock (the second it is indexed under) and the cap as its priority,
+    and no job keeps the slot's placeholder."""
+    import json
+
+    jobs = enqueue_jobs("email", [{"i": i} for i in range(20)], tenant_id="t")
+    seconds, _ = redis_client.time()
+    readies = set()
+    for job in jobs:
+        opts = json.loads(redis_client.hget(f"{fq_prefix}:email:{job.job_id}", "opts"))
+        assert opts["priority"] == MAX_PRIORITY
+        assert abs(opts["fqReady"] - seconds * 1000) < 5_000
+        readies.add(opts["fqReady"])
+    assert len(readies) == 1  # one call, one ready time
+    (second,) = redis_client.zrange(f"{fq_prefix}:email:fq:ready", 0, -1)
+    assert int(second) == readies.pop() // 1000
+    listed = redis_client.lrange(f"{fq_prefix}:email:fq:ready:{second}", 0, -1)
+    assert listed == [job.job_id for job in jobs]  # one RPUSH, in the call's order
+
+
+def test_opts_without_the_slot_are_still_repacked_with_the_ready_time(
+    fq_prefix, redis_client, monkeypatch
+):
+    """A caller of the add script whose opts lack the slot gets the full repack."""
+    import json
+
+    from fairqueue.broker import adding
+
+    monkeypatch.setattr(adding, "with_ready_slot", lambda packed: packed)
+    (command,) = adding.AddPacker(fq_prefix).add_commands("email", [NewJob("x", {}, N)])
+    assert not command.args[4].endswith(adding.READY_SLOT)
+    redis_client.script_load(command.source)
+    reply = redis_client.evalsha(command.sha, len(command.keys), *command.keys, *command.args)
+    opts = json.loads(redis_client.hget(f"{fq_prefix}:email:{reply[0]}", "opts"))
+    seconds, _ = redis_client.time()
+    assert opts["priority"] == MAX_PRIORITY and abs(opts["fqReady"] - seconds * 1000) < 5_000
+
+
+def test_the_ready_slot_extends_any_msgpack_map():
+    import msgpack
+
+    from fairqueue.broker.adding import with_ready_slot
+
+    for size in (0, 1, 14, 15, 16, 70_000):
+        opts = {f"k{i}": i for i in range(size)}
+        assert msgpack.unpackb(with_ready_slot(msgpack.packb(opts))) == {
+            **opts,
+            "fqReady": 2**64 - 1,
+        }
+    with pytest.raises(ValueError):
+        with_ready_slot(msgpack.packb([1, 2]))
 
 
 def test_an_idle_queue_starts_afresh_at_the_floor(fq_prefix, redis_client):

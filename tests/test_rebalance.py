@@ -341,3 +341,45 @@ def test_bad_arguments_name_the_argument(fq_prefix, args, message):
         call_command("rebalance_fair", "--once", *args)
     if isinstance(info.value, CommandError):
         assert message in str(info.value)
+
+
+@pytest.mark.parametrize("page_size", [1, 3, 7, 1_000])
+def test_the_walk_drops_exactly_the_ids_that_left_whatever_its_pages(
+    fq_prefix, redis_client, page_size
+):
+    """A second's list walked in pages of any size: the ids of jobs that left go (a
+    second with none left is deleted whole), waiting and delayed ones stay, in order."""
+    ready = f"{fq_prefix}:email:fq:ready"
+    prioritized = f"{fq_prefix}:email:prioritized"
+    delayed = f"{fq_prefix}:email:delayed"
+    mixed = ["w1", "g1", "g2", "d1", "w2", "g3"]  # w: waiting, d: delayed, g: gone
+    redis_client.zadd(prioritized, {"w1": TAG_FLOOR * 2**32, "w2": TAG_FLOOR * 2**32 + 4})
+    redis_client.zadd(delayed, {"d1": 1})
+    redis_client.rpush(f"{ready}:100", *mixed)
+    redis_client.rpush(f"{ready}:101", "g4", "g5", "g6", "g7")  # all gone
+    redis_client.rpush(f"{ready}:102", "", "g8", "w3")  # blanked earlier, then one gone
+    redis_client.zadd(prioritized, {"w3": TAG_FLOOR * 2**32 + 8})
+    redis_client.zadd(ready, {"100": 100, "101": 101, "102": 102})
+    redis_client.set(f"{fq_prefix}:email:fq:leader", "t")
+    sync = get_sync_broker()
+    cursor, removed = None, 0
+    for _ in range(100):
+        walk = sync.run(
+            sync.broker.passes.walk_index_page,
+            "email",
+            lock_key=f"{fq_prefix}:email:fq:leader",
+            token="t",
+            lock_ttl_ms=60_000,
+            max_wait_ms=None,
+            page_size=page_size,
+            cursor=cursor,
+        )
+        removed += walk.removed
+        cursor = walk.cursor
+        if cursor is None:
+            break
+    assert removed == 8
+    assert redis_client.lrange(f"{ready}:100", 0, -1) == ["w1", "d1", "w2"]
+    assert not redis_client.exists(f"{ready}:101")
+    assert redis_client.lrange(f"{ready}:102", 0, -1) == ["w3"]
+    assert redis_client.zrange(ready, 0, -1) == ["100", "102"]

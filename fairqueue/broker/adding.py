@@ -20,6 +20,29 @@ from fairqueue.scheduling.levels import DEFAULT_TENANT, PriorityLevel
 #: Undelayed jobs per add-script call (each call is atomic: all its jobs or none).
 ADD_BATCH_SIZE: Final = 250
 
+#: The fqReady slot the packer appends to an undelayed job's packed opts: the key
+#: ``fqReady`` and a 9-byte msgpack uint64 (all ones) that the add script overwrites
+#: with Redis's clock as bytes (lua/add_jobs.head.lua's ``fqReadySlot``), so Redis does
+#: not unpack and repack every job's opts.
+READY_SLOT: Final = b"\xa7fqReady\xcf" + b"\xff" * 8
+
+
+def with_ready_slot(packed_opts: bytes) -> bytes:
+    """``packed_opts`` (a msgpack map without ``fqReady``) with the fqReady slot as its
+    last entry; the map header's count goes up by one (fixmap, map16 or map32)."""
+    head = packed_opts[0]
+    if 0x80 <= head < 0x8F:
+        return bytes([head + 1]) + packed_opts[1:] + READY_SLOT
+    if head == 0x8F:  # 15 entries: 16 need a map16 header
+        return b"\xde\x00\x10" + packed_opts[1:] + READY_SLOT
+    if head == 0xDE:
+        count = int.from_bytes(packed_opts[1:3], "big") + 1
+        return b"\xde" + count.to_bytes(2, "big") + packed_opts[3:] + READY_SLOT
+    if head == 0xDF:
+        count = int.from_bytes(packed_opts[1:5], "big") + 1
+        return b"\xdf" + count.to_bytes(4, "big") + packed_opts[5:] + READY_SLOT
+    raise ValueError("packed opts are not a msgpack map")
+
 
 @dataclass(frozen=True, slots=True)
 class NewJob:
@@ -144,7 +167,10 @@ class AddPacker:
             if job.backoff is not None:
                 opts["backoff"] = job.backoff
             bull_job = BullJob(bull_queue, job.name, job.data, opts)
-            args = [*scripts.addJobArgs(bull_job), job.level.value, job.tenant, job.tenant_weight]
+            packed_args, data, packed_opts = scripts.addJobArgs(bull_job)
+            if not job.delay_ms:
+                packed_opts = with_ready_slot(packed_opts)
+            args = [packed_args, data, packed_opts, job.level.value, job.tenant, job.tenant_weight]
             if not job.delay_ms:
                 args.append("" if job.cost_ms is None else job.cost_ms)
             if job.delay_ms:

@@ -11,7 +11,8 @@
               active, events, pc
   KEYS[10..14] fairqueue's: state, flows, fweights, ready, jobs
   ARGV[1]     the number of jobs n; ARGV[2] what fairness counts ('time' or 'jobs');
-              then per job: BullMQ's packed args, JSON data, packed opts, then the
+              then per job: BullMQ's packed args, JSON data, packed opts (ending in
+              the fqReady slot when fairqueue's packer made them), then the
               level, the tenant, the tenant weight and the caller's cost in ms ('' for
               the flow's estimate).
   Returns per job: the job id and its BullMQ priority (0: the id existed, nothing was
@@ -19,4 +20,6 @@
   The ready time is Redis's clock (TIME), never the producer's.
 ]]
 --- @include fair_clock
+-- The packer's fqReady slot: the opts map's last key, 'fqReady' -> uint64 2^64-1.
+local fqReadySlot = '\167fqReady\207\255\255\255\255\255\255\255\255'
 local function fqBullmqAdd()

@@ -12,26 +12,39 @@ end
 local fqReplies = {}
 local fqC = fqClock(fqK)
 fqC.byTime = fqByTime
+fqC.memo = fqNewMemo()
+-- The packer leaves a slot for fqReady at the end of each job's packed opts (the last
+-- key, a 9-byte uint64 of all ones; the priority is the cap already): the slot is
+-- filled in as bytes, the same for every job of the call, instead of a repack per job.
+local fqReadyPacked = cmsgpack.pack(fqNow)
+if #fqReadyPacked ~= 9 then fqReadyPacked = nil end
+local fqIndexed = {}
 for _, job in ipairs(fqJobs) do
   local args = cmsgpack.unpack(job[1])
   local priority, score = 0, nil
+  local slotted = fqReadyPacked and string.sub(job[3], -17) == fqReadySlot
+  if slotted then job[3] = string.sub(job[3], 1, -10) .. fqReadyPacked end
   local fresh = args[2] == '' or redis.call('EXISTS', args[1] .. args[2]) == 0
   if fresh then
     score = fqPlace(fqK, fqC, job[4], job[5], job[6], false, job[7])
     priority = fqPriorityOf(score)
-    local opts = cmsgpack.unpack(job[3])
-    opts['priority'] = fqCap -- where BullMQ re-adds it (retries): the back, for the pass
-    opts['fqReady'] = fqNow -- its first ready time (Redis's clock), kept for its re-runs
-    job[3] = cmsgpack.pack(opts)
+    if not slotted then
+      local opts = cmsgpack.unpack(job[3])
+      opts['priority'] = fqCap -- where BullMQ re-adds it (retries): the back, for the pass
+      opts['fqReady'] = fqNow -- its first ready time (Redis's clock), kept for its re-runs
+      job[3] = cmsgpack.pack(opts)
+    end
   end
   ARGV[1], ARGV[2], ARGV[3] = job[1], job[2], job[3]
   local jobId = fqBullmqAdd()
   if fresh and type(jobId) == 'string' then
     if score then fqSetScore(fqK, jobId, score) end
     fqPlaced(fqK, fqC, score)
-    fqIndex(fqK, jobId, fqNow)
+    fqIndexed[#fqIndexed + 1] = jobId
   end
   fqReplies[#fqReplies + 1] = jobId
   fqReplies[#fqReplies + 1] = priority
 end
+fqFlush(fqK, fqC)
+fqIndexMany(fqK, fqIndexed, fqNow)
 return fqReplies

@@ -68,9 +68,14 @@ end
 -- The virtual time and the score mapping, read once per script call: nothing else runs
 -- while a script does, so only its own placements can change the head (fqPlaced).
 local function fqClock(K)
-  local st = redis.call('HMGET', K.state, 'vt', 'base', 'rbDelta', 'rbCursor')
+  -- With the typical run time and the levels' totals in the same read (nothing in these
+  -- scripts writes 'typ'; the totals serve a memo until something else writes them).
+  local st = redis.call('HMGET', K.state, 'vt', 'base', 'rbDelta', 'rbCursor', 'typ',
+    'W:critical', 'W:high', 'W:normal', 'W:low')
   local c = {vt = tonumber(st[1]) or 0, base = tonumber(st[2]) or 0,
-    delta = tonumber(st[3]), cursor = tonumber(st[4])}
+    delta = tonumber(st[3]), cursor = tonumber(st[4]), typical = tonumber(st[5]) or false,
+    costs = {}, readTotals = {critical = tonumber(st[6]) or 0, high = tonumber(st[7]) or 0,
+      normal = tonumber(st[8]) or 0, low = tonumber(st[9]) or 0}}
   local head = redis.call('ZRANGEBYSCORE', K.prioritized, fqFloor * fqScore,
     '(' .. string.format('%.17g', fqCap * fqScore), 'WITHSCORES', 'LIMIT', 0, 1)
   if #head == 0 then
@@ -80,6 +85,8 @@ local function fqClock(K)
       redis.call('HDEL', K.state, 'rbDelta', 'rbCursor', 'W:critical', 'W:high', 'W:normal',
         'W:low')
       redis.call('HSET', K.state, 'base', c.vt, 'vt', c.vt)
+      c.readTotals = {critical = 0, high = 0, normal = 0, low = 0}
+      c.flowsEmpty = true -- until a memo writes them: nothing to read or retire
     end
     c.base, c.delta, c.cursor = c.vt, nil, nil
     return c
@@ -109,10 +116,6 @@ end
 -- explicitMs: the caller's cost= (ms), instead of the flow's estimate.
 local function fqCostOf(K, c, member, explicitMs)
   if not c.byTime then return 1 end
-  if c.typical == nil then
-    c.typical = tonumber(redis.call('HGET', K.state, 'typ')) or false
-    c.costs = {}
-  end
   if not c.typical then return 1 end
   if explicitMs then return fqCostTurns(explicitMs, c.typical) end
   local turns = c.costs[member]
@@ -132,25 +135,85 @@ local function fqScoreOf(c, tag, level)
   return score
 end
 
+-- A call's memo of the flows it places (c.memo, set by add_jobs): each flow's last tag and
+-- counted weight and each level's total read once per call, written once by fqFlush.
+-- Nothing else runs while a script does, so the memo is the flows' state until then.
+local function fqNewMemo()
+  return {flows = {}, totals = {}, dirtyTotals = {}}
+end
+
+-- Write what the memo changed (one ZADD, one HSET of the weights, one of the totals).
+local function fqFlush(K, c)
+  local m = c.memo
+  if not m then return end
+  local tags, weights, totals = {}, {}, {}
+  for member, f in pairs(m.flows) do
+    if f.tagDirty then
+      tags[#tags + 1] = string.format('%.17g', f.last)
+      tags[#tags + 1] = member
+      f.tagDirty = false
+    end
+    if f.weightDirty then
+      weights[#weights + 1] = member
+      weights[#weights + 1] = f.counted
+      f.weightDirty = false
+    end
+  end
+  for level in pairs(m.dirtyTotals) do
+    totals[#totals + 1] = 'W:' .. level
+    totals[#totals + 1] = m.totals[level]
+  end
+  m.dirtyTotals = {}
+  if #tags > 0 then redis.call('ZADD', K.flows, unpack(tags)) end
+  if #weights > 0 then redis.call('HSET', K.fweights, unpack(weights)) end
+  if #tags > 0 or #weights > 0 then c.flowsEmpty = false end
+  if #totals > 0 then redis.call('HSET', K.state, unpack(totals)) end
+end
+
+-- Retire flows the virtual time has passed (once per vt; a memo is written first, so the
+-- scan sees every tag, and dropped after a retirement, so nothing stale is kept).
+local function fqExpire(K, c)
+  if c.expiredAt == c.vt then return end
+  if c.flowsEmpty and c.memo then c.expiredAt = c.vt; return end
+  fqFlush(K, c)
+  local gone = redis.call('ZRANGEBYSCORE', K.flows, '-inf', c.vt, 'LIMIT', 0,
+    fqExpirePerCall)
+  for i = 1, #gone do
+    local w = tonumber(redis.call('HGET', K.fweights, gone[i])) or 0
+    redis.call('HINCRBY', K.state, 'W:' .. string.match(gone[i], '^[^\n]*'), -w)
+    redis.call('HDEL', K.fweights, gone[i])
+    redis.call('ZREM', K.flows, gone[i])
+  end
+  if #gone > 0 then
+    c.readTotals = nil -- the totals changed: read them again
+    if c.memo then c.memo = fqNewMemo() end
+  end
+  if #gone < fqExpirePerCall then c.expiredAt = c.vt end
+end
+
 -- Place one job of (level, tenant, weight); returns its score (nil: no room). front: start
 -- at the virtual time whatever the flow's backlog (a job already overdue when the pass
 -- adopts it runs in its flow's next turn). explicitMs: the caller's cost= (ms) or nil.
 local function fqPlace(K, c, level, tenant, weight, front, explicitMs)
-  if c.expiredAt ~= c.vt then -- retire flows the virtual time has passed (once per vt)
-    local gone = redis.call('ZRANGEBYSCORE', K.flows, '-inf', c.vt, 'LIMIT', 0,
-      fqExpirePerCall)
-    for i = 1, #gone do
-      local w = tonumber(redis.call('HGET', K.fweights, gone[i])) or 0
-      redis.call('HINCRBY', K.state, 'W:' .. string.match(gone[i], '^[^\n]*'), -w)
-      redis.call('HDEL', K.fweights, gone[i])
-      redis.call('ZREM', K.flows, gone[i])
-    end
-    if #gone < fqExpirePerCall then c.expiredAt = c.vt end
-  end
+  fqExpire(K, c)
   local member = level .. '\n' .. tenant
-  local last = tonumber(redis.call('ZSCORE', K.flows, member))
-  local counted = tonumber(redis.call('HGET', K.fweights, member)) or 0
-  local total = (tonumber(redis.call('HGET', K.state, 'W:' .. level)) or 0) + weight - counted
+  local m = c.memo
+  local f = m and m.flows[member]
+  if not f and m and c.flowsEmpty then
+    f = {last = nil, counted = 0} -- the flows were cleared by this call's clock
+    m.flows[member] = f
+  elseif not f then
+    f = {last = tonumber(redis.call('ZSCORE', K.flows, member)),
+      counted = tonumber(redis.call('HGET', K.fweights, member)) or 0}
+    if m then m.flows[member] = f end
+  end
+  local levelTotal = m and (m.totals[level] or (c.readTotals and c.readTotals[level]))
+  if not levelTotal then
+    levelTotal = tonumber(redis.call('HGET', K.state, 'W:' .. level)) or 0
+  end
+  if m then m.totals[level] = levelTotal end
+  local last, counted = f.last, f.counted
+  local total = levelTotal + weight - counted
   local start = c.vt
   if last and last > start and not front then start = last end
   local cost = fqCostOf(K, c, member, explicitMs)
@@ -159,11 +222,20 @@ local function fqPlace(K, c, level, tenant, weight, front, explicitMs)
   if score then
     -- Placed: the flow counts towards its level (a parked job changes nothing).
     if counted ~= weight then
-      redis.call('HSET', K.state, 'W:' .. level, total)
-      redis.call('HSET', K.fweights, member, weight)
+      if m then
+        m.totals[level], m.dirtyTotals[level] = total, true
+        f.counted, f.weightDirty = weight, true
+      else
+        redis.call('HSET', K.state, 'W:' .. level, total)
+        redis.call('HSET', K.fweights, member, weight)
+      end
     end
     if not last or tag > last then
-      redis.call('ZADD', K.flows, string.format('%.17g', tag), member)
+      if m then
+        f.last, f.tagDirty = tag, true
+      else
+        redis.call('ZADD', K.flows, string.format('%.17g', tag), member)
+      end
     end
   end
   return score
@@ -197,11 +269,15 @@ end
 -- Index a job by the second it became ready, for the pass's overdue count (its level is
 -- in its score; a delayed job's meta is in K.jobs): no payload is ever decoded for it.
 local fqIndexedSecond = nil -- a call's jobs share a second: register it once
-local function fqIndex(K, jobId, readyMs)
+local function fqIndexMany(K, jobIds, readyMs)
+  if #jobIds == 0 then return end
   local second = string.format('%d', math.floor(readyMs / 1000))
-  redis.call('RPUSH', K.ready .. ':' .. second, jobId)
+  redis.call('RPUSH', K.ready .. ':' .. second, unpack(jobIds))
   if second ~= fqIndexedSecond then
     redis.call('ZADD', K.ready, 'NX', second, second)
     fqIndexedSecond = second
   end
+end
+local function fqIndex(K, jobId, readyMs)
+  fqIndexMany(K, {jobId}, readyMs)
 end

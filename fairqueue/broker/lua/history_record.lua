@@ -106,6 +106,25 @@ local function levelOfPriority(p)
 end
 
 local incr, tenantIncr = {}, {}
+-- The text forms read without decoding (see the 'active' events below): data that starts
+-- {"priorityLevel":"<level>","tenantId":"<tenant>" (no quote or escape in the tenant) and
+-- opts with a top-level integer fqReady.
+local fastMeta = '^{"priorityLevel":"(%l+)","tenantId":"([^"\\]+)"[,}]'
+local fastReady = '[{,]"fqReady":(%d+)[,}]'
+
+-- A level's field names, made once per call.
+local fieldsOf = {}
+for level in pairs(levelWeight) do
+  fieldsOf[level] = {s = 's:' .. level, a = 'a:' .. level, t = 't:' .. level,
+    R = 'R:' .. level, o = 'o:' .. level, w = {}}
+end
+local function waitField(level, bin)
+  local w = fieldsOf[level].w
+  local name = w[bin]
+  if not name then name = 'w:' .. level .. ':' .. bin; w[bin] = name end
+  return name
+end
+
 local function add(bucket, fieldName, n)
   if bucket < oldestS then return end
   local row = incr[bucket]
@@ -130,8 +149,19 @@ end
 
 local state = redis.call('HMGET', KEYS[2], 'cursor', 'ord', 'since')
 local cursor, ord, since = state[1], tonumber(state[2]), tonumber(state[3]) or 0
-local info = streamInfo()
-if not cursor then
+-- While the cursor's own entry is still in the stream, nothing after it was trimmed
+-- (BullMQ trims from the front), so the page is read without XINFO: from the cursor,
+-- inclusive, and the cursor's entry dropped.
+local info, entries = nil, nil
+if cursor then
+  local page = redis.call('XRANGE', KEYS[1], cursor, '+', 'COUNT', pageSize + 1)
+  if page[1] and page[1][1] == cursor then
+    table.remove(page, 1)
+    entries = page
+  end
+end
+if not entries then info = streamInfo() end
+if not entries and not cursor then
   -- The first call: history starts now, at the end of the stream (what came before is
   -- no one's to record: the job hashes behind it may be long gone). ord: the number of
   -- entries the stream ever had up to the cursor.
@@ -146,22 +176,58 @@ local function servedOf(level)
   return row
 end
 
+-- The state this call reads and writes, read once and written once at the end (nothing
+-- else runs while a script does): the estimates and balances of fq:state (kept rounded
+-- as they are stored, so a later read in the call sees what a re-read would), and the
+-- runs this page starts (pending, written at the end; most end within the same page and
+-- never reach fq:run) and those it ends (removed at the end).
+local stateCache, stateDirty = {}, {}
+local typicalDirty = false
+local function stateOf(field)
+  local v = stateCache[field]
+  if v == nil then
+    v = tonumber(redis.call('HGET', stateKey, field)) or false
+    stateCache[field] = v
+  end
+  return v or nil
+end
+local function setState(field, value)
+  local text = string.format('%.6g', value)
+  stateCache[field], stateDirty[field] = tonumber(text), text
+end
+local pendingRuns, endedRuns = {}, {}
+-- A run: {level, tenant, start ms, turns}, from this page's starts or from fq:run
+-- ('<level>\n<tenant>\n<start ms>\n<turns>'); nil when unknown or already ended.
+local function runOf(jobId)
+  local run = pendingRuns[jobId]
+  if run then
+    pendingRuns[jobId] = nil
+    endedRuns[jobId] = true
+    return run
+  end
+  if endedRuns[jobId] then return nil end
+  local text = redis.call('HGET', runKey, jobId)
+  if not text then return nil end
+  endedRuns[jobId] = true
+  local level, tenant, startMs, turns = string.match(text, '^([^\n]*)\n(.*)\n([^\n]*)\n([^\n]*)$')
+  return {level, tenant, tonumber(startMs), tonumber(turns) or 1}
+end
+
 -- A finished attempt of a job whose start was recorded: its worker time to its level, and
 -- with fairness by time the estimates and the flow's charge.
 local function finished(jobId, endMs, retried)
-  local run = redis.call('HGET', runKey, jobId)
+  local run = runOf(jobId)
   if not run then return end
-  redis.call('HDEL', runKey, jobId)
-  local level, tenant, startMs, turns = string.match(run, '^([^\n]*)\n(.*)\n([^\n]*)\n([^\n]*)$')
-  startMs, turns = tonumber(startMs), tonumber(turns) or 1
+  local level, tenant, startMs, turns = run[1], run[2], run[3], run[4]
   if not (level and startMs and levelWeight[level]) then return end
   local used = endMs - startMs
   if used < 0 then used = 0 end
-  add(bucketOf(endMs), 't:' .. level, used)
+  local names = fieldsOf[level]
+  add(bucketOf(endMs), names.t, used)
   local row = servedOf(level)
   row[1] = row[1] + used
   if retried then
-    add(bucketOf(endMs), 'R:' .. level, 1)
+    add(bucketOf(endMs), names.R, 1)
     row[2] = row[2] + 1
   end
   if not byTime then return end
@@ -172,8 +238,7 @@ local function finished(jobId, endMs, retried)
     bounded = math.min(math.max(used, typical * fqMinCost), typical * fqMaxCost)
     -- What the run used beyond (or short of) the turns its flow paid at its start, kept
     -- as the flow's balance and settled a whole turn at a time (order.settle_debt).
-    local debt = (tonumber(redis.call('HGET', stateKey, 'd:' .. member)) or 0)
-      + bounded / typical - turns
+    local debt = (stateOf('d:' .. member) or 0) + bounded / typical - turns
     if math.abs(debt) >= 1 then
       local last = tonumber(redis.call('ZSCORE', flowsKey, member))
       if last then
@@ -184,19 +249,19 @@ local function finished(jobId, endMs, retried)
       end
       debt = 0
     end
-    redis.call('HSET', stateKey, 'd:' .. member, string.format('%.6g', debt))
+    setState('d:' .. member, debt)
     typical = typical + typicalAlpha * (bounded - typical)
   else
     typical = math.max(bounded, 1)
   end
-  redis.call('HSET', stateKey, 'typ', string.format('%.6g', typical))
-  local estimate = tonumber(redis.call('HGET', stateKey, 'c:' .. member))
+  typicalDirty = true
+  local estimate = stateOf('c:' .. member)
   if estimate then estimate = estimate + flowAlpha * (bounded - estimate) else estimate = bounded end
-  redis.call('HSET', stateKey, 'c:' .. member, string.format('%.6g', estimate))
+  setState('c:' .. member, estimate)
 end
 
 local gapMs, fromFirst = 0, false
-if info and info.first and idAfter(info.first, cursor) then
+if not entries and info and info.first and idAfter(info.first, cursor) then
   -- Every entry left is after the cursor: were any trimmed before this read?
   local lost = 1
   if info.added and ord then
@@ -221,23 +286,31 @@ if info and info.first and idAfter(info.first, cursor) then
   if info.added then ord = info.added - info.length end
 end
 
-local start = '(' .. cursor
-if fromFirst then start = cursor end
-local entries = {}
-if info then
-  entries = redis.call('XRANGE', KEYS[1], start, '+', 'COUNT', pageSize)
+if not entries then
+  local start = '(' .. cursor
+  if fromFirst then start = cursor end
+  entries = {}
+  if info then
+    entries = redis.call('XRANGE', KEYS[1], start, '+', 'COUNT', pageSize)
+  end
 end
 local read, recorded, unknown, bytes, last = 0, 0, 0, 0, nil
+-- The events the step reads further than their name ('added', 'drained'... are skipped).
+local wanted = {active = true, completed = true, failed = true, waiting = true, delayed = true}
 for _, entry in ipairs(entries) do
   if bytes > byteBudget then break end
   read = read + 1
   last = entry[1]
   local f = entry[2]
   local event, jobId, prev = nil, nil, nil
-  for i = 1, #f, 2 do
-    if f[i] == 'event' then event = f[i + 1]
-    elseif f[i] == 'jobId' then jobId = f[i + 1]
-    elseif f[i] == 'prev' then prev = f[i + 1] end
+  local from = 1
+  if f[1] == 'event' then event, from = f[2], 3 end -- BullMQ writes it first
+  if event == nil or wanted[event] then
+    for i = from, #f, 2 do
+      if f[i] == 'event' then event = f[i + 1]
+      elseif f[i] == 'jobId' then jobId = f[i + 1]
+      elseif f[i] == 'prev' then prev = f[i + 1] end
+    end
   end
   if (event == 'completed' or event == 'failed') and jobId then
     finished(jobId, msOf(entry[1]), false)
@@ -253,21 +326,29 @@ for _, entry in ipairs(entries) do
     bytes = bytes + size
     local level, tenant, readyAt = nil, 'default', nil
     if row[1] and size <= maxData then
-      local ok, data = pcall(cjson.decode, row[5] or '')
-      local okOpts, opts = pcall(cjson.decode, row[4] or '{}')
-      if not (okOpts and type(opts) == 'table') then opts = {} end
-      readyAt = tonumber(opts['fqReady'])
-      if ok and type(data) == 'table' then
-        local named, tid = data['priorityLevel'], data['tenantId']
-        if named == nil or named == cjson.null then
-          level = levelOfPriority(opts['priority'] or 0)
-        elseif levelWeight[named] then
-          level = named
-        end
-        if type(tid) == 'string' and tid ~= '' then
-          tenant = tid
-        elseif tid ~= nil and tid ~= cjson.null then
-          level = nil -- unreadable fairqueue metadata, as the dashboard's '?'
+      -- fairqueue's producer writes the level and tenant first in the data and the
+      -- add script a whole fqReady in the opts: read as text when they are there so.
+      local named, tid = string.match(row[5], fastMeta)
+      local ready = string.match(row[4] or '', fastReady)
+      if named and levelWeight[named] and ready then
+        level, tenant, readyAt = named, tid, tonumber(ready)
+      else
+        local ok, data = pcall(cjson.decode, row[5] or '')
+        local okOpts, opts = pcall(cjson.decode, row[4] or '{}')
+        if not (okOpts and type(opts) == 'table') then opts = {} end
+        readyAt = tonumber(opts['fqReady'])
+        if ok and type(data) == 'table' then
+          named, tid = data['priorityLevel'], data['tenantId']
+          if named == nil or named == cjson.null then
+            level = levelOfPriority(opts['priority'] or 0)
+          elseif levelWeight[named] then
+            level = named
+          end
+          if type(tid) == 'string' and tid ~= '' then
+            tenant = tid
+          elseif tid ~= nil and tid ~= cjson.null then
+            level = nil -- unreadable fairqueue metadata, as the dashboard's '?'
+          end
         end
       end
     end
@@ -276,7 +357,8 @@ for _, entry in ipairs(entries) do
       add(startB, 's:?', 1)
     else
       recorded = recorded + 1
-      add(startB, 's:' .. level, 1)
+      local names = fieldsOf[level]
+      add(startB, names.s, 1)
       local rank = levelRank[level]
       startedBy[rank + 1] = startedBy[rank + 1] + 1
       local key = level .. '\n' .. tenant
@@ -290,27 +372,53 @@ for _, entry in ipairs(entries) do
       if byTime then
         if typical == nil then typical = tonumber(redis.call('HGET', stateKey, 'typ')) or false end
         if typical then
-          turns = fqCostTurns(tonumber(redis.call('HGET', stateKey, 'c:' .. key)), typical)
+          turns = fqCostTurns(stateOf('c:' .. key), typical)
         end
       end
-      redis.call('HSET', runKey, jobId, key .. '\n' .. string.format('%d', startMs) .. '\n' ..
-        string.format('%.6g', turns))
+      pendingRuns[jobId] = {level, tenant, startMs, tonumber(string.format('%.6g', turns))}
       if (tonumber(row[3]) or 1) > 1 then
         add(startB, 'r', 1)
-        add(startB, 'a:' .. level, 1)
+        add(startB, names.a, 1)
       else
         local readyMs = readyAt or ((tonumber(row[1]) or startMs) + (tonumber(row[2]) or 0))
         if readyMs > startMs then readyMs = startMs end
         local wait = startMs - readyMs
         waits[#waits + 1] = rank
         waits[#waits + 1] = wait
-        add(bucketOf(readyMs) >= oldestS and bucketOf(readyMs) or oldestS, 'a:' .. level, 1)
-        add(startB, 'w:' .. level .. ':' .. waitBin(wait), 1)
-        if wait > bound then add(startB, 'o:' .. level, 1) end
+        add(bucketOf(readyMs) >= oldestS and bucketOf(readyMs) or oldestS, names.a, 1)
+        add(startB, waitField(level, waitBin(wait)), 1)
+        if wait > bound then add(startB, names.o, 1) end
       end
     end
   end
 end
+
+-- The runs this page ended, then those it started and did not see end (in that order: a
+-- job that ended and started again is running).
+local function inChunks(command, key, items)
+  for i = 1, #items, 1000 do
+    redis.call(command, key, unpack(items, i, math.min(i + 999, #items)))
+  end
+end
+local ended, started = {}, {}
+for jobId in pairs(endedRuns) do ended[#ended + 1] = jobId end
+for jobId, run in pairs(pendingRuns) do
+  started[#started + 1] = jobId
+  started[#started + 1] = run[1] .. '\n' .. run[2] .. '\n' .. string.format('%d', run[3]) ..
+    '\n' .. string.format('%.6g', run[4])
+end
+inChunks('HDEL', runKey, ended)
+inChunks('HSET', runKey, started)
+local stateWrites = {}
+for field, text in pairs(stateDirty) do
+  stateWrites[#stateWrites + 1] = field
+  stateWrites[#stateWrites + 1] = text
+end
+if typicalDirty then
+  stateWrites[#stateWrites + 1] = 'typ'
+  stateWrites[#stateWrites + 1] = string.format('%.6g', typical)
+end
+if #stateWrites > 0 then redis.call('HSET', stateKey, unpack(stateWrites)) end
 
 local expireS = retentionS + 2 * bucketS
 for bucket, row in pairs(incr) do

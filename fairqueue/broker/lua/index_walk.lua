@@ -4,7 +4,9 @@
   ids of jobs that left (taken by a worker, finished, removed; a job found in BullMQ's
   wait list too: the pass adopts it from its payload). Stock workers never tell
   fairqueue that a job left, so this is how the index is trimmed. No payload is read;
-  every id costs O(1) (a bucket is compacted once, when the walk leaves it).
+  every id costs O(1) (ids that left ahead of any that stays are cut off the front of
+  their second's list at once; the rest are blanked and the list compacted once, when
+  the walk leaves it).
 
   KEYS[1] ready (zset of seconds; KEYS[1]:<second> lists the ids ready in it)
   KEYS[2] BullMQ's prioritized  KEYS[3] BullMQ's delayed  KEYS[4] the leader lock
@@ -43,37 +45,68 @@ if second == '' or index < 0 then
   second, index = nextSecond(second), 0
   if not second then done = true end
 end
+-- Trimming a second's list: ids that left before any that stays (jobs mostly leave in
+-- the order they came) are cut off its front with one LTRIM; the others are blanked
+-- (LSET) and compacted when the walk leaves the second; a second read whole with no id
+-- left is deleted. No write per id in the usual case.
+local fromStart, kept, front, gone = index == 0, 0, 0, {}
+local function trim(key)
+  for _, at in ipairs(gone) do redis.call('LSET', key, at, '') end
+  if front > 0 then
+    redis.call('LTRIM', key, front, -1)
+    index = index - front
+  end
+  gone, front = {}, 0
+end
 while not done and budget > 0 do
   local key = KEYS[1] .. ':' .. second
   local ids = redis.call('LRANGE', key, index, index + budget - 1)
   for i, id in ipairs(ids) do
     local score = id ~= '' and tonumber(redis.call('ZSCORE', KEYS[2], id))
+    local left = false
     if id == '' then
-      -- dropped earlier in this second's list; compacted when the walk leaves it
+      left = true -- dropped earlier in this second's list
     elseif score then
+      kept = kept + 1
       local level = 'waiting'
       if counting then
         level = '?'
         if score >= floorScore and score < capScore then level = levels[score % 4] end
       end
       stats[level] = (stats[level] or 0) + 1
-    elseif not dry and not redis.call('ZSCORE', KEYS[3], id) then
-      redis.call('LSET', key, index + i - 1, '')
+    elseif dry or redis.call('ZSCORE', KEYS[3], id) then
+      kept = kept + 1
+    else
+      left = true
       removed = removed + 1
+    end
+    if left and fromStart and kept == 0 then
+      front = front + 1
+    elseif left and id ~= '' then
+      gone[#gone + 1] = index + i - 1
     end
   end
   budget = budget - #ids
   index = index + #ids
   if budget > 0 then -- the end of this second's list: compact it, go on to the next
     if not dry then
-      redis.call('LREM', key, 0, '')
-      if redis.call('LLEN', key) == 0 then
+      if fromStart and kept == 0 then
         redis.call('DEL', key)
         redis.call('ZREM', KEYS[1], second)
+      else
+        trim(key)
+        redis.call('LREM', key, 0, '')
+        if redis.call('LLEN', key) == 0 then
+          redis.call('DEL', key)
+          redis.call('ZREM', KEYS[1], second)
+        end
       end
     end
+    gone, front, fromStart, kept = {}, 0, true, 0
     second, index = nextSecond(second), 0
     if not second then done = true end
+  elseif not dry then
+    trim(key) -- the page ends inside this second: the next call goes on from index
   end
 end
 
