@@ -9,6 +9,11 @@ for i = 1, tonumber(ARGV[1]) do
   fqJobs[i] = {ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4],
     tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6])}
 end
+-- Tenants with limits or paused: their jobs are held (tenant_limits.lua).
+local fqLim = string.sub(KEYS[10], 1, -6) .. 'lim'
+local fqHold, fqRefused = fqHeldTenants(fqLim, fqK.prioritized,
+  ARGV[3 + tonumber(ARGV[1]) * 7], fqJobs, 5)
+if fqRefused then return fqRefused end
 local fqReplies = {}
 local fqC = fqClock(fqK)
 fqC.byTime = fqByTime
@@ -16,8 +21,9 @@ for _, job in ipairs(fqJobs) do
   local args = cmsgpack.unpack(job[1])
   local priority, score = 0, nil
   local fresh = args[2] == '' or redis.call('EXISTS', args[1] .. args[2]) == 0
+  local held = fresh and fqHold and fqHold[job[5]]
   if fresh then
-    score = fqPlace(fqK, fqC, job[4], job[5], job[6], false, job[7])
+    if not held then score = fqPlace(fqK, fqC, job[4], job[5], job[6], false, job[7]) end
     priority = fqPriorityOf(score)
     local opts = cmsgpack.unpack(job[3])
     opts['priority'] = fqCap -- where BullMQ re-adds it (retries): the back, for the pass
@@ -26,7 +32,10 @@ for _, job in ipairs(fqJobs) do
   end
   ARGV[1], ARGV[2], ARGV[3] = job[1], job[2], job[3]
   local jobId = fqBullmqAdd()
-  if fresh and type(jobId) == 'string' then
+  if held and type(jobId) == 'string' then
+    fqHoldJob(fqLim, fqK.prioritized, KEYS[5], KEYS[8], jobId, job[5],
+      job[4] .. '\n' .. job[6] .. '\n' .. (job[7] or ''))
+  elseif fresh and type(jobId) == 'string' then
     if score then fqSetScore(fqK, jobId, score) end
     fqPlaced(fqK, fqC, score)
     fqIndex(fqK, jobId, fqNow)

@@ -1,0 +1,141 @@
+--[[
+  Release held jobs of tenants that have room, atomically: one call decides each
+  tenant's room (its limits, the released jobs it still occupies as BullMQ's own sets
+  say, its rate window) and moves that many of its held jobs, oldest first, from the
+  delayed set to the prioritized set at their fair places (placed by the fair clock as
+  new arrivals of their flows, and indexed for the wait bound from now: a held job does
+  not wait against the bound while its tenant is at its own limit). Nothing else runs
+  while a script does, so two callers (the loop, a worker, an enqueue) can never release
+  the same job twice or more jobs than the room.
+
+  Mode 'pullback' (pause_tenant): the tenant's released jobs that no worker has taken go
+  back to the front of its held list, so none of them starts after the pause returns.
+
+  KEYS[1..8]  BullMQ's prioritized, delayed, active, completed, failed, marker, meta,
+              events
+  KEYS[9..13] fairqueue's state, flows, fweights, ready, jobs
+  KEYS[14]    the limits key L (tenant_limits.lua lists the keys beside it)
+  ARGV        job key prefix, fairness ('time'/'jobs'), mode ('release'/'pullback'),
+              tenants ('' = the tenants with held jobs, at most 256 a call; else
+              '\n'-separated), the most jobs to release in this call
+  Returns {released, held left (of the tenants seen), next wake ms (-1: no rate window
+  to wait for), held by max_active, held by rate, held by pause}.
+]]
+--- @include fair_clock
+--- @include tenant_limits
+local prefix, byTime, mode, budget = ARGV[1], ARGV[2] == 'time', ARGV[3], tonumber(ARGV[5])
+local L = KEYS[14]
+local K = {prioritized = KEYS[1], state = KEYS[9], flows = KEYS[10], fweights = KEYS[11],
+  ready = KEYS[12], jobs = KEYS[13]}
+local tenants = {}
+if ARGV[4] == '' then
+  tenants = redis.call('SRANDMEMBER', L .. ':tenants', 256)
+else
+  for t in string.gmatch(ARGV[4], '[^\n]+') do tenants[#tenants + 1] = t end
+end
+
+if mode == 'pullback' then
+  local moved = 0
+  for _, t in ipairs(tenants) do
+    local back = {}
+    for _, id in ipairs(redis.call('SMEMBERS', L .. ':out:' .. t)) do
+      local score = redis.call('ZSCORE', K.prioritized, id)
+      if score then back[#back + 1] = {tonumber(score), id} end
+    end
+    table.sort(back, function(a, b) return a[1] > b[1] end)
+    for _, entry in ipairs(back) do
+      local id = entry[2]
+      fqHoldJob(L, K.prioritized, KEYS[2], KEYS[8], id, t, nil)
+      -- fqHoldJob appends; a pulled-back job goes back to the front, in its old order
+      redis.call('RPOP', L .. ':held:' .. t)
+      redis.call('LPUSH', L .. ':held:' .. t, id)
+      redis.call('SREM', L .. ':out:' .. t, id)
+      redis.call('ZREM', L .. ':rate:' .. t, id)
+      moved = moved + 1
+    end
+  end
+  return {moved, 0, -1, 0, 0, 0}
+end
+
+local now = fqNowMs()
+local released, left, wake = 0, 0, -1
+local heldBy = {max_active = 0, rate = 0, paused = 0}
+local c = nil
+for _, t in ipairs(tenants) do
+  local heldKey = L .. ':held:' .. t
+  local held = redis.call('LLEN', heldKey)
+  if held > 0 then
+    local lim = fqSplitLimits(redis.call('HGET', L, t))
+    local count, reason = held, nil
+    if redis.call('HEXISTS', L .. ':paused', t) == 1 then
+      count, reason = 0, 'paused'
+    else
+      if lim.maxActive then
+        local room = lim.maxActive - fqOccupied(L, prefix, KEYS[4], KEYS[5], t)
+        if room < 0 then room = 0 end
+        if room < count then count, reason = room, 'max_active' end
+      end
+      local rateKey = L .. ':rate:' .. t
+      if lim.rateMax and lim.rateMs then
+        redis.call('ZREMRANGEBYSCORE', rateKey, '-inf', now - lim.rateMs)
+        local room = lim.rateMax - redis.call('ZCARD', rateKey)
+        if room < 0 then room = 0 end
+        if room < count then count, reason = room, 'rate' end
+      else
+        redis.call('DEL', rateKey)
+      end
+    end
+    if count > budget - released then count = budget - released end
+    local outKey = L .. ':out:' .. t
+    local done = 0
+    while done < count do
+      local id = redis.call('LPOP', heldKey)
+      if not id then break end
+      done = done + 1
+      local meta = redis.call('HGET', L .. ':meta', id)
+      if redis.call('EXISTS', prefix .. id) == 0 or not meta then
+        redis.call('HDEL', L .. ':meta', id) -- removed while held (remove, drain, clean)
+      elseif not redis.call('ZSCORE', KEYS[2], id) then
+        redis.call('SADD', outKey, id) -- promoted by hand: takeable already, it occupies
+      else
+        if not c then
+          c = fqClock(K)
+          c.byTime = byTime
+        end
+        local level, weight, cost = string.match(meta, '^([^\n]*)\n([^\n]*)\n([^\n]*)$')
+        redis.call('ZREM', KEYS[2], id)
+        local score = fqPlace(K, c, level, t, tonumber(weight), false, tonumber(cost))
+        redis.call('ZADD', K.prioritized, string.format('%.17g', score or fqCap * fqScore), id)
+        fqPlaced(K, c, score)
+        -- indexed once: a job pulled back by a pause and released again keeps its entry
+        if redis.call('HSETNX', prefix .. id, 'fqRel', now) == 1 then fqIndex(K, id, now) end
+        redis.call('SADD', outKey, id)
+        if lim.rateMax then redis.call('ZADD', L .. ':rate:' .. t, now, id) end
+        redis.call('XADD', KEYS[8], '*', 'event', 'waiting', 'jobId', id, 'prev', 'delayed')
+        released = released + 1
+      end
+    end
+    held = redis.call('LLEN', heldKey)
+    if held == 0 then
+      redis.call('SREM', L .. ':tenants', t)
+    else
+      left = left + held
+      if reason then heldBy[reason] = heldBy[reason] + held end
+      if reason == 'rate' then
+        local oldest = redis.call('ZRANGE', L .. ':rate:' .. t, 0, 0, 'WITHSCORES')
+        if oldest[2] then
+          local at = tonumber(oldest[2]) + lim.rateMs - now
+          if at < 1 then at = 1 end
+          if wake < 0 or at < wake then wake = at end
+        end
+      end
+    end
+  elseif ARGV[4] == '' then
+    redis.call('SREM', L .. ':tenants', t)
+  end
+  if released >= budget then break end
+end
+if released > 0 and redis.call('HEXISTS', KEYS[7], 'paused') == 0 then
+  redis.call('ZADD', KEYS[6], 0, '0') -- wake the workers (BullMQ's base marker)
+end
+return {released, left, wake, heldBy.max_active, heldBy.rate, heldBy.paused}
