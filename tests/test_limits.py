@@ -4,15 +4,24 @@ backlog cap. Real Redis, the real bullmq package; each test its own prefix."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from bullmq import Queue, Worker
 
-from fairqueue import enqueue_jobs
+from fairqueue import (
+    TenantBacklogFullError,
+    enqueue_job,
+    enqueue_jobs,
+    pause_tenant,
+    resume_tenant,
+)
 from fairqueue.broker import get_sync_broker
 from fairqueue.enqueue.priority import wire_tenant_plan_lookup
-from fairqueue.models import TenantPlan
+from fairqueue.exceptions import InvalidTenantError
+from fairqueue.models import OutboxJob, PriorityOverrideAudit, TenantPauseAudit, TenantPlan
 from tests.conftest import REDIS_URL
+from tests.helpers import drain_with_stock_worker, metric
 
 pytestmark = pytest.mark.django_db
 
@@ -134,3 +143,140 @@ def test_release_order__held_jobs_run_oldest_first_with_fair_tags(limited):
     while release().held:
         run_stock_worker(limited, 1, concurrency=1)
     assert release().released == 0
+
+
+# -- max_waiting: the error, and nothing written -------------------------------------
+
+
+@pytest.fixture
+def capped(fq_prefix, redis_client):
+    """'acme' may have 3 jobs waiting; 2 are waiting already."""
+    TenantPlan.objects.create(tenant_id="acme", plan_tier="pro", max_waiting=3)
+    wire_tenant_plan_lookup()
+    enqueue_jobs("email", [{}, {}], tenant_id="acme")
+    return fq_prefix
+
+
+def snapshot(prefix, redis_client):
+    """Everything an enqueue could have written: Redis keys and their sizes, the audit
+    and outbox tables, the enqueue metrics."""
+    keys = {}
+    for key in redis_client.scan_iter(match=f"{prefix}:*"):
+        kind = redis_client.type(key)
+        size = {
+            "zset": redis_client.zcard,
+            "list": redis_client.llen,
+            "hash": redis_client.hlen,
+            "set": redis_client.scard,
+            "stream": redis_client.xlen,
+        }.get(kind, lambda k: redis_client.strlen(k))(key)
+        keys[key] = size
+    return (
+        keys,
+        PriorityOverrideAudit.objects.count(),
+        OutboxJob.objects.count(),
+        metric("queue_jobs_enqueued_total", queue="email", priority="normal"),
+        metric("queue_fair_priority_assigned_total", job_type="email", priority_level="normal"),
+    )
+
+
+def assert_refused(info, waiting=2):
+    error = info.value
+    assert (error.tenant_id, error.queue, error.limit, error.waiting) == (
+        "acme",
+        "email",
+        3,
+        waiting,
+    )
+    assert str(error) == (
+        f"tenant 'acme' already has {waiting} jobs waiting in queue 'email': its max_waiting "
+        "is 3, so the enqueue was refused and nothing was added"
+    )
+
+
+def test_max_waiting__single_enqueue_refused_and_nothing_written(capped, redis_client):
+    enqueue_job("email", {}, tenant_id="acme")  # the third fits
+    before = snapshot(capped, redis_client)
+    refusals = metric("queue_fair_limited_total", job_type="email", reason="max_waiting")
+    with pytest.raises(TenantBacklogFullError) as info:
+        enqueue_job("email", {}, tenant_id="acme", priority_override="high", actor="ops")
+    assert_refused(info, waiting=3)
+    assert snapshot(capped, redis_client) == before  # no job, no audit row, no metric
+    after = metric("queue_fair_limited_total", job_type="email", reason="max_waiting")
+    assert after == refusals + 1
+
+
+def test_max_waiting__batch_refused_whole(capped, redis_client):
+    before = snapshot(capped, redis_client)
+    with pytest.raises(TenantBacklogFullError) as info:
+        enqueue_jobs("email", [{}, {}], tenant_id="acme")  # 2 + 2 > 3: none of them
+    assert_refused(info)
+    assert snapshot(capped, redis_client) == before
+    assert len(enqueue_jobs("email", [{}], tenant_id="acme")) == 1  # 2 + 1 fits
+
+
+@pytest.mark.django_db(transaction=True)
+def test_max_waiting__durable_enqueue_refused_before_the_outbox_row(capped, redis_client):
+    from django.db import transaction
+
+    from fairqueue import enqueue_on_commit
+
+    before = snapshot(capped, redis_client)
+    with pytest.raises(TenantBacklogFullError) as info, transaction.atomic():
+        enqueue_on_commit("email", {}, tenant_id="acme")
+        enqueue_on_commit("email", {}, tenant_id="acme")  # the outbox row counts too
+    assert_refused(info, waiting=3)
+    assert snapshot(capped, redis_client) == before
+
+
+def test_max_waiting__task_enqueue_refused(capped, redis_client):
+    from tests.test_tasks_backend import record
+
+    record.enqueue("fits", tenant_id="acme")
+    before = snapshot(capped, redis_client)
+    with pytest.raises(TenantBacklogFullError) as info:
+        record.enqueue("over", tenant_id="acme")
+    assert_refused(info, waiting=3)
+    assert snapshot(capped, redis_client) == before
+
+
+def test_max_waiting__running_jobs_do_not_count(capped):
+    finished, _ = run_stock_worker(capped, 2, concurrency=2)
+    assert len(finished) == 2
+    assert len(enqueue_jobs("email", [{}, {}, {}], tenant_id="acme")) == 3
+
+
+# -- pause and resume ----------------------------------------------------------------
+
+
+def test_pause__no_job_starts_after_it_returns_and_resume_runs_all_in_order(
+    limited, loop_running, redis_client
+):
+    acme = [job.job_id for job in enqueue_jobs("email", [{} for _ in range(6)], tenant_id="acme")]
+    assert pause_tenant("acme", actor="ops", source="test") == 2  # the 2 takeable ones
+    assert counts(limited)["delayed"] == 6
+    beta = [job.job_id for job in enqueue_jobs("email", [{} for _ in range(4)], tenant_id="beta")]
+    later = enqueue_jobs("email", [{}], tenant_id="acme")[0].job_id
+    finished, _ = run_stock_worker(limited, 4)
+    assert sorted(finished) == sorted(beta)  # the others ran; none of acme's
+    time.sleep(0.2)  # the loop keeps releasing: still nothing of acme's
+    assert counts(limited)["delayed"] == 7 and counts(limited)["prioritized"] == 0
+    assert resume_tenant("acme", actor="ops") == 2
+    finished, _ = run_stock_worker(limited, 7, concurrency=1)
+    assert finished == [*acme, later]  # all of them, in their order
+    audit = list(TenantPauseAudit.objects.order_by("created_at").values_list("action", "actor"))
+    assert audit == [("paused", "ops"), ("resumed", "ops")]
+    assert TenantPlan.objects.get(tenant_id="acme").paused is False
+
+
+def test_pause__tenant_without_a_row_or_limits_is_held_too(fq_prefix):
+    pause_tenant("zed")
+    job = enqueue_job("email", {}, tenant_id="zed")  # no lookup wired: the Redis flag holds it
+    assert counts(fq_prefix)["delayed"] == 1
+    resume_tenant("zed")
+    assert drain_with_stock_worker(fq_prefix, "email", 1)[0][0] == job.job_id
+
+
+def test_pause__bad_tenant_id_is_refused_by_name():
+    with pytest.raises(InvalidTenantError, match="tenant_id"):
+        pause_tenant("")
