@@ -22,6 +22,7 @@ from fairqueue.exceptions import InvalidTenantError
 from fairqueue.models import OutboxJob, PriorityOverrideAudit, TenantPauseAudit, TenantPlan
 from tests.conftest import REDIS_URL
 from tests.helpers import drain_with_stock_worker, metric
+from tests.test_worker import registry  # noqa: F401, F811
 
 pytestmark = pytest.mark.django_db
 
@@ -280,3 +281,68 @@ def test_pause__tenant_without_a_row_or_limits_is_held_too(fq_prefix):
 def test_pause__bad_tenant_id_is_refused_by_name():
     with pytest.raises(InvalidTenantError, match="tenant_id"):
         pause_tenant("")
+
+
+# -- fairqueue_worker releases at once --------------------------------------------------
+
+
+def test_fairqueue_worker__releases_the_next_held_job_as_one_finishes(limited, registry):  # noqa: F811
+    from fairqueue.worker import handlers
+    from fairqueue.worker.runner import Worker as FairWorker
+
+    TenantPlan.objects.filter(tenant_id="acme").update(max_active=1)
+    from fairqueue.enqueue.lookups import forget_tenant_plan
+
+    forget_tenant_plan("acme")
+    spans: list[tuple[float, float]] = []
+    handlers.unregister("email")  # the demo project's; the registry fixture restores it
+
+    @handlers.handler("email")
+    def work(payload, context):
+        started = time.monotonic()
+        time.sleep(0.02)
+        spans.append((started, time.monotonic()))
+
+    enqueue_jobs("email", [{} for _ in range(8)], tenant_id="acme")
+    FairWorker(["email"], concurrency=4, burst=True, install_signal_handlers=False).run()
+    assert len(spans) == 8  # no loop ran: the worker released every one of them
+    spans.sort()
+    gaps = [later[0] - earlier[1] for earlier, later in zip(spans, spans[1:], strict=False)]
+    assert min(gaps) >= 0  # never two at once
+    print("fairqueue_worker release gaps ms", [round(g * 1000, 1) for g in gaps])
+    assert max(gaps) < 0.1  # released at once, not at a loop step
+
+
+def test_loop__releases_within_100_ms_of_a_stock_workers_completion(limited, loop_running):
+    TenantPlan.objects.filter(tenant_id="acme").update(max_active=1)
+    from fairqueue.enqueue.lookups import forget_tenant_plan
+
+    forget_tenant_plan("acme")
+    spans: list[tuple[float, float]] = []
+
+    async def main():
+        done = asyncio.Event()
+
+        async def process(job, token):
+            started = time.monotonic()
+            await asyncio.sleep(0.02)
+            spans.append((started, time.monotonic()))
+            if len(spans) == 10:
+                done.set()
+
+        worker = Worker(
+            "email", process, {"connection": REDIS_URL, "prefix": limited, "concurrency": 4}
+        )
+        try:
+            await asyncio.wait_for(done.wait(), 30)
+        finally:
+            await worker.close()
+
+    enqueue_jobs("email", [{} for _ in range(10)], tenant_id="acme")
+    asyncio.run(main())
+    spans.sort()
+    gaps = [later[0] - earlier[1] for earlier, later in zip(spans, spans[1:], strict=False)]
+    print("loop release gaps ms", [round(g * 1000, 1) for g in gaps])
+    assert min(gaps) >= 0  # never two at once
+    assert sorted(gaps)[len(gaps) // 2] < 0.1  # the median: a release step, not a pass
+    assert max(gaps) < 0.5

@@ -28,6 +28,7 @@ for _, job in ipairs(fqJobs) do
     local opts = cmsgpack.unpack(job[3])
     opts['priority'] = fqCap -- where BullMQ re-adds it (retries): the back, for the pass
     opts['fqReady'] = fqNow -- its first ready time (Redis's clock), kept for its re-runs
+    if held then opts['fqLim'] = 1 end -- fairqueue_worker releases its tenant's next at once
     job[3] = cmsgpack.pack(opts)
   end
   ARGV[1], ARGV[2], ARGV[3] = job[1], job[2], job[3]
