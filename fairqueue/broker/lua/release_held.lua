@@ -64,6 +64,9 @@ local c = nil
 for _, t in ipairs(tenants) do
   local heldKey = L .. ':held:' .. t
   local held = redis.call('LLEN', heldKey)
+  -- the slots it occupies, checked against BullMQ's own sets at every visit: a tenant
+  -- stays in L:tenants until its last released job has finished, so none is left behind
+  local occupied = fqOccupied(L, prefix, KEYS[4], KEYS[5], t)
   if held > 0 then
     local lim = fqSplitLimits(redis.call('HGET', L, t))
     local count, reason = held, nil
@@ -71,7 +74,7 @@ for _, t in ipairs(tenants) do
       count, reason = 0, 'paused'
     else
       if lim.maxActive then
-        local room = lim.maxActive - fqOccupied(L, prefix, KEYS[4], KEYS[5], t)
+        local room = lim.maxActive - occupied
         if room < 0 then room = 0 end
         if room < count then count, reason = room, 'max_active' end
       end
@@ -116,9 +119,9 @@ for _, t in ipairs(tenants) do
       end
     end
     held = redis.call('LLEN', heldKey)
-    if held == 0 then
+    if held == 0 and redis.call('SCARD', outKey) == 0 then
       redis.call('SREM', L .. ':tenants', t)
-    else
+    elseif held > 0 then
       left = left + held
       if reason then heldBy[reason] = heldBy[reason] + held end
       if reason == 'rate' then
@@ -130,7 +133,7 @@ for _, t in ipairs(tenants) do
         end
       end
     end
-  elseif ARGV[4] == '' then
+  elseif occupied == 0 then
     redis.call('SREM', L .. ':tenants', t)
   end
   if released >= budget then break end
