@@ -21,7 +21,7 @@ from fairqueue.enqueue.priority import wire_tenant_plan_lookup
 from fairqueue.exceptions import InvalidTenantError
 from fairqueue.models import OutboxJob, PriorityOverrideAudit, TenantPauseAudit, TenantPlan
 from tests.conftest import REDIS_URL
-from tests.helpers import drain_with_stock_worker, metric
+from tests.helpers import drain_with_stock_worker, metric, wait_until
 from tests.test_worker import registry  # noqa: F401, F811
 
 pytestmark = pytest.mark.django_db
@@ -117,6 +117,8 @@ def loop_running(limited):
     rebalancer = Rebalancer(["email"], interval_ms=1000, install_signal_handlers=False)
     thread = threading.Thread(target=rebalancer.run, daemon=True)
     thread.start()
+    # leading (after its random start-up delay and first pass): from now on it releases
+    assert wait_until(lambda: all(lock.held for lock in rebalancer.locks.values()), 10)
     yield rebalancer
     rebalancer.request_stop()
     thread.join(10)

@@ -42,7 +42,7 @@ QUIET_SUMMARY_S = 60.0
 #: tells fairqueue nothing, so this bounds the release latency (fairqueue_worker
 #: releases at once when a job of a limited tenant finishes).
 RELEASE_EVERY_MS = 20
-RELEASE_IDLE_MS = 100
+RELEASE_IDLE_MS = 50
 
 
 class Rebalancer(Loop):
