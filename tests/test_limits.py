@@ -348,3 +348,40 @@ def test_loop__releases_within_100_ms_of_a_stock_workers_completion(limited, loo
     assert min(gaps) >= 0  # never two at once
     assert sorted(gaps)[len(gaps) // 2] < 0.1  # the median: a release step, not a pass
     assert max(gaps) < 0.5
+
+
+def test_rate_limit__starts_follow_rate_max_per_duration(limited, loop_running):
+    TenantPlan.objects.filter(tenant_id="acme").update(
+        max_active=None, rate_max=10, rate_duration_ms=250
+    )
+    from fairqueue.enqueue.lookups import forget_tenant_plan
+
+    forget_tenant_plan("acme")
+    starts: list[float] = []
+
+    async def main():
+        done = asyncio.Event()
+
+        async def process(job, token):
+            starts.append(time.monotonic())
+            if len(starts) == 60:
+                done.set()
+
+        worker = Worker(
+            "email", process, {"connection": REDIS_URL, "prefix": limited, "concurrency": 8}
+        )
+        try:
+            await asyncio.wait_for(done.wait(), 30)
+        finally:
+            await worker.close()
+
+    enqueue_jobs("email", [{} for _ in range(60)], tenant_id="acme")
+    asyncio.run(main())
+    starts.sort()
+    # 10 per 250 ms: the first 10 at once, then 10 per window: 60 jobs in about 1.25 s
+    elapsed = starts[-1] - starts[0]
+    assert 1.2 <= elapsed <= 1.6, elapsed
+    most = max(
+        sum(1 for other in starts if start <= other < start + 0.25 - 0.03) for start in starts
+    )
+    assert most <= 10, most  # never more than rate_max in a window (less release jitter)
