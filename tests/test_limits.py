@@ -385,3 +385,49 @@ def test_rate_limit__starts_follow_rate_max_per_duration(limited, loop_running):
         sum(1 for other in starts if start <= other < start + 0.25 - 0.03) for start in starts
     )
     assert most <= 10, most  # never more than rate_max in a window (less release jitter)
+
+
+# -- visible: the dashboard and the metrics ---------------------------------------------
+
+
+def test_dashboard__lists_limited_tenants_their_held_jobs_and_why_they_wait(limited, client):
+    from django.contrib.auth.models import Permission, User
+    from django.urls import reverse
+
+    user = User.objects.create_user("viewer", password="pw", is_staff=True)
+    user.user_permissions.add(
+        Permission.objects.get(content_type__app_label="fairqueue", codename="view_dashboard")
+    )
+    client.force_login(User.objects.get(pk=user.pk))
+    acme = [job.job_id for job in enqueue_jobs("email", [{} for _ in range(5)], tenant_id="acme")]
+    TenantPlan.objects.create(tenant_id="zed", plan_tier="pro")
+    pause_tenant("zed")
+    enqueue_job("email", {}, tenant_id="zed")
+    stats = client.get(reverse("admin:fairqueue_dashboard_stats"), {"queue": "email"}).json()
+    (queue,) = stats["queues"]
+    limits = queue["limits"]
+    assert limits["held_total"] == 4
+    rows = {row["tenant"]: row for row in limits["tenants"]}
+    assert rows["acme"]["held"] == 3 and rows["acme"]["max_active"] == 2
+    assert rows["acme"]["why"] == "at its max_active (0 running, 2 of 2 taken)"
+    assert rows["acme"]["held_jobs"] == acme[2:]  # in release order
+    assert rows["zed"]["paused"] is True and rows["zed"]["why"] == "paused"
+    assert queue["counts"]["delayed"] == 4  # BullMQ's own count: delayed, not lost
+    page = client.get(reverse("admin:fairqueue_dashboard_changelist")).content.decode()
+    assert "Limited tenants" in page and "at its max_active" in page
+
+
+def test_metrics__held_gauge_and_limited_counter_without_tenant_labels(limited):
+    from fairqueue.rebalance.passes import rebalance_queue
+
+    held_before = metric("queue_fair_limited_total", job_type="email", reason="max_active")
+    enqueue_jobs("email", [{} for _ in range(5)], tenant_id="acme")
+    assert metric("queue_fair_limited_total", job_type="email", reason="max_active") == (
+        held_before + 3
+    )
+    rebalance_queue("email")
+    assert metric("queue_fair_held_jobs", job_type="email") == 3
+    from prometheus_client import REGISTRY, generate_latest
+
+    text = generate_latest(REGISTRY).decode()
+    assert "acme" not in text  # no tenant id in any label
