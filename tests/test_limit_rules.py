@@ -17,6 +17,7 @@ from fairqueue.scheduling.limits import (
     REASON_RATE,
     TenantLimits,
     parse_limits,
+    rate_burst,
     release_room,
 )
 
@@ -52,7 +53,8 @@ def test_release_room__never_exceeds_a_limit_and_releases_all_it_may(
         rooms.append(max(0, limits.max_active - occupied))
     if limits.rate_max is not None:
         assert release.count == 0 or started + release.count <= limits.rate_max
-        rooms.append(max(0, limits.rate_max - started))
+        assert release.count <= rate_burst(limits)  # paced, never rate_max at once
+        rooms.append(max(0, min(limits.rate_max - started, rate_burst(limits))))
     assert release.count == min(rooms)  # work-conserving: nothing held that may go
     if release.count < held:
         assert release.reason in (REASON_MAX_ACTIVE, REASON_RATE)

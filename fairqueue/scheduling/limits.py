@@ -8,6 +8,7 @@ together.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Final
@@ -133,14 +134,28 @@ class Release:
     reason: str | None
 
 
+def rate_burst(limits: TenantLimits) -> int:
+    """The pacing bucket's size for a rate limit: a tenant limited to N per duration gets
+    its jobs at N/duration in small steps (at most a tenth of N, at least 2, at once)
+    rather than N at the start of each window, so any 10 windows hold about 10 N starts
+    whatever their phase; the release log still caps every window at N."""
+    return max(2, math.ceil((limits.rate_max or 0) / 10))
+
+
 def release_room(
-    limits: TenantLimits, *, held: int, occupied: int, started_in_window: int
+    limits: TenantLimits,
+    *,
+    held: int,
+    occupied: int,
+    started_in_window: int,
+    tokens: float | None = None,
 ) -> Release:
     """How many of a tenant's ``held`` jobs may be made takeable now.
 
     ``occupied`` counts its released jobs not finished yet (running, takeable, or waiting
     to run again), ``started_in_window`` its jobs released within the last
-    ``rate_duration_ms``. Releasing ``count`` keeps occupied <= max_active and the
+    ``rate_duration_ms``, ``tokens`` what its pacing bucket holds (``None``: full, as for a
+    tenant new to its rate). Releasing ``count`` keeps occupied <= max_active and the
     window's starts <= rate_max, so stock workers of any concurrency never run more.
     """
     if held <= 0:
@@ -153,7 +168,9 @@ def release_room(
         if room < count:
             count, reason = room, REASON_MAX_ACTIVE
     if limits.rate_max is not None:
-        room = max(0, limits.rate_max - started_in_window)
+        burst = rate_burst(limits)
+        paced = math.floor(burst if tokens is None else min(burst, tokens))
+        room = max(0, min(limits.rate_max - started_in_window, paced))
         if room < count:
             count, reason = room, REASON_RATE
     return Release(count, reason)

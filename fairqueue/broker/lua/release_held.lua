@@ -64,6 +64,7 @@ local c = nil
 for _, t in ipairs(tenants) do
   local heldKey = L .. ':held:' .. t
   local held = redis.call('LLEN', heldKey)
+  local tokens = nil -- the rate bucket's tokens, when the tenant has a rate limit
   -- the slots it occupies, checked against BullMQ's own sets at every visit: a tenant
   -- stays in L:tenants until its last released job has finished, so none is left behind
   local occupied = fqOccupied(L, prefix, KEYS[4], KEYS[5], t)
@@ -82,15 +83,27 @@ for _, t in ipairs(tenants) do
       if lim.rateMax and lim.rateMs then
         redis.call('ZREMRANGEBYSCORE', rateKey, '-inf', now - lim.rateMs)
         local room = lim.rateMax - redis.call('ZCARD', rateKey)
+        -- paced by a small bucket refilled at the rate (fairqueue.scheduling.limits
+        -- .rate_burst), so starts spread over the window instead of coming in bursts of
+        -- rate_max; the log above still bounds any window to rate_max
+        local burst = math.max(2, math.ceil(lim.rateMax / 10))
+        local bucket = redis.call('HMGET', L .. ':bucket:' .. t, 'tokens', 'at')
+        tokens = tonumber(bucket[1])
+        if tokens then
+          tokens = math.min(burst, tokens + (now - tonumber(bucket[2])) * lim.rateMax / lim.rateMs)
+        else
+          tokens = burst
+        end
+        if math.floor(tokens) < room then room = math.floor(tokens) end
         if room < 0 then room = 0 end
         if room < count then count, reason = room, 'rate' end
       else
-        redis.call('DEL', rateKey)
+        redis.call('DEL', rateKey, L .. ':bucket:' .. t)
       end
     end
     if count > budget - released then count = budget - released end
     local outKey = L .. ':out:' .. t
-    local done = 0
+    local done, placed = 0, 0
     while done < count do
       local id = redis.call('LPOP', heldKey)
       if not id then break end
@@ -116,7 +129,13 @@ for _, t in ipairs(tenants) do
         if lim.rateMax then redis.call('ZADD', L .. ':rate:' .. t, now, id) end
         redis.call('XADD', KEYS[8], '*', 'event', 'waiting', 'jobId', id, 'prev', 'delayed')
         released = released + 1
+        placed = placed + 1
       end
+    end
+    if tokens then
+      tokens = tokens - placed
+      redis.call('HSET', L .. ':bucket:' .. t, 'tokens', string.format('%.17g', tokens), 'at', now)
+      redis.call('PEXPIRE', L .. ':bucket:' .. t, lim.rateMs * 2)
     end
     held = redis.call('LLEN', heldKey)
     if held == 0 and redis.call('SCARD', outKey) == 0 then
@@ -125,12 +144,15 @@ for _, t in ipairs(tenants) do
       left = left + held
       if reason then heldBy[reason] = heldBy[reason] + held end
       if reason == 'rate' then
+        -- the next token, or the oldest release leaving the window, whichever is later
+        local at = math.ceil((1 - tokens) * lim.rateMs / lim.rateMax)
         local oldest = redis.call('ZRANGE', L .. ':rate:' .. t, 0, 0, 'WITHSCORES')
-        if oldest[2] then
-          local at = tonumber(oldest[2]) + lim.rateMs - now
-          if at < 1 then at = 1 end
-          if wake < 0 or at < wake then wake = at end
+        if oldest[2] and redis.call('ZCARD', L .. ':rate:' .. t) >= lim.rateMax then
+          local leaves = tonumber(oldest[2]) + lim.rateMs - now
+          if leaves > at then at = leaves end
         end
+        if at < 1 then at = 1 end
+        if wake < 0 or at < wake then wake = at end
       end
     end
   elseif occupied == 0 then

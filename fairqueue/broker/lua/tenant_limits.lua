@@ -19,6 +19,7 @@
                     to run again): the slots it occupies, checked against BullMQ's own
                     state at every release, so no counter can drift
     L:rate:<t>      zset: job id -> when it was released, within the rate window
+    L:bucket:<t>    hash: tokens, at: the pacing bucket of its rate limit
     L:meta          hash: held or released job id -> "level\nweight\ncost ms"
 ]]
 local fqHeldMs = {{HELD_MS}}
