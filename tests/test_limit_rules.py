@@ -37,11 +37,20 @@ limits_strategy = st.builds(
 
 
 @settings(max_examples=500, deadline=None)
-@given(limits_strategy, st.integers(0, 100), st.integers(0, 60), st.integers(0, 60))
+@given(
+    limits_strategy,
+    st.integers(0, 100),
+    st.integers(0, 60),
+    st.integers(0, 60),
+    st.integers(0, 8),
+)
 def test_release_room__never_exceeds_a_limit_and_releases_all_it_may(
-    limits, held, occupied, started
+    limits, held, occupied, started, takeable
 ):
-    release = release_room(limits, held=held, occupied=occupied, started_in_window=started)
+    takeable = min(takeable, occupied)
+    release = release_room(
+        limits, held=held, occupied=occupied, started_in_window=started, takeable=takeable
+    )
     assert 0 <= release.count <= held
     if limits.paused:
         assert release.count == 0
@@ -54,7 +63,8 @@ def test_release_room__never_exceeds_a_limit_and_releases_all_it_may(
     if limits.rate_max is not None:
         assert release.count == 0 or started + release.count <= limits.rate_max
         assert release.count <= rate_burst(limits)  # paced, never rate_max at once
-        rooms.append(max(0, min(limits.rate_max - started, rate_burst(limits))))
+        assert release.count == 0 or takeable + release.count <= rate_burst(limits)
+        rooms.append(max(0, min(limits.rate_max - started, rate_burst(limits) - takeable)))
     assert release.count == min(rooms)  # work-conserving: nothing held that may go
     if release.count < held:
         assert release.reason in (REASON_MAX_ACTIVE, REASON_RATE)

@@ -149,14 +149,18 @@ def release_room(
     occupied: int,
     started_in_window: int,
     tokens: float | None = None,
+    takeable: int = 0,
 ) -> Release:
     """How many of a tenant's ``held`` jobs may be made takeable now.
 
     ``occupied`` counts its released jobs not finished yet (running, takeable, or waiting
     to run again), ``started_in_window`` its jobs released within the last
     ``rate_duration_ms``, ``tokens`` what its pacing bucket holds (``None``: full, as for a
-    tenant new to its rate). Releasing ``count`` keeps occupied <= max_active and the
-    window's starts <= rate_max, so stock workers of any concurrency never run more.
+    tenant new to its rate), ``takeable`` its released jobs no worker has taken yet (a
+    rate limit keeps at most a burst of them waiting, so starts follow the rate even
+    when the workers fall behind the releases). Releasing ``count`` keeps occupied <=
+    max_active and the window's starts <= rate_max, so stock workers of any concurrency
+    never run more.
     """
     if held <= 0:
         return Release(0, None)
@@ -170,7 +174,7 @@ def release_room(
     if limits.rate_max is not None:
         burst = rate_burst(limits)
         paced = math.floor(burst if tokens is None else min(burst, tokens))
-        room = max(0, min(limits.rate_max - started_in_window, paced))
+        room = max(0, min(limits.rate_max - started_in_window, paced, burst - takeable))
         if room < count:
             count, reason = room, REASON_RATE
     return Release(count, reason)

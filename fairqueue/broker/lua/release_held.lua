@@ -67,7 +67,7 @@ for _, t in ipairs(tenants) do
   local tokens = nil -- the rate bucket's tokens, when the tenant has a rate limit
   -- the slots it occupies, checked against BullMQ's own sets at every visit: a tenant
   -- stays in L:tenants until its last released job has finished, so none is left behind
-  local occupied = fqOccupied(L, prefix, KEYS[4], KEYS[5], t)
+  local occupied, takeable = fqOccupied(L, prefix, KEYS[4], KEYS[5], K.prioritized, t)
   if held > 0 then
     local lim = fqSplitLimits(redis.call('HGET', L, t))
     local count, reason = held, nil
@@ -95,6 +95,9 @@ for _, t in ipairs(tenants) do
           tokens = burst
         end
         if math.floor(tokens) < room then room = math.floor(tokens) end
+        -- the log counts releases; a job released but not taken yet (the workers are
+        -- busy) would start later in a bunch: at most a burst of them waits takeable
+        if burst - takeable < room then room = burst - takeable end
         if room < 0 then room = 0 end
         if room < count then count, reason = room, 'rate' end
       else

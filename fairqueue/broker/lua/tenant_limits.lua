@@ -36,10 +36,11 @@ local function fqSplitLimits(encoded)
 end
 
 -- The tenant's released jobs that have not finished, after dropping the finished ones
--- (gone, completed or failed in BullMQ's own sets): the slots it occupies.
-local function fqOccupied(L, prefix, completedKey, failedKey, tenant)
+-- (gone, completed or failed in BullMQ's own sets): the slots it occupies, and how many
+-- of them no worker has taken yet (still in the prioritized set).
+local function fqOccupied(L, prefix, completedKey, failedKey, prioritizedKey, tenant)
   local outKey = L .. ':out:' .. tenant
-  local n = 0
+  local n, takeable = 0, 0
   for _, id in ipairs(redis.call('SMEMBERS', outKey)) do
     if redis.call('EXISTS', prefix .. id) == 0 or redis.call('ZSCORE', completedKey, id)
         or redis.call('ZSCORE', failedKey, id) then
@@ -47,9 +48,10 @@ local function fqOccupied(L, prefix, completedKey, failedKey, tenant)
       redis.call('HDEL', L .. ':meta', id)
     else
       n = n + 1
+      if redis.call('ZSCORE', prioritizedKey, id) then takeable = takeable + 1 end
     end
   end
-  return n
+  return n, takeable
 end
 
 -- The tenant's jobs waiting in the queue: held, or released and not taken yet.
