@@ -19,9 +19,10 @@ from fairqueue.broker.connection import BrokerPart
 from fairqueue.broker.scripts import release_held_script
 from fairqueue.scheduling.limits import TenantLimits
 
-#: Held jobs one release call moves at most (bounded work per call: about 1,000 jobs'
-#: placements, a few ms of Redis time).
-RELEASE_BUDGET: Final = 1_000
+#: Held jobs one release call moves at most: 200 placements hold Redis a few ms, and the
+#: loop's next step (20 ms later) moves the next 200, so a resumed backlog of thousands
+#: flows out at about 10,000 jobs a second without stalling other clients' commands.
+RELEASE_BUDGET: Final = 200
 #: Tenants the dashboard's read lists at most.
 STATUS_TENANTS: Final = 200
 
