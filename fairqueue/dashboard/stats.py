@@ -483,6 +483,13 @@ def _unparsed(scan: BacklogScan) -> dict[str, int]:
 HELD_JOBS_SHOWN = 10
 
 
+def _window(ms: int | None) -> str:
+    """A rate window for people: ``250 ms``, ``1s``, ``1m 00s``."""
+    if ms is None:
+        return "?"
+    return f"{ms} ms" if ms < 1000 else format_duration(ms)
+
+
 def why_held(state: TenantState) -> str:
     """Why a limited tenant's held jobs wait: the limit it bears (its own, not the queue's
     overload: a held job is not overdue against the bound while its tenant is at it)."""
@@ -497,9 +504,7 @@ def why_held(state: TenantState) -> str:
             f"{limits.max_active} taken)"
         )
     if limits.rate_max is not None:
-        return (
-            f"at its rate limit ({limits.rate_max} per {format_duration(limits.rate_duration_ms)})"
-        )
+        return f"at its rate limit ({limits.rate_max} per {_window(limits.rate_duration_ms)})"
     return "released at the loop's next step"
 
 
@@ -523,8 +528,7 @@ async def _limits(broker: Broker, queue: str, tenants: list[TenantState]) -> dic
                 "rate": (
                     None
                     if state.limits.rate_max is None
-                    else f"{state.limits.rate_max} per "
-                    f"{format_duration(state.limits.rate_duration_ms)}"
+                    else f"{state.limits.rate_max} per {_window(state.limits.rate_duration_ms)}"
                 ),
                 "max_waiting": state.limits.max_waiting,
                 "paused": state.limits.paused,
