@@ -431,3 +431,76 @@ def test_metrics__held_gauge_and_limited_counter_without_tenant_labels(limited):
 
     text = generate_latest(REGISTRY).decode()
     assert "acme" not in text  # no tenant id in any label
+
+
+def test_held_jobs__bullmq_state_is_delayed_and_stock_node_workers_skip_them(limited):
+    """A stock Node worker (any concurrency) never takes a held job: BullMQ promotes only
+    delayed jobs whose time has come, and held jobs are due in the year 9999."""
+    import shutil
+
+    from tests.test_node_worker import NODE_DIR, run_node_worker
+
+    if shutil.which("node") is None or not (NODE_DIR / "node_modules" / "bullmq").is_dir():
+        pytest.skip("node or tests/node/node_modules missing (run: cd tests/node && npm ci)")
+    acme = [job.job_id for job in enqueue_jobs("email", [{} for _ in range(5)], tenant_id="acme")]
+
+    async def states():
+        q = Queue("email", {"connection": REDIS_URL, "prefix": limited})
+        try:
+            return [await q.getJobState(job_id) for job_id in acme]
+        finally:
+            await q.close()
+
+    assert asyncio.run(states()) == ["prioritized"] * 2 + ["delayed"] * 3
+    processed = run_node_worker([shutil.which("node"), str(NODE_DIR / "worker.mjs")], limited, 2)
+    assert processed == acme[:2]  # the two takeable ones, then nothing: the rest are held
+    assert asyncio.run(states())[2:] == ["delayed"] * 3
+    assert release().released == 2  # their slots are free now: the next two go
+    assert asyncio.run(states())[2:] == ["prioritized", "prioritized", "delayed"]
+
+
+def test_admin_actions__pause_and_resume_are_audited_with_the_user(limited, admin_client):
+    from django.urls import reverse
+
+    plan = TenantPlan.objects.get(tenant_id="acme")
+    url = reverse("admin:fairqueue_tenantplan_changelist")
+    response = admin_client.post(url, {"action": "pause", "_selected_action": [plan.pk]})
+    assert response.status_code == 302
+    assert TenantPlan.objects.get(pk=plan.pk).paused is True
+    enqueue_job("email", {}, tenant_id="acme")
+    assert counts(limited)["delayed"] == 1
+    admin_client.post(url, {"action": "resume", "_selected_action": [plan.pk]})
+    assert counts(limited)["delayed"] == 0 and counts(limited)["prioritized"] == 1
+    audit = list(
+        TenantPauseAudit.objects.order_by("created_at").values_list("action", "actor", "source")
+    )
+    assert audit == [("paused", "admin", "admin"), ("resumed", "admin", "admin")]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_aenqueue_job__holds_like_enqueue_job(limited):
+    from fairqueue import aenqueue_job
+
+    async def main():
+        return [await aenqueue_job("email", {}, tenant_id="acme") for _ in range(4)]
+
+    asyncio.run(main())
+    found = counts(limited)
+    assert (found["prioritized"], found["delayed"]) == (2, 2)
+
+
+def test_limits_lookup_failure__logs_the_class_only_and_applies_none(fq_prefix, caplog):
+    from fairqueue.enqueue import priority
+
+    def broken(tenant_id, plan):
+        raise RuntimeError(f"database down for {tenant_id}")
+
+    priority._limits_lookup = broken
+    try:
+        enqueue_jobs("email", [{}, {}, {}], tenant_id="acme")
+    finally:
+        priority._limits_lookup = None
+    assert counts(fq_prefix)["prioritized"] == 3  # enqueues go on
+    messages = [r.getMessage() for r in caplog.records if "limits lookup" in r.getMessage()]
+    assert messages == ["tenant limits lookup failed (RuntimeError); none applied"]
+    assert "acme" not in caplog.text  # no tenant id in logs

@@ -229,15 +229,25 @@ def resolve_tenant_limits(resolved: ResolvedPriority) -> TenantLimits:
     plan and weight), else none. Internal jobs and the ``default`` bucket have none."""
     if _limits_lookup is None or resolved.tenant_id is None:
         return NO_LIMITS
-    return _limits_lookup(resolved.tenant_id, resolved.plan)
+    return _looked_up_limits(resolved.tenant_id, resolved.plan)
+
+
+def _looked_up_limits(tenant_id: str, plan: str | None) -> TenantLimits:
+    lookup = _limits_lookup
+    if lookup is None:
+        return NO_LIMITS
+    try:
+        return lookup(tenant_id, plan)
+    except Exception as exc:  # a broken lookup must not stop enqueues, like the weight's
+        # The add script still holds a paused tenant's jobs (it checks Redis's flags).
+        logger.warning("tenant limits lookup failed (%s); none applied", type(exc).__name__)
+        return NO_LIMITS
 
 
 def tenant_limits(tenant_id: str) -> TenantLimits:
     """The limits of the tenant ``tenant_id`` (the outbox relay: its rows keep the tenant,
     and its limits are the ones in force when the job reaches Redis)."""
-    if _limits_lookup is None:
-        return NO_LIMITS
-    return _limits_lookup(tenant_id, None)
+    return _looked_up_limits(tenant_id, None)
 
 
 def get_tenant_weight_lookup() -> TenantWeightLookup | None:
