@@ -468,11 +468,14 @@ def test_tenant_limits__kill9_leader_and_worker_and_a_redis_restart(cluster, cap
     most = 0
     stages: list[str] = []
 
+    held_seen = [0]
+
     def sample(client) -> int:
         nonlocal most
         running = sum(1 for job_id in client.lrange(active_key, 0, -1) if job_id in limited_ids)
         most = max(most, running)
-        return client.llen(f"{base}:held:lim")
+        held_seen[0] = client.llen(f"{base}:held:lim")
+        return held_seen[0]
 
     def run_until(predicate, timeout_s=60):
         deadline = time.monotonic() + timeout_s
@@ -491,16 +494,16 @@ def test_tenant_limits__kill9_leader_and_worker_and_a_redis_restart(cluster, cap
     run_until(lambda c: 0 < sample(c) < 250)
     leader.kill()  # kill -9 while jobs are held
     leader.wait(10)
-    stages.append("leader killed")
+    stages.append(f"leader killed with {held_seen[0]} held")
     cluster.rebalancer()  # the next leader, once the old lock expires
     victim = next(p for p in cluster.processes if "worker" in str(p.args))
     run_until(lambda c: sample(c) < 200 and c.llen(active_key) > 0)
     victim.kill()  # kill -9 a worker mid-job: its jobs stall
     victim.wait(10)
-    stages.append("worker killed")
-    run_until(lambda c: sample(c) < 150)
+    stages.append(f"worker killed with {held_seen[0]} held")
+    run_until(lambda c: 0 < sample(c) < 150)
     cluster.server.kill9()
-    stages.append("redis killed")
+    stages.append(f"redis killed with {held_seen[0]} held")
     cluster.server.start()  # from its AOF
     stages.append("redis restarted")
     cluster.workers(1)
