@@ -504,3 +504,26 @@ def test_limits_lookup_failure__logs_the_class_only_and_applies_none(fq_prefix, 
     messages = [r.getMessage() for r in caplog.records if "limits lookup" in r.getMessage()]
     assert messages == ["tenant limits lookup failed (RuntimeError); none applied"]
     assert "acme" not in caplog.text  # no tenant id in logs
+
+
+def test_pause__holds_the_tenants_jobs_added_before_it_had_limits(fq_prefix, redis_client):
+    """A tenant without limits has untracked jobs waiting; the pause finds them (a paged
+    scan by tenantId, ties of score included) and holds them, in their order, before its
+    later ones; nobody else's job moves."""
+    from fairqueue.broker import limits as broker_limits
+
+    early = [j.job_id for j in enqueue_jobs("email", [{} for _ in range(7)], tenant_id="zed")]
+    others = [j.job_id for j in enqueue_jobs("email", [{} for _ in range(5)], tenant_id="zedd")]
+    original = broker_limits.SCAN_PAGE
+    broker_limits.SCAN_PAGE = 2  # many pages
+    try:
+        assert pause_tenant("zed") == 7
+    finally:
+        broker_limits.SCAN_PAGE = original
+    later = enqueue_job("email", {}, tenant_id="zed").job_id
+    assert set(redis_client.zrange(f"{fq_prefix}:email:prioritized", 0, -1)) == set(others)
+    assert redis_client.lrange(f"{fq_prefix}:email:fq:lim:held:zed", 0, -1) == [*early, later]
+    resume_tenant("zed")
+    processed = [job_id for job_id, _ in drain_with_stock_worker(fq_prefix, "email", 13)]
+    zed = [job_id for job_id in processed if job_id in set(early) | {later}]
+    assert zed == [*early, later]

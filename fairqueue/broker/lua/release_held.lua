@@ -9,7 +9,11 @@
   the same job twice or more jobs than the room.
 
   Mode 'pullback' (pause_tenant): the tenant's released jobs that no worker has taken go
-  back to the front of its held list, so none of them starts after the pause returns.
+  back to the front of its held list, so none of them starts after the pause returns;
+  mode 'scan' (pause_tenant, paged) does the same for its jobs fairqueue never held
+  (added before it had limits), found by their payload's tenantId. ARGV[6..8] for
+  'scan': the cursor's score and member ('' from the start), the first held job when
+  the scan began ('' none). Returns {moved, cursor score, cursor member, done}.
 
   KEYS[1..8]  BullMQ's prioritized, delayed, active, completed, failed, marker, meta,
               events
@@ -32,6 +36,51 @@ if ARGV[4] == '' then
   tenants = redis.call('SRANDMEMBER', L .. ':tenants', 256)
 else
   for t in string.gmatch(ARGV[4], '[^\n]+') do tenants[#tenants + 1] = t end
+end
+
+if mode == 'scan' then
+  -- pause_tenant, after 'pullback': a page of the prioritized set in score order from a
+  -- cursor (score, member), for the tenant's jobs fairqueue never tracked (added while
+  -- the tenant had no limits): each is held too, before the tenant's other held jobs
+  -- (ahead of the first one held when the scan began, ARGV[8]), in its old order.
+  local t, page = tenants[1], tonumber(ARGV[5])
+  local fromScore, fromMember, boundary = ARGV[6], ARGV[7], ARGV[8]
+  local min = '-inf'
+  if fromScore ~= '' then min = fromScore end
+  local found = redis.call('ZRANGEBYSCORE', K.prioritized, min, '+inf', 'WITHSCORES', 'LIMIT',
+    0, page + 1)
+  local moved, lastScore, lastMember, seen = 0, fromScore, fromMember, 0
+  local heldKey = L .. ':held:' .. t
+  local needle = cjson.encode(t) -- a quick filter before decoding (any JSON spacing)
+  for i = 1, #found, 2 do
+    local id, score = found[i], found[i + 1]
+    -- ties sort by member: skip what a previous page already looked at
+    if not (fromScore ~= '' and tonumber(score) == tonumber(fromScore) and id <= fromMember) then
+      if seen == page then break end
+      seen = seen + 1
+      lastScore, lastMember = score, id
+      local data = redis.call('HGET', prefix .. id, 'data')
+      if data and string.find(data, needle, 1, true)
+          and redis.call('SISMEMBER', L .. ':out:' .. t, id) == 0 then
+        local ok, decoded = pcall(cjson.decode, data)
+        if ok and type(decoded) == 'table' and tostring(decoded.tenantId) == t then
+          local rank = tonumber(score) % 4
+          local level = fqRankLevel[rank] or 'normal'
+          local weight = redis.call('HGET', K.fweights, level .. '\n' .. t) or '1'
+          fqHoldJob(L, K.prioritized, KEYS[2], KEYS[8], id, t, level .. '\n' .. weight .. '\n')
+          redis.call('RPOP', heldKey) -- fqHoldJob appended it: it goes before the boundary
+          local inserted = -1
+          if boundary ~= '' then
+            inserted = redis.call('LINSERT', heldKey, 'BEFORE', boundary, id)
+          end
+          if inserted <= 0 then redis.call('RPUSH', heldKey, id) end
+          moved = moved + 1
+        end
+      end
+    end
+  end
+  local done = seen < page and 1 or 0
+  return {moved, lastScore, lastMember, done}
 end
 
 if mode == 'pullback' then
