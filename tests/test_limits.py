@@ -378,9 +378,10 @@ def test_rate_limit__starts_follow_rate_max_per_duration(limited, loop_running):
     enqueue_jobs("email", [{} for _ in range(60)], tenant_id="acme")
     asyncio.run(main())
     starts.sort()
-    # 10 per 250 ms: the first 10 at once, then 10 per window: 60 jobs in about 1.25 s
+    # 10 per 250 ms, paced (a burst of 2, then one per 25 ms): 60 jobs in about 1.45 s;
+    # never faster than the rate (1.25 s at the very least), and not much slower
     elapsed = starts[-1] - starts[0]
-    assert 1.2 <= elapsed <= 1.6, elapsed
+    assert 1.2 <= elapsed <= 2.0, elapsed
     most = max(
         sum(1 for other in starts if start <= other < start + 0.25 - 0.03) for start in starts
     )
