@@ -528,3 +528,18 @@ def test_pause__holds_the_tenants_jobs_added_before_it_had_limits(fq_prefix, red
     processed = [job_id for job_id, _ in drain_with_stock_worker(fq_prefix, "email", 13)]
     zed = [job_id for job_id in processed if job_id in set(early) | {later}]
     assert zed == [*early, later]
+
+
+def test_wait_bound__a_held_job_is_not_overdue_while_its_tenant_is_at_its_limit(limited, settings):
+    from fairqueue import conf
+    from fairqueue.rebalance.passes import rebalance_queue
+
+    settings.FAIRQUEUE = {**settings.FAIRQUEUE, "MAX_WAIT_MS": 1}
+    conf.reload_settings()
+    enqueue_jobs("email", [{} for _ in range(5)], tenant_id="acme")
+    enqueue_jobs("email", [{} for _ in range(2)], tenant_id="beta")
+    time.sleep(2.1)  # overdue is counted to the second
+    result = rebalance_queue("email")
+    # the 2 takeable ones of acme and beta's 2 wait against the bound; acme's 3 held do not
+    assert result.overdue == 4
+    assert result.held == 3
