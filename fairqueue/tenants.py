@@ -47,8 +47,10 @@ def _record(tenant_id: str, paused: bool, actor: object, source: str) -> None:
     from fairqueue.models import TenantPauseAudit, TenantPlan  # `import fairqueue` needs no apps
 
     with transaction.atomic():
-        plan, _created = TenantPlan.objects.get_or_create(tenant_id=tenant_id)
-        if plan.paused != paused:
+        # An existing row shows the pause; none is created: a row would give an unknown
+        # tenant a plan (free, by the classifier) and so change its jobs' level.
+        plan = TenantPlan.objects.select_for_update().filter(tenant_id=tenant_id).first()
+        if plan is not None and plan.paused != paused:
             plan.paused = paused
             plan.save(update_fields=["paused", "updated_at"])
         TenantPauseAudit.objects.create(

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from fairqueue.broker import get_sync_broker
 from fairqueue.exceptions import InvalidTenantLimitError
 from fairqueue.scheduling.limits import (
+    CATCHUP_AHEAD,
     REASON_MAX_ACTIVE,
     REASON_PAUSED,
     REASON_RATE,
@@ -43,13 +44,19 @@ limits_strategy = st.builds(
     st.integers(0, 60),
     st.integers(0, 60),
     st.integers(0, 8),
+    st.booleans(),
 )
 def test_release_room__never_exceeds_a_limit_and_releases_all_it_may(
-    limits, held, occupied, started, takeable
+    limits, held, occupied, started, takeable, catching_up
 ):
     takeable = min(takeable, occupied)
     release = release_room(
-        limits, held=held, occupied=occupied, started_in_window=started, takeable=takeable
+        limits,
+        held=held,
+        occupied=occupied,
+        started_in_window=started,
+        takeable=takeable,
+        catching_up=catching_up,
     )
     assert 0 <= release.count <= held
     if limits.paused:
@@ -65,9 +72,12 @@ def test_release_room__never_exceeds_a_limit_and_releases_all_it_may(
         assert release.count <= rate_burst(limits)  # paced, never rate_max at once
         assert release.count == 0 or takeable + release.count <= rate_burst(limits)
         rooms.append(max(0, min(limits.rate_max - started, rate_burst(limits) - takeable)))
+    if catching_up:  # a resumed backlog: a few takeable at a time
+        assert release.count == 0 or takeable + release.count <= CATCHUP_AHEAD
+        rooms.append(max(0, CATCHUP_AHEAD - takeable))
     assert release.count == min(rooms)  # work-conserving: nothing held that may go
     if release.count < held:
-        assert release.reason in (REASON_MAX_ACTIVE, REASON_RATE)
+        assert release.reason in (REASON_MAX_ACTIVE, REASON_RATE, REASON_PAUSED)
     else:
         assert release.reason is None
 

@@ -507,7 +507,9 @@ def test_limits_lookup_failure__logs_the_class_only_and_applies_none(fq_prefix, 
     assert "acme" not in caplog.text  # no tenant id in logs
 
 
-def test_pause__holds_the_tenants_jobs_added_before_it_had_limits(fq_prefix, redis_client):
+def test_pause__holds_the_tenants_jobs_added_before_it_had_limits(
+    limited, loop_running, redis_client
+):
     """A tenant without limits has untracked jobs waiting; the pause finds them (a paged
     scan by tenantId, ties of score included) and holds them, in their order, before its
     later ones; nobody else's job moves."""
@@ -522,12 +524,14 @@ def test_pause__holds_the_tenants_jobs_added_before_it_had_limits(fq_prefix, red
     finally:
         broker_limits.SCAN_PAGE = original
     later = enqueue_job("email", {}, tenant_id="zed").job_id
-    assert set(redis_client.zrange(f"{fq_prefix}:email:prioritized", 0, -1)) == set(others)
-    assert redis_client.lrange(f"{fq_prefix}:email:fq:lim:held:zed", 0, -1) == [*early, later]
-    resume_tenant("zed")
-    processed = [job_id for job_id, _ in drain_with_stock_worker(fq_prefix, "email", 13)]
+    assert set(redis_client.zrange(f"{limited}:email:prioritized", 0, -1)) == set(others)
+    assert redis_client.lrange(f"{limited}:email:fq:lim:held:zed", 0, -1) == [*early, later]
+    resume_tenant("zed")  # a few at a time while it catches up; the loop releases the rest
+    processed = [job_id for job_id, _ in drain_with_stock_worker(limited, "email", 13)]
     zed = [job_id for job_id in processed if job_id in set(early) | {later}]
     assert zed == [*early, later]
+    # pausing created no row: the unknown tenant's level is still normal, not free's low
+    assert not TenantPlan.objects.filter(tenant_id="zed").exists()
 
 
 def test_wait_bound__a_held_job_is_not_overdue_while_its_tenant_is_at_its_limit(limited, settings):

@@ -161,6 +161,11 @@ class LimitStore(BrokerPart):
                 )
             )
             return int(reply[0]) + await self._hold_untracked(queue, tenant_id)
+        # Until its held jobs are out, it drains with what the others leave (a few
+        # takeable at a time): its backlog does not stand ahead of their new arrivals.
+        base = limits_key(self.conn.prefix, queue)
+        if await self.conn.guard(client.llen(f"{base}:held:{tenant_id}")):
+            await self.conn.guard(client.hset(f"{base}:catchup", tenant_id, 1))
         await self.conn.guard(client.hdel(key, tenant_id))
         return (await self.release(queue, [tenant_id])).released
 

@@ -30,6 +30,9 @@ REASON_RATE: Final = "rate"
 REASON_PAUSED: Final = "paused"
 REASON_MAX_WAITING: Final = "max_waiting"
 REASONS: Final = (REASON_MAX_ACTIVE, REASON_RATE, REASON_PAUSED, REASON_MAX_WAITING)
+#: A resumed tenant's jobs takeable at once while its held backlog drains: its backlog
+#: takes the slots the other tenants leave instead of standing ahead of their arrivals.
+CATCHUP_AHEAD: Final = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +153,7 @@ def release_room(
     started_in_window: int,
     tokens: float | None = None,
     takeable: int = 0,
+    catching_up: bool = False,
 ) -> Release:
     """How many of a tenant's ``held`` jobs may be made takeable now.
 
@@ -158,7 +162,9 @@ def release_room(
     ``rate_duration_ms``, ``tokens`` what its pacing bucket holds (``None``: full, as for a
     tenant new to its rate), ``takeable`` its released jobs no worker has taken yet (a
     rate limit keeps at most a burst of them waiting, so starts follow the rate even
-    when the workers fall behind the releases). Releasing ``count`` keeps occupied <=
+    when the workers fall behind the releases), ``catching_up`` whether it was resumed
+    and still has held jobs (then at most :data:`CATCHUP_AHEAD` takeable at once).
+    Releasing ``count`` keeps occupied <=
     max_active and the window's starts <= rate_max, so stock workers of any concurrency
     never run more.
     """
@@ -177,4 +183,8 @@ def release_room(
         room = max(0, min(limits.rate_max - started_in_window, paced, burst - takeable))
         if room < count:
             count, reason = room, REASON_RATE
+    if catching_up:
+        room = max(0, CATCHUP_AHEAD - takeable)
+        if room < count:
+            count, reason = room, REASON_PAUSED
     return Release(count, reason)

@@ -152,6 +152,13 @@ for _, t in ipairs(tenants) do
       else
         redis.call('DEL', rateKey, L .. ':bucket:' .. t)
       end
+      -- a resumed tenant's backlog drains with the slots the others leave: a few of its
+      -- jobs takeable at a time, not its whole backlog ahead of their new arrivals
+      if redis.call('HEXISTS', L .. ':catchup', t) == 1 then
+        local room = {{CATCHUP_AHEAD}} - takeable
+        if room < 0 then room = 0 end
+        if room < count then count, reason = room, 'paused' end
+      end
     end
     if count > budget - released then count = budget - released end
     local outKey = L .. ':out:' .. t
@@ -190,6 +197,7 @@ for _, t in ipairs(tenants) do
       redis.call('PEXPIRE', L .. ':bucket:' .. t, lim.rateMs * 2)
     end
     held = redis.call('LLEN', heldKey)
+    if held == 0 then redis.call('HDEL', L .. ':catchup', t) end -- caught up
     if held == 0 and redis.call('SCARD', outKey) == 0 then
       redis.call('SREM', L .. ':tenants', t)
     elseif held > 0 then

@@ -13,6 +13,7 @@
     L               hash: tenant -> "max_active\nrate_max\nrate_ms\nmax_waiting" (''
                     for no limit), as the tenant's latest enqueue resolved them
     L:paused        hash: tenant -> 1, set by pause_tenant
+    L:catchup       hash: tenant -> 1, set by resume_tenant until its held jobs are out
     L:tenants       set: tenants with held jobs or released ones not finished
     L:held:<t>      list: the tenant's held job ids, oldest first (released in this order)
     L:out:<t>       set: its released jobs not finished yet (running, takeable, or about
