@@ -149,6 +149,7 @@ def _run(args, db: ThreadPoolExecutor, limits, load, *, expect: int, during=None
         worker = NodeWorker(prefix, args, log)
         if during is not None:
             ids.update(during(db, marks))
+            expect = sum(len(job_ids) for job_ids in ids.values())  # every job produced
         deadline = time.monotonic() + args.timeout_s
         while len(worker.records) < expect and time.monotonic() < deadline:
             time.sleep(0.05)

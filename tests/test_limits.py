@@ -547,3 +547,21 @@ def test_wait_bound__a_held_job_is_not_overdue_while_its_tenant_is_at_its_limit(
     # the 2 takeable ones of acme and beta's 2 wait against the bound; acme's 3 held do not
     assert result.overdue == 4
     assert result.held == 3
+
+
+def test_resume__the_backlog_drains_a_few_at_a_time_and_new_jobs_queue_behind_it(fq_prefix):
+    from fairqueue.scheduling.limits import CATCHUP_AHEAD
+
+    pause_tenant("zed")
+    backlog = [j.job_id for j in enqueue_jobs("email", [{} for _ in range(10)], tenant_id="zed")]
+    assert resume_tenant("zed") == CATCHUP_AHEAD  # not the whole backlog ahead of others
+    newer = enqueue_job("email", {}, tenant_id="zed").job_id  # behind its held jobs
+    assert counts(fq_prefix)["delayed"] == 10 - CATCHUP_AHEAD + 1
+    order = []
+    while len(order) < 11:
+        order += [job_id for job_id, _ in drain_with_stock_worker(fq_prefix, "email", 1)]
+        release()  # what the loop does every 20 ms
+    assert order == [*backlog, newer]
+    assert release().held == 0
+    client = get_sync_broker()._client()
+    assert not client.exists(f"{fq_prefix}:email:fq:lim:catchup")  # caught up: back to normal

@@ -78,7 +78,8 @@ end
 -- JSON {tenant: encoded limits} ('' or nil when no tenant of the call has limits);
 -- tenantOf(i) the i-th job's tenant. The one check every call pays is an EXISTS.
 local function fqHeldTenants(L, prioritizedKey, given, jobs, tenantAt)
-  local anyPaused = redis.call('EXISTS', L .. ':paused') == 1
+  -- paused, or resumed and still draining its held jobs (a new job goes behind them)
+  local anyPaused = redis.call('EXISTS', L .. ':paused', L .. ':catchup') > 0
   if (given == nil or given == '') and not anyPaused then return nil end
   local limits = {}
   if given ~= nil and given ~= '' then limits = cjson.decode(given) end
@@ -86,7 +87,8 @@ local function fqHeldTenants(L, prioritizedKey, given, jobs, tenantAt)
   for _, job in ipairs(jobs) do
     local t = job[tenantAt]
     if hold[t] == nil then
-      hold[t] = limits[t] ~= nil or (anyPaused and redis.call('HEXISTS', L .. ':paused', t) == 1)
+      hold[t] = limits[t] ~= nil or (anyPaused and (redis.call('HEXISTS', L .. ':paused', t) == 1
+        or redis.call('HEXISTS', L .. ':catchup', t) == 1))
     end
     if hold[t] then counts[t] = (counts[t] or 0) + 1 end
   end
