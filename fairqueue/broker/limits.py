@@ -154,6 +154,7 @@ class LimitStore(BrokerPart):
         keys = release_keys(self.conn.prefix, queue)
         if paused:
             await self.conn.guard(client.hset(key, tenant_id, 1))
+            await self._sync_holds(queue)
             reply = await self.conn.guard(
                 script(
                     keys=keys,
@@ -167,7 +168,19 @@ class LimitStore(BrokerPart):
         if await self.conn.guard(client.llen(f"{base}:held:{tenant_id}")):
             await self.conn.guard(client.hset(f"{base}:catchup", tenant_id, 1))
         await self.conn.guard(client.hdel(key, tenant_id))
+        await self._sync_holds(queue)
         return (await self.release(queue, [tenant_id])).released
+
+    async def _sync_holds(self, queue: str) -> None:
+        """Tell the add script (through the flag its clock read carries) whether any tenant
+        of ``queue`` is paused or catching up."""
+        script = self.conn.script(release_held_script())
+        await self.conn.guard(
+            script(
+                keys=release_keys(self.conn.prefix, queue),
+                args=release_args(self.conn.prefix, queue, None, "time", "holds"),
+            )
+        )
 
     async def _hold_untracked(self, queue: str, tenant_id: str) -> int:
         """Hold a pausing tenant's takeable jobs that fairqueue never held (added before it

@@ -9,13 +9,21 @@ for i = 1, tonumber(ARGV[1]) do
   fqJobs[i] = {ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4],
     tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6])}
 end
--- Tenants with limits or paused: their jobs are held (tenant_limits.lua).
+-- Tenants with limits, paused or catching up: their jobs are held (tenant_limits.lua). A
+-- call with limits is checked (and may be refused) before anything is written; any other
+-- call learns from the clock's read of K.state whether a tenant is paused at all.
 local fqLim = string.sub(KEYS[10], 1, -6) .. 'lim'
-local fqHold, fqRefused = fqHeldTenants(fqLim, fqK.prioritized,
-  ARGV[3 + tonumber(ARGV[1]) * 7], fqJobs, 5)
-if fqRefused then return fqRefused end
+local fqGiven = ARGV[3 + tonumber(ARGV[1]) * 7]
+local fqHold, fqRefused = nil, nil
+if fqGiven then
+  fqHold, fqRefused = fqHeldTenants(fqLim, fqK.prioritized, fqGiven, fqJobs, 5)
+  if fqRefused then return fqRefused end
+end
 local fqReplies = {}
 local fqC = fqClock(fqK)
+if not fqGiven and fqC.holds then
+  fqHold = fqHeldTenants(fqLim, fqK.prioritized, nil, fqJobs, 5)
+end
 fqC.byTime = fqByTime
 for _, job in ipairs(fqJobs) do
   local args = cmsgpack.unpack(job[1])

@@ -22,7 +22,8 @@
   Keys (the table K):
     K.prioritized  BullMQ's prioritized set (read: the head of the tag band)
     K.state        hash: vt, base, rbDelta, rbCursor (a paged rebase in progress),
-                   W:<level> (sum of the weights of the level's flows with work)
+                   W:<level> (sum of the weights of the level's flows with work),
+                   holds (set while a tenant is paused or catching up: tenant_limits.lua)
     K.flows        zset: "<level>\n<tenant>" -> last tag, flows with work
     K.fweights     hash: "<level>\n<tenant>" -> the weight counted in W:<level>
     K.jobs         hash: delayed job id -> "<level>\n<weight>\n<ready ms>\n<tenant>", where
@@ -68,9 +69,9 @@ end
 -- The virtual time and the score mapping, read once per script call: nothing else runs
 -- while a script does, so only its own placements can change the head (fqPlaced).
 local function fqClock(K)
-  local st = redis.call('HMGET', K.state, 'vt', 'base', 'rbDelta', 'rbCursor')
+  local st = redis.call('HMGET', K.state, 'vt', 'base', 'rbDelta', 'rbCursor', 'holds')
   local c = {vt = tonumber(st[1]) or 0, base = tonumber(st[2]) or 0,
-    delta = tonumber(st[3]), cursor = tonumber(st[4])}
+    delta = tonumber(st[3]), cursor = tonumber(st[4]), holds = st[5]}
   local head = redis.call('ZRANGEBYSCORE', K.prioritized, fqFloor * fqScore,
     '(' .. string.format('%.17g', fqCap * fqScore), 'WITHSCORES', 'LIMIT', 0, 1)
   if #head == 0 then

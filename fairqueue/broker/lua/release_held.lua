@@ -38,6 +38,11 @@ else
   for t in string.gmatch(ARGV[4], '[^\n]+') do tenants[#tenants + 1] = t end
 end
 
+if mode == 'holds' then -- pause_tenant / resume_tenant changed L:paused or L:catchup
+  fqSyncHolds(L, K.state)
+  return {0, 0, -1, 0, 0, 0}
+end
+
 if mode == 'scan' then
   -- pause_tenant, after 'pullback': a page of the prioritized set in score order from a
   -- cursor (score, member), for the tenant's jobs fairqueue never tracked (added while
@@ -106,6 +111,9 @@ if mode == 'pullback' then
   return {moved, 0, -1, 0, 0, 0}
 end
 
+-- the loop's general step also heals the add script's flag (after a queue was
+-- obliterated and its K.state forgotten, say): two reads when nothing changed
+if ARGV[4] == '' then fqSyncHolds(L, K.state) end
 local now = fqNowMs()
 local released, left, wake = 0, 0, -1
 local heldBy = {max_active = 0, rate = 0, paused = 0}
@@ -197,7 +205,9 @@ for _, t in ipairs(tenants) do
       redis.call('PEXPIRE', L .. ':bucket:' .. t, lim.rateMs * 2)
     end
     held = redis.call('LLEN', heldKey)
-    if held == 0 then redis.call('HDEL', L .. ':catchup', t) end -- caught up
+    if held == 0 and redis.call('HDEL', L .. ':catchup', t) == 1 then -- caught up
+      fqSyncHolds(L, K.state)
+    end
     if held == 0 and redis.call('SCARD', outKey) == 0 then
       redis.call('SREM', L .. ':tenants', t)
     elseif held > 0 then

@@ -74,9 +74,22 @@ local function fqHoldJob(L, prioritizedKey, delayedKey, eventsKey, jobId, tenant
   redis.call('XADD', eventsKey, '*', 'event', 'delayed', 'jobId', jobId, 'delay', fqHeldMs)
 end
 
+-- Keep the queue's K.state 'holds' flag (read by fqClock in the add script's one HMGET,
+-- so a call without limited tenants pays nothing to learn that none is paused) in step
+-- with L:paused and L:catchup. stateKey: K.state.
+local function fqSyncHolds(L, stateKey)
+  local want = redis.call('EXISTS', L .. ':paused', L .. ':catchup') > 0
+  if want == (redis.call('HEXISTS', stateKey, 'holds') == 1) then return end
+  if want then
+    redis.call('HSET', stateKey, 'holds', 1)
+  else
+    redis.call('HDEL', stateKey, 'holds')
+  end
+end
+
 -- Which tenants of an add call are held, or a refusal (max_waiting). given: the call's
 -- JSON {tenant: encoded limits} ('' or nil when no tenant of the call has limits);
--- tenantOf(i) the i-th job's tenant. The one check every call pays is an EXISTS.
+-- tenantAt: where a job's tenant is in its entry.
 local function fqHeldTenants(L, prioritizedKey, given, jobs, tenantAt)
   -- paused, or resumed and still draining its held jobs (a new job goes behind them)
   local anyPaused = redis.call('EXISTS', L .. ':paused', L .. ':catchup') > 0
