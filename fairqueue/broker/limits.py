@@ -68,6 +68,8 @@ class TenantState:
     occupied: int
     held: int
     limits: TenantLimits
+    #: Resumed, and its held jobs still draining a few at a time.
+    catching_up: bool = False
 
 
 def limits_key(prefix: str, queue: str) -> str:
@@ -250,7 +252,8 @@ class LimitStore(BrokerPart):
             pipe.hgetall(f"{base}:paused")
             pipe.smembers(f"{base}:tenants")
             pipe.lrange(f"{prefix}:{queue}:active", 0, -1)
-            limits, paused, holding, active = await self.conn.guard(pipe.execute())
+            pipe.hgetall(f"{base}:catchup")
+            limits, paused, holding, active, catchup = await self.conn.guard(pipe.execute())
         tenants = sorted(set(limits) | set(paused) | set(holding))[:STATUS_TENANTS]
         if not tenants:
             return []
@@ -270,6 +273,7 @@ class LimitStore(BrokerPart):
                     occupied=len(out),
                     held=int(held),
                     limits=_decode_limits(limits.get(tenant), tenant in paused),
+                    catching_up=tenant in catchup,
                 )
             )
         return states

@@ -498,6 +498,8 @@ def why_held(state: TenantState) -> str:
         return "nothing held"
     if limits.paused:
         return "paused"
+    if state.catching_up:
+        return "resumed: its backlog drains a few jobs at a time, with the slots others leave"
     if limits.max_active is not None and state.occupied >= limits.max_active:
         return (
             f"at its max_active ({state.running} running, {state.occupied} of "
