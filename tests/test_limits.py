@@ -567,3 +567,25 @@ def test_resume__the_backlog_drains_a_few_at_a_time_and_new_jobs_queue_behind_it
     assert release().held == 0
     client = get_sync_broker()._client()
     assert not client.exists(f"{fq_prefix}:email:fq:lim:catchup")  # caught up: back to normal
+
+
+def test_max_waiting__a_batch_of_several_chunks_is_refused_whole(capped, redis_client):
+    TenantPlan.objects.filter(tenant_id="acme").update(max_waiting=400)
+    from fairqueue.enqueue.lookups import forget_tenant_plan
+
+    forget_tenant_plan("acme")
+    before = snapshot(capped, redis_client)
+    with pytest.raises(TenantBacklogFullError):
+        enqueue_jobs("email", [{} for _ in range(399)], tenant_id="acme")  # 2 + 399 > 400
+    assert snapshot(capped, redis_client) == before  # not even its first chunk of 250
+
+
+@pytest.mark.django_db(transaction=True)
+def test_admin_edit__raising_max_active_releases_held_jobs_at_once(limited):
+    enqueue_jobs("email", [{} for _ in range(6)], tenant_id="acme")
+    assert counts(limited)["delayed"] == 4
+    plan = TenantPlan.objects.get(tenant_id="acme")
+    plan.max_active = 5
+    plan.save()  # committed: its limits go to Redis and what has room is released
+    found = counts(limited)
+    assert (found["prioritized"], found["delayed"]) == (5, 1)

@@ -618,11 +618,14 @@ def _enqueue_chunk(prepared: Sequence[_Prepared]) -> list[EnqueuedJob]:
     return _record(prepared, added, audited)
 
 
-def _check_backlog(prepared: Sequence[_Prepared], using: str | None) -> None:
-    """Refuse a durable enqueue that would put more than its tenant's ``max_waiting``
-    jobs waiting: those in Redis (held or takeable) plus its outbox rows not relayed yet.
-    The add script checks again when the relay adds them (atomically; a row it refuses
-    stays in the outbox and is tried again), so this check only needs to be close."""
+def _check_backlog(
+    prepared: Sequence[_Prepared], using: str | None, *, outbox: bool = True
+) -> None:
+    """Refuse an enqueue that would put more than its tenant's ``max_waiting`` jobs
+    waiting: those in Redis (held or takeable) plus, for a durable one, its outbox rows
+    not relayed yet. The add script checks again when the jobs reach Redis (atomically;
+    an outbox row it refuses stays in the outbox and is tried again), so this check only
+    needs to be close."""
     from fairqueue.models import OutboxJob
 
     item = prepared[0]
@@ -632,7 +635,8 @@ def _check_backlog(prepared: Sequence[_Prepared], using: str | None) -> None:
     tenant = item.new_job.tenant
     sync_broker = get_sync_broker()
     waiting = sync_broker.run(sync_broker.broker.limits.waiting, item.queue, tenant)
-    waiting += OutboxJob.objects.using(using).filter(queue=item.queue, tenant=tenant).count()
+    if outbox:
+        waiting += OutboxJob.objects.using(using).filter(queue=item.queue, tenant=tenant).count()
     if waiting + len(prepared) > limits.max_waiting:
         record_limited(item.job_type, REASON_MAX_WAITING)
         raise TenantBacklogFullError(
@@ -643,6 +647,10 @@ def _check_backlog(prepared: Sequence[_Prepared], using: str | None) -> None:
 def _enqueue_prepared(prepared: Sequence[_Prepared]) -> list[EnqueuedJob]:
     """Add the jobs chunk by chunk; a failure after the first chunk raises
     PartialEnqueueError with what was added."""
+    if len(prepared) > ADD_BATCH_SIZE:
+        # Each chunk's own check is atomic; a batch of several is also refused whole up
+        # front, so a tenant's backlog cap never leaves it half added.
+        _check_backlog(prepared, None, outbox=False)
     results: list[EnqueuedJob] = []
     for start in range(0, len(prepared), ADD_BATCH_SIZE):
         chunk = prepared[start : start + ADD_BATCH_SIZE]
