@@ -382,10 +382,10 @@ def test_rate_limit__starts_follow_rate_max_per_duration(limited, loop_running):
     # never faster than the rate (1.25 s at the very least), and not much slower
     elapsed = starts[-1] - starts[0]
     assert 1.2 <= elapsed <= 2.0, elapsed
-    most = max(
-        sum(1 for other in starts if start <= other < start + 0.25 - 0.03) for start in starts
-    )
-    assert most <= 10, most  # never more than rate_max in a window (less release jitter)
+    most = max(sum(1 for other in starts if start <= other < start + 0.25) for start in starts)
+    # at most rate_max released per window; a start can lag its release, so a window's
+    # starts may include the few (a burst, 2 here) released at the end of the one before
+    assert most <= 10 + 2, most
 
 
 # -- visible: the dashboard and the metrics ---------------------------------------------
