@@ -264,7 +264,9 @@ def test_pause__no_job_starts_after_it_returns_and_resume_runs_all_in_order(
     assert sorted(finished) == sorted(beta)  # the others ran; none of acme's
     time.sleep(0.2)  # the loop keeps releasing: still nothing of acme's
     assert counts(limited)["delayed"] == 7 and counts(limited)["prioritized"] == 0
-    assert resume_tenant("acme", actor="ops") == 2
+    # the call releases what has room, unless the loop's step got there first
+    assert resume_tenant("acme", actor="ops") in (0, 1, 2)
+    assert counts(limited)["prioritized"] == 2  # max_active 2, either way
     finished, _ = run_stock_worker(limited, 7, concurrency=1)
     assert finished == [*acme, later]  # all of them, in their order
     audit = list(TenantPauseAudit.objects.order_by("created_at").values_list("action", "actor"))
