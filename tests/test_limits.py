@@ -591,3 +591,18 @@ def test_admin_edit__raising_max_active_releases_held_jobs_at_once(limited):
     plan.save()  # committed: its limits go to Redis and what has room is released
     found = counts(limited)
     assert (found["prioritized"], found["delayed"]) == (5, 1)
+
+
+def test_takeable_cap__a_big_backlog_of_a_limited_tenant_waits_held(fq_prefix):
+    """A max_waiting-only tenant's jobs pass through the held state; at most TAKEABLE_CAP
+    of them are takeable at once, so the sets each release step checks stay small."""
+    from fairqueue.scheduling.limits import TAKEABLE_CAP
+
+    TenantPlan.objects.create(tenant_id="big", plan_tier="pro", max_waiting=10_000)
+    wire_tenant_plan_lookup()
+    enqueue_jobs("email", [{} for _ in range(TAKEABLE_CAP + 50)], tenant_id="big")
+    found = counts(fq_prefix)
+    assert (found["prioritized"], found["delayed"]) == (TAKEABLE_CAP, 50)
+    finished, _ = run_stock_worker(fq_prefix, 60)
+    assert release().released == 50  # room again: the rest go
+    assert counts(fq_prefix)["delayed"] == 0

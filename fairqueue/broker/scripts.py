@@ -24,7 +24,7 @@ from bullmq.redis_connection import loadScript
 
 from fairqueue.broker.common import HELD_UNTIL_MS, MAX_PRIORITY, TAG_FLOOR, TAG_RESOLUTION
 from fairqueue.dashboard.history import WAIT_EDGES
-from fairqueue.scheduling.limits import CATCHUP_AHEAD
+from fairqueue.scheduling.limits import CATCHUP_AHEAD, TAKEABLE_CAP
 from fairqueue.scheduling.order import COST_DEAD_BAND, MAX_COST_TURNS, MIN_COST_TURNS, TAG_SCALE
 
 #: Flows of a level that one placement may retire (bounded work per call; the rest go
@@ -42,6 +42,7 @@ _CONSTANTS = {
     "COST_DEAD_BAND": repr(COST_DEAD_BAND),
     "HELD_MS": HELD_UNTIL_MS,
     "CATCHUP_AHEAD": CATCHUP_AHEAD,
+    "TAKEABLE_CAP": TAKEABLE_CAP,
     "WAIT_EDGES": "{" + ", ".join(str(edge) for edge in WAIT_EDGES) + "}",
 }
 _INCLUDE = re.compile(r"^--- @include (\w+)$", re.MULTILINE)

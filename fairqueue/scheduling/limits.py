@@ -33,6 +33,10 @@ REASONS: Final = (REASON_MAX_ACTIVE, REASON_RATE, REASON_PAUSED, REASON_MAX_WAIT
 #: A resumed tenant's jobs takeable at once while its held backlog drains: its backlog
 #: takes the slots the other tenants leave instead of standing ahead of their arrivals.
 CATCHUP_AHEAD: Final = 4
+#: A limited tenant's released jobs no worker has taken yet, at most: the release step
+#: and a limited add check its released jobs one by one, so their number must stay small
+#: whatever its backlog (the loop refills every 20 ms: 10,000 jobs a second and more).
+TAKEABLE_CAP: Final = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,4 +191,5 @@ def release_room(
         room = max(0, CATCHUP_AHEAD - takeable)
         if room < count:
             count, reason = room, REASON_PAUSED
+    count = min(count, max(0, TAKEABLE_CAP - takeable))  # not a limit: no reason of its own
     return Release(count, reason)

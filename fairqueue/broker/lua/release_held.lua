@@ -167,6 +167,12 @@ for _, t in ipairs(tenants) do
         if room < 0 then room = 0 end
         if room < count then count, reason = room, 'paused' end
       end
+      -- and no limited tenant has more than TAKEABLE_CAP released jobs untaken, so its
+      -- L:out set (checked at every step and every limited add) stays small whatever its
+      -- backlog: a max_waiting-only tenant's 50,000 waiting jobs wait held
+      local room = {{TAKEABLE_CAP}} - takeable
+      if room < 0 then room = 0 end
+      if room < count then count = room end
     end
     if count > budget - released then count = budget - released end
     local outKey = L .. ':out:' .. t
