@@ -35,10 +35,12 @@ from fairqueue.exceptions import (
     PartialEnqueueError,
     PayloadTooLargeError,
     TaskFailedError,
+    TenantBacklogFullError,
     UnknownJobTypeError,
 )
 from fairqueue.plans import set_subscription_to_plan_tier
 from fairqueue.scheduling.levels import PriorityLevel, normalize_priority
+from fairqueue.tenants import pause_tenant, resume_tenant
 from fairqueue.worker.handlers import JobContext, handler
 
 __version__ = "0.1.0"
@@ -62,6 +64,7 @@ __all__ = [
     "PartialEnqueueError",
     "PayloadTooLargeError",
     "PriorityLevel",
+    "TenantBacklogFullError",
     "TaskFailedError",
     "UnknownJobTypeError",
     "aenqueue_job",
@@ -70,6 +73,8 @@ __all__ = [
     "enqueue_on_commit",
     "handler",
     "normalize_priority",
+    "pause_tenant",
+    "resume_tenant",
     "set_subscription_to_plan_tier",
     "wire_tenant_plan_lookup",
     "wire_tenant_weight_lookup",

@@ -18,8 +18,10 @@ from fairqueue.models import (
     OutboxJob,
     PriorityOverrideAudit,
     SubscriptionClassifier,
+    TenantPauseAudit,
     TenantPlan,
 )
+from fairqueue.tenants import pause_tenant, resume_tenant
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -42,11 +44,37 @@ class SetTierForm(forms.Form):
 
 @admin.register(TenantPlan)
 class TenantPlanAdmin(admin.ModelAdmin):
-    list_display = ("tenant_id", "display_name", "plan_tier", "weight", "updated_at")
-    list_filter = ("plan_tier", "weight")
+    list_display = (
+        "tenant_id",
+        "display_name",
+        "plan_tier",
+        "weight",
+        "max_active",
+        "rate_max",
+        "rate_duration_ms",
+        "max_waiting",
+        "paused",
+        "updated_at",
+    )
+    list_filter = ("plan_tier", "weight", "paused")
     search_fields = ("tenant_id", "display_name")
-    readonly_fields = ("created_at", "updated_at")
-    actions = ("set_tier",)
+    readonly_fields = ("paused", "created_at", "updated_at")
+    actions = ("set_tier", "pause", "resume")
+
+    @admin.action(
+        description="Pause selected tenants (no job of theirs starts)", permissions=["change"]
+    )
+    def pause(self, request: HttpRequest, queryset: QuerySet[TenantPlan]) -> None:
+        """Admin actions are POSTed with CSRF; each pause is audited with this user."""
+        for plan in queryset:
+            pause_tenant(plan.tenant_id, actor=request.user, source="admin")
+        self.message_user(request, f"Paused {queryset.count()} tenant(s).", level=messages.SUCCESS)
+
+    @admin.action(description="Resume selected tenants", permissions=["change"])
+    def resume(self, request: HttpRequest, queryset: QuerySet[TenantPlan]) -> None:
+        for plan in queryset:
+            resume_tenant(plan.tenant_id, actor=request.user, source="admin")
+        self.message_user(request, f"Resumed {queryset.count()} tenant(s).", level=messages.SUCCESS)
 
     @admin.action(description="Set plan tier of selected tenants", permissions=["change"])
     def set_tier(self, request: HttpRequest, queryset: QuerySet[TenantPlan]) -> Any:
@@ -113,6 +141,18 @@ class PriorityOverrideAuditAdmin(ReadOnlyAdmin):
     list_filter = ("requested_override", "resolved_level", "rule", "job_type", "created_at")
     search_fields = ("tenant_id", "job_id", "source", "actor")
     date_hierarchy = "created_at"
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [field.name for field in self.model._meta.fields]
+
+
+@admin.register(TenantPauseAudit)
+class TenantPauseAuditAdmin(ReadOnlyAdmin):
+    """Who paused or resumed a tenant, and when: evidence, read-only."""
+
+    list_display = ("created_at", "tenant_id", "action", "actor", "source")
+    list_filter = ("action", "created_at")
+    search_fields = ("tenant_id", "actor", "source")
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         return [field.name for field in self.model._meta.fields]

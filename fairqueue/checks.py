@@ -132,6 +132,11 @@ SETTING_CHECKS: Final[Mapping[Problem, tuple[str, str]]] = MappingProxyType(
             "fairqueue.E023",
             _int_hint("PLAN_LOCAL_CACHE_TIMEOUT", "seconds"),
         ),
+        Problem.TENANT_LIMITS: (
+            "fairqueue.E024",
+            'Map plan tiers to limits, e.g. {"free": {"max_active": 2, "rate_max": 10, '
+            '"rate_duration_ms": 60000}}; each limit a whole number or None.',
+        ),
     }
 )
 
@@ -164,7 +169,7 @@ def _never_crashes(check: Check) -> Check:
 @register(Tags.compatibility)
 @_never_crashes
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """fairqueue.E001..E009, E012..E018, E021..E023: every bad setting or environment variable,
+    """fairqueue.E001..E009, E012..E018, E021..E024: every bad setting or environment variable,
     one message per problem (see SETTING_CHECKS); E019 if reading them fails unexpectedly."""
     messages: list[CheckMessage] = []
     for error in conf.setting_errors():

@@ -10,6 +10,7 @@ Nothing here is read at import time.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -24,8 +25,10 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from fairqueue.exceptions import UnknownJobTypeError
+from fairqueue.exceptions import InvalidTenantLimitError, UnknownJobTypeError
+from fairqueue.plans import PlanTier
 from fairqueue.redis_target import RedisTarget, parse_redis_target, queue_hash_tag, redis_location
+from fairqueue.scheduling.limits import TenantLimits, parse_limits
 
 __all__ = [
     "DEFAULTS",
@@ -77,6 +80,9 @@ DEFAULTS: Final[Mapping[str, Any]] = MappingProxyType(
         # Whether an explicit priority_level= / priority= on a tenant's job writes a
         # PriorityOverrideAudit row (priority_override= always does).
         "AUDIT_EXPLICIT_PRIORITY": False,
+        # Plan tier -> default per-tenant limits, e.g. {"free": {"max_active": 2}}; a
+        # tenant's own TenantPlan value wins (docs/limits.md).
+        "TENANT_LIMITS": {},
     }
 )
 
@@ -153,6 +159,7 @@ class Problem(StrEnum):
     FAIRNESS_BY = "FAIRNESS_BY"
     AUDIT_EXPLICIT_PRIORITY = "AUDIT_EXPLICIT_PRIORITY"
     PLAN_LOCAL_CACHE_TIMEOUT = "PLAN_LOCAL_CACHE_TIMEOUT"
+    TENANT_LIMITS = "TENANT_LIMITS"
 
 
 class SettingError(ImproperlyConfigured):
@@ -206,6 +213,10 @@ class FairqueueSettings:
     fairness_by: str = "time"
     audit_explicit_priority: bool = False
     plan_local_cache_timeout: int = 10
+    #: Plan tier -> its tenants' default limits (tiers without limits are absent).
+    tenant_limits: Mapping[str, TenantLimits] = dataclasses.field(
+        default_factory=lambda: MappingProxyType({})
+    )
 
     def __repr__(self) -> str:  # keep credentials in redis_url out of logs and tracebacks
         return (
@@ -417,6 +428,26 @@ def _parse_fairness_by(value: Any) -> str:
     return value
 
 
+def _parse_tenant_limits(value: Any) -> Mapping[str, TenantLimits]:
+    if not isinstance(value, Mapping):
+        raise ImproperlyConfigured(
+            f"FAIRQUEUE['TENANT_LIMITS']={value!r} is not allowed: expected a dict of plan "
+            f"tier ({', '.join(tier.value for tier in PlanTier)}) to a dict of limits"
+        )
+    parsed = {}
+    for tier, limits in value.items():
+        if tier not in {plan.value for plan in PlanTier}:
+            raise ImproperlyConfigured(
+                f"FAIRQUEUE['TENANT_LIMITS'] has key {tier!r}, which is not allowed: expected "
+                f"a plan tier ({', '.join(plan.value for plan in PlanTier)})"
+            )
+        try:
+            parsed[tier] = parse_limits(limits, where=f"FAIRQUEUE['TENANT_LIMITS'][{tier!r}]")
+        except InvalidTenantLimitError as exc:
+            raise ImproperlyConfigured(str(exc)) from None
+    return MappingProxyType({tier: limits for tier, limits in parsed.items() if limits.holds})
+
+
 def _validate() -> tuple[FairqueueSettings | None, list[SettingError]]:
     """The settings, or ``None`` and every problem found, in the order first use reports
     them (the first one is what ``load_settings`` raises)."""
@@ -472,6 +503,7 @@ def _validate() -> tuple[FairqueueSettings | None, list[SettingError]]:
             False,
         ),
         "plan_local_cache_timeout": number("PLAN_LOCAL_CACHE_TIMEOUT"),
+        "tenant_limits": read(Problem.TENANT_LIMITS, _parse_tenant_limits, values["TENANT_LIMITS"]),
     }
     if errors or redis is None:
         return None, errors

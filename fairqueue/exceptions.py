@@ -109,3 +109,26 @@ class TaskFailedError(FairqueueError, RuntimeError):
     chained as its cause, so BullMQ's ``failedReason`` and stored traceback tell a
     ``TaskResult`` which exception it was.
     """
+
+
+class InvalidTenantLimitError(FairqueueError, ValueError):
+    """A tenant limit (``max_active``, ``rate_max``, ``rate_duration_ms``,
+    ``max_waiting``) that is not a whole number in its allowed range, or a rate limit
+    with only one of its two halves."""
+
+
+class TenantBacklogFullError(FairqueueError):
+    """An enqueue would put more than ``max_waiting`` of the tenant's jobs waiting in the
+    queue. Nothing of the call was written: no job, no audit row, no outbox row, no
+    enqueue metric. The tenant's own flood is refused at the door instead of growing a
+    backlog its limits would take hours to drain."""
+
+    def __init__(self, *, tenant_id: str, queue: str, limit: int, waiting: int) -> None:
+        super().__init__(
+            f"tenant {tenant_id!r} already has {waiting} jobs waiting in queue {queue!r}: "
+            f"its max_waiting is {limit}, so the enqueue was refused and nothing was added"
+        )
+        self.tenant_id = tenant_id
+        self.queue = queue
+        self.limit = limit
+        self.waiting = waiting

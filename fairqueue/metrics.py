@@ -34,6 +34,7 @@ from prometheus_client import (
 )
 
 from fairqueue.scheduling.levels import DEFAULT_FAIR_WEIGHTS, LEVELS_BY_RANK, PriorityLevel
+from fairqueue.scheduling.limits import REASONS as LIMIT_REASONS
 
 DECISIONS: Final = ("aged", "weighted_fair")
 ENQUEUE_PRIORITY_LABELS: Final = ("critical", "high", "normal", "low", "other")
@@ -68,6 +69,9 @@ class QueueFairMetrics:
     rebalance_interval: Gauge
     max_wait: Gauge
     level_weight: Gauge
+    # Per-tenant limits (no tenant label: counts per job type only).
+    held_jobs: Gauge
+    limited: Counter
 
 
 _lock = threading.Lock()
@@ -209,6 +213,20 @@ def initialize_queue_fair_metrics(
                     ["priority_level"],
                     registry=registry,
                 ),
+                held_jobs=Gauge(
+                    "queue_fair_held_jobs",
+                    "Jobs held back because their tenant is at a limit or paused (in "
+                    "BullMQ's delayed set until released), in the job type's queue.",
+                    ["job_type"],
+                    registry=registry,
+                ),
+                limited=Counter(
+                    "queue_fair_limited_total",
+                    "Jobs held at enqueue by a tenant limit (max_active, rate, paused), "
+                    "and enqueues refused by max_waiting.",
+                    ["job_type", "reason"],
+                    registry=registry,
+                ),
             )
             for level, weight in DEFAULT_FAIR_WEIGHTS.items():
                 metrics.level_weight.labels(PriorityLevel(level).value).set(weight)
@@ -226,6 +244,9 @@ def initialize_queue_fair_metrics(
             metrics.retries.labels(job_type, level.value)
         metrics.pass_duration.labels(job_type)
         metrics.pass_errors.labels(job_type)
+        metrics.held_jobs.labels(job_type)
+        for reason in LIMIT_REASONS:
+            metrics.limited.labels(job_type, reason)
     for queue in queues:
         for label in ENQUEUE_PRIORITY_LABELS:
             metrics.jobs_enqueued.labels(queue, label)
@@ -278,6 +299,13 @@ def record_enqueue(queue: str, job_type: str, level: PriorityLevel, *, placed: b
     children[1].inc()
     if placed:
         children[2].inc()
+
+
+def record_limited(job_type: str, reason: str, count: int = 1) -> None:
+    """Count jobs a tenant limit held at enqueue (or an enqueue ``max_waiting``
+    refused) under ``reason``; never a tenant label."""
+    if count > 0:
+        get_metrics().limited.labels(job_type, reason).inc(count)
 
 
 def enqueue_priority_label(level: PriorityLevel | None) -> str:

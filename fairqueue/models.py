@@ -27,6 +27,7 @@ from fairqueue.scheduling.levels import (
     MAX_TENANT_WEIGHT,
     MIN_TENANT_WEIGHT,
 )
+from fairqueue.scheduling.limits import LIMIT_RANGES, TenantLimits
 
 PLAN_CHOICES: Final = [(tier.value, tier.value.title()) for tier in PlanTier]
 LEVEL_CHOICES: Final = [
@@ -66,6 +67,39 @@ class TenantPlan(models.Model):
             high=MAX_TENANT_WEIGHT,
         ),
     )
+    # Limits (empty: the plan tier's default from FAIRQUEUE['TENANT_LIMITS'], else none).
+    max_active = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(LIMIT_RANGES["max_active"][1])],
+        help_text=_("At most this many of the tenant's jobs running at once, per queue."),
+    )
+    rate_max = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(LIMIT_RANGES["rate_max"][1])],
+        help_text=_("At most this many of its jobs started per rate duration (with it)."),
+    )
+    rate_duration_ms = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[
+            MinValueValidator(1),
+            MaxValueValidator(LIMIT_RANGES["rate_duration_ms"][1]),
+        ],
+        help_text=_("The rate limit's window in milliseconds (1000: rate_max per second)."),
+    )
+    max_waiting = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(LIMIT_RANGES["max_waiting"][1])],
+        help_text=_("An enqueue that would put more of its jobs waiting is refused."),
+    )
+    paused = models.BooleanField(
+        default=False,
+        editable=False,
+        help_text=_("Set by pause_tenant / resume_tenant (audited), not edited directly."),
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -92,6 +126,20 @@ class TenantPlan(models.Model):
                 raise ValidationError({"plan_tier": str(exc)}) from None
         if not isinstance(self.subscription, dict):
             raise ValidationError({"subscription": _("Expected a JSON object.")})
+        if (self.rate_max is None) != (self.rate_duration_ms is None):
+            raise ValidationError(
+                {"rate_duration_ms": _("Set both rate_max and rate_duration_ms, or neither.")}
+            )
+
+    def own_limits(self) -> TenantLimits:
+        """The limits set on this row (empty fields: the plan tier's default applies)."""
+        return TenantLimits(
+            max_active=self.max_active,
+            rate_max=self.rate_max,
+            rate_duration_ms=self.rate_duration_ms,
+            max_waiting=self.max_waiting,
+            paused=self.paused,
+        )
 
     def product_ids(self) -> list[str]:
         """Product ids of the subscription, in the order billing lists them."""
@@ -294,3 +342,24 @@ class Dashboard(models.Model):
 
     def __str__(self) -> str:
         return "Fair queue dashboard"
+
+
+class TenantPauseAudit(models.Model):
+    """Who paused or resumed a tenant, and when: a pause stops a customer's work, so it
+    is recorded like a priority override. Written by ``pause_tenant`` / ``resume_tenant``
+    only; read-only in the admin."""
+
+    PAUSED = "paused"
+    RESUMED = "resumed"
+
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    tenant_id = models.CharField(max_length=MAX_TENANT_ID_LENGTH, db_index=True)
+    action = models.CharField(max_length=10, choices=[(PAUSED, "Paused"), (RESUMED, "Resumed")])
+    actor = models.CharField(max_length=200, blank=True)
+    source = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} {self.action} by {self.actor or '?'}"

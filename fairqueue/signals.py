@@ -7,6 +7,9 @@ save or delete covers both. Inside a transaction the entries are forgotten again
 commits: a process that read the row between the save and the commit cached the old
 value. ``QuerySet.update()`` and ``bulk_create`` send no signals: call
 ``forget_tenant_plan`` (or ``forget_all_tenant_plans``) after them.
+
+A save that may change a tenant's limits also brings them to Redis once it commits, so
+its held jobs are released under the new limits without waiting for its next enqueue.
 """
 
 from __future__ import annotations
@@ -24,6 +27,10 @@ from fairqueue.models import (
     SubscriptionClassifier,
     TenantPlan,
 )
+from fairqueue.tenants import sync_tenant_limits
+
+#: A save touching these may change a tenant's limits (the tier brings its defaults).
+LIMIT_FIELDS = frozenset({"max_active", "rate_max", "rate_duration_ms", "max_waiting", "plan_tier"})
 
 
 def _forget_now_and_on_commit(forget: Callable[[], None], using: str | None) -> None:
@@ -38,6 +45,9 @@ def _tenant_plan_changed(
 ) -> None:
     tenant_id = instance.tenant_id
     _forget_now_and_on_commit(lambda: forget_tenant_plan(tenant_id), using)
+    update_fields = kwargs.get("update_fields")
+    if update_fields is None or set(update_fields) & LIMIT_FIELDS:
+        transaction.on_commit(lambda: sync_tenant_limits(tenant_id), using=using)
 
 
 @receiver([post_save, post_delete], sender=SubscriptionClassifier)

@@ -13,6 +13,8 @@ Each role is a separate OS process so the suite can kill Redis (or a leader) und
   error (the id is the idempotency key). A tenth of the jobs have a
   ``priority_override`` (an audit row). Writes one JSON line per committed batch:
   ``{"ids": [...], "audited": [...]}``.
+* ``limited OUT COUNT MAX_ACTIVE``: enqueues ``COUNT`` jobs of a tenant limited to
+  ``MAX_ACTIVE`` running jobs and as many of an unlimited one (see :func:`limited`).
 * ``check``: prints the database side as JSON: outbox rows left, audit rows' job ids.
 * ``reset``: deletes outbox and audit rows (the suite's scratch database).
 
@@ -44,8 +46,12 @@ def worker(out_path: str) -> None:
     url = os.environ["FAIRQUEUE_REDIS_URL"]
     out = open(out_path, "a", buffering=1)  # noqa: SIM115 (lives as long as the process)
 
+    job_s = float(os.environ.get("FAULT_JOB_MS", "0")) / 1000
+
     async def process(job, token):
         out.write(f"R {job.id}\n")
+        if job_s:
+            await asyncio.sleep(job_s)
         return None
 
     def completed(job, result):
@@ -137,6 +143,30 @@ def enqueue(out_path: str, count: int, mode: str) -> None:
     out.close()
 
 
+def limited(out_path: str, count: int, max_active: int) -> None:
+    """Enqueue ``count`` jobs of tenant ``lim`` (``max_active`` running at most, so most
+    are held) and ``count`` of tenant ``free`` (no limits), interleaved in batches of 50,
+    with the database lookups wired. One JSON line per batch, as ``enqueue`` writes, the
+    limited tenant's ids also under ``"limited"``."""
+    _django()
+    from fairqueue.enqueue.api import enqueue_jobs
+    from fairqueue.enqueue.priority import wire_tenant_plan_lookup
+    from fairqueue.models import TenantPlan
+
+    TenantPlan.objects.update_or_create(tenant_id="lim", defaults={"max_active": max_active})
+    TenantPlan.objects.update_or_create(tenant_id="free", defaults={"max_active": None})
+    wire_tenant_plan_lookup()
+    out = open(out_path, "a", buffering=1)  # noqa: SIM115
+    for start in range(0, count, 50):
+        size = min(50, count - start)
+        held = enqueue_jobs("email", [{"n": start + i} for i in range(size)], tenant_id="lim")
+        free = enqueue_jobs("email", [{"n": start + i} for i in range(size)], tenant_id="free")
+        ids = [job.job_id for job in held + free]
+        record = {"ids": ids, "audited": [], "limited": [job.job_id for job in held]}
+        out.write(json.dumps(record) + "\n")
+    out.close()
+
+
 def check() -> None:
     _django()
     from fairqueue.models import OutboxJob, PriorityOverrideAudit
@@ -165,6 +195,8 @@ if __name__ == "__main__":
         worker(args[0])
     elif role == "enqueue":
         enqueue(args[0], int(args[1]), args[2])
+    elif role == "limited":
+        limited(args[0], int(args[1]), int(args[2]))
     elif role == "check":
         check()
     elif role == "reset":

@@ -94,3 +94,27 @@ def test_unreachable_redis_raises_broker_unavailable():
     broker = SyncBroker(Broker("redis://127.0.0.1:1/0", "nowhere"))
     with pytest.raises(BrokerUnavailableError):
         broker.add_job("email", NewJob("x", {}, PriorityLevel.LOW))
+
+
+def test_held_jobs__bullmq_promotes_delayed_jobs_only_when_due():
+    """Tenant limits hold jobs in BullMQ's delayed set at HELD_UNTIL_MS (docs/limits.md).
+    Every script of the installed bullmq that moves delayed jobs to wait takes only those
+    whose score (timestamp * 0x1000) is due now; so a held job is never promoted by a
+    stock worker before the year 9999. (Node's bullmq runs the same Lua.)"""
+    import re
+    from pathlib import Path
+
+    import bullmq
+
+    from fairqueue.broker.common import HELD_UNTIL_MS
+
+    commands = Path(bullmq.__file__).parent / "commands"
+    promoting = []
+    for script in commands.glob("*.lua"):
+        text = script.read_text()
+        for match in re.finditer(r'rcall\("ZRANGEBYSCORE", delayedKey, ([^\n]*)\)', text):
+            promoting.append((script.name, match.group(1)))
+    assert promoting, "no script of bullmq promotes delayed jobs any more: recheck the held state"
+    for name, args in promoting:
+        assert args.startswith("0, (timestamp + 1) * 0x1000 - 1"), (name, args)
+    assert HELD_UNTIL_MS == 253_402_300_799_000  # 9999-12-31T23:59:59Z

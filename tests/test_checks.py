@@ -26,9 +26,13 @@ ALLOWED_KEYS = (
     "['AUDIT_EXPLICIT_PRIORITY', 'CACHE_ALIAS', 'FAIRNESS_BY', 'KEEP_COMPLETED', "
     "'KEEP_FAILED', 'MAX_PAYLOAD_BYTES', 'MAX_WAIT_MS', 'PLAN_CACHE_TIMEOUT', "
     "'PLAN_LOCAL_CACHE_TIMEOUT', 'PREFIX', 'PRIORITY_ENABLED', 'QUEUES', "
-    "'REBALANCE_INTERVAL_MS', 'REBALANCE_WINDOW', 'REDIS', 'REDIS_URL']"
+    "'REBALANCE_INTERVAL_MS', 'REBALANCE_WINDOW', 'REDIS', 'REDIS_URL', 'TENANT_LIMITS']"
 )
 CLUSTER = {"cluster": ["127.0.0.1:7001"]}
+TENANT_LIMITS_HINT = (
+    'Map plan tiers to limits, e.g. {"free": {"max_active": 2, "rate_max": 10, '
+    '"rate_duration_ms": 60000}}; each limit a whole number or None.'
+)
 
 
 @pytest.fixture(autouse=True)
@@ -219,6 +223,14 @@ SETTING_CASES = [
         "0..3600 (ASCII digits)",
         "Set FAIRQUEUE['PLAN_LOCAL_CACHE_TIMEOUT'] to a number of seconds in 0..3600, or "
         "remove it for the default 10.",
+    ),
+    (
+        "fairqueue.E024",
+        {"TENANT_LIMITS": {"free": {"max_active": 0}}},
+        {},
+        "FAIRQUEUE['TENANT_LIMITS']['free']['max_active']=0 is not allowed: expected a whole "
+        "number in 1..1000000 or None for no limit",
+        TENANT_LIMITS_HINT,
     ),
 ]
 
@@ -447,3 +459,59 @@ def test_docs__each_section_gives_the_level_and_the_hint_the_check_gives():
         assert "**Level:** Error" in sections[check_id]
         assert f"**Hint:** {hint}" in sections[check_id], check_id
     assert "**Level:** Warning" in sections["fairqueue.W011"]
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (
+            ["free"],
+            "FAIRQUEUE['TENANT_LIMITS']=['free'] is not allowed: expected a dict of plan tier "
+            "(enterprise, pro, free) to a dict of limits",
+        ),
+        (
+            {"gold": {"max_active": 2}},
+            "FAIRQUEUE['TENANT_LIMITS'] has key 'gold', which is not allowed: expected a plan "
+            "tier (enterprise, pro, free)",
+        ),
+        (
+            {"free": {"max_running": 2}},
+            "FAIRQUEUE['TENANT_LIMITS']['free'] has unknown key 'max_running': allowed keys "
+            "are max_active, rate_max, rate_duration_ms, max_waiting",
+        ),
+        (
+            {"free": {"rate_max": 10}},
+            "FAIRQUEUE['TENANT_LIMITS']['free'] sets only one of rate_max and "
+            "rate_duration_ms: a rate limit needs both (rate_max jobs started per "
+            "rate_duration_ms)",
+        ),
+        (
+            {"pro": {"max_waiting": True}},
+            "FAIRQUEUE['TENANT_LIMITS']['pro']['max_waiting']=True is not allowed: expected a "
+            "whole number in 1..100000000 or None for no limit",
+        ),
+    ],
+)
+def test_tenant_limits__e024_names_the_key_the_value_and_what_is_allowed(
+    settings, clean_env, value, message
+):
+    configure(settings, clean_env, {"TENANT_LIMITS": value}, {})
+    assert checks.check_settings() == [Error(message, hint=TENANT_LIMITS_HINT, id="fairqueue.E024")]
+
+
+def test_tenant_limits__valid_tiers_parse_and_tiers_without_limits_are_dropped(settings, clean_env):
+    configure(
+        settings,
+        clean_env,
+        {
+            "TENANT_LIMITS": {
+                "free": {"max_active": 2, "rate_max": 10, "rate_duration_ms": 1000},
+                "pro": {},
+            }
+        },
+        {},
+    )
+    assert checks.check_settings() == []
+    limits = conf.get_settings().tenant_limits
+    assert set(limits) == {"free"}
+    assert (limits["free"].max_active, limits["free"].rate_max) == (2, 10)

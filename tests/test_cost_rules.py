@@ -251,7 +251,7 @@ def test_a_value_fetched_before_a_drop_is_not_kept_after_it(clock):
     local.put("t", "free", 1, 10, epoch)
     assert local.get("t") is None
     local.put("t", "pro", 1, 10, local.epoch)
-    assert local.get("t") == ("pro", 1)
+    assert local.get("t")[:2] == ("pro", 1)
 
 
 def test_local_plans_keep_a_bounded_number_of_tenants(clock, monkeypatch):
@@ -260,7 +260,12 @@ def test_local_plans_keep_a_bounded_number_of_tenants(clock, monkeypatch):
     local.get("warm-up")  # reads the version once
     for tenant in "abcd":
         local.put(tenant, None, 1, 10, local.epoch)
-    assert [local.get(tenant) for tenant in "abcd"] == [None, (None, 1), (None, 1), (None, 1)]
+    assert [(local.get(t) or (None,))[:2] for t in "abcd"] == [
+        (None,),
+        (None, 1),
+        (None, 1),
+        (None, 1),
+    ]
 
 
 CHILD = """

@@ -49,6 +49,8 @@ The package, one module per concern (import from here, not from them):
 * ``lock``: the rebalance pass's leader lock;
 * ``dashboard``: the admin dashboard's reads;
 * ``history``: the history the pass records from BullMQ's events stream, and its reads;
+* ``limits``: per-tenant limits: releasing held jobs (one atomic script), pausing, and
+  what the dashboard reads of them;
 * ``workers``: building a BullMQ worker, and the idle check of a burst worker;
 * ``results``: one job read back by id (state, return value, errors) for the Django
   tasks backend's ``get_result``.
@@ -71,6 +73,7 @@ from fairqueue.broker.common import (
 from fairqueue.broker.connection import Connection
 from fairqueue.broker.dashboard import BacklogScan, JobDetail, LevelScan, MemoryState
 from fairqueue.broker.history import HistoryRead, RecordedPage
+from fairqueue.broker.limits import Released, TenantState
 from fairqueue.broker.passes import (
     AdoptedPage,
     IndexWalk,
@@ -83,6 +86,8 @@ from fairqueue.broker.scripts import Script, add_jobs_script, adopt_page_script,
 from fairqueue.broker.workers import ActiveJob
 
 __all__ = [
+    "Released",
+    "TenantState",
     "ADD_BATCH_SIZE",
     "BACK_OF_LINE",
     "JOB_STATES",

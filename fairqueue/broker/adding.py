@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -14,7 +15,9 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from fairqueue.broker.common import BACK_OF_LINE, fair_key, fair_keys
 from fairqueue.broker.connection import BrokerPart, Connection
-from fairqueue.broker.scripts import add_delayed_script, add_jobs_script
+from fairqueue.broker.limits import parse_released, release_args, release_keys
+from fairqueue.broker.scripts import add_delayed_script, add_jobs_script, release_held_script
+from fairqueue.exceptions import TenantBacklogFullError
 from fairqueue.scheduling.levels import DEFAULT_TENANT, PriorityLevel
 
 #: Undelayed jobs per add-script call (each call is atomic: all its jobs or none).
@@ -63,6 +66,9 @@ class NewJob:
     #: The caller's estimate of the job's worker time (``cost=``, in ms); ``None``: its
     #: flow's measured estimate.
     cost_ms: int | None = None
+    #: The tenant's limits as ``release_held.lua`` reads them (``TenantLimits.encoded``);
+    #: ``None``: no limits, the job goes straight to its fair place.
+    limits: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +78,9 @@ class AddedJob:
 
     job_id: str
     priority: int | None
+    #: Why the job stayed held after its add (``"max_active"``, ``"rate"``, ``"paused"``);
+    #: ``None``: takeable at once (or no limits).
+    held: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,11 +92,20 @@ class _AddCommand:
     keys: list[str]
     args: list[Any]
     delayed: bool
+    queue: str = ""
+    #: The release that follows an add that held jobs: its keys and args (``None``: no
+    #: tenant of the command has limits).
+    release: tuple[list[str], list[Any]] | None = None
 
 
 def _added(command: _AddCommand, reply: Any) -> list[AddedJob]:
     if isinstance(reply, Exception):
         raise reply
+    if not command.delayed and reply and reply[0] == "fq:backlog":
+        _, tenant, limit, waiting = reply
+        raise TenantBacklogFullError(
+            tenant_id=str(tenant), queue=command.queue, limit=int(limit), waiting=int(waiting)
+        )
     pairs = (
         [(reply, BACK_OF_LINE)]
         if command.delayed
@@ -156,6 +174,7 @@ class AddPacker:
         scripts = bull_queue.scripts
         commands: list[_AddCommand] = []
         batch: list[Any] = []
+        limits: dict[str, str] = {}
         for job in jobs:
             opts: dict[str, Any] = {"priority": BACK_OF_LINE, **self.retention}
             if job.job_id is not None:
@@ -185,14 +204,18 @@ class AddPacker:
                 )
                 continue
             batch.append(args)
+            if job.limits is not None:
+                limits[job.tenant] = job.limits
             if len(batch) == self.batch_size:
-                commands.append(self._batch_command(queue, scripts, batch))
-                batch = []
+                commands.append(self._batch_command(queue, scripts, batch, limits))
+                batch, limits = [], {}
         if batch:
-            commands.append(self._batch_command(queue, scripts, batch))
+            commands.append(self._batch_command(queue, scripts, batch, limits))
         return commands
 
-    def _batch_command(self, queue: str, scripts: Any, batch: list[Any]) -> _AddCommand:
+    def _batch_command(
+        self, queue: str, scripts: Any, batch: list[Any], limits: dict[str, str]
+    ) -> _AddCommand:
         keys = scripts.getKeys(
             [
                 "marker",
@@ -210,20 +233,59 @@ class AddPacker:
         args: list[Any] = [len(batch), self.fairness_by]
         for job_args in batch:
             args.extend(job_args)
-        return _AddCommand(self.add_sha, self.add_source, keys, args, delayed=False)
+        if limits:  # only calls with limited tenants carry it (and pay for it)
+            args.append(json.dumps(limits, separators=(",", ":")))
+        return _AddCommand(
+            self.add_sha,
+            self.add_source,
+            keys,
+            args,
+            delayed=False,
+            queue=queue,
+            release=(
+                (
+                    release_keys(self.prefix, queue),
+                    release_args(self.prefix, queue, list(limits), self.fairness_by, "release"),
+                )
+                if limits
+                else None
+            ),
+        )
+
+
+def _with_held(added: list[AddedJob], reply: Any) -> list[AddedJob]:
+    """Mark the jobs of an add that its release left held (the call's last ones: a
+    tenant's held jobs go oldest first), with the limit that holds them."""
+    released = parse_released(reply)
+    reason = next((name for name, count in released.by_reason.items() if count), None)
+    if reason is None:
+        return added
+    fresh = [index for index, job in enumerate(added) if job.priority is not None]
+    for index in fresh[max(0, len(fresh) - released.held) :]:
+        added[index] = AddedJob(added[index].job_id, added[index].priority, held=reason)
+    return added
+
+
+def _evalsha_sync(client: Any, sha: str, source: str, keys: list[str], args: list[Any]) -> Any:
+    try:
+        return client.evalsha(sha, len(keys), *keys, *args)
+    except NoScriptError:
+        # Redis lost its script cache (restart, SCRIPT FLUSH): nothing ran.
+        client.script_load(source)
+        return client.evalsha(sha, len(keys), *keys, *args)
 
 
 def run_adds_sync(client: Any, commands: list[_AddCommand]) -> list[AddedJob]:
     """Run add commands with a blocking client; the twin of ``Adder._run_adds``."""
     added: list[AddedJob] = []
     for command in commands:
-        try:
-            reply = client.evalsha(command.sha, len(command.keys), *command.keys, *command.args)
-        except NoScriptError:
-            # Redis lost its script cache (restart, SCRIPT FLUSH): nothing ran.
-            client.script_load(command.source)
-            reply = client.evalsha(command.sha, len(command.keys), *command.keys, *command.args)
-        added.extend(_added(command, reply))
+        reply = _evalsha_sync(client, command.sha, command.source, command.keys, command.args)
+        jobs = _added(command, reply)
+        if command.release is not None:
+            release = release_held_script()
+            keys, args = command.release
+            jobs = _with_held(jobs, _evalsha_sync(client, release.sha, release.source, keys, args))
+        added.extend(jobs)
     return added
 
 
@@ -274,5 +336,10 @@ class Adder(BrokerPart):
                 reply = await client.evalsha(
                     command.sha, len(command.keys), *command.keys, *command.args
                 )
-            added.extend(_added(command, reply))
+            jobs = _added(command, reply)
+            if command.release is not None:
+                keys, args = command.release
+                script = self.conn.script(release_held_script())
+                jobs = _with_held(jobs, await script(keys=keys, args=args))
+            added.extend(jobs)
         return added

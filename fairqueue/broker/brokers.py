@@ -16,6 +16,7 @@ from fairqueue.broker.common import REDIS_ERRORS, T, broker_error
 from fairqueue.broker.connection import Connection, loop_thread
 from fairqueue.broker.dashboard import DashboardReads
 from fairqueue.broker.history import HistoryStore
+from fairqueue.broker.limits import LimitStore, Released, release_sync
 from fairqueue.broker.lock import LockStore
 from fairqueue.broker.passes import PassStore
 from fairqueue.broker.results import ResultReads
@@ -30,7 +31,8 @@ P = ParamSpec("P")
 class Broker:
     """Async access to BullMQ queues under one Redis target and key prefix, one part per
     job: ``adding``, ``passes`` (the rebalance pass), ``lock`` (its leader lock),
-    ``dashboard``, ``history``, ``workers`` and ``results``, all over one ``conn``.
+    ``dashboard``, ``history``, ``workers``, ``results`` and ``limits`` (per-tenant limits),
+    all over one ``conn``.
 
     Args:
         redis: where Redis is: a URL (``redis://``, ``redis+sentinel://``,
@@ -62,6 +64,7 @@ class Broker:
             fairness_by=fairness_by,
         )
         self.passes = PassStore(self.conn)
+        self.limits = LimitStore(self.conn)
         self.lock = LockStore(self.conn)
         self.dashboard = DashboardReads(self.conn)
         self.history = HistoryStore(self.conn)
@@ -130,6 +133,16 @@ class SyncBroker:
 
     def add_job(self, queue: str, job: NewJob) -> AddedJob:
         return self.add_jobs(queue, [job])[0]
+
+    def release_held(
+        self, queue: str, tenants: Sequence[str], *, fairness_by: str = "time"
+    ) -> Released:
+        """Release what ``tenants`` have room for, from the calling thread (the enqueue
+        path, right after its add held their jobs)."""
+        try:
+            return release_sync(self._client(), self.broker.prefix, queue, tenants, fairness_by)
+        except REDIS_ERRORS as exc:
+            raise broker_error(exc) from exc
 
     def close(self) -> None:
         with self._clients_lock:

@@ -22,6 +22,10 @@ TAG_FLOOR: Final = 1_024
 #: Where a job waits when fair_clock has no room for it (and where delayed jobs go until
 #: BullMQ promotes them): behind everything, FIFO. The pass adopts them.
 BACK_OF_LINE: Final = MAX_PRIORITY
+#: When held jobs (a tenant at its limits) are "due" in BullMQ's delayed set: the last
+#: second of the year 9999, so BullMQ tools show them as delayed and no stock worker ever
+#: promotes them; only ``release_held.lua`` moves them on.
+HELD_UNTIL_MS: Final = 253_402_300_799_000
 #: Score units per unit of virtual time: a job's score is
 #: ``TAG_FLOOR * 2**32 + floor((tag - base) * TAG_RESOLUTION) * 4 + level rank``, so the
 #: fair order keeps 1/1024 of a tag (a lone low tenant's job is 12) at any backlog and

@@ -22,8 +22,9 @@ from importlib.resources import files
 
 from bullmq.redis_connection import loadScript
 
-from fairqueue.broker.common import MAX_PRIORITY, TAG_FLOOR, TAG_RESOLUTION
+from fairqueue.broker.common import HELD_UNTIL_MS, MAX_PRIORITY, TAG_FLOOR, TAG_RESOLUTION
 from fairqueue.dashboard.history import WAIT_EDGES
+from fairqueue.scheduling.limits import CATCHUP_AHEAD, TAKEABLE_CAP
 from fairqueue.scheduling.order import COST_DEAD_BAND, MAX_COST_TURNS, MIN_COST_TURNS, TAG_SCALE
 
 #: Flows of a level that one placement may retire (bounded work per call; the rest go
@@ -39,6 +40,9 @@ _CONSTANTS = {
     "MIN_COST": repr(MIN_COST_TURNS),
     "MAX_COST": repr(MAX_COST_TURNS),
     "COST_DEAD_BAND": repr(COST_DEAD_BAND),
+    "HELD_MS": HELD_UNTIL_MS,
+    "CATCHUP_AHEAD": CATCHUP_AHEAD,
+    "TAKEABLE_CAP": TAKEABLE_CAP,
     "WAIT_EDGES": "{" + ", ".join(str(edge) for edge in WAIT_EDGES) + "}",
 }
 _INCLUDE = re.compile(r"^--- @include (\w+)$", re.MULTILINE)
@@ -97,6 +101,13 @@ def stalled_page_script() -> Script:
     """The pass: recovers stalled jobs into the fair order (wraps
     ``moveStalledJobsToWait``)."""
     return _wrapping("stalled_page", "moveStalledJobsToWait-9.lua")
+
+
+@cache
+def release_held_script() -> Script:
+    """Releases held jobs of tenants with room to their fair places, or pulls a paused
+    tenant's untaken jobs back (fairqueue's own: it places with ``fair_clock``)."""
+    return Script("release_held", load_lua("release_held"))
 
 
 @cache

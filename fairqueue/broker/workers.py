@@ -35,6 +35,16 @@ class ActiveJob:
 # -- demo support types -------------------------------------------------------------------
 
 
+def limited_tenant(job: Any) -> str | None:
+    """The tenant of a BullMQ job the add script held (``fqLim`` in its opts), else
+    ``None``: only limited tenants' jobs cost the worker a release call."""
+    opts = getattr(job, "opts", None) or {}
+    data = getattr(job, "data", None)
+    if not opts.get("fqLim") or not isinstance(data, dict) or data.get("tenantId") is None:
+        return None
+    return str(data["tenantId"])
+
+
 class WorkerSupport(BrokerPart):
     """What a worker needs of the broker: a stock BullMQ worker built under this broker's
     Redis and prefix, and the idle check of a burst worker."""
@@ -49,6 +59,7 @@ class WorkerSupport(BrokerPart):
         *,
         concurrency: int,
         on_error: Callable[[BaseException], None] | None = None,
+        on_finished: Callable[[str], None] | None = None,
     ) -> BullWorker:
         """A stock BullMQ worker for ``queue`` under this broker's Redis URL and prefix.
 
@@ -62,6 +73,9 @@ class WorkerSupport(BrokerPart):
                 BullMQ's attempts and backoff apply. What it returns (JSON) is stored
                 as the job's return value.
             concurrency: how many jobs this worker runs at once.
+            on_finished: called with the tenant of a finished job that its tenant's
+                limits held (after BullMQ moved it to completed or failed, so its slot
+                is free): the caller releases that tenant's next held job at once.
             on_error: called with errors BullMQ's loop meets outside a processor
                 (e.g. a lost connection), which BullMQ would otherwise drop.
         """
@@ -98,6 +112,15 @@ class WorkerSupport(BrokerPart):
         )
         if on_error is not None:
             worker.on("error", lambda error, *_: on_error(error))
+        if on_finished is not None:
+
+            def finished(job: Any, *_: Any) -> None:
+                tenant = limited_tenant(job)
+                if tenant is not None:
+                    on_finished(tenant)
+
+            worker.on("completed", finished)
+            worker.on("failed", finished)
         return worker
 
     async def count_unfinished(self, queue: str) -> int:

@@ -47,6 +47,7 @@ from fairqueue.broker import (
     Broker,
     HistoryRead,
     MemoryState,
+    TenantState,
     WaitingJob,
     get_sync_broker,
 )
@@ -304,7 +305,7 @@ async def aqueue_stats(
     page, per_page = clamp_page(page, per_page)
     start = (page - 1) * per_page
 
-    counts, last_pass, lock, head, rows, recorded, paused, memory = await asyncio.gather(
+    counts, last_pass, lock, head, rows, recorded, paused, memory, tenants = await asyncio.gather(
         broker.passes.counts(queue),
         broker.passes.read_status(queue, LAST_RUN_RECORD),
         broker.lock.lock_holder(broker.fair_key(queue, "leader")),
@@ -316,6 +317,7 @@ async def aqueue_stats(
         ),
         broker.dashboard.is_paused(queue),
         broker.dashboard.memory_state(),
+        broker.limits.tenant_states(queue),
     )
     total = counts["wait"] + counts["prioritized"]
     scan, backlog = await _backlog(
@@ -364,6 +366,7 @@ async def aqueue_stats(
             "compared": len(head.jobs),
             "drift_count": drift_count,
         },
+        "limits": await _limits(broker, queue, tenants),
         "last_pass": last,
         "lock": lock_info,
         "history": _history(
@@ -474,6 +477,69 @@ def _levels(scan: BacklogScan | None, *, now_ms: int, max_wait_ms: int) -> dict[
 def _unparsed(scan: BacklogScan) -> dict[str, int]:
     found = scan.levels.get(UNPARSED)
     return {"waiting": found.waiting if found else 0, "overdue": found.overdue if found else 0}
+
+
+#: Held jobs the dashboard lists per limited tenant.
+HELD_JOBS_SHOWN = 10
+
+
+def _window(ms: int | None) -> str:
+    """A rate window for people: ``250 ms``, ``1s``, ``1m 00s``."""
+    if ms is None:
+        return "?"
+    return f"{ms} ms" if ms < 1000 else format_duration(ms)
+
+
+def why_held(state: TenantState) -> str:
+    """Why a limited tenant's held jobs wait: the limit it bears (its own, not the queue's
+    overload: a held job is not overdue against the bound while its tenant is at it)."""
+    limits = state.limits
+    if not state.held:
+        return "nothing held"
+    if limits.paused:
+        return "paused"
+    if state.catching_up:
+        return "resumed: its backlog drains a few jobs at a time, with the slots others leave"
+    if limits.max_active is not None and state.occupied >= limits.max_active:
+        return (
+            f"at its max_active ({state.running} running, {state.occupied} of "
+            f"{limits.max_active} taken)"
+        )
+    if limits.rate_max is not None:
+        return f"at its rate limit ({limits.rate_max} per {_window(limits.rate_duration_ms)})"
+    return "released at the loop's next step"
+
+
+async def _limits(broker: Broker, queue: str, tenants: list[TenantState]) -> dict[str, Any]:
+    """The limited tenants of a queue (running, held, their limits, why they wait) and the
+    first held jobs of each, in their release order."""
+    holding = [state for state in tenants if state.held]
+    held_ids = await asyncio.gather(
+        *(broker.limits.held_job_ids(queue, state.tenant_id, HELD_JOBS_SHOWN) for state in holding)
+    )
+    shown = dict(zip((state.tenant_id for state in holding), held_ids, strict=True))
+    return {
+        "held_total": sum(state.held for state in tenants),
+        "tenants": [
+            {
+                "tenant": state.tenant_id,
+                "running": state.running,
+                "occupied": state.occupied,
+                "held": state.held,
+                "max_active": state.limits.max_active,
+                "rate": (
+                    None
+                    if state.limits.rate_max is None
+                    else f"{state.limits.rate_max} per {_window(state.limits.rate_duration_ms)}"
+                ),
+                "max_waiting": state.limits.max_waiting,
+                "paused": state.limits.paused,
+                "why": why_held(state),
+                "held_jobs": shown.get(state.tenant_id, []),
+            }
+            for state in tenants
+        ],
+    }
 
 
 def _last_pass(record: dict[str, Any] | None, *, now_ms: int) -> dict[str, Any] | None:

@@ -56,6 +56,7 @@ from fairqueue.enqueue.priority import (
     ResolvedPriority,
     _Absent,
     resolve_priority,
+    resolve_tenant_limits,
 )
 from fairqueue.exceptions import (
     ConflictingPayloadError,
@@ -64,8 +65,9 @@ from fairqueue.exceptions import (
     InvalidPriorityError,
     PartialEnqueueError,
     PayloadTooLargeError,
+    TenantBacklogFullError,
 )
-from fairqueue.metrics import record_enqueue
+from fairqueue.metrics import record_enqueue, record_limited
 from fairqueue.scheduling.levels import (
     DEFAULT_TENANT_WEIGHT,
     MAX_PAYLOAD_DEPTH,
@@ -75,6 +77,7 @@ from fairqueue.scheduling.levels import (
     is_strict_utf8,
     parse_level,
 )
+from fairqueue.scheduling.limits import NO_LIMITS, REASON_MAX_WAITING, TenantLimits
 
 logger = logging.getLogger("fairqueue.services")
 
@@ -121,6 +124,7 @@ class _Prepared:
     new_job: NewJob
     resolved: ResolvedPriority
     audit: dict[str, Any] | None
+    limits: TenantLimits | None = None
 
 
 _JSON_SCALARS: Final = frozenset({int, float, bool, type(None)})
@@ -410,6 +414,9 @@ class _Call:
     backoff: dict[str, Any] | None
     cost_ms: int | None
     audit: dict[str, Any] | None
+    #: The tenant's limits, resolved once per call (``None``: it has none, the common
+    #: case, which costs nothing more).
+    limits: TenantLimits | None = None
 
 
 def _audited(resolved: ResolvedPriority, *, tenant_job: bool, override: bool) -> bool:
@@ -472,7 +479,10 @@ def _resolve_call(
             "source": _audit_source(source),
             "actor": _actor_name(actor),
         }
-    return _Call(job_type, queue, resolved, parsed_backoff, cost_ms, audit)
+    limits = resolve_tenant_limits(resolved) if tenant_job else NO_LIMITS
+    return _Call(
+        job_type, queue, resolved, parsed_backoff, cost_ms, audit, limits if limits.holds else None
+    )
 
 
 def _prepare_job(
@@ -500,9 +510,11 @@ def _prepare_job(
             tenant=resolved.tenant_bucket,
             cost_ms=call.cost_ms,
             tenant_weight=resolved.tenant_weight,
+            limits=None if call.limits is None else call.limits.encoded(),
         ),
         resolved=resolved,
         audit=call.audit,
+        limits=call.limits,
     )
 
 
@@ -565,6 +577,8 @@ def _record(prepared: Sequence[_Prepared], added: Sequence[AddedJob], audited: s
                 item.resolved.level,
                 placed=job.priority < BACK_OF_LINE,
             )
+            if job.held is not None:
+                record_limited(item.job_type, job.held)
         results.append(_result(item, job.job_id, job.priority, index in audited))
     return results
 
@@ -596,19 +610,53 @@ def _enqueue_chunk(prepared: Sequence[_Prepared]) -> list[EnqueuedJob]:
     in a transaction, add the jobs, then settle the rows; a failed add rolls them back."""
     queue = prepared[0].queue
     jobs = [item.new_job for item in prepared]
-    if not _needs_audit(prepared):
-        added = get_sync_broker().add_jobs(queue, jobs)
-        return _record(prepared, added, set())
-    with transaction.atomic():
-        rows = _insert_audits(prepared)
-        added = get_sync_broker().add_jobs(queue, jobs)
-        audited = _settle_audits(rows, added)
+    try:
+        if not _needs_audit(prepared):
+            added = get_sync_broker().add_jobs(queue, jobs)
+            return _record(prepared, added, set())
+        with transaction.atomic():
+            rows = _insert_audits(prepared)
+            added = get_sync_broker().add_jobs(queue, jobs)
+            audited = _settle_audits(rows, added)
+    except TenantBacklogFullError:
+        record_limited(prepared[0].job_type, REASON_MAX_WAITING)  # the refusal, nothing else
+        raise
     return _record(prepared, added, audited)
+
+
+def _check_backlog(
+    prepared: Sequence[_Prepared], using: str | None, *, outbox: bool = True
+) -> None:
+    """Refuse an enqueue that would put more than its tenant's ``max_waiting`` jobs
+    waiting: those in Redis (held or takeable) plus, for a durable one, its outbox rows
+    not relayed yet. The add script checks again when the jobs reach Redis (atomically;
+    an outbox row it refuses stays in the outbox and is tried again), so this check only
+    needs to be close."""
+    from fairqueue.models import OutboxJob
+
+    item = prepared[0]
+    limits = item.limits
+    if limits is None or limits.max_waiting is None:
+        return
+    tenant = item.new_job.tenant
+    sync_broker = get_sync_broker()
+    waiting = sync_broker.run(sync_broker.broker.limits.waiting, item.queue, tenant)
+    if outbox:
+        waiting += OutboxJob.objects.using(using).filter(queue=item.queue, tenant=tenant).count()
+    if waiting + len(prepared) > limits.max_waiting:
+        record_limited(item.job_type, REASON_MAX_WAITING)
+        raise TenantBacklogFullError(
+            tenant_id=tenant, queue=item.queue, limit=limits.max_waiting, waiting=waiting
+        )
 
 
 def _enqueue_prepared(prepared: Sequence[_Prepared]) -> list[EnqueuedJob]:
     """Add the jobs chunk by chunk; a failure after the first chunk raises
     PartialEnqueueError with what was added."""
+    if len(prepared) > ADD_BATCH_SIZE:
+        # Each chunk's own check is atomic; a batch of several is also refused whole up
+        # front, so a tenant's backlog cap never leaves it half added.
+        _check_backlog(prepared, None, outbox=False)
     results: list[EnqueuedJob] = []
     for start in range(0, len(prepared), ADD_BATCH_SIZE):
         chunk = prepared[start : start + ADD_BATCH_SIZE]
@@ -635,6 +683,7 @@ def _enqueue_durable(prepared: Sequence[_Prepared], using: str | None) -> list[E
     from fairqueue.enqueue.outbox import relay_after_commit
     from fairqueue.models import OutboxJob, PriorityOverrideAudit, new_outbox_job_id
 
+    _check_backlog(prepared, using)
     with transaction.atomic(using=using):
         rows = OutboxJob.objects.using(using).bulk_create(
             [

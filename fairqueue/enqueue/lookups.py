@@ -37,6 +37,7 @@ from django.dispatch import receiver
 
 from fairqueue.models import TenantPlan
 from fairqueue.scheduling.levels import DEFAULT_TENANT_WEIGHT
+from fairqueue.scheduling.limits import NO_LIMITS, TenantLimits
 
 _CACHE_PREFIX: Final = "fairqueue:plan"
 _GENERATION_KEY: Final = f"{_CACHE_PREFIX}:generation"
@@ -77,24 +78,30 @@ class LocalPlans:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._entries: dict[str, tuple[float, str | None, int]] = {}
+        self._entries: dict[str, tuple[float, str | None, int, TenantLimits]] = {}
         self._version: object = _Unseen
         self._next_check = 0.0
         self._lock = threading.Lock()
         self.epoch = 0
 
-    def get(self, tenant_id: str) -> tuple[str | None, int] | None:
-        """The cached ``(slug, weight)``, or ``None`` (absent or expired)."""
+    def get(self, tenant_id: str) -> tuple[str | None, int, TenantLimits] | None:
+        """The cached ``(slug, weight, own limits)``, or ``None`` (absent or expired)."""
         now = self._clock()
         if now >= self._next_check:
             self._check_version(now)
         entry = self._entries.get(tenant_id)
         if entry is None or entry[0] <= now:
             return None
-        return entry[1], entry[2]
+        return entry[1], entry[2], entry[3]
 
     def put(
-        self, tenant_id: str, slug: str | None, weight: int, timeout: float, epoch: int
+        self,
+        tenant_id: str,
+        slug: str | None,
+        weight: int,
+        timeout: float,
+        epoch: int,
+        limits: TenantLimits = NO_LIMITS,
     ) -> None:
         """Keep ``(slug, weight)``, fetched when :attr:`epoch` was ``epoch``: unless
         something was dropped since (the value may predate the change that dropped it)."""
@@ -108,7 +115,7 @@ class LocalPlans:
                     del entries[stale]
                 if len(entries) >= MAX_LOCAL_TENANTS:
                     del entries[next(iter(entries))]
-            entries[tenant_id] = (now + timeout, slug, weight)
+            entries[tenant_id] = (now + timeout, slug, weight, limits)
 
     def forget(self, tenant_id: str) -> None:
         with self._lock:
@@ -151,13 +158,14 @@ _local = LocalPlans()
 os.register_at_fork(after_in_child=_local._after_fork)
 
 
-def _shared_tenant(tenant_id: str) -> tuple[str | None, int]:
-    """``(plan slug or None, weight)`` of ``tenant_id``, from one Django-cache entry.
+def _shared_tenant(tenant_id: str) -> tuple[str | None, int, TenantLimits]:
+    """``(plan slug or None, weight, own limits)`` of ``tenant_id``, from one Django-cache
+    entry.
 
     One cache round trip on a hit: the entry and the classifier generation are fetched
     together; an entry computed under an older generation is stale. The entry is
-    ``(generation, slug or "", weight)``; anything else (such as the
-    ``(generation, slug)`` entries of fairqueue 0.1) is a miss and gets rewritten.
+    ``(generation, slug or "", weight, limits)``; anything else (such as the
+    ``(generation, slug, weight)`` entries before limits) is a miss and gets rewritten.
     """
     from fairqueue.conf import get_settings
 
@@ -166,17 +174,25 @@ def _shared_tenant(tenant_id: str) -> tuple[str | None, int]:
     found = cache.get_many([key, _GENERATION_KEY])
     generation = found.get(_GENERATION_KEY, 0)
     entry = found.get(key)
-    if isinstance(entry, tuple) and len(entry) == 3 and entry[0] == generation:
-        return entry[1] or None, entry[2]
+    if (
+        isinstance(entry, tuple)
+        and len(entry) == 4
+        and entry[0] == generation
+        and isinstance(entry[3], TenantLimits)
+    ):
+        return entry[1] or None, entry[2], entry[3]
     plan = TenantPlan.objects.filter(tenant_id=tenant_id).first()
     slug = plan.resolve_plan() if plan is not None else None
     weight = plan.weight if plan is not None else DEFAULT_TENANT_WEIGHT
-    cache.set(key, (generation, slug or _NO_PLAN, weight), get_settings().plan_cache_timeout)
-    return slug, weight
+    limits = plan.own_limits() if plan is not None else NO_LIMITS
+    cache.set(
+        key, (generation, slug or _NO_PLAN, weight, limits), get_settings().plan_cache_timeout
+    )
+    return slug, weight, limits
 
 
-def _cached_tenant(tenant_id: str) -> tuple[str | None, int]:
-    """``(plan slug or None, weight)`` of ``tenant_id``: from this process's memory when
+def _cached_tenant(tenant_id: str) -> tuple[str | None, int, TenantLimits]:
+    """``(plan slug or None, weight, own limits)`` of ``tenant_id``: from this process's memory when
     it has a fresh entry, else from the Django cache (or the database)."""
     from fairqueue.conf import get_settings
 
@@ -187,9 +203,9 @@ def _cached_tenant(tenant_id: str) -> tuple[str | None, int]:
     if found is not None:
         return found
     epoch = _local.epoch  # after get(), which may have dropped everything
-    slug, weight = _shared_tenant(tenant_id)
-    _local.put(tenant_id, slug, weight, timeout, epoch)
-    return slug, weight
+    slug, weight, limits = _shared_tenant(tenant_id)
+    _local.put(tenant_id, slug, weight, timeout, epoch, limits)
+    return slug, weight, limits
 
 
 def lookup_tenant_plan(tenant_id: str) -> str | None:
@@ -201,6 +217,17 @@ def lookup_tenant_weight(tenant_id: str) -> int:
     """The weight of ``tenant_id`` inside its level (1 if the tenant is unknown), via the
     same cache entries as its plan."""
     return _cached_tenant(tenant_id)[1]
+
+
+def lookup_tenant_limits(tenant_id: str, slug: str | None = None) -> TenantLimits:
+    """The limits of ``tenant_id``: its own ``TenantPlan`` values, the fields it leaves
+    empty filled from its plan tier's ``FAIRQUEUE['TENANT_LIMITS']``, via the same cache
+    entries as its plan and weight (no extra cache or database call)."""
+    from fairqueue.conf import get_settings
+
+    cached_slug, _weight, own = _cached_tenant(tenant_id)
+    defaults = get_settings().tenant_limits.get(slug or cached_slug or "")
+    return own if defaults is None else own.over(defaults)
 
 
 def _bump_version(cache: Any) -> None:

@@ -43,9 +43,10 @@ from django.utils import timezone
 
 from fairqueue.broker import BACK_OF_LINE, NewJob, get_sync_broker, refuses_every_write
 from fairqueue.conf import get_settings
+from fairqueue.enqueue.priority import tenant_limits
 from fairqueue.exceptions import BrokerRejectedError, BrokerUnavailableError
 from fairqueue.metrics import get_metrics, record_enqueue
-from fairqueue.scheduling.levels import PriorityLevel
+from fairqueue.scheduling.levels import DEFAULT_TENANT, PriorityLevel
 
 logger = logging.getLogger("fairqueue.outbox")
 
@@ -99,7 +100,16 @@ def _new_job(row, now: datetime) -> NewJob:
         cost_ms=row.cost_ms,
         tenant=row.tenant,
         tenant_weight=row.tenant_weight,
+        limits=_limits_of(row.tenant),
     )
+
+
+def _limits_of(tenant: str) -> str | None:
+    """The encoded limits of a row's tenant (``None``: none, or an internal job)."""
+    if tenant == DEFAULT_TENANT:
+        return None
+    limits = tenant_limits(tenant)
+    return limits.encoded() if limits.holds else None
 
 
 class _ServerRefusal(Exception):

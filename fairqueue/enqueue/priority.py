@@ -52,6 +52,7 @@ from fairqueue.scheduling.levels import (
     normalize_priority,
     parse_level,
 )
+from fairqueue.scheduling.limits import NO_LIMITS, TenantLimits
 
 logger = logging.getLogger("fairqueue.priority")
 
@@ -116,6 +117,8 @@ TenantWeightLookup = Callable[[str], int]
 
 _lookup: TenantPlanLookup | None = None
 _weight_lookup: TenantWeightLookup | None = None
+#: Wired with the database weight lookup: limits live on the same ``TenantPlan`` row.
+_limits_lookup: Callable[[str, str | None], TenantLimits] | None = None
 
 
 def priority_from_override(override: object) -> PriorityLevel:
@@ -200,11 +203,13 @@ def wire_tenant_weight_lookup(lookup: TenantWeightLookup | None = None) -> None:
             ``fairqueue.models`` (the same cache entry as the plan). A lookup that raises
             or answers anything but an integer in the allowed range gives weight 1.
     """
-    global _weight_lookup
+    global _weight_lookup, _limits_lookup
+    _limits_lookup = None
     if lookup is None:
-        from fairqueue.enqueue.lookups import lookup_tenant_weight
+        from fairqueue.enqueue.lookups import lookup_tenant_limits, lookup_tenant_weight
 
         lookup = lookup_tenant_weight
+        _limits_lookup = lookup_tenant_limits
     _weight_lookup = lookup
 
 
@@ -213,8 +218,36 @@ def unwire_tenant_weight_lookup() -> None:
 
     Independent of :func:`unwire_tenant_plan_lookup`, which leaves weights wired.
     """
-    global _weight_lookup
+    global _weight_lookup, _limits_lookup
     _weight_lookup = None
+    _limits_lookup = None
+
+
+def resolve_tenant_limits(resolved: ResolvedPriority) -> TenantLimits:
+    """The limits of ``resolved``'s tenant: from its ``TenantPlan`` row and its plan
+    tier's defaults when the database lookups are wired (the same cache entry as its
+    plan and weight), else none. Internal jobs and the ``default`` bucket have none."""
+    if _limits_lookup is None or resolved.tenant_id is None:
+        return NO_LIMITS
+    return _looked_up_limits(resolved.tenant_id, resolved.plan)
+
+
+def _looked_up_limits(tenant_id: str, plan: str | None) -> TenantLimits:
+    lookup = _limits_lookup
+    if lookup is None:
+        return NO_LIMITS
+    try:
+        return lookup(tenant_id, plan)
+    except Exception as exc:  # a broken lookup must not stop enqueues, like the weight's
+        # The add script still holds a paused tenant's jobs (it checks Redis's flags).
+        logger.warning("tenant limits lookup failed (%s); none applied", type(exc).__name__)
+        return NO_LIMITS
+
+
+def tenant_limits(tenant_id: str) -> TenantLimits:
+    """The limits of the tenant ``tenant_id`` (the outbox relay: its rows keep the tenant,
+    and its limits are the ones in force when the job reaches Redis)."""
+    return _looked_up_limits(tenant_id, None)
 
 
 def get_tenant_weight_lookup() -> TenantWeightLookup | None:

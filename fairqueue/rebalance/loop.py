@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 from typing import TextIO
 
+from fairqueue.broker import get_sync_broker
 from fairqueue.conf import get_settings
 from fairqueue.enqueue.outbox import relay_outbox
 from fairqueue.exceptions import BrokerRejectedError, BrokerUnavailableError
@@ -36,6 +37,12 @@ HISTORY_EVERY_MS = 250
 #: this many seconds (a loop at 4 passes/s over three queues would otherwise log 12
 #: identical lines a second).
 QUIET_SUMMARY_S = 60.0
+#: How often the loop releases held jobs of tenants that got room (a completion, a rate
+#: window opening), while any are held; with none held, RELEASE_IDLE_MS. A stock worker
+#: tells fairqueue nothing, so this bounds the release latency (fairqueue_worker
+#: releases at once when a job of a limited tenant finishes).
+RELEASE_EVERY_MS = 20
+RELEASE_IDLE_MS = 50
 
 
 class Rebalancer(Loop):
@@ -80,6 +87,10 @@ class Rebalancer(Loop):
             queue: LeaderLock(queue, self.token, lock_ttl_ms(interval_ms))
             for queue in {settings.queues[job_type] for job_type in self.job_types}
         }
+        self._job_types_of: dict[str, list[str]] = {queue: [] for queue in self.locks}
+        for job_type in self.job_types:
+            self._job_types_of[settings.queues[job_type]].append(job_type)
+        self._release_wait_s = RELEASE_EVERY_MS / 1000
         self._relay_failure = RepeatedFailure(logger, "outbox relay")
         self._last_overdue: dict[str, int] = {}
         self._quiet_passes = 0
@@ -180,13 +191,47 @@ class Rebalancer(Loop):
         queues this loop leads (never while Redis is down, never in a dry run): the
         stalled-job check, a page of adoption (jobs that run again get their fair place
         within a tick) and the history step."""
-        deadline = time.monotonic() + pause_ms / 1000
+        now = time.monotonic()
+        deadline = now + pause_ms / 1000
+        next_tick = now + HISTORY_EVERY_MS / 1000
         while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or self._stop.wait(min(remaining, HISTORY_EVERY_MS / 1000)):
+            now = time.monotonic()
+            remaining = deadline - now
+            step = min(remaining, next_tick - now, self._release_wait_s)
+            if remaining <= 0 or self._stop.wait(max(step, 0)):
                 return
-            if deadline - time.monotonic() > 0 and not (self.dry_run or self.backoff.down):
+            now = time.monotonic()
+            if deadline - now <= 0 or self.dry_run or self.backoff.down:
+                continue
+            if now >= next_tick:
                 self._tick()
+                next_tick = time.monotonic() + HISTORY_EVERY_MS / 1000
+            self._release()
+
+    def _release(self) -> None:
+        """Release held jobs of tenants with room, in every queue this loop leads, and
+        set ``queue_fair_held_jobs``. Unfenced on purpose: the release script decides
+        and moves atomically, so a second caller (a worker, an old leader) cannot make a
+        tenant exceed its limits, and a new leader after a crash simply carries on."""
+        settings = get_settings()
+        metrics = get_metrics()
+        wait_ms = RELEASE_IDLE_MS
+        sync_broker = get_sync_broker()
+        for queue, lock in self.locks.items():
+            if not lock.held:
+                continue
+            try:
+                released = sync_broker.run(
+                    sync_broker.broker.limits.release, queue, fairness_by=settings.fairness_by
+                )
+            except Exception as exc:  # the next step tries again; never end the loop
+                logger.debug("%s: release failed (%s)", queue, type(exc).__name__)
+                continue
+            for job_type in self._job_types_of[queue]:
+                metrics.held_jobs.labels(job_type).set(released.held)
+            if released.held:
+                wait_ms = min(wait_ms, RELEASE_EVERY_MS, released.wake_ms or RELEASE_EVERY_MS)
+        self._release_wait_s = wait_ms / 1000
 
     def _tick(self) -> None:
         settings = get_settings()

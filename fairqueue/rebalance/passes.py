@@ -113,6 +113,9 @@ class PassResult:
     overdue: int = 0
     cleaned: int = 0
     rebased: int = 0
+    #: Held jobs released (their tenant got room), and jobs still held after the pass.
+    released: int = 0
+    held: int = 0
     #: Started jobs recorded in the history, those of unknown level (their hash was
     #: gone), and milliseconds of the events stream trimmed before the pass read them.
     recorded: int = 0
@@ -255,6 +258,10 @@ async def arebalance_queue(
             # A queue BullMQ obliterated leaves fairqueue's keys behind: forget them.
             await broker.passes.forget_obliterated(queue, **fence, status_names=(LAST_RUN_RECORD,))
             await _recover_stalled(timed, broker, queue, fence, result)
+            # Held jobs whose tenant has room (the loop does this every few ms between
+            # passes; a pass alone, as with Celery beat, releases here).
+            held = await timed(broker.limits.release(queue, fairness_by=settings.fairness_by))
+            result.released, result.held = held.released, held.held
         for _ in range(ADOPT_PAGES):
             page = await _adopt(timed, broker, queue, fence, result, dry_run=dry_run)
             if page.examined < ADOPT_PAGE_SIZE or page.parked or dry_run:
@@ -491,6 +498,7 @@ def _record_metrics(result: PassResult) -> None:
     if result.adopted - result.aged:
         metrics.decisions.labels(result.job_type, "weighted_fair").inc(result.adopted - result.aged)
     metrics.overdue_waiting.labels(result.job_type).set(result.overdue)
+    metrics.held_jobs.labels(result.job_type).set(result.held)
     for level in LEVELS_BY_RANK:
         metrics.level_overdue_waiting.labels(result.queue, level.value).set(
             result.overdue_by_level.get(level.value, 0)

@@ -267,6 +267,8 @@ class Worker:
         self._executor: ThreadPoolExecutor | None = None
         #: A burst worker's reason to stop with an error (an ACL refusal: no retry helps).
         self._fatal: BrokerRejectedError | None = None
+        #: Releases in flight (kept so the event loop does not drop them half-way).
+        self._releases: set[asyncio.Future[None]] = set()
 
     def __repr__(self) -> str:
         return f"Worker(queues={self.queues!r}, concurrency={self.concurrency})"
@@ -321,6 +323,7 @@ class Worker:
                 partial(self._process, plan),
                 concurrency=self.concurrency,
                 on_error=partial(self._on_bullmq_error, plan.queue),
+                on_finished=partial(self._release_next, plan.queue),
             )
             for plan in self.plans
         ]
@@ -484,6 +487,21 @@ class Worker:
         await task_jobs.asend_signal("task_finished", FairQueueBackend, running)
         logger.info("job %s (%s) done in %d ms", job.job_id, job_type, _elapsed_ms(started))
         return value
+
+    def _release_next(self, queue: str, tenant: str) -> None:
+        """A job its tenant's limits held has finished: release that tenant's next held
+        job now (the loop would within its release step; this saves that latency)."""
+        task = asyncio.ensure_future(self._release(queue, tenant))
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+
+    async def _release(self, queue: str, tenant: str) -> None:
+        try:
+            await self._broker.limits.release(
+                queue, [tenant], fairness_by=get_settings().fairness_by
+            )
+        except Exception as exc:  # the loop releases it instead; never fail the worker
+            logger.debug("release after a job failed (%s)", type(exc).__name__)
 
     def _on_bullmq_error(self, queue: str, error: BaseException) -> None:
         refused = permission_error(error)

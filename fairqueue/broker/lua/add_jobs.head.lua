@@ -15,11 +15,16 @@
               the fqReady slot when fairqueue's packer made them), then the
               level, the tenant, the tenant weight and the caller's cost in ms ('' for
               the flow's estimate).
+  ARGV[3 + 7n] (optional) JSON {tenant: encoded limits} of the call's tenants with limits:
+              their jobs are held, and the call is refused whole, before anything is
+              written, if it would put more than a tenant's max_waiting jobs waiting
+              (the reply is then {'fq:backlog', tenant, max_waiting, waiting}).
   Returns per job: the job id and its BullMQ priority (0: the id existed, nothing was
   added; the cap: parked, no room).
   The ready time is Redis's clock (TIME), never the producer's.
 ]]
 --- @include fair_clock
+--- @include tenant_limits
 -- The packer's fqReady slot: the opts map's last key, 'fqReady' -> uint64 2^64-1.
 local fqReadySlot = '\167fqReady\207\255\255\255\255\255\255\255\255'
 local function fqBullmqAdd()

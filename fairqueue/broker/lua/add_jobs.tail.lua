@@ -9,8 +9,21 @@ for i = 1, tonumber(ARGV[1]) do
   fqJobs[i] = {ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4],
     tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6])}
 end
+-- Tenants with limits, paused or catching up: their jobs are held (tenant_limits.lua). A
+-- call with limits is checked (and may be refused) before anything is written; any other
+-- call learns from the clock's read of K.state whether a tenant is paused at all.
+local fqLim = string.sub(KEYS[10], 1, -6) .. 'lim'
+local fqGiven = ARGV[3 + tonumber(ARGV[1]) * 7]
+local fqHold, fqRefused = nil, nil
+if fqGiven then
+  fqHold, fqRefused = fqHeldTenants(fqLim, fqK.prioritized, fqGiven, fqJobs, 5)
+  if fqRefused then return fqRefused end
+end
 local fqReplies = {}
 local fqC = fqClock(fqK)
+if not fqGiven and fqC.holds then
+  fqHold = fqHeldTenants(fqLim, fqK.prioritized, nil, fqJobs, 5)
+end
 fqC.byTime = fqByTime
 fqC.memo = fqNewMemo()
 -- The packer leaves a slot for fqReady at the end of each job's packed opts (the last
@@ -25,19 +38,24 @@ for _, job in ipairs(fqJobs) do
   local slotted = fqReadyPacked and string.sub(job[3], -17) == fqReadySlot
   if slotted then job[3] = string.sub(job[3], 1, -10) .. fqReadyPacked end
   local fresh = args[2] == '' or redis.call('EXISTS', args[1] .. args[2]) == 0
+  local held = fresh and fqHold and fqHold[job[5]]
   if fresh then
-    score = fqPlace(fqK, fqC, job[4], job[5], job[6], false, job[7])
+    if not held then score = fqPlace(fqK, fqC, job[4], job[5], job[6], false, job[7]) end
     priority = fqPriorityOf(score)
-    if not slotted then
+    if held or not slotted then
       local opts = cmsgpack.unpack(job[3])
       opts['priority'] = fqCap -- where BullMQ re-adds it (retries): the back, for the pass
       opts['fqReady'] = fqNow -- its first ready time (Redis's clock), kept for its re-runs
+      if held then opts['fqLim'] = 1 end -- fairqueue_worker releases its tenant's next at once
       job[3] = cmsgpack.pack(opts)
     end
   end
   ARGV[1], ARGV[2], ARGV[3] = job[1], job[2], job[3]
   local jobId = fqBullmqAdd()
-  if fresh and type(jobId) == 'string' then
+  if held and type(jobId) == 'string' then
+    fqHoldJob(fqLim, fqK.prioritized, KEYS[5], KEYS[8], jobId, job[5],
+      job[4] .. '\n' .. job[6] .. '\n' .. (job[7] or ''))
+  elseif fresh and type(jobId) == 'string' then
     if score then fqSetScore(fqK, jobId, score) end
     fqPlaced(fqK, fqC, score)
     fqIndexed[#fqIndexed + 1] = jobId

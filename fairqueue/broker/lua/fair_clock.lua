@@ -22,7 +22,8 @@
   Keys (the table K):
     K.prioritized  BullMQ's prioritized set (read: the head of the tag band)
     K.state        hash: vt, base, rbDelta, rbCursor (a paged rebase in progress),
-                   W:<level> (sum of the weights of the level's flows with work)
+                   W:<level> (sum of the weights of the level's flows with work),
+                   holds (set while a tenant is paused or catching up: tenant_limits.lua)
     K.flows        zset: "<level>\n<tenant>" -> last tag, flows with work
     K.fweights     hash: "<level>\n<tenant>" -> the weight counted in W:<level>
     K.jobs         hash: delayed job id -> "<level>\n<weight>\n<ready ms>\n<tenant>", where
@@ -69,13 +70,14 @@ end
 -- while a script does, so only its own placements can change the head (fqPlaced).
 local function fqClock(K)
   -- With the typical run time and the levels' totals in the same read (nothing in these
-  -- scripts writes 'typ'; the totals serve a memo until something else writes them).
+  -- scripts writes 'typ'; the totals serve a memo until something else writes them), and
+  -- the tenant limits' 'holds' flag (a tenant paused or catching up).
   local st = redis.call('HMGET', K.state, 'vt', 'base', 'rbDelta', 'rbCursor', 'typ',
-    'W:critical', 'W:high', 'W:normal', 'W:low')
+    'W:critical', 'W:high', 'W:normal', 'W:low', 'holds')
   local c = {vt = tonumber(st[1]) or 0, base = tonumber(st[2]) or 0,
     delta = tonumber(st[3]), cursor = tonumber(st[4]), typical = tonumber(st[5]) or false,
     costs = {}, readTotals = {critical = tonumber(st[6]) or 0, high = tonumber(st[7]) or 0,
-      normal = tonumber(st[8]) or 0, low = tonumber(st[9]) or 0}}
+      normal = tonumber(st[8]) or 0, low = tonumber(st[9]) or 0}, holds = st[10]}
   local head = redis.call('ZRANGEBYSCORE', K.prioritized, fqFloor * fqScore,
     '(' .. string.format('%.17g', fqCap * fqScore), 'WITHSCORES', 'LIMIT', 0, 1)
   if #head == 0 then

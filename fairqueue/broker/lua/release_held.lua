@@ -1,0 +1,242 @@
+--[[
+  Release held jobs of tenants that have room, atomically: one call decides each
+  tenant's room (its limits, the released jobs it still occupies as BullMQ's own sets
+  say, its rate window) and moves that many of its held jobs, oldest first, from the
+  delayed set to the prioritized set at their fair places (placed by the fair clock as
+  new arrivals of their flows, and indexed for the wait bound from now: a held job does
+  not wait against the bound while its tenant is at its own limit). Nothing else runs
+  while a script does, so two callers (the loop, a worker, an enqueue) can never release
+  the same job twice or more jobs than the room.
+
+  Mode 'pullback' (pause_tenant): the tenant's released jobs that no worker has taken go
+  back to the front of its held list, so none of them starts after the pause returns;
+  mode 'scan' (pause_tenant, paged) does the same for its jobs fairqueue never held
+  (added before it had limits), found by their payload's tenantId. ARGV[6..8] for
+  'scan': the cursor's score and member ('' from the start), the first held job when
+  the scan began ('' none). Returns {moved, cursor score, cursor member, done}.
+
+  KEYS[1..8]  BullMQ's prioritized, delayed, active, completed, failed, marker, meta,
+              events
+  KEYS[9..13] fairqueue's state, flows, fweights, ready, jobs
+  KEYS[14]    the limits key L (tenant_limits.lua lists the keys beside it)
+  ARGV        job key prefix, fairness ('time'/'jobs'), mode ('release'/'pullback'),
+              tenants ('' = the tenants with held jobs, at most 256 a call; else
+              '\n'-separated), the most jobs to release in this call
+  Returns {released, held left (of the tenants seen), next wake ms (-1: no rate window
+  to wait for), held by max_active, held by rate, held by pause}.
+]]
+--- @include fair_clock
+--- @include tenant_limits
+local prefix, byTime, mode, budget = ARGV[1], ARGV[2] == 'time', ARGV[3], tonumber(ARGV[5])
+local L = KEYS[14]
+local K = {prioritized = KEYS[1], state = KEYS[9], flows = KEYS[10], fweights = KEYS[11],
+  ready = KEYS[12], jobs = KEYS[13]}
+local tenants = {}
+if ARGV[4] == '' then
+  tenants = redis.call('SRANDMEMBER', L .. ':tenants', 256)
+else
+  for t in string.gmatch(ARGV[4], '[^\n]+') do tenants[#tenants + 1] = t end
+end
+
+if mode == 'holds' then -- pause_tenant / resume_tenant changed L:paused or L:catchup
+  fqSyncHolds(L, K.state)
+  return {0, 0, -1, 0, 0, 0}
+end
+
+if mode == 'scan' then
+  -- pause_tenant, after 'pullback': a page of the prioritized set in score order from a
+  -- cursor (score, member), for the tenant's jobs fairqueue never tracked (added while
+  -- the tenant had no limits): each is held too, before the tenant's other held jobs
+  -- (ahead of the first one held when the scan began, ARGV[8]), in its old order.
+  local t, page = tenants[1], tonumber(ARGV[5])
+  local fromScore, fromMember, boundary = ARGV[6], ARGV[7], ARGV[8]
+  local min = '-inf'
+  if fromScore ~= '' then min = fromScore end
+  local found = redis.call('ZRANGEBYSCORE', K.prioritized, min, '+inf', 'WITHSCORES', 'LIMIT',
+    0, page + 1)
+  local moved, lastScore, lastMember, seen = 0, fromScore, fromMember, 0
+  local heldKey = L .. ':held:' .. t
+  local needle = cjson.encode(t) -- a quick filter before decoding (any JSON spacing)
+  for i = 1, #found, 2 do
+    local id, score = found[i], found[i + 1]
+    -- ties sort by member: skip what a previous page already looked at
+    if not (fromScore ~= '' and tonumber(score) == tonumber(fromScore) and id <= fromMember) then
+      if seen == page then break end
+      seen = seen + 1
+      lastScore, lastMember = score, id
+      local data = redis.call('HGET', prefix .. id, 'data')
+      if data and string.find(data, needle, 1, true)
+          and redis.call('SISMEMBER', L .. ':out:' .. t, id) == 0 then
+        local ok, decoded = pcall(cjson.decode, data)
+        if ok and type(decoded) == 'table' and tostring(decoded.tenantId) == t then
+          local rank = tonumber(score) % 4
+          local level = fqRankLevel[rank] or 'normal'
+          local weight = redis.call('HGET', K.fweights, level .. '\n' .. t) or '1'
+          fqHoldJob(L, K.prioritized, KEYS[2], KEYS[8], id, t, level .. '\n' .. weight .. '\n')
+          redis.call('RPOP', heldKey) -- fqHoldJob appended it: it goes before the boundary
+          local inserted = -1
+          if boundary ~= '' then
+            inserted = redis.call('LINSERT', heldKey, 'BEFORE', boundary, id)
+          end
+          if inserted <= 0 then redis.call('RPUSH', heldKey, id) end
+          moved = moved + 1
+        end
+      end
+    end
+  end
+  local done = seen < page and 1 or 0
+  return {moved, lastScore, lastMember, done}
+end
+
+if mode == 'pullback' then
+  local moved = 0
+  for _, t in ipairs(tenants) do
+    local back = {}
+    for _, id in ipairs(redis.call('SMEMBERS', L .. ':out:' .. t)) do
+      local score = redis.call('ZSCORE', K.prioritized, id)
+      if score then back[#back + 1] = {tonumber(score), id} end
+    end
+    table.sort(back, function(a, b) return a[1] > b[1] end)
+    for _, entry in ipairs(back) do
+      local id = entry[2]
+      fqHoldJob(L, K.prioritized, KEYS[2], KEYS[8], id, t, nil)
+      -- fqHoldJob appends; a pulled-back job goes back to the front, in its old order
+      redis.call('RPOP', L .. ':held:' .. t)
+      redis.call('LPUSH', L .. ':held:' .. t, id)
+      redis.call('SREM', L .. ':out:' .. t, id)
+      redis.call('ZREM', L .. ':rate:' .. t, id)
+      moved = moved + 1
+    end
+  end
+  return {moved, 0, -1, 0, 0, 0}
+end
+
+-- the loop's general step also heals the add script's flag (after a queue was
+-- obliterated and its K.state forgotten, say): two reads when nothing changed
+if ARGV[4] == '' then fqSyncHolds(L, K.state) end
+local now = fqNowMs()
+local released, left, wake = 0, 0, -1
+local heldBy = {max_active = 0, rate = 0, paused = 0}
+local c = nil
+for _, t in ipairs(tenants) do
+  local heldKey = L .. ':held:' .. t
+  local held = redis.call('LLEN', heldKey)
+  local tokens = nil -- the rate bucket's tokens, when the tenant has a rate limit
+  -- the slots it occupies, checked against BullMQ's own sets at every visit: a tenant
+  -- stays in L:tenants until its last released job has finished, so none is left behind
+  local occupied, takeable = fqOccupied(L, prefix, KEYS[4], KEYS[5], K.prioritized, t)
+  if held > 0 then
+    local lim = fqSplitLimits(redis.call('HGET', L, t))
+    local count, reason = held, nil
+    if redis.call('HEXISTS', L .. ':paused', t) == 1 then
+      count, reason = 0, 'paused'
+    else
+      if lim.maxActive then
+        local room = lim.maxActive - occupied
+        if room < 0 then room = 0 end
+        if room < count then count, reason = room, 'max_active' end
+      end
+      local rateKey = L .. ':rate:' .. t
+      if lim.rateMax and lim.rateMs then
+        redis.call('ZREMRANGEBYSCORE', rateKey, '-inf', now - lim.rateMs)
+        local room = lim.rateMax - redis.call('ZCARD', rateKey)
+        -- paced by a small bucket refilled at the rate (fairqueue.scheduling.limits
+        -- .rate_burst), so starts spread over the window instead of coming in bursts of
+        -- rate_max; the log above still bounds any window to rate_max
+        local burst = math.max(2, math.ceil(lim.rateMax / 10))
+        local bucket = redis.call('HMGET', L .. ':bucket:' .. t, 'tokens', 'at')
+        tokens = tonumber(bucket[1])
+        if tokens then
+          tokens = math.min(burst, tokens + (now - tonumber(bucket[2])) * lim.rateMax / lim.rateMs)
+        else
+          tokens = burst
+        end
+        if math.floor(tokens) < room then room = math.floor(tokens) end
+        -- the log counts releases; a job released but not taken yet (the workers are
+        -- busy) would start later in a bunch: at most a burst of them waits takeable
+        if burst - takeable < room then room = burst - takeable end
+        if room < 0 then room = 0 end
+        if room < count then count, reason = room, 'rate' end
+      else
+        redis.call('DEL', rateKey, L .. ':bucket:' .. t)
+      end
+      -- a resumed tenant's backlog drains with the slots the others leave: a few of its
+      -- jobs takeable at a time, not its whole backlog ahead of their new arrivals
+      if redis.call('HEXISTS', L .. ':catchup', t) == 1 then
+        local room = {{CATCHUP_AHEAD}} - takeable
+        if room < 0 then room = 0 end
+        if room < count then count, reason = room, 'paused' end
+      end
+      -- and no limited tenant has more than TAKEABLE_CAP released jobs untaken, so its
+      -- L:out set (checked at every step and every limited add) stays small whatever its
+      -- backlog: a max_waiting-only tenant's 50,000 waiting jobs wait held
+      local room = {{TAKEABLE_CAP}} - takeable
+      if room < 0 then room = 0 end
+      if room < count then count = room end
+    end
+    if count > budget - released then count = budget - released end
+    local outKey = L .. ':out:' .. t
+    local done, placed = 0, 0
+    while done < count do
+      local id = redis.call('LPOP', heldKey)
+      if not id then break end
+      done = done + 1
+      local meta = redis.call('HGET', L .. ':meta', id)
+      if redis.call('EXISTS', prefix .. id) == 0 or not meta then
+        redis.call('HDEL', L .. ':meta', id) -- removed while held (remove, drain, clean)
+      elseif not redis.call('ZSCORE', KEYS[2], id) then
+        redis.call('SADD', outKey, id) -- promoted by hand: takeable already, it occupies
+      else
+        if not c then
+          c = fqClock(K)
+          c.byTime = byTime
+        end
+        local level, weight, cost = string.match(meta, '^([^\n]*)\n([^\n]*)\n([^\n]*)$')
+        redis.call('ZREM', KEYS[2], id)
+        local score = fqPlace(K, c, level, t, tonumber(weight), false, tonumber(cost))
+        redis.call('ZADD', K.prioritized, string.format('%.17g', score or fqCap * fqScore), id)
+        fqPlaced(K, c, score)
+        -- indexed once: a job pulled back by a pause and released again keeps its entry
+        if redis.call('HSETNX', prefix .. id, 'fqRel', now) == 1 then fqIndex(K, id, now) end
+        redis.call('SADD', outKey, id)
+        if lim.rateMax then redis.call('ZADD', L .. ':rate:' .. t, now, id) end
+        redis.call('XADD', KEYS[8], '*', 'event', 'waiting', 'jobId', id, 'prev', 'delayed')
+        released = released + 1
+        placed = placed + 1
+      end
+    end
+    if tokens then
+      tokens = tokens - placed
+      redis.call('HSET', L .. ':bucket:' .. t, 'tokens', string.format('%.17g', tokens), 'at', now)
+      redis.call('PEXPIRE', L .. ':bucket:' .. t, lim.rateMs * 2)
+    end
+    held = redis.call('LLEN', heldKey)
+    if held == 0 and redis.call('HDEL', L .. ':catchup', t) == 1 then -- caught up
+      fqSyncHolds(L, K.state)
+    end
+    if held == 0 and redis.call('SCARD', outKey) == 0 then
+      redis.call('SREM', L .. ':tenants', t)
+    elseif held > 0 then
+      left = left + held
+      if reason then heldBy[reason] = heldBy[reason] + held end
+      if reason == 'rate' then
+        -- the next token, or the oldest release leaving the window, whichever is later
+        local at = math.ceil((1 - tokens) * lim.rateMs / lim.rateMax)
+        local oldest = redis.call('ZRANGE', L .. ':rate:' .. t, 0, 0, 'WITHSCORES')
+        if oldest[2] and redis.call('ZCARD', L .. ':rate:' .. t) >= lim.rateMax then
+          local leaves = tonumber(oldest[2]) + lim.rateMs - now
+          if leaves > at then at = leaves end
+        end
+        if at < 1 then at = 1 end
+        if wake < 0 or at < wake then wake = at end
+      end
+    end
+  elseif occupied == 0 then
+    redis.call('SREM', L .. ':tenants', t)
+  end
+  if released >= budget then break end
+end
+if released > 0 and redis.call('HEXISTS', KEYS[7], 'paused') == 0 then
+  redis.call('ZADD', KEYS[6], 0, '0') -- wake the workers (BullMQ's base marker)
+end
+return {released, left, wake, heldBy.max_active, heldBy.rate, heldBy.paused}

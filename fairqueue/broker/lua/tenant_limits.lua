@@ -1,0 +1,119 @@
+--[[
+  Per-tenant limits, included by add_jobs and release_held. Limits decide whether a
+  tenant's next job may be taken; the fair clock decides which (fair_clock.lua places a
+  job when it is released, as a new arrival of its flow).
+
+  A tenant with limits (or paused) has its jobs *held*: in BullMQ's delayed set at a
+  far-future score (the year 9999), so getJobCounts, getDelayed and bull-board show them
+  as delayed, never as lost or failed, and no stock worker takes them (BullMQ promotes
+  only delayed jobs whose time has come). release_held moves them to the prioritized set
+  with their fair tags as the tenant gets room.
+
+  Keys, all beside the queue's own (L is the queue's fq:lim key):
+    L               hash: tenant -> "max_active\nrate_max\nrate_ms\nmax_waiting" (''
+                    for no limit), as the tenant's latest enqueue resolved them
+    L:paused        hash: tenant -> 1, set by pause_tenant
+    L:catchup       hash: tenant -> 1, set by resume_tenant until its held jobs are out
+    L:tenants       set: tenants with held jobs or released ones not finished
+    L:held:<t>      list: the tenant's held job ids, oldest first (released in this order)
+    L:out:<t>       set: its released jobs not finished yet (running, takeable, or about
+                    to run again): the slots it occupies, checked against BullMQ's own
+                    state at every release, so no counter can drift
+    L:rate:<t>      zset: job id -> when it was released, within the rate window
+    L:bucket:<t>    hash: tokens, at: the pacing bucket of its rate limit
+    L:meta          hash: held or released job id -> "level\nweight\ncost ms"
+]]
+local fqHeldMs = {{HELD_MS}}
+local fqHeldScore = fqHeldMs * 4096 -- BullMQ's delayed score: timestamp * 0x1000
+
+-- A tenant's limits as numbers (nil: no limit of that kind).
+local function fqSplitLimits(encoded)
+  local f, i = {}, 1
+  for part in string.gmatch((encoded or '') .. '\n', '([^\n]*)\n') do
+    f[i] = tonumber(part)
+    i = i + 1
+  end
+  return {maxActive = f[1], rateMax = f[2], rateMs = f[3], maxWaiting = f[4]}
+end
+
+-- The tenant's released jobs that have not finished, after dropping the finished ones
+-- (gone, completed or failed in BullMQ's own sets): the slots it occupies, and how many
+-- of them no worker has taken yet (still in the prioritized set).
+local function fqOccupied(L, prefix, completedKey, failedKey, prioritizedKey, tenant)
+  local outKey = L .. ':out:' .. tenant
+  local n, takeable = 0, 0
+  for _, id in ipairs(redis.call('SMEMBERS', outKey)) do
+    if redis.call('EXISTS', prefix .. id) == 0 or redis.call('ZSCORE', completedKey, id)
+        or redis.call('ZSCORE', failedKey, id) then
+      redis.call('SREM', outKey, id)
+      redis.call('HDEL', L .. ':meta', id)
+    else
+      n = n + 1
+      if redis.call('ZSCORE', prioritizedKey, id) then takeable = takeable + 1 end
+    end
+  end
+  return n, takeable
+end
+
+-- The tenant's jobs waiting in the queue: held, or released and not taken yet.
+local function fqWaitingOf(L, prioritizedKey, tenant)
+  local n = redis.call('LLEN', L .. ':held:' .. tenant)
+  for _, id in ipairs(redis.call('SMEMBERS', L .. ':out:' .. tenant)) do
+    if redis.call('ZSCORE', prioritizedKey, id) then n = n + 1 end
+  end
+  return n
+end
+
+-- Hold a job BullMQ just added to its prioritized set (or re-hold a released one).
+local function fqHoldJob(L, prioritizedKey, delayedKey, eventsKey, jobId, tenant, meta)
+  redis.call('ZREM', prioritizedKey, jobId)
+  redis.call('ZADD', delayedKey, string.format('%.17g', fqHeldScore), jobId)
+  redis.call('RPUSH', L .. ':held:' .. tenant, jobId)
+  if meta then redis.call('HSET', L .. ':meta', jobId, meta) end
+  redis.call('SADD', L .. ':tenants', tenant)
+  redis.call('XADD', eventsKey, '*', 'event', 'delayed', 'jobId', jobId, 'delay', fqHeldMs)
+end
+
+-- Keep the queue's K.state 'holds' flag (read by fqClock in the add script's one HMGET,
+-- so a call without limited tenants pays nothing to learn that none is paused) in step
+-- with L:paused and L:catchup. stateKey: K.state.
+local function fqSyncHolds(L, stateKey)
+  local want = redis.call('EXISTS', L .. ':paused', L .. ':catchup') > 0
+  if want == (redis.call('HEXISTS', stateKey, 'holds') == 1) then return end
+  if want then
+    redis.call('HSET', stateKey, 'holds', 1)
+  else
+    redis.call('HDEL', stateKey, 'holds')
+  end
+end
+
+-- Which tenants of an add call are held, or a refusal (max_waiting). given: the call's
+-- JSON {tenant: encoded limits} ('' or nil when no tenant of the call has limits);
+-- tenantAt: where a job's tenant is in its entry.
+local function fqHeldTenants(L, prioritizedKey, given, jobs, tenantAt)
+  -- paused, or resumed and still draining its held jobs (a new job goes behind them)
+  local anyPaused = redis.call('EXISTS', L .. ':paused', L .. ':catchup') > 0
+  if (given == nil or given == '') and not anyPaused then return nil end
+  local limits = {}
+  if given ~= nil and given ~= '' then limits = cjson.decode(given) end
+  local hold, counts = {}, {}
+  for _, job in ipairs(jobs) do
+    local t = job[tenantAt]
+    if hold[t] == nil then
+      hold[t] = limits[t] ~= nil or (anyPaused and (redis.call('HEXISTS', L .. ':paused', t) == 1
+        or redis.call('HEXISTS', L .. ':catchup', t) == 1))
+    end
+    if hold[t] then counts[t] = (counts[t] or 0) + 1 end
+  end
+  for t, encoded in pairs(limits) do
+    local maxWaiting = fqSplitLimits(encoded).maxWaiting
+    if maxWaiting and counts[t] then
+      local waiting = fqWaitingOf(L, prioritizedKey, t)
+      if waiting + counts[t] > maxWaiting then
+        return nil, {'fq:backlog', t, maxWaiting, waiting}
+      end
+    end
+  end
+  for t, encoded in pairs(limits) do redis.call('HSET', L, t, encoded) end
+  return hold
+end

@@ -1,0 +1,128 @@
+"""Pausing and resuming a tenant, and bringing its limits to Redis when its plan changes.
+
+A pause stops a customer's work, so like a priority override it is audited (who, when:
+``TenantPauseAudit``). Redis is changed first, then the row and the audit record are
+written; if the database write fails the pause is undone, so an unaudited pause does not
+stay in force.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from django.db import transaction
+
+from fairqueue.broker import get_sync_broker
+from fairqueue.conf import get_settings
+from fairqueue.enqueue.priority import validate_tenant_id
+from fairqueue.exceptions import BrokerError
+from fairqueue.scheduling.limits import NO_LIMITS, TenantLimits
+
+if TYPE_CHECKING:
+    from fairqueue.models import TenantPlan
+
+logger = logging.getLogger("fairqueue.tenants")
+
+
+def _queues() -> list[str]:
+    return sorted(set(get_settings().queues.values()))
+
+
+def _actor_text(actor: object) -> str:
+    get_username = getattr(actor, "get_username", None)
+    name = get_username() if callable(get_username) else ("" if actor is None else str(actor))
+    return name[:200]
+
+
+def _set_paused(tenant_id: str, paused: bool) -> int:
+    sync_broker = get_sync_broker()
+    moved = 0
+    for queue in _queues():
+        moved += sync_broker.run(sync_broker.broker.limits.set_paused, queue, tenant_id, paused)
+    return moved
+
+
+def _record(tenant_id: str, paused: bool, actor: object, source: str) -> None:
+    from fairqueue.models import TenantPauseAudit, TenantPlan  # `import fairqueue` needs no apps
+
+    with transaction.atomic():
+        # An existing row shows the pause; none is created: a row would give an unknown
+        # tenant a plan (free, by the classifier) and so change its jobs' level.
+        plan = TenantPlan.objects.select_for_update().filter(tenant_id=tenant_id).first()
+        if plan is not None and plan.paused != paused:
+            plan.paused = paused
+            plan.save(update_fields=["paused", "updated_at"])
+        TenantPauseAudit.objects.create(
+            tenant_id=tenant_id,
+            action=TenantPauseAudit.PAUSED if paused else TenantPauseAudit.RESUMED,
+            actor=_actor_text(actor),
+            source=str(source)[:200],
+        )
+
+
+def pause_tenant(tenant_id: str, *, actor: object = None, source: str = "") -> int:
+    """Pause a tenant in every configured queue: none of its jobs starts once this
+    returns (those no worker has taken yet go back to its held jobs, in their order);
+    jobs already running finish. Its new jobs are held until :func:`resume_tenant`.
+
+    Args:
+        actor: who paused (a user, or a name), recorded in ``TenantPauseAudit``.
+        source: where from (``"admin"``, ``"incident 42"``), recorded too.
+
+    Returns:
+        How many of its jobs were taken back from the takeable sets.
+
+    Raises:
+        InvalidTenantError: ``tenant_id`` is not a tenant id.
+        BrokerError: Redis failed; the tenant may be paused in some queues only (call
+            again: pausing twice is harmless), and nothing was audited.
+    """
+    tenant_id = validate_tenant_id(tenant_id)
+    moved = _set_paused(tenant_id, True)
+    try:
+        _record(tenant_id, True, actor, source)
+    except Exception:
+        _set_paused(tenant_id, False)  # no pause without its audit record
+        raise
+    return moved
+
+
+def resume_tenant(tenant_id: str, *, actor: object = None, source: str = "") -> int:
+    """Resume a paused tenant: its held jobs are released in their order, as far as its
+    other limits allow (the rest as it gets room). Audited like :func:`pause_tenant`.
+
+    Returns:
+        How many of its jobs were released at once.
+
+    Raises:
+        InvalidTenantError: ``tenant_id`` is not a tenant id.
+        BrokerError: Redis failed; call again (resuming twice is harmless).
+    """
+    tenant_id = validate_tenant_id(tenant_id)
+    _record(tenant_id, False, actor, source)
+    return _set_paused(tenant_id, False)
+
+
+def effective_limits(plan: TenantPlan) -> TenantLimits:
+    """A row's limits with its plan tier's defaults (``TENANT_LIMITS``) filled in."""
+    defaults = get_settings().tenant_limits.get(plan.resolve_plan())
+    own = plan.own_limits()
+    return own if defaults is None else own.over(defaults)
+
+
+def sync_tenant_limits(tenant_id: str) -> None:
+    """Bring a tenant's limits to Redis in every queue after its row changed, so held
+    jobs are released under the new limits at once (not at the tenant's next enqueue).
+    Best effort: Redis down is logged, and the next enqueue writes them anyway."""
+    from fairqueue.models import TenantPlan
+
+    plan = TenantPlan.objects.filter(tenant_id=tenant_id).first()
+    limits = NO_LIMITS if plan is None else effective_limits(plan)
+    sync_broker = get_sync_broker()
+    try:
+        for queue in _queues():
+            sync_broker.run(sync_broker.broker.limits.set_limits, queue, tenant_id, limits)
+            sync_broker.run(sync_broker.broker.limits.release, queue, [tenant_id])
+    except BrokerError as exc:
+        logger.warning("tenant limits not synced to Redis (%s)", type(exc).__name__)
