@@ -38,6 +38,17 @@ LEVEL_CHOICES: Final = [
 ]
 
 
+def _limit_field(name: str, help_text: Any) -> models.PositiveIntegerField:
+    """A tenant limit: empty for the plan tier's default (``FAIRQUEUE['TENANT_LIMITS']``)
+    or none, else within the range the scripts accept (``LIMIT_RANGES``)."""
+    return models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(LIMIT_RANGES[name][1])],
+        help_text=help_text,
+    )
+
+
 class TenantPlan(models.Model):
     """A tenant's plan tier, set by hand or derived from its subscription."""
 
@@ -68,32 +79,18 @@ class TenantPlan(models.Model):
         ),
     )
     # Limits (empty: the plan tier's default from FAIRQUEUE['TENANT_LIMITS'], else none).
-    max_active = models.PositiveIntegerField(
-        null=True,
-        blank=True,
-        validators=[MinValueValidator(1), MaxValueValidator(LIMIT_RANGES["max_active"][1])],
-        help_text=_("At most this many of the tenant's jobs running at once, per queue."),
+    max_active = _limit_field(
+        "max_active", _("At most this many of the tenant's jobs running at once, per queue.")
     )
-    rate_max = models.PositiveIntegerField(
-        null=True,
-        blank=True,
-        validators=[MinValueValidator(1), MaxValueValidator(LIMIT_RANGES["rate_max"][1])],
-        help_text=_("At most this many of its jobs started per rate duration (with it)."),
+    rate_max = _limit_field(
+        "rate_max", _("At most this many of its jobs started per rate duration (with it).")
     )
-    rate_duration_ms = models.PositiveIntegerField(
-        null=True,
-        blank=True,
-        validators=[
-            MinValueValidator(1),
-            MaxValueValidator(LIMIT_RANGES["rate_duration_ms"][1]),
-        ],
-        help_text=_("The rate limit's window in milliseconds (1000: rate_max per second)."),
+    rate_duration_ms = _limit_field(
+        "rate_duration_ms",
+        _("The rate limit's window in milliseconds (1000: rate_max per second)."),
     )
-    max_waiting = models.PositiveIntegerField(
-        null=True,
-        blank=True,
-        validators=[MinValueValidator(1), MaxValueValidator(LIMIT_RANGES["max_waiting"][1])],
-        help_text=_("An enqueue that would put more of its jobs waiting is refused."),
+    max_waiting = _limit_field(
+        "max_waiting", _("An enqueue that would put more of its jobs waiting is refused.")
     )
     paused = models.BooleanField(
         default=False,
