@@ -139,6 +139,32 @@ def test_stock_worker_8_slots__never_runs_more_than_max_active(limited, loop_run
     assert found["delayed"] == found["prioritized"] == found["active"] == 0
 
 
+def test_delayed_jobs__are_held_from_the_start_and_never_exceed_max_active(
+    limited, loop_running, redis_client
+):
+    """A limited tenant's delayed jobs: BullMQ's promotion (a worker's fetch) never makes
+    them takeable; once due they join the tenant's held jobs and run within its limit."""
+    acme = [
+        enqueue_job("email", {"n": n}, tenant_id="acme", delay_ms=200).job_id for n in range(12)
+    ]
+    beta = enqueue_job("email", {}, tenant_id="beta", delay_ms=200).job_id
+    base = f"{limited}:email"
+    # held at once: BullMQ shows them delayed, none at its due time, none indexed yet
+    assert counts(limited)["delayed"] == 13
+    assert redis_client.zcard(f"{base}:fq:lim:later:acme") == 12
+    assert redis_client.zscore(f"{base}:delayed", acme[0]) > redis_client.zscore(
+        f"{base}:delayed", beta
+    )
+    finished, most = run_stock_worker(limited, 13, concurrency=8, sample_ids=acme)
+    assert sorted(finished) == sorted([*acme, beta])
+    assert most == 2
+    assert finished.index(beta) < max(finished.index(job_id) for job_id in acme)
+    assert redis_client.exists(f"{base}:fq:lim:later:acme") == 0
+    assert wait_until(
+        lambda: release().held == 0 and not redis_client.scard(f"{base}:fq:lim:tenants"), 5
+    )
+
+
 def test_release_order__held_jobs_run_oldest_first_with_fair_tags(limited):
     acme = [job.job_id for job in enqueue_jobs("email", [{} for _ in range(6)], tenant_id="acme")]
     finished, _ = run_stock_worker(limited, 2, concurrency=1)

@@ -15,7 +15,7 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from fairqueue.broker.common import BACK_OF_LINE, fair_key, fair_keys
 from fairqueue.broker.connection import BrokerPart, Connection
-from fairqueue.broker.limits import parse_released, release_args, release_keys
+from fairqueue.broker.limits import limits_key, parse_released, release_args, release_keys
 from fairqueue.broker.scripts import add_delayed_script, add_jobs_script, release_held_script
 from fairqueue.exceptions import TenantBacklogFullError
 from fairqueue.scheduling.levels import DEFAULT_TENANT, PriorityLevel
@@ -197,8 +197,9 @@ class AddPacker:
                 keys += [
                     fair_key(self.prefix, queue, "ready"),
                     fair_key(self.prefix, queue, "jobs"),
+                    limits_key(self.prefix, queue),
                 ]
-                args.append(job.delay_ms)
+                args += [job.delay_ms, job.limits or ""]
                 commands.append(
                     _AddCommand(self.delayed_sha, self.delayed_source, keys, args, delayed=True)
                 )

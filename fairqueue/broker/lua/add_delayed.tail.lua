@@ -4,16 +4,26 @@ local fqFresh = fqArgs[2] == '' or redis.call('EXISTS', fqArgs[1] .. fqArgs[2]) 
 local fqLevel, fqTenant, fqWeight, fqDelay = ARGV[4], ARGV[5], ARGV[6], tonumber(ARGV[7])
 local fqTime = redis.call('TIME')
 local fqReady = tonumber(fqTime[1]) * 1000 + math.floor(tonumber(fqTime[2]) / 1000) + fqDelay
+local fqL, fqGiven = KEYS[9], ARGV[8] or ''
+local fqHeld = fqFresh and (fqGiven ~= '' or redis.call('HEXISTS', fqL .. ':paused', fqTenant) == 1
+  or redis.call('HEXISTS', fqL .. ':catchup', fqTenant) == 1)
 if fqFresh then
   local opts = cmsgpack.unpack(ARGV[3])
   opts['fqReady'] = fqReady -- its first ready time, kept for its re-runs (see add_jobs)
+  if fqHeld then opts['fqLim'] = 1 end -- fairqueue_worker releases its tenant's next at once
   -- What the pass places it with once BullMQ promotes it: kept in the job itself, so it
   -- goes when the job does (however it goes: run, removed, drained, obliterated).
   opts['fqMeta'] = fqLevel .. '\n' .. fqWeight .. '\n' .. fqTenant
   ARGV[3] = cmsgpack.pack(opts)
 end
 local jobId = fqBullmqAddDelayed()
-if fqFresh and type(jobId) == 'string' then
+if fqHeld and type(jobId) == 'string' then
+  redis.call('ZADD', KEYS[4], 'XX', string.format('%.17g', fqHeldScore), jobId)
+  redis.call('ZADD', fqL .. ':later:' .. fqTenant, fqReady, jobId)
+  redis.call('HSET', fqL .. ':meta', jobId, fqLevel .. '\n' .. fqWeight .. '\n')
+  redis.call('SADD', fqL .. ':tenants', fqTenant)
+  if fqGiven ~= '' then redis.call('HSET', fqL, fqTenant, fqGiven) end
+elseif fqFresh and type(jobId) == 'string' then
   local second = string.format('%d', math.floor(fqReady / 1000))
   redis.call('RPUSH', KEYS[7] .. ':' .. second, jobId)
   redis.call('ZADD', KEYS[7], 'NX', second, second)

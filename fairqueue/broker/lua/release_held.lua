@@ -120,6 +120,14 @@ local heldBy = {max_active = 0, rate = 0, paused = 0}
 local c = nil
 for _, t in ipairs(tenants) do
   local heldKey = L .. ':held:' .. t
+  -- its delayed jobs that are due join its held jobs, behind those (add_delayed)
+  local laterKey = L .. ':later:' .. t
+  local due = redis.call('ZRANGEBYSCORE', laterKey, '-inf', now, 'LIMIT', 0, 1000)
+  if #due > 0 then
+    redis.call('RPUSH', heldKey, unpack(due))
+    redis.call('ZREM', laterKey, unpack(due))
+  end
+  local later = redis.call('EXISTS', laterKey) == 1
   local held = redis.call('LLEN', heldKey)
   local tokens = nil -- the rate bucket's tokens, when the tenant has a rate limit
   -- the slots it occupies, checked against BullMQ's own sets at every visit: a tenant
@@ -214,7 +222,7 @@ for _, t in ipairs(tenants) do
     if held == 0 and redis.call('HDEL', L .. ':catchup', t) == 1 then -- caught up
       fqSyncHolds(L, K.state)
     end
-    if held == 0 and redis.call('SCARD', outKey) == 0 then
+    if held == 0 and not later and redis.call('SCARD', outKey) == 0 then
       redis.call('SREM', L .. ':tenants', t)
     elseif held > 0 then
       left = left + held
@@ -231,7 +239,7 @@ for _, t in ipairs(tenants) do
         if wake < 0 or at < wake then wake = at end
       end
     end
-  elseif occupied == 0 then
+  elseif occupied == 0 and not later then
     redis.call('SREM', L .. ':tenants', t)
   end
   if released >= budget then break end
