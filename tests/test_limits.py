@@ -619,6 +619,25 @@ def test_admin_edit__raising_max_active_releases_held_jobs_at_once(limited):
     assert (found["prioritized"], found["delayed"]) == (5, 1)
 
 
+@pytest.mark.django_db(transaction=True)
+def test_admin_edit__a_first_limit_holds_the_backlog_added_before_it(fq_prefix, redis_client):
+    """A tenant without limits has 8 takeable jobs; an admin gives it max_active 2: its
+    backlog is held too (the two with room released at once), nobody else's moves."""
+    plan = TenantPlan.objects.create(tenant_id="late", plan_tier="pro")
+    wire_tenant_plan_lookup()
+    early = [j.job_id for j in enqueue_jobs("email", [{} for _ in range(8)], tenant_id="late")]
+    other = [j.job_id for j in enqueue_jobs("email", [{} for _ in range(3)], tenant_id="beta")]
+    assert counts(fq_prefix)["prioritized"] == 11
+    plan.max_active = 2
+    plan.save()  # committed: its limits go to Redis, its backlog is held
+    waiting = redis_client.zrange(f"{fq_prefix}:email:prioritized", 0, -1)
+    assert set(waiting) == {*other, *early[:2]}
+    assert redis_client.lrange(f"{fq_prefix}:email:fq:lim:held:late", 0, -1) == early[2:]
+    plan.max_active = 3
+    plan.save()  # limits changed, not new: nothing scanned again, one more released
+    assert redis_client.llen(f"{fq_prefix}:email:fq:lim:held:late") == 5
+
+
 def test_takeable_cap__a_big_backlog_of_a_limited_tenant_waits_held(fq_prefix):
     """A max_waiting-only tenant's jobs pass through the held state; at most TAKEABLE_CAP
     of them are takeable at once, so the sets each release step checks stay small."""

@@ -185,8 +185,8 @@ class LimitStore(BrokerPart):
         )
 
     async def _hold_untracked(self, queue: str, tenant_id: str) -> int:
-        """Hold a pausing tenant's takeable jobs that fairqueue never held (added before it
-        had limits), a page of the prioritized set per call in score order, so none of
+        """Hold a pausing (or newly limited) tenant's takeable jobs that fairqueue never
+        held (added before it had limits), a page of the prioritized set per call in score order, so none of
         them starts once the pause returns. Rare and bounded per call; O(backlog) overall."""
         base = limits_key(self.conn.prefix, queue)
         first = await self.conn.guard(self.conn.client().lindex(f"{base}:held:{tenant_id}", 0))
@@ -204,15 +204,20 @@ class LimitStore(BrokerPart):
             if int(reply[3]):
                 return moved
 
-    async def set_limits(self, queue: str, tenant_id: str, limits: TenantLimits) -> None:
+    async def set_limits(self, queue: str, tenant_id: str, limits: TenantLimits) -> int:
         """Store a tenant's limits (an admin edit: the release step uses them before the
-        tenant's next enqueue would), or forget them when it has none."""
+        tenant's next enqueue would), or forget them when it has none. A tenant that had
+        none in ``queue`` has its takeable jobs added before then held too (as a pause
+        does), so the new limit holds for its whole backlog, not only for later jobs.
+        Returns the jobs so held."""
         key = limits_key(self.conn.prefix, queue)
         client = self.conn.client()
-        if limits.holds:
-            await self.conn.guard(client.hset(key, tenant_id, limits.encoded()))
-        else:
+        if not limits.holds:
             await self.conn.guard(client.hdel(key, tenant_id))
+            return 0
+        if not await self.conn.guard(client.hset(key, tenant_id, limits.encoded())):
+            return 0  # had limits here already: its jobs since then are tracked
+        return await self._hold_untracked(queue, tenant_id)
 
     async def waiting(self, queue: str, tenant_id: str) -> int:
         """A tenant's jobs waiting in ``queue``: held, or released and not taken yet (the
