@@ -186,8 +186,9 @@ class LimitStore(BrokerPart):
 
     async def _hold_untracked(self, queue: str, tenant_id: str) -> int:
         """Hold a pausing (or newly limited) tenant's takeable jobs that fairqueue never
-        held (added before it had limits), a page of the prioritized set per call in score order, so none of
-        them starts once the pause returns. Rare and bounded per call; O(backlog) overall."""
+        held (added before it had limits), a page of the prioritized set per call in score
+        order, so none of them starts once the pause returns (or beyond the new limit).
+        Rare and bounded per call; O(backlog) overall."""
         base = limits_key(self.conn.prefix, queue)
         first = await self.conn.guard(self.conn.client().lindex(f"{base}:held:{tenant_id}", 0))
         script = self.conn.script(release_held_script())
