@@ -651,3 +651,27 @@ def test_takeable_cap__a_big_backlog_of_a_limited_tenant_waits_held(fq_prefix):
     finished, _ = run_stock_worker(fq_prefix, 60)
     assert release().released == 50  # room again: the rest go
     assert counts(fq_prefix)["delayed"] == 0
+
+
+def test_release__places_by_the_brokers_fairness_mode(fq_prefix, redis_client, settings):
+    """With FAIRNESS_BY="jobs" a resumed tenant's released jobs are a turn apart, as the
+    add script places them, whatever the flow's measured cost (which only "time" counts)."""
+    from fairqueue import conf
+
+    settings.FAIRQUEUE = {**settings.FAIRQUEUE, "FAIRNESS_BY": "jobs"}
+    conf.reload_settings()
+    for queue, tenant in (("email", "acme"), ("report", "ctrl")):
+        # A flow measured at 16 times the queue's typical run time.
+        redis_client.hset(
+            f"{fq_prefix}:{queue}:fq:state", mapping={"typ": 10, f"c:normal\n{tenant}": 160}
+        )
+    pause_tenant("acme")
+    held = [enqueue_job("email", {"n": n}, tenant_id="acme").job_id for n in range(3)]
+    added = [enqueue_job("report", {"n": n}, tenant_id="ctrl").job_id for n in range(3)]
+    assert resume_tenant("acme") == 3
+
+    def gaps(queue, ids):
+        scores = [redis_client.zscore(f"{fq_prefix}:{queue}:prioritized", i) for i in ids]
+        return [b - a for a, b in zip(scores, scores[1:], strict=False)]
+
+    assert gaps("email", held) == gaps("report", added)

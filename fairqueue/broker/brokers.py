@@ -16,7 +16,7 @@ from fairqueue.broker.common import REDIS_ERRORS, T, broker_error
 from fairqueue.broker.connection import Connection, loop_thread
 from fairqueue.broker.dashboard import DashboardReads
 from fairqueue.broker.history import HistoryStore
-from fairqueue.broker.limits import LimitStore, Released, release_sync
+from fairqueue.broker.limits import LimitStore
 from fairqueue.broker.lock import LockStore
 from fairqueue.broker.passes import PassStore
 from fairqueue.broker.results import ResultReads
@@ -64,7 +64,7 @@ class Broker:
             fairness_by=fairness_by,
         )
         self.passes = PassStore(self.conn)
-        self.limits = LimitStore(self.conn)
+        self.limits = LimitStore(self.conn, fairness_by=fairness_by)
         self.lock = LockStore(self.conn)
         self.dashboard = DashboardReads(self.conn)
         self.history = HistoryStore(self.conn)
@@ -133,16 +133,6 @@ class SyncBroker:
 
     def add_job(self, queue: str, job: NewJob) -> AddedJob:
         return self.add_jobs(queue, [job])[0]
-
-    def release_held(
-        self, queue: str, tenants: Sequence[str], *, fairness_by: str = "time"
-    ) -> Released:
-        """Release what ``tenants`` have room for, from the calling thread (the enqueue
-        path, right after its add held their jobs)."""
-        try:
-            return release_sync(self._client(), self.broker.prefix, queue, tenants, fairness_by)
-        except REDIS_ERRORS as exc:
-            raise broker_error(exc) from exc
 
     def close(self) -> None:
         with self._clients_lock:

@@ -12,10 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from redis.exceptions import NoScriptError
-
 from fairqueue.broker.common import fair_key, fair_keys
-from fairqueue.broker.connection import BrokerPart
+from fairqueue.broker.connection import BrokerPart, Connection
 from fairqueue.broker.scripts import release_held_script
 from fairqueue.scheduling.limits import TenantLimits
 
@@ -103,22 +101,6 @@ def parse_released(reply: Sequence[Any]) -> Released:
     return Released(released, held, None if wake < 0 else wake, by_active, by_rate, by_paused)
 
 
-def release_sync(
-    client: Any, prefix: str, queue: str, tenants: Sequence[str] | None, fairness_by: str
-) -> Released:
-    """Release with a blocking client (the enqueue path, right after it held jobs: a
-    tenant with room gets its job takeable in the same call)."""
-    script = release_held_script()
-    keys = release_keys(prefix, queue)
-    args = release_args(prefix, queue, tenants, fairness_by, "release")
-    try:
-        reply = client.evalsha(script.sha, len(keys), *keys, *args)
-    except NoScriptError:
-        client.script_load(script.source)
-        reply = client.evalsha(script.sha, len(keys), *keys, *args)
-    return parse_released(reply)
-
-
 def _decode_limits(encoded: str | None, paused: bool) -> TenantLimits:
     fields = [int(part) if part else None for part in (encoded or "").split("\n")]
     fields += [None] * (4 - len(fields))
@@ -126,11 +108,17 @@ def _decode_limits(encoded: str | None, paused: bool) -> TenantLimits:
 
 
 class LimitStore(BrokerPart):
-    """Releasing, pausing and reading the held jobs of one prefix's queues."""
+    """Releasing, pausing and reading the held jobs of one prefix's queues.
 
-    async def release(
-        self, queue: str, tenants: Sequence[str] | None = None, *, fairness_by: str = "time"
-    ) -> Released:
+    A release places jobs by the fair clock, so it counts what the broker's adds count
+    (``fairness_by``, the ``FAIRNESS_BY`` setting): every caller (the loop, a pass,
+    ``fairqueue_worker``, a resume, an admin edit) places alike."""
+
+    def __init__(self, conn: Connection, *, fairness_by: str = "time") -> None:
+        super().__init__(conn)
+        self.fairness_by = fairness_by
+
+    async def release(self, queue: str, tenants: Sequence[str] | None = None) -> Released:
         """Release the held jobs of ``tenants`` (``None``: of every tenant with held jobs,
         at most 256 a call) that have room now, at their fair places.
 
@@ -141,7 +129,7 @@ class LimitStore(BrokerPart):
         reply = await self.conn.guard(
             script(
                 keys=release_keys(self.conn.prefix, queue),
-                args=release_args(self.conn.prefix, queue, tenants, fairness_by, "release"),
+                args=release_args(self.conn.prefix, queue, tenants, self.fairness_by, "release"),
             )
         )
         return parse_released(reply)

@@ -213,7 +213,6 @@ class Rebalancer(Loop):
         set ``queue_fair_held_jobs``. Unfenced on purpose: the release script decides
         and moves atomically, so a second caller (a worker, an old leader) cannot make a
         tenant exceed its limits, and a new leader after a crash simply carries on."""
-        settings = get_settings()
         metrics = get_metrics()
         wait_ms = RELEASE_IDLE_MS
         sync_broker = get_sync_broker()
@@ -221,9 +220,7 @@ class Rebalancer(Loop):
             if not lock.held:
                 continue
             try:
-                released = sync_broker.run(
-                    sync_broker.broker.limits.release, queue, fairness_by=settings.fairness_by
-                )
+                released = sync_broker.run(sync_broker.broker.limits.release, queue)
             except Exception as exc:  # the next step tries again; never end the loop
                 logger.debug("%s: release failed (%s)", queue, type(exc).__name__)
                 continue

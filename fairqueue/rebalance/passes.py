@@ -260,7 +260,7 @@ async def arebalance_queue(
             await _recover_stalled(timed, broker, queue, fence, result)
             # Held jobs whose tenant has room (the loop does this every few ms between
             # passes; a pass alone, as with Celery beat, releases here).
-            held = await timed(broker.limits.release(queue, fairness_by=settings.fairness_by))
+            held = await timed(broker.limits.release(queue))
             result.released, result.held = held.released, held.held
         for _ in range(ADOPT_PAGES):
             page = await _adopt(timed, broker, queue, fence, result, dry_run=dry_run)

@@ -497,9 +497,7 @@ class Worker:
 
     async def _release(self, queue: str, tenant: str) -> None:
         try:
-            await self._broker.limits.release(
-                queue, [tenant], fairness_by=get_settings().fairness_by
-            )
+            await self._broker.limits.release(queue, [tenant])
         except Exception as exc:  # the loop releases it instead; never fail the worker
             logger.debug("release after a job failed (%s)", type(exc).__name__)
 
