@@ -9,7 +9,6 @@ stay in force.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from django.db import transaction
 
@@ -17,10 +16,7 @@ from fairqueue.broker import get_sync_broker
 from fairqueue.conf import get_settings
 from fairqueue.enqueue.priority import validate_tenant_id
 from fairqueue.exceptions import BrokerError
-from fairqueue.scheduling.limits import NO_LIMITS, TenantLimits
-
-if TYPE_CHECKING:
-    from fairqueue.models import TenantPlan
+from fairqueue.scheduling.limits import NO_LIMITS
 
 logger = logging.getLogger("fairqueue.tenants")
 
@@ -104,21 +100,17 @@ def resume_tenant(tenant_id: str, *, actor: object = None, source: str = "") -> 
     return _set_paused(tenant_id, False)
 
 
-def effective_limits(plan: TenantPlan) -> TenantLimits:
-    """A row's limits with its plan tier's defaults (``TENANT_LIMITS``) filled in."""
-    defaults = get_settings().tenant_limits.get(plan.resolve_plan())
-    own = plan.own_limits()
-    return own if defaults is None else own.over(defaults)
-
-
 def sync_tenant_limits(tenant_id: str) -> None:
     """Bring a tenant's limits to Redis in every queue after its row changed, so held
     jobs are released under the new limits at once (not at the tenant's next enqueue).
     Best effort: Redis down is logged, and the next enqueue writes them anyway."""
+    from fairqueue.enqueue.lookups import with_tier_defaults
     from fairqueue.models import TenantPlan
 
     plan = TenantPlan.objects.filter(tenant_id=tenant_id).first()
-    limits = NO_LIMITS if plan is None else effective_limits(plan)
+    limits = (
+        NO_LIMITS if plan is None else with_tier_defaults(plan.own_limits(), plan.resolve_plan())
+    )
     sync_broker = get_sync_broker()
     try:
         for queue in _queues():

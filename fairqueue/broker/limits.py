@@ -101,12 +101,6 @@ def parse_released(reply: Sequence[Any]) -> Released:
     return Released(released, held, None if wake < 0 else wake, by_active, by_rate, by_paused)
 
 
-def _decode_limits(encoded: str | None, paused: bool) -> TenantLimits:
-    fields = [int(part) if part else None for part in (encoded or "").split("\n")]
-    fields += [None] * (4 - len(fields))
-    return TenantLimits(*fields[:4], paused=paused)
-
-
 class LimitStore(BrokerPart):
     """Releasing, pausing and reading the held jobs of one prefix's queues.
 
@@ -217,9 +211,7 @@ class LimitStore(BrokerPart):
         out = list(await self.conn.guard(client.smembers(f"{base}:out:{tenant_id}")))
         if not out:
             return held
-        scores = await self.conn.guard(
-            client.zmscore(f"{self.conn.prefix}:{queue}:prioritized", out)
-        )
+        scores = await self.conn.guard(client.zmscore(self.conn.key(queue, "prioritized"), out))
         return held + sum(1 for score in scores if score is not None)
 
     async def held_count(self, queue: str) -> int:
@@ -239,13 +231,12 @@ class LimitStore(BrokerPart):
         """Every tenant with limits, a pause or held jobs in ``queue`` (at most
         :data:`STATUS_TENANTS`): running counted in BullMQ's own active list."""
         base = limits_key(self.conn.prefix, queue)
-        prefix = self.conn.prefix
         client = self.conn.client()
         async with client.pipeline(transaction=False) as pipe:
             pipe.hgetall(base)
             pipe.hgetall(f"{base}:paused")
             pipe.smembers(f"{base}:tenants")
-            pipe.lrange(f"{prefix}:{queue}:active", 0, -1)
+            pipe.lrange(self.conn.key(queue, "active"), 0, -1)
             pipe.hgetall(f"{base}:catchup")
             limits, paused, holding, active, catchup = await self.conn.guard(pipe.execute())
         tenants = sorted(set(limits) | set(paused) | set(holding))[:STATUS_TENANTS]
@@ -266,7 +257,7 @@ class LimitStore(BrokerPart):
                     running=sum(1 for job_id in out if job_id in active_ids),
                     occupied=len(out),
                     held=int(held),
-                    limits=_decode_limits(limits.get(tenant), tenant in paused),
+                    limits=TenantLimits.from_encoded(limits.get(tenant), paused=tenant in paused),
                     catching_up=tenant in catchup,
                 )
             )

@@ -223,10 +223,16 @@ def lookup_tenant_limits(tenant_id: str, slug: str | None = None) -> TenantLimit
     """The limits of ``tenant_id``: its own ``TenantPlan`` values, the fields it leaves
     empty filled from its plan tier's ``FAIRQUEUE['TENANT_LIMITS']``, via the same cache
     entries as its plan and weight (no extra cache or database call)."""
+    cached_slug, _weight, own = _cached_tenant(tenant_id)
+    return with_tier_defaults(own, slug or cached_slug)
+
+
+def with_tier_defaults(own: TenantLimits, plan: str | None) -> TenantLimits:
+    """A tenant's own limits with its plan tier's ``FAIRQUEUE['TENANT_LIMITS']`` filling
+    the fields it leaves empty (its own value wins)."""
     from fairqueue.conf import get_settings
 
-    cached_slug, _weight, own = _cached_tenant(tenant_id)
-    defaults = get_settings().tenant_limits.get(slug or cached_slug or "")
+    defaults = get_settings().tenant_limits.get(plan or "")
     return own if defaults is None else own.over(defaults)
 
 

@@ -89,6 +89,14 @@ class TenantLimits:
             for value in (self.max_active, self.rate_max, self.rate_duration_ms, self.max_waiting)
         )
 
+    @classmethod
+    def from_encoded(cls, encoded: str | None, *, paused: bool = False) -> TenantLimits:
+        """The limits :meth:`encoded` wrote (``None`` or ``""``: none), with ``paused``
+        as Redis keeps it apart."""
+        fields = [int(part) if part else None for part in (encoded or "").split("\n")]
+        fields += [None] * (4 - len(fields))
+        return cls(*fields[:4], paused=paused)
+
 
 NO_LIMITS: Final = TenantLimits()
 
