@@ -174,3 +174,13 @@ def test_release_script__releases_exactly_what_release_room_says(
     assert not any(client.zscore(f"{prefix}:email:delayed", job_id) for job_id in moved)
     if expected.reason is not None and held - expected.count:
         assert released.by_reason[expected.reason] == held - expected.count
+
+
+@given(limits_strategy, optional)
+def test_limits_read_back_from_redis_are_the_limits_written(limits, max_waiting):
+    """What the dashboard decodes from Redis is what an enqueue or an edit encoded."""
+    written = TenantLimits(
+        limits.max_active, limits.rate_max, limits.rate_duration_ms, max_waiting, limits.paused
+    )
+    assert TenantLimits.from_encoded(written.encoded(), paused=written.paused) == written
+    assert TenantLimits.from_encoded(None) == TenantLimits.from_encoded("") == TenantLimits()
