@@ -429,17 +429,18 @@ def _parse_fairness_by(value: Any) -> str:
 
 
 def _parse_tenant_limits(value: Any) -> Mapping[str, TenantLimits]:
+    tiers = tuple(tier.value for tier in PlanTier)
     if not isinstance(value, Mapping):
         raise ImproperlyConfigured(
             f"FAIRQUEUE['TENANT_LIMITS']={value!r} is not allowed: expected a dict of plan "
-            f"tier ({', '.join(tier.value for tier in PlanTier)}) to a dict of limits"
+            f"tier ({', '.join(tiers)}) to a dict of limits"
         )
     parsed = {}
     for tier, limits in value.items():
-        if tier not in {plan.value for plan in PlanTier}:
+        if tier not in tiers:
             raise ImproperlyConfigured(
                 f"FAIRQUEUE['TENANT_LIMITS'] has key {tier!r}, which is not allowed: expected "
-                f"a plan tier ({', '.join(plan.value for plan in PlanTier)})"
+                f"a plan tier ({', '.join(tiers)})"
             )
         try:
             parsed[tier] = parse_limits(limits, where=f"FAIRQUEUE['TENANT_LIMITS'][{tier!r}]")
