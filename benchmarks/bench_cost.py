@@ -36,6 +36,11 @@ and ``INFO commandstats`` count this benchmark's commands only.
    the whole script less a variant of it without that part (variants made here, from
    the loaded source; the shipped Lua is not touched).
 
+5. **The history step** over one stretch of the events stream, replayed from the same
+   cursor: today's recorder (the loop reads the page and works it out; one script
+   writes the page's per-bucket and per-flow results) against the Lua recorder it
+   replaced (the page read into a script and worked out there), Redis CPU per job.
+
 Ratios are fairqueue / raw bullmq (1.00 = the same cost; lower is better).
 
     python benchmarks/bench_cost.py [--jobs 2000] [--repeat 3] [--rate 1000] [--seconds 10]
@@ -665,111 +670,90 @@ def add_script_parts(
     return rows
 
 
-# -- the history step, part by part ----------------------------------------------------------
+# -- the history step, today's against the Lua recorder ----------------------------------------
 
-#: Variants of the history script (text edits of the loaded source, here only), each
-#: replayed over the same stretch of the events stream as the shipped script: what each
-#: of its savings is worth is the variant's cost less the shipped script's.
-HISTORY_VARIANTS: dict[str, tuple[list[tuple[str, str]], int]] = {
-    "pages of 250 entries instead of 1,000": ([], 250),
-    "XINFO STREAM every call (no cursor-entry check)": (
-        [("  if page[1] and page[1][1] == cursor then\n", "  if false then\n")],
-        1_000,
-    ),
-    "every payload and opts decoded (no text read)": (
-        [("      if named and levelWeight[named] and ready then\n", "      if false then\n")],
-        1_000,
-    ),
-    # Issue 18's cost: no run times read (no run remembered at a start, none paired at an
-    # end, no estimates): the shipped script's excess over this is what worker-time
-    # fairness costs Redis per started job.
-    "without run times (worker time not read)": (
-        [
-            ("    finished(jobId, msOf(entry[1]), false)\n", ""),
-            ("    finished(jobId, msOf(entry[1]), true)\n", ""),
-            ("      if byTime then\n", "      if false then\n"),
-            (
-                "      pendingRuns[jobId] = {level, tenant, startMs, "
-                "tonumber(string.format('%.6g', turns))}\n",
-                "",
-            ),
-        ],
-        1_000,
-    ),
-}
+#: The last revision that recorded the history in a Lua script (``history_record.lua``:
+#: the stream page read into the script, per-job work in Redis); measured beside today's.
+LUA_RECORDER_REV = "aeb023f"
 
 
 def history_parts(url: str, jobs: int, rev: str | None = None) -> list[tuple[str, float, int]]:
-    """(variant, script us per started job, calls) over one stretch of ``jobs`` jobs'
-    events, each variant from the same cursor; with ``before``, the script as it was
-    at that git revision too (pages of 250, as it was called then)."""
-    from fairqueue.broker.scripts import plain_script
+    """(variant, Redis CPU us per started job, calls) over one stretch of ``jobs`` jobs'
+    events, each variant from the same cursor: today's recorder (the loop reads the page
+    and works it out, one script writes it) with fairness by time and by jobs, and the
+    Lua recorder of :data:`LUA_RECORDER_REV` (or ``rev``) as it was called then."""
+    from fairqueue.broker import get_sync_broker
     from fairqueue.dashboard.history import BUCKET_S, RETENTION_S, TENANTS_PER_BUCKET
 
     prefix = f"hist{uuid.uuid4().hex[:6]}"
     client = redis.Redis.from_url(url)
-    full = plain_script("history_record").source
-    shipped = "the shipped script (pages of 1,000)"
-    variants = {shipped: (full, 1_000)}
-    for name, (edits, page) in HISTORY_VARIANTS.items():
-        source = full
-        for old, new in edits:
-            if old not in source:
-                raise SystemExit(f"the history script changed: cannot make {name!r}")
-            source = source.replace(old, new)
-        variants[name] = (source, page)
-    if rev:
-        variants[f"the script at {rev} (pages of 250)"] = (lua_at(rev, "history_record"), 250)
+    lua_rev = rev or LUA_RECORDER_REV
+    try:
+        old_lua = lua_at(lua_rev, "history_record")
+    except subprocess.CalledProcessError:
+        old_lua = None  # not a git checkout, or the revision is unknown
     token, base = "bench-history", f"{prefix}:{QUEUE}"
+    keys = [f"{base}:events", f"{base}:fq:hist", f"{base}:fq:leader"]
+    keys += [f"{base}:fq:run", f"{base}:fq:state", f"{base}:fq:flows", f"{base}:fq:fweights"]
     rows = []
     try:
         # Every finished job kept, so each start the step reads has its hash (as when the
         # loop reads the stream while the jobs run; here it reads after the drain).
         keep = {"KEEP_COMPLETED": {"count": 10 * jobs, "age": 86_400}}
         with fairqueue_on(url, prefix, **keep), stock_worker(url, prefix):
-            keys = [f"{base}:events", f"{base}:fq:hist", f"{base}:fq:leader"]
-            keys += [f"{base}:fq:run", f"{base}:fq:state", f"{base}:fq:flows"]
-            keys += [f"{base}:fq:fweights"]
+            broker, sync = get_broker(), get_sync_broker()
 
-            def args(page: int) -> list[Any]:
-                return [
-                    token,
-                    60_000,
-                    f"{base}:",
-                    f"{base}:fq:hist:",
-                    page,
-                    BUCKET_S,
-                    RETENTION_S,
-                    300_000,
-                    65_536,
-                    TENANTS_PER_BUCKET,
-                    1_048_576,
-                    "time",
-                ]
+            def today(fairness_by: str) -> Callable[[], tuple[int, bool]]:
+                async def page() -> tuple[int, bool]:
+                    recorded = await broker.history.record_history_page(
+                        QUEUE,
+                        lock_key=keys[2],
+                        token=token,
+                        lock_ttl_ms=60_000,
+                        max_wait_ms=300_000,
+                        fairness_by=fairness_by,
+                    )
+                    return recorded.recorded, recorded.more
 
+                return lambda: sync.run(page)
+
+            variants: dict[str, Callable[[], tuple[int, bool]]] = {
+                "today: the loop reads and works out the page, one script writes it "
+                "(fairness by time)": today("time"),
+                "today, fairness by jobs": today("jobs"),
+            }
+            if old_lua is not None:
+                script = client.register_script(old_lua)
+                args = [token, 60_000, f"{base}:", f"{base}:fq:hist:", 1_000, BUCKET_S]
+                args += [RETENTION_S, 300_000, 65_536, TENANTS_PER_BUCKET, 1_048_576, "time"]
+
+                def lua_page() -> tuple[int, bool]:
+                    reply = script(keys=keys, args=args)
+                    return int(reply[2]), bool(int(reply[5]))
+
+                variants[f"the Lua recorder at {lua_rev} (the page read into the script)"] = (
+                    lua_page
+                )
             client.set(keys[2], token)
-            scripts = {name: client.register_script(src) for name, (src, _) in variants.items()}
-            scripts[shipped](keys=keys, args=args(1_000))  # the cursor
+            variants[next(iter(variants))]()  # the cursor
             for _ in range(0, jobs, BATCH):
                 enqueue_jobs(JOB_TYPE, [fair_data(i) for i in range(BATCH)], tenant_id=TENANT)
             wait_drained(client, prefix)
             saved = client.hgetall(keys[1])
             state = {key: client.dump(key) for key in keys[3:]}
             best: dict[str, tuple[float, int]] = {}
-            for name, (_, page) in [*variants.items()] * 3:
+            for name, page_fn in [*variants.items()] * 3:
                 client.delete(keys[1], *keys[3:])
                 client.hset(keys[1], mapping=saved)
                 for key, dumped in state.items():
                     if dumped is not None:
                         client.restore(key, 0, dumped)
-                calls, recorded = 0, 0
+                calls, recorded, more = 0, 0, True
                 cpu_before = cpu_us(client)
-                while True:
-                    reply = scripts[name](keys=keys, args=args(page))
+                while more:
+                    got, more = page_fn()
                     calls += 1
-                    recorded += int(reply[2])
-                    if not int(reply[5]):
-                        break
+                    recorded += got
                 per_job = (cpu_us(client) - cpu_before) / max(recorded, 1)
                 if name not in best or per_job < best[name][0]:
                     best[name] = (per_job, calls)
@@ -865,7 +849,8 @@ def print_parts(rows: list[tuple[str, float, float]], n: int) -> None:
 def print_history(rows: list[tuple[str, float, int]], jobs: int) -> None:
     print(
         f"\n5. The history step over one stretch of the events stream ({jobs} jobs started "
-        "and completed), variants replayed from the same cursor, best of 3: Redis CPU per job\n"
+        "and completed), each recorder replayed from the same cursor, best of 3: Redis CPU "
+        "per started job\n"
     )
     print("| variant | us per started job | calls |")
     print("|---|---|---|")

@@ -201,7 +201,7 @@ def _measure(
     worker.wait(15)
     reader.join(5)
     final = rebalance_queue(JOB_TYPE, rebalancer="bench-history", record_history=record)
-    server_ms = _script_ms(url, plain_script("history_record").sha)
+    server_ms = _script_ms(url, plain_script("history_commit").sha)
     elapsed_ms = (time.time() - began) * 1000
     durations = sorted(result.duration_ms for result in passes)
     everything = [*passes, *steps, final]

@@ -1,5 +1,5 @@
-"""The dashboard's history in Redis: the pass records a page of BullMQ's events stream
-(``lua/history_record.lua``), the dashboard reads the buckets back.
+"""The dashboard's history in Redis: the loop records BullMQ's events stream a page at a
+time (:mod:`fairqueue.broker.history_page`), the dashboard reads the buckets back.
 
 Every key is ``<prefix>:<queue>:fq:hist...``, beside the queue's own keys (one hash tag
 on Redis Cluster), and every bucket expires after the retention, so the history costs a
@@ -9,39 +9,15 @@ most ``TENANTS_PER_BUCKET`` tenants.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from fairqueue.broker.connection import BrokerPart
-from fairqueue.broker.passes import LockLostError
-from fairqueue.broker.scripts import plain_script
-from fairqueue.dashboard.history import BUCKET_S, LEVEL_NAMES, RETENTION_S, TENANTS_PER_BUCKET
+from fairqueue.broker.history_page import PageReader, RecordedPage
+from fairqueue.dashboard.history import BUCKET_S, LEVEL_NAMES, RETENTION_S
 
 #: What the backlogs need of a bucket before the window: jobs started and became ready.
 _COUNT_FIELDS = [f"{kind}:{level}" for kind in ("s", "a") for level in LEVEL_NAMES]
-
-
-@dataclass(frozen=True, slots=True)
-class RecordedPage:
-    """What one recording call did."""
-
-    #: Stream entries read (every event, not only starts).
-    read: int
-    #: Started jobs recorded with their level, and those whose level could not be read.
-    recorded: int
-    unknown: int
-    #: Milliseconds of events trimmed from the stream before the pass read them.
-    gap_ms: int
-    #: The page was full: more entries may be waiting.
-    more: bool
-    #: Level name -> (worker milliseconds of the attempts that finished, restarts of
-    #: jobs that had run before) in this page.
-    served: dict[str, tuple[int, int]] = field(default_factory=dict)
-    #: Starts recorded per level name (retried jobs' too), and the waits (ms, ready to
-    #: start on Redis's clock) of the first attempts among them, as (level name, ms):
-    #: the rebalancer's metrics. Empty on the first call (it only sets the cursor).
-    started_by_level: dict[str, int] = field(default_factory=dict)
-    waits: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,57 +47,22 @@ class HistoryStore(BrokerPart):
     ) -> RecordedPage:
         """Record the next page of ``queue``'s events stream (fenced by the lock).
 
+        The page is read and worked out here, in the loop's process, and written by one
+        script, once or not at all (see :mod:`fairqueue.scheduling.attempts` for why):
+        at most ``page_size`` entries and about ``byte_budget`` bytes of job data; a
+        job whose data is over ``max_data_bytes`` counts as started at an unknown level.
+
         Raises:
             LockLostError: another rebalancer holds the lock; nothing was recorded.
         """
-        script = self.conn.script(plain_script("history_record"))
-        reply = await self.conn.guard(
-            script(
-                keys=[
-                    self.conn.key(queue, "events"),
-                    self.conn.fair_key(queue, "hist"),
-                    lock_key,
-                    self.conn.fair_key(queue, "run"),
-                    self.conn.fair_key(queue, "state"),
-                    self.conn.fair_key(queue, "flows"),
-                    self.conn.fair_key(queue, "fweights"),
-                ],
-                args=[
-                    token,
-                    lock_ttl_ms,
-                    self.conn.key(queue, ""),
-                    self.conn.fair_key(queue, "hist:"),
-                    page_size,
-                    BUCKET_S,
-                    RETENTION_S,
-                    max_wait_ms,
-                    max_data_bytes,
-                    TENANTS_PER_BUCKET,
-                    byte_budget,
-                    fairness_by,
-                ],
+        return await self.conn.guard(
+            PageReader(self.conn, queue, lock_key, token, lock_ttl_ms).record(
+                max_wait_ms=max_wait_ms,
+                page_size=page_size,
+                max_data_bytes=max_data_bytes,
+                byte_budget=byte_budget,
+                by_time=fairness_by == "time",
             )
-        )
-        status, read, recorded, unknown, gap_ms, more = reply[:6]
-        if int(status) < 0:
-            raise LockLostError(queue)
-        started, waits, served = (list(part) for part in reply[6:9])
-        return RecordedPage(
-            read=int(read),
-            recorded=int(recorded),
-            unknown=int(unknown),
-            gap_ms=int(gap_ms),
-            more=bool(int(more)),
-            started_by_level={
-                name: int(count) for name, count in zip(LEVEL_NAMES, started, strict=False) if count
-            },
-            waits=tuple(
-                (LEVEL_NAMES[int(waits[i])], int(waits[i + 1])) for i in range(0, len(waits) - 1, 2)
-            ),
-            served={
-                str(served[i]): (int(served[i + 1]), int(served[i + 2]))
-                for i in range(0, len(served), 3)
-            },
         )
 
     async def read_history(

@@ -113,5 +113,6 @@ def release_held_script() -> Script:
 @cache
 def plain_script(name: str) -> Script:
     """One of fairqueue's own scripts (``index_walk``, ``rebase_page``, ``lock_acquire``,
-    ``lock_release``, ``dashboard_page``, ``dashboard_scan``, ``history_record``)."""
+    ``lock_release``, ``dashboard_page``, ``dashboard_scan``, ``history_seek``,
+    ``history_commit``)."""
     return Script(name, load_lua(name))

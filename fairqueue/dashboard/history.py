@@ -1,8 +1,8 @@
 """Served shares and waits over the last minutes: the pure part of the dashboard's history.
 
-Data in, data out: nothing here talks to Redis or reads settings. The rebalance pass
-records what workers started (``broker/lua/history_record.lua``) in per-``BUCKET_S``
-buckets kept ``RETENTION_S``; :func:`summarize` turns those buckets into what the
+Data in, data out: nothing here talks to Redis or reads settings. The rebalance loop
+records what workers started (``scheduling/attempts.py``, ``broker/history_page.py``) in
+per-``BUCKET_S`` buckets kept ``RETENTION_S``; :func:`summarize` turns those buckets into what the
 dashboard shows: per level the share of the jobs started, the share it was *entitled*
 to given the work each level had, wait p50/p99 against the bound; the top tenants.
 
@@ -123,7 +123,7 @@ def max_min(
 
 @dataclass(slots=True)
 class Bucket:
-    """What the pass recorded for one bucket (see ``history_record.lua``)."""
+    """What the pass recorded for one bucket (see ``broker/lua/history_commit.lua``)."""
 
     start_s: int
     #: Jobs started, per level (``UNKNOWN``: the job's hash was gone when read).

@@ -200,8 +200,8 @@ def _merged_payload(payload: object, resolved: ResolvedPriority) -> dict[str, An
                 f"resolved; drop the key or pass the same value as the {key} argument"
             )
     level = resolved.level
-    # The level and tenant first: the history step reads them from the start of the
-    # stored JSON without decoding it (lua/history_record.lua's fastMeta).
+    # The level and tenant first, so a reader of the stored JSON (bull-board, redis-cli)
+    # sees whose job it is at once.
     data = {
         PAYLOAD_LEVEL_KEY: level.value if isinstance(level, PriorityLevel) else level,
         PAYLOAD_TENANT_KEY: resolved.tenant_id,

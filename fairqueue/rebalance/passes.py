@@ -20,12 +20,14 @@ so the pass is not a second scheduler and never reorders tagged jobs. Each pass:
 4. **Records history** for the dashboard: the jobs workers started since the last pass,
    read from BullMQ's own events stream (stock workers record nothing of fairqueue's),
    per level and tenant, with their waits, in buckets that expire after an hour
-   (:mod:`fairqueue.history`, ``broker/lua/history_record.lua``). A page of the stream
-   per call, ``HISTORY_PAGES`` calls at most.
+   (:mod:`fairqueue.broker.history_page`: the loop reads a page of the stream and works
+   it out, ``broker/lua/history_commit.lua`` writes it once). A page of the stream per
+   call, ``HISTORY_PAGES`` calls at most.
 
 Every script call does bounded work and is fenced by the queue's leader lock inside
 Redis: it renews the lock, and a pass whose lock another rebalancer took stops writing
-(``lock_lost``). Time is Redis's (``TIME`` in the scripts), never this host's.
+(``lock_lost``). Time is Redis's (``TIME`` in the scripts, stream ids), never this
+host's; only which history buckets are still kept is this host's clock's call.
 """
 
 from __future__ import annotations

@@ -1,0 +1,382 @@
+"""Reading one page of BullMQ's events stream for the history, and writing what it says.
+
+The loop reads the page and the started jobs' hashes with plain commands, works the page
+out in its own process (:mod:`fairqueue.scheduling.attempts`), and writes the result with
+one script (``lua/history_commit.lua``) that checks the leader lock and that the cursor
+is still the one the page was read from: so a page is recorded once or not at all, and
+Redis, which every producer and worker shares, only serves reads and applies per-bucket
+and per-flow writes. This module knows BullMQ's shapes: its event names, its job hash
+fields, its stream ids.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.client import NEVER_DECODE
+
+from fairqueue.broker.connection import Connection
+from fairqueue.broker.passes import LockLostError
+from fairqueue.broker.scripts import plain_script
+from fairqueue.dashboard.history import BUCKET_S, LEVEL_NAMES, RETENTION_S, TENANTS_PER_BUCKET
+from fairqueue.dashboard.history import wait_bin as _wait_bin
+from fairqueue.scheduling import attempts
+from fairqueue.scheduling.attempts import Event, Run, Start
+
+_RAW = {NEVER_DECODE: True}
+#: The job hash fields a start needs (BullMQ's names).
+_START_FIELDS = ("timestamp", "delay", "ats", "opts", "data")
+#: Started jobs' hashes read per round trip (each read stops once the page's data
+#: budget is spent).
+_ROWS_PER_READ = 256
+_END_EVENTS = {b"completed", b"failed"}
+_READD_EVENTS = {b"waiting", b"delayed"}
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedPage:
+    """What one recording call did."""
+
+    #: Stream entries read (every event, not only starts).
+    read: int
+    #: Started jobs recorded with their level, and those whose level could not be read.
+    recorded: int
+    unknown: int
+    #: Milliseconds of events trimmed from the stream before the pass read them.
+    gap_ms: int
+    #: The page was full: more entries may be waiting.
+    more: bool
+    #: Level name -> (worker milliseconds of the attempts that finished, restarts of
+    #: jobs that had run before) in this page.
+    served: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: Starts recorded per level name (retried jobs' too), and the waits (ms, ready to
+    #: start on Redis's clock) of the first attempts among them, as (level name, ms):
+    #: the rebalancer's metrics. Empty on the first call (it only sets the cursor).
+    started_by_level: dict[str, int] = field(default_factory=dict)
+    waits: tuple[tuple[str, int], ...] = ()
+
+
+def _text(raw: bytes) -> str:
+    """Bytes from Redis as text, losslessly (written back as the same bytes)."""
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def _raw(text: str) -> bytes:
+    return text.encode("utf-8", "surrogateescape")
+
+
+def _number(value: Any) -> float | None:
+    """A number as Lua's ``tonumber`` reads it (a JSON number or numeric text)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return value
+    if isinstance(value, str | bytes):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _level_of_priority(priority: Any) -> str:
+    """The level a producer's numeric priority stands for (``levels.normalize_priority``,
+    read leniently: a job from another producer never fails the page)."""
+    p = _number(priority) or 0
+    if p == 1:
+        return "critical"
+    if p in (2, 3):
+        return "high"
+    if p >= 6:
+        return "low"
+    return "normal"
+
+
+def parse_start(row: list[bytes | None], max_data_bytes: int) -> attempts.Start | None:
+    """What a started job's hash (``_START_FIELDS``) says; ``None`` when it is gone or
+    its data is over ``max_data_bytes`` (an unknown level)."""
+    timestamp, delay, ats, opts_raw, data_raw = row
+    size = len(data_raw) if data_raw else 0
+    if timestamp is None or size > max_data_bytes:
+        return None
+    try:
+        opts = json.loads(opts_raw or b"{}")
+    except ValueError:
+        opts = None
+    if not isinstance(opts, dict):
+        opts = {}
+    try:
+        data = json.loads(data_raw or b"")
+    except ValueError:
+        data = None
+    level: str | None = None
+    tenant = "default"
+    if isinstance(data, list):
+        data = {}  # a JSON array: no fairqueue metadata, the level of its priority
+    if isinstance(data, dict):
+        named, tid = data.get("priorityLevel"), data.get("tenantId")
+        if named is None:
+            level = _level_of_priority(opts.get("priority", 0))
+        elif isinstance(named, str) and named in attempts.LEVEL_WEIGHTS:
+            level = named
+        if isinstance(tid, str) and tid != "":
+            tenant = tid.encode("utf-8", "replace").decode("utf-8")
+        elif tid is not None:
+            level = None  # unreadable fairqueue metadata, as the dashboard's '?'
+    ready = _number(opts.get("fqReady"))
+    if ready is None:
+        ready = (_number(timestamp) or 0) + (_number(delay) or 0)
+    return Start(
+        level=level,
+        tenant=tenant,
+        ready_ms=int(ready),
+        first_attempt=(_number(ats) or 1) <= 1,
+    )
+
+
+def _ms_of(entry_id: bytes) -> int:
+    return int(entry_id.split(b"-", 1)[0])
+
+
+def parse_event(entry_id: bytes, fields: dict[bytes, bytes]) -> Event | None:
+    """The attempt a stream entry starts or ends; ``None`` for the others ('added',
+    'drained', progress...)."""
+    event, job_id = fields.get(b"event"), fields.get(b"jobId")
+    if job_id is None:
+        return None
+    if event == b"active":
+        kind = "start"
+    elif event in _END_EVENTS:
+        kind = "end"
+    elif event in _READD_EVENTS and fields.get(b"prev") == b"active":
+        kind = "retry"  # an attempt that failed with attempts left (at once or backed off)
+    else:
+        return None
+    return Event(kind, _text(job_id), _ms_of(entry_id))
+
+
+class PageReader:
+    """One recording call's reads and its write."""
+
+    def __init__(
+        self, conn: Connection, queue: str, lock_key: str, token: str, lock_ttl_ms: int
+    ) -> None:
+        self.conn, self.queue = conn, queue
+        self.lock_key, self.token, self.lock_ttl_ms = lock_key, token, lock_ttl_ms
+        self.events_key = conn.key(queue, "events")
+        self.hist_key = conn.fair_key(queue, "hist")
+
+    async def record(
+        self,
+        *,
+        max_wait_ms: int,
+        page_size: int,
+        max_data_bytes: int,
+        byte_budget: int,
+        by_time: bool,
+    ) -> RecordedPage:
+        client = self.conn.client()
+        cursor, ord_text, since = await client.hmget(self.hist_key, "cursor", "ord", "since")
+        # Which buckets are still kept (older ones are not written): the loop's clock,
+        # as Redis's own TIME is not a keyed command (Redis Cluster); they expire on
+        # Redis's clock either way.
+        now_s = int(time.time())
+        ord_ = int(ord_text or 0)
+        gap: dict[int, int] = {}
+        entries = None
+        if cursor:
+            # While the cursor's own entry is in the stream nothing after it was trimmed
+            # (BullMQ trims from the front): read from it, inclusive, and drop it.
+            read = await client.execute_command(
+                "XRANGE", self.events_key, cursor, "+", "COUNT", page_size + 1, **_RAW
+            )
+            if read and read[0][0] == _raw(cursor):
+                entries = read[1:]
+        if entries is None:
+            seek = await self.conn.script(plain_script("history_seek"))(
+                keys=[self.events_key, self.hist_key, self.lock_key],
+                args=[self.token, self.lock_ttl_ms, cursor or ""],
+            )
+            status = int(seek[0])
+            if status < 0:
+                raise LockLostError(self.queue)
+            if status == 0:  # the first call set the cursor (or another moved it)
+                return RecordedPage(read=0, recorded=0, unknown=0, gap_ms=0, more=False)
+            start, inclusive, ord_, lost, first_ms = seek[1:6]
+            ord_, since_ms = int(ord_), int(since or 0)
+            if int(lost) > 0:
+                gap = attempts.gap_buckets(
+                    _ms_of(_raw(cursor)),
+                    int(first_ms),
+                    oldest_s=attempts.oldest_bucket(int(now_s), BUCKET_S, RETENTION_S),
+                    since_ms=since_ms,
+                    bucket_s=BUCKET_S,
+                )
+            low = start if int(inclusive) else f"({start}"
+            entries = await client.execute_command(
+                "XRANGE", self.events_key, low, "+", "COUNT", page_size, **_RAW
+            )
+        full = len(entries) >= page_size
+        events, starts, kept, spent = await self._read_starts(entries, max_data_bytes, byte_budget)
+        runs = await self._read_runs(events)
+        state = await self._read_state(starts.values(), runs.values()) if by_time else {}
+        page = attempts.record_page(
+            events,
+            starts,
+            runs,
+            state,
+            now_s=int(now_s),
+            bucket_s=BUCKET_S,
+            retention_s=RETENTION_S,
+            bound_ms=max_wait_ms,
+            by_time=by_time,
+            wait_bin=_wait_bin,
+        )
+        for bucket, ms in gap.items():
+            row = page.buckets.setdefault(bucket, {})
+            row["g"] = row.get("g", 0) + ms
+        last = _text(kept[-1][0]) if kept else ""
+        written = await self._commit(cursor or "", last, ord_ + len(kept), page)
+        if written < 0:
+            raise LockLostError(self.queue)
+        if written == 0:  # another call recorded this page first: read again
+            return RecordedPage(read=0, recorded=0, unknown=0, gap_ms=0, more=True)
+        waits = tuple(page.waits)
+        return RecordedPage(
+            read=len(kept),
+            recorded=page.recorded,
+            unknown=page.unknown,
+            gap_ms=sum(gap.values()),
+            more=full or spent,
+            served=page.served,
+            started_by_level={
+                level: page.started_by_level[level]
+                for level in LEVEL_NAMES
+                if page.started_by_level.get(level)
+            },
+            waits=waits,
+        )
+
+    async def _read_starts(
+        self, entries: list, max_data_bytes: int, byte_budget: int
+    ) -> tuple[list[Event], dict[str, Start | None], list, bool]:
+        """The page's events and its started jobs' hashes, up to the data budget: the
+        entries kept are those before the one at which the budget ran out."""
+        parsed = [parse_event(entry_id, fields) for entry_id, fields in entries]
+        pending = [event.job_id for event in parsed if event and event.kind == "start"]
+        rows: dict[str, list] = {}
+        spent = 0
+        at = 0
+        while at < len(pending) and spent <= byte_budget:
+            chunk = list(dict.fromkeys(pending[at : at + _ROWS_PER_READ]))
+            at += _ROWS_PER_READ
+            async with self.conn.client().pipeline(transaction=False) as pipe:
+                for job_id in chunk:
+                    pipe.execute_command(
+                        "HMGET", self.conn.key(self.queue, job_id), *_START_FIELDS, **_RAW
+                    )
+                for job_id, row in zip(chunk, await pipe.execute(), strict=True):
+                    rows[job_id] = row
+                    spent += len(row[4]) if row[4] else 0
+        events: list[Event] = []
+        starts: dict[str, Start | None] = {}
+        kept_count, used = 0, 0
+        for event in parsed:
+            if used > byte_budget:
+                break
+            kept_count += 1
+            if event is None:
+                continue
+            events.append(event)
+            if event.kind == "start":
+                row = rows[event.job_id]
+                used += len(row[4]) if row[4] else 0
+                starts[event.job_id] = parse_start(row, max_data_bytes)
+        return events, starts, entries[:kept_count], used > byte_budget
+
+    async def _read_runs(self, events: list[Event]) -> dict[str, Run]:
+        wanted = attempts.runs_to_read(events)
+        if not wanted:
+            return {}
+        key = self.conn.fair_key(self.queue, "run")
+        texts = await self.conn.client().execute_command("HMGET", key, *wanted, **_RAW)
+        runs = {}
+        for job_id, text in zip(wanted, texts, strict=True):
+            run = Run.decode(_text(text)) if text is not None else None
+            if run is not None:
+                runs[job_id] = run
+        return runs
+
+    async def _read_state(self, starts: Any, runs: Any) -> dict[str, float]:
+        names = attempts.state_fields(starts, runs)
+        key = self.conn.fair_key(self.queue, "state")
+        values = await self.conn.client().execute_command(
+            "HMGET", key, *[_raw(name) for name in names], **_RAW
+        )
+        state = {}
+        for name, value in zip(names, values, strict=True):
+            number = _number(value) if value is not None else None
+            if number is not None:
+                state[name] = number
+        return state
+
+    async def _commit(self, cursor: str, last: str, ord_: int, page: attempts.PageRecord) -> int:
+        args: list[Any] = [
+            self.token,
+            self.lock_ttl_ms,
+            cursor,
+            last,
+            ord_,
+            self.conn.fair_key(self.queue, "hist:"),
+            RETENTION_S + 2 * BUCKET_S,
+            TENANTS_PER_BUCKET,
+        ]
+
+        def section(items: list[Any], width: int) -> None:
+            args.append(len(items) // width)
+            args.extend(items)
+
+        section(
+            [x for b, row in page.buckets.items() for name, n in row.items() for x in (b, name, n)],
+            3,
+        )
+        section(
+            [
+                x
+                for b, row in page.tenants.items()
+                for member, n in row.items()
+                for x in (b, _raw(member), n)
+            ],
+            3,
+        )
+        section([_raw(job_id) for job_id in page.ended_runs], 1)
+        section(
+            [
+                x
+                for job_id, run in page.started_runs.items()
+                for x in (_raw(job_id), _raw(run.encode()))
+            ],
+            2,
+        )
+        section([x for name, text in page.state_writes.items() for x in (_raw(name), text)], 2)
+        section(
+            [x for s in page.settlements for x in (_raw(s.member), s.level, f"{s.debt:.17g}")],
+            3,
+        )
+        return int(
+            await self.conn.script(plain_script("history_commit"))(
+                keys=[
+                    self.hist_key,
+                    self.lock_key,
+                    self.conn.fair_key(self.queue, "run"),
+                    self.conn.fair_key(self.queue, "state"),
+                    self.conn.fair_key(self.queue, "flows"),
+                    self.conn.fair_key(self.queue, "fweights"),
+                    self.conn.key(self.queue, "active"),
+                ],
+                args=args,
+            )
+        )

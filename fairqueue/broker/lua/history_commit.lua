@@ -1,0 +1,94 @@
+--[[
+  Write one page of the queue's history, as the loop computed it from BullMQ's events
+  stream (``fairqueue.broker.history``, ``fairqueue.scheduling.attempts``): once or not
+  at all. Fenced by the leader lock and by the cursor the page was read from, so a page
+  a former leader read, or one read twice, is never recorded twice. The writes are per
+  bucket and per flow, not per job: Redis does the least a page needs.
+
+  KEYS[1] fq:hist (hash: cursor, ord, since)  KEYS[2] the leader lock  KEYS[3] fq:run
+  KEYS[4] fq:state  KEYS[5] fq:flows  KEYS[6] fq:fweights  KEYS[7] BullMQ's active list
+  ARGV    token, lock ttl ms, the cursor the page was read from, the new cursor ('': keep),
+          the new ord, bucket key prefix ('<prefix>:<queue>:fq:hist:'), seconds a bucket
+          is kept, tenants kept per bucket, then sections, each a count and its items:
+          bucket increments (bucket, field, n), tenant starts (bucket, member, n), runs
+          ended (job id), runs started (job id, run), fq:state writes (field, text),
+          settlements (member, level, turns)
+  Bucket keys (same hash tag as the queue): <bucket prefix><start second> (hash: s:<level>
+  started, a:<level> became ready, o:<level> over the bound, w:<level>:<bin> waits, r
+  retried, g gap ms, t:<level> worker ms, R:<level> retries) and <bucket prefix>t:<start
+  second> (zset '<level>\n<tenant>' -> started, trimmed to the most served).
+  A settlement moves the flow's last tag in fq:flows by its whole turns (a flow whose
+  jobs ran long waits longer for its next turns), at the flow's weight and its level's
+  total as they are now.
+  Returns 1 recorded, 0 the cursor moved (nothing written), -1 lock lost.
+]]
+--- @include fair_clock
+--- @include lock_fence
+if not fqHoldLock(KEYS[2], ARGV[1], ARGV[2]) then return -1 end
+if (redis.call('HGET', KEYS[1], 'cursor') or '') ~= ARGV[3] then return 0 end
+local bucketPrefix, expireS, keepTenants = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
+local at = 9
+local function section(width)
+  local n = tonumber(ARGV[at])
+  local first = at + 1
+  at = first + n * width
+  return first, first + n * width - 1
+end
+
+local from, to = section(3)
+local expiring = {}
+for i = from, to, 3 do
+  local key = bucketPrefix .. ARGV[i]
+  redis.call('HINCRBY', key, ARGV[i + 1], ARGV[i + 2])
+  expiring[key] = true
+end
+for key in pairs(expiring) do redis.call('EXPIRE', key, expireS) end
+
+from, to = section(3)
+local trimmed = {}
+for i = from, to, 3 do
+  local key = bucketPrefix .. 't:' .. ARGV[i]
+  redis.call('ZINCRBY', key, ARGV[i + 2], ARGV[i + 1])
+  trimmed[key] = true
+end
+for key in pairs(trimmed) do
+  local extra = redis.call('ZCARD', key) - keepTenants
+  if extra > 0 then redis.call('ZREMRANGEBYRANK', key, 0, extra - 1) end
+  redis.call('EXPIRE', key, expireS)
+end
+
+-- The runs this page ended, then those it started and did not see end (in that order: a
+-- job that ended and started again is running).
+from, to = section(1)
+for i = from, to, 1000 do redis.call('HDEL', KEYS[3], unpack(ARGV, i, math.min(i + 999, to))) end
+from, to = section(2)
+for i = from, to, 1000 do redis.call('HSET', KEYS[3], unpack(ARGV, i, math.min(i + 999, to))) end
+from, to = section(2)
+if to >= from then redis.call('HSET', KEYS[4], unpack(ARGV, from, to)) end
+
+from, to = section(3)
+for i = from, to, 3 do
+  local member, level, debt = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
+  local last = tonumber(redis.call('ZSCORE', KEYS[5], member))
+  if last and fqLevelWeight[level] then
+    local w = tonumber(redis.call('HGET', KEYS[6], member)) or 1
+    local total = tonumber(redis.call('HGET', KEYS[4], 'W:' .. level)) or w
+    local step = fqScale * debt * total / (fqLevelWeight[level] * w)
+    redis.call('ZADD', KEYS[5], string.format('%.17g', last + step), member)
+  end
+end
+
+if ARGV[4] ~= '' then
+  redis.call('HSET', KEYS[1], 'cursor', ARGV[4], 'ord', ARGV[5])
+else
+  redis.call('HSET', KEYS[1], 'ord', ARGV[5])
+end
+-- fq:run holds the attempts running now; an entry whose end the stream never showed (a
+-- job removed while it ran) is dropped once the hash outgrows the active list.
+if redis.call('HLEN', KEYS[3]) > 2 * redis.call('LLEN', KEYS[7]) + 1000 then
+  local scan = redis.call('HSCAN', KEYS[3], '0', 'COUNT', 1000)
+  for i = 1, #scan[2], 2 do
+    if not redis.call('LPOS', KEYS[7], scan[2][i]) then redis.call('HDEL', KEYS[3], scan[2][i]) end
+  end
+end
+return 1

@@ -1,0 +1,306 @@
+"""What one page of a queue's history says about its attempts: plain data in, plain data out.
+
+The loop reads BullMQ's events stream a page at a time (``fairqueue.broker.history``);
+this module turns the page's starts and ends into what is recorded: per history bucket
+the jobs started per level, the bucket each became ready in, their waits and those over
+the bound, the most served tenants, worker time and retries (the dashboard's history);
+and, with fairness by time (SPEC decision 12), the run-time estimates the add script
+places jobs with and the balance a flow owes for attempts that ran beyond their turns.
+
+Why here and not in Redis: Redis is the one shared, single-threaded part of a BullMQ
+deployment. Reading a page into a Lua script cost Redis about 2 µs per stream entry and
+the arithmetic as much again (a quarter of fairqueue's whole cost per job); done in the
+loop's own process, Redis only serves the reads and applies the page's writes, which are
+per bucket and per flow, not per job (``lua/history_commit.lua``, fenced by the leader
+lock and the cursor the page was read from, so a page is recorded once or not at all).
+
+The rules are those the Lua recorder applied (kept so the figures stay comparable):
+
+* A start of a first attempt waits from its ready time (``fqReady``, or its timestamp
+  plus its delay) to its ``active`` event; a start of a later attempt counts as started
+  and retried, with no wait (its timestamp is its first add's).
+* An attempt ends at its ``completed`` or ``failed`` event, or, when it failed with
+  attempts left, at the ``waiting``/``delayed`` event that re-adds it (a retry). Its
+  worker time is the time between its two events (Redis's clock).
+* With fairness by time each finished attempt, bounded to 1/16..16 times the queue's
+  typical run time, moves its flow's estimate (a moving average, alpha 0.2) and the
+  typical one (alpha 0.05), and what it used beyond the turns its flow paid at its
+  start is the flow's balance, settled a whole turn at a time
+  (:func:`fairqueue.scheduling.order.settle_debt`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Final, Literal
+
+from fairqueue.scheduling.order import MAX_COST_TURNS, MIN_COST_TURNS, cost_turns
+
+LEVEL_WEIGHTS: Final = {"critical": 4, "high": 3, "normal": 2, "low": 1}
+LEVEL_ORDER: Final = ("critical", "high", "normal", "low")
+#: How fast a flow's estimate follows its own runs, and the queue's typical run time
+#: (every flow's yardstick, so it moves slowly).
+FLOW_ALPHA: Final = 0.2
+TYPICAL_ALPHA: Final = 0.05
+UNKNOWN: Final = "?"
+
+EventKind = Literal["start", "end", "retry"]
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A stream entry the recorder reads: an attempt's start, its end, or the re-add
+    that ends an attempt which failed with attempts left."""
+
+    kind: EventKind
+    job_id: str
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """What a started job's hash said: its level (``None``: unreadable), tenant, ready
+    time (ms, Redis's clock) and whether this is its first attempt."""
+
+    level: str | None
+    tenant: str
+    ready_ms: int
+    first_attempt: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """A running attempt as remembered between its start and its end."""
+
+    level: str
+    tenant: str
+    start_ms: int
+    turns: float
+
+    def encode(self) -> str:
+        return f"{self.level}\n{self.tenant}\n{self.start_ms}\n{_g6(self.turns)}"
+
+    @classmethod
+    def decode(cls, text: str) -> Run | None:
+        head, _, turns = text.rpartition("\n")
+        rest, _, start = head.rpartition("\n")
+        level, sep, tenant = rest.partition("\n")
+        if not sep or level not in LEVEL_WEIGHTS:
+            return None
+        try:
+            return cls(level, tenant, int(float(start)), float(turns) if turns else 1.0)
+        except ValueError:
+            return None
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """A flow's balance of whole turns to charge now (positive: it ran longer)."""
+
+    member: str
+    level: str
+    debt: float
+
+
+@dataclass(slots=True)
+class PageRecord:
+    """What a page adds to the history and the scheduling state."""
+
+    recorded: int = 0
+    unknown: int = 0
+    #: bucket start second -> field -> increment
+    buckets: dict[int, dict[str, int]] = field(default_factory=dict)
+    #: bucket start second -> '<level>\n<tenant>' -> starts
+    tenants: dict[int, dict[str, int]] = field(default_factory=dict)
+    started_by_level: dict[str, int] = field(default_factory=dict)
+    #: (level, wait ms) of the first attempts started, in stream order
+    waits: list[tuple[str, int]] = field(default_factory=list)
+    #: level -> (worker ms, retries) of the attempts the page finished
+    served: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: runs to forget (ended), then runs to remember (started and not seen to end)
+    ended_runs: list[str] = field(default_factory=list)
+    started_runs: dict[str, Run] = field(default_factory=dict)
+    #: fq:state fields to write (as text), and the flows' charges in order
+    state_writes: dict[str, str] = field(default_factory=dict)
+    settlements: list[Settlement] = field(default_factory=list)
+
+
+def bucket_of(ms: int, bucket_s: int) -> int:
+    """The start second of the bucket a moment (ms) falls in."""
+    return math.floor(ms / 1000 / bucket_s) * bucket_s
+
+
+def oldest_bucket(now_s: int, bucket_s: int, retention_s: int) -> int:
+    """The oldest bucket still kept at ``now_s``: older ones are not written."""
+    return math.floor((now_s - retention_s) / bucket_s) * bucket_s + bucket_s
+
+
+def gap_buckets(
+    from_ms: int, to_ms: int, *, oldest_s: int, since_ms: int, bucket_s: int
+) -> dict[int, int]:
+    """Milliseconds unobserved per bucket between ``from_ms`` and ``to_ms`` (entries
+    trimmed from the stream before the loop read them: their span, never a guess)."""
+    from_ms = max(from_ms, oldest_s * 1000, since_ms)
+    out: dict[int, int] = {}
+    b = bucket_of(from_ms, bucket_s)
+    while to_ms > from_ms and b * 1000 < to_ms:
+        lo, hi = max(from_ms, b * 1000), min(to_ms, (b + bucket_s) * 1000)
+        if hi > lo:
+            out[b] = out.get(b, 0) + hi - lo
+        b += bucket_s
+    return out
+
+
+def runs_to_read(events: Iterable[Event]) -> list[str]:
+    """The job ids whose remembered run (fq:run) the page needs: those that end before
+    the page saw them start."""
+    started: set[str] = set()
+    wanted: dict[str, None] = {}
+    for event in events:
+        if event.kind == "start":
+            started.add(event.job_id)
+        elif event.job_id not in started:
+            wanted[event.job_id] = None
+    return list(wanted)
+
+
+def state_fields(starts: Iterable[Start | None], runs: Iterable[Run | None]) -> list[str]:
+    """The fq:state fields the page may read with fairness by time."""
+    members = {f"{s.level}\n{s.tenant}" for s in starts if s and s.level}
+    members |= {f"{r.level}\n{r.tenant}" for r in runs if r}
+    return ["typ", *(f"{kind}:{m}" for m in sorted(members) for kind in ("c", "d"))]
+
+
+def record_page(
+    events: Sequence[Event],
+    starts: Mapping[str, Start | None],
+    runs: Mapping[str, Run],
+    state: Mapping[str, float],
+    *,
+    now_s: int,
+    bucket_s: int,
+    retention_s: int,
+    bound_ms: int,
+    by_time: bool,
+    wait_bin: Callable[[int], int],
+) -> PageRecord:
+    """What ``events`` (one page, in stream order) record.
+
+    Args:
+        starts: job id -> what its hash said when the page was read (``None``: gone or
+            unreadable: counted as started at an unknown level).
+        runs: job id -> its run remembered from earlier pages.
+        state: the fq:state fields :func:`state_fields` names, as numbers (absent:
+            never measured).
+        wait_bin: the histogram bin of a wait in ms.
+    """
+    out = PageRecord()
+    oldest = oldest_bucket(now_s, bucket_s, retention_s)
+    cache: dict[str, float | None] = dict(state)
+    typical: float | None = state.get("typ")
+    typical_dirty = False
+    pending: dict[str, Run] = {}
+    ended: dict[str, None] = {}
+    served: dict[str, list[int]] = {}
+
+    def add(bucket: int, name: str, n: int) -> None:
+        if bucket < oldest:
+            return
+        row = out.buckets.setdefault(bucket, {})
+        row[name] = row.get(name, 0) + n
+
+    def set_state(name: str, value: float) -> None:
+        text = _g6(value)
+        cache[name] = float(text)
+        out.state_writes[name] = text
+
+    def run_of(job_id: str) -> Run | None:
+        run = pending.pop(job_id, None)
+        if run is not None:
+            ended[job_id] = None
+            return run
+        if job_id in ended:
+            return None
+        run = runs.get(job_id)
+        if run is not None:
+            ended[job_id] = None
+        return run
+
+    def finished(job_id: str, end_ms: int, retried: bool) -> None:
+        nonlocal typical, typical_dirty
+        run = run_of(job_id)
+        if run is None:
+            return
+        used = max(0, end_ms - run.start_ms)
+        add(bucket_of(end_ms, bucket_s), f"t:{run.level}", used)
+        row = served.setdefault(run.level, [0, 0])
+        row[0] += used
+        if retried:
+            add(bucket_of(end_ms, bucket_s), f"R:{run.level}", 1)
+            row[1] += 1
+        if not by_time:
+            return
+        member = f"{run.level}\n{run.tenant}"
+        bounded: float = used
+        if typical:
+            bounded = min(max(used, typical * MIN_COST_TURNS), typical * MAX_COST_TURNS)
+            debt = (cache.get(f"d:{member}") or 0) + bounded / typical - run.turns
+            if abs(debt) >= 1:
+                out.settlements.append(Settlement(member, run.level, debt))
+                debt = 0
+            set_state(f"d:{member}", debt)
+            typical = typical + TYPICAL_ALPHA * (bounded - typical)
+        else:
+            typical = max(bounded, 1)
+        typical_dirty = True
+        estimate = cache.get(f"c:{member}")
+        estimate = bounded if estimate is None else estimate + FLOW_ALPHA * (bounded - estimate)
+        set_state(f"c:{member}", estimate)
+
+    for event in events:
+        if event.kind != "start":
+            finished(event.job_id, event.at_ms, event.kind == "retry")
+            continue
+        start_b = bucket_of(event.at_ms, bucket_s)
+        start = starts.get(event.job_id)
+        if start is None or start.level is None:
+            out.unknown += 1
+            add(start_b, f"s:{UNKNOWN}", 1)
+            continue
+        level = start.level
+        out.recorded += 1
+        add(start_b, f"s:{level}", 1)
+        out.started_by_level[level] = out.started_by_level.get(level, 0) + 1
+        member = f"{level}\n{start.tenant}"
+        if start_b >= oldest:
+            counts = out.tenants.setdefault(start_b, {})
+            counts[member] = counts.get(member, 0) + 1
+        turns = 1.0
+        if by_time and typical:
+            turns = cost_turns(cache.get(f"c:{member}"), typical)
+        pending[event.job_id] = Run(level, start.tenant, event.at_ms, float(_g6(turns)))
+        if not start.first_attempt:
+            add(start_b, "r", 1)
+            add(start_b, f"a:{level}", 1)
+            continue
+        ready = min(start.ready_ms, event.at_ms)
+        wait = event.at_ms - ready
+        out.waits.append((level, wait))
+        add(max(bucket_of(ready, bucket_s), oldest), f"a:{level}", 1)
+        add(start_b, f"w:{level}:{wait_bin(wait)}", 1)
+        if wait > bound_ms:
+            add(start_b, f"o:{level}", 1)
+
+    out.ended_runs = list(ended)
+    out.started_runs = pending
+    if typical_dirty and typical is not None:
+        out.state_writes["typ"] = _g6(typical)
+    out.served = {level: (row[0], row[1]) for level, row in served.items()}
+    return out
+
+
+def _g6(value: float) -> str:
+    """A number as the Lua side stores it (``%.6g``)."""
+    return f"{value:.6g}"

@@ -1,0 +1,224 @@
+"""The history's page arithmetic (``fairqueue.scheduling.attempts``): what a page of
+starts and ends records, whatever the page boundaries; and how BullMQ's entries and job
+hashes are read (``fairqueue.broker.history_page``)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fairqueue.broker.history_page import parse_event, parse_start
+from fairqueue.dashboard.history import wait_bin
+from fairqueue.scheduling import attempts
+from fairqueue.scheduling.attempts import Event, PageRecord, Run, Start
+
+NOW_S = 1_800_000_000
+T0 = NOW_S * 1000 - 600_000
+OPTIONS = {
+    "now_s": NOW_S,
+    "bucket_s": 10,
+    "retention_s": 3_600,
+    "bound_ms": 2_000,
+    "wait_bin": wait_bin,
+}
+LEVELS = list(attempts.LEVEL_WEIGHTS)
+
+
+@st.composite
+def histories(draw):
+    """A stream's worth of attempts in order: job ids start, end or are re-added after a
+    failure; some jobs' hashes are gone (unknown level)."""
+    n_jobs = draw(st.integers(1, 12))
+    starts = {}
+    for i in range(n_jobs):
+        gone = draw(st.booleans()) and draw(st.booleans())
+        starts[str(i)] = (
+            None
+            if gone
+            else Start(
+                level=draw(st.sampled_from(LEVELS)),
+                tenant=draw(st.sampled_from(["a", "b", "t\nx"])),
+                ready_ms=T0 + draw(st.integers(0, 60_000)),
+                first_attempt=draw(st.booleans()),
+            )
+        )
+    events, at = [], T0 + 60_000
+    for _ in range(draw(st.integers(0, 40))):
+        at += draw(st.integers(0, 5_000))
+        kind = draw(st.sampled_from(["start", "start", "end", "retry"]))
+        events.append(Event(kind, str(draw(st.integers(0, n_jobs - 1))), at))
+    return events, starts
+
+
+def record_in_pages(events, starts, cuts, by_time, state=None, runs=None):
+    """``events`` recorded page by page, carrying the runs and the state between pages as
+    Redis would (the commit script's writes, read back by the next page)."""
+    runs, state = dict(runs or {}), dict(state or {})
+    pages = []
+    bounds = [0, *sorted(cuts), len(events)]
+    for lo, hi in zip(bounds, bounds[1:], strict=False):
+        page = attempts.record_page(events[lo:hi], starts, runs, state, by_time=by_time, **OPTIONS)
+        for job_id in page.ended_runs:
+            runs.pop(job_id, None)
+        runs.update(page.started_runs)
+        state.update({name: float(text) for name, text in page.state_writes.items()})
+        pages.append(page)
+    return pages, runs, state
+
+
+def merged(pages: list[PageRecord]) -> tuple[dict, dict, dict, int, int, list]:
+    buckets, tenants, served = {}, {}, {}
+    for page in pages:
+        for target, source in ((buckets, page.buckets), (tenants, page.tenants)):
+            for b, row in source.items():
+                for name, n in row.items():
+                    target.setdefault(b, {})
+                    target[b][name] = target[b].get(name, 0) + n
+        for level, (ms, retries) in page.served.items():
+            done, again = served.get(level, (0, 0))
+            served[level] = (done + ms, again + retries)
+    waits = [w for page in pages for w in page.waits]
+    return (
+        buckets,
+        tenants,
+        served,
+        sum(p.recorded for p in pages),
+        sum(p.unknown for p in pages),
+        waits,
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(histories(), st.lists(st.integers(0, 40), max_size=4), st.booleans())
+def test_record_page__the_same_whatever_the_page_boundaries(history, cuts, by_time):
+    events, starts = history
+    cuts = [c for c in cuts if c <= len(events)]
+    whole, whole_runs, _ = record_in_pages(events, starts, [], by_time)
+    split, split_runs, _ = record_in_pages(events, starts, cuts, by_time)
+    assert merged(split) == merged(whole)
+    assert split_runs.keys() == whole_runs.keys()
+
+
+@settings(max_examples=300, deadline=None)
+@given(histories(), st.booleans())
+def test_record_page__counts_every_start_once_and_pairs_each_end_with_its_start(history, by_time):
+    events, starts = history
+    (page,), runs, _ = record_in_pages(events, starts, [], by_time)
+    n_starts = sum(1 for e in events if e.kind == "start")
+    assert page.recorded + page.unknown == n_starts
+    s_fields = sum(n for row in page.buckets.values() for k, n in row.items() if k[:2] == "s:")
+    assert s_fields == n_starts
+    assert sum(page.started_by_level.values()) == page.recorded
+    # Worker time: each end after a known start adds the time since that start.
+    expected, running = {}, {}
+    for e in events:
+        info = starts.get(e.job_id)
+        if e.kind == "start":
+            running.pop(e.job_id, None)
+            if info is not None:
+                running[e.job_id] = (info.level, e.at_ms)
+        elif e.job_id in running:
+            level, since = running.pop(e.job_id)
+            ms, retries = expected.get(level, (0, 0))
+            expected[level] = (ms + e.at_ms - since, retries + (e.kind == "retry"))
+    assert page.served == expected
+    assert set(runs) == set(running)
+    # A first attempt's wait is from its ready time, never negative; later ones have none.
+    firsts = [starts[e.job_id] for e in events if e.kind == "start" and starts[e.job_id]]
+    assert len(page.waits) == sum(1 for s in firsts if s.first_attempt)
+    assert all(wait >= 0 for _, wait in page.waits)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 4_000), min_size=1, max_size=30))
+def test_record_page__a_flow_whose_runs_are_long_is_charged_whole_turns(run_ms):
+    """With fairness by time, a flow whose attempts run beyond the turns it paid owes
+    whole turns (settlements) and its balance stays below one turn either way."""
+    events, starts, at = [], {}, T0 + 60_000
+    for i, ms in enumerate(run_ms):
+        starts[str(i)] = Start("normal", "a", at, True)
+        events += [Event("start", str(i), at), Event("end", str(i), at + ms)]
+        at += ms
+    state = {"typ": 100.0}
+    page = attempts.record_page(events, starts, {}, state, by_time=True, **OPTIONS)
+    debt = float(page.state_writes["d:normal\na"])
+    assert abs(debt) < 1
+    assert all(abs(s.debt) >= 1 for s in page.settlements)
+    assert all(s.member == "normal\na" and s.level == "normal" for s in page.settlements)
+    # The estimates are averages of the runs (each bounded to 1/16..16 typical ones).
+    assert 0 < float(page.state_writes["c:normal\na"]) <= max(*run_ms, 100) * 1.0001
+    assert 0 < float(page.state_writes["typ"]) <= max(*run_ms, 100) * 1.0001
+
+
+def test_record_page__retention_drops_old_buckets_and_clamps_old_ready_times():
+    old = (NOW_S - 7_200) * 1000
+    start = Start("high", "a", ready_ms=old, first_attempt=True)
+    page = attempts.record_page(
+        [Event("start", "1", T0 + 60_000)], {"1": start}, {}, {}, by_time=False, **OPTIONS
+    )
+    oldest = attempts.oldest_bucket(NOW_S, 10, 3_600)
+    assert page.buckets[oldest] == {"a:high": 1}
+    assert min(page.buckets) >= oldest
+    assert page.waits == [("high", T0 + 60_000 - old)]
+    assert page.buckets[attempts.bucket_of(T0 + 60_000, 10)]["o:high"] == 1
+
+
+def test_gap_buckets__split_by_bucket_from_the_later_of_since_and_retention():
+    gap = attempts.gap_buckets(10_005_000, 10_032_000, oldest_s=0, since_ms=10_007_000, bucket_s=10)
+    assert gap == {10_000: 3_000, 10_010: 10_000, 10_020: 10_000, 10_030: 2_000}
+    assert attempts.gap_buckets(5, 5, oldest_s=0, since_ms=0, bucket_s=10) == {}
+
+
+@pytest.mark.parametrize(
+    ("run", "text"),
+    [
+        (Run("low", "a", 123, 1.0), "low\na\n123\n1"),
+        (Run("high", "multi\nline", 5, 0.25), "high\nmulti\nline\n5\n0.25"),
+    ],
+)
+def test_run__encodes_as_the_lua_side_did_and_back(run, text):
+    assert run.encode() == text
+    assert Run.decode(text) == run
+
+
+def test_run__an_unreadable_entry_is_no_run():
+    assert Run.decode("nonsense") is None
+    assert Run.decode("weird\na\n1\n1") is None
+
+
+def test_parse_event__starts_ends_and_retries_only():
+    assert parse_event(b"17-0", {b"event": b"active", b"jobId": b"9", b"prev": b"waiting"}) == (
+        Event("start", "9", 17)
+    )
+    assert parse_event(b"18-1", {b"event": b"failed", b"jobId": b"9"}) == Event("end", "9", 18)
+    assert parse_event(b"19-0", {b"event": b"delayed", b"jobId": b"9", b"prev": b"active"}) == (
+        Event("retry", "9", 19)
+    )
+    assert parse_event(b"19-1", {b"event": b"waiting", b"jobId": b"9"}) is None
+    assert parse_event(b"20-0", {b"event": b"added", b"jobId": b"9"}) is None
+    assert parse_event(b"21-0", {b"event": b"drained"}) is None
+
+
+def _row(data, opts=None, ats=b"1", timestamp=b"1000", delay=b"0"):
+    raw = data if isinstance(data, bytes) else json.dumps(data).encode()
+    return [timestamp, delay, ats, json.dumps(opts or {}).encode(), raw]
+
+
+def test_parse_start__fairqueue_metadata_foreign_jobs_and_bad_data():
+    fair = parse_start(
+        _row({"priorityLevel": "high", "tenantId": "t-1"}, {"fqReady": 1500}), 65_536
+    )
+    assert fair == Start("high", "t-1", 1500, True)
+    foreign = parse_start(_row({"x": 1}, {"priority": 7}, delay=b"250"), 65_536)
+    assert foreign == Start("low", "default", 1250, True)
+    assert parse_start(_row({"priorityLevel": "urgent"}), 65_536).level is None
+    assert parse_start(_row({"priorityLevel": "low", "tenantId": 5}), 65_536).level is None
+    assert parse_start(_row(b"not json"), 65_536).level is None
+    assert parse_start(_row({"x": "y" * 100}), 50) is None  # over the decode limit
+    assert parse_start([None, None, None, None, None], 65_536) is None  # hash gone
+    assert parse_start(_row({"priorityLevel": "low"}, ats=b"3"), 65_536).first_attempt is False
+    lone = parse_start(_row(b'{"priorityLevel":"low","tenantId":"\\ud800"}'), 65_536)
+    assert lone.tenant == "?"
