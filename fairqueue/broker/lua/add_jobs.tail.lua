@@ -20,7 +20,21 @@ if fqGiven then
   if fqRefused then return fqRefused end
 end
 local fqReplies = {}
-local fqC = fqClock(fqK)
+-- With fairness by time, the flows' estimates come in the clock's read (a lone job's add
+-- needs one of them); K.state's writes are deferred to fqFlush's one HSET.
+local fqCostMembers = nil
+if fqByTime then
+  local seen = {}
+  fqCostMembers = {}
+  for _, job in ipairs(fqJobs) do
+    local member = job[4] .. '\n' .. job[5]
+    if not job[7] and not seen[member] then
+      seen[member] = true
+      fqCostMembers[#fqCostMembers + 1] = member
+    end
+  end
+end
+local fqC = fqClock(fqK, true, fqCostMembers)
 if not fqGiven and fqC.holds then
   fqHold = fqHeldTenants(fqLim, fqK.prioritized, nil, fqJobs, 5)
 end

@@ -66,27 +66,83 @@ local function fqStartOf(c, score)
   return tag - fqScale / fqLevelWeight[fqRankLevel[units % 4]]
 end
 
+-- A job's cost in turns: its estimate over the queue's typical run time, on a grid of
+-- quarter powers of two, 1 within the dead band or with nothing measured yet.
+local function fqCostTurns(estimate, typical)
+  if not estimate or not typical or estimate <= 0 or typical <= 0 then return 1 end
+  local ratio = estimate / typical
+  if ratio > 1 / fqDeadBand and ratio < fqDeadBand then return 1 end
+  local quarters = math.floor(math.log(ratio) / math.log(2) * 4 + 0.5)
+  if quarters < -16 then quarters = -16 elseif quarters > 16 then quarters = 16 end
+  return 2 ^ (quarters / 4)
+end
+
+-- A write of K.state: at once, or (a call whose clock defers its writes: c.pending) kept
+-- for the one HSET of fqFlush, where the last value of each field is what is written.
+local function fqStateSet(K, c, field, value)
+  if c.pending then
+    c.pending[field] = value
+  else
+    redis.call('HSET', K.state, field, value)
+  end
+end
+
+-- The levels' total fields, in the order fqClock reads them (st[6..9]).
+local fqTotalFields = {'W:critical', 'W:high', 'W:normal', 'W:low'}
+
 -- The virtual time and the score mapping, read once per script call: nothing else runs
 -- while a script does, so only its own placements can change the head (fqPlaced).
-local function fqClock(K)
+-- defer (the add script): K.state's writes wait for fqFlush, one HSET (and an HDEL of
+-- the fields an idle reset clears that nothing wrote again) instead of one per step.
+-- costMembers (optional): flows whose worker-time estimates ('c:<flow>') come in the
+-- same read, instead of one HGET per flow on first use (fqCostOf).
+local function fqClock(K, defer, costMembers)
   -- With the typical run time and the levels' totals in the same read (nothing in these
   -- scripts writes 'typ'; the totals serve a memo until something else writes them), and
   -- the tenant limits' 'holds' flag (a tenant paused or catching up).
-  local st = redis.call('HMGET', K.state, 'vt', 'base', 'rbDelta', 'rbCursor', 'typ',
-    'W:critical', 'W:high', 'W:normal', 'W:low', 'holds')
+  local fields = {'vt', 'base', 'rbDelta', 'rbCursor', 'typ', fqTotalFields[1],
+    fqTotalFields[2], fqTotalFields[3], fqTotalFields[4], 'holds'}
+  if costMembers then
+    for i = 1, #costMembers do fields[10 + i] = 'c:' .. costMembers[i] end
+  end
+  local st = redis.call('HMGET', K.state, unpack(fields))
   local c = {vt = tonumber(st[1]) or 0, base = tonumber(st[2]) or 0,
     delta = tonumber(st[3]), cursor = tonumber(st[4]), typical = tonumber(st[5]) or false,
     costs = {}, readTotals = {critical = tonumber(st[6]) or 0, high = tonumber(st[7]) or 0,
       normal = tonumber(st[8]) or 0, low = tonumber(st[9]) or 0}, holds = st[10]}
+  if defer then c.pending, c.drop = {}, {} end
+  if costMembers and c.typical then
+    for i = 1, #costMembers do
+      c.costs[costMembers[i]] = fqCostTurns(tonumber(st[10 + i]), c.typical)
+    end
+  end
   local head = redis.call('ZRANGEBYSCORE', K.prioritized, fqFloor * fqScore,
     '(' .. string.format('%.17g', fqCap * fqScore), 'WITHSCORES', 'LIMIT', 0, 1)
   if #head == 0 then
-    -- Nothing tagged is waiting, so every flow is idle: start afresh at the floor.
-    if c.base ~= c.vt or c.delta or redis.call('EXISTS', K.flows) == 1 then
+    -- Nothing tagged is waiting, so every flow is idle: start afresh at the floor. A
+    -- level's total above 0 means flows are counted (they are kept with their weights),
+    -- so the read already says a reset is due; only a clean-looking state asks whether
+    -- flows are left (an EXISTS): with a queue kept empty by its workers, every add
+    -- resets the clock, so this is the usual path.
+    local counted = c.readTotals.critical ~= 0 or c.readTotals.high ~= 0
+      or c.readTotals.normal ~= 0 or c.readTotals.low ~= 0
+    if c.base ~= c.vt or c.delta or counted or redis.call('EXISTS', K.flows) == 1 then
       redis.call('UNLINK', K.flows, K.fweights)
-      redis.call('HDEL', K.state, 'rbDelta', 'rbCursor', 'W:critical', 'W:high', 'W:normal',
-        'W:low')
-      redis.call('HSET', K.state, 'base', c.vt, 'vt', c.vt)
+      if defer then
+        -- Only the fields that are there (the read says which); fqFlush drops those
+        -- this call does not write again.
+        for _, at in ipairs({3, 4, 6, 7, 8, 9}) do -- rbDelta, rbCursor, the totals
+          if st[at] then c.drop[fields[at]] = true end
+        end
+        -- base and vt already equal and set: the same values need no write.
+        if not (st[1] and st[2] and c.base == c.vt) then
+          c.pending.base, c.pending.vt = c.vt, c.vt
+        end
+      else
+        redis.call('HDEL', K.state, 'rbDelta', 'rbCursor', 'W:critical', 'W:high',
+          'W:normal', 'W:low')
+        redis.call('HSET', K.state, 'base', c.vt, 'vt', c.vt)
+      end
       c.readTotals = {critical = 0, high = 0, normal = 0, low = 0}
       c.flowsEmpty = true -- until a memo writes them: nothing to read or retire
     end
@@ -97,20 +153,9 @@ local function fqClock(K)
   local start = fqStartOf(c, c.headScore)
   if start > c.vt then
     c.vt = start
-    redis.call('HSET', K.state, 'vt', string.format('%.17g', start))
+    fqStateSet(K, c, 'vt', string.format('%.17g', start))
   end
   return c
-end
-
--- A job's cost in turns: its estimate over the queue's typical run time, on a grid of
--- quarter powers of two, 1 within the dead band or with nothing measured yet.
-local function fqCostTurns(estimate, typical)
-  if not estimate or not typical or estimate <= 0 or typical <= 0 then return 1 end
-  local ratio = estimate / typical
-  if ratio > 1 / fqDeadBand and ratio < fqDeadBand then return 1 end
-  local quarters = math.floor(math.log(ratio) / math.log(2) * 4 + 0.5)
-  if quarters < -16 then quarters = -16 elseif quarters > 16 then quarters = 16 end
-  return 2 ^ (quarters / 4)
 end
 
 -- The cost in turns of a job of flow member placed now: 1 when fairness counts jobs
@@ -144,11 +189,32 @@ local function fqNewMemo()
   return {flows = {}, totals = {}, dirtyTotals = {}}
 end
 
--- Write what the memo changed (one ZADD, one HSET of the weights, one of the totals).
+-- Write what the memo changed (one ZADD, one HSET of the weights, one of K.state: the
+-- totals with the clock's deferred writes, c.pending; then the fields an idle reset
+-- cleared that nothing wrote again, c.drop, in one HDEL).
 local function fqFlush(K, c)
   local m = c.memo
-  if not m then return end
+  local pending = c.pending
+  if not m and not pending then return end
   local tags, weights, totals = {}, {}, {}
+  if pending then
+    for level in pairs(m and m.dirtyTotals or {}) do pending['W:' .. level] = m.totals[level] end
+    if m then m.dirtyTotals = {} end
+    local drops = {}
+    for field in pairs(c.drop) do
+      if pending[field] == nil then drops[#drops + 1] = field end
+    end
+    for field, value in pairs(pending) do
+      totals[#totals + 1] = field
+      totals[#totals + 1] = value
+    end
+    c.pending, c.drop = {}, {}
+    if #drops > 0 then redis.call('HDEL', K.state, unpack(drops)) end
+  end
+  if not m then
+    if #totals > 0 then redis.call('HSET', K.state, unpack(totals)) end
+    return
+  end
   for member, f in pairs(m.flows) do
     if f.tagDirty then
       tags[#tags + 1] = string.format('%.17g', f.last)
@@ -251,7 +317,7 @@ local function fqPlaced(K, c, score)
     local start = fqStartOf(c, score)
     if start > c.vt then
       c.vt = start
-      redis.call('HSET', K.state, 'vt', string.format('%.17g', start))
+      fqStateSet(K, c, 'vt', string.format('%.17g', start))
     end
   end
 end
@@ -270,14 +336,15 @@ end
 
 -- Index a job by the second it became ready, for the pass's overdue count (its level is
 -- in its score; a delayed job's meta is in K.jobs): no payload is ever decoded for it.
-local fqIndexedSecond = nil -- a call's jobs share a second: register it once
+-- The second is registered in K.ready when its list is made (RPUSH returns the new length:
+-- the number pushed when the list was new). A list that exists was registered when it was
+-- made, in the same script: the index's scripts delete a second's list with or before
+-- its K.ready entry, in one call (index_walk, forget_obliterated), never the entry alone.
 local function fqIndexMany(K, jobIds, readyMs)
   if #jobIds == 0 then return end
   local second = string.format('%d', math.floor(readyMs / 1000))
-  redis.call('RPUSH', K.ready .. ':' .. second, unpack(jobIds))
-  if second ~= fqIndexedSecond then
+  if redis.call('RPUSH', K.ready .. ':' .. second, unpack(jobIds)) == #jobIds then
     redis.call('ZADD', K.ready, 'NX', second, second)
-    fqIndexedSecond = second
   end
 end
 local function fqIndex(K, jobId, readyMs)
