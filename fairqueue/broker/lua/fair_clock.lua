@@ -77,73 +77,75 @@ local function fqCostTurns(estimate, typical)
   return 2 ^ (quarters / 4)
 end
 
--- A write of K.state: at once, or (a call whose clock defers its writes: c.pending) kept
--- for the one HSET of fqFlush, where the last value of each field is what is written.
+-- A write of K.state: at once, or (a call whose clock defers its writes: c.defer) kept in
+-- c.pending for the one HSET of fqFlush, where the last value of each field is written.
+-- (Allocation-light on purpose: in Redis a script's tables and strings cost more than the
+-- Lua that fills them, through the garbage collector over the loaded scripts.)
 local function fqStateSet(K, c, field, value)
-  if c.pending then
-    c.pending[field] = value
+  if c.defer then
+    local pending = c.pending
+    if not pending then
+      pending = {}
+      c.pending = pending
+    end
+    pending[field] = value
   else
     redis.call('HSET', K.state, field, value)
   end
 end
 
--- The levels' total fields, in the order fqClock reads them (st[6..9]).
-local fqTotalFields = {'W:critical', 'W:high', 'W:normal', 'W:low'}
-
 -- The virtual time and the score mapping, read once per script call: nothing else runs
 -- while a script does, so only its own placements can change the head (fqPlaced).
 -- defer (the add script): K.state's writes wait for fqFlush, one HSET (and an HDEL of
 -- the fields an idle reset clears that nothing wrote again) instead of one per step.
--- costMembers (optional): flows whose worker-time estimates ('c:<flow>') come in the
--- same read, instead of one HGET per flow on first use (fqCostOf).
-local function fqClock(K, defer, costMembers)
+-- costMember (optional): a flow whose worker-time estimate ('c:<flow>') comes in the
+-- same read, instead of an HGET on first use (fqCostOf): a lone job's flow.
+local function fqClock(K, defer, costMember)
   -- With the typical run time and the levels' totals in the same read (nothing in these
   -- scripts writes 'typ'; the totals serve a memo until something else writes them), and
   -- the tenant limits' 'holds' flag (a tenant paused or catching up).
-  local fields = {'vt', 'base', 'rbDelta', 'rbCursor', 'typ', fqTotalFields[1],
-    fqTotalFields[2], fqTotalFields[3], fqTotalFields[4], 'holds'}
-  if costMembers then
-    for i = 1, #costMembers do fields[10 + i] = 'c:' .. costMembers[i] end
+  local st
+  if costMember then
+    st = redis.call('HMGET', K.state, 'vt', 'base', 'rbDelta', 'rbCursor', 'typ',
+      'W:critical', 'W:high', 'W:normal', 'W:low', 'holds', 'c:' .. costMember)
+  else
+    st = redis.call('HMGET', K.state, 'vt', 'base', 'rbDelta', 'rbCursor', 'typ',
+      'W:critical', 'W:high', 'W:normal', 'W:low', 'holds')
   end
-  local st = redis.call('HMGET', K.state, unpack(fields))
   local c = {vt = tonumber(st[1]) or 0, base = tonumber(st[2]) or 0,
     delta = tonumber(st[3]), cursor = tonumber(st[4]), typical = tonumber(st[5]) or false,
     costs = {}, readTotals = {critical = tonumber(st[6]) or 0, high = tonumber(st[7]) or 0,
-      normal = tonumber(st[8]) or 0, low = tonumber(st[9]) or 0}, holds = st[10]}
-  if defer then c.pending, c.drop = {}, {} end
-  if costMembers and c.typical then
-    for i = 1, #costMembers do
-      c.costs[costMembers[i]] = fqCostTurns(tonumber(st[10 + i]), c.typical)
-    end
+      normal = tonumber(st[8]) or 0, low = tonumber(st[9]) or 0}, holds = st[10],
+    defer = defer}
+  if costMember and c.typical then
+    c.costs[costMember] = fqCostTurns(tonumber(st[11]), c.typical)
   end
   local head = redis.call('ZRANGEBYSCORE', K.prioritized, fqFloor * fqScore,
     '(' .. string.format('%.17g', fqCap * fqScore), 'WITHSCORES', 'LIMIT', 0, 1)
   if #head == 0 then
     -- Nothing tagged is waiting, so every flow is idle: start afresh at the floor. A
-    -- level's total above 0 means flows are counted (they are kept with their weights),
-    -- so the read already says a reset is due; only a clean-looking state asks whether
-    -- flows are left (an EXISTS): with a queue kept empty by its workers, every add
-    -- resets the clock, so this is the usual path.
-    local counted = c.readTotals.critical ~= 0 or c.readTotals.high ~= 0
-      or c.readTotals.normal ~= 0 or c.readTotals.low ~= 0
+    -- level's total other than 0 means flows are counted (kept with their weights), so
+    -- the read already says a reset is due; only a clean-looking state asks whether flows
+    -- are left (an EXISTS). With a queue kept empty by its workers, every add resets.
+    local t = c.readTotals
+    local counted = t.critical ~= 0 or t.high ~= 0 or t.normal ~= 0 or t.low ~= 0
     if c.base ~= c.vt or c.delta or counted or redis.call('EXISTS', K.flows) == 1 then
       redis.call('UNLINK', K.flows, K.fweights)
       if defer then
-        -- Only the fields that are there (the read says which); fqFlush drops those
-        -- this call does not write again.
-        for _, at in ipairs({3, 4, 6, 7, 8, 9}) do -- rbDelta, rbCursor, the totals
-          if st[at] then c.drop[fields[at]] = true end
-        end
-        -- base and vt already equal and set: the same values need no write.
+        -- fqFlush deletes what the read found of rbDelta, rbCursor and the totals (not
+        -- all six blindly), less what this call writes again; base and vt already set
+        -- and equal need no write.
+        c.cleared = st
         if not (st[1] and st[2] and c.base == c.vt) then
-          c.pending.base, c.pending.vt = c.vt, c.vt
+          fqStateSet(K, c, 'base', c.vt)
+          fqStateSet(K, c, 'vt', c.vt)
         end
       else
         redis.call('HDEL', K.state, 'rbDelta', 'rbCursor', 'W:critical', 'W:high',
           'W:normal', 'W:low')
         redis.call('HSET', K.state, 'base', c.vt, 'vt', c.vt)
       end
-      c.readTotals = {critical = 0, high = 0, normal = 0, low = 0}
+      t.critical, t.high, t.normal, t.low = 0, 0, 0, 0
       c.flowsEmpty = true -- until a memo writes them: nothing to read or retire
     end
     c.base, c.delta, c.cursor = c.vt, nil, nil
@@ -190,30 +192,40 @@ local function fqNewMemo()
 end
 
 -- Write what the memo changed (one ZADD, one HSET of the weights, one of K.state: the
--- totals with the clock's deferred writes, c.pending; then the fields an idle reset
--- cleared that nothing wrote again, c.drop, in one HDEL).
+-- totals with the clock's deferred writes, c.pending), after one HDEL of the fields an
+-- idle reset cleared (c.cleared: the clock's read) that nothing wrote again.
 local function fqFlush(K, c)
   local m = c.memo
-  local pending = c.pending
-  if not m and not pending then return end
+  if not m and not c.defer then return end
   local tags, weights, totals = {}, {}, {}
-  if pending then
-    for level in pairs(m and m.dirtyTotals or {}) do pending['W:' .. level] = m.totals[level] end
-    if m then m.dirtyTotals = {} end
-    local drops = {}
-    for field in pairs(c.drop) do
-      if pending[field] == nil then drops[#drops + 1] = field end
+  if c.defer then
+    local pending, cleared = c.pending, c.cleared
+    c.pending, c.cleared = nil, nil
+    if cleared then
+      local drops = totals -- empty until the HDEL is sent: the same table serves the HSET
+      if cleared[3] then drops[#drops + 1] = 'rbDelta' end
+      if cleared[4] then drops[#drops + 1] = 'rbCursor' end
+      for rank = 0, 3 do -- the totals, read at 6..9; one written below is not deleted
+        local level = fqRankLevel[rank]
+        if cleared[6 + rank] and not (m and m.dirtyTotals[level]) then
+          drops[#drops + 1] = 'W:' .. level
+        end
+      end
+      if #drops > 0 then
+        redis.call('HDEL', K.state, unpack(drops))
+        totals = {}
+      end
     end
-    for field, value in pairs(pending) do
-      totals[#totals + 1] = field
-      totals[#totals + 1] = value
+    if pending then
+      for field, value in pairs(pending) do
+        totals[#totals + 1] = field
+        totals[#totals + 1] = value
+      end
     end
-    c.pending, c.drop = {}, {}
-    if #drops > 0 then redis.call('HDEL', K.state, unpack(drops)) end
-  end
-  if not m then
-    if #totals > 0 then redis.call('HSET', K.state, unpack(totals)) end
-    return
+    if not m then
+      if #totals > 0 then redis.call('HSET', K.state, unpack(totals)) end
+      return
+    end
   end
   for member, f in pairs(m.flows) do
     if f.tagDirty then
