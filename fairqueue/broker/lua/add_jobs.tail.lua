@@ -20,7 +20,24 @@ if fqGiven then
   if fqRefused then return fqRefused end
 end
 local fqReplies = {}
-local fqC = fqClock(fqK)
+-- With fairness by time, the estimate of the call's flow (a lone job's, or a batch of one
+-- flow's) comes in the clock's read; K.state's writes are deferred to fqFlush's one HSET.
+local fqCostMember = nil
+if fqByTime then
+  local level, tenant = nil, nil
+  for _, job in ipairs(fqJobs) do
+    if not job[7] then -- no explicit cost: the flow's estimate is read
+      if level == nil then
+        level, tenant = job[4], job[5]
+      elseif job[4] ~= level or job[5] ~= tenant then
+        level = false -- several flows: each read on first use
+        break
+      end
+    end
+  end
+  if level then fqCostMember = level .. '\n' .. tenant end
+end
+local fqC = fqClock(fqK, true, fqCostMember)
 if not fqGiven and fqC.holds then
   fqHold = fqHeldTenants(fqLim, fqK.prioritized, nil, fqJobs, 5)
 end

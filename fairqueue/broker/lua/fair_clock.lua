@@ -66,42 +66,6 @@ local function fqStartOf(c, score)
   return tag - fqScale / fqLevelWeight[fqRankLevel[units % 4]]
 end
 
--- The virtual time and the score mapping, read once per script call: nothing else runs
--- while a script does, so only its own placements can change the head (fqPlaced).
-local function fqClock(K)
-  -- With the typical run time and the levels' totals in the same read (nothing in these
-  -- scripts writes 'typ'; the totals serve a memo until something else writes them), and
-  -- the tenant limits' 'holds' flag (a tenant paused or catching up).
-  local st = redis.call('HMGET', K.state, 'vt', 'base', 'rbDelta', 'rbCursor', 'typ',
-    'W:critical', 'W:high', 'W:normal', 'W:low', 'holds')
-  local c = {vt = tonumber(st[1]) or 0, base = tonumber(st[2]) or 0,
-    delta = tonumber(st[3]), cursor = tonumber(st[4]), typical = tonumber(st[5]) or false,
-    costs = {}, readTotals = {critical = tonumber(st[6]) or 0, high = tonumber(st[7]) or 0,
-      normal = tonumber(st[8]) or 0, low = tonumber(st[9]) or 0}, holds = st[10]}
-  local head = redis.call('ZRANGEBYSCORE', K.prioritized, fqFloor * fqScore,
-    '(' .. string.format('%.17g', fqCap * fqScore), 'WITHSCORES', 'LIMIT', 0, 1)
-  if #head == 0 then
-    -- Nothing tagged is waiting, so every flow is idle: start afresh at the floor.
-    if c.base ~= c.vt or c.delta or redis.call('EXISTS', K.flows) == 1 then
-      redis.call('UNLINK', K.flows, K.fweights)
-      redis.call('HDEL', K.state, 'rbDelta', 'rbCursor', 'W:critical', 'W:high', 'W:normal',
-        'W:low')
-      redis.call('HSET', K.state, 'base', c.vt, 'vt', c.vt)
-      c.readTotals = {critical = 0, high = 0, normal = 0, low = 0}
-      c.flowsEmpty = true -- until a memo writes them: nothing to read or retire
-    end
-    c.base, c.delta, c.cursor = c.vt, nil, nil
-    return c
-  end
-  c.headScore = tonumber(head[2])
-  local start = fqStartOf(c, c.headScore)
-  if start > c.vt then
-    c.vt = start
-    redis.call('HSET', K.state, 'vt', string.format('%.17g', start))
-  end
-  return c
-end
-
 -- A job's cost in turns: its estimate over the queue's typical run time, on a grid of
 -- quarter powers of two, 1 within the dead band or with nothing measured yet.
 local function fqCostTurns(estimate, typical)
@@ -111,6 +75,89 @@ local function fqCostTurns(estimate, typical)
   local quarters = math.floor(math.log(ratio) / math.log(2) * 4 + 0.5)
   if quarters < -16 then quarters = -16 elseif quarters > 16 then quarters = 16 end
   return 2 ^ (quarters / 4)
+end
+
+-- A write of K.state: at once, or (a call whose clock defers its writes: c.defer) kept in
+-- c.pending for the one HSET of fqFlush, where the last value of each field is written.
+-- (Allocation-light on purpose: in Redis a script's tables and strings cost more than the
+-- Lua that fills them, through the garbage collector over the loaded scripts.)
+local function fqStateSet(K, c, field, value)
+  if c.defer then
+    local pending = c.pending
+    if not pending then
+      pending = {}
+      c.pending = pending
+    end
+    pending[field] = value
+  else
+    redis.call('HSET', K.state, field, value)
+  end
+end
+
+-- The virtual time and the score mapping, read once per script call: nothing else runs
+-- while a script does, so only its own placements can change the head (fqPlaced).
+-- defer (the add script): K.state's writes wait for fqFlush, one HSET (and an HDEL of
+-- the fields an idle reset clears that nothing wrote again) instead of one per step.
+-- costMember (optional): a flow whose worker-time estimate ('c:<flow>') comes in the
+-- same read, instead of an HGET on first use (fqCostOf): a lone job's flow.
+local function fqClock(K, defer, costMember)
+  -- With the typical run time and the levels' totals in the same read (nothing in these
+  -- scripts writes 'typ'; the totals serve a memo until something else writes them), and
+  -- the tenant limits' 'holds' flag (a tenant paused or catching up).
+  local st
+  if costMember then
+    st = redis.call('HMGET', K.state, 'vt', 'base', 'rbDelta', 'rbCursor', 'typ',
+      'W:critical', 'W:high', 'W:normal', 'W:low', 'holds', 'c:' .. costMember)
+  else
+    st = redis.call('HMGET', K.state, 'vt', 'base', 'rbDelta', 'rbCursor', 'typ',
+      'W:critical', 'W:high', 'W:normal', 'W:low', 'holds')
+  end
+  local c = {vt = tonumber(st[1]) or 0, base = tonumber(st[2]) or 0,
+    delta = tonumber(st[3]), cursor = tonumber(st[4]), typical = tonumber(st[5]) or false,
+    costs = {}, readTotals = {critical = tonumber(st[6]) or 0, high = tonumber(st[7]) or 0,
+      normal = tonumber(st[8]) or 0, low = tonumber(st[9]) or 0}, holds = st[10],
+    defer = defer}
+  if costMember and c.typical then
+    c.costs[costMember] = fqCostTurns(tonumber(st[11]), c.typical)
+  end
+  local head = redis.call('ZRANGEBYSCORE', K.prioritized, fqFloor * fqScore,
+    '(' .. string.format('%.17g', fqCap * fqScore), 'WITHSCORES', 'LIMIT', 0, 1)
+  if #head == 0 then
+    -- Nothing tagged is waiting, so every flow is idle: start afresh at the floor. A
+    -- level's total other than 0 means flows are counted (kept with their weights), so
+    -- the read already says a reset is due; only a clean-looking state asks whether flows
+    -- are left (an EXISTS). With a queue kept empty by its workers, every add resets.
+    local t = c.readTotals
+    local counted = t.critical ~= 0 or t.high ~= 0 or t.normal ~= 0 or t.low ~= 0
+    if c.base ~= c.vt or c.delta or counted or redis.call('EXISTS', K.flows) == 1 then
+      redis.call('UNLINK', K.flows, K.fweights)
+      if defer then
+        -- fqFlush deletes what the read found of rbDelta, rbCursor and the totals (not
+        -- all six blindly), less what this call writes again; base and vt already set
+        -- and equal need no write.
+        c.cleared = st
+        if not (st[1] and st[2] and c.base == c.vt) then
+          fqStateSet(K, c, 'base', c.vt)
+          fqStateSet(K, c, 'vt', c.vt)
+        end
+      else
+        redis.call('HDEL', K.state, 'rbDelta', 'rbCursor', 'W:critical', 'W:high',
+          'W:normal', 'W:low')
+        redis.call('HSET', K.state, 'base', c.vt, 'vt', c.vt)
+      end
+      t.critical, t.high, t.normal, t.low = 0, 0, 0, 0
+      c.flowsEmpty = true -- until a memo writes them: nothing to read or retire
+    end
+    c.base, c.delta, c.cursor = c.vt, nil, nil
+    return c
+  end
+  c.headScore = tonumber(head[2])
+  local start = fqStartOf(c, c.headScore)
+  if start > c.vt then
+    c.vt = start
+    fqStateSet(K, c, 'vt', string.format('%.17g', start))
+  end
+  return c
 end
 
 -- The cost in turns of a job of flow member placed now: 1 when fairness counts jobs
@@ -144,11 +191,42 @@ local function fqNewMemo()
   return {flows = {}, totals = {}, dirtyTotals = {}}
 end
 
--- Write what the memo changed (one ZADD, one HSET of the weights, one of the totals).
+-- Write what the memo changed (one ZADD, one HSET of the weights, one of K.state: the
+-- totals with the clock's deferred writes, c.pending), after one HDEL of the fields an
+-- idle reset cleared (c.cleared: the clock's read) that nothing wrote again.
 local function fqFlush(K, c)
   local m = c.memo
-  if not m then return end
+  if not m and not c.defer then return end
   local tags, weights, totals = {}, {}, {}
+  if c.defer then
+    local pending, cleared = c.pending, c.cleared
+    c.pending, c.cleared = nil, nil
+    if cleared then
+      local drops = totals -- empty until the HDEL is sent: the same table serves the HSET
+      if cleared[3] then drops[#drops + 1] = 'rbDelta' end
+      if cleared[4] then drops[#drops + 1] = 'rbCursor' end
+      for rank = 0, 3 do -- the totals, read at 6..9; one written below is not deleted
+        local level = fqRankLevel[rank]
+        if cleared[6 + rank] and not (m and m.dirtyTotals[level]) then
+          drops[#drops + 1] = 'W:' .. level
+        end
+      end
+      if #drops > 0 then
+        redis.call('HDEL', K.state, unpack(drops))
+        totals = {}
+      end
+    end
+    if pending then
+      for field, value in pairs(pending) do
+        totals[#totals + 1] = field
+        totals[#totals + 1] = value
+      end
+    end
+    if not m then
+      if #totals > 0 then redis.call('HSET', K.state, unpack(totals)) end
+      return
+    end
+  end
   for member, f in pairs(m.flows) do
     if f.tagDirty then
       tags[#tags + 1] = string.format('%.17g', f.last)
@@ -251,7 +329,7 @@ local function fqPlaced(K, c, score)
     local start = fqStartOf(c, score)
     if start > c.vt then
       c.vt = start
-      redis.call('HSET', K.state, 'vt', string.format('%.17g', start))
+      fqStateSet(K, c, 'vt', string.format('%.17g', start))
     end
   end
 end
@@ -270,14 +348,15 @@ end
 
 -- Index a job by the second it became ready, for the pass's overdue count (its level is
 -- in its score; a delayed job's meta is in K.jobs): no payload is ever decoded for it.
-local fqIndexedSecond = nil -- a call's jobs share a second: register it once
+-- The second is registered in K.ready when its list is made (RPUSH returns the new length:
+-- the number pushed when the list was new). A list that exists was registered when it was
+-- made, in the same script: the index's scripts delete a second's list with or before
+-- its K.ready entry, in one call (index_walk, forget_obliterated), never the entry alone.
 local function fqIndexMany(K, jobIds, readyMs)
   if #jobIds == 0 then return end
   local second = string.format('%d', math.floor(readyMs / 1000))
-  redis.call('RPUSH', K.ready .. ':' .. second, unpack(jobIds))
-  if second ~= fqIndexedSecond then
+  if redis.call('RPUSH', K.ready .. ':' .. second, unpack(jobIds)) == #jobIds then
     redis.call('ZADD', K.ready, 'NX', second, second)
-    fqIndexedSecond = second
   end
 end
 local function fqIndex(K, jobId, readyMs)
