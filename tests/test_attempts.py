@@ -190,16 +190,16 @@ def test_run__an_unreadable_entry_is_no_run():
 
 
 def test_parse_event__starts_ends_and_retries_only():
-    assert parse_event(b"17-0", {b"event": b"active", b"jobId": b"9", b"prev": b"waiting"}) == (
+    assert parse_event(b"17-0", [b"event", b"active", b"jobId", b"9", b"prev", b"waiting"]) == (
         Event("start", "9", 17)
     )
-    assert parse_event(b"18-1", {b"event": b"failed", b"jobId": b"9"}) == Event("end", "9", 18)
-    assert parse_event(b"19-0", {b"event": b"delayed", b"jobId": b"9", b"prev": b"active"}) == (
+    assert parse_event(b"18-1", [b"event", b"failed", b"jobId", b"9"]) == Event("end", "9", 18)
+    assert parse_event(b"19-0", [b"event", b"delayed", b"jobId", b"9", b"prev", b"active"]) == (
         Event("retry", "9", 19)
     )
-    assert parse_event(b"19-1", {b"event": b"waiting", b"jobId": b"9"}) is None
-    assert parse_event(b"20-0", {b"event": b"added", b"jobId": b"9"}) is None
-    assert parse_event(b"21-0", {b"event": b"drained"}) is None
+    assert parse_event(b"19-1", [b"event", b"waiting", b"jobId", b"9"]) is None
+    assert parse_event(b"20-0", [b"event", b"added", b"jobId", b"9"]) is None
+    assert parse_event(b"21-0", [b"event", b"drained"]) is None
 
 
 def _row(data, opts=None, ats=b"1", timestamp=b"1000", delay=b"0"):
@@ -222,3 +222,35 @@ def test_parse_start__fairqueue_metadata_foreign_jobs_and_bad_data():
     assert parse_start(_row({"priorityLevel": "low"}, ats=b"3"), 65_536).first_attempt is False
     lone = parse_start(_row(b'{"priorityLevel":"low","tenantId":"\\ud800"}'), 65_536)
     assert lone.tenant == "?"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.sampled_from(LEVELS),
+    st.text(min_size=1, max_size=12),
+    st.integers(0, 2**50),
+    st.dictionaries(st.sampled_from(["i", "to", "x"]), st.integers(), max_size=3),
+)
+def test_parse_start__the_text_read_agrees_with_decoding(level, tenant, ready, extra):
+    """fairqueue's own jobs are read from the stored text (level and tenant first, a
+    whole fqReady); any other order of the same JSON is decoded: the same start."""
+    opts = {"attempts": 1, "fqReady": ready, "priority": 2_097_151}
+    compact = {"separators": (",", ":")}
+    first = {"priorityLevel": level, "tenantId": tenant, **extra}
+    last = {**extra, "tenantId": tenant, "priorityLevel": level}
+    as_text = parse_start(
+        [
+            b"1",
+            b"0",
+            b"1",
+            json.dumps(opts, **compact).encode(),
+            json.dumps(first, **compact).encode(),
+        ],
+        65_536,
+    )
+    decoded = parse_start(
+        [b"1", b"0", b"1", json.dumps(opts).encode(), json.dumps(last).encode()], 65_536
+    )
+    assert (
+        as_text == decoded == Start(level, tenant.encode("utf-8", "replace").decode(), ready, True)
+    )

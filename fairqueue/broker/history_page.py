@@ -12,11 +12,13 @@ fields, its stream ids.
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from redis.client import NEVER_DECODE
+from redis.exceptions import NoScriptError
 
 from fairqueue.broker.connection import Connection
 from fairqueue.broker.passes import LockLostError
@@ -27,6 +29,9 @@ from fairqueue.scheduling import attempts
 from fairqueue.scheduling.attempts import Event, Run, Start
 
 _RAW = {NEVER_DECODE: True}
+#: XRANGE named in bytes: redis-py then applies no reply callback (its parsing of every
+#: entry into a dict would cost the loop more than all the rest of the page's work).
+_XRANGE = b"XRANGE"
 #: The job hash fields a start needs (BullMQ's names).
 _START_FIELDS = ("timestamp", "delay", "ats", "opts", "data")
 #: Started jobs' hashes read per round trip (each read stops once the page's data
@@ -34,6 +39,11 @@ _START_FIELDS = ("timestamp", "delay", "ats", "opts", "data")
 _ROWS_PER_READ = 256
 _END_EVENTS = {b"completed", b"failed"}
 _READD_EVENTS = {b"waiting", b"delayed"}
+_WANTED = {b"active", *_END_EVENTS, *_READD_EVENTS}
+#: fairqueue's own jobs, read without decoding: the producer writes the level and the
+#: tenant first in the data, the add script a whole fqReady in the opts.
+_FAST_META = re.compile(rb'\{"priorityLevel":"([a-z]+)","tenantId":"([^"\\]+)"[,}]')
+_FAST_READY = re.compile(rb'[{,]"fqReady":(\d+)[,}]')
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +112,15 @@ def parse_start(row: list[bytes | None], max_data_bytes: int) -> attempts.Start 
     size = len(data_raw) if data_raw else 0
     if timestamp is None or size > max_data_bytes:
         return None
+    fast = _FAST_META.match(data_raw or b"")
+    ready_text = _FAST_READY.search(opts_raw or b"") if fast else None
+    if fast and ready_text and fast.group(1).decode() in attempts.LEVEL_WEIGHTS:
+        return Start(
+            level=fast.group(1).decode(),
+            tenant=fast.group(2).decode("utf-8", "replace"),
+            ready_ms=int(ready_text.group(1)),
+            first_attempt=(_number(ats) or 1) <= 1,
+        )
     try:
         opts = json.loads(opts_raw or b"{}")
     except ValueError:
@@ -141,17 +160,27 @@ def _ms_of(entry_id: bytes) -> int:
     return int(entry_id.split(b"-", 1)[0])
 
 
-def parse_event(entry_id: bytes, fields: dict[bytes, bytes]) -> Event | None:
-    """The attempt a stream entry starts or ends; ``None`` for the others ('added',
-    'drained', progress...)."""
-    event, job_id = fields.get(b"event"), fields.get(b"jobId")
+def parse_event(entry_id: bytes, fields: list[bytes]) -> Event | None:
+    """The attempt a stream entry (its fields as Redis sends them: name, value, ...)
+    starts or ends; ``None`` for the others ('added', 'drained', progress...)."""
+    if fields and fields[0] == b"event" and fields[1] not in _WANTED:
+        return None  # BullMQ writes the event's name first: most entries end here
+    event = job_id = prev = None
+    for i in range(0, len(fields) - 1, 2):
+        name = fields[i]
+        if name == b"event":
+            event = fields[i + 1]
+        elif name == b"jobId":
+            job_id = fields[i + 1]
+        elif name == b"prev":
+            prev = fields[i + 1]
     if job_id is None:
         return None
     if event == b"active":
         kind = "start"
     elif event in _END_EVENTS:
         kind = "end"
-    elif event in _READD_EVENTS and fields.get(b"prev") == b"active":
+    elif event in _READD_EVENTS and prev == b"active":
         kind = "retry"  # an attempt that failed with attempts left (at once or backed off)
     else:
         return None
@@ -190,9 +219,7 @@ class PageReader:
         if cursor:
             # While the cursor's own entry is in the stream nothing after it was trimmed
             # (BullMQ trims from the front): read from it, inclusive, and drop it.
-            read = await client.execute_command(
-                "XRANGE", self.events_key, cursor, "+", "COUNT", page_size + 1, **_RAW
-            )
+            read = await self._xrange(cursor, page_size + 1)
             if read and read[0][0] == _raw(cursor):
                 entries = read[1:]
         if entries is None:
@@ -216,9 +243,7 @@ class PageReader:
                     bucket_s=BUCKET_S,
                 )
             low = start if int(inclusive) else f"({start}"
-            entries = await client.execute_command(
-                "XRANGE", self.events_key, low, "+", "COUNT", page_size, **_RAW
-            )
+            entries = await self._xrange(low, page_size)
         full = len(entries) >= page_size
         events, starts, kept, spent = await self._read_starts(entries, max_data_bytes, byte_budget)
         runs = await self._read_runs(events)
@@ -266,21 +291,13 @@ class PageReader:
         """The page's events and its started jobs' hashes, up to the data budget: the
         entries kept are those before the one at which the budget ran out."""
         parsed = [parse_event(entry_id, fields) for entry_id, fields in entries]
-        pending = [event.job_id for event in parsed if event and event.kind == "start"]
+        pending = list(dict.fromkeys(e.job_id for e in parsed if e and e.kind == "start"))
         rows: dict[str, list] = {}
-        spent = 0
-        at = 0
-        while at < len(pending) and spent <= byte_budget:
-            chunk = list(dict.fromkeys(pending[at : at + _ROWS_PER_READ]))
-            at += _ROWS_PER_READ
-            async with self.conn.client().pipeline(transaction=False) as pipe:
-                for job_id in chunk:
-                    pipe.execute_command(
-                        "HMGET", self.conn.key(self.queue, job_id), *_START_FIELDS, **_RAW
-                    )
-                for job_id, row in zip(chunk, await pipe.execute(), strict=True):
-                    rows[job_id] = row
-                    spent += len(row[4]) if row[4] else 0
+        if pending:
+            keys = [self.conn.key(self.queue, job_id) for job_id in pending]
+            flat = await self._raw_script("history_rows", keys, [byte_budget])
+            for i in range(0, len(flat), 5):
+                rows[pending[i // 5]] = flat[i : i + 5]
         events: list[Event] = []
         starts: dict[str, Start | None] = {}
         kept_count, used = 0, 0
@@ -292,10 +309,35 @@ class PageReader:
                 continue
             events.append(event)
             if event.kind == "start":
-                row = rows[event.job_id]
+                row = rows.get(event.job_id)
+                if row is None:  # beyond the rows the budget let the read bring
+                    kept_count -= 1
+                    events.pop()
+                    break
                 used += len(row[4]) if row[4] else 0
                 starts[event.job_id] = parse_start(row, max_data_bytes)
         return events, starts, entries[:kept_count], used > byte_budget
+
+    async def _xrange(self, low: str, count: int) -> list:
+        """Entries from ``low`` as Redis sends them, ``[id, [field, value, ...]]`` in
+        bytes: redis-py's own parsing into dicts costs the loop six times the read."""
+        return await self.conn.client().execute_command(
+            _XRANGE, self.events_key, low, "+", "COUNT", count, **_RAW
+        )
+
+    async def _raw_script(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        """A read-only script's reply in bytes (job data need not be UTF-8)."""
+        script = plain_script(name)
+        client = self.conn.client()
+        try:
+            return await client.execute_command(
+                "EVALSHA", script.sha, len(keys), *keys, *args, **_RAW
+            )
+        except NoScriptError:
+            await client.script_load(script.source)
+            return await client.execute_command(
+                "EVALSHA", script.sha, len(keys), *keys, *args, **_RAW
+            )
 
     async def _read_runs(self, events: list[Event]) -> dict[str, Run]:
         wanted = attempts.runs_to_read(events)

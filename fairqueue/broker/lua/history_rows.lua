@@ -1,0 +1,17 @@
+--[[
+  The hashes of the jobs a history page saw start (``fairqueue.broker.history_page``):
+  one call instead of a command per job, so the loop spends little on each. Read only.
+  Stops after the job whose data brings the total over the page's byte budget.
+
+  KEYS    the started jobs' hash keys, in stream order
+  ARGV[1] the byte budget of job data
+  Returns per job, flat: timestamp, delay, ats, opts, data (false where absent).
+]]
+local out, budget, bytes = {}, tonumber(ARGV[1]), 0
+for i = 1, #KEYS do
+  if bytes > budget then break end
+  local row = redis.call('HMGET', KEYS[i], 'timestamp', 'delay', 'ats', 'opts', 'data')
+  for j = 1, 5 do out[#out + 1] = row[j] end
+  if row[5] then bytes = bytes + #row[5] end
+end
+return out
