@@ -311,13 +311,13 @@ def enqueue_costs(url: str, n: int, repeat: int) -> list[tuple[str, Sample, Samp
 # -- a job's whole life ---------------------------------------------------------------------
 
 
-def _worker_main(url: str, prefix: str, ready: Any, stop: Any) -> None:
+def _worker_main(url: str, prefix: str, ready: Any, stop: Any, concurrency: int) -> None:
     async def main() -> None:
         async def process(job, token):
             return None
 
         worker = Worker(
-            QUEUE, process, {"connection": url, "prefix": prefix, "concurrency": CONCURRENCY}
+            QUEUE, process, {"connection": url, "prefix": prefix, "concurrency": concurrency}
         )
         ready.set()
         while not stop.is_set():
@@ -328,10 +328,10 @@ def _worker_main(url: str, prefix: str, ready: Any, stop: Any) -> None:
 
 
 @contextlib.contextmanager
-def stock_worker(url: str, prefix: str) -> Iterator[None]:
+def stock_worker(url: str, prefix: str, concurrency: int = CONCURRENCY) -> Iterator[None]:
     ctx = mp.get_context("spawn")
     ready, stop = ctx.Event(), ctx.Event()
-    process = ctx.Process(target=_worker_main, args=(url, prefix, ready, stop))
+    process = ctx.Process(target=_worker_main, args=(url, prefix, ready, stop, concurrency))
     process.start()
     try:
         if not ready.wait(30):

@@ -49,12 +49,21 @@ fqC.memo = fqNewMemo()
 local fqReadyPacked = cmsgpack.pack(fqNow)
 if #fqReadyPacked ~= 9 then fqReadyPacked = nil end
 local fqIndexed = {}
+-- BullMQ's packed args start (after a one-byte array header) with the queue's key prefix
+-- and the custom job id: a job packed with an empty id is told by its bytes, without a
+-- cmsgpack unpack per job (any other packing is unpacked and checked as before).
+local fqNoId = cmsgpack.pack(string.sub(KEYS[3], 1, -3)) .. '\160'
+local fqNoIdEnd = 1 + #fqNoId
 for _, job in ipairs(fqJobs) do
-  local args = cmsgpack.unpack(job[1])
   local priority, score = 0, nil
   local slotted = fqReadyPacked and string.sub(job[3], -17) == fqReadySlot
   if slotted then job[3] = string.sub(job[3], 1, -10) .. fqReadyPacked end
-  local fresh = args[2] == '' or redis.call('EXISTS', args[1] .. args[2]) == 0
+  -- A job without a custom id is new; one with an id is new if its hash is not there.
+  local fresh = string.sub(job[1], 2, fqNoIdEnd) == fqNoId
+  if not fresh then
+    local args = cmsgpack.unpack(job[1])
+    fresh = args[2] == '' or redis.call('EXISTS', args[1] .. args[2]) == 0
+  end
   local held = fresh and fqHold and fqHold[job[5]]
   if fresh then
     if not held then score = fqPlace(fqK, fqC, job[4], job[5], job[6], false, job[7]) end

@@ -48,6 +48,8 @@ local fqExpirePerCall = {{EXPIRE_PER_CALL}}
 local fqSub = {{SUB}}
 local fqMinCost, fqMaxCost, fqDeadBand = {{MIN_COST}}, {{MAX_COST}}, {{COST_DEAD_BAND}}
 local fqScore = 4294967296
+-- The first score at the cap, as text once (a float's %.17g costs more than a placement).
+local fqBelowCap = '({{CAP_SCORE}}'
 local fqLevelWeight = {critical = 4, high = 3, normal = 2, low = 1}
 local fqLevelRank = {critical = 0, high = 1, normal = 2, low = 3}
 local fqRankLevel = {[0] = 'critical', [1] = 'high', [2] = 'normal', [3] = 'low'}
@@ -121,7 +123,7 @@ local function fqClock(K, defer, costMember)
     c.costs[costMember] = fqCostTurns(tonumber(st[11]), c.typical)
   end
   local head = redis.call('ZRANGEBYSCORE', K.prioritized, fqFloor * fqScore,
-    '(' .. string.format('%.17g', fqCap * fqScore), 'WITHSCORES', 'LIMIT', 0, 1)
+    fqBelowCap, 'WITHSCORES', 'LIMIT', 0, 1)
   if #head == 0 then
     -- Nothing tagged is waiting, so every flow is idle: start afresh at the floor. A
     -- level's total other than 0 means flows are counted (kept with their weights), so
@@ -343,7 +345,8 @@ end
 -- Put a job BullMQ just added or re-added at fqPriorityOf(score) at its fairqueue score
 -- (BullMQ already stored that priority in the job hash).
 local function fqSetScore(K, jobId, score)
-  redis.call('ZADD', K.prioritized, 'XX', string.format('%.17g', score), jobId)
+  -- A score is a whole number below 2^53: '%d' writes it exactly, without %.17g's cost.
+  redis.call('ZADD', K.prioritized, 'XX', string.format('%d', score), jobId)
 end
 
 -- Index a job by the second it became ready, for the pass's overdue count (its level is

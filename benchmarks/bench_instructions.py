@@ -1,0 +1,231 @@
+"""A job's whole life in Redis's instructions: fairqueue against raw ``bullmq``, counted by
+callgrind, so the ratio does not move with the machine's load.
+
+``bench_cost.py``'s whole-life section measures Redis's CPU time while producer, worker,
+loop and Redis share the machine; on two cores its ratios move by 0.1 between runs of the
+same code. Here a private ``redis-server`` runs under ``valgrind --tool=callgrind`` and
+each job lives alone: added (``Queue.add`` / ``enqueue_job`` with both lookups wired),
+taken and completed by a stock Python ``Worker`` (another process, a no-op processor),
+and only then the next; the instructions Redis ran between two counter dumps, per job.
+Then, over the same jobs' events, the loop's tick (stalled check, a page of adoption,
+the history step) and a pass, each counted alone; the tick's share per job as at
+``--rate`` jobs/s with a tick every 250 ms (a tick covers rate / 4 jobs), the pass's as
+one per 20 ticks.
+
+Two worker shapes: concurrency 1 (the leanest life BullMQ has: the strictest ratio) and
+concurrency 50 (as in ``bench_cost.py``; each idle slot's poll is counted too, as it is in
+production). Instructions are a proxy for CPU time: cache misses and the machine's
+contention are not counted. Needs ``valgrind`` (``apt-get install valgrind``).
+
+    python benchmarks/bench_instructions.py [--jobs 250] [--rate 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import redis  # noqa: E402
+from bullmq import Queue  # noqa: E402
+
+from benchmarks import bench_cost as bc  # noqa: E402  (sets Django up)
+from benchmarks.bench_rebalance import free_port  # noqa: E402
+
+
+@contextmanager
+def counted_redis() -> Iterator[tuple[str, Callable[[], int]]]:
+    """A private redis-server under callgrind; its URL and a function that dumps the
+    counters and returns the instructions run since the last dump."""
+    if shutil.which("valgrind") is None:
+        raise SystemExit("valgrind is not installed (apt-get install valgrind)")
+    out = tempfile.mkdtemp(prefix="fqbench-callgrind-")
+    port = free_port()
+    process = subprocess.Popen(  # noqa: S603 - our own binaries and arguments
+        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}/cg.out"]
+        + ["redis-server", "--port", str(port), "--bind", "127.0.0.1"]
+        + ["--save", "", "--appendonly", "no", "--dir", out],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
+    for _ in range(600):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            if process.poll() is not None:
+                raise SystemExit("redis-server under valgrind exited at start") from None
+            time.sleep(0.1)
+
+    def dump() -> int:
+        subprocess.run(["callgrind_control", "-d", str(process.pid)], capture_output=True)
+        files = sorted(glob.glob(f"{out}/cg.out.*"), key=os.path.getmtime)
+        with open(files[-1]) as dumped:
+            for line in dumped:
+                if line.startswith(("summary:", "totals:")):
+                    return int(line.split()[1])
+        raise RuntimeError("callgrind wrote no totals")
+
+    try:
+        yield url, dump
+    finally:
+        client.close()
+        process.terminate()
+        process.wait(60)
+        shutil.rmtree(out, ignore_errors=True)
+
+
+class Completions:
+    """Waits for a job's 'completed' event with one blocking XREAD at a time: the same
+    few commands per job for both producers, none while blocked."""
+
+    def __init__(self, url: str, prefix: str) -> None:
+        self.client = redis.Redis.from_url(url)
+        self.key, self.since = f"{prefix}:{bc.QUEUE}:events", "0-0"
+
+    def wait(self, job_id: int) -> None:
+        while True:
+            reply = self.client.xread({self.key: self.since}, block=60_000, count=100)
+            if not reply:
+                raise RuntimeError(f"job {job_id} did not complete")
+            for entry_id, fields in reply[0][1]:
+                self.since = entry_id
+                if fields.get(b"event") == b"completed" and int(fields[b"jobId"]) >= job_id:
+                    return
+
+
+def raw_life(url: str, jobs: int, concurrency: int, dump: Callable[[], int]) -> float:
+    prefix = f"raw{uuid.uuid4().hex[:6]}"
+    done = Completions(url, prefix)
+
+    async def main() -> float:
+        queue = Queue(bc.QUEUE, {"connection": url, "prefix": prefix})
+        opts = bc.job_options()
+        await queue.add(bc.QUEUE, bc.raw_data(-1), opts)
+        done.wait(1)
+        dump()
+        for i in range(jobs):
+            await queue.add(bc.QUEUE, bc.raw_data(i), opts)
+            done.wait(i + 2)
+        counted = dump()
+        await queue.close()
+        return counted / jobs
+
+    with bc.stock_worker(url, prefix, concurrency):
+        return asyncio.run(main())
+
+
+def fair_life(
+    url: str, jobs: int, concurrency: int, rate: int, dump: Callable[[], int]
+) -> dict[str, float]:
+    from fairqueue.broker import get_sync_broker
+    from fairqueue.rebalance import passes
+
+    prefix = f"fair{uuid.uuid4().hex[:6]}"
+    done = Completions(url, prefix)
+    per_tick = rate * bc.TICK_MS / 1000
+    ticks_per_pass = bc.INTERVAL_MS // bc.TICK_MS
+    with bc.fairqueue_on(url, prefix), bc.stock_worker(url, prefix, concurrency):
+        bc.wire(True)
+        broker, sync = bc.get_broker(), get_sync_broker()
+        token = "bench-instructions"
+        ttl = passes.lock_ttl_ms(bc.INTERVAL_MS)
+        lock = passes.LeaderLock(bc.QUEUE, token, ttl)
+        fence = {"lock_key": broker.fair_key(bc.QUEUE, "leader"), "token": token}
+        fence["lock_ttl_ms"] = ttl
+        max_wait = bc.conf.get_settings().max_wait_ms
+
+        def step(fn: Callable[..., Any]) -> None:
+            async def call() -> None:
+                result = passes.PassResult(job_type=bc.JOB_TYPE, queue=bc.QUEUE)
+                await fn(passes._Timed(result), broker, bc.QUEUE, fence, result)
+
+            sync.run(call)
+
+        async def record(timed: Any, broker_: Any, queue: str, fence_: dict, result: Any) -> None:
+            await passes._record(timed, broker_, queue, fence_, max_wait)
+
+        async def adopt(timed: Any, broker_: Any, queue: str, fence_: dict, result: Any) -> None:
+            await passes._adopt(timed, broker_, queue, fence_, result, dry_run=False)
+
+        lock.acquire()
+        step(record)  # the history's cursor
+        # Every script loaded (compiling one is not a job's cost): a job and a round of
+        # every step before the count starts.
+        bc.enqueue_job(bc.JOB_TYPE, bc.fair_data(-1), tenant_id=bc.TENANT)
+        done.wait(1)
+        for warm in (passes._recover_stalled, adopt, record):
+            step(warm)
+        passes.rebalance_queue(bc.JOB_TYPE, rebalancer=token, interval_ms=bc.INTERVAL_MS)
+        dump()
+        for i in range(jobs):
+            bc.enqueue_job(bc.JOB_TYPE, bc.fair_data(i), tenant_id=bc.TENANT)
+            done.wait(i + 2)
+        life = dump() / jobs
+        lock.acquire()
+        dump()
+        step(passes._recover_stalled)
+        stalled = dump()
+        step(adopt)
+        adopted = dump()
+        step(record)  # every job's events: as many ticks' worth as jobs / per_tick
+        history = dump() / jobs
+        passes.rebalance_queue(bc.JOB_TYPE, rebalancer=token, interval_ms=bc.INTERVAL_MS)
+        a_pass = dump()
+    return {
+        "fairqueue": life,
+        "tick: stalled check": stalled / per_tick,
+        "tick: adopt a page": adopted / per_tick,
+        "tick: history": history,
+        "pass": a_pass / (per_tick * ticks_per_pass),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=250)
+    parser.add_argument("--rate", type=int, default=1_000)
+    args = parser.parse_args()
+    bc.call_command("migrate", verbosity=0)
+    from fairqueue.models import TenantPlan
+
+    TenantPlan.objects.update_or_create(
+        tenant_id=bc.TENANT, defaults={"plan_tier": "pro", "weight": 2}
+    )
+    print(
+        f"\nA job's whole life in Redis instructions (callgrind), {args.jobs} jobs one at a "
+        f"time; the loop's share as at {args.rate} jobs/s\n"
+    )
+    print("| worker slots | run | k instructions per job | ratio |")
+    print("|---|---|---|---|")
+    for concurrency in (1, bc.CONCURRENCY):
+        with counted_redis() as (url, dump):
+            raw = raw_life(url, args.jobs, concurrency, dump)
+            fair = fair_life(url, args.jobs, concurrency, args.rate, dump)
+        loop = sum(v for name, v in fair.items() if name != "fairqueue")
+        rows = [("raw bullmq", raw), *fair.items(), ("fairqueue + loop", fair["fairqueue"] + loop)]
+        for name, value in rows:
+            print(f"| {concurrency} | {name} | {value / 1000:.1f} | {value / raw:.3f}x |")
+        share = loop / (fair["fairqueue"] + loop)
+        print(f"| {concurrency} | the loop's share of the fair life | | {share:.1%} |")
+    bc.shutil.rmtree(bc._DB_DIR, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
