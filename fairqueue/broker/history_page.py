@@ -238,7 +238,7 @@ class PageReader:
                 gap = attempts.gap_buckets(
                     _ms_of(_raw(cursor)),
                     int(first_ms),
-                    oldest_s=attempts.oldest_bucket(int(now_s), BUCKET_S, RETENTION_S),
+                    oldest_s=attempts.oldest_bucket(now_s, BUCKET_S, RETENTION_S),
                     since_ms=since_ms,
                     bucket_s=BUCKET_S,
                 )
@@ -253,7 +253,7 @@ class PageReader:
             starts,
             runs,
             state,
-            now_s=int(now_s),
+            now_s=now_s,
             bucket_s=BUCKET_S,
             retention_s=RETENTION_S,
             bound_ms=max_wait_ms,
