@@ -187,6 +187,8 @@ def test_run__encodes_as_the_lua_side_did_and_back(run, text):
 def test_run__an_unreadable_entry_is_no_run():
     assert Run.decode("nonsense") is None
     assert Run.decode("weird\na\n1\n1") is None
+    assert Run.decode("low\na\n1\nnan") is None
+    assert Run.decode("low\na\ninf\n1") is None
 
 
 def test_parse_event__starts_ends_and_retries_only():
@@ -254,3 +256,28 @@ def test_parse_start__the_text_read_agrees_with_decoding(level, tenant, ready, e
     assert (
         as_text == decoded == Start(level, tenant.encode("utf-8", "replace").decode(), ready, True)
     )
+
+
+_field = st.one_of(st.none(), st.binary(max_size=40), st.sampled_from([b"1e999", b"nan", b"-3"]))
+_json_text = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.floats(), st.integers(), st.text(max_size=8)),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=8,
+).map(lambda value: json.dumps(value).encode())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(_field, _json_text), min_size=5, max_size=5))
+def test_parse_start__never_raises_on_what_another_producer_may_store(row):
+    """A job hash written by anyone (odd numbers, infinities, nested or broken JSON) is
+    read or counted unknown, never an exception: the history's cursor must move past it."""
+    start = parse_start(row, 65_536)
+    assert start is None or isinstance(start.ready_ms, int)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=60))
+def test_run_decode__never_raises_on_any_text(text):
+    """fq:run entries another version (or a hand) wrote are no run, never an exception."""
+    run = Run.decode(text)
+    assert run is None or (run.level in attempts.LEVEL_WEIGHTS and Run.decode(run.encode()) == run)

@@ -12,6 +12,7 @@ fields, its stream ids.
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -79,16 +80,18 @@ def _raw(text: str) -> bytes:
 
 
 def _number(value: Any) -> float | None:
-    """A number as Lua's ``tonumber`` reads it (a JSON number or numeric text)."""
+    """A number as Lua's ``tonumber`` reads it (a JSON number or numeric text); ``None``
+    for anything else, infinities and NaN included: a job another producer wrote oddly
+    must never stop the history (its cursor would not move past it)."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, int | float):
-        return value
     if isinstance(value, str | bytes):
         try:
-            return float(value)
+            value = float(value)
         except ValueError:
             return None
+    if isinstance(value, int | float) and math.isfinite(value):
+        return value
     return None
 
 
@@ -123,13 +126,13 @@ def parse_start(row: list[bytes | None], max_data_bytes: int) -> attempts.Start 
         )
     try:
         opts = json.loads(opts_raw or b"{}")
-    except ValueError:
+    except (ValueError, RecursionError):
         opts = None
     if not isinstance(opts, dict):
         opts = {}
     try:
         data = json.loads(data_raw or b"")
-    except ValueError:
+    except (ValueError, RecursionError):
         data = None
     level: str | None = None
     tenant = "default"

@@ -90,9 +90,12 @@ class Run:
         if not sep or level not in LEVEL_WEIGHTS:
             return None
         try:
-            return cls(level, tenant, int(float(start)), float(turns) if turns else 1.0)
-        except ValueError:
+            start_ms, paid = float(start), float(turns) if turns else 1.0
+        except ValueError:  # not a run this version wrote
             return None
+        if not (math.isfinite(start_ms) and math.isfinite(paid)):
+            return None
+        return cls(level, tenant, int(start_ms), paid)
 
 
 @dataclass(frozen=True, slots=True)
