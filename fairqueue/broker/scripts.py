@@ -115,5 +115,5 @@ def release_held_script() -> Script:
 def plain_script(name: str) -> Script:
     """One of fairqueue's own scripts (``index_walk``, ``rebase_page``, ``lock_acquire``,
     ``lock_release``, ``dashboard_page``, ``dashboard_scan``, ``history_seek``,
-    ``history_commit``)."""
+    ``history_rows``, ``history_commit``)."""
     return Script(name, load_lua(name))
