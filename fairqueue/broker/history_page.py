@@ -117,7 +117,7 @@ def parse_start(row: list[bytes | None], max_data_bytes: int) -> attempts.Start 
         return None
     fast = _FAST_META.match(data_raw or b"")
     ready_text = _FAST_READY.search(opts_raw or b"") if fast else None
-    if fast and ready_text and fast.group(1).decode() in attempts.LEVEL_WEIGHTS:
+    if fast and ready_text and fast.group(1).decode() in attempts.LEVELS:
         return Start(
             level=fast.group(1).decode(),
             tenant=fast.group(2).decode("utf-8", "replace"),
@@ -142,7 +142,7 @@ def parse_start(row: list[bytes | None], max_data_bytes: int) -> attempts.Start 
         named, tid = data.get("priorityLevel"), data.get("tenantId")
         if named is None:
             level = _level_of_priority(opts.get("priority", 0))
-        elif isinstance(named, str) and named in attempts.LEVEL_WEIGHTS:
+        elif isinstance(named, str) and named in attempts.LEVELS:
             level = named
         if isinstance(tid, str) and tid != "":
             tenant = tid.encode("utf-8", "replace").decode("utf-8")

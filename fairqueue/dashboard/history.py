@@ -35,6 +35,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from fairqueue.scheduling.attempts import UNKNOWN
 from fairqueue.scheduling.levels import DEFAULT_FAIR_WEIGHTS, LEVELS_BY_RANK
 
 #: Width of a history bucket, and how long buckets are kept (Redis TTLs).
@@ -46,7 +47,6 @@ TENANTS_PER_BUCKET: Final = 32
 DEFAULT_WINDOW_MIN: Final = 15
 MAX_WINDOW_MIN: Final = RETENTION_S // 60
 LEVEL_NAMES: Final = tuple(level.value for level in LEVELS_BY_RANK)
-UNKNOWN: Final = "?"
 
 
 def _wait_edges() -> tuple[int, ...]:

@@ -36,14 +36,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
+from fairqueue.scheduling.levels import LEVELS_BY_RANK
 from fairqueue.scheduling.order import MAX_COST_TURNS, MIN_COST_TURNS, cost_turns
 
-LEVEL_WEIGHTS: Final = {"critical": 4, "high": 3, "normal": 2, "low": 1}
-LEVEL_ORDER: Final = ("critical", "high", "normal", "low")
+#: The level names a start or a run may carry (anything else is an unknown level).
+LEVELS: Final = frozenset(level.value for level in LEVELS_BY_RANK)
 #: How fast a flow's estimate follows its own runs, and the queue's typical run time
 #: (every flow's yardstick, so it moves slowly).
 FLOW_ALPHA: Final = 0.2
 TYPICAL_ALPHA: Final = 0.05
+#: The level of a start whose job could not be read (the dashboard shows it as such).
 UNKNOWN: Final = "?"
 
 EventKind = Literal["start", "end", "retry"]
@@ -87,7 +89,7 @@ class Run:
         head, _, turns = text.rpartition("\n")
         rest, _, start = head.rpartition("\n")
         level, sep, tenant = rest.partition("\n")
-        if not sep or level not in LEVEL_WEIGHTS:
+        if not sep or level not in LEVELS:
             return None
         try:
             start_ms, paid = float(start), float(turns) if turns else 1.0
