@@ -39,6 +39,14 @@ arrival = st.tuples(
 )
 
 
+def _add(broker: SyncBroker, arrivals: list[tuple[PriorityLevel, str, int]]) -> list:
+    """One add_jobs call of (level, tenant, tenant weight) arrivals; the jobs added."""
+    return broker.add_jobs(
+        "q",
+        [NewJob("x", {}, level, tenant=tenant, tenant_weight=w) for level, tenant, w in arrivals],
+    )
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.lists(arrival, min_size=1, max_size=12), min_size=1, max_size=6))
 def test_the_add_script_places_every_job_as_the_reference_model(batches):
@@ -50,13 +58,7 @@ def test_the_add_script_places_every_job_as_the_reference_model(batches):
     clock, placed = FairClock(), []
     try:
         for batch in batches:
-            added = broker.add_jobs(
-                "q",
-                [
-                    NewJob("x", {}, level, tenant=tenant, tenant_weight=w)
-                    for level, tenant, w in batch
-                ],
-            )
+            added = _add(broker, batch)
             for (level, tenant, weight), job in zip(batch, added, strict=True):
                 tag = clock.place(level, tenant, weight)
                 placed.append((math.floor(tag * TAG_RESOLUTION), RANK[level], tag, level))
@@ -96,13 +98,7 @@ def test_the_add_script_places_as_the_model_while_a_worker_takes_jobs(rounds):
     key = f"{prefix}:q:prioritized"
     try:
         for batch, taken in rounds:
-            added = broker.add_jobs(
-                "q",
-                [
-                    NewJob("x", {}, level, tenant=tenant, tenant_weight=w)
-                    for level, tenant, w in batch
-                ],
-            )
+            added = _add(broker, batch)
             for (level, tenant, weight), job in zip(batch, added, strict=True):
                 tag = clock.place(level, tenant, weight)
                 placed[job.job_id] = (math.floor(tag * TAG_RESOLUTION), RANK[level], tag, level)
@@ -273,13 +269,7 @@ def test_with_measured_costs_the_add_script_places_as_the_model(arrivals, estima
             redis_client.hset(state, f"c:{level.value}\n{tenant}", ms)
     clock, placed = FairClock(), []
     try:
-        added = broker.add_jobs(
-            "q",
-            [
-                NewJob("x", {}, level, tenant=tenant, tenant_weight=w)
-                for level, tenant, w in arrivals
-            ],
-        )
+        added = _add(broker, arrivals)
         for (level, tenant, weight), job in zip(arrivals, added, strict=True):
             tag = clock.place(
                 level, tenant, weight, cost=cost_turns(estimates.get(tenant), typical)
