@@ -30,7 +30,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -44,7 +43,7 @@ import redis  # noqa: E402
 from bullmq import Queue  # noqa: E402
 
 from benchmarks import bench_cost as bc  # noqa: E402  (sets Django up)
-from benchmarks.bench_rebalance import free_port  # noqa: E402
+from benchmarks.bench_rebalance import private_redis  # noqa: E402
 
 
 @contextmanager
@@ -54,40 +53,24 @@ def counted_redis() -> Iterator[tuple[str, Callable[[], int]]]:
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
     out = tempfile.mkdtemp(prefix="fqbench-callgrind-")
-    port = free_port()
-    process = subprocess.Popen(  # noqa: S603 - our own binaries and arguments
-        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}/cg.out"]
-        + ["redis-server", "--port", str(port), "--bind", "127.0.0.1"]
-        + ["--save", "", "--appendonly", "no", "--dir", out],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    client = redis.Redis.from_url(url)
-    for _ in range(600):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            if process.poll() is not None:
-                raise SystemExit("redis-server under valgrind exited at start") from None
-            time.sleep(0.1)
-
-    def dump() -> int:
-        subprocess.run(["callgrind_control", "-d", str(process.pid)], capture_output=True)
-        files = sorted(glob.glob(f"{out}/cg.out.*"), key=os.path.getmtime)
-        with open(files[-1]) as dumped:
-            for line in dumped:
-                if line.startswith(("summary:", "totals:")):
-                    return int(line.split()[1])
-        raise RuntimeError("callgrind wrote no totals")
-
+    wrapper = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}/cg.out"]
     try:
-        yield url, dump
+        with private_redis(wrapper=wrapper, start_timeout_s=60) as url:
+            client = redis.Redis.from_url(url)
+            pid = client.info("server")["process_id"]  # valgrind runs it in its own process
+            client.close()
+
+            def dump() -> int:
+                subprocess.run(["callgrind_control", "-d", str(pid)], capture_output=True)
+                files = sorted(glob.glob(f"{out}/cg.out.*"), key=os.path.getmtime)
+                with open(files[-1]) as dumped:
+                    for line in dumped:
+                        if line.startswith(("summary:", "totals:")):
+                            return int(line.split()[1])
+                raise RuntimeError("callgrind wrote no totals")
+
+            yield url, dump
     finally:
-        client.close()
-        process.terminate()
-        process.wait(60)
         shutil.rmtree(out, ignore_errors=True)
 
 

@@ -41,7 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,8 +105,12 @@ OVERDUE_SHIFT_MS = 600_000
 
 
 @contextlib.contextmanager
-def private_redis(slowlog_us: int = 100) -> Iterator[str]:
-    """A throwaway ``redis-server`` on a free port (no persistence); its URL."""
+def private_redis(
+    slowlog_us: int = 100, wrapper: Sequence[str] = (), start_timeout_s: float = 5.0
+) -> Iterator[str]:
+    """A throwaway ``redis-server`` on a free port (no persistence); its URL. ``wrapper``:
+    a command that runs the server (``valgrind --tool=callgrind ...``), which may make it
+    slow to start."""
     binary = shutil.which("redis-server")
     if binary is None:
         raise SystemExit("redis-server is not on PATH")
@@ -114,6 +118,7 @@ def private_redis(slowlog_us: int = 100) -> Iterator[str]:
     workdir = tempfile.mkdtemp(prefix="fqbench-redis-")
     process = subprocess.Popen(  # noqa: S603 - our own binary and arguments
         [
+            *wrapper,
             binary,
             "--port",
             str(port),
@@ -134,7 +139,7 @@ def private_redis(slowlog_us: int = 100) -> Iterator[str]:
     url = f"redis://127.0.0.1:{port}/0"
     try:
         client = redis.Redis.from_url(url)
-        for _ in range(100):
+        for _ in range(int(start_timeout_s / 0.05)):
             try:
                 client.ping()
                 break
