@@ -48,6 +48,30 @@ def test_key_names_and_priority_score_format(fq_prefix, redis_client):
     assert redis_client.hget(f"{fq_prefix}:email:{job_id}", "timestamp").isdigit()
 
 
+def test_the_add_scripts_one_zadd_of_the_prioritized_set_is_edited_to_the_fair_score(
+    fq_prefix, redis_client
+):
+    """fairqueue's add gives its score to BullMQ's own ZADD (scripts.ADD_SCORE_EDIT): the
+    line is in addPrioritizedJob once, and a fair job lands at the fair score with BullMQ's
+    priority counter still counted."""
+    from bullmq.redis_connection import loadScript
+
+    from fairqueue.broker import add_jobs_script
+    from fairqueue.broker.scripts import ADD_SCORE_EDIT
+
+    old, new = ADD_SCORE_EDIT
+    assert loadScript("addPrioritizedJob-9.lua").count(old) == 1
+    assert add_jobs_script().source.count(new) == 1 and old not in add_jobs_script().source
+
+    broker = SyncBroker(Broker(REDIS_URL, fq_prefix))
+    job_id = broker.add_job("email", NewJob("x", {}, PriorityLevel.LOW, tenant="t")).job_id
+    broker.close()
+    score = redis_client.zscore(f"{fq_prefix}:email:prioritized", job_id)
+    assert TAG_FLOOR * 2**32 <= score < MAX_PRIORITY * 2**32 and score % 4 == 3  # low's rank
+    assert redis_client.get(f"{fq_prefix}:email:pc") == "1"
+    assert redis_client.hget(f"{fq_prefix}:email:{job_id}", "priority") == str(MAX_PRIORITY)
+
+
 def test_wait_list_pops_before_prioritized_and_from_its_right_end(fq_prefix):
     async def main():
         queue = Queue("email", {"connection": REDIS_URL, "prefix": fq_prefix})

@@ -74,15 +74,30 @@ def load_lua(name: str) -> str:
     return _CONSTANT.sub(lambda match: str(_CONSTANTS[match.group(1)]), text)
 
 
-def _wrapping(name: str, bullmq_script: str) -> Script:
-    source = load_lua(f"{name}.head") + loadScript(bullmq_script) + load_lua(f"{name}.tail")
+def _wrapping(name: str, bullmq_script: str, edit: tuple[str, str] | None = None) -> Script:
+    bullmq = loadScript(bullmq_script)
+    if edit is not None:
+        old, new = edit
+        if bullmq.count(old) != 1:  # the pinned range has it once (test_broker_contract)
+            raise RuntimeError(f"{bullmq_script} of this bullmq version lacks {old!r}")
+        bullmq = bullmq.replace(old, new)
+    source = load_lua(f"{name}.head") + bullmq + load_lua(f"{name}.tail")
     return Script(name, source)
+
+
+#: BullMQ's add writes the prioritized set's entry once; fairqueue's score is given to that
+#: one ZADD (``fqScoreText``, set by add_jobs.tail per job; nil: BullMQ's own score), where
+#: a second ZADD over it used to cost a zset update and a command per job.
+ADD_SCORE_EDIT = (
+    'rcall("ZADD", prioritizedKey, score, jobId)',
+    'rcall("ZADD", prioritizedKey, fqScoreText or score, jobId)',
+)
 
 
 @cache
 def add_jobs_script() -> Script:
     """Adds a batch of jobs at their fair places (wraps ``addPrioritizedJob``)."""
-    return _wrapping("add_jobs", "addPrioritizedJob-9.lua")
+    return _wrapping("add_jobs", "addPrioritizedJob-9.lua", ADD_SCORE_EDIT)
 
 
 @cache

@@ -1,7 +1,7 @@
 --[[
   Add a batch of jobs at their fair places: BullMQ's own addPrioritizedJob, run once per
-  job at the cap priority, then the job's score set to its fair score, and the job
-  indexed for the pass. The job hash keeps the cap as its priority: that is where
+  job at the cap priority, its one ZADD given the job's fair score, and the job indexed
+  for the pass. The job hash keeps the cap as its priority: that is where
   BullMQ's own scripts re-add it when it runs again (a retry, a promoted backoff, a
   rate-limited re-add), so a re-run waits at the back until the pass places it by the
   fair clock, instead of jumping to the front. The job's opts carry fqReady, its first
@@ -27,4 +27,7 @@
 --- @include tenant_limits
 -- The packer's fqReady slot: the opts map's last key, 'fqReady' -> uint64 2^64-1.
 local fqReadySlot = '\167fqReady\207\255\255\255\255\255\255\255\255'
+-- The fair score (text) of the job being added, for BullMQ's own ZADD of it (scripts.py's
+-- ADD_SCORE_EDIT); nil: BullMQ's score (a held or parked job: the cap).
+local fqScoreText = nil
 local function fqBullmqAdd()

@@ -77,12 +77,13 @@ for _, job in ipairs(fqJobs) do
     end
   end
   ARGV[1], ARGV[2], ARGV[3] = job[1], job[2], job[3]
+  -- A score is a whole number below 2^53: '%d' writes it exactly.
+  fqScoreText = score and string.format('%d', score)
   local jobId = fqBullmqAdd()
   if held and type(jobId) == 'string' then
     fqHoldJob(fqLim, fqK.prioritized, KEYS[5], KEYS[8], jobId, job[5],
       job[4] .. '\n' .. job[6] .. '\n' .. (job[7] or ''))
   elseif fresh and type(jobId) == 'string' then
-    if score then fqSetScore(fqK, jobId, score) end
     fqPlaced(fqK, fqC, score)
     fqIndexed[#fqIndexed + 1] = jobId
   end
