@@ -117,8 +117,13 @@ class LimitStore(BrokerPart):
         at most 256 a call) that have room now, at their fair places.
 
         Safe from any number of callers at once: the room is decided and the jobs moved
-        in one script.
+        in one script. The loop asks every 50 ms, mostly of queues with nothing held: an
+        ``EXISTS`` of the tenant set answers that for a fraction of the script's cost.
         """
+        if tenants is None and not await self.conn.guard(
+            self.conn.client().exists(f"{limits_key(self.conn.prefix, queue)}:tenants")
+        ):
+            return Released()
         script = self.conn.script(release_held_script())
         reply = await self.conn.guard(
             script(
