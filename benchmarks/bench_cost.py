@@ -577,8 +577,8 @@ ADD_VARIANTS: dict[str, list[tuple[str, str]]] = {
     "the flows' state written once (fqFlush, per call)": [
         ("fqFlush(fqK, fqC)\nfqIndexMany", "fqIndexMany")
     ],
-    "the fair score over BullMQ's (ZADD XX per job)": [
-        ("    if score then fqSetScore(fqK, jobId, score) end\n", "")
+    "the fair score given to BullMQ's own ZADD (per job)": [
+        ("  fqScoreText = score and string.format('%d', score)\n", "")
     ],
 }
 
@@ -604,11 +604,12 @@ def add_script_at(rev: str) -> str:
     """The add script as it was at ``rev`` (its per-job arguments are today's)."""
     from bullmq.redis_connection import loadScript
 
-    return (
-        lua_at(rev, "add_jobs.head")
-        + loadScript("addPrioritizedJob-9.lua")
-        + lua_at(rev, "add_jobs.tail")
-    )
+    from fairqueue.broker.scripts import ADD_SCORE_EDIT
+
+    head, bullmq = lua_at(rev, "add_jobs.head"), loadScript("addPrioritizedJob-9.lua")
+    if "fqScoreText" in head:  # from c71f14d: the fair score goes into BullMQ's own ZADD
+        bullmq = bullmq.replace(*ADD_SCORE_EDIT)
+    return head + bullmq + lua_at(rev, "add_jobs.tail")
 
 
 def add_script_parts(
