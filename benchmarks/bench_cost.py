@@ -577,9 +577,8 @@ ADD_VARIANTS: dict[str, list[tuple[str, str]]] = {
     "the flows' state written once (fqFlush, per call)": [
         ("fqFlush(fqK, fqC)\nfqIndexMany", "fqIndexMany")
     ],
-    "the fair score given to BullMQ's own ZADD (per job)": [
-        ("  fqScoreText = score and string.format('%d', score)\n", "")
-    ],
+    # No row for the fair score itself: since c71f14d it is BullMQ's own ZADD's argument,
+    # not a command; leaving it out would place the job at the cap instead (no saving).
 }
 
 
@@ -602,14 +601,12 @@ def lua_at(rev: str, name: str) -> str:
 
 def add_script_at(rev: str) -> str:
     """The add script as it was at ``rev`` (its per-job arguments are today's)."""
-    from bullmq.redis_connection import loadScript
+    from fairqueue.broker.scripts import ADD_SCORE_EDIT, bullmq_source
 
-    from fairqueue.broker.scripts import ADD_SCORE_EDIT
-
-    head, bullmq = lua_at(rev, "add_jobs.head"), loadScript("addPrioritizedJob-9.lua")
-    if "fqScoreText" in head:  # from c71f14d: the fair score goes into BullMQ's own ZADD
-        bullmq = bullmq.replace(*ADD_SCORE_EDIT)
-    return head + bullmq + lua_at(rev, "add_jobs.tail")
+    head = lua_at(rev, "add_jobs.head")
+    # From c71f14d the fair score goes into BullMQ's own ZADD (the head declares it).
+    edit = ADD_SCORE_EDIT if "fqScoreText" in head else None
+    return head + bullmq_source("addPrioritizedJob-9.lua", edit) + lua_at(rev, "add_jobs.tail")
 
 
 def add_script_parts(

@@ -74,14 +74,22 @@ def load_lua(name: str) -> str:
     return _CONSTANT.sub(lambda match: str(_CONSTANTS[match.group(1)]), text)
 
 
-def _wrapping(name: str, bullmq_script: str, edit: tuple[str, str] | None = None) -> Script:
+def bullmq_source(bullmq_script: str, edit: tuple[str, str] | None = None) -> str:
+    """BullMQ's script as the installed bullmq ships it, with fairqueue's one pinned
+    text edit (if any) applied: refused, not silently skipped, where the edit is absent."""
     bullmq = loadScript(bullmq_script)
     if edit is not None:
         old, new = edit
         if bullmq.count(old) != 1:  # the pinned range has it once (test_broker_contract)
             raise RuntimeError(f"{bullmq_script} of this bullmq version lacks {old!r}")
         bullmq = bullmq.replace(old, new)
-    source = load_lua(f"{name}.head") + bullmq + load_lua(f"{name}.tail")
+    return bullmq
+
+
+def _wrapping(name: str, bullmq_script: str, edit: tuple[str, str] | None = None) -> Script:
+    source = (
+        load_lua(f"{name}.head") + bullmq_source(bullmq_script, edit) + load_lua(f"{name}.tail")
+    )
     return Script(name, source)
 
 
