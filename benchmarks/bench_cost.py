@@ -609,17 +609,15 @@ def add_script_at(rev: str) -> str:
     return head + bullmq_source("addPrioritizedJob-9.lua", edit) + lua_at(rev, "add_jobs.tail")
 
 
-def add_script_parts(
-    url: str, n: int, repeat: int, rev: str | None = None
-) -> list[tuple[str, float, float]]:
-    """(part, us per job in a batch of BATCH, us per job alone) of the add script; with
-    ``before``, the whole script as it was at that git revision too."""
-    from fairqueue.broker import NewJob, add_jobs_script
-    from fairqueue.broker.scripts import script_sha
-    from fairqueue.scheduling.levels import PriorityLevel
+def add_script_sources(rev: str | None = None) -> dict[str, str]:
+    """The add script's source by name: the whole script, each of :data:`ADD_VARIANTS`,
+    and with ``rev`` the whole script as it was at that git revision."""
+    from fairqueue.broker import add_jobs_script
 
     full = add_jobs_script().source
     sources = {"whole script": full}
+    if rev:
+        sources[f"whole script at {rev}"] = add_script_at(rev)
     for name, edits in ADD_VARIANTS.items():
         source = full
         for old, new in edits:
@@ -627,8 +625,19 @@ def add_script_parts(
                 raise SystemExit(f"the add script changed: cannot leave out {name}")
             source = source.replace(old, new)
         sources[name] = source
-    if rev:
-        sources[f"whole script at {rev}"] = add_script_at(rev)
+    return sources
+
+
+def add_script_parts(
+    url: str, n: int, repeat: int, rev: str | None = None
+) -> list[tuple[str, float, float]]:
+    """(part, us per job in a batch of BATCH, us per job alone) of the add script; with
+    ``before``, the whole script as it was at that git revision too."""
+    from fairqueue.broker import NewJob
+    from fairqueue.broker.scripts import script_sha
+    from fairqueue.scheduling.levels import PriorityLevel
+
+    sources = add_script_sources(rev)
     client = redis.Redis.from_url(url)
     for source in sources.values():
         client.script_load(source)

@@ -17,7 +17,12 @@ concurrency 50 (as in ``bench_cost.py``; each idle slot's poll is counted too, a
 production). Instructions are a proxy for CPU time: cache misses and the machine's
 contention are not counted. Needs ``valgrind`` (``apt-get install valgrind``).
 
-    python benchmarks/bench_instructions.py [--jobs 250] [--rate 1000]
+Then (``--parts``) the add script alone, part by part: each add into an empty queue (as
+when workers keep up), followed by the same bare take (a ZPOPMIN and a DEL in Lua),
+for the whole script and for each of ``bench_cost.ADD_VARIANTS`` (the script without one
+part of its work): a part's instructions are the whole script's less its variant's.
+
+    python benchmarks/bench_instructions.py [--jobs 250] [--rate 1000] [--parts [--rev REV]]
 """
 
 from __future__ import annotations
@@ -180,10 +185,81 @@ def fair_life(
     }
 
 
+#: A bare take: the head of the prioritized set popped and its hash deleted, so the next
+#: add finds the queue empty (the same work after every variant's add).
+TAKE = """
+local head = redis.call('ZPOPMIN', KEYS[1])
+if head[1] then redis.call('DEL', KEYS[2] .. head[1]) end
+"""
+
+
+def add_parts(
+    url: str, jobs: int, dump: Callable[[], int], rev: str | None = None
+) -> list[tuple[str, float]]:
+    """(variant, instructions per add and take) of the add script and its variants (and
+    with ``rev``, the whole script as it was at that git revision)."""
+    from fairqueue.broker import NewJob
+    from fairqueue.scheduling.levels import PriorityLevel
+
+    sources = bc.add_script_sources(rev)
+    client = redis.Redis.from_url(url)
+    take = client.register_script(TAKE)
+    rows = []
+    try:
+        for name, source in sources.items():
+            sha = client.script_load(source)
+            prefix = f"parts{uuid.uuid4().hex[:6]}"
+            with bc.fairqueue_on(url, prefix):
+                packer = bc.get_broker().adding.packer
+                base = f"{prefix}:{bc.QUEUE}"
+                keys = [f"{base}:prioritized", f"{base}:"]
+                commands = []
+                for i in range(jobs + 1):
+                    data = {**bc.fair_data(i), "tenantId": bc.TENANT, "priorityLevel": "normal"}
+                    job = NewJob(bc.QUEUE, data, PriorityLevel.NORMAL, tenant=bc.TENANT)
+                    commands.append(packer.add_commands(bc.QUEUE, [job])[0])
+                for i, command in enumerate(commands):
+                    if i == 1:
+                        dump()  # the first add and take (a script's first run) not counted
+                    client.evalsha(sha, len(command.keys), *command.keys, *command.args)
+                    take(keys=keys)
+                rows.append((name, dump() / jobs))
+            for key in client.scan_iter(f"{prefix}:*"):
+                client.delete(key)
+        rows.append(("raw bullmq (Queue.add with a priority)", raw_adds(url, jobs, dump, take)))
+    finally:
+        client.close()
+    return rows
+
+
+def raw_adds(url: str, jobs: int, dump: Callable[[], int], take: Any) -> float:
+    """BullMQ's own prioritized add (``addPrioritizedJob``), each followed by the take."""
+    prefix = f"rawparts{uuid.uuid4().hex[:6]}"
+    keys = [f"{prefix}:{bc.QUEUE}:prioritized", f"{prefix}:{bc.QUEUE}:"]
+
+    async def main() -> float:
+        queue = Queue(bc.QUEUE, {"connection": url, "prefix": prefix})
+        opts = bc.job_options()
+        for i in range(jobs + 1):
+            if i == 1:
+                dump()
+            await queue.add(bc.QUEUE, bc.raw_data(i), opts)
+            take(keys=keys)
+        counted = dump()
+        await queue.obliterate({"force": True})
+        await queue.close()
+        return counted / jobs
+
+    return asyncio.run(main())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=250)
     parser.add_argument("--rate", type=int, default=1_000)
+    parser.add_argument("--parts", action="store_true", help="the add script, part by part")
+    parser.add_argument("--only-parts", action="store_true", help="--parts, without the lives")
+    parser.add_argument("--rev", help="--parts: the add script at this git revision too")
     args = parser.parse_args()
     bc.call_command("migrate", verbosity=0)
     from fairqueue.models import TenantPlan
@@ -191,6 +267,10 @@ def main() -> None:
     TenantPlan.objects.update_or_create(
         tenant_id=bc.TENANT, defaults={"plan_tier": "pro", "weight": 2}
     )
+    if args.parts or args.only_parts:
+        print_parts(args.jobs, args.rev)
+    if args.only_parts:
+        return
     print(
         f"\nA job's whole life in Redis instructions (callgrind), {args.jobs} jobs one at a "
         f"time; the loop's share as at {args.rate} jobs/s\n"
@@ -208,6 +288,18 @@ def main() -> None:
         share = loop / (fair["fairqueue"] + loop)
         print(f"| {concurrency} | the loop's share of the fair life | | {share:.1%} |")
     bc.shutil.rmtree(bc._DB_DIR, ignore_errors=True)
+
+
+def print_parts(jobs: int, rev: str | None) -> None:
+    print(f"\nThe add script in Redis instructions (callgrind), {jobs} adds to an empty queue\n")
+    print("| script | k instructions per add and take | part (k) |")
+    print("|---|---|---|")
+    with counted_redis() as (url, dump):
+        rows = add_parts(url, jobs, dump, rev)
+    whole = rows[0][1]
+    for name, value in rows:
+        part = "" if name.startswith(("whole script", "raw")) else f"{(whole - value) / 1000:.1f}"
+        print(f"| {name} | {value / 1000:.1f} | {part} |")
 
 
 if __name__ == "__main__":

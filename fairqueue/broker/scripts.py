@@ -48,6 +48,18 @@ _CONSTANTS = {
 }
 _INCLUDE = re.compile(r"^--- @include (\w+)$", re.MULTILINE)
 _CONSTANT = re.compile(r"\{\{(\w+)\}\}")
+#: One of fairqueue's shared functions, from its definition to the ``end`` at the margin
+#: that closes it (the wrappers of BullMQ's scripts, ``fqBullmq*``, hold BullMQ's own
+#: margin-level ``end`` lines and are never candidates).
+_SHARED_FUNCTION = re.compile(
+    r"^local function (fq(?!Bullmq)\w+)\(.*?^end\n", re.MULTILINE | re.DOTALL
+)
+#: One of fairqueue's values defined on one line without a call (a constant or a table:
+#: dropping it drops no command).
+_SHARED_VALUE = re.compile(r"^local (fq\w+) = [^\n(]*\n", re.MULTILINE)
+#: A Lua comment, a block or to the end of its line (fairqueue's Lua has no ``--`` in a
+#: string literal: test_scripts holds that).
+_COMMENT = re.compile(r"--\[\[.*?\]\]|--[^\n]*", re.DOTALL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +86,30 @@ def load_lua(name: str) -> str:
     return _CONSTANT.sub(lambda match: str(_CONSTANTS[match.group(1)]), text)
 
 
+def without_unused(source: str) -> str:
+    """``source`` less the included functions nothing in it calls.
+
+    Redis runs a script's whole body on every call, so each ``local function`` and table
+    of an include is made again (an allocation the garbage collector then sweeps) each
+    time, used or not: the add script paid for helpers of the pass and of tenant_limits
+    on every job, and history_commit for the whole fair clock. A function, or a value
+    defined on one line, is dropped when its name appears nowhere but its definition
+    (comments aside), until none is left to drop.
+    """
+    while True:
+        code = _COMMENT.sub("", source)
+        unused = [
+            match
+            for pattern in (_SHARED_FUNCTION, _SHARED_VALUE)
+            for match in pattern.finditer(source)
+            if len(re.findall(rf"\b{match.group(1)}\b", code)) == 1
+        ]
+        if not unused:
+            return source
+        for match in sorted(unused, key=lambda match: match.start(), reverse=True):
+            source = source[: match.start()] + source[match.end() :]
+
+
 def bullmq_source(bullmq_script: str, edit: tuple[str, str] | None = None) -> str:
     """BullMQ's script as the installed bullmq ships it, with fairqueue's one pinned
     text edit (if any) applied: refused, not silently skipped, where the edit is absent."""
@@ -90,7 +126,7 @@ def _wrapping(name: str, bullmq_script: str, edit: tuple[str, str] | None = None
     source = (
         load_lua(f"{name}.head") + bullmq_source(bullmq_script, edit) + load_lua(f"{name}.tail")
     )
-    return Script(name, source)
+    return Script(name, without_unused(source))
 
 
 #: BullMQ's add writes the prioritized set's entry once; fairqueue's score is given to that
@@ -131,7 +167,7 @@ def stalled_page_script() -> Script:
 def release_held_script() -> Script:
     """Releases held jobs of tenants with room to their fair places, or pulls a paused
     tenant's untaken jobs back (fairqueue's own: it places with ``fair_clock``)."""
-    return Script("release_held", load_lua("release_held"))
+    return Script("release_held", without_unused(load_lua("release_held")))
 
 
 @cache
@@ -139,4 +175,4 @@ def plain_script(name: str) -> Script:
     """One of fairqueue's own scripts (``index_walk``, ``rebase_page``, ``lock_acquire``,
     ``lock_release``, ``dashboard_page``, ``dashboard_scan``, ``history_seek``,
     ``history_rows``, ``history_commit``)."""
-    return Script(name, load_lua(name))
+    return Script(name, without_unused(load_lua(name)))

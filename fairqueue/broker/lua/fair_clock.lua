@@ -50,6 +50,8 @@ local fqMinCost, fqMaxCost, fqDeadBand = {{MIN_COST}}, {{MAX_COST}}, {{COST_DEAD
 local fqScore = 4294967296
 -- The first score at the cap, as text once (a float's %.17g costs more than a placement).
 local fqBelowCap = '({{CAP_SCORE}}'
+-- (A script keeps only the tables it uses: scripts.without_unused. A level's weight is
+-- 4 less its rank.)
 local fqLevelWeight = {critical = 4, high = 3, normal = 2, low = 1}
 local fqLevelRank = {critical = 0, high = 1, normal = 2, low = 3}
 local fqRankLevel = {[0] = 'critical', [1] = 'high', [2] = 'normal', [3] = 'low'}
@@ -65,7 +67,7 @@ local function fqStartOf(c, score)
   local units = score - fqFloor * fqScore
   local tag = c.base + math.floor(units / 4) / fqSub
   if c.cursor and score <= c.cursor then tag = tag + c.delta end
-  return tag - fqScale / fqLevelWeight[fqRankLevel[units % 4]]
+  return tag - fqScale / (4 - units % 4) -- a level's weight is 4 less its rank
 end
 
 -- A job's cost in turns: its estimate over the queue's typical run time, on a grid of
@@ -207,8 +209,8 @@ local function fqFlush(K, c)
       local drops = totals -- empty until the HDEL is sent: the same table serves the HSET
       if cleared[3] then drops[#drops + 1] = 'rbDelta' end
       if cleared[4] then drops[#drops + 1] = 'rbCursor' end
-      for rank = 0, 3 do -- the totals, read at 6..9; one written below is not deleted
-        local level = fqRankLevel[rank]
+      for level, rank in pairs(fqLevelRank) do -- the totals, read at 6..9; one written
+        -- below is not deleted
         if cleared[6 + rank] and not (m and m.dirtyTotals[level]) then
           drops[#drops + 1] = 'W:' .. level
         end
@@ -299,7 +301,7 @@ local function fqPlace(K, c, level, tenant, weight, front, explicitMs)
   local start = c.vt
   if last and last > start and not front then start = last end
   local cost = fqCostOf(K, c, member, explicitMs)
-  local tag = start + fqScale * cost * total / (fqLevelWeight[level] * weight)
+  local tag = start + fqScale * cost * total / ((4 - fqLevelRank[level]) * weight)
   local score = fqScoreOf(c, tag, level)
   if score then
     -- Placed: the flow counts towards its level (a parked job changes nothing).

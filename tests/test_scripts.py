@@ -1,0 +1,95 @@
+"""The loader of fairqueue's Lua: what ``scripts.without_unused`` drops and keeps, and that
+every shipped script still defines each function it calls and compiles in Redis."""
+
+import re
+
+import pytest
+
+from fairqueue.broker import scripts
+
+SCRIPTS = [
+    scripts.add_jobs_script,
+    scripts.add_delayed_script,
+    scripts.adopt_page_script,
+    scripts.stalled_page_script,
+    scripts.release_held_script,
+    *(
+        (lambda name=name: scripts.plain_script(name))
+        for name in (
+            "index_walk",
+            "rebase_page",
+            "lock_acquire",
+            "lock_release",
+            "dashboard_page",
+            "dashboard_scan",
+            "history_seek",
+            "history_rows",
+            "history_commit",
+            "forget_obliterated",
+        )
+    ),
+]
+
+
+def test_an_unused_function_is_dropped_and_a_used_one_kept():
+    source = (
+        "local function fqUsed(a)\n  return a\nend\n"
+        "local function fqUnused(b)\n  if b then\n    return fqUsed(b)\n  end\nend\n"
+        "return fqUsed(1)\n"
+    )
+    kept = scripts.without_unused(source)
+    assert "fqUnused" not in kept
+    assert kept == "local function fqUsed(a)\n  return a\nend\nreturn fqUsed(1)\n"
+
+
+def test_functions_used_only_by_dropped_ones_go_too_and_comments_do_not_keep_them():
+    source = (
+        "local fqTable = {a = 1}\n"
+        "local function fqLeaf()\n  return fqTable.a\nend\n"
+        "local function fqMiddle()\n  return fqLeaf()\nend\n"
+        "-- fqMiddle and fqLeaf are mentioned here\n"
+        "--[[ and fqLeaf here ]]\n"
+        "return 1\n"
+    )
+    kept = scripts.without_unused(source)
+    assert re.findall(r"local (?:function )?(fq\w+)", kept) == []
+    assert kept.endswith("return 1\n")
+
+
+def test_bullmqs_wrapped_script_and_values_from_calls_are_never_dropped():
+    """A wrapper holds BullMQ's margin-level ``end`` lines (cutting at the first would
+    break the script), and a value computed by a call may be a command's side effect."""
+    source = (
+        "local function fqBullmqAdd()\nlocal function inner()\nend\nend\n"
+        "local fqSideEffect = redis.call('INCR', KEYS[1])\n"
+        "local fqConstant = 4\n"
+        "return 1\n"
+    )
+    kept = scripts.without_unused(source)
+    assert "fqBullmqAdd" in kept
+    assert "fqSideEffect" in kept
+    assert "fqConstant" not in kept
+
+
+@pytest.mark.parametrize("make", SCRIPTS, ids=lambda make: make().name)
+def test_every_fairqueue_name_a_shipped_script_uses_is_defined_in_it(make):
+    source = make().source
+    code = scripts._COMMENT.sub("", source)
+    defined = set(re.findall(r"\blocal function (fq\w+)", code))
+    for names in re.findall(r"\blocal ((?:\w+, )*\w+)(?: =|\n)", code):
+        defined |= set(names.split(", "))
+    names_in_code = re.sub(r"'[^'\n]*'|\"[^\"\n]*\"", "''", code)  # not string literals
+    used = set(re.findall(r"\b(fq[A-Z]\w*)\b", names_in_code))
+    assert used <= defined, f"{make().name} uses {sorted(used - defined)} without defining them"
+
+
+@pytest.mark.parametrize("make", SCRIPTS, ids=lambda make: make().name)
+def test_every_shipped_script_compiles_in_redis(make, redis_client):
+    script = make()
+    assert redis_client.script_load(script.source) == script.sha
+
+
+def test_the_add_script_carries_only_what_it_calls():
+    source = scripts.add_jobs_script().source
+    for dropped in ("fqSetScore", "fqIndex(", "fqOccupied", "fqSyncHolds", "fqRankLevel"):
+        assert f"local function {dropped}" not in source and f"local {dropped} " not in source
