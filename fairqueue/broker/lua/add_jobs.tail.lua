@@ -12,8 +12,9 @@ end
 -- Tenants with limits, paused or catching up: their jobs are held (tenant_limits.lua). A
 -- call with limits is checked (and may be refused) before anything is written; any other
 -- call learns from the clock's read of K.state whether a tenant is paused at all.
-local fqLim = string.sub(KEYS[10], 1, -6) .. 'lim'
+-- (fqLim, the limits' key, is made only for a call that holds: few are.)
 local fqGiven = ARGV[3 + tonumber(ARGV[1]) * 7]
+local fqLim = fqGiven and string.sub(KEYS[10], 1, -6) .. 'lim'
 local fqHold, fqRefused = nil, nil
 if fqGiven then
   fqHold, fqRefused = fqHeldTenants(fqLim, fqK.prioritized, fqGiven, fqJobs, 5)
@@ -39,6 +40,7 @@ if fqByTime then
 end
 local fqC = fqClock(fqK, true, fqCostMember)
 if not fqGiven and fqC.holds then
+  fqLim = string.sub(KEYS[10], 1, -6) .. 'lim'
   fqHold = fqHeldTenants(fqLim, fqK.prioritized, nil, fqJobs, 5)
 end
 fqC.byTime = fqByTime

@@ -118,11 +118,11 @@ local function fqClock(K, defer, costMember)
   end
   local c = {vt = tonumber(st[1]) or 0, base = tonumber(st[2]) or 0,
     delta = tonumber(st[3]), cursor = tonumber(st[4]), typical = tonumber(st[5]) or false,
-    costs = {}, readTotals = {critical = tonumber(st[6]) or 0, high = tonumber(st[7]) or 0,
+    costs = false, readTotals = {critical = tonumber(st[6]) or 0, high = tonumber(st[7]) or 0,
       normal = tonumber(st[8]) or 0, low = tonumber(st[9]) or 0}, holds = st[10],
     defer = defer}
   if costMember and c.typical then
-    c.costs[costMember] = fqCostTurns(tonumber(st[11]), c.typical)
+    c.costs = {[costMember] = fqCostTurns(tonumber(st[11]), c.typical)}
   end
   local head = redis.call('ZRANGEBYSCORE', K.prioritized, fqFloor * fqScore,
     fqBelowCap, 'WITHSCORES', 'LIMIT', 0, 1)
@@ -171,9 +171,10 @@ local function fqCostOf(K, c, member, explicitMs)
   if not c.byTime then return 1 end
   if not c.typical then return 1 end
   if explicitMs then return fqCostTurns(explicitMs, c.typical) end
-  local turns = c.costs[member]
-  if turns == nil then
+  local turns = c.costs and c.costs[member]
+  if not turns then
     turns = fqCostTurns(tonumber(redis.call('HGET', K.state, 'c:' .. member)), c.typical)
+    if not c.costs then c.costs = {} end -- made on first use: most calls have none
     c.costs[member] = turns
   end
   return turns
