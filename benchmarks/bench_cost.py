@@ -632,7 +632,7 @@ def add_script_parts(
     url: str, n: int, repeat: int, rev: str | None = None
 ) -> list[tuple[str, float, float]]:
     """(part, us per job in a batch of BATCH, us per job alone) of the add script; with
-    ``before``, the whole script as it was at that git revision too."""
+    ``rev``, the whole script as it was at that git revision too."""
     from fairqueue.broker import NewJob
     from fairqueue.broker.scripts import script_sha
     from fairqueue.scheduling.levels import PriorityLevel

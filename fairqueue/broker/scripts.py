@@ -57,8 +57,8 @@ _SHARED_FUNCTION = re.compile(
 #: One of fairqueue's values defined on one line without a call (a constant or a table:
 #: dropping it drops no command).
 _SHARED_VALUE = re.compile(r"^local (fq\w+) = [^\n(]*\n", re.MULTILINE)
-#: A Lua comment, a block or to the end of its line (fairqueue's Lua has no ``--`` in a
-#: string literal: test_scripts holds that).
+#: A Lua comment, a block or to the end of its line (no shipped script has ``--`` in a
+#: string literal, which this would cut: test_scripts holds that).
 _COMMENT = re.compile(r"--\[\[.*?\]\]|--[^\n]*", re.DOTALL)
 
 

@@ -50,9 +50,7 @@ local fqMinCost, fqMaxCost, fqDeadBand = {{MIN_COST}}, {{MAX_COST}}, {{COST_DEAD
 local fqScore = 4294967296
 -- The first score at the cap, as text once (a float's %.17g costs more than a placement).
 local fqBelowCap = '({{CAP_SCORE}}'
--- (A script keeps only the tables it uses: scripts.without_unused. A level's weight is
--- 4 less its rank.)
-local fqLevelWeight = {critical = 4, high = 3, normal = 2, low = 1}
+-- A level's rank (its weight is 4 less its rank: critical 4 .. low 1).
 local fqLevelRank = {critical = 0, high = 1, normal = 2, low = 3}
 local fqRankLevel = {[0] = 'critical', [1] = 'high', [2] = 'normal', [3] = 'low'}
 

@@ -70,10 +70,11 @@ from, to = section(3)
 for i = from, to, 3 do
   local member, level, debt = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
   local last = tonumber(redis.call('ZSCORE', KEYS[5], member))
-  if last and fqLevelWeight[level] then
+  local rank = fqLevelRank[level]
+  if last and rank then
     local w = tonumber(redis.call('HGET', KEYS[6], member)) or 1
     local total = tonumber(redis.call('HGET', KEYS[4], 'W:' .. level)) or w
-    local step = fqScale * debt * total / (fqLevelWeight[level] * w)
+    local step = fqScale * debt * total / ((4 - rank) * w) -- a level's weight: 4 less its rank
     redis.call('ZADD', KEYS[5], string.format('%.17g', last + step), member)
   end
 end
