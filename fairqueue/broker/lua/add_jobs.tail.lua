@@ -44,7 +44,8 @@ if not fqGiven and fqC.holds then
   fqHold = fqHeldTenants(fqLim, fqK.prioritized, nil, fqJobs, 5)
 end
 fqC.byTime = fqByTime
-fqC.memo = fqNewMemo()
+-- A memo of the flows' state pays for itself from a call's second placement on.
+if #fqJobs > 1 then fqC.memo = fqNewMemo() end
 -- The packer leaves a slot for fqReady at the end of each job's packed opts (the last
 -- key, a 9-byte uint64 of all ones; the priority is the cap already): the slot is
 -- filled in as bytes, the same for every job of the call, instead of a repack per job.

@@ -187,8 +187,9 @@ local function fqScoreOf(c, tag, level)
   return score
 end
 
--- A call's memo of the flows it places (c.memo, set by add_jobs): each flow's last tag and
--- counted weight and each level's total read once per call, written once by fqFlush.
+-- A call's memo of the flows it places (c.memo, set by add_jobs for a call of more than
+-- one job): each flow's last tag and counted weight and each level's total read once per
+-- call, written once by fqFlush.
 -- Nothing else runs while a script does, so the memo is the flows' state until then.
 local function fqNewMemo()
   return {flows = {}, totals = {}, dirtyTotals = {}}
@@ -200,7 +201,7 @@ end
 local function fqFlush(K, c)
   local m = c.memo
   if not m and not c.defer then return end
-  local tags, weights, totals = {}, {}, {}
+  local totals = {}
   if c.defer then
     local pending, cleared = c.pending, c.cleared
     c.pending, c.cleared = nil, nil
@@ -210,8 +211,10 @@ local function fqFlush(K, c)
       if cleared[4] then drops[#drops + 1] = 'rbCursor' end
       for level, rank in pairs(fqLevelRank) do -- the totals, read at 6..9; one written
         -- below is not deleted
-        if cleared[6 + rank] and not (m and m.dirtyTotals[level]) then
-          drops[#drops + 1] = 'W:' .. level
+        local field = 'W:' .. level
+        if cleared[6 + rank] and not (m and m.dirtyTotals[level])
+          and not (pending and pending[field]) then
+          drops[#drops + 1] = field
         end
       end
       if #drops > 0 then
@@ -230,6 +233,7 @@ local function fqFlush(K, c)
       return
     end
   end
+  local tags, weights = {}, {}
   for member, f in pairs(m.flows) do
     if f.tagDirty then
       tags[#tags + 1] = string.format('%.17g', f.last)
@@ -257,7 +261,7 @@ end
 -- scan sees every tag, and dropped after a retirement, so nothing stale is kept).
 local function fqExpire(K, c)
   if c.expiredAt == c.vt then return end
-  if c.flowsEmpty and c.memo then c.expiredAt = c.vt; return end
+  if c.flowsEmpty then c.expiredAt = c.vt; return end
   fqFlush(K, c)
   local gone = redis.call('ZRANGEBYSCORE', K.flows, '-inf', c.vt, 'LIMIT', 0,
     fqExpirePerCall)
@@ -282,15 +286,15 @@ local function fqPlace(K, c, level, tenant, weight, front, explicitMs)
   local member = level .. '\n' .. tenant
   local m = c.memo
   local f = m and m.flows[member]
-  if not f and m and c.flowsEmpty then
+  if not f and c.flowsEmpty then
     f = {last = nil, counted = 0} -- the flows were cleared by this call's clock
-    m.flows[member] = f
+    if m then m.flows[member] = f end
   elseif not f then
     f = {last = tonumber(redis.call('ZSCORE', K.flows, member)),
       counted = tonumber(redis.call('HGET', K.fweights, member)) or 0}
     if m then m.flows[member] = f end
   end
-  local levelTotal = m and (m.totals[level] or (c.readTotals and c.readTotals[level]))
+  local levelTotal = m and m.totals[level] or (c.readTotals and c.readTotals[level])
   if not levelTotal then
     levelTotal = tonumber(redis.call('HGET', K.state, 'W:' .. level)) or 0
   end
@@ -309,8 +313,10 @@ local function fqPlace(K, c, level, tenant, weight, front, explicitMs)
         m.totals[level], m.dirtyTotals[level] = total, true
         f.counted, f.weightDirty = weight, true
       else
-        redis.call('HSET', K.state, 'W:' .. level, total)
+        fqStateSet(K, c, 'W:' .. level, total)
         redis.call('HSET', K.fweights, member, weight)
+        if c.readTotals then c.readTotals[level] = total end
+        c.flowsEmpty = false
       end
     end
     if not last or tag > last then
@@ -318,6 +324,7 @@ local function fqPlace(K, c, level, tenant, weight, front, explicitMs)
         f.last, f.tagDirty = tag, true
       else
         redis.call('ZADD', K.flows, string.format('%.17g', tag), member)
+        c.flowsEmpty = false
       end
     end
   end
