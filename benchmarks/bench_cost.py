@@ -21,10 +21,11 @@ and ``INFO commandstats`` count this benchmark's commands only.
 
 2. **A job's whole life**: jobs enqueued one at a time at ``--rate`` jobs/s for
    ``--seconds`` while a stock Python BullMQ ``Worker`` (another process, concurrency
-   50, a no-op processor) drains them, until the queue is empty; Redis CPU over the
-   whole window, per job. fairqueue (both lookups wired) runs without and with the
-   ``rebalance_fair`` loop (another process, 5 s passes, its ticks every 250 ms), so
-   the loop's share is the difference. ``--life-rounds`` rounds of the three runs,
+   50, or each of ``--concurrency``'s values in turn; 1 is BullMQ's leanest life and a
+   stock Node worker's default; a no-op processor) drains them, until the queue is
+   empty; Redis CPU over the whole window, per job. fairqueue (both lookups wired) runs
+   without and with the ``rebalance_fair`` loop (another process, 5 s passes, its ticks
+   every 250 ms), so the loop's share is the difference. ``--life-rounds`` rounds of the three runs,
    interleaved; each run's best is reported (the machine's other work only adds to a
    run's figure), and every round's figures below it.
 
@@ -46,7 +47,7 @@ and ``INFO commandstats`` count this benchmark's commands only.
 Ratios are fairqueue / raw bullmq (1.00 = the same cost; lower is better).
 
     python benchmarks/bench_cost.py [--jobs 2000] [--repeat 3] [--rate 1000] [--seconds 10]
-        [--life-rounds 3]
+        [--life-rounds 3] [--concurrency 50 [1 ...]]
 """
 
 from __future__ import annotations
@@ -433,7 +434,9 @@ def paced(n: int, rate: float, add: Callable[[int], None]) -> None:
         add(i)
 
 
-def life(url: str, mode: str, rate: int, seconds: int, log: Any) -> Life:
+def life(
+    url: str, mode: str, rate: int, seconds: int, log: Any, concurrency: int = CONCURRENCY
+) -> Life:
     n = rate * seconds
     prefix = f"{mode.split()[0]}{uuid.uuid4().hex[:6]}"
     client = redis.Redis.from_url(url)
@@ -443,7 +446,7 @@ def life(url: str, mode: str, rate: int, seconds: int, log: Any) -> Life:
             if mode != "raw":
                 stack.enter_context(fairqueue_on(url, prefix))
                 wire(True)  # both lookups, as the demo project wires them
-            stack.enter_context(stock_worker(url, prefix))
+            stack.enter_context(stock_worker(url, prefix, concurrency))
             if mode == "fairqueue + loop":
                 stack.enter_context(rebalance_loop(url, prefix, log))
             if mode == "raw":
@@ -806,11 +809,13 @@ def print_enqueue(rows: list[tuple[str, Sample, Sample]], n: int, repeat: int) -
     print(f"  raw: {', '.join(f'{k} {v:.1f}' for k, v in rows[0][1].top.items())}")
 
 
-def print_life(lives: list[Life], rate: int, rounds: list[list[Life]]) -> None:
+def print_life(
+    lives: list[Life], rate: int, rounds: list[list[Life]], concurrency: int = CONCURRENCY
+) -> None:
     raw = lives[0]
     print(
         f"\n2. A job's whole life (add, take, complete, and the loop's share): {raw.jobs} jobs "
-        f"offered at {rate}/s, one stock Python worker (concurrency {CONCURRENCY}) draining; "
+        f"offered at {rate}/s, one stock Python worker (concurrency {concurrency}) draining; "
         f"each run's best of {len(rounds)} interleaved rounds\n"
     )
     print(
@@ -890,6 +895,14 @@ def main() -> None:
         help="rounds of section 2's three runs, interleaved (each run's best is reported)",
     )
     parser.add_argument(
+        "--concurrency",
+        type=int,
+        nargs="+",
+        default=[CONCURRENCY],
+        help="section 2: the stock worker's concurrency; several values, a table each "
+        "(1 is BullMQ's leanest life and a stock Node worker's default)",
+    )
+    parser.add_argument(
         "--database-url", help="--database-url=URL: a database instead of a fresh SQLite file"
     )
     parser.add_argument(
@@ -929,13 +942,16 @@ def run(args: argparse.Namespace, log_path: Path) -> None:
             # Rounds of the three runs, interleaved; each run's best (its least Redis CPU
             # per job: the machine's other work only ever adds to it).
             modes = ("raw", "fairqueue", "fairqueue + loop")
-            rounds = [
-                [life(url, mode, args.rate, args.seconds, log) for mode in modes]
-                for _ in range(args.life_rounds)
-            ]
-            lives = [min(runs, key=lambda run: run.redis_us) for runs in zip(*rounds, strict=True)]
-            print_life(lives, args.rate, rounds)
-            whole = lives[2].redis_us
+            for slots in args.concurrency:
+                rounds = [
+                    [life(url, mode, args.rate, args.seconds, log, slots) for mode in modes]
+                    for _ in range(args.life_rounds)
+                ]
+                lives = [
+                    min(runs, key=lambda run: run.redis_us) for runs in zip(*rounds, strict=True)
+                ]
+                print_life(lives, args.rate, rounds, slots)
+                whole = lives[2].redis_us if whole is None else whole
         if "steps" in args.only:
             print_steps(loop_steps(url, args.rate), args.rate, whole)
         if "parts" in args.only:
