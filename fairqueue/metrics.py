@@ -33,6 +33,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from fairqueue.conf import get_settings
 from fairqueue.scheduling.levels import DEFAULT_FAIR_WEIGHTS, LEVELS_BY_RANK, PriorityLevel
 from fairqueue.scheduling.limits import REASONS as LIMIT_REASONS
 
@@ -267,8 +268,6 @@ def get_metrics() -> QueueFairMetrics:
 
     Cheap on the hot path: series are pre-created once per set of configured queues.
     """
-    from fairqueue.conf import get_settings
-
     queues = get_settings().queues
     if _last[0] is queues:
         return _last[1]  # type: ignore[return-value]

@@ -142,3 +142,28 @@ def test_held_jobs__bullmq_promotes_delayed_jobs_only_when_due():
     for name, args in promoting:
         assert args.startswith("0, (timestamp + 1) * 0x1000 - 1"), (name, args)
     assert HELD_UNTIL_MS == 253_402_300_799_000  # 9999-12-31T23:59:59Z
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {},
+        {"to": "a@example.com", "n": 3, "ratio": 0.1, "ok": True, "none": None},
+        {"name": "Zoë ✓ 日本", "nested": {"list": [1, [2, {"deep": "x"}]], "empty": {}}},
+        {"big": 2**60, "neg": -1.5e-300, "text": 'quote " and \\ backslash'},
+    ],
+)
+def test_the_data_json_the_api_stores_is_bullmqs_own_serialisation(payload):
+    """The enqueue API serialises a job's data once (to check its size) and gives that text
+    to the add (``NewJob.data_json``) instead of letting BullMQ serialise it again: it must
+    be, byte for byte, what BullMQ's ``addJobArgs`` makes of the same data."""
+    from bullmq.job import Job as BullJob
+
+    from fairqueue.enqueue.api import _merged_payload
+    from fairqueue.enqueue.priority import resolve_priority
+
+    resolved = resolve_priority(tenant_id="t-1", priority_level="high")
+    data, data_json = _merged_payload(payload, resolved)
+    queue = Queue("email", {"prefix": "contract"})
+    _args, bullmq_json, _opts = queue.scripts.addJobArgs(BullJob(queue, "email", data, {}))
+    assert data_json == bullmq_json

@@ -69,6 +69,10 @@ class NewJob:
     #: The tenant's limits as ``release_held.lua`` reads them (``TenantLimits.encoded``);
     #: ``None``: no limits, the job goes straight to its fair place.
     limits: str | None = None
+    #: ``data`` as BullMQ stores it (``json.dumps`` with BullMQ's separators), when the
+    #: caller has made it already (the enqueue API does, to check the payload's size):
+    #: packing then skips a second serialisation. ``None``: serialised from ``data``.
+    data_json: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,8 +189,11 @@ class AddPacker:
                 opts["attempts"] = job.attempts
             if job.backoff is not None:
                 opts["backoff"] = job.backoff
-            bull_job = BullJob(bull_queue, job.name, job.data, opts)
+            given = job.data_json
+            bull_job = BullJob(bull_queue, job.name, job.data if given is None else None, opts)
             packed_args, data, packed_opts = scripts.addJobArgs(bull_job)
+            if given is not None:
+                data = given
             if not job.delay_ms:
                 packed_opts = with_ready_slot(packed_opts)
             args = [packed_args, data, packed_opts, job.level.value, job.tenant, job.tenant_weight]

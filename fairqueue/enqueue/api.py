@@ -182,7 +182,9 @@ def _check_json_tree(
             stack.extend((item, depth + 1) for item in node if type(item) not in leaves)  # type: ignore[attr-defined]
 
 
-def _merged_payload(payload: object, resolved: ResolvedPriority) -> dict[str, Any]:
+def _merged_payload(payload: object, resolved: ResolvedPriority) -> tuple[dict[str, Any], str]:
+    """The job's data (the payload with its tenant and level) and its JSON as BullMQ stores
+    it, checked."""
     if not isinstance(payload, Mapping):
         raise InvalidPayloadError(
             f"payload of type {type(payload).__name__} is not allowed: expected a JSON object "
@@ -231,7 +233,7 @@ def _merged_payload(payload: object, resolved: ResolvedPriority) -> dict[str, An
             f"priorityLevel) may be at most {limit} bytes "
             "(FAIRQUEUE['MAX_PAYLOAD_BYTES'] or FAIRQUEUE_MAX_PAYLOAD_BYTES)"
         )
-    return data
+    return data, serialized
 
 
 #: BullMQ's built-in backoff strategies (what stock Python and Node workers compute).
@@ -496,12 +498,14 @@ def _prepare_job(
 ) -> _Prepared:
     """One job of ``call``: its payload checked and merged (the per-job work)."""
     resolved = call.resolved
+    data, data_json = _merged_payload(payload, resolved)
     return _Prepared(
         job_type=call.job_type,
         queue=call.queue,
         new_job=NewJob(
             name=call.job_type,
-            data=_merged_payload(payload, resolved),
+            data=data,
+            data_json=data_json,
             level=resolved.level,
             job_id=job_id,
             delay_ms=delay_ms,
@@ -691,7 +695,7 @@ def _enqueue_durable(prepared: Sequence[_Prepared], using: str | None) -> list[E
                     job_type=item.job_type,
                     queue=item.queue,
                     job_id=item.new_job.job_id or new_outbox_job_id(),
-                    data=json.dumps(item.new_job.data, separators=(",", ":"), allow_nan=False),
+                    data=item.new_job.data_json,
                     level=item.new_job.level.value,
                     tenant=item.new_job.tenant,
                     tenant_weight=item.new_job.tenant_weight,

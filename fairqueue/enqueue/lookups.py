@@ -35,6 +35,7 @@ from django.core.cache import caches
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
+from fairqueue.conf import get_settings
 from fairqueue.models import TenantPlan
 from fairqueue.scheduling.levels import DEFAULT_TENANT_WEIGHT
 from fairqueue.scheduling.limits import NO_LIMITS, TenantLimits
@@ -52,8 +53,6 @@ MAX_LOCAL_TENANTS: Final = 10_000
 
 
 def _cache():
-    from fairqueue.conf import get_settings
-
     return caches[get_settings().cache_alias]
 
 
@@ -167,8 +166,6 @@ def _shared_tenant(tenant_id: str) -> tuple[str | None, int, TenantLimits]:
     ``(generation, slug or "", weight, limits)``; anything else (such as the
     ``(generation, slug, weight)`` entries before limits) is a miss and gets rewritten.
     """
-    from fairqueue.conf import get_settings
-
     cache = _cache()
     key = _tenant_key(tenant_id)
     found = cache.get_many([key, _GENERATION_KEY])
@@ -194,8 +191,6 @@ def _shared_tenant(tenant_id: str) -> tuple[str | None, int, TenantLimits]:
 def _cached_tenant(tenant_id: str) -> tuple[str | None, int, TenantLimits]:
     """``(plan slug or None, weight, own limits)`` of ``tenant_id``: from this process's memory when
     it has a fresh entry, else from the Django cache (or the database)."""
-    from fairqueue.conf import get_settings
-
     timeout = get_settings().plan_local_cache_timeout
     if not timeout:
         return _shared_tenant(tenant_id)
@@ -230,8 +225,6 @@ def lookup_tenant_limits(tenant_id: str, slug: str | None = None) -> TenantLimit
 def with_tier_defaults(own: TenantLimits, plan: str | None) -> TenantLimits:
     """A tenant's own limits with its plan tier's ``FAIRQUEUE['TENANT_LIMITS']`` filling
     the fields it leaves empty (its own value wins)."""
-    from fairqueue.conf import get_settings
-
     defaults = get_settings().tenant_limits.get(plan or "")
     return own if defaults is None else own.over(defaults)
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
 
+from fairqueue.conf import get_settings
 from fairqueue.exceptions import (
     ConflictingPriorityError,
     InvalidTenantError,
@@ -353,8 +354,6 @@ def _resolve_level(
         return _resolved(PriorityLevel.NORMAL, PriorityRule.DEFAULT, DEFAULT_TENANT)
 
     if enabled is None:
-        from fairqueue.conf import get_settings
-
         enabled = get_settings().priority_enabled
     if not enabled:
         return _resolved(PriorityLevel.NORMAL, PriorityRule.FLAG_DISABLED, tenant_id)
