@@ -22,7 +22,15 @@ when workers keep up), followed by the same bare take (a ZPOPMIN and a DEL in Lu
 for the whole script and for each of ``bench_cost.ADD_VARIANTS`` (the script without one
 part of its work): a part's instructions are the whole script's less its variant's.
 
+Then (``--producer``) the producer's own instructions per job: the producing process
+itself under callgrind, counting only while it adds (``callgrind_control -i``), raw
+``Queue.add`` / ``addBulk`` of 100 against ``enqueue_job`` / ``enqueue_jobs`` of 100
+with both lookups wired and warm, and with an explicit level. Producer CPU in
+``bench_cost.py`` is process time and moves by 10% between runs; this does not (the
+kernel's share, a socket write and read per call in both, is not counted).
+
     python benchmarks/bench_instructions.py [--jobs 250] [--rate 1000] [--parts [--rev REV]]
+        [--producer]
 """
 
 from __future__ import annotations
@@ -253,6 +261,125 @@ def raw_adds(url: str, jobs: int, dump: Callable[[], int], take: Any) -> float:
     return asyncio.run(main())
 
 
+#: --producer's cases: (name, fairqueue or raw, jobs per call, enqueue options).
+PRODUCER_CASES: list[tuple[str, str, int, dict[str, Any]]] = [
+    ("Queue.add", "raw", 1, {}),
+    ("enqueue_job, both lookups wired, warm", "fair", 1, {}),
+    ("enqueue_job, explicit priority_level", "fair", 1, {"priority_level": "high"}),
+    (f"Queue.addBulk of {bc.BATCH}", "raw", bc.BATCH, {}),
+    (f"enqueue_jobs of {bc.BATCH}, both lookups wired, warm", "fair", bc.BATCH, {}),
+    (
+        f"enqueue_jobs of {bc.BATCH}, explicit priority_level",
+        "fair",
+        bc.BATCH,
+        {"priority_level": "high"},
+    ),
+]
+
+
+def produce(url: str, case: int, jobs: int) -> None:
+    """The --producer child: warm up, then add ``jobs`` jobs of ``PRODUCER_CASES[case]``
+    with callgrind's instrumentation on (this process runs under valgrind)."""
+    _name, side, per_call, options = PRODUCER_CASES[case]
+    prefix = f"producer{uuid.uuid4().hex[:6]}"
+    calls = max(1, jobs // per_call)
+
+    def instrument(state: str) -> None:
+        subprocess.run(["callgrind_control", "-i", state, str(os.getpid())], capture_output=True)
+
+    with bc.fairqueue_on(url, prefix):
+        if side == "raw":
+
+            async def main() -> None:
+                queue = Queue(bc.QUEUE, {"connection": url, "prefix": prefix})
+                opts = bc.job_options()
+                for warm in (True, False):
+                    if not warm:
+                        instrument("on")
+                    for c in range(2 if warm else calls):
+                        batch = [
+                            {"name": bc.QUEUE, "data": bc.raw_data(c * per_call + i), "opts": opts}
+                            for i in range(per_call)
+                        ]
+                        if per_call == 1:
+                            await queue.add(bc.QUEUE, batch[0]["data"], opts)
+                        else:
+                            await queue.addBulk(batch)
+                instrument("off")
+                await queue.obliterate({"force": True})
+                await queue.close()
+
+            asyncio.run(main())
+            return
+        bc.wire(True)
+        for warm in (True, False):
+            if not warm:
+                instrument("on")
+            for c in range(2 if warm else calls):
+                if per_call == 1:
+                    bc.enqueue_job(bc.JOB_TYPE, bc.fair_data(c), tenant_id=bc.TENANT, **options)
+                else:
+                    payloads = [bc.fair_data(c * per_call + i) for i in range(per_call)]
+                    bc.enqueue_jobs(bc.JOB_TYPE, payloads, tenant_id=bc.TENANT, **options)
+        instrument("off")
+        client = redis.Redis.from_url(url)
+        for key in client.scan_iter(f"{prefix}:*"):
+            client.delete(key)
+        client.close()
+
+
+def producer_instructions(jobs: int) -> list[tuple[str, float]]:
+    """(case, instructions per job) of each of PRODUCER_CASES, each in a producer process
+    of its own under callgrind."""
+    if shutil.which("valgrind") is None:
+        raise SystemExit("valgrind is not installed (apt-get install valgrind)")
+    rows = []
+    with private_redis() as url:
+        for case, (name, _side, per_call, _options) in enumerate(PRODUCER_CASES):
+            out = tempfile.mkdtemp(prefix="fqbench-producer-")
+            try:
+                subprocess.run(
+                    [
+                        "valgrind",
+                        "--tool=callgrind",
+                        "--instr-atstart=no",
+                        f"--callgrind-out-file={out}/cg.out",
+                        sys.executable,
+                        __file__,
+                        "--producer-child",
+                        str(case),
+                        "--jobs",
+                        str(jobs),
+                        "--url",
+                        url,
+                    ],
+                    check=True,
+                    capture_output=True,
+                    env={**os.environ, "PYTHONPATH": str(ROOT)},
+                )
+                with open(f"{out}/cg.out") as counted:
+                    total = next(
+                        int(line.split()[1]) for line in counted if line.startswith("totals:")
+                    )
+            finally:
+                shutil.rmtree(out, ignore_errors=True)
+            rows.append((name, total / (max(1, jobs // per_call) * per_call)))
+    return rows
+
+
+def print_producer(jobs: int) -> None:
+    print(
+        f"\nThe producer's instructions per job (callgrind, the producing process itself, "
+        f"{jobs} jobs per case)\n"
+    )
+    print("| case | k instructions per job | ratio to raw bullmq |")
+    print("|---|---|---|")
+    rows = producer_instructions(jobs)
+    raw = {1: rows[0][1], bc.BATCH: rows[3][1]}
+    for (name, value), (_n, _side, per_call, _o) in zip(rows, PRODUCER_CASES, strict=True):
+        print(f"| {name} | {value / 1000:.1f} | {value / raw[per_call]:.3f}x |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=250)
@@ -260,6 +387,9 @@ def main() -> None:
     parser.add_argument("--parts", action="store_true", help="the add script, part by part")
     parser.add_argument("--only-parts", action="store_true", help="--parts, without the lives")
     parser.add_argument("--rev", help="--parts: the add script at this git revision too")
+    parser.add_argument("--producer", action="store_true", help="the producer's instructions")
+    parser.add_argument("--producer-child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
     args = parser.parse_args()
     bc.call_command("migrate", verbosity=0)
     from fairqueue.models import TenantPlan
@@ -267,6 +397,12 @@ def main() -> None:
     TenantPlan.objects.update_or_create(
         tenant_id=bc.TENANT, defaults={"plan_tier": "pro", "weight": 2}
     )
+    if args.producer_child is not None:
+        produce(args.url, args.producer_child, args.jobs)
+        return
+    if args.producer:
+        print_producer(args.jobs)
+        return
     if args.parts or args.only_parts:
         print_parts(args.jobs, args.rev)
     if args.only_parts:

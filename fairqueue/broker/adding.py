@@ -93,7 +93,7 @@ class _AddCommand:
 
     sha: str
     source: str
-    keys: list[str]
+    keys: list[str] | list[bytes]
     args: list[Any]
     delayed: bool
     queue: str = ""
@@ -123,6 +123,10 @@ def _added(command: _AddCommand, reply: Any) -> list[AddedJob]:
     return added
 
 
+#: A level as the add scripts take it (bytes: sent as they are, not encoded per job).
+_LEVEL_ARG: Final = {level: level.value.encode() for level in PriorityLevel}
+
+
 class AddPacker:
     """Builds add commands (keys and BullMQ's msgpacked arguments) with BullMQ's own code.
 
@@ -144,6 +148,7 @@ class AddPacker:
     ) -> None:
         #: What the fair clock counts (``FAIRNESS_BY``): ``"time"`` or ``"jobs"``.
         self.fairness_by = fairness_by
+        self._fairness_arg = fairness_by.encode()
         #: BullMQ's ``removeOnComplete`` / ``removeOnFail`` given to every job (``None``:
         #: BullMQ's default, keep every finished job). Workers apply them when they finish
         #: a job, Node ones too, since they are stored in the job's own options.
@@ -160,6 +165,7 @@ class AddPacker:
         self._unused_client = aioredis.Redis()
         self.prefix = prefix
         self._queues: dict[str, BullQueue] = {}
+        self._keys: dict[str, list[bytes]] = {}
         self._lock = threading.Lock()
         add, delayed = add_jobs_script(), add_delayed_script()
         self.add_source, self.add_sha = add.source, add.sha
@@ -196,9 +202,16 @@ class AddPacker:
                 data = given
             if not job.delay_ms:
                 packed_opts = with_ready_slot(packed_opts)
-            args = [packed_args, data, packed_opts, job.level.value, job.tenant, job.tenant_weight]
+            args = [
+                packed_args,
+                data,
+                packed_opts,
+                _LEVEL_ARG[job.level],
+                job.tenant,
+                job.tenant_weight,
+            ]
             if not job.delay_ms:
-                args.append("" if job.cost_ms is None else job.cost_ms)
+                args.append(b"" if job.cost_ms is None else job.cost_ms)
             if job.delay_ms:
                 keys = scripts.getKeys(["marker", "meta", "id", "delayed", "completed", "events"])
                 keys += [
@@ -221,24 +234,33 @@ class AddPacker:
             commands.append(self._batch_command(queue, scripts, batch, limits))
         return commands
 
+    def _add_keys(self, queue: str, scripts: Any) -> list[bytes]:
+        """The add script's keys for ``queue``, made once (as bytes: the client sends
+        them as they are) instead of on every call."""
+        keys = self._keys.get(queue)
+        if keys is None:
+            names = scripts.getKeys(
+                [
+                    "marker",
+                    "meta",
+                    "id",
+                    "prioritized",
+                    "delayed",
+                    "completed",
+                    "active",
+                    "events",
+                    "pc",
+                ]
+            )
+            keys = [key.encode() for key in names + fair_keys(self.prefix, queue)]
+            self._keys[queue] = keys
+        return keys
+
     def _batch_command(
         self, queue: str, scripts: Any, batch: list[Any], limits: dict[str, str]
     ) -> _AddCommand:
-        keys = scripts.getKeys(
-            [
-                "marker",
-                "meta",
-                "id",
-                "prioritized",
-                "delayed",
-                "completed",
-                "active",
-                "events",
-                "pc",
-            ]
-        )
-        keys += fair_keys(self.prefix, queue)
-        args: list[Any] = [len(batch), self.fairness_by]
+        keys = self._add_keys(queue, scripts)
+        args: list[Any] = [len(batch), self._fairness_arg]
         for job_args in batch:
             args.extend(job_args)
         if limits:  # only calls with limited tenants carry it (and pay for it)
@@ -274,7 +296,9 @@ def _with_held(added: list[AddedJob], reply: Any) -> list[AddedJob]:
     return added
 
 
-def _evalsha_sync(client: Any, sha: str, source: str, keys: list[str], args: list[Any]) -> Any:
+def _evalsha_sync(
+    client: Any, sha: str, source: str, keys: list[str] | list[bytes], args: list[Any]
+) -> Any:
     try:
         return client.evalsha(sha, len(keys), *keys, *args)
     except NoScriptError:
