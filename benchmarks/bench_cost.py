@@ -25,9 +25,9 @@ and ``INFO commandstats`` count this benchmark's commands only.
    stock Node worker's default; a no-op processor) drains them, until the queue is
    empty; Redis CPU over the whole window, per job. fairqueue (both lookups wired) runs
    without and with the ``rebalance_fair`` loop (another process, 5 s passes, its ticks
-   every 250 ms), so the loop's share is the difference. ``--life-rounds`` rounds of the three runs,
-   interleaved; each run's best is reported (the machine's other work only adds to a
-   run's figure), and every round's figures below it.
+   every 250 ms), so the loop's share is the difference. ``--life-rounds`` rounds of the
+   three runs, interleaved; each run's best is reported (the machine's other work only
+   adds to a run's figure), and every round's figures below it.
 
 3. **The loop's steps** (issue 19 item 3), on a quiet server: a burst of a tick's worth
    of jobs (``--rate`` / 4) drained by the worker, then the tick (stalled check, a page

@@ -278,8 +278,9 @@ PRODUCER_CASES: list[tuple[str, str, int, dict[str, Any]]] = [
 
 
 def produce(url: str, case: int, jobs: int) -> None:
-    """The --producer child: warm up, then add ``jobs`` jobs of ``PRODUCER_CASES[case]``
-    with callgrind's instrumentation on (this process runs under valgrind)."""
+    """The --producer child: two calls to warm up, then ``jobs`` jobs of
+    ``PRODUCER_CASES[case]`` with callgrind's instrumentation on (this process runs under
+    valgrind)."""
     _name, side, per_call, options = PRODUCER_CASES[case]
     prefix = f"producer{uuid.uuid4().hex[:6]}"
     calls = max(1, jobs // per_call)
@@ -293,39 +294,48 @@ def produce(url: str, case: int, jobs: int) -> None:
             async def main() -> None:
                 queue = Queue(bc.QUEUE, {"connection": url, "prefix": prefix})
                 opts = bc.job_options()
-                for warm in (True, False):
-                    if not warm:
-                        instrument("on")
-                    for c in range(2 if warm else calls):
-                        batch = [
-                            {"name": bc.QUEUE, "data": bc.raw_data(c * per_call + i), "opts": opts}
+
+                async def add(c: int) -> None:
+                    if per_call == 1:
+                        await queue.add(bc.QUEUE, bc.raw_data(c), opts)
+                        return
+                    first = c * per_call
+                    await queue.addBulk(
+                        [
+                            {"name": bc.QUEUE, "data": bc.raw_data(first + i), "opts": opts}
                             for i in range(per_call)
                         ]
-                        if per_call == 1:
-                            await queue.add(bc.QUEUE, batch[0]["data"], opts)
-                        else:
-                            await queue.addBulk(batch)
+                    )
+
+                for c in range(2):
+                    await add(c)
+                instrument("on")
+                for c in range(calls):
+                    await add(c)
                 instrument("off")
-                await queue.obliterate({"force": True})
                 await queue.close()
 
             asyncio.run(main())
-            return
-        bc.wire(True)
-        for warm in (True, False):
-            if not warm:
-                instrument("on")
-            for c in range(2 if warm else calls):
+        else:
+            bc.wire(True)
+
+            def add(c: int) -> None:
                 if per_call == 1:
                     bc.enqueue_job(bc.JOB_TYPE, bc.fair_data(c), tenant_id=bc.TENANT, **options)
-                else:
-                    payloads = [bc.fair_data(c * per_call + i) for i in range(per_call)]
-                    bc.enqueue_jobs(bc.JOB_TYPE, payloads, tenant_id=bc.TENANT, **options)
-        instrument("off")
-        client = redis.Redis.from_url(url)
-        for key in client.scan_iter(f"{prefix}:*"):
-            client.delete(key)
-        client.close()
+                    return
+                payloads = [bc.fair_data(c * per_call + i) for i in range(per_call)]
+                bc.enqueue_jobs(bc.JOB_TYPE, payloads, tenant_id=bc.TENANT, **options)
+
+            for c in range(2):
+                add(c)
+            instrument("on")
+            for c in range(calls):
+                add(c)
+            instrument("off")
+    client = redis.Redis.from_url(url)
+    for key in client.scan_iter(f"{prefix}:*"):
+        client.delete(key)
+    client.close()
 
 
 def producer_instructions(jobs: int) -> list[tuple[str, float]]:
@@ -375,7 +385,12 @@ def print_producer(jobs: int) -> None:
     print("| case | k instructions per job | ratio to raw bullmq |")
     print("|---|---|---|")
     rows = producer_instructions(jobs)
-    raw = {1: rows[0][1], bc.BATCH: rows[3][1]}
+    # Each case against the raw case of its own batch size.
+    raw = {
+        per_call: value
+        for (_name, value), (_n, side, per_call, _o) in zip(rows, PRODUCER_CASES, strict=True)
+        if side == "raw"
+    }
     for (name, value), (_n, _side, per_call, _o) in zip(rows, PRODUCER_CASES, strict=True):
         print(f"| {name} | {value / 1000:.1f} | {value / raw[per_call]:.3f}x |")
 
