@@ -179,15 +179,21 @@ def test_the_oldest_overdue_job_is_never_stranded_behind_younger_ones(fq_prefix,
     assert drain_with_stock_worker(fq_prefix, "email", 1)[0][0] == jobs[1].job_id
 
 
-def test_an_overdue_untagged_job_is_adopted_at_its_flows_next_turn(fq_prefix, redis_client):
+def test_an_overdue_untagged_job_takes_its_flows_next_turn_not_another_flows(
+    fq_prefix, redis_client
+):
+    # Tenant "t" is over its share (30 waiting); its late job goes behind them, charged
+    # like any turn, and tenant "u", within its share, keeps its place in the round.
     enqueue_jobs("email", [{} for _ in range(30)], tenant_id="t", priority_level="normal")
     (legacy,) = add_foreign(fq_prefix, ({"tenantId": "t"}, {"priority": 5}))
     redis_client.hset(f"{fq_prefix}:email:{legacy}", "timestamp", int(time.time() * 1000) - 400_000)
     with metric_delta("queue_fair_aged_boosts_total", job_type="email") as boosts:
         result = rebalance_queue("email")
     assert (result.adopted, result.aged, boosts()) == (1, 1, 1)
-    first = [job_id for job_id, _ in drain_with_stock_worker(fq_prefix, "email", 3)]
-    assert legacy in first
+    (calm,) = enqueue_jobs("email", [{}], tenant_id="u", priority_level="normal")
+    order = [job_id for job_id, _ in drain_with_stock_worker(fq_prefix, "email", 32)]
+    assert order[-1] == legacy
+    assert calm.job_id in order[:3]
 
 
 def test_index_entries_of_jobs_that_left_are_dropped(fq_prefix, redis_client):

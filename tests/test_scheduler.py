@@ -326,9 +326,13 @@ def test_fair_clock__levels_interleave_4_3_2_1_under_sustained_arrivals():
         assert abs(counts[level] / total - weight / 10) < 0.01
 
 
-def test_fair_clock__front_placement_starts_at_the_virtual_time():
+def test_fair_clock__a_late_job_takes_its_flows_next_turn_and_no_other_flows():
+    # "busy" is over its share: five jobs waiting. Its late job (a retry past the bound)
+    # goes behind them, charged like any turn; "calm" keeps its place in the round.
     clock = FairClock()
-    tags = [clock.place(L, "t") for _ in range(5)]
-    assert tags == [12, 24, 36, 48, 60]
-    assert clock.place(L, "t", front=True) == 12
-    assert clock.place(L, "t") == 72
+    tags = [clock.place(L, "busy") for _ in range(5)]
+    calm = clock.place(L, "calm")
+    late = clock.place(L, "busy")
+    assert late > tags[-1]
+    assert calm <= tags[1]  # within one round, not behind the busy backlog
+    assert clock.place(L, "busy") > late

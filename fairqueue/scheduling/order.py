@@ -239,18 +239,18 @@ class FairClock:
         tenant: str,
         tenant_weight: int = 1,
         *,
-        front: bool = False,
         cost: float = 1.0,
     ) -> float:
         """The finish tag of a new job of (``level``, ``tenant``); jobs run in tag order.
-        ``front`` starts it at the virtual time, its flow's next turn (the pass does so
-        for a job it finds already overdue); ``cost`` is its worker time in turns."""
+        ``cost`` is its worker time in turns. An overdue job is placed the same way: it
+        takes its flow's next turn and is charged for it, so a flow over its share never
+        takes a turn from another flow by being late."""
         for key in [key for key, tag in self.last.items() if tag <= self.vt]:
             del self.last[key], self.counted[key]
         key = (level, tenant)
         self.counted[key] = tenant_weight
         total = sum(w for (lvl, _), w in self.counted.items() if lvl == level)
-        start = self.vt if front else max(self.vt, self.last.get(key, self.vt))
+        start = max(self.vt, self.last.get(key, self.vt))
         tag = start + flow_step(self.weights[level], tenant_weight, total, cost=cost)
         self.last[key] = max(tag, self.last.get(key, tag))
         return tag

@@ -69,7 +69,7 @@ for _, job in ipairs(fqJobs) do
   end
   local held = fresh and fqHold and fqHold[job[5]]
   if fresh then
-    if not held then score = fqPlace(fqK, fqC, job[4], job[5], job[6], false, job[7]) end
+    if not held then score = fqPlace(fqK, fqC, job[4], job[5], job[6], job[7]) end
     priority = fqPriorityOf(score)
     if held or not slotted then
       local opts = cmsgpack.unpack(job[3])

@@ -278,10 +278,11 @@ local function fqExpire(K, c)
   if #gone < fqExpirePerCall then c.expiredAt = c.vt end
 end
 
--- Place one job of (level, tenant, weight); returns its score (nil: no room). front: start
--- at the virtual time whatever the flow's backlog (a job already overdue when the pass
--- adopts it runs in its flow's next turn). explicitMs: the caller's cost= (ms) or nil.
-local function fqPlace(K, c, level, tenant, weight, front, explicitMs)
+-- Place one job of (level, tenant, weight); returns its score (nil: no room). Every job,
+-- an overdue one included, takes its flow's next turn and is charged for it: an overdue
+-- job never takes a turn from another flow (docs/design.md, "The wait bound").
+-- explicitMs: the caller's cost= (ms) or nil.
+local function fqPlace(K, c, level, tenant, weight, explicitMs)
   fqExpire(K, c)
   local member = level .. '\n' .. tenant
   local m = c.memo
@@ -302,7 +303,7 @@ local function fqPlace(K, c, level, tenant, weight, front, explicitMs)
   local last, counted = f.last, f.counted
   local total = levelTotal + weight - counted
   local start = c.vt
-  if last and last > start and not front then start = last end
+  if last and last > start then start = last end
   local cost = fqCostOf(K, c, member, explicitMs)
   local tag = start + fqScale * cost * total / ((4 - fqLevelRank[level]) * weight)
   local score = fqScoreOf(c, tag, level)

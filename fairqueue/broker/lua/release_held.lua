@@ -201,7 +201,7 @@ for _, t in ipairs(tenants) do
         end
         local level, weight, cost = string.match(meta, '^([^\n]*)\n([^\n]*)\n([^\n]*)$')
         redis.call('ZREM', KEYS[2], id)
-        local score = fqPlace(K, c, level, t, tonumber(weight), false, tonumber(cost))
+        local score = fqPlace(K, c, level, t, tonumber(weight), tonumber(cost))
         redis.call('ZADD', K.prioritized, string.format('%.17g', score or fqCap * fqScore), id)
         fqPlaced(K, c, score)
         -- indexed once: a job pulled back by a pause and released again keeps its entry

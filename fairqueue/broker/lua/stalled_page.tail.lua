@@ -19,7 +19,7 @@ for _, jobId in ipairs(stalled) do
     local level, tenant, weight, ready = fqForeign(fqK, fqPrefix, jobId, fqNow, fqMaxPayload)
     if level then
       local overdue = fqNow - ready > fqBound
-      local score = fqPlace(fqK, fqC, level, tenant, weight, overdue)
+      local score = fqPlace(fqK, fqC, level, tenant, weight)
       -- As changePriority would: the hash at the cap, the job in the prioritized set (the
       -- wait list's move already set BullMQ's marker for the workers).
       redis.call('HSET', fqPrefix .. jobId, 'priority', fqCap)
