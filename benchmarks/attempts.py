@@ -63,6 +63,7 @@ from benchmarks.fairness import (  # noqa: E402
     _stop_process,
     calibrate,
     fair_env,
+    max_min,
     setup_django,
     start_loop,
     wait_for_loop,
@@ -77,17 +78,26 @@ FAIRNESS_BY = {"fairqueue": "time", "fairqueue-jobs": "jobs"}
 @dataclass(frozen=True)
 class Flow:
     """An open-loop stream of ``rate`` jobs a second of one (level, tenant), each running
-    ``run_x`` times the base run time and failing its first ``fail_times`` attempts."""
+    ``run_x`` times the base run time and failing its first ``fail_times`` attempts,
+    sending during ``periods`` (seconds from the start; ``None``: to the end)."""
 
     level: str
     tenant: str
     rate: float
     run_x: float = 1.0
     fail_times: int = 0
+    periods: tuple[tuple[float, float | None], ...] = ((0.0, None),)
 
     @property
     def key(self) -> str:
         return f"{self.level}/{self.tenant}"
+
+    def sending(self, elapsed: float) -> float:
+        """Seconds this flow has been sending by ``elapsed``."""
+        return sum(
+            max(0.0, min(elapsed, end if end is not None else elapsed) - begin)
+            for begin, end in self.periods
+        )
 
 
 @dataclass(frozen=True)
@@ -97,6 +107,29 @@ class Scenario:
     measure: str  # "attempts" or "time"
     attempts: int | None = None
     backoff: dict[str, Any] | None = None
+    #: A flow that comes back after being idle: its share of its level is reported for
+    #: each second after it returns (the returning-tenant scenario).
+    returning: str | None = None
+
+
+#: When the returning tenant comes back (s from the start).
+RETURN_S = 10.0
+#: The shares of a failing flow's neighbours: 60% of each level's weight share of the
+#: whole queue, so they stay within their share however much the failing flow asks.
+CALM = 0.6
+
+
+def _storm_at(level: str, c: float, backoff: dict[str, Any] | None) -> Scenario:
+    """A tenant at ``level`` whose jobs fail 4 times (5 attempts: 2x capacity asked)
+    beside a calm tenant at every other level, each asking 60% of its weight share."""
+    calm = tuple(
+        Flow(other, f"{other[0]}-calm", CALM * WEIGHTS[other] / 10 * c)
+        for other in WEIGHTS
+        if other != level
+    )
+    name = f"storm-{level}" + ("-backoff" if backoff else "")
+    failing = Flow(level, f"{level[0]}-failing", 0.4 * c, fail_times=4)
+    return Scenario(name, (*calm, failing), "attempts", attempts=5, backoff=backoff)
 
 
 def build_scenarios(capacity: float) -> dict[str, Scenario]:
@@ -108,15 +141,36 @@ def build_scenarios(capacity: float) -> dict[str, Scenario]:
     )
     ok = tuple(Flow(f.level, f.tenant, f.rate) for f in storm)
     lengths = {"critical": 1.0, "high": 3.0, "normal": 0.5, "low": 2.0}
+    backoff = {"type": "exponential", "delay": 20}
     scenarios = (
-        Scenario("retry-storm", storm, "attempts", attempts=4),
+        # A low tenant whose jobs fail 4 times beside critical and a normal tenant within
+        # their shares: max-min 40 / 40 / 20 of the attempts.
         Scenario(
-            "retry-storm-backoff",
-            storm,
+            "failing-low",
+            (
+                Flow("critical", "c1", 0.4 * c),
+                Flow("normal", "n1", 0.4 * c),
+                Flow("low", "l-failing", 0.4 * c, fail_times=4),
+            ),
+            "attempts",
+            attempts=5,
+        ),
+        # A failing tenant beside a healthy one of its level, critical within its share:
+        # max-min 50 / 25 / 25.
+        Scenario(
+            "failing-beside-healthy",
+            (
+                Flow("critical", "c1", 0.5 * c),
+                Flow("normal", "healthy", 0.5 * c),
+                Flow("normal", "failing", 0.5 * c, fail_times=3),
+            ),
             "attempts",
             attempts=4,
-            backoff={"type": "exponential", "delay": 20},
         ),
+        *(_storm_at(level, c, None) for level in WEIGHTS),
+        *(_storm_at(level, c, backoff) for level in WEIGHTS),
+        Scenario("retry-storm", storm, "attempts", attempts=4),
+        Scenario("retry-storm-backoff", storm, "attempts", attempts=4, backoff=backoff),
         Scenario("retry-storm-ok", ok, "attempts", attempts=4),
         # Each flow asks for twice its share of the workers' time: every flow backlogged,
         # and backlogs that grow slowly enough for the window to see placements made with
@@ -125,12 +179,12 @@ def build_scenarios(capacity: float) -> dict[str, Scenario]:
             "slow-tenant",
             (
                 Flow("normal", "quick", 2 * 0.5 * c),
-                Flow("normal", "slow", 2 * 0.5 * c / 10, run_x=10.0),
+                Flow("normal", "slow", 2 * 0.5 * c / 6, run_x=6.0),
             ),
             "time",
         ),
         # The slow tenant asks for ten times its share of jobs too: with FAIRNESS_BY="jobs"
-        # (seed 1's count) both flows get equal attempts, so the slow one most of the time.
+        # both flows get equal attempts, so the slow one most of the time.
         Scenario(
             "slow-flood",
             (
@@ -152,18 +206,57 @@ def build_scenarios(capacity: float) -> dict[str, Scenario]:
             ),
             "time",
         ),
+        # Two normal tenants with equal jobs, each at 1.2x capacity; "back" sends for the
+        # first half second, is idle (its flow drains and is retired, "steady" builds a
+        # backlog alone) until 10 s, then floods again: its share of the level in each
+        # second after it returns (max-min: half).
+        Scenario(
+            "returning",
+            (
+                Flow("normal", "steady", 1.2 * c),
+                Flow("normal", "back", 1.2 * c, periods=((0.0, 0.5), (RETURN_S, None))),
+            ),
+            "attempts",
+            returning="normal/back",
+        ),
     )
     return {s.name: s for s in scenarios}
 
 
-def entitled(scenario: Scenario) -> dict[str, float]:
-    """Each flow's weight share: its level's weight, split equally among the level's
-    flows (every flow is backlogged)."""
-    per_level: dict[str, int] = defaultdict(int)
-    for flow in scenario.flows:
-        per_level[flow.level] += 1
-    total = sum(WEIGHTS[level] for level in per_level)
-    return {f.key: WEIGHTS[f.level] / total / per_level[f.level] for f in scenario.flows}
+def demands(scenario: Scenario) -> dict[str, float]:
+    """What each flow asks, in attempts a second (or worker time, in base jobs a
+    second), while it sends."""
+    per_job = {
+        f.key: (f.fail_times + 1) * (f.run_x if scenario.measure == "time" else 1.0)
+        for f in scenario.flows
+    }
+    return {f.key: f.rate * per_job[f.key] for f in scenario.flows}
+
+
+def max_min_shares(scenario: Scenario, capacity: float) -> dict[str, float]:
+    """Each flow's hierarchical weighted max-min fair share of ``capacity`` (levels
+    4:3:2:1, equal tenants inside a level), as a fraction of what was served: the
+    formula docs/design.md gives operators ("The wait bound")."""
+    asked = demands(scenario)
+    levels = {f.level for f in scenario.flows}
+    level_alloc = max_min(
+        capacity,
+        {lv: sum(asked[f.key] for f in scenario.flows if f.level == lv) for lv in levels},
+        {lv: WEIGHTS[lv] for lv in levels},
+    )
+    shares: dict[str, float] = {}
+    for level in levels:
+        keys = {f.key: asked[f.key] for f in scenario.flows if f.level == level}
+        for key, alloc in max_min(level_alloc[level], keys, dict.fromkeys(keys, 1.0)).items():
+            shares[key] = alloc / capacity
+    return shares
+
+
+def within_share(scenario: Scenario, capacity: float) -> set[str]:
+    """The flows max-min fairness gives all they ask."""
+    shares = max_min_shares(scenario, capacity)
+    asked = demands(scenario)
+    return {key for key, share in shares.items() if asked[key] <= share * capacity * 1.0001}
 
 
 # -- one run ------------------------------------------------------------------------------
@@ -173,9 +266,13 @@ def entitled(scenario: Scenario) -> dict[str, float]:
 class Result:
     scheduler: str
     scenario: Scenario
+    bound_ms: int
+    window_s: float = 0.0
     attempts: dict[str, int] = field(default_factory=dict)
     worker_ms: dict[str, float] = field(default_factory=dict)
     waits: dict[str, list[int]] = field(default_factory=dict)
+    #: The returning flow's share of its level in each second after it returns.
+    returning_shares: list[float] = field(default_factory=list)
     runs: int = 0
     duplicates: int = 0
 
@@ -183,6 +280,19 @@ class Result:
         values = self.attempts if self.scenario.measure == "attempts" else self.worker_ms
         total = sum(values.values())
         return values.get(key, 0) / total if total else 0.0
+
+    def capacity(self, run_ms: float) -> float:
+        """What the workers served in the window, a second: attempts, or base jobs'
+        worker time (the unit of the scenario's demands)."""
+        if self.scenario.measure == "attempts":
+            return sum(self.attempts.values()) / self.window_s
+        return sum(self.worker_ms.values()) / run_ms / self.window_s
+
+    def fair(self, run_ms: float) -> dict[str, float]:
+        return max_min_shares(self.scenario, self.capacity(run_ms))
+
+    def within(self, run_ms: float) -> set[str]:
+        return within_share(self.scenario, self.capacity(run_ms))
 
 
 class Producer:
@@ -208,7 +318,7 @@ class Producer:
         try:
             while (elapsed := time.monotonic() - start) < self.args.seconds:
                 for index, flow in enumerate(flows):
-                    count = min(int(flow.rate * elapsed) + 1 - sent[index], 1000)
+                    count = min(int(flow.rate * flow.sending(elapsed)) + 1 - sent[index], 1000)
                     if count > 0:
                         ids = await self._add(queue, flow, count)
                         sent[index] += count
@@ -250,23 +360,30 @@ class Producer:
         return await asyncio.get_running_loop().run_in_executor(self.db, add)
 
 
-def run_one(scheduler: str, scenario: Scenario, args: argparse.Namespace, db) -> Result:
+def run_one(
+    scheduler: str, scenario: Scenario, bound_ms: int, args: argparse.Namespace, db
+) -> Result:
     from django.conf import settings
 
     from fairqueue import conf
     from fairqueue.broker import close_brokers
 
     prefix = f"fqbench-{uuid.uuid4().hex[:12]}"
+    args.bound_ms = bound_ms  # fair_env reads it
     os.environ.update(fair_env(prefix, args))
     fairness_by = FAIRNESS_BY.get(scheduler, "time")
     os.environ["FQBENCH_FAIRNESS_BY"] = fairness_by  # the loop's (fairness_settings)
-    settings.FAIRQUEUE = {**settings.FAIRQUEUE, "FAIRNESS_BY": fairness_by}  # the producer's
+    settings.FAIRQUEUE = {
+        **settings.FAIRQUEUE,
+        "FAIRNESS_BY": fairness_by,  # the producer's
+        "MAX_WAIT_MS": bound_ms,
+    }
     db.submit(conf.reload_settings).result()
     worker = loop = None
     OUT.mkdir(parents=True, exist_ok=True)
-    result = Result(scheduler, scenario)
+    result = Result(scheduler, scenario, bound_ms)
     with LOG.open("a") as log:
-        log.write(f"--- attempts {scenario.name} / {scheduler} ({prefix})\n")
+        log.write(f"--- attempts {scenario.name} / {scheduler} / {bound_ms} ms ({prefix})\n")
         log.flush()
         try:
             if scheduler in FAIRNESS_BY:
@@ -279,22 +396,7 @@ def run_one(scheduler: str, scenario: Scenario, args: argparse.Namespace, db) ->
             asyncio.run(producer.run(prefix))
             t_end = time.time() * 1000
             worker.stop()
-            window = (t0 + args.warmup_s * 1000, t_end)
-            seen: dict[tuple[str, int], int] = defaultdict(int)
-            for record in worker.records:
-                key = producer.flow_of.get(str(record["id"]))
-                started, finished = record.get("p"), record.get("f")
-                if key is None or started is None or finished is None:
-                    continue
-                seen[(str(record["id"]), int(record.get("a", 0)))] += 1
-                if not window[0] <= started <= window[1]:
-                    continue
-                result.runs += 1
-                result.attempts[key] = result.attempts.get(key, 0) + 1
-                result.worker_ms[key] = result.worker_ms.get(key, 0.0) + (finished - started)
-                if int(record.get("a", 0)) == 0:
-                    result.waits.setdefault(key, []).append(started - record["ts"])
-            result.duplicates = sum(1 for n in seen.values() if n > 1)
+            _collect(result, producer, worker.records, t0, t_end, args)
         finally:
             if worker is not None:
                 worker.stop()
@@ -304,6 +406,51 @@ def run_one(scheduler: str, scenario: Scenario, args: argparse.Namespace, db) ->
             close_brokers()
             delete_prefix(prefix)
     return result
+
+
+def _collect(
+    result: Result,
+    producer: Producer,
+    records: Sequence[dict[str, Any]],
+    t0: float,
+    t_end: float,
+    args: argparse.Namespace,
+) -> None:
+    """Attempts, worker time and first waits per flow in the window; the returning
+    flow's share of its level a second at a time."""
+    scenario = result.scenario
+    returned_at = None
+    if scenario.returning:
+        flow = next(f for f in scenario.flows if f.key == scenario.returning)
+        returned_at = t0 + flow.periods[-1][0] * 1000
+    window = (returned_at or t0 + args.warmup_s * 1000, t_end)
+    result.window_s = (window[1] - window[0]) / 1000
+    seen: dict[tuple[str, int], int] = defaultdict(int)
+    level_of = {f.key: f.level for f in scenario.flows}
+    per_second: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for record in records:
+        key = producer.flow_of.get(str(record["id"]))
+        started, finished = record.get("p"), record.get("f")
+        if key is None or started is None or finished is None:
+            continue
+        seen[(str(record["id"]), int(record.get("a", 0)))] += 1
+        if not window[0] <= started <= window[1]:
+            continue
+        result.runs += 1
+        result.attempts[key] = result.attempts.get(key, 0) + 1
+        result.worker_ms[key] = result.worker_ms.get(key, 0.0) + (finished - started)
+        if int(record.get("a", 0)) == 0:
+            result.waits.setdefault(key, []).append(started - record["ts"])
+        if returned_at is not None:
+            per_second[int((started - returned_at) // 1000)][key] += 1
+    result.duplicates = sum(1 for n in seen.values() if n > 1)
+    if returned_at is not None and scenario.returning:
+        level = level_of[scenario.returning]
+        for second in sorted(per_second):
+            counts = per_second[second]
+            in_level = sum(n for key, n in counts.items() if level_of[key] == level)
+            if second < int(result.window_s) and in_level:
+                result.returning_shares.append(counts[scenario.returning] / in_level)
 
 
 # -- report -------------------------------------------------------------------------------
@@ -316,15 +463,75 @@ def _p(values: Sequence[int], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def print_results(results: dict[str, dict[str, Result]]) -> None:
+@dataclass(frozen=True)
+class Check:
+    """One "done when" criterion on one flow of one fairqueue run."""
+
+    run: str
+    flow: str
+    what: str
+    value: str
+    target: str
+    ok: bool
+
+
+def checks(result: Result, args: argparse.Namespace) -> list[Check]:
+    """The criteria: a flow within its share gets >= 95% of its max-min share and waits
+    p99 <= bound + loop interval + one of its jobs; a flow over its share gets <= 105%;
+    a returning tenant >= 47.5% of its level from its first second; no attempt twice."""
+    run = f"{result.scenario.name} @ {result.bound_ms} ms"
+    fair, within = result.fair(args.run_ms), result.within(args.run_ms)
+    out: list[Check] = []
+    for flow in result.scenario.flows:
+        ratio = result.share(flow.key) / fair[flow.key] if fair[flow.key] else 0.0
+        if flow.key in within:
+            out.append(Check(run, flow.key, "share/fair", f"{ratio:.2f}", ">= 0.95", ratio >= 0.95))
+            p99 = _p(result.waits.get(flow.key, []), 0.99)
+            limit = result.bound_ms + args.interval_ms + args.run_ms * flow.run_x
+            out.append(
+                Check(
+                    run,
+                    flow.key,
+                    "p99 wait ms",
+                    "-" if p99 is None else f"{p99:.0f}",
+                    f"<= {limit:.0f}",
+                    p99 is not None and p99 <= limit,
+                )
+            )
+        else:
+            out.append(Check(run, flow.key, "share/fair", f"{ratio:.2f}", "<= 1.05", ratio <= 1.05))
+    if result.returning_shares:
+        first = result.returning_shares[0]
+        out.append(
+            Check(
+                run,
+                result.scenario.returning or "",
+                "1st s share",
+                f"{first:.1%}",
+                ">= 47.5%",
+                first >= 0.475,
+            )
+        )
+    out.append(
+        Check(run, "all", "attempts twice", str(result.duplicates), "0", result.duplicates == 0)
+    )
+    return out
+
+
+def print_results(results: list[Result], args: argparse.Namespace) -> None:
     print()
     print(
-        f"{'scenario':<20} {'flow':<18} {'target':>7} "
-        + " ".join(f"{s + ' share':>16} {'ratio':>6} {'p99 wait ms':>11}" for s in SCHEDULERS)
+        f"{'scenario':<24} {'bound':>6} {'flow':<20} {'asks':>5} {'fair':>6} "
+        + " ".join(f"{s[:14] + ' share':>20} {'ratio':>5} {'p99 ms':>7}" for s in SCHEDULERS)
     )
-    for name, by_scheduler in results.items():
-        scenario = next(iter(by_scheduler.values())).scenario
-        target = entitled(scenario)
+    groups: dict[tuple[str, int], dict[str, Result]] = {}
+    for result in results:
+        groups.setdefault((result.scenario.name, result.bound_ms), {})[result.scheduler] = result
+    for (name, bound), by_scheduler in groups.items():
+        any_result = next(iter(by_scheduler.values()))
+        scenario = any_result.scenario
+        reference = by_scheduler.get("fairqueue", any_result)
+        fair, within = reference.fair(args.run_ms), reference.within(args.run_ms)
         what = "attempts" if scenario.measure == "attempts" else "worker time"
         print(f"{name} ({what})")
         for flow in scenario.flows:
@@ -332,40 +539,40 @@ def print_results(results: dict[str, dict[str, Result]]) -> None:
             for scheduler in SCHEDULERS:
                 result = by_scheduler.get(scheduler)
                 if result is None:
-                    cells.append(f"{'-':>16} {'-':>6} {'-':>11}")
+                    cells.append(f"{'-':>20} {'-':>5} {'-':>7}")
                     continue
                 share = result.share(flow.key)
                 p99 = _p(result.waits.get(flow.key, []), 0.99)
+                ratio = share / fair[flow.key] if fair[flow.key] else 0.0
                 cells.append(
-                    f"{share:>16.1%} {share / target[flow.key]:>6.2f} "
-                    f"{'-' if p99 is None else f'{p99:.0f}':>11}"
+                    f"{share:>20.1%} {ratio:>5.2f} {'-' if p99 is None else f'{p99:.0f}':>7}"
                 )
-            print(f"{'':<20} {flow.key:<18} {target[flow.key]:>7.1%} " + " ".join(cells))
-        for scheduler in SCHEDULERS:
-            result = by_scheduler.get(scheduler)
-            if result is not None:
-                print(
-                    f"{'':<20} {scheduler}: {result.runs} attempts in the window, "
-                    f"{result.duplicates} attempts reported twice"
-                )
-                if scenario.measure == "time":
-                    counts = sum(result.attempts.values()) or 1
-                    print(
-                        f"{'':<20} {scheduler}: attempt shares "
-                        + ", ".join(
-                            f"{f.key} {result.attempts.get(f.key, 0) / counts:.1%}"
-                            for f in scenario.flows
-                        )
-                    )
-    storm, ok = results.get("retry-storm"), results.get("retry-storm-ok")
-    if storm and ok and "fairqueue" in storm and "fairqueue" in ok:
-        p99_storm = _p(storm["fairqueue"].waits.get("normal/healthy", []), 0.99)
-        p99_ok = _p(ok["fairqueue"].waits.get("normal/healthy", []), 0.99)
-        if p99_storm is not None and p99_ok:
+            asks = "in" if flow.key in within else "over"
             print(
-                f"\nfairqueue: the healthy tenant's p99 wait in the storm is "
-                f"{p99_storm / p99_ok:.2f}x what it is when the failing tenant's jobs succeed"
+                f"{'':<24} {bound:>6} {flow.key:<20} {asks:>5} {fair[flow.key]:>6.1%} "
+                + " ".join(cells)
             )
+        for scheduler, result in by_scheduler.items():
+            line = f"{'':<24} {scheduler}: {result.runs} attempts in the window"
+            if result.returning_shares:
+                line += ", the returning tenant's share of its level a second at a time: " + (
+                    " ".join(f"{v:.0%}" for v in result.returning_shares[:8])
+                )
+            print(line)
+
+
+def print_checks(results: list[Result], args: argparse.Namespace) -> bool:
+    rows = [c for r in results if r.scheduler == "fairqueue" for c in checks(r, args)]
+    if not rows:
+        return True
+    print("\nfairqueue against the criteria (in = within its max-min share)")
+    print(f"{'run':<34} {'flow':<20} {'what':<15} {'value':>8} {'target':>9}  ok")
+    for c in rows:
+        ok = "yes" if c.ok else "NO"
+        print(f"{c.run:<34} {c.flow:<20} {c.what:<15} {c.value:>8} {c.target:>9}  {ok}")
+    failed = sum(1 for c in rows if not c.ok)
+    print(f"{len(rows) - failed} of {len(rows)} criteria met")
+    return failed == 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -374,13 +581,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--run-ms", type=float, default=10.0, help="the base job run time")
     parser.add_argument("--concurrency", type=int, default=4, help="the Node worker's")
     parser.add_argument("--interval-ms", type=int, default=250, help="rebalance interval")
-    parser.add_argument("--bound-ms", type=int, default=60_000, help="QUEUE_FAIR_MAX_WAIT_MS")
+    parser.add_argument(
+        "--bound-ms",
+        type=int,
+        action="append",
+        help="QUEUE_FAIR_MAX_WAIT_MS; repeat to run each scenario at several (default 3000)",
+    )
     parser.add_argument("--warmup-s", type=float, default=5.0, help="left out of the window")
     parser.add_argument("--scenario", action="append", help="run only these (repeatable)")
     parser.add_argument("--scheduler", action="append", choices=SCHEDULERS)
     args = parser.parse_args(argv)
-    if args.seconds <= args.warmup_s + 1:
-        parser.error("--seconds must be more than --warmup-s + 1")
+    bounds = args.bound_ms or [3000]
+    args.bound_ms = bounds[0]  # the calibration's (fair_env)
+    if args.seconds <= max(args.warmup_s, RETURN_S) + 2:
+        parser.error(f"--seconds must be more than {RETURN_S + 2:g} and --warmup-s + 2")
     names = args.scenario or list(build_scenarios(1.0))
     unknown = sorted(set(names) - set(build_scenarios(1.0)))
     if unknown:
@@ -389,25 +603,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     capacity, alone, _ = calibrate(args, db)
     print(f"capacity: {capacity:.0f} jobs/s at {args.run_ms:g} ms (alone {alone:.0f})")
     scenarios = build_scenarios(capacity)
-    results: dict[str, dict[str, Result]] = {}
+    results: list[Result] = []
     for name in names:
-        for scheduler in args.scheduler or SCHEDULERS:
-            print(f"running {name} / {scheduler} ...", flush=True)
-            results.setdefault(name, {})[scheduler] = run_one(scheduler, scenarios[name], args, db)
-    print_results(results)
+        for bound in bounds:
+            for scheduler in args.scheduler or SCHEDULERS:
+                if scheduler == "fairqueue-jobs" and scenarios[name].measure != "time":
+                    continue  # the same as fairqueue where every job costs the same
+                print(f"running {name} / {scheduler} / bound {bound} ms ...", flush=True)
+                results.append(run_one(scheduler, scenarios[name], bound, args, db))
+    print_results(results, args)
     spread = [
-        abs(r.share(f.key) / entitled(r.scenario)[f.key] - 1)
-        for by in results.values()
-        for s, r in by.items()
-        if s == "fairqueue" and r.scenario.name != "retry-storm-ok"
+        abs(r.share(f.key) / r.fair(args.run_ms)[f.key] - 1)
+        for r in results
+        if r.scheduler == "fairqueue" and r.scenario.name != "retry-storm-ok"
         for f in r.scenario.flows
+        if r.fair(args.run_ms)[f.key]
     ]
     if spread:
         print(
-            f"fairqueue: the worst flow is {max(spread):.1%} from its share (median "
+            f"fairqueue: the worst flow is {max(spread):.1%} from its max-min share (median "
             f"{statistics.median(spread):.1%})"
         )
-    return 0
+    return 0 if print_checks(results, args) else 1
 
 
 if __name__ == "__main__":

@@ -55,10 +55,15 @@ def _fresh_backlog_cache():
 
 
 def age_jobs(redis_client, prefix, queue, job_ids, by_ms):
-    """Make jobs look enqueued ``by_ms`` earlier (BullMQ's own timestamp field)."""
+    """Make jobs look enqueued and ready ``by_ms`` earlier (BullMQ's own timestamp and
+    the first ready time fairqueue keeps in the job's opts)."""
     for job_id in job_ids:
         key = f"{prefix}:{queue}:{job_id}"
         redis_client.hset(key, "timestamp", int(redis_client.hget(key, "timestamp")) - by_ms)
+        opts = json.loads(redis_client.hget(key, "opts"))
+        if "fqReady" in opts:
+            opts["fqReady"] -= by_ms
+            redis_client.hset(key, "opts", json.dumps(opts))
 
 
 def enqueued_at(redis_client, prefix, job, queue="email") -> int:

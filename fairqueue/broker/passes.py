@@ -39,6 +39,10 @@ class WaitingJob:
     #: The priority the producer asked for (``opts.priority``), which BullMQ keeps when
     #: ``changePriority`` rewrites ``priority``: the stable level of a foreign job.
     requested_priority: int | None = None
+    #: When it became ready, the wait bound's start: its first release when its tenant's
+    #: limit held it, else its first ready time (``fqReady`` in its opts, Redis's clock),
+    #: else its timestamp plus its delay, the rule the pass's index follows.
+    ready_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -370,14 +374,15 @@ async def read_jobs(
         return []
     async with conn.client().pipeline(transaction=False) as pipe:
         for job_id, _, _ in entries:
-            pipe.hmget(conn.key(queue, job_id), *_JOB_FIELDS)
+            pipe.hmget(conn.key(queue, job_id), *_JOB_FIELDS, "fqRel")
         rows = await pipe.execute()
     jobs = []
     for (job_id, priority, in_wait), row in zip(entries, rows, strict=True):
-        name, data, timestamp, stored_priority, attempts_made, opts = row
+        name, data, timestamp, stored_priority, attempts_made, opts, released = row
         if name is None and data is None and timestamp is None:
             continue  # removed or finished since we read the ids
-        requested = (parse_job_data(opts) or {}).get("priority")
+        parsed_opts = parse_job_data(opts) or {}
+        requested = parsed_opts.get("priority")
         jobs.append(
             WaitingJob(
                 job_id=job_id,
@@ -388,6 +393,24 @@ async def read_jobs(
                 attempts_made=_int_or(attempts_made, 0) or 0,
                 in_wait_list=in_wait,
                 requested_priority=requested if type(requested) is int else None,
+                ready_ms=ready_time_ms(_int_or(timestamp, None), parsed_opts, released),
             )
         )
     return jobs
+
+
+def ready_time_ms(
+    timestamp_ms: int | None, opts: dict[str, Any], released: str | None
+) -> int | None:
+    """When a job became ready (see :attr:`WaitingJob.ready_ms`): held and delayed
+    time is not waiting."""
+    for value in (released, opts.get("fqReady")):
+        number = _int_or(value, None)
+        if number is not None:
+            return number
+    if timestamp_ms is None:
+        return None
+    delay = opts.get("delay")
+    if type(delay) in (int, float) and delay > 0:
+        return timestamp_ms + int(delay)
+    return timestamp_ms

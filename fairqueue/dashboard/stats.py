@@ -422,7 +422,8 @@ def _rows(
     for index, job in enumerate(jobs):
         position = start + index + 1
         pending = pending_from_job(job)
-        waited_ms = None if job.timestamp_ms is None else max(0, now_ms - job.timestamp_ms)
+        ready_ms = job.ready_ms if job.ready_ms is not None else job.timestamp_ms
+        waited_ms = None if ready_ms is None else max(0, now_ms - ready_ms)
         overdue = waited_ms is not None and waited_ms > max_wait_ms
         if pending is None:
             decision = "skipped"

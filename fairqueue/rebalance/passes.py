@@ -202,7 +202,8 @@ def pending_from_job(job: WaitingJob) -> PendingJob | None:
             level = normalize_priority(requested if requested is not None else job.priority)
     except ValueError:
         return None
-    return PendingJob(job.job_id, level, tenant, job.timestamp_ms)
+    ready = job.ready_ms if job.ready_ms is not None else job.timestamp_ms
+    return PendingJob(job.job_id, level, tenant, ready)
 
 
 class _Timed:

@@ -4,6 +4,10 @@
 -- ARGV[1]: mode; ARGV[2]: cursor (list index; for the set '-inf' to start, else the
 -- last job read as '<score> <id>'); ARGV[3]: page size; ARGV[4]: overdue cutoff (ms);
 -- ARGV[5]: job key prefix.
+-- A job is overdue when its ready time is before the cutoff: its first release when its
+-- tenant's limit held it (fqRel), else its first ready time (fqReady in its opts), else
+-- BullMQ's timestamp plus its delay, the rule the pass's index follows, so held and
+-- delayed time is not waiting and the two counts agree.
 -- The set is paged by rank from the last job read (ZRANK), not by score: jobs of a
 -- level's tenants often share a score, and a '(score' cursor skipped the ties behind a
 -- page boundary. If that job left meanwhile, the page starts at the first job of its
@@ -44,9 +48,21 @@ local function normalize(p)
 end
 local stats, tenants = {}, {}
 for _, id in ipairs(ids) do
-  local row = redis.call('HMGET', prefix .. id, 'data', 'timestamp', 'priority', 'opts')
+  local row = redis.call('HMGET', prefix .. id, 'data', 'timestamp', 'priority', 'opts',
+    'fqRel')
   local ts = tonumber(row[2])
   local level, tenant = nil, nil
+  local opts = false -- decoded on first use
+  local function optsOf()
+    if opts == false then
+      opts = nil
+      if row[4] then
+        local okOpts, decoded = pcall(cjson.decode, row[4])
+        if okOpts and type(decoded) == 'table' then opts = decoded end
+      end
+    end
+    return opts
+  end
   if ts and row[1] and string.find(row[1], '^%s*{') then
     local ok, data = pcall(cjson.decode, row[1])
     if ok and type(data) == 'table' then
@@ -58,12 +74,9 @@ for _, id in ipairs(ids) do
         if type(l) == 'string' and names[l] then level = l end
       else
         local p = nil
-        if row[4] then
-          local okOpts, opts = pcall(cjson.decode, row[4])
-          if okOpts and type(opts) == 'table' and type(opts['priority']) == 'number'
-            and opts['priority'] == math.floor(opts['priority']) then
-            p = opts['priority']
-          end
+        local o = optsOf()
+        if o and type(o['priority']) == 'number' and o['priority'] == math.floor(o['priority']) then
+          p = o['priority']
         end
         if p == nil then
           if mode == 'list' then p = 0 else p = tonumber(row[3]) or 0 end
@@ -81,7 +94,16 @@ for _, id in ipairs(ids) do
   end
   s[1] = s[1] + 1
   if ts then
-    if ts < cutoff then s[2] = s[2] + 1 end
+    local ready = tonumber(row[5])
+    if not ready then
+      local o = optsOf()
+      ready = o and tonumber(o['fqReady'])
+      if not ready then
+        ready = ts
+        if o and type(o['delay']) == 'number' and o['delay'] > 0 then ready = ts + o['delay'] end
+      end
+    end
+    if ready < cutoff then s[2] = s[2] + 1 end
     if s[3] < 0 or ts < s[3] then s[3] = ts end
   end
   if level then

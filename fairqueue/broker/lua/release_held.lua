@@ -204,8 +204,11 @@ for _, t in ipairs(tenants) do
         local score = fqPlace(K, c, level, t, tonumber(weight), tonumber(cost))
         redis.call('ZADD', K.prioritized, string.format('%.17g', score or fqCap * fqScore), id)
         fqPlaced(K, c, score)
-        -- indexed once: a job pulled back by a pause and released again keeps its entry
-        if redis.call('HSETNX', prefix .. id, 'fqRel', now) == 1 then fqIndex(K, id, now) end
+        -- indexed once, at its first release (a job pulled back by a pause and released
+        -- again keeps that entry): its ready time for the wait bound
+        if redis.call('HSETNX', prefix .. id, 'fqRel', now) == 1 then
+          fqIndexReleased(K, prefix, id, now)
+        end
         redis.call('SADD', outKey, id)
         if lim.rateMax then redis.call('ZADD', L .. ':rate:' .. t, now, id) end
         redis.call('XADD', KEYS[8], '*', 'event', 'waiting', 'jobId', id, 'prev', 'delayed')

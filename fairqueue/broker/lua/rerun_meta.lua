@@ -15,13 +15,15 @@ end
 
 -- level, tenant, weight and ready time of a job without meta in fq:jobs: another
 -- producer's, or one of fairqueue's that runs again (a retry, a stalled job's recovery,
--- a retried failed job). Its ready time is its first one: fqReady in its opts for
--- fairqueue's jobs (Redis's clock, the second its index entry is under), else BullMQ's
+-- a retried failed job). Its ready time is its first one: when its tenant's limit held
+-- it, its first release (fqRel in its hash: held time is not waiting), else fqReady in
+-- its opts for fairqueue's jobs (Redis's clock, the second its index entry is under), else BullMQ's
 -- timestamp plus the delay it was added with (the hash's delay is a backoff's once it
 -- was retried). Its tenant weight is the one its flow counts now (1 if the flow has no
 -- work).
 local function fqForeign(K, prefix, jobId, now, maxPayload)
-  local f = redis.call('HMGET', prefix .. jobId, 'data', 'opts', 'timestamp', 'priority')
+  local f = redis.call('HMGET', prefix .. jobId, 'data', 'opts', 'timestamp', 'priority',
+    'fqRel')
   if not (f[1] or f[2] or f[3]) then return nil end -- no such job (removed meanwhile)
   local ok, opts = pcall(cjson.decode, f[2] or 'null')
   if not (ok and type(opts) == 'table') then opts = {} end
@@ -29,7 +31,7 @@ local function fqForeign(K, prefix, jobId, now, maxPayload)
     -- One of fairqueue's delayed jobs: placed from its own meta, no payload decoded.
     local mLevel, mWeight, mTenant = string.match(opts['fqMeta'], '^([^\n]*)\n([^\n]*)\n(.*)$')
     if mLevel and fqNames[mLevel] then
-      return mLevel, mTenant, tonumber(mWeight) or 1, tonumber(opts['fqReady'])
+      return mLevel, mTenant, tonumber(mWeight) or 1, tonumber(f[5]) or tonumber(opts['fqReady'])
     end
   end
   local tenant, level = 'default', nil
@@ -49,7 +51,7 @@ local function fqForeign(K, prefix, jobId, now, maxPayload)
     if type(opts['priority']) == 'number' then requested = opts['priority'] end
     level = fqNormalize(requested or tonumber(f[4]))
   end
-  local ready = tonumber(opts['fqReady'])
+  local ready = tonumber(f[5]) or tonumber(opts['fqReady'])
   if not ready then
     local delay = 0
     if type(opts['delay']) == 'number' and opts['delay'] > 0 then delay = opts['delay'] end
