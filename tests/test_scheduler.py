@@ -298,10 +298,30 @@ def test_fair_clock__a_newcomer_runs_within_one_round_of_a_flood():
         arrive(clock, placed, N, "flooder", "flooder")
     drain(clock, placed, 100)
     arrive(clock, placed, N, "sparse", "sparse")
-    # It starts at the head's start tag with a two-tenant step; the flooder's job with an
-    # equal tag came first (ties go by arrival), so it runs third.
-    assert drain(clock, placed, 3) == ["flooder", "flooder", "sparse"]
+    # It joins the flooder's backlog, placed while the flooder was alone: at the flooder's
+    # spacing, from the head's start tag; the flooder's job with an equal tag came first
+    # (ties go by arrival), so it runs second.
+    assert drain(clock, placed, 3) == ["flooder", "sparse", "flooder"]
     assert clock.vt == placed[0][0] - 6  # a lone normal tenant's turn back from the head
+
+
+def test_fair_clock__a_returning_tenant_gets_half_its_level_from_its_first_turn():
+    # "steady" floods alone: 600 jobs placed at a lone tenant's spacing. "back" returns
+    # and floods too: from its first turn the two alternate, as round-robin asks, instead
+    # of "back" getting one turn in three until the backlog placed without it is gone.
+    clock, placed = FairClock(), []
+    for _ in range(600):
+        arrive(clock, placed, N, "steady", "steady")
+    drain(clock, placed, 10)
+    served = []
+    for _ in range(2000):  # both ask for the whole level
+        arrive(clock, placed, N, "steady", "steady")
+        arrive(clock, placed, N, "back", "back")
+        served += drain(clock, placed, 1)
+    assert Counter(served[:100])["back"] == 50
+    # past where the old backlog ended, both are placed at the two-tenant spacing
+    assert clock.horizon == {}
+    assert Counter(served[-100:])["back"] == 50
 
 
 def test_fair_clock__two_floods_arriving_together_alternate():

@@ -25,7 +25,13 @@ from bullmq.redis_connection import loadScript
 from fairqueue.broker.common import HELD_UNTIL_MS, MAX_PRIORITY, TAG_FLOOR, TAG_RESOLUTION
 from fairqueue.dashboard.history import WAIT_EDGES
 from fairqueue.scheduling.limits import CATCHUP_AHEAD, TAKEABLE_CAP
-from fairqueue.scheduling.order import COST_DEAD_BAND, MAX_COST_TURNS, MIN_COST_TURNS, TAG_SCALE
+from fairqueue.scheduling.order import (
+    COST_DEAD_BAND,
+    FRONTIER_SCAN,
+    MAX_COST_TURNS,
+    MIN_COST_TURNS,
+    TAG_SCALE,
+)
 
 #: Flows of a level that one placement may retire (bounded work per call; the rest go
 #: on later calls, meanwhile counted as if they still had work).
@@ -38,6 +44,7 @@ _CONSTANTS = {
     "SCALE": TAG_SCALE,
     "SUB": TAG_RESOLUTION,
     "EXPIRE_PER_CALL": EXPIRE_PER_CALL,
+    "FRONTIER_SCAN": FRONTIER_SCAN,
     "MIN_COST": repr(MIN_COST_TURNS),
     "MAX_COST": repr(MAX_COST_TURNS),
     "COST_DEAD_BAND": repr(COST_DEAD_BAND),

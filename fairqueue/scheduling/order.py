@@ -54,6 +54,10 @@ WEIGHTED_FAIR: Final = "weighted_fair"
 #: units: 12 is the least common multiple of 4, 3, 2 and 1, so a lone tenant's tags
 #: are whole numbers at every level (critical 3, high 4, normal 6, low 12 per job).
 TAG_SCALE: Final = 12
+#: How many of the flows that reach furthest ahead (of every level) a joining flow looks
+#: through for its level's frontier: bounded work per placement; past it, the joining
+#: flow gets the plain split of its level's weight.
+FRONTIER_SCAN: Final = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +224,8 @@ class FairClock:
     vt: float = 0.0
     last: dict[tuple[PriorityLevel, str], float] = field(default_factory=dict)
     counted: dict[tuple[PriorityLevel, str], int] = field(default_factory=dict)
+    #: A joining flow's catch-up horizon: where its level's backlogs ended when it joined.
+    horizon: dict[tuple[PriorityLevel, str], float] = field(default_factory=dict)
 
     def observe_head(self, head_tag: float | None, head_level: PriorityLevel | None = None) -> None:
         """Advance the virtual time to what the first waiting job (its finish tag and
@@ -244,16 +250,45 @@ class FairClock:
         """The finish tag of a new job of (``level``, ``tenant``); jobs run in tag order.
         ``cost`` is its worker time in turns. An overdue job is placed the same way: it
         takes its flow's next turn and is charged for it, so a flow over its share never
-        takes a turn from another flow by being late."""
+        takes a turn from another flow by being late.
+
+        A flow that joins a level whose other tenants have backlogs is placed at their
+        spacing (the level's weight split among the others, as their jobs were placed)
+        until it reaches where those backlogs ended when it joined: its round-robin turn
+        from its first job, instead of paying for the backlogs placed while it was idle.
+        """
         for key in [key for key, tag in self.last.items() if tag <= self.vt]:
             del self.last[key], self.counted[key]
+            self.horizon.pop(key, None)
         key = (level, tenant)
-        self.counted[key] = tenant_weight
-        total = sum(w for (lvl, _), w in self.counted.items() if lvl == level)
+        others = sum(w for (lvl, t), w in self.counted.items() if lvl == level and t != tenant)
+        total = others + tenant_weight
         start = max(self.vt, self.last.get(key, self.vt))
-        tag = start + flow_step(self.weights[level], tenant_weight, total, cost=cost)
+        joined = None
+        if key not in self.counted and others:
+            frontier = self._frontier(level)
+            if frontier is not None and frontier > start:
+                joined = frontier
+        horizon = joined if joined is not None else self.horizon.get(key)
+        share = others if horizon is not None and start < horizon else total
+        tag = start + flow_step(self.weights[level], tenant_weight, share, cost=cost)
+        self.counted[key] = tenant_weight
+        if joined is not None:
+            self.horizon[key] = joined
+        elif horizon is not None and start >= horizon:
+            del self.horizon[key]
         self.last[key] = max(tag, self.last.get(key, tag))
         return tag
+
+    def _frontier(self, level: PriorityLevel) -> float | None:
+        """The last tag of ``level``'s flow that reaches furthest, among the
+        :data:`FRONTIER_SCAN` flows of every level that reach furthest (as the script
+        reads them: by tag, then member, from the top)."""
+        top = sorted(
+            ((tag, f"{lvl.value}\n{tenant}", lvl) for (lvl, tenant), tag in self.last.items()),
+            reverse=True,
+        )[:FRONTIER_SCAN]
+        return next((tag for tag, _, lvl in top if lvl == level), None)
 
     def charge(self, level: PriorityLevel, tenant: str, turns: float) -> None:
         """The flow's attempts used ``turns`` more (less, if negative) than it was placed

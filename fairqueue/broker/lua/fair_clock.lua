@@ -25,7 +25,8 @@
                    W:<level> (sum of the weights of the level's flows with work),
                    holds (set while a tenant is paused or catching up: tenant_limits.lua)
     K.flows        zset: "<level>\n<tenant>" -> last tag, flows with work
-    K.fweights     hash: "<level>\n<tenant>" -> the weight counted in W:<level>
+    K.fweights     hash: "<level>\n<tenant>" -> the weight counted in W:<level>;
+                   "j\n<level>\n<tenant>" -> a joining flow's catch-up horizon (fqPlace)
     K.jobs         hash: delayed job id -> "<level>\n<weight>\n<ready ms>\n<tenant>", where
                    fairqueue 0.1 kept a delayed job's meta (now in its opts: fqMeta);
                    read and emptied by the pass
@@ -45,6 +46,7 @@ local fqFloor = {{FLOOR}}
 local fqCap = {{CAP}}
 local fqScale = {{SCALE}}
 local fqExpirePerCall = {{EXPIRE_PER_CALL}}
+local fqFrontierScan = {{FRONTIER_SCAN}}
 local fqSub = {{SUB}}
 local fqMinCost, fqMaxCost, fqDeadBand = {{MIN_COST}}, {{MAX_COST}}, {{COST_DEAD_BAND}}
 local fqScore = 4294967296
@@ -245,6 +247,11 @@ local function fqFlush(K, c)
       weights[#weights + 1] = f.counted
       f.weightDirty = false
     end
+    if f.horizonDirty then
+      weights[#weights + 1] = 'j\n' .. member
+      weights[#weights + 1] = string.format('%.17g', f.horizon)
+      f.horizonDirty = false
+    end
   end
   for level in pairs(m.dirtyTotals) do
     totals[#totals + 1] = 'W:' .. level
@@ -268,7 +275,7 @@ local function fqExpire(K, c)
   for i = 1, #gone do
     local w = tonumber(redis.call('HGET', K.fweights, gone[i])) or 0
     redis.call('HINCRBY', K.state, 'W:' .. string.match(gone[i], '^[^\n]*'), -w)
-    redis.call('HDEL', K.fweights, gone[i])
+    redis.call('HDEL', K.fweights, gone[i], 'j\n' .. gone[i])
     redis.call('ZREM', K.flows, gone[i])
   end
   if #gone > 0 then
@@ -278,9 +285,27 @@ local function fqExpire(K, c)
   if #gone < fqExpirePerCall then c.expiredAt = c.vt end
 end
 
+-- The last tag of the level's flow that reaches furthest ahead of the virtual time (nil:
+-- none among the fqFrontierScan flows that reach furthest, of every level): where the
+-- backlogs the level's tenants placed before a flow joined end.
+local function fqFrontier(K, c, level)
+  fqFlush(K, c) -- the memo's tags too
+  local top = redis.call('ZREVRANGEBYSCORE', K.flows, '+inf', '(' .. string.format('%.17g',
+    c.vt), 'WITHSCORES', 'LIMIT', 0, fqFrontierScan)
+  local prefix = level .. '\n'
+  for i = 1, #top, 2 do
+    if string.sub(top[i], 1, #prefix) == prefix then return tonumber(top[i + 1]) end
+  end
+  return nil
+end
+
 -- Place one job of (level, tenant, weight); returns its score (nil: no room). Every job,
 -- an overdue one included, takes its flow's next turn and is charged for it: an overdue
 -- job never takes a turn from another flow (docs/design.md, "The wait bound").
+-- A flow that joins a level whose other tenants have backlogs is placed at their spacing
+-- (the level's weight split among the others, as their jobs were placed) until it
+-- reaches where those backlogs end (its horizon), so it gets its round-robin turn from
+-- its first job instead of paying for theirs (docs/design.md, "Joining a level").
 -- explicitMs: the caller's cost= (ms) or nil.
 local function fqPlace(K, c, level, tenant, weight, explicitMs)
   fqExpire(K, c)
@@ -291,8 +316,9 @@ local function fqPlace(K, c, level, tenant, weight, explicitMs)
     f = {last = nil, counted = 0} -- the flows were cleared by this call's clock
     if m then m.flows[member] = f end
   elseif not f then
+    local row = redis.call('HMGET', K.fweights, member, 'j\n' .. member)
     f = {last = tonumber(redis.call('ZSCORE', K.flows, member)),
-      counted = tonumber(redis.call('HGET', K.fweights, member)) or 0}
+      counted = tonumber(row[1]) or 0, horizon = tonumber(row[2])}
     if m then m.flows[member] = f end
   end
   local levelTotal = m and m.totals[level] or (c.readTotals and c.readTotals[level])
@@ -301,11 +327,20 @@ local function fqPlace(K, c, level, tenant, weight, explicitMs)
   end
   if m then m.totals[level] = levelTotal end
   local last, counted = f.last, f.counted
-  local total = levelTotal + weight - counted
+  local others = levelTotal - counted
+  local total = others + weight
   local start = c.vt
   if last and last > start then start = last end
+  local horizon = f.horizon
+  local joined = nil
+  if counted == 0 and others > 0 then
+    joined = fqFrontier(K, c, level)
+    if joined and joined > start then horizon = joined else joined = nil end
+  end
+  local share = total
+  if horizon and start < horizon then share = others end
   local cost = fqCostOf(K, c, member, explicitMs)
-  local tag = start + fqScale * cost * total / ((4 - fqLevelRank[level]) * weight)
+  local tag = start + fqScale * cost * share / ((4 - fqLevelRank[level]) * weight)
   local score = fqScoreOf(c, tag, level)
   if score then
     -- Placed: the flow counts towards its level (a parked job changes nothing).
@@ -319,6 +354,14 @@ local function fqPlace(K, c, level, tenant, weight, explicitMs)
         if c.readTotals then c.readTotals[level] = total end
         c.flowsEmpty = false
       end
+    end
+    if joined then
+      f.horizon = joined
+      if m then f.horizonDirty = true
+      else redis.call('HSET', K.fweights, 'j\n' .. member, string.format('%.17g', joined)) end
+    elseif horizon and start >= horizon then
+      f.horizon, f.horizonDirty = nil, false -- caught up: its share as any tenant's
+      redis.call('HDEL', K.fweights, 'j\n' .. member)
     end
     if not last or tag > last then
       if m then
