@@ -6,15 +6,15 @@ so the pass is not a second scheduler and never reorders tagged jobs. Each pass:
 1. **Adopts** jobs that arrived without a place: other producers' jobs in BullMQ's
    ``wait`` list (priority 0, which workers would take before everything) or at small
    priorities, delayed jobs BullMQ promoted (they wait at the back, ``BACK_OF_LINE``,
-   from their add), and jobs that found no room. Each gets its flow's next tag; one
-   already past the wait bound starts at the virtual time (its flow's next turn).
+   from their add), and jobs that found no room. Each gets its flow's next tag and is
+   charged for it; one already past the wait bound is counted ``aged``, nothing more.
 2. **Counts overdue jobs** from fairqueue's ready-time index, oldest first, per level:
    the ``queue_fair_overdue_waiting`` gauge and the dashboard (checked job by job up to a
    page budget; past that, the rest of the index up to the bound is counted unchecked,
-   so a huge overload costs a pass no more than a few ms). An overdue job is already
-   at the front of its own flow's line; a flow whose arrivals exceed its share bears its
-   own overload and never takes turns from one that stays within its share (SPEC
-   decision 9). The same walk, and a bounded sweep of the rest of the index, drop the
+   so a huge overload costs a pass no more than a few ms). A flow whose arrivals exceed
+   its share bears its own overload and never takes turns from one that stays within
+   its share (docs/design.md, "The wait bound"). The same walk, and a bounded sweep of
+   the rest of the index, drop the
    entries of jobs that left: stock workers never tell fairqueue.
 3. **Rebases** tags a page at a time before they reach BullMQ's cap.
 4. **Records history** for the dashboard: the jobs workers started since the last pass,

@@ -23,9 +23,9 @@ the higher level weight first). A level or tenant that runs out of work simply s
 taking turns; one that arrives starts at the current virtual time, so its first job
 runs within one round whatever backlog others have (SPEC decision 8).
 
-The wait bound (SPEC decision 9) does not reorder: a flow's oldest job is already at
-the front of its own line, and moving it further ahead would take turns from a flow
-that stays within its share. An overdue job is labelled ``aged`` so operators see that
+The wait bound does not reorder: an overdue job takes its flow's next turn like any
+other, since moving it further ahead would take turns from a flow that stays within its
+share (docs/design.md, "The wait bound"). It is labelled ``aged`` so operators see that
 a flow's arrivals exceed its share.
 
 :func:`order_by_occupancy` is seed 1's literal "largest waiting/weight ratio first"

@@ -5,8 +5,9 @@
   jobs that found no room, and every job BullMQ re-added because it runs again: a retry,
   a promoted backoff, a stalled job's recovery, a retried failed job). Each gets its
   flow's next tag, like a new arrival of its flow, through BullMQ's own changePriority
-  (at the cap priority, so a later re-add lands at the back again); a job already past
-  the wait bound starts at the virtual time (its flow's next turn). Jobs without meta are
+  (at the cap priority, so a later re-add lands at the back again), charged to its flow
+  like any turn; a job already past the wait bound is counted (aged), not moved ahead of
+  another flow (docs/design.md, "The wait bound"). Jobs without meta are
   read once (tenantId / priorityLevel, else their numeric priority; a payload over the
   size cap is not decoded) and indexed at their first ready time unless indexed there
   already. fairqueue's own delayed jobs are placed from the meta in their opts (fqMeta);

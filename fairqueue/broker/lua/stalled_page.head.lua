@@ -5,7 +5,7 @@
   every flow's turn. Run here, by the leader, more often than workers run it (its gate
   key is taken over for each call), each job it recovers is taken off the wait list in
   the same script, before any worker can take it, and placed like a new arrival of its
-  flow (at its flow's next turn if its first wait is past the bound), its index entry
+  flow (counted aged if its first wait is past the bound), its index entry
   kept. A job BullMQ failed for stalling too often stays on the wait list, marked: a
   worker fails it when it takes it, as BullMQ does.
 
