@@ -179,12 +179,13 @@ def test_the_oldest_overdue_job_is_never_stranded_behind_younger_ones(fq_prefix,
     assert drain_with_stock_worker(fq_prefix, "email", 1)[0][0] == jobs[1].job_id
 
 
-def test_an_overdue_untagged_job_takes_its_flows_next_turn_not_another_flows(
+def test_an_overdue_untagged_job_goes_first_in_its_own_flow_not_ahead_of_another(
     fq_prefix, redis_client
 ):
-    # Tenant "t" is over its share (30 waiting); its late job goes behind them, charged
-    # like any turn, and tenant "u", within its share, keeps its place in the round.
-    enqueue_jobs("email", [{} for _ in range(30)], tenant_id="t", priority_level="normal")
+    # Tenant "t" is over its share (30 waiting). Its late job takes the place of t's first
+    # waiting job (which takes t's next turn, at the back, charged to t); tenant "u",
+    # within its share, keeps its place in the round.
+    mine = enqueue_jobs("email", [{} for _ in range(30)], tenant_id="t", priority_level="normal")
     (legacy,) = add_foreign(fq_prefix, ({"tenantId": "t"}, {"priority": 5}))
     redis_client.hset(f"{fq_prefix}:email:{legacy}", "timestamp", int(time.time() * 1000) - 400_000)
     with metric_delta("queue_fair_aged_boosts_total", job_type="email") as boosts:
@@ -192,7 +193,8 @@ def test_an_overdue_untagged_job_takes_its_flows_next_turn_not_another_flows(
     assert (result.adopted, result.aged, boosts()) == (1, 1, 1)
     (calm,) = enqueue_jobs("email", [{}], tenant_id="u", priority_level="normal")
     order = [job_id for job_id, _ in drain_with_stock_worker(fq_prefix, "email", 32)]
-    assert order[-1] == legacy
+    assert [j for j in order if j != calm.job_id][:2] == [legacy, mine[1].job_id]
+    assert order[-1] == mine[0].job_id
     assert calm.job_id in order[:3]
 
 
@@ -389,3 +391,21 @@ def test_the_walk_drops_exactly_the_ids_that_left_whatever_its_pages(
     assert not redis_client.exists(f"{ready}:101")
     assert redis_client.lrange(f"{ready}:102", 0, -1) == ["w3"]
     assert redis_client.zrange(ready, 0, -1) == ["100", "102"]
+
+
+def test_a_flows_line_is_trimmed_of_jobs_that_left_and_expires(fq_prefix, redis_client):
+    from fairqueue.broker.scripts import LINE_TRIM_EVERY
+
+    line = f"{fq_prefix}:email:fq:flows:normal\nt"
+    enqueue_jobs("email", [{} for _ in range(200)], tenant_id="t", priority_level="normal")
+    assert redis_client.llen(line) == 200
+    drain_with_stock_worker(fq_prefix, "email", 150)
+    for _ in range(70):
+        enqueue_job("email", {}, tenant_id="t", priority_level="normal")
+    waiting = redis_client.zcard(f"{fq_prefix}:email:prioritized")
+    assert waiting == 120
+    assert redis_client.llen(line) <= waiting + LINE_TRIM_EVERY
+    assert redis_client.lindex(line, -1) in redis_client.zrange(
+        f"{fq_prefix}:email:prioritized", -1, -1
+    )
+    assert 0 < redis_client.pttl(line) <= 3_600_000

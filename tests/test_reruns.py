@@ -112,22 +112,32 @@ def test_a_retry_does_not_jump_the_queue(fq_prefix, redis_client):
 
 def test_a_retry_keeps_its_first_ready_time(fq_prefix, redis_client, settings):
     """The wait bound counts from the job's first ready time: a retry of a job that has
-    waited past the bound is counted as aged, and still takes its flow's next turn like
-    any attempt, charged to its flow: being late never takes another flow's turn."""
+    waited past the bound is counted as aged and goes to the front of its own flow's
+    line, in the place of its flow's first waiting job, which takes the turn at the back
+    its flow was charged; no other flow's job moves."""
     from fairqueue import conf
 
     settings.FAIRQUEUE = {**settings.FAIRQUEUE, "MAX_WAIT_MS": 1_500}
     conf.reload_settings()
     ids = _enqueue_two_tenants(3, attempts=2)
     first = redis_client.zrange(f"{fq_prefix}:email:prioritized", 0, 0)[0]
+    flow = "a" if first in ids["a"] else "b"
+    other = "b" if flow == "a" else "a"
     time.sleep(1.6)  # its first wait passes the bound; its re-add, just now, does not
     asyncio.run(_run_stock_worker(fq_prefix, 2, fail={first}))
+    before = {job_id: _score(redis_client, fq_prefix, job_id) for job_id in ids[flow] + ids[other]}
+    # a job of its flow added now: younger than the retry, so behind it in its line
+    later = enqueue_job("email", {}, tenant_id=flow).job_id
+    later_score = _score(redis_client, fq_prefix, later)
     result = rebalance_queue("email", rebalancer="reruns-test")
     assert (result.adopted, result.aged) == (1, 1)
-    flow = "a" if first in ids["a"] else "b"
-    own = [_rank(redis_client, fq_prefix, job_id) for job_id in ids[flow] if job_id != first]
-    own = [r for r in own if r is not None]
-    assert _rank(redis_client, fq_prefix, first) > max(own)
+    own = [j for j in ids[flow] if j != first and before.get(j) is not None]
+    own_before = sorted(before[j] for j in own) + [later_score]
+    own_after = sorted(_score(redis_client, fq_prefix, j) for j in [*own, later, first])
+    # its flow holds the turns it held plus one at the back, the retry in the first
+    assert own_after[:-1] == own_before
+    assert _score(redis_client, fq_prefix, first) == own_before[0]
+    assert all(_score(redis_client, fq_prefix, j) == before[j] for j in ids[other] if before[j])
     _assert_one_index_entry_per_waiting_job(redis_client, fq_prefix)
 
 

@@ -36,6 +36,13 @@ from fairqueue.scheduling.order import (
 #: Flows of a level that one placement may retire (bounded work per call; the rest go
 #: on later calls, meanwhile counted as if they still had work).
 EXPIRE_PER_CALL = 64
+#: A flow's line (its placed ids, for an overdue job to take its flow's first place):
+#: how many of its first ids an overdue job looks at, how often ids of jobs that left are
+#: trimmed off its front (every so many pushed), and how long a line nothing was added to
+#: is kept.
+LINE_SCAN = 16
+LINE_TRIM_EVERY = 64
+LINE_TTL_MS = 3_600_000
 
 _CONSTANTS = {
     "FLOOR": TAG_FLOOR,
@@ -45,6 +52,9 @@ _CONSTANTS = {
     "SUB": TAG_RESOLUTION,
     "EXPIRE_PER_CALL": EXPIRE_PER_CALL,
     "FRONTIER_SCAN": FRONTIER_SCAN,
+    "LINE_SCAN": LINE_SCAN,
+    "LINE_TRIM_EVERY": LINE_TRIM_EVERY,
+    "LINE_TTL_MS": LINE_TTL_MS,
     "MIN_COST": repr(MIN_COST_TURNS),
     "MAX_COST": repr(MAX_COST_TURNS),
     "COST_DEAD_BAND": repr(COST_DEAD_BAND),

@@ -52,6 +52,7 @@ if #fqJobs > 1 then fqC.memo = fqNewMemo() end
 local fqReadyPacked = cmsgpack.pack(fqNow)
 if #fqReadyPacked ~= 9 then fqReadyPacked = nil end
 local fqIndexed = {}
+local fqLines, fqLineOrder = {}, {} -- each flow's placed ids, for one push per flow
 -- BullMQ's packed args start (after a one-byte array header) with the queue's key prefix
 -- and the custom job id: a job packed with an empty id is told by its bytes, without a
 -- cmsgpack unpack per job (any other packing is unpacked and checked as before).
@@ -89,10 +90,21 @@ for _, job in ipairs(fqJobs) do
   elseif fresh and type(jobId) == 'string' then
     fqPlaced(fqK, fqC, score)
     fqIndexed[#fqIndexed + 1] = jobId
+    if score then
+      local member = job[4] .. '\n' .. job[5]
+      local line = fqLines[member]
+      if not line then
+        line = {}
+        fqLines[member] = line
+        fqLineOrder[#fqLineOrder + 1] = member
+      end
+      line[#line + 1] = jobId
+    end
   end
   fqReplies[#fqReplies + 1] = jobId
   fqReplies[#fqReplies + 1] = priority
 end
 fqFlush(fqK, fqC)
 fqIndexMany(fqK, fqIndexed, fqNow)
+for _, member in ipairs(fqLineOrder) do fqLinePush(fqK, member, fqLines[member]) end
 return fqReplies

@@ -52,6 +52,11 @@ for _, candidate in ipairs(candidates) do
         if fqBullmqChange() == 0 then
           if score then fqSetScore(fqK, jobId, score) end
           fqPlaced(fqK, fqC, score)
+          if score and overdue then
+            fqLineFront(fqK, fqPrefix, level .. '\n' .. tenant, jobId, ready, score)
+          elseif score then
+            fqLinePush(fqK, level .. '\n' .. tenant, {jobId})
+          end
           if meta then
             redis.call('HDEL', fqK.jobs, jobId)
           else

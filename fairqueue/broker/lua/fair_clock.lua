@@ -25,6 +25,9 @@
                    W:<level> (sum of the weights of the level's flows with work),
                    holds (set while a tenant is paused or catching up: tenant_limits.lua)
     K.flows        zset: "<level>\n<tenant>" -> last tag, flows with work
+    K.flows .. ':' .. "<level>\n<tenant>"
+                   list: a flow's line, the ids of its placed jobs in the order placed
+                   (fqLinePush), for an overdue job to take its flow's first place
     K.fweights     hash: "<level>\n<tenant>" -> the weight counted in W:<level>;
                    "j\n<level>\n<tenant>" -> a joining flow's catch-up horizon (fqPlace)
     K.jobs         hash: delayed job id -> "<level>\n<weight>\n<ready ms>\n<tenant>", where
@@ -47,6 +50,7 @@ local fqCap = {{CAP}}
 local fqScale = {{SCALE}}
 local fqExpirePerCall = {{EXPIRE_PER_CALL}}
 local fqFrontierScan = {{FRONTIER_SCAN}}
+local fqLineScan, fqLineTrimEvery, fqLineTtl = {{LINE_SCAN}}, {{LINE_TRIM_EVERY}}, {{LINE_TTL_MS}}
 local fqSub = {{SUB}}
 local fqMinCost, fqMaxCost, fqDeadBand = {{MIN_COST}}, {{MAX_COST}}, {{COST_DEAD_BAND}}
 local fqScore = 4294967296
@@ -277,6 +281,7 @@ local function fqExpire(K, c)
     redis.call('HINCRBY', K.state, 'W:' .. string.match(gone[i], '^[^\n]*'), -w)
     redis.call('HDEL', K.fweights, gone[i], 'j\n' .. gone[i])
     redis.call('ZREM', K.flows, gone[i])
+    redis.call('UNLINK', K.flows .. ':' .. gone[i]) -- its line: no job of it waits
   end
   if #gone > 0 then
     c.readTotals = nil -- the totals changed: read them again
@@ -429,4 +434,77 @@ local function fqIndexReleased(K, prefix, jobId, nowMs)
     redis.call('LREM', K.ready .. ':' .. second, 1, jobId)
   end
   fqIndex(K, jobId, nowMs)
+end
+
+-- A flow's line (K.flows .. ':' .. member): the ids of its placed jobs in the order they
+-- were placed, so that an overdue job can take its flow's first place (fqLineFront). Ids
+-- of jobs that left (taken, removed, or back at the cap to run again) are trimmed off its
+-- front each time it passes another fqLineTrimEvery ids, when it also gets fqLineTtl to
+-- live: a line nothing was added to for that long is dropped (its flow's overdue jobs then
+-- take their turns at the back, as any job). Bounded work per push: one RPUSH, and every
+-- fqLineTrimEvery ids an LRANGE of 2 * fqLineTrimEvery and a ZSCORE each.
+local function fqLineTrim(K, key)
+  local ids = redis.call('LRANGE', key, 0, 2 * fqLineTrimEvery - 1)
+  local gone = 0
+  for i = 1, #ids do
+    local score = tonumber(redis.call('ZSCORE', K.prioritized, ids[i]))
+    if score and score >= fqFloor * fqScore and score < fqCap * fqScore then break end
+    gone = i
+  end
+  if gone > 0 then redis.call('LTRIM', key, gone, -1) end
+end
+
+local function fqLinePush(K, member, ids)
+  if #ids == 0 then return end
+  local key = K.flows .. ':' .. member
+  local n = redis.call('RPUSH', key, unpack(ids))
+  if n == #ids or math.floor(n / fqLineTrimEvery) ~= math.floor((n - #ids) / fqLineTrimEvery) then
+    fqLineTrim(K, key)
+    redis.call('PEXPIRE', key, fqLineTtl)
+  end
+end
+
+-- When a job became ready (the wait bound's start): its first release when its tenant's
+-- limit held it, else fqReady in its opts, else BullMQ's timestamp plus its delay.
+local function fqReadyOf(prefix, jobId)
+  local f = redis.call('HMGET', prefix .. jobId, 'fqRel', 'opts', 'timestamp')
+  if tonumber(f[1]) then return tonumber(f[1]) end
+  local ok, opts = pcall(cjson.decode, f[2] or 'null')
+  if not (ok and type(opts) == 'table') then opts = {} end
+  if tonumber(opts['fqReady']) then return tonumber(opts['fqReady']) end
+  local delay = 0
+  if type(opts['delay']) == 'number' and opts['delay'] > 0 then delay = opts['delay'] end
+  return (tonumber(f[3]) or 0) + delay
+end
+
+-- An overdue job just placed at score (its flow's next turn, charged to its flow) takes
+-- the place of its flow's first waiting job, if that job became ready after it, and that
+-- job takes its turn at the back: the flow's turns (the scores it holds) are the same,
+-- so no other flow is moved, and within its own line the overdue job goes first. The
+-- first fqLineScan ids of the line are looked at; what is not found there (a line
+-- dropped, or a flow placed before its line was kept) leaves the job where it is.
+-- Returns the job's score.
+local function fqLineFront(K, prefix, member, jobId, readyMs, score)
+  local key = K.flows .. ':' .. member
+  local ids = redis.call('LRANGE', key, 0, fqLineScan - 1)
+  local first, firstScore, firstAt, gone = nil, score, nil, 0
+  for i = 1, #ids do
+    local s = ids[i] ~= jobId and tonumber(redis.call('ZSCORE', K.prioritized, ids[i]))
+    if s and s >= fqFloor * fqScore and s < fqCap * fqScore then
+      if s < firstScore then first, firstScore, firstAt = ids[i], s, i - 1 end
+    elseif not first and gone == i - 1 then
+      gone = i -- left: trimmed off the front
+    end
+  end
+  if first and fqReadyOf(prefix, first) > readyMs then
+    redis.call('ZADD', K.prioritized, string.format('%d', firstScore), jobId)
+    redis.call('ZADD', K.prioritized, string.format('%d', score), first)
+    redis.call('LSET', key, firstAt, jobId)
+    if gone > 0 then redis.call('LTRIM', key, gone, -1) end
+    fqLinePush(K, member, {first})
+    return firstScore
+  end
+  if gone > 0 then redis.call('LTRIM', key, gone, -1) end
+  fqLinePush(K, member, {jobId})
+  return score
 end

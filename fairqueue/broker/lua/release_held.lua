@@ -204,6 +204,7 @@ for _, t in ipairs(tenants) do
         local score = fqPlace(K, c, level, t, tonumber(weight), tonumber(cost))
         redis.call('ZADD', K.prioritized, string.format('%.17g', score or fqCap * fqScore), id)
         fqPlaced(K, c, score)
+        if score then fqLinePush(K, level .. '\n' .. t, {id}) end
         -- indexed once, at its first release (a job pulled back by a pause and released
         -- again keeps that entry): its ready time for the wait bound
         if redis.call('HSETNX', prefix .. id, 'fqRel', now) == 1 then

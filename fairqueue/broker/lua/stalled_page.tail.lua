@@ -26,6 +26,11 @@ for _, jobId in ipairs(stalled) do
       redis.call('ZADD', fqK.prioritized, string.format('%.17g',
         score or (fqCap * fqScore)), jobId)
       fqPlaced(fqK, fqC, score)
+      if score and overdue then
+        fqLineFront(fqK, fqPrefix, level .. '\n' .. tenant, jobId, ready, score)
+      elseif score then
+        fqLinePush(fqK, level .. '\n' .. tenant, {jobId})
+      end
       fqIndexOnce(fqK, jobId, ready)
       recovered = recovered + 1
       if overdue then aged = aged + 1 end
