@@ -87,6 +87,8 @@ class Flow:
     run_x: float = 1.0
     fail_times: int = 0
     periods: tuple[tuple[float, float | None], ...] = ((0.0, None),)
+    #: ``cost=`` its producer declares (seconds; fairqueue only), true or not.
+    declared_cost_s: float | None = None
 
     @property
     def key(self) -> str:
@@ -190,6 +192,16 @@ def build_scenarios(capacity: float) -> dict[str, Scenario]:
             (
                 Flow("normal", "quick", 2 * 0.5 * c),
                 Flow("normal", "slow", 0.5 * c, run_x=10.0),
+            ),
+            "time",
+        ),
+        # Two tenants of one level, both asking twice their share of the workers' time with
+        # equal jobs; "liar" declares cost=0.001 s on every job: worker time 50/50.
+        Scenario(
+            "declared-cost",
+            (
+                Flow("normal", "liar", 2 * 0.5 * c / 4, run_x=4.0, declared_cost_s=0.001),
+                Flow("normal", "honest", 2 * 0.5 * c / 4, run_x=4.0),
             ),
             "time",
         ),
@@ -343,6 +355,9 @@ class Producer:
             )
             return [str(job.id) for job in jobs]
 
+        if flow.declared_cost_s is not None:
+            options["cost"] = flow.declared_cost_s
+
         def add() -> list[str]:
             from fairqueue import enqueue_jobs
 
@@ -478,7 +493,8 @@ class Check:
 def checks(result: Result, args: argparse.Namespace) -> list[Check]:
     """The criteria: a flow within its share gets >= 95% of its max-min share and waits
     p99 <= bound + loop interval + one of its jobs; a flow over its share gets <= 105%;
-    a returning tenant >= 47.5% of its level from its first second; no attempt twice."""
+    a returning tenant >= 47.5% of its level from its first second; a tenant declaring a
+    tiny ``cost=`` <= 52% beside an honest one; no attempt twice."""
     run = f"{result.scenario.name} @ {result.bound_ms} ms"
     fair, within = result.fair(args.run_ms), result.within(args.run_ms)
     out: list[Check] = []
@@ -500,6 +516,12 @@ def checks(result: Result, args: argparse.Namespace) -> list[Check]:
             )
         else:
             out.append(Check(run, flow.key, "share/fair", f"{ratio:.2f}", "<= 1.05", ratio <= 1.05))
+    for flow in result.scenario.flows:
+        if flow.declared_cost_s is not None:
+            share = result.share(flow.key)
+            out.append(
+                Check(run, flow.key, "share, declaring", f"{share:.1%}", "<= 52%", share <= 0.52)
+            )
     if result.returning_shares:
         first = result.returning_shares[0]
         out.append(

@@ -283,3 +283,27 @@ def test_with_measured_costs_the_add_script_places_as_the_model(arrivals, estima
         broker.close()
         delete_prefix(prefix)
         redis_client.close()
+
+
+def test_a_declared_cost_places_only_a_flow_with_nothing_measured(fq_prefix, redis_client):
+    """``cost=`` cannot buy share: once a flow's runs are measured, its jobs are placed by
+    what they measured (one turn each here), however small a cost it declares; a flow
+    with nothing measured yet is placed by its declaration."""
+    broker = get_sync_broker()
+    state = f"{fq_prefix}:email:fq:state"
+    redis_client.hset(state, mapping={"typ": 200, "c:normal\nliar": 200, "c:normal\nhonest": 200})
+    jobs = [
+        NewJob("x", {}, PriorityLevel.NORMAL, tenant=tenant, cost_ms=cost)
+        for _ in range(4)
+        for tenant, cost in (("liar", 1), ("honest", None))
+    ]
+    added = broker.add_jobs("email", jobs)
+    scores = [redis_client.zscore(f"{fq_prefix}:email:prioritized", job.job_id) for job in added]
+    liar, honest = scores[0::2], scores[1::2]
+    assert liar == honest  # the same turns, ties to the earlier arrival
+    (new,) = broker.add_jobs(
+        "email", [NewJob("x", {}, PriorityLevel.NORMAL, tenant="new", cost_ms=1)]
+    )
+    # nothing measured for "new": its declaration (1/16 turn, the least) places it
+    new_score = redis_client.zscore(f"{fq_prefix}:email:prioritized", new.job_id)
+    assert new_score < liar[1]

@@ -751,10 +751,10 @@ def enqueue_job(
         backoff: BullMQ's ``backoff`` between attempts: a delay in ms (fixed) or
             ``{"type": "fixed" | "exponential", "delay": ms}``; ``None`` retries at once.
             A retry, with or without backoff, waits for its flow's next fair turn.
-        cost: the job's expected worker time in seconds, when the caller knows better
-            than the flow's measured run times (``FAIRNESS_BY = "time"``): the job takes
-            that share of its flow's turns; what its attempts actually use beyond it is
-            charged to the flow after the fact either way.
+        cost: the job's expected worker time in seconds, for a flow with nothing
+            measured yet (``FAIRNESS_BY = "time"``): the job takes that share of its
+            flow's turns. Once the flow's runs are measured, those place its jobs and
+            ``cost`` is not used: a declared cost cannot buy share.
         source, actor: recorded in the audit row (e.g. ``"signup view"``, ``request.user``).
         durable: write the job to the outbox in the current transaction (on database
             ``using``) instead of Redis; the relay adds it after commit (see

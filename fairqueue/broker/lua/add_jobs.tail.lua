@@ -59,7 +59,7 @@ local fqLines, fqLineOrder = {}, {} -- each flow's placed ids, for one push per 
 local fqNoId = cmsgpack.pack(string.sub(KEYS[3], 1, -3)) .. '\160'
 local fqNoIdEnd = 1 + #fqNoId
 for _, job in ipairs(fqJobs) do
-  local priority, score = 0, nil
+  local priority, score, behind = 0, nil, false
   local slotted = fqReadyPacked and string.sub(job[3], -17) == fqReadySlot
   if slotted then job[3] = string.sub(job[3], 1, -10) .. fqReadyPacked end
   -- A job without a custom id is new; one with an id is new if its hash is not there.
@@ -70,7 +70,7 @@ for _, job in ipairs(fqJobs) do
   end
   local held = fresh and fqHold and fqHold[job[5]]
   if fresh then
-    if not held then score = fqPlace(fqK, fqC, job[4], job[5], job[6], job[7]) end
+    if not held then score, behind = fqPlace(fqK, fqC, job[4], job[5], job[6], job[7]) end
     priority = fqPriorityOf(score)
     if held or not slotted then
       local opts = cmsgpack.unpack(job[3])
@@ -90,7 +90,7 @@ for _, job in ipairs(fqJobs) do
   elseif fresh and type(jobId) == 'string' then
     fqPlaced(fqK, fqC, score)
     fqIndexed[#fqIndexed + 1] = jobId
-    if score then
+    if score and behind then
       local member = job[4] .. '\n' .. job[5]
       local line = fqLines[member]
       if not line then

@@ -42,7 +42,7 @@ for _, candidate in ipairs(candidates) do
       adopted = adopted + 1
       if overdue then aged = aged + 1 end
     else
-      local score = fqPlace(fqK, fqC, level, tenant, weight)
+      local score, behind = fqPlace(fqK, fqC, level, tenant, weight)
       if not score and wasParked then
         parked = parked + 1
         break -- still no room: the parked jobs behind it have none either
@@ -52,9 +52,9 @@ for _, candidate in ipairs(candidates) do
         if fqBullmqChange() == 0 then
           if score then fqSetScore(fqK, jobId, score) end
           fqPlaced(fqK, fqC, score)
-          if score and overdue then
+          if score and behind and overdue then
             fqLineFront(fqK, fqPrefix, level .. '\n' .. tenant, jobId, ready, score)
-          elseif score then
+          elseif score and behind then
             fqLinePush(fqK, level .. '\n' .. tenant, {jobId})
           end
           if meta then

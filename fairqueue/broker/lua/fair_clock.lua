@@ -126,7 +126,7 @@ local function fqClock(K, defer, costMember)
       normal = tonumber(st[8]) or 0, low = tonumber(st[9]) or 0}, holds = st[10],
     defer = defer}
   if costMember and c.typical then
-    c.costs = {[costMember] = fqCostTurns(tonumber(st[11]), c.typical)}
+    c.costs = {[costMember] = st[11] and fqCostTurns(tonumber(st[11]), c.typical) or false}
   end
   local head = redis.call('ZRANGEBYSCORE', K.prioritized, fqFloor * fqScore,
     fqBelowCap, 'WITHSCORES', 'LIMIT', 0, 1)
@@ -169,19 +169,24 @@ local function fqClock(K, defer, costMember)
 end
 
 -- The cost in turns of a job of flow member placed now: 1 when fairness counts jobs
--- (c.byTime false); else from the estimates in K.state, read once per call and flow.
--- explicitMs: the caller's cost= (ms), instead of the flow's estimate.
+-- (c.byTime false); else from the flow's estimate in K.state (what its runs measured),
+-- read once per call and flow. explicitMs, the caller's cost= (ms), places a job only of
+-- a flow with nothing measured yet: a declared cost never buys share once runs are
+-- measured (docs/design.md, "Service is worker time").
 local function fqCostOf(K, c, member, explicitMs)
   if not c.byTime then return 1 end
   if not c.typical then return 1 end
-  if explicitMs then return fqCostTurns(explicitMs, c.typical) end
-  local turns = c.costs and c.costs[member]
-  if not turns then
-    turns = fqCostTurns(tonumber(redis.call('HGET', K.state, 'c:' .. member)), c.typical)
+  local turns = nil -- false: nothing measured for the flow
+  if c.costs then turns = c.costs[member] end
+  if turns == nil then
+    local estimate = tonumber(redis.call('HGET', K.state, 'c:' .. member))
+    turns = estimate and fqCostTurns(estimate, c.typical) or false
     if not c.costs then c.costs = {} end -- made on first use: most calls have none
     c.costs[member] = turns
   end
-  return turns
+  if turns then return turns end
+  if explicitMs then return fqCostTurns(explicitMs, c.typical) end
+  return 1
 end
 
 -- The score of a tag of a level; nil when there is no room (the job waits, parked).
@@ -311,7 +316,8 @@ end
 -- (the level's weight split among the others, as their jobs were placed) until it
 -- reaches where those backlogs end (its horizon), so it gets its round-robin turn from
 -- its first job instead of paying for theirs (docs/design.md, "Joining a level").
--- explicitMs: the caller's cost= (ms) or nil.
+-- explicitMs: the caller's cost= (ms) or nil. Returns the job's score (nil: parked) and
+-- whether its flow had a job waiting ahead of it (its line is kept only then: fqLinePush).
 local function fqPlace(K, c, level, tenant, weight, explicitMs)
   fqExpire(K, c)
   local member = level .. '\n' .. tenant
@@ -335,7 +341,8 @@ local function fqPlace(K, c, level, tenant, weight, explicitMs)
   local others = levelTotal - counted
   local total = others + weight
   local start = c.vt
-  if last and last > start then start = last end
+  local behind = last and last > start
+  if behind then start = last end
   local horizon = f.horizon
   local joined = nil
   if counted == 0 and others > 0 then
@@ -377,7 +384,7 @@ local function fqPlace(K, c, level, tenant, weight, explicitMs)
       end
     end
   end
-  return score
+  return score, behind
 end
 
 -- After placing a job at score (nil: parked): a job ahead of the head is the new head,
@@ -437,7 +444,9 @@ local function fqIndexReleased(K, prefix, jobId, nowMs)
 end
 
 -- A flow's line (K.flows .. ':' .. member): the ids of its placed jobs in the order they
--- were placed, so that an overdue job can take its flow's first place (fqLineFront). Ids
+-- were placed, so that an overdue job can take its flow's first place (fqLineFront): a
+-- job placed with nothing of its flow waiting ahead (about to run) is left out, so a flow
+-- whose jobs never wait behind each other (a queue its workers keep empty) keeps no line. Ids
 -- of jobs that left (taken, removed, or back at the cap to run again) are trimmed off its
 -- front each time it passes another fqLineTrimEvery ids, when it also gets fqLineTtl to
 -- live: a line nothing was added to for that long is dropped (its flow's overdue jobs then

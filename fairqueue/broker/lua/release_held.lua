@@ -201,10 +201,10 @@ for _, t in ipairs(tenants) do
         end
         local level, weight, cost = string.match(meta, '^([^\n]*)\n([^\n]*)\n([^\n]*)$')
         redis.call('ZREM', KEYS[2], id)
-        local score = fqPlace(K, c, level, t, tonumber(weight), tonumber(cost))
+        local score, behind = fqPlace(K, c, level, t, tonumber(weight), tonumber(cost))
         redis.call('ZADD', K.prioritized, string.format('%.17g', score or fqCap * fqScore), id)
         fqPlaced(K, c, score)
-        if score then fqLinePush(K, level .. '\n' .. t, {id}) end
+        if score and behind then fqLinePush(K, level .. '\n' .. t, {id}) end
         -- indexed once, at its first release (a job pulled back by a pause and released
         -- again keeps that entry): its ready time for the wait bound
         if redis.call('HSETNX', prefix .. id, 'fqRel', now) == 1 then

@@ -19,16 +19,16 @@ for _, jobId in ipairs(stalled) do
     local level, tenant, weight, ready = fqForeign(fqK, fqPrefix, jobId, fqNow, fqMaxPayload)
     if level then
       local overdue = fqNow - ready > fqBound
-      local score = fqPlace(fqK, fqC, level, tenant, weight)
+      local score, behind = fqPlace(fqK, fqC, level, tenant, weight)
       -- As changePriority would: the hash at the cap, the job in the prioritized set (the
       -- wait list's move already set BullMQ's marker for the workers).
       redis.call('HSET', fqPrefix .. jobId, 'priority', fqCap)
       redis.call('ZADD', fqK.prioritized, string.format('%.17g',
         score or (fqCap * fqScore)), jobId)
       fqPlaced(fqK, fqC, score)
-      if score and overdue then
+      if score and behind and overdue then
         fqLineFront(fqK, fqPrefix, level .. '\n' .. tenant, jobId, ready, score)
-      elseif score then
+      elseif score and behind then
         fqLinePush(fqK, level .. '\n' .. tenant, {jobId})
       end
       fqIndexOnce(fqK, jobId, ready)
