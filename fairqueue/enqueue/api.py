@@ -6,7 +6,7 @@ audit row and no metric increment behind.
 Placement rule. Every job gets its fair place when it is added, in the same script as
 BullMQ's own add (one round trip per batch of up to 250 jobs), never priority 0
 (priority-0 jobs sit in BullMQ's ``wait`` list, which workers drain before any
-prioritized job: SPEC decision 6). The place is a virtual finish tag of the job's flow,
+prioritized job; docs/design.md, "The score layout"). The place is a finish tag of its flow,
 its (level, tenant) pair: levels share by weight 4:3:2:1, the tenants of a level share its
 slice round-robin, weighted by ``tenant_weight`` (see :mod:`fairqueue.scheduling.order`). A job
 can go ahead of jobs already waiting when its tag says so, so a stock worker takes the
@@ -423,9 +423,9 @@ class _Call:
 
 def _audited(resolved: ResolvedPriority, *, tenant_job: bool, override: bool) -> bool:
     """Which jobs get an audit row: ``priority_override=`` always (it overrides the
-    tenant's plan for one request, seed 2's audited case); an explicit ``priority_level=``
+    tenant's plan for one request); an explicit ``priority_level=``
     / ``priority=`` on a tenant's job only with ``AUDIT_EXPLICIT_PRIORITY``: it is a code
-    decision (seed 1's normal way to enqueue), and auditing it cost a database write per
+    decision (the normal way to enqueue), and auditing it cost a database write per
     enqueue."""
     if override:
         return True

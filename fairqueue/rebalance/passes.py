@@ -1,6 +1,6 @@
 """One rebalance pass: maintenance of the fair order the add script makes.
 
-The order is made when a job is added (SPEC decision 10; ``broker/lua/fair_clock.lua``),
+The order is made when a job is added (docs/design.md; ``broker/lua/fair_clock.lua``),
 so the pass is not a second scheduler and never reorders tagged jobs. Each pass:
 
 1. **Adopts** jobs that arrived without a place: other producers' jobs in BullMQ's
@@ -13,8 +13,8 @@ so the pass is not a second scheduler and never reorders tagged jobs. Each pass:
    page budget; past that, the rest of the index up to the bound is counted unchecked,
    so a huge overload costs a pass no more than a few ms). An overdue job is already
    at the front of its own flow's line; a flow whose arrivals exceed its share bears its
-   own overload and never takes turns from one that stays within its share (SPEC
-   decision 9). The same walk, and a bounded sweep of the rest of the index, drop the
+   own overload and never takes turns from one that stays within its share (docs/design.md,
+   "The wait bound"). The same walk, and a bounded sweep of the rest of the index, drop the
    entries of jobs that left: stock workers never tell fairqueue.
 3. **Rebases** tags a page at a time before they reach BullMQ's cap.
 4. **Records history** for the dashboard: the jobs workers started since the last pass,
@@ -184,7 +184,7 @@ def pending_from_job(job: WaitingJob) -> PendingJob | None:
 
     fairqueue's jobs carry ``tenantId`` and ``priorityLevel`` in their data; jobs from
     other producers fall back to the priority their producer asked for and the
-    ``default`` tenant (seed 1, "Worker restart safety").
+    ``default`` tenant (docs/design.md, "Levels and priorities").
     """
     if job.data is None or job.timestamp_ms is None:
         return None
