@@ -779,7 +779,9 @@ class LoadSource:
 
     def enqueue_options(self) -> dict[str, Any]:
         options: dict[str, Any] = {"source": f"fairqueue_demo: {self.name}"}
-        if self.tenant_id is not OMITTED:
+        if self.tenant_id is None:
+            options["internal"] = True  # internal work, by intent
+        elif self.tenant_id is not OMITTED:
             options["tenant_id"] = self.tenant_id
         if self.priority_level is not None:
             options["priority_level"] = self.priority_level

@@ -37,7 +37,11 @@ except ImportError:  # Django 5.2: the django-tasks backport
 from fairqueue import conf
 from fairqueue.broker import Broker, NewJob
 from fairqueue.enqueue import priority
-from fairqueue.exceptions import InvalidTenantError, UnknownJobTypeError
+from fairqueue.exceptions import (
+    ImplicitInternalJobWarning,
+    InvalidTenantError,
+    UnknownJobTypeError,
+)
 from fairqueue.models import OutboxJob, PriorityOverrideAudit
 from fairqueue.scheduling.levels import PriorityLevel
 from fairqueue.tasks.backend import (
@@ -247,7 +251,9 @@ def test_enqueue__tenant_kwarg_rules_match_enqueue_job(fq_prefix, redis_client):
         return data["tenantId"], data["priorityLevel"]
 
     assert level(record.enqueue("no tenant")) == ("default", "normal")  # the default bucket
-    assert level(record.enqueue("internal", tenant_id=None)) == (None, "critical")
+    with pytest.warns(ImplicitInternalJobWarning) as caught:  # pointing at this call
+        assert level(record.enqueue("internal", tenant_id=None)) == (None, "critical")
+    assert [w.filename for w in caught] == [__file__]
     assert level(record.enqueue("pk", tenant_id=42)) == ("42", "normal")
     with pytest.raises(InvalidTenantError, match="tenant_id='<0 characters>' is not allowed"):
         record.enqueue("empty", tenant_id="")

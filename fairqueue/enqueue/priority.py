@@ -4,7 +4,7 @@ The resolution order (docs/design.md, "Levels and priorities"); the first rule t
 
 1. an explicit ``priority_level=`` or numeric ``priority=`` (both at once is an error);
 2. ``priority_override=`` - a server-side argument, always audited by the caller;
-3. ``tenant_id=None`` passed explicitly - an internal job, critical;
+3. ``tenant_id=None`` passed explicitly - an internal job, critical (``internal=True``);
 4. ``tenant_id`` set and a plan lookup wired - the tenant's plan decides;
 5. ``tenant_id`` set and no lookup - normal;
 6. no ``tenant_id`` at all - normal, in the ``default`` tenant bucket.

@@ -369,7 +369,11 @@ class FairQueueBackend(BaseTaskBackend):
         if self.backoff is not None:
             options["backoff"] = self.backoff
         tenant = self._tenant(kwargs)
-        if not isinstance(tenant, _Absent):
+        if tenant is None:
+            # Warned here, in the caller's stack (aenqueue runs the enqueue in a thread).
+            services.warn_implicit_internal()
+            options["internal"] = True
+        elif not isinstance(tenant, _Absent):
             options["tenant_id"] = tenant
         level = level_for_task_priority(task.priority)
         if level is not None:
