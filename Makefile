@@ -23,11 +23,14 @@ $(VENV)/.installed-dev: $(VENV)/.installed requirements-dev.txt requirements-too
 
 # The same suite on Django 6.1 and Python 3.12, in a virtualenv of its own, with Django's
 # own django.tasks and no backport (requirements-django6.txt).
-PYTHON_DJ6 ?= python3.12
+# Python 3.12: python3.12 from PATH, or pyenv's 3.12 (.ci/python312 finds it, as for CI);
+# `make test-django6 PYTHON_DJ6=/path/to/python3.12` to choose one.
+PYTHON_DJ6 ?= $(shell bash .ci/python312)
 VENV_DJ6   := .venv-dj6
 PY_DJ6     := $(VENV_DJ6)/bin/python
 
 $(VENV_DJ6)/.installed: requirements-django6.txt requirements-tools.txt pyproject.toml
+	@test -x $(PY_DJ6) || test -n "$(PYTHON_DJ6)" || { echo "make: no Python 3.12 found (python3.12 on PATH, or pyenv's 3.12); set PYTHON_DJ6=/path/to/python3.12" >&2; exit 1; }
 	@test -x $(PY_DJ6) || { echo "make: creating $(VENV_DJ6) with $(PYTHON_DJ6)"; $(PYTHON_DJ6) -m venv $(VENV_DJ6); }
 	@echo "make: installing Django 6.1 and the test tools (requirements-django6.txt) into $(VENV_DJ6)"
 	$(PY_DJ6) -m pip install --disable-pip-version-check --progress-bar on --upgrade pip

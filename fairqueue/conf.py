@@ -1,7 +1,7 @@
 """fairqueue's settings, read in one place.
 
-Settings come from ``settings.FAIRQUEUE`` (a dict) with the environment variables the
-seeds name taking precedence, so operators can flip ``JOB_PRIORITY_ENABLED`` or the wait
+Settings come from ``settings.FAIRQUEUE`` (a dict) with the environment variables of
+docs/configuration.md taking precedence, so operators can flip ``JOB_PRIORITY_ENABLED`` or the wait
 bound without a deploy. Values are validated once, on first use, and cached; the cache
 is cleared on Django's ``setting_changed`` so ``override_settings`` works in tests.
 
@@ -74,8 +74,8 @@ DEFAULTS: Final[Mapping[str, Any]] = MappingProxyType(
         # workers (Python or Node) trim finished jobs as they finish them. None keeps all.
         "KEEP_COMPLETED": {"count": 1_000, "age": 86_400},
         "KEEP_FAILED": {"count": 5_000, "age": 604_800},
-        # What "service proportional to weight" counts (SPEC decision 12): "time", the
-        # workers' time on a flow's attempts; "jobs", seed 1's job count.
+        # What "service proportional to weight" counts (docs/design.md, "Service is worker
+        # time"): "time", the workers' time on a flow's attempts; "jobs", the job count.
         "FAIRNESS_BY": "time",
         # Whether an explicit priority_level= / priority= on a tenant's job writes a
         # PriorityOverrideAudit row (priority_override= always does).
@@ -86,7 +86,7 @@ DEFAULTS: Final[Mapping[str, Any]] = MappingProxyType(
     }
 )
 
-#: Setting key -> environment variable that overrides it (names from the seeds).
+#: Setting key -> environment variable that overrides it (docs/configuration.md).
 ENV_VARS: Final[Mapping[str, str]] = MappingProxyType(
     {
         "MAX_WAIT_MS": "QUEUE_FAIR_MAX_WAIT_MS",

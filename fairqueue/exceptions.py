@@ -132,3 +132,13 @@ class TenantBacklogFullError(FairqueueError):
         self.queue = queue
         self.limit = limit
         self.waiting = waiting
+
+
+class ImplicitInternalJobWarning(UserWarning):
+    """A job was enqueued with ``tenant_id=None`` and without ``internal=True``.
+
+    ``tenant_id=None`` makes an internal job (critical, no tenant), which is right for
+    system work and wrong for a tenant's job whose id happened to be missing
+    (``getattr(request.tenant, "id", None)``). The warning points at the call; run the
+    tests with ``-W error::fairqueue.ImplicitInternalJobWarning`` to find every such call,
+    and pass ``internal=True`` where internal work is meant."""

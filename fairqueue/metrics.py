@@ -1,4 +1,4 @@
-"""Prometheus metric families, defined once (names exactly as the seeds give them).
+"""Prometheus metric families, defined once (their names are a public interface).
 
 ``initialize_queue_fair_metrics(registry)`` registers them, idempotently, into any
 registry; by default the process-wide one that django-prometheus serves at ``/metrics``

@@ -1,4 +1,4 @@
-"""The plan vocabulary: tiers, their levels (seed 2), and the code-level subscription
+"""The plan vocabulary: tiers, their levels, and the code-level subscription
 classifier hook.
 
 No Django model here: the models, the admin and the priority resolution all speak this
@@ -44,7 +44,7 @@ def parse_plan(plan: object, *, argument: str = "plan") -> PlanTier:
 
 
 def priority_from_plan(plan: str | None) -> PriorityLevel:
-    """Seed 2's mapping: enterprise -> critical, pro -> normal, free -> low.
+    """The plan mapping: enterprise -> critical, pro -> normal, free -> low.
 
     Unknown or missing plans get normal: a tenant whose billing data is odd must not be
     demoted (nor promoted) by accident.

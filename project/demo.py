@@ -59,6 +59,7 @@ from bullmq import Queue as BullQueue
 
 from fairqueue.scheduling.levels import (
     DEFAULT_FAIR_WEIGHTS,
+    DEFAULT_TENANT_WEIGHT,
     LEVELS_BY_RANK,
     PAYLOAD_LEVEL_KEY,
     PAYLOAD_TENANT_KEY,
@@ -697,6 +698,35 @@ def seed_tenants(tenants: Sequence[DemoTenant] = DEMO_TENANTS) -> list[tuple[str
     ]
 
 
+#: TenantPlan's limit columns (None: no limit).
+TENANT_LIMIT_FIELDS: Final = ("max_active", "rate_max", "rate_duration_ms", "max_waiting")
+
+
+def edited_tenants(tenants: Sequence[DemoTenant] = DEMO_TENANTS) -> list[str]:
+    """What the demo's tenants' rows hold that the demo did not give them (an earlier
+    run's edits in the admin, which :func:`seed_tenants` keeps), one phrase per tenant."""
+    from fairqueue.models import TenantPlan
+
+    rows = {row.tenant_id: row for row in TenantPlan.objects.filter(tenant_id__in=_ids(tenants))}
+    kept = []
+    for tenant in tenants:
+        row = rows.get(tenant.tenant_id)
+        if row is None:
+            continue
+        changes = []
+        if row.plan_tier != tenant.plan:
+            changes.append(f"plan {row.plan_tier or 'none'} (demo: {tenant.plan or 'none'})")
+        if row.weight != DEFAULT_TENANT_WEIGHT:
+            changes.append(f"weight {row.weight}")
+        if row.paused:
+            changes.append("paused")
+        if any(getattr(row, limit) is not None for limit in TENANT_LIMIT_FIELDS):
+            changes.append("limits")
+        if changes:
+            kept.append(f"{tenant.tenant_id}: {', '.join(changes)}")
+    return kept
+
+
 def seed_classifier() -> str:
     """Make sure the demo's classifier rule exists and is active: subscriptions with
     :data:`CLASSIFIED_PRODUCT` are enterprise (the rest free). Returns the rule, as
@@ -779,7 +809,9 @@ class LoadSource:
 
     def enqueue_options(self) -> dict[str, Any]:
         options: dict[str, Any] = {"source": f"fairqueue_demo: {self.name}"}
-        if self.tenant_id is not OMITTED:
+        if self.tenant_id is None:
+            options["internal"] = True  # internal work, by intent
+        elif self.tenant_id is not OMITTED:
             options["tenant_id"] = self.tenant_id
         if self.priority_level is not None:
             options["priority_level"] = self.priority_level
@@ -1014,6 +1046,10 @@ class FairnessSample:
     #: Jobs of each level waiting longer than the bound, and the bound.
     overdue_by_level: Mapping[PriorityLevel, int] = field(default_factory=dict)
     max_wait_ms: int | None = None
+    #: Those overdue jobs by level and tenant (``None``: internal jobs).
+    overdue_by_tenant: Mapping[tuple[PriorityLevel, str | None], int] = field(default_factory=dict)
+    #: Jobs run since the demo started, this interval's included.
+    total_done: int = 0
 
     def entitled(self) -> dict[PriorityLevel, float]:
         backlogged = [
@@ -1023,36 +1059,65 @@ class FairnessSample:
         ]
         return entitled_shares(self.done, backlogged)
 
-    def line(self) -> str:
-        """The one-line summary the demo prints: each level's share of the jobs served
-        against its entitlement given its demand (:func:`entitled_shares`)."""
+    def summary(self) -> str:
+        """What the demo prints every few seconds, in lines under 100 columns, every
+        number labelled: the jobs run in the interval and since the start, each level's
+        share of them against its entitlement given its demand (:func:`entitled_shares`),
+        the oldest waits, and who is past the wait bound, in one sentence per flow."""
         total = sum(self.done.values())
         rate = total / self.interval_s if self.interval_s > 0 else 0.0
         entitled = self.entitled()
-        shares = " ".join(
+        shares = "  ".join(
             f"{level.value} {_percent(self.done.get(level, 0), total)}"
             f"/{_share(entitled.get(level))}"
             for level in LEVELS_BY_RANK
         )
-        oldest = " ".join(
+        oldest = "  ".join(
             f"{level.value} {_seconds(self.oldest_wait_ms.get(level))}" for level in LEVELS_BY_RANK
         )
-        tenants = " vs ".join(
+        tenants = "  ".join(
             f"{tenant} {_seconds(wait)}" for tenant, wait in self.tenant_wait_ms.items()
         )
-        overdue = ""
+        lines = [
+            f"[{self.elapsed_s:5.0f}s] {self.queue}: {total} jobs run in the last "
+            f"{self.interval_s:.1f}s ({rate:.0f} jobs/s); {self.total_done} since the start",
+            f"  run / entitled share: {shares}",
+            f"  waiting: {self.waiting}; the oldest job waited: {oldest}",
+            f"  normal's tenants, the oldest job waited: {tenants}",
+        ]
         if self.max_wait_ms is not None:
-            late = [
-                f"{level.value} {self.overdue_by_level[level]}"
-                for level in LEVELS_BY_RANK
-                if self.overdue_by_level.get(level)
-            ]
-            overdue = f" | over the {_seconds(self.max_wait_ms)} bound: {' '.join(late) or 'none'}"
-        return (
-            f"[{self.elapsed_s:5.0f}s] {self.queue}: {total} done ({rate:.0f}/s), "
-            f"served/entitled {shares} | oldest waiting: {oldest} | normal tenants: "
-            f"{tenants}{overdue} | {self.waiting} waiting"
-        )
+            lines += self._overdue_lines()
+        return "\n".join(lines)
+
+    def _overdue_lines(self) -> list[str]:
+        bound = f"over the {_seconds(self.max_wait_ms)} bound"
+        late = [level for level in LEVELS_BY_RANK if self.overdue_by_level.get(level)]
+        if not late:
+            return [f"  {bound}: none"]
+        lines = []
+        counts = []
+        for level in late:
+            tenants = sorted(
+                (
+                    (count, tenant)
+                    for (lv, tenant), count in self.overdue_by_tenant.items()
+                    if lv is level
+                ),
+                key=lambda item: (-item[0], str(item[1])),
+            )
+            named = ", ".join(f"{_tenant_name(t)} {n}" for n, t in tenants[:2])
+            counts.append(f"{level.value} {self.overdue_by_level[level]} ({named})")
+            if tenants:
+                who = _tenant_name(tenants[0][1])
+                lines.append(
+                    f"  -> {who} sends more than its share of {level.value}: its own jobs "
+                    "wait, no one else's"
+                )
+        return [f"  {bound}: {'; '.join(counts)}", *lines]
+
+
+def _tenant_name(tenant: str | None) -> str:
+    return "internal work" if tenant is None else f"tenant {tenant}"
 
 
 def _percent(part: int, total: int) -> str:
@@ -1109,11 +1174,13 @@ class FairnessMonitor:
         tenants: dict[str, int | None] = dict.fromkeys(self.watch_tenants)
         waiting: Counter[PriorityLevel] = Counter()
         overdue: Counter[PriorityLevel] = Counter()
+        overdue_tenants: Counter[tuple[PriorityLevel, str | None]] = Counter()
         for job in head.jobs:
             wait = max(0, clock - job.enqueued_at_ms)
             waiting[job.level] += 1
             if self.max_wait_ms is not None and wait > self.max_wait_ms:
                 overdue[job.level] += 1
+                overdue_tenants[job.level, job.tenant_id] += 1
             oldest[job.level] = max(wait, oldest[job.level] or 0)
             if job.tenant_id in tenants:
                 tenants[job.tenant_id] = max(wait, tenants[job.tenant_id] or 0)
@@ -1128,6 +1195,8 @@ class FairnessMonitor:
             waiting_by_level=dict(waiting),
             overdue_by_level=dict(overdue),
             max_wait_ms=self.max_wait_ms,
+            overdue_by_tenant=dict(overdue_tenants),
+            total_done=sum(self.totals.values()),
         )
         self._last = now
         return sample

@@ -439,6 +439,7 @@ def all_ids() -> list[str]:
         "fairqueue.E010",
         "fairqueue.W011",
         checks.OUTBOX_UNKNOWN_JOB_TYPE_ID,
+        "fairqueue.W025",
     ]
 
 

@@ -191,28 +191,31 @@ def _metric_reaches(url, name, minimum=1, timeout_s=30, **labels):
 
 _SHARE = r"(\d+%|-)"
 _WAIT = r"(?:\d+\.\ds|-)"
+#: A summary, line by line: each under 100 columns, each number labelled.
 SUMMARY = re.compile(
-    r"^\[\s*\d+s\] email: (?P<done>\d+) done \(\d+/s\), served/entitled "
-    + " ".join(rf"{level} {_SHARE}/{_SHARE}" for level in LEVELS)
-    + r" \| oldest waiting: "
-    + " ".join(f"{level} {_WAIT}" for level in LEVELS)
-    + rf" \| normal tenants: initech {_WAIT} vs hooli {_WAIT}"
-    + r" \| over the 3\.0s bound: (?:none|(?:critical|high|normal|low) \d+(?: \w+ \d+)*)"
-    + r" \| (?P<waiting>\d+) waiting$"
+    r"^\[\s*\d+s\] email: (?P<done>\d+) jobs run in the last \d+\.\ds \(\d+ jobs/s\); "
+    r"\d+ since the start\n"
+    + r"  run / entitled share: "
+    + "  ".join(rf"{level} {_SHARE}/{_SHARE}" for level in LEVELS)
+    + r"\n  waiting: (?P<waiting>\d+); the oldest job waited: "
+    + "  ".join(f"{level} {_WAIT}" for level in LEVELS)
+    + rf"\n  normal's tenants, the oldest job waited: initech {_WAIT}  hooli {_WAIT}"
+    + r"\n  over the 3\.0s bound: (?:none|(?P<late>.+))"
+    + r"(?P<why>(?:\n  -> .+ sends more than its share of \w+: its own jobs wait, no one "
+    + r"else's)*)$",
+    re.MULTILINE,
 )
 
 
 def _summaries(output: str) -> list[tuple[int, dict[str, tuple[int | None, int | None]]]]:
-    """Every summary line: jobs done, and each level's served and entitled percent."""
-    lines = [line for line in output.splitlines() if line.startswith("[")]
+    """Every summary: jobs run, and each level's served and entitled percent."""
+    headers = [line for line in output.splitlines() if line.startswith("[")]
     parsed = []
-    for line in lines:
-        match = SUMMARY.match(line)
-        assert match, f"not a summary line: {line!r}"
-        assert "weights" not in line
+    for match in SUMMARY.finditer(output):
         values = [None if v == "-" else int(v.rstrip("%")) for v in match.groups()[1:9]]
         shares = {level: (values[2 * i], values[2 * i + 1]) for i, level in enumerate(LEVELS)}
         parsed.append((int(match["done"]), shares))
+    assert len(parsed) == len(headers), f"not every summary parsed: {output}"
     return parsed
 
 
@@ -283,7 +286,15 @@ def test_demo__every_part_shown_on_its_own_keys_then_everything_cleaned_up(tmp_p
             assert abs(sum(served or 0 for served, _ in shares.values()) - 100) <= 2, shares
             assert abs(sum(entitled or 0 for _, entitled in shares.values()) - 100) <= 2, shares
     assert any(_weights_split_the_rest(shares) for _, shares in summaries), output
-    assert re.search(r"over the 3\.0s bound: .*normal \d+", output), output  # the tenant flood
+    # The tenant flood goes past the bound, and the summary says whose jobs wait.
+    assert re.search(r"over the 3\.0s bound: .*normal \d+ \(tenant initech \d+", output), output
+    assert (
+        "  -> tenant initech sends more than its share of normal: its own jobs wait, "
+        "no one else's" in output
+    )
+    # Every line fits 100 columns (a log path outside the working directory aside).
+    wide = [line for line in output.splitlines() if len(line) >= 100 and str(tmp_path) not in line]
+    assert wide == [], wide
     assert "globex (enterprise)" in output  # no tier: the classifier rule made it enterprise
     audited = re.search(r"priority overrides audited while the demo ran: (\d+)", output)
     assert audited and int(audited.group(1)) > 0, output
@@ -315,8 +326,8 @@ def test_demo__ctrl_c_stops_it_and_deletes_its_keys(tmp_path, demo_prefix):
     try:
         # Wait for a job done, not the first summary: under load that can come before
         # the load generator wrote anything.
-        lines = _read_until(process, r"\] email: [1-9]\d* done")
-        assert re.search(r"\] email: \d+ done", lines[-1]), "".join(lines)
+        lines = _read_until(process, r"\] email: [1-9]\d* jobs run")
+        assert re.search(r"\] email: \d+ jobs run", lines[-1]), "".join(lines)
         assert _keys(DEMO_DB_URL, demo_prefix), "".join(lines)
         process.send_signal(signal.SIGINT)
         rest, _ = process.communicate(timeout=60)
@@ -387,7 +398,7 @@ def _rows(database: Path, query: str) -> list[tuple]:
 
 
 def _plans(output: str) -> dict[str, str]:
-    line = re.search(r"^Tenants: (.*); plans decide", output, re.MULTILINE)
+    line = re.search(r"^Tenants: (.*)$", output, re.MULTILINE)
     assert line, output
     return dict(re.findall(r"(\w+) \((\w+)\)", line.group(1)))
 
@@ -434,6 +445,9 @@ def test_demo__seeds_once_restores_its_admin_and_keeps_what_was_changed_in_the_a
         assert second.returncode == 0, again
         assert "Admin: log in as 'demo' / 'demo' (already there)" in again
         assert _plans(again) == {**DEMO_PLANS, "acme": "free"}  # the admin's change stays
+        # ... and the run says so.
+        assert "kept from an earlier run (edited in the admin): acme: plan free (demo: " in again
+        assert "kept from an earlier run" not in output
         assert "Classifier rule: prod_enterprise_annual -> enterprise" in again
         assert "s3cret-pw" not in output + again
         # The demo's keys were in its database only, and are gone.
@@ -506,8 +520,8 @@ def test_demo__a_child_that_dies_fails_it_and_a_child_that_does_not_stop_is_kill
         output
     )
     # No job finished: nothing served, so nobody is entitled to anything.
-    no_service = "email: 0 done (0/s), served/entitled critical -/- high -/- normal -/- low -/-"
-    assert no_service in output
+    assert re.search(r"email: 0 jobs run in the last \d+\.\ds \(0 jobs/s\)", output), output
+    assert "run / entitled share: critical -/-  high -/-  normal -/-  low -/-" in output
     assert f"  load (pid {pids['load']}) stopped" in output
     assert f"  worker (pid {pids['worker']}) killed after a timeout" in output
     # Only an unexpected end is worth its exit code.

@@ -5,6 +5,7 @@ import contextlib
 import json
 import socket
 import threading
+import warnings
 
 import pytest
 import redis
@@ -22,6 +23,7 @@ from fairqueue.exceptions import (
     BrokerUnavailableError,
     ConflictingPayloadError,
     ConflictingPriorityError,
+    ImplicitInternalJobWarning,
     InvalidJobOptionError,
     InvalidPayloadError,
     InvalidPriorityError,
@@ -65,7 +67,7 @@ def test_done_when__plans_internal_and_override_round_trip_through_redis(
         ({"tenant_id": "bolt"}, "bolt", "normal", 5, "plan"),
         ({"tenant_id": "cafe"}, "cafe", "low", 10, "plan"),
         ({"tenant_id": "nobody"}, "nobody", "normal", 5, "plan"),
-        ({"tenant_id": None}, None, "critical", 1, "internal"),
+        ({"internal": True}, None, "critical", 1, "internal"),
         (
             {"tenant_id": "cafe", "priority_override": "critical", "actor": "ops"},
             "cafe",
@@ -112,7 +114,7 @@ def test_flag__job_priority_enabled_false_neutralises_plans(fq_prefix, plans, mo
     monkeypatch.setenv("JOB_PRIORITY_ENABLED", "false")
     conf.reload_settings()
     assert enqueue_job("email", {}, tenant_id="acme").level == "normal"
-    assert enqueue_job("email", {}, tenant_id=None).level == "critical"
+    assert enqueue_job("email", {}, internal=True).level == "critical"
     monkeypatch.setenv("JOB_PRIORITY_ENABLED", "true")
     conf.reload_settings()
     assert enqueue_job("email", {}, tenant_id="acme").level == "critical"
@@ -225,6 +227,63 @@ def test_enqueue_on_commit__validates_immediately(fq_prefix):
         enqueue_on_commit("nope", {})
 
 
+# -- internal jobs: by intent, or by tenant_id=None (which warns) ---------------------------
+
+
+def test_internal__by_intent_is_critical_of_no_tenant_and_warns_nothing(fq_prefix, redis_client):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        job = enqueue_job("email", {"n": 1}, internal=True)
+        batch = enqueue_jobs("email", [{"n": 2}, {"n": 3}], internal=True)
+    assert (job.level, job.rule, job.tenant_id) == ("critical", "internal", None)
+    assert [(j.level, j.tenant_id) for j in batch] == [("critical", None)] * 2
+    data = json.loads(job_hash(redis_client, fq_prefix, job.job_id)["data"])
+    assert data == {"n": 1, "tenantId": None, "priorityLevel": "critical"}
+
+
+def test_internal__tenant_id_none_alone_keeps_the_rule_and_warns_at_the_call(fq_prefix):
+    with pytest.warns(ImplicitInternalJobWarning, match="pass internal=True") as caught:
+        job = enqueue_job("email", {}, tenant_id=None)
+    assert (job.level, job.rule, job.tenant_id) == ("critical", "internal", None)
+    # Pointing at the caller, not at fairqueue: `-W error::...` finds each call site.
+    assert [w.filename for w in caught] == [__file__]
+    with pytest.warns(ImplicitInternalJobWarning):
+        enqueue_jobs("email", [{}], tenant_id=None)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_internal__with_a_tenant_or_not_a_bool_is_refused_and_writes_nothing(
+    fq_prefix, redis_client
+):
+    with pytest.raises(InvalidTenantError, match=r"internal=True with tenant_id='acme'"):
+        enqueue_job("email", {}, internal=True, tenant_id="acme")
+    with pytest.raises(InvalidJobOptionError, match=r"internal='yes' is not allowed"):
+        enqueue_job("email", {}, internal="yes")
+    with transaction.atomic():
+        with pytest.raises(InvalidTenantError):
+            enqueue_on_commit("email", {}, internal=True, tenant_id="acme")
+    assert redis_client.keys(f"{fq_prefix}:*") == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_internal__aenqueue_job_warns_at_the_async_caller_and_accepts_internal(fq_prefix):
+    async def main():
+        with pytest.warns(ImplicitInternalJobWarning) as caught:
+            implicit = await aenqueue_job("email", {}, tenant_id=None)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            explicit = await aenqueue_job("email", {}, internal=True)
+        return implicit, explicit, caught
+
+    try:
+        implicit, explicit, caught = asyncio.run(main())
+    finally:
+        close_brokers()
+    assert [w.filename for w in caught] == [__file__]
+    assert implicit.level == explicit.level == "critical"
+    assert implicit.tenant_id is explicit.tenant_id is None
+
+
 @pytest.mark.django_db(transaction=True)
 def test_aenqueue_job__async_twin(fq_prefix, redis_client, plans):
     async def main():
@@ -260,7 +319,7 @@ def test_tenant_weight__looked_up_weight_is_reported_and_the_payload_unchanged(
 ):
     heavy = enqueue_job("email", {"n": 1}, tenant_id="acme")
     light = enqueue_job("email", {"n": 2}, tenant_id="cafe")
-    internal = enqueue_job("email", {"n": 3}, tenant_id=None)
+    internal = enqueue_job("email", {"n": 3}, internal=True)
     untenanted = enqueue_job("email", {"n": 4})
     assert [j.tenant_weight for j in (heavy, light, internal, untenanted)] == [4, 1, 1, 1]
     data = json.loads(job_hash(redis_client, fq_prefix, heavy.job_id)["data"])

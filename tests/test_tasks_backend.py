@@ -9,6 +9,7 @@ import asyncio
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -36,7 +37,11 @@ except ImportError:  # Django 5.2: the django-tasks backport
 from fairqueue import conf
 from fairqueue.broker import Broker, NewJob
 from fairqueue.enqueue import priority
-from fairqueue.exceptions import InvalidTenantError, UnknownJobTypeError
+from fairqueue.exceptions import (
+    ImplicitInternalJobWarning,
+    InvalidTenantError,
+    UnknownJobTypeError,
+)
 from fairqueue.models import OutboxJob, PriorityOverrideAudit
 from fairqueue.scheduling.levels import PriorityLevel
 from fairqueue.tasks.backend import (
@@ -246,7 +251,9 @@ def test_enqueue__tenant_kwarg_rules_match_enqueue_job(fq_prefix, redis_client):
         return data["tenantId"], data["priorityLevel"]
 
     assert level(record.enqueue("no tenant")) == ("default", "normal")  # the default bucket
-    assert level(record.enqueue("internal", tenant_id=None)) == (None, "critical")
+    with pytest.warns(ImplicitInternalJobWarning) as caught:  # pointing at this call
+        assert level(record.enqueue("internal", tenant_id=None)) == (None, "critical")
+    assert [w.filename for w in caught] == [__file__]
     assert level(record.enqueue("pk", tenant_id=42)) == ("42", "normal")
     with pytest.raises(InvalidTenantError, match="tenant_id='<0 characters>' is not allowed"):
         record.enqueue("empty", tenant_id="")
@@ -291,7 +298,7 @@ def test_enqueue__bad_input_names_the_argument_and_writes_nothing(fq_prefix, red
         add.enqueue(1, b={1, 2})
     with pytest.raises(InvalidTaskError, match=r"run_after=.* more than 365 days ahead"):
         record.using(run_after=timezone.now() + timedelta(days=400)).enqueue("later")
-    with pytest.raises(InvalidTaskError, match="Queue 'nope' is not valid"):
+    with pytest.raises(InvalidTaskError, match=r"queue_name='nope' is not allowed: .*\['QUEUES'\]"):
         record.using(queue_name="nope")
     assert redis_client.keys(f"{fq_prefix}:*") == []
 
@@ -383,6 +390,89 @@ def test_system_check__bad_settings_are_reported_once_under_their_own_id(fq_pref
 
     ids = [message.id for message in run_checks() if message.id.startswith("fairqueue.")]
     assert ids == ["fairqueue.E001"]
+
+
+def _plain(label: str, tenant_id: str | None = None) -> str:
+    """Made a task inside the tests below, under their own TASKS."""
+    return label
+
+
+DOCS_TASKS = Path(__file__).resolve().parent.parent / "docs" / "tasks.md"
+
+
+def documented_task_settings() -> dict:
+    """The settings block docs/tasks.md tells users to copy, run as Python."""
+    blocks = re.findall(r"```python\n(.*?)```", DOCS_TASKS.read_text(), flags=re.DOTALL)
+    (block,) = [b for b in blocks if b.startswith("# settings.py")]
+    namespace: dict = {}
+    exec(block, namespace)  # noqa: S102 - the repository's own documentation
+    return namespace
+
+
+def test_documented_tasks_setting__a_task_with_and_without_queue_name_works(
+    fq_prefix, settings, redis_client
+):
+    documented = documented_task_settings()
+    settings.FAIRQUEUE = {**settings.FAIRQUEUE, **documented["FAIRQUEUE"]}
+    conf.reload_settings()
+    with override_settings(TASKS=documented["TASKS"]):
+        backend = task_backends["default"]
+        assert [m for m in backend.check() if m.id.startswith("fairqueue.")] == []
+        plain, named = task()(_plain), task(queue_name="emails")(_plain)
+        with transaction.atomic():  # the documented OPTIONS enqueue durably
+            without = plain.enqueue("a", tenant_id="acme")
+            with_name = named.enqueue("b", tenant_id="acme")
+    # Relayed after commit, each to its job type's queue.
+    assert job_hash(redis_client, fq_prefix, without.id, queue="default")["name"]
+    assert job_hash(redis_client, fq_prefix, with_name.id, queue="email")["name"]
+
+
+def test_task_without_queue_name__left_out_of_queues_fails_at_import_naming_the_setting(
+    fq_prefix,
+):
+    tasks = {
+        "default": {"BACKEND": "fairqueue.tasks.backend.FairQueueBackend", "QUEUES": ["email"]}
+    }
+    with override_settings(TASKS=tasks):
+        with pytest.raises(InvalidTaskError) as info:
+            task()(_plain)
+        assert str(info.value) == (
+            "queue_name='default' (the queue of a @task without queue_name=) is not allowed: "
+            "expected one of TASKS['default']['QUEUES'] ('email'); add it there, or give the "
+            "task a queue_name= from that list"
+        )
+        assert task(queue_name="email")(_plain).queue_name == "email"
+
+
+@pytest.mark.parametrize(
+    ("queues", "job_types", "warned"),
+    [
+        (["email"], {}, "TASKS['default']['QUEUES']=['email'] leaves out 'default'"),
+        (["default", "email"], {"default": "email"}, None),
+        ([], {}, "a @task without queue_name= would fail when enqueued: queue_name='default'"),
+        ([], {"default": "email"}, None),
+    ],
+)
+def test_system_check__a_task_without_queue_name_that_would_fail_is_fairqueue_W025(
+    fq_prefix, settings, queues, job_types, warned
+):
+    settings.FAIRQUEUE = {**settings.FAIRQUEUE, "QUEUES": {"email": "email"}}
+    conf.reload_settings()
+    tasks = {
+        "default": {
+            "BACKEND": "fairqueue.tasks.backend.FairQueueBackend",
+            "QUEUES": queues,
+            "OPTIONS": {"JOB_TYPES": job_types},
+        }
+    }
+    with override_settings(TASKS=tasks):
+        messages = [m for m in task_backends["default"].check() if m.id.startswith("fairqueue.")]
+    if warned is None:
+        assert messages == []
+    else:
+        assert [m.id for m in messages] == ["fairqueue.W025"]
+        assert warned in messages[0].msg
+        assert "TASKS['default']['QUEUES']" in messages[0].msg + messages[0].hint
 
 
 def test_tenant_kwarg_option__names_the_kwarg_that_carries_the_tenant(fq_prefix, redis_client):

@@ -16,8 +16,8 @@ T = TypeVar("T")
 
 #: BullMQ's largest priority (2**21 - 1).
 MAX_PRIORITY: Final = 2_097_151
-#: First priority fairqueue places jobs at. Other producers' small priorities (seed 2's
-#: 1, 3, 5, 10...) lie below and run first until a pass adopts those jobs.
+#: First priority fairqueue places jobs at. Other producers' small priorities (the
+#: JOB_PRIORITY_* constants 1, 3, 5, 10...) lie below and run first until a pass adopts them.
 TAG_FLOOR: Final = 1_024
 #: Where a job waits when fair_clock has no room for it (and where delayed jobs go until
 #: BullMQ promotes them): behind everything, FIFO. The pass adopts them.

@@ -6,7 +6,7 @@ audit row and no metric increment behind.
 Placement rule. Every job gets its fair place when it is added, in the same script as
 BullMQ's own add (one round trip per batch of up to 250 jobs), never priority 0
 (priority-0 jobs sit in BullMQ's ``wait`` list, which workers drain before any
-prioritized job: SPEC decision 6). The place is a virtual finish tag of the job's flow,
+prioritized job; docs/design.md, "The score layout"). The place is a finish tag of its flow,
 its (level, tenant) pair: levels share by weight 4:3:2:1, the tenants of a level share its
 slice round-robin, weighted by ``tenant_weight`` (see :mod:`fairqueue.scheduling.order`). A job
 can go ahead of jobs already waiting when its tag says so, so a stock worker takes the
@@ -33,6 +33,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import sys
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypedDict, Unpack
@@ -60,9 +62,11 @@ from fairqueue.enqueue.priority import (
 )
 from fairqueue.exceptions import (
     ConflictingPayloadError,
+    ImplicitInternalJobWarning,
     InvalidJobOptionError,
     InvalidPayloadError,
     InvalidPriorityError,
+    InvalidTenantError,
     PartialEnqueueError,
     PayloadTooLargeError,
     TenantBacklogFullError,
@@ -377,6 +381,7 @@ class EnqueueOptions(TypedDict, total=False):
     """Keyword options of every enqueue function (see :func:`enqueue_job`)."""
 
     tenant_id: str | None
+    internal: bool
     priority: int | None
     priority_level: str | PriorityLevel | None
     priority_override: str | PriorityLevel | None
@@ -423,9 +428,9 @@ class _Call:
 
 def _audited(resolved: ResolvedPriority, *, tenant_job: bool, override: bool) -> bool:
     """Which jobs get an audit row: ``priority_override=`` always (it overrides the
-    tenant's plan for one request, seed 2's audited case); an explicit ``priority_level=``
+    tenant's plan for one request); an explicit ``priority_level=``
     / ``priority=`` on a tenant's job only with ``AUDIT_EXPLICIT_PRIORITY``: it is a code
-    decision (seed 1's normal way to enqueue), and auditing it cost a database write per
+    decision (the normal way to enqueue), and auditing it cost a database write per
     enqueue."""
     if override:
         return True
@@ -433,10 +438,67 @@ def _audited(resolved: ResolvedPriority, *, tenant_job: bool, override: bool) ->
     return explicit and tenant_job and get_settings().audit_explicit_priority
 
 
+#: Modules between a caller and the enqueue: the warning below points past them.
+_PLUMBING_MODULES: Final = (
+    "fairqueue.",
+    "django.tasks",
+    "django_tasks",
+    "asgiref",
+    "asyncio",
+    "concurrent.futures",
+    "threading",
+)
+
+
+def warn_implicit_internal() -> None:
+    """Warn that ``tenant_id=None`` made an internal job without ``internal=True``,
+    pointing at the first caller outside fairqueue and the task frameworks (so each call
+    site warns once, and ``-W error::fairqueue.ImplicitInternalJobWarning`` finds them)."""
+    message = (
+        "tenant_id=None enqueued an internal job (critical, no tenant). For internal work "
+        "pass internal=True instead; for a tenant's job pass its id, or leave tenant_id out "
+        "for work of no tenant"
+    )
+    frame = sys._getframe(1)
+    while frame is not None:
+        module = frame.f_globals.get("__name__", "")
+        if module != "fairqueue" and not module.startswith(_PLUMBING_MODULES):
+            warnings.warn_explicit(
+                message,
+                ImplicitInternalJobWarning,
+                frame.f_code.co_filename,
+                frame.f_lineno,
+                module=module,
+                registry=frame.f_globals.setdefault("__warningregistry__", {}),
+                module_globals=frame.f_globals,
+            )
+            return
+        frame = frame.f_back
+    warnings.warn(message, ImplicitInternalJobWarning, stacklevel=2)
+
+
+def _internal_tenant(tenant_id: str | None | _Absent, internal: object) -> str | None | _Absent:
+    """The tenant of a call, given ``internal=``: ``None`` for internal work (by intent,
+    or by ``tenant_id=None`` alone, which warns)."""
+    if internal is False:
+        if tenant_id is None:
+            warn_implicit_internal()
+        return tenant_id
+    if internal is not True:
+        raise InvalidJobOptionError(f"internal={internal!r} is not allowed: expected True or False")
+    if tenant_id is not ABSENT and tenant_id is not None:
+        raise InvalidTenantError(
+            f"internal=True with tenant_id={tenant_id!r} is not allowed: an internal job "
+            "belongs to no tenant (leave tenant_id out)"
+        )
+    return None
+
+
 def _resolve_call(
     job_type: str,
     *,
     tenant_id: str | None | _Absent = ABSENT,
+    internal: bool = False,
     priority: int | None = None,
     priority_level: str | PriorityLevel | None = None,
     priority_override: str | PriorityLevel | None = None,
@@ -450,6 +512,7 @@ def _resolve_call(
     actor: object = None,
 ) -> _Call:
     queue = get_settings().queue_for(job_type)
+    tenant_id = _internal_tenant(tenant_id, internal)
     _check_audited_priority(priority)
     resolved = resolve_priority(
         tenant_id=tenant_id,
@@ -735,8 +798,12 @@ def enqueue_job(
     Args:
         payload: a JSON object; fairqueue adds ``tenantId`` and ``priorityLevel``. Its
             JSON may be at most ``FAIRQUEUE['MAX_PAYLOAD_BYTES']`` bytes (1 MiB).
-        tenant_id: the tenant's id; ``None`` marks an internal job (critical); leave it
-            out for jobs that belong to no tenant.
+        tenant_id: the tenant's id; leave it out for jobs that belong to no tenant.
+            ``None`` still marks an internal job (critical) but warns
+            (:class:`~fairqueue.ImplicitInternalJobWarning`): a missing id must not
+            promote a tenant's job by accident.
+        internal: ``True`` for internal work (critical, no tenant), by intent; not with
+            a ``tenant_id``.
         priority, priority_level: an explicit priority (one of them): a code decision,
             not audited (unless ``FAIRQUEUE['AUDIT_EXPLICIT_PRIORITY']``, then for tenant
             jobs).
@@ -828,6 +895,9 @@ async def aenqueue_job(
     audited job runs the sync path in a thread instead, so its audit row and its add
     share one transaction."""
     _check_keywords("aenqueue_job", options)
+    if options.get("tenant_id", ABSENT) is None and options.get("internal", False) is False:
+        warn_implicit_internal()  # here, in the caller's stack, not in the thread below
+        options = {**options, "internal": True}
     prepared = await sync_to_async(_prepare)(job_type, payload, **options)
     if prepared.audit is not None:
         return (await sync_to_async(_enqueue_prepared)([prepared]))[0]

@@ -1,10 +1,10 @@
-"""Plan-based priority (seed 2): which level a new job gets, and why.
+"""Plan-based priority: which level a new job gets, and why.
 
-The resolution order is SPEC decision 4; the first rule that applies wins:
+The resolution order (docs/design.md, "Levels and priorities"); the first rule that applies wins:
 
 1. an explicit ``priority_level=`` or numeric ``priority=`` (both at once is an error);
 2. ``priority_override=`` - a server-side argument, always audited by the caller;
-3. ``tenant_id=None`` passed explicitly - an internal job, critical;
+3. ``tenant_id=None`` passed explicitly - an internal job, critical (``internal=True``);
 4. ``tenant_id`` set and a plan lookup wired - the tenant's plan decides;
 5. ``tenant_id`` set and no lookup - normal;
 6. no ``tenant_id`` at all - normal, in the ``default`` tenant bucket.
@@ -264,7 +264,7 @@ def resolve_priority(
     enabled: bool | None = None,
     tenant_weight: int | None = None,
 ) -> ResolvedPriority:
-    """Resolve a job's level by SPEC decision 4, say which rule decided, and resolve the
+    """Resolve a job's level by the resolution order, say which rule decided, and resolve the
     tenant's weight inside that level.
 
     Args:

@@ -1,6 +1,6 @@
 """One rebalance pass: maintenance of the fair order the add script makes.
 
-The order is made when a job is added (SPEC decision 10; ``broker/lua/fair_clock.lua``),
+The order is made when a job is added (docs/design.md; ``broker/lua/fair_clock.lua``),
 so the pass is not a second scheduler and never reorders tagged jobs. Each pass:
 
 1. **Adopts** jobs that arrived without a place: other producers' jobs in BullMQ's
@@ -184,7 +184,7 @@ def pending_from_job(job: WaitingJob) -> PendingJob | None:
 
     fairqueue's jobs carry ``tenantId`` and ``priorityLevel`` in their data; jobs from
     other producers fall back to the priority their producer asked for and the
-    ``default`` tenant (seed 1, "Worker restart safety").
+    ``default`` tenant (docs/design.md, "Levels and priorities").
     """
     if job.data is None or job.timestamp_ms is None:
         return None

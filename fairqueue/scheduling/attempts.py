@@ -4,7 +4,7 @@ The loop reads BullMQ's events stream a page at a time (``fairqueue.broker.histo
 this module turns the page's starts and ends into what is recorded: per history bucket
 the jobs started per level, the bucket each became ready in, their waits and those over
 the bound, the most served tenants, worker time and retries (the dashboard's history);
-and, with fairness by time (SPEC decision 12), the run-time estimates the add script
+and, with fairness by time (docs/design.md), the run-time estimates the add script
 places jobs with and the balance a flow owes for attempts that ran beyond their turns.
 
 Why here and not in Redis: Redis is the one shared, single-threaded part of a BullMQ

@@ -1,7 +1,7 @@
 """Priority levels, their weights and the numeric priority formats fairqueue accepts.
 
-The level is the source of truth for scheduling (SPEC decision 1); numbers are only an
-input format, kept because BullMQ users and the Job Priority seed speak in numbers.
+The level is the source of truth for scheduling (docs/design.md, "Levels and priorities");
+numbers are only an input format, kept because BullMQ users speak in numbers.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ NUMERIC_PRIORITY_BY_LEVEL: Final = MappingProxyType(
     }
 )
 
-#: The tenant bucket of jobs enqueued without a tenant id (seed 1).
+#: The tenant bucket of jobs enqueued without a tenant id.
 DEFAULT_TENANT: Final = "default"
 #: The longest tenant id (a column of its own in the models, a string in Redis).
 MAX_TENANT_ID_LENGTH: Final = 255
@@ -66,7 +66,7 @@ MIN_TENANT_WEIGHT: Final = 1
 MAX_TENANT_WEIGHT: Final = 100
 DEFAULT_TENANT_WEIGHT: Final = 1
 
-#: Keys fairqueue merges into every job's data payload (seed 1's names, so Node workers
+#: Keys fairqueue merges into every job's data payload (named so that Node workers
 #: and the rebalance pass read the same durable metadata).
 PAYLOAD_TENANT_KEY: Final = "tenantId"
 PAYLOAD_LEVEL_KEY: Final = "priorityLevel"
@@ -96,14 +96,13 @@ LEVEL_CHOICES: Final = ", ".join(repr(level.value) for level in LEVELS_BY_RANK)
 def normalize_priority(priority: int | None) -> PriorityLevel:
     """Map a numeric BullMQ-style priority onto a level.
 
-    The table (SPEC decision 3) keeps every ``JOB_PRIORITY_*`` constant on its own level
-    and keeps seed 1's ``1 -> critical``, ``2 -> high``::
+    The table (docs/design.md, "Levels and priorities") keeps every ``JOB_PRIORITY_*``
+    constant on its own level, with ``1 -> critical`` and ``2 -> high``::
 
         None, 0 -> normal   1 -> critical   2-3 -> high   4-5 -> normal   >= 6 -> low
 
-    This deliberately differs from seed 1's table for 3 (there: normal) and 4-5 (there:
-    low), which would have put ``JOB_PRIORITY_HIGH`` and ``JOB_PRIORITY_NORMAL`` on the
-    wrong level.
+    Mapping 3 to normal or 4-5 to low instead would put ``JOB_PRIORITY_HIGH`` and
+    ``JOB_PRIORITY_NORMAL`` on the wrong level.
 
     Raises:
         InvalidPriorityError: (a ``ValueError``) for booleans, non-integers and

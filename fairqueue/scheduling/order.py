@@ -3,7 +3,7 @@
 Nothing here does I/O or imports Django, so the policy can be tested exhaustively and
 the Redis scripts that place jobs (``fairqueue/broker/lua``) can be checked against it.
 
-Two models of the same rule (SPEC decisions 7-10):
+Two models of the same rule (docs/design.md, "The rule"):
 
 * :func:`order_pending_jobs` - the fair run order of a waiting set, computed from
   scratch: what a queue would look like had every waiting job arrived at once. The
@@ -21,15 +21,16 @@ A flow's k-th waiting job gets the virtual finish tag ``k * SCALE / flow weight`
 (FIFO by ready time inside a flow, ties by job id), and jobs run in tag order (ties:
 the higher level weight first). A level or tenant that runs out of work simply stops
 taking turns; one that arrives starts at the current virtual time, so its first job
-runs within one round whatever backlog others have (SPEC decision 8).
+runs within one round whatever backlog others have.
 
-The wait bound does not reorder: an overdue job takes its flow's next turn like any
-other, since moving it further ahead would take turns from a flow that stays within its
-share (docs/design.md, "The wait bound"). It is labelled ``aged`` so operators see that
+The wait bound does not reorder flows: an overdue job takes its flow's next turn like
+any other (the add and adoption scripts then let it go first inside its own flow), since
+moving it further ahead would take turns from a flow that stays within its share
+(docs/design.md, "The wait bound"). It is labelled ``aged`` so operators see that
 a flow's arrivals exceed its share.
 
-:func:`order_by_occupancy` is seed 1's literal "largest waiting/weight ratio first"
-rule, kept so benchmarks can show why it was replaced: it is longest-queue-first and
+:func:`order_by_occupancy` is the occupancy rule, "largest waiting/weight ratio first",
+kept so benchmarks can show why it was replaced: it is longest-queue-first and
 lets a flooded level run for thousands of jobs before a small level gets a turn.
 """
 
@@ -109,7 +110,7 @@ def flow_step(
     """Virtual time one job of a flow uses: ``scale * cost / flow weight`` where the flow
     weight is the level's weight split among its tenants with work by their tenant
     weights, and ``cost`` the job's worker time in turns (:func:`cost_turns`; 1 when
-    fairness counts jobs, SPEC decision 12)."""
+    fairness counts jobs; docs/design.md, "Service is worker time")."""
     return scale * cost * level_tenant_weights / (level_weight * tenant_weight)
 
 
@@ -308,12 +309,12 @@ def order_by_occupancy(
     max_wait_ms: int,
     weights: Mapping[PriorityLevel, int] = DEFAULT_FAIR_WEIGHTS,
 ) -> list[ScheduledJob]:
-    """Seed 1's literal policy, for comparison only: overdue jobs first (oldest first),
+    """The occupancy policy, for comparison only: overdue jobs first (oldest first),
     then largest ``waiting / weight`` first, fewest-waiting tenant first inside a level.
 
     At every step the level whose remaining backlog is largest relative to its weight
     gives up its next job (ties: higher weight). With 8,000 critical and 200 low jobs
-    this runs 7,200 critical jobs before the first low one - see SPEC decision 7.
+    this runs 7,200 critical jobs before the first low one (docs/design.md, "The rule").
     """
     scale = lcm(*_check_weights(weights))
     aged: list[PendingJob] = []
@@ -367,7 +368,7 @@ def _ready_order(job: PendingJob) -> tuple[int, tuple[int, int, str]]:
 
 
 def _fewest_waiting_first(jobs: Sequence[PendingJob]) -> list[PendingJob]:
-    """Seed 1's literal tenant rule (shortest queue first), for :func:`order_by_occupancy`."""
+    """The fewest-waiting tenant rule (shortest queue first), for :func:`order_by_occupancy`."""
     by_tenant: dict[str, list[PendingJob]] = defaultdict(list)
     for job in jobs:
         by_tenant[job.tenant_id].append(job)

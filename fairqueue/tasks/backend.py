@@ -247,6 +247,16 @@ class FairQueueBackend(BaseTaskBackend):
             )
         return job_type
 
+    def _unlisted_queue(self, queue_name: str) -> str:
+        """Why a task's queue name is refused at ``@task`` time, naming the setting."""
+        defaults = {framework.default_queue_name for framework in FRAMEWORKS}
+        without = " (the queue of a @task without queue_name=)" if queue_name in defaults else ""
+        return (
+            f"queue_name={queue_name!r}{without} is not allowed: expected one of "
+            f"TASKS[{self.alias!r}]['QUEUES'] ({', '.join(repr(q) for q in sorted(self.queues))});"
+            f" add it there, or give the task a queue_name= from that list"
+        )
+
     def served_job_types(self) -> list[str]:
         """The job types this backend's queue names map to (those configured), sorted.
 
@@ -281,6 +291,47 @@ class FairQueueBackend(BaseTaskBackend):
                         id="fairqueue.E010",
                     )
                 )
+        messages.extend(self._check_default_queue())
+        return messages
+
+    def _check_default_queue(self) -> list[checks.CheckMessage]:
+        """fairqueue.W025: a ``@task`` without ``queue_name=`` would fail: at import when
+        ``QUEUES`` leaves its queue out, at enqueue when ``QUEUES`` allows any name and
+        that queue maps to no job type. (Listed and unmapped is E010's.)"""
+        messages: list[checks.CheckMessage] = []
+        setting = f"TASKS[{self.alias!r}]['QUEUES']"
+        for default in sorted({framework.default_queue_name for framework in FRAMEWORKS}):
+            if self.queues and default not in self.queues:
+                messages.append(
+                    checks.Warning(
+                        f"{setting}={sorted(self.queues)!r} leaves out {default!r}, the queue "
+                        "of a @task without queue_name=: importing such a task fails",
+                        hint=(
+                            f"Add {default!r} to {setting} (with a job type for it in "
+                            "FAIRQUEUE['QUEUES'] or OPTIONS['JOB_TYPES']), or give every "
+                            "@task a queue_name= from that list and silence fairqueue.W025."
+                        ),
+                        obj=self,
+                        id="fairqueue.W025",
+                    )
+                )
+            elif not self.queues:
+                try:
+                    self.job_type_for(default)
+                except UnknownTaskQueueError as exc:
+                    messages.append(
+                        checks.Warning(
+                            f"{setting} allows any queue, but a @task without queue_name= "
+                            f"would fail when enqueued: {exc}",
+                            hint=(
+                                f"Add a {default!r} job type to FAIRQUEUE['QUEUES'] or map "
+                                f"{default!r} to one in OPTIONS['JOB_TYPES'], or give every "
+                                "@task a queue_name= and silence fairqueue.W025."
+                            ),
+                            obj=self,
+                            id="fairqueue.W025",
+                        )
+                    )
         return messages
 
     # -- enqueue ----------------------------------------------------------------------
@@ -293,6 +344,10 @@ class FairQueueBackend(BaseTaskBackend):
             InvalidTaskError: the task is not allowed (the message says why).
         """
         framework_of(task)
+        if self.queues and task.queue_name not in self.queues:
+            # The frameworks' own message ("Queue 'default' is not valid for backend")
+            # names neither the setting nor the way out.
+            raise InvalidTaskError(self._unlisted_queue(task.queue_name))
         invalid = tuple(f.invalid_task for f in FRAMEWORKS)
         try:
             super().validate_task(task)
@@ -314,7 +369,11 @@ class FairQueueBackend(BaseTaskBackend):
         if self.backoff is not None:
             options["backoff"] = self.backoff
         tenant = self._tenant(kwargs)
-        if not isinstance(tenant, _Absent):
+        if tenant is None:
+            # Warned here, in the caller's stack (aenqueue runs the enqueue in a thread).
+            services.warn_implicit_internal()
+            options["internal"] = True
+        elif not isinstance(tenant, _Absent):
             options["tenant_id"] = tenant
         level = level_for_task_priority(task.priority)
         if level is not None:

@@ -56,6 +56,8 @@ class Framework:
     invalid_task: type[Exception]
     result_does_not_exist: type[Exception]
     signals: dict[str, Any]
+    #: The queue of a ``@task`` without ``queue_name=`` ("default" in both frameworks).
+    default_queue_name: str
 
 
 def _load(module_name: str, invalid_name: str) -> Framework | None:
@@ -79,6 +81,7 @@ def _load(module_name: str, invalid_name: str) -> Framework | None:
         invalid_task=getattr(exceptions, invalid_name),
         result_does_not_exist=exceptions.TaskResultDoesNotExist,
         signals={name: getattr(signals, name) for name in SIGNALS},
+        default_queue_name=base.DEFAULT_TASK_QUEUE_NAME,
     )
 
 

