@@ -292,7 +292,7 @@ class PassStore(BrokerPart):
     ) -> int | None:
         """Delete fairqueue's keys beside ``queue`` if BullMQ obliterated it (no ``id``
         counter: every add increments it, ``Queue.obliterate`` deletes it): the clock
-        state, flows, the ready-time index and its lists, delayed jobs' meta, the
+        state, flows and their lines, the ready-time index and its lists, delayed jobs' meta, the
         history cursor and the status records ``status_names``. The keys deleted, or
         ``None`` when the queue exists (nothing done). The leader lock stays.
 
@@ -305,7 +305,12 @@ class PassStore(BrokerPart):
             for name in (*FAIR_KEYS, "hist", *status_names)
             if name != "ready"
         ]
-        keys = [self.conn.key(queue, "id"), self.conn.fair_key(queue, "ready"), lock_key]
+        keys = [
+            self.conn.key(queue, "id"),
+            self.conn.fair_key(queue, "ready"),
+            lock_key,
+            self.conn.fair_key(queue, "flows"),
+        ]
         deleted = 0
         while True:
             status, count, done = await self.conn.guard(

@@ -5,7 +5,8 @@
   that are gone. Atomic: an add that comes after this call starts from fresh state.
 
   KEYS[1] BullMQ's id counter  KEYS[2] fq:ready (its seconds' lists are KEYS[2]:<second>)
-  KEYS[3] the leader lock  KEYS[4..] the other fairqueue keys to delete
+  KEYS[3] the leader lock  KEYS[4] fq:flows (its flows' lines are KEYS[4]:<flow>)
+  KEYS[5..] the other fairqueue keys to delete
   ARGV    token, lock ttl ms, seconds of the ready index per call
   Returns {status (0 the queue exists: nothing done, 1 ok, -1 lock lost), keys deleted,
   done (1/0: call again while 0)}.
@@ -21,5 +22,11 @@ for _, second in ipairs(seconds) do
 end
 if #seconds > 0 then redis.call('ZREM', KEYS[2], unpack(seconds)) end
 if #seconds == page then return {1, deleted, 0} end
+local flows = redis.call('ZRANGE', KEYS[4], 0, page - 1)
+for _, flow in ipairs(flows) do
+  deleted = deleted + redis.call('DEL', KEYS[4] .. ':' .. flow)
+end
+if #flows > 0 then redis.call('ZREM', KEYS[4], unpack(flows)) end
+if #flows == page then return {1, deleted, 0} end
 deleted = deleted + redis.call('DEL', KEYS[2], unpack(KEYS, 4))
 return {1, deleted, 1}
