@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
 
 import pytest
 from hypothesis import given
@@ -175,3 +176,27 @@ def test_retries_are_counted_per_level(fq_prefix, redis_client):
     assert metric("queue_fair_retries_total", job_type="email", priority_level="high") == (
         before + 1
     )
+
+
+def test_a_flows_estimate_and_balance_are_forgotten_once_it_is_idle(
+    fq_prefix, redis_client, monkeypatch
+):
+    """Bounded state: every flow that ran leaves its estimate and balance in fq:state,
+    until it has been idle for FLOW_STATE_IDLE_S; then a pass forgets them (a few per
+    call), and a flow that comes back starts afresh."""
+    from fairqueue.scheduling import attempts
+
+    _measure_two_tenants(fq_prefix)
+    state = f"{fq_prefix}:email:fq:state"
+    flows = {"normal\nfast", "normal\nslow"}
+    assert {f"c:{flow}" for flow in flows} <= set(redis_client.hkeys(state))
+    assert set(redis_client.zrange(f"{fq_prefix}:email:fq:seen", 0, -1)) == flows
+    rebalance_queue("email", rebalancer="time-test")  # not idle long enough yet
+    assert {f"c:{flow}" for flow in flows} <= set(redis_client.hkeys(state))
+    monkeypatch.setattr(attempts, "FLOW_STATE_IDLE_S", 0)
+    time.sleep(0.01)
+    rebalance_queue("email", rebalancer="time-test")
+    left = {name for name in redis_client.hkeys(state) if name[:2] in ("c:", "d:")}
+    assert left == set()
+    assert not redis_client.exists(f"{fq_prefix}:email:fq:seen")
+    assert "typ" in redis_client.hkeys(state)  # the queue's yardstick stays

@@ -378,6 +378,7 @@ class PageReader:
             self.conn.fair_key(self.queue, "hist:"),
             RETENTION_S + 2 * BUCKET_S,
             TENANTS_PER_BUCKET,
+            attempts.FLOW_STATE_IDLE_S * 1000,
         ]
 
         def section(items: list[Any], width: int) -> None:
@@ -421,6 +422,7 @@ class PageReader:
                     self.conn.fair_key(self.queue, "flows"),
                     self.conn.fair_key(self.queue, "fweights"),
                     self.conn.key(self.queue, "active"),
+                    self.conn.fair_key(self.queue, "seen"),
                 ],
                 args=args,
             )

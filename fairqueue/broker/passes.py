@@ -302,7 +302,7 @@ class PassStore(BrokerPart):
         script = self.conn.script(plain_script("forget_obliterated"))
         others = [
             self.conn.fair_key(queue, name)
-            for name in (*FAIR_KEYS, "hist", *status_names)
+            for name in (*FAIR_KEYS, "hist", "seen", *status_names)
             if name != "ready"
         ]
         keys = [

@@ -45,6 +45,11 @@ LEVELS: Final = frozenset(level.value for level in LEVELS_BY_RANK)
 #: (every flow's yardstick, so it moves slowly).
 FLOW_ALPHA: Final = 0.2
 TYPICAL_ALPHA: Final = 0.05
+#: A flow's measured estimate and balance (``c:`` and ``d:`` fields of fq:state) are
+#: dropped this long after its last attempt ended, so state does not grow with every
+#: tenant that ever ran (a flow that comes back after that starts afresh, as a new one:
+#: docs/design.md, "Service is worker time").
+FLOW_STATE_IDLE_S: Final = 86_400
 #: The level of a start whose job could not be read (the dashboard shows it as such).
 UNKNOWN: Final = "?"
 

@@ -7,9 +7,12 @@
 
   KEYS[1] fq:hist (hash: cursor, ord, since)  KEYS[2] the leader lock  KEYS[3] fq:run
   KEYS[4] fq:state  KEYS[5] fq:flows  KEYS[6] fq:fweights  KEYS[7] BullMQ's active list
+  KEYS[8] fq:seen (zset: flow -> when its estimate was last written, ms)
   ARGV    token, lock ttl ms, the cursor the page was read from, the new cursor ('': keep),
           the new ord, bucket key prefix ('<prefix>:<queue>:fq:hist:'), seconds a bucket
-          is kept, tenants kept per bucket, then sections, each a count and its items:
+          is kept, tenants kept per bucket, ms a flow's state is kept after its last write
+          (its c:/d: fields; at most 64 flows forgotten per call), then
+          sections, each a count and its items:
           bucket increments (bucket, field, n), tenant starts (bucket, member, n), runs
           ended (job id), runs started (job id, run), fq:state writes (field, text),
           settlements (member, level, turns)
@@ -27,7 +30,8 @@
 if not fqHoldLock(KEYS[2], ARGV[1], ARGV[2]) then return -1 end
 if (redis.call('HGET', KEYS[1], 'cursor') or '') ~= ARGV[3] then return 0 end
 local bucketPrefix, expireS, keepTenants = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
-local at = 9
+local idleMs = tonumber(ARGV[9])
+local at = 10
 local function section(width)
   local n = tonumber(ARGV[at])
   local first = at + 1
@@ -65,6 +69,19 @@ from, to = section(2)
 for i = from, to, 1000 do redis.call('HSET', KEYS[3], unpack(ARGV, i, math.min(i + 999, to))) end
 from, to = section(2)
 if to >= from then redis.call('HSET', KEYS[4], unpack(ARGV, from, to)) end
+-- Flows whose estimate this page wrote are seen now; flows not seen for idleMs forget
+-- their estimate and balance (bounded state: a few per call, whatever the tenant count).
+local now = fqNowMs()
+for i = from, to, 2 do
+  if string.sub(ARGV[i], 1, 2) == 'c:' then
+    redis.call('ZADD', KEYS[8], now, string.sub(ARGV[i], 3))
+  end
+end
+local idle = redis.call('ZRANGEBYSCORE', KEYS[8], '-inf', now - idleMs, 'LIMIT', 0, 64)
+for _, member in ipairs(idle) do
+  redis.call('HDEL', KEYS[4], 'c:' .. member, 'd:' .. member)
+end
+if #idle > 0 then redis.call('ZREM', KEYS[8], unpack(idle)) end
 
 from, to = section(3)
 for i = from, to, 3 do
