@@ -304,6 +304,8 @@ class Result:
     returning_shares: list[float] = field(default_factory=list)
     runs: int = 0
     duplicates: int = 0
+    #: Overdue waiting jobs per level as the dashboard counted them when arrivals ended.
+    overdue: dict[str, int] = field(default_factory=dict)
 
     def share(self, key: str) -> float:
         values = self.attempts if self.scenario.measure == "attempts" else self.worker_ms
@@ -429,6 +431,8 @@ def run_one(
             asyncio.run(producer.run(prefix))
             t0 = producer.started_ms
             t_end = time.time() * 1000
+            if loop is not None:
+                result.overdue = db.submit(_overdue_by_level).result()
             worker.stop()
             _collect(result, producer, worker.records, t0, t_end, args)
         finally:
@@ -440,6 +444,13 @@ def run_one(
             close_brokers()
             delete_prefix(prefix)
     return result
+
+
+def _overdue_by_level() -> dict[str, int]:
+    from fairqueue.dashboard.stats import queue_stats
+
+    levels = queue_stats(JOB_TYPE)["levels"]
+    return {level: int(levels[level]["overdue"]) for level in WEIGHTS}
 
 
 def _collect(
@@ -542,6 +553,13 @@ def checks(result: Result, args: argparse.Namespace) -> list[Check]:
             out.append(
                 Check(run, flow.key, "share, declaring", f"{share:.1%}", "<= 52%", share <= 0.52)
             )
+    if result.overdue:
+        calm = {f.level for f in result.scenario.flows} - {
+            f.level for f in result.scenario.flows if f.key not in within
+        }
+        for level in sorted(calm, key=list(WEIGHTS).index):
+            n = result.overdue.get(level, 0)
+            out.append(Check(run, level, "overdue now", str(n), "0", n == 0))
     if result.returning_shares:
         first = result.returning_shares[0]
         out.append(
@@ -596,6 +614,10 @@ def print_results(results: list[Result], args: argparse.Namespace) -> None:
             )
         for scheduler, result in by_scheduler.items():
             line = f"{'':<24} {scheduler}: {result.runs} attempts in the window"
+            if result.overdue:
+                line += ", overdue when arrivals ended: " + ", ".join(
+                    f"{level} {n}" for level, n in result.overdue.items()
+                )
             if result.returning_shares:
                 line += ", the returning tenant's share of its level a second at a time: " + (
                     " ".join(f"{v:.0%}" for v in result.returning_shares[:8])
