@@ -73,6 +73,11 @@ def test_gauge_dashboard_and_bullmq_agree_with_held_delayed_retried_and_paused_j
     assert direct == 5
     assert result.overdue == direct
     assert metric("queue_fair_overdue_waiting", job_type="email") == direct
+    by_level = {
+        level: metric("queue_fair_level_overdue_waiting", queue="email", priority_level=level)
+        for level in ("critical", "high", "normal", "low")
+    }
+    assert by_level == {"critical": 0, "high": 0, "normal": direct, "low": 0}
     assert stats["overdue_total"] == direct
     assert stats["levels"]["normal"]["overdue"] == direct
     assert all(stats["levels"][level]["overdue"] == 0 for level in ("critical", "high", "low"))
