@@ -74,7 +74,7 @@ def pause_tenant(tenant_id: str, *, actor: object = None, source: str = "") -> i
         BrokerError: Redis failed; the tenant may be paused in some queues only (call
             again: pausing twice is harmless), and nothing was audited.
     """
-    tenant_id = validate_tenant_id(tenant_id)
+    tenant_id = validate_tenant_id(tenant_id, none_allowed=False)
     moved = _set_paused(tenant_id, True)
     try:
         _record(tenant_id, True, actor, source)
@@ -95,7 +95,7 @@ def resume_tenant(tenant_id: str, *, actor: object = None, source: str = "") -> 
         InvalidTenantError: ``tenant_id`` is not a tenant id.
         BrokerError: Redis failed; call again (resuming twice is harmless).
     """
-    tenant_id = validate_tenant_id(tenant_id)
+    tenant_id = validate_tenant_id(tenant_id, none_allowed=False)
     _record(tenant_id, False, actor, source)
     return _set_paused(tenant_id, False)
 

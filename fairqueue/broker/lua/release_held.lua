@@ -91,6 +91,8 @@ end
 if mode == 'pullback' then
   local moved = 0
   for _, t in ipairs(tenants) do
+    -- its retries that BullMQ re-added, or that wait out a backoff, are held first
+    fqOccupied(L, prefix, KEYS[4], KEYS[5], K.prioritized, t, true, KEYS[2], KEYS[8])
     local back = {}
     for _, id in ipairs(redis.call('SMEMBERS', L .. ':out:' .. t)) do
       local score = redis.call('ZSCORE', K.prioritized, id)
@@ -127,16 +129,21 @@ for _, t in ipairs(tenants) do
     redis.call('RPUSH', heldKey, unpack(due))
     redis.call('ZREM', laterKey, unpack(due))
   end
+  local tokens = nil -- the rate bucket's tokens, when the tenant has a rate limit
+  local encoded = redis.call('HGET', L, t)
+  local paused = redis.call('HEXISTS', L .. ':paused', t) == 1
+  -- the slots it occupies, checked against BullMQ's own sets at every visit: a tenant
+  -- stays in L:tenants until its last released job has finished, so none is left behind;
+  -- a limited or paused tenant's jobs that BullMQ made takeable again (retries) are held
+  local occupied, takeable = fqOccupied(L, prefix, KEYS[4], KEYS[5], K.prioritized, t,
+    encoded ~= false or paused or redis.call('HEXISTS', L .. ':catchup', t) == 1, KEYS[2],
+    KEYS[8])
   local later = redis.call('EXISTS', laterKey) == 1
   local held = redis.call('LLEN', heldKey)
-  local tokens = nil -- the rate bucket's tokens, when the tenant has a rate limit
-  -- the slots it occupies, checked against BullMQ's own sets at every visit: a tenant
-  -- stays in L:tenants until its last released job has finished, so none is left behind
-  local occupied, takeable = fqOccupied(L, prefix, KEYS[4], KEYS[5], K.prioritized, t)
   if held > 0 then
-    local lim = fqSplitLimits(redis.call('HGET', L, t))
+    local lim = fqSplitLimits(encoded or nil)
     local count, reason = held, nil
-    if redis.call('HEXISTS', L .. ':paused', t) == 1 then
+    if paused then
       count, reason = 0, 'paused'
     else
       if lim.maxActive then

@@ -25,6 +25,9 @@
 ]]
 local fqHeldMs = {{HELD_MS}}
 local fqHeldScore = fqHeldMs * 4096 -- BullMQ's delayed score: timestamp * 0x1000
+-- Past every fair score: where BullMQ re-adds a job that runs again (its hash's priority
+-- is the cap), counter added.
+local fqRerunScore = {{CAP_SCORE}}
 
 -- A tenant's limits as numbers (nil: no limit of that kind).
 local function fqSplitLimits(encoded)
@@ -36,10 +39,65 @@ local function fqSplitLimits(encoded)
   return {maxActive = f[1], rateMax = f[2], rateMs = f[3], maxWaiting = f[4]}
 end
 
+-- Hold a job BullMQ just added to its prioritized set (or re-hold a released one).
+local function fqHoldJob(L, prioritizedKey, delayedKey, eventsKey, jobId, tenant, meta)
+  redis.call('ZREM', prioritizedKey, jobId)
+  redis.call('ZADD', delayedKey, string.format('%.17g', fqHeldScore), jobId)
+  redis.call('RPUSH', L .. ':held:' .. tenant, jobId)
+  if meta then redis.call('HSET', L .. ':meta', jobId, meta) end
+  redis.call('SADD', L .. ':tenants', tenant)
+  redis.call('XADD', eventsKey, '*', 'event', 'delayed', 'jobId', jobId, 'delay', fqHeldMs)
+end
+
+-- Whether a job of tenant t is held rather than placed: the tenant has limits, or is
+-- paused or catching up (anyHolds: L:paused or L:catchup has anyone at all). memo: a
+-- call's answers by tenant.
+local function fqHolding(L, t, anyHolds, memo)
+  local known = memo[t]
+  if known ~= nil then return known end
+  known = redis.call('HEXISTS', L, t) == 1 or (anyHolds and (
+    redis.call('HEXISTS', L .. ':paused', t) == 1 or redis.call('HEXISTS', L .. ':catchup', t) == 1))
+  memo[t] = known
+  return known
+end
+
+-- A released job of tenant t that runs again (BullMQ re-added it: a retry, a promoted
+-- backoff, a stalled job's recovery): it no longer occupies a slot until it is released
+-- again, and the release that started its last attempt stays in the rate log under
+-- another member, so the next release of the same job counts as a start of its own.
+local function fqRerunLeaves(L, t, jobId)
+  if redis.call('SREM', L .. ':out:' .. t, jobId) == 0 then return end
+  local rateKey = L .. ':rate:' .. t
+  local at = redis.call('ZSCORE', rateKey, jobId)
+  if at then
+    redis.call('ZREM', rateKey, jobId)
+    redis.call('ZADD', rateKey, at, jobId .. '#' .. at)
+  end
+end
+
+-- A job of a held tenant that BullMQ made takeable (a retry, a promoted backoff or
+-- delayed job, a stalled job it recovered): back to the tenant's held jobs, behind those
+-- held already, as a new arrival of its flow (every attempt is a turn, and goes through
+-- the tenant's limits: a paused tenant's retries stay held). It must be out of BullMQ's
+-- wait list already (the prioritized set's entry is dropped here). Its meta is kept, or
+-- made from level and weight.
+local function fqRehold(L, prioritizedKey, delayedKey, eventsKey, jobId, t, level, weight)
+  fqRerunLeaves(L, t, jobId)
+  if redis.call('HEXISTS', L .. ':meta', jobId) == 0 then
+    redis.call('HSET', L .. ':meta', jobId, (level or 'normal') .. '\n' .. (weight or 1) .. '\n')
+  end
+  fqHoldJob(L, prioritizedKey, delayedKey, eventsKey, jobId, t, nil)
+end
+
 -- The tenant's released jobs that have not finished, after dropping the finished ones
 -- (gone, completed or failed in BullMQ's own sets): the slots it occupies, and how many
--- of them no worker has taken yet (still in the prioritized set).
-local function fqOccupied(L, prefix, completedKey, failedKey, prioritizedKey, tenant)
+-- of them no worker has taken yet (still in the prioritized set). hold (the tenant has
+-- limits or is paused): a released job that BullMQ made takeable again on its own (at
+-- the cap, past every fair score: a retry) is held again, and one waiting out a backoff
+-- in the delayed set is held until it is due (L:later), so every attempt is released
+-- through the tenant's limits and counted by its rate.
+local function fqOccupied(L, prefix, completedKey, failedKey, prioritizedKey, tenant, hold,
+    delayedKey, eventsKey)
   local outKey = L .. ':out:' .. tenant
   local n, takeable = 0, 0
   for _, id in ipairs(redis.call('SMEMBERS', outKey)) do
@@ -48,8 +106,18 @@ local function fqOccupied(L, prefix, completedKey, failedKey, prioritizedKey, te
       redis.call('SREM', outKey, id)
       redis.call('HDEL', L .. ':meta', id)
     else
-      n = n + 1
-      if redis.call('ZSCORE', prioritizedKey, id) then takeable = takeable + 1 end
+      local score = tonumber(redis.call('ZSCORE', prioritizedKey, id))
+      local due = hold and not score and tonumber(redis.call('ZSCORE', delayedKey, id))
+      if hold and score and score > fqRerunScore then
+        fqRehold(L, prioritizedKey, delayedKey, eventsKey, id, tenant)
+      elseif due and due < fqHeldScore then
+        fqRerunLeaves(L, tenant, id)
+        redis.call('ZADD', delayedKey, 'XX', string.format('%.17g', fqHeldScore), id)
+        redis.call('ZADD', L .. ':later:' .. tenant, math.floor(due / 4096), id)
+      else
+        n = n + 1
+        if score then takeable = takeable + 1 end
+      end
     end
   end
   return n, takeable
@@ -62,16 +130,6 @@ local function fqWaitingOf(L, prioritizedKey, tenant)
     if redis.call('ZSCORE', prioritizedKey, id) then n = n + 1 end
   end
   return n
-end
-
--- Hold a job BullMQ just added to its prioritized set (or re-hold a released one).
-local function fqHoldJob(L, prioritizedKey, delayedKey, eventsKey, jobId, tenant, meta)
-  redis.call('ZREM', prioritizedKey, jobId)
-  redis.call('ZADD', delayedKey, string.format('%.17g', fqHeldScore), jobId)
-  redis.call('RPUSH', L .. ':held:' .. tenant, jobId)
-  if meta then redis.call('HSET', L .. ':meta', jobId, meta) end
-  redis.call('SADD', L .. ':tenants', tenant)
-  redis.call('XADD', eventsKey, '*', 'event', 'delayed', 'jobId', jobId, 'delay', fqHeldMs)
 end
 
 -- Keep the queue's K.state 'holds' flag (read by fqClock in the add script's one HMGET,

