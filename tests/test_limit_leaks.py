@@ -18,7 +18,7 @@ from fairqueue.exceptions import InvalidTenantError
 from fairqueue.models import TenantPlan
 from tests.conftest import REDIS_URL
 from tests.helpers import wait_until
-from tests.test_limits import counts
+from tests.test_limits import counts, release
 from tests.test_node_worker import NODE_DIR
 
 pytestmark = pytest.mark.django_db
@@ -89,8 +89,7 @@ def limited(fq_prefix):
     return fq_prefix
 
 
-@pytest.fixture
-def loop_running(limited):
+def start_loop():
     import threading
 
     from fairqueue.rebalance.loop import Rebalancer
@@ -99,6 +98,21 @@ def loop_running(limited):
     thread = threading.Thread(target=rebalancer.run, daemon=True)
     thread.start()
     assert wait_until(lambda: all(lock.held for lock in rebalancer.locks.values()), 10)
+    return rebalancer, thread
+
+
+@pytest.fixture
+def loop_running(limited):
+    rebalancer, thread = start_loop()
+    yield rebalancer
+    rebalancer.request_stop()
+    thread.join(10)
+
+
+@pytest.fixture
+def loop_running_bare(fq_prefix):
+    """The loop, for a test that makes its own plans."""
+    rebalancer, thread = start_loop()
     yield rebalancer
     rebalancer.request_stop()
     thread.join(10)
@@ -154,3 +168,47 @@ def test_pause_tenant__none_is_refused_with_what_it_accepts():
     assert str(info.value) == (
         "tenant_id=None is not allowed: expected a non-empty string of at most 255 characters"
     )
+
+
+def test_pause__delayed_jobs_added_before_it_stay_held_when_due(node, fq_prefix, redis_client):
+    """A tenant without limits has 3 jobs delayed 1 s; it is paused; they come due while a
+    16-slot Node worker idles (the promotion of due jobs is the worker's): none starts.
+    After the resume all 3 run, once each."""
+    delayed = [
+        enqueue_job("email", {"n": n}, tenant_id="zed", delay_ms=1000).job_id for n in range(3)
+    ]
+    pause_tenant("zed")
+    assert redis_client.zcard(f"{fq_prefix}:email:fq:lim:later:zed") == 3
+    starts = NodeWorker(node, fq_prefix, run_ms=2500, job_ms=20).starts()
+    assert starts == []  # without the fix: 3 of 3 ran
+    assert counts(fq_prefix)["delayed"] == 3
+    resume_tenant("zed")
+    worker = NodeWorker(node, fq_prefix, run_ms=2500, job_ms=20)
+    while redis_client.zcard(f"{fq_prefix}:email:delayed"):
+        release()  # what the loop does every 20 ms (no loop runs here)
+        time.sleep(0.02)
+    assert sorted(s.job_id for s in worker.starts()) == sorted(delayed)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_first_limits__saved_on_a_plan_reach_its_delayed_jobs(
+    node, fq_prefix, redis_client, loop_running_bare
+):
+    """20 jobs delayed 1 s, then max_active=2 saved on the tenant's plan: once due, at
+    most 2 of them run at once under a 16-slot Node worker, and all 20 run."""
+    plan = TenantPlan.objects.create(tenant_id="late", plan_tier="pro")
+    wire_tenant_plan_lookup()
+    ids = [
+        enqueue_job("email", {"n": n}, tenant_id="late", delay_ms=1000).job_id for n in range(20)
+    ]
+    plan.max_active = 2
+    plan.save()  # committed: its limits go to Redis, its delayed jobs are held
+    worker = NodeWorker(node, fq_prefix, run_ms=5000, job_ms=150)
+    most = 0
+    deadline = time.monotonic() + 4.5
+    while time.monotonic() < deadline:
+        most = max(most, sum(i in ids for i in active_ids(redis_client, fq_prefix)))
+        time.sleep(0.01)
+    starts = worker.starts()
+    assert most <= 2, most  # without the fix: 16 at once
+    assert sorted(s.job_id for s in starts) == sorted(ids)  # every one, once

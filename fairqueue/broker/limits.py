@@ -81,6 +81,7 @@ def release_keys(prefix: str, queue: str) -> list[str]:
         *(f"{prefix}:{queue}:{name}" for name in _BULLMQ_KEYS),
         *fair_keys(prefix, queue),
         limits_key(prefix, queue),
+        f"{prefix}:{queue}:wait",
     ]
 
 
@@ -172,25 +173,30 @@ class LimitStore(BrokerPart):
         )
 
     async def _hold_untracked(self, queue: str, tenant_id: str) -> int:
-        """Hold a pausing (or newly limited) tenant's takeable jobs that fairqueue never
-        held (added before it had limits), a page of the prioritized set per call in score
-        order, so none of them starts once the pause returns (or beyond the new limit).
-        Rare and bounded per call; O(backlog) overall."""
+        """Hold a pausing (or newly limited) tenant's jobs that fairqueue never held
+        (added before it had limits): its takeable jobs, a page of the prioritized set per
+        call in score order, then a page of BullMQ's wait list per call; and its delayed
+        jobs not held, a page of the delayed set per call, each held until it is due. So
+        none of them starts once the pause returns (or beyond the new limit), whether it
+        was waiting or delayed. Rare and bounded per call; O(backlog) overall."""
         base = limits_key(self.conn.prefix, queue)
         first = await self.conn.guard(self.conn.client().lindex(f"{base}:held:{tenant_id}", 0))
         script = self.conn.script(release_held_script())
         keys = release_keys(self.conn.prefix, queue)
         args = release_args(self.conn.prefix, queue, [tenant_id], "time", "scan")
         args[4] = SCAN_PAGE
-        score, member, moved = "", "", 0
-        while True:
-            reply = await self.conn.guard(
-                script(keys=keys, args=[*args, score, member, first or ""])
-            )
-            moved += int(reply[0])
-            score, member = str(reply[1]), str(reply[2])
-            if int(reply[3]):
-                return moved
+        moved = 0
+        for where in ("prioritized", "wait", "delayed"):
+            score, member = "", ""
+            while True:
+                reply = await self.conn.guard(
+                    script(keys=keys, args=[*args, score, member, first or "", where])
+                )
+                moved += int(reply[0])
+                score, member = str(reply[1]), str(reply[2])
+                if int(reply[3]):
+                    break
+        return moved
 
     async def set_limits(self, queue: str, tenant_id: str, limits: TenantLimits) -> int:
         """Store a tenant's limits (an admin edit: the release step uses them before the

@@ -42,7 +42,8 @@ for _, candidate in ipairs(candidates) do
   if level and not fqDry and fqHolding(fqL, tenant, fqAnyHolds, fqHoldingMemo) then
     if inWait then redis.call('LREM', KEYS[1], -1, jobId) end
     if meta then redis.call('HDEL', fqK.jobs, jobId) end
-    fqRehold(fqL, fqK.prioritized, KEYS[15], KEYS[16], jobId, tenant, level, weight)
+    fqRehold(fqL, fqK.prioritized, KEYS[15], KEYS[16], fqK.ready, fqPrefix .. jobId, jobId,
+      tenant, level, weight, ready)
     held = held + 1
   elseif level then
     local overdue = fqNow - ready > fqBound

@@ -20,7 +20,8 @@ for _, jobId in ipairs(stalled) do
   if not doomed and redis.call('LREM', KEYS[2], -1, jobId) == 1 then
     local level, tenant, weight, ready = fqForeign(fqK, fqPrefix, jobId, fqNow, fqMaxPayload)
     if level and fqHolding(KEYS[17], tenant, fqAnyHolds, fqHoldingMemo) then
-      fqRehold(KEYS[17], fqK.prioritized, KEYS[18], KEYS[8], jobId, tenant, level, weight)
+      fqRehold(KEYS[17], fqK.prioritized, KEYS[18], KEYS[8], fqK.ready, fqPrefix .. jobId,
+        jobId, tenant, level, weight, ready)
       held = held + 1
     elseif level then
       local overdue = fqNow - ready > fqBound

@@ -75,17 +75,33 @@ local function fqRerunLeaves(L, t, jobId)
   end
 end
 
+-- Drop a job's entry from the ready-time index (K.ready .. ':' .. second, blanked as the
+-- walk blanks one) for each ready time given (nil: none), and its fqRel mark: a held job
+-- is indexed when it is released (release_held), so it has one entry and its held time
+-- does not count against the wait bound. readyKey: K.ready; jobKey: its hash.
+local function fqUnindex(readyKey, jobKey, jobId, readyMs)
+  local released = redis.call('HGET', jobKey, 'fqRel')
+  for _, ms in ipairs({tonumber(released), readyMs}) do
+    local key = readyKey .. ':' .. string.format('%d', math.floor(ms / 1000))
+    local at = redis.call('LPOS', key, jobId)
+    if at then redis.call('LSET', key, at, '') end
+  end
+  if released then redis.call('HDEL', jobKey, 'fqRel') end
+end
+
 -- A job of a held tenant that BullMQ made takeable (a retry, a promoted backoff or
 -- delayed job, a stalled job it recovered): back to the tenant's held jobs, behind those
 -- held already, as a new arrival of its flow (every attempt is a turn, and goes through
 -- the tenant's limits: a paused tenant's retries stay held). It must be out of BullMQ's
 -- wait list already (the prioritized set's entry is dropped here). Its meta is kept, or
--- made from level and weight.
-local function fqRehold(L, prioritizedKey, delayedKey, eventsKey, jobId, t, level, weight)
+-- made from level and weight; readyMs: when it became ready (nil: unknown).
+local function fqRehold(L, prioritizedKey, delayedKey, eventsKey, readyKey, jobKey, jobId, t,
+    level, weight, readyMs)
   fqRerunLeaves(L, t, jobId)
   if redis.call('HEXISTS', L .. ':meta', jobId) == 0 then
     redis.call('HSET', L .. ':meta', jobId, (level or 'normal') .. '\n' .. (weight or 1) .. '\n')
   end
+  fqUnindex(readyKey, jobKey, jobId, readyMs)
   fqHoldJob(L, prioritizedKey, delayedKey, eventsKey, jobId, t, nil)
 end
 
@@ -97,7 +113,7 @@ end
 -- in the delayed set is held until it is due (L:later), so every attempt is released
 -- through the tenant's limits and counted by its rate.
 local function fqOccupied(L, prefix, completedKey, failedKey, prioritizedKey, tenant, hold,
-    delayedKey, eventsKey)
+    delayedKey, eventsKey, readyKey)
   local outKey = L .. ':out:' .. tenant
   local n, takeable = 0, 0
   for _, id in ipairs(redis.call('SMEMBERS', outKey)) do
@@ -109,9 +125,10 @@ local function fqOccupied(L, prefix, completedKey, failedKey, prioritizedKey, te
       local score = tonumber(redis.call('ZSCORE', prioritizedKey, id))
       local due = hold and not score and tonumber(redis.call('ZSCORE', delayedKey, id))
       if hold and score and score > fqRerunScore then
-        fqRehold(L, prioritizedKey, delayedKey, eventsKey, id, tenant)
+        fqRehold(L, prioritizedKey, delayedKey, eventsKey, readyKey, prefix .. id, id, tenant)
       elseif due and due < fqHeldScore then
         fqRerunLeaves(L, tenant, id)
+        fqUnindex(readyKey, prefix .. id, id, nil)
         redis.call('ZADD', delayedKey, 'XX', string.format('%.17g', fqHeldScore), id)
         redis.call('ZADD', L .. ':later:' .. tenant, math.floor(due / 4096), id)
       else
