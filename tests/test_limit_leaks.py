@@ -212,3 +212,57 @@ def test_first_limits__saved_on_a_plan_reach_its_delayed_jobs(
     starts = worker.starts()
     assert most <= 2, most  # without the fix: 16 at once
     assert sorted(s.job_id for s in starts) == sorted(ids)  # every one, once
+
+
+@pytest.mark.django_db(transaction=True)
+def test_redis_lost_its_keys__pauses_and_limits_come_back_from_the_database(
+    node, limited, redis_client
+):
+    """'acme' (a row, max_active 2) and 'zed' (no row) are paused; then Redis loses every
+    key of the queue (a restart without persistence, a flush). An enqueue whose lookup
+    says paused holds its job at once; the loop's start rebuilds the rest from the
+    database (zed's pause from its audit record), and a pass after a second loss does
+    again. Under a 16-slot Node worker only beta's jobs run."""
+    from tests.conftest import delete_prefix
+
+    pause_tenant("acme")
+    pause_tenant("zed")
+    delete_prefix(limited)  # Redis forgot: no limits, no pauses, no jobs
+    base = f"{limited}:email:fq:lim"
+    acme = [j.job_id for j in enqueue_jobs("email", [{} for _ in range(3)], tenant_id="acme")]
+    assert counts(limited)["prioritized"] == 0  # held by the add: the lookup says paused
+    assert redis_client.hget(base, "acme") == "2\n\n\n"  # its limits came with it
+    zed = enqueue_job("email", {}, tenant_id="zed").job_id  # no row: nothing says paused yet
+    rebalancer, thread = start_loop()  # its first pass rebuilds from the database
+    try:
+        assert wait_until(lambda: redis_client.exists(f"{base}:synced"), 5)
+        assert sorted(redis_client.hkeys(f"{base}:paused")) == ["acme", "zed"]
+        assert redis_client.hget(f"{base}:paused", "acme") == "1"  # confirmed
+        beta = [j.job_id for j in enqueue_jobs("email", [{} for _ in range(20)], tenant_id="beta")]
+        starts = NodeWorker(node, limited, run_ms=2000, job_ms=20).starts()
+        assert sorted(s.job_id for s in starts) == sorted(beta)  # not acme's, not zed's
+        held = set(redis_client.lrange(f"{base}:held:acme", 0, -1))
+        assert held == set(acme)
+        assert redis_client.lrange(f"{base}:held:zed", 0, -1) == [zed]
+        # lost again while the loop runs: its next pass (1 s) rebuilds
+        delete_prefix(limited)
+        assert wait_until(lambda: redis_client.exists(f"{base}:synced"), 5)
+        assert sorted(redis_client.hkeys(f"{base}:paused")) == ["acme", "zed"]
+        assert redis_client.hget(base, "acme") == "2\n\n\n"
+    finally:
+        rebalancer.request_stop()
+        thread.join(10)
+
+
+def test_rebuild__lifts_a_pause_only_an_add_made_and_the_database_does_not_confirm(
+    limited, redis_client
+):
+    from fairqueue.tenants import rebuild_tenant_limits
+
+    base = f"{limited}:email:fq:lim"
+    pause_tenant("zed")  # by pause_tenant: never lifted by a rebuild
+    redis_client.hset(f"{base}:paused", "beta", "add")  # a stale producer's, say
+    assert rebuild_tenant_limits(["email"])
+    assert redis_client.hgetall(f"{base}:paused") == {"zed": "1"}
+    assert redis_client.hget(base, "acme") == "2\n\n\n"
+    assert not rebuild_tenant_limits(["email"], force=False)  # the copy is there: no work

@@ -89,6 +89,13 @@ class TenantLimits:
             for value in (self.max_active, self.rate_max, self.rate_duration_ms, self.max_waiting)
         )
 
+    def add_encoded(self) -> str:
+        """What an add sends: :meth:`encoded`, plus ``"\\np"`` when the lookup says the
+        tenant is paused. The add script drops the mark; it pauses the tenant only while
+        Redis has not had the database's copy rebuilt (after it lost fairqueue's keys),
+        so a pause Redis forgot still holds the job (``tenant_limits.lua``)."""
+        return self.encoded() + ("\np" if self.paused else "")
+
     @classmethod
     def from_encoded(cls, encoded: str | None, *, paused: bool = False) -> TenantLimits:
         """The limits :meth:`encoded` wrote (``None`` or ``""``: none), with ``paused``

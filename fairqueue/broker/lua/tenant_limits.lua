@@ -162,6 +162,19 @@ local function fqSyncHolds(L, stateKey)
   end
 end
 
+-- A tenant's encoded limits as an add sends them: ending in '\np' when the producer's
+-- plan lookup (the database) says it is paused. That mark is dropped; while Redis has not
+-- had the database's copy rebuilt (no L:synced: it lost fairqueue's keys, or no loop has
+-- run yet), it pauses the tenant here ('add', which the rebuild undoes if the database
+-- does not say so), so a pause Redis forgot still holds the job. Returns the limits.
+local function fqAddPause(L, t, encoded)
+  if string.sub(encoded, -2) ~= '\np' then return encoded end
+  if redis.call('EXISTS', L .. ':synced') == 0 then
+    redis.call('HSETNX', L .. ':paused', t, 'add')
+  end
+  return string.sub(encoded, 1, -3)
+end
+
 -- Which tenants of an add call are held, or a refusal (max_waiting). given: the call's
 -- JSON {tenant: encoded limits} ('' or nil when no tenant of the call has limits);
 -- tenantAt: where a job's tenant is in its entry.
@@ -189,6 +202,6 @@ local function fqHeldTenants(L, prioritizedKey, given, jobs, tenantAt)
       end
     end
   end
-  for t, encoded in pairs(limits) do redis.call('HSET', L, t, encoded) end
+  for t, encoded in pairs(limits) do redis.call('HSET', L, t, fqAddPause(L, t, encoded)) end
   return hold
 end
