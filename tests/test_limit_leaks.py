@@ -266,3 +266,32 @@ def test_rebuild__lifts_a_pause_only_an_add_made_and_the_database_does_not_confi
     assert redis_client.hgetall(f"{base}:paused") == {"zed": "1"}
     assert redis_client.hget(base, "acme") == "2\n\n\n"
     assert not rebuild_tenant_limits(["email"], force=False)  # the copy is there: no work
+
+
+# -- a rate limit counts every attempt ---------------------------------------------------
+
+
+def test_rate_limit__counts_every_attempt_retries_included(
+    node, limited, loop_running, redis_client
+):
+    """rate_max=2 per 1,000 ms; jobs that always fail, attempts=10, a 16-slot Node worker:
+    every attempt goes through the rate, counted when it starts. At most rate_max start
+    in any second, and about rate_max a second over the run."""
+    TenantPlan.objects.filter(tenant_id="acme").update(
+        max_active=None, rate_max=2, rate_duration_ms=1000
+    )
+    from fairqueue.enqueue.lookups import forget_tenant_plan
+
+    forget_tenant_plan("acme")
+    for n in range(8):
+        enqueue_job("email", {"n": n}, tenant_id="acme", attempts=10)
+    starts = [
+        s.at_ms
+        for s in NodeWorker(node, limited, run_ms=5000, job_ms=10, fail="acme").starts()
+        if s.tenant == "acme"
+    ]
+    most = max(sum(1 for other in starts if at <= other < at + 1000) for at in starts)
+    print("attempt starts", len(starts), "most in a second", most)
+    assert most <= 2, most  # without the fix: retries bypassed the rate (23 a second)
+    assert len(starts) <= 2 * 5 + 2, len(starts)
+    assert len(starts) >= 2 * 4  # and the rate is used

@@ -80,7 +80,7 @@ if mode == 'scan' and (ARGV[9] == 'delayed' or ARGV[9] == 'wait') then
         level, tenant, weight, ready = fqForeign(K, prefix, id, now, #data)
       end
       if level and tenant == t then
-        fqRerunLeaves(L, t, id)
+        fqRerunLeaves(L, t, prefix .. id, id)
         if redis.call('HEXISTS', L .. ':meta', id) == 0 then
           redis.call('HSET', L .. ':meta', id, level .. '\n' .. weight .. '\n')
         end
@@ -157,7 +157,7 @@ if mode == 'pullback' then
   for _, t in ipairs(tenants) do
     -- its retries that BullMQ re-added, or that wait out a backoff, are held first
     fqOccupied(L, prefix, KEYS[4], KEYS[5], K.prioritized, t, true, KEYS[2], KEYS[8],
-      K.ready)
+      K.ready, fqNowMs())
     local back = {}
     for _, id in ipairs(redis.call('SMEMBERS', L .. ':out:' .. t)) do
       local score = redis.call('ZSCORE', K.prioritized, id)
@@ -200,13 +200,14 @@ for _, t in ipairs(tenants) do
   -- the slots it occupies, checked against BullMQ's own sets at every visit: a tenant
   -- stays in L:tenants until its last released job has finished, so none is left behind;
   -- a limited or paused tenant's jobs that BullMQ made takeable again (retries) are held
-  local occupied, takeable = fqOccupied(L, prefix, KEYS[4], KEYS[5], K.prioritized, t,
-    encoded ~= false or paused or redis.call('HEXISTS', L .. ':catchup', t) == 1, KEYS[2],
-    KEYS[8], K.ready)
+  local lim = fqSplitLimits(encoded or nil)
+  local since = lim.rateMax and lim.rateMs and now - lim.rateMs
+  local occupied, takeable, takeableOld = fqOccupied(L, prefix, KEYS[4], KEYS[5], K.prioritized,
+    t, encoded ~= false or paused or redis.call('HEXISTS', L .. ':catchup', t) == 1, KEYS[2],
+    KEYS[8], K.ready, now, since)
   local later = redis.call('EXISTS', laterKey) == 1
   local held = redis.call('LLEN', heldKey)
   if held > 0 then
-    local lim = fqSplitLimits(encoded or nil)
     local count, reason = held, nil
     if paused then
       count, reason = 0, 'paused'
@@ -218,8 +219,11 @@ for _, t in ipairs(tenants) do
       end
       local rateKey = L .. ':rate:' .. t
       if lim.rateMax and lim.rateMs then
+        -- the log holds each release until its job starts, then its start (fqStamp): a
+        -- window counts the starts in it, the releases not started yet, and (takeableOld)
+        -- the untaken jobs released before it, so no window holds more than rate_max starts
         redis.call('ZREMRANGEBYSCORE', rateKey, '-inf', now - lim.rateMs)
-        local room = lim.rateMax - redis.call('ZCARD', rateKey)
+        local room = lim.rateMax - redis.call('ZCARD', rateKey) - takeableOld
         -- paced by a small bucket refilled at the rate (fairqueue.scheduling.limits
         -- .rate_burst), so starts spread over the window instead of coming in bursts of
         -- rate_max; the log above still bounds any window to rate_max
@@ -273,6 +277,7 @@ for _, t in ipairs(tenants) do
         end
         local level, weight, cost = string.match(meta, '^([^\n]*)\n([^\n]*)\n([^\n]*)$')
         redis.call('ZREM', KEYS[2], id)
+        fqGuardRetries(prefix .. id)
         local score = fqPlace(K, c, level, t, tonumber(weight), false, tonumber(cost))
         redis.call('ZADD', K.prioritized, string.format('%.17g', score or fqCap * fqScore), id)
         fqPlaced(K, c, score)

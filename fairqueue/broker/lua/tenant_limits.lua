@@ -28,6 +28,9 @@ local fqHeldScore = fqHeldMs * 4096 -- BullMQ's delayed score: timestamp * 0x100
 -- Past every fair score: where BullMQ re-adds a job that runs again (its hash's priority
 -- is the cap), counter added.
 local fqRerunScore = {{CAP_SCORE}}
+-- The backoff a released job of a held tenant carries (fairqueue.broker.common
+-- .RETRY_HELD_MS): its failed attempts land in BullMQ's delayed set this far ahead.
+local fqRetryHeldMs = {{RETRY_HELD_MS}}
 
 -- A tenant's limits as numbers (nil: no limit of that kind).
 local function fqSplitLimits(encoded)
@@ -61,13 +64,22 @@ local function fqHolding(L, t, anyHolds, memo)
   return known
 end
 
+-- A released job's entry in its tenant's rate log moves from its release time to when
+-- its attempt started (BullMQ's processedOn, the worker's clock), once a worker took it:
+-- the log counts starts. rateKey: L:rate:<t>.
+local function fqStamp(rateKey, jobKey, jobId)
+  local started = tonumber(redis.call('HGET', jobKey, 'processedOn'))
+  if started then redis.call('ZADD', rateKey, 'XX', 'GT', started, jobId) end
+end
+
 -- A released job of tenant t that runs again (BullMQ re-added it: a retry, a promoted
 -- backoff, a stalled job's recovery): it no longer occupies a slot until it is released
--- again, and the release that started its last attempt stays in the rate log under
--- another member, so the next release of the same job counts as a start of its own.
-local function fqRerunLeaves(L, t, jobId)
+-- again, and the start of its last attempt stays in the rate log under another member,
+-- so the next release of the same job counts as a start of its own.
+local function fqRerunLeaves(L, t, jobKey, jobId)
   if redis.call('SREM', L .. ':out:' .. t, jobId) == 0 then return end
   local rateKey = L .. ':rate:' .. t
+  fqStamp(rateKey, jobKey, jobId)
   local at = redis.call('ZSCORE', rateKey, jobId)
   if at then
     redis.call('ZREM', rateKey, jobId)
@@ -97,7 +109,15 @@ end
 -- made from level and weight; readyMs: when it became ready (nil: unknown).
 local function fqRehold(L, prioritizedKey, delayedKey, eventsKey, readyKey, jobKey, jobId, t,
     level, weight, readyMs)
-  fqRerunLeaves(L, t, jobId)
+  if redis.call('HEXISTS', L .. ':meta', jobId) == 1
+      and redis.call('SISMEMBER', L .. ':out:' .. t, jobId) == 0 then
+    -- held already (in L:held or L:later) and promoted by hand (job.promote(),
+    -- Queue.promoteJobs): back to the held score, its place in line kept
+    redis.call('ZREM', prioritizedKey, jobId)
+    redis.call('ZADD', delayedKey, string.format('%.17g', fqHeldScore), jobId)
+    return
+  end
+  fqRerunLeaves(L, t, jobKey, jobId)
   if redis.call('HEXISTS', L .. ':meta', jobId) == 0 then
     redis.call('HSET', L .. ':meta', jobId, (level or 'normal') .. '\n' .. (weight or 1) .. '\n')
   end
@@ -105,39 +125,97 @@ local function fqRehold(L, prioritizedKey, delayedKey, eventsKey, readyKey, jobK
   fqHoldJob(L, prioritizedKey, delayedKey, eventsKey, jobId, t, nil)
 end
 
+-- Before a held job is released: a job with attempts left gets the backoff
+-- fqRetryHeldMs (its own kept as fqBackoff, false for none), so a worker's failed attempt
+-- goes to BullMQ's delayed set out of reach instead of where an idle worker takes it at
+-- once, and the release step holds it again (fqOccupied). opts: the job hash's JSON.
+local function fqGuardRetries(jobKey)
+  local raw = redis.call('HGET', jobKey, 'opts')
+  if not raw or not string.find(raw, '"attempts"', 1, true) then return end
+  local ok, opts = pcall(cjson.decode, raw)
+  if not ok or type(opts) ~= 'table' or (tonumber(opts['attempts']) or 1) <= 1 then return end
+  local b = opts['backoff']
+  if type(b) == 'table' and b['type'] == 'fixed' and tonumber(b['delay']) == fqRetryHeldMs then
+    return
+  end
+  opts['fqBackoff'] = b or false
+  opts['backoff'] = {type = 'fixed', delay = fqRetryHeldMs}
+  redis.call('HSET', jobKey, 'opts', cjson.encode(opts))
+end
+
+-- The job's own backoff (ms) before its next attempt, from fqBackoff and its attempts
+-- made (BullMQ's fixed and exponential, without jitter; 0 for none or a custom one).
+local function fqOwnBackoff(jobKey)
+  local f = redis.call('HMGET', jobKey, 'opts', 'atm')
+  local ok, opts = pcall(cjson.decode, f[1] or 'null')
+  if not ok or type(opts) ~= 'table' then return 0 end
+  local b = opts['fqBackoff']
+  if type(b) == 'number' then return b end
+  if type(b) ~= 'table' then return 0 end
+  local delay = tonumber(b['delay']) or 0
+  if b['type'] == 'exponential' then
+    return math.floor(2 ^ ((tonumber(f[2]) or 1) - 1) * delay)
+  elseif b['type'] == 'fixed' then
+    return delay
+  end
+  return 0
+end
+
 -- The tenant's released jobs that have not finished, after dropping the finished ones
 -- (gone, completed or failed in BullMQ's own sets): the slots it occupies, and how many
--- of them no worker has taken yet (still in the prioritized set). hold (the tenant has
--- limits or is paused): a released job that BullMQ made takeable again on its own (at
--- the cap, past every fair score: a retry) is held again, and one waiting out a backoff
--- in the delayed set is held until it is due (L:later), so every attempt is released
--- through the tenant's limits and counted by its rate.
+-- of them no worker has taken yet (still in the prioritized set). A released job whose
+-- failed attempt BullMQ put fqRetryHeldMs ahead (fqGuardRetries) is held again, due
+-- after its own backoff (L:later, or at once behind the tenant's held jobs); with hold
+-- (the tenant has limits or is paused) so is one BullMQ made takeable again on its own
+-- (at the cap, past every fair score: a retry of a job released before it had the guard)
+-- or waiting out a backoff in the delayed set. So every attempt is released through the
+-- tenant's limits and counted by its rate. now: Redis's clock, ms. since (the tenant has
+-- a rate limit): where its window starts; each job's log entry is stamped with its start
+-- (fqStamp), and the third result counts its untaken jobs whose release left the window
+-- (they may still start within it).
 local function fqOccupied(L, prefix, completedKey, failedKey, prioritizedKey, tenant, hold,
-    delayedKey, eventsKey, readyKey)
+    delayedKey, eventsKey, readyKey, now, since)
   local outKey = L .. ':out:' .. tenant
-  local n, takeable = 0, 0
+  local rateKey = L .. ':rate:' .. tenant
+  local n, takeable, old = 0, 0, 0
   for _, id in ipairs(redis.call('SMEMBERS', outKey)) do
     if redis.call('EXISTS', prefix .. id) == 0 or redis.call('ZSCORE', completedKey, id)
         or redis.call('ZSCORE', failedKey, id) then
+      if since then fqStamp(rateKey, prefix .. id, id) end
       redis.call('SREM', outKey, id)
       redis.call('HDEL', L .. ':meta', id)
     else
       local score = tonumber(redis.call('ZSCORE', prioritizedKey, id))
-      local due = hold and not score and tonumber(redis.call('ZSCORE', delayedKey, id))
+      local due = not score and tonumber(redis.call('ZSCORE', delayedKey, id))
+      if due then due = math.floor(due / 4096) end
+      if due and due < fqHeldMs and due - now > fqRetryHeldMs / 2 then
+        due = now + fqOwnBackoff(prefix .. id) -- a guarded retry: its own backoff from now
+      elseif not hold then
+        due = nil
+      end
       if hold and score and score > fqRerunScore then
         fqRehold(L, prioritizedKey, delayedKey, eventsKey, readyKey, prefix .. id, id, tenant)
-      elseif due and due < fqHeldScore then
-        fqRerunLeaves(L, tenant, id)
+      elseif due and due <= now then
+        fqRehold(L, prioritizedKey, delayedKey, eventsKey, readyKey, prefix .. id, id, tenant)
+      elseif due and due < fqHeldMs then
+        fqRerunLeaves(L, tenant, prefix .. id, id)
         fqUnindex(readyKey, prefix .. id, id, nil)
         redis.call('ZADD', delayedKey, 'XX', string.format('%.17g', fqHeldScore), id)
-        redis.call('ZADD', L .. ':later:' .. tenant, math.floor(due / 4096), id)
+        redis.call('ZADD', L .. ':later:' .. tenant, due, id)
       else
         n = n + 1
-        if score then takeable = takeable + 1 end
+        if score then
+          takeable = takeable + 1
+          if since and (tonumber(redis.call('ZSCORE', rateKey, id)) or 0) <= since then
+            old = old + 1
+          end
+        elseif since then
+          fqStamp(rateKey, prefix .. id, id)
+        end
       end
     end
   end
-  return n, takeable
+  return n, takeable, old
 end
 
 -- The tenant's jobs waiting in the queue: held, or released and not taken yet.
