@@ -19,7 +19,7 @@ from django.db import models
 from django.utils.text import format_lazy
 from django.utils.translation import gettext_lazy as _
 
-from fairqueue.exceptions import InvalidPlanError
+from fairqueue.exceptions import InvalidPlanError, InvalidTenantError
 from fairqueue.plans import PlanTier, get_subscription_classifier, parse_plan
 from fairqueue.scheduling.levels import (
     DEFAULT_TENANT_WEIGHT,
@@ -116,6 +116,12 @@ class TenantPlan(models.Model):
         return self.display_name or self.tenant_id
 
     def clean(self) -> None:
+        from fairqueue.enqueue.priority import validate_tenant_id  # no import cycle
+
+        try:
+            validate_tenant_id(self.tenant_id, none_allowed=False)
+        except InvalidTenantError as exc:
+            raise ValidationError({"tenant_id": str(exc)}) from None
         if self.plan_tier:
             try:
                 parse_plan(self.plan_tier, argument="plan_tier")

@@ -9,6 +9,7 @@ stay in force.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from django.db import transaction
 
@@ -74,7 +75,7 @@ def pause_tenant(tenant_id: str, *, actor: object = None, source: str = "") -> i
         BrokerError: Redis failed; the tenant may be paused in some queues only (call
             again: pausing twice is harmless), and nothing was audited.
     """
-    tenant_id = validate_tenant_id(tenant_id)
+    tenant_id = validate_tenant_id(tenant_id, none_allowed=False)
     moved = _set_paused(tenant_id, True)
     try:
         _record(tenant_id, True, actor, source)
@@ -95,7 +96,7 @@ def resume_tenant(tenant_id: str, *, actor: object = None, source: str = "") -> 
         InvalidTenantError: ``tenant_id`` is not a tenant id.
         BrokerError: Redis failed; call again (resuming twice is harmless).
     """
-    tenant_id = validate_tenant_id(tenant_id)
+    tenant_id = validate_tenant_id(tenant_id, none_allowed=False)
     _record(tenant_id, False, actor, source)
     return _set_paused(tenant_id, False)
 
@@ -118,3 +119,71 @@ def sync_tenant_limits(tenant_id: str) -> None:
             sync_broker.run(sync_broker.broker.limits.release, queue, [tenant_id])
     except BrokerError as exc:
         logger.warning("tenant limits not synced to Redis (%s)", type(exc).__name__)
+
+
+def database_limits() -> tuple[dict[str, str], set[str]]:
+    """Every tenant's limits (encoded as Redis keeps them, tier defaults filled in) and
+    the paused tenants, as the database says: a ``TenantPlan``'s ``paused``, and for a
+    tenant paused without a row (``pause_tenant`` creates none), its latest
+    ``TenantPauseAudit`` record."""
+    from django.db.models import Max, Q
+
+    from fairqueue.enqueue.lookups import with_tier_defaults
+    from fairqueue.models import TenantPauseAudit, TenantPlan
+
+    plans = TenantPlan.objects.all()
+    if not get_settings().tenant_limits:  # no tier defaults: rows without limits have none
+        plans = plans.filter(
+            Q(max_active__isnull=False)
+            | Q(rate_max__isnull=False)
+            | Q(max_waiting__isnull=False)
+            | Q(paused=True)
+        )
+    limits: dict[str, str] = {}
+    paused: set[str] = set()
+    for plan in plans.iterator(chunk_size=2_000):
+        own = plan.own_limits()
+        merged = with_tier_defaults(own, plan.resolve_plan())
+        if merged.holds:
+            limits[plan.tenant_id] = merged.encoded()
+        if plan.paused:
+            paused.add(plan.tenant_id)
+    rowless = TenantPauseAudit.objects.exclude(tenant_id__in=TenantPlan.objects.values("tenant_id"))
+    latest = rowless.values("tenant_id").annotate(last=Max("id")).values("last")
+    paused.update(
+        TenantPauseAudit.objects.filter(id__in=latest, action=TenantPauseAudit.PAUSED).values_list(
+            "tenant_id", flat=True
+        )
+    )
+    return limits, paused
+
+
+def rebuild_tenant_limits(queues: Sequence[str] | None = None, *, force: bool = True) -> bool:
+    """Rebuild Redis's copy of the tenants' limits and pauses from the database, in
+    ``queues`` (default: every configured queue). ``force=False``: only in the queues
+    where the copy is missing (Redis lost fairqueue's keys: a restart without
+    persistence, a new server, a flush), which one ``EXISTS`` per queue tells: what the
+    loop checks at every pass. Returns whether it rebuilt anything."""
+    sync_broker = get_sync_broker()
+    store = sync_broker.broker.limits
+    wanted = [
+        queue
+        for queue in (queues if queues is not None else _queues())
+        if force or not sync_broker.run(store.synced, queue)
+    ]
+    if not wanted:
+        return False
+    limits, paused = database_limits()
+    for queue in wanted:
+        sync_broker.run(store.rebuild, queue, limits, paused)
+    logger.info("tenant limits and pauses rebuilt from the database in %d queue(s)", len(wanted))
+    return True
+
+
+def keep_tenant_limits(queue: str, *, force: bool = False) -> None:
+    """:func:`rebuild_tenant_limits` for one queue, for the loop and the Celery pass: a
+    failure (Redis or the database down) is logged by class and tried again next pass."""
+    try:
+        rebuild_tenant_limits([queue], force=force)
+    except Exception as exc:  # the pass goes on; the next one checks again
+        logger.warning("tenant limits not rebuilt (%s)", type(exc).__name__)

@@ -47,12 +47,17 @@ def fq_prefix(settings):
 
 @pytest.fixture(autouse=True)
 def _reset_plan_lookup():
+    from django.core.cache import cache as django_cache
+
     from fairqueue.enqueue import lookups  # imports the models: not before Django is set up
 
     priority.unwire_tenant_plan_lookup()
     priority.unwire_tenant_weight_lookup()
     plans.set_subscription_to_plan_tier(None)
     lookups.clear_local_plans()  # a rolled-back test database sends no signals
+    # nor does it drop the plans in the Django cache: a tenant paused in one test would
+    # still be paused for the next one's enqueues (an add sends the lookup's pause)
+    django_cache.clear()
     yield
     priority.unwire_tenant_plan_lookup()
     priority.unwire_tenant_weight_lookup()

@@ -46,19 +46,23 @@ limits_strategy = st.builds(
     st.integers(0, 60),
     st.integers(0, 8),
     st.booleans(),
+    st.integers(0, 8),
 )
 def test_release_room__never_exceeds_a_limit_and_releases_all_it_may(
-    limits, held, occupied, started, takeable, catching_up
+    limits, held, occupied, started, takeable, catching_up, untaken
 ):
     takeable = min(takeable, occupied)
+    untaken = min(untaken, takeable)  # released before the window, not taken yet
     release = release_room(
         limits,
         held=held,
         occupied=occupied,
         started_in_window=started,
         takeable=takeable,
+        untaken_before_window=untaken,
         catching_up=catching_up,
     )
+    started += untaken  # they may start within the window: counted as its starts
     assert 0 <= release.count <= held
     if limits.paused:
         assert release.count == 0
@@ -135,9 +139,10 @@ def redis_state(fq_prefix, redis_client):
     held=st.integers(0, 12),
     occupied=st.integers(0, 12),
     started=st.integers(0, 12),
+    untaken=st.integers(0, 3),
 )
 def test_release_script__releases_exactly_what_release_room_says(
-    redis_state, limits, held, occupied, started
+    redis_state, limits, held, occupied, started, untaken
 ):
     prefix, client = redis_state
     tenant = uuid.uuid4().hex[:8]
@@ -155,6 +160,13 @@ def test_release_script__releases_exactly_what_release_room_says(
         client.sadd(f"{base}:out:{tenant}", job_id)
     for i in range(started):  # releases inside the rate window
         client.zadd(f"{base}:rate:{tenant}", {f"{tenant}-r{i}": now_ms - 100})
+    for i in range(untaken):  # released before the window, still untaken (may start in it)
+        job_id = f"{tenant}-u{i}"
+        client.hset(f"{prefix}:email:{job_id}", mapping={"data": "{}"})
+        client.zadd(f"{prefix}:email:prioritized", {job_id: (1024 << 32) + 4 * i + 2})
+        client.sadd(f"{base}:out:{tenant}", job_id)
+        if limits.rate_max is not None:
+            client.zadd(f"{base}:rate:{tenant}", {job_id: now_ms - limits.rate_duration_ms - 5})
     client.sadd(f"{base}:tenants", tenant)
     client.hset(base, tenant, limits.encoded())
     if limits.paused:
@@ -164,8 +176,10 @@ def test_release_script__releases_exactly_what_release_room_says(
     expected = release_room(
         limits,
         held=held,
-        occupied=occupied,
+        occupied=occupied + untaken,
         started_in_window=started if limits.rate_max is not None else 0,
+        takeable=untaken,
+        untaken_before_window=untaken if limits.rate_max is not None else 0,
     )
     assert released.released == expected.count
     assert client.llen(f"{base}:held:{tenant}") == held - expected.count

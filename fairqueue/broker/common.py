@@ -26,6 +26,13 @@ BACK_OF_LINE: Final = MAX_PRIORITY
 #: second of the year 9999, so BullMQ tools show them as delayed and no stock worker ever
 #: promotes them; only ``release_held.lua`` moves them on.
 HELD_UNTIL_MS: Final = 253_402_300_799_000
+#: The backoff a job of a limited or paused tenant carries once released (``fixed``, ten
+#: years; its own backoff is kept in its opts as ``fqBackoff``): a worker's failed attempt
+#: with attempts left then goes to BullMQ's delayed set, out of every worker's reach,
+#: instead of straight back where an idle worker takes it at once, and the release step
+#: holds it again, due after its own backoff, so every attempt starts through the
+#: tenant's limits (``lua/tenant_limits.lua``). Its delayed score stays below 2**53.
+RETRY_HELD_MS: Final = 315_360_000_000
 #: Score units per unit of virtual time: a job's score is
 #: ``TAG_FLOOR * 2**32 + floor((tag - base) * TAG_RESOLUTION) * 4 + level rank``, so the
 #: fair order keeps 1/1024 of a tag (a lone low tenant's job is 12) at any backlog and

@@ -8,7 +8,7 @@ releases through the same atomic step and no job is released twice.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -23,6 +23,8 @@ from fairqueue.scheduling.limits import TenantLimits
 RELEASE_BUDGET: Final = 200
 #: Waiting jobs a pause's scan for the tenant's untracked jobs reads per call.
 SCAN_PAGE: Final = 500
+#: Tenants' limits one HSET of a rebuild writes.
+_REBUILD_CHUNK: Final = 1_000
 #: Tenants the dashboard's read lists at most.
 STATUS_TENANTS: Final = 200
 
@@ -81,6 +83,7 @@ def release_keys(prefix: str, queue: str) -> list[str]:
         *(f"{prefix}:{queue}:{name}" for name in _BULLMQ_KEYS),
         *fair_keys(prefix, queue),
         limits_key(prefix, queue),
+        f"{prefix}:{queue}:wait",
     ]
 
 
@@ -94,6 +97,10 @@ def release_args(
         "\n".join(tenants) if tenants else "",
         RELEASE_BUDGET,
     ]
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def parse_released(reply: Sequence[Any]) -> Released:
@@ -172,25 +179,30 @@ class LimitStore(BrokerPart):
         )
 
     async def _hold_untracked(self, queue: str, tenant_id: str) -> int:
-        """Hold a pausing (or newly limited) tenant's takeable jobs that fairqueue never
-        held (added before it had limits), a page of the prioritized set per call in score
-        order, so none of them starts once the pause returns (or beyond the new limit).
-        Rare and bounded per call; O(backlog) overall."""
+        """Hold a pausing (or newly limited) tenant's jobs that fairqueue never held
+        (added before it had limits): its takeable jobs, a page of the prioritized set per
+        call in score order, then a page of BullMQ's wait list per call; and its delayed
+        jobs not held, a page of the delayed set per call, each held until it is due. So
+        none of them starts once the pause returns (or beyond the new limit), whether it
+        was waiting or delayed. Rare and bounded per call; O(backlog) overall."""
         base = limits_key(self.conn.prefix, queue)
         first = await self.conn.guard(self.conn.client().lindex(f"{base}:held:{tenant_id}", 0))
         script = self.conn.script(release_held_script())
         keys = release_keys(self.conn.prefix, queue)
         args = release_args(self.conn.prefix, queue, [tenant_id], "time", "scan")
         args[4] = SCAN_PAGE
-        score, member, moved = "", "", 0
-        while True:
-            reply = await self.conn.guard(
-                script(keys=keys, args=[*args, score, member, first or ""])
-            )
-            moved += int(reply[0])
-            score, member = str(reply[1]), str(reply[2])
-            if int(reply[3]):
-                return moved
+        moved = 0
+        for where in ("prioritized", "wait", "delayed"):
+            score, member = "", ""
+            while True:
+                reply = await self.conn.guard(
+                    script(keys=keys, args=[*args, score, member, first or "", where])
+                )
+                moved += int(reply[0])
+                score, member = str(reply[1]), str(reply[2])
+                if int(reply[3]):
+                    break
+        return moved
 
     async def set_limits(self, queue: str, tenant_id: str, limits: TenantLimits) -> int:
         """Store a tenant's limits (an admin edit: the release step uses them before the
@@ -206,6 +218,43 @@ class LimitStore(BrokerPart):
         if not await self.conn.guard(client.hset(key, tenant_id, limits.encoded())):
             return 0  # had limits here already: its jobs since then are tracked
         return await self._hold_untracked(queue, tenant_id)
+
+    async def synced(self, queue: str) -> bool:
+        """Whether Redis holds the database's copy of ``queue``'s limits and pauses (the
+        mark :meth:`rebuild` leaves; gone when Redis lost fairqueue's keys)."""
+        base = limits_key(self.conn.prefix, queue)
+        return bool(await self.conn.guard(self.conn.client().exists(f"{base}:synced")))
+
+    async def rebuild(self, queue: str, limits: Mapping[str, str], paused: Collection[str]) -> int:
+        """Bring the database's limits and pauses to ``queue`` (``limits``: tenant ->
+        :meth:`TenantLimits.encoded`, ``paused``: the tenants it says are paused), then
+        leave the mark :meth:`synced` reads. A tenant paused in the database and not in
+        Redis is paused here as ``pause_tenant`` does (its takeable jobs pulled back, its
+        untracked ones held); a pause an add made while Redis had forgotten (``'add'``)
+        that the database does not confirm is lifted. A pause set by ``pause_tenant`` is
+        never lifted here (its database write may not have committed yet). Returns the
+        jobs pulled back or released."""
+        base = limits_key(self.conn.prefix, queue)
+        client = self.conn.client()
+        items = list(limits.items())
+        for start in range(0, len(items), _REBUILD_CHUNK):
+            chunk = dict(items[start : start + _REBUILD_CHUNK])
+            await self.conn.guard(client.hset(base, mapping=chunk))
+        current = {
+            _text(tenant): _text(how)
+            for tenant, how in (await self.conn.guard(client.hgetall(f"{base}:paused"))).items()
+        }
+        moved = 0
+        for tenant in sorted(set(paused)):
+            if tenant not in current:
+                moved += await self.set_paused(queue, tenant, True)
+            elif current[tenant] == "add":  # the database confirms it
+                await self.conn.guard(client.hset(f"{base}:paused", tenant, 1))
+        for tenant, how in sorted(current.items()):
+            if how == "add" and tenant not in paused:
+                moved += await self.set_paused(queue, tenant, False)
+        await self.conn.guard(client.set(f"{base}:synced", 1))
+        return moved
 
     async def waiting(self, queue: str, tenant_id: str) -> int:
         """A tenant's jobs waiting in ``queue``: held, or released and not taken yet (the

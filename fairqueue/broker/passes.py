@@ -16,6 +16,7 @@ from fairqueue.broker.common import (
     REBASE_MARGIN,
     REBASE_THRESHOLD,
     _int_or,
+    fair_key,
     fair_keys,
     parse_job_data,
 )
@@ -67,6 +68,9 @@ class AdoptedPage:
     #: Parked jobs still without room (the tag band is full until a rebase).
     parked: int
     examined: int
+    #: Jobs of tenants with limits or paused, held again instead of placed (a retry, a
+    #: promoted delayed job): they start only through their tenant's limits.
+    held: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +80,8 @@ class RecoveredStalled:
 
     recovered: int
     aged: int
+    #: Of those, jobs of tenants with limits or paused, held again instead of placed.
+    held: int = 0
 
 
 @dataclass(slots=True)
@@ -110,7 +116,14 @@ class PassStore(BrokerPart):
     def _adopt_keys(self, queue: str, lock_key: str) -> list[str]:
         bullmq = ("wait", "paused", "meta", "prioritized", "active", "pc", "marker")
         keys = [self.conn.key(queue, name) for name in bullmq]
-        return [*keys, *fair_keys(self.conn.prefix, queue), lock_key]
+        return [
+            *keys,
+            *fair_keys(self.conn.prefix, queue),
+            lock_key,
+            fair_key(self.conn.prefix, queue, "lim"),
+            self.conn.key(queue, "delayed"),
+            self.conn.key(queue, "events"),
+        ]
 
     async def adopt_page(
         self,
@@ -147,10 +160,12 @@ class PassStore(BrokerPart):
                 ],
             )
         )
-        status, adopted, aged, parked, examined = (int(value) for value in reply)
+        status, adopted, aged, parked, examined, *rest = (int(value) for value in reply)
         if status < 0:
             raise LockLostError(queue)
-        return AdoptedPage(adopted=adopted, aged=aged, parked=parked, examined=examined)
+        return AdoptedPage(
+            adopted=adopted, aged=aged, parked=parked, examined=examined, held=sum(rest)
+        )
 
     async def recover_stalled(
         self,
@@ -176,9 +191,10 @@ class PassStore(BrokerPart):
         keys = [self.conn.key(queue, name) for name in (*bullmq, "events", "repeat")]
         keys += [self.conn.key(queue, "prioritized"), *fair_keys(self.conn.prefix, queue)]
         script = self.conn.script(stalled_page_script())
+        limits = fair_key(self.conn.prefix, queue, "lim")
         reply = await self.conn.guard(
             script(
-                keys=[*keys, lock_key],
+                keys=[*keys, lock_key, limits, self.conn.key(queue, "delayed")],
                 args=[
                     max_stalled_count,
                     self.conn.key(queue, ""),
@@ -192,10 +208,10 @@ class PassStore(BrokerPart):
                 ],
             )
         )
-        status, recovered, aged = (int(value) for value in reply)
+        status, recovered, aged, held = (int(value) for value in reply)
         if status < 0:
             raise LockLostError(queue)
-        return RecoveredStalled(recovered=recovered, aged=aged)
+        return RecoveredStalled(recovered=recovered, aged=aged, held=held)
 
     async def walk_index_page(
         self,

@@ -22,7 +22,13 @@ from importlib.resources import files
 
 from bullmq.redis_connection import loadScript
 
-from fairqueue.broker.common import HELD_UNTIL_MS, MAX_PRIORITY, TAG_FLOOR, TAG_RESOLUTION
+from fairqueue.broker.common import (
+    HELD_UNTIL_MS,
+    MAX_PRIORITY,
+    RETRY_HELD_MS,
+    TAG_FLOOR,
+    TAG_RESOLUTION,
+)
 from fairqueue.dashboard.history import WAIT_EDGES
 from fairqueue.scheduling.limits import CATCHUP_AHEAD, TAKEABLE_CAP
 from fairqueue.scheduling.order import (
@@ -59,6 +65,7 @@ _CONSTANTS = {
     "MAX_COST": repr(MAX_COST_TURNS),
     "COST_DEAD_BAND": repr(COST_DEAD_BAND),
     "HELD_MS": HELD_UNTIL_MS,
+    "RETRY_HELD_MS": RETRY_HELD_MS,
     "CATCHUP_AHEAD": CATCHUP_AHEAD,
     "TAKEABLE_CAP": TAKEABLE_CAP,
     "WAIT_EDGES": "{" + ", ".join(str(edge) for edge in WAIT_EDGES) + "}",

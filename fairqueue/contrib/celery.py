@@ -16,6 +16,7 @@ from celery import shared_task
 from fairqueue.conf import get_settings
 from fairqueue.exceptions import BrokerError
 from fairqueue.rebalance.passes import rebalance_as_leader, rebalancer_id
+from fairqueue.tenants import keep_tenant_limits
 
 logger = logging.getLogger("fairqueue.tasks")
 
@@ -53,5 +54,6 @@ def rebalance_fair(job_types: Sequence[str] | None = None) -> dict[str, int]:
             logger.warning("rebalance skipped: %s", exc)
             break
         if result is not None:
+            keep_tenant_limits(settings.queues[job_type])  # when Redis lost them
             written[job_type] = result.adopted
     return written

@@ -577,7 +577,7 @@ def _prepare_job(
             tenant=resolved.tenant_bucket,
             cost_ms=call.cost_ms,
             tenant_weight=resolved.tenant_weight,
-            limits=None if call.limits is None else call.limits.encoded(),
+            limits=None if call.limits is None else call.limits.add_encoded(),
         ),
         resolved=resolved,
         audit=call.audit,

@@ -109,7 +109,7 @@ def _limits_of(tenant: str) -> str | None:
     if tenant == DEFAULT_TENANT:
         return None
     limits = tenant_limits(tenant)
-    return limits.encoded() if limits.holds else None
+    return limits.add_encoded() if limits.holds else None
 
 
 class _ServerRefusal(Exception):

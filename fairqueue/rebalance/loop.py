@@ -25,6 +25,7 @@ from fairqueue.rebalance.passes import (
     rebalancer_id,
     run_tick,
 )
+from fairqueue.tenants import keep_tenant_limits
 
 logger = logging.getLogger("fairqueue.rebalance")
 
@@ -91,6 +92,7 @@ class Rebalancer(Loop):
         for job_type in self.job_types:
             self._job_types_of[settings.queues[job_type]].append(job_type)
         self._release_wait_s = RELEASE_EVERY_MS / 1000
+        self._limits_kept: set[str] = set()
         self._relay_failure = RepeatedFailure(logger, "outbox relay")
         self._last_overdue: dict[str, int] = {}
         self._quiet_passes = 0
@@ -122,6 +124,11 @@ class Rebalancer(Loop):
                 if not acquired:
                     logger.debug("%s: another rebalancer holds the lock", job_type)
                     continue
+                if queue not in done_queues:
+                    # The database's limits and pauses in Redis: rebuilt when this loop
+                    # first leads the queue, and whenever Redis lost them (one EXISTS).
+                    keep_tenant_limits(queue, force=queue not in self._limits_kept)
+                    self._limits_kept.add(queue)
                 done_queues.add(queue)
             try:
                 result = rebalance_queue(

@@ -89,6 +89,13 @@ class TenantLimits:
             for value in (self.max_active, self.rate_max, self.rate_duration_ms, self.max_waiting)
         )
 
+    def add_encoded(self) -> str:
+        """What an add sends: :meth:`encoded`, plus ``"\\np"`` when the lookup says the
+        tenant is paused. The add script drops the mark; it pauses the tenant only while
+        Redis has not had the database's copy rebuilt (after it lost fairqueue's keys),
+        so a pause Redis forgot still holds the job (``tenant_limits.lua``)."""
+        return self.encoded() + ("\np" if self.paused else "")
+
     @classmethod
     def from_encoded(cls, encoded: str | None, *, paused: bool = False) -> TenantLimits:
         """The limits :meth:`encoded` wrote (``None`` or ``""``: none), with ``paused``
@@ -165,20 +172,22 @@ def release_room(
     started_in_window: int,
     tokens: float | None = None,
     takeable: int = 0,
+    untaken_before_window: int = 0,
     catching_up: bool = False,
 ) -> Release:
     """How many of a tenant's ``held`` jobs may be made takeable now.
 
     ``occupied`` counts its released jobs not finished yet (running, takeable, or waiting
-    to run again), ``started_in_window`` its jobs released within the last
-    ``rate_duration_ms``, ``tokens`` what its pacing bucket holds (``None``: full, as for a
-    tenant new to its rate), ``takeable`` its released jobs no worker has taken yet (a
-    rate limit keeps at most a burst of them waiting, so starts follow the rate even
-    when the workers fall behind the releases), ``catching_up`` whether it was resumed
-    and still has held jobs (then at most :data:`CATCHUP_AHEAD` takeable at once).
-    Releasing ``count`` keeps occupied <=
-    max_active and the window's starts <= rate_max, so stock workers of any concurrency
-    never run more.
+    to run again), ``started_in_window`` its attempts started within the last
+    ``rate_duration_ms`` and its jobs released within it and not started yet,
+    ``untaken_before_window`` its untaken jobs released before it (they may still start
+    within it), ``tokens`` what its pacing bucket holds (``None``: full, as for a tenant
+    new to its rate), ``takeable`` its released jobs no worker has taken yet (a rate
+    limit keeps at most a burst of them waiting, so starts follow the rate even when the
+    workers fall behind the releases), ``catching_up`` whether it was resumed and still
+    has held jobs (then at most :data:`CATCHUP_AHEAD` takeable at once). Releasing
+    ``count`` keeps occupied <= max_active and any window's starts <= rate_max, so stock
+    workers of any concurrency never run more.
     """
     if held <= 0:
         return Release(0, None)
@@ -192,7 +201,8 @@ def release_room(
     if limits.rate_max is not None:
         burst = rate_burst(limits)
         paced = math.floor(burst if tokens is None else min(burst, tokens))
-        room = max(0, min(limits.rate_max - started_in_window, paced, burst - takeable))
+        started = started_in_window + untaken_before_window
+        room = max(0, min(limits.rate_max - started, paced, burst - takeable))
         if room < count:
             count, reason = room, REASON_RATE
     if catching_up:

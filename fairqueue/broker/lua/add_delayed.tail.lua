@@ -22,7 +22,7 @@ if fqHeld and type(jobId) == 'string' then
   redis.call('ZADD', fqL .. ':later:' .. fqTenant, fqReady, jobId)
   redis.call('HSET', fqL .. ':meta', jobId, fqLevel .. '\n' .. fqWeight .. '\n')
   redis.call('SADD', fqL .. ':tenants', fqTenant)
-  if fqGiven ~= '' then redis.call('HSET', fqL, fqTenant, fqGiven) end
+  if fqGiven ~= '' then redis.call('HSET', fqL, fqTenant, fqAddPause(fqL, fqTenant, fqGiven)) end
 elseif fqFresh and type(jobId) == 'string' then
   local second = string.format('%d', math.floor(fqReady / 1000))
   redis.call('RPUSH', KEYS[7] .. ':' .. second, jobId)

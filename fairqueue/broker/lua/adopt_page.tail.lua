@@ -8,7 +8,7 @@ local fqK = {prioritized = KEYS[4], state = KEYS[8], flows = KEYS[9], fweights =
 local fqNow = fqNowMs()
 local candidates = {}
 local waitIds = redis.call('LRANGE', KEYS[1], -fqPage, -1)
-for i = #waitIds, 1, -1 do candidates[#candidates + 1] = {waitIds[i], false} end
+for i = #waitIds, 1, -1 do candidates[#candidates + 1] = {waitIds[i], false, true} end
 if #candidates < fqPage then
   local low = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', '(' .. string.format('%.17g',
     fqFloor * fqScore), 'LIMIT', 0, fqPage - #candidates)
@@ -20,14 +20,17 @@ if #candidates < fqPage then
   for i = 1, #parked do candidates[#candidates + 1] = {parked[i], true} end
 end
 
-local adopted, aged, parked = 0, 0, 0
+local adopted, aged, parked, held = 0, 0, 0, 0
 local fqC = nil
+local fqL = KEYS[14]
+local fqAnyHolds = #candidates > 0 and redis.call('EXISTS', fqL .. ':paused', fqL .. ':catchup') > 0
+local fqHoldingMemo = {}
 if not fqDry then
   fqC = fqClock(fqK)
   fqC.byTime = ARGV[8] == 'time'
 end
 for _, candidate in ipairs(candidates) do
-  local jobId, wasParked = candidate[1], candidate[2]
+  local jobId, wasParked, inWait = candidate[1], candidate[2], candidate[3]
   local level, tenant, weight, ready
   local meta = redis.call('HGET', fqK.jobs, jobId)
   if meta then -- one of fairqueue's delayed jobs: indexed already, placed now
@@ -36,7 +39,13 @@ for _, candidate in ipairs(candidates) do
   else
     level, tenant, weight, ready = fqForeign(fqK, fqPrefix, jobId, fqNow, fqMaxPayload)
   end
-  if level then
+  if level and not fqDry and fqHolding(fqL, tenant, fqAnyHolds, fqHoldingMemo) then
+    if inWait then redis.call('LREM', KEYS[1], -1, jobId) end
+    if meta then redis.call('HDEL', fqK.jobs, jobId) end
+    fqRehold(fqL, fqK.prioritized, KEYS[15], KEYS[16], fqK.ready, fqPrefix .. jobId, jobId,
+      tenant, level, weight, ready)
+    held = held + 1
+  elseif level then
     local overdue = fqNow - ready > fqBound
     if fqDry then
       adopted = adopted + 1
@@ -69,4 +78,4 @@ for _, candidate in ipairs(candidates) do
     end
   end
 end
-return {1, adopted, aged, parked, #candidates}
+return {1, adopted, aged, parked, #candidates, held}

@@ -19,6 +19,7 @@
               events
   KEYS[9..13] fairqueue's state, flows, fweights, ready, jobs
   KEYS[14]    the limits key L (tenant_limits.lua lists the keys beside it)
+  KEYS[15]    BullMQ's wait list (read by the 'scan' of ARGV[9] 'wait' only)
   ARGV        job key prefix, fairness ('time'/'jobs'), mode ('release'/'pullback'),
               tenants ('' = the tenants with held jobs, at most 256 a call; else
               '\n'-separated), the most jobs to release in this call
@@ -27,6 +28,7 @@
 ]]
 --- @include fair_clock
 --- @include tenant_limits
+--- @include rerun_meta
 local prefix, byTime, mode, budget = ARGV[1], ARGV[2] == 'time', ARGV[3], tonumber(ARGV[5])
 local L = KEYS[14]
 local K = {prioritized = KEYS[1], state = KEYS[9], flows = KEYS[10], fweights = KEYS[11],
@@ -41,6 +43,68 @@ end
 if mode == 'holds' then -- pause_tenant / resume_tenant changed L:paused or L:catchup
   fqSyncHolds(L, K.state)
   return {0, 0, -1, 0, 0, 0}
+end
+
+if mode == 'scan' and (ARGV[9] == 'delayed' or ARGV[9] == 'wait') then
+  -- pause_tenant or a first limit, after the prioritized scan: a page of the tenant's
+  -- jobs in BullMQ's delayed set that are not held (delayed when it had no limits, or a
+  -- backoff), each held until it is due (L:later, its due time from its score), or of
+  -- BullMQ's wait list (another producer's, or a stalled job a worker recovered), each
+  -- held. Cursor: for 'delayed' (score, member) as above, for 'wait' the index from the
+  -- list's tail (where workers take from). Returns {moved, cursor score, member, done}.
+  local t, page, now = tenants[1], tonumber(ARGV[5]), fqNowMs()
+  local needle = cjson.encode(t)
+  local found, moved, seen = {}, 0, 0
+  local lastScore, lastMember = ARGV[6], ARGV[7]
+  if ARGV[9] == 'wait' then
+    local from = tonumber(ARGV[6]) or 0
+    local ids = redis.call('LRANGE', KEYS[15], -(from + page), -(from + 1))
+    for i = #ids, 1, -1 do found[#found + 1] = ids[i]; found[#found + 1] = false end
+  else
+    local min = '-inf'
+    if lastScore ~= '' then min = lastScore end
+    found = redis.call('ZRANGEBYSCORE', KEYS[2], min, '(' .. string.format('%.17g', fqHeldScore),
+      'WITHSCORES', 'LIMIT', 0, page + 1)
+  end
+  local kept = 0 -- wait list ids left in place (the next page starts past them)
+  for i = 1, #found, 2 do
+    local id, score = found[i], found[i + 1]
+    if not (score and lastScore ~= '' and tonumber(score) == tonumber(lastScore)
+        and id <= lastMember) then
+      if seen == page then break end
+      seen = seen + 1
+      if score then lastScore, lastMember = score, id end
+      local data = redis.call('HGET', prefix .. id, 'data')
+      local level, tenant, weight, ready = nil, nil, nil, nil
+      if data and string.find(data, needle, 1, true) then
+        level, tenant, weight, ready = fqForeign(K, prefix, id, now, #data)
+      end
+      if level and tenant == t then
+        fqRerunLeaves(L, t, prefix .. id, id)
+        if redis.call('HEXISTS', L .. ':meta', id) == 0 then
+          redis.call('HSET', L .. ':meta', id, level .. '\n' .. weight .. '\n')
+        end
+        if score then -- delayed: held until it is due, then behind its held jobs
+          fqUnindex(K.ready, prefix .. id, id, math.floor(tonumber(score) / 4096))
+          redis.call('ZADD', KEYS[2], 'XX', string.format('%.17g', fqHeldScore), id)
+          redis.call('ZADD', L .. ':later:' .. t, math.floor(tonumber(score) / 4096), id)
+          redis.call('SADD', L .. ':tenants', t)
+        else
+          redis.call('LREM', KEYS[15], -1, id)
+          fqUnindex(K.ready, prefix .. id, id, ready)
+          fqHoldJob(L, K.prioritized, KEYS[2], KEYS[8], id, t, nil)
+        end
+        moved = moved + 1
+      elseif not score then
+        kept = kept + 1
+      end
+    end
+  end
+  local done = seen < page and 1 or 0
+  if ARGV[9] == 'wait' then
+    lastScore, lastMember = tostring((tonumber(ARGV[6]) or 0) + kept), ''
+  end
+  return {moved, lastScore, lastMember, done}
 end
 
 if mode == 'scan' then
@@ -91,6 +155,9 @@ end
 if mode == 'pullback' then
   local moved = 0
   for _, t in ipairs(tenants) do
+    -- its retries that BullMQ re-added, or that wait out a backoff, are held first
+    fqOccupied(L, prefix, KEYS[4], KEYS[5], K.prioritized, t, true, KEYS[2], KEYS[8],
+      K.ready, fqNowMs())
     local back = {}
     for _, id in ipairs(redis.call('SMEMBERS', L .. ':out:' .. t)) do
       local score = redis.call('ZSCORE', K.prioritized, id)
@@ -127,16 +194,22 @@ for _, t in ipairs(tenants) do
     redis.call('RPUSH', heldKey, unpack(due))
     redis.call('ZREM', laterKey, unpack(due))
   end
+  local tokens = nil -- the rate bucket's tokens, when the tenant has a rate limit
+  local encoded = redis.call('HGET', L, t)
+  local paused = redis.call('HEXISTS', L .. ':paused', t) == 1
+  -- the slots it occupies, checked against BullMQ's own sets at every visit: a tenant
+  -- stays in L:tenants until its last released job has finished, so none is left behind;
+  -- a limited or paused tenant's jobs that BullMQ made takeable again (retries) are held
+  local lim = fqSplitLimits(encoded or nil)
+  local since = lim.rateMax and lim.rateMs and now - lim.rateMs
+  local occupied, takeable, takeableOld = fqOccupied(L, prefix, KEYS[4], KEYS[5], K.prioritized,
+    t, encoded ~= false or paused or redis.call('HEXISTS', L .. ':catchup', t) == 1, KEYS[2],
+    KEYS[8], K.ready, now, since)
   local later = redis.call('EXISTS', laterKey) == 1
   local held = redis.call('LLEN', heldKey)
-  local tokens = nil -- the rate bucket's tokens, when the tenant has a rate limit
-  -- the slots it occupies, checked against BullMQ's own sets at every visit: a tenant
-  -- stays in L:tenants until its last released job has finished, so none is left behind
-  local occupied, takeable = fqOccupied(L, prefix, KEYS[4], KEYS[5], K.prioritized, t)
   if held > 0 then
-    local lim = fqSplitLimits(redis.call('HGET', L, t))
     local count, reason = held, nil
-    if redis.call('HEXISTS', L .. ':paused', t) == 1 then
+    if paused then
       count, reason = 0, 'paused'
     else
       if lim.maxActive then
@@ -146,8 +219,11 @@ for _, t in ipairs(tenants) do
       end
       local rateKey = L .. ':rate:' .. t
       if lim.rateMax and lim.rateMs then
+        -- the log holds each release until its job starts, then its start (fqStamp): a
+        -- window counts the starts in it, the releases not started yet, and (takeableOld)
+        -- the untaken jobs released before it, so no window holds more than rate_max starts
         redis.call('ZREMRANGEBYSCORE', rateKey, '-inf', now - lim.rateMs)
-        local room = lim.rateMax - redis.call('ZCARD', rateKey)
+        local room = lim.rateMax - redis.call('ZCARD', rateKey) - takeableOld
         -- paced by a small bucket refilled at the rate (fairqueue.scheduling.limits
         -- .rate_burst), so starts spread over the window instead of coming in bursts of
         -- rate_max; the log above still bounds any window to rate_max
@@ -201,6 +277,7 @@ for _, t in ipairs(tenants) do
         end
         local level, weight, cost = string.match(meta, '^([^\n]*)\n([^\n]*)\n([^\n]*)$')
         redis.call('ZREM', KEYS[2], id)
+        fqGuardRetries(prefix .. id)
         local score, behind = fqPlace(K, c, level, t, tonumber(weight), tonumber(cost))
         redis.call('ZADD', K.prioritized, string.format('%.17g', score or fqCap * fqScore), id)
         fqPlaced(K, c, score)

@@ -13,6 +13,9 @@
                paused, marker, events, repeat
   KEYS[10..14] fairqueue's: prioritized, state, flows, fweights, ready
   KEYS[15]     fq:jobs  KEYS[16] the leader lock
+  KEYS[17..18] the limits key L (tenant_limits.lua), BullMQ's delayed set
+  A recovered job of a tenant with limits, paused or catching up is held again
+  (tenant_limits.lua's fqRehold), not placed: it starts only through its limits.
   ARGV[1..4]   moveStalledJobsToWait's: max stalled count, job key prefix, timestamp,
                the gate's time (ms)
   ARGV[5..9]   token, lock ttl ms, wait bound ms, payload cap bytes, what fairness
@@ -20,6 +23,7 @@
   Returns {status (1 ok, -1 lock lost), recovered, aged}.
 ]]
 --- @include fair_clock
+--- @include tenant_limits
 --- @include lock_fence
 --- @include rerun_meta
 local function fqBullmqStalled()

@@ -1,13 +1,15 @@
 end
 local fqPrefix, fqToken, fqTtl = ARGV[2], ARGV[5], ARGV[6]
 local fqBound, fqMaxPayload = tonumber(ARGV[7]), tonumber(ARGV[8])
-if not fqHoldLock(KEYS[16], fqToken, fqTtl) then return {-1, 0, 0} end
+if not fqHoldLock(KEYS[16], fqToken, fqTtl) then return {-1, 0, 0, 0} end
 local fqK = {prioritized = KEYS[10], state = KEYS[11], flows = KEYS[12], fweights = KEYS[13],
   ready = KEYS[14], jobs = KEYS[15]}
 redis.call('DEL', KEYS[4]) -- the check's gate: the leader checks at its own pace
 local stalled = fqBullmqStalled()
-local recovered, aged = 0, 0
-if #stalled == 0 then return {1, 0, 0} end
+local recovered, aged, held = 0, 0, 0
+if #stalled == 0 then return {1, 0, 0, 0} end
+local fqAnyHolds = redis.call('EXISTS', KEYS[17] .. ':paused', KEYS[17] .. ':catchup') > 0
+local fqHoldingMemo = {}
 local fqNow = fqNowMs()
 local fqC = fqClock(fqK)
 fqC.byTime = ARGV[9] == 'time'
@@ -17,7 +19,11 @@ for _, jobId in ipairs(stalled) do
   local doomed = redis.call('HEXISTS', fqPrefix .. jobId, 'defa') == 1
   if not doomed and redis.call('LREM', KEYS[2], -1, jobId) == 1 then
     local level, tenant, weight, ready = fqForeign(fqK, fqPrefix, jobId, fqNow, fqMaxPayload)
-    if level then
+    if level and fqHolding(KEYS[17], tenant, fqAnyHolds, fqHoldingMemo) then
+      fqRehold(KEYS[17], fqK.prioritized, KEYS[18], KEYS[8], fqK.ready, fqPrefix .. jobId,
+        jobId, tenant, level, weight, ready)
+      held = held + 1
+    elseif level then
       local overdue = fqNow - ready > fqBound
       local score, behind = fqPlace(fqK, fqC, level, tenant, weight)
       -- As changePriority would: the hash at the cap, the job in the prioritized set (the
@@ -39,4 +45,4 @@ for _, jobId in ipairs(stalled) do
     end
   end
 end
-return {1, recovered, aged}
+return {1, recovered, aged, held}

@@ -25,6 +25,12 @@
 ]]
 local fqHeldMs = {{HELD_MS}}
 local fqHeldScore = fqHeldMs * 4096 -- BullMQ's delayed score: timestamp * 0x1000
+-- Past every fair score: where BullMQ re-adds a job that runs again (its hash's priority
+-- is the cap), counter added.
+local fqRerunScore = {{CAP_SCORE}}
+-- The backoff a released job of a held tenant carries (fairqueue.broker.common
+-- .RETRY_HELD_MS): its failed attempts land in BullMQ's delayed set this far ahead.
+local fqRetryHeldMs = {{RETRY_HELD_MS}}
 
 -- A tenant's limits as numbers (nil: no limit of that kind).
 local function fqSplitLimits(encoded)
@@ -36,23 +42,180 @@ local function fqSplitLimits(encoded)
   return {maxActive = f[1], rateMax = f[2], rateMs = f[3], maxWaiting = f[4]}
 end
 
+-- Hold a job BullMQ just added to its prioritized set (or re-hold a released one).
+local function fqHoldJob(L, prioritizedKey, delayedKey, eventsKey, jobId, tenant, meta)
+  redis.call('ZREM', prioritizedKey, jobId)
+  redis.call('ZADD', delayedKey, string.format('%.17g', fqHeldScore), jobId)
+  redis.call('RPUSH', L .. ':held:' .. tenant, jobId)
+  if meta then redis.call('HSET', L .. ':meta', jobId, meta) end
+  redis.call('SADD', L .. ':tenants', tenant)
+  redis.call('XADD', eventsKey, '*', 'event', 'delayed', 'jobId', jobId, 'delay', fqHeldMs)
+end
+
+-- Whether a job of tenant t is held rather than placed: the tenant has limits, or is
+-- paused or catching up (anyHolds: L:paused or L:catchup has anyone at all). memo: a
+-- call's answers by tenant.
+local function fqHolding(L, t, anyHolds, memo)
+  local known = memo[t]
+  if known ~= nil then return known end
+  known = redis.call('HEXISTS', L, t) == 1 or (anyHolds and (
+    redis.call('HEXISTS', L .. ':paused', t) == 1 or redis.call('HEXISTS', L .. ':catchup', t) == 1))
+  memo[t] = known
+  return known
+end
+
+-- A released job's entry in its tenant's rate log moves from its release time to when
+-- its attempt started (BullMQ's processedOn, the worker's clock), once a worker took it:
+-- the log counts starts. rateKey: L:rate:<t>.
+local function fqStamp(rateKey, jobKey, jobId)
+  local started = tonumber(redis.call('HGET', jobKey, 'processedOn'))
+  if started then redis.call('ZADD', rateKey, 'XX', 'GT', started, jobId) end
+end
+
+-- A released job of tenant t that runs again (BullMQ re-added it: a retry, a promoted
+-- backoff, a stalled job's recovery): it no longer occupies a slot until it is released
+-- again, and the start of its last attempt stays in the rate log under another member,
+-- so the next release of the same job counts as a start of its own.
+local function fqRerunLeaves(L, t, jobKey, jobId)
+  if redis.call('SREM', L .. ':out:' .. t, jobId) == 0 then return end
+  local rateKey = L .. ':rate:' .. t
+  fqStamp(rateKey, jobKey, jobId)
+  local at = redis.call('ZSCORE', rateKey, jobId)
+  if at then
+    redis.call('ZREM', rateKey, jobId)
+    redis.call('ZADD', rateKey, at, jobId .. '#' .. at)
+  end
+end
+
+-- Drop a job's entry from the ready-time index (K.ready .. ':' .. second, blanked as the
+-- walk blanks one) for each ready time given (nil: none), and its fqRel mark: a held job
+-- is indexed when it is released (release_held), so it has one entry and its held time
+-- does not count against the wait bound. readyKey: K.ready; jobKey: its hash.
+local function fqUnindex(readyKey, jobKey, jobId, readyMs)
+  local released = redis.call('HGET', jobKey, 'fqRel')
+  for _, ms in ipairs({tonumber(released), readyMs}) do
+    local key = readyKey .. ':' .. string.format('%d', math.floor(ms / 1000))
+    local at = redis.call('LPOS', key, jobId)
+    if at then redis.call('LSET', key, at, '') end
+  end
+  if released then redis.call('HDEL', jobKey, 'fqRel') end
+end
+
+-- A job of a held tenant that BullMQ made takeable (a retry, a promoted backoff or
+-- delayed job, a stalled job it recovered): back to the tenant's held jobs, behind those
+-- held already, as a new arrival of its flow (every attempt is a turn, and goes through
+-- the tenant's limits: a paused tenant's retries stay held). It must be out of BullMQ's
+-- wait list already (the prioritized set's entry is dropped here). Its meta is kept, or
+-- made from level and weight; readyMs: when it became ready (nil: unknown).
+local function fqRehold(L, prioritizedKey, delayedKey, eventsKey, readyKey, jobKey, jobId, t,
+    level, weight, readyMs)
+  if redis.call('HEXISTS', L .. ':meta', jobId) == 1
+      and redis.call('SISMEMBER', L .. ':out:' .. t, jobId) == 0 then
+    -- held already (in L:held or L:later) and promoted by hand (job.promote(),
+    -- Queue.promoteJobs): back to the held score, its place in line kept
+    redis.call('ZREM', prioritizedKey, jobId)
+    redis.call('ZADD', delayedKey, string.format('%.17g', fqHeldScore), jobId)
+    return
+  end
+  fqRerunLeaves(L, t, jobKey, jobId)
+  if redis.call('HEXISTS', L .. ':meta', jobId) == 0 then
+    redis.call('HSET', L .. ':meta', jobId, (level or 'normal') .. '\n' .. (weight or 1) .. '\n')
+  end
+  fqUnindex(readyKey, jobKey, jobId, readyMs)
+  fqHoldJob(L, prioritizedKey, delayedKey, eventsKey, jobId, t, nil)
+end
+
+-- Before a held job is released: a job with attempts left gets the backoff
+-- fqRetryHeldMs (its own kept as fqBackoff, false for none), so a worker's failed attempt
+-- goes to BullMQ's delayed set out of reach instead of where an idle worker takes it at
+-- once, and the release step holds it again (fqOccupied). opts: the job hash's JSON.
+local function fqGuardRetries(jobKey)
+  local raw = redis.call('HGET', jobKey, 'opts')
+  if not raw or not string.find(raw, '"attempts"', 1, true) then return end
+  local ok, opts = pcall(cjson.decode, raw)
+  if not ok or type(opts) ~= 'table' or (tonumber(opts['attempts']) or 1) <= 1 then return end
+  local b = opts['backoff']
+  if type(b) == 'table' and b['type'] == 'fixed' and tonumber(b['delay']) == fqRetryHeldMs then
+    return
+  end
+  opts['fqBackoff'] = b or false
+  opts['backoff'] = {type = 'fixed', delay = fqRetryHeldMs}
+  redis.call('HSET', jobKey, 'opts', cjson.encode(opts))
+end
+
+-- The job's own backoff (ms) before its next attempt, from fqBackoff and its attempts
+-- made (BullMQ's fixed and exponential, without jitter; 0 for none or a custom one).
+local function fqOwnBackoff(jobKey)
+  local f = redis.call('HMGET', jobKey, 'opts', 'atm')
+  local ok, opts = pcall(cjson.decode, f[1] or 'null')
+  if not ok or type(opts) ~= 'table' then return 0 end
+  local b = opts['fqBackoff']
+  if type(b) == 'number' then return b end
+  if type(b) ~= 'table' then return 0 end
+  local delay = tonumber(b['delay']) or 0
+  if b['type'] == 'exponential' then
+    return math.floor(2 ^ ((tonumber(f[2]) or 1) - 1) * delay)
+  elseif b['type'] == 'fixed' then
+    return delay
+  end
+  return 0
+end
+
 -- The tenant's released jobs that have not finished, after dropping the finished ones
 -- (gone, completed or failed in BullMQ's own sets): the slots it occupies, and how many
--- of them no worker has taken yet (still in the prioritized set).
-local function fqOccupied(L, prefix, completedKey, failedKey, prioritizedKey, tenant)
+-- of them no worker has taken yet (still in the prioritized set). A released job whose
+-- failed attempt BullMQ put fqRetryHeldMs ahead (fqGuardRetries) is held again, due
+-- after its own backoff (L:later, or at once behind the tenant's held jobs); with hold
+-- (the tenant has limits or is paused) so is one BullMQ made takeable again on its own
+-- (at the cap, past every fair score: a retry of a job released before it had the guard)
+-- or waiting out a backoff in the delayed set. So every attempt is released through the
+-- tenant's limits and counted by its rate. now: Redis's clock, ms. since (the tenant has
+-- a rate limit): where its window starts; each job's log entry is stamped with its start
+-- (fqStamp), and the third result counts its untaken jobs whose release left the window
+-- (they may still start within it).
+local function fqOccupied(L, prefix, completedKey, failedKey, prioritizedKey, tenant, hold,
+    delayedKey, eventsKey, readyKey, now, since)
   local outKey = L .. ':out:' .. tenant
-  local n, takeable = 0, 0
+  local rateKey = L .. ':rate:' .. tenant
+  local n, takeable, old = 0, 0, 0
   for _, id in ipairs(redis.call('SMEMBERS', outKey)) do
     if redis.call('EXISTS', prefix .. id) == 0 or redis.call('ZSCORE', completedKey, id)
         or redis.call('ZSCORE', failedKey, id) then
+      if since then fqStamp(rateKey, prefix .. id, id) end
       redis.call('SREM', outKey, id)
       redis.call('HDEL', L .. ':meta', id)
     else
-      n = n + 1
-      if redis.call('ZSCORE', prioritizedKey, id) then takeable = takeable + 1 end
+      local score = tonumber(redis.call('ZSCORE', prioritizedKey, id))
+      local due = not score and tonumber(redis.call('ZSCORE', delayedKey, id))
+      if due then due = math.floor(due / 4096) end
+      if due and due < fqHeldMs and due - now > fqRetryHeldMs / 2 then
+        due = now + fqOwnBackoff(prefix .. id) -- a guarded retry: its own backoff from now
+      elseif not hold then
+        due = nil
+      end
+      if hold and score and score > fqRerunScore then
+        fqRehold(L, prioritizedKey, delayedKey, eventsKey, readyKey, prefix .. id, id, tenant)
+      elseif due and due <= now then
+        fqRehold(L, prioritizedKey, delayedKey, eventsKey, readyKey, prefix .. id, id, tenant)
+      elseif due and due < fqHeldMs then
+        fqRerunLeaves(L, tenant, prefix .. id, id)
+        fqUnindex(readyKey, prefix .. id, id, nil)
+        redis.call('ZADD', delayedKey, 'XX', string.format('%.17g', fqHeldScore), id)
+        redis.call('ZADD', L .. ':later:' .. tenant, due, id)
+      else
+        n = n + 1
+        if score then
+          takeable = takeable + 1
+          if since and (tonumber(redis.call('ZSCORE', rateKey, id)) or 0) <= since then
+            old = old + 1
+          end
+        elseif since then
+          fqStamp(rateKey, prefix .. id, id)
+        end
+      end
     end
   end
-  return n, takeable
+  return n, takeable, old
 end
 
 -- The tenant's jobs waiting in the queue: held, or released and not taken yet.
@@ -62,16 +225,6 @@ local function fqWaitingOf(L, prioritizedKey, tenant)
     if redis.call('ZSCORE', prioritizedKey, id) then n = n + 1 end
   end
   return n
-end
-
--- Hold a job BullMQ just added to its prioritized set (or re-hold a released one).
-local function fqHoldJob(L, prioritizedKey, delayedKey, eventsKey, jobId, tenant, meta)
-  redis.call('ZREM', prioritizedKey, jobId)
-  redis.call('ZADD', delayedKey, string.format('%.17g', fqHeldScore), jobId)
-  redis.call('RPUSH', L .. ':held:' .. tenant, jobId)
-  if meta then redis.call('HSET', L .. ':meta', jobId, meta) end
-  redis.call('SADD', L .. ':tenants', tenant)
-  redis.call('XADD', eventsKey, '*', 'event', 'delayed', 'jobId', jobId, 'delay', fqHeldMs)
 end
 
 -- Keep the queue's K.state 'holds' flag (read by fqClock in the add script's one HMGET,
@@ -85,6 +238,19 @@ local function fqSyncHolds(L, stateKey)
   else
     redis.call('HDEL', stateKey, 'holds')
   end
+end
+
+-- A tenant's encoded limits as an add sends them: ending in '\np' when the producer's
+-- plan lookup (the database) says it is paused. That mark is dropped; while Redis has not
+-- had the database's copy rebuilt (no L:synced: it lost fairqueue's keys, or no loop has
+-- run yet), it pauses the tenant here ('add', which the rebuild undoes if the database
+-- does not say so), so a pause Redis forgot still holds the job. Returns the limits.
+local function fqAddPause(L, t, encoded)
+  if string.sub(encoded, -2) ~= '\np' then return encoded end
+  if redis.call('EXISTS', L .. ':synced') == 0 then
+    redis.call('HSETNX', L .. ':paused', t, 'add')
+  end
+  return string.sub(encoded, 1, -3)
 end
 
 -- Which tenants of an add call are held, or a refusal (max_waiting). given: the call's
@@ -114,6 +280,6 @@ local function fqHeldTenants(L, prioritizedKey, given, jobs, tenantAt)
       end
     end
   end
-  for t, encoded in pairs(limits) do redis.call('HSET', L, t, encoded) end
+  for t, encoded in pairs(limits) do redis.call('HSET', L, t, fqAddPause(L, t, encoded)) end
   return hold
 end

@@ -1,0 +1,297 @@
+"""Tenant limits at their edges, with stock Node BullMQ workers and the loop running: a
+pause holds retries, delayed jobs and stalled jobs; a rate limit counts every attempt;
+``max_waiting`` counts delayed jobs; limits saved on a plan reach the whole backlog; the
+copy in Redis comes back from the database. Real Redis, the real bullmq package."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from fairqueue import enqueue_job, enqueue_jobs, pause_tenant, resume_tenant
+from fairqueue.enqueue.priority import wire_tenant_plan_lookup
+from fairqueue.exceptions import InvalidTenantError
+from fairqueue.models import TenantPlan
+from tests.conftest import REDIS_URL
+from tests.helpers import wait_until
+from tests.test_limits import counts, release
+from tests.test_node_worker import NODE_DIR
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def node():
+    if shutil.which("node") is None or not (NODE_DIR / "node_modules" / "bullmq").is_dir():
+        pytest.skip("node or tests/node/node_modules missing (run: cd tests/node && npm ci)")
+    return shutil.which("node")
+
+
+@dataclass(frozen=True)
+class Start:
+    job_id: str
+    tenant: str
+    attempts_made: int
+    at_ms: int
+
+
+class NodeWorker:
+    """A stock Node BullMQ worker (``tests/node/limits_worker.mjs``) in its own process:
+    ``concurrency`` slots for ``run_ms``, jobs of ``job_ms``; ``fail_tenant``'s jobs throw.
+    ``starts()`` waits for it to end and returns every attempt it started."""
+
+    def __init__(self, node, prefix, *, concurrency=16, run_ms=4000, job_ms=100, fail=""):
+        self.process = subprocess.Popen(  # noqa: S603
+            [
+                node,
+                str(NODE_DIR / "limits_worker.mjs"),
+                REDIS_URL,
+                prefix,
+                "email",
+                str(concurrency),
+                str(run_ms),
+                str(job_ms),
+                fail,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def starts(self) -> list[Start]:
+        out, err = self.process.communicate(timeout=60)
+        assert self.process.returncode == 0, err
+        found = []
+        for line in out.splitlines():
+            _, job_id, tenant, made, at = line.split(" ")
+            found.append(Start(job_id, tenant, int(made), int(at)))
+        return found
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def active_ids(redis_client, prefix) -> list[str]:
+    return redis_client.lrange(f"{prefix}:email:active", 0, -1)
+
+
+@pytest.fixture
+def limited(fq_prefix):
+    """'acme' limited to 2 running jobs, 'beta' without limits, DB lookups wired."""
+    TenantPlan.objects.create(tenant_id="acme", plan_tier="pro", max_active=2)
+    TenantPlan.objects.create(tenant_id="beta", plan_tier="pro")
+    wire_tenant_plan_lookup()
+    return fq_prefix
+
+
+def start_loop():
+    import threading
+
+    from fairqueue.rebalance.loop import Rebalancer
+
+    rebalancer = Rebalancer(["email"], interval_ms=1000, install_signal_handlers=False)
+    thread = threading.Thread(target=rebalancer.run, daemon=True)
+    thread.start()
+    assert wait_until(lambda: all(lock.held for lock in rebalancer.locks.values()), 10)
+    return rebalancer, thread
+
+
+@pytest.fixture
+def loop_running(limited):
+    rebalancer, thread = start_loop()
+    yield rebalancer
+    rebalancer.request_stop()
+    thread.join(10)
+
+
+@pytest.fixture
+def loop_running_bare(fq_prefix):
+    """The loop, for a test that makes its own plans."""
+    rebalancer, thread = start_loop()
+    yield rebalancer
+    rebalancer.request_stop()
+    thread.join(10)
+
+
+# -- a pause is absolute -----------------------------------------------------------------
+
+
+def test_pause__retries_of_a_job_running_when_it_returned_are_held(
+    node, limited, loop_running, redis_client
+):
+    """A job running when the pause returns fails with attempts left: BullMQ's own retry
+    re-adds it (Node worker, 16 slots), the loop holds it; no attempt starts again until
+    the resume, and nothing is lost."""
+    acme = [enqueue_job("email", {"n": n}, tenant_id="acme", attempts=30).job_id for n in range(4)]
+    enqueue_jobs("email", [{} for _ in range(600)], tenant_id="beta")  # a busy queue
+    worker = NodeWorker(node, limited, run_ms=4000, job_ms=300, fail="acme")
+    assert wait_until(lambda: sum(i in acme for i in active_ids(redis_client, limited)) == 2, 10)
+    pause_tenant("acme")
+    paused_at = now_ms()
+    starts = worker.starts()
+    late = [s for s in starts if s.tenant == "acme" and s.at_ms > paused_at + 50]
+    assert late == []  # without the fix: retries adopted into the fair order ran on
+    assert any(s.tenant == "beta" and s.at_ms > paused_at + 2000 for s in starts)
+    held = redis_client.lrange(f"{limited}:email:fq:lim:held:acme", 0, -1)
+    assert sorted(held) == sorted(acme)  # all four held: the two retried and the two never run
+    assert counts(limited)["active"] == 0
+
+
+@pytest.mark.parametrize("tenant_id", ["acme\nbeta", "\n", "a\n"])
+def test_tenant_id__a_line_feed_is_refused_everywhere_naming_the_rule(fq_prefix, tenant_id):
+    """The release script takes tenants one a line: an id holding a line feed was
+    accepted, and pausing it held nothing. Now every entry point refuses it by its rule."""
+    from django.core.exceptions import ValidationError
+
+    rule = r"may not contain a line feed \(\\n\), which fairqueue's Redis scripts use"
+    for call in (
+        lambda: pause_tenant(tenant_id),
+        lambda: resume_tenant(tenant_id),
+        lambda: enqueue_job("email", {}, tenant_id=tenant_id),
+        lambda: enqueue_jobs("email", [{}], tenant_id=tenant_id),
+    ):
+        with pytest.raises(InvalidTenantError, match=rule):
+            call()
+    with pytest.raises(ValidationError, match="line feed"):
+        TenantPlan(tenant_id=tenant_id, plan_tier="pro").full_clean()
+    assert counts(fq_prefix)["prioritized"] == 0
+
+
+def test_pause_tenant__none_is_refused_with_what_it_accepts():
+    with pytest.raises(InvalidTenantError) as info:
+        pause_tenant(None)
+    assert str(info.value) == (
+        "tenant_id=None is not allowed: expected a non-empty string of at most 255 characters"
+    )
+
+
+def test_pause__delayed_jobs_added_before_it_stay_held_when_due(node, fq_prefix, redis_client):
+    """A tenant without limits has 3 jobs delayed 1 s; it is paused; they come due while a
+    16-slot Node worker idles (the promotion of due jobs is the worker's): none starts.
+    After the resume all 3 run, once each."""
+    delayed = [
+        enqueue_job("email", {"n": n}, tenant_id="zed", delay_ms=1000).job_id for n in range(3)
+    ]
+    pause_tenant("zed")
+    assert redis_client.zcard(f"{fq_prefix}:email:fq:lim:later:zed") == 3
+    starts = NodeWorker(node, fq_prefix, run_ms=2500, job_ms=20).starts()
+    assert starts == []  # without the fix: 3 of 3 ran
+    assert counts(fq_prefix)["delayed"] == 3
+    resume_tenant("zed")
+    worker = NodeWorker(node, fq_prefix, run_ms=2500, job_ms=20)
+    while redis_client.zcard(f"{fq_prefix}:email:delayed"):
+        release()  # what the loop does every 20 ms (no loop runs here)
+        time.sleep(0.02)
+    assert sorted(s.job_id for s in worker.starts()) == sorted(delayed)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_first_limits__saved_on_a_plan_reach_its_delayed_jobs(
+    node, fq_prefix, redis_client, loop_running_bare
+):
+    """20 jobs delayed 1 s, then max_active=2 saved on the tenant's plan: once due, at
+    most 2 of them run at once under a 16-slot Node worker, and all 20 run."""
+    plan = TenantPlan.objects.create(tenant_id="late", plan_tier="pro")
+    wire_tenant_plan_lookup()
+    ids = [
+        enqueue_job("email", {"n": n}, tenant_id="late", delay_ms=1000).job_id for n in range(20)
+    ]
+    plan.max_active = 2
+    plan.save()  # committed: its limits go to Redis, its delayed jobs are held
+    worker = NodeWorker(node, fq_prefix, run_ms=5000, job_ms=150)
+    most = 0
+    deadline = time.monotonic() + 4.5
+    while time.monotonic() < deadline:
+        most = max(most, sum(i in ids for i in active_ids(redis_client, fq_prefix)))
+        time.sleep(0.01)
+    starts = worker.starts()
+    assert most <= 2, most  # without the fix: 16 at once
+    assert sorted(s.job_id for s in starts) == sorted(ids)  # every one, once
+
+
+@pytest.mark.django_db(transaction=True)
+def test_redis_lost_its_keys__pauses_and_limits_come_back_from_the_database(
+    node, limited, redis_client
+):
+    """'acme' (a row, max_active 2) and 'zed' (no row) are paused; then Redis loses every
+    key of the queue (a restart without persistence, a flush). An enqueue whose lookup
+    says paused holds its job at once; the loop's start rebuilds the rest from the
+    database (zed's pause from its audit record), and a pass after a second loss does
+    again. Under a 16-slot Node worker only beta's jobs run."""
+    from tests.conftest import delete_prefix
+
+    pause_tenant("acme")
+    pause_tenant("zed")
+    delete_prefix(limited)  # Redis forgot: no limits, no pauses, no jobs
+    base = f"{limited}:email:fq:lim"
+    acme = [j.job_id for j in enqueue_jobs("email", [{} for _ in range(3)], tenant_id="acme")]
+    assert counts(limited)["prioritized"] == 0  # held by the add: the lookup says paused
+    assert redis_client.hget(base, "acme") == "2\n\n\n"  # its limits came with it
+    zed = enqueue_job("email", {}, tenant_id="zed").job_id  # no row: nothing says paused yet
+    rebalancer, thread = start_loop()  # its first pass rebuilds from the database
+    try:
+        assert wait_until(lambda: redis_client.exists(f"{base}:synced"), 5)
+        assert sorted(redis_client.hkeys(f"{base}:paused")) == ["acme", "zed"]
+        assert redis_client.hget(f"{base}:paused", "acme") == "1"  # confirmed
+        beta = [j.job_id for j in enqueue_jobs("email", [{} for _ in range(20)], tenant_id="beta")]
+        starts = NodeWorker(node, limited, run_ms=2000, job_ms=20).starts()
+        assert sorted(s.job_id for s in starts) == sorted(beta)  # not acme's, not zed's
+        held = set(redis_client.lrange(f"{base}:held:acme", 0, -1))
+        assert held == set(acme)
+        assert redis_client.lrange(f"{base}:held:zed", 0, -1) == [zed]
+        # lost again while the loop runs: its next pass (1 s) rebuilds
+        delete_prefix(limited)
+        assert wait_until(lambda: redis_client.exists(f"{base}:synced"), 5)
+        assert sorted(redis_client.hkeys(f"{base}:paused")) == ["acme", "zed"]
+        assert redis_client.hget(base, "acme") == "2\n\n\n"
+    finally:
+        rebalancer.request_stop()
+        thread.join(10)
+
+
+def test_rebuild__lifts_a_pause_only_an_add_made_and_the_database_does_not_confirm(
+    limited, redis_client
+):
+    from fairqueue.tenants import rebuild_tenant_limits
+
+    base = f"{limited}:email:fq:lim"
+    pause_tenant("zed")  # by pause_tenant: never lifted by a rebuild
+    redis_client.hset(f"{base}:paused", "beta", "add")  # a stale producer's, say
+    assert rebuild_tenant_limits(["email"])
+    assert redis_client.hgetall(f"{base}:paused") == {"zed": "1"}
+    assert redis_client.hget(base, "acme") == "2\n\n\n"
+    assert not rebuild_tenant_limits(["email"], force=False)  # the copy is there: no work
+
+
+# -- a rate limit counts every attempt ---------------------------------------------------
+
+
+def test_rate_limit__counts_every_attempt_retries_included(
+    node, limited, loop_running, redis_client
+):
+    """rate_max=2 per 1,000 ms; jobs that always fail, attempts=10, a 16-slot Node worker:
+    every attempt goes through the rate, counted when it starts. At most rate_max start
+    in any second, and about rate_max a second over the run."""
+    TenantPlan.objects.filter(tenant_id="acme").update(
+        max_active=None, rate_max=2, rate_duration_ms=1000
+    )
+    from fairqueue.enqueue.lookups import forget_tenant_plan
+
+    forget_tenant_plan("acme")
+    for n in range(8):
+        enqueue_job("email", {"n": n}, tenant_id="acme", attempts=10)
+    starts = [
+        s.at_ms
+        for s in NodeWorker(node, limited, run_ms=5000, job_ms=10, fail="acme").starts()
+        if s.tenant == "acme"
+    ]
+    most = max(sum(1 for other in starts if at <= other < at + 1000) for at in starts)
+    print("attempt starts", len(starts), "most in a second", most)
+    assert most <= 2, most  # without the fix: retries bypassed the rate (23 a second)
+    assert len(starts) <= 2 * 5 + 2, len(starts)
+    assert len(starts) >= 2 * 4  # and the rate is used
