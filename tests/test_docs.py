@@ -227,3 +227,15 @@ def test_concepts_pictures__show_what_the_page_says():
 
     assert initech_share(1.0) == pytest.approx(0.8)
     assert 0.4 <= initech_share(4.0) <= 0.6
+
+
+# -- docs/api.md names every public name, and nothing else ------------------------------------
+
+
+def test_api_reference__documents_exactly_what_fairqueue_exports():
+    import fairqueue
+
+    text = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+    documented = re.findall(r"^\| `([A-Za-z_]\w*)", text, flags=re.MULTILINE)
+    assert len(documented) == len(set(documented)), "a name is documented twice"
+    assert sorted(documented) == sorted(fairqueue.__all__)
