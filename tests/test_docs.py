@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
+import runpy
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -160,3 +162,79 @@ def test_code_citations__each_design_section_a_comment_names_exists():
 
 
 DESIGN = ROOT / "docs" / "design.md"
+
+
+# -- docs/concepts.md's pictures: drawn by docs/pictures.py from the placement model --------
+
+CONCEPTS = ROOT / "docs" / "concepts.md"
+IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+\.png)\)")
+
+
+def _pictures_module() -> SimpleNamespace:
+    """docs/pictures.py's names, run from source (no __pycache__ left in docs/, which the
+    sdist ships)."""
+    return SimpleNamespace(**runpy.run_path(str(ROOT / "docs" / "pictures.py")))
+
+
+def test_concepts_pictures__the_script_draws_exactly_the_pictures_the_page_shows(tmp_path):
+    pytest.importorskip("matplotlib")
+    _pictures_module().main(["--out", str(tmp_path)])
+    drawn = {path.name for path in tmp_path.glob("*.png")}
+    shown = set(IMAGE.findall(CONCEPTS.read_text(encoding="utf-8")))
+    assert drawn == shown
+    for name in drawn:
+        # The committed picture is the script's: same PNG size (width, height at bytes 16-24).
+        assert (ROOT / "docs" / name).read_bytes()[16:24] == (tmp_path / name).read_bytes()[16:24]
+
+
+def test_concepts_pictures__show_what_the_page_says():
+    pytest.importorskip("matplotlib")
+    from fairqueue.scheduling.levels import LEVELS_BY_RANK, PriorityLevel
+
+    pictures = _pictures_module()
+    # Levels: all four backlogged are served 4:3:2:1 from the first job.
+    arrivals = [(level, "t", 1.0) for level in LEVELS_BY_RANK for _ in range(30)]
+    first = [job[0] for job in pictures.run_order(arrivals)[:10]]
+    assert [first.count(level) for level in LEVELS_BY_RANK] == [4, 3, 2, 1]
+    # Tenants: acme's flood does not delay initech and globex past the first round.
+    normal = PriorityLevel.NORMAL
+    order = [
+        job[1]
+        for job in pictures.run_order(
+            [(normal, "acme", 1.0)] * 16
+            + [(normal, "initech", 1.0)] * 4
+            + [(normal, "globex", 1.0)] * 2
+        )
+    ]
+    assert order.index("initech") <= 2 and order.index("globex") <= 5
+    assert order[-1] == "acme"
+
+    # Worker time: 1 s and 4 s jobs; counted in jobs initech takes 80% of the worker,
+    # counted in time each tenant about half.
+    def initech_share(initech_cost: float) -> float:
+        jobs = pictures.run_order(
+            [(normal, "acme", 1.0)] * 16 + [(normal, "initech", initech_cost)] * 16
+        )
+        seconds = {"acme": 1.0, "initech": 4.0}
+        used, initech = 0.0, 0.0
+        for job in jobs:
+            if used >= 20:
+                break
+            used += seconds[job[1]]
+            initech += seconds[job[1]] if job[1] == "initech" else 0
+        return initech / used
+
+    assert initech_share(1.0) == pytest.approx(0.8)
+    assert 0.4 <= initech_share(4.0) <= 0.6
+
+
+# -- docs/api.md names every public name, and nothing else ------------------------------------
+
+
+def test_api_reference__documents_exactly_what_fairqueue_exports():
+    import fairqueue
+
+    text = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+    documented = re.findall(r"^\| `([A-Za-z_]\w*)", text, flags=re.MULTILINE)
+    assert len(documented) == len(set(documented)), "a name is documented twice"
+    assert sorted(documented) == sorted(fairqueue.__all__)

@@ -56,7 +56,9 @@ def test_readme__quickstart_is_short_and_has_its_parts():
     assert "make demo" in top and "make test" in top
 
 
-def _follow_quickstart(project: Path, fairqueue_path: Path) -> dict[str, str]:
+def _follow_quickstart(
+    project: Path, fairqueue_path: Path, *, interpreter: str = sys.executable
+) -> dict[str, str]:
     python, commands = quickstart()
     prefix = f"fqquick-{uuid.uuid4().hex[:12]}"
     env = {
@@ -69,7 +71,7 @@ def _follow_quickstart(project: Path, fairqueue_path: Path) -> dict[str, str]:
 
     def run(*args: str) -> str:
         done = subprocess.run(
-            [sys.executable, *args],
+            [interpreter, *args],
             cwd=project,
             env=env,
             capture_output=True,
