@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import pytest
 
 from fairqueue import enqueue_job, enqueue_jobs, pause_tenant, resume_tenant
+from fairqueue.broker import get_sync_broker
 from fairqueue.enqueue.priority import wire_tenant_plan_lookup
 from fairqueue.exceptions import InvalidTenantError
 from fairqueue.models import TenantPlan
@@ -295,3 +296,89 @@ def test_rate_limit__counts_every_attempt_retries_included(
     assert most <= 2, most  # without the fix: retries bypassed the rate (23 a second)
     assert len(starts) <= 2 * 5 + 2, len(starts)
     assert len(starts) >= 2 * 4  # and the rate is used
+
+
+# -- max_waiting counts delayed jobs, and a batch is added whole or refused whole --------
+
+
+@pytest.fixture
+def capped(fq_prefix):
+    TenantPlan.objects.create(tenant_id="acme", plan_tier="pro", max_waiting=10)
+    wire_tenant_plan_lookup()
+    return fq_prefix
+
+
+def test_max_waiting__delayed_enqueues_count_and_are_refused_beyond_it(capped, redis_client):
+    """Cap 10: 30 enqueues with delay_ms=1 put 10 in (before: all 30, the cap bypassed);
+    their delayed jobs count for the next plain enqueue too."""
+    from fairqueue import TenantBacklogFullError
+
+    accepted, refused = 0, 0
+    for n in range(30):
+        try:
+            enqueue_job("email", {"n": n}, tenant_id="acme", delay_ms=1)
+            accepted += 1
+        except TenantBacklogFullError as exc:
+            assert (exc.limit, exc.waiting) == (10, 10)
+            refused += 1
+    assert (accepted, refused) == (10, 20)
+    assert counts(capped)["delayed"] == 10  # held, not due for the loop yet
+    with pytest.raises(TenantBacklogFullError):
+        enqueue_job("email", {}, tenant_id="acme")
+
+
+def test_max_waiting__delayed_jobs_not_due_count_for_a_batch(capped):
+    from fairqueue import TenantBacklogFullError
+
+    for n in range(7):
+        enqueue_job("email", {"n": n}, tenant_id="acme", delay_ms=60_000)
+    with pytest.raises(TenantBacklogFullError) as info:
+        enqueue_jobs("email", [{} for _ in range(4)], tenant_id="acme")  # 7 + 4 > 10
+    assert info.value.waiting == 7
+    assert len(enqueue_jobs("email", [{} for _ in range(3)], tenant_id="acme")) == 3
+
+
+def test_max_waiting__racing_batches_of_several_chunks_are_each_whole_or_refused(
+    fq_prefix, redis_client
+):
+    """Two producers each add a batch of 300 (two add calls each) for a tenant capped at
+    600 with one job waiting: one batch goes in whole, the other is refused whole,
+    however the calls interleave (before: an up-front read, then each chunk checked on
+    its own, so the second batch could be cut after its first 250)."""
+    import threading
+
+    from fairqueue import TenantBacklogFullError
+
+    TenantPlan.objects.create(tenant_id="acme", plan_tier="pro", max_waiting=600)
+    wire_tenant_plan_lookup()
+    enqueue_job("email", {}, tenant_id="acme")  # the lookup cached for the threads
+    outcomes: list[object] = []
+    start = threading.Barrier(2)
+
+    def produce():
+        start.wait()
+        try:
+            outcomes.append(len(enqueue_jobs("email", [{} for _ in range(300)], tenant_id="acme")))
+        except TenantBacklogFullError as exc:
+            outcomes.append(exc)
+
+    for _ in range(10):  # several rounds: the interleavings differ
+        threads = [threading.Thread(target=produce) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        sync = get_sync_broker()
+        waiting = sync.run(sync.broker.limits.waiting, "email", "acme")
+        added = [o for o in outcomes if isinstance(o, int)]
+        assert sum(isinstance(o, TenantBacklogFullError) for o in outcomes) == 1, outcomes
+        assert added == [300] and waiting == 301  # no batch cut in two
+        delete_all_jobs(fq_prefix, redis_client)
+        enqueue_job("email", {}, tenant_id="acme")
+        outcomes.clear()
+
+
+def delete_all_jobs(prefix, redis_client):
+    from tests.conftest import delete_prefix
+
+    delete_prefix(prefix)

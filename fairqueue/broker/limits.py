@@ -8,6 +8,7 @@ releases through the same atomic step and no job is released twice.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -257,16 +258,34 @@ class LimitStore(BrokerPart):
         return moved
 
     async def waiting(self, queue: str, tenant_id: str) -> int:
-        """A tenant's jobs waiting in ``queue``: held, or released and not taken yet (the
-        count ``max_waiting`` bounds)."""
+        """A tenant's jobs waiting in ``queue`` as ``max_waiting`` counts them: every
+        unfinished job that is not running (held, delayed, released and not taken yet, or
+        waiting out a retry's backoff), and the jobs that batches being added have
+        reserved room for (``tenant_limits.lua``'s ``fqWaitingOf``)."""
         base = limits_key(self.conn.prefix, queue)
         client = self.conn.client()
-        held = int(await self.conn.guard(client.llen(f"{base}:held:{tenant_id}")))
-        out = list(await self.conn.guard(client.smembers(f"{base}:out:{tenant_id}")))
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.llen(f"{base}:held:{tenant_id}")
+            pipe.zcard(f"{base}:later:{tenant_id}")
+            pipe.smembers(f"{base}:out:{tenant_id}")
+            pipe.hvals(f"{base}:resv:{tenant_id}")
+            held, later, out, reserved = await self.conn.guard(pipe.execute())
+        waiting = int(held) + int(later)
+        now_ms = int(time.time() * 1000)
+        for entry in reserved:
+            left, _, expires = _text(entry).partition(":")
+            if left.isdigit() and expires.isdigit() and int(expires) > now_ms:
+                waiting += int(left)
+        out = list(out)
         if not out:
-            return held
-        scores = await self.conn.guard(client.zmscore(self.conn.key(queue, "prioritized"), out))
-        return held + sum(1 for score in scores if score is not None)
+            return waiting
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.zmscore(self.conn.key(queue, "prioritized"), out)
+            pipe.zmscore(self.conn.key(queue, "delayed"), out)
+            takeable, delayed = await self.conn.guard(pipe.execute())
+        return waiting + sum(
+            1 for a, b in zip(takeable, delayed, strict=True) if a is not None or b is not None
+        )
 
     async def held_count(self, queue: str) -> int:
         """Jobs held in ``queue`` (over every tenant; one LLEN per tenant with held jobs)."""
