@@ -21,6 +21,7 @@ from fairqueue.models import (
     TenantPauseAudit,
     TenantPlan,
 )
+from fairqueue.scheduling.limits import LIMIT_RANGES
 from fairqueue.tenants import pause_tenant, resume_tenant
 
 
@@ -60,6 +61,23 @@ class TenantPlanAdmin(admin.ModelAdmin):
     search_fields = ("tenant_id", "display_name")
     readonly_fields = ("paused", "created_at", "updated_at")
     actions = ("set_tier", "pause", "resume")
+
+    def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        """A limit's form field takes the range the scripts accept (``LIMIT_RANGES``), and
+        a value outside it is refused naming the field, the range and that empty means no
+        limit (a positive-integer field's own form said ">= 0")."""
+        if db_field.name in LIMIT_RANGES:
+            low, high = LIMIT_RANGES[db_field.name]
+            message = (
+                f"{db_field.name} must be a whole number in {low:,}..{high:,}, or empty for "
+                "no limit (or the plan tier's default)"
+            )
+            kwargs.update(
+                min_value=low,
+                max_value=high,
+                error_messages={"min_value": message, "max_value": message, "invalid": message},
+            )
+        return super().formfield_for_dbfield(db_field, request, **kwargs)
 
     @admin.action(
         description="Pause selected tenants (no job of theirs starts)", permissions=["change"]

@@ -382,3 +382,47 @@ def delete_all_jobs(prefix, redis_client):
     from tests.conftest import delete_prefix
 
     delete_prefix(prefix)
+
+
+# -- every bad limit value is refused with its allowed range -----------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "shown"),
+    [
+        ("max_active", 0, "1..1,000,000"),
+        ("max_active", -1, "1..1,000,000"),
+        ("max_active", 1_000_001, "1..1,000,000"),
+        ("rate_duration_ms", 86_400_001, "1..86,400,000"),
+        ("max_waiting", 0, "1..100,000,000"),
+    ],
+)
+def test_admin_form__a_bad_limit_names_its_allowed_range(admin_client, field, value, shown):
+    from django.urls import reverse
+
+    data = {"tenant_id": "acme", "plan_tier": "pro", "weight": 1, "subscription": "{}"}
+    data[field] = value
+    if field == "rate_duration_ms":
+        data["rate_max"] = 5
+    response = admin_client.post(reverse("admin:fairqueue_tenantplan_add"), data)
+    assert response.status_code == 200  # the form again, with the error
+    page = response.content.decode()
+    assert f"{field} must be a whole number in {shown}, or empty for no limit" in page
+    assert "greater than or equal to 0" not in page  # the old message
+    assert not TenantPlan.objects.exists()
+
+
+@pytest.mark.parametrize(("field", "value"), [("max_active", 0), ("rate_max", 2_000_000)])
+def test_model__a_bad_limit_names_its_allowed_range(field, value):
+    from django.core.exceptions import ValidationError
+
+    from fairqueue.scheduling.limits import LIMIT_RANGES
+
+    plan = TenantPlan(tenant_id="acme", plan_tier="pro", rate_duration_ms=1000, **{field: value})
+    with pytest.raises(ValidationError) as info:
+        plan.full_clean()
+    low, high = LIMIT_RANGES[field]
+    assert info.value.message_dict[field] == [
+        f"{field}={value!r} is not allowed: expected a whole number in {low}..{high}, or "
+        "empty for no limit (or the plan tier's default)"
+    ]
