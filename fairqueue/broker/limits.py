@@ -24,6 +24,8 @@ from fairqueue.scheduling.limits import TenantLimits
 RELEASE_BUDGET: Final = 200
 #: Waiting jobs a pause's scan for the tenant's untracked jobs reads per call.
 SCAN_PAGE: Final = 500
+#: Commands one pipeline of a read over many tenants sends.
+READ_CHUNK: Final = 1_000
 #: Tenants' limits one HSET of a rebuild writes.
 _REBUILD_CHUNK: Final = 1_000
 #: Tenants the dashboard's read lists at most.
@@ -288,17 +290,33 @@ class LimitStore(BrokerPart):
         )
 
     async def held_count(self, queue: str) -> int:
-        """Jobs held in ``queue`` (over every tenant; one LLEN per tenant with held jobs)."""
+        """Jobs held in ``queue`` (over every tenant; one LLEN per tenant with held jobs,
+        pipelined :data:`READ_CHUNK` at a time on one connection)."""
         base = limits_key(self.conn.prefix, queue)
         client = self.conn.client()
-        tenants = await self.conn.guard(client.smembers(f"{base}:tenants"))
-        if not tenants:
-            return 0
-        async with client.pipeline(transaction=False) as pipe:
-            for tenant in tenants:
-                pipe.llen(f"{base}:held:{tenant}")
-            counts = await self.conn.guard(pipe.execute())
-        return sum(int(count) for count in counts)
+        tenants = list(await self.conn.guard(client.smembers(f"{base}:tenants")))
+        total = 0
+        for start in range(0, len(tenants), READ_CHUNK):
+            async with client.pipeline(transaction=False) as pipe:
+                for tenant in tenants[start : start + READ_CHUNK]:
+                    pipe.llen(f"{base}:held:{tenant}")
+                counts = await self.conn.guard(pipe.execute())
+            total += sum(int(count) for count in counts)
+        return total
+
+    async def held_job_ids_of(
+        self, queue: str, tenant_ids: Sequence[str], count: int = 20
+    ) -> dict[str, list[str]]:
+        """:meth:`held_job_ids` of several tenants in one pipeline (one connection, one
+        round trip), not one read each at once (which exhausted the client's pool)."""
+        if not tenant_ids:
+            return {}
+        base = limits_key(self.conn.prefix, queue)
+        async with self.conn.client().pipeline(transaction=False) as pipe:
+            for tenant in tenant_ids:
+                pipe.lrange(f"{base}:held:{tenant}", 0, count - 1)
+            replies = await self.conn.guard(pipe.execute())
+        return {tenant: list(ids) for tenant, ids in zip(tenant_ids, replies, strict=True)}
 
     async def tenant_states(self, queue: str) -> list[TenantState]:
         """Every tenant with limits, a pause or held jobs in ``queue`` (at most
