@@ -460,3 +460,35 @@ def test_dashboard__300_tenants_holding_jobs_answer_correctly_within_a_second(fq
     rows = queue["limits"]["tenants"]
     assert len(rows) == 200 and all(len(row["held_jobs"]) == 1 for row in rows)
     assert elapsed < 1.0, elapsed
+
+
+# -- room is used at once: a resumed backlog drains at the workers' pace ------------------
+
+
+def _drain_rate(starts: list[Start], count: int) -> float:
+    times = sorted(s.at_ms for s in starts)
+    assert len(times) == count, len(times)
+    return count / max(1, times[-1] - times[0]) * 1000
+
+
+def test_resume__a_held_backlog_drains_at_the_pace_of_one_never_held(
+    node, fq_prefix, loop_running_bare, redis_client
+):
+    """3,000 jobs of one tenant under a 16-slot Node worker, nothing else waiting: held by
+    a pause then resumed, they drain at the pace of the same jobs never held (before: 4
+    takeable at a time, refilled every 20 ms: 1,073 of 3,000 in 6 s, 7% of the pace).
+    Two runs back to back on a shared machine differ by up to 30% on their own, so this
+    holds the resumed run to 70%; benchmarks/limits.py ('drain') measures the 90% goal
+    over alternating rounds."""
+    count = 3000
+    enqueue_jobs("email", [{} for _ in range(count)], tenant_id="free")
+    plain = _drain_rate(NodeWorker(node, fq_prefix, run_ms=6000, job_ms=2).starts(), count)
+    pause_tenant("zed")
+    enqueue_jobs("email", [{} for _ in range(count)], tenant_id="zed")
+    assert counts(fq_prefix)["delayed"] == count
+    worker = NodeWorker(node, fq_prefix, run_ms=6000, job_ms=2)
+    time.sleep(0.5)  # the worker is up and idle
+    resume_tenant("zed")
+    resumed = _drain_rate(worker.starts(), count)
+    print(f"drain: never held {plain:.0f} jobs/s, resumed {resumed:.0f} jobs/s")
+    assert resumed >= 0.7 * plain, (resumed, plain)
