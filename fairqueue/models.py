@@ -337,6 +337,9 @@ class OutboxJob(models.Model):
     #: Relay attempts that Redis refused (not outages); such rows go behind the others.
     tries = models.PositiveIntegerField(default=0)
     last_error = models.CharField(max_length=200, blank=True)
+    #: A refused row is not tried again before this time (its own backoff, doubling
+    #: with its tries: fairqueue.enqueue.outbox.retry_delay); null: at the next relay.
+    retry_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["tries", "id"]

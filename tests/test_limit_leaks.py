@@ -492,3 +492,51 @@ def test_resume__a_held_backlog_drains_at_the_pace_of_one_never_held(
     resumed = _drain_rate(worker.starts(), count)
     print(f"drain: never held {plain:.0f} jobs/s, resumed {resumed:.0f} jobs/s")
     assert resumed >= 0.7 * plain, (resumed, plain)
+
+
+# -- refused outbox rows back off, each on its own -----------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_outbox__rows_refused_by_a_full_backlog_back_off_and_log_once(fq_prefix, caplog):
+    """20 outbox rows of a tenant at its max_waiting beside 5 of another: the relay sends
+    the other's at once, refuses the 20 once each (one log line a row), and does not try
+    them again before their backoff (before: every relay run retried every row one by
+    one, one warning per try). Once there is room and the backoff is over, they go."""
+    import json
+    import logging
+
+    from fairqueue.enqueue.outbox import relay_outbox
+    from fairqueue.models import OutboxJob, new_outbox_job_id
+    from tests.helpers import drain_with_stock_worker
+
+    TenantPlan.objects.create(tenant_id="acme", plan_tier="pro", max_waiting=2)
+    wire_tenant_plan_lookup()
+    enqueue_jobs("email", [{}, {}], tenant_id="acme")  # at its cap
+
+    def row(tenant):
+        data = json.dumps({"tenantId": tenant, "priorityLevel": "normal"})
+        return OutboxJob(
+            job_type="email", queue="email", job_id=new_outbox_job_id(), data=data,
+            level="normal", tenant=tenant,
+        )  # fmt: skip
+
+    OutboxJob.objects.bulk_create([row("acme") for _ in range(20)])
+    OutboxJob.objects.bulk_create([row("beta") for _ in range(5)])
+    caplog.set_level(logging.INFO, logger="fairqueue.outbox")
+    first = relay_outbox()
+    assert (first.sent, first.refused) == (5, 20)
+    lines = [r for r in caplog.records if "max_waiting" in r.getMessage()]
+    assert len(lines) == 20  # one a row
+    for _ in range(5):  # the loop relays at every pass: nothing tried within the backoff
+        again = relay_outbox()
+        assert (again.sent, again.refused) == (0, 0)
+    assert len([r for r in caplog.records if "max_waiting" in r.getMessage()]) == 20
+    drain_with_stock_worker(fq_prefix, "email", 2)  # room for 2 again
+    time.sleep(1.1)  # the first backoff: 1 s
+    later = relay_outbox()
+    assert (later.sent, later.refused) == (2, 18)
+    assert len([r for r in caplog.records if "max_waiting" in r.getMessage()]) == 20
+    sent = [r for r in caplog.records if "sent after 1 refused tries" in r.getMessage()]
+    assert len(sent) == 2
+    assert OutboxJob.objects.filter(tenant="acme").count() == 18
