@@ -5,12 +5,14 @@ copy in Redis comes back from the database. Real Redis, the real bullmq package.
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import subprocess
 import time
 from dataclasses import dataclass
 
 import pytest
+from bullmq import Queue
 
 from fairqueue import enqueue_job, enqueue_jobs, pause_tenant, resume_tenant
 from fairqueue.broker import get_sync_broker
@@ -540,3 +542,47 @@ def test_outbox__rows_refused_by_a_full_backlog_back_off_and_log_once(fq_prefix,
     sent = [r for r in caplog.records if "sent after 1 refused tries" in r.getMessage()]
     assert len(sent) == 2
     assert OutboxJob.objects.filter(tenant="acme").count() == 18
+
+
+# -- BullMQ's own promoteJobs / retryJobs: the loop holds such jobs again -----------------
+
+
+def _most_active(redis_client, prefix, ids, seconds):
+    most, deadline = 0, time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        most = max(most, sum(i in ids for i in active_ids(redis_client, prefix)))
+        time.sleep(0.005)
+    return most
+
+
+@pytest.mark.parametrize("busy", [True, False])
+def test_promote_jobs__held_jobs_made_takeable_by_hand_are_held_again(
+    node, limited, loop_running, redis_client, busy
+):
+    """Queue.promoteJobs (bull-board's "promote all") makes a max_active=2 tenant's 14
+    held jobs takeable. With other jobs waiting they sit behind them at the cap and the
+    loop parks them again within a tick: 2 at most ever run. On an idle queue the idle
+    slots take them at once, before the loop can park them (measured 8 and 16 of 16 at
+    once on two runs: documented, not prevented). Either way no job runs twice."""
+    acme = [
+        j.job_id for j in enqueue_jobs("email", [{"n": n} for n in range(16)], tenant_id="acme")
+    ]
+    if busy:
+        enqueue_jobs("email", [{} for _ in range(600)], tenant_id="beta")
+    worker = NodeWorker(node, limited, run_ms=3000, job_ms=300)
+    assert wait_until(lambda: sum(i in acme for i in active_ids(redis_client, limited)) == 2, 10)
+
+    async def promote():
+        q = Queue("email", {"connection": REDIS_URL, "prefix": limited})
+        try:
+            await q.promoteJobs()
+        finally:
+            await q.close()
+
+    asyncio.run(promote())
+    most = _most_active(redis_client, limited, set(acme), 2.0)
+    starts = [s.job_id for s in worker.starts() if s.tenant == "acme"]
+    print(f"promoteJobs, {'busy' if busy else 'idle'} queue: most of acme active {most}")
+    assert len(starts) == len(set(starts))  # each ran once at most
+    if busy:
+        assert most <= 2, most
