@@ -586,3 +586,28 @@ def test_promote_jobs__held_jobs_made_takeable_by_hand_are_held_again(
     assert len(starts) == len(set(starts))  # each ran once at most
     if busy:
         assert most <= 2, most
+
+
+def test_pause__a_stalled_job_of_a_paused_tenant_is_held_not_run_again(
+    node, limited, loop_running, redis_client
+):
+    """A Node worker dies (kill -9) running a job of a tenant paused meanwhile; the
+    leader's stalled check recovers the job and holds it: a new 16-slot worker does not
+    start it until the resume, and then it runs."""
+    import signal
+
+    job = enqueue_job("email", {}, tenant_id="acme").job_id
+    dying = NodeWorker(node, limited, run_ms=60_000, job_ms=60_000)
+    assert wait_until(lambda: job in active_ids(redis_client, limited), 10)
+    pause_tenant("acme")
+    dying.process.send_signal(signal.SIGKILL)
+    dying.process.communicate(timeout=10)
+    redis_client.delete(f"{limited}:email:{job}:lock")  # its lock would expire in 30 s
+    held = f"{limited}:email:fq:lim:held:acme"
+    assert wait_until(lambda: redis_client.lrange(held, 0, -1) == [job], 10)
+    assert not active_ids(redis_client, limited)
+    starts = NodeWorker(node, limited, run_ms=1500, job_ms=10).starts()
+    assert starts == []  # recovered, not run: the tenant is paused
+    resume_tenant("acme")
+    starts = NodeWorker(node, limited, run_ms=1500, job_ms=10).starts()
+    assert [s.job_id for s in starts] == [job]
