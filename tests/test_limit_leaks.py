@@ -47,12 +47,14 @@ class NodeWorker:
     ``concurrency`` slots for ``run_ms``, jobs of ``job_ms``; ``fail_tenant``'s jobs throw.
     ``starts()`` waits for it to end and returns every attempt it started."""
 
-    def __init__(self, node, prefix, *, concurrency=16, run_ms=4000, job_ms=100, fail=""):
+    def __init__(
+        self, node, prefix, *, concurrency=16, run_ms=4000, job_ms=100, fail="", url=REDIS_URL
+    ):
         self.process = subprocess.Popen(  # noqa: S603
             [
                 node,
                 str(NODE_DIR / "limits_worker.mjs"),
-                REDIS_URL,
+                url,
                 prefix,
                 "email",
                 str(concurrency),
@@ -611,3 +613,66 @@ def test_pause__a_stalled_job_of_a_paused_tenant_is_held_not_run_again(
     resume_tenant("acme")
     starts = NodeWorker(node, limited, run_ms=1500, job_ms=10).starts()
     assert [s.job_id for s in starts] == [job]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_redis_restarted_empty__paused_and_limited_tenants_stay_so(node, tmp_path, settings):
+    """A Redis without persistence is killed (-9) and started empty while the loop runs.
+    The loop rebuilds the limits and pauses from the database; new jobs of the paused
+    tenant never start, the limited one never runs more than max_active (a 16-slot Node
+    worker), the others run, and no job runs twice."""
+    import redis
+
+    from fairqueue import conf
+    from fairqueue.broker import close_brokers
+    from tests.helpers import PrivateRedis
+
+    server = PrivateRedis(tmp_path, aof=False).start()
+    prefix = "fqtest-restart"
+    settings.FAIRQUEUE = {"PREFIX": prefix, "QUEUES": {"email": "email"}, "REDIS_URL": server.url}
+    conf.reload_settings()
+    client = redis.Redis.from_url(server.url, decode_responses=True)
+    try:
+        TenantPlan.objects.create(tenant_id="acme", plan_tier="pro")
+        TenantPlan.objects.create(tenant_id="lim", plan_tier="pro", max_active=2)
+        wire_tenant_plan_lookup()
+        pause_tenant("acme")
+        rebalancer, thread = start_loop()
+        try:
+            enqueue_jobs("email", [{} for _ in range(3)], tenant_id="acme")
+            server.restart()  # empty: no AOF, no snapshot
+            base = f"{prefix}:email:fq:lim"
+            assert wait_until(lambda: _answers_with(client, base), 15)  # the loop rebuilt
+            assert client.hget(f"{base}:paused", "acme") == "1"
+            acme = [j.job_id for j in enqueue_jobs("email", [{}] * 3, tenant_id="acme")]
+            lim = [j.job_id for j in enqueue_jobs("email", [{}] * 12, tenant_id="lim")]
+            beta = [j.job_id for j in enqueue_jobs("email", [{}] * 20, tenant_id="beta")]
+            worker = NodeWorker(node, prefix, run_ms=3500, job_ms=100, url=server.url)
+            most, deadline = 0, time.monotonic() + 3.2
+            while time.monotonic() < deadline:
+                active = client.lrange(f"{prefix}:email:active", 0, -1)
+                most = max(most, sum(i in lim for i in active))
+                time.sleep(0.005)
+            starts = [s.job_id for s in worker.starts()]
+        finally:
+            rebalancer.request_stop()
+            thread.join(10)
+        assert not set(acme) & set(starts)  # paused: none of its jobs started
+        assert set(beta) <= set(starts)
+        assert most <= 2, most
+        assert len(starts) == len(set(starts))  # none twice
+        assert set(starts) <= set(beta) | set(lim)
+    finally:
+        client.close()
+        close_brokers()
+        server.stop()
+        conf.reload_settings()
+
+
+def _answers_with(client, base) -> bool:
+    import redis
+
+    try:
+        return bool(client.exists(f"{base}:synced"))
+    except redis.RedisError:
+        return False
