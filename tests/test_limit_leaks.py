@@ -676,3 +676,44 @@ def _answers_with(client, base) -> bool:
         return bool(client.exists(f"{base}:synced"))
     except redis.RedisError:
         return False
+
+
+# -- fairqueue.retry_failed: failed jobs back as fair turns inside the limits --------------
+
+
+def test_retry_failed__puts_failed_jobs_back_as_fair_turns_inside_the_limits(
+    node, limited, loop_running, redis_client
+):
+    """10 jobs of a max_active=2 tenant and 3 of another fail (attempts=1) under a Node
+    worker; retry_failed puts the limited tenant's back held (2 takeable, 8 held) and
+    the other's at fair places in the prioritized set, not at the front (the wait list)
+    where BullMQ's retryJobs puts them; then a 16-slot worker runs them all, never more
+    than 2 of the limited tenant at once, each once."""
+    from fairqueue import retry_failed
+
+    acme = [j.job_id for j in enqueue_jobs("email", [{}] * 10, tenant_id="acme", attempts=1)]
+    beta = [j.job_id for j in enqueue_jobs("email", [{}] * 3, tenant_id="beta", attempts=1)]
+    NodeWorker(node, limited, run_ms=2500, job_ms=10, fail="acme,beta").starts()
+    assert wait_until(lambda: redis_client.zcard(f"{limited}:email:failed") == 3 + 10, 10)
+    assert retry_failed("email", tenant_id="beta") == 3
+    scores = [redis_client.zscore(f"{limited}:email:prioritized", i) for i in beta]
+    assert all(score is not None and score < 2_097_151 * 2**32 for score in scores)  # placed
+    assert redis_client.llen(f"{limited}:email:wait") == 0
+    assert retry_failed("email", tenant_id="acme") == 10
+    found = counts(limited)
+    assert (found["prioritized"], found["delayed"]) == (3 + 2, 8)
+    assert redis_client.zcard(f"{limited}:email:failed") == 0
+    worker = NodeWorker(node, limited, run_ms=3000, job_ms=100)
+    most = _most_active(redis_client, limited, set(acme), 2.8)
+    starts = [s.job_id for s in worker.starts()]
+    assert most <= 2, most
+    assert sorted(starts) == sorted(acme + beta)  # every one, once
+
+
+def test_retry_failed__refuses_bad_arguments_by_name(fq_prefix):
+    from fairqueue import retry_failed
+
+    with pytest.raises(ValueError, match=r"limit=0 is not allowed: expected a whole number"):
+        retry_failed("email", limit=0)
+    with pytest.raises(InvalidTenantError, match="line feed"):
+        retry_failed("email", tenant_id="a\nb")

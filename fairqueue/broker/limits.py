@@ -15,7 +15,7 @@ from typing import Any, Final
 
 from fairqueue.broker.common import fair_key, fair_keys
 from fairqueue.broker.connection import BrokerPart, Connection
-from fairqueue.broker.scripts import release_held_script
+from fairqueue.broker.scripts import release_held_script, retry_failed_script
 from fairqueue.scheduling.limits import TenantLimits
 
 #: Held jobs one release call moves at most: 200 placements hold Redis a few ms, and the
@@ -31,6 +31,7 @@ _REBUILD_CHUNK: Final = 1_000
 #: Tenants the dashboard's read lists at most.
 STATUS_TENANTS: Final = 200
 
+_RETRY_KEYS: Final = ("failed", "prioritized", "delayed", "events", "marker")
 _BULLMQ_KEYS: Final = (
     "prioritized",
     "delayed",
@@ -221,6 +222,51 @@ class LimitStore(BrokerPart):
         if not await self.conn.guard(client.hset(key, tenant_id, limits.encoded())):
             return 0  # had limits here already: its jobs since then are tracked
         return await self._hold_untracked(queue, tenant_id)
+
+    async def retry_failed(
+        self,
+        queue: str,
+        tenant_id: str | None,
+        *,
+        limit: int,
+        max_wait_ms: int,
+        max_payload_bytes: int,
+    ) -> tuple[int, int]:
+        """Retry up to ``limit`` failed jobs of ``queue`` (of ``tenant_id`` only, unless
+        ``None``), oldest failure first, a page of :data:`SCAN_PAGE` per script call: each
+        placed by the fair clock, or held when its tenant has limits or is paused (then
+        released within them). Returns (retried, of which held)."""
+        script = self.conn.script(retry_failed_script())
+        keys = [
+            *(f"{self.conn.prefix}:{queue}:{name}" for name in _RETRY_KEYS),
+            *fair_keys(self.conn.prefix, queue),
+            limits_key(self.conn.prefix, queue),
+        ]
+        score, member, retried, held = "", "", 0, 0
+        while retried < limit:
+            reply = await self.conn.guard(
+                script(
+                    keys=keys,
+                    args=[
+                        f"{self.conn.prefix}:{queue}:",
+                        self.fairness_by,
+                        tenant_id or "",
+                        min(SCAN_PAGE, limit - retried),
+                        score,
+                        member,
+                        max_wait_ms,
+                        max_payload_bytes,
+                    ],
+                )
+            )
+            retried += int(reply[0])
+            held += int(reply[1])
+            score, member = _text(reply[2]), _text(reply[3])
+            if int(reply[4]):
+                break
+        if held:
+            await self.release(queue, None if tenant_id is None else [tenant_id])
+        return retried, held
 
     async def synced(self, queue: str) -> bool:
         """Whether Redis holds the database's copy of ``queue``'s limits and pauses (the
