@@ -10,6 +10,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 
+from fairqueue.conf import get_settings
 from fairqueue.dashboard.views import DashboardAdmin
 from fairqueue.models import (
     PLAN_CHOICES,
@@ -22,7 +23,7 @@ from fairqueue.models import (
     TenantPlan,
 )
 from fairqueue.scheduling.limits import LIMIT_RANGES
-from fairqueue.tenants import pause_tenant, resume_tenant
+from fairqueue.tenants import pause_tenant, resume_tenant, retry_failed
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -60,7 +61,7 @@ class TenantPlanAdmin(admin.ModelAdmin):
     list_filter = ("plan_tier", "weight", "paused")
     search_fields = ("tenant_id", "display_name")
     readonly_fields = ("paused", "created_at", "updated_at")
-    actions = ("set_tier", "pause", "resume")
+    actions = ("set_tier", "pause", "resume", "retry_failed_jobs")
 
     def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
         """A limit's form field takes the range the scripts accept (``LIMIT_RANGES``), and
@@ -93,6 +94,27 @@ class TenantPlanAdmin(admin.ModelAdmin):
         for plan in queryset:
             resume_tenant(plan.tenant_id, actor=request.user, source="admin")
         self.message_user(request, f"Resumed {queryset.count()} tenant(s).", level=messages.SUCCESS)
+
+    @admin.action(
+        description="Retry failed jobs of selected tenants (as fair turns, within limits)",
+        permissions=["change"],
+    )
+    def retry_failed_jobs(self, request: HttpRequest, queryset: QuerySet[TenantPlan]) -> None:
+        """``retry_failed`` for each selected tenant in every configured job type's
+        queue (a queue shared by several job types is retried once)."""
+        queues: dict[str, str] = {}
+        for job_type, queue in get_settings().queues.items():
+            queues.setdefault(queue, job_type)
+        retried = sum(
+            retry_failed(job_type, tenant_id=plan.tenant_id)
+            for plan in queryset
+            for job_type in queues.values()
+        )
+        self.message_user(
+            request,
+            f"Retried {retried} failed job(s) of {queryset.count()} tenant(s).",
+            level=messages.SUCCESS,
+        )
 
     @admin.action(description="Set plan tier of selected tenants", permissions=["change"])
     def set_tier(self, request: HttpRequest, queryset: QuerySet[TenantPlan]) -> Any:

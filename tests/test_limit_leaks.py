@@ -717,3 +717,21 @@ def test_retry_failed__refuses_bad_arguments_by_name(fq_prefix):
         retry_failed("email", limit=0)
     with pytest.raises(InvalidTenantError, match="line feed"):
         retry_failed("email", tenant_id="a\nb")
+
+
+def test_admin_action__retry_failed_jobs_of_selected_tenants(node, limited, admin_client):
+    from django.urls import reverse
+
+    enqueue_jobs("email", [{}] * 4, tenant_id="acme", attempts=1)
+    NodeWorker(node, limited, run_ms=1500, job_ms=10, fail="acme").starts()  # 2 fail
+    assert release().released == 2  # their slots are free: the other two go, and fail
+    NodeWorker(node, limited, run_ms=1500, job_ms=10, fail="acme").starts()
+    assert counts(limited)["prioritized"] == 0
+    plan = TenantPlan.objects.get(tenant_id="acme")
+    url = reverse("admin:fairqueue_tenantplan_changelist")
+    response = admin_client.post(
+        url, {"action": "retry_failed_jobs", "_selected_action": [plan.pk]}, follow=True
+    )
+    assert "Retried 4 failed job(s) of 1 tenant(s)." in response.content.decode()
+    found = counts(limited)
+    assert (found["prioritized"], found["delayed"]) == (2, 2)  # inside max_active 2
