@@ -15,8 +15,11 @@ Each scenario runs twice in one invocation, side by side: with the limit and wit
   resumed. Starts of its jobs after ``pause_tenant`` returned and before the resume must
   be 0; after the resume all of them run, in their order (inversions counted); the other
   tenants' p99 wait against the run without a pause: the goal is within 10%.
+* **drain**: one tenant's ``--drain-jobs`` jobs, nothing else waiting: never held, and
+  held by a pause then resumed, in alternating rounds; the resumed drain's rate against
+  the never-held one (medians): the goal is >= 90%.
 
-    .venv/bin/python benchmarks/limits.py [--concurrency 16] [--run-ms 20]
+    .venv/bin/python benchmarks/limits.py [--concurrency 16] [--run-ms 20] [--only drain]
 
 Figures depend on the machine (a shared one is noisy): report them with their date.
 """
@@ -310,6 +313,45 @@ def pause(args, db) -> list[str]:
     ]
 
 
+def _drain_once(args, db, *, held: bool) -> float:
+    """Jobs a second of one tenant's ``--drain-jobs`` jobs, nothing else waiting: never
+    held (added, then drained), or held by a pause and then resumed."""
+    count = args.drain_jobs
+
+    def during(db: ThreadPoolExecutor, marks: dict[str, float]) -> dict[str, list[str]]:
+        from fairqueue import pause_tenant, resume_tenant
+
+        if held:
+            db.submit(pause_tenant, "drain").result()
+        ids = db.submit(_enqueue, "drain", count).result()
+        if held:
+            time.sleep(0.5)  # the worker is up and idle, everything held
+            marks["resuming"] = time.time()
+            db.submit(resume_tenant, "drain").result()
+        return {"drain": ids}
+
+    outcome = _run(args, db, {}, {}, expect=count, during=during)
+    starts = sorted(r["p"] for r in outcome.records)
+    ends = sorted(r["f"] for r in outcome.records)
+    return count / max(1e-3, (ends[-1] - starts[0]) / 1000)
+
+
+def drain(args, db) -> list[str]:
+    plain, resumed = [], []
+    for _ in range(args.drain_rounds):  # alternating: the machine's noise hits both
+        plain.append(_drain_once(args, db, held=False))
+        resumed.append(_drain_once(args, db, held=True))
+    plain_rate, resumed_rate = sorted(plain)[len(plain) // 2], sorted(resumed)[len(resumed) // 2]
+    return [
+        f"resume drain ({args.drain_jobs} jobs of one tenant, nothing else waiting, "
+        f"{args.drain_rounds} alternating rounds, medians):",
+        f"  never held {plain_rate:.0f} jobs/s ({', '.join(f'{r:.0f}' for r in plain)}), "
+        f"held then resumed {resumed_rate:.0f} jobs/s "
+        f"({', '.join(f'{r:.0f}' for r in resumed)}): {resumed_rate / plain_rate:.1%} "
+        "(goal >= 90%)",
+    ]
+
+
 def _between(records, start_s: float, low_ms: float, high_ms: float):
     """The records whose job was enqueued ``low_ms..high_ms`` after the run started."""
     return [r for r in records if low_ms <= r["ts"] - start_s * 1000 < high_ms]
@@ -323,10 +365,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--bound-ms", type=int, default=300_000)
     parser.add_argument("--rate-windows", type=int, default=1)
     parser.add_argument("--timeout-s", type=float, default=120.0)
-    parser.add_argument("--only", choices=("max_active", "rate", "pause"), default=None)
+    parser.add_argument("--drain-jobs", type=int, default=20_000)
+    parser.add_argument("--drain-rounds", type=int, default=3)
+    parser.add_argument("--only", choices=("max_active", "rate", "pause", "drain"), default=None)
     args = parser.parse_args(argv)
     db = setup_django()
-    scenarios = {"max_active": max_active, "rate": rate, "pause": pause}
+    scenarios = {"max_active": max_active, "rate": rate, "pause": pause, "drain": drain}
     lines = [
         f"benchmarks/limits.py {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: one stock "
         f"Node worker, {args.concurrency} slots, jobs of {args.run_ms} ms, the loop running"

@@ -41,7 +41,7 @@ from fairqueue.exceptions import (
 )
 from fairqueue.plans import set_subscription_to_plan_tier
 from fairqueue.scheduling.levels import PriorityLevel, normalize_priority
-from fairqueue.tenants import pause_tenant, resume_tenant
+from fairqueue.tenants import pause_tenant, resume_tenant, retry_failed
 from fairqueue.worker.handlers import JobContext, handler
 
 __version__ = "0.1.0"
@@ -77,6 +77,7 @@ __all__ = [
     "normalize_priority",
     "pause_tenant",
     "resume_tenant",
+    "retry_failed",
     "set_subscription_to_plan_tier",
     "wire_tenant_plan_lookup",
     "wire_tenant_weight_lookup",

@@ -10,6 +10,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 
+from fairqueue.conf import get_settings
 from fairqueue.dashboard.views import DashboardAdmin
 from fairqueue.models import (
     PLAN_CHOICES,
@@ -21,7 +22,8 @@ from fairqueue.models import (
     TenantPauseAudit,
     TenantPlan,
 )
-from fairqueue.tenants import pause_tenant, resume_tenant
+from fairqueue.scheduling.limits import LIMIT_RANGES
+from fairqueue.tenants import pause_tenant, resume_tenant, retry_failed
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -59,7 +61,24 @@ class TenantPlanAdmin(admin.ModelAdmin):
     list_filter = ("plan_tier", "weight", "paused")
     search_fields = ("tenant_id", "display_name")
     readonly_fields = ("paused", "created_at", "updated_at")
-    actions = ("set_tier", "pause", "resume")
+    actions = ("set_tier", "pause", "resume", "retry_failed_jobs")
+
+    def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        """A limit's form field takes the range the scripts accept (``LIMIT_RANGES``), and
+        a value outside it is refused naming the field, the range and that empty means no
+        limit (a positive-integer field's own form said ">= 0")."""
+        if db_field.name in LIMIT_RANGES:
+            low, high = LIMIT_RANGES[db_field.name]
+            message = (
+                f"{db_field.name} must be a whole number in {low:,}..{high:,}, or empty for "
+                "no limit (or the plan tier's default)"
+            )
+            kwargs.update(
+                min_value=low,
+                max_value=high,
+                error_messages={"min_value": message, "max_value": message, "invalid": message},
+            )
+        return super().formfield_for_dbfield(db_field, request, **kwargs)
 
     @admin.action(
         description="Pause selected tenants (no job of theirs starts)", permissions=["change"]
@@ -75,6 +94,27 @@ class TenantPlanAdmin(admin.ModelAdmin):
         for plan in queryset:
             resume_tenant(plan.tenant_id, actor=request.user, source="admin")
         self.message_user(request, f"Resumed {queryset.count()} tenant(s).", level=messages.SUCCESS)
+
+    @admin.action(
+        description="Retry failed jobs of selected tenants (as fair turns, within limits)",
+        permissions=["change"],
+    )
+    def retry_failed_jobs(self, request: HttpRequest, queryset: QuerySet[TenantPlan]) -> None:
+        """``retry_failed`` for each selected tenant in every configured job type's
+        queue (a queue shared by several job types is retried once)."""
+        queues: dict[str, str] = {}
+        for job_type, queue in get_settings().queues.items():
+            queues.setdefault(queue, job_type)
+        retried = sum(
+            retry_failed(job_type, tenant_id=plan.tenant_id)
+            for plan in queryset
+            for job_type in queues.values()
+        )
+        self.message_user(
+            request,
+            f"Retried {retried} failed job(s) of {queryset.count()} tenant(s).",
+            level=messages.SUCCESS,
+        )
 
     @admin.action(description="Set plan tier of selected tenants", permissions=["change"])
     def set_tier(self, request: HttpRequest, queryset: QuerySet[TenantPlan]) -> Any:

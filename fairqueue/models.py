@@ -115,6 +115,27 @@ class TenantPlan(models.Model):
     def __str__(self) -> str:
         return self.display_name or self.tenant_id
 
+    def clean_fields(self, exclude: Any = None) -> None:
+        """Django's checks, with a limit outside ``LIMIT_RANGES`` refused by a message that
+        names the limit, the value and the whole allowed range."""
+        exclude = set(exclude or ())
+        errors: dict[str, list[str]] = {}
+        for name, (low, high) in LIMIT_RANGES.items():
+            value = getattr(self, name)
+            if name in exclude or value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                errors[name] = [
+                    f"{name}={value!r} is not allowed: expected a whole number in "
+                    f"{low}..{high}, or empty for no limit (or the plan tier's default)"
+                ]
+        try:
+            super().clean_fields(exclude=exclude | set(errors))
+        except ValidationError as exc:
+            errors.update(exc.message_dict)
+        if errors:
+            raise ValidationError(errors)
+
     def clean(self) -> None:
         from fairqueue.enqueue.priority import validate_tenant_id  # no import cycle
 
@@ -316,6 +337,9 @@ class OutboxJob(models.Model):
     #: Relay attempts that Redis refused (not outages); such rows go behind the others.
     tries = models.PositiveIntegerField(default=0)
     last_error = models.CharField(max_length=200, blank=True)
+    #: A refused row is not tried again before this time (its own backoff, doubling
+    #: with its tries: fairqueue.enqueue.outbox.retry_delay); null: at the next relay.
+    retry_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["tries", "id"]

@@ -187,3 +187,37 @@ def keep_tenant_limits(queue: str, *, force: bool = False) -> None:
         rebuild_tenant_limits([queue], force=force)
     except Exception as exc:  # the pass goes on; the next one checks again
         logger.warning("tenant limits not rebuilt (%s)", type(exc).__name__)
+
+
+def retry_failed(job_type: str, tenant_id: str | None = None, *, limit: int = 10_000) -> int:
+    """Retry failed jobs of ``job_type`` (of ``tenant_id`` only, unless ``None``), oldest
+    failure first, at most ``limit``: each as a fair turn of its flow (never at the front
+    of the queue, where BullMQ's own ``retryJobs`` / ``job.retry()`` put it) and inside
+    its tenant's limits: a limited or paused tenant's jobs are held and released as its
+    limits allow. Its attempts made are kept, as BullMQ's retry keeps them.
+
+    Returns:
+        How many jobs were retried.
+
+    Raises:
+        UnknownJobTypeError: ``job_type`` is not configured.
+        InvalidTenantError: ``tenant_id`` is not a tenant id.
+        ValueError: ``limit`` is not a whole number in 1..1,000,000.
+        BrokerError: Redis failed; the jobs retried so far stay retried.
+    """
+    settings = get_settings()
+    queue = settings.queue_for(job_type)
+    if tenant_id is not None:
+        tenant_id = validate_tenant_id(tenant_id, none_allowed=True)
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1_000_000:
+        raise ValueError(f"limit={limit!r} is not allowed: expected a whole number in 1..1000000")
+    sync_broker = get_sync_broker()
+    retried, _held = sync_broker.run(
+        sync_broker.broker.limits.retry_failed,
+        queue,
+        tenant_id,
+        limit=limit,
+        max_wait_ms=settings.max_wait_ms,
+        max_payload_bytes=settings.max_payload_bytes,
+    )
+    return retried

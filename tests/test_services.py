@@ -620,8 +620,8 @@ def test_job_id_is_the_idempotency_key__retry_after_an_ambiguous_timeout_adds_no
     real_add = SyncBroker.add_jobs
     calls = []
 
-    def add_then_lose_the_reply(self, queue, jobs):
-        added = real_add(self, queue, jobs)
+    def add_then_lose_the_reply(self, queue, jobs, **options):
+        added = real_add(self, queue, jobs, **options)
         calls.append(added)
         if len(calls) == 1:  # the add went through; the reply did not
             raise BrokerUnavailableError("Redis did not answer in time (TimeoutError)")
@@ -734,8 +734,8 @@ def test_batch_failing_after_its_first_chunk_raises_partial_enqueue_error(
         _use_redis(settings, server.url)
         real_add = SyncBroker.add_jobs
 
-        def add_then_crash_redis(self, queue, jobs):
-            added = real_add(self, queue, jobs)
+        def add_then_crash_redis(self, queue, jobs, **options):
+            added = real_add(self, queue, jobs, **options)
             server.kill9()  # Redis dies after the first chunk: a real failure
             return added
 

@@ -56,7 +56,7 @@ The package, one module per concern (import from here, not from them):
   tasks backend's ``get_result``.
 """
 
-from fairqueue.broker.adding import ADD_BATCH_SIZE, AddedJob, NewJob
+from fairqueue.broker.adding import ADD_BATCH_SIZE, AddBatch, AddedJob, NewJob
 from fairqueue.broker.brokers import Broker, SyncBroker, close_brokers, get_broker, get_sync_broker
 from fairqueue.broker.common import (
     BACK_OF_LINE,
@@ -97,6 +97,7 @@ __all__ = [
     "TAG_FLOOR",
     "TAG_RESOLUTION",
     "ActiveJob",
+    "AddBatch",
     "AddedJob",
     "AdoptedPage",
     "BacklogScan",

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Sequence
+import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -76,6 +77,15 @@ class NewJob:
 
 
 @dataclass(frozen=True, slots=True)
+class AddBatch:
+    """A chunk of a batch added in several calls: the batch's token (the same for all its
+    chunks) and, per tenant, the jobs its later chunks add."""
+
+    token: str
+    later: Mapping[str, int]
+
+
+@dataclass(frozen=True, slots=True)
 class AddedJob:
     """An added job. ``priority`` is ``None`` when a job with the given id already
     existed (BullMQ then keeps the existing job and adds nothing)."""
@@ -100,12 +110,14 @@ class _AddCommand:
     #: The release that follows an add that held jobs: its keys and args (``None``: no
     #: tenant of the command has limits).
     release: tuple[list[str], list[Any]] | None = None
+    #: The tenants whose limits the command carries (their max_waiting is checked).
+    limits_given: tuple[str, ...] = ()
 
 
 def _added(command: _AddCommand, reply: Any) -> list[AddedJob]:
     if isinstance(reply, Exception):
         raise reply
-    if not command.delayed and reply and reply[0] == "fq:backlog":
+    if isinstance(reply, list) and reply and reply[0] == "fq:backlog":
         _, tenant, limit, waiting = reply
         raise TenantBacklogFullError(
             tenant_id=str(tenant), queue=command.queue, limit=int(limit), waiting=int(waiting)
@@ -179,7 +191,49 @@ class AddPacker:
                 self._queues[name] = queue
             return queue
 
-    def add_commands(self, queue: str, jobs: Sequence[NewJob]) -> list[_AddCommand]:
+    def add_commands(
+        self, queue: str, jobs: Sequence[NewJob], *, batch: AddBatch | None = None
+    ) -> list[_AddCommand]:
+        """The add commands of ``jobs``. ``batch``: this call is a chunk of a batch added
+        in several calls. A batch that takes more than one command is checked against
+        ``max_waiting`` whole by its first command, which reserves room for the rest
+        (``tenant_limits.lua``)."""
+        commands = self._commands(queue, jobs)
+        if batch is not None:
+            self._batch_args(commands, jobs, batch.token, batch.later)
+        elif len(commands) > 1:
+            self._batch_args(commands, jobs, uuid.uuid4().hex, {})
+        return commands
+
+    @staticmethod
+    def _batch_args(
+        commands: list[_AddCommand],
+        jobs: Sequence[NewJob],
+        token: str,
+        later: Mapping[str, int],
+    ) -> None:
+        """Give each command of a batch of several (with limited tenants) its batch's
+        token and, per tenant, the jobs the batch's later commands add."""
+        counts: list[dict[str, int]] = []
+        index = 0
+        for command in commands:
+            size = 1 if command.delayed else int(command.args[0])
+            tally: dict[str, int] = {}
+            for job in jobs[index : index + size]:
+                tally[job.tenant] = tally.get(job.tenant, 0) + 1
+            counts.append(tally)
+            index += size
+        left = dict(later)
+        for command, tally in zip(reversed(commands), reversed(counts), strict=True):
+            limited = command.limits_given
+            if limited:
+                mine = {tenant: left.get(tenant, 0) for tenant in limited}
+                batch = json.dumps({"token": token, "left": mine}, separators=(",", ":"))
+                command.args.append(batch)
+            for tenant, count in tally.items():
+                left[tenant] = left.get(tenant, 0) + count
+
+    def _commands(self, queue: str, jobs: Sequence[NewJob]) -> list[_AddCommand]:
         bull_queue = self._queue(queue)
         scripts = bull_queue.scripts
         commands: list[_AddCommand] = []
@@ -218,10 +272,19 @@ class AddPacker:
                     fair_key(self.prefix, queue, "ready"),
                     fair_key(self.prefix, queue, "jobs"),
                     limits_key(self.prefix, queue),
+                    f"{self.prefix}:{queue}:prioritized",
                 ]
                 args += [job.delay_ms, job.limits or ""]
                 commands.append(
-                    _AddCommand(self.delayed_sha, self.delayed_source, keys, args, delayed=True)
+                    _AddCommand(
+                        self.delayed_sha,
+                        self.delayed_source,
+                        keys,
+                        args,
+                        delayed=True,
+                        queue=queue,
+                        limits_given=(job.tenant,) if job.limits is not None else (),
+                    )
                 )
                 continue
             batch.append(args)
@@ -272,6 +335,7 @@ class AddPacker:
             args,
             delayed=False,
             queue=queue,
+            limits_given=tuple(limits),
             release=(
                 (
                     release_keys(self.prefix, queue),
@@ -341,14 +405,16 @@ class Adder(BrokerPart):
             fairness_by=fairness_by,
         )
 
-    async def add_jobs(self, queue: str, jobs: Sequence[NewJob]) -> list[AddedJob]:
+    async def add_jobs(
+        self, queue: str, jobs: Sequence[NewJob], *, batch: AddBatch | None = None
+    ) -> list[AddedJob]:
         """Add ``jobs`` at their fair places, one EVALSHA per batch of up to 250 jobs
         (each batch atomic; delayed jobs one per EVALSHA).
 
         Raises:
             BrokerUnavailableError: Redis did not answer; nothing was added.
         """
-        commands = self.packer.add_commands(queue, jobs)
+        commands = self.packer.add_commands(queue, jobs, batch=batch)
         return await self.conn.guard(self._run_adds(commands))
 
     async def add_job(self, queue: str, job: NewJob) -> AddedJob:

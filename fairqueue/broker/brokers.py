@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, ParamSpec
 
-from fairqueue.broker.adding import AddedJob, Adder, NewJob, run_adds_sync
+from fairqueue.broker.adding import AddBatch, AddedJob, Adder, NewJob, run_adds_sync
 from fairqueue.broker.clients import SyncClient, client_name, drop_if_stale, sync_client
 from fairqueue.broker.common import REDIS_ERRORS, T, broker_error
 from fairqueue.broker.connection import Connection, loop_thread
@@ -122,10 +122,13 @@ class SyncBroker:
             drop_if_stale(client)
         return client
 
-    def add_jobs(self, queue: str, jobs: Sequence[NewJob]) -> list[AddedJob]:
+    def add_jobs(
+        self, queue: str, jobs: Sequence[NewJob], *, batch: AddBatch | None = None
+    ) -> list[AddedJob]:
         """Add jobs from the calling thread with a blocking client: no event-loop hop on
-        the enqueue hot path (sync views enqueue as fast as raw BullMQ can)."""
-        commands = self.broker.adding.packer.add_commands(queue, jobs)
+        the enqueue hot path (sync views enqueue as fast as raw BullMQ can). ``batch``:
+        this call is a chunk of a batch added in several (``AddPacker.add_commands``)."""
+        commands = self.broker.adding.packer.add_commands(queue, jobs, batch=batch)
         try:
             return run_adds_sync(self._client(), commands)
         except REDIS_ERRORS as exc:

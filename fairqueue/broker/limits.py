@@ -8,13 +8,14 @@ releases through the same atomic step and no job is released twice.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 from fairqueue.broker.common import fair_key, fair_keys
 from fairqueue.broker.connection import BrokerPart, Connection
-from fairqueue.broker.scripts import release_held_script
+from fairqueue.broker.scripts import release_held_script, retry_failed_script
 from fairqueue.scheduling.limits import TenantLimits
 
 #: Held jobs one release call moves at most: 200 placements hold Redis a few ms, and the
@@ -23,11 +24,14 @@ from fairqueue.scheduling.limits import TenantLimits
 RELEASE_BUDGET: Final = 200
 #: Waiting jobs a pause's scan for the tenant's untracked jobs reads per call.
 SCAN_PAGE: Final = 500
+#: Commands one pipeline of a read over many tenants sends.
+READ_CHUNK: Final = 1_000
 #: Tenants' limits one HSET of a rebuild writes.
 _REBUILD_CHUNK: Final = 1_000
 #: Tenants the dashboard's read lists at most.
 STATUS_TENANTS: Final = 200
 
+_RETRY_KEYS: Final = ("failed", "prioritized", "delayed", "events", "marker")
 _BULLMQ_KEYS: Final = (
     "prioritized",
     "delayed",
@@ -219,6 +223,51 @@ class LimitStore(BrokerPart):
             return 0  # had limits here already: its jobs since then are tracked
         return await self._hold_untracked(queue, tenant_id)
 
+    async def retry_failed(
+        self,
+        queue: str,
+        tenant_id: str | None,
+        *,
+        limit: int,
+        max_wait_ms: int,
+        max_payload_bytes: int,
+    ) -> tuple[int, int]:
+        """Retry up to ``limit`` failed jobs of ``queue`` (of ``tenant_id`` only, unless
+        ``None``), oldest failure first, a page of :data:`SCAN_PAGE` per script call: each
+        placed by the fair clock, or held when its tenant has limits or is paused (then
+        released within them). Returns (retried, of which held)."""
+        script = self.conn.script(retry_failed_script())
+        keys = [
+            *(f"{self.conn.prefix}:{queue}:{name}" for name in _RETRY_KEYS),
+            *fair_keys(self.conn.prefix, queue),
+            limits_key(self.conn.prefix, queue),
+        ]
+        score, member, retried, held = "", "", 0, 0
+        while retried < limit:
+            reply = await self.conn.guard(
+                script(
+                    keys=keys,
+                    args=[
+                        f"{self.conn.prefix}:{queue}:",
+                        self.fairness_by,
+                        tenant_id or "",
+                        min(SCAN_PAGE, limit - retried),
+                        score,
+                        member,
+                        max_wait_ms,
+                        max_payload_bytes,
+                    ],
+                )
+            )
+            retried += int(reply[0])
+            held += int(reply[1])
+            score, member = _text(reply[2]), _text(reply[3])
+            if int(reply[4]):
+                break
+        if held:
+            await self.release(queue, None if tenant_id is None else [tenant_id])
+        return retried, held
+
     async def synced(self, queue: str) -> bool:
         """Whether Redis holds the database's copy of ``queue``'s limits and pauses (the
         mark :meth:`rebuild` leaves; gone when Redis lost fairqueue's keys)."""
@@ -257,29 +306,63 @@ class LimitStore(BrokerPart):
         return moved
 
     async def waiting(self, queue: str, tenant_id: str) -> int:
-        """A tenant's jobs waiting in ``queue``: held, or released and not taken yet (the
-        count ``max_waiting`` bounds)."""
+        """A tenant's jobs waiting in ``queue`` as ``max_waiting`` counts them: every
+        unfinished job that is not running (held, delayed, released and not taken yet, or
+        waiting out a retry's backoff), and the jobs that batches being added have
+        reserved room for (``tenant_limits.lua``'s ``fqWaitingOf``)."""
         base = limits_key(self.conn.prefix, queue)
         client = self.conn.client()
-        held = int(await self.conn.guard(client.llen(f"{base}:held:{tenant_id}")))
-        out = list(await self.conn.guard(client.smembers(f"{base}:out:{tenant_id}")))
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.llen(f"{base}:held:{tenant_id}")
+            pipe.zcard(f"{base}:later:{tenant_id}")
+            pipe.smembers(f"{base}:out:{tenant_id}")
+            pipe.hvals(f"{base}:resv:{tenant_id}")
+            held, later, out, reserved = await self.conn.guard(pipe.execute())
+        waiting = int(held) + int(later)
+        now_ms = int(time.time() * 1000)
+        for entry in reserved:
+            left, _, expires = _text(entry).partition(":")
+            if left.isdigit() and expires.isdigit() and int(expires) > now_ms:
+                waiting += int(left)
+        out = list(out)
         if not out:
-            return held
-        scores = await self.conn.guard(client.zmscore(self.conn.key(queue, "prioritized"), out))
-        return held + sum(1 for score in scores if score is not None)
+            return waiting
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.zmscore(self.conn.key(queue, "prioritized"), out)
+            pipe.zmscore(self.conn.key(queue, "delayed"), out)
+            takeable, delayed = await self.conn.guard(pipe.execute())
+        return waiting + sum(
+            1 for a, b in zip(takeable, delayed, strict=True) if a is not None or b is not None
+        )
 
     async def held_count(self, queue: str) -> int:
-        """Jobs held in ``queue`` (over every tenant; one LLEN per tenant with held jobs)."""
+        """Jobs held in ``queue`` (over every tenant; one LLEN per tenant with held jobs,
+        pipelined :data:`READ_CHUNK` at a time on one connection)."""
         base = limits_key(self.conn.prefix, queue)
         client = self.conn.client()
-        tenants = await self.conn.guard(client.smembers(f"{base}:tenants"))
-        if not tenants:
-            return 0
-        async with client.pipeline(transaction=False) as pipe:
-            for tenant in tenants:
-                pipe.llen(f"{base}:held:{tenant}")
-            counts = await self.conn.guard(pipe.execute())
-        return sum(int(count) for count in counts)
+        tenants = list(await self.conn.guard(client.smembers(f"{base}:tenants")))
+        total = 0
+        for start in range(0, len(tenants), READ_CHUNK):
+            async with client.pipeline(transaction=False) as pipe:
+                for tenant in tenants[start : start + READ_CHUNK]:
+                    pipe.llen(f"{base}:held:{tenant}")
+                counts = await self.conn.guard(pipe.execute())
+            total += sum(int(count) for count in counts)
+        return total
+
+    async def held_job_ids_of(
+        self, queue: str, tenant_ids: Sequence[str], count: int = 20
+    ) -> dict[str, list[str]]:
+        """:meth:`held_job_ids` of several tenants in one pipeline (one connection, one
+        round trip), not one read each at once (which exhausted the client's pool)."""
+        if not tenant_ids:
+            return {}
+        base = limits_key(self.conn.prefix, queue)
+        async with self.conn.client().pipeline(transaction=False) as pipe:
+            for tenant in tenant_ids:
+                pipe.lrange(f"{base}:held:{tenant}", 0, count - 1)
+            replies = await self.conn.guard(pipe.execute())
+        return {tenant: list(ids) for tenant, ids in zip(tenant_ids, replies, strict=True)}
 
     async def tenant_states(self, queue: str) -> list[TenantState]:
         """Every tenant with limits, a pause or held jobs in ``queue`` (at most

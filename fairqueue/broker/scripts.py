@@ -195,6 +195,12 @@ def release_held_script() -> Script:
 
 
 @cache
+def retry_failed_script() -> Script:
+    """Retries a page of failed jobs as fair turns inside their tenants' limits."""
+    return Script("retry_failed", without_unused(load_lua("retry_failed")))
+
+
+@cache
 def plain_script(name: str) -> Script:
     """One of fairqueue's own scripts (``index_walk``, ``rebase_page``, ``lock_acquire``,
     ``lock_release``, ``dashboard_page``, ``dashboard_scan``, ``history_seek``,

@@ -514,13 +514,12 @@ def why_held(state: TenantState) -> str:
 async def _limits(broker: Broker, queue: str, tenants: list[TenantState]) -> dict[str, Any]:
     """The limited tenants of a queue (running, held, their limits, why they wait) and the
     first held jobs of each, in their release order."""
-    holding = [state for state in tenants if state.held]
-    held_ids = await asyncio.gather(
-        *(broker.limits.held_job_ids(queue, state.tenant_id, HELD_JOBS_SHOWN) for state in holding)
-    )
-    shown = dict(zip((state.tenant_id for state in holding), held_ids, strict=True))
+    holding = [state.tenant_id for state in tenants if state.held]
+    # one pipelined read, and the total over every tenant (the list shows at most
+    # STATUS_TENANTS of them)
+    shown = await broker.limits.held_job_ids_of(queue, holding, HELD_JOBS_SHOWN)
     return {
-        "held_total": sum(state.held for state in tenants),
+        "held_total": await broker.limits.held_count(queue),
         "tenants": [
             {
                 "tenant": state.tenant_id,

@@ -34,6 +34,7 @@ import json
 import logging
 import math
 import sys
+import uuid
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ from fairqueue.broker import (
     ADD_BATCH_SIZE,
     BACK_OF_LINE,
     RESERVED_JOB_IDS,
+    AddBatch,
     AddedJob,
     NewJob,
     get_broker,
@@ -672,18 +674,22 @@ def _needs_audit(prepared: Sequence[_Prepared]) -> bool:
     return any(item.audit is not None for item in prepared)
 
 
-def _enqueue_chunk(prepared: Sequence[_Prepared]) -> list[EnqueuedJob]:
+def _enqueue_chunk(
+    prepared: Sequence[_Prepared], batch: AddBatch | None = None
+) -> list[EnqueuedJob]:
     """Add one chunk (one atomic add-script call). With audit rows: insert them first,
-    in a transaction, add the jobs, then settle the rows; a failed add rolls them back."""
+    in a transaction, add the jobs, then settle the rows; a failed add rolls them back.
+    ``batch``: the chunk is part of a batch of several (the first chunk checks
+    ``max_waiting`` for the later ones too and reserves their room)."""
     queue = prepared[0].queue
     jobs = [item.new_job for item in prepared]
     try:
         if not _needs_audit(prepared):
-            added = get_sync_broker().add_jobs(queue, jobs)
+            added = get_sync_broker().add_jobs(queue, jobs, batch=batch)
             return _record(prepared, added, set())
         with transaction.atomic():
             rows = _insert_audits(prepared)
-            added = get_sync_broker().add_jobs(queue, jobs)
+            added = get_sync_broker().add_jobs(queue, jobs, batch=batch)
             audited = _settle_audits(rows, added)
     except TenantBacklogFullError:
         record_limited(prepared[0].job_type, REASON_MAX_WAITING)  # the refusal, nothing else
@@ -720,15 +726,22 @@ def _check_backlog(
 def _enqueue_prepared(prepared: Sequence[_Prepared]) -> list[EnqueuedJob]:
     """Add the jobs chunk by chunk; a failure after the first chunk raises
     PartialEnqueueError with what was added."""
-    if len(prepared) > ADD_BATCH_SIZE:
-        # Each chunk's own check is atomic; a batch of several is also refused whole up
-        # front, so a tenant's backlog cap never leaves it half added.
-        _check_backlog(prepared, None, outbox=False)
+    # A batch of several chunks is checked against max_waiting whole, atomically, by its
+    # first chunk's add, which reserves room for the later ones: refused whole or added
+    # whole (a producer that dies mid-batch frees its reservation after a minute).
+    token = uuid.uuid4().hex if len(prepared) > ADD_BATCH_SIZE else None
+    remaining: dict[str, int] = {}
+    for item in prepared[ADD_BATCH_SIZE:]:
+        remaining[item.new_job.tenant] = remaining.get(item.new_job.tenant, 0) + 1
     results: list[EnqueuedJob] = []
     for start in range(0, len(prepared), ADD_BATCH_SIZE):
         chunk = prepared[start : start + ADD_BATCH_SIZE]
+        if start:
+            for item in chunk:
+                remaining[item.new_job.tenant] -= 1
+        batch = None if token is None else AddBatch(token, dict(remaining))
         try:
-            results += _enqueue_chunk(chunk)
+            results += _enqueue_chunk(chunk, batch)
         except Exception as exc:
             if not results:
                 raise

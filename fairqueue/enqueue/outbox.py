@@ -34,17 +34,21 @@ import json
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Final
 
 from django.db import transaction
-from django.db.models import Count, Min
+from django.db.models import Count, Min, Q
 from django.utils import timezone
 
 from fairqueue.broker import BACK_OF_LINE, NewJob, get_sync_broker, refuses_every_write
 from fairqueue.conf import get_settings
 from fairqueue.enqueue.priority import tenant_limits
-from fairqueue.exceptions import BrokerRejectedError, BrokerUnavailableError
+from fairqueue.exceptions import (
+    BrokerRejectedError,
+    BrokerUnavailableError,
+    TenantBacklogFullError,
+)
 from fairqueue.metrics import get_metrics, record_enqueue
 from fairqueue.scheduling.levels import DEFAULT_TENANT, PriorityLevel
 
@@ -52,6 +56,10 @@ logger = logging.getLogger("fairqueue.outbox")
 
 #: ``last_error`` of a row whose fairqueue-chosen job id held another job.
 JOB_ID_COLLISION: Final = "JobIdCollision"
+#: ``last_error`` of a row refused because its tenant is at its ``max_waiting``.
+REFUSED_BACKLOG_FULL: Final = "TenantBacklogFull"
+#: The longest a refused row waits between tries (its backoff doubles up to this).
+RETRY_MAX_S: Final = 300
 
 #: Rows claimed per transaction (one add-script call per queue for undelayed jobs).
 RELAY_BATCH_SIZE: Final = 250
@@ -140,11 +148,24 @@ def _checks_collisions(row) -> bool:
     return not row.job_id or row.job_id.startswith(OUTBOX_JOB_ID_PREFIX)
 
 
-def _refuse(row, error: str, result: RelayResult) -> None:
+def retry_delay(tries: int) -> timedelta:
+    """How long a row refused ``tries`` times waits before its next try: one second,
+    doubling, at most :data:`RETRY_MAX_S`. A refusal (a tenant at its ``max_waiting``,
+    a job Redis will not take) is the row's own: other rows go on meanwhile."""
+    return timedelta(seconds=min(RETRY_MAX_S, 2 ** max(0, tries - 1)))
+
+
+def _refuse(row, error: str, result: RelayResult, now: datetime) -> bool:
+    """Count a refusal of ``row`` and set its next try; whether its error changed (a
+    state change: the caller logs one line, not one per try)."""
+    error = error[:200]
+    changed = error != row.last_error
     row.tries += 1
-    row.last_error = error[:200]
-    row.save(update_fields=["tries", "last_error"])
+    row.last_error = error
+    row.retry_at = now + retry_delay(row.tries)
+    row.save(update_fields=["tries", "last_error", "retry_at"])
     result.refused += 1
+    return changed
 
 
 def _settle_existing(queue: str, rows: Sequence, result: RelayResult) -> list[int]:
@@ -165,8 +186,10 @@ def _settle_existing(queue: str, rows: Sequence, result: RelayResult) -> list[in
             result.existing += 1
             done.append(row.pk)
             continue
-        _refuse(row, JOB_ID_COLLISION, result)
+        changed = _refuse(row, JOB_ID_COLLISION, result, timezone.now())
         result.collisions += 1
+        if not changed:
+            continue  # logged when it first collided
         # The id only: the payload and the tenant are user data.
         logger.warning(
             "outbox row %s: job id %s already holds another job in queue %s; the row "
@@ -188,6 +211,26 @@ def _add_rows(queue: str, rows: Sequence, now: datetime, result: RelayResult) ->
         added = broker.add_jobs(queue, [_new_job(row, now) for row in rows])
     except BrokerUnavailableError:
         raise
+    except TenantBacklogFullError as exc:
+        # As many of that tenant's rows as it has room for go on (oldest first), with
+        # the other tenants' rows, in one add, not one by one; the rest wait, each its
+        # own backoff (rows are separate enqueues, not one batch).
+        mine = [row for row in rows if row.tenant == exc.tenant_id]
+        fit = mine[: max(0, exc.limit - exc.waiting)]
+        if len(fit) == len(mine):  # refused though they all seemed to fit (a race)
+            fit = []
+        full = mine[len(fit) :]
+        for row in full:
+            if _refuse(row, REFUSED_BACKLOG_FULL, result, now):
+                logger.warning(
+                    "outbox row %s: refused, its tenant is at its max_waiting in queue %s; "
+                    "tried again with a backoff (up to %d s)",
+                    row.pk,
+                    queue,
+                    RETRY_MAX_S,
+                )
+        rest = [row for row in rows if row.tenant != exc.tenant_id] + fit
+        return _add_rows(queue, rest, now, result) if rest and full else []
     except BrokerRejectedError as exc:
         if refuses_every_write(exc):
             raise _ServerRefusal(exc) from exc
@@ -200,6 +243,8 @@ def _add_rows(queue: str, rows: Sequence, now: datetime, result: RelayResult) ->
             existing.append(row)
             continue
         done.append(row.pk)
+        if row.tries:  # a state change: it was refused before
+            logger.info("outbox row %s: sent after %d refused tries", row.pk, row.tries)
         record_enqueue(
             queue, row.job_type, PriorityLevel(row.level), placed=job.priority < BACK_OF_LINE
         )
@@ -213,8 +258,12 @@ def _refused(queue: str, rows: Sequence, now: datetime, result: RelayResult, err
             done += _add_rows(queue, [row], now, result)
         return done
     row = rows[0]
-    _refuse(row, error, result)
-    logger.warning("outbox row %s: Redis refused the job (%s)", row.pk, row.last_error)
+    if _refuse(row, error, result, now):
+        logger.warning(
+            "outbox row %s: Redis refused the job (%s); tried again with a backoff",
+            row.pk,
+            row.last_error,
+        )
     return []
 
 
@@ -258,6 +307,8 @@ def _relay_batch(
         rows = rows.filter(job_type__in=job_types)
         if pks is not None:
             rows = rows.filter(pk__in=pks)
+        # a refused row waits out its own backoff (retry_delay): no retry storm
+        rows = rows.filter(Q(retry_at__isnull=True) | Q(retry_at__lte=timezone.now()))
         claimed = list(rows.order_by("tries", "id")[:batch_size])
         if not claimed:
             return 0

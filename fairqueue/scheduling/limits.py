@@ -30,8 +30,9 @@ REASON_RATE: Final = "rate"
 REASON_PAUSED: Final = "paused"
 REASON_MAX_WAITING: Final = "max_waiting"
 REASONS: Final = (REASON_MAX_ACTIVE, REASON_RATE, REASON_PAUSED, REASON_MAX_WAITING)
-#: A resumed tenant's jobs takeable at once while its held backlog drains: its backlog
-#: takes the slots the other tenants leave instead of standing ahead of their arrivals.
+#: A resumed tenant's jobs takeable at once while its held backlog drains and other jobs
+#: wait: its backlog takes the slots the other tenants leave instead of standing ahead of
+#: their arrivals (with nothing else waiting it drains at the workers' pace).
 CATCHUP_AHEAD: Final = 4
 #: A limited tenant's released jobs no worker has taken yet, at most: the release step
 #: and a limited add check its released jobs one by one, so their number must stay small
@@ -174,6 +175,7 @@ def release_room(
     takeable: int = 0,
     untaken_before_window: int = 0,
     catching_up: bool = False,
+    others_waiting: bool = True,
 ) -> Release:
     """How many of a tenant's ``held`` jobs may be made takeable now.
 
@@ -185,7 +187,9 @@ def release_room(
     new to its rate), ``takeable`` its released jobs no worker has taken yet (a rate
     limit keeps at most a burst of them waiting, so starts follow the rate even when the
     workers fall behind the releases), ``catching_up`` whether it was resumed and still
-    has held jobs (then at most :data:`CATCHUP_AHEAD` takeable at once). Releasing
+    has held jobs (then, while ``others_waiting``, other jobs wait in the queue, at most
+    :data:`CATCHUP_AHEAD` takeable at once; with none waiting it drains at the workers'
+    pace, up to :data:`TAKEABLE_CAP`). Releasing
     ``count`` keeps occupied <= max_active and any window's starts <= rate_max, so stock
     workers of any concurrency never run more.
     """
@@ -205,7 +209,7 @@ def release_room(
         room = max(0, min(limits.rate_max - started, paced, burst - takeable))
         if room < count:
             count, reason = room, REASON_RATE
-    if catching_up:
+    if catching_up and others_waiting:
         room = max(0, CATCHUP_AHEAD - takeable)
         if room < count:
             count, reason = room, REASON_PAUSED

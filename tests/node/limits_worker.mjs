@@ -1,7 +1,8 @@
 // A stock BullMQ worker for the tenant-limit tests: runs `queue` under `prefix` with
 // `concurrency` slots for `runMs`, each job taking `jobMs`; a job whose data's tenantId
-// is `failTenant` throws (so BullMQ retries it while it has attempts left). Prints one
-// line per attempt started: "start <job id> <tenantId> <attempts made> <started ms>",
+// is in `failTenant` (comma-separated) throws (so BullMQ retries it while it has
+// attempts left). Prints one line per attempt started:
+// "start <job id> <tenantId> <attempts made> <started ms>",
 // the start as BullMQ records it (processedOn: when moveToActive took it, this clock).
 import { Worker } from "bullmq";
 import IORedis from "ioredis";
@@ -15,7 +16,7 @@ const worker = new Worker(
     const tenant = (job.data && job.data.tenantId) || "";
     process.stdout.write(`start ${job.id} ${tenant} ${job.attemptsMade} ${job.processedOn}\n`);
     await new Promise((resolve) => setTimeout(resolve, Number(jobMs)));
-    if (failTenant && tenant === failTenant) throw new Error("failing on purpose");
+    if (failTenant && failTenant.split(",").includes(tenant)) throw new Error("failing on purpose");
   },
   { connection, prefix, concurrency: Number(concurrency) },
 );

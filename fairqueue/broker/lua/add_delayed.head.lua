@@ -7,16 +7,18 @@
   KEYS[1..6]  addDelayedJob's: marker, meta, id, delayed, completed, events
   KEYS[7..8]  fairqueue's: ready, jobs (no longer written: fairqueue 0.1 kept the meta
               there, and the pass still reads what it left)
-  KEYS[9]     the limits key L (tenant_limits.lua)
+  KEYS[9]     the limits key L (tenant_limits.lua)  KEYS[10] BullMQ's prioritized set
   ARGV[1..3]  BullMQ's packed args, JSON data, packed opts; ARGV[4..6] the level, the
               tenant and the tenant weight; ARGV[7] the delay in ms; ARGV[8] the tenant's
-              encoded limits ('' for none).
+              encoded limits ('' for none); ARGV[9] (optional) JSON {token, left}: this
+              job is part of a batch added over several calls (fqCheckWaiting).
   A job of a tenant with limits (or paused, or catching up) is held from the start: in
   BullMQ's delayed set at the held score, so no worker's promotion can make it takeable
   outside its tenant's limits, and in L:later:<tenant> at its ready time, from which the
   release step moves it to the tenant's held jobs once it is due (then released in
   its fair order like any held job).
-  Returns the job id (BullMQ's negative code on error).
+  Returns the job id (BullMQ's negative code on error), or the refusal {'fq:backlog',
+  tenant, max_waiting, waiting} before anything is written.
 ]]
 --- @include tenant_limits
 local function fqBullmqAddDelayed()

@@ -7,6 +7,16 @@ local fqReady = tonumber(fqTime[1]) * 1000 + math.floor(tonumber(fqTime[2]) / 10
 local fqL, fqGiven = KEYS[9], ARGV[8] or ''
 local fqHeld = fqFresh and (fqGiven ~= '' or redis.call('HEXISTS', fqL .. ':paused', fqTenant) == 1
   or redis.call('HEXISTS', fqL .. ':catchup', fqTenant) == 1)
+-- max_waiting counts delayed jobs too: checked before anything is written
+local fqMaxWaiting = fqFresh and fqGiven ~= '' and fqSplitLimits(fqGiven).maxWaiting
+local fqRecord = nil
+if fqMaxWaiting then
+  local refused = nil
+  refused, fqRecord = fqCheckWaiting(fqL, KEYS[10], KEYS[4], fqTenant, fqMaxWaiting, 1,
+    ARGV[9] and ARGV[9] ~= '' and cjson.decode(ARGV[9]) or nil,
+    tonumber(fqTime[1]) * 1000 + math.floor(tonumber(fqTime[2]) / 1000))
+  if refused then return refused end
+end
 if fqFresh then
   local opts = cmsgpack.unpack(ARGV[3])
   opts['fqReady'] = fqReady -- its first ready time, kept for its re-runs (see add_jobs)
@@ -17,6 +27,7 @@ if fqFresh then
   ARGV[3] = cmsgpack.pack(opts)
 end
 local jobId = fqBullmqAddDelayed()
+if fqRecord and type(jobId) == 'string' then fqRecord() end
 if fqHeld and type(jobId) == 'string' then
   redis.call('ZADD', KEYS[4], 'XX', string.format('%.17g', fqHeldScore), jobId)
   redis.call('ZADD', fqL .. ':later:' .. fqTenant, fqReady, jobId)

@@ -19,6 +19,8 @@
               their jobs are held, and the call is refused whole, before anything is
               written, if it would put more than a tenant's max_waiting jobs waiting
               (the reply is then {'fq:backlog', tenant, max_waiting, waiting}).
+  ARGV[4 + 7n] (optional, with the limits) JSON {token, left: {tenant: jobs}}: this call
+              is part of a batch of several calls (tenant_limits.lua's fqCheckWaiting).
   Returns per job: the job id and its BullMQ priority (0: the id existed, nothing was
   added; the cap: parked, no room).
   The ready time is Redis's clock (TIME), never the producer's.

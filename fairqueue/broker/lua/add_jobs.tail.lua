@@ -14,10 +14,12 @@ end
 -- call learns from the clock's read of K.state whether a tenant is paused at all.
 -- (fqLim, the limits' key, is made only for a call that holds: few are.)
 local fqGiven = ARGV[3 + tonumber(ARGV[1]) * 7]
+local fqBatch = ARGV[4 + tonumber(ARGV[1]) * 7]
 local fqLim = fqGiven and string.sub(KEYS[10], 1, -6) .. 'lim'
 local fqHold, fqRefused = nil, nil
 if fqGiven then
-  fqHold, fqRefused = fqHeldTenants(fqLim, fqK.prioritized, fqGiven, fqJobs, 5)
+  fqHold, fqRefused = fqHeldTenants(fqLim, fqK.prioritized, fqGiven, fqJobs, 5, KEYS[5],
+    fqBatch and cjson.decode(fqBatch))
   if fqRefused then return fqRefused end
 end
 local fqReplies = {}
@@ -41,7 +43,7 @@ end
 local fqC = fqClock(fqK, true, fqCostMember)
 if not fqGiven and fqC.holds then
   fqLim = string.sub(KEYS[10], 1, -6) .. 'lim'
-  fqHold = fqHeldTenants(fqLim, fqK.prioritized, nil, fqJobs, 5)
+  fqHold = fqHeldTenants(fqLim, fqK.prioritized, nil, fqJobs, 5, KEYS[5])
 end
 fqC.byTime = fqByTime
 -- A memo of the flows' state pays for itself from a call's second placement on.

@@ -430,19 +430,6 @@ local function fqIndex(K, jobId, readyMs)
   fqIndexMany(K, {jobId}, readyMs)
 end
 
--- Index a job its tenant's limit held at the second it is released: held time is not
--- waiting. A job placed before a pause pulled it back has an entry at its first ready
--- time (fqReady in its opts), which goes, so each job has one entry; a job held from its
--- add (fqLim in its opts) has none.
-local function fqIndexReleased(K, prefix, jobId, nowMs)
-  local ok, opts = pcall(cjson.decode, redis.call('HGET', prefix .. jobId, 'opts') or 'null')
-  if ok and type(opts) == 'table' and opts['fqLim'] == nil and tonumber(opts['fqReady']) then
-    local second = string.format('%d', math.floor(tonumber(opts['fqReady']) / 1000))
-    redis.call('LREM', K.ready .. ':' .. second, 1, jobId)
-  end
-  fqIndex(K, jobId, nowMs)
-end
-
 -- A flow's line (K.flows .. ':' .. member): the ids of its placed jobs in the order they
 -- were placed, so that an overdue job can take its flow's first place (fqLineFront): a
 -- job placed with nothing of its flow waiting ahead (about to run) is left out, so a flow

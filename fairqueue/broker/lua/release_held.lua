@@ -244,9 +244,12 @@ for _, t in ipairs(tenants) do
       else
         redis.call('DEL', rateKey, L .. ':bucket:' .. t)
       end
-      -- a resumed tenant's backlog drains with the slots the others leave: a few of its
-      -- jobs takeable at a time, not its whole backlog ahead of their new arrivals
-      if redis.call('HEXISTS', L .. ':catchup', t) == 1 then
+      -- a resumed tenant's backlog drains with the slots the others leave: while other
+      -- jobs wait, a few of its jobs takeable at a time, not its whole backlog ahead of
+      -- their new arrivals; while none does, every slot is free for it (up to the
+      -- takeable cap below), so it drains at the workers' pace
+      if redis.call('HEXISTS', L .. ':catchup', t) == 1
+          and redis.call('ZCARD', K.prioritized) > takeable then
         local room = {{CATCHUP_AHEAD}} - takeable
         if room < 0 then room = 0 end
         if room < count then count, reason = room, 'paused' end
@@ -260,7 +263,7 @@ for _, t in ipairs(tenants) do
     end
     if count > budget - released then count = budget - released end
     local outKey = L .. ':out:' .. t
-    local done, placed = 0, 0
+    local done, placed, indexed = 0, 0, {}
     while done < count do
       local id = redis.call('LPOP', heldKey)
       if not id then break end
@@ -282,11 +285,8 @@ for _, t in ipairs(tenants) do
         redis.call('ZADD', K.prioritized, string.format('%.17g', score or fqCap * fqScore), id)
         fqPlaced(K, c, score)
         if score and behind then fqLinePush(K, level .. '\n' .. t, {id}) end
-        -- indexed once, at its first release (a job pulled back by a pause and released
-        -- again keeps that entry): its ready time for the wait bound
-        if redis.call('HSETNX', prefix .. id, 'fqRel', now) == 1 then
-          fqIndexReleased(K, prefix, id, now)
-        end
+        -- indexed once: a job pulled back by a pause and released again keeps its entry
+        if redis.call('HSETNX', prefix .. id, 'fqRel', now) == 1 then indexed[#indexed + 1] = id end
         redis.call('SADD', outKey, id)
         if lim.rateMax then redis.call('ZADD', L .. ':rate:' .. t, now, id) end
         redis.call('XADD', KEYS[8], '*', 'event', 'waiting', 'jobId', id, 'prev', 'delayed')
@@ -294,6 +294,7 @@ for _, t in ipairs(tenants) do
         placed = placed + 1
       end
     end
+    fqIndexMany(K, indexed, now) -- one RPUSH for the tenant's released jobs
     if tokens then
       tokens = tokens - placed
       redis.call('HSET', L .. ':bucket:' .. t, 'tokens', string.format('%.17g', tokens), 'at', now)

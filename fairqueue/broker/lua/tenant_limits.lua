@@ -22,6 +22,10 @@
     L:rate:<t>      zset: job id -> when it was released, within the rate window
     L:bucket:<t>    hash: tokens, at: the pacing bucket of its rate limit
     L:meta          hash: held or released job id -> "level\nweight\ncost ms"
+    L:later:<t>     zset: its delayed jobs held until due, by due time (ms)
+    L:resv:<t>      hash: batch token -> "jobs left:expiry ms", room a batch added over
+                    several calls reserved (fqCheckWaiting)
+    L:synced        set once the database's limits and pauses were brought here
 ]]
 local fqHeldMs = {{HELD_MS}}
 local fqHeldScore = fqHeldMs * 4096 -- BullMQ's delayed score: timestamp * 0x1000
@@ -218,13 +222,67 @@ local function fqOccupied(L, prefix, completedKey, failedKey, prioritizedKey, te
   return n, takeable, old
 end
 
--- The tenant's jobs waiting in the queue: held, or released and not taken yet.
-local function fqWaitingOf(L, prioritizedKey, tenant)
-  local n = redis.call('LLEN', L .. ':held:' .. tenant)
+-- What max_waiting counts: every unfinished job of the tenant that is not running:
+-- held, delayed (held until due: L:later), released and not taken yet, and released jobs
+-- waiting to run again (in BullMQ's delayed set: a retry's backoff).
+local function fqWaitingOf(L, prioritizedKey, delayedKey, tenant)
+  local n = redis.call('LLEN', L .. ':held:' .. tenant) + redis.call('ZCARD', L .. ':later:' .. tenant)
   for _, id in ipairs(redis.call('SMEMBERS', L .. ':out:' .. tenant)) do
-    if redis.call('ZSCORE', prioritizedKey, id) then n = n + 1 end
+    if redis.call('ZSCORE', prioritizedKey, id) or redis.call('ZSCORE', delayedKey, id) then
+      n = n + 1
+    end
   end
   return n
+end
+
+-- A batch added over several calls (more than one add call's jobs, or delayed jobs, one a
+-- call) is checked against max_waiting whole by its first call, which reserves room for
+-- the jobs of its later calls (L:resv:<t>: batch token -> 'jobs left:expiry ms'); its later
+-- calls use that room instead of checking again, so a batch is added whole or refused
+-- whole. Other adds count the reservations as waiting. A reservation whose producer died
+-- mid-batch expires after fqReserveMs. Returns (this batch's entry or nil, the others'
+-- reserved jobs, the expired entries).
+local fqReserveMs = 60000
+local function fqReservations(L, t, token, now)
+  local entries = redis.call('HGETALL', L .. ':resv:' .. t)
+  local mine, others, expired = nil, 0, {}
+  for i = 1, #entries, 2 do
+    local left, expires = string.match(entries[i + 1], '^(%d+):(%d+)$')
+    if not left or tonumber(expires) <= now then
+      expired[#expired + 1] = entries[i]
+    elseif entries[i] == token then
+      mine = tonumber(left)
+    else
+      others = others + tonumber(left)
+    end
+  end
+  return mine, others, expired
+end
+
+-- Check a call's jobs of tenant t (count) against its max_waiting; batch: nil, or
+-- {token = the batch's token, left = {tenant: its jobs in the batch's later calls}}.
+-- Returns nil and a function that records the call (its reservation) once nothing else
+-- refuses, or the refusal {'fq:backlog', t, max_waiting, waiting}. Writes nothing itself.
+local function fqCheckWaiting(L, prioritizedKey, delayedKey, t, maxWaiting, count, batch, now)
+  local token = batch and batch.token or ''
+  local left = batch and batch.left and tonumber(batch.left[t]) or 0
+  local mine, others, expired = fqReservations(L, t, token, now)
+  if not mine then
+    local waiting = fqWaitingOf(L, prioritizedKey, delayedKey, t) + others
+    if waiting + count + left > maxWaiting then
+      return {'fq:backlog', t, maxWaiting, waiting}
+    end
+  end
+  return nil, function()
+    local key = L .. ':resv:' .. t
+    if #expired > 0 then redis.call('HDEL', key, unpack(expired)) end
+    if left > 0 then
+      redis.call('HSET', key, token, left .. ':' .. (now + fqReserveMs))
+      redis.call('PEXPIRE', key, fqReserveMs * 2)
+    elseif mine then
+      redis.call('HDEL', key, token)
+    end
+  end
 end
 
 -- Keep the queue's K.state 'holds' flag (read by fqClock in the add script's one HMGET,
@@ -256,7 +314,7 @@ end
 -- Which tenants of an add call are held, or a refusal (max_waiting). given: the call's
 -- JSON {tenant: encoded limits} ('' or nil when no tenant of the call has limits);
 -- tenantAt: where a job's tenant is in its entry.
-local function fqHeldTenants(L, prioritizedKey, given, jobs, tenantAt)
+local function fqHeldTenants(L, prioritizedKey, given, jobs, tenantAt, delayedKey, batch)
   -- paused, or resumed and still draining its held jobs (a new job goes behind them)
   local anyPaused = redis.call('EXISTS', L .. ':paused', L .. ':catchup') > 0
   if (given == nil or given == '') and not anyPaused then return nil end
@@ -271,15 +329,18 @@ local function fqHeldTenants(L, prioritizedKey, given, jobs, tenantAt)
     end
     if hold[t] then counts[t] = (counts[t] or 0) + 1 end
   end
+  local records, now = {}, nil
   for t, encoded in pairs(limits) do
     local maxWaiting = fqSplitLimits(encoded).maxWaiting
     if maxWaiting and counts[t] then
-      local waiting = fqWaitingOf(L, prioritizedKey, t)
-      if waiting + counts[t] > maxWaiting then
-        return nil, {'fq:backlog', t, maxWaiting, waiting}
-      end
+      if not now then now = fqNowMs() end
+      local refused, record = fqCheckWaiting(L, prioritizedKey, delayedKey, t, maxWaiting,
+        counts[t], batch, now)
+      if refused then return nil, refused end
+      records[#records + 1] = record
     end
   end
+  for _, record in ipairs(records) do record() end
   for t, encoded in pairs(limits) do redis.call('HSET', L, t, fqAddPause(L, t, encoded)) end
   return hold
 end
