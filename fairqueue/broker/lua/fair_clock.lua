@@ -474,7 +474,7 @@ local function fqReadyOf(prefix, jobId)
 end
 
 -- An overdue job just placed at score (its flow's next turn, charged to its flow) takes
--- the place of its flow's first waiting job, if that job became ready after it, and that
+-- the place of its flow's first waiting job, if that job became ready no sooner, and that
 -- job takes its turn at the back: the flow's turns (the scores it holds) are the same,
 -- so no other flow is moved, and within its own line the overdue job goes first. The
 -- first fqLineScan ids of the line are looked at; what is not found there (a line
@@ -492,7 +492,7 @@ local function fqLineFront(K, prefix, member, jobId, readyMs, score)
       gone = i -- left: trimmed off the front
     end
   end
-  if first and fqReadyOf(prefix, first) > readyMs then
+  if first and fqReadyOf(prefix, first) >= readyMs then
     redis.call('ZADD', K.prioritized, string.format('%d', firstScore), jobId)
     redis.call('ZADD', K.prioritized, string.format('%d', score), first)
     redis.call('LSET', key, firstAt, jobId)

@@ -136,6 +136,9 @@ if mode == 'scan' then
           local rank = tonumber(score) % 4
           local level = fqRankLevel[rank] or 'normal'
           local weight = redis.call('HGET', K.fweights, level .. '\n' .. t) or '1'
+          -- out of the ready-time index until it is released: its paused time is not
+          -- waiting, and the release indexes it once
+          fqUnindex(K.ready, prefix .. id, id, fqReadyOf(prefix, id))
           fqHoldJob(L, K.prioritized, KEYS[2], KEYS[8], id, t, level .. '\n' .. weight .. '\n')
           redis.call('RPOP', heldKey) -- fqHoldJob appended it: it goes before the boundary
           local inserted = -1

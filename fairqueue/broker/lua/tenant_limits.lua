@@ -97,10 +97,13 @@ end
 -- does not count against the wait bound. readyKey: K.ready; jobKey: its hash.
 local function fqUnindex(readyKey, jobKey, jobId, readyMs)
   local released = redis.call('HGET', jobKey, 'fqRel')
-  for _, ms in ipairs({tonumber(released), readyMs}) do
-    local key = readyKey .. ':' .. string.format('%d', math.floor(ms / 1000))
-    local at = redis.call('LPOS', key, jobId)
-    if at then redis.call('LSET', key, at, '') end
+  -- (not ipairs over {released, readyMs}: it stops at a nil released)
+  for _, ms in pairs({tonumber(released) or false, readyMs or false}) do
+    if ms then
+      local key = readyKey .. ':' .. string.format('%d', math.floor(ms / 1000))
+      local at = redis.call('LPOS', key, jobId)
+      if at then redis.call('LSET', key, at, '') end
+    end
   end
   if released then redis.call('HDEL', jobKey, 'fqRel') end
 end
