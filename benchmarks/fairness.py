@@ -1096,6 +1096,11 @@ def setup_django() -> ThreadPoolExecutor:
     """Django on the benchmark's settings, used from one thread only (the in-memory
     database that ``enqueue_jobs`` writes its audit rows to is per connection)."""
     os.environ["DJANGO_SETTINGS_MODULE"] = SETTINGS_MODULE
+    # A file, not memory: the rebalance loop this benchmark starts reads it too.
+    OUT.mkdir(parents=True, exist_ok=True)
+    database = OUT / "bench.sqlite3"
+    database.unlink(missing_ok=True)
+    os.environ["FQBENCH_DB"] = str(database)
     import django
 
     django.setup()

@@ -1,5 +1,5 @@
 """Django settings for ``benchmarks/fairness.py`` and the ``rebalance_fair`` loop it
-starts: the test settings with one job type, ``bench``, and an in-memory database.
+starts: the test settings with one job type, ``bench``, and a SQLite database.
 
 The BullMQ prefix, wait bound and pass interval come from the environment
 (``FAIRQUEUE_PREFIX``, ``QUEUE_FAIR_MAX_WAIT_MS``, ``QUEUE_FAIR_REBALANCE_INTERVAL_MS``),
@@ -10,7 +10,14 @@ import os
 
 from tests.settings import *  # noqa: F403
 
-DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+# FQBENCH_DB: the file the benchmark migrated, shared with the loop it starts (whose
+# passes read tenants' limits and pauses from the database); in memory otherwise.
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": os.environ.get("FQBENCH_DB", ":memory:"),
+    }
+}
 # benchmarks/attempts.py's "fairqueue-jobs" run sets FQBENCH_FAIRNESS_BY=jobs.
 FAIRQUEUE = {
     "QUEUES": {"bench": "bench"},

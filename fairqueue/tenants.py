@@ -180,13 +180,29 @@ def rebuild_tenant_limits(queues: Sequence[str] | None = None, *, force: bool = 
     return True
 
 
-def keep_tenant_limits(queue: str, *, force: bool = False) -> None:
+#: Queues whose last rebuild failed in this process: a failure is logged when it starts
+#: and when it ends, not at every pass in between (a loop passes several times a second).
+_REBUILD_FAILING: set[str] = set()
+
+
+def keep_tenant_limits(queue: str, *, force: bool = False) -> bool:
     """:func:`rebuild_tenant_limits` for one queue, for the loop and the Celery pass: a
-    failure (Redis or the database down) is logged by class and tried again next pass."""
+    failure (Redis or the database down) is logged by class once, and tried again next
+    pass. Returns whether Redis's copy is known to be in place."""
     try:
         rebuild_tenant_limits([queue], force=force)
     except Exception as exc:  # the pass goes on; the next one checks again
-        logger.warning("tenant limits not rebuilt (%s)", type(exc).__name__)
+        if queue not in _REBUILD_FAILING:
+            _REBUILD_FAILING.add(queue)
+            logger.warning(
+                "tenant limits not rebuilt (%s); trying again at every pass",
+                type(exc).__name__,
+            )
+        return False
+    if queue in _REBUILD_FAILING:
+        _REBUILD_FAILING.discard(queue)
+        logger.warning("tenant limits rebuilt again after failing")
+    return True
 
 
 def retry_failed(job_type: str, tenant_id: str | None = None, *, limit: int = 10_000) -> int:

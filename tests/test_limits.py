@@ -676,3 +676,26 @@ def test_release__places_by_the_brokers_fairness_mode(fq_prefix, redis_client, s
         return [b - a for a, b in zip(scores, scores[1:], strict=False)]
 
     assert gaps("email", held) == gaps("report", added)
+
+
+def test_rebuild_failures__logged_when_they_start_and_end_not_at_every_pass(
+    fq_prefix, monkeypatch, caplog
+):
+    import logging
+
+    from fairqueue import tenants
+
+    def broken():
+        raise RuntimeError("database down")
+
+    working = tenants.database_limits
+    monkeypatch.setattr(tenants, "_REBUILD_FAILING", set())  # other tests' failures
+    monkeypatch.setattr(tenants, "database_limits", broken)
+    caplog.set_level(logging.WARNING, logger="fairqueue.tenants")
+    assert [tenants.keep_tenant_limits("email", force=True) for _ in range(3)] == [False] * 3
+    assert [r.getMessage() for r in caplog.records] == [
+        "tenant limits not rebuilt (RuntimeError); trying again at every pass"
+    ]
+    monkeypatch.setattr(tenants, "database_limits", working)
+    assert tenants.keep_tenant_limits("email", force=True) is True
+    assert caplog.records[-1].getMessage() == "tenant limits rebuilt again after failing"

@@ -127,8 +127,8 @@ class Rebalancer(Loop):
                 if queue not in done_queues:
                     # The database's limits and pauses in Redis: rebuilt when this loop
                     # first leads the queue, and whenever Redis lost them (one EXISTS).
-                    keep_tenant_limits(queue, force=queue not in self._limits_kept)
-                    self._limits_kept.add(queue)
+                    if keep_tenant_limits(queue, force=queue not in self._limits_kept):
+                        self._limits_kept.add(queue)
                 done_queues.add(queue)
             try:
                 result = rebalance_queue(
