@@ -23,6 +23,7 @@ from fairqueue.dashboard import stats as dashboard
 from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
 from fairqueue.rebalance.passes import rebalance_queue
 from tests.helpers import drain_with_stock_worker
+from tests.test_dashboard import age_jobs
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -69,9 +70,7 @@ def test_browser__staff_sees_worker_order_overdue_count_and_live_refresh(
     # A report queue with three jobs older than the 5-minute bound.
     enqueue_jobs("report", [{"i": i} for i in range(2)], tenant_id="fresh")
     old = enqueue_jobs("report", [{"i": i} for i in range(3)], tenant_id="late")
-    for job in old:
-        key = f"{fq_prefix}:report:{job.job_id}"
-        redis_client.hset(key, "timestamp", int(redis_client.hget(key, "timestamp")) - 600_000)
+    age_jobs(redis_client, fq_prefix, "report", [job.job_id for job in old], by_ms=600_000)
 
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as playwright:
