@@ -63,3 +63,16 @@ def _reset_plan_lookup():
     priority.unwire_tenant_weight_lookup()
     plans.set_subscription_to_plan_tier(None)
     lookups.clear_local_plans()
+
+
+@pytest.fixture
+def limited(fq_prefix):
+    """Tenant 'acme' limited to 2 running jobs, 'beta' without limits, DB lookups wired
+    (tests/test_limits.py, tests/test_limit_leaks.py)."""
+    from fairqueue.enqueue.priority import wire_tenant_plan_lookup
+    from fairqueue.models import TenantPlan
+
+    TenantPlan.objects.create(tenant_id="acme", plan_tier="pro", max_active=2)
+    TenantPlan.objects.create(tenant_id="beta", plan_tier="pro")
+    wire_tenant_plan_lookup()
+    return fq_prefix

@@ -85,15 +85,6 @@ def active_ids(redis_client, prefix) -> list[str]:
     return redis_client.lrange(f"{prefix}:email:active", 0, -1)
 
 
-@pytest.fixture
-def limited(fq_prefix):
-    """'acme' limited to 2 running jobs, 'beta' without limits, DB lookups wired."""
-    TenantPlan.objects.create(tenant_id="acme", plan_tier="pro", max_active=2)
-    TenantPlan.objects.create(tenant_id="beta", plan_tier="pro")
-    wire_tenant_plan_lookup()
-    return fq_prefix
-
-
 def start_loop():
     import threading
 

@@ -43,15 +43,6 @@ def counts(prefix: str, queue: str = "email") -> dict[str, int]:
     return asyncio.run(read())
 
 
-@pytest.fixture
-def limited(fq_prefix):
-    """Tenant 'acme' limited to 2 running jobs, 'beta' without limits, DB lookups wired."""
-    TenantPlan.objects.create(tenant_id="acme", plan_tier="pro", max_active=2)
-    TenantPlan.objects.create(tenant_id="beta", plan_tier="pro")
-    wire_tenant_plan_lookup()
-    return fq_prefix
-
-
 def test_jobs_beyond_max_active__are_delayed_in_bullmq_counts(limited):
     enqueue_jobs("email", [{"n": i} for i in range(10)], tenant_id="acme")
     enqueue_jobs("email", [{"n": i} for i in range(3)], tenant_id="beta")

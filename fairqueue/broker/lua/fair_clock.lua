@@ -460,17 +460,25 @@ local function fqLinePush(K, member, ids)
   end
 end
 
--- When a job became ready (the wait bound's start): its first release when its tenant's
--- limit held it, else fqReady in its opts, else BullMQ's timestamp plus its delay.
-local function fqReadyOf(prefix, jobId)
-  local f = redis.call('HMGET', prefix .. jobId, 'fqRel', 'opts', 'timestamp')
-  if tonumber(f[1]) then return tonumber(f[1]) end
-  local ok, opts = pcall(cjson.decode, f[2] or 'null')
-  if not (ok and type(opts) == 'table') then opts = {} end
-  if tonumber(opts['fqReady']) then return tonumber(opts['fqReady']) end
+-- When a job became ready (the wait bound's start), from its hash's fqRel, opts (decoded)
+-- and timestamp: its first release when its tenant's limit held it, else fqReady in its
+-- opts, else BullMQ's timestamp plus its delay, never later than now.
+local function fqReadyFrom(released, opts, timestamp, now)
+  local ready = tonumber(released) or tonumber(opts['fqReady'])
+  if ready then return ready end
   local delay = 0
   if type(opts['delay']) == 'number' and opts['delay'] > 0 then delay = opts['delay'] end
-  return (tonumber(f[3]) or 0) + delay
+  ready = (tonumber(timestamp) or now) + delay
+  if ready > now then ready = now end
+  return ready
+end
+
+-- The same, read from the job's hash.
+local function fqReadyOf(prefix, jobId)
+  local f = redis.call('HMGET', prefix .. jobId, 'fqRel', 'opts', 'timestamp')
+  local ok, opts = pcall(cjson.decode, f[2] or 'null')
+  if not (ok and type(opts) == 'table') then opts = {} end
+  return fqReadyFrom(f[1], opts, f[3], fqNowMs())
 end
 
 -- An overdue job just placed at score (its flow's next turn, charged to its flow) takes

@@ -31,7 +31,7 @@ local function fqForeign(K, prefix, jobId, now, maxPayload)
     -- One of fairqueue's delayed jobs: placed from its own meta, no payload decoded.
     local mLevel, mWeight, mTenant = string.match(opts['fqMeta'], '^([^\n]*)\n([^\n]*)\n(.*)$')
     if mLevel and fqNames[mLevel] then
-      return mLevel, mTenant, tonumber(mWeight) or 1, tonumber(f[5]) or tonumber(opts['fqReady'])
+      return mLevel, mTenant, tonumber(mWeight) or 1, fqReadyFrom(f[5], opts, f[3], now)
     end
   end
   local tenant, level = 'default', nil
@@ -51,13 +51,7 @@ local function fqForeign(K, prefix, jobId, now, maxPayload)
     if type(opts['priority']) == 'number' then requested = opts['priority'] end
     level = fqNormalize(requested or tonumber(f[4]))
   end
-  local ready = tonumber(f[5]) or tonumber(opts['fqReady'])
-  if not ready then
-    local delay = 0
-    if type(opts['delay']) == 'number' and opts['delay'] > 0 then delay = opts['delay'] end
-    ready = (tonumber(f[3]) or now) + delay
-    if ready > now then ready = now end
-  end
+  local ready = fqReadyFrom(f[5], opts, f[3], now)
   local weight = tonumber(redis.call('HGET', K.fweights, level .. '\n' .. tenant)) or 1
   return level, tenant, weight, ready
 end
