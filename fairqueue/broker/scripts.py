@@ -49,6 +49,17 @@ EXPIRE_PER_CALL = 64
 LINE_SCAN = 16
 LINE_TRIM_EVERY = 64
 LINE_TTL_MS = 3_600_000
+#: The loop's release step (``lua/release_held.lua``) visits only the tenants due
+#: (``L:due``): at most RELEASE_VISITS a call, and no more once the visits have walked
+#: RELEASE_VISIT_WORK released jobs; it reads at most RELEASE_EVENTS of BullMQ's events
+#: (each of a released job makes its tenant due) and makes RELEASE_SWEEP_PAGE tenants due
+#: per call of a sweep. A tenant that waits for an event is visited at least every
+#: RELEASE_BACKSTOP_MS anyway (a job cleaned by ``Queue.clean`` sends none).
+RELEASE_VISITS = 64
+RELEASE_VISIT_WORK = 1_000
+RELEASE_EVENTS = 500
+RELEASE_SWEEP_PAGE = 100
+RELEASE_BACKSTOP_MS = 30_000
 
 _CONSTANTS = {
     "FLOOR": TAG_FLOOR,
@@ -68,6 +79,11 @@ _CONSTANTS = {
     "RETRY_HELD_MS": RETRY_HELD_MS,
     "CATCHUP_AHEAD": CATCHUP_AHEAD,
     "TAKEABLE_CAP": TAKEABLE_CAP,
+    "RELEASE_VISITS": RELEASE_VISITS,
+    "RELEASE_VISIT_WORK": RELEASE_VISIT_WORK,
+    "RELEASE_EVENTS": RELEASE_EVENTS,
+    "RELEASE_SWEEP_PAGE": RELEASE_SWEEP_PAGE,
+    "RELEASE_BACKSTOP_MS": RELEASE_BACKSTOP_MS,
     "WAIT_EDGES": "{" + ", ".join(str(edge) for edge in WAIT_EDGES) + "}",
 }
 _INCLUDE = re.compile(r"^--- @include (\w+)$", re.MULTILINE)
