@@ -135,6 +135,18 @@ def limited_done(worker: Any) -> int:
     return sum(1 for record in list(worker.records) if str(record["id"]).startswith("lim-"))
 
 
+def settle(client: Any, base: str, limit_s: float = 120.0) -> None:
+    """Until the release step has nothing due (the idle phase measures a loop that has
+    caught up, not the releases the previous phase left)."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        seconds, micros = client.time()
+        now_ms = seconds * 1000 + micros // 1000
+        if not client.exists(f"{base}:sweep") and not client.zcount(f"{base}:due", 0, now_ms):
+            return
+        time.sleep(0.2)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--tenants", type=int, default=10_000)
@@ -245,6 +257,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 worker.stop()
                 worker = None
             time.sleep(1.0)  # past the start
+            if with_loop and not with_worker:
+                settle(client, f"{prefix}:{QUEUE}:fq:lim")
             client.slowlog_reset()
             limited_before = limited_done(worker)
             pinger = Pinger(url)

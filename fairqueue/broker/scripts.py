@@ -57,9 +57,19 @@ LINE_TTL_MS = 3_600_000
 #: RELEASE_BACKSTOP_MS anyway (a job cleaned by ``Queue.clean`` sends none).
 RELEASE_VISITS = 64
 RELEASE_VISIT_WORK = 1_000
-RELEASE_EVENTS = 500
+RELEASE_EVENTS = 250
 RELEASE_SWEEP_PAGE = 100
 RELEASE_BACKSTOP_MS = 30_000
+#: How long one release call may hold Redis, about (us): past it, no further tenant is
+#: visited or job placed, and the next call goes on (the loop calls again at once while
+#: a call stops short), but not before RELEASE_SURE_VISITS visits and RELEASE_SURE_JOBS
+#: jobs released. Placing a job costs tens of us at a million waiting jobs.
+RELEASE_CALL_US = 3_000
+RELEASE_SURE_VISITS = 8
+RELEASE_SURE_JOBS = 32
+#: How soon the loop's next call comes while tenants are due (ms): a call cut short by
+#: RELEASE_CALL_US leaves Redis to other clients at least this long before the next.
+RELEASE_AGAIN_MS = 5
 
 _CONSTANTS = {
     "FLOOR": TAG_FLOOR,
@@ -84,6 +94,10 @@ _CONSTANTS = {
     "RELEASE_EVENTS": RELEASE_EVENTS,
     "RELEASE_SWEEP_PAGE": RELEASE_SWEEP_PAGE,
     "RELEASE_BACKSTOP_MS": RELEASE_BACKSTOP_MS,
+    "RELEASE_CALL_US": RELEASE_CALL_US,
+    "RELEASE_SURE_VISITS": RELEASE_SURE_VISITS,
+    "RELEASE_SURE_JOBS": RELEASE_SURE_JOBS,
+    "RELEASE_AGAIN_MS": RELEASE_AGAIN_MS,
     "WAIT_EDGES": "{" + ", ".join(str(edge) for edge in WAIT_EDGES) + "}",
 }
 _INCLUDE = re.compile(r"^--- @include (\w+)$", re.MULTILINE)

@@ -258,6 +258,18 @@ if mode == 'pullback' then
   return {moved, 0, -1, 0, 0, 0}
 end
 
+-- A call holds Redis at most about RELEASE_CALL_US: past it, no further tenant is
+-- visited and no further job placed (the rest stay due: the next call goes on), once it
+-- has made RELEASE_SURE_VISITS visits and released RELEASE_SURE_JOBS jobs (so a call
+-- always makes progress, and what it does for a few tenants does not depend on timing).
+local deadline = nil
+local function fqTimeUp()
+  local t = redis.call('TIME')
+  local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  if not deadline then deadline = us + {{RELEASE_CALL_US}} end
+  return us > deadline
+end
+fqTimeUp()
 local now = fqNowMs()
 if general then
   -- the loop's step also heals the add script's flag (after a queue was obliterated and
@@ -270,15 +282,16 @@ end
 local released, left, wake = 0, 0, -1
 local heldBy = {max_active = 0, rate = 0, paused = 0}
 local c = nil
-local work = 0 -- released jobs the visits so far walked (fqOccupied), in the loop's step
+local visits, work = 0, 0 -- tenants visited, their released jobs walked (fqOccupied)
 for _, t in ipairs(tenants) do
   local heldKey = L .. ':held:' .. t
   local outKey = L .. ':out:' .. t
-  if general and work > 0 then
+  if visits > 0 then
+    if visits >= {{RELEASE_SURE_VISITS}} and fqTimeUp() then break end -- the next call goes on
     work = work + redis.call('SCARD', outKey)
-    if work > {{RELEASE_VISIT_WORK}} then break end -- the next call visits the rest
+    if general and work > {{RELEASE_VISIT_WORK}} then break end
   end
-  work = work + 1
+  visits = visits + 1
   -- its delayed jobs that are due join its held jobs, behind those (add_delayed)
   local laterKey = L .. ':later:' .. t
   local due = redis.call('ZRANGEBYSCORE', laterKey, '-inf', now, 'LIMIT', 0, 1000)
@@ -300,6 +313,7 @@ for _, t in ipairs(tenants) do
   local later = redis.call('EXISTS', laterKey) == 1
   local held = redis.call('LLEN', heldKey)
   local nextVisit = now + {{RELEASE_BACKSTOP_MS}} -- events and timers come sooner
+  local cut = false -- room left that the call's budget or time did not reach
   if held > 0 then
     local count, reason = held, nil
     if paused then
@@ -355,10 +369,11 @@ for _, t in ipairs(tenants) do
       if room < count then count = room end
     end
     -- cut by nothing but this call's budget: the next call goes on with it
-    if count == held then nextVisit = now end
+    local allowed = count
     if count > budget - released then count = budget - released end
     local done, placed, indexed = 0, 0, {}
     while done < count do
+      if released >= {{RELEASE_SURE_JOBS}} and fqTimeUp() then break end
       local id = redis.call('LPOP', heldKey)
       if not id then break end
       done = done + 1
@@ -398,6 +413,7 @@ for _, t in ipairs(tenants) do
       redis.call('PEXPIRE', L .. ':bucket:' .. t, lim.rateMs * 2)
     end
     held = redis.call('LLEN', heldKey)
+    cut = done < allowed and held > 0
     if held == 0 and redis.call('HDEL', L .. ':catchup', t) == 1 then -- caught up
       fqSyncHolds(L, K.state)
     end
@@ -424,6 +440,7 @@ for _, t in ipairs(tenants) do
     redis.call('SREM', L .. ':tenants', t)
     nextVisit = nil
   end
+  if cut then nextVisit = now end -- room left that this call had no time for
   if nextVisit and later then
     local first = redis.call('ZRANGE', laterKey, 0, 0, 'WITHSCORES')
     if first[2] and tonumber(first[2]) < nextVisit then nextVisit = tonumber(first[2]) end
@@ -445,6 +462,6 @@ if general then
   left = redis.call('ZCOUNT', KEYS[2], at, at)
   local first = redis.call('ZRANGE', L .. ':due', 0, 0, 'WITHSCORES')
   wake = -1
-  if first[2] then wake = math.max(1, tonumber(first[2]) - now) end
+  if first[2] then wake = math.max({{RELEASE_AGAIN_MS}}, tonumber(first[2]) - now) end
 end
 return {released, left, wake, heldBy.max_active, heldBy.rate, heldBy.paused}
