@@ -25,7 +25,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from fairqueue.exceptions import InvalidTenantLimitError, UnknownJobTypeError
+from fairqueue.exceptions import InvalidTenantLimitError, SettingError, UnknownJobTypeError
 from fairqueue.plans import PlanTier
 from fairqueue.redis_target import RedisTarget, parse_redis_target, queue_hash_tag, redis_location
 from fairqueue.scheduling.limits import TenantLimits, parse_limits
@@ -160,16 +160,6 @@ class Problem(StrEnum):
     AUDIT_EXPLICIT_PRIORITY = "AUDIT_EXPLICIT_PRIORITY"
     PLAN_LOCAL_CACHE_TIMEOUT = "PLAN_LOCAL_CACHE_TIMEOUT"
     TENANT_LIMITS = "TENANT_LIMITS"
-
-
-class SettingError(ImproperlyConfigured):
-    """A bad setting or environment variable, tagged with its :class:`Problem` so the
-    system check can report each problem under its own id with the very message that
-    first use raises."""
-
-    def __init__(self, problem: Problem, message: str) -> None:
-        super().__init__(message)
-        self.problem = problem
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,9 +3,21 @@
 Every input error is also a ``ValueError`` (or ``LookupError``) so code that already
 handles those keeps working; every message names the argument, the value given and what
 is allowed.
+
+The task backend's errors (``InvalidTaskError`` and ``TaskResultDoesNotExist`` in
+``fairqueue.tasks.frameworks``, ``UnknownTaskQueueError`` in ``fairqueue.tasks.backend``)
+live beside it: their base classes are the installed task framework's own, so they exist
+only where one is installed.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from django.core.exceptions import ImproperlyConfigured
+
+if TYPE_CHECKING:
+    from fairqueue.conf import Problem
 
 
 class FairqueueError(Exception):
@@ -132,6 +144,33 @@ class TenantBacklogFullError(FairqueueError):
         self.queue = queue
         self.limit = limit
         self.waiting = waiting
+
+
+class SettingError(FairqueueError, ImproperlyConfigured):
+    """A bad setting or environment variable, tagged with its :class:`~fairqueue.conf.Problem`
+    so the system check can report each problem under its own id with the very message
+    that first use raises."""
+
+    def __init__(self, problem: Problem, message: str) -> None:
+        super().__init__(message)
+        self.problem = problem
+
+
+class LockLostError(FairqueueError):
+    """Another rebalancer holds the queue's leader lock: this pass must stop writing."""
+
+
+class NoHandlerError(FairqueueError, LookupError):
+    """No handler is registered for a job type."""
+
+
+class WorkerStoppedError(FairqueueError, RuntimeError):
+    """A BullMQ worker loop ended on its own, so its queue was no longer served."""
+
+
+class TaskJobError(FairqueueError, ValueError):
+    """A task job that cannot run: a malformed payload, or a path that names no
+    ``@task`` function a worker may import."""
 
 
 class ImplicitInternalJobWarning(UserWarning):

@@ -77,13 +77,13 @@ from fairqueue.broker.limits import Released, TenantState
 from fairqueue.broker.passes import (
     AdoptedPage,
     IndexWalk,
-    LockLostError,
     WaitingJob,
     WaitingSnapshot,
 )
 from fairqueue.broker.results import JOB_STATES, StoredJob
 from fairqueue.broker.scripts import Script, add_jobs_script, adopt_page_script, plain_script
 from fairqueue.broker.workers import ActiveJob
+from fairqueue.exceptions import LockLostError
 
 __all__ = [
     "Released",

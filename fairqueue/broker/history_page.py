@@ -22,10 +22,10 @@ from redis.client import NEVER_DECODE
 from redis.exceptions import NoScriptError
 
 from fairqueue.broker.connection import Connection
-from fairqueue.broker.passes import LockLostError
 from fairqueue.broker.scripts import plain_script
 from fairqueue.dashboard.history import BUCKET_S, LEVEL_NAMES, RETENTION_S, TENANTS_PER_BUCKET
 from fairqueue.dashboard.history import wait_bin as _wait_bin
+from fairqueue.exceptions import LockLostError
 from fairqueue.scheduling import attempts
 from fairqueue.scheduling.attempts import Event, Run, Start
 

@@ -22,6 +22,7 @@ from fairqueue.broker.common import (
 )
 from fairqueue.broker.connection import BrokerPart, Connection
 from fairqueue.broker.scripts import adopt_page_script, plain_script, stalled_page_script
+from fairqueue.exceptions import LockLostError
 
 _SCORE_BASE = 1 << 32
 
@@ -53,10 +54,6 @@ class WaitingSnapshot:
     jobs: list[WaitingJob]
     #: Waiting jobs behind ``jobs`` (not read).
     behind: int
-
-
-class LockLostError(Exception):
-    """Another rebalancer holds the queue's leader lock: this pass must stop writing."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,7 @@ from django.conf import settings as django_settings
 from django.utils import timezone
 
 from fairqueue.broker import StoredJob
-from fairqueue.exceptions import FairqueueError, TaskFailedError
+from fairqueue.exceptions import TaskFailedError, TaskJobError
 from fairqueue.tasks.frameworks import (
     PRIMARY,
     InvalidTaskError,
@@ -106,11 +106,6 @@ UNNAMED_WORKER: Final = "bullmq"
 _PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 _FAILED_PATH: Final = f"{TaskFailedError.__module__}.{TaskFailedError.__qualname__}"
 _CLASS_PATH = re.compile(r"([A-Za-z_][\w.]*): ")
-
-
-class TaskJobError(FairqueueError, ValueError):
-    """A task job that cannot run: a malformed payload, or a path that names no
-    ``@task`` function a worker may import."""
 
 
 @dataclass(frozen=True, slots=True)
