@@ -60,6 +60,7 @@ from fairqueue.broker.adding import ADD_BATCH_SIZE, AddBatch, AddedJob, NewJob
 from fairqueue.broker.brokers import Broker, SyncBroker, close_brokers, get_broker, get_sync_broker
 from fairqueue.broker.common import (
     BACK_OF_LINE,
+    MAX_JOB_ID_LENGTH,
     MAX_PRIORITY,
     REBASE_THRESHOLD,
     RESERVED_JOB_IDS,
@@ -91,6 +92,7 @@ __all__ = [
     "ADD_BATCH_SIZE",
     "BACK_OF_LINE",
     "JOB_STATES",
+    "MAX_JOB_ID_LENGTH",
     "MAX_PRIORITY",
     "REBASE_THRESHOLD",
     "RESERVED_JOB_IDS",

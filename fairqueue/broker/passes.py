@@ -11,20 +11,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fairqueue.broker.common import (
-    _JOB_FIELDS,
     FAIR_KEYS,
+    JOB_FIELDS,
     REBASE_MARGIN,
     REBASE_THRESHOLD,
-    _int_or,
+    SCORE_BASE,
     fair_key,
     fair_keys,
+    int_or,
     parse_job_data,
 )
 from fairqueue.broker.connection import BrokerPart, Connection
 from fairqueue.broker.scripts import adopt_page_script, plain_script, stalled_page_script
 from fairqueue.exceptions import LockLostError
-
-_SCORE_BASE = 1 << 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -356,7 +355,7 @@ class PassStore(BrokerPart):
             wait_ids, entries, wait_len, total = await pipe.execute()
         wait_ids.reverse()  # BullMQ pops the wait list from its right end
         head = [(job_id, 0, True) for job_id in wait_ids] + [
-            (job_id, int(score // _SCORE_BASE), False) for job_id, score in entries
+            (job_id, int(score // SCORE_BASE), False) for job_id, score in entries
         ][: max(0, count - len(wait_ids))]
         jobs = await read_jobs(self.conn, queue, head)
         return WaitingSnapshot(jobs=jobs, behind=max(0, wait_len + total - len(head)))
@@ -392,7 +391,7 @@ async def read_jobs(
         return []
     async with conn.client().pipeline(transaction=False) as pipe:
         for job_id, _, _ in entries:
-            pipe.hmget(conn.key(queue, job_id), *_JOB_FIELDS, "fqRel")
+            pipe.hmget(conn.key(queue, job_id), *JOB_FIELDS, "fqRel")
         rows = await pipe.execute()
     jobs = []
     for (job_id, priority, in_wait), row in zip(entries, rows, strict=True):
@@ -406,12 +405,12 @@ async def read_jobs(
                 job_id=job_id,
                 name=name or "",
                 data=parse_job_data(data),
-                timestamp_ms=_int_or(timestamp, None),
-                priority=priority if priority is not None else _int_or(stored_priority, 0),
-                attempts_made=_int_or(attempts_made, 0) or 0,
+                timestamp_ms=int_or(timestamp, None),
+                priority=priority if priority is not None else int_or(stored_priority, 0),
+                attempts_made=int_or(attempts_made, 0) or 0,
                 in_wait_list=in_wait,
                 requested_priority=requested if type(requested) is int else None,
-                ready_ms=ready_time_ms(_int_or(timestamp, None), parsed_opts, released),
+                ready_ms=ready_time_ms(int_or(timestamp, None), parsed_opts, released),
             )
         )
     return jobs
@@ -423,7 +422,7 @@ def ready_time_ms(
     """When a job became ready (see :attr:`WaitingJob.ready_ms`): held and delayed
     time is not waiting."""
     for value in (released, opts.get("fqReady")):
-        number = _int_or(value, None)
+        number = int_or(value, None)
         if number is not None:
             return number
     if timestamp_ms is None:

@@ -46,6 +46,7 @@ from django.db import transaction
 from fairqueue.broker import (
     ADD_BATCH_SIZE,
     BACK_OF_LINE,
+    MAX_JOB_ID_LENGTH,
     RESERVED_JOB_IDS,
     AddBatch,
     AddedJob,
@@ -56,9 +57,9 @@ from fairqueue.broker import (
 from fairqueue.conf import get_settings
 from fairqueue.enqueue.priority import (
     ABSENT,
+    Absent,
     PriorityRule,
     ResolvedPriority,
-    _Absent,
     resolve_priority,
     resolve_tenant_limits,
 )
@@ -87,7 +88,6 @@ from fairqueue.scheduling.limits import NO_LIMITS, REASON_MAX_WAITING, TenantLim
 
 logger = logging.getLogger("fairqueue.services")
 
-MAX_JOB_ID_LENGTH: Final = 255
 MAX_ATTEMPTS: Final = 1_000
 MAX_DELAY_MS: Final = 365 * 24 * 3600 * 1000
 #: The audit row's integer columns are 32-bit on PostgreSQL.
@@ -136,7 +136,7 @@ class _Prepared:
 _JSON_SCALARS: Final = frozenset({int, float, bool, type(None)})
 
 
-def _check_json_tree(
+def check_json_tree(
     data: object, *, text: bool = False, what: str = "payload", depth: int = 1
 ) -> None:
     """Refuse what ``json.dumps`` would accept but store wrongly, or fail on deep down.
@@ -196,7 +196,7 @@ def _merged_payload(payload: object, resolved: ResolvedPriority) -> tuple[dict[s
             f"payload of type {type(payload).__name__} is not allowed: expected a JSON object "
             "(a dict with string keys)"
         )
-    _check_json_tree(payload)
+    check_json_tree(payload)
     for key, value in (
         (PAYLOAD_TENANT_KEY, resolved.tenant_id),
         (PAYLOAD_LEVEL_KEY, resolved.level),
@@ -227,7 +227,7 @@ def _merged_payload(payload: object, resolved: ResolvedPriority) -> tuple[dict[s
     if "\\ud" in serialized:
         # JSON escapes every non-ASCII character; only a surrogate escape can hide a
         # lone surrogate, so the exact (slower) walk over the strings runs only then.
-        _check_json_tree(data, text=True)
+        check_json_tree(data, text=True)
     # json.dumps escapes every non-ASCII character (ensure_ascii), so the text is ASCII
     # and its length is its size in bytes: no encoded copy per job.
     size = len(serialized)
@@ -479,7 +479,7 @@ def warn_implicit_internal() -> None:
     warnings.warn(message, ImplicitInternalJobWarning, stacklevel=2)
 
 
-def _internal_tenant(tenant_id: str | None | _Absent, internal: object) -> str | None | _Absent:
+def _internal_tenant(tenant_id: str | None | Absent, internal: object) -> str | None | Absent:
     """The tenant of a call, given ``internal=``: ``None`` for internal work (by intent,
     or by ``tenant_id=None`` alone, which warns)."""
     if internal is False:
@@ -499,7 +499,7 @@ def _internal_tenant(tenant_id: str | None | _Absent, internal: object) -> str |
 def _resolve_call(
     job_type: str,
     *,
-    tenant_id: str | None | _Absent = ABSENT,
+    tenant_id: str | None | Absent = ABSENT,
     internal: bool = False,
     priority: int | None = None,
     priority_level: str | PriorityLevel | None = None,
@@ -526,7 +526,7 @@ def _resolve_call(
     _check_options(job_id, delay_ms, attempts)
     parsed_backoff = parse_backoff(backoff)
     cost_ms = parse_cost(cost)
-    tenant_job = not isinstance(tenant_id, _Absent) and tenant_id is not None
+    tenant_job = not isinstance(tenant_id, Absent) and tenant_id is not None
     audit = None
     if _audited(resolved, tenant_job=tenant_job, override=priority_override is not None):
         audit = {

@@ -58,12 +58,12 @@ from fairqueue.scheduling.limits import NO_LIMITS, TenantLimits
 logger = logging.getLogger("fairqueue.priority")
 
 
-class _Absent:
+class Absent:
     """Marks "argument not given", which differs from ``tenant_id=None`` (internal job)."""
 
-    _instance: _Absent | None = None
+    _instance: Absent | None = None
 
-    def __new__(cls) -> _Absent:
+    def __new__(cls) -> Absent:
         if cls._instance is None:
             cls._instance = super().__new__(cls)
         return cls._instance
@@ -75,7 +75,7 @@ class _Absent:
         return False
 
 
-ABSENT: Final = _Absent()
+ABSENT: Final = Absent()
 
 
 class PriorityRule(StrEnum):
@@ -268,7 +268,7 @@ def get_tenant_weight_lookup() -> TenantWeightLookup | None:
 
 def resolve_priority(
     *,
-    tenant_id: str | None | _Absent = ABSENT,
+    tenant_id: str | None | Absent = ABSENT,
     priority: int | None = None,
     priority_level: str | PriorityLevel | None = None,
     priority_override: str | PriorityLevel | None = None,
@@ -330,7 +330,7 @@ def _looked_up_weight(tenant_id: str) -> int:
 
 def _resolve_level(
     *,
-    tenant_id: str | None | _Absent,
+    tenant_id: str | None | Absent,
     priority: int | None,
     priority_level: str | PriorityLevel | None,
     priority_override: str | PriorityLevel | None,

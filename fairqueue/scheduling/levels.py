@@ -90,7 +90,8 @@ def is_strict_utf8(value: str) -> bool:
     return True
 
 
-LEVEL_CHOICES: Final = ", ".join(repr(level.value) for level in LEVELS_BY_RANK)
+#: The level names as an error message lists them.
+LEVELS_QUOTED: Final = ", ".join(repr(level.value) for level in LEVELS_BY_RANK)
 
 
 def normalize_priority(priority: int | None) -> PriorityLevel:
@@ -144,5 +145,5 @@ def parse_level(value: object, *, argument: str = "priority_level") -> PriorityL
         except ValueError:
             pass
     raise InvalidPriorityLevelError(
-        f"{argument}={value!r} is not allowed: expected one of {LEVEL_CHOICES}"
+        f"{argument}={value!r} is not allowed: expected one of {LEVELS_QUOTED}"
     )

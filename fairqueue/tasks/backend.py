@@ -63,11 +63,11 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
 from fairqueue import conf
-from fairqueue.broker import RESERVED_JOB_IDS, StoredJob, get_sync_broker
+from fairqueue.broker import MAX_JOB_ID_LENGTH, RESERVED_JOB_IDS, StoredJob, get_sync_broker
 from fairqueue.conf import get_settings
 from fairqueue.enqueue import api as services
-from fairqueue.enqueue.api import MAX_ATTEMPTS, MAX_DELAY_MS, MAX_JOB_ID_LENGTH
-from fairqueue.enqueue.priority import ABSENT, _Absent
+from fairqueue.enqueue.api import MAX_ATTEMPTS, MAX_DELAY_MS
+from fairqueue.enqueue.priority import ABSENT, Absent
 from fairqueue.exceptions import InvalidJobOptionError, InvalidPayloadError, UnknownJobTypeError
 from fairqueue.scheduling.levels import PriorityLevel
 from fairqueue.tasks.frameworks import (
@@ -373,7 +373,7 @@ class FairQueueBackend(BaseTaskBackend):
             # Warned here, in the caller's stack (aenqueue runs the enqueue in a thread).
             services.warn_implicit_internal()
             options["internal"] = True
-        elif not isinstance(tenant, _Absent):
+        elif not isinstance(tenant, Absent):
             options["tenant_id"] = tenant
         level = level_for_task_priority(task.priority)
         if level is not None:
@@ -397,7 +397,7 @@ class FairQueueBackend(BaseTaskBackend):
             kwargs=kwargs_json,
         )
 
-    def _tenant(self, kwargs: Mapping[str, Any]) -> str | None | _Absent:
+    def _tenant(self, kwargs: Mapping[str, Any]) -> str | None | Absent:
         if self.tenant_kwarg not in kwargs:
             return ABSENT
         tenant = kwargs[self.tenant_kwarg]

@@ -244,7 +244,7 @@ def task_arguments(args: Any, kwargs: Any, path: str) -> tuple[list[Any], dict[s
     Raises:
         InvalidTaskError: an argument that cannot be stored as given.
     """
-    from fairqueue.enqueue.api import _check_json_tree
+    from fairqueue.enqueue.api import check_json_tree
     from fairqueue.exceptions import InvalidPayloadError
 
     named = [(f"args[{index}]", value) for index, value in enumerate(args)]
@@ -252,7 +252,7 @@ def task_arguments(args: Any, kwargs: Any, path: str) -> tuple[list[Any], dict[s
     for name, value in named:
         what = f"{name} of task {path!r}"
         try:
-            _check_json_tree(value, text=True, what=what, depth=ARGUMENT_DEPTH)
+            check_json_tree(value, text=True, what=what, depth=ARGUMENT_DEPTH)
         except InvalidPayloadError as exc:
             raise InvalidTaskError(str(exc)) from None
     try:
