@@ -12,12 +12,9 @@ only where one is installed.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from enum import StrEnum
 
 from django.core.exceptions import ImproperlyConfigured
-
-if TYPE_CHECKING:
-    from fairqueue.conf import Problem
 
 
 class FairqueueError(Exception):
@@ -146,8 +143,36 @@ class TenantBacklogFullError(FairqueueError):
         self.waiting = waiting
 
 
+class Problem(StrEnum):
+    """What a :class:`SettingError` is about: one setting (a ``FAIRQUEUE`` key and the
+    environment variable that overrides it) or a problem no single key owns. The system
+    check gives each its own id, so these names only grow."""
+
+    MAX_WAIT_MS = "MAX_WAIT_MS"
+    REBALANCE_INTERVAL_MS = "REBALANCE_INTERVAL_MS"
+    PRIORITY_ENABLED = "PRIORITY_ENABLED"
+    #: FAIRQUEUE_REDIS_URL, FAIRQUEUE['REDIS'] or FAIRQUEUE['REDIS_URL']: one location.
+    REDIS = "REDIS"
+    PREFIX = "PREFIX"
+    QUEUES = "QUEUES"
+    REBALANCE_WINDOW = "REBALANCE_WINDOW"
+    CACHE_ALIAS = "CACHE_ALIAS"
+    PLAN_CACHE_TIMEOUT = "PLAN_CACHE_TIMEOUT"
+    MAX_PAYLOAD_BYTES = "MAX_PAYLOAD_BYTES"
+    KEEP_COMPLETED = "KEEP_COMPLETED"
+    KEEP_FAILED = "KEEP_FAILED"
+    REDIS_AND_REDIS_URL = "REDIS_AND_REDIS_URL"
+    CLUSTER_QUEUE_WITHOUT_HASH_TAG = "CLUSTER_QUEUE_WITHOUT_HASH_TAG"
+    FAIRQUEUE_NOT_A_DICT = "FAIRQUEUE_NOT_A_DICT"
+    UNKNOWN_KEYS = "UNKNOWN_KEYS"
+    FAIRNESS_BY = "FAIRNESS_BY"
+    AUDIT_EXPLICIT_PRIORITY = "AUDIT_EXPLICIT_PRIORITY"
+    PLAN_LOCAL_CACHE_TIMEOUT = "PLAN_LOCAL_CACHE_TIMEOUT"
+    TENANT_LIMITS = "TENANT_LIMITS"
+
+
 class SettingError(FairqueueError, ImproperlyConfigured):
-    """A bad setting or environment variable, tagged with its :class:`~fairqueue.conf.Problem`
+    """A bad setting or environment variable, tagged with its :class:`Problem`
     so the system check can report each problem under its own id with the very message
     that first use raises."""
 
