@@ -45,8 +45,8 @@ The package, one module per concern (import from here, not from them):
 * ``brokers``: :class:`Broker`, :class:`SyncBroker` and the per-process brokers
   (``get_broker``, ``get_sync_broker``, ``close_brokers``);
 * ``adding``: ``NewJob``, ``AddedJob`` and enqueueing;
-* ``passes``: what the rebalance pass reads and writes (fenced by its lock);
-* ``lock``: the rebalance pass's leader lock;
+* ``pass_store``: what the rebalance pass reads and writes (fenced by its lock);
+* ``lock_store``: the rebalance pass's leader lock;
 * ``dashboard``: the admin dashboard's reads;
 * ``history``: the history the pass records from BullMQ's events stream, and its reads;
 * ``limits``: per-tenant limits: releasing held jobs (one atomic script), pausing, and
@@ -75,7 +75,7 @@ from fairqueue.broker.connection import Connection
 from fairqueue.broker.dashboard import BacklogScan, JobDetail, LevelScan, MemoryState
 from fairqueue.broker.history import HistoryRead, RecordedPage
 from fairqueue.broker.limits import Released, TenantState
-from fairqueue.broker.passes import (
+from fairqueue.broker.pass_store import (
     AdoptedPage,
     IndexWalk,
     WaitingJob,

@@ -17,8 +17,8 @@ from fairqueue.broker.connection import Connection, loop_thread
 from fairqueue.broker.dashboard import DashboardReads
 from fairqueue.broker.history import HistoryStore
 from fairqueue.broker.limits import LimitStore
-from fairqueue.broker.lock import LockStore
-from fairqueue.broker.passes import PassStore
+from fairqueue.broker.lock_store import LockStore
+from fairqueue.broker.pass_store import PassStore
 from fairqueue.broker.results import ResultReads
 from fairqueue.broker.workers import WorkerSupport
 from fairqueue.conf import get_settings

@@ -13,7 +13,7 @@ from fairqueue.broker.common import SCORE_BASE as _SCORE_BASE
 from fairqueue.broker.common import T, parse_job_data
 from fairqueue.broker.common import int_or as _int_or
 from fairqueue.broker.connection import BrokerPart
-from fairqueue.broker.passes import WaitingJob, read_jobs
+from fairqueue.broker.pass_store import WaitingJob, read_jobs
 from fairqueue.broker.scripts import plain_script
 
 
