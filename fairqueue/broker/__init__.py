@@ -49,7 +49,7 @@ The package, one module per concern (import from here, not from them):
 * ``lock_store``: the rebalance pass's leader lock;
 * ``dashboard``: the admin dashboard's reads;
 * ``history``: the history the pass records from BullMQ's events stream, and its reads;
-* ``limits``: per-tenant limits: releasing held jobs (one atomic script), pausing, and
+* ``limit_store``: per-tenant limits: releasing held jobs (one atomic script), pausing, and
   what the dashboard reads of them;
 * ``workers``: building a BullMQ worker, and the idle check of a burst worker;
 * ``results``: one job read back by id (state, return value, errors) for the Django
@@ -74,7 +74,7 @@ from fairqueue.broker.common import (
 from fairqueue.broker.connection import Connection
 from fairqueue.broker.dashboard import BacklogScan, JobDetail, LevelScan, MemoryState
 from fairqueue.broker.history import HistoryRead, RecordedPage
-from fairqueue.broker.limits import Released, TenantState
+from fairqueue.broker.limit_store import Released, TenantState
 from fairqueue.broker.pass_store import (
     AdoptedPage,
     IndexWalk,

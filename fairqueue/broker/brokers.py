@@ -16,7 +16,7 @@ from fairqueue.broker.common import REDIS_ERRORS, T, broker_error
 from fairqueue.broker.connection import Connection, loop_thread
 from fairqueue.broker.dashboard import DashboardReads
 from fairqueue.broker.history import HistoryStore
-from fairqueue.broker.limits import LimitStore
+from fairqueue.broker.limit_store import LimitStore
 from fairqueue.broker.lock_store import LockStore
 from fairqueue.broker.pass_store import PassStore
 from fairqueue.broker.results import ResultReads
