@@ -696,7 +696,7 @@ def history_parts(url: str, jobs: int, rev: str | None = None) -> list[tuple[str
     and works it out, one script writes it) with fairness by time and by jobs, and the
     Lua recorder of :data:`LUA_RECORDER_REV` (or ``rev``) as it was called then."""
     from fairqueue.broker import get_sync_broker
-    from fairqueue.dashboard.history import BUCKET_S, RETENTION_S, TENANTS_PER_BUCKET
+    from fairqueue.scheduling.shares import BUCKET_S, RETENTION_S, TENANTS_PER_BUCKET
 
     prefix = f"hist{uuid.uuid4().hex[:6]}"
     client = redis.Redis.from_url(url)

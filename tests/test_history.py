@@ -15,8 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fairqueue.broker import get_sync_broker
-from fairqueue.dashboard import history
-from fairqueue.dashboard.history import (
+from fairqueue.enqueue.api import enqueue_jobs
+from fairqueue.rebalance.passes import rebalance_queue
+from fairqueue.scheduling import shares as history
+from fairqueue.scheduling.shares import (
     BUCKET_S,
     WAIT_EDGES,
     Bucket,
@@ -28,8 +30,6 @@ from fairqueue.dashboard.history import (
     summarize,
     wait_bin,
 )
-from fairqueue.enqueue.api import enqueue_jobs
-from fairqueue.rebalance.passes import rebalance_queue
 from tests.conftest import REDIS_URL
 from tests.test_node_worker import node_worker, run_node_worker  # noqa: F401 - a fixture
 

@@ -48,7 +48,8 @@ The package, one module per concern (import from here, not from them):
 * ``pass_store``: what the rebalance pass reads and writes (fenced by its lock);
 * ``lock_store``: the rebalance pass's leader lock;
 * ``dashboard``: the admin dashboard's reads;
-* ``history``: the history the pass records from BullMQ's events stream, and its reads;
+* ``history_store``: the history the pass records from BullMQ's events stream, and its
+  reads; ``events`` reads a page of that stream and commits what it says;
 * ``limit_store``: per-tenant limits: releasing held jobs (one atomic script), pausing, and
   what the dashboard reads of them;
 * ``workers``: building a BullMQ worker, and the idle check of a burst worker;
@@ -73,7 +74,7 @@ from fairqueue.broker.common import (
 )
 from fairqueue.broker.connection import Connection
 from fairqueue.broker.dashboard import BacklogScan, JobDetail, LevelScan, MemoryState
-from fairqueue.broker.history import HistoryRead, RecordedPage
+from fairqueue.broker.history_store import HistoryRead, RecordedPage
 from fairqueue.broker.limit_store import Released, TenantState
 from fairqueue.broker.pass_store import (
     AdoptedPage,

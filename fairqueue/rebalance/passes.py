@@ -20,7 +20,7 @@ so the pass is not a second scheduler and never reorders tagged jobs. Each pass:
 4. **Records history** for the dashboard: the jobs workers started since the last pass,
    read from BullMQ's own events stream (stock workers record nothing of fairqueue's),
    per level and tenant, with their waits, in buckets that expire after an hour
-   (:mod:`fairqueue.broker.history_page`: the loop reads a page of the stream and works
+   (:mod:`fairqueue.broker.events`: the loop reads a page of the stream and works
    it out, ``broker/lua/history_commit.lua`` writes it once). A page of the stream per
    call, ``HISTORY_PAGES`` calls at most.
 

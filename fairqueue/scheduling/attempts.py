@@ -1,6 +1,6 @@
 """What one page of a queue's history says about its attempts: plain data in, plain data out.
 
-The loop reads BullMQ's events stream a page at a time (``fairqueue.broker.history``);
+The loop reads BullMQ's events stream a page at a time (``fairqueue.broker.events``);
 this module turns the page's starts and ends into what is recorded: per history bucket
 the jobs started per level, the bucket each became ready in, their waits and those over
 the bound, the most served tenants, worker time and retries (the dashboard's history);

@@ -1,5 +1,5 @@
 """The dashboard's history in Redis: the loop records BullMQ's events stream a page at a
-time (:mod:`fairqueue.broker.history_page`), the dashboard reads the buckets back.
+time (:mod:`fairqueue.broker.events`), the dashboard reads the buckets back.
 
 Every key is ``<prefix>:<queue>:fq:hist...``, beside the queue's own keys (one hash tag
 on Redis Cluster), and every bucket expires after the retention, so the history costs a
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from fairqueue.broker.connection import BrokerPart
-from fairqueue.broker.history_page import PageReader, RecordedPage
-from fairqueue.dashboard.history import BUCKET_S, LEVEL_NAMES, RETENTION_S
+from fairqueue.broker.events import PageReader, RecordedPage
+from fairqueue.scheduling.shares import BUCKET_S, LEVEL_NAMES, RETENTION_S
 
 #: What the backlogs need of a bucket before the window: jobs started and became ready.
 _COUNT_FIELDS = [f"{kind}:{level}" for kind in ("s", "a") for level in LEVEL_NAMES]

@@ -23,11 +23,11 @@ from redis.exceptions import NoScriptError
 
 from fairqueue.broker.connection import Connection
 from fairqueue.broker.scripts import plain_script
-from fairqueue.dashboard.history import BUCKET_S, LEVEL_NAMES, RETENTION_S, TENANTS_PER_BUCKET
-from fairqueue.dashboard.history import wait_bin as _wait_bin
 from fairqueue.exceptions import LockLostError
 from fairqueue.scheduling import attempts
 from fairqueue.scheduling.attempts import Event, Run, Start
+from fairqueue.scheduling.shares import BUCKET_S, LEVEL_NAMES, RETENTION_S, TENANTS_PER_BUCKET
+from fairqueue.scheduling.shares import wait_bin as _wait_bin
 
 _RAW = {NEVER_DECODE: True}
 #: XRANGE named in bytes: redis-py then applies no reply callback (its parsing of every
