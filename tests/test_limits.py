@@ -103,7 +103,7 @@ def run_stock_worker(prefix, expect, *, concurrency=8, job_s=0.03, sample_ids=()
 def loop_running(limited):
     import threading
 
-    from fairqueue.rebalance.loop import Rebalancer
+    from fairqueue.rebalance.rebalancer import Rebalancer
 
     rebalancer = Rebalancer(["email"], interval_ms=1000, install_signal_handlers=False)
     thread = threading.Thread(target=rebalancer.run, daemon=True)
