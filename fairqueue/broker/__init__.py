@@ -47,7 +47,7 @@ The package, one module per concern (import from here, not from them):
 * ``adding``: ``NewJob``, ``AddedJob`` and enqueueing;
 * ``pass_store``: what the rebalance pass reads and writes (fenced by its lock);
 * ``lock_store``: the rebalance pass's leader lock;
-* ``dashboard``: the admin dashboard's reads;
+* ``dashboard_reads``: the admin dashboard's reads;
 * ``history_store``: the history the pass records from BullMQ's events stream, and its
   reads; ``events`` reads a page of that stream and commits what it says;
 * ``limit_store``: per-tenant limits: releasing held jobs (one atomic script), pausing, and
@@ -73,7 +73,7 @@ from fairqueue.broker.common import (
     refuses_every_write,
 )
 from fairqueue.broker.connection import Connection
-from fairqueue.broker.dashboard import BacklogScan, JobDetail, LevelScan, MemoryState
+from fairqueue.broker.dashboard_reads import BacklogScan, JobDetail, LevelScan, MemoryState
 from fairqueue.broker.history_store import HistoryRead, RecordedPage
 from fairqueue.broker.limit_store import Released, TenantState
 from fairqueue.broker.pass_store import (

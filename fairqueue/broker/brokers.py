@@ -14,7 +14,7 @@ from fairqueue.broker.adding import AddBatch, AddedJob, Adder, NewJob, run_adds_
 from fairqueue.broker.clients import SyncClient, client_name, drop_if_stale, sync_client
 from fairqueue.broker.common import REDIS_ERRORS, T, broker_error
 from fairqueue.broker.connection import Connection, loop_thread
-from fairqueue.broker.dashboard import DashboardReads
+from fairqueue.broker.dashboard_reads import DashboardReads
 from fairqueue.broker.history_store import HistoryStore
 from fairqueue.broker.limit_store import LimitStore
 from fairqueue.broker.lock_store import LockStore
