@@ -244,7 +244,7 @@ def task_arguments(args: Any, kwargs: Any, path: str) -> tuple[list[Any], dict[s
     Raises:
         InvalidTaskError: an argument that cannot be stored as given.
     """
-    from fairqueue.enqueue.api import check_json_tree
+    from fairqueue.enqueue.options import check_json_tree
     from fairqueue.exceptions import InvalidPayloadError
 
     named = [(f"args[{index}]", value) for index, value in enumerate(args)]
