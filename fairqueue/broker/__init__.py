@@ -76,11 +76,13 @@ from fairqueue.broker.connection import Connection
 from fairqueue.broker.dashboard_reads import BacklogScan, JobDetail, LevelScan, MemoryState
 from fairqueue.broker.history_store import HistoryRead, RecordedPage
 from fairqueue.broker.limit_store import Released, TenantState
+from fairqueue.broker.lock_store import Fence
 from fairqueue.broker.pass_store import (
     AdoptedPage,
     IndexWalk,
     WaitingJob,
     WaitingSnapshot,
+    pending_from_job,
 )
 from fairqueue.broker.results import JOB_STATES, StoredJob
 from fairqueue.broker.scripts import Script, add_jobs_script, adopt_page_script, plain_script
@@ -106,6 +108,7 @@ __all__ = [
     "BacklogScan",
     "Broker",
     "Connection",
+    "Fence",
     "HistoryRead",
     "IndexWalk",
     "JobDetail",
@@ -126,6 +129,7 @@ __all__ = [
     "get_broker",
     "get_sync_broker",
     "parse_job_data",
+    "pending_from_job",
     "permission_error",
     "plain_script",
     "refuses_every_write",

@@ -50,11 +50,12 @@ from fairqueue.broker import (
     TenantState,
     WaitingJob,
     get_sync_broker,
+    pending_from_job,
 )
 from fairqueue.conf import get_settings
 from fairqueue.dashboard.charts import history_view
 from fairqueue.enqueue.outbox import outbox_stats
-from fairqueue.rebalance.passes import LAST_RUN_RECORD, PASS_COUNTS, pending_from_job
+from fairqueue.rebalance.passes import LAST_RUN_RECORD, PASS_COUNTS
 from fairqueue.scheduling.levels import DEFAULT_FAIR_WEIGHTS, LEVELS_BY_RANK
 from fairqueue.scheduling.order import AGED, WEIGHTED_FAIR
 from fairqueue.scheduling.shares import (

@@ -41,11 +41,11 @@ from django.http import (
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
-from fairqueue.broker import MAX_JOB_ID_LENGTH, get_sync_broker
+from fairqueue.broker import MAX_JOB_ID_LENGTH, get_sync_broker, pending_from_job
 from fairqueue.conf import get_settings
 from fairqueue.dashboard.stats import clamp_page, format_duration, format_time, queue_stats
 from fairqueue.exceptions import BrokerError, BrokerUnavailableError
-from fairqueue.rebalance.passes import LAST_RUN_RECORD, pending_from_job, rebalance_queue
+from fairqueue.rebalance.passes import LAST_RUN_RECORD, rebalance_queue
 from fairqueue.scheduling.shares import clamp_window_min
 
 logger = logging.getLogger("fairqueue.views")
