@@ -91,7 +91,7 @@ from django.test.utils import override_settings  # noqa: E402
 
 from benchmarks.bench_rebalance import private_redis  # noqa: E402
 from fairqueue import conf  # noqa: E402
-from fairqueue.broker import close_brokers, get_broker  # noqa: E402
+from fairqueue.broker import Fence, close_brokers, get_broker  # noqa: E402
 from fairqueue.enqueue import priority  # noqa: E402
 from fairqueue.enqueue.api import enqueue_job, enqueue_jobs  # noqa: E402
 
@@ -500,11 +500,7 @@ def loop_steps(url: str, rate: int, rounds: int = 40) -> dict[str, float]:
             settings = conf.get_settings()
             lock = passes.LeaderLock(QUEUE, token, passes.lock_ttl_ms(INTERVAL_MS))
             broker = get_broker()
-            fence = {
-                "lock_key": broker.fair_key(QUEUE, "leader"),
-                "token": token,
-                "lock_ttl_ms": passes.lock_ttl_ms(INTERVAL_MS),
-            }
+            fence = Fence(broker.fair_key(QUEUE, "leader"), token, passes.lock_ttl_ms(INTERVAL_MS))
             from fairqueue.broker import get_sync_broker
 
             sync = get_sync_broker()
@@ -696,7 +692,7 @@ def history_parts(url: str, jobs: int, rev: str | None = None) -> list[tuple[str
     and works it out, one script writes it) with fairness by time and by jobs, and the
     Lua recorder of :data:`LUA_RECORDER_REV` (or ``rev``) as it was called then."""
     from fairqueue.broker import get_sync_broker
-    from fairqueue.dashboard.history import BUCKET_S, RETENTION_S, TENANTS_PER_BUCKET
+    from fairqueue.scheduling.shares import BUCKET_S, RETENTION_S, TENANTS_PER_BUCKET
 
     prefix = f"hist{uuid.uuid4().hex[:6]}"
     client = redis.Redis.from_url(url)
@@ -720,9 +716,7 @@ def history_parts(url: str, jobs: int, rev: str | None = None) -> list[tuple[str
                 async def page() -> tuple[int, bool]:
                     recorded = await broker.history.record_history_page(
                         QUEUE,
-                        lock_key=keys[2],
-                        token=token,
-                        lock_ttl_ms=60_000,
+                        fence=Fence(keys[2], token, 60_000),
                         max_wait_ms=300_000,
                         fairness_by=fairness_by,
                     )

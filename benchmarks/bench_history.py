@@ -55,8 +55,8 @@ from django.test.utils import override_settings  # noqa: E402
 from fairqueue import conf  # noqa: E402
 from fairqueue.broker import NewJob, close_brokers, get_sync_broker, plain_script  # noqa: E402
 from fairqueue.dashboard import history  # noqa: E402
-from fairqueue.rebalance.loop import HISTORY_EVERY_MS  # noqa: E402
 from fairqueue.rebalance.passes import rebalance_queue, run_tick  # noqa: E402
+from fairqueue.rebalance.rebalancer import HISTORY_EVERY_MS  # noqa: E402
 from fairqueue.scheduling.levels import PAYLOAD_LEVEL_KEY, PAYLOAD_TENANT_KEY, PriorityLevel  # noqa: E402
 
 JOB_TYPE = QUEUE = "email"

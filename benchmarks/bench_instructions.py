@@ -130,7 +130,7 @@ def raw_life(url: str, jobs: int, concurrency: int, dump: Callable[[], int]) -> 
 def fair_life(
     url: str, jobs: int, concurrency: int, rate: int, dump: Callable[[], int]
 ) -> dict[str, float]:
-    from fairqueue.broker import get_sync_broker
+    from fairqueue.broker import Fence, get_sync_broker
     from fairqueue.rebalance import passes
 
     prefix = f"fair{uuid.uuid4().hex[:6]}"
@@ -143,8 +143,7 @@ def fair_life(
         token = "bench-instructions"
         ttl = passes.lock_ttl_ms(bc.INTERVAL_MS)
         lock = passes.LeaderLock(bc.QUEUE, token, ttl)
-        fence = {"lock_key": broker.fair_key(bc.QUEUE, "leader"), "token": token}
-        fence["lock_ttl_ms"] = ttl
+        fence = Fence(broker.fair_key(bc.QUEUE, "leader"), token, ttl)
         max_wait = bc.conf.get_settings().max_wait_ms
 
         def step(fn: Callable[..., Any]) -> None:
@@ -154,10 +153,10 @@ def fair_life(
 
             sync.run(call)
 
-        async def record(timed: Any, broker_: Any, queue: str, fence_: dict, result: Any) -> None:
+        async def record(timed: Any, broker_: Any, queue: str, fence_: Fence, result: Any) -> None:
             await passes._record(timed, broker_, queue, fence_, max_wait)
 
-        async def adopt(timed: Any, broker_: Any, queue: str, fence_: dict, result: Any) -> None:
+        async def adopt(timed: Any, broker_: Any, queue: str, fence_: Fence, result: Any) -> None:
             await passes._adopt(timed, broker_, queue, fence_, result, dry_run=False)
 
         lock.acquire()

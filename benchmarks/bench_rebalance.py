@@ -63,6 +63,7 @@ from fairqueue import conf  # noqa: E402
 from fairqueue.broker import (  # noqa: E402
     MAX_PRIORITY,
     REBASE_THRESHOLD,
+    Fence,
     NewJob,
     add_jobs_script,
     adopt_page_script,
@@ -356,9 +357,7 @@ def forced_rebase(slowlog: SlowLog) -> dict[str, Any]:
             page_moved, done = sync_broker.run(
                 sync_broker.broker.passes.rebase_page,
                 QUEUE,
-                lock_key=lock_key,
-                token=REBASE_TOKEN,
-                lock_ttl_ms=60_000,
+                fence=Fence(lock_key, REBASE_TOKEN, 60_000),
                 page_size=REBASE_PAGE_SIZE,
             )
             elapsed = time.perf_counter() - started

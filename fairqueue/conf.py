@@ -15,7 +15,6 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from functools import cache
 from types import MappingProxyType
 from typing import Any, Final, TypeVar
@@ -25,7 +24,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from fairqueue.exceptions import InvalidTenantLimitError, UnknownJobTypeError
+from fairqueue.exceptions import InvalidTenantLimitError, Problem, SettingError, UnknownJobTypeError
 from fairqueue.plans import PlanTier
 from fairqueue.redis_target import RedisTarget, parse_redis_target, queue_hash_tag, redis_location
 from fairqueue.scheduling.limits import TenantLimits, parse_limits
@@ -132,44 +131,6 @@ _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 MAX_QUEUE_NAME_LENGTH: Final = 200
 _T = TypeVar("_T")
-
-
-class Problem(StrEnum):
-    """What a :class:`SettingError` is about: one setting (a ``FAIRQUEUE`` key and the
-    environment variable that overrides it) or a problem no single key owns. The system
-    check gives each its own id, so these names only grow."""
-
-    MAX_WAIT_MS = "MAX_WAIT_MS"
-    REBALANCE_INTERVAL_MS = "REBALANCE_INTERVAL_MS"
-    PRIORITY_ENABLED = "PRIORITY_ENABLED"
-    #: FAIRQUEUE_REDIS_URL, FAIRQUEUE['REDIS'] or FAIRQUEUE['REDIS_URL']: one location.
-    REDIS = "REDIS"
-    PREFIX = "PREFIX"
-    QUEUES = "QUEUES"
-    REBALANCE_WINDOW = "REBALANCE_WINDOW"
-    CACHE_ALIAS = "CACHE_ALIAS"
-    PLAN_CACHE_TIMEOUT = "PLAN_CACHE_TIMEOUT"
-    MAX_PAYLOAD_BYTES = "MAX_PAYLOAD_BYTES"
-    KEEP_COMPLETED = "KEEP_COMPLETED"
-    KEEP_FAILED = "KEEP_FAILED"
-    REDIS_AND_REDIS_URL = "REDIS_AND_REDIS_URL"
-    CLUSTER_QUEUE_WITHOUT_HASH_TAG = "CLUSTER_QUEUE_WITHOUT_HASH_TAG"
-    FAIRQUEUE_NOT_A_DICT = "FAIRQUEUE_NOT_A_DICT"
-    UNKNOWN_KEYS = "UNKNOWN_KEYS"
-    FAIRNESS_BY = "FAIRNESS_BY"
-    AUDIT_EXPLICIT_PRIORITY = "AUDIT_EXPLICIT_PRIORITY"
-    PLAN_LOCAL_CACHE_TIMEOUT = "PLAN_LOCAL_CACHE_TIMEOUT"
-    TENANT_LIMITS = "TENANT_LIMITS"
-
-
-class SettingError(ImproperlyConfigured):
-    """A bad setting or environment variable, tagged with its :class:`Problem` so the
-    system check can report each problem under its own id with the very message that
-    first use raises."""
-
-    def __init__(self, problem: Problem, message: str) -> None:
-        super().__init__(message)
-        self.problem = problem
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,9 +3,18 @@
 Every input error is also a ``ValueError`` (or ``LookupError``) so code that already
 handles those keeps working; every message names the argument, the value given and what
 is allowed.
+
+The task backend's errors (``InvalidTaskError`` and ``TaskResultDoesNotExist`` in
+``fairqueue.tasks.frameworks``, ``UnknownTaskQueueError`` in ``fairqueue.tasks.backend``)
+live beside it: their base classes are the installed task framework's own, so they exist
+only where one is installed.
 """
 
 from __future__ import annotations
+
+from enum import StrEnum
+
+from django.core.exceptions import ImproperlyConfigured
 
 
 class FairqueueError(Exception):
@@ -132,6 +141,61 @@ class TenantBacklogFullError(FairqueueError):
         self.queue = queue
         self.limit = limit
         self.waiting = waiting
+
+
+class Problem(StrEnum):
+    """What a :class:`SettingError` is about: one setting (a ``FAIRQUEUE`` key and the
+    environment variable that overrides it) or a problem no single key owns. The system
+    check gives each its own id, so these names only grow."""
+
+    MAX_WAIT_MS = "MAX_WAIT_MS"
+    REBALANCE_INTERVAL_MS = "REBALANCE_INTERVAL_MS"
+    PRIORITY_ENABLED = "PRIORITY_ENABLED"
+    #: FAIRQUEUE_REDIS_URL, FAIRQUEUE['REDIS'] or FAIRQUEUE['REDIS_URL']: one location.
+    REDIS = "REDIS"
+    PREFIX = "PREFIX"
+    QUEUES = "QUEUES"
+    REBALANCE_WINDOW = "REBALANCE_WINDOW"
+    CACHE_ALIAS = "CACHE_ALIAS"
+    PLAN_CACHE_TIMEOUT = "PLAN_CACHE_TIMEOUT"
+    MAX_PAYLOAD_BYTES = "MAX_PAYLOAD_BYTES"
+    KEEP_COMPLETED = "KEEP_COMPLETED"
+    KEEP_FAILED = "KEEP_FAILED"
+    REDIS_AND_REDIS_URL = "REDIS_AND_REDIS_URL"
+    CLUSTER_QUEUE_WITHOUT_HASH_TAG = "CLUSTER_QUEUE_WITHOUT_HASH_TAG"
+    FAIRQUEUE_NOT_A_DICT = "FAIRQUEUE_NOT_A_DICT"
+    UNKNOWN_KEYS = "UNKNOWN_KEYS"
+    FAIRNESS_BY = "FAIRNESS_BY"
+    AUDIT_EXPLICIT_PRIORITY = "AUDIT_EXPLICIT_PRIORITY"
+    PLAN_LOCAL_CACHE_TIMEOUT = "PLAN_LOCAL_CACHE_TIMEOUT"
+    TENANT_LIMITS = "TENANT_LIMITS"
+
+
+class SettingError(FairqueueError, ImproperlyConfigured):
+    """A bad setting or environment variable, tagged with its :class:`Problem`
+    so the system check can report each problem under its own id with the very message
+    that first use raises."""
+
+    def __init__(self, problem: Problem, message: str) -> None:
+        super().__init__(message)
+        self.problem = problem
+
+
+class LockLostError(FairqueueError):
+    """Another rebalancer holds the queue's leader lock: this pass must stop writing."""
+
+
+class NoHandlerError(FairqueueError, LookupError):
+    """No handler is registered for a job type."""
+
+
+class WorkerStoppedError(FairqueueError, RuntimeError):
+    """A BullMQ worker loop ended on its own, so its queue was no longer served."""
+
+
+class TaskJobError(FairqueueError, ValueError):
+    """A task job that cannot run: a malformed payload, or a path that names no
+    ``@task`` function a worker may import."""
 
 
 class ImplicitInternalJobWarning(UserWarning):

@@ -83,6 +83,217 @@ _by_registry: weakref.WeakKeyDictionary[CollectorRegistry, QueueFairMetrics] = (
 )
 
 
+LEVEL_VALUES: Final = tuple(level.value for level in LEVELS_BY_RANK)
+
+
+@dataclass(frozen=True, slots=True)
+class _Family:
+    """One metric family: the :class:`QueueFairMetrics` field that holds it, its kind,
+    name, help and labels, and which of its series exist at zero from the start."""
+
+    field: str
+    kind: type[Counter] | type[Gauge] | type[Histogram]
+    name: str
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] | None = None
+    #: One series at zero per configured job type (``"job_type"``) or queue (``"queue"``),
+    #: times each value of the second label (``second``) when the family has two;
+    #: ``None``: no series until one is set.
+    zero_for: str | None = None
+    second: tuple[str, ...] = ()
+
+    def create(self, registry: CollectorRegistry) -> Counter | Gauge | Histogram:
+        if self.buckets is not None:
+            return Histogram(
+                self.name, self.help, list(self.labels), buckets=self.buckets, registry=registry
+            )
+        return self.kind(self.name, self.help, list(self.labels), registry=registry)
+
+    def create_zero_series(
+        self, metric: Counter | Gauge | Histogram, owners: tuple[str, ...]
+    ) -> None:
+        for owner in owners:
+            if not self.second:
+                metric.labels(owner)
+            for value in self.second:
+                metric.labels(owner, value)
+
+
+#: Every family, in the order they are registered.
+FAMILIES: Final[tuple[_Family, ...]] = (
+    _Family(
+        "priority_assigned",
+        Counter,
+        "queue_fair_priority_assigned_total",
+        "Enqueued jobs by normalized priority level.",
+        ("job_type", "priority_level"),
+        zero_for="job_type",
+        second=LEVEL_VALUES,
+    ),
+    _Family(
+        "decisions",
+        Counter,
+        "queue_fair_decisions_total",
+        "Ordering decisions of rebalance passes: aged (wait bound) or weighted_fair.",
+        ("job_type", "decision"),
+        zero_for="job_type",
+        second=DECISIONS,
+    ),
+    _Family(
+        "aged_boosts",
+        Counter,
+        "queue_fair_aged_boosts_total",
+        "Jobs promoted by the maximum wait bound.",
+        ("job_type",),
+        zero_for="job_type",
+    ),
+    _Family(
+        "overdue_waiting",
+        Gauge,
+        "queue_fair_overdue_waiting",
+        "Waiting jobs past the wait bound, as of the last rebalance pass.",
+        ("job_type",),
+        zero_for="job_type",
+    ),
+    _Family(
+        "jobs_enqueued",
+        Counter,
+        "queue_jobs_enqueued_total",
+        "Enqueued jobs by queue and priority.",
+        ("queue", "priority"),
+        zero_for="queue",
+        second=ENQUEUE_PRIORITY_LABELS,
+    ),
+    _Family(
+        "outbox_pending",
+        Gauge,
+        "queue_fair_outbox_pending",
+        "Durable jobs waiting in the outbox for the relay, as of this process's last relay run.",
+        ("job_type",),
+        zero_for="job_type",
+    ),
+    _Family(
+        "worker_seconds",
+        Counter,
+        "queue_fair_worker_seconds",
+        "Worker time spent on finished attempts, per level (what fairness by time shares out), "
+        "from BullMQ's events as the leader reads them.",
+        ("job_type", "priority_level"),
+        zero_for="job_type",
+        second=LEVEL_VALUES,
+    ),
+    _Family(
+        "retries",
+        Counter,
+        "queue_fair_retries",
+        "Attempts that failed with attempts left, so their job runs again, per level.",
+        ("job_type", "priority_level"),
+        zero_for="job_type",
+        second=LEVEL_VALUES,
+    ),
+    _Family(
+        "wait_seconds",
+        Histogram,
+        "queue_fair_wait_seconds",
+        "Wait of started jobs from ready to start, on Redis's clock (first attempts), read by the "
+        "rebalancer from BullMQ's events stream.",
+        ("queue", "priority_level"),
+        buckets=WAIT_BUCKETS_S,
+        zero_for="queue",
+        second=LEVEL_VALUES,
+    ),
+    _Family(
+        "jobs_started",
+        Counter,
+        "queue_fair_jobs_started_total",
+        "Jobs workers started (every attempt), read by the rebalancer from BullMQ's events stream.",
+        ("queue", "priority_level"),
+        zero_for="queue",
+        second=LEVEL_VALUES,
+    ),
+    _Family(
+        "level_overdue_waiting",
+        Gauge,
+        "queue_fair_level_overdue_waiting",
+        "Waiting jobs past the wait bound per level, as of the last rebalance pass (the part of "
+        "the overdue count checked job by job).",
+        ("queue", "priority_level"),
+        zero_for="queue",
+        second=LEVEL_VALUES,
+    ),
+    _Family(
+        "pass_duration",
+        Histogram,
+        "queue_fair_pass_duration_seconds",
+        "Duration of rebalance passes that ran to the end.",
+        ("job_type",),
+        buckets=PASS_BUCKETS_S,
+        zero_for="job_type",
+    ),
+    _Family(
+        "pass_errors",
+        Counter,
+        "queue_fair_pass_errors_total",
+        "Rebalance passes that failed (Redis unreachable or another error).",
+        ("job_type",),
+        zero_for="job_type",
+    ),
+    _Family(
+        "leader",
+        Gauge,
+        "queue_fair_leader",
+        "1 while this rebalancer holds the queue's leader lock, else 0.",
+        ("queue",),
+    ),
+    _Family(
+        "last_pass_success",
+        Gauge,
+        "queue_fair_last_pass_success_timestamp_seconds",
+        "When this process's last successful pass over the job type ended (Unix time).",
+        ("job_type",),
+    ),
+    _Family(
+        "rebalance_interval",
+        Gauge,
+        "queue_fair_rebalance_interval_seconds",
+        "The rebalance loop's pass interval (for rules that count intervals).",
+    ),
+    _Family(
+        "max_wait",
+        Gauge,
+        "queue_fair_max_wait_seconds",
+        "The wait bound (QUEUE_FAIR_MAX_WAIT_MS) the rebalancer enforces.",
+    ),
+    _Family(
+        "level_weight",
+        Gauge,
+        "queue_fair_level_weight",
+        "Each level's weight in the fair share (its entitlement among the levels with work).",
+        ("priority_level",),
+    ),
+    _Family(
+        "held_jobs",
+        Gauge,
+        "queue_fair_held_jobs",
+        "Jobs held back because their tenant is at a limit or paused (in BullMQ's delayed set "
+        "until released), in the job type's queue.",
+        ("job_type",),
+        zero_for="job_type",
+    ),
+    _Family(
+        "limited",
+        Counter,
+        "queue_fair_limited_total",
+        "Jobs held at enqueue by a tenant limit (max_active, rate, paused), and enqueues refused "
+        "by max_waiting.",
+        ("job_type", "reason"),
+        zero_for="job_type",
+        second=LIMIT_REASONS,
+    ),
+)
+
+
 def initialize_queue_fair_metrics(
     registry: CollectorRegistry | None = None,
     *,
@@ -100,161 +311,15 @@ def initialize_queue_fair_metrics(
         metrics = _by_registry.get(registry)
         if metrics is None:
             metrics = QueueFairMetrics(
-                priority_assigned=Counter(
-                    "queue_fair_priority_assigned_total",
-                    "Enqueued jobs by normalized priority level.",
-                    ["job_type", "priority_level"],
-                    registry=registry,
-                ),
-                decisions=Counter(
-                    "queue_fair_decisions_total",
-                    "Ordering decisions of rebalance passes: aged (wait bound) or weighted_fair.",
-                    ["job_type", "decision"],
-                    registry=registry,
-                ),
-                aged_boosts=Counter(
-                    "queue_fair_aged_boosts_total",
-                    "Jobs promoted by the maximum wait bound.",
-                    ["job_type"],
-                    registry=registry,
-                ),
-                overdue_waiting=Gauge(
-                    "queue_fair_overdue_waiting",
-                    "Waiting jobs past the wait bound, as of the last rebalance pass.",
-                    ["job_type"],
-                    registry=registry,
-                ),
-                jobs_enqueued=Counter(
-                    "queue_jobs_enqueued_total",
-                    "Enqueued jobs by queue and priority.",
-                    ["queue", "priority"],
-                    registry=registry,
-                ),
-                outbox_pending=Gauge(
-                    "queue_fair_outbox_pending",
-                    "Durable jobs waiting in the outbox for the relay, as of this "
-                    "process's last relay run.",
-                    ["job_type"],
-                    registry=registry,
-                ),
-                worker_seconds=Counter(
-                    "queue_fair_worker_seconds",
-                    "Worker time spent on finished attempts, per level (what fairness by "
-                    "time shares out), from BullMQ's events as the leader reads them.",
-                    ["job_type", "priority_level"],
-                    registry=registry,
-                ),
-                retries=Counter(
-                    "queue_fair_retries",
-                    "Attempts that failed with attempts left, so their job runs again, per level.",
-                    ["job_type", "priority_level"],
-                    registry=registry,
-                ),
-                wait_seconds=Histogram(
-                    "queue_fair_wait_seconds",
-                    "Wait of started jobs from ready to start, on Redis's clock (first "
-                    "attempts), read by the rebalancer from BullMQ's events stream.",
-                    ["queue", "priority_level"],
-                    buckets=WAIT_BUCKETS_S,
-                    registry=registry,
-                ),
-                jobs_started=Counter(
-                    "queue_fair_jobs_started_total",
-                    "Jobs workers started (every attempt), read by the rebalancer from "
-                    "BullMQ's events stream.",
-                    ["queue", "priority_level"],
-                    registry=registry,
-                ),
-                level_overdue_waiting=Gauge(
-                    "queue_fair_level_overdue_waiting",
-                    "Waiting jobs past the wait bound per level, as of the last rebalance "
-                    "pass (the part of the overdue count checked job by job).",
-                    ["queue", "priority_level"],
-                    registry=registry,
-                ),
-                pass_duration=Histogram(
-                    "queue_fair_pass_duration_seconds",
-                    "Duration of rebalance passes that ran to the end.",
-                    ["job_type"],
-                    buckets=PASS_BUCKETS_S,
-                    registry=registry,
-                ),
-                pass_errors=Counter(
-                    "queue_fair_pass_errors_total",
-                    "Rebalance passes that failed (Redis unreachable or another error).",
-                    ["job_type"],
-                    registry=registry,
-                ),
-                leader=Gauge(
-                    "queue_fair_leader",
-                    "1 while this rebalancer holds the queue's leader lock, else 0.",
-                    ["queue"],
-                    registry=registry,
-                ),
-                last_pass_success=Gauge(
-                    "queue_fair_last_pass_success_timestamp_seconds",
-                    "When this process's last successful pass over the job type ended (Unix time).",
-                    ["job_type"],
-                    registry=registry,
-                ),
-                rebalance_interval=Gauge(
-                    "queue_fair_rebalance_interval_seconds",
-                    "The rebalance loop's pass interval (for rules that count intervals).",
-                    registry=registry,
-                ),
-                max_wait=Gauge(
-                    "queue_fair_max_wait_seconds",
-                    "The wait bound (QUEUE_FAIR_MAX_WAIT_MS) the rebalancer enforces.",
-                    registry=registry,
-                ),
-                level_weight=Gauge(
-                    "queue_fair_level_weight",
-                    "Each level's weight in the fair share (its entitlement among the "
-                    "levels with work).",
-                    ["priority_level"],
-                    registry=registry,
-                ),
-                held_jobs=Gauge(
-                    "queue_fair_held_jobs",
-                    "Jobs held back because their tenant is at a limit or paused (in "
-                    "BullMQ's delayed set until released), in the job type's queue.",
-                    ["job_type"],
-                    registry=registry,
-                ),
-                limited=Counter(
-                    "queue_fair_limited_total",
-                    "Jobs held at enqueue by a tenant limit (max_active, rate, paused), "
-                    "and enqueues refused by max_waiting.",
-                    ["job_type", "reason"],
-                    registry=registry,
-                ),
+                **{family.field: family.create(registry) for family in FAMILIES}
             )
             for level, weight in DEFAULT_FAIR_WEIGHTS.items():
                 metrics.level_weight.labels(PriorityLevel(level).value).set(weight)
             _by_registry[registry] = metrics
-    for job_type in job_types:
-        for level in LEVELS_BY_RANK:
-            metrics.priority_assigned.labels(job_type, level.value)
-        for decision in DECISIONS:
-            metrics.decisions.labels(job_type, decision)
-        metrics.aged_boosts.labels(job_type)
-        metrics.overdue_waiting.labels(job_type)
-        metrics.outbox_pending.labels(job_type)
-        for level in LEVELS_BY_RANK:
-            metrics.worker_seconds.labels(job_type, level.value)
-            metrics.retries.labels(job_type, level.value)
-        metrics.pass_duration.labels(job_type)
-        metrics.pass_errors.labels(job_type)
-        metrics.held_jobs.labels(job_type)
-        for reason in LIMIT_REASONS:
-            metrics.limited.labels(job_type, reason)
-    for queue in queues:
-        for label in ENQUEUE_PRIORITY_LABELS:
-            metrics.jobs_enqueued.labels(queue, label)
-        for level in LEVELS_BY_RANK:
-            metrics.wait_seconds.labels(queue, level.value)
-            metrics.jobs_started.labels(queue, level.value)
-            metrics.level_overdue_waiting.labels(queue, level.value)
+    owners = {"job_type": tuple(job_types), "queue": tuple(queues)}
+    for family in FAMILIES:
+        if family.zero_for is not None:
+            family.create_zero_series(getattr(metrics, family.field), owners[family.zero_for])
     return metrics
 
 

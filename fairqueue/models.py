@@ -26,6 +26,7 @@ from fairqueue.scheduling.levels import (
     MAX_TENANT_ID_LENGTH,
     MAX_TENANT_WEIGHT,
     MIN_TENANT_WEIGHT,
+    validate_tenant_id,
 )
 from fairqueue.scheduling.limits import LIMIT_RANGES, TenantLimits
 
@@ -137,8 +138,6 @@ class TenantPlan(models.Model):
             raise ValidationError(errors)
 
     def clean(self) -> None:
-        from fairqueue.enqueue.priority import validate_tenant_id  # no import cycle
-
         try:
             validate_tenant_id(self.tenant_id, none_allowed=False)
         except InvalidTenantError as exc:

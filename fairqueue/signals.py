@@ -15,7 +15,7 @@ its held jobs are released under the new limits without waiting for its next enq
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from django.db import transaction
 from django.db.models.signals import post_delete, post_save
@@ -30,7 +30,9 @@ from fairqueue.models import (
 from fairqueue.tenants import sync_tenant_limits
 
 #: A save touching these may change a tenant's limits (the tier brings its defaults).
-LIMIT_FIELDS = frozenset({"max_active", "rate_max", "rate_duration_ms", "max_waiting", "plan_tier"})
+LIMIT_SYNC_FIELDS: Final = frozenset(
+    {"max_active", "rate_max", "rate_duration_ms", "max_waiting", "plan_tier"}
+)
 
 
 def _forget_now_and_on_commit(forget: Callable[[], None], using: str | None) -> None:
@@ -46,7 +48,7 @@ def _tenant_plan_changed(
     tenant_id = instance.tenant_id
     _forget_now_and_on_commit(lambda: forget_tenant_plan(tenant_id), using)
     update_fields = kwargs.get("update_fields")
-    if update_fields is None or set(update_fields) & LIMIT_FIELDS:
+    if update_fields is None or set(update_fields) & LIMIT_SYNC_FIELDS:
         transaction.on_commit(lambda: sync_tenant_limits(tenant_id), using=using)
 
 

@@ -15,8 +15,8 @@ from django.db import transaction
 
 from fairqueue.broker import get_sync_broker
 from fairqueue.conf import get_settings
-from fairqueue.enqueue.priority import validate_tenant_id
 from fairqueue.exceptions import BrokerError
+from fairqueue.scheduling.levels import validate_tenant_id
 from fairqueue.scheduling.limits import NO_LIMITS
 
 logger = logging.getLogger("fairqueue.tenants")

@@ -1014,7 +1014,7 @@ def entitled_shares(
 
     Returns fractions of the total served (empty when nothing was served).
     """
-    from fairqueue.dashboard.history import max_min
+    from fairqueue.scheduling.shares import max_min
 
     total = sum(served.values())
     if total <= 0:

@@ -1,6 +1,6 @@
 """The history's page arithmetic (``fairqueue.scheduling.attempts``): what a page of
 starts and ends records, whatever the page boundaries; and how BullMQ's entries and job
-hashes are read (``fairqueue.broker.history_page``)."""
+hashes are read (``fairqueue.broker.events``)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairqueue.broker.history_page import parse_event, parse_start
-from fairqueue.dashboard.history import wait_bin
+from fairqueue.broker.events import parse_event, parse_start
 from fairqueue.scheduling import attempts
 from fairqueue.scheduling.attempts import Event, PageRecord, Run, Start
+from fairqueue.scheduling.shares import wait_bin
 
 NOW_S = 1_800_000_000
 T0 = NOW_S * 1000 - 600_000

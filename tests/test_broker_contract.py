@@ -159,7 +159,7 @@ def test_the_data_json_the_api_stores_is_bullmqs_own_serialisation(payload):
     be, byte for byte, what BullMQ's ``addJobArgs`` makes of the same data."""
     from bullmq.job import Job as BullJob
 
-    from fairqueue.enqueue.api import _merged_payload
+    from fairqueue.enqueue.options import merged_payload as _merged_payload
     from fairqueue.enqueue.priority import resolve_priority
 
     resolved = resolve_priority(tenant_id="t-1", priority_level="high")

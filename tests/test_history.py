@@ -14,9 +14,11 @@ from bullmq import Worker
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairqueue.broker import get_sync_broker
-from fairqueue.dashboard import history
-from fairqueue.dashboard.history import (
+from fairqueue.broker import Fence, get_sync_broker
+from fairqueue.enqueue.api import enqueue_jobs
+from fairqueue.rebalance.passes import rebalance_queue
+from fairqueue.scheduling import shares as history
+from fairqueue.scheduling.shares import (
     BUCKET_S,
     WAIT_EDGES,
     Bucket,
@@ -28,8 +30,6 @@ from fairqueue.dashboard.history import (
     summarize,
     wait_bin,
 )
-from fairqueue.enqueue.api import enqueue_jobs
-from fairqueue.rebalance.passes import rebalance_queue
 from tests.conftest import REDIS_URL
 from tests.test_node_worker import node_worker, run_node_worker  # noqa: F401 - a fixture
 
@@ -449,9 +449,7 @@ def test_live__only_the_lock_holder_records(fq_prefix, redis_client):
         broker.run(
             broker.broker.history.record_history_page,
             "email",
-            lock_key=f"{fq_prefix}:email:fq:leader",
-            token="me",
-            lock_ttl_ms=1_000,
+            fence=Fence(f"{fq_prefix}:email:fq:leader", "me", 1_000),
             max_wait_ms=1_000,
         )
     assert rebalance_queue("email", rebalancer="me").recorded == 0

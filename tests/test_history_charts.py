@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fairqueue.dashboard.charts import BAR_W, CHART_W, LABEL_W, format_ms, history_view
-from fairqueue.dashboard.history import BUCKET_S, Bucket, summarize, wait_bin
+from fairqueue.scheduling.shares import BUCKET_S, Bucket, summarize, wait_bin
 
 NOW_MS = 1_000_000_000_000
 LAST = NOW_MS // 1000 // BUCKET_S * BUCKET_S

@@ -88,7 +88,7 @@ def active_ids(redis_client, prefix) -> list[str]:
 def start_loop():
     import threading
 
-    from fairqueue.rebalance.loop import Rebalancer
+    from fairqueue.rebalance.rebalancer import Rebalancer
 
     rebalancer = Rebalancer(["email"], interval_ms=1000, install_signal_handlers=False)
     thread = threading.Thread(target=rebalancer.run, daemon=True)

@@ -103,7 +103,7 @@ def run_stock_worker(prefix, expect, *, concurrency=8, job_s=0.03, sample_ids=()
 def loop_running(limited):
     import threading
 
-    from fairqueue.rebalance.loop import Rebalancer
+    from fairqueue.rebalance.rebalancer import Rebalancer
 
     rebalancer = Rebalancer(["email"], interval_ms=1000, install_signal_handlers=False)
     thread = threading.Thread(target=rebalancer.run, daemon=True)
@@ -532,7 +532,7 @@ def test_pause__holds_the_tenants_jobs_added_before_it_had_limits(
     """A tenant without limits has untracked jobs waiting; the pause finds them (a paged
     scan by tenantId, ties of score included) and holds them, in their order, before its
     later ones; nobody else's job moves."""
-    from fairqueue.broker import limits as broker_limits
+    from fairqueue.broker import limit_store as broker_limits
 
     early = [j.job_id for j in enqueue_jobs("email", [{} for _ in range(7)], tenant_id="zed")]
     others = [j.job_id for j in enqueue_jobs("email", [{} for _ in range(5)], tenant_id="zedd")]

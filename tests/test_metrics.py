@@ -182,7 +182,7 @@ def test_pass__duration_last_success_and_overdue_per_level(fq_prefix, redis_clie
 
 @pytest.mark.django_db
 def test_loop__leader_gauge_follows_the_lock_and_failed_passes_count(fq_prefix, redis_client):
-    from fairqueue.rebalance.loop import Rebalancer
+    from fairqueue.rebalance.rebalancer import Rebalancer
 
     ours = Rebalancer(["cleanup"], interval_ms=1000, install_signal_handlers=False)
     theirs = Rebalancer(["cleanup"], interval_ms=1000, install_signal_handlers=False)
@@ -214,7 +214,7 @@ def test_exposition__promtool_check_metrics_is_clean(fq_prefix):
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.skip("promtool not installed (apt-get install prometheus)")
-    from fairqueue.rebalance.loop import Rebalancer
+    from fairqueue.rebalance.rebalancer import Rebalancer
 
     rebalancer = Rebalancer(["email"], interval_ms=1000, install_signal_handlers=False)
     rebalancer.run_once()

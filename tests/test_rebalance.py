@@ -9,7 +9,7 @@ import pytest
 from bullmq import Queue
 from django.core.management import call_command
 
-from fairqueue.broker import MAX_PRIORITY, TAG_FLOOR, NewJob, get_sync_broker
+from fairqueue.broker import MAX_PRIORITY, TAG_FLOOR, Fence, NewJob, get_sync_broker
 from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
 from fairqueue.rebalance.passes import rebalance_queue
 from fairqueue.scheduling.levels import PriorityLevel
@@ -213,17 +213,22 @@ def test_rebase__a_page_at_a_time_the_order_never_changes(fq_prefix, redis_clien
     ]
     broker.add_jobs("email", queue_jobs(30, "a", "low") + queue_jobs(30, "b", "critical"))
     drain_with_stock_worker(fq_prefix, "email", 10)  # the virtual time moves on
-    fence = {"lock_key": f"{fq_prefix}:email:fq:leader", "token": "t", "lock_ttl_ms": 5_000}
+    fence = Fence(f"{fq_prefix}:email:fq:leader", "t", 5_000)
     order = [job_id for job_id, _ in prioritized(redis_client, fq_prefix)]
     moved, done = broker.run(
-        broker.broker.passes.rebase_page, "email", **fence, page_size=7, threshold=1, margin=0
+        broker.broker.passes.rebase_page, "email", fence=fence, page_size=7, threshold=1, margin=0
     )
     assert (moved, done) == (7, False)
     # New jobs during a rebase land in shifted terms where they belong.
     added = broker.add_jobs("email", queue_jobs(3, "c", "normal"))
     while not done:
         _, done = broker.run(
-            broker.broker.passes.rebase_page, "email", **fence, page_size=7, threshold=1, margin=0
+            broker.broker.passes.rebase_page,
+            "email",
+            fence=fence,
+            page_size=7,
+            threshold=1,
+            margin=0,
         )
     after = [job_id for job_id, _ in prioritized(redis_client, fq_prefix)]
     assert [job_id for job_id in after if job_id in order] == order
@@ -247,9 +252,7 @@ def test_lock__a_lone_rebalancer_keeps_its_lock_through_a_pass_longer_than_its_t
         broker.run(
             broker.broker.passes.walk_index_page,
             "email",
-            lock_key=lock_key,
-            token="me",
-            lock_ttl_ms=1_000,
+            fence=Fence(lock_key, "me", 1_000),
             max_wait_ms=None,
         )
     assert redis_client.get(lock_key) == "me"
@@ -375,9 +378,7 @@ def test_the_walk_drops_exactly_the_ids_that_left_whatever_its_pages(
         walk = sync.run(
             sync.broker.passes.walk_index_page,
             "email",
-            lock_key=f"{fq_prefix}:email:fq:leader",
-            token="t",
-            lock_ttl_ms=60_000,
+            fence=Fence(f"{fq_prefix}:email:fq:leader", "t", 60_000),
             max_wait_ms=None,
             page_size=page_size,
             cursor=cursor,

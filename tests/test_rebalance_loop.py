@@ -19,8 +19,8 @@ from fairqueue import conf
 from fairqueue.broker import close_brokers
 from fairqueue.contrib.celery import rebalance_fair
 from fairqueue.enqueue.api import enqueue_jobs
-from fairqueue.rebalance.loop import Rebalancer
 from fairqueue.rebalance.passes import rebalance_queue
+from fairqueue.rebalance.rebalancer import Rebalancer
 from tests.conftest import REDIS_URL
 from tests.helpers import free_port, wait_until
 
@@ -350,7 +350,7 @@ def test_default_verbosity__a_start_line_and_a_compact_line_per_pass(fq_prefix, 
 def test_quiet_passes__one_line_per_summary_period(fq_prefix, caplog, monkeypatch):
     import logging
 
-    from fairqueue.rebalance import loop
+    from fairqueue.rebalance import rebalancer as loop
 
     monkeypatch.setattr(loop, "QUIET_SUMMARY_S", 0.5)
     caplog.set_level(logging.INFO, logger="fairqueue.rebalance")
@@ -379,7 +379,7 @@ def test_quiet_passes__one_line_per_summary_period(fq_prefix, caplog, monkeypatc
 def test_a_failing_outbox_relay_is_logged_once_and_the_loop_goes_on(fq_prefix, monkeypatch, caplog):
     from django.db import OperationalError
 
-    from fairqueue.rebalance import loop
+    from fairqueue.rebalance import rebalancer as loop
 
     def broken(**kwargs):
         raise OperationalError("no such table: fairqueue_outboxjob")

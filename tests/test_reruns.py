@@ -288,7 +288,7 @@ def test_a_stalled_job_is_recovered_in_its_flows_turn_exactly_once(fq_prefix, re
 def test_the_loop_places_a_retry_within_a_tick(fq_prefix, redis_client):
     """Between two passes (a long interval here) the loop's tick adopts a job that runs
     again, so it waits for its fair place a tick (HISTORY_EVERY_MS), not an interval."""
-    from fairqueue.rebalance.loop import HISTORY_EVERY_MS, Rebalancer
+    from fairqueue.rebalance.rebalancer import HISTORY_EVERY_MS, Rebalancer
 
     _enqueue_two_tenants(5, attempts=2)
     first = redis_client.zrange(f"{fq_prefix}:email:prioritized", 0, 0)[0]

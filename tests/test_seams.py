@@ -225,7 +225,7 @@ def test_out_of_memory__one_add_per_run_one_log_line_and_the_redis_error(
     assert OutboxJob.objects.filter(last_error="OutOfMemoryError").count() == 250
 
     # The standalone relay: one warning for the whole refusal, backoff between runs.
-    from fairqueue.enqueue.relay_loop import Relay
+    from fairqueue.enqueue.relay import Relay
 
     relay = Relay(["email"], interval_ms=100, install_signal_handlers=False)
     caplog.clear()
@@ -253,7 +253,7 @@ def test_out_of_memory__the_rebalance_loop_relays_once_per_round_and_logs_once(
     use_redis(settings, private_redis.url)
     out_of_memory(private_redis.port)
     from fairqueue.broker.brokers import SyncBroker
-    from fairqueue.rebalance.loop import Rebalancer
+    from fairqueue.rebalance.rebalancer import Rebalancer
 
     calls = []
     real_add_jobs = SyncBroker.add_jobs

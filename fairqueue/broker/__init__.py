@@ -45,11 +45,12 @@ The package, one module per concern (import from here, not from them):
 * ``brokers``: :class:`Broker`, :class:`SyncBroker` and the per-process brokers
   (``get_broker``, ``get_sync_broker``, ``close_brokers``);
 * ``adding``: ``NewJob``, ``AddedJob`` and enqueueing;
-* ``passes``: what the rebalance pass reads and writes (fenced by its lock);
-* ``lock``: the rebalance pass's leader lock;
-* ``dashboard``: the admin dashboard's reads;
-* ``history``: the history the pass records from BullMQ's events stream, and its reads;
-* ``limits``: per-tenant limits: releasing held jobs (one atomic script), pausing, and
+* ``pass_store``: what the rebalance pass reads and writes (fenced by its lock);
+* ``lock_store``: the rebalance pass's leader lock;
+* ``dashboard_reads``: the admin dashboard's reads;
+* ``history_store``: the history the pass records from BullMQ's events stream, and its
+  reads; ``events`` reads a page of that stream and commits what it says;
+* ``limit_store``: per-tenant limits: releasing held jobs (one atomic script), pausing, and
   what the dashboard reads of them;
 * ``workers``: building a BullMQ worker, and the idle check of a burst worker;
 * ``results``: one job read back by id (state, return value, errors) for the Django
@@ -60,6 +61,7 @@ from fairqueue.broker.adding import ADD_BATCH_SIZE, AddBatch, AddedJob, NewJob
 from fairqueue.broker.brokers import Broker, SyncBroker, close_brokers, get_broker, get_sync_broker
 from fairqueue.broker.common import (
     BACK_OF_LINE,
+    MAX_JOB_ID_LENGTH,
     MAX_PRIORITY,
     REBASE_THRESHOLD,
     RESERVED_JOB_IDS,
@@ -71,19 +73,21 @@ from fairqueue.broker.common import (
     refuses_every_write,
 )
 from fairqueue.broker.connection import Connection
-from fairqueue.broker.dashboard import BacklogScan, JobDetail, LevelScan, MemoryState
-from fairqueue.broker.history import HistoryRead, RecordedPage
-from fairqueue.broker.limits import Released, TenantState
-from fairqueue.broker.passes import (
+from fairqueue.broker.dashboard_reads import BacklogScan, JobDetail, LevelScan, MemoryState
+from fairqueue.broker.history_store import HistoryRead, RecordedPage
+from fairqueue.broker.limit_store import Released, TenantState
+from fairqueue.broker.lock_store import Fence
+from fairqueue.broker.pass_store import (
     AdoptedPage,
     IndexWalk,
-    LockLostError,
     WaitingJob,
     WaitingSnapshot,
+    pending_from_job,
 )
 from fairqueue.broker.results import JOB_STATES, StoredJob
 from fairqueue.broker.scripts import Script, add_jobs_script, adopt_page_script, plain_script
 from fairqueue.broker.workers import ActiveJob
+from fairqueue.exceptions import LockLostError
 
 __all__ = [
     "Released",
@@ -91,6 +95,7 @@ __all__ = [
     "ADD_BATCH_SIZE",
     "BACK_OF_LINE",
     "JOB_STATES",
+    "MAX_JOB_ID_LENGTH",
     "MAX_PRIORITY",
     "REBASE_THRESHOLD",
     "RESERVED_JOB_IDS",
@@ -103,6 +108,7 @@ __all__ = [
     "BacklogScan",
     "Broker",
     "Connection",
+    "Fence",
     "HistoryRead",
     "IndexWalk",
     "JobDetail",
@@ -123,6 +129,7 @@ __all__ = [
     "get_broker",
     "get_sync_broker",
     "parse_job_data",
+    "pending_from_job",
     "permission_error",
     "plain_script",
     "refuses_every_write",

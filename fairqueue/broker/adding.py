@@ -16,7 +16,7 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from fairqueue.broker.common import BACK_OF_LINE, fair_key, fair_keys
 from fairqueue.broker.connection import BrokerPart, Connection
-from fairqueue.broker.limits import limits_key, parse_released, release_args, release_keys
+from fairqueue.broker.limit_store import limits_key, parse_released, release_args, release_keys
 from fairqueue.broker.scripts import add_delayed_script, add_jobs_script, release_held_script
 from fairqueue.exceptions import TenantBacklogFullError
 from fairqueue.scheduling.levels import DEFAULT_TENANT, PriorityLevel

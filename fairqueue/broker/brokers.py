@@ -14,11 +14,11 @@ from fairqueue.broker.adding import AddBatch, AddedJob, Adder, NewJob, run_adds_
 from fairqueue.broker.clients import SyncClient, client_name, drop_if_stale, sync_client
 from fairqueue.broker.common import REDIS_ERRORS, T, broker_error
 from fairqueue.broker.connection import Connection, loop_thread
-from fairqueue.broker.dashboard import DashboardReads
-from fairqueue.broker.history import HistoryStore
-from fairqueue.broker.limits import LimitStore
-from fairqueue.broker.lock import LockStore
-from fairqueue.broker.passes import PassStore
+from fairqueue.broker.dashboard_reads import DashboardReads
+from fairqueue.broker.history_store import HistoryStore
+from fairqueue.broker.limit_store import LimitStore
+from fairqueue.broker.lock_store import LockStore
+from fairqueue.broker.pass_store import PassStore
 from fairqueue.broker.results import ResultReads
 from fairqueue.broker.workers import WorkerSupport
 from fairqueue.conf import get_settings

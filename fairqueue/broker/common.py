@@ -46,8 +46,12 @@ REBASE_THRESHOLD: Final = 1 << 40
 #: below it, at the score they had).
 REBASE_MARGIN: Final = 64
 
-_SCORE_BASE: Final = 1 << 32
-_JOB_FIELDS: Final = ("name", "data", "timestamp", "priority", "atm", "opts")
+#: A prioritized job's score is ``priority * SCORE_BASE + counter`` (BullMQ's layout).
+SCORE_BASE: Final = 1 << 32
+#: The fields of a job's hash that the pass and the dashboard read of every job.
+JOB_FIELDS: Final = ("name", "data", "timestamp", "priority", "atm", "opts")
+#: The longest job id an enqueue or a dashboard lookup accepts.
+MAX_JOB_ID_LENGTH: Final = 255
 
 
 def _unavailable(exc: BaseException) -> BrokerUnavailableError:
@@ -196,7 +200,8 @@ def _replace_lone_surrogates(value: Any) -> Any:
     return value
 
 
-def _int_or(value: Any, default: int | None) -> int | None:
+def int_or(value: Any, default: int | None) -> int | None:
+    """``value`` as an ``int`` (a Redis reply, a BullMQ attribute), or ``default``."""
     try:
         return int(value)
     except (TypeError, ValueError):

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fairqueue.broker.common import _int_or
+from fairqueue.broker.common import int_or
 from fairqueue.broker.connection import BrokerPart
 
 #: BullMQ's job states (``Queue.getJobState``); ``waiting`` covers the ``wait`` list.
@@ -90,14 +90,14 @@ class ResultReads(BrokerPart):
             name=fields.get("name") or "",
             state=str(state),
             data=_json_or(fields.get("data"), None),
-            timestamp_ms=_int_or(fields.get("timestamp"), None),
-            processed_on_ms=_int_or(fields.get("processedOn"), None),
-            finished_on_ms=_int_or(fields.get("finishedOn"), None),
+            timestamp_ms=int_or(fields.get("timestamp"), None),
+            processed_on_ms=int_or(fields.get("processedOn"), None),
+            finished_on_ms=int_or(fields.get("finishedOn"), None),
             return_value=_json_or(fields.get("returnvalue"), None),
             failed_reason=fields.get("failedReason") or None,
             stacktrace=tuple(str(t) for t in stacktrace) if isinstance(stacktrace, list) else (),
-            attempts_made=_int_or(fields.get("atm") or fields.get("attemptsMade"), 0) or 0,
-            attempts_started=_int_or(fields.get("ats"), 0) or 0,
+            attempts_made=int_or(fields.get("atm") or fields.get("attemptsMade"), 0) or 0,
+            attempts_started=int_or(fields.get("ats"), 0) or 0,
             processed_by=fields.get("pb") or None,
         )
 

@@ -29,7 +29,6 @@ from fairqueue.broker.common import (
     TAG_FLOOR,
     TAG_RESOLUTION,
 )
-from fairqueue.dashboard.history import WAIT_EDGES
 from fairqueue.scheduling.limits import CATCHUP_AHEAD, TAKEABLE_CAP
 from fairqueue.scheduling.order import (
     COST_DEAD_BAND,
@@ -38,6 +37,7 @@ from fairqueue.scheduling.order import (
     MIN_COST_TURNS,
     TAG_SCALE,
 )
+from fairqueue.scheduling.shares import WAIT_EDGES
 
 #: Flows of a level that one placement may retire (bounded work per call; the rest go
 #: on later calls, meanwhile counted as if they still had work).

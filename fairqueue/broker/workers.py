@@ -10,7 +10,7 @@ from typing import Any
 from bullmq import Job as BullJob
 from bullmq import Worker as BullWorker
 
-from fairqueue.broker.common import _int_or
+from fairqueue.broker.common import int_or
 from fairqueue.broker.connection import BrokerPart
 
 
@@ -86,9 +86,9 @@ class WorkerSupport(BrokerPart):
                     job_id=str(job.id),
                     name=job.name or "",
                     data=job.data,
-                    attempts_made=_int_or(job.attemptsMade, 0) or 0,
-                    timestamp_ms=_int_or(job.timestamp, None),
-                    processed_on_ms=_int_or(getattr(job, "processedOn", None), None),
+                    attempts_made=int_or(job.attemptsMade, 0) or 0,
+                    timestamp_ms=int_or(job.timestamp, None),
+                    processed_on_ms=int_or(getattr(job, "processedOn", None), None),
                 )
             )
 

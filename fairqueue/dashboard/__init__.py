@@ -1,2 +1,2 @@
-"""The admin dashboard: what it reads (``stats``), the history it charts (``history``,
-``charts``) and its views (``views``)."""
+"""The admin dashboard: what it reads (``stats``), the history charts (``charts``, over
+:mod:`fairqueue.scheduling.shares`) and its views (``views``)."""

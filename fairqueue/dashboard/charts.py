@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any, Final
 
-from fairqueue.dashboard.history import BUCKET_S, LEVEL_NAMES
+from fairqueue.scheduling.shares import BUCKET_S, LEVEL_NAMES
 
 CHART_W: Final = 360
 ROW_H: Final = 24

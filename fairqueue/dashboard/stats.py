@@ -50,19 +50,20 @@ from fairqueue.broker import (
     TenantState,
     WaitingJob,
     get_sync_broker,
+    pending_from_job,
 )
 from fairqueue.conf import get_settings
 from fairqueue.dashboard.charts import history_view
-from fairqueue.dashboard.history import (
+from fairqueue.enqueue.outbox import outbox_stats
+from fairqueue.rebalance.passes import LAST_RUN_RECORD, PASS_COUNTS
+from fairqueue.scheduling.levels import DEFAULT_FAIR_WEIGHTS, LEVELS_BY_RANK
+from fairqueue.scheduling.order import AGED, WEIGHTED_FAIR
+from fairqueue.scheduling.shares import (
     DEFAULT_WINDOW_MIN,
     clamp_window_min,
     parse_bucket,
     summarize,
 )
-from fairqueue.enqueue.outbox import outbox_stats
-from fairqueue.rebalance.passes import LAST_RUN_RECORD, PASS_COUNTS, pending_from_job
-from fairqueue.scheduling.levels import DEFAULT_FAIR_WEIGHTS, LEVELS_BY_RANK
-from fairqueue.scheduling.order import AGED, WEIGHTED_FAIR
 
 #: Backlogs up to this many waiting jobs are scanned on every request (about 60 ms).
 SYNC_SCAN_LIMIT: Final = 10_000

@@ -41,12 +41,12 @@ from django.http import (
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
-from fairqueue.broker import get_sync_broker
+from fairqueue.broker import MAX_JOB_ID_LENGTH, get_sync_broker, pending_from_job
 from fairqueue.conf import get_settings
-from fairqueue.dashboard.history import clamp_window_min
 from fairqueue.dashboard.stats import clamp_page, format_duration, format_time, queue_stats
 from fairqueue.exceptions import BrokerError, BrokerUnavailableError
-from fairqueue.rebalance.passes import LAST_RUN_RECORD, pending_from_job, rebalance_queue
+from fairqueue.rebalance.passes import LAST_RUN_RECORD, rebalance_queue
+from fairqueue.scheduling.shares import clamp_window_min
 
 logger = logging.getLogger("fairqueue.views")
 
@@ -57,7 +57,6 @@ PERM_PAYLOAD: Final = "fairqueue.view_job_payload"
 REFRESH_MS: Final = 5_000
 MIN_REFRESH_MS: Final = 1_000
 MAX_REFRESH_MS: Final = 60_000
-MAX_JOB_ID_LENGTH: Final = 255
 #: The history windows the page links to, in minutes (``?history_minutes=`` takes any
 #: 1..60).
 HISTORY_CHOICES: Final = (5, 15, 60)

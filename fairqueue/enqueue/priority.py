@@ -37,33 +37,54 @@ from typing import Final
 from fairqueue.conf import get_settings
 from fairqueue.exceptions import (
     ConflictingPriorityError,
-    InvalidTenantError,
-    InvalidTenantWeightError,
 )
 from fairqueue.plans import priority_from_plan
 from fairqueue.scheduling.levels import (
     DEFAULT_TENANT,
     DEFAULT_TENANT_WEIGHT,
-    MAX_TENANT_ID_LENGTH,
     MAX_TENANT_WEIGHT,
     MIN_TENANT_WEIGHT,
     NUMERIC_PRIORITY_BY_LEVEL,
     PriorityLevel,
-    is_strict_utf8,
     normalize_priority,
     parse_level,
+    validate_tenant_id,
+    validate_tenant_weight,
 )
 from fairqueue.scheduling.limits import NO_LIMITS, TenantLimits
+
+__all__ = [
+    "ABSENT",
+    "MAX_TENANT_WEIGHT",
+    "MIN_TENANT_WEIGHT",
+    "Absent",
+    "PriorityRule",
+    "ResolvedPriority",
+    "TenantPlanLookup",
+    "TenantWeightLookup",
+    "get_tenant_plan_lookup",
+    "get_tenant_weight_lookup",
+    "priority_from_override",
+    "resolve_priority",
+    "resolve_tenant_limits",
+    "tenant_limits",
+    "unwire_tenant_plan_lookup",
+    "unwire_tenant_weight_lookup",
+    "validate_tenant_id",
+    "validate_tenant_weight",
+    "wire_tenant_plan_lookup",
+    "wire_tenant_weight_lookup",
+]
 
 logger = logging.getLogger("fairqueue.priority")
 
 
-class _Absent:
+class Absent:
     """Marks "argument not given", which differs from ``tenant_id=None`` (internal job)."""
 
-    _instance: _Absent | None = None
+    _instance: Absent | None = None
 
-    def __new__(cls) -> _Absent:
+    def __new__(cls) -> Absent:
         if cls._instance is None:
             cls._instance = super().__new__(cls)
         return cls._instance
@@ -75,7 +96,7 @@ class _Absent:
         return False
 
 
-ABSENT: Final = _Absent()
+ABSENT: Final = Absent()
 
 
 class PriorityRule(StrEnum):
@@ -125,58 +146,6 @@ _limits_lookup: Callable[[str, str | None], TenantLimits] | None = None
 def priority_from_override(override: object) -> PriorityLevel:
     """Map ``priority_override`` ('critical' | 'high' | 'normal' | 'low') to a level."""
     return parse_level(override, argument="priority_override")
-
-
-def validate_tenant_id(tenant_id: object, *, none_allowed: bool = True) -> str:
-    """A tenant id is an opaque, non-empty string of at most 255 characters of valid
-    UTF-8 text without NUL or a line feed: it is stored in Redis, in PostgreSQL (which
-    refuses NUL) and shown on the dashboard, so a lone surrogate or a NUL would fail
-    later, far from the caller; and fairqueue's Redis scripts join tenant ids (and a
-    flow's level and tenant) with line feeds, so an id holding one could not be told
-    apart. Messages never echo a string tenant id (only its length).
-
-    ``none_allowed``: whether the caller takes ``None`` (an enqueue: an internal job), so
-    the message says what the caller accepts."""
-    expected = "None or a non-empty string" if none_allowed else "a non-empty string"
-    if not isinstance(tenant_id, str) or not tenant_id or len(tenant_id) > MAX_TENANT_ID_LENGTH:
-        shown = tenant_id if not isinstance(tenant_id, str) else f"<{len(tenant_id)} characters>"
-        raise InvalidTenantError(
-            f"tenant_id={shown!r} is not allowed: expected {expected} of at "
-            f"most {MAX_TENANT_ID_LENGTH} characters"
-        )
-    if "\x00" in tenant_id or not is_strict_utf8(tenant_id):
-        raise InvalidTenantError(
-            f"tenant_id=<{len(tenant_id)} characters> is not allowed: expected valid UTF-8 "
-            "text without NUL (it holds a lone surrogate or a NUL character)"
-        )
-    if "\n" in tenant_id:
-        raise InvalidTenantError(
-            f"tenant_id=<{len(tenant_id)} characters> is not allowed: a tenant id may not "
-            "contain a line feed (\\n), which fairqueue's Redis scripts use as a separator"
-        )
-    return tenant_id
-
-
-def validate_tenant_weight(weight: object, *, argument: str = "tenant_weight") -> int:
-    """A tenant weight is an integer in ``MIN_TENANT_WEIGHT..MAX_TENANT_WEIGHT``.
-
-    Booleans are refused although they are ``int``s: ``tenant_weight=True`` is a bug,
-    not a weight of 1.
-
-    Raises:
-        InvalidTenantWeightError: (a ``ValueError``) naming ``argument``, the value and
-            the allowed range.
-    """
-    if (
-        isinstance(weight, int)
-        and not isinstance(weight, bool)
-        and MIN_TENANT_WEIGHT <= weight <= MAX_TENANT_WEIGHT
-    ):
-        return weight
-    raise InvalidTenantWeightError(
-        f"{argument}={weight!r} is not allowed: expected an integer in "
-        f"{MIN_TENANT_WEIGHT}..{MAX_TENANT_WEIGHT}"
-    )
 
 
 def wire_tenant_plan_lookup(lookup: TenantPlanLookup | None = None) -> None:
@@ -268,7 +237,7 @@ def get_tenant_weight_lookup() -> TenantWeightLookup | None:
 
 def resolve_priority(
     *,
-    tenant_id: str | None | _Absent = ABSENT,
+    tenant_id: str | None | Absent = ABSENT,
     priority: int | None = None,
     priority_level: str | PriorityLevel | None = None,
     priority_override: str | PriorityLevel | None = None,
@@ -330,7 +299,7 @@ def _looked_up_weight(tenant_id: str) -> int:
 
 def _resolve_level(
     *,
-    tenant_id: str | None | _Absent,
+    tenant_id: str | None | Absent,
     priority: int | None,
     priority_level: str | PriorityLevel | None,
     priority_override: str | PriorityLevel | None,

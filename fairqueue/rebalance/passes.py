@@ -20,7 +20,7 @@ so the pass is not a second scheduler and never reorders tagged jobs. Each pass:
 4. **Records history** for the dashboard: the jobs workers started since the last pass,
    read from BullMQ's own events stream (stock workers record nothing of fairqueue's),
    per level and tenant, with their waits, in buckets that expire after an hour
-   (:mod:`fairqueue.broker.history_page`: the loop reads a page of the stream and works
+   (:mod:`fairqueue.broker.events`: the loop reads a page of the stream and works
    it out, ``broker/lua/history_commit.lua`` writes it once). A page of the stream per
    call, ``HISTORY_PAGES`` calls at most.
 
@@ -44,24 +44,18 @@ from typing import Final, TypeVar
 from fairqueue.broker import (
     AdoptedPage,
     Broker,
+    Fence,
     IndexWalk,
     LockLostError,
     RecordedPage,
-    WaitingJob,
     get_broker,
     get_sync_broker,
 )
 from fairqueue.conf import get_settings
 from fairqueue.metrics import get_metrics
 from fairqueue.scheduling.levels import (
-    DEFAULT_TENANT,
     LEVELS_BY_RANK,
-    PAYLOAD_LEVEL_KEY,
-    PAYLOAD_TENANT_KEY,
-    PriorityLevel,
-    normalize_priority,
 )
-from fairqueue.scheduling.order import PendingJob
 
 logger = logging.getLogger("fairqueue.rebalance")
 
@@ -180,34 +174,6 @@ def lock_ttl_ms(interval_ms: int) -> int:
     return max(2 * interval_ms, 1_000)
 
 
-def pending_from_job(job: WaitingJob) -> PendingJob | None:
-    """The policy's view of a job read from BullMQ (the dashboard's reads); ``None`` if
-    its data cannot say.
-
-    fairqueue's jobs carry ``tenantId`` and ``priorityLevel`` in their data; jobs from
-    other producers fall back to the priority their producer asked for and the
-    ``default`` tenant (docs/design.md, "Levels and priorities").
-    """
-    if job.data is None or job.timestamp_ms is None:
-        return None
-    tenant = job.data.get(PAYLOAD_TENANT_KEY)
-    if tenant is None:
-        tenant = DEFAULT_TENANT
-    elif not isinstance(tenant, str) or not tenant:
-        return None
-    raw_level = job.data.get(PAYLOAD_LEVEL_KEY)
-    try:
-        if raw_level is not None:
-            level = PriorityLevel(raw_level)
-        else:
-            requested = job.requested_priority
-            level = normalize_priority(requested if requested is not None else job.priority)
-    except ValueError:
-        return None
-    ready = job.ready_ms if job.ready_ms is not None else job.timestamp_ms
-    return PendingJob(job.job_id, level, tenant, ready)
-
-
 class _Timed:
     """Counts a pass's script calls and keeps the slowest."""
 
@@ -250,63 +216,22 @@ async def arebalance_queue(
     queue = settings.queue_for(job_type)
     broker = broker or get_broker()
     result = PassResult(job_type=job_type, queue=queue, dry_run=dry_run)
-    token = rebalancer or f"pass:{rebalancer_id()}"
-    fence = {
-        "lock_key": broker.fair_key(queue, "leader"),
-        "token": token,
-        "lock_ttl_ms": lock_ttl_ms(interval_ms or settings.rebalance_interval_ms),
-    }
-    pages = walk_pages(interval_ms or settings.rebalance_interval_ms)
+    interval_ms = interval_ms or settings.rebalance_interval_ms
+    fence = Fence(
+        lock_key=broker.fair_key(queue, "leader"),
+        token=rebalancer or f"pass:{rebalancer_id()}",
+        ttl_ms=lock_ttl_ms(interval_ms),
+    )
+    pages = walk_pages(interval_ms)
     timed = _Timed(result)
     try:
         if not dry_run:
-            # A queue BullMQ obliterated leaves fairqueue's keys behind: forget them.
-            await broker.passes.forget_obliterated(queue, **fence, status_names=(LAST_RUN_RECORD,))
-            await _recover_stalled(timed, broker, queue, fence, result)
-            # Held jobs whose tenant has room (the loop does this every few ms between
-            # passes; a pass alone, as with Celery beat, releases here).
-            held = await timed(broker.limits.release(queue))
-            result.released, result.held = held.released, held.held
-        for _ in range(ADOPT_PAGES):
-            page = await _adopt(timed, broker, queue, fence, result, dry_run=dry_run)
-            if page.examined < ADOPT_PAGE_SIZE or page.parked or dry_run:
-                break
-        overdue = await _walk(
-            timed,
-            broker,
-            queue,
-            fence,
-            pages=pages,
-            max_wait_ms=settings.max_wait_ms,
-            dry_run=dry_run,
-        )
-        result.overdue_by_level = {
-            level.value: overdue.waiting[level.value]
-            for level in LEVELS_BY_RANK
-            if overdue.waiting.get(level.value)
-        }
-        result.overdue = sum(overdue.waiting.values()) + overdue.left
-        result.cleaned = overdue.removed
+            await _prepare_queue(timed, broker, queue, fence)
+        await _adopt_pages(timed, broker, queue, fence, dry_run=dry_run)
+        await _count_overdue(timed, broker, queue, fence, pages, settings.max_wait_ms, dry_run)
         if not dry_run:
-            sweep_key = (broker.prefix, queue)
-            sweep = await _walk(
-                timed,
-                broker,
-                queue,
-                fence,
-                pages=max(1, pages // SWEEP_SHARE),
-                cursor=_sweep_cursors.pop(sweep_key, None),
-            )
-            if sweep.cursor is not None:
-                _sweep_cursors[sweep_key] = sweep.cursor
-            result.cleaned += sweep.removed
-            for _ in range(REBASE_PAGES):
-                moved, done = await timed(
-                    broker.passes.rebase_page(queue, **fence, page_size=REBASE_PAGE_SIZE)
-                )
-                result.rebased += moved
-                if done:
-                    break
+            await _sweep(timed, broker, queue, fence, pages)
+            await _rebase(timed, broker, queue, fence)
             if record_history:
                 await _record(timed, broker, queue, fence, settings.max_wait_ms)
     except LockLostError:
@@ -314,7 +239,7 @@ async def arebalance_queue(
         logger.warning("%s: another rebalancer holds the lock; this pass stopped", job_type)
     finally:
         if rebalancer is None and not dry_run:
-            await broker.lock.release_lock(fence["lock_key"], token)
+            await broker.lock.release_lock(fence.lock_key, fence.token)
     result.duration_ms = (time.perf_counter() - started) * 1000
     if not dry_run and not result.lock_lost:
         _record_metrics(result)
@@ -325,7 +250,81 @@ async def arebalance_queue(
     return result
 
 
-async def _record(timed: _Timed, broker: Broker, queue: str, fence: dict, max_wait_ms: int) -> None:
+async def _prepare_queue(timed: _Timed, broker: Broker, queue: str, fence: Fence) -> None:
+    """What a pass does before it adopts: forget the keys of a queue BullMQ obliterated,
+    recover stalled jobs, and release held jobs whose tenant has room (the loop does this
+    every few ms between passes; a pass alone, as with Celery beat, releases here)."""
+    result = timed.result
+    await broker.passes.forget_obliterated(queue, fence=fence, status_names=(LAST_RUN_RECORD,))
+    await _recover_stalled(timed, broker, queue, fence, result)
+    held = await timed(broker.limits.release(queue))
+    result.released, result.held = held.released, held.held
+
+
+async def _adopt_pages(
+    timed: _Timed, broker: Broker, queue: str, fence: Fence, *, dry_run: bool
+) -> None:
+    """Adopt untagged jobs, ``ADOPT_PAGES`` pages at most, until a page comes back short
+    or parks jobs (the tag band is full until a rebase)."""
+    for _ in range(ADOPT_PAGES):
+        page = await _adopt(timed, broker, queue, fence, timed.result, dry_run=dry_run)
+        if page.examined < ADOPT_PAGE_SIZE or page.parked or dry_run:
+            break
+
+
+async def _count_overdue(
+    timed: _Timed,
+    broker: Broker,
+    queue: str,
+    fence: Fence,
+    pages: int,
+    max_wait_ms: int,
+    dry_run: bool,
+) -> None:
+    """Count the jobs past the wait bound, per level, from the oldest index entry."""
+    result = timed.result
+    overdue = await _walk(
+        timed, broker, queue, fence, pages=pages, max_wait_ms=max_wait_ms, dry_run=dry_run
+    )
+    result.overdue_by_level = {
+        level.value: overdue.waiting[level.value]
+        for level in LEVELS_BY_RANK
+        if overdue.waiting.get(level.value)
+    }
+    result.overdue = sum(overdue.waiting.values()) + overdue.left
+    result.cleaned = overdue.removed
+
+
+async def _sweep(timed: _Timed, broker: Broker, queue: str, fence: Fence, pages: int) -> None:
+    """One step of the sweep of younger index entries, from where the last one stopped."""
+    sweep_key = (broker.prefix, queue)
+    sweep = await _walk(
+        timed,
+        broker,
+        queue,
+        fence,
+        pages=max(1, pages // SWEEP_SHARE),
+        cursor=_sweep_cursors.pop(sweep_key, None),
+    )
+    if sweep.cursor is not None:
+        _sweep_cursors[sweep_key] = sweep.cursor
+    timed.result.cleaned += sweep.removed
+
+
+async def _rebase(timed: _Timed, broker: Broker, queue: str, fence: Fence) -> None:
+    """Move the tag band down, ``REBASE_PAGES`` pages at most, while a rebase is due."""
+    for _ in range(REBASE_PAGES):
+        moved, done = await timed(
+            broker.passes.rebase_page(queue, fence=fence, page_size=REBASE_PAGE_SIZE)
+        )
+        timed.result.rebased += moved
+        if done:
+            break
+
+
+async def _record(
+    timed: _Timed, broker: Broker, queue: str, fence: Fence, max_wait_ms: int
+) -> None:
     """Record the history: the events stream from its cursor, ``HISTORY_PAGES`` pages
     at most (the stream's cap is about that much)."""
     result = timed.result
@@ -333,7 +332,7 @@ async def _record(timed: _Timed, broker: Broker, queue: str, fence: dict, max_wa
         recorded = await timed(
             broker.history.record_history_page(
                 queue,
-                **fence,
+                fence=fence,
                 max_wait_ms=max_wait_ms,
                 page_size=HISTORY_PAGE_SIZE,
                 fairness_by=get_settings().fairness_by,
@@ -368,13 +367,13 @@ def _record_starts(queue: str, page: RecordedPage) -> None:
 
 
 async def _recover_stalled(
-    timed: _Timed, broker: Broker, queue: str, fence: dict, result: PassResult
+    timed: _Timed, broker: Broker, queue: str, fence: Fence, result: PassResult
 ) -> None:
     settings = get_settings()
     stalled = await timed(
         broker.passes.recover_stalled(
             queue,
-            **fence,
+            fence=fence,
             max_wait_ms=settings.max_wait_ms,
             max_payload_bytes=settings.max_payload_bytes,
             max_stalled_count=MAX_STALLED_COUNT,
@@ -387,13 +386,13 @@ async def _recover_stalled(
 
 
 async def _adopt(
-    timed: _Timed, broker: Broker, queue: str, fence: dict, result: PassResult, *, dry_run: bool
+    timed: _Timed, broker: Broker, queue: str, fence: Fence, result: PassResult, *, dry_run: bool
 ) -> AdoptedPage:
     settings = get_settings()
     page = await timed(
         broker.passes.adopt_page(
             queue,
-            **fence,
+            fence=fence,
             page_size=ADOPT_PAGE_SIZE,
             max_wait_ms=settings.max_wait_ms,
             max_payload_bytes=settings.max_payload_bytes,
@@ -430,11 +429,7 @@ async def arun_tick(
     queue = settings.queue_for(job_type)
     broker = broker or get_broker()
     result = PassResult(job_type=job_type, queue=queue)
-    fence = {
-        "lock_key": broker.fair_key(queue, "leader"),
-        "token": rebalancer,
-        "lock_ttl_ms": lock_ttl_ms(interval_ms),
-    }
+    fence = Fence(broker.fair_key(queue, "leader"), rebalancer, lock_ttl_ms(interval_ms))
     started = time.perf_counter()
     timed = _Timed(result)
     try:
@@ -467,7 +462,7 @@ async def _walk(
     timed: _Timed,
     broker: Broker,
     queue: str,
-    fence: dict,
+    fence: Fence,
     *,
     pages: int,
     max_wait_ms: int | None = None,
@@ -482,7 +477,7 @@ async def _walk(
             await timed(
                 broker.passes.walk_index_page(
                     queue,
-                    **fence,
+                    fence=fence,
                     max_wait_ms=max_wait_ms,
                     page_size=WALK_PAGE_SIZE,
                     cursor=walk.cursor if walk.pages else cursor,

@@ -1,6 +1,6 @@
 """What one page of a queue's history says about its attempts: plain data in, plain data out.
 
-The loop reads BullMQ's events stream a page at a time (``fairqueue.broker.history``);
+The loop reads BullMQ's events stream a page at a time (``fairqueue.broker.events``);
 this module turns the page's starts and ends into what is recorded: per history bucket
 the jobs started per level, the bucket each became ready in, their waits and those over
 the bound, the most served tenants, worker time and retries (the dashboard's history);
@@ -206,109 +206,147 @@ def record_page(
             never measured).
         wait_bin: the histogram bin of a wait in ms.
     """
-    out = PageRecord()
-    oldest = oldest_bucket(now_s, bucket_s, retention_s)
-    cache: dict[str, float | None] = dict(state)
-    typical: float | None = state.get("typ")
-    typical_dirty = False
-    pending: dict[str, Run] = {}
-    ended: dict[str, None] = {}
-    served: dict[str, list[int]] = {}
+    page = _PageWork(
+        runs=runs,
+        oldest=oldest_bucket(now_s, bucket_s, retention_s),
+        bucket_s=bucket_s,
+        bound_ms=bound_ms,
+        by_time=by_time,
+        wait_bin=wait_bin,
+        cache=dict(state),
+        typical=state.get("typ"),
+    )
+    for event in events:
+        if event.kind == "start":
+            page.started(event, starts.get(event.job_id))
+        else:
+            page.finished(event.job_id, event.at_ms, event.kind == "retry")
+    return page.result()
 
-    def add(bucket: int, name: str, n: int) -> None:
-        if bucket < oldest:
+
+@dataclass(slots=True)
+class _PageWork:
+    """:func:`record_page`'s work in progress, one event at a time."""
+
+    runs: Mapping[str, Run]
+    oldest: int
+    bucket_s: int
+    bound_ms: int
+    by_time: bool
+    wait_bin: Callable[[int], int]
+    #: fq:state as read, with what this page wrote so far
+    cache: dict[str, float | None]
+    typical: float | None
+    typical_dirty: bool = False
+    out: PageRecord = field(default_factory=PageRecord)
+    #: runs started on this page and not seen to end
+    pending: dict[str, Run] = field(default_factory=dict)
+    ended: dict[str, None] = field(default_factory=dict)
+    #: level -> [worker ms, retries]
+    served: dict[str, list[int]] = field(default_factory=dict)
+
+    def add(self, bucket: int, name: str, n: int) -> None:
+        if bucket < self.oldest:
             return
-        row = out.buckets.setdefault(bucket, {})
+        row = self.out.buckets.setdefault(bucket, {})
         row[name] = row.get(name, 0) + n
 
-    def set_state(name: str, value: float) -> None:
+    def set_state(self, name: str, value: float) -> None:
         text = _g6(value)
-        cache[name] = float(text)
-        out.state_writes[name] = text
+        self.cache[name] = float(text)
+        self.out.state_writes[name] = text
 
-    def run_of(job_id: str) -> Run | None:
-        run = pending.pop(job_id, None)
+    def run_of(self, job_id: str) -> Run | None:
+        """The run an attempt that ended belongs to, once (a second end is ignored)."""
+        run = self.pending.pop(job_id, None)
         if run is not None:
-            ended[job_id] = None
+            self.ended[job_id] = None
             return run
-        if job_id in ended:
+        if job_id in self.ended:
             return None
-        run = runs.get(job_id)
+        run = self.runs.get(job_id)
         if run is not None:
-            ended[job_id] = None
+            self.ended[job_id] = None
         return run
 
-    def finished(job_id: str, end_ms: int, retried: bool) -> None:
-        nonlocal typical, typical_dirty
-        run = run_of(job_id)
-        if run is None:
-            return
-        used = max(0, end_ms - run.start_ms)
-        add(bucket_of(end_ms, bucket_s), f"t:{run.level}", used)
-        row = served.setdefault(run.level, [0, 0])
-        row[0] += used
-        if retried:
-            add(bucket_of(end_ms, bucket_s), f"R:{run.level}", 1)
-            row[1] += 1
-        if not by_time:
-            return
-        member = f"{run.level}\n{run.tenant}"
-        bounded: float = used
-        if typical:
-            bounded = min(max(used, typical * MIN_COST_TURNS), typical * MAX_COST_TURNS)
-            debt = (cache.get(f"d:{member}") or 0) + bounded / typical - run.turns
-            if abs(debt) >= 1:
-                out.settlements.append(Settlement(member, run.level, debt))
-                debt = 0
-            set_state(f"d:{member}", debt)
-            typical = typical + TYPICAL_ALPHA * (bounded - typical)
-        else:
-            typical = max(bounded, 1)
-        typical_dirty = True
-        estimate = cache.get(f"c:{member}")
-        estimate = bounded if estimate is None else estimate + FLOW_ALPHA * (bounded - estimate)
-        set_state(f"c:{member}", estimate)
-
-    for event in events:
-        if event.kind != "start":
-            finished(event.job_id, event.at_ms, event.kind == "retry")
-            continue
-        start_b = bucket_of(event.at_ms, bucket_s)
-        start = starts.get(event.job_id)
+    def started(self, event: Event, start: Start | None) -> None:
+        """An attempt started: counted per level and tenant, its wait if it is the
+        job's first, and its run remembered with the turns its flow paid for it."""
+        out = self.out
+        start_b = bucket_of(event.at_ms, self.bucket_s)
         if start is None or start.level is None:
             out.unknown += 1
-            add(start_b, f"s:{UNKNOWN}", 1)
-            continue
+            self.add(start_b, f"s:{UNKNOWN}", 1)
+            return
         level = start.level
         out.recorded += 1
-        add(start_b, f"s:{level}", 1)
+        self.add(start_b, f"s:{level}", 1)
         out.started_by_level[level] = out.started_by_level.get(level, 0) + 1
         member = f"{level}\n{start.tenant}"
-        if start_b >= oldest:
+        if start_b >= self.oldest:
             counts = out.tenants.setdefault(start_b, {})
             counts[member] = counts.get(member, 0) + 1
         turns = 1.0
-        if by_time and typical:
-            turns = cost_turns(cache.get(f"c:{member}"), typical)
-        pending[event.job_id] = Run(level, start.tenant, event.at_ms, float(_g6(turns)))
+        if self.by_time and self.typical:
+            turns = cost_turns(self.cache.get(f"c:{member}"), self.typical)
+        self.pending[event.job_id] = Run(level, start.tenant, event.at_ms, float(_g6(turns)))
         if not start.first_attempt:
-            add(start_b, "r", 1)
-            add(start_b, f"a:{level}", 1)
-            continue
+            self.add(start_b, "r", 1)
+            self.add(start_b, f"a:{level}", 1)
+            return
         ready = min(start.ready_ms, event.at_ms)
         wait = event.at_ms - ready
         out.waits.append((level, wait))
-        add(max(bucket_of(ready, bucket_s), oldest), f"a:{level}", 1)
-        add(start_b, f"w:{level}:{wait_bin(wait)}", 1)
-        if wait > bound_ms:
-            add(start_b, f"o:{level}", 1)
+        self.add(max(bucket_of(ready, self.bucket_s), self.oldest), f"a:{level}", 1)
+        self.add(start_b, f"w:{level}:{self.wait_bin(wait)}", 1)
+        if wait > self.bound_ms:
+            self.add(start_b, f"o:{level}", 1)
 
-    out.ended_runs = list(ended)
-    out.started_runs = pending
-    if typical_dirty and typical is not None:
-        out.state_writes["typ"] = _g6(typical)
-    out.served = {level: (row[0], row[1]) for level, row in served.items()}
-    return out
+    def finished(self, job_id: str, end_ms: int, retried: bool) -> None:
+        """An attempt ended: its worker time per level, a retry counted, and (fairness
+        by time) its flow charged."""
+        run = self.run_of(job_id)
+        if run is None:
+            return
+        used = max(0, end_ms - run.start_ms)
+        self.add(bucket_of(end_ms, self.bucket_s), f"t:{run.level}", used)
+        row = self.served.setdefault(run.level, [0, 0])
+        row[0] += used
+        if retried:
+            self.add(bucket_of(end_ms, self.bucket_s), f"R:{run.level}", 1)
+            row[1] += 1
+        if self.by_time:
+            self.charge(run, used)
+
+    def charge(self, run: Run, used: int) -> None:
+        """Move the flow's balance by what the attempt used beyond the turns it paid
+        (a whole turn or more is settled now), and the estimates on."""
+        member = f"{run.level}\n{run.tenant}"
+        typical = self.typical
+        bounded: float = used
+        if typical:
+            bounded = min(max(used, typical * MIN_COST_TURNS), typical * MAX_COST_TURNS)
+            debt = (self.cache.get(f"d:{member}") or 0) + bounded / typical - run.turns
+            if abs(debt) >= 1:
+                self.out.settlements.append(Settlement(member, run.level, debt))
+                debt = 0
+            self.set_state(f"d:{member}", debt)
+            self.typical = typical + TYPICAL_ALPHA * (bounded - typical)
+        else:
+            self.typical = max(bounded, 1)
+        self.typical_dirty = True
+        estimate = self.cache.get(f"c:{member}")
+        estimate = bounded if estimate is None else estimate + FLOW_ALPHA * (bounded - estimate)
+        self.set_state(f"c:{member}", estimate)
+
+    def result(self) -> PageRecord:
+        out = self.out
+        out.ended_runs = list(self.ended)
+        out.started_runs = self.pending
+        if self.typical_dirty and self.typical is not None:
+            out.state_writes["typ"] = _g6(self.typical)
+        out.served = {level: (row[0], row[1]) for level, row in self.served.items()}
+        return out
 
 
 def _g6(value: float) -> str:

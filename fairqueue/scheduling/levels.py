@@ -10,7 +10,12 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Final
 
-from fairqueue.exceptions import InvalidPriorityError, InvalidPriorityLevelError
+from fairqueue.exceptions import (
+    InvalidPriorityError,
+    InvalidPriorityLevelError,
+    InvalidTenantError,
+    InvalidTenantWeightError,
+)
 
 
 class PriorityLevel(StrEnum):
@@ -90,7 +95,8 @@ def is_strict_utf8(value: str) -> bool:
     return True
 
 
-LEVEL_CHOICES: Final = ", ".join(repr(level.value) for level in LEVELS_BY_RANK)
+#: The level names as an error message lists them.
+LEVELS_QUOTED: Final = ", ".join(repr(level.value) for level in LEVELS_BY_RANK)
 
 
 def normalize_priority(priority: int | None) -> PriorityLevel:
@@ -144,5 +150,57 @@ def parse_level(value: object, *, argument: str = "priority_level") -> PriorityL
         except ValueError:
             pass
     raise InvalidPriorityLevelError(
-        f"{argument}={value!r} is not allowed: expected one of {LEVEL_CHOICES}"
+        f"{argument}={value!r} is not allowed: expected one of {LEVELS_QUOTED}"
+    )
+
+
+def validate_tenant_id(tenant_id: object, *, none_allowed: bool = True) -> str:
+    """A tenant id is an opaque, non-empty string of at most 255 characters of valid
+    UTF-8 text without NUL or a line feed: it is stored in Redis, in PostgreSQL (which
+    refuses NUL) and shown on the dashboard, so a lone surrogate or a NUL would fail
+    later, far from the caller; and fairqueue's Redis scripts join tenant ids (and a
+    flow's level and tenant) with line feeds, so an id holding one could not be told
+    apart. Messages never echo a string tenant id (only its length).
+
+    ``none_allowed``: whether the caller takes ``None`` (an enqueue: an internal job), so
+    the message says what the caller accepts."""
+    expected = "None or a non-empty string" if none_allowed else "a non-empty string"
+    if not isinstance(tenant_id, str) or not tenant_id or len(tenant_id) > MAX_TENANT_ID_LENGTH:
+        shown = tenant_id if not isinstance(tenant_id, str) else f"<{len(tenant_id)} characters>"
+        raise InvalidTenantError(
+            f"tenant_id={shown!r} is not allowed: expected {expected} of at "
+            f"most {MAX_TENANT_ID_LENGTH} characters"
+        )
+    if "\x00" in tenant_id or not is_strict_utf8(tenant_id):
+        raise InvalidTenantError(
+            f"tenant_id=<{len(tenant_id)} characters> is not allowed: expected valid UTF-8 "
+            "text without NUL (it holds a lone surrogate or a NUL character)"
+        )
+    if "\n" in tenant_id:
+        raise InvalidTenantError(
+            f"tenant_id=<{len(tenant_id)} characters> is not allowed: a tenant id may not "
+            "contain a line feed (\\n), which fairqueue's Redis scripts use as a separator"
+        )
+    return tenant_id
+
+
+def validate_tenant_weight(weight: object, *, argument: str = "tenant_weight") -> int:
+    """A tenant weight is an integer in ``MIN_TENANT_WEIGHT..MAX_TENANT_WEIGHT``.
+
+    Booleans are refused although they are ``int``s: ``tenant_weight=True`` is a bug,
+    not a weight of 1.
+
+    Raises:
+        InvalidTenantWeightError: (a ``ValueError``) naming ``argument``, the value and
+            the allowed range.
+    """
+    if (
+        isinstance(weight, int)
+        and not isinstance(weight, bool)
+        and MIN_TENANT_WEIGHT <= weight <= MAX_TENANT_WEIGHT
+    ):
+        return weight
+    raise InvalidTenantWeightError(
+        f"{argument}={weight!r} is not allowed: expected an integer in "
+        f"{MIN_TENANT_WEIGHT}..{MAX_TENANT_WEIGHT}"
     )

@@ -63,11 +63,12 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
 from fairqueue import conf
-from fairqueue.broker import RESERVED_JOB_IDS, StoredJob, get_sync_broker
+from fairqueue.broker import MAX_JOB_ID_LENGTH, RESERVED_JOB_IDS, StoredJob, get_sync_broker
 from fairqueue.conf import get_settings
-from fairqueue.enqueue import api as services
-from fairqueue.enqueue.api import MAX_ATTEMPTS, MAX_DELAY_MS, MAX_JOB_ID_LENGTH
-from fairqueue.enqueue.priority import ABSENT, _Absent
+from fairqueue.enqueue.api import aenqueue_job, enqueue_job
+from fairqueue.enqueue.calls import warn_implicit_internal
+from fairqueue.enqueue.options import MAX_ATTEMPTS, MAX_DELAY_MS, parse_backoff
+from fairqueue.enqueue.priority import ABSENT, Absent
 from fairqueue.exceptions import InvalidJobOptionError, InvalidPayloadError, UnknownJobTypeError
 from fairqueue.scheduling.levels import PriorityLevel
 from fairqueue.tasks.frameworks import (
@@ -209,7 +210,7 @@ class FairQueueBackend(BaseTaskBackend):
                 f"integer in 1..{MAX_ATTEMPTS}"
             )
         try:
-            backoff = services.parse_backoff(options.get("BACKOFF"), argument=f"{where}['BACKOFF']")
+            backoff = parse_backoff(options.get("BACKOFF"), argument=f"{where}['BACKOFF']")
         except InvalidJobOptionError as exc:
             raise ImproperlyConfigured(str(exc)) from None
         durable = options.get("DURABLE", False)
@@ -371,9 +372,9 @@ class FairQueueBackend(BaseTaskBackend):
         tenant = self._tenant(kwargs)
         if tenant is None:
             # Warned here, in the caller's stack (aenqueue runs the enqueue in a thread).
-            services.warn_implicit_internal()
+            warn_implicit_internal()
             options["internal"] = True
-        elif not isinstance(tenant, _Absent):
+        elif not isinstance(tenant, Absent):
             options["tenant_id"] = tenant
         level = level_for_task_priority(task.priority)
         if level is not None:
@@ -397,7 +398,7 @@ class FairQueueBackend(BaseTaskBackend):
             kwargs=kwargs_json,
         )
 
-    def _tenant(self, kwargs: Mapping[str, Any]) -> str | None | _Absent:
+    def _tenant(self, kwargs: Mapping[str, Any]) -> str | None | Absent:
         if self.tenant_kwarg not in kwargs:
             return ABSENT
         tenant = kwargs[self.tenant_kwarg]
@@ -450,7 +451,7 @@ class FairQueueBackend(BaseTaskBackend):
         """
         prepared = self._prepare(task, args, kwargs)
         with _arguments_error(task):
-            job = services.enqueue_job(
+            job = enqueue_job(
                 prepared.job_type, prepared.payload, durable=self.durable, **prepared.options
             )
         result = self._result(task, job.job_id, prepared)
@@ -462,13 +463,11 @@ class FairQueueBackend(BaseTaskBackend):
         prepared = self._prepare(task, args, kwargs)
         with _arguments_error(task):
             if self.durable:  # the outbox row goes through the ORM, in a thread
-                job = await sync_to_async(services.enqueue_job)(
+                job = await sync_to_async(enqueue_job)(
                     prepared.job_type, prepared.payload, durable=True, **prepared.options
                 )
             else:
-                job = await services.aenqueue_job(
-                    prepared.job_type, prepared.payload, **prepared.options
-                )
+                job = await aenqueue_job(prepared.job_type, prepared.payload, **prepared.options)
         result = self._result(task, job.job_id, prepared)
         await asend_signal("task_enqueued", type(self), result)
         return result

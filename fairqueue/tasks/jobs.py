@@ -35,7 +35,7 @@ from django.conf import settings as django_settings
 from django.utils import timezone
 
 from fairqueue.broker import StoredJob
-from fairqueue.exceptions import FairqueueError, TaskFailedError
+from fairqueue.exceptions import TaskFailedError, TaskJobError
 from fairqueue.tasks.frameworks import (
     PRIMARY,
     InvalidTaskError,
@@ -106,11 +106,6 @@ UNNAMED_WORKER: Final = "bullmq"
 _PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 _FAILED_PATH: Final = f"{TaskFailedError.__module__}.{TaskFailedError.__qualname__}"
 _CLASS_PATH = re.compile(r"([A-Za-z_][\w.]*): ")
-
-
-class TaskJobError(FairqueueError, ValueError):
-    """A task job that cannot run: a malformed payload, or a path that names no
-    ``@task`` function a worker may import."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,7 +244,7 @@ def task_arguments(args: Any, kwargs: Any, path: str) -> tuple[list[Any], dict[s
     Raises:
         InvalidTaskError: an argument that cannot be stored as given.
     """
-    from fairqueue.enqueue.api import _check_json_tree
+    from fairqueue.enqueue.options import check_json_tree
     from fairqueue.exceptions import InvalidPayloadError
 
     named = [(f"args[{index}]", value) for index, value in enumerate(args)]
@@ -257,7 +252,7 @@ def task_arguments(args: Any, kwargs: Any, path: str) -> tuple[list[Any], dict[s
     for name, value in named:
         what = f"{name} of task {path!r}"
         try:
-            _check_json_tree(value, text=True, what=what, depth=ARGUMENT_DEPTH)
+            check_json_tree(value, text=True, what=what, depth=ARGUMENT_DEPTH)
         except InvalidPayloadError as exc:
             raise InvalidTaskError(str(exc)) from None
     try:

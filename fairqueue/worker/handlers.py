@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from fairqueue.exceptions import FairqueueError
+from fairqueue.exceptions import NoHandlerError
 from fairqueue.scheduling.levels import PriorityLevel
 
 __all__ = [
@@ -73,10 +73,6 @@ class JobContext:
 #: A handler: ``fn(payload, context)``, sync or ``async def``.
 Handler = Callable[[Any, JobContext], Any]
 H = TypeVar("H", bound=Callable[..., Any])
-
-
-class NoHandlerError(FairqueueError, LookupError):
-    """No handler is registered for a job type."""
 
 
 _registry: dict[str, Handler] = {}

@@ -45,9 +45,9 @@ from fairqueue.conf import get_settings
 from fairqueue.exceptions import (
     BrokerRejectedError,
     BrokerUnavailableError,
-    FairqueueError,
     TaskFailedError,
     UnknownJobTypeError,
+    WorkerStoppedError,
 )
 from fairqueue.loop import Backoff, GracefulStop
 from fairqueue.scheduling.levels import (
@@ -74,10 +74,6 @@ BURST_POLL_INTERVAL_S: Final = 0.05
 #: Redis unreachable at start: the base interval of :func:`fairqueue.loop.backoff_ms`
 #: (tries 1 s, 2 s, 4 s... apart, up to its cap).
 REDIS_RETRY_MS: Final = 500
-
-
-class WorkerStoppedError(FairqueueError, RuntimeError):
-    """A BullMQ worker loop ended on its own, so its queue was no longer served."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,7 @@
 The ``rebalance_fair`` leader already relays every round; run this where no rebalancer
 runs, or to drain the outbox faster. Several may run at once on PostgreSQL (rows are
 claimed with ``SKIP LOCKED``); on SQLite run one. The command parses arguments;
-:class:`fairqueue.enqueue.relay_loop.Relay` runs the loop.
+:class:`fairqueue.enqueue.relay.Relay` runs the loop.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from fairqueue.enqueue.outbox import RELAY_BATCH_SIZE
-from fairqueue.enqueue.relay_loop import DEFAULT_INTERVAL_MS, Relay
+from fairqueue.enqueue.relay import DEFAULT_INTERVAL_MS, Relay
 from fairqueue.exceptions import BrokerRejectedError, BrokerUnavailableError
 from fairqueue.management.arguments import configured_job_types, int_in_range, recheck
 from fairqueue.management.base import LoopCommand

@@ -1,6 +1,6 @@
 """``manage.py rebalance_fair``: keep BullMQ queues in the fair order.
 
-The command parses and checks arguments; :class:`fairqueue.rebalance.loop.Rebalancer`
+The command parses and checks arguments; :class:`fairqueue.rebalance.rebalancer.Rebalancer`
 runs the loop (the django-tasks ``db_worker`` split).
 """
 
@@ -17,7 +17,7 @@ from fairqueue.loop import unavailable_reason
 from fairqueue.management.arguments import configured_job_types, int_in_range, recheck
 from fairqueue.management.base import LoopCommand
 from fairqueue.metrics import get_metrics
-from fairqueue.rebalance.loop import Rebalancer
+from fairqueue.rebalance.rebalancer import Rebalancer
 
 port = int_in_range(1, 65_535, "a TCP port")
 

@@ -1,6 +1,6 @@
 """What the rebalance pass reads and writes: adoption of untagged jobs, the ready-time
 index walk, the paged rebase, counts and the pass's status records; and the head of a
-queue as the dashboard and the demo read it."""
+queue as the dashboard and the demo read it, and the policy's view of such a job."""
 
 from __future__ import annotations
 
@@ -11,19 +11,28 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fairqueue.broker.common import (
-    _JOB_FIELDS,
     FAIR_KEYS,
+    JOB_FIELDS,
     REBASE_MARGIN,
     REBASE_THRESHOLD,
-    _int_or,
+    SCORE_BASE,
     fair_key,
     fair_keys,
+    int_or,
     parse_job_data,
 )
 from fairqueue.broker.connection import BrokerPart, Connection
+from fairqueue.broker.lock_store import Fence
 from fairqueue.broker.scripts import adopt_page_script, plain_script, stalled_page_script
-
-_SCORE_BASE = 1 << 32
+from fairqueue.exceptions import LockLostError
+from fairqueue.scheduling.levels import (
+    DEFAULT_TENANT,
+    PAYLOAD_LEVEL_KEY,
+    PAYLOAD_TENANT_KEY,
+    PriorityLevel,
+    normalize_priority,
+)
+from fairqueue.scheduling.order import PendingJob
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,10 +62,6 @@ class WaitingSnapshot:
     jobs: list[WaitingJob]
     #: Waiting jobs behind ``jobs`` (not read).
     behind: int
-
-
-class LockLostError(Exception):
-    """Another rebalancer holds the queue's leader lock: this pass must stop writing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,9 +134,7 @@ class PassStore(BrokerPart):
         self,
         queue: str,
         *,
-        lock_key: str,
-        token: str,
-        lock_ttl_ms: int,
+        fence: Fence,
         page_size: int,
         max_wait_ms: int,
         max_payload_bytes: int,
@@ -147,10 +150,10 @@ class PassStore(BrokerPart):
         script = self.conn.script(adopt_page_script())
         reply = await self.conn.guard(
             script(
-                keys=self._adopt_keys(queue, lock_key),
+                keys=self._adopt_keys(queue, fence.lock_key),
                 args=[
-                    token,
-                    lock_ttl_ms,
+                    fence.token,
+                    fence.ttl_ms,
                     self.conn.key(queue, ""),
                     page_size,
                     max_wait_ms,
@@ -171,9 +174,7 @@ class PassStore(BrokerPart):
         self,
         queue: str,
         *,
-        lock_key: str,
-        token: str,
-        lock_ttl_ms: int,
+        fence: Fence,
         max_wait_ms: int,
         max_payload_bytes: int,
         max_stalled_count: int,
@@ -194,14 +195,14 @@ class PassStore(BrokerPart):
         limits = fair_key(self.conn.prefix, queue, "lim")
         reply = await self.conn.guard(
             script(
-                keys=[*keys, lock_key, limits, self.conn.key(queue, "delayed")],
+                keys=[*keys, fence.lock_key, limits, self.conn.key(queue, "delayed")],
                 args=[
                     max_stalled_count,
                     self.conn.key(queue, ""),
                     int(time.time() * 1000),
                     check_ms,
-                    token,
-                    lock_ttl_ms,
+                    fence.token,
+                    fence.ttl_ms,
                     max_wait_ms,
                     max_payload_bytes,
                     fairness_by,
@@ -217,9 +218,7 @@ class PassStore(BrokerPart):
         self,
         queue: str,
         *,
-        lock_key: str,
-        token: str,
-        lock_ttl_ms: int,
+        fence: Fence,
         max_wait_ms: int | None,
         page_size: int = 1_000,
         cursor: tuple[str, int] | None = None,
@@ -238,14 +237,14 @@ class PassStore(BrokerPart):
             self.conn.fair_key(queue, "ready"),
             self.conn.key(queue, "prioritized"),
             self.conn.key(queue, "delayed"),
-            lock_key,
+            fence.lock_key,
         ]
         second, index = cursor if cursor is not None else ("", 0)
         bound = "" if max_wait_ms is None else max_wait_ms
         status, second, index, done, removed, flat, left = await self.conn.guard(
             script(
                 keys=keys,
-                args=[token, lock_ttl_ms, second, index, page_size, bound, int(dry_run)],
+                args=[fence.token, fence.ttl_ms, second, index, page_size, bound, int(dry_run)],
             )
         )
         if int(status) < 0:
@@ -264,9 +263,7 @@ class PassStore(BrokerPart):
         self,
         queue: str,
         *,
-        lock_key: str,
-        token: str,
-        lock_ttl_ms: int,
+        fence: Fence,
         page_size: int = 1_000,
         threshold: int = REBASE_THRESHOLD,
         margin: int = REBASE_MARGIN,
@@ -287,9 +284,16 @@ class PassStore(BrokerPart):
                         self.conn.fair_key(queue, name)
                         for name in ("state", "flows", "fweights", "jobs")
                     ),
-                    lock_key,
+                    fence.lock_key,
                 ],
-                args=[token, lock_ttl_ms, self.conn.key(queue, ""), page_size, threshold, margin],
+                args=[
+                    fence.token,
+                    fence.ttl_ms,
+                    self.conn.key(queue, ""),
+                    page_size,
+                    threshold,
+                    margin,
+                ],
             )
         )
         if int(status) < 0:
@@ -300,9 +304,7 @@ class PassStore(BrokerPart):
         self,
         queue: str,
         *,
-        lock_key: str,
-        token: str,
-        lock_ttl_ms: int,
+        fence: Fence,
         status_names: Sequence[str] = (),
         page_size: int = 1_000,
     ) -> int | None:
@@ -324,13 +326,13 @@ class PassStore(BrokerPart):
         keys = [
             self.conn.key(queue, "id"),
             self.conn.fair_key(queue, "ready"),
-            lock_key,
+            fence.lock_key,
             self.conn.fair_key(queue, "flows"),
         ]
         deleted = 0
         while True:
             status, count, done = await self.conn.guard(
-                script(keys=[*keys, *others], args=[token, lock_ttl_ms, page_size])
+                script(keys=[*keys, *others], args=[fence.token, fence.ttl_ms, page_size])
             )
             if int(status) < 0:
                 raise LockLostError(queue)
@@ -359,7 +361,7 @@ class PassStore(BrokerPart):
             wait_ids, entries, wait_len, total = await pipe.execute()
         wait_ids.reverse()  # BullMQ pops the wait list from its right end
         head = [(job_id, 0, True) for job_id in wait_ids] + [
-            (job_id, int(score // _SCORE_BASE), False) for job_id, score in entries
+            (job_id, int(score // SCORE_BASE), False) for job_id, score in entries
         ][: max(0, count - len(wait_ids))]
         jobs = await read_jobs(self.conn, queue, head)
         return WaitingSnapshot(jobs=jobs, behind=max(0, wait_len + total - len(head)))
@@ -395,7 +397,7 @@ async def read_jobs(
         return []
     async with conn.client().pipeline(transaction=False) as pipe:
         for job_id, _, _ in entries:
-            pipe.hmget(conn.key(queue, job_id), *_JOB_FIELDS, "fqRel")
+            pipe.hmget(conn.key(queue, job_id), *JOB_FIELDS, "fqRel")
         rows = await pipe.execute()
     jobs = []
     for (job_id, priority, in_wait), row in zip(entries, rows, strict=True):
@@ -409,12 +411,12 @@ async def read_jobs(
                 job_id=job_id,
                 name=name or "",
                 data=parse_job_data(data),
-                timestamp_ms=_int_or(timestamp, None),
-                priority=priority if priority is not None else _int_or(stored_priority, 0),
-                attempts_made=_int_or(attempts_made, 0) or 0,
+                timestamp_ms=int_or(timestamp, None),
+                priority=priority if priority is not None else int_or(stored_priority, 0),
+                attempts_made=int_or(attempts_made, 0) or 0,
                 in_wait_list=in_wait,
                 requested_priority=requested if type(requested) is int else None,
-                ready_ms=ready_time_ms(_int_or(timestamp, None), parsed_opts, released),
+                ready_ms=ready_time_ms(int_or(timestamp, None), parsed_opts, released),
             )
         )
     return jobs
@@ -426,7 +428,7 @@ def ready_time_ms(
     """When a job became ready (see :attr:`WaitingJob.ready_ms`): held and delayed
     time is not waiting."""
     for value in (released, opts.get("fqReady")):
-        number = _int_or(value, None)
+        number = int_or(value, None)
         if number is not None:
             return number
     if timestamp_ms is None:
@@ -435,3 +437,31 @@ def ready_time_ms(
     if type(delay) in (int, float) and delay > 0:
         return timestamp_ms + int(delay)
     return timestamp_ms
+
+
+def pending_from_job(job: WaitingJob) -> PendingJob | None:
+    """The policy's view of a job read from BullMQ (the dashboard's reads); ``None`` if
+    its data cannot say.
+
+    fairqueue's jobs carry ``tenantId`` and ``priorityLevel`` in their data; jobs from
+    other producers fall back to the priority their producer asked for and the
+    ``default`` tenant (docs/design.md, "Levels and priorities").
+    """
+    if job.data is None or job.timestamp_ms is None:
+        return None
+    tenant = job.data.get(PAYLOAD_TENANT_KEY)
+    if tenant is None:
+        tenant = DEFAULT_TENANT
+    elif not isinstance(tenant, str) or not tenant:
+        return None
+    raw_level = job.data.get(PAYLOAD_LEVEL_KEY)
+    try:
+        if raw_level is not None:
+            level = PriorityLevel(raw_level)
+        else:
+            requested = job.requested_priority
+            level = normalize_priority(requested if requested is not None else job.priority)
+    except ValueError:
+        return None
+    ready = job.ready_ms if job.ready_ms is not None else job.timestamp_ms
+    return PendingJob(job.job_id, level, tenant, ready)

@@ -2,8 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from fairqueue.broker.connection import BrokerPart
 from fairqueue.broker.scripts import plain_script
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """What fences a pass's writes inside Redis: the queue's leader lock (``lock_key``),
+    the token the pass holds it with, and how long each fenced call renews it for. A
+    call whose token no longer holds the lock writes nothing (``LockLostError``)."""
+
+    lock_key: str
+    token: str
+    ttl_ms: int
 
 
 class LockStore(BrokerPart):

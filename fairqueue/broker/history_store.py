@@ -1,5 +1,5 @@
 """The dashboard's history in Redis: the loop records BullMQ's events stream a page at a
-time (:mod:`fairqueue.broker.history_page`), the dashboard reads the buckets back.
+time (:mod:`fairqueue.broker.events`), the dashboard reads the buckets back.
 
 Every key is ``<prefix>:<queue>:fq:hist...``, beside the queue's own keys (one hash tag
 on Redis Cluster), and every bucket expires after the retention, so the history costs a
@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from fairqueue.broker.connection import BrokerPart
-from fairqueue.broker.history_page import PageReader, RecordedPage
-from fairqueue.dashboard.history import BUCKET_S, LEVEL_NAMES, RETENTION_S
+from fairqueue.broker.events import PageReader, RecordedPage
+from fairqueue.broker.lock_store import Fence
+from fairqueue.scheduling.shares import BUCKET_S, LEVEL_NAMES, RETENTION_S
 
 #: What the backlogs need of a bucket before the window: jobs started and became ready.
 _COUNT_FIELDS = [f"{kind}:{level}" for kind in ("s", "a") for level in LEVEL_NAMES]
@@ -36,9 +37,7 @@ class HistoryStore(BrokerPart):
         self,
         queue: str,
         *,
-        lock_key: str,
-        token: str,
-        lock_ttl_ms: int,
+        fence: Fence,
         max_wait_ms: int,
         page_size: int = 1_000,
         max_data_bytes: int = 65_536,
@@ -56,7 +55,7 @@ class HistoryStore(BrokerPart):
             LockLostError: another rebalancer holds the lock; nothing was recorded.
         """
         return await self.conn.guard(
-            PageReader(self.conn, queue, lock_key, token, lock_ttl_ms).record(
+            PageReader(self.conn, queue, fence).record(
                 max_wait_ms=max_wait_ms,
                 page_size=page_size,
                 max_data_bytes=max_data_bytes,

@@ -8,9 +8,12 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fairqueue.broker.common import _JOB_FIELDS, _SCORE_BASE, T, _int_or, parse_job_data
+from fairqueue.broker.common import JOB_FIELDS as _JOB_FIELDS
+from fairqueue.broker.common import SCORE_BASE as _SCORE_BASE
+from fairqueue.broker.common import T, parse_job_data
+from fairqueue.broker.common import int_or as _int_or
 from fairqueue.broker.connection import BrokerPart
-from fairqueue.broker.passes import WaitingJob, read_jobs
+from fairqueue.broker.pass_store import WaitingJob, read_jobs
 from fairqueue.broker.scripts import plain_script
 
 

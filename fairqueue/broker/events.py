@@ -22,12 +22,13 @@ from redis.client import NEVER_DECODE
 from redis.exceptions import NoScriptError
 
 from fairqueue.broker.connection import Connection
-from fairqueue.broker.passes import LockLostError
+from fairqueue.broker.lock_store import Fence
 from fairqueue.broker.scripts import plain_script
-from fairqueue.dashboard.history import BUCKET_S, LEVEL_NAMES, RETENTION_S, TENANTS_PER_BUCKET
-from fairqueue.dashboard.history import wait_bin as _wait_bin
+from fairqueue.exceptions import LockLostError
 from fairqueue.scheduling import attempts
 from fairqueue.scheduling.attempts import Event, Run, Start
+from fairqueue.scheduling.shares import BUCKET_S, LEVEL_NAMES, RETENTION_S, TENANTS_PER_BUCKET
+from fairqueue.scheduling.shares import wait_bin as _wait_bin
 
 _RAW = {NEVER_DECODE: True}
 #: XRANGE named in bytes: redis-py then applies no reply callback (its parsing of every
@@ -193,11 +194,9 @@ def parse_event(entry_id: bytes, fields: list[bytes]) -> Event | None:
 class PageReader:
     """One recording call's reads and its write."""
 
-    def __init__(
-        self, conn: Connection, queue: str, lock_key: str, token: str, lock_ttl_ms: int
-    ) -> None:
+    def __init__(self, conn: Connection, queue: str, fence: Fence) -> None:
         self.conn, self.queue = conn, queue
-        self.lock_key, self.token, self.lock_ttl_ms = lock_key, token, lock_ttl_ms
+        self.lock_key, self.token, self.lock_ttl_ms = fence.lock_key, fence.token, fence.ttl_ms
         self.events_key = conn.key(queue, "events")
         self.hist_key = conn.fair_key(queue, "hist")
 

@@ -1,7 +1,7 @@
 """Served shares and waits over the last minutes: the pure part of the dashboard's history.
 
 Data in, data out: nothing here talks to Redis or reads settings. The rebalance loop
-records what workers started (``scheduling/attempts.py``, ``broker/history_page.py``) in
+records what workers started (``scheduling/attempts.py``, ``broker/events.py``) in
 per-``BUCKET_S`` buckets kept ``RETENTION_S``; :func:`summarize` turns those buckets into what the
 dashboard shows: per level the share of the jobs started, the share it was *entitled*
 to given the work each level had, wait p50/p99 against the bound; the top tenants.

@@ -1,0 +1,81 @@
+"""The durable path: an enqueue written to the outbox in the caller's transaction (with
+its audit rows), relayed to Redis after commit (:mod:`fairqueue.enqueue.outbox`), so the
+job exists if and only if the transaction commits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from django.db import transaction
+
+from fairqueue.broker import get_sync_broker
+from fairqueue.enqueue.calls import EnqueuedJob, Prepared, result
+from fairqueue.exceptions import TenantBacklogFullError
+from fairqueue.metrics import record_limited
+from fairqueue.scheduling.limits import REASON_MAX_WAITING
+
+
+def check_backlog(prepared: Sequence[Prepared], using: str | None, *, outbox: bool = True) -> None:
+    """Refuse an enqueue that would put more than its tenant's ``max_waiting`` jobs
+    waiting: those in Redis (held or takeable) plus, for a durable one, its outbox rows
+    not relayed yet. The add script checks again when the jobs reach Redis (atomically;
+    an outbox row it refuses stays in the outbox and is tried again), so this check only
+    needs to be close."""
+    from fairqueue.models import OutboxJob
+
+    item = prepared[0]
+    limits = item.limits
+    if limits is None or limits.max_waiting is None:
+        return
+    tenant = item.new_job.tenant
+    sync_broker = get_sync_broker()
+    waiting = sync_broker.run(sync_broker.broker.limits.waiting, item.queue, tenant)
+    if outbox:
+        waiting += OutboxJob.objects.using(using).filter(queue=item.queue, tenant=tenant).count()
+    if waiting + len(prepared) > limits.max_waiting:
+        record_limited(item.job_type, REASON_MAX_WAITING)
+        raise TenantBacklogFullError(
+            tenant_id=tenant, queue=item.queue, limit=limits.max_waiting, waiting=waiting
+        )
+
+
+def enqueue_durable(prepared: Sequence[Prepared], using: str | None) -> list[EnqueuedJob]:
+    """Write outbox rows and their audit rows in the caller's transaction (one of our
+    own if none is open); after commit, try to relay them at once."""
+    from fairqueue.enqueue.outbox import relay_after_commit
+    from fairqueue.models import OutboxJob, PriorityOverrideAudit, new_outbox_job_id
+
+    check_backlog(prepared, using)
+    with transaction.atomic(using=using):
+        rows = OutboxJob.objects.using(using).bulk_create(
+            [
+                OutboxJob(
+                    job_type=item.job_type,
+                    queue=item.queue,
+                    job_id=item.new_job.job_id or new_outbox_job_id(),
+                    data=item.new_job.data_json,
+                    level=item.new_job.level.value,
+                    tenant=item.new_job.tenant,
+                    tenant_weight=item.new_job.tenant_weight,
+                    delay_ms=item.new_job.delay_ms,
+                    attempts=item.new_job.attempts,
+                    backoff=item.new_job.backoff,
+                    cost_ms=item.new_job.cost_ms,
+                )
+                for item in prepared
+            ]
+        )
+        audits = [
+            PriorityOverrideAudit(job_id=row.bullmq_job_id, **item.audit)
+            for item, row in zip(prepared, rows, strict=True)
+            if item.audit is not None
+        ]
+        if audits:
+            PriorityOverrideAudit.objects.using(using).bulk_create(audits)
+    pks = [row.pk for row in rows]
+    transaction.on_commit(lambda: relay_after_commit(pks, using=using), using=using)
+    return [
+        result(item, row.bullmq_job_id, None, item.audit is not None, durable=True)
+        for item, row in zip(prepared, rows, strict=True)
+    ]
