@@ -73,7 +73,7 @@ from fairqueue.broker.common import (
 from fairqueue.broker.connection import Connection
 from fairqueue.broker.dashboard import BacklogScan, JobDetail, LevelScan, MemoryState
 from fairqueue.broker.history import HistoryRead, RecordedPage
-from fairqueue.broker.limits import Released, TenantState
+from fairqueue.broker.limits import LimitsStatus, Released, TenantState
 from fairqueue.broker.passes import (
     AdoptedPage,
     IndexWalk,
@@ -86,6 +86,7 @@ from fairqueue.broker.scripts import Script, add_jobs_script, adopt_page_script,
 from fairqueue.broker.workers import ActiveJob
 
 __all__ = [
+    "LimitsStatus",
     "Released",
     "TenantState",
     "ADD_BATCH_SIZE",
