@@ -604,6 +604,102 @@ def test_outbox__rows_refused_by_a_full_backlog_back_off_and_log_once(fq_prefix,
     assert OutboxJob.objects.filter(tenant="acme").count() == 18
 
 
+@pytest.mark.django_db(transaction=True)
+def test_outbox__a_paused_full_tenants_rows_leave_the_loop_releasing_others_at_once(
+    node, limited, caplog
+):
+    """3,000 outbox rows of a paused tenant at its max_waiting, 20 of a tenant without
+    limits, 40 jobs of a max_active=2 tenant (acme), a 16-slot Node worker and the loop
+    running for 6 s. Each relay run of the loop tries one batch of the full tenant's rows
+    (one refused add, one UPDATE) and leaves its other rows for later runs, so the
+    release step between runs is not held up: every acme job runs, once; the other
+    tenant's rows are sent; no row is tried more than twice (its backoff), and each is
+    logged once. Before: every run tried all 3,000 (12 refused adds, 3,000 UPDATEs),
+    each row 3 times in 6 s, and acme's starts stalled behind the relay."""
+    import json
+    import logging
+    import re
+
+    from fairqueue.enqueue.outbox import RELAY_BATCH_SIZE
+    from fairqueue.models import OutboxJob, new_outbox_job_id
+
+    TenantPlan.objects.create(tenant_id="full", plan_tier="pro", max_waiting=2)
+    enqueue_jobs("email", [{}, {}], tenant_id="full")  # at its cap
+    pause_tenant("full")
+
+    def row(tenant):
+        data = json.dumps({"tenantId": tenant, "priorityLevel": "normal"})
+        return OutboxJob(
+            job_type="email", queue="email", job_id=new_outbox_job_id(), data=data,
+            level="normal", tenant=tenant,
+        )  # fmt: skip
+
+    OutboxJob.objects.bulk_create([row("full") for _ in range(3000)])
+    OutboxJob.objects.bulk_create([row("beta") for _ in range(20)])
+    caplog.set_level(logging.INFO, logger="fairqueue.outbox")
+    caplog.set_level(logging.DEBUG, logger="fairqueue.rebalance")  # each relay run's line
+    rebalancer, thread = start_loop()
+    try:
+        acme = {j.job_id for j in enqueue_jobs("email", [{} for _ in range(40)], tenant_id="acme")}
+        starts = NodeWorker(node, limited, run_ms=6000, job_ms=50).starts()
+    finally:
+        rebalancer.request_stop()
+        thread.join(10)
+
+    ran = [s.job_id for s in starts if s.tenant == "acme"]
+    assert sorted(ran) == sorted(acme)  # all of them, each once
+    assert not OutboxJob.objects.filter(tenant="beta").exists()
+    assert sum(s.tenant == "beta" for s in starts) == 20
+    assert not any(s.tenant == "full" for s in starts)  # paused
+    runs = [
+        int(found.group(1))
+        for r in caplog.records
+        if (found := re.search(r"outbox: sent=\d+ existing=\d+ refused=(\d+)", r.getMessage()))
+    ]
+    assert runs and max(runs) <= RELAY_BATCH_SIZE, runs
+    tries = list(OutboxJob.objects.filter(tenant="full").values_list("tries", flat=True))
+    assert len(tries) == 3000 and max(tries) <= 2
+    logged = [
+        r.getMessage().split(":")[0] for r in caplog.records if "max_waiting" in r.getMessage()
+    ]
+    assert len(logged) == len(set(logged)) == sum(1 for n in tries if n)  # once a row
+
+
+@pytest.mark.django_db(transaction=True)
+def test_outbox__a_relay_run_meets_a_bounded_number_of_full_tenants(fq_prefix):
+    """Each tenant at its max_waiting costs a relay run one refused add (the add script
+    names one full tenant a call): a run stops after RELAY_MAX_FULL_TENANTS of them and
+    the rows it did not reach wait, untried, for the next run, which goes on from there."""
+    import json
+
+    from fairqueue.enqueue.outbox import RELAY_MAX_FULL_TENANTS, relay_outbox
+    from fairqueue.models import OutboxJob, new_outbox_job_id
+
+    full = [f"f{n:02d}" for n in range(RELAY_MAX_FULL_TENANTS + 4)]
+    TenantPlan.objects.bulk_create(
+        [TenantPlan(tenant_id=t, plan_tier="pro", max_waiting=1) for t in full]
+    )
+    wire_tenant_plan_lookup()
+    for tenant in full:
+        enqueue_job("email", {}, tenant_id=tenant)  # at its cap
+
+    def row(tenant):
+        data = json.dumps({"tenantId": tenant, "priorityLevel": "normal"})
+        return OutboxJob(
+            job_type="email", queue="email", job_id=new_outbox_job_id(), data=data,
+            level="normal", tenant=tenant,
+        )  # fmt: skip
+
+    OutboxJob.objects.bulk_create([row(t) for t in full for _ in range(2)])
+    OutboxJob.objects.bulk_create([row("beta") for _ in range(5)])
+    first = relay_outbox()
+    assert (first.sent, first.refused) == (0, 2 * RELAY_MAX_FULL_TENANTS)
+    assert OutboxJob.objects.filter(tries=0).count() == 2 * 4 + 5  # not reached: untried
+    second = relay_outbox()
+    assert (second.sent, second.refused) == (5, 2 * 4)
+    assert set(OutboxJob.objects.values_list("tries", flat=True)) == {1}
+
+
 # -- BullMQ's own promoteJobs / retryJobs: the loop holds such jobs again -----------------
 
 
