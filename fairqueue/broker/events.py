@@ -215,37 +215,10 @@ class PageReader:
         # as Redis's own TIME is not a keyed command (Redis Cluster); they expire on
         # Redis's clock either way.
         now_s = int(time.time())
-        ord_ = int(ord_text or 0)
-        gap: dict[int, int] = {}
-        entries = None
-        if cursor:
-            # While the cursor's own entry is in the stream nothing after it was trimmed
-            # (BullMQ trims from the front): read from it, inclusive, and drop it.
-            read = await self._xrange(cursor, page_size + 1)
-            if read and read[0][0] == _raw(cursor):
-                entries = read[1:]
-        if entries is None:
-            seek = await self.conn.script(plain_script("history_seek"))(
-                keys=[self.events_key, self.hist_key, self.lock_key],
-                args=[self.token, self.lock_ttl_ms, cursor or ""],
-            )
-            status = int(seek[0])
-            if status < 0:
-                raise LockLostError(self.queue)
-            if status == 0:  # the first call set the cursor (or another moved it)
-                return RecordedPage(read=0, recorded=0, unknown=0, gap_ms=0, more=False)
-            start, inclusive, ord_, lost, first_ms = seek[1:6]
-            ord_, since_ms = int(ord_), int(since or 0)
-            if int(lost) > 0:
-                gap = attempts.gap_buckets(
-                    _ms_of(_raw(cursor)),
-                    int(first_ms),
-                    oldest_s=attempts.oldest_bucket(now_s, BUCKET_S, RETENTION_S),
-                    since_ms=since_ms,
-                    bucket_s=BUCKET_S,
-                )
-            low = start if int(inclusive) else f"({start}"
-            entries = await self._xrange(low, page_size)
+        found = await self._page(cursor, int(ord_text or 0), since, page_size, now_s)
+        if found is None:  # the first call set the cursor (or another moved it)
+            return RecordedPage(read=0, recorded=0, unknown=0, gap_ms=0, more=False)
+        entries, ord_, gap = found
         full = len(entries) >= page_size
         events, starts, kept, spent = await self._read_starts(entries, max_data_bytes, byte_budget)
         runs = await self._read_runs(events)
@@ -271,21 +244,41 @@ class PageReader:
             raise LockLostError(self.queue)
         if written == 0:  # another call recorded this page first: read again
             return RecordedPage(read=0, recorded=0, unknown=0, gap_ms=0, more=True)
-        waits = tuple(page.waits)
-        return RecordedPage(
-            read=len(kept),
-            recorded=page.recorded,
-            unknown=page.unknown,
-            gap_ms=sum(gap.values()),
-            more=full or spent,
-            served=page.served,
-            started_by_level={
-                level: page.started_by_level[level]
-                for level in LEVEL_NAMES
-                if page.started_by_level.get(level)
-            },
-            waits=waits,
+        return _recorded(page, len(kept), gap, more=full or spent)
+
+    async def _page(
+        self, cursor: str | None, ord_: int, since: str | None, page_size: int, now_s: int
+    ) -> tuple[list, int, dict[int, int]] | None:
+        """The stream entries after the cursor, the cursor's ordinal and the milliseconds
+        trimmed away unread per bucket; ``None`` when there is nothing to read yet."""
+        if cursor:
+            # While the cursor's own entry is in the stream nothing after it was trimmed
+            # (BullMQ trims from the front): read from it, inclusive, and drop it.
+            read = await self._xrange(cursor, page_size + 1)
+            if read and read[0][0] == _raw(cursor):
+                return read[1:], ord_, {}
+        seek = await self.conn.script(plain_script("history_seek"))(
+            keys=[self.events_key, self.hist_key, self.lock_key],
+            args=[self.token, self.lock_ttl_ms, cursor or ""],
         )
+        status = int(seek[0])
+        if status < 0:
+            raise LockLostError(self.queue)
+        if status == 0:
+            return None
+        start, inclusive, ord_, lost, first_ms = seek[1:6]
+        ord_, since_ms = int(ord_), int(since or 0)
+        gap: dict[int, int] = {}
+        if int(lost) > 0:
+            gap = attempts.gap_buckets(
+                _ms_of(_raw(cursor)),
+                int(first_ms),
+                oldest_s=attempts.oldest_bucket(now_s, BUCKET_S, RETENTION_S),
+                since_ms=since_ms,
+                bucket_s=BUCKET_S,
+            )
+        low = start if int(inclusive) else f"({start}"
+        return await self._xrange(low, page_size), ord_, gap
 
     async def _read_starts(
         self, entries: list, max_data_bytes: int, byte_budget: int
@@ -426,3 +419,23 @@ class PageReader:
                 args=args,
             )
         )
+
+
+def _recorded(
+    page: attempts.PageRecord, read: int, gap: dict[int, int], *, more: bool
+) -> RecordedPage:
+    """What a recorded page tells the pass (counts for its result and metrics)."""
+    return RecordedPage(
+        read=read,
+        recorded=page.recorded,
+        unknown=page.unknown,
+        gap_ms=sum(gap.values()),
+        more=more,
+        served=page.served,
+        started_by_level={
+            level: page.started_by_level[level]
+            for level in LEVEL_NAMES
+            if page.started_by_level.get(level)
+        },
+        waits=tuple(page.waits),
+    )
