@@ -57,6 +57,7 @@ tests/node/node_modules/.installed: tests/node/package.json tests/node/package-l
 test: $(VENV)/.installed-dev redis tests/node/node_modules/.installed
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(PY) -m mypy
 	$(PY) -m pytest
 
 # Everything but the long integration tests (pytest's `slow` marker: whole demos, fault
@@ -65,6 +66,7 @@ test: $(VENV)/.installed-dev redis tests/node/node_modules/.installed
 test-fast: $(VENV)/.installed-dev redis tests/node/node_modules/.installed
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(PY) -m mypy
 	$(PY) -m pytest -m "not slow"
 
 # `make test`'s pytest run on Django 6.1 / Python 3.12 (ruff ran in `make test`).
@@ -75,6 +77,7 @@ test-django6: $(VENV_DJ6)/.installed redis tests/node/node_modules/.installed
 lint: $(VENV)/.installed-dev
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
+	$(PY) -m mypy
 
 bench: $(VENV)/.installed-dev redis
 	$(PY) benchmarks/bench_policy.py

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, overload
 
 import redis
 from bullmq.queue_keys import QueueKeys
@@ -200,6 +200,10 @@ def _replace_lone_surrogates(value: Any) -> Any:
     return value
 
 
+@overload
+def int_or(value: Any, default: int) -> int: ...
+@overload
+def int_or(value: Any, default: None) -> int | None: ...
 def int_or(value: Any, default: int | None) -> int | None:
     """``value`` as an ``int`` (a Redis reply, a BullMQ attribute), or ``default``."""
     try:

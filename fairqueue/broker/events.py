@@ -16,7 +16,7 @@ import math
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from redis.client import NEVER_DECODE
 from redis.exceptions import NoScriptError
@@ -26,7 +26,7 @@ from fairqueue.broker.lock_store import Fence
 from fairqueue.broker.scripts import plain_script
 from fairqueue.exceptions import LockLostError
 from fairqueue.scheduling import attempts
-from fairqueue.scheduling.attempts import Event, Run, Start
+from fairqueue.scheduling.attempts import Event, EventKind, Run, Start
 from fairqueue.scheduling.shares import BUCKET_S, LEVEL_NAMES, RETENTION_S, TENANTS_PER_BUCKET
 from fairqueue.scheduling.shares import wait_bin as _wait_bin
 
@@ -180,6 +180,7 @@ def parse_event(entry_id: bytes, fields: list[bytes]) -> Event | None:
             prev = fields[i + 1]
     if job_id is None:
         return None
+    kind: EventKind
     if event == b"active":
         kind = "start"
     elif event in _END_EVENTS:
@@ -215,7 +216,13 @@ class PageReader:
         # as Redis's own TIME is not a keyed command (Redis Cluster); they expire on
         # Redis's clock either way.
         now_s = int(time.time())
-        found = await self._page(cursor, int(ord_text or 0), since, page_size, now_s)
+        found = await self._page(
+            cast("str | None", cursor),
+            int(ord_text or 0),
+            cast("str | None", since),
+            page_size,
+            now_s,
+        )
         if found is None:  # the first call set the cursor (or another moved it)
             return RecordedPage(read=0, recorded=0, unknown=0, gap_ms=0, more=False)
         entries, ord_, gap = found
@@ -239,7 +246,7 @@ class PageReader:
             row = page.buckets.setdefault(bucket, {})
             row["g"] = row.get("g", 0) + ms
         last = _text(kept[-1][0]) if kept else ""
-        written = await self._commit(cursor or "", last, ord_ + len(kept), page)
+        written = await self._commit(cast(str, cursor or ""), last, ord_ + len(kept), page)
         if written < 0:
             raise LockLostError(self.queue)
         if written == 0:  # another call recorded this page first: read again
@@ -271,7 +278,7 @@ class PageReader:
         gap: dict[int, int] = {}
         if int(lost) > 0:
             gap = attempts.gap_buckets(
-                _ms_of(_raw(cursor)),
+                _ms_of(_raw(cast(str, cursor))),  # trimmed entries: a cursor was set
                 int(first_ms),
                 oldest_s=attempts.oldest_bucket(now_s, BUCKET_S, RETENTION_S),
                 since_ms=since_ms,
