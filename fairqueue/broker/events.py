@@ -19,11 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from redis.client import NEVER_DECODE
-from redis.exceptions import NoScriptError
 
 from fairqueue.broker.connection import Connection
 from fairqueue.broker.lock_store import Fence
-from fairqueue.broker.scripts import plain_script
+from fairqueue.broker.scripts import call_script, plain_script
 from fairqueue.exceptions import LockLostError
 from fairqueue.scheduling import attempts
 from fairqueue.scheduling.attempts import Event, EventKind, Run, Start
@@ -330,16 +329,7 @@ class PageReader:
     async def _raw_script(self, name: str, keys: list[str], args: list[Any]) -> Any:
         """A read-only script's reply in bytes (job data need not be UTF-8)."""
         script = plain_script(name)
-        client = self.conn.client()
-        try:
-            return await client.execute_command(
-                "EVALSHA", script.sha, len(keys), *keys, *args, **_RAW
-            )
-        except NoScriptError:
-            await client.script_load(script.source)
-            return await client.execute_command(
-                "EVALSHA", script.sha, len(keys), *keys, *args, **_RAW
-            )
+        return await call_script(self.conn.client(), script.sha, script.source, keys, args, **_RAW)
 
     async def _read_runs(self, events: list[Event]) -> dict[str, Run]:
         wanted = attempts.runs_to_read(events)

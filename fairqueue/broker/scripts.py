@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from functools import cache
 from importlib.resources import files
+from typing import Any
 
 from bullmq.redis_connection import loadScript
+from redis.exceptions import NoScriptError
 
 from fairqueue.broker.common import (
     HELD_UNTIL_MS,
@@ -88,19 +91,46 @@ _COMMENT = re.compile(r"--\[\[.*?\]\]|--[^\n]*", re.DOTALL)
 
 @dataclass(frozen=True, slots=True)
 class Script:
-    """A script's source and the SHA1 Redis knows it by (for EVALSHA)."""
+    """A script's source and the SHA1 Redis knows it by (for EVALSHA), hashed once."""
 
     name: str
     source: str
+    sha: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def sha(self) -> str:
-        return script_sha(self.source)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sha", script_sha(self.source))
 
 
 def script_sha(source: str) -> str:
     """The SHA1 Redis knows ``source`` by."""
     return hashlib.sha1(source.encode()).hexdigest()  # noqa: S324
+
+
+async def call_script(
+    client: Any, sha: str, source: str, keys: Sequence[Any], args: Sequence[Any], **options: Any
+) -> Any:
+    """Run a script by its SHA1 (EVALSHA), the one way fairqueue runs its scripts: where
+    Redis lost its script cache (a restart, ``SCRIPT FLUSH``: nothing ran), load the
+    source and run it again. ``options`` go to redis-py (``NEVER_DECODE``: a reply in
+    bytes)."""
+    command = ("EVALSHA", sha, len(keys), *keys, *args)
+    try:
+        return await client.execute_command(*command, **options)
+    except NoScriptError:
+        await client.script_load(source)
+        return await client.execute_command(*command, **options)
+
+
+def call_script_sync(
+    client: Any, sha: str, source: str, keys: Sequence[Any], args: Sequence[Any]
+) -> Any:
+    """:func:`call_script` with a blocking client (the enqueue path of sync callers)."""
+    command = ("EVALSHA", sha, len(keys), *keys, *args)
+    try:
+        return client.execute_command(*command)
+    except NoScriptError:
+        client.script_load(source)
+        return client.execute_command(*command)
 
 
 def load_lua(name: str) -> str:
