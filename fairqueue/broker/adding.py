@@ -32,7 +32,7 @@ ADD_BATCH_SIZE: Final = 250
 
 #: The fqReady slot the packer appends to an undelayed job's packed opts: the key
 #: ``fqReady`` and a 9-byte msgpack uint64 (all ones) that the add script overwrites
-#: with Redis's clock as bytes (lua/add_jobs.head.lua's ``fqReadySlot``), so Redis does
+#: with Redis's clock as bytes (lua/wrap/add_jobs.head.lua's ``fqReadySlot``), so Redis does
 #: not unpack and repack every job's opts.
 READY_SLOT: Final = b"\xa7fqReady\xcf" + b"\xff" * 8
 

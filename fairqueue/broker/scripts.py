@@ -1,13 +1,16 @@
 """fairqueue's Lua scripts: read from ``lua/`` in this package, composed around BullMQ's.
 
 Each script lives in its own ``.lua`` file under ``fairqueue/broker/lua/`` (shipped as
-package data) and says in its header which keys it touches. Shared pieces are pulled in
-with a ``--- @include name`` line (BullMQ's own convention), and ``{{NAME}}`` stands for
-a constant filled in from :mod:`.common`, so Python and Lua share one definition.
+package data) and says in its header which keys it touches: the scripts fairqueue runs
+in ``lua/``, the libraries they share in ``lua/include/`` (pulled in with a
+``--- @include name`` line, BullMQ's own convention), and the halves wrapped around
+BullMQ's scripts in ``lua/wrap/``. ``{{NAME}}`` stands for a constant filled in from
+:mod:`.common`, so Python and Lua share one definition.
 
 Scripts that write BullMQ's structures wrap BullMQ's own Lua, read from the installed
-bullmq package with ``bullmq.redis_connection.loadScript``: a fairqueue head piece,
-BullMQ's script (inside a Lua function), a fairqueue tail piece that calls it. So the
+bullmq package with ``bullmq.redis_connection.loadScript``: a fairqueue head piece
+(``lua/wrap/<name>.head.lua``), BullMQ's script (inside a Lua function), a fairqueue tail
+piece that calls it (``lua/wrap/<name>.tail.lua``). So the
 job hash, the prioritized set entry, the markers and the events are exactly what BullMQ
 writes; only the priority is fairqueue's.
 """
@@ -134,9 +137,12 @@ def call_script_sync(
 
 
 def load_lua(name: str) -> str:
-    """The text of ``lua/<name>.lua``, includes expanded and constants filled in."""
-    text = files(__package__).joinpath("lua", f"{name}.lua").read_text(encoding="utf-8")
-    text = _INCLUDE.sub(lambda match: load_lua(match.group(1)), text)
+    """The text of ``lua/<name>.lua`` (``name`` may start with its folder,
+    ``wrap/add_jobs.head``), each ``--- @include x`` replaced by ``lua/include/x.lua`` and
+    constants filled in."""
+    path = files(__package__).joinpath("lua", *f"{name}.lua".split("/"))
+    text = path.read_text(encoding="utf-8")
+    text = _INCLUDE.sub(lambda match: load_lua(f"include/{match.group(1)}"), text)
     return _CONSTANT.sub(lambda match: str(_CONSTANTS[match.group(1)]), text)
 
 
@@ -178,7 +184,9 @@ def bullmq_source(bullmq_script: str, edit: tuple[str, str] | None = None) -> st
 
 def _wrapping(name: str, bullmq_script: str, edit: tuple[str, str] | None = None) -> Script:
     source = (
-        load_lua(f"{name}.head") + bullmq_source(bullmq_script, edit) + load_lua(f"{name}.tail")
+        load_lua(f"wrap/{name}.head")
+        + bullmq_source(bullmq_script, edit)
+        + load_lua(f"wrap/{name}.tail")
     )
     return Script(name, without_unused(source))
 
