@@ -124,8 +124,9 @@ class LimitStore(BrokerPart):
         self.fairness_by = fairness_by
 
     async def release(self, queue: str, tenants: Sequence[str] | None = None) -> Released:
-        """Release the held jobs of ``tenants`` (``None``: of every tenant with held jobs,
-        at most 256 a call) that have room now, at their fair places.
+        """Release the held jobs of ``tenants`` that have room now, at their fair places
+        (``None``: the loop's step, over the tenants due for a visit; docs/design.md,
+        "Releasing at scale").
 
         Safe from any number of callers at once: the room is decided and the jobs moved
         in one script. The loop asks every 50 ms, mostly of queues with nothing held: an
@@ -216,6 +217,8 @@ class LimitStore(BrokerPart):
         Returns the jobs so held."""
         key = limits_key(self.conn.prefix, queue)
         client = self.conn.client()
+        # Visited at the release step's next call: new limits may give it room.
+        await self.conn.guard(client.zadd(f"{key}:due", {tenant_id: 0}, lt=True))
         if not limits.holds:
             await self.conn.guard(client.hdel(key, tenant_id))
             return 0
@@ -303,6 +306,9 @@ class LimitStore(BrokerPart):
             if how == "add" and tenant not in paused:
                 moved += await self.set_paused(queue, tenant, False)
         await self.conn.guard(client.set(f"{base}:synced", 1))
+        # Every tenant visited again (a sweep, a page per release step): the limits just
+        # written may give room.
+        await self.conn.guard(client.set(f"{base}:sweep", 0))
         return moved
 
     async def waiting(self, queue: str, tenant_id: str) -> int:

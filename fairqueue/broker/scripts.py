@@ -55,6 +55,27 @@ EXPIRE_PER_CALL = 64
 LINE_SCAN = 16
 LINE_TRIM_EVERY = 64
 LINE_TTL_MS = 3_600_000
+#: The loop's release step (``lua/release_held.lua``) visits only the tenants due
+#: (``L:due``): at most RELEASE_VISITS a call, and no more once the visits have walked
+#: RELEASE_VISIT_WORK released jobs; it reads at most RELEASE_EVENTS of BullMQ's events
+#: (each of a released job makes its tenant due) and makes RELEASE_SWEEP_PAGE tenants due
+#: per call of a sweep. A tenant that waits for an event is visited at least every
+#: RELEASE_BACKSTOP_MS anyway (a job cleaned by ``Queue.clean`` sends none).
+RELEASE_VISITS = 64
+RELEASE_VISIT_WORK = 1_000
+RELEASE_EVENTS = 250
+RELEASE_SWEEP_PAGE = 100
+RELEASE_BACKSTOP_MS = 30_000
+#: How long one release call may hold Redis, about (us): past it, no further tenant is
+#: visited or job placed, and the next call goes on (the loop calls again at once while
+#: a call stops short), but not before RELEASE_SURE_VISITS visits and RELEASE_SURE_JOBS
+#: jobs released. Placing a job costs tens of us at a million waiting jobs.
+RELEASE_CALL_US = 3_000
+RELEASE_SURE_VISITS = 8
+RELEASE_SURE_JOBS = 32
+#: How soon the loop's next call comes while tenants are due (ms): a call cut short by
+#: RELEASE_CALL_US leaves Redis to other clients at least this long before the next.
+RELEASE_AGAIN_MS = 5
 
 _CONSTANTS = {
     "FLOOR": TAG_FLOOR,
@@ -74,6 +95,15 @@ _CONSTANTS = {
     "RETRY_HELD_MS": RETRY_HELD_MS,
     "CATCHUP_AHEAD": CATCHUP_AHEAD,
     "TAKEABLE_CAP": TAKEABLE_CAP,
+    "RELEASE_VISITS": RELEASE_VISITS,
+    "RELEASE_VISIT_WORK": RELEASE_VISIT_WORK,
+    "RELEASE_EVENTS": RELEASE_EVENTS,
+    "RELEASE_SWEEP_PAGE": RELEASE_SWEEP_PAGE,
+    "RELEASE_BACKSTOP_MS": RELEASE_BACKSTOP_MS,
+    "RELEASE_CALL_US": RELEASE_CALL_US,
+    "RELEASE_SURE_VISITS": RELEASE_SURE_VISITS,
+    "RELEASE_SURE_JOBS": RELEASE_SURE_JOBS,
+    "RELEASE_AGAIN_MS": RELEASE_AGAIN_MS,
     "WAIT_EDGES": "{" + ", ".join(str(edge) for edge in WAIT_EDGES) + "}",
 }
 _INCLUDE = re.compile(r"^--- @include (\w+)$", re.MULTILINE)

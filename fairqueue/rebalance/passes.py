@@ -64,24 +64,26 @@ T = TypeVar("T")
 #: Untagged jobs adopted per script call, and calls per pass at most.
 ADOPT_PAGE_SIZE: Final = 500
 ADOPT_PAGES: Final = 20
-#: Index entries per walk call (a few ms of Redis each). For the overdue count a pass
+#: Index entries per walk call (about a millisecond of Redis each, under 5 ms at a
+#: million waiting jobs). For the overdue count a pass
 #: walks one page per ``WALK_MS_PER_PAGE`` of its interval (at least one, at most
 #: ``MAX_WALK_PAGES``), and a quarter of that (at least one) for the sweep of younger
 #: entries (an id left behind costs a few bytes): about 1% of Redis's time whatever the
 #: interval, so the pass never competes with the workers.
-WALK_PAGE_SIZE: Final = 1_000
-WALK_MS_PER_PAGE: Final = 250
-MAX_WALK_PAGES: Final = 20
+WALK_PAGE_SIZE: Final = 250
+WALK_MS_PER_PAGE: Final = 60
+MAX_WALK_PAGES: Final = 80
 SWEEP_SHARE: Final = 4
 #: Tag-band jobs moved per rebase call, and calls per pass at most.
 REBASE_PAGE_SIZE: Final = 500
 REBASE_PAGES: Final = 40
 #: Stream entries read per history call (about 3 per job: added, active, completed), and
 #: calls per pass at most (BullMQ keeps about 10,000 entries: a stream's worth per pass).
-#: Pages of 1,000: a call's fixed work (the lock, the cursor, the buckets' writes) is
-#: spread over more entries, and a call still runs a few ms.
-HISTORY_PAGE_SIZE: Final = 1_000
-HISTORY_PAGES: Final = 12
+#: Pages of 250: a call stays under 5 ms of Redis at a million waiting jobs and 10,000
+#: tenants (benchmarks/bench_release_scale.py), its fixed work (the lock, the cursor,
+#: the buckets' writes) still spread over many entries.
+HISTORY_PAGE_SIZE: Final = 250
+HISTORY_PAGES: Final = 48
 #: What a pass did, as counts: recorded for the dashboard, which shows them.
 PASS_COUNTS: Final = ("adopted", "recovered", "aged", "parked", "overdue", "cleaned", "rebased")
 LAST_RUN_RECORD: Final = "last_pass"

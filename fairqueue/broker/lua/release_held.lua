@@ -21,10 +21,18 @@
   KEYS[14]    the limits key L (tenant_limits.lua lists the keys beside it)
   KEYS[15]    BullMQ's wait list (read by the 'scan' of ARGV[9] 'wait' only)
   ARGV        job key prefix, fairness ('time'/'jobs'), mode ('release'/'pullback'),
-              tenants ('' = the tenants with held jobs, at most 256 a call; else
+              tenants ('' = the loop's step: the tenants due, L:due; else
               '\n'-separated), the most jobs to release in this call
-  Returns {released, held left (of the tenants seen), next wake ms (-1: no rate window
-  to wait for), held by max_active, held by rate, held by pause}.
+  Returns {released, held left (of the tenants given; the loop's step: every held job),
+  next wake ms (-1: none; the given tenants' next rate window, or in the loop's step when
+  the next tenant falls due), held by max_active, held by rate, held by pause (of the
+  tenants visited)}.
+
+  The loop's step does work in proportion to what can move, whatever the number of
+  limited tenants: it visits the tenants due (L:due, tenant_limits.lua), made due by
+  what can give them room: a job held, a delayed job's due time, a rate window, and
+  BullMQ's events of their released jobs (fqHearEvents). See docs/design.md, "Releasing
+  at scale".
 ]]
 --- @include fair_clock
 --- @include tenant_limits
@@ -33,12 +41,80 @@ local prefix, byTime, mode, budget = ARGV[1], ARGV[2] == 'time', ARGV[3], tonumb
 local L = KEYS[14]
 local K = {prioritized = KEYS[1], state = KEYS[9], flows = KEYS[10], fweights = KEYS[11],
   ready = KEYS[12], jobs = KEYS[13]}
-local tenants = {}
-if ARGV[4] == '' then
-  tenants = redis.call('SRANDMEMBER', L .. ':tenants', 256)
-else
-  for t in string.gmatch(ARGV[4], '[^\n]+') do tenants[#tenants + 1] = t end
+-- A page of a sweep over L:tenants in progress, each made due now (SSCAN returns every
+-- member present for the whole sweep at least once). A sweep starts at the first call and
+-- when events were lost, so no tenant waits for an event it will never hear.
+local function fqSweepDue(L, now)
+  local cursor = redis.call('GET', L .. ':sweep')
+  if not cursor then return end
+  local page = redis.call('SSCAN', L .. ':tenants', cursor, 'COUNT', {{RELEASE_SWEEP_PAGE}})
+  for _, t in ipairs(page[2]) do fqDue(L, t, now) end
+  if page[1] == '0' then
+    redis.call('DEL', L .. ':sweep')
+  else
+    redis.call('SET', L .. ':sweep', page[1])
+  end
 end
+
+-- Whether stream id a ('ms-seq') comes after b.
+local function fqStreamAfter(a, b)
+  local am, as = string.match(a, '^(%d+)-(%d+)$')
+  local bm, bs = string.match(b, '^(%d+)-(%d+)$')
+  am, bm = tonumber(am), tonumber(bm)
+  return am > bm or (am == bm and tonumber(as) > tonumber(bs))
+end
+
+-- BullMQ's events since the last call (at most RELEASE_EVENTS a call): each of a job
+-- fairqueue released (L:owner) makes its tenant due now, for a started, finished,
+-- failed, retried or removed job may give it room. With no released job out, the read
+-- skips to the stream's end. The stream is trimmed (BullMQ keeps about 10,000 events):
+-- when its first entry is past the last one read, events may be lost, and a sweep makes
+-- every tenant due instead.
+local function fqHearEvents(L, eventsKey, now)
+  local posKey = L .. ':evpos'
+  local pos = redis.call('GET', posKey)
+  if not pos or redis.call('HLEN', L .. ':owner') == 0 then
+    local last = redis.call('XREVRANGE', eventsKey, '+', '-', 'COUNT', 1)[1]
+    redis.call('SET', posKey, last and last[1] or '0-0')
+    if not pos then redis.call('SET', L .. ':sweep', '0') end
+    return
+  end
+  local first = redis.call('XRANGE', eventsKey, '-', '+', 'COUNT', 1)[1]
+  local lost = first and pos ~= '0-0' and fqStreamAfter(first[1], pos)
+  if not first then
+    -- empty: trimmed to nothing, or never written; its last id tells which
+    local ok, info = pcall(redis.call, 'XINFO', 'STREAM', eventsKey)
+    if ok then
+      for i = 1, #info, 2 do
+        if info[i] == 'last-generated-id' then
+          lost = fqStreamAfter(info[i + 1], pos)
+          if lost then redis.call('SET', posKey, info[i + 1]) end
+        end
+      end
+    end
+  end
+  if lost then redis.call('SET', L .. ':sweep', '0', 'NX') end
+  local entries = redis.call('XRANGE', eventsKey, '(' .. pos, '+', 'COUNT', {{RELEASE_EVENTS}})
+  local seen = {}
+  for _, entry in ipairs(entries) do
+    local fields = entry[2]
+    for i = 1, #fields, 2 do
+      if fields[i] == 'jobId' then
+        local t = redis.call('HGET', L .. ':owner', fields[i + 1])
+        if t and not seen[t] then
+          seen[t] = true
+          fqDue(L, t, now)
+        end
+        break
+      end
+    end
+  end
+  if #entries > 0 then redis.call('SET', posKey, entries[#entries][1]) end
+end
+
+local general = ARGV[4] == '' -- the loop's step: the tenants due (L:due), not given ones
+local tenants = {}
+for t in string.gmatch(ARGV[4], '[^\n]+') do tenants[#tenants + 1] = t end
 
 if mode == 'holds' then -- pause_tenant / resume_tenant changed L:paused or L:catchup
   fqSyncHolds(L, K.state)
@@ -89,6 +165,7 @@ if mode == 'scan' and (ARGV[9] == 'delayed' or ARGV[9] == 'wait') then
           redis.call('ZADD', KEYS[2], 'XX', string.format('%.17g', fqHeldScore), id)
           redis.call('ZADD', L .. ':later:' .. t, math.floor(tonumber(score) / 4096), id)
           redis.call('SADD', L .. ':tenants', t)
+          fqDue(L, t, math.floor(tonumber(score) / 4096))
         else
           redis.call('LREM', KEYS[15], -1, id)
           fqUnindex(K.ready, prefix .. id, id, ready)
@@ -181,15 +258,40 @@ if mode == 'pullback' then
   return {moved, 0, -1, 0, 0, 0}
 end
 
--- the loop's general step also heals the add script's flag (after a queue was
--- obliterated and its K.state forgotten, say): two reads when nothing changed
-if ARGV[4] == '' then fqSyncHolds(L, K.state) end
+-- A call holds Redis at most about RELEASE_CALL_US: past it, no further tenant is
+-- visited and no further job placed (the rest stay due: the next call goes on), once it
+-- has made RELEASE_SURE_VISITS visits and released RELEASE_SURE_JOBS jobs (so a call
+-- always makes progress, and what it does for a few tenants does not depend on timing).
+local deadline = nil
+local function fqTimeUp()
+  local t = redis.call('TIME')
+  local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  if not deadline then deadline = us + {{RELEASE_CALL_US}} end
+  return us > deadline
+end
+fqTimeUp()
 local now = fqNowMs()
+if general then
+  -- the loop's step also heals the add script's flag (after a queue was obliterated and
+  -- its K.state forgotten, say): two reads when nothing changed
+  fqSyncHolds(L, K.state)
+  fqHearEvents(L, KEYS[8], now)
+  fqSweepDue(L, now)
+  tenants = redis.call('ZRANGEBYSCORE', L .. ':due', '-inf', now, 'LIMIT', 0, {{RELEASE_VISITS}})
+end
 local released, left, wake = 0, 0, -1
 local heldBy = {max_active = 0, rate = 0, paused = 0}
 local c = nil
+local visits, work = 0, 0 -- tenants visited, their released jobs walked (fqOccupied)
 for _, t in ipairs(tenants) do
   local heldKey = L .. ':held:' .. t
+  local outKey = L .. ':out:' .. t
+  if visits > 0 then
+    if visits >= {{RELEASE_SURE_VISITS}} and fqTimeUp() then break end -- the next call goes on
+    work = work + redis.call('SCARD', outKey)
+    if general and work > {{RELEASE_VISIT_WORK}} then break end
+  end
+  visits = visits + 1
   -- its delayed jobs that are due join its held jobs, behind those (add_delayed)
   local laterKey = L .. ':later:' .. t
   local due = redis.call('ZRANGEBYSCORE', laterKey, '-inf', now, 'LIMIT', 0, 1000)
@@ -210,6 +312,8 @@ for _, t in ipairs(tenants) do
     KEYS[8], K.ready, now, since)
   local later = redis.call('EXISTS', laterKey) == 1
   local held = redis.call('LLEN', heldKey)
+  local nextVisit = now + {{RELEASE_BACKSTOP_MS}} -- events and timers come sooner
+  local cut = false -- room left that the call's budget or time did not reach
   if held > 0 then
     local count, reason = held, nil
     if paused then
@@ -264,18 +368,22 @@ for _, t in ipairs(tenants) do
       if room < 0 then room = 0 end
       if room < count then count = room end
     end
+    -- cut by nothing but this call's budget: the next call goes on with it
+    local allowed = count
     if count > budget - released then count = budget - released end
-    local outKey = L .. ':out:' .. t
     local done, placed, indexed = 0, 0, {}
     while done < count do
+      if released >= {{RELEASE_SURE_JOBS}} and fqTimeUp() then break end
       local id = redis.call('LPOP', heldKey)
       if not id then break end
       done = done + 1
       local meta = redis.call('HGET', L .. ':meta', id)
       if redis.call('EXISTS', prefix .. id) == 0 or not meta then
         redis.call('HDEL', L .. ':meta', id) -- removed while held (remove, drain, clean)
+        redis.call('HDEL', L .. ':owner', id)
       elseif not redis.call('ZSCORE', KEYS[2], id) then
         redis.call('SADD', outKey, id) -- promoted by hand: takeable already, it occupies
+        redis.call('HSET', L .. ':owner', id, t)
       else
         if not c then
           c = fqClock(K)
@@ -291,6 +399,7 @@ for _, t in ipairs(tenants) do
         -- indexed once: a job pulled back by a pause and released again keeps its entry
         if redis.call('HSETNX', prefix .. id, 'fqRel', now) == 1 then indexed[#indexed + 1] = id end
         redis.call('SADD', outKey, id)
+        redis.call('HSET', L .. ':owner', id, t)
         if lim.rateMax then redis.call('ZADD', L .. ':rate:' .. t, now, id) end
         redis.call('XADD', KEYS[8], '*', 'event', 'waiting', 'jobId', id, 'prev', 'delayed')
         released = released + 1
@@ -304,11 +413,13 @@ for _, t in ipairs(tenants) do
       redis.call('PEXPIRE', L .. ':bucket:' .. t, lim.rateMs * 2)
     end
     held = redis.call('LLEN', heldKey)
+    cut = done < allowed and held > 0
     if held == 0 and redis.call('HDEL', L .. ':catchup', t) == 1 then -- caught up
       fqSyncHolds(L, K.state)
     end
     if held == 0 and not later and redis.call('SCARD', outKey) == 0 then
       redis.call('SREM', L .. ':tenants', t)
+      nextVisit = nil
     elseif held > 0 then
       left = left + held
       if reason then heldBy[reason] = heldBy[reason] + held end
@@ -322,14 +433,35 @@ for _, t in ipairs(tenants) do
         end
         if at < 1 then at = 1 end
         if wake < 0 or at < wake then wake = at end
+        nextVisit = now + at
       end
     end
   elseif occupied == 0 and not later then
     redis.call('SREM', L .. ':tenants', t)
+    nextVisit = nil
+  end
+  if cut then nextVisit = now end -- room left that this call had no time for
+  if nextVisit and later then
+    local first = redis.call('ZRANGE', laterKey, 0, 0, 'WITHSCORES')
+    if first[2] and tonumber(first[2]) < nextVisit then nextVisit = tonumber(first[2]) end
+  end
+  if nextVisit then
+    redis.call('ZADD', L .. ':due', nextVisit, t)
+  else
+    redis.call('ZREM', L .. ':due', t)
   end
   if released >= budget then break end
 end
 if released > 0 and redis.call('HEXISTS', KEYS[7], 'paused') == 0 then
   redis.call('ZADD', KEYS[6], 0, '0') -- wake the workers (BullMQ's base marker)
+end
+if general then
+  -- every held job (the held score: held, and delayed ones held until due), and when
+  -- the next tenant falls due
+  local at = string.format('%.17g', fqHeldScore)
+  left = redis.call('ZCOUNT', KEYS[2], at, at)
+  local first = redis.call('ZRANGE', L .. ':due', 0, 0, 'WITHSCORES')
+  wake = -1
+  if first[2] then wake = math.max({{RELEASE_AGAIN_MS}}, tonumber(first[2]) - now) end
 end
 return {released, left, wake, heldBy.max_active, heldBy.rate, heldBy.paused}

@@ -26,6 +26,14 @@
     L:resv:<t>      hash: batch token -> "jobs left:expiry ms", room a batch added over
                     several calls reserved (fqCheckWaiting)
     L:synced        set once the database's limits and pauses were brought here
+    L:due           zset: tenant -> when the release step next visits it (ms): the
+                    tenants that can move, so a call never walks every limited tenant
+    L:owner         hash: released job id -> its tenant, so an event of the job (BullMQ's
+                    events stream: it started, finished, failed, was removed) makes the
+                    tenant due
+    L:evpos         the last id of BullMQ's events stream the release step read
+    L:sweep         SSCAN cursor over L:tenants while a sweep makes every tenant due (the
+                    first call, or events lost to the stream's trimming)
 ]]
 local fqHeldMs = {{HELD_MS}}
 local fqHeldScore = fqHeldMs * 4096 -- BullMQ's delayed score: timestamp * 0x1000
@@ -35,6 +43,14 @@ local fqRerunScore = {{CAP_SCORE}}
 -- The backoff a released job of a held tenant carries (fairqueue.broker.common
 -- .RETRY_HELD_MS): its failed attempts land in BullMQ's delayed set this far ahead.
 local fqRetryHeldMs = {{RETRY_HELD_MS}}
+
+-- Visit tenant t no later than `at` (ms; 0: at the next call): whatever can give a
+-- tenant room or jobs to release marks it (a job held, a delayed one's due time, an event
+-- of one of its released jobs, a rate window), so the release step's work follows what
+-- can move, not how many tenants have limits.
+local function fqDue(L, t, at)
+  redis.call('ZADD', L .. ':due', 'LT', at, t)
+end
 
 -- A tenant's limits as numbers (nil: no limit of that kind).
 local function fqSplitLimits(encoded)
@@ -53,6 +69,7 @@ local function fqHoldJob(L, prioritizedKey, delayedKey, eventsKey, jobId, tenant
   redis.call('RPUSH', L .. ':held:' .. tenant, jobId)
   if meta then redis.call('HSET', L .. ':meta', jobId, meta) end
   redis.call('SADD', L .. ':tenants', tenant)
+  fqDue(L, tenant, 0)
   redis.call('XADD', eventsKey, '*', 'event', 'delayed', 'jobId', jobId, 'delay', fqHeldMs)
 end
 
@@ -191,6 +208,7 @@ local function fqOccupied(L, prefix, completedKey, failedKey, prioritizedKey, te
       if since then fqStamp(rateKey, prefix .. id, id) end
       redis.call('SREM', outKey, id)
       redis.call('HDEL', L .. ':meta', id)
+      redis.call('HDEL', L .. ':owner', id)
     else
       local score = tonumber(redis.call('ZSCORE', prioritizedKey, id))
       local due = not score and tonumber(redis.call('ZSCORE', delayedKey, id))
@@ -209,6 +227,7 @@ local function fqOccupied(L, prefix, completedKey, failedKey, prioritizedKey, te
         fqUnindex(readyKey, prefix .. id, id, nil)
         redis.call('ZADD', delayedKey, 'XX', string.format('%.17g', fqHeldScore), id)
         redis.call('ZADD', L .. ':later:' .. tenant, due, id)
+        fqDue(L, tenant, due)
       else
         n = n + 1
         if score then

@@ -33,6 +33,7 @@ if fqHeld and type(jobId) == 'string' then
   redis.call('ZADD', fqL .. ':later:' .. fqTenant, fqReady, jobId)
   redis.call('HSET', fqL .. ':meta', jobId, fqLevel .. '\n' .. fqWeight .. '\n')
   redis.call('SADD', fqL .. ':tenants', fqTenant)
+  fqDue(fqL, fqTenant, fqReady)
   if fqGiven ~= '' then redis.call('HSET', fqL, fqTenant, fqAddPause(fqL, fqTenant, fqGiven)) end
 elseif fqFresh and type(jobId) == 'string' then
   local second = string.format('%d', math.floor(fqReady / 1000))

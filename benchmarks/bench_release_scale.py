@@ -1,0 +1,321 @@
+"""The release step at scale: many limited tenants with backlogs beside a million waiting
+jobs, on a private Redis (so its CPU figures are fairqueue's and BullMQ's alone).
+
+Setup: ``--waiting`` jobs of ``--open-tenants`` unlimited tenants, and ``--tenants``
+tenants with ``max_active`` 2 and ``--backlog`` jobs each (two released, the rest held).
+Three phases, side by side in one run, each ``--phase-s`` long:
+
+* **plain BullMQ**: a stock Node BullMQ worker (16 slots) drains the queue, no loop: the
+  baseline of what other clients wait for a ``PING``.
+* **idle loop**: ``manage.py rebalance_fair`` runs, no worker: nothing can move (every
+  limited tenant is at its ``max_active``). Redis CPU the loop costs, in % of one core.
+* **busy**: the loop and the worker together: the limited tenants' jobs finish and their
+  next ones are released as the worker drains the queue.
+
+For each phase: Redis CPU (``INFO cpu``, % of one core), a ``PING`` every 2 ms from
+another connection (p50, p99, max), and each script's slowest call (Redis's slow
+log, every call over 200 us), with the limited tenants' jobs the worker ran.
+
+    python benchmarks/bench_release_scale.py [--tenants 10000] [--waiting 1000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def start_redis() -> tuple[subprocess.Popen[bytes], str, str]:
+    """A private redis-server without persistence on a free port."""
+    import socket
+
+    with socket.socket() as sock:  # not benchmarks.common: it reads the URL on import
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    folder = tempfile.mkdtemp(prefix="fqbench-redis-")
+    process = subprocess.Popen(
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            folder,
+            "--slowlog-log-slower-than",
+            "200",
+            "--slowlog-max-len",
+            "1000000",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return process, f"redis://127.0.0.1:{port}/0", folder
+
+
+class Pinger(threading.Thread):
+    """PING every 2 ms on a connection of its own; the round trips, in ms."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        import redis
+
+        self.client = redis.Redis.from_url(url)
+        self.samples: list[float] = []
+        self.running = True
+
+    def run(self) -> None:
+        while self.running:
+            started = time.perf_counter()
+            self.client.ping()
+            self.samples.append((time.perf_counter() - started) * 1000)
+            time.sleep(0.002)
+
+
+def cpu_seconds(client: Any) -> float:
+    info = client.info("cpu")
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+
+def script_names() -> dict[str, str]:
+    from fairqueue.broker import scripts
+
+    names = {}
+    for name in dir(scripts):
+        if name.endswith("_script") and name != "plain_script":
+            script = getattr(scripts, name)()
+            names[script.sha] = script.name
+    for path in (ROOT / "fairqueue" / "broker" / "lua").glob("*.lua"):
+        if "." not in path.stem:
+            try:
+                script = scripts.plain_script(path.stem)
+            except Exception:  # an include, not an entry script
+                continue
+            names.setdefault(script.sha, script.name)
+    return names
+
+
+def slowest(client: Any, names: dict[str, str]) -> dict[str, float]:
+    """The slowest call of each script in the slow log (ms), then the log emptied."""
+    worst: dict[str, float] = {}
+    for entry in client.slowlog_get(1_000_000):
+        command = entry["command"]
+        if isinstance(command, bytes):
+            command = command.decode(errors="replace")
+        parts = command.split()
+        if len(parts) < 2 or parts[0].upper() != "EVALSHA":
+            continue  # a plain command (and this benchmark's own reads)
+        name = names.get(parts[1], "bullmq")
+        ms = entry["duration"] / 1000
+        worst[name] = max(worst.get(name, 0.0), ms)
+    client.slowlog_reset()
+    return worst
+
+
+def limited_done(worker: Any) -> int:
+    """Jobs of limited tenants the worker ran (their ids start with 'lim-')."""
+    if worker is None:
+        return 0
+    return sum(1 for record in list(worker.records) if str(record["id"]).startswith("lim-"))
+
+
+def settle(client: Any, base: str, limit_s: float = 120.0) -> None:
+    """Until the release step has nothing due (the idle phase measures a loop that has
+    caught up, not the releases the previous phase left)."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        seconds, micros = client.time()
+        now_ms = seconds * 1000 + micros // 1000
+        if not client.exists(f"{base}:sweep") and not client.zcount(f"{base}:due", 0, now_ms):
+            return
+        time.sleep(0.2)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--tenants", type=int, default=10_000)
+    parser.add_argument("--backlog", type=int, default=5)
+    parser.add_argument("--waiting", type=int, default=1_000_000)
+    parser.add_argument("--open-tenants", type=int, default=100)
+    parser.add_argument("--phase-s", type=float, default=15.0)
+    parser.add_argument("--concurrency", type=int, default=16)
+    args = parser.parse_args(argv)
+    args.run_ms = 0
+    args.bound_ms = 60_000
+    args.interval_ms = 1_000
+    if not shutil.which("redis-server"):
+        print("redis-server not found", file=sys.stderr)
+        return 2
+    redis_process, url, folder = start_redis()
+    os.environ["FAIRQUEUE_REDIS_URL"] = url
+    prefix = f"fqbench-{uuid.uuid4().hex[:12]}"
+    os.environ["FAIRQUEUE_PREFIX"] = prefix
+    os.environ["FAIRQUEUE_KEEP_COMPLETED_COUNT"] = str(args.tenants * args.backlog + 100_000)
+    import redis
+
+    from benchmarks.fairness import (
+        LOG,
+        QUEUE,
+        NodeWorker,
+        _stop_process,
+        setup_django,
+        start_loop,
+        wait_for_loop,
+    )
+
+    client = redis.Redis.from_url(url)
+    for _ in range(100):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    db = setup_django()
+    from fairqueue.broker import NewJob, close_brokers, get_sync_broker
+    from fairqueue.scheduling.levels import PriorityLevel
+    from fairqueue.scheduling.limits import TenantLimits
+
+    levels = list(PriorityLevel)
+    limits = TenantLimits(max_active=2).encoded()
+    rows: list[tuple[str, dict[str, Any]]] = []
+    loop = worker = None
+    try:
+        broker = get_sync_broker()
+
+        def add(jobs: list[Any]) -> None:
+            db.submit(broker.add_jobs, QUEUE, jobs).result()
+
+        started = time.perf_counter()
+        batch: list[Any] = []
+        for n in range(args.waiting):
+            tenant = f"open-{n % args.open_tenants}"
+            batch.append(
+                NewJob(
+                    name="bench",
+                    data={"tenantId": tenant},
+                    level=levels[n % len(levels)],
+                    tenant=tenant,
+                )
+            )
+            if len(batch) == 5_000:
+                add(batch)
+                batch = []
+        for t in range(args.tenants):
+            tenant = f"t{t}"
+            for n in range(args.backlog):
+                batch.append(
+                    NewJob(
+                        name="bench",
+                        data={"tenantId": tenant},
+                        level=PriorityLevel.NORMAL,
+                        job_id=f"lim-{t}-{n}",
+                        tenant=tenant,
+                        limits=limits,
+                    )
+                )
+            if len(batch) >= 5_000:
+                add(batch)
+                batch = []
+        if batch:
+            add(batch)
+        held = client.scard(f"{prefix}:{QUEUE}:fq:lim:tenants")
+        print(
+            f"setup: {args.waiting:,} waiting, {args.tenants:,} limited tenants "
+            f"({held:,} holding) in {time.perf_counter() - started:.0f} s"
+        )
+        names = script_names()
+
+        def phase(label: str, *, with_loop: bool, with_worker: bool) -> None:
+            nonlocal loop, worker
+            log = LOG.open("a")
+            if with_loop and loop is None:
+                loop = start_loop(prefix, args, log)
+                if not wait_for_loop(prefix, loop):
+                    raise RuntimeError(f"the loop did not start; see {LOG}")
+            if not with_loop and loop is not None:
+                _stop_process(loop)
+                loop = None
+            if with_worker and worker is None:
+                worker = NodeWorker(prefix, args, log)
+            if not with_worker and worker is not None:
+                worker.stop()
+                worker = None
+            time.sleep(1.0)  # past the start
+            if with_loop and not with_worker:
+                settle(client, f"{prefix}:{QUEUE}:fq:lim")
+            client.slowlog_reset()
+            limited_before = limited_done(worker)
+            pinger = Pinger(url)
+            cpu_before, wall_before = cpu_seconds(client), time.perf_counter()
+            pinger.start()
+            time.sleep(args.phase_s)
+            pinger.running = False
+            pinger.join()
+            cpu = (cpu_seconds(client) - cpu_before) / (time.perf_counter() - wall_before)
+            samples = sorted(pinger.samples)
+            rows.append(
+                (
+                    label,
+                    {
+                        "cpu": cpu * 100,
+                        "p50": statistics.median(samples),
+                        "p99": samples[int(len(samples) * 0.99)],
+                        "max": samples[-1],
+                        "scripts": slowest(client, names),
+                        "limited": limited_done(worker) - limited_before,
+                    },
+                )
+            )
+
+        phase("plain BullMQ (worker, no loop)", with_loop=False, with_worker=True)
+        phase("idle loop (loop, no worker)", with_loop=True, with_worker=False)
+        phase("busy (loop and worker)", with_loop=True, with_worker=True)
+    finally:
+        if worker is not None:
+            worker.stop()
+        if loop is not None:
+            _stop_process(loop)
+        close_brokers()
+        db.shutdown()
+        client.close()
+        redis_process.terminate()
+        redis_process.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+    print()
+    print(f"{args.tenants:,} limited tenants (max_active 2, {args.backlog} jobs each) beside")
+    print(f"{args.waiting:,} waiting jobs; phases of {args.phase_s:.0f} s, PING every 2 ms")
+    print()
+    print(
+        f"{'phase':<34} {'Redis CPU':>9} {'PING p50':>9} {'p99':>7} {'max':>7} "
+        f"{'limited done':>12}  slowest script calls (ms; bullmq: its own)"
+    )
+    for label, row in rows:
+        scripts = ", ".join(
+            f"{name} {ms:.1f}"
+            for name, ms in sorted(row["scripts"].items(), key=lambda item: -item[1])[:5]
+        )
+        print(
+            f"{label:<34} {row['cpu']:>8.1f}% {row['p50']:>8.2f}  {row['p99']:>6.2f} "
+            f"{row['max']:>6.1f} {row['limited']:>12,}  {scripts or 'none over 0.2 ms'}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
