@@ -4,7 +4,7 @@ Everything else in fairqueue speaks its own types (``NewJob``, ``WaitingJob``, .
 BullMQ's camelCase API, its key names and its priority score format stay in here.
 
 How fairqueue uses BullMQ's priority (pinned: ``bullmq>=3.4.4,<3.5``, checked by
-``tests/test_broker_contract.py``):
+``tests/redis/test_broker_contract.py``):
 
 * BullMQ pops its ``wait`` list (priority 0) before anything in the ``prioritized``
   sorted set, whose score is ``priority * 2**32 + counter``; priorities run 1..2**21-1.
