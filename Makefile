@@ -1,5 +1,5 @@
 # The two commands a newcomer runs: `make demo` and `make test` (`make test-fast` while
-# working: the same checks, without the tests marked slow).
+# working: the same checks, and only the tests that need no Redis).
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -35,7 +35,7 @@ $(VENV_DJ6)/.installed: requirements-django6.txt requirements-tools.txt pyprojec
 	@echo "make: installing Django 6.1 and the test tools (requirements-django6.txt) into $(VENV_DJ6)"
 	$(PY_DJ6) -m pip install --disable-pip-version-check --progress-bar on --upgrade pip
 	$(PY_DJ6) -m pip install --disable-pip-version-check --progress-bar on -r requirements-django6.txt
-	@# The backport apart, off the suite's path: tests/test_django6.py's both-frameworks test.
+	@# The backport apart, off the suite's path: tests/redis/test_django6.py's both-frameworks test.
 	$(PY_DJ6) -m pip install --disable-pip-version-check --no-deps --upgrade --target $(VENV_DJ6)/backport "django-tasks>=0.12,<0.13" "django-stubs-ext>=5,<7" "typing_extensions>=4"
 	@touch $@
 
@@ -48,7 +48,7 @@ demo: $(VENV)/.installed
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py fairqueue_demo $(DEMO_ARGS)
 
-# A stock Node BullMQ worker for tests/test_node_worker.py (skipped there without node).
+# A stock Node BullMQ worker for tests/e2e/test_node_worker.py (skipped there without node).
 tests/node/node_modules/.installed: tests/node/package.json tests/node/package-lock.json
 	@if command -v npm >/dev/null 2>&1; then \
 		cd tests/node && npm ci --no-audit --no-fund --loglevel=error && touch node_modules/.installed; \
@@ -57,15 +57,16 @@ tests/node/node_modules/.installed: tests/node/package.json tests/node/package-l
 test: $(VENV)/.installed-dev redis tests/node/node_modules/.installed
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(PY) -m mypy
 	$(PY) -m pytest
 
-# Everything but the long integration tests (pytest's `slow` marker: whole demos, fault
-# injection, failovers, 10,000-job runs, the wheel in a fresh project): about a minute.
-# CI (.ci/run) runs `make test`.
-test-fast: $(VENV)/.installed-dev redis tests/node/node_modules/.installed
+# ruff, mypy and the tests that need no Redis (tests/unit: the scheduling math, settings,
+# checks, models, docs): seconds, no Redis started. CI (.ci/run) runs `make test`.
+test-fast: $(VENV)/.installed-dev
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m mypy
+	$(PY) -m pytest tests/unit -q
 
 # `make test`'s pytest run on Django 6.1 / Python 3.12 (ruff ran in `make test`).
 test-django6: $(VENV_DJ6)/.installed redis tests/node/node_modules/.installed
@@ -75,6 +76,7 @@ test-django6: $(VENV_DJ6)/.installed redis tests/node/node_modules/.installed
 lint: $(VENV)/.installed-dev
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
+	$(PY) -m mypy
 
 bench: $(VENV)/.installed-dev redis
 	$(PY) benchmarks/bench_policy.py

@@ -1,7 +1,7 @@
 """Draws the pictures of docs/concepts.md from fairqueue's own placement model.
 
     python docs/pictures.py              # writes docs/concepts-*.png
-    python docs/pictures.py --out DIR    # elsewhere (tests/test_docs.py does)
+    python docs/pictures.py --out DIR    # elsewhere (tests/unit/test_docs.py does)
 
 The run orders come from ``fairqueue.scheduling.order.FairClock``, the rule the add script
 follows (docs/design.md, "The rule"): jobs run in finish-tag order, ties to the higher

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from types import MappingProxyType
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, cast
 
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
@@ -436,7 +436,7 @@ def _validate() -> tuple[FairqueueSettings | None, list[SettingError]]:
     queues = read(Problem.QUEUES, _parse_queues, values["QUEUES"])
     if redis is not None and prefix is not None and queues is not None:
         read(Problem.CLUSTER_QUEUE_WITHOUT_HASH_TAG, _check_cluster_queues, redis, prefix, queues)
-    fields = {
+    fields: dict[str, Any] = {
         "max_wait_ms": number("MAX_WAIT_MS"),
         "rebalance_interval_ms": number("REBALANCE_INTERVAL_MS"),
         "priority_enabled": read(
@@ -470,7 +470,11 @@ def _validate() -> tuple[FairqueueSettings | None, list[SettingError]]:
     if errors or redis is None:
         return None, errors
     settings = FairqueueSettings(
-        **fields, redis_url=redis.url, prefix=prefix, queues=queues, redis=redis
+        **fields,
+        redis_url=redis.url,
+        prefix=cast(str, prefix),  # read without error: set
+        queues=cast("Mapping[str, str]", queues),
+        redis=redis,
     )
     return settings, []
 

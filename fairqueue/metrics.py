@@ -20,7 +20,7 @@ import threading
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from django.http import HttpRequest, HttpResponse
 from prometheus_client import (
@@ -310,9 +310,8 @@ def initialize_queue_fair_metrics(
     with _lock:
         metrics = _by_registry.get(registry)
         if metrics is None:
-            metrics = QueueFairMetrics(
-                **{family.field: family.create(registry) for family in FAMILIES}
-            )
+            created: dict[str, Any] = {family.field: family.create(registry) for family in FAMILIES}
+            metrics = QueueFairMetrics(**created)
             for level, weight in DEFAULT_FAIR_WEIGHTS.items():
                 metrics.level_weight.labels(PriorityLevel(level).value).set(weight)
             _by_registry[registry] = metrics
@@ -325,7 +324,7 @@ def initialize_queue_fair_metrics(
 
 _initialized_for: dict[tuple[frozenset[str], frozenset[str]], QueueFairMetrics] = {}
 _last: list[object] = [None, None]  # (queues mapping, metrics): the hot path's shortcut
-_enqueue_children: dict[tuple[str, str, PriorityLevel], tuple[Counter, Counter]] = {}
+_enqueue_children: dict[tuple[str, str, PriorityLevel], tuple[Counter, Counter, Counter]] = {}
 
 
 def get_metrics() -> QueueFairMetrics:

@@ -173,7 +173,7 @@ class TenantPlan(models.Model):
             if isinstance(product, dict) and product.get("subscriptionProductId")
         ]
 
-    def resolve_plan(self) -> str:
+    def resolve_plan(self) -> str | None:
         """The explicit tier, else the code-level classifier, else the database rules."""
         if self.plan_tier:
             return self.plan_tier

@@ -68,7 +68,7 @@ def _reset_plan_lookup():
 @pytest.fixture
 def limited(fq_prefix):
     """Tenant 'acme' limited to 2 running jobs, 'beta' without limits, DB lookups wired
-    (tests/test_limits.py, tests/test_limit_leaks.py)."""
+    (tests/redis/test_limits.py, tests/redis/test_limit_leaks.py)."""
     from fairqueue.enqueue.priority import wire_tenant_plan_lookup
     from fairqueue.models import TenantPlan
 

@@ -1,4 +1,4 @@
-"""Tasks of both frameworks side by side, for tests/test_django6.py's run on Django 6 with
+"""Tasks of both frameworks side by side, for tests/redis/test_django6.py's run on Django 6 with
 the backport importable too (a subprocess: the Django 6.1 suite itself has no backport).
 Not a test module: importing it needs both ``django.tasks`` and ``django_tasks``."""
 

@@ -3,8 +3,8 @@
 A project of its own rather than the demo's settings: the apps the admin and dashboard
 tests need, fairqueue, django_tasks for the tasks backend, and the demo project's app,
 which tests use for what lives there: its ``fairqueue_demo`` command
-(tests/test_demo.py), its ``Invoice`` model and post_save signal (tests/test_signals.py)
-and its job handlers (tests/test_worker.py's autodiscovery). None of the demo's wiring
+(tests/e2e/test_demo.py), its ``Invoice`` model and post_save signal (tests/redis/test_signals.py)
+and its job handlers (tests/redis/test_worker.py's autodiscovery). None of the demo's wiring
 (django_prometheus, the Redis cache, its key prefixes, its logging) is here; the fixtures
 point fairqueue at a private prefix (tests/conftest.py).
 """
@@ -20,7 +20,7 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 SECRET_KEY = "fairqueue-tests-only-not-a-secret"  # noqa: S105 - a test key, on purpose
 DEBUG = False
 ALLOWED_HOSTS = ["127.0.0.1", "localhost", "[::1]"]
-# tests/test_reporting.py: error pages mask Redis passwords with fairqueue's filter.
+# tests/unit/test_reporting.py: error pages mask Redis passwords with fairqueue's filter.
 DEFAULT_EXCEPTION_REPORTER_FILTER = "fairqueue.reporting.CredentialSafeExceptionReporterFilter"
 
 INSTALLED_APPS = [
@@ -86,7 +86,7 @@ FAIRQUEUE = {
 }
 
 # Django tasks (@task) run through fairqueue: django-tasks' default queue is the
-# `email` job type; `report` is a task queue of its own (tests/test_tasks_backend.py).
+# `email` job type; `report` is a task queue of its own (tests/redis/test_tasks_backend.py).
 TASKS = {
     "default": {
         "BACKEND": "fairqueue.tasks.backend.FairQueueBackend",

@@ -1,5 +1,5 @@
 """The test project's URLs: the admin, where fairqueue's dashboard lives, and
-``/metrics`` served with django-prometheus as the README shows (tests/test_metrics.py),
+``/metrics`` served with django-prometheus as the README shows (tests/redis/test_metrics.py),
 or by fairqueue's own view where django-prometheus does not install (Django 6.1)."""
 
 from importlib.util import find_spec

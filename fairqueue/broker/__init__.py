@@ -4,12 +4,12 @@ Everything else in fairqueue speaks its own types (``NewJob``, ``WaitingJob``, .
 BullMQ's camelCase API, its key names and its priority score format stay in here.
 
 How fairqueue uses BullMQ's priority (pinned: ``bullmq>=3.4.4,<3.5``, checked by
-``tests/test_broker_contract.py``):
+``tests/redis/test_broker_contract.py``):
 
 * BullMQ pops its ``wait`` list (priority 0) before anything in the ``prioritized``
   sorted set, whose score is ``priority * 2**32 + counter``; priorities run 1..2**21-1.
 * fairqueue gives every job its place when it is added, in the add script, atomically
-  with BullMQ's own add (``lua/fair_clock.lua``): from priority ``TAG_FLOOR`` up, the
+  with BullMQ's own add (``lua/include/fair_clock.lua``): from priority ``TAG_FLOOR`` up, the
   whole 53-bit score (``priority * 2**32 + counter`` as BullMQ writes it) is fairqueue's
   fixed-point fair tag (start-time fair queueing over (level, tenant) flows; see
   :mod:`fairqueue.scheduling.order`), ``TAG_RESOLUTION`` score units per tag unit, while the
@@ -38,7 +38,8 @@ event-loop thread per process with one async pool. Both are recreated after ``fo
 The package, one module per concern (import from here, not from them):
 
 * ``common``: the priority layout (``MAX_PRIORITY``, ``TAG_FLOOR``, ...), key names and helpers;
-* ``scripts``: the Lua scripts, read from ``lua/*.lua``, and those wrapping BullMQ's own;
+* ``scripts``: the Lua scripts (``lua/``; their shared libraries in ``lua/include/``, the
+  halves wrapped around BullMQ's own in ``lua/wrap/``) and the one way to run them;
 * ``clients`` and ``sentinel``: Redis clients of every kind (one server, Sentinel, Cluster);
 * ``connection``: :class:`Connection` (a client per event loop, keys, errors) and the
   parts' base;

@@ -12,12 +12,18 @@ from typing import Any, Final
 import redis.asyncio as aioredis
 from bullmq import Job as BullJob
 from bullmq import Queue as BullQueue
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import ResponseError
 
 from fairqueue.broker.common import BACK_OF_LINE, fair_key, fair_keys
 from fairqueue.broker.connection import BrokerPart, Connection
 from fairqueue.broker.limit_store import limits_key, parse_released, release_args, release_keys
-from fairqueue.broker.scripts import add_delayed_script, add_jobs_script, release_held_script
+from fairqueue.broker.scripts import (
+    add_delayed_script,
+    add_jobs_script,
+    call_script,
+    call_script_sync,
+    release_held_script,
+)
 from fairqueue.exceptions import TenantBacklogFullError
 from fairqueue.scheduling.levels import DEFAULT_TENANT, PriorityLevel
 
@@ -26,7 +32,7 @@ ADD_BATCH_SIZE: Final = 250
 
 #: The fqReady slot the packer appends to an undelayed job's packed opts: the key
 #: ``fqReady`` and a 9-byte msgpack uint64 (all ones) that the add script overwrites
-#: with Redis's clock as bytes (lua/add_jobs.head.lua's ``fqReadySlot``), so Redis does
+#: with Redis's clock as bytes (lua/wrap/add_jobs.head.lua's ``fqReadySlot``), so Redis does
 #: not unpack and repack every job's opts.
 READY_SLOT: Final = b"\xa7fqReady\xcf" + b"\xff" * 8
 
@@ -360,27 +366,18 @@ def _with_held(added: list[AddedJob], reply: Any) -> list[AddedJob]:
     return added
 
 
-def _evalsha_sync(
-    client: Any, sha: str, source: str, keys: list[str] | list[bytes], args: list[Any]
-) -> Any:
-    try:
-        return client.evalsha(sha, len(keys), *keys, *args)
-    except NoScriptError:
-        # Redis lost its script cache (restart, SCRIPT FLUSH): nothing ran.
-        client.script_load(source)
-        return client.evalsha(sha, len(keys), *keys, *args)
-
-
 def run_adds_sync(client: Any, commands: list[_AddCommand]) -> list[AddedJob]:
     """Run add commands with a blocking client; the twin of ``Adder._run_adds``."""
     added: list[AddedJob] = []
     for command in commands:
-        reply = _evalsha_sync(client, command.sha, command.source, command.keys, command.args)
+        reply = call_script_sync(client, command.sha, command.source, command.keys, command.args)
         jobs = _added(command, reply)
         if command.release is not None:
             release = release_held_script()
             keys, args = command.release
-            jobs = _with_held(jobs, _evalsha_sync(client, release.sha, release.source, keys, args))
+            jobs = _with_held(
+                jobs, call_script_sync(client, release.sha, release.source, keys, args)
+            )
         added.extend(jobs)
     return added
 
@@ -424,16 +421,9 @@ class Adder(BrokerPart):
         client = self.conn.client()
         added: list[AddedJob] = []
         for command in commands:
-            try:
-                reply = await client.evalsha(
-                    command.sha, len(command.keys), *command.keys, *command.args
-                )
-            except NoScriptError:
-                # Redis lost its script cache (restart, SCRIPT FLUSH): nothing ran.
-                await client.script_load(command.source)
-                reply = await client.evalsha(
-                    command.sha, len(command.keys), *command.keys, *command.args
-                )
+            reply = await call_script(
+                client, command.sha, command.source, command.keys, command.args
+            )
             jobs = _added(command, reply)
             if command.release is not None:
                 keys, args = command.release

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import Future
 from typing import Any, ParamSpec
 
@@ -148,7 +148,7 @@ class SyncBroker:
     def __repr__(self) -> str:
         return f"SyncBroker({self.broker!r})"
 
-    def run(self, fn: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P.kwargs) -> T:
+    def run(self, fn: Callable[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``await fn(*args, **kwargs)`` on the broker's loop and wait for it."""
         loop = loop_thread.get()
         if _running_loop() is loop:

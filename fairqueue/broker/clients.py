@@ -3,7 +3,7 @@ the timeouts, retry policies and connection names the broker relies on."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import redis
 import redis.asyncio as aioredis
@@ -68,7 +68,7 @@ def async_client(target: RedisTarget, name: str | None = None) -> AsyncClient:
             **_TIMEOUTS,
         )
         return sentinel.master_for(
-            target.service,
+            cast(str, target.service),  # a Sentinel target names its service
             decode_responses=True,
             db=target.db,
             username=target.username,
@@ -115,7 +115,7 @@ def sync_client(target: RedisTarget, name: str | None = None) -> SyncClient:
             **_TIMEOUTS,
         )
         return sentinel.master_for(
-            target.service,
+            cast(str, target.service),  # a Sentinel target names its service
             decode_responses=True,
             db=target.db,
             username=target.username,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, overload
 
 import redis
 from bullmq.queue_keys import QueueKeys
@@ -31,12 +31,12 @@ HELD_UNTIL_MS: Final = 253_402_300_799_000
 #: with attempts left then goes to BullMQ's delayed set, out of every worker's reach,
 #: instead of straight back where an idle worker takes it at once, and the release step
 #: holds it again, due after its own backoff, so every attempt starts through the
-#: tenant's limits (``lua/tenant_limits.lua``). Its delayed score stays below 2**53.
+#: tenant's limits (``lua/include/tenant_limits.lua``). Its delayed score stays below 2**53.
 RETRY_HELD_MS: Final = 315_360_000_000
 #: Score units per unit of virtual time: a job's score is
 #: ``TAG_FLOOR * 2**32 + floor((tag - base) * TAG_RESOLUTION) * 4 + level rank``, so the
 #: fair order keeps 1/1024 of a tag (a lone low tenant's job is 12) at any backlog and
-#: the scores run out only after about 10**11 jobs (see ``lua/fair_clock.lua``).
+#: the scores run out only after about 10**11 jobs (see ``lua/include/fair_clock.lua``).
 TAG_RESOLUTION: Final = 1_024
 #: A pass starts a paged rebase once the virtual time is this far (in tag units) above
 #: the base, about halfway to the cap, so scores never reach it on a queue that never
@@ -200,6 +200,10 @@ def _replace_lone_surrogates(value: Any) -> Any:
     return value
 
 
+@overload
+def int_or(value: Any, default: int) -> int: ...
+@overload
+def int_or(value: Any, default: None) -> int | None: ...
 def int_or(value: Any, default: int | None) -> int | None:
     """``value`` as an ``int`` (a Redis reply, a BullMQ attribute), or ``default``."""
     try:
@@ -216,7 +220,7 @@ RESERVED_JOB_IDS: Final = frozenset(
     {name for name in QueueKeys().getKeys("q") if name} | {"metrics", "dn", "lock", "logs", "fq"}
 )
 
-#: fairqueue's own keys beside a queue's (see ``lua/fair_clock.lua``): the clock state,
+#: fairqueue's own keys beside a queue's (see ``lua/include/fair_clock.lua``): the clock state,
 #: the flows with work and their counted weights, the ready-time index (job ids by the
 #: second they became ready) and the delayed jobs' meta.
 FAIR_KEYS: Final = ("state", "flows", "fweights", "ready", "jobs")

@@ -8,14 +8,14 @@ import asyncio
 import os
 import threading
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from bullmq import Queue as BullQueue
 
 from fairqueue.broker.clients import AsyncClient, async_client, client_name
 from fairqueue.broker.common import REDIS_ERRORS, T, broker_error, fair_key
-from fairqueue.broker.scripts import Script
+from fairqueue.broker.scripts import Script, call_script
 from fairqueue.redis_target import RedisTarget, parse_redis_target
 
 
@@ -25,7 +25,6 @@ class _LoopState:
     def __init__(self, client: AsyncClient) -> None:
         self.client = client
         self.queues: dict[str, BullQueue] = {}
-        self.scripts: dict[str, Any] = {}
         self.closer: asyncio.Task[None] | None = None
         self.closed = False
 
@@ -91,14 +90,15 @@ class Connection:
                 del self._states[loop]
             await state.aclose()
 
-    def script(self, script: Script) -> Any:
-        """``script`` registered with this loop's client (EVALSHA, loaded on NOSCRIPT)."""
-        state = self._state()
-        registered = state.scripts.get(script.name)
-        if registered is None:
-            registered = state.client.register_script(script.source)
-            state.scripts[script.name] = registered
-        return registered
+    def script(self, script: Script) -> Callable[..., Awaitable[Any]]:
+        """``script`` on this loop's client: ``await conn.script(s)(keys=..., args=...)``
+        (:func:`~fairqueue.broker.scripts.call_script`)."""
+        client = self.client()
+
+        def call(keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> Awaitable[Any]:
+            return call_script(client, script.sha, script.source, keys, args)
+
+        return call
 
     def client(self) -> AsyncClient:
         return self._state().client

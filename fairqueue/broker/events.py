@@ -16,17 +16,16 @@ import math
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from redis.client import NEVER_DECODE
-from redis.exceptions import NoScriptError
 
 from fairqueue.broker.connection import Connection
 from fairqueue.broker.lock_store import Fence
-from fairqueue.broker.scripts import plain_script
+from fairqueue.broker.scripts import call_script, plain_script
 from fairqueue.exceptions import LockLostError
 from fairqueue.scheduling import attempts
-from fairqueue.scheduling.attempts import Event, Run, Start
+from fairqueue.scheduling.attempts import Event, EventKind, Run, Start
 from fairqueue.scheduling.shares import BUCKET_S, LEVEL_NAMES, RETENTION_S, TENANTS_PER_BUCKET
 from fairqueue.scheduling.shares import wait_bin as _wait_bin
 
@@ -180,6 +179,7 @@ def parse_event(entry_id: bytes, fields: list[bytes]) -> Event | None:
             prev = fields[i + 1]
     if job_id is None:
         return None
+    kind: EventKind
     if event == b"active":
         kind = "start"
     elif event in _END_EVENTS:
@@ -215,37 +215,16 @@ class PageReader:
         # as Redis's own TIME is not a keyed command (Redis Cluster); they expire on
         # Redis's clock either way.
         now_s = int(time.time())
-        ord_ = int(ord_text or 0)
-        gap: dict[int, int] = {}
-        entries = None
-        if cursor:
-            # While the cursor's own entry is in the stream nothing after it was trimmed
-            # (BullMQ trims from the front): read from it, inclusive, and drop it.
-            read = await self._xrange(cursor, page_size + 1)
-            if read and read[0][0] == _raw(cursor):
-                entries = read[1:]
-        if entries is None:
-            seek = await self.conn.script(plain_script("history_seek"))(
-                keys=[self.events_key, self.hist_key, self.lock_key],
-                args=[self.token, self.lock_ttl_ms, cursor or ""],
-            )
-            status = int(seek[0])
-            if status < 0:
-                raise LockLostError(self.queue)
-            if status == 0:  # the first call set the cursor (or another moved it)
-                return RecordedPage(read=0, recorded=0, unknown=0, gap_ms=0, more=False)
-            start, inclusive, ord_, lost, first_ms = seek[1:6]
-            ord_, since_ms = int(ord_), int(since or 0)
-            if int(lost) > 0:
-                gap = attempts.gap_buckets(
-                    _ms_of(_raw(cursor)),
-                    int(first_ms),
-                    oldest_s=attempts.oldest_bucket(now_s, BUCKET_S, RETENTION_S),
-                    since_ms=since_ms,
-                    bucket_s=BUCKET_S,
-                )
-            low = start if int(inclusive) else f"({start}"
-            entries = await self._xrange(low, page_size)
+        found = await self._page(
+            cast("str | None", cursor),
+            int(ord_text or 0),
+            cast("str | None", since),
+            page_size,
+            now_s,
+        )
+        if found is None:  # the first call set the cursor (or another moved it)
+            return RecordedPage(read=0, recorded=0, unknown=0, gap_ms=0, more=False)
+        entries, ord_, gap = found
         full = len(entries) >= page_size
         events, starts, kept, spent = await self._read_starts(entries, max_data_bytes, byte_budget)
         runs = await self._read_runs(events)
@@ -266,26 +245,46 @@ class PageReader:
             row = page.buckets.setdefault(bucket, {})
             row["g"] = row.get("g", 0) + ms
         last = _text(kept[-1][0]) if kept else ""
-        written = await self._commit(cursor or "", last, ord_ + len(kept), page)
+        written = await self._commit(cast(str, cursor or ""), last, ord_ + len(kept), page)
         if written < 0:
             raise LockLostError(self.queue)
         if written == 0:  # another call recorded this page first: read again
             return RecordedPage(read=0, recorded=0, unknown=0, gap_ms=0, more=True)
-        waits = tuple(page.waits)
-        return RecordedPage(
-            read=len(kept),
-            recorded=page.recorded,
-            unknown=page.unknown,
-            gap_ms=sum(gap.values()),
-            more=full or spent,
-            served=page.served,
-            started_by_level={
-                level: page.started_by_level[level]
-                for level in LEVEL_NAMES
-                if page.started_by_level.get(level)
-            },
-            waits=waits,
+        return _recorded(page, len(kept), gap, more=full or spent)
+
+    async def _page(
+        self, cursor: str | None, ord_: int, since: str | None, page_size: int, now_s: int
+    ) -> tuple[list, int, dict[int, int]] | None:
+        """The stream entries after the cursor, the cursor's ordinal and the milliseconds
+        trimmed away unread per bucket; ``None`` when there is nothing to read yet."""
+        if cursor:
+            # While the cursor's own entry is in the stream nothing after it was trimmed
+            # (BullMQ trims from the front): read from it, inclusive, and drop it.
+            read = await self._xrange(cursor, page_size + 1)
+            if read and read[0][0] == _raw(cursor):
+                return read[1:], ord_, {}
+        seek = await self.conn.script(plain_script("history_seek"))(
+            keys=[self.events_key, self.hist_key, self.lock_key],
+            args=[self.token, self.lock_ttl_ms, cursor or ""],
         )
+        status = int(seek[0])
+        if status < 0:
+            raise LockLostError(self.queue)
+        if status == 0:
+            return None
+        start, inclusive, ord_, lost, first_ms = seek[1:6]
+        ord_, since_ms = int(ord_), int(since or 0)
+        gap: dict[int, int] = {}
+        if int(lost) > 0:
+            gap = attempts.gap_buckets(
+                _ms_of(_raw(cast(str, cursor))),  # trimmed entries: a cursor was set
+                int(first_ms),
+                oldest_s=attempts.oldest_bucket(now_s, BUCKET_S, RETENTION_S),
+                since_ms=since_ms,
+                bucket_s=BUCKET_S,
+            )
+        low = start if int(inclusive) else f"({start}"
+        return await self._xrange(low, page_size), ord_, gap
 
     async def _read_starts(
         self, entries: list, max_data_bytes: int, byte_budget: int
@@ -330,16 +329,7 @@ class PageReader:
     async def _raw_script(self, name: str, keys: list[str], args: list[Any]) -> Any:
         """A read-only script's reply in bytes (job data need not be UTF-8)."""
         script = plain_script(name)
-        client = self.conn.client()
-        try:
-            return await client.execute_command(
-                "EVALSHA", script.sha, len(keys), *keys, *args, **_RAW
-            )
-        except NoScriptError:
-            await client.script_load(script.source)
-            return await client.execute_command(
-                "EVALSHA", script.sha, len(keys), *keys, *args, **_RAW
-            )
+        return await call_script(self.conn.client(), script.sha, script.source, keys, args, **_RAW)
 
     async def _read_runs(self, events: list[Event]) -> dict[str, Run]:
         wanted = attempts.runs_to_read(events)
@@ -426,3 +416,23 @@ class PageReader:
                 args=args,
             )
         )
+
+
+def _recorded(
+    page: attempts.PageRecord, read: int, gap: dict[int, int], *, more: bool
+) -> RecordedPage:
+    """What a recorded page tells the pass (counts for its result and metrics)."""
+    return RecordedPage(
+        read=read,
+        recorded=page.recorded,
+        unknown=page.unknown,
+        gap_ms=sum(gap.values()),
+        more=more,
+        served=page.served,
+        started_by_level={
+            level: page.started_by_level[level]
+            for level in LEVEL_NAMES
+            if page.started_by_level.get(level)
+        },
+        waits=tuple(page.waits),
+    )

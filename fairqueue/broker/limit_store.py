@@ -1,6 +1,6 @@
 """Per-tenant limits in Redis: releasing held jobs, pausing, and what the dashboard reads.
 
-The add script holds a limited tenant's jobs (``lua/tenant_limits.lua``); this module runs
+The add script holds a limited tenant's jobs (``lua/include/tenant_limits.lua``); this module runs
 ``lua/release_held.lua``, the one script that decides a tenant's room and moves its held
 jobs to their fair places, so every caller (the loop, ``fairqueue_worker``, an enqueue)
 releases through the same atomic step and no job is released twice.

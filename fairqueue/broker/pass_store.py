@@ -8,7 +8,7 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from fairqueue.broker.common import (
     FAIR_KEYS,
@@ -385,7 +385,7 @@ class PassStore(BrokerPart):
 
     async def read_status(self, queue: str, name: str) -> dict[str, Any] | None:
         raw = await self.conn.guard(self.conn.client().get(self.conn.fair_key(queue, name)))
-        return parse_job_data(raw)
+        return parse_job_data(cast("str | None", raw))
 
 
 async def read_jobs(
@@ -434,7 +434,7 @@ def ready_time_ms(
     if timestamp_ms is None:
         return None
     delay = opts.get("delay")
-    if type(delay) in (int, float) and delay > 0:
+    if isinstance(delay, int | float) and not isinstance(delay, bool) and delay > 0:
         return timestamp_ms + int(delay)
     return timestamp_ms
 

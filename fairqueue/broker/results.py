@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from fairqueue.broker.common import int_or
 from fairqueue.broker.connection import BrokerPart
@@ -80,7 +80,7 @@ class ResultReads(BrokerPart):
         if await client.type(self.conn.key(queue, job_id)) not in ("hash", b"hash"):
             return None  # no job, or one of the queue's own keys (a list, a stream...)
         state = await self.conn.queue(queue).getJobState(job_id)
-        fields = await client.hgetall(self.conn.key(queue, job_id))
+        fields = cast("dict[str, str]", await client.hgetall(self.conn.key(queue, job_id)))
         if not fields:
             return None  # removed between the reads
         stacktrace = _json_or(fields.get("stacktrace"), [])

@@ -1,13 +1,16 @@
 """fairqueue's Lua scripts: read from ``lua/`` in this package, composed around BullMQ's.
 
 Each script lives in its own ``.lua`` file under ``fairqueue/broker/lua/`` (shipped as
-package data) and says in its header which keys it touches. Shared pieces are pulled in
-with a ``--- @include name`` line (BullMQ's own convention), and ``{{NAME}}`` stands for
-a constant filled in from :mod:`.common`, so Python and Lua share one definition.
+package data) and says in its header which keys it touches: the scripts fairqueue runs
+in ``lua/``, the libraries they share in ``lua/include/`` (pulled in with a
+``--- @include name`` line, BullMQ's own convention), and the halves wrapped around
+BullMQ's scripts in ``lua/wrap/``. ``{{NAME}}`` stands for a constant filled in from
+:mod:`.common`, so Python and Lua share one definition.
 
 Scripts that write BullMQ's structures wrap BullMQ's own Lua, read from the installed
-bullmq package with ``bullmq.redis_connection.loadScript``: a fairqueue head piece,
-BullMQ's script (inside a Lua function), a fairqueue tail piece that calls it. So the
+bullmq package with ``bullmq.redis_connection.loadScript``: a fairqueue head piece
+(``lua/wrap/<name>.head.lua``), BullMQ's script (inside a Lua function), a fairqueue tail
+piece that calls it (``lua/wrap/<name>.tail.lua``). So the
 job hash, the prioritized set entry, the markers and the events are exactly what BullMQ
 writes; only the priority is fairqueue's.
 """
@@ -16,11 +19,14 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from functools import cache
 from importlib.resources import files
+from typing import Any
 
 from bullmq.redis_connection import loadScript
+from redis.exceptions import NoScriptError
 
 from fairqueue.broker.common import (
     HELD_UNTIL_MS,
@@ -118,14 +124,14 @@ _COMMENT = re.compile(r"--\[\[.*?\]\]|--[^\n]*", re.DOTALL)
 
 @dataclass(frozen=True, slots=True)
 class Script:
-    """A script's source and the SHA1 Redis knows it by (for EVALSHA)."""
+    """A script's source and the SHA1 Redis knows it by (for EVALSHA), hashed once."""
 
     name: str
     source: str
+    sha: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def sha(self) -> str:
-        return script_sha(self.source)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sha", script_sha(self.source))
 
 
 def script_sha(source: str) -> str:
@@ -133,10 +139,40 @@ def script_sha(source: str) -> str:
     return hashlib.sha1(source.encode()).hexdigest()  # noqa: S324
 
 
+async def call_script(
+    client: Any, sha: str, source: str, keys: Sequence[Any], args: Sequence[Any], **options: Any
+) -> Any:
+    """Run a script by its SHA1 (EVALSHA), the one way fairqueue runs its scripts: where
+    Redis lost its script cache (a restart, ``SCRIPT FLUSH``: nothing ran), load the
+    source and run it again. ``options`` go to redis-py (``NEVER_DECODE``: a reply in
+    bytes)."""
+    command = ("EVALSHA", sha, len(keys), *keys, *args)
+    try:
+        return await client.execute_command(*command, **options)
+    except NoScriptError:
+        await client.script_load(source)
+        return await client.execute_command(*command, **options)
+
+
+def call_script_sync(
+    client: Any, sha: str, source: str, keys: Sequence[Any], args: Sequence[Any]
+) -> Any:
+    """:func:`call_script` with a blocking client (the enqueue path of sync callers)."""
+    command = ("EVALSHA", sha, len(keys), *keys, *args)
+    try:
+        return client.execute_command(*command)
+    except NoScriptError:
+        client.script_load(source)
+        return client.execute_command(*command)
+
+
 def load_lua(name: str) -> str:
-    """The text of ``lua/<name>.lua``, includes expanded and constants filled in."""
-    text = files(__package__).joinpath("lua", f"{name}.lua").read_text(encoding="utf-8")
-    text = _INCLUDE.sub(lambda match: load_lua(match.group(1)), text)
+    """The text of ``lua/<name>.lua`` (``name`` may start with its folder,
+    ``wrap/add_jobs.head``), each ``--- @include x`` replaced by ``lua/include/x.lua`` and
+    constants filled in."""
+    path = files(__package__).joinpath("lua", *f"{name}.lua".split("/"))
+    text = path.read_text(encoding="utf-8")
+    text = _INCLUDE.sub(lambda match: load_lua(f"include/{match.group(1)}"), text)
     return _CONSTANT.sub(lambda match: str(_CONSTANTS[match.group(1)]), text)
 
 
@@ -178,7 +214,9 @@ def bullmq_source(bullmq_script: str, edit: tuple[str, str] | None = None) -> st
 
 def _wrapping(name: str, bullmq_script: str, edit: tuple[str, str] | None = None) -> Script:
     source = (
-        load_lua(f"{name}.head") + bullmq_source(bullmq_script, edit) + load_lua(f"{name}.tail")
+        load_lua(f"wrap/{name}.head")
+        + bullmq_source(bullmq_script, edit)
+        + load_lua(f"wrap/{name}.tail")
     )
     return Script(name, without_unused(source))
 

@@ -327,6 +327,7 @@ class DashboardAdmin(admin.ModelAdmin):
         queue = _job_type_or_404(job_type)
         if not job_id or len(job_id) > MAX_JOB_ID_LENGTH or ":" in job_id:
             raise Http404("No such job")
+        error: dict[str, str] | None
         try:
             sync = get_sync_broker()
             detail = sync.run(sync.broker.dashboard.read_job_detail, queue, job_id)

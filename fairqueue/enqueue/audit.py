@@ -19,7 +19,7 @@ MAX_AUDITED_PRIORITY: Final = 2**31 - 1
 MAX_AUDIT_TEXT_LENGTH: Final = 200
 
 
-def _audit_text(argument: str, value: object) -> str:
+def _audit_text(argument: str, value: str) -> str:
     """``value`` as the audit row stores it, or a named error for text no database can
     store (PostgreSQL refuses NUL characters and unpaired surrogates)."""
     text = value[:MAX_AUDIT_TEXT_LENGTH]

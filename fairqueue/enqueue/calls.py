@@ -10,6 +10,7 @@ import sys
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any, Final
 
 from fairqueue.broker import NewJob
@@ -110,7 +111,7 @@ def warn_implicit_internal() -> None:
         "pass internal=True instead; for a tenant's job pass its id, or leave tenant_id out "
         "for work of no tenant"
     )
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         module = frame.f_globals.get("__name__", "")
         if module != "fairqueue" and not module.startswith(_PLUMBING_MODULES):

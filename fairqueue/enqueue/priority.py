@@ -305,7 +305,7 @@ def _resolve_level(
     priority_override: str | PriorityLevel | None,
     enabled: bool | None,
 ) -> ResolvedPriority:
-    payload_tenant: str | None = DEFAULT_TENANT if tenant_id is ABSENT else tenant_id
+    payload_tenant: str | None = DEFAULT_TENANT if isinstance(tenant_id, Absent) else tenant_id
 
     if priority is not None and priority_level is not None:
         raise ConflictingPriorityError(
@@ -330,7 +330,7 @@ def _resolve_level(
         return _resolved(override_level, PriorityRule.OVERRIDE, payload_tenant)
     if tenant_id is None:
         return _resolved(PriorityLevel.CRITICAL, PriorityRule.INTERNAL, None)
-    if tenant_id is ABSENT:
+    if isinstance(tenant_id, Absent):
         return _resolved(PriorityLevel.NORMAL, PriorityRule.DEFAULT, DEFAULT_TENANT)
 
     if enabled is None:

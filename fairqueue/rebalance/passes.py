@@ -1,6 +1,6 @@
 """One rebalance pass: maintenance of the fair order the add script makes.
 
-The order is made when a job is added (docs/design.md; ``broker/lua/fair_clock.lua``),
+The order is made when a job is added (docs/design.md; ``broker/lua/include/fair_clock.lua``),
 so the pass is not a second scheduler and never reorders tagged jobs. Each pass:
 
 1. **Adopts** jobs that arrived without a place: other producers' jobs in BullMQ's

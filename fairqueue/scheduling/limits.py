@@ -102,8 +102,8 @@ class TenantLimits:
         """The limits :meth:`encoded` wrote (``None`` or ``""``: none), with ``paused``
         as Redis keeps it apart."""
         fields = [int(part) if part else None for part in (encoded or "").split("\n")]
-        fields += [None] * (4 - len(fields))
-        return cls(*fields[:4], paused=paused)
+        max_active, rate_max, rate_duration_ms, max_waiting = (fields + [None] * 4)[:4]
+        return cls(max_active, rate_max, rate_duration_ms, max_waiting, paused=paused)
 
 
 NO_LIMITS: Final = TenantLimits()
@@ -145,7 +145,12 @@ def parse_limits(values: Mapping[str, object], *, where: str) -> TenantLimits:
             f"{where} sets only one of rate_max and rate_duration_ms: a rate limit needs "
             "both (rate_max jobs started per rate_duration_ms)"
         )
-    return TenantLimits(**parsed)
+    return TenantLimits(
+        max_active=parsed["max_active"],
+        rate_max=parsed["rate_max"],
+        rate_duration_ms=parsed["rate_duration_ms"],
+        max_waiting=parsed["max_waiting"],
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -230,88 +230,117 @@ def summarize(
     window_start_s = (now_ms // 1000 - window_s) // BUCKET_S * BUCKET_S + BUCKET_S
     if waiting_now:
         ordered = _with_waiting(ordered, waiting_now, now_ms=now_ms)
-    starts = backlogs(ordered)
-    served = dict.fromkeys((*LEVEL_NAMES, UNKNOWN), 0)
-    entitled = dict.fromkeys(LEVEL_NAMES, 0.0)
-    over = dict.fromkeys(LEVEL_NAMES, 0)
-    waits: dict[str, dict[int, int]] = {level: {} for level in LEVEL_NAMES}
-    tenants: dict[tuple[str, str], int] = {}
-    retried = gap_ms = 0
-    worker_ms = dict.fromkeys(LEVEL_NAMES, 0)
-    restarts = dict.fromkeys(LEVEL_NAMES, 0)
-    series = []
-    for bucket, backlog in zip(ordered, starts, strict=True):
-        if bucket.start_s < window_start_s:
-            continue
+    totals = _Totals()
+    for bucket, backlog in zip(ordered, backlogs(ordered), strict=True):
+        if bucket.start_s >= window_start_s:
+            totals.add(bucket, backlog, weights)
+    served = totals.served
+    known = sum(served[level] for level in LEVEL_NAMES)
+    everything = known + served[UNKNOWN]
+    top = sorted(totals.tenants.items(), key=lambda item: (-item[1], item[0]))[:top_tenants]
+    observed_ms = window_s * 1000
+    return {
+        "window_s": window_s,
+        "bucket_s": BUCKET_S,
+        "max_wait_ms": max_wait_ms,
+        "served_total": everything,
+        "unknown": served[UNKNOWN],
+        "retried": totals.retried,
+        "gap_ms": totals.gap_ms,
+        "coverage": max(0.0, 1 - totals.gap_ms / observed_ms) if observed_ms else None,
+        "levels": totals.level_rows(weights, known),
+        "tenants": [
+            {
+                "level": level,
+                "tenant": tenant,
+                "served": count,
+                "share": count / everything if everything else None,
+            }
+            for (level, tenant), count in top
+        ],
+        "series": totals.series,
+    }
+
+
+def _level_counts() -> dict[str, int]:
+    return dict.fromkeys(LEVEL_NAMES, 0)
+
+
+@dataclass(slots=True)
+class _Totals:
+    """What the buckets of a window add up to, per level."""
+
+    served: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys((*LEVEL_NAMES, UNKNOWN), 0)
+    )
+    entitled: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LEVEL_NAMES, 0.0))
+    over: dict[str, int] = field(default_factory=_level_counts)
+    worker_ms: dict[str, int] = field(default_factory=_level_counts)
+    restarts: dict[str, int] = field(default_factory=_level_counts)
+    waits: dict[str, dict[int, int]] = field(
+        default_factory=lambda: {level: {} for level in LEVEL_NAMES}
+    )
+    tenants: dict[tuple[str, str], int] = field(default_factory=dict)
+    retried: int = 0
+    gap_ms: int = 0
+    series: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(
+        self, bucket: Bucket, backlog: Mapping[str, float], weights: Mapping[str, float]
+    ) -> None:
+        """One bucket of the window; ``backlog``: each level's backlog at its start."""
+        served = self.served
         for level, count in bucket.served.items():
             served[level if level in served else UNKNOWN] += count
         capacity = sum(bucket.served.get(level, 0) for level in LEVEL_NAMES)
         demands = {level: backlog[level] + bucket.arrived.get(level, 0) for level in LEVEL_NAMES}
         for level, share in max_min(capacity, demands, weights).items():
-            entitled[level] += share
+            self.entitled[level] += share
         for level in LEVEL_NAMES:
-            over[level] += bucket.over.get(level, 0)
-            worker_ms[level] += bucket.worker_ms.get(level, 0)
-            restarts[level] += bucket.restarts.get(level, 0)
+            self.over[level] += bucket.over.get(level, 0)
+            self.worker_ms[level] += bucket.worker_ms.get(level, 0)
+            self.restarts[level] += bucket.restarts.get(level, 0)
+            waits = self.waits[level]
             for index, count in bucket.waits.get(level, {}).items():
-                waits[level][index] = waits[level].get(index, 0) + count
+                waits[index] = waits.get(index, 0) + count
         for key, count in bucket.tenants.items():
-            tenants[key] = tenants.get(key, 0) + count
-        retried += bucket.retried
-        gap_ms += bucket.gap_ms
-        series.append(
+            self.tenants[key] = self.tenants.get(key, 0) + count
+        self.retried += bucket.retried
+        self.gap_ms += bucket.gap_ms
+        self.series.append(
             {
                 "start_s": bucket.start_s,
                 "served": {level: bucket.served.get(level, 0) for level in LEVEL_NAMES},
                 "gap_ms": bucket.gap_ms,
             }
         )
-    known = sum(served[level] for level in LEVEL_NAMES)
-    worked_ms = sum(worker_ms.values())
-    total_weight = sum(weights[level] for level in LEVEL_NAMES)
-    levels = {}
-    for level in LEVEL_NAMES:
-        p50 = percentile(waits[level], 0.5)
-        p99 = percentile(waits[level], 0.99)
-        levels[level] = {
-            "weight": weights[level],
-            "weight_share": weights[level] / total_weight,
-            "served": served[level],
-            "share": served[level] / known if known else None,
-            "entitled": round(entitled[level], 1),
-            "entitled_share": entitled[level] / known if known else None,
-            "p50_ms": None if p50 is None else round(p50, 1),
-            "p99_ms": None if p99 is None else round(p99, 1),
-            "over_bound": over[level],
-            "waits_recorded": sum(waits[level].values()),
-            # What fairness by time shares out: the workers' time on the level's attempts.
-            "worker_s": round(worker_ms[level] / 1000, 1),
-            "time_share": worker_ms[level] / worked_ms if worked_ms else None,
-            "retries": restarts[level],
-        }
-    top = sorted(tenants.items(), key=lambda item: (-item[1], item[0]))[:top_tenants]
-    observed_ms = window_s * 1000
-    return {
-        "window_s": window_s,
-        "bucket_s": BUCKET_S,
-        "max_wait_ms": max_wait_ms,
-        "served_total": known + served[UNKNOWN],
-        "unknown": served[UNKNOWN],
-        "retried": retried,
-        "gap_ms": gap_ms,
-        "coverage": max(0.0, 1 - gap_ms / observed_ms) if observed_ms else None,
-        "levels": levels,
-        "tenants": [
-            {
-                "level": level,
-                "tenant": tenant,
-                "served": count,
-                "share": count / (known + served[UNKNOWN]) if known + served[UNKNOWN] else None,
+
+    def level_rows(self, weights: Mapping[str, float], known: int) -> dict[str, dict[str, Any]]:
+        """Per level: its weight, what it was served and entitled to, its waits."""
+        worked_ms = sum(self.worker_ms.values())
+        total_weight = sum(weights[level] for level in LEVEL_NAMES)
+        levels = {}
+        for level in LEVEL_NAMES:
+            p50 = percentile(self.waits[level], 0.5)
+            p99 = percentile(self.waits[level], 0.99)
+            served, entitled = self.served[level], self.entitled[level]
+            levels[level] = {
+                "weight": weights[level],
+                "weight_share": weights[level] / total_weight,
+                "served": served,
+                "share": served / known if known else None,
+                "entitled": round(entitled, 1),
+                "entitled_share": entitled / known if known else None,
+                "p50_ms": None if p50 is None else round(p50, 1),
+                "p99_ms": None if p99 is None else round(p99, 1),
+                "over_bound": self.over[level],
+                "waits_recorded": sum(self.waits[level].values()),
+                # What fairness by time shares out: the workers' time on the level's attempts.
+                "worker_s": round(self.worker_ms[level] / 1000, 1),
+                "time_share": self.worker_ms[level] / worked_ms if worked_ms else None,
+                "retries": self.restarts[level],
             }
-            for (level, tenant), count in top
-        ],
-        "series": series,
-    }
+        return levels
 
 
 def _with_waiting(

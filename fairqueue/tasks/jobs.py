@@ -28,7 +28,7 @@ import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from django.apps import apps
 from django.conf import settings as django_settings
@@ -48,13 +48,24 @@ from fairqueue.tasks.frameworks import (
 
 # Django's own classes where Django has them (the backend subclasses this base; results
 # of each task are built in its own framework: ``framework_of``).
-BaseTaskBackend = PRIMARY.BaseTaskBackend
-Task = PRIMARY.Task
-TaskContext = PRIMARY.TaskContext
-TaskError = PRIMARY.TaskError
-TaskResult = PRIMARY.TaskResult
-TaskResultStatus = PRIMARY.TaskResultStatus
-task_backends = PRIMARY.task_backends
+if TYPE_CHECKING:
+    # Which framework's classes these are is known only at run time: Any to a type
+    # checker, which sees neither framework's classes as types.
+    BaseTaskBackend: TypeAlias = Any
+    Task: TypeAlias = Any
+    TaskContext: TypeAlias = Any
+    TaskError: TypeAlias = Any
+    TaskResult: TypeAlias = Any
+    TaskResultStatus: TypeAlias = Any
+    task_backends: Any
+else:
+    BaseTaskBackend = PRIMARY.BaseTaskBackend
+    Task = PRIMARY.Task
+    TaskContext = PRIMARY.TaskContext
+    TaskError = PRIMARY.TaskError
+    TaskResult = PRIMARY.TaskResult
+    TaskResultStatus = PRIMARY.TaskResultStatus
+    task_backends = PRIMARY.task_backends
 
 __all__ = [
     "TASK_KEY",

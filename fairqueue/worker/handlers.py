@@ -85,10 +85,10 @@ def _same_function(a: Callable[..., Any], b: Callable[..., Any]) -> bool:
     can share a qualified name and still be different code."""
     if a is b:
         return True
-    key = (getattr(a, "__module__", None), getattr(a, "__qualname__", None))
-    if None in key or "<" in key[1]:
+    module, qualname = getattr(a, "__module__", None), getattr(a, "__qualname__", None)
+    if module is None or qualname is None or "<" in qualname:
         return False
-    return key == (getattr(b, "__module__", None), getattr(b, "__qualname__", None))
+    return (module, qualname) == (getattr(b, "__module__", None), getattr(b, "__qualname__", None))
 
 
 def _describe(fn: Callable[..., Any]) -> str:

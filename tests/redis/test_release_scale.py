@@ -1,0 +1,99 @@
+"""The release step's work follows what can move, not how many tenants have limits: it
+visits the tenants due (docs/design.md, "Releasing at scale"). Real Redis, the real
+bullmq package and a stock worker; each test its own prefix."""
+
+from __future__ import annotations
+
+import pytest
+
+from fairqueue.broker import NewJob, get_sync_broker
+from fairqueue.scheduling.levels import PriorityLevel
+from fairqueue.scheduling.limits import TenantLimits
+from tests.helpers import settle_releases
+from tests.redis.test_limits import release, run_stock_worker
+
+pytestmark = pytest.mark.django_db
+
+TENANTS = 300
+
+
+@pytest.fixture
+def at_their_limit(fq_prefix, redis_client):
+    """TENANTS tenants with max_active 1 and two jobs each: one released, one held; the
+    release step has made its first visits (its sweep over them is done)."""
+    sync = get_sync_broker()
+    limits = TenantLimits(max_active=1).encoded()
+    jobs = [
+        NewJob(
+            name="job",
+            data={"tenantId": f"t{t}"},
+            level=PriorityLevel.NORMAL,
+            job_id=f"t{t}-{n}",
+            tenant=f"t{t}",
+            limits=limits,
+        )
+        for t in range(TENANTS)
+        for n in range(2)
+    ]
+    sync.add_jobs("email", jobs)
+    settle_releases()
+    return fq_prefix
+
+
+def due_scores(redis_client, base):
+    return {
+        member: score
+        for member, score in redis_client.zrange(f"{base}:due", 0, -1, withscores=True)
+    }
+
+
+def now_ms(redis_client) -> int:
+    seconds, micros = redis_client.time()
+    return seconds * 1000 + micros // 1000
+
+
+def test_release_step__a_finished_job_makes_only_its_tenant_due(at_their_limit, redis_client):
+    base = f"{at_their_limit}:email:fq:lim"
+    before = due_scores(redis_client, base)
+    assert len(before) == TENANTS
+    # every tenant is at its limit: none is due before the backstop visit
+    assert min(before.values()) > now_ms(redis_client) + 20_000
+    assert release().released == 0
+
+    # (a stock worker closing may finish a few more jobs than the one it waited for)
+    finished, _ = run_stock_worker(at_their_limit, 1, concurrency=1)
+    tenants = {job_id.split("-")[0] for job_id in finished}
+    # heard from BullMQ's events: each one's next job
+    assert release().released == len(tenants) < TENANTS // 10
+    for tenant in tenants:
+        assert redis_client.zscore(f"{at_their_limit}:email:prioritized", f"{tenant}-1")
+    after = due_scores(redis_client, base)
+    changed = {t for t in before if after.get(t) != before[t]}
+    assert changed == tenants  # no other tenant was visited
+
+
+@pytest.mark.parametrize("trim_to", [0, 1])
+def test_release_step__events_lost_to_trimming_start_a_sweep(at_their_limit, redis_client, trim_to):
+    base = f"{at_their_limit}:email:fq:lim"
+    queue_key = f"{at_their_limit}:email"
+    finished, _ = run_stock_worker(at_their_limit, 1, concurrency=1)
+    tenants = {job_id.split("-")[0] for job_id in finished}
+    if trim_to:
+        redis_client.xadd(f"{queue_key}:events", {"event": "other"})
+    redis_client.xtrim(f"{queue_key}:events", maxlen=trim_to)
+
+    released = 0
+    for _ in range(TENANTS // 100 + 3):
+        released += release().released
+    assert released == len(tenants)
+    for tenant in tenants:
+        assert redis_client.zscore(f"{queue_key}:prioritized", f"{tenant}-1")
+    assert not redis_client.exists(f"{base}:sweep")
+
+
+def test_release_step__new_limits_make_the_tenant_due(at_their_limit, redis_client):
+    queue_key = f"{at_their_limit}:email"
+    sync = get_sync_broker()
+    sync.run(sync.broker.limits.set_limits, "email", "t7", TenantLimits(max_active=2))
+    assert release().released == 1
+    assert redis_client.zscore(f"{queue_key}:prioritized", "t7-1")

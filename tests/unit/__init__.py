@@ -1,0 +1,2 @@
+"""Tests that need no Redis: the pure scheduling math, settings, checks, models and the
+docs (`make test-fast`)."""
