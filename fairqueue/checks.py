@@ -184,7 +184,8 @@ def _never_crashes(check: Check) -> Check:
 @_never_crashes
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """fairqueue.E001..E009, E012..E018, E021..E024, E026..E028: every bad setting or
-    environment variable, one message per problem (see SETTING_CHECKS); E019 if reading them fails unexpectedly."""
+    environment variable, one message per problem (see SETTING_CHECKS); E019 if reading
+    them fails unexpectedly."""
     messages: list[CheckMessage] = []
     for error in conf.setting_errors():
         check_id, hint = SETTING_CHECKS[error.problem]
