@@ -191,3 +191,26 @@ def test_live__the_ledger_can_be_switched_off(fq_prefix, redis_client, settings)
     asyncio.run(_work(fq_prefix, "email", 1, []))
     assert _record_and_write().rows == 0
     assert redis_client.keys(f"{fq_prefix}:email:fq:use:*") == []
+
+
+@pytest.mark.django_db
+def test_admin__usage_list_totals_drill_down_and_csv_export(admin_client):
+    from fairqueue.models import TenantUsage
+
+    today = dt.date(2026, 5, 28)
+    TenantUsage.objects.create(
+        tenant_id="acme", job_type="email", day=today, attempts=3, completed=2, failed=1,
+        worker_ms=1_500,
+    )  # fmt: skip
+    TenantUsage.objects.create(tenant_id="beta", job_type="email", day=today, attempts=4)
+    page = admin_client.get("/admin/fairqueue/tenantusage/?day__year=2026")
+    assert page.status_code == 200
+    assert b"7 attempts, 2 completed, 1 failed, 1.5 worker seconds" in page.content
+    ids = list(TenantUsage.objects.values_list("pk", flat=True))
+    export = admin_client.post(
+        "/admin/fairqueue/tenantusage/",
+        {"action": "export_csv", "_selected_action": ids},
+    )
+    lines = export.content.decode().splitlines()
+    assert lines[0].startswith("day,tenant_id,job_type,attempts")
+    assert "2026-05-28,acme,email,3,2,1,1500,0,0" in lines
