@@ -222,3 +222,6 @@ class OutboxJobAdmin(ReadOnlyAdmin):
 
 # The fair queue dashboard (views in fairqueue.dashboard.views), linked from the admin index.
 admin.site.register(Dashboard, DashboardAdmin)
+
+# The usage ledger, quotas and the breaker (docs/usage.md).
+from fairqueue import admin_usage  # noqa: E402, F401

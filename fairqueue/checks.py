@@ -137,6 +137,20 @@ SETTING_CHECKS: Final[Mapping[Problem, tuple[str, str]]] = MappingProxyType(
             'Map plan tiers to limits, e.g. {"free": {"max_active": 2, "rate_max": 10, '
             '"rate_duration_ms": 60000}}; each limit a whole number or None.',
         ),
+        Problem.USAGE_LEDGER: (
+            "fairqueue.E026",
+            "Set FAIRQUEUE['USAGE_LEDGER'] to True (count usage, the default) or False.",
+        ),
+        Problem.QUOTAS: (
+            "fairqueue.E027",
+            'Map plan tiers to quotas, e.g. {"free": {"worker_seconds": 3600, "period": '
+            '"day", "action": "hold"}}; period "day" or "month", action "demote" or "hold".',
+        ),
+        Problem.BREAKER: (
+            "fairqueue.E028",
+            'Set FAIRQUEUE[\'BREAKER\'] to a dict such as {"ENABLED": True, "WINDOW_S": 60, '
+            '"MIN_ATTEMPTS": 20, "FAILURE_RATIO": 0.95, "COOL_OFF_S": 300}, or remove it.',
+        ),
     }
 )
 
@@ -169,8 +183,9 @@ def _never_crashes(check: Check) -> Check:
 @register(Tags.compatibility)
 @_never_crashes
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """fairqueue.E001..E009, E012..E018, E021..E024: every bad setting or environment variable,
-    one message per problem (see SETTING_CHECKS); E019 if reading them fails unexpectedly."""
+    """fairqueue.E001..E009, E012..E018, E021..E024, E026..E028: every bad setting or
+    environment variable, one message per problem (see SETTING_CHECKS); E019 if reading
+    them fails unexpectedly."""
     messages: list[CheckMessage] = []
     for error in conf.setting_errors():
         check_id, hint = SETTING_CHECKS[error.problem]

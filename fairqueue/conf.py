@@ -28,6 +28,7 @@ from fairqueue.exceptions import InvalidTenantLimitError, Problem, SettingError,
 from fairqueue.plans import PlanTier
 from fairqueue.redis_target import RedisTarget, parse_redis_target, queue_hash_tag, redis_location
 from fairqueue.scheduling.limits import TenantLimits, parse_limits
+from fairqueue.usage_settings import BreakerSettings, QuotaRule, parse_breaker, parse_quotas
 
 __all__ = [
     "DEFAULTS",
@@ -82,6 +83,10 @@ DEFAULTS: Final[Mapping[str, Any]] = MappingProxyType(
         # Plan tier -> default per-tenant limits, e.g. {"free": {"max_active": 2}}; a
         # tenant's own TenantPlan value wins (docs/limits.md).
         "TENANT_LIMITS": {},
+        # The usage ledger, quotas per plan tier and the breaker (docs/usage.md).
+        "USAGE_LEDGER": True,
+        "QUOTAS": {},
+        "BREAKER": {},
     }
 )
 
@@ -178,6 +183,12 @@ class FairqueueSettings:
     tenant_limits: Mapping[str, TenantLimits] = dataclasses.field(
         default_factory=lambda: MappingProxyType({})
     )
+    usage_ledger: bool = True
+    #: Plan tier -> its quota (tiers without one are absent).
+    quotas: Mapping[str, QuotaRule] = dataclasses.field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    breaker: BreakerSettings = BreakerSettings()
 
     def __repr__(self) -> str:  # keep credentials in redis_url out of logs and tracebacks
         return (
@@ -466,6 +477,11 @@ def _validate() -> tuple[FairqueueSettings | None, list[SettingError]]:
         ),
         "plan_local_cache_timeout": number("PLAN_LOCAL_CACHE_TIMEOUT"),
         "tenant_limits": read(Problem.TENANT_LIMITS, _parse_tenant_limits, values["TENANT_LIMITS"]),
+        "usage_ledger": read(
+            Problem.USAGE_LEDGER, _parse_bool, "USAGE_LEDGER", values["USAGE_LEDGER"], False
+        ),
+        "quotas": read(Problem.QUOTAS, parse_quotas, values["QUOTAS"]),
+        "breaker": read(Problem.BREAKER, parse_breaker, values["BREAKER"]),
     }
     if errors or redis is None:
         return None, errors

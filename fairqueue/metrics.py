@@ -73,6 +73,9 @@ class QueueFairMetrics:
     # Per-tenant limits (no tenant label: counts per job type only).
     held_jobs: Gauge
     limited: Counter
+    # Quotas and the breaker (no tenant label; docs/usage.md).
+    quota_exceeded: Counter
+    breaker_open: Gauge
 
 
 _lock = threading.Lock()
@@ -290,6 +293,25 @@ FAMILIES: Final[tuple[_Family, ...]] = (
         ("job_type", "reason"),
         zero_for="job_type",
         second=LIMIT_REASONS,
+    ),
+    _Family(
+        "quota_exceeded",
+        Counter,
+        "queue_fair_quota_exceeded_total",
+        "Tenants that went over their worker-time quota, by the job type whose work took them "
+        "over and the action taken (demote or hold).",
+        ("job_type", "action"),
+        zero_for="job_type",
+        second=("demote", "hold"),
+    ),
+    _Family(
+        "breaker_open",
+        Gauge,
+        "queue_fair_breaker_open",
+        "Tenants whose jobs of this type are held by an open breaker (failing jobs), probes "
+        "included.",
+        ("job_type",),
+        zero_for="job_type",
     ),
 )
 

@@ -93,6 +93,19 @@ class TenantPlan(models.Model):
     max_waiting = _limit_field(
         "max_waiting", _("An enqueue that would put more of its jobs waiting is refused.")
     )
+    # Quota (empty: the plan tier's FAIRQUEUE['QUOTAS'], docs/usage.md).
+    quota_worker_seconds = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(1_000_000_000)],
+        help_text=_("Worker seconds per quota period; empty for the plan tier's quota."),
+    )
+    quota_period = models.CharField(
+        max_length=5,
+        blank=True,
+        choices=[("day", "Day"), ("month", "Month")],
+        help_text=_("The quota's period; empty for the plan tier's (else a day)."),
+    )
     paused = models.BooleanField(
         default=False,
         editable=False,
@@ -389,3 +402,7 @@ class TenantPauseAudit(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant_id} {self.action} by {self.actor or '?'}"
+
+
+# The usage ledger, quotas and the breaker (docs/usage.md).
+from fairqueue.usage_models import HoldAudit, TenantHold, TenantUsage  # noqa: E402, F401

@@ -98,7 +98,15 @@ def resume_tenant(tenant_id: str, *, actor: object = None, source: str = "") -> 
     """
     tenant_id = validate_tenant_id(tenant_id, none_allowed=False)
     _record(tenant_id, False, actor, source)
-    return _set_paused(tenant_id, False)
+    from fairqueue.holds import held_queues  # a quota or breaker hold stays in force
+
+    kept = held_queues(tenant_id)
+    sync_broker = get_sync_broker()
+    return sum(
+        sync_broker.run(sync_broker.broker.limits.set_paused, queue, tenant_id, False)
+        for queue in _queues()
+        if queue not in kept
+    )
 
 
 def sync_tenant_limits(tenant_id: str) -> None:
@@ -174,8 +182,11 @@ def rebuild_tenant_limits(queues: Sequence[str] | None = None, *, force: bool = 
     if not wanted:
         return False
     limits, paused = database_limits()
+    from fairqueue.holds import holds_by_queue  # quota and breaker holds, per queue
+
+    held = holds_by_queue()
     for queue in wanted:
-        sync_broker.run(store.rebuild, queue, limits, paused)
+        sync_broker.run(store.rebuild, queue, limits, paused | held.get(queue, set()))
     logger.info("tenant limits and pauses rebuilt from the database in %d queue(s)", len(wanted))
     return True
 

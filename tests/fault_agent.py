@@ -19,6 +19,10 @@ Each role is a separate OS process so the suite can kill Redis (or a leader) und
   until it is resumed), pauses ``zed`` with 100 jobs, and enqueues 100 jobs of ``cap``
   (``max_active`` 2) and 100 of ``free`` (see :func:`paused`).
 * ``resume TENANT``: ``resume_tenant(TENANT)``, as an operator would.
+* ``tenants OUT COUNT``: enqueues ``COUNT`` jobs over tenants ``u0``..``u9`` (``u9``'s
+  fail, with 2 attempts) for the usage ledger's fault test; one JSON line with the ids.
+* ``usage``: prints the usage ledger's rows as JSON (tenant -> attempts, completed,
+  failed, worker ms).
 * ``check``: prints the database side as JSON: outbox rows left, audit rows' job ids.
 * ``reset``: deletes outbox and audit rows (the suite's scratch database).
 
@@ -211,6 +215,35 @@ def resume(tenant: str) -> None:
     resume_tenant(tenant)
 
 
+def tenants(out_path: str, count: int) -> None:
+    _django()
+    from fairqueue.enqueue.api import enqueue_jobs
+
+    ids: list[str] = []
+    for start in range(0, count, 250):
+        size = min(250, count - start)
+        tenant = f"u{(start // 250) % 10}"
+        attempts = 2 if tenant == "u9" else 1
+        jobs = enqueue_jobs(
+            "email", [{"n": start + i} for i in range(size)], tenant_id=tenant, attempts=attempts
+        )
+        ids += [job.job_id for job in jobs]
+    with open(out_path, "w") as out:
+        out.write(json.dumps({"ids": ids}) + "\n")
+
+
+def usage() -> None:
+    _django()
+    from fairqueue.models import TenantUsage
+
+    rows: dict[str, list[int]] = {}
+    for row in TenantUsage.objects.filter(job_type="email"):
+        got = rows.setdefault(row.tenant_id, [0, 0, 0, 0])
+        for i, value in enumerate((row.attempts, row.completed, row.failed, row.worker_ms)):
+            got[i] += value
+    print(json.dumps(rows))
+
+
 def check() -> None:
     _django()
     from fairqueue.models import OutboxJob, PriorityOverrideAudit
@@ -227,8 +260,9 @@ def check() -> None:
 
 def reset() -> None:
     _django()
-    from fairqueue.models import OutboxJob, PriorityOverrideAudit
+    from fairqueue.models import OutboxJob, PriorityOverrideAudit, TenantUsage
 
+    TenantUsage.objects.all().delete()
     OutboxJob.objects.all().delete()
     PriorityOverrideAudit.objects.all().delete()
 
@@ -245,6 +279,10 @@ if __name__ == "__main__":
         paused(args[0], int(args[1]))
     elif role == "resume":
         resume(args[0])
+    elif role == "tenants":
+        tenants(args[0], int(args[1]))
+    elif role == "usage":
+        usage()
     elif role == "check":
         check()
     elif role == "reset":

@@ -24,7 +24,7 @@ from fairqueue.broker.connection import Connection
 from fairqueue.broker.lock_store import Fence
 from fairqueue.broker.scripts import call_script, plain_script
 from fairqueue.exceptions import LockLostError
-from fairqueue.scheduling import attempts
+from fairqueue.scheduling import attempts, usage
 from fairqueue.scheduling.attempts import Event, EventKind, Run, Start
 from fairqueue.scheduling.shares import BUCKET_S, LEVEL_NAMES, RETENTION_S, TENANTS_PER_BUCKET
 from fairqueue.scheduling.shares import wait_bin as _wait_bin
@@ -188,7 +188,7 @@ def parse_event(entry_id: bytes, fields: list[bytes]) -> Event | None:
         kind = "retry"  # an attempt that failed with attempts left (at once or backed off)
     else:
         return None
-    return Event(kind, _text(job_id), _ms_of(entry_id))
+    return Event(kind, _text(job_id), _ms_of(entry_id), event == b"completed")
 
 
 class PageReader:
@@ -208,6 +208,7 @@ class PageReader:
         max_data_bytes: int,
         byte_budget: int,
         by_time: bool,
+        ledger: usage.Ledger | None = None,
     ) -> RecordedPage:
         client = self.conn.client()
         cursor, ord_text, since = await client.hmget(self.hist_key, "cursor", "ord", "since")
@@ -245,7 +246,10 @@ class PageReader:
             row = page.buckets.setdefault(bucket, {})
             row["g"] = row.get("g", 0) + ms
         last = _text(kept[-1][0]) if kept else ""
-        written = await self._commit(cast(str, cursor or ""), last, ord_ + len(kept), page)
+        use = await self._usage(ledger, events, starts, runs) if ledger is not None else None
+        written = await self._commit(
+            cast(str, cursor or ""), last, ord_ + len(kept), page, use, ledger
+        )
         if written < 0:
             raise LockLostError(self.queue)
         if written == 0:  # another call recorded this page first: read again
@@ -357,7 +361,42 @@ class PageReader:
                 state[name] = number
         return state
 
-    async def _commit(self, cursor: str, last: str, ord_: int, page: attempts.PageRecord) -> int:
+    async def _usage(
+        self,
+        ledger: usage.Ledger,
+        events: list[Event],
+        starts: dict[str, Start | None],
+        runs: dict[str, Run],
+    ) -> usage.PageUsage:
+        """The ledger's counts of the page; a queue shared by several job types reads its
+        jobs' names (BullMQ's job name is the job type), one pipelined HGET each."""
+        names: dict[str, str] = {}
+        if len(ledger.job_types) != 1:
+            ids = list(dict.fromkeys(e.job_id for e in events))
+            if ids:
+                async with self.conn.client().pipeline(transaction=False) as pipe:
+                    for job_id in ids:
+                        pipe.execute_command(
+                            "HGET", self.conn.key(self.queue, job_id), "name", **_RAW
+                        )
+                    replies = await pipe.execute()
+                names = {
+                    job_id: _text(name)
+                    for job_id, name in zip(ids, replies, strict=True)
+                    if name is not None and _text(name) in ledger.job_types
+                }
+        only = ledger.job_types[0] if len(ledger.job_types) == 1 else usage.UNKNOWN_JOB_TYPE
+        return usage.page_usage(events, starts, runs, lambda job_id: names.get(job_id, only))
+
+    async def _commit(
+        self,
+        cursor: str,
+        last: str,
+        ord_: int,
+        page: attempts.PageRecord,
+        use: usage.PageUsage | None = None,
+        ledger: usage.Ledger | None = None,
+    ) -> int:
         args: list[Any] = [
             self.token,
             self.lock_ttl_ms,
@@ -401,6 +440,12 @@ class PageReader:
             [x for s in page.settlements for x in (_raw(s.member), s.level, f"{s.debt:.17g}")],
             3,
         )
+        if use and ledger is not None:
+            section([self.conn.fair_key(self.queue, "use:"), usage.DAY_TTL_S, ledger.epoch], 3)
+            section(
+                [x for (day, name), n in use.increments.items() for x in (day, _raw(name), n)], 3
+            )
+            section([x for (day, name), n in use.maxima.items() for x in (day, _raw(name), n)], 3)
         return int(
             await self.conn.script(plain_script("history_commit"))(
                 keys=[

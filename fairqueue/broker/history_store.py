@@ -16,6 +16,7 @@ from fairqueue.broker.connection import BrokerPart
 from fairqueue.broker.events import PageReader, RecordedPage
 from fairqueue.broker.lock_store import Fence
 from fairqueue.scheduling.shares import BUCKET_S, LEVEL_NAMES, RETENTION_S
+from fairqueue.scheduling.usage import Ledger
 
 #: What the backlogs need of a bucket before the window: jobs started and became ready.
 _COUNT_FIELDS = [f"{kind}:{level}" for kind in ("s", "a") for level in LEVEL_NAMES]
@@ -43,6 +44,7 @@ class HistoryStore(BrokerPart):
         max_data_bytes: int = 65_536,
         byte_budget: int = 1_048_576,
         fairness_by: str = "time",
+        ledger: Ledger | None = None,
     ) -> RecordedPage:
         """Record the next page of ``queue``'s events stream (fenced by the lock).
 
@@ -50,6 +52,9 @@ class HistoryStore(BrokerPart):
         script, once or not at all (see :mod:`fairqueue.scheduling.attempts` for why):
         at most ``page_size`` entries and about ``byte_budget`` bytes of job data; a
         job whose data is over ``max_data_bytes`` counts as started at an unknown level.
+
+        ``ledger``: count the page's attempts into the usage ledger too, in the same
+        write (:mod:`fairqueue.scheduling.usage`).
 
         Raises:
             LockLostError: another rebalancer holds the lock; nothing was recorded.
@@ -61,6 +66,7 @@ class HistoryStore(BrokerPart):
                 max_data_bytes=max_data_bytes,
                 byte_budget=byte_budget,
                 by_time=fairness_by == "time",
+                ledger=ledger,
             )
         )
 

@@ -345,7 +345,24 @@ def _resolve_level(
     except Exception as exc:  # a broken lookup must not stop enqueues
         logger.warning("tenant plan lookup failed (%s); using normal", type(exc).__name__)
         return _resolved(PriorityLevel.NORMAL, PriorityRule.PLAN_LOOKUP_FAILED, tenant_id)
-    return _resolved(priority_from_plan(plan), PriorityRule.PLAN, tenant_id, plan=plan)
+    level = priority_from_plan(plan)
+    if plan is not None and _demoted(tenant_id):  # over its quota: low until the period ends
+        level = PriorityLevel.LOW
+    return _resolved(level, PriorityRule.PLAN, tenant_id, plan=plan)
+
+
+def _demoted(tenant_id: str) -> bool:
+    if not get_settings().quotas and _lookup is not _default_lookup():
+        return False
+    from fairqueue.quotas import is_demoted
+
+    return is_demoted(tenant_id)
+
+
+def _default_lookup() -> TenantPlanLookup:
+    from fairqueue.enqueue.lookups import lookup_tenant_plan
+
+    return lookup_tenant_plan
 
 
 def _resolved(

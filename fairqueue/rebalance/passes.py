@@ -52,6 +52,7 @@ from fairqueue.broker import (
     get_sync_broker,
 )
 from fairqueue.conf import get_settings
+from fairqueue.ledger import ledger_for
 from fairqueue.metrics import get_metrics
 from fairqueue.scheduling.levels import (
     LEVELS_BY_RANK,
@@ -336,6 +337,7 @@ async def _record(
                 max_wait_ms=max_wait_ms,
                 page_size=HISTORY_PAGE_SIZE,
                 fairness_by=get_settings().fairness_by,
+                ledger=ledger_for(queue),
             )
         )
         metrics = get_metrics()

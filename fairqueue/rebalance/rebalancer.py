@@ -25,6 +25,7 @@ from fairqueue.rebalance.passes import (
     rebalancer_id,
     run_tick,
 )
+from fairqueue.rebalance.usage_step import UsageStep
 from fairqueue.tenants import keep_tenant_limits
 
 logger = logging.getLogger("fairqueue.rebalance")
@@ -98,6 +99,7 @@ class Rebalancer(Loop):
         self._quiet_passes = 0
         self._quiet_worst_ms = 0.0
         self._quiet_since = time.monotonic()
+        self.usage = UsageStep()
         metrics = get_metrics()
         metrics.rebalance_interval.set(interval_ms / 1000)
         metrics.max_wait.set(settings.max_wait_ms / 1000)
@@ -148,6 +150,8 @@ class Rebalancer(Loop):
                 continue
             results.append(result)
             self._report(result)
+            if not self.dry_run and not result.lock_lost:
+                self.usage.run(queue)
         if not self.dry_run:
             self._publish_leadership()
         if done_queues and not self.dry_run:
@@ -249,6 +253,8 @@ class Rebalancer(Loop):
                 run_tick(job_type, rebalancer=self.token, interval_ms=self.interval_ms)
             except Exception as exc:  # the next pass does what this tick missed
                 logger.debug("%s: tick failed (%s)", job_type, type(exc).__name__)
+                continue
+            self.usage.run(queue)
 
     def finish(self) -> None:
         self.release_locks()

@@ -64,6 +64,8 @@ class Event:
     kind: EventKind
     job_id: str
     at_ms: int
+    #: An ``end``: it completed (``False``: it failed). The usage ledger reads it.
+    ok: bool = False
 
 
 @dataclass(frozen=True, slots=True)

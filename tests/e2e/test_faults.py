@@ -533,7 +533,7 @@ def test_tenant_limits__kill9_leader_and_worker_and_a_redis_restart(cluster, cap
 def node():
     import shutil
 
-    from tests.test_node_worker import NODE_DIR
+    from tests.e2e.test_node_worker import NODE_DIR
 
     if shutil.which("node") is None or not (NODE_DIR / "node_modules" / "bullmq").is_dir():
         pytest.skip("node or tests/node/node_modules missing (run: cd tests/node && npm ci)")
@@ -550,7 +550,7 @@ def test_tenant_limits__kill9_loop_mid_release_with_paused_and_limited_tenants(
     of the paused tenant starts while it is paused and the limited one never runs more
     than 2; every job of the others runs once; resumed at last, the paused tenant's
     jobs all run too, each once, none before its resume: nothing lost, nothing twice."""
-    from tests.test_node_worker import NODE_DIR
+    from tests.e2e.test_node_worker import NODE_DIR
 
     total_drain = 3_000
     out = cluster.tmp_path / "paused.json"
@@ -628,3 +628,103 @@ def test_tenant_limits__kill9_loop_mid_release_with_paused_and_limited_tenants(
         jobs["ids"], [], capsys,
     )  # fmt: skip
     assert_exact(counts, cluster)
+
+
+def _usage_rows(cluster: Cluster) -> dict[str, list[int]]:
+    process = subprocess.run(
+        [sys.executable, "-m", "tests.fault_agent", "usage"],
+        cwd=ROOT,
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return json.loads(process.stdout)
+
+
+def test_usage_ledger__kill9_loop_between_the_redis_count_and_the_database_write(
+    node, cluster, capsys
+):
+    """10,000 jobs of ten tenants (one whose jobs always fail, 2 attempts each) under a
+    stock 16-slot Node worker, the loop counting them into the usage ledger; the loop is
+    killed -9 while Redis holds counts the database does not have yet (its dirty set is
+    not empty), and a second time later, each time started again. At the end the
+    ledger's attempts, completions and failures per tenant equal what the worker itself
+    counted, exactly, and its worker time is within 1% of what the worker measured: from
+    taking each job to its end as BullMQ recorded them (processedOn, finishedOn), on the
+    worker's clock (the processors alone ran less: the report prints both)."""
+    from tests.e2e.test_node_worker import NODE_DIR
+
+    total = 10_000
+    out = cluster.tmp_path / "tenants.json"
+    leader = cluster.rebalancer()  # the history's cursor starts before the first job
+    client = cluster.client()
+    assert wait_until(lambda: client.hexists(f"{cluster.prefix}:{QUEUE}:fq:hist", "cursor"), 30)
+    cluster.agent("tenants", str(out), str(total), wait=True)
+    ids = json.loads(out.read_text())["ids"]
+    lines_path = cluster.tmp_path / "node-usage.txt"
+    worker = subprocess.Popen(  # noqa: S603
+        [
+            node, str(NODE_DIR / "usage_worker.mjs"), cluster.server.url, cluster.prefix,
+            QUEUE, "16", "600000", "20", "u9",
+        ],
+        stdout=lines_path.open("w"),
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    cluster.processes.append(worker)
+    dirty_key = f"{cluster.prefix}:{QUEUE}:fq:use:dirty"
+    kills = []
+    try:
+        for target in (total // 4, total // 2):
+            assert wait_until(
+                lambda t=target: client.zcard(f"{cluster.prefix}:{QUEUE}:completed") >= t, 120
+            ), cluster.log_tail()
+            # Counted in Redis, not yet in the database: kill -9 there.
+            assert wait_until(lambda: client.zcard(dirty_key) > 0, 30, 0.001)
+            leader.kill()
+            leader.wait(10)
+            kills.append(client.zcard(dirty_key))
+            leader = cluster.rebalancer()
+        assert wait_until(
+            lambda: (
+                client.zcard(f"{cluster.prefix}:{QUEUE}:completed")
+                + client.zcard(f"{cluster.prefix}:{QUEUE}:failed")
+                >= total
+            ),
+            300,
+        ), cluster.log_tail()
+        assert wait_until(lambda: client.zcard(dirty_key) == 0, 60), cluster.log_tail()
+    finally:
+        client.close()
+    worker.kill()
+    worker.wait(10)
+    ends: dict[str, list[float]] = {}
+    starts: Counter[str] = Counter()
+    for line in lines_path.read_text().splitlines():
+        parts = line.split(" ")
+        if parts[0] == "start":
+            starts[parts[2]] += 1
+        elif parts[0] == "end":
+            row = ends.setdefault(parts[2], [0, 0, 0.0, 0.0])
+            row[0 if parts[3] == "1" else 1] += 1
+            row[2] += float(parts[4])
+            row[3] += float(parts[5])
+    ledger = _usage_rows(cluster)
+    assert set(ledger) == set(starts)
+    worker_ms = sum(row[2] for row in ends.values())
+    ledger_ms = sum(row[3] for row in ledger.values())
+    processor_ms = sum(row[3] for row in ends.values())
+    for tenant, (attempts, completed, failed, _ms) in ledger.items():
+        assert attempts == starts[tenant], (tenant, attempts, starts[tenant])
+        assert (completed, failed) == (ends[tenant][0], ends[tenant][1]), tenant
+    assert sum(starts.values()) == len(ids) + len(ids) // 10  # u9's jobs ran twice
+    assert abs(ledger_ms - worker_ms) <= 0.01 * worker_ms, (ledger_ms, worker_ms)
+    with capsys.disabled():
+        print(
+            f"\nfaults[usage ledger]: attempts {sum(starts.values())} (ledger "
+            f"{sum(r[0] for r in ledger.values())}), worker ms {worker_ms:.0f} ledger "
+            f"{ledger_ms} ({(ledger_ms - worker_ms) / worker_ms:+.2%}), processors alone "
+            f"{processor_ms:.0f} ms; rows dirty at the "
+            f"kills {kills}"
+        )

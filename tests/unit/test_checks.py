@@ -23,10 +23,11 @@ from fairqueue.conf import Problem
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "checks.md"
 ALLOWED_KEYS = (
-    "['AUDIT_EXPLICIT_PRIORITY', 'CACHE_ALIAS', 'FAIRNESS_BY', 'KEEP_COMPLETED', "
+    "['AUDIT_EXPLICIT_PRIORITY', 'BREAKER', 'CACHE_ALIAS', 'FAIRNESS_BY', 'KEEP_COMPLETED', "
     "'KEEP_FAILED', 'MAX_PAYLOAD_BYTES', 'MAX_WAIT_MS', 'PLAN_CACHE_TIMEOUT', "
-    "'PLAN_LOCAL_CACHE_TIMEOUT', 'PREFIX', 'PRIORITY_ENABLED', 'QUEUES', "
-    "'REBALANCE_INTERVAL_MS', 'REBALANCE_WINDOW', 'REDIS', 'REDIS_URL', 'TENANT_LIMITS']"
+    "'PLAN_LOCAL_CACHE_TIMEOUT', 'PREFIX', 'PRIORITY_ENABLED', 'QUEUES', 'QUOTAS', "
+    "'REBALANCE_INTERVAL_MS', 'REBALANCE_WINDOW', 'REDIS', 'REDIS_URL', 'TENANT_LIMITS', "
+    "'USAGE_LEDGER']"
 )
 CLUSTER = {"cluster": ["127.0.0.1:7001"]}
 TENANT_LIMITS_HINT = (
@@ -231,6 +232,30 @@ SETTING_CASES = [
         "FAIRQUEUE['TENANT_LIMITS']['free']['max_active']=0 is not allowed: expected a whole "
         "number in 1..1000000 or None for no limit",
         TENANT_LIMITS_HINT,
+    ),
+    (
+        "fairqueue.E026",
+        {"USAGE_LEDGER": "maybe"},
+        {},
+        "FAIRQUEUE['USAGE_LEDGER']='maybe' is not allowed: expected true or false",
+        "Set FAIRQUEUE['USAGE_LEDGER'] to True (count usage, the default) or False.",
+    ),
+    (
+        "fairqueue.E027",
+        {"QUOTAS": {"free": {"worker_seconds": 60, "action": "throttle"}}},
+        {},
+        "FAIRQUEUE['QUOTAS']['free']['action']='throttle' is not allowed: expected 'demote' "
+        "(its jobs run at low until the period ends) or 'hold' (held until the period ends)",
+        'Map plan tiers to quotas, e.g. {"free": {"worker_seconds": 3600, "period": '
+        '"day", "action": "hold"}}; period "day" or "month", action "demote" or "hold".',
+    ),
+    (
+        "fairqueue.E028",
+        {"BREAKER": {"FAILURE_RATIO": 1.5}},
+        {},
+        "FAIRQUEUE['BREAKER']['FAILURE_RATIO']=1.5 is not allowed: expected a number in 0.01..1",
+        'Set FAIRQUEUE[\'BREAKER\'] to a dict such as {"ENABLED": True, "WINDOW_S": 60, '
+        '"MIN_ATTEMPTS": 20, "FAILURE_RATIO": 0.95, "COOL_OFF_S": 300}, or remove it.',
     ),
 ]
 

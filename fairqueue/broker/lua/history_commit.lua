@@ -15,7 +15,10 @@
           sections, each a count and its items:
           bucket increments (bucket, field, n), tenant starts (bucket, member, n), runs
           ended (job id), runs started (job id, run), fq:state writes (field, text),
-          settlements (member, level, turns)
+          settlements (member, level, turns), then the usage ledger's (absent: none):
+          its header (key prefix '<prefix>:<queue>:fq:use:', seconds a day is kept, the
+          token of the epoch a new day's counters get, with Redis's clock), increments (day, field, n) and maxima (day,
+          field, value), fields '<stat>:<tenant>\n<job type>'
   Bucket keys (same hash tag as the queue): <bucket prefix><start second> (hash: s:<level>
   started, a:<level> became ready, o:<level> over the bound, w:<level>:<bin> waits, r
   retried, g gap ms, t:<level> worker ms, R:<level> retries) and <bucket prefix>t:<start
@@ -23,6 +26,10 @@
   A settlement moves the flow's last tag in fq:flows by its whole turns (a flow whose
   jobs ran long waits longer for its next turns), at the flow's weight and its level's
   total as they are now.
+  Usage keys: <use prefix><day> (hash: the day's cumulative counters, and 'epoch', set
+  when the day's hash is created, so counters Redis lost start a new epoch) and <use
+  prefix>dirty (zset: '<day>\n<tenant>\n<job type>' -> the commit that last changed it;
+  the loop writes those rows to the database and removes what it wrote).
   Returns 1 recorded, 0 the cursor moved (nothing written), -1 lock lost.
 ]]
 --- @include fair_clock
@@ -33,7 +40,7 @@ local bucketPrefix, expireS, keepTenants = ARGV[6], tonumber(ARGV[7]), tonumber(
 local idleMs = tonumber(ARGV[9])
 local at = 10
 local function section(width)
-  local n = tonumber(ARGV[at])
+  local n = tonumber(ARGV[at]) or 0
   local first = at + 1
   at = first + n * width
   return first, first + n * width - 1
@@ -94,6 +101,40 @@ for i = from, to, 3 do
     local step = fqScale * debt * total / ((4 - rank) * w) -- a level's weight: 4 less its rank
     redis.call('ZADD', KEYS[5], string.format('%.17g', last + step), member)
   end
+end
+
+-- The usage ledger: cumulative counters per day, written with the page (once or never).
+local head = at
+from, to = section(3)
+if to >= from then
+  local usePrefix, dayTtl, epoch = ARGV[head + 1], tonumber(ARGV[head + 2]), ARGV[head + 3]
+  local version = redis.call('HINCRBY', KEYS[1], 'uv', 1)
+  local dirtyKey = usePrefix .. 'dirty'
+  local days = {}
+  local function touch(day, field)
+    local key = usePrefix .. day
+    if not days[key] then
+      -- a new epoch whenever the day's hash is new: the token and Redis's clock
+      redis.call('HSETNX', key, 'epoch', epoch .. '-' .. now)
+      days[key] = true
+    end
+    redis.call('ZADD', dirtyKey, version, day .. '\n' .. string.sub(field, 3))
+    return key
+  end
+  from, to = section(3)
+  for i = from, to, 3 do
+    redis.call('HINCRBY', touch(ARGV[i], ARGV[i + 1]), ARGV[i + 1], ARGV[i + 2])
+  end
+  from, to = section(3)
+  for i = from, to, 3 do
+    local key = touch(ARGV[i], ARGV[i + 1])
+    local value = tonumber(ARGV[i + 2])
+    if value > (tonumber(redis.call('HGET', key, ARGV[i + 1])) or -1) then
+      redis.call('HSET', key, ARGV[i + 1], value)
+    end
+  end
+  for key in pairs(days) do redis.call('EXPIRE', key, dayTtl) end
+  redis.call('EXPIRE', dirtyKey, dayTtl)
 end
 
 if ARGV[4] ~= '' then

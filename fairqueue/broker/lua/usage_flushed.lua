@@ -1,0 +1,17 @@
+--[[
+  The usage ledger's rows the loop wrote to the database: each leaves the dirty set only
+  if no history commit changed it since the loop read it (its score, the commit's
+  version, is still the one read), so a row counted meanwhile is written again.
+
+  KEYS[1] <prefix>:<queue>:fq:use:dirty (zset: '<day>\n<tenant>\n<job type>' -> version)
+  ARGV    member, version read, ...
+  Returns how many left the set.
+]]
+local removed = 0
+for i = 1, #ARGV, 2 do
+  local score = redis.call('ZSCORE', KEYS[1], ARGV[i])
+  if score and tonumber(score) == tonumber(ARGV[i + 1]) then
+    removed = removed + redis.call('ZREM', KEYS[1], ARGV[i])
+  end
+end
+return removed

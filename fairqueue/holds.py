@@ -1,0 +1,138 @@
+"""Holding a tenant's jobs for a quota or an open breaker, with the pause machinery of
+:mod:`fairqueue.tenants` (the tenant is paused in a queue's limits in Redis), and every
+transition audited (``HoldAudit``: who or what, when, why).
+
+One tenant may be held in a queue for several reasons at once (an operator's pause, a
+quota, a breaker of one of the queue's job types): a hold is lifted in Redis only when
+no other reason holds the tenant in that queue, so lifting one never turns another off.
+The reasons live in the database (``TenantHold``, ``TenantPlan.paused``), and
+:func:`fairqueue.tenants.rebuild_tenant_limits` brings them back after Redis lost them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Callable, Iterable
+
+from fairqueue.broker import get_sync_broker
+from fairqueue.conf import get_settings
+
+logger = logging.getLogger("fairqueue.holds")
+
+#: What "now" is for quotas and the breaker (tests set it: :func:`set_clock`).
+_clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)  # noqa: E731
+
+
+def now() -> dt.datetime:
+    return _clock()
+
+
+def set_clock(clock: Callable[[], dt.datetime] | None) -> None:
+    """Make quotas and the breaker read ``clock`` for now (``None``: the real clock)."""
+    global _clock
+    _clock = clock or (lambda: dt.datetime.now(dt.UTC))
+
+
+def actor_text(actor: object) -> str:
+    get_username = getattr(actor, "get_username", None)
+    name = get_username() if callable(get_username) else ("" if actor is None else str(actor))
+    return name[:200]
+
+
+def queues_of(job_type: str) -> list[str]:
+    """The queues a hold of ``job_type`` applies to (every queue for ``""``)."""
+    settings = get_settings()
+    if job_type:
+        return [settings.queue_for(job_type)]
+    return sorted(set(settings.queues.values()))
+
+
+def held_queues(tenant_id: str, *, excluding: int | None = None) -> set[str]:
+    """The queues in which a quota or breaker (other than the hold ``excluding``) holds
+    ``tenant_id`` now."""
+    from fairqueue.models import TenantHold
+
+    holds = TenantHold.objects.filter(
+        tenant_id=tenant_id, lifted_at__isnull=True, action=TenantHold.HOLD
+    )
+    if excluding is not None:
+        holds = holds.exclude(pk=excluding)
+    queues: set[str] = set()
+    for job_type in holds.values_list("job_type", flat=True):
+        try:
+            queues.update(queues_of(job_type))
+        except Exception:  # noqa: S112 - a job type no longer configured holds nothing
+            continue
+    return queues
+
+
+def paused_by_operator(tenant_id: str) -> bool:
+    """Whether an operator's pause (``pause_tenant``) is in force for ``tenant_id``."""
+    from fairqueue.models import TenantPauseAudit, TenantPlan
+
+    plan = TenantPlan.objects.filter(tenant_id=tenant_id).first()
+    if plan is not None:
+        return plan.paused
+    last = TenantPauseAudit.objects.filter(tenant_id=tenant_id).order_by("-id").first()
+    return last is not None and last.action == TenantPauseAudit.PAUSED
+
+
+def holds_by_queue() -> dict[str, set[str]]:
+    """Queue -> tenants a quota or breaker holds there (for rebuilding Redis's copy)."""
+    from fairqueue.models import TenantHold
+
+    out: dict[str, set[str]] = {}
+    rows = TenantHold.objects.filter(lifted_at__isnull=True, action=TenantHold.HOLD)
+    for tenant_id, job_type in rows.values_list("tenant_id", "job_type"):
+        try:
+            queues = queues_of(job_type)
+        except Exception:  # noqa: S112 - a job type no longer configured holds nothing
+            continue
+        for queue in queues:
+            out.setdefault(queue, set()).add(tenant_id)
+    return out
+
+
+def pause_in(queues: Iterable[str], tenant_id: str) -> None:
+    """Hold ``tenant_id``'s jobs in ``queues`` (pausing twice is harmless)."""
+    sync_broker = get_sync_broker()
+    for queue in queues:
+        sync_broker.run(sync_broker.broker.limits.set_paused, queue, tenant_id, True)
+
+
+def resume_in(queues: Iterable[str], tenant_id: str, *, excluding: int | None = None) -> list[str]:
+    """Lift the hold in those of ``queues`` where nothing else holds ``tenant_id`` (an
+    operator's pause, another quota or breaker). Returns the queues resumed."""
+    if paused_by_operator(tenant_id):
+        return []
+    still = held_queues(tenant_id, excluding=excluding)
+    resumed = [queue for queue in queues if queue not in still]
+    sync_broker = get_sync_broker()
+    for queue in resumed:
+        sync_broker.run(sync_broker.broker.limits.set_paused, queue, tenant_id, False)
+    return resumed
+
+
+def audit(
+    tenant_id: str,
+    *,
+    reason: str,
+    event: str,
+    job_type: str = "",
+    action: str = "",
+    actor: object = None,
+    why: str = "",
+) -> None:
+    from fairqueue.models import HoldAudit
+
+    HoldAudit.objects.create(
+        created_at=now(),
+        tenant_id=tenant_id,
+        job_type=job_type,
+        reason=reason,
+        event=event,
+        action=action,
+        actor=actor_text(actor),
+        why=why[:500],
+    )

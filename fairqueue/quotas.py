@@ -1,0 +1,302 @@
+"""Quotas per plan: worker seconds per day or month (docs/usage.md).
+
+A tenant's quota is its ``TenantPlan.quota_worker_seconds`` / ``quota_period``, else its
+plan tier's ``FAIRQUEUE['QUOTAS']`` entry; the tier says what happens over it:
+
+* ``demote``: its jobs enqueued from then on run at ``low`` until the period ends
+  (read at enqueue, cached per process for at most :data:`DEMOTED_CHECK_S`);
+* ``hold``: its jobs are held in every queue, like a paused tenant, until the period
+  ends or an operator lifts it (:func:`lift_quota`).
+
+The loop checks after each ledger write, for the tenants whose worker time it changed,
+and ends the holds whose period is over at every step. Every transition is audited
+(``HoldAudit``) and counted (``queue_fair_quota_exceeded_total{job_type,action}``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Final
+
+from django.db import transaction
+from django.db.models import Sum
+
+from fairqueue.conf import get_settings
+from fairqueue.holds import audit, now, pause_in, queues_of, resume_in
+from fairqueue.ledger import Written
+from fairqueue.usage_settings import NO_QUOTA
+
+logger = logging.getLogger("fairqueue.quotas")
+
+ACTOR: Final = "fairqueue quotas"
+#: How long a process trusts its list of demoted tenants (seconds).
+DEMOTED_CHECK_S: Final = 1.0
+#: Near quota: at least this share of it used (the dashboard's list).
+NEAR_SHARE: Final = 0.8
+_DEMOTED_CACHE_KEY: Final = "fairqueue:quota:demoted"
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """A tenant's quota as it applies now."""
+
+    worker_seconds: int
+    period: str
+    action: str
+
+
+def quota_of(plan: Any) -> Quota | None:
+    """The quota of a ``TenantPlan`` (its own values win over its tier's), or ``None``."""
+    rule = get_settings().quotas.get(plan.resolve_plan() or "", NO_QUOTA)
+    seconds = plan.quota_worker_seconds or rule.worker_seconds
+    if not seconds:
+        return None
+    return Quota(seconds, plan.quota_period or rule.period, rule.action)
+
+
+def period_bounds(at: dt.datetime, period: str) -> tuple[dt.date, dt.datetime]:
+    """The first day of the period ``at`` falls in, and when it ends (UTC)."""
+    day = at.astimezone(dt.UTC).date()
+    if period == "month":
+        first = day.replace(day=1)
+        following = (first + dt.timedelta(days=32)).replace(day=1)
+    else:
+        first, following = day, day + dt.timedelta(days=1)
+    return first, dt.datetime.combine(following, dt.time(), tzinfo=dt.UTC)
+
+
+def used_ms(tenant_id: str, period: str, at: dt.datetime | None = None) -> int:
+    """The tenant's worker time in the period ``at`` falls in, over every job type."""
+    from fairqueue.models import TenantUsage
+
+    first, end = period_bounds(at or now(), period)
+    found = TenantUsage.objects.filter(
+        tenant_id=tenant_id, day__gte=first, day__lt=end.date()
+    ).aggregate(ms=Sum("worker_ms"))
+    return int(found["ms"] or 0)
+
+
+def after_write(queue: str, written: Written) -> None:
+    """The loop's quota step: end the holds whose period is over, then check the
+    tenants whose worker time this write changed."""
+    expire()
+    tenants: dict[str, str] = {}
+    for change in written.changes:
+        if change.worker_ms > 0:
+            tenants.setdefault(change.tenant_id, change.job_type)
+    if not tenants:
+        return
+    from fairqueue.models import TenantHold, TenantPlan
+
+    active = set(
+        TenantHold.objects.filter(
+            tenant_id__in=tenants, reason=TenantHold.QUOTA, lifted_at__isnull=True
+        ).values_list("tenant_id", flat=True)
+    )
+    for plan in TenantPlan.objects.filter(tenant_id__in=set(tenants) - active):
+        quota = quota_of(plan)
+        if quota is None:
+            continue
+        used = used_ms(plan.tenant_id, quota.period)
+        if used >= quota.worker_seconds * 1000:
+            exceed(plan.tenant_id, quota, used, job_type=tenants[plan.tenant_id])
+
+
+def exceed(tenant_id: str, quota: Quota, used: int, *, job_type: str) -> None:
+    """Apply ``quota``'s action to a tenant over it: Redis first for a hold (as
+    ``pause_tenant`` does), undone if the database write fails."""
+    from fairqueue.metrics import get_metrics
+    from fairqueue.models import TenantHold
+
+    _, until = period_bounds(now(), quota.period)
+    queues = queues_of("")
+    if quota.action == TenantHold.HOLD:
+        pause_in(queues, tenant_id)
+    try:
+        with transaction.atomic():
+            hold = TenantHold.objects.create(
+                tenant_id=tenant_id,
+                reason=TenantHold.QUOTA,
+                action=quota.action,
+                created_at=now(),
+                until=until,
+            )
+            audit(
+                tenant_id,
+                reason=TenantHold.QUOTA,
+                event="exceeded",
+                job_type=job_type,
+                action=quota.action,
+                actor=ACTOR,
+                why=f"used {used / 1000:.1f} s of worker time, quota {quota.worker_seconds} s "
+                f"a {quota.period}; until {until:%Y-%m-%d %H:%M} UTC",
+            )
+    except Exception:
+        if quota.action == TenantHold.HOLD:
+            resume_in(queues, tenant_id)
+        raise
+    get_metrics().quota_exceeded.labels(job_type, quota.action).inc()
+    forget_demoted()
+    logger.info("a tenant went over its quota: %s until the period ends", quota.action)
+    del hold
+
+
+def expire() -> int:
+    """End the quota holds and demotions whose period is over. Returns how many."""
+    from fairqueue.models import TenantHold
+
+    due = TenantHold.objects.filter(
+        reason=TenantHold.QUOTA, lifted_at__isnull=True, until__lte=now()
+    )
+    ended = 0
+    for hold in due:
+        _lift(hold, event="period_ended", actor=ACTOR, why="the quota's period ended")
+        ended += 1
+    return ended
+
+
+def lift_quota(tenant_id: str, *, actor: object = None, source: str = "") -> bool:
+    """Lift a tenant's quota hold or demotion by hand, until the tenant goes over its
+    quota again (its usage is not reset: the next ledger write that adds worker time
+    applies the quota again). Returns whether one was in force."""
+    from fairqueue.models import TenantHold
+
+    hold = TenantHold.objects.filter(
+        tenant_id=tenant_id, reason=TenantHold.QUOTA, lifted_at__isnull=True
+    ).first()
+    if hold is None:
+        return False
+    _lift(hold, event="lifted", actor=actor, why=source or "lifted by an operator")
+    return True
+
+
+def _lift(hold: Any, *, event: str, actor: object, why: str) -> None:
+    from fairqueue.models import TenantHold
+
+    with transaction.atomic():
+        hold.lifted_at = now()
+        hold.save(update_fields=["lifted_at"])
+        audit(
+            hold.tenant_id,
+            reason=TenantHold.QUOTA,
+            event=event,
+            action=hold.action,
+            actor=actor,
+            why=why,
+        )
+    if hold.action == TenantHold.HOLD:
+        # After the commit: a failure here leaves the tenant held (never the reverse);
+        # the operator or the next period end lifts again.
+        resume_in(queues_of(""), hold.tenant_id, excluding=hold.pk)
+    forget_demoted()
+
+
+# -- demotion at enqueue ------------------------------------------------------------------
+
+_demoted_lock = threading.Lock()
+_demoted: tuple[float, frozenset[str]] = (0.0, frozenset())
+
+
+def forget_demoted() -> None:
+    """Drop the demoted tenants' list here and in the Django cache (a transition)."""
+    global _demoted
+    from django.core.cache import caches
+
+    with _demoted_lock:
+        _demoted = (0.0, frozenset())
+    try:
+        caches[get_settings().cache_alias].delete(_DEMOTED_CACHE_KEY)
+    except Exception as exc:  # the entry expires within DEMOTED_CHECK_S * 10 anyway
+        logger.warning("demoted tenants not refreshed in the cache (%s)", type(exc).__name__)
+
+
+def demoted_tenants() -> frozenset[str]:
+    """The tenants a quota demotes now: one Django-cache read per process per
+    :data:`DEMOTED_CHECK_S`, the database on a cache miss."""
+    global _demoted
+    checked, tenants = _demoted
+    if time.monotonic() - checked < DEMOTED_CHECK_S:
+        return tenants
+    from django.core.cache import caches
+
+    cache = caches[get_settings().cache_alias]
+    found = cache.get(_DEMOTED_CACHE_KEY)
+    if not isinstance(found, frozenset):
+        from fairqueue.models import TenantHold
+
+        found = frozenset(
+            TenantHold.objects.filter(
+                reason=TenantHold.QUOTA, action=TenantHold.DEMOTE, lifted_at__isnull=True
+            ).values_list("tenant_id", flat=True)
+        )
+        cache.set(_DEMOTED_CACHE_KEY, found, int(DEMOTED_CHECK_S * 10))
+    with _demoted_lock:
+        _demoted = (time.monotonic(), found)
+    return found
+
+
+def is_demoted(tenant_id: str) -> bool:
+    """Whether a quota demotes ``tenant_id``'s new jobs to ``low`` now. Never raises: a
+    failure to read counts as not demoted (logged by class)."""
+    try:
+        return tenant_id in demoted_tenants()
+    except Exception as exc:
+        logger.warning("demoted tenants not read (%s)", type(exc).__name__)
+        return False
+
+
+# -- the dashboard ------------------------------------------------------------------------
+
+
+def quota_status(*, limit: int = 50, near: float = NEAR_SHARE) -> list[dict[str, Any]]:
+    """Tenants near (``near`` of their quota or more) or over quota in the current
+    period, most used share first, at most ``limit``: what the dashboard lists."""
+    from fairqueue.models import TenantHold, TenantPlan, TenantUsage
+
+    at = now()
+    month_first, _ = period_bounds(at, "month")
+    today = at.astimezone(dt.UTC).date()
+    usage: dict[str, dict[str, int]] = {}
+    rows = (
+        TenantUsage.objects.filter(day__gte=month_first)
+        .values("tenant_id", "day")
+        .annotate(ms=Sum("worker_ms"))
+    )
+    for row in rows:
+        got = usage.setdefault(row["tenant_id"], {"day": 0, "month": 0})
+        got["month"] += int(row["ms"] or 0)
+        if row["day"] == today:
+            got["day"] += int(row["ms"] or 0)
+    holds = {
+        hold.tenant_id: hold
+        for hold in TenantHold.objects.filter(reason=TenantHold.QUOTA, lifted_at__isnull=True)
+    }
+    out = []
+    for plan in TenantPlan.objects.filter(tenant_id__in=set(usage) | set(holds)):
+        quota = quota_of(plan)
+        if quota is None:
+            continue
+        used = usage.get(plan.tenant_id, {}).get(quota.period, 0)
+        share = used / (quota.worker_seconds * 1000)
+        hold = holds.get(plan.tenant_id)
+        if share < near and hold is None:
+            continue
+        out.append(
+            {
+                "tenant_id": plan.tenant_id,
+                "plan": plan.resolve_plan(),
+                "used_s": used / 1000,
+                "quota_s": quota.worker_seconds,
+                "period": quota.period,
+                "share": share,
+                "state": "over" if hold is not None else "near",
+                "action": quota.action,
+                "until": hold.until if hold is not None else None,
+            }
+        )
+    out.sort(key=lambda row: (-row["share"], row["tenant_id"]))
+    return out[:limit]

@@ -1,0 +1,64 @@
+"""The loop's usage step, after each history step of a queue it leads: write the ledger's
+changed rows to the database, then let quotas and the breaker act on what changed.
+
+A failure of any part (Redis, the database, a bug) is logged by class, once per kind,
+and retried at the next step: the rows stay dirty in Redis until written, a hold stays
+in force until a step lifts it, and the loop goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from fairqueue.ledger import Written, write_usage
+from fairqueue.loop import RepeatedFailure
+
+logger = logging.getLogger("fairqueue.usage")
+
+#: Batches of rows one step writes at most (500 rows each).
+STEP_BATCHES = 4
+
+
+class UsageStep:
+    """The usage step of one loop process (one per :class:`Rebalancer`)."""
+
+    def __init__(self) -> None:
+        self._write_failure = RepeatedFailure(logger, "usage ledger write")
+        self._act_failure = RepeatedFailure(logger, "quotas and breaker")
+        #: Called with each write's result (quotas, the breaker); tests add their own.
+        self.consumers: list[Callable[[str, Written], None]] = []
+        self._wire_defaults()
+
+    def _wire_defaults(self) -> None:
+        try:
+            from fairqueue.quotas import after_write as quotas_after_write
+        except ImportError:  # pragma: no cover - quotas not installed in this build
+            return
+        self.consumers.append(quotas_after_write)
+        try:
+            from fairqueue.breaker import after_write as breaker_after_write
+        except ImportError:  # pragma: no cover
+            return
+        self.consumers.append(breaker_after_write)
+
+    def run(self, queue: str) -> Written:
+        """One step for ``queue``: write, then act. Never raises."""
+        written = Written()
+        try:
+            for _ in range(STEP_BATCHES):
+                step = write_usage(queue)
+                written.rows += step.rows
+                written.changes += step.changes
+                if not step.more:
+                    break
+            self._write_failure.succeeded()
+        except Exception as exc:  # the rows stay dirty in Redis: written next step
+            self._write_failure.failed(exc)
+        try:
+            for consumer in self.consumers:
+                consumer(queue, written)
+            self._act_failure.succeeded()
+        except Exception as exc:  # holds stay as they are until a step succeeds
+            self._act_failure.failed(exc)
+        return written
