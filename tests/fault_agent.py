@@ -15,6 +15,10 @@ Each role is a separate OS process so the suite can kill Redis (or a leader) und
   ``{"ids": [...], "audited": [...]}``.
 * ``limited OUT COUNT MAX_ACTIVE``: enqueues ``COUNT`` jobs of a tenant limited to
   ``MAX_ACTIVE`` running jobs and as many of an unlimited one (see :func:`limited`).
+* ``paused OUT COUNT``: pauses tenant ``drain`` and enqueues ``COUNT`` of its jobs (held
+  until it is resumed), pauses ``zed`` with 100 jobs, and enqueues 100 jobs of ``cap``
+  (``max_active`` 2) and 100 of ``free`` (see :func:`paused`).
+* ``resume TENANT``: ``resume_tenant(TENANT)``, as an operator would.
 * ``check``: prints the database side as JSON: outbox rows left, audit rows' job ids.
 * ``reset``: deletes outbox and audit rows (the suite's scratch database).
 
@@ -167,6 +171,46 @@ def limited(out_path: str, count: int, max_active: int) -> None:
     out.close()
 
 
+def paused(out_path: str, count: int) -> None:
+    """The tenants of the kill -9 of the loop mid-release: ``drain`` paused with ``count``
+    held jobs (the backlog its resume releases), ``zed`` paused with 100, ``cap`` limited
+    to 2 running with 100 and ``free`` with 100, database lookups wired. One JSON line:
+    every id under ``"ids"``, and each tenant's under its name."""
+    _django()
+    from fairqueue import pause_tenant
+    from fairqueue.enqueue.api import enqueue_jobs
+    from fairqueue.enqueue.priority import wire_tenant_plan_lookup
+    from fairqueue.models import TenantPlan
+
+    for tenant, max_active in (("drain", None), ("zed", None), ("cap", 2), ("free", None)):
+        TenantPlan.objects.update_or_create(
+            tenant_id=tenant, defaults={"max_active": max_active, "paused": False}
+        )
+    wire_tenant_plan_lookup()
+    pause_tenant("drain")
+    pause_tenant("zed")
+    record: dict[str, list[str]] = {"ids": [], "audited": []}
+    for tenant, size in (("drain", count), ("zed", 100), ("cap", 100), ("free", 100)):
+        ids = [
+            job.job_id
+            for start in range(0, size, 250)
+            for job in enqueue_jobs(
+                "email", [{"n": start + i} for i in range(min(250, size - start))], tenant_id=tenant
+            )
+        ]
+        record[tenant] = ids
+        record["ids"] += ids
+    with open(out_path, "w") as out:
+        out.write(json.dumps(record) + "\n")
+
+
+def resume(tenant: str) -> None:
+    _django()
+    from fairqueue import resume_tenant
+
+    resume_tenant(tenant)
+
+
 def check() -> None:
     _django()
     from fairqueue.models import OutboxJob, PriorityOverrideAudit
@@ -197,6 +241,10 @@ if __name__ == "__main__":
         enqueue(args[0], int(args[1]), args[2])
     elif role == "limited":
         limited(args[0], int(args[1]), int(args[2]))
+    elif role == "paused":
+        paused(args[0], int(args[1]))
+    elif role == "resume":
+        resume(args[0])
     elif role == "check":
         check()
     elif role == "reset":

@@ -58,6 +58,33 @@ def metric_delta(name: str, **labels: str):
     yield lambda: metric(name, **labels) - before
 
 
+def settle_releases(queue: str = "email", most: int = 1_000) -> int:
+    """Run the loop's release step until nothing is due (its sweep done, no tenant due
+    now), as the loop would over its next steps; each call stops at its time budget, so
+    one call may not release all there is room for. Returns the jobs released."""
+    import redis
+
+    from fairqueue.broker import get_sync_broker
+    from fairqueue.broker.limit_store import limits_key
+
+    sync = get_sync_broker()
+    base = limits_key(sync.broker.prefix, queue)
+    client = redis.Redis.from_url(REDIS_URL)
+    released = 0
+    try:
+        for _ in range(most):
+            released += sync.run(sync.broker.limits.release, queue).released
+            seconds, micros = client.time()
+            now_ms = seconds * 1000 + micros // 1000
+            if not client.exists(f"{base}:sweep") and not client.zcount(
+                f"{base}:due", "-inf", now_ms
+            ):
+                return released
+    finally:
+        client.close()
+    raise AssertionError(f"the release step did not settle in {most} calls")
+
+
 def wait_until(predicate, timeout_s: float = 10.0, interval_s: float = 0.05) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

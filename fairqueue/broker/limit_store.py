@@ -15,7 +15,7 @@ from typing import Any, Final
 
 from fairqueue.broker.common import fair_key, fair_keys
 from fairqueue.broker.connection import BrokerPart, Connection
-from fairqueue.broker.scripts import release_held_script, retry_failed_script
+from fairqueue.broker.scripts import plain_script, release_held_script, retry_failed_script
 from fairqueue.scheduling.limits import TenantLimits
 
 #: Held jobs one release call moves at most: 200 placements hold Redis a few ms, and the
@@ -24,12 +24,15 @@ from fairqueue.scheduling.limits import TenantLimits
 RELEASE_BUDGET: Final = 200
 #: Waiting jobs a pause's scan for the tenant's untracked jobs reads per call.
 SCAN_PAGE: Final = 500
-#: Commands one pipeline of a read over many tenants sends.
+#: Tenants one call of the dashboard's walk over the tenants holding jobs reads (one
+#: LLEN each inside Redis: about 2 ms a call, so other clients wait at most that long).
 READ_CHUNK: Final = 1_000
 #: Tenants' limits one HSET of a rebuild writes.
 _REBUILD_CHUNK: Final = 1_000
 #: Tenants the dashboard's read lists at most.
 STATUS_TENANTS: Final = 200
+#: Held job ids the dashboard's read returns per listed tenant.
+STATUS_HELD_IDS: Final = 10
 
 _RETRY_KEYS: Final = ("failed", "prioritized", "delayed", "events", "marker")
 _BULLMQ_KEYS: Final = (
@@ -74,6 +77,35 @@ class TenantState:
     limits: TenantLimits
     #: Resumed, and its held jobs still draining a few at a time.
     catching_up: bool = False
+    #: Its first held jobs, in the order they will be released.
+    held_jobs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class LimitsStatus:
+    """A queue's limited tenants as the dashboard shows them: exact totals over every
+    tenant, and at most :data:`STATUS_TENANTS` of them listed (paused ones first, then
+    those holding the most jobs, then others with limits)."""
+
+    tenants: list[TenantState]
+    #: Jobs held, over every tenant.
+    held_total: int = 0
+    #: Tenants with held jobs.
+    holding: int = 0
+    #: Tenants with limits in this queue (as their latest enqueue or edit stored them).
+    limited: int = 0
+    #: Tenants paused in this queue.
+    paused: int = 0
+
+    @property
+    def held_not_listed(self) -> int:
+        """Jobs held by the tenants not listed: with the listed ones', the total."""
+        return self.held_total - sum(state.held for state in self.tenants)
+
+    @property
+    def holding_not_listed(self) -> int:
+        """Tenants with held jobs that are not listed."""
+        return self.holding - sum(1 for state in self.tenants if state.held)
 
 
 def limits_key(prefix: str, queue: str) -> str:
@@ -341,20 +373,29 @@ class LimitStore(BrokerPart):
             1 for a, b in zip(takeable, delayed, strict=True) if a is not None or b is not None
         )
 
+    async def _walk_holding(self, queue: str, top: int) -> tuple[int, int, list[tuple[str, int]]]:
+        """Every tenant with held jobs in ``queue``, counted inside Redis a page of
+        :data:`READ_CHUNK` tenants per script call (one connection, no reply per tenant):
+        (tenants holding, jobs held, the ``top`` holding the most, most first)."""
+        script = self.conn.script(plain_script("limits_status"))
+        keys = [limits_key(self.conn.prefix, queue)]
+        cursor, holding, held = "0", 0, 0
+        best: list[tuple[str, int]] = []
+        while True:
+            reply = await self.conn.guard(script(keys=keys, args=["walk", cursor, READ_CHUNK, top]))
+            cursor = _text(reply[0])
+            holding += int(reply[2])
+            held += int(reply[3])
+            pairs = zip(reply[4::2], reply[5::2], strict=True)
+            best += [(_text(tenant), int(count)) for tenant, count in pairs]
+            best = sorted(best, key=lambda item: (-item[1], item[0]))[:top]
+            if cursor == "0":
+                return holding, held, best
+
     async def held_count(self, queue: str) -> int:
-        """Jobs held in ``queue`` (over every tenant; one LLEN per tenant with held jobs,
-        pipelined :data:`READ_CHUNK` at a time on one connection)."""
-        base = limits_key(self.conn.prefix, queue)
-        client = self.conn.client()
-        tenants = list(await self.conn.guard(client.smembers(f"{base}:tenants")))
-        total = 0
-        for start in range(0, len(tenants), READ_CHUNK):
-            async with client.pipeline(transaction=False) as pipe:
-                for tenant in tenants[start : start + READ_CHUNK]:
-                    pipe.llen(f"{base}:held:{tenant}")
-                counts = await self.conn.guard(pipe.execute())
-            total += sum(int(count) for count in counts)
-        return total
+        """Jobs held in ``queue``, over every tenant (summed inside Redis a page of
+        tenants at a time)."""
+        return (await self._walk_holding(queue, 0))[1]
 
     async def held_job_ids_of(
         self, queue: str, tenant_ids: Sequence[str], count: int = 20
@@ -370,41 +411,79 @@ class LimitStore(BrokerPart):
             replies = await self.conn.guard(pipe.execute())
         return {tenant: list(ids) for tenant, ids in zip(tenant_ids, replies, strict=True)}
 
-    async def tenant_states(self, queue: str) -> list[TenantState]:
-        """Every tenant with limits, a pause or held jobs in ``queue`` (at most
-        :data:`STATUS_TENANTS`): running counted in BullMQ's own active list."""
+    async def status(
+        self, queue: str, *, listed: int = STATUS_TENANTS, held_ids: int = STATUS_HELD_IDS
+    ) -> LimitsStatus:
+        """The dashboard's view of ``queue``'s limited tenants, bounded whatever their
+        number: exact totals (jobs held and tenants holding them, summed inside Redis a
+        page at a time; tenants limited and paused, by HLEN) and at most ``listed``
+        tenants read in full (one script call): paused tenants first (they are what an
+        operator acts on), then those holding the most jobs, then others with limits.
+        A snapshot over a few calls, not a transaction: jobs moving meanwhile may be
+        counted on either side of their move."""
         base = limits_key(self.conn.prefix, queue)
         client = self.conn.client()
         async with client.pipeline(transaction=False) as pipe:
-            pipe.hgetall(base)
-            pipe.hgetall(f"{base}:paused")
-            pipe.smembers(f"{base}:tenants")
-            pipe.lrange(self.conn.key(queue, "active"), 0, -1)
-            pipe.hgetall(f"{base}:catchup")
-            limits, paused, holding, active, catchup = await self.conn.guard(pipe.execute())
-        tenants = sorted(set(limits) | set(paused) | set(holding))[:STATUS_TENANTS]
-        if not tenants:
-            return []
-        active_ids = set(active)
-        async with client.pipeline(transaction=False) as pipe:
-            for tenant in tenants:
-                pipe.llen(f"{base}:held:{tenant}")
-                pipe.smembers(f"{base}:out:{tenant}")
-            replies = await self.conn.guard(pipe.execute())
-        states = []
-        for index, tenant in enumerate(tenants):
-            held, out = replies[2 * index], replies[2 * index + 1]
-            states.append(
-                TenantState(
-                    tenant_id=tenant,
-                    running=sum(1 for job_id in out if job_id in active_ids),
-                    occupied=len(out),
-                    held=int(held),
-                    limits=TenantLimits.from_encoded(limits.get(tenant), paused=tenant in paused),
-                    catching_up=tenant in catchup,
+            pipe.hlen(base)
+            pipe.hlen(f"{base}:paused")
+            pipe.hscan(f"{base}:paused", 0, count=listed)
+            limited, paused_count, (_, paused) = await self.conn.guard(pipe.execute())
+        chosen = sorted(_text(tenant) for tenant in paused)[:listed]
+        holding, held_total, most = await self._walk_holding(queue, listed)
+        seen = set(chosen)
+        chosen += [tenant for tenant, _ in most if tenant not in seen][: listed - len(chosen)]
+        if len(chosen) < listed and limited:
+            chosen += await self._some_limited(queue, listed - len(chosen), set(chosen))
+        states: list[TenantState] = []
+        if chosen:
+            script = self.conn.script(plain_script("limits_status"))
+            rows = await self.conn.guard(
+                script(
+                    keys=[base, self.conn.key(queue, "active")],
+                    args=["rows", held_ids, *chosen],
                 )
             )
-        return states
+            for tenant, row in zip(chosen, rows, strict=True):
+                encoded, is_paused, catchup, held, occupied, running, ids = row
+                states.append(
+                    TenantState(
+                        tenant_id=tenant,
+                        running=int(running),
+                        occupied=int(occupied),
+                        held=int(held),
+                        limits=TenantLimits.from_encoded(
+                            _text(encoded) or None, paused=bool(int(is_paused))
+                        ),
+                        catching_up=bool(int(catchup)),
+                        held_jobs=tuple(_text(job_id) for job_id in ids),
+                    )
+                )
+        return LimitsStatus(
+            tenants=states,
+            held_total=held_total,
+            holding=holding,
+            limited=int(limited),
+            paused=int(paused_count),
+        )
+
+    async def _some_limited(self, queue: str, count: int, taken: set[str]) -> list[str]:
+        """Up to ``count`` tenants with limits not in ``taken``, by id among those read: a
+        few HSCAN pages of the limits hash, never all of it (``taken`` holds at most
+        :data:`STATUS_TENANTS`, so reading ``count`` + that many entries is enough)."""
+        base = limits_key(self.conn.prefix, queue)
+        client = self.conn.client()
+        found: set[str] = set()
+        cursor: int = 0
+        while len(found) < count:
+            cursor, page = await self.conn.guard(client.hscan(base, cursor, count=count))
+            found.update(t for t in map(_text, page) if t not in taken)
+            if not int(cursor):
+                break
+        return sorted(found)[:count]
+
+    async def tenant_states(self, queue: str) -> list[TenantState]:
+        """The tenants :meth:`status` lists (at most :data:`STATUS_TENANTS`)."""
+        return (await self.status(queue)).tenants
 
     async def held_job_ids(self, queue: str, tenant_id: str, count: int = 20) -> list[str]:
         """The first ``count`` held jobs of a tenant, in the order they will be released."""

@@ -19,6 +19,10 @@ What a call costs, whatever the backlog size:
   below 300 ms; the stats say so (``backlog.exact`` is false, with the scan's age) and
   the page shows it.
 
+* the limited tenants (``stats["limits"]``): exact totals summed inside Redis a page of
+  1,000 tenants per script call (about 2 ms each: 10 calls at 10,000 tenants holding
+  jobs, on one connection), and at most 200 tenants read in full, in one call;
+
 * the history (``stats["history"]``): what workers started over the last minutes, as
   the rebalance pass recorded it from BullMQ's events stream (:mod:`fairqueue.history`);
   one pipelined read of the hour's buckets (360 small hashes and zsets) per request,
@@ -46,6 +50,7 @@ from fairqueue.broker import (
     BacklogScan,
     Broker,
     HistoryRead,
+    LimitsStatus,
     MemoryState,
     TenantState,
     WaitingJob,
@@ -306,7 +311,7 @@ async def aqueue_stats(
     page, per_page = clamp_page(page, per_page)
     start = (page - 1) * per_page
 
-    counts, last_pass, lock, head, rows, recorded, paused, memory, tenants = await asyncio.gather(
+    counts, last_pass, lock, head, rows, recorded, paused, memory, limited = await asyncio.gather(
         broker.passes.counts(queue),
         broker.passes.read_status(queue, LAST_RUN_RECORD),
         broker.lock.lock_holder(broker.fair_key(queue, "leader")),
@@ -318,7 +323,7 @@ async def aqueue_stats(
         ),
         broker.dashboard.is_paused(queue),
         broker.dashboard.memory_state(),
-        broker.limits.tenant_states(queue),
+        broker.limits.status(queue, held_ids=HELD_JOBS_SHOWN),
     )
     total = counts["wait"] + counts["prioritized"]
     scan, backlog = await _backlog(
@@ -367,7 +372,7 @@ async def aqueue_stats(
             "compared": len(head.jobs),
             "drift_count": drift_count,
         },
-        "limits": await _limits(broker, queue, tenants),
+        "limits": _limits(limited),
         "last_pass": last,
         "lock": lock_info,
         "history": _history(
@@ -512,15 +517,19 @@ def why_held(state: TenantState) -> str:
     return "released at the loop's next step"
 
 
-async def _limits(broker: Broker, queue: str, tenants: list[TenantState]) -> dict[str, Any]:
-    """The limited tenants of a queue (running, held, their limits, why they wait) and the
-    first held jobs of each, in their release order."""
-    holding = [state.tenant_id for state in tenants if state.held]
-    # one pipelined read, and the total over every tenant (the list shows at most
-    # STATUS_TENANTS of them)
-    shown = await broker.limits.held_job_ids_of(queue, holding, HELD_JOBS_SHOWN)
+def _limits(status: LimitsStatus) -> dict[str, Any]:
+    """The limited tenants of a queue (running, held, their limits, why they wait, their
+    first held jobs in release order): at most ``STATUS_TENANTS`` listed, with totals
+    over all of them that add up (the held total is what the listed tenants hold plus
+    ``held_not_listed``)."""
     return {
-        "held_total": await broker.limits.held_count(queue),
+        "held_total": status.held_total,
+        "holding": status.holding,
+        "limited": status.limited,
+        "paused": status.paused,
+        "listed": len(status.tenants),
+        "held_not_listed": status.held_not_listed,
+        "holding_not_listed": status.holding_not_listed,
         "tenants": [
             {
                 "tenant": state.tenant_id,
@@ -536,9 +545,9 @@ async def _limits(broker: Broker, queue: str, tenants: list[TenantState]) -> dic
                 "max_waiting": state.limits.max_waiting,
                 "paused": state.limits.paused,
                 "why": why_held(state),
-                "held_jobs": shown.get(state.tenant_id, []),
+                "held_jobs": list(state.held_jobs),
             }
-            for state in tenants
+            for state in status.tenants
         ],
     }
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Final
 
@@ -65,6 +65,11 @@ RETRY_MAX_S: Final = 300
 RELAY_BATCH_SIZE: Final = 250
 #: Batches per relay run at most (10,000 rows), so a run stays bounded.
 RELAY_MAX_BATCHES: Final = 40
+#: Tenants at their ``max_waiting`` a relay run meets at most: each costs one refused add
+#: (the add script names one full tenant per call), so past this many the run ends and
+#: the rows it did not reach wait for the next run, untried. The loop relays between its
+#: release steps: a run full of refusals must not hold them up.
+RELAY_MAX_FULL_TENANTS: Final = 16
 
 
 @dataclass(slots=True)
@@ -83,6 +88,10 @@ class RelayResult:
     #: The Redis error with which Redis refused every write, if it did (the run
     #: stopped at its first add).
     refusing: str | None = None
+    #: (queue, tenant) at its ``max_waiting`` in this run: its other rows are not
+    #: claimed again by this run (the next one tries them), so a tenant with thousands
+    #: of refused rows costs a run one refused add, not one per batch.
+    full: set[tuple[str, str]] = field(default_factory=set)
 
     def summary(self) -> str:
         text = f"outbox: sent={self.sent} existing={self.existing} refused={self.refused}"
@@ -158,13 +167,24 @@ def retry_delay(tries: int) -> timedelta:
 def _refuse(row, error: str, result: RelayResult, now: datetime) -> bool:
     """Count a refusal of ``row`` and set its next try; whether its error changed (a
     state change: the caller logs one line, not one per try)."""
+    return bool(_refuse_all([row], error, result, now))
+
+
+def _refuse_all(rows: Sequence, error: str, result: RelayResult, now: datetime) -> list:
+    """:func:`_refuse` of several rows in one UPDATE (a full tenant's rows of a batch):
+    the rows whose error changed."""
+    from fairqueue.models import OutboxJob
+
     error = error[:200]
-    changed = error != row.last_error
-    row.tries += 1
-    row.last_error = error
-    row.retry_at = now + retry_delay(row.tries)
-    row.save(update_fields=["tries", "last_error", "retry_at"])
-    result.refused += 1
+    changed = [row for row in rows if error != row.last_error]
+    for row in rows:
+        row.tries += 1
+        row.last_error = error
+        row.retry_at = now + retry_delay(row.tries)
+    OutboxJob.objects.using(rows[0]._state.db).bulk_update(
+        rows, ["tries", "last_error", "retry_at"]
+    )
+    result.refused += len(rows)
     return changed
 
 
@@ -220,16 +240,18 @@ def _add_rows(queue: str, rows: Sequence, now: datetime, result: RelayResult) ->
         if len(fit) == len(mine):  # refused though they all seemed to fit (a race)
             fit = []
         full = mine[len(fit) :]
-        for row in full:
-            if _refuse(row, REFUSED_BACKLOG_FULL, result, now):
-                logger.warning(
-                    "outbox row %s: refused, its tenant is at its max_waiting in queue %s; "
-                    "tried again with a backoff (up to %d s)",
-                    row.pk,
-                    queue,
-                    RETRY_MAX_S,
-                )
+        result.full.add((queue, exc.tenant_id))
+        for row in _refuse_all(full, REFUSED_BACKLOG_FULL, result, now) if full else []:
+            logger.warning(
+                "outbox row %s: refused, its tenant is at its max_waiting in queue %s; "
+                "tried again with a backoff (up to %d s)",
+                row.pk,
+                queue,
+                RETRY_MAX_S,
+            )
         rest = [row for row in rows if row.tenant != exc.tenant_id] + fit
+        if len(result.full) >= RELAY_MAX_FULL_TENANTS:
+            return []  # the rest waits for the next run, untried (see RelayResult.full)
         return _add_rows(queue, rest, now, result) if rest and full else []
     except BrokerRejectedError as exc:
         if refuses_every_write(exc):
@@ -309,6 +331,9 @@ def _relay_batch(
             rows = rows.filter(pk__in=pks)
         # a refused row waits out its own backoff (retry_delay): no retry storm
         rows = rows.filter(Q(retry_at__isnull=True) | Q(retry_at__lte=timezone.now()))
+        for queue, tenant in result.full:  # at most RELAY_MAX_FULL_TENANTS
+            of_queue = [job_type for job_type in job_types if queues[job_type] == queue]
+            rows = rows.exclude(tenant=tenant, job_type__in=of_queue)
         claimed = list(rows.order_by("tries", "id")[:batch_size])
         if not claimed:
             return 0
@@ -383,6 +408,8 @@ def relay_outbox(
         for _ in range(max_batches):
             if _relay_batch(job_types, pks, batch_size, using, result) < batch_size:
                 break
+            if len(result.full) >= RELAY_MAX_FULL_TENANTS:
+                break  # the rows after them wait for the next run
     finally:
         if pks is None:
             _record_pending_quietly(using)

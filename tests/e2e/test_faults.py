@@ -527,3 +527,104 @@ def test_tenant_limits__kill9_leader_and_worker_and_a_redis_restart(cluster, cap
         client.close()
     with capsys.disabled():
         print(f"faults[tenant limits]: most running at once {most} (limit 3), stages {stages}")
+
+
+@pytest.fixture
+def node():
+    import shutil
+
+    from tests.e2e.test_node_worker import NODE_DIR
+
+    if shutil.which("node") is None or not (NODE_DIR / "node_modules" / "bullmq").is_dir():
+        pytest.skip("node or tests/node/node_modules missing (run: cd tests/node && npm ci)")
+    return shutil.which("node")
+
+
+def test_tenant_limits__kill9_loop_mid_release_with_paused_and_limited_tenants(
+    node, cluster, capsys
+):
+    """A paused tenant's 3,000 held jobs are resumed under a stock 16-slot Node worker,
+    beside a tenant still paused (100 jobs), one limited to 2 running (100) and a free
+    one (100), the loop (``manage.py rebalance_fair``) releasing the backlog; the loop is
+    killed -9 mid-way and started again. Sampling BullMQ's active list throughout, no job
+    of the paused tenant starts while it is paused and the limited one never runs more
+    than 2; every job of the others runs once; resumed at last, the paused tenant's
+    jobs all run too, each once, none before its resume: nothing lost, nothing twice."""
+    from tests.e2e.test_node_worker import NODE_DIR
+
+    total_drain = 3_000
+    out = cluster.tmp_path / "paused.json"
+    cluster.agent("paused", str(out), str(total_drain), wait=True)
+    jobs = json.loads(out.read_text())
+    zed, cap = set(jobs["zed"]), set(jobs["cap"])
+    base = f"{cluster.prefix}:{QUEUE}:fq:lim"
+    active_key = f"{cluster.prefix}:{QUEUE}:active"
+    starts_path = cluster.tmp_path / "node-starts.txt"
+    worker = subprocess.Popen(  # noqa: S603
+        [
+            node, str(NODE_DIR / "limits_worker.mjs"), cluster.server.url, cluster.prefix,
+            QUEUE, "16", "300000", "10", "",
+        ],
+        stdout=starts_path.open("w"),
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    cluster.processes.append(worker)
+    leader = cluster.rebalancer()
+    most_cap, zed_started, seen = 0, 0, [0]
+
+    def sample(client) -> None:
+        nonlocal most_cap, zed_started
+        active = client.lrange(active_key, 0, -1)
+        most_cap = max(most_cap, sum(1 for job_id in active if job_id in cap))
+        zed_started += sum(1 for job_id in active if job_id in zed)
+
+    client = cluster.client()
+    try:
+
+        def held_drain() -> int:
+            sample(client)
+            seen[0] = client.llen(f"{base}:held:drain")
+            return seen[0]
+
+        low, high = total_drain // 4, 3 * total_drain // 4
+        assert wait_until(lambda: client.zcard(f"{cluster.prefix}:{QUEUE}:completed") >= 1, 60)
+        assert client.llen(f"{base}:held:drain") == total_drain  # paused: none out
+        drain_resumed_ms = int(time.time() * 1000)
+        cluster.agent("resume", "drain", wait=True)
+        assert wait_until(lambda: low <= held_drain() <= high, 60, 0.002), cluster.log_tail()
+        leader.kill()  # kill -9 mid-release: the backlog half out
+        leader.wait(10)
+        killed_at = seen[0]
+        cluster.rebalancer()  # the next loop, once the old one's lock expires
+        others = len(jobs["ids"]) - len(zed)
+
+        def others_done() -> bool:
+            sample(client)
+            return client.zcard(f"{cluster.prefix}:{QUEUE}:completed") >= others
+
+        assert wait_until(others_done, 120, 0.005), cluster.log_tail()
+        assert client.llen(f"{base}:held:zed") == len(zed)  # all still held
+        resumed_ms = int(time.time() * 1000)
+        cluster.agent("resume", "zed", wait=True)
+        assert wait_until(
+            lambda: client.zcard(f"{cluster.prefix}:{QUEUE}:completed") >= len(jobs["ids"]),
+            60,
+            0.05,
+        ), cluster.log_tail()
+    finally:
+        client.close()
+    worker.kill()
+    worker.wait(10)
+    starts = [line.split(" ") for line in starts_path.read_text().splitlines()]
+    started = Counter(job_id for _, job_id, *_ in starts)
+    assert zed_started == 0
+    assert all(int(at) >= resumed_ms for _, job_id, _, _, at in starts if job_id in zed)
+    drain = set(jobs["drain"])
+    assert all(int(at) >= drain_resumed_ms for _, job_id, _, _, at in starts if job_id in drain)
+    assert most_cap <= 2, most_cap
+    assert set(started) == set(jobs["ids"]) and set(started.values()) == {1}
+    counts = tally(
+        f"kill -9 loop mid-release at {killed_at}/{total_drain} held", cluster,
+        jobs["ids"], [], capsys,
+    )  # fmt: skip
+    assert_exact(counts, cluster)

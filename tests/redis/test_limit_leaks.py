@@ -21,7 +21,7 @@ from fairqueue.exceptions import InvalidTenantError
 from fairqueue.models import TenantPlan
 from tests.conftest import REDIS_URL
 from tests.e2e.test_node_worker import NODE_DIR
-from tests.helpers import wait_until
+from tests.helpers import settle_releases, wait_until
 from tests.redis.test_limits import counts, release
 
 pytestmark = pytest.mark.django_db
@@ -426,7 +426,7 @@ def test_model__a_bad_limit_names_its_allowed_range(field, value):
 # -- the dashboard reads many holding tenants in bounded, batched reads -------------------
 
 
-def test_dashboard__300_tenants_holding_jobs_answer_correctly_within_a_second(fq_prefix, client):
+def test_dashboard__300_tenants_holding_jobs_answer_correctly(fq_prefix, client):
     """Past 100 tenants holding jobs the stats endpoint answered 503 ("Redis
     unreachable"): one read per tenant was gathered at once and exhausted the async
     client's 100 connections. Now one pipeline; the held total counts every tenant, not
@@ -454,6 +454,81 @@ def test_dashboard__300_tenants_holding_jobs_answer_correctly_within_a_second(fq
     assert len(rows) == 200 and all(len(row["held_jobs"]) == 1 for row in rows)
 
 
+def _fairqueue_connections(prefix: str, redis_client) -> int:
+    from fairqueue.broker.clients import client_name
+
+    return sum(1 for c in redis_client.client_list() if c.get("name") == client_name(prefix))
+
+
+def test_dashboard__10000_tenants_holding_jobs_list_200_with_totals_that_add_up(
+    fq_prefix, client, redis_client
+):
+    """10,000 limited tenants holding 1 to 3 jobs each (added by the add script, 250 jobs
+    of many tenants a call, as the outbox relay adds them), 3 of them paused: the page
+    and its JSON answer 200 with the exact held total, the number of tenants holding, and
+    200 tenants listed (the paused ones first, then those holding the most) whose held
+    jobs plus the ones not listed make the total; a handful of connections, not one per
+    tenant. (Its speed is the benchmark's: benchmarks/bench_dashboard.py --tenants.)"""
+    from django.contrib.auth.models import Permission, User
+    from django.urls import reverse
+
+    from fairqueue.broker import NewJob
+    from fairqueue.scheduling.levels import PriorityLevel
+    from fairqueue.scheduling.limits import TenantLimits
+
+    limits = TenantLimits(max_active=1).encoded()
+    tenants = [f"t{n:05d}" for n in range(10_000)]
+    sizes = {tenant: 2 + n % 3 for n, tenant in enumerate(tenants)}  # 2, 3 or 4 jobs
+    jobs = [
+        NewJob(
+            name="email",
+            data={"tenantId": tenant, "priorityLevel": "normal"},
+            level=PriorityLevel.NORMAL,
+            tenant=tenant,
+            limits=limits,
+        )
+        for tenant in tenants
+        for _ in range(sizes[tenant])
+    ]
+    sync = get_sync_broker()
+    for start in range(0, len(jobs), 250):
+        sync.add_jobs("email", jobs[start : start + 250])
+    settle_releases()  # (an add's own release call stops at its time budget)
+    paused = ["t00007", "t05000", "t09999"]
+    for tenant in paused:
+        pause_tenant(tenant)  # its takeable job is pulled back: all its jobs held
+    held = {t: sizes[t] - (t not in paused) for t in tenants}  # one each takeable
+    assert counts(fq_prefix)["delayed"] == sum(held.values())
+
+    user = User.objects.create_user("viewer", password="pw", is_staff=True)
+    user.user_permissions.add(
+        Permission.objects.get(content_type__app_label="fairqueue", codename="view_dashboard")
+    )
+    client.force_login(User.objects.get(pk=user.pk))
+    response = client.get(reverse("admin:fairqueue_dashboard_stats"), {"queue": "email"})
+    assert response.status_code == 200, response.content[:300]
+    (queue,) = response.json()["queues"]
+    found = queue["limits"]
+    assert found["held_total"] == sum(held.values())
+    assert (found["holding"], found["limited"], found["paused"]) == (10_000, 10_000, 3)
+    rows = found["tenants"]
+    assert len(rows) == found["listed"] == 200
+    assert [row["tenant"] for row in rows[:3]] == paused and rows[0]["why"] == "paused"
+    most = sorted((t for t in tenants if t not in paused), key=lambda t: (-held[t], t))
+    assert [row["tenant"] for row in rows[3:]] == most[:197]
+    assert all(row["held"] == held[row["tenant"]] for row in rows)
+    assert all(len(row["held_jobs"]) == row["held"] for row in rows)  # up to 10 shown
+    assert sum(row["held"] for row in rows) + found["held_not_listed"] == found["held_total"]
+    assert found["holding_not_listed"] == 10_000 - 200
+
+    page = client.get(reverse("admin:fairqueue_dashboard_queue", args=["email"]))
+    assert page.status_code == 200
+    text = page.content.decode()
+    assert text.count("data-fq-limited=") == 200
+    assert f"{found['held_not_listed']}</span> jobs" in text
+    assert _fairqueue_connections(fq_prefix, redis_client) <= 20
+
+
 # -- room is used at once: a resumed backlog drains at the workers' pace ------------------
 
 
@@ -469,16 +544,14 @@ def test_resume__a_held_backlog_is_released_at_the_pace_workers_can_take_it(fq_p
     enqueue_jobs("email", [{} for _ in range(TAKEABLE_CAP + 300)], tenant_id="zed")
     assert counts(fq_prefix)["delayed"] == TAKEABLE_CAP + 300
     resume_tenant("zed")
-    while release().released:  # the loop's release steps (each stops at its time budget)
-        pass
+    settle_releases()
     assert counts(fq_prefix)["prioritized"] == TAKEABLE_CAP
 
     enqueue_jobs("email", [{} for _ in range(5)], tenant_id="other")
     pause_tenant("yan")
     enqueue_jobs("email", [{} for _ in range(100)], tenant_id="yan")
     resume_tenant("yan")
-    while release().released:
-        pass
+    settle_releases()
     waiting = counts(fq_prefix)["prioritized"]
     assert waiting == TAKEABLE_CAP + 5 + CATCHUP_AHEAD
 
@@ -530,6 +603,102 @@ def test_outbox__rows_refused_by_a_full_backlog_back_off_and_log_once(fq_prefix,
     sent = [r for r in caplog.records if "sent after 1 refused tries" in r.getMessage()]
     assert len(sent) == 2
     assert OutboxJob.objects.filter(tenant="acme").count() == 18
+
+
+@pytest.mark.django_db(transaction=True)
+def test_outbox__a_paused_full_tenants_rows_leave_the_loop_releasing_others_at_once(
+    node, limited, caplog
+):
+    """3,000 outbox rows of a paused tenant at its max_waiting, 20 of a tenant without
+    limits, 40 jobs of a max_active=2 tenant (acme), a 16-slot Node worker and the loop
+    running for 6 s. Each relay run of the loop tries one batch of the full tenant's rows
+    (one refused add, one UPDATE) and leaves its other rows for later runs, so the
+    release step between runs is not held up: every acme job runs, once; the other
+    tenant's rows are sent; no row is tried more than twice (its backoff), and each is
+    logged once. Before: every run tried all 3,000 (12 refused adds, 3,000 UPDATEs),
+    each row 3 times in 6 s, and acme's starts stalled behind the relay."""
+    import json
+    import logging
+    import re
+
+    from fairqueue.enqueue.outbox import RELAY_BATCH_SIZE
+    from fairqueue.models import OutboxJob, new_outbox_job_id
+
+    TenantPlan.objects.create(tenant_id="full", plan_tier="pro", max_waiting=2)
+    enqueue_jobs("email", [{}, {}], tenant_id="full")  # at its cap
+    pause_tenant("full")
+
+    def row(tenant):
+        data = json.dumps({"tenantId": tenant, "priorityLevel": "normal"})
+        return OutboxJob(
+            job_type="email", queue="email", job_id=new_outbox_job_id(), data=data,
+            level="normal", tenant=tenant,
+        )  # fmt: skip
+
+    OutboxJob.objects.bulk_create([row("full") for _ in range(3000)])
+    OutboxJob.objects.bulk_create([row("beta") for _ in range(20)])
+    caplog.set_level(logging.INFO, logger="fairqueue.outbox")
+    caplog.set_level(logging.DEBUG, logger="fairqueue.rebalance")  # each relay run's line
+    rebalancer, thread = start_loop()
+    try:
+        acme = {j.job_id for j in enqueue_jobs("email", [{} for _ in range(40)], tenant_id="acme")}
+        starts = NodeWorker(node, limited, run_ms=6000, job_ms=50).starts()
+    finally:
+        rebalancer.request_stop()
+        thread.join(10)
+
+    ran = [s.job_id for s in starts if s.tenant == "acme"]
+    assert sorted(ran) == sorted(acme)  # all of them, each once
+    assert not OutboxJob.objects.filter(tenant="beta").exists()
+    assert sum(s.tenant == "beta" for s in starts) == 20
+    assert not any(s.tenant == "full" for s in starts)  # paused
+    runs = [
+        int(found.group(1))
+        for r in caplog.records
+        if (found := re.search(r"outbox: sent=\d+ existing=\d+ refused=(\d+)", r.getMessage()))
+    ]
+    assert runs and max(runs) <= RELAY_BATCH_SIZE, runs
+    tries = list(OutboxJob.objects.filter(tenant="full").values_list("tries", flat=True))
+    assert len(tries) == 3000 and max(tries) <= 2
+    logged = [
+        r.getMessage().split(":")[0] for r in caplog.records if "max_waiting" in r.getMessage()
+    ]
+    assert len(logged) == len(set(logged)) == sum(1 for n in tries if n)  # once a row
+
+
+@pytest.mark.django_db(transaction=True)
+def test_outbox__a_relay_run_meets_a_bounded_number_of_full_tenants(fq_prefix):
+    """Each tenant at its max_waiting costs a relay run one refused add (the add script
+    names one full tenant a call): a run stops after RELAY_MAX_FULL_TENANTS of them and
+    the rows it did not reach wait, untried, for the next run, which goes on from there."""
+    import json
+
+    from fairqueue.enqueue.outbox import RELAY_MAX_FULL_TENANTS, relay_outbox
+    from fairqueue.models import OutboxJob, new_outbox_job_id
+
+    full = [f"f{n:02d}" for n in range(RELAY_MAX_FULL_TENANTS + 4)]
+    TenantPlan.objects.bulk_create(
+        [TenantPlan(tenant_id=t, plan_tier="pro", max_waiting=1) for t in full]
+    )
+    wire_tenant_plan_lookup()
+    for tenant in full:
+        enqueue_job("email", {}, tenant_id=tenant)  # at its cap
+
+    def row(tenant):
+        data = json.dumps({"tenantId": tenant, "priorityLevel": "normal"})
+        return OutboxJob(
+            job_type="email", queue="email", job_id=new_outbox_job_id(), data=data,
+            level="normal", tenant=tenant,
+        )  # fmt: skip
+
+    OutboxJob.objects.bulk_create([row(t) for t in full for _ in range(2)])
+    OutboxJob.objects.bulk_create([row("beta") for _ in range(5)])
+    first = relay_outbox()
+    assert (first.sent, first.refused) == (0, 2 * RELAY_MAX_FULL_TENANTS)
+    assert OutboxJob.objects.filter(tries=0).count() == 2 * 4 + 5  # not reached: untried
+    second = relay_outbox()
+    assert (second.sent, second.refused) == (5, 2 * 4)
+    assert set(OutboxJob.objects.values_list("tries", flat=True)) == {1}
 
 
 # -- BullMQ's own promoteJobs / retryJobs: the loop holds such jobs again -----------------

@@ -9,6 +9,7 @@ import pytest
 from fairqueue.broker import NewJob, get_sync_broker
 from fairqueue.scheduling.levels import PriorityLevel
 from fairqueue.scheduling.limits import TenantLimits
+from tests.helpers import settle_releases
 from tests.redis.test_limits import release, run_stock_worker
 
 pytestmark = pytest.mark.django_db
@@ -35,14 +36,7 @@ def at_their_limit(fq_prefix, redis_client):
         for n in range(2)
     ]
     sync.add_jobs("email", jobs)
-    base = f"{fq_prefix}:email:fq:lim"
-    for _ in range(30):
-        release()
-        if not redis_client.exists(f"{base}:sweep") and not redis_client.zcount(
-            f"{base}:due", "-inf", now_ms(redis_client)
-        ):
-            break
-    assert not redis_client.exists(f"{base}:sweep")
+    settle_releases()
     return fq_prefix
 
 

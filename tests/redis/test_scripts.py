@@ -26,6 +26,7 @@ SCRIPTS = [
             "history_rows",
             "history_commit",
             "forget_obliterated",
+            "limits_status",
         )
     ),
 ]
