@@ -2,7 +2,7 @@
 
 A producer adds jobs at ``--rate`` jobs/s (batches every 100 ms through fairqueue's add
 script; four levels, 20 tenants) for ``--seconds``, while a stock Node BullMQ worker
-(``benchmarks/fairness_worker.mjs``, bullmq 6.7, ``--concurrency`` jobs at a time, 0 ms
+(``benchmarks/live_worker.mjs``, bullmq 6.7, ``--concurrency`` jobs at a time, 0 ms
 jobs) drains them and the rebalance pass runs every ``--interval-ms``. Three runs under
 the same load, each on a fresh private ``redis-server`` (no persistence; the shared
 server is not touched):
@@ -61,7 +61,7 @@ from fairqueue.scheduling.levels import PAYLOAD_LEVEL_KEY, PAYLOAD_TENANT_KEY, P
 
 JOB_TYPE = QUEUE = "email"
 PREFIX = "fqhist"
-WORKER = Path(__file__).resolve().parent / "fairness_worker.mjs"
+WORKER = Path(__file__).resolve().parent / "live_worker.mjs"
 LEVELS = (PriorityLevel.CRITICAL, PriorityLevel.HIGH, PriorityLevel.NORMAL, PriorityLevel.LOW)
 TICK_S = 0.1
 

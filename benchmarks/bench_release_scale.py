@@ -169,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ["FAIRQUEUE_KEEP_COMPLETED_COUNT"] = str(args.tenants * args.backlog + 100_000)
     import redis
 
-    from benchmarks.fairness import (
+    from benchmarks.bench_fairness import (
         LOG,
         QUEUE,
         NodeWorker,

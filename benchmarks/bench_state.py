@@ -21,8 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.bench_fairness import JOB_TYPE, LOG, OUT, QUEUE, NodeWorker, setup_django  # noqa: E402
 from benchmarks.common import REDIS_URL, delete_prefix  # noqa: E402
-from benchmarks.fairness import JOB_TYPE, LOG, OUT, QUEUE, NodeWorker, setup_django  # noqa: E402
 
 
 def fair_bytes(client, prefix: str) -> dict[str, int]:

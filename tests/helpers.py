@@ -4,6 +4,8 @@ and metric readers (assert a metric's value or its change)."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import threading
 import time
 from contextlib import contextmanager
 
@@ -223,3 +225,21 @@ def hang_up_server():
         stop.set()
         thread.join(5)
         listener.close()
+
+
+def read_until(process: subprocess.Popen, text: str, timeout_s: float = 30.0) -> list[str]:
+    """``process``'s output lines up to the first that contains ``text`` (read on a
+    thread: a pipe has no read timeout)."""
+    lines: list[str] = []
+    found = threading.Event()
+
+    def read() -> None:
+        for line in process.stdout:
+            lines.append(line)
+            if text in line:
+                found.set()
+                return
+
+    threading.Thread(target=read, daemon=True).start()
+    assert found.wait(timeout_s), "".join(lines)
+    return lines

@@ -1,4 +1,4 @@
-"""Private Redis deployments for the cluster and Sentinel tests (and benchmarks/cluster.py):
+"""Private Redis deployments for the cluster and Sentinel tests (and benchmarks/bench_cluster.py):
 a Redis Cluster of N masters, or a master + replica watched by sentinels, each started on
 free loopback ports with its own directory under /tmp, and torn down (processes stopped,
 directory removed) afterwards. Nothing here touches the shared Redis on 6379."""

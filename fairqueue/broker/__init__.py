@@ -27,9 +27,10 @@ How fairqueue uses BullMQ's priority (pinned: ``bullmq>=3.4.4,<3.5``, checked by
   Lua, so what lands in Redis is what BullMQ itself writes.
 
 Async callers (async views, the worker) use :class:`Broker`, composed of one small part
-per job over one :class:`Connection`: ``broker.adding``, ``broker.passes``,
-``broker.lock``, ``broker.dashboard``, ``broker.history``, ``broker.workers`` and
-``broker.results``. Sync callers (Django views, management commands) use
+per job over one :class:`Connection`: ``broker.adding``, ``broker.passes`` (a
+``PassStore``), ``broker.lock`` (``LockStore``), ``broker.limits`` (``LimitStore``),
+``broker.dashboard`` (``DashboardReads``), ``broker.history`` (``HistoryStore``),
+``broker.workers`` and ``broker.results``. Sync callers (Django views, management commands) use
 :class:`SyncBroker`: enqueues go straight from the calling thread through a blocking
 connection per thread (the hot path pays no thread hop); any other call is
 ``sync.run(sync.broker.<part>.<method>, ...)``, typed like the method it runs, on one
@@ -47,7 +48,7 @@ The package, one module per concern (import from here, not from them):
   (``get_broker``, ``get_sync_broker``, ``close_brokers``);
 * ``adding``: ``NewJob``, ``AddedJob`` and enqueueing;
 * ``pass_store``: what the rebalance pass reads and writes (fenced by its lock);
-* ``lock_store``: the rebalance pass's leader lock;
+* ``lock_store``: the rebalance pass's leader lock, and the :class:`Fence` its writes take;
 * ``dashboard_reads``: the admin dashboard's reads;
 * ``history_store``: the history the pass records from BullMQ's events stream, and its
   reads; ``events`` reads a page of that stream and commits what it says;

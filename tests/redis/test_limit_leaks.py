@@ -537,7 +537,7 @@ def test_resume__a_held_backlog_is_released_at_the_pace_workers_can_take_it(fq_p
     takeable at once, refilled at every release step (before: CATCHUP_AHEAD, 4, at a
     time: 7% of what a 16-slot worker could take); beside other tenants' waiting jobs,
     CATCHUP_AHEAD, so its backlog does not stand ahead of their arrivals. The pace
-    itself is measured by benchmarks/limits.py ('drain': 98.8% of never held)."""
+    itself is measured by benchmarks/bench_limits.py ('drain': 98.8% of never held)."""
     from fairqueue.scheduling.limits import CATCHUP_AHEAD, TAKEABLE_CAP
 
     pause_tenant("zed")

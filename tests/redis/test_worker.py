@@ -29,7 +29,7 @@ from fairqueue.scheduling.levels import PriorityLevel
 from fairqueue.worker import handlers
 from fairqueue.worker.handlers import JobContext, NoHandlerError
 from fairqueue.worker.runner import Worker, split_payload
-from tests.helpers import PrivateRedis, free_port, wait_until
+from tests.helpers import PrivateRedis, free_port, read_until, wait_until
 
 REDIS_URL = os.environ.get("FAIRQUEUE_REDIS_URL", "redis://127.0.0.1:6379/0")
 ROOT = Path(__file__).resolve().parents[2]
@@ -436,31 +436,13 @@ def test_process__sigterm_lets_the_active_job_finish_then_exits_0(broker, worker
     assert "SIGTERM: stopping" in output and "worker stopped" in output
 
 
-def _read_until(process: subprocess.Popen, text: str, timeout_s: float = 10.0) -> list[str]:
-    """``process``'s output lines up to the first containing ``text`` (read on a thread:
-    a pipe read has no timeout)."""
-    lines: list[str] = []
-    found = threading.Event()
-
-    def read() -> None:
-        for line in process.stdout:
-            lines.append(line)
-            if text in line:
-                found.set()
-                return
-
-    threading.Thread(target=read, daemon=True).start()
-    assert found.wait(timeout_s), "".join(lines)
-    return lines
-
-
 def test_process__second_signal_exits_at_once(broker, worker_process):
     add(broker, "email", {"work_ms": 30_000, "tenantId": "t", "priorityLevel": "low"})
     process = worker_process("email")
     _wait_for_active(broker, "email")
 
     process.send_signal(signal.SIGINT)
-    before = _read_until(process, "SIGINT: stopping")  # the first one was taken
+    before = read_until(process, "SIGINT: stopping", timeout_s=10.0)  # the first one was taken
     process.send_signal(signal.SIGINT)
     started = time.monotonic()
     output, _ = process.communicate(timeout=5)

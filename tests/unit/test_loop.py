@@ -25,6 +25,7 @@ from fairqueue.conf import get_settings
 from fairqueue.exceptions import BrokerRejectedError, BrokerUnavailableError
 from fairqueue.loop import MAX_BACKOFF_MS, Loop, backoff_ms, startup_delay_s
 from fairqueue.management.base import command_logging
+from tests.helpers import read_until
 
 ROOT = Path(__file__).resolve().parents[2]
 # Every round closes stale database connections: the loops may touch the database.
@@ -219,24 +220,6 @@ def slow_loop():
         if process.poll() is None:
             process.kill()
         process.communicate()
-
-
-def read_until(process: subprocess.Popen, text: str, timeout_s: float = 30.0) -> list[str]:
-    """``process``'s output lines up to the first that contains ``text`` (read on a
-    thread: a pipe has no read timeout)."""
-    lines: list[str] = []
-    found = threading.Event()
-
-    def read() -> None:
-        for line in process.stdout:
-            lines.append(line)
-            if text in line:
-                found.set()
-                return
-
-    threading.Thread(target=read, daemon=True).start()
-    assert found.wait(timeout_s), "".join(lines)
-    return lines
 
 
 def test_first_signal__the_round_in_flight_finishes_then_run_returns(slow_loop):

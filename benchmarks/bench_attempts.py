@@ -1,8 +1,8 @@
 """What tenants consume, live: attempts and worker time, plain BullMQ against fairqueue
 with its loop, side by side in one run, judged against each flow's max-min fair share.
 
-The parts are those of ``benchmarks/fairness.py``: Redis, a stock Node BullMQ 6.7 worker
-(``benchmarks/fairness_worker.mjs``, which runs each job ``data.runMs`` and fails its
+The parts are those of ``benchmarks/bench_fairness.py``: Redis, a stock Node BullMQ 6.7 worker
+(``benchmarks/live_worker.mjs``, which runs each job ``data.runMs`` and fails its
 first ``data.failTimes`` attempts), open-loop Python producers, and for ``fairqueue`` the
 real ``manage.py rebalance_fair`` loop. ``plain`` is BullMQ's priority ladder with the
 numeric priorities 1/3/5/10 and the same job options (``attempts``, ``backoff``).
@@ -38,7 +38,7 @@ job; a flow over its share gets <= 105%; the returning tenant >= 47.5% of its le
 its first second; a tenant declaring a tiny cost <= 52%; no attempt twice. Exit status 1
 if any criterion fails.
 
-    python benchmarks/attempts.py [--scenario failing-low ...] [--seconds 20]
+    python benchmarks/bench_attempts.py [--scenario failing-low ...] [--seconds 20]
         [--run-ms 10] [--concurrency 4] [--bound-ms 3000 --bound-ms 60000] [--warmup-s 5]
 """
 
@@ -61,8 +61,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import REDIS_URL, delete_prefix  # noqa: E402
-from benchmarks.fairness import (  # noqa: E402
+from benchmarks.bench_fairness import (  # noqa: E402
     JOB_TYPE,
     LOG,
     OUT,
@@ -79,6 +78,7 @@ from benchmarks.fairness import (  # noqa: E402
     start_loop,
     wait_for_loop,
 )
+from benchmarks.common import REDIS_URL, delete_prefix  # noqa: E402
 
 #: "fairqueue-jobs" is fairqueue with FAIRNESS_BY="jobs" (seed 1's job count), the loop
 #: and the producer alike: with it the slow tenant gets equal *jobs*, not equal time.
@@ -408,7 +408,7 @@ def run_one(
     args.bound_ms = bound_ms  # fair_env reads it
     os.environ.update(fair_env(prefix, args))
     fairness_by = FAIRNESS_BY.get(scheduler, "time")
-    os.environ["FQBENCH_FAIRNESS_BY"] = fairness_by  # the loop's (fairness_settings)
+    os.environ["FQBENCH_FAIRNESS_BY"] = fairness_by  # the loop's (live_settings)
     settings.FAIRQUEUE = {
         **settings.FAIRQUEUE,
         "FAIRNESS_BY": fairness_by,  # the producer's

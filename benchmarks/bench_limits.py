@@ -2,7 +2,7 @@
 
 Each scenario runs twice in one invocation, side by side: with the limit and without it
 (the same load), and prints the ratio. The consumer is one stock Node ``bullmq`` worker
-(``benchmarks/fairness_worker.mjs``, no fairqueue code) with ``--concurrency`` slots (16);
+(``benchmarks/live_worker.mjs``, no fairqueue code) with ``--concurrency`` slots (16);
 ``manage.py rebalance_fair`` runs as its own process, as in production.
 
 * **max_active**: tenant ``lim`` (max_active 2) floods the normal level beside tenant
@@ -19,7 +19,7 @@ Each scenario runs twice in one invocation, side by side: with the limit and wit
   held by a pause then resumed, in alternating rounds; the resumed drain's rate against
   the never-held one (medians): the goal is >= 90%.
 
-    .venv/bin/python benchmarks/limits.py [--concurrency 16] [--run-ms 20] [--only drain]
+    .venv/bin/python benchmarks/bench_limits.py [--concurrency 16] [--run-ms 20] [--only drain]
 
 Figures depend on the machine (a shared one is noisy): report them with their date.
 """
@@ -40,8 +40,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import REDIS_URL, delete_prefix  # noqa: E402
-from benchmarks.fairness import (  # noqa: E402
+from benchmarks.bench_fairness import (  # noqa: E402
     JOB_TYPE,
     LOG,
     OUT,
@@ -53,6 +52,7 @@ from benchmarks.fairness import (  # noqa: E402
     start_loop,
     wait_for_loop,
 )
+from benchmarks.common import REDIS_URL, delete_prefix  # noqa: E402
 
 SAMPLE_S = 0.01
 
@@ -372,8 +372,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     db = setup_django()
     scenarios = {"max_active": max_active, "rate": rate, "pause": pause, "drain": drain}
     lines = [
-        f"benchmarks/limits.py {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: one stock "
-        f"Node worker, {args.concurrency} slots, jobs of {args.run_ms} ms, the loop running"
+        f"benchmarks/bench_limits.py {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
+        f"one stock Node worker, {args.concurrency} slots, jobs of {args.run_ms} ms, the loop "
+        "running"
     ]
     for name, scenario in scenarios.items():
         if args.only in (None, name):

@@ -16,7 +16,7 @@ clients (Python packing, BullMQ's worker loop) and all the masters share the sam
 so wall-clock throughput cannot rise with masters there; the capacity column shows what
 the cluster buys where the masters get their own cores.
 
-    python benchmarks/cluster.py [--jobs 2000] [--procs 2] [--masters 1 2 3]
+    python benchmarks/bench_cluster.py [--jobs 2000] [--procs 2] [--masters 1 2 3]
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 fairqueue with the real ``rebalance_fair`` loop, side by side in one run.
 
 Everything is real: Redis, a stock Node BullMQ 6.7 ``Worker`` consuming
-(``benchmarks/fairness_worker.mjs``, no fairqueue code; ``--concurrency`` jobs at a time,
+(``benchmarks/live_worker.mjs``, no fairqueue code; ``--concurrency`` jobs at a time,
 each "running" ``--run-ms``), Python producers enqueuing, and for ``fairqueue`` the
 ``manage.py rebalance_fair --interval-ms`` loop as a subprocess.
 
@@ -14,7 +14,7 @@ Schedulers (same workload and worker, one after the other, each under its own pr
   and nothing else: the order the enqueue path gives.
 * ``fairqueue``        - the same enqueue plus ``manage.py rebalance_fair`` (with
   ``QUEUE_FAIR_MAX_WAIT_MS=--bound-ms``, ``FAIRQUEUE_PREFIX`` and the producer's
-  settings, ``benchmarks/fairness_settings.py``), started before the arrivals and
+  settings, ``benchmarks/live_settings.py``), started before the arrivals and
   waited for until it holds its leader lock.
 
 (The former seed-1 ``occupancy`` column is gone: it needed a pass of its own, not cheap
@@ -73,7 +73,7 @@ with the machine's load; the criteria are ratios, or waits measured against job 
 times. Writes ``benchmarks/out/fairness.png`` (cumulative service per level or tenant
 over time, per scenario and scheduler); ``--json`` dumps the numbers.
 
-    python benchmarks/fairness.py [--scenario trickle ...] [--seconds 20] [--run-ms 10]
+    python benchmarks/bench_fairness.py [--scenario trickle ...] [--seconds 20] [--run-ms 10]
         [--concurrency 2] [--interval-ms 250] [--bound-ms 3000] [--drain-s 3]
         [--json out.json]
 """
@@ -106,14 +106,14 @@ from benchmarks.common import REDIS_URL, delete_prefix  # noqa: E402
 
 JOB_TYPE = "bench"
 QUEUE = "bench"
-SETTINGS_MODULE = "benchmarks.fairness_settings"
+SETTINGS_MODULE = "benchmarks.live_settings"
 LEVELS = ("critical", "high", "normal", "low")
 WEIGHTS = {"critical": 4, "high": 3, "normal": 2, "low": 1}
 WEIGHT_SHARE = {level: w / sum(WEIGHTS.values()) for level, w in WEIGHTS.items()}
 PLAIN_PRIORITY = {"critical": 1, "high": 3, "normal": 5, "low": 10}
 SCHEDULERS = ("plain", "fairqueue-noloop", "fairqueue")
 COLORS = {"critical": "tab:red", "high": "tab:orange", "normal": "tab:blue", "low": "tab:green"}
-WORKER_JS = ROOT / "benchmarks" / "fairness_worker.mjs"
+WORKER_JS = ROOT / "benchmarks" / "live_worker.mjs"
 OUT = ROOT / "benchmarks" / "out"
 LOG = OUT / "fairness.log"
 TICK_S = 0.005
@@ -390,7 +390,7 @@ def enqueue_fair(source: Source, count: int) -> list[str]:
         [{}] * count,
         tenant_id=source.tenant,
         priority_level=source.level,
-        source="benchmarks/fairness.py",
+        source="benchmarks/bench_fairness.py",
         **weight,  # type: ignore[typeddict-unknown-key]
     )
     return [result.job_id for result in results]

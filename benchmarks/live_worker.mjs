@@ -1,13 +1,13 @@
-// The consumer of benchmarks/fairness.py: one stock Node BullMQ Worker (bullmq 6.7 from
+// The consumer of benchmarks/bench_fairness.py: one stock Node BullMQ Worker (bullmq 6.7 from
 // tests/node/node_modules, no fairqueue code), `concurrency` jobs at a time, each job
 // "running" `runMs` ms (or the job's own data.runMs), and failing its first
-// data.failTimes attempts (benchmarks/attempts.py). Prints "ready" once connected, then
+// data.failTimes attempts (benchmarks/bench_attempts.py). Prints "ready" once connected, then
 // one JSON line per finished attempt: {"id", "l": data.priorityLevel, "t": data.tenantId,
 // "ts": job.timestamp, "p": processedOn, "f": finishedOn, "a": attempts made before it,
 // "ok": completed (true) or failed (false)}.
 // SIGTERM/SIGINT: stop taking jobs, let the active ones finish, flush, exit 0.
 //
-//   node benchmarks/fairness_worker.mjs REDIS_URL PREFIX QUEUE CONCURRENCY RUN_MS
+//   node benchmarks/live_worker.mjs REDIS_URL PREFIX QUEUE CONCURRENCY RUN_MS
 import { createRequire } from "node:module";
 
 const require = createRequire(new URL("../tests/node/package.json", import.meta.url));

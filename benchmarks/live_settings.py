@@ -1,4 +1,4 @@
-"""Django settings for ``benchmarks/fairness.py`` and the ``rebalance_fair`` loop it
+"""Django settings for ``benchmarks/bench_fairness.py`` and the ``rebalance_fair`` loop it
 starts: the test settings with one job type, ``bench``, and a SQLite database.
 
 The BullMQ prefix, wait bound and pass interval come from the environment
@@ -18,7 +18,7 @@ DATABASES = {
         "NAME": os.environ.get("FQBENCH_DB", ":memory:"),
     }
 }
-# benchmarks/attempts.py's "fairqueue-jobs" run sets FQBENCH_FAIRNESS_BY=jobs.
+# benchmarks/bench_attempts.py's "fairqueue-jobs" run sets FQBENCH_FAIRNESS_BY=jobs.
 FAIRQUEUE = {
     "QUEUES": {"bench": "bench"},
     "FAIRNESS_BY": os.environ.get("FQBENCH_FAIRNESS_BY", "time"),
