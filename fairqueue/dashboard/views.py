@@ -43,6 +43,7 @@ from django.urls import URLPattern, path, reverse
 
 from fairqueue.broker import MAX_JOB_ID_LENGTH, get_sync_broker, pending_from_job
 from fairqueue.conf import get_settings
+from fairqueue.dashboard.crumbs import trail
 from fairqueue.dashboard.stats import clamp_page, format_duration, format_time, queue_stats
 from fairqueue.exceptions import BrokerError, BrokerUnavailableError
 from fairqueue.rebalance.passes import LAST_RUN_RECORD, rebalance_queue
@@ -135,12 +136,22 @@ class DashboardAdmin(admin.ModelAdmin):
             args=args,
         )
 
-    def _context(self, request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
+    def _context(
+        self,
+        request: HttpRequest,
+        title: str,
+        *steps: tuple[str, str | None],
+        **extra: Any,
+    ) -> dict[str, Any]:
+        """The admin's context, with breadcrumbs: the dashboard, then ``steps``."""
+        dashboard_url = self._url("changelist")
+        first = ("Fair queue dashboard", dashboard_url if steps else None)
         return {
             **self.admin_site.each_context(request),
             "title": title,
             "opts": self.opts,
-            "dashboard_url": self._url("changelist"),
+            "dashboard_url": dashboard_url,
+            **trail(self.opts, first, *steps),
             **extra,
         }
 
@@ -183,6 +194,7 @@ class DashboardAdmin(admin.ModelAdmin):
             self._context(
                 request,
                 title,
+                *([(single, None)] if single else []),
                 sections=sections,
                 redis_error=error,
                 single=single,
@@ -270,6 +282,8 @@ class DashboardAdmin(admin.ModelAdmin):
             self._context(
                 request,
                 f"Run one rebalance pass over {job_type}?",
+                (job_type, queue_url),
+                ("run one pass", None),
                 job_type=job_type,
                 queue=queue,
                 queue_url=queue_url,
@@ -339,6 +353,8 @@ class DashboardAdmin(admin.ModelAdmin):
         context = self._context(
             request,
             f"Job {job_id} of {job_type}",
+            (job_type, self._url("queue", job_type)),
+            (f"job {job_id}", None),
             job_type=job_type,
             job_id=job_id,
             queue=queue,
