@@ -45,6 +45,7 @@ from fairqueue.broker import MAX_JOB_ID_LENGTH, get_sync_broker, pending_from_jo
 from fairqueue.conf import get_settings
 from fairqueue.dashboard.crumbs import trail
 from fairqueue.dashboard.stats import clamp_page, format_duration, format_time, queue_stats
+from fairqueue.dashboard.tenant_views import TenantViews
 from fairqueue.exceptions import BrokerError, BrokerUnavailableError
 from fairqueue.rebalance.passes import LAST_RUN_RECORD, rebalance_queue
 from fairqueue.scheduling.shares import clamp_window_min
@@ -113,6 +114,7 @@ class DashboardAdmin(admin.ModelAdmin):
         wrap = self.admin_site.admin_view
         name = f"{self.opts.app_label}_{self.opts.model_name}"
         return [
+            *TenantViews(self).urls(),
             path("", wrap(self.dashboard_view), name=f"{name}_changelist"),
             path("stats.json", wrap(self.stats_view), name=f"{name}_stats"),
             path("queue/<str:job_type>/", wrap(self.queue_view), name=f"{name}_queue"),
