@@ -249,6 +249,13 @@ class ConsoleReads(BrokerPart):
             same_flow_ahead=same_flow,
         )
 
+    async def delayed_until(self, queue: str, job_id: str) -> int | None:
+        """When a delayed job is due (ms; a held job's is in the year 9999)."""
+        score = await self.conn.guard(
+            self.conn.client().zscore(self.conn.key(queue, "delayed"), job_id)
+        )
+        return None if score is None else int(float(score)) // 4096  # BullMQ's score
+
     async def failure(self, queue: str, job_id: str) -> tuple[str, str]:
         """A failed job's error class and sanitized message (``("", "")`` for none)."""
         reason, trace = await self.conn.guard(

@@ -42,8 +42,10 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
 from fairqueue.broker import MAX_JOB_ID_LENGTH, get_sync_broker, pending_from_job
+from fairqueue.broker.console_reads import job_tenant_id
 from fairqueue.conf import get_settings
 from fairqueue.dashboard.crumbs import trail
+from fairqueue.dashboard.job_page import JobViews, job_facts
 from fairqueue.dashboard.stats import clamp_page, format_duration, format_time, queue_stats
 from fairqueue.dashboard.tenant_views import TenantViews
 from fairqueue.exceptions import BrokerError, BrokerUnavailableError
@@ -115,6 +117,7 @@ class DashboardAdmin(admin.ModelAdmin):
         name = f"{self.opts.app_label}_{self.opts.model_name}"
         return [
             *TenantViews(self).urls(),
+            *JobViews(self).urls(),
             path("", wrap(self.dashboard_view), name=f"{name}_changelist"),
             path("stats.json", wrap(self.stats_view), name=f"{name}_stats"),
             path("queue/<str:job_type>/", wrap(self.queue_view), name=f"{name}_queue"),
@@ -380,6 +383,14 @@ class DashboardAdmin(admin.ModelAdmin):
                 and waited_ms is not None
                 and waited_ms > get_settings().max_wait_ms,
                 max_attempts=max(1, detail.max_attempts or 0),
+                **job_facts(queue, detail),
+                tenant_url=(
+                    self._url("tenant", pending.tenant_id)
+                    if pending and job_tenant_id(job) is not None
+                    else ""
+                ),
+                can_remove=request.user.has_perm("fairqueue.change_tenantplan"),
+                remove_url=self._url("job_remove", job_type, job_id),
                 processed_on=format_time(detail.processed_on_ms),
                 finished_on=format_time(detail.finished_on_ms),
             )
