@@ -60,6 +60,7 @@ from fairqueue.broker import (
 from fairqueue.conf import get_settings
 from fairqueue.dashboard.charts import history_view
 from fairqueue.dashboard.moment import moment, settle_exact
+from fairqueue.dashboard.overview import noisy_figures
 from fairqueue.dashboard.wording import decision_words, pass_words, tenant_words
 from fairqueue.enqueue.outbox import outbox_stats
 from fairqueue.rebalance.passes import LAST_RUN_RECORD, PASS_COUNTS
@@ -284,6 +285,7 @@ def queue_stats(
         broker=sync_broker.broker,
     )
     stats["outbox"] = outbox_figures(job_type)
+    stats["noisy"] = noisy_figures(job_type, broker=sync_broker)
     return stats
 
 

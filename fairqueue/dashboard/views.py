@@ -46,11 +46,12 @@ from fairqueue.broker.console_reads import job_tenant_id
 from fairqueue.conf import get_settings
 from fairqueue.dashboard.crumbs import trail
 from fairqueue.dashboard.job_page import JobViews, job_facts
+from fairqueue.dashboard.overview import overview_rows
 from fairqueue.dashboard.stats import clamp_page, format_duration, format_time, queue_stats
 from fairqueue.dashboard.tenant_views import TenantViews
 from fairqueue.exceptions import BrokerError, BrokerUnavailableError
 from fairqueue.rebalance.passes import LAST_RUN_RECORD, rebalance_queue
-from fairqueue.scheduling.shares import clamp_window_min
+from fairqueue.scheduling.shares import LEVEL_NAMES, clamp_window_min
 
 logger = logging.getLogger("fairqueue.views")
 
@@ -193,6 +194,7 @@ class DashboardAdmin(admin.ModelAdmin):
         if single:
             stats_url += f"&queue={single}"
         title = f"Fair queue: {single}" if single else "Fair queue dashboard"
+        overview = [] if single else overview_rows(sections)
         return TemplateResponse(
             request,
             "fairqueue/dashboard.html",
@@ -201,6 +203,12 @@ class DashboardAdmin(admin.ModelAdmin):
                 title,
                 *([(single, None)] if single else []),
                 sections=sections,
+                overview=overview,
+                overview_read_at=sections[0]["stats"]["read_at"]["at"] if sections else "",
+                level_names=LEVEL_NAMES,
+                max_wait=format_duration(get_settings().max_wait_ms),
+                tenants_url=self._url("tenants"),
+                jobs_url=self._url("jobs"),
                 redis_error=error,
                 single=single,
                 page=page,
