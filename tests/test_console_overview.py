@@ -106,3 +106,22 @@ def test_noisy__live_a_tenant_holding_every_worker_while_another_waits(fq_prefix
     finally:
         release.set()
         thread.join(20)
+
+
+def test_metrics__the_web_process_reports_the_last_pass_and_noisy_count_from_redis(
+    fq_prefix, client
+):
+    """Passes run by Celery beat export nothing from the worker that ran them: the web's
+    /metrics reads what every path records in Redis. No tenant label."""
+    from fairqueue.rebalance.passes import rebalance_queue
+
+    rebalance_queue("email", rebalancer="celery-beat")
+    body = client.get("/metrics").content.decode()
+    last = [
+        line
+        for line in body.splitlines()
+        if line.startswith("queue_fair_last_pass_recorded_timestamp_seconds{")
+    ]
+    assert any('job_type="email",queue="email"' in line for line in last)
+    noisy = [line for line in body.splitlines() if line.startswith("queue_fair_noisy_tenants{")]
+    assert noisy and all("tenant" not in line.split("{")[1].split("}")[0] for line in noisy)
