@@ -68,7 +68,8 @@ def attention(stats: dict[str, Any]) -> list[dict[str, str]]:
 
 
 def overview_rows(sections: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per queue, the queues needing attention first (red, then amber)."""
+    """One row per queue, the queues needing attention first: red, the most red first,
+    then amber."""
     rows = []
     for section in sections:
         stats = section["stats"]
@@ -102,4 +103,9 @@ def overview_rows(sections: list[dict[str, Any]]) -> list[dict[str, Any]]:
             }
         )
     order = {RED: 0, AMBER: 1, "ok": 2}
-    return sorted(rows, key=lambda row: order[row["state"]])
+
+    def urgency(row: dict[str, Any]) -> tuple[int, int, int]:
+        reds = sum(1 for item in row["attention"] if item["level"] == RED)
+        return order[row["state"]], -reds, -len(row["attention"])
+
+    return sorted(rows, key=urgency)

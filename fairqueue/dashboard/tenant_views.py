@@ -153,6 +153,10 @@ class TenantViews:
                 data=data,
                 redis_error=error,
                 audits=audits,
+                # Redis's word when it answered (a tenant may be paused without a row).
+                paused=(
+                    any(q["paused"] for q in data["queues"]) if data else bool(plan and plan.paused)
+                ),
                 can_act=can_act,
                 plan_url=(
                     reverse("admin:fairqueue_tenantplan_change", args=[plan.pk]) if plan else ""
