@@ -9,8 +9,11 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.html import format_html
 
 from fairqueue.conf import get_settings
+from fairqueue.dashboard.tenant_page import effective_level
 from fairqueue.dashboard.views import DashboardAdmin
 from fairqueue.models import (
     PLAN_CHOICES,
@@ -50,6 +53,7 @@ class TenantPlanAdmin(admin.ModelAdmin):
         "tenant_id",
         "display_name",
         "plan_tier",
+        "jobs_level",
         "weight",
         "max_active",
         "rate_max",
@@ -62,6 +66,32 @@ class TenantPlanAdmin(admin.ModelAdmin):
     search_fields = ("tenant_id", "display_name")
     readonly_fields = ("paused", "created_at", "updated_at")
     actions = ("set_tier", "pause", "resume", "retry_failed_jobs")
+    change_form_template = "admin/fairqueue/tenantplan/change_form.html"
+
+    @admin.display(description="level of its jobs")
+    def jobs_level(self, plan: TenantPlan) -> str:
+        """The level its jobs get by its plan, the classifier included (a tier-less
+        tenant may be enterprise by its subscription)."""
+        found = effective_level(plan)
+        return format_html('<span title="{}">{}</span>', found.why, found.level)
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> Any:
+        """Its console page and pause or resume (confirmed there, audited) beside the form."""
+        plan = self.get_object(request, object_id)
+        extra = dict(extra_context or {})
+        if plan is not None:
+            console = "admin:fairqueue_dashboard_tenant"
+            extra["console_url"] = reverse(console, args=[plan.tenant_id])
+            action = "resume" if plan.paused else "pause"
+            extra["pause_action"] = action
+            extra["pause_url"] = reverse(f"{console}_action", args=[plan.tenant_id, action])
+        return super().change_view(request, object_id, form_url, extra_context=extra)
 
     def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
         """A limit's form field takes the range the scripts accept (``LIMIT_RANGES``), and
@@ -170,7 +200,7 @@ class PriorityOverrideAuditAdmin(ReadOnlyAdmin):
     list_display = (
         "created_at",
         "job_type",
-        "job_id",
+        "job_link",
         "tenant_id",
         "requested_override",
         "resolved_level",
@@ -184,6 +214,14 @@ class PriorityOverrideAuditAdmin(ReadOnlyAdmin):
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         return [field.name for field in self.model._meta.fields]
+
+    @admin.display(description="job id", ordering="job_id")
+    def job_link(self, row: PriorityOverrideAudit) -> str:
+        """The job's console page, while its job type is configured."""
+        if not row.job_id or row.job_type not in get_settings().queues:
+            return row.job_id or "—"
+        url = reverse("admin:fairqueue_dashboard_job", args=[row.job_type, row.job_id])
+        return format_html('<a href="{}">{}</a>', url, row.job_id)
 
 
 @admin.register(TenantPauseAudit)

@@ -9,3 +9,7 @@ class FairqueueConfig(AppConfig):
     def ready(self) -> None:
         # Registration only: no I/O, no settings read at start-up.
         from fairqueue import checks, signals  # noqa: F401
+        from fairqueue.redis_metrics import register_redis_collector
+
+        # Read from Redis only when /metrics is scraped (whichever view serves it).
+        register_redis_collector()

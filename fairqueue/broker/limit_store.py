@@ -458,6 +458,11 @@ class LimitStore(BrokerPart):
                         held_jobs=tuple(_text(job_id) for job_id in ids),
                     )
                 )
+        if holding == len(most) and set(chosen) >= {tenant for tenant, _ in most}:
+            # Every tenant holding jobs is listed: the totals are the rows' own, read in
+            # one call, so they add up (the walk ran a moment earlier).
+            held_total = sum(state.held for state in states)
+            holding = sum(1 for state in states if state.held)
         return LimitsStatus(
             tenants=states,
             held_total=held_total,

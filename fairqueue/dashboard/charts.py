@@ -14,10 +14,13 @@ from typing import Any, Final
 
 from fairqueue.scheduling.shares import BUCKET_S, LEVEL_NAMES
 
-CHART_W: Final = 360
+CHART_W: Final = 460
+#: A generous width of one character of the charts' 11px labels, so a label is laid out
+#: to end inside the chart (it used to run into the next chart: "100% / 100% (w 20%)normal").
+CHAR_W: Final = 6.5
 ROW_H: Final = 24
 LABEL_W: Final = 64
-BAR_W: Final = 190
+BAR_W: Final = 180
 SERIES_H: Final = 96
 
 
@@ -57,7 +60,8 @@ def _share_chart(levels: dict[str, Any]) -> dict[str, Any]:
                 "w": round(BAR_W * served, 1),
                 "h": 14,
                 "cls": f"fq-bar fq-bar-{level}",
-                "title": f"{level}: served {_pct(data['share'])}",
+                "title": f"{level}: served {_pct(data['share'])}, entitled to "
+                f"{_pct(data['entitled_share'])}, weight's share {_pct(data['weight_share'])}",
             }
         )
         for key, cls in (
@@ -71,8 +75,7 @@ def _share_chart(levels: dict[str, Any]) -> dict[str, Any]:
             {
                 "x": LABEL_W + BAR_W + 8,
                 "y": y + 15,
-                "text": f"{_pct(data['share'])} / {_pct(data['entitled_share'])} "
-                f"(w {_pct(data['weight_share'])})",
+                "text": f"{_pct(data['share'])} of {_pct(data['entitled_share'])}",
                 "cls": "fq-chart-value",
             }
         )
@@ -172,7 +175,7 @@ def _series_chart(series: list[dict[str, Any]], *, window_s: int, now_s: int) ->
         {"x": 0, "y": SERIES_H + 13, "text": f"-{window_s // 60} min", "cls": "fq-chart-label"}
     )
     chart["texts"].append(
-        {"x": CHART_W - 22, "y": SERIES_H + 13, "text": "now", "cls": "fq-chart-label"}
+        {"x": CHART_W - 3 * CHAR_W, "y": SERIES_H + 13, "text": "now", "cls": "fq-chart-label"}
     )
     chart["texts"].append(
         {"x": 2, "y": 10, "text": f"{most} / {BUCKET_S} s", "cls": "fq-chart-label"}
@@ -196,7 +199,7 @@ def history_view(summary: dict[str, Any], *, now_ms: int, since_ms: int | None) 
     notes = []
     if since_ms is None:
         notes.append(
-            "No history yet: the rebalance pass records it (is `rebalance_fair` running?)."
+            "No history yet: the rebalance pass records it (is the rebalance loop running?)."
         )
     elif now_ms - since_ms < summary["window_s"] * 1000:
         notes.append(f"Recorded since {format_ms(now_ms - since_ms)} ago (the first pass).")

@@ -59,6 +59,9 @@ from fairqueue.broker import (
 )
 from fairqueue.conf import get_settings
 from fairqueue.dashboard.charts import history_view
+from fairqueue.dashboard.moment import moment, settle_exact
+from fairqueue.dashboard.overview import noisy_figures
+from fairqueue.dashboard.wording import decision_words, pass_words, tenant_words
 from fairqueue.enqueue.outbox import outbox_stats
 from fairqueue.rebalance.passes import LAST_RUN_RECORD, PASS_COUNTS
 from fairqueue.scheduling.levels import DEFAULT_FAIR_WEIGHTS, LEVELS_BY_RANK
@@ -282,6 +285,7 @@ def queue_stats(
         broker=sync_broker.broker,
     )
     stats["outbox"] = outbox_figures(job_type)
+    stats["noisy"] = noisy_figures(job_type, broker=sync_broker)
     return stats
 
 
@@ -334,6 +338,8 @@ async def aqueue_stats(
         max_wait_ms=max_wait_ms,
         sync_limit=sync_scan_limit,
     )
+    if backlog["exact"] and scan is not None:
+        backlog = await settle_exact(broker, queue, counts, scan, backlog)
     drift_count = sum(1 for job in head.jobs if is_unplaced(job))
 
     levels = _levels(scan, now_ms=now_ms, max_wait_ms=max_wait_ms)
@@ -350,6 +356,7 @@ async def aqueue_stats(
         "job_type": job_type,
         "queue": queue,
         "now_ms": now_ms,
+        "read_at": moment(now_ms),
         "counts": counts,
         "waiting_total": total,
         "paused": paused,
@@ -435,13 +442,16 @@ def _rows(
             decision = "skipped"
         else:
             decision = AGED if overdue else WEIGHTED_FAIR
+        tenant = job_tenant(job, pending.tenant_id) if pending else UNPARSED
         rows.append(
             {
                 "position": position,
                 "job_id": job.job_id,
                 "name": job.name,
                 "level": pending.priority_level.value if pending else UNPARSED,
-                "tenant": pending.tenant_id if pending else UNPARSED,
+                "tenant": tenant,
+                "tenant_display": tenant_words(tenant),
+                "decision_display": decision_words(decision),
                 "enqueued_at_ms": job.timestamp_ms,
                 "waited_ms": waited_ms,
                 "waited": format_duration(waited_ms),
@@ -454,6 +464,14 @@ def _rows(
     return rows
 
 
+def job_tenant(job: WaitingJob, flow_tenant: str) -> str | None:
+    """The tenant a job was enqueued for, ``None`` for a job without one (whose flow is the
+    default tenant's, which a tenant named "default" would share)."""
+    if job.data is not None and job.data.get("tenantId") is None:
+        return None
+    return flow_tenant
+
+
 def _levels(scan: BacklogScan | None, *, now_ms: int, max_wait_ms: int) -> dict[str, Any]:
     """Per-level rows, with bar lengths (percent) for the page's two small charts."""
     levels: dict[str, dict[str, Any]] = {}
@@ -463,6 +481,8 @@ def _levels(scan: BacklogScan | None, *, now_ms: int, max_wait_ms: int) -> dict[
         age_ms = None if oldest_ms is None else max(0, now_ms - oldest_ms)
         tenants = (scan.tenants.get(level.value, {}) if scan is not None else {}).items()
         top = heapq.nsmallest(TOP_TENANTS, tenants, key=lambda item: (-item[1], item[0]))
+        # The scan counts jobs without a tenant under "" (no tenant id is empty).
+        top = [(tenant or None, count) for tenant, count in top]
         levels[level.value] = {
             "weight": DEFAULT_FAIR_WEIGHTS[level],
             "waiting": None if scan is None else (found.waiting if found else 0),
@@ -470,7 +490,10 @@ def _levels(scan: BacklogScan | None, *, now_ms: int, max_wait_ms: int) -> dict[
             "oldest_ms": oldest_ms,
             "oldest_age_ms": age_ms,
             "oldest_age": format_duration(age_ms),
-            "top_tenants": [{"tenant": tenant, "waiting": count} for tenant, count in top],
+            "top_tenants": [
+                {"tenant": tenant, "display": tenant_words(tenant), "waiting": count}
+                for tenant, count in top
+            ],
         }
     most = max((row["waiting"] or 0 for row in levels.values()), default=0)
     age_scale = max([max_wait_ms] + [row["oldest_age_ms"] or 0 for row in levels.values()])
@@ -508,10 +531,11 @@ def why_held(state: TenantState) -> str:
     if state.catching_up:
         return "resumed: its backlog drains a few jobs at a time, with the slots others leave"
     if limits.max_active is not None and state.occupied >= limits.max_active:
-        return (
-            f"at its max_active ({state.running} running, {state.occupied} of "
-            f"{limits.max_active} taken)"
-        )
+        # A released job holds its slot from its release, before a worker takes it.
+        started = f"{state.running} running"
+        if state.occupied > state.running:
+            started += f", {state.occupied - state.running} released and not taken by a worker yet"
+        return f"at its limit of {limits.max_active} at once ({started})"
     if limits.rate_max is not None:
         return f"at its rate limit ({limits.rate_max} per {_window(limits.rate_duration_ms)})"
     return "released at the loop's next step"
@@ -569,7 +593,7 @@ def _last_pass(record: dict[str, Any] | None, *, now_ms: int) -> dict[str, Any] 
         "dry_run": bool(record.get("dry_run")),
         "duration_ms": round(duration, 1) if isinstance(duration, int | float) else None,
         "wrote": wrote,
-        "summary": ", ".join(f"{name} {value}" for name, value in wrote.items()),
+        "summary": pass_words(wrote),
     }
 
 
@@ -621,8 +645,8 @@ def _warnings(stats: dict[str, Any]) -> list[str]:
             warnings.append(f"{since}, yet {holder} holds the leader lock: is it stuck?")
         else:
             warnings.append(
-                f"{since} and no rebalancer holds the leader lock: "
-                "is `manage.py rebalance_fair` running?"
+                f"{since} and no rebalancer holds the leader lock: is the rebalance loop "
+                "(manage.py rebalance_fair) or its Celery beat task running?"
             )
     drift = stats["order"]["drift_count"]
     if drift:
@@ -634,6 +658,6 @@ def _warnings(stats: dict[str, Any]) -> list[str]:
     if unparsed and unparsed["waiting"]:
         warnings.append(
             f"{unparsed['waiting']} waiting job(s) have unreadable fairqueue metadata; "
-            "passes place them as normal jobs of the default tenant."
+            "passes place them as normal jobs without a tenant."
         )
     return warnings

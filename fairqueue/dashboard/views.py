@@ -42,11 +42,16 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
 from fairqueue.broker import MAX_JOB_ID_LENGTH, get_sync_broker, pending_from_job
+from fairqueue.broker.console_reads import job_tenant_id
 from fairqueue.conf import get_settings
+from fairqueue.dashboard.crumbs import trail
+from fairqueue.dashboard.job_page import JobViews, job_facts
+from fairqueue.dashboard.overview import overview_rows
 from fairqueue.dashboard.stats import clamp_page, format_duration, format_time, queue_stats
+from fairqueue.dashboard.tenant_views import TenantViews
 from fairqueue.exceptions import BrokerError, BrokerUnavailableError
 from fairqueue.rebalance.passes import LAST_RUN_RECORD, rebalance_queue
-from fairqueue.scheduling.shares import clamp_window_min
+from fairqueue.scheduling.shares import LEVEL_NAMES, clamp_window_min
 
 logger = logging.getLogger("fairqueue.views")
 
@@ -112,6 +117,8 @@ class DashboardAdmin(admin.ModelAdmin):
         wrap = self.admin_site.admin_view
         name = f"{self.opts.app_label}_{self.opts.model_name}"
         return [
+            *TenantViews(self).urls(),
+            *JobViews(self).urls(),
             path("", wrap(self.dashboard_view), name=f"{name}_changelist"),
             path("stats.json", wrap(self.stats_view), name=f"{name}_stats"),
             path("queue/<str:job_type>/", wrap(self.queue_view), name=f"{name}_queue"),
@@ -135,12 +142,22 @@ class DashboardAdmin(admin.ModelAdmin):
             args=args,
         )
 
-    def _context(self, request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
+    def _context(
+        self,
+        request: HttpRequest,
+        title: str,
+        *steps: tuple[str, str | None],
+        **extra: Any,
+    ) -> dict[str, Any]:
+        """The admin's context, with breadcrumbs: the dashboard, then ``steps``."""
+        dashboard_url = self._url("changelist")
+        first = ("Fair queue dashboard", dashboard_url if steps else None)
         return {
             **self.admin_site.each_context(request),
             "title": title,
             "opts": self.opts,
-            "dashboard_url": self._url("changelist"),
+            "dashboard_url": dashboard_url,
+            **trail(self.opts, first, *steps),
             **extra,
         }
 
@@ -177,13 +194,21 @@ class DashboardAdmin(admin.ModelAdmin):
         if single:
             stats_url += f"&queue={single}"
         title = f"Fair queue: {single}" if single else "Fair queue dashboard"
+        overview = [] if single else overview_rows(sections)
         return TemplateResponse(
             request,
             "fairqueue/dashboard.html",
             self._context(
                 request,
                 title,
+                *([(single, None)] if single else []),
                 sections=sections,
+                overview=overview,
+                overview_read_at=sections[0]["stats"]["read_at"]["at"] if sections else "",
+                level_names=LEVEL_NAMES,
+                max_wait=format_duration(get_settings().max_wait_ms),
+                tenants_url=self._url("tenants"),
+                jobs_url=self._url("jobs"),
                 redis_error=error,
                 single=single,
                 page=page,
@@ -270,6 +295,8 @@ class DashboardAdmin(admin.ModelAdmin):
             self._context(
                 request,
                 f"Run one rebalance pass over {job_type}?",
+                (job_type, queue_url),
+                ("run one pass", None),
                 job_type=job_type,
                 queue=queue,
                 queue_url=queue_url,
@@ -340,6 +367,8 @@ class DashboardAdmin(admin.ModelAdmin):
         context = self._context(
             request,
             f"Job {job_id} of {job_type}",
+            (job_type, self._url("queue", job_type)),
+            (f"job {job_id}", None),
             job_type=job_type,
             job_id=job_id,
             queue=queue,
@@ -363,6 +392,14 @@ class DashboardAdmin(admin.ModelAdmin):
                 and waited_ms is not None
                 and waited_ms > get_settings().max_wait_ms,
                 max_attempts=max(1, detail.max_attempts or 0),
+                **job_facts(queue, detail),
+                tenant_url=(
+                    self._url("tenant", pending.tenant_id)
+                    if pending and job_tenant_id(job) is not None
+                    else ""
+                ),
+                can_remove=request.user.has_perm("fairqueue.change_tenantplan"),
+                remove_url=self._url("job_remove", job_type, job_id),
                 processed_on=format_time(detail.processed_on_ms),
                 finished_on=format_time(detail.finished_on_ms),
             )

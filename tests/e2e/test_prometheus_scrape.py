@@ -224,7 +224,7 @@ def test_prometheus_scrapes_the_rebalancer_and_returns_its_waits_and_leader(fq_p
         # The shipped rules load, and every query of the shipped board evaluates.
         rules = json.loads(_get(f"{base}/api/v1/rules"))["data"]["groups"]
         loaded = [rule for group in rules for rule in group["rules"]]
-        assert len(loaded) == 7 and all(rule["health"] != "err" for rule in loaded), loaded
+        assert len(loaded) == 8 and all(rule["health"] != "err" for rule in loaded), loaded
         for expr in board_expressions():
             if expr.startswith("label_values("):
                 continue  # a Grafana variable, not PromQL

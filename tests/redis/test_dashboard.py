@@ -150,7 +150,9 @@ def test_stats_json__shape_against_a_real_queue(viewer, fq_prefix):
     for level in stats["levels"].values():
         assert level["waiting"] == 3 and level["overdue"] == 0
         assert set(level) >= {"weight", "oldest_ms", "oldest_age", "top_tenants", "waiting_pct"}
-    assert stats["levels"]["low"]["top_tenants"] == [{"tenant": "t-a", "waiting": 3}]
+    assert stats["levels"]["low"]["top_tenants"] == [
+        {"tenant": "t-a", "display": "t-a", "waiting": 3}
+    ]
     assert stats["levels"]["critical"]["weight"] == 4
     assert stats["backlog"]["exact"] is True and stats["overdue_total"] == 0
     order = stats["order"]
@@ -271,11 +273,10 @@ def test_order__a_foreign_priority_0_job_in_the_wait_list_is_shown_first(fq_pref
     stats = queue_stats("email")
     rows = stats["order"]["jobs"]
     assert stats["counts"]["wait"] == 1 and rows[0]["job_id"] == foreign_id
-    assert (rows[0]["name"], rows[0]["level"], rows[0]["tenant"]) == (
-        "foreign",
-        "normal",
-        "default",
-    )
+    # A job without a tenant is not shown as a tenant called "default".
+    assert (rows[0]["name"], rows[0]["level"], rows[0]["tenant"]) == ("foreign", "normal", None)
+    assert rows[0]["tenant_display"] == "(no tenant)"
+    assert stats["levels"]["normal"]["top_tenants"][-1]["display"] == "(no tenant)"
     assert stats["levels"]["normal"]["waiting"] == 4
     shown = [row["job_id"] for row in rows]
     assert [job_id for job_id, _ in drain_with_stock_worker(fq_prefix, "email", 4)] == shown

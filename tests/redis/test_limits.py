@@ -429,12 +429,14 @@ def test_dashboard__lists_limited_tenants_their_held_jobs_and_why_they_wait(limi
     assert limits["held_total"] == 4
     rows = {row["tenant"]: row for row in limits["tenants"]}
     assert rows["acme"]["held"] == 3 and rows["acme"]["max_active"] == 2
-    assert rows["acme"]["why"] == "at its max_active (0 running, 2 of 2 taken)"
+    assert rows["acme"]["why"] == (
+        "at its limit of 2 at once (0 running, 2 released and not taken by a worker yet)"
+    )
     assert rows["acme"]["held_jobs"] == acme[2:]  # in release order
     assert rows["zed"]["paused"] is True and rows["zed"]["why"] == "paused"
     assert queue["counts"]["delayed"] == 4  # BullMQ's own count: delayed, not lost
     page = client.get(reverse("admin:fairqueue_dashboard_changelist")).content.decode()
-    assert "Limited tenants" in page and "at its max_active" in page
+    assert "Limited tenants" in page and "at its limit of 2 at once" in page
 
 
 def test_metrics__held_gauge_and_limited_counter_without_tenant_labels(limited):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fairqueue.dashboard.charts import BAR_W, CHART_W, LABEL_W, format_ms, history_view
+from fairqueue.dashboard.charts import BAR_W, CHAR_W, CHART_W, LABEL_W, format_ms, history_view
 from fairqueue.scheduling.shares import BUCKET_S, Bucket, summarize, wait_bin
 
 NOW_MS = 1_000_000_000_000
@@ -25,7 +25,24 @@ def test_share_bars_are_proportional_with_entitlement_and_weight_ticks():
     ticks = [line["x1"] for line in chart["lines"] if line["cls"] == "fq-tick-weight"]
     assert ticks == pytest.approx([LABEL_W + BAR_W * w for w in (0.4, 0.3, 0.2, 0.1)], abs=0.1)
     assert view["levels"]["low"]["share_display"] == "10%"
-    assert "10% / 10% (w 10%)" in [text["text"] for text in chart["texts"]]
+    assert "10% of 10%" in [text["text"] for text in chart["texts"]]
+
+
+def test_labels_end_inside_their_chart_and_never_overlap_on_a_row():
+    """The widest values a chart can show: served 100%, waits of an hour, thousands late."""
+    served = {"critical": 9_999, "high": 1, "normal": 1, "low": 1}
+    waits = {level: {wait_bin(1): 1, wait_bin(3_500_000): 9_999} for level in served}
+    bucket = Bucket(LAST, served=served, arrived=served, waits=waits, over=dict(served))
+    view = _view([bucket], max_wait_ms=3_000_000)
+    for name, chart in view["charts"].items():
+        spans = sorted(
+            (text["y"], text["x"], text["x"] + CHAR_W * len(text["text"]))
+            for text in chart["texts"]
+        )
+        for y, left, right in spans:
+            assert 0 <= left and right <= chart["width"], (name, y)
+        for (y1, _, right), (y2, left, _) in zip(spans, spans[1:], strict=False):
+            assert y1 != y2 or right <= left, (name, y1)
 
 
 def test_wait_bars_sit_on_a_log_scale_left_of_the_bound_when_under_it():

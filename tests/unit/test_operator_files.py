@@ -17,6 +17,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from fairqueue.metrics import initialize_queue_fair_metrics
+from fairqueue.redis_metrics import RedisStateCollector
 
 CONTRIB = Path(str(resources.files("fairqueue.contrib")))
 RULES = CONTRIB / "prometheus" / "rules.yml"
@@ -33,6 +34,7 @@ EXPECTED_ALERTS = {
     "FairQueueNoRecentPass",
     "FairQueueOutboxStuck",
     "FairQueueLevelStarved",
+    "FairQueueNoisyTenant",
 }
 
 
@@ -49,6 +51,7 @@ def exported_sample_names() -> set[str]:
             names.update(f"{family.name}{suffix}" for suffix in ("_bucket", "_sum", "_count"))
         else:
             names.add(family.name)
+    names.update(family.name for family in RedisStateCollector().describe())
     return names
 
 

@@ -67,7 +67,7 @@ for _, id in ipairs(ids) do
     local ok, data = pcall(cjson.decode, row[1])
     if ok and type(data) == 'table' then
       local t = data['tenantId']
-      if t == nil or t == cjson.null then tenant = 'default'
+      if t == nil or t == cjson.null then tenant = '' -- no tenant (no tenant id is empty)
       elseif type(t) == 'string' and t ~= '' then tenant = t end
       local l = data['priorityLevel']
       if l ~= nil and l ~= cjson.null then

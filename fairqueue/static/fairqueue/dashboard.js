@@ -72,9 +72,9 @@
       var levelCell = node("td");
       levelCell.appendChild(node("span", { class: "fq-level fq-level-" + job.level }, job.level));
       row.appendChild(levelCell);
-      row.appendChild(node("td", {}, job.tenant));
+      row.appendChild(node("td", {}, job.tenant_display));
       row.appendChild(node("td", {}, job.waited));
-      row.appendChild(node("td", {}, job.decision));
+      row.appendChild(node("td", {}, job.decision_display));
       var flags = node("td");
       if (job.overdue) {
         flags.appendChild(node("span", { class: "fq-badge fq-overdue" }, "overdue"));
@@ -113,7 +113,7 @@
       return;
     }
     tenants.forEach(function (t) {
-      el.appendChild(node("span", { class: "fq-tenant" }, t.tenant + " (" + t.waiting + ")"));
+      el.appendChild(node("span", { class: "fq-tenant" }, t.display + " (" + t.waiting + ")"));
       el.appendChild(document.createTextNode(" "));
     });
   }

@@ -1,0 +1,349 @@
+"""The operator console's reads and two of its writes: a tenant's jobs in one queue, a
+job's place in the waiting order, a job's failure, and removing a waiting job.
+
+Every read is bounded whatever the backlog: the waiting order is read from its front, a
+page at a time, up to :data:`ORDER_WINDOW` jobs (the jobs workers take next; the pass
+keeps the same window); failures from the most recent :data:`FAILED_WINDOW`; running
+jobs from BullMQ's active list (as long as the workers' concurrency). A tenant's
+waiting count per level comes from the dashboard's backlog scan, not from here, so the
+tenant page and the queue page show the same number.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Final
+
+from fairqueue.broker.common import int_or, parse_job_data
+from fairqueue.broker.connection import BrokerPart
+from fairqueue.broker.dashboard_reads import DashboardReads
+from fairqueue.broker.limit_store import limits_key
+from fairqueue.broker.pass_store import WaitingJob, pending_from_job
+from fairqueue.scheduling.levels import DEFAULT_TENANT
+from fairqueue.scheduling.noisy import FlowWeight
+from fairqueue.scheduling.shares import LEVEL_NAMES
+
+#: The front of the waiting order the console reads: positions, what is ahead of a job,
+#: a tenant's next jobs. Beyond it, a job's position is still exact (one ZRANK).
+ORDER_WINDOW: Final = 1_000
+#: Jobs of the waiting order one read fetches.
+ORDER_PAGE: Final = 250
+#: The most recent failures read for a tenant's failed jobs.
+FAILED_WINDOW: Final = 1_000
+#: Running jobs read at most (BullMQ's active list is as long as the workers' slots).
+ACTIVE_WINDOW: Final = 2_000
+#: Jobs one "remove its waiting jobs" removes at most (it says when more remain)...
+REMOVE_LIMIT: Final = 2_000
+#: ...among the jobs it reads of the waiting order at most.
+REMOVE_READ: Final = 100_000
+
+_MESSAGE_CHARS: Final = 300
+#: What a failure message may not show: things that look like secrets or addresses.
+_SECRETISH = re.compile(
+    r"(?i)(\b[a-z][a-z0-9+.-]*://\S+)|((password|passwd|secret|token|api[_-]?key|"
+    r"authorization)\s*[=:]\s*\S+)|(\b[\w.+-]+@[\w-]+\.[\w.-]+\b)"
+)
+
+
+_ERROR_CLASS = re.compile(r"\s*([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Timeout))\b")
+
+
+def sanitize_failure(message: str | None) -> str:
+    """A failure message an operator may read: its first line, without URLs, e-mail
+    addresses or ``password=...``-like pairs, cut to 300 characters. Payloads never
+    reach here (BullMQ keeps the error's message, not the job's data)."""
+    if not message:
+        return ""
+    first = message.strip().splitlines()[0] if message.strip() else ""
+    cleaned = _SECRETISH.sub("[hidden]", first)
+    return cleaned if len(cleaned) <= _MESSAGE_CHARS else cleaned[: _MESSAGE_CHARS - 1] + "…"
+
+
+def failure_class(message: str | None, stacktrace: str | None = None) -> str:
+    """The error's class: from the message when it starts with one (``ValueError:
+    ...``), else from the stack trace BullMQ keeps (a Python traceback ends with
+    ``ValueError: ...``, a Node stack starts with ``Error: ...``); ``""`` when neither
+    names one. Only the class name is taken from the trace, never its text."""
+    match = _ERROR_CLASS.match(message or "")
+    if match:
+        return match.group(1)
+    try:
+        traces = json.loads(stacktrace) if stacktrace else None
+    except ValueError:
+        return ""
+    if not isinstance(traces, list) or not traces or not isinstance(traces[-1], str):
+        return ""
+    for line in reversed(traces[-1].strip().splitlines()):
+        found = _ERROR_CLASS.match(line)
+        if found and line[found.end() : found.end() + 1] in (":", ""):
+            return found.group(1)
+    return ""
+
+
+def job_tenant_id(job: WaitingJob) -> str | None:
+    """The tenant a job was enqueued for; ``None`` for a job without one."""
+    if job.data is None:
+        return None
+    tenant = job.data.get("tenantId")
+    return tenant if isinstance(tenant, str) and tenant else None
+
+
+@dataclass(frozen=True, slots=True)
+class FailedJob:
+    job_id: str
+    failed_at_ms: int | None
+    attempts_made: int
+    error_class: str
+    message: str
+
+
+@dataclass(slots=True)
+class TenantJobs:
+    """One tenant's jobs in one queue, as the console reads them."""
+
+    held: int = 0
+    held_ids: list[str] = field(default_factory=list)
+    running: int = 0
+    running_ids: list[str] = field(default_factory=list)
+    #: Its jobs among the first :data:`ORDER_WINDOW` in line: (position, job), first first.
+    next_jobs: list[tuple[int, WaitingJob]] = field(default_factory=list)
+    #: Jobs of the order read (``ORDER_WINDOW`` or the whole order when shorter).
+    order_read: int = 0
+    #: Its failures among the last :data:`FAILED_WINDOW`, newest first.
+    failed: list[FailedJob] = field(default_factory=list)
+    failed_read: int = 0
+    paused: bool = False
+    limits_encoded: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """Where a waiting job stands: its 1-based position in the pop order, and what is
+    ahead of it (when it is within the window) by level and by tenant."""
+
+    position: int
+    ahead_by_level: dict[str, int]
+    ahead_by_tenant: list[tuple[str | None, int]]
+    #: Whether everything ahead of it was read (it stands within the window).
+    complete: bool
+    #: Jobs of its own flow (level and tenant) ahead of it.
+    same_flow_ahead: int = 0
+
+
+class ConsoleReads(BrokerPart):
+    """The console's reads over one prefix's queues."""
+
+    async def order_front(self, queue: str, count: int = ORDER_WINDOW) -> list[WaitingJob]:
+        """The first ``count`` jobs of the pop order, read a page at a time."""
+        jobs: list[WaitingJob] = []
+        dashboard = DashboardReads(self.conn)
+        for start in range(0, count, ORDER_PAGE):
+            page = await dashboard.read_page(
+                queue, start=start, count=min(ORDER_PAGE, count - start)
+            )
+            jobs += page
+            if len(page) < min(ORDER_PAGE, count - start):
+                break
+        return jobs
+
+    async def tenant_jobs(self, queue: str, tenant_id: str) -> TenantJobs:
+        """``tenant_id``'s held, running, next and recently failed jobs in ``queue``."""
+        base = limits_key(self.conn.prefix, queue)
+        client = self.conn.client()
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.llen(f"{base}:held:{tenant_id}")
+            pipe.lrange(f"{base}:held:{tenant_id}", 0, 19)
+            pipe.hexists(f"{base}:paused", tenant_id)
+            pipe.hget(base, tenant_id)
+            pipe.lrange(self.conn.key(queue, "active"), 0, ACTIVE_WINDOW - 1)
+            pipe.zrevrange(self.conn.key(queue, "failed"), 0, FAILED_WINDOW - 1, withscores=True)
+            held, held_ids, paused, encoded, active, failed = await self.conn.guard(pipe.execute())
+        found = TenantJobs(
+            held=int(held),
+            held_ids=[_text(v) for v in held_ids],
+            paused=bool(paused),
+            limits_encoded=None if encoded is None else _text(encoded),
+        )
+        active_ids = [_text(v) for v in active]
+        failed_ids = [(_text(job_id), int(score)) for job_id, score in failed]
+        async with client.pipeline(transaction=False) as pipe:
+            for job_id in active_ids:
+                pipe.hget(self.conn.key(queue, job_id), "data")
+            for job_id, _ in failed_ids:
+                pipe.hmget(
+                    self.conn.key(queue, job_id), "data", "atm", "failedReason", "stacktrace"
+                )
+            rows = await self.conn.guard(pipe.execute())
+        for job_id, data in zip(active_ids, rows[: len(active_ids)], strict=True):
+            if _tenant_of(data) == tenant_id:
+                found.running += 1
+                found.running_ids.append(job_id)
+        found.failed_read = len(failed_ids)
+        for (job_id, score), row in zip(failed_ids, rows[len(active_ids) :], strict=True):
+            data, attempts, reason, trace = row
+            if _tenant_of(data) == tenant_id:
+                reason_text = None if reason is None else _text(reason)
+                trace_text = None if trace is None else _text(trace)
+                found.failed.append(
+                    FailedJob(
+                        job_id=job_id,
+                        failed_at_ms=score,
+                        attempts_made=int_or(attempts, 0) or 0,
+                        error_class=failure_class(reason_text, trace_text),
+                        message=sanitize_failure(reason_text),
+                    )
+                )
+        front = await self.order_front(queue)
+        found.order_read = len(front)
+        found.next_jobs = [
+            (position, job)
+            for position, job in enumerate(front, start=1)
+            if job_tenant_id(job) == tenant_id
+        ]
+        return found
+
+    async def place(self, queue: str, job: WaitingJob, state: str) -> Place | None:
+        """Where a waiting job stands in the pop order (``None`` when it is not waiting)."""
+        if state not in ("waiting", "prioritized"):
+            return None
+        client = self.conn.client()
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.llen(self.conn.key(queue, "wait"))
+            pipe.lpos(self.conn.key(queue, "wait"), job.job_id)
+            pipe.zrank(self.conn.key(queue, "prioritized"), job.job_id)
+            wait_len, in_list, rank = await self.conn.guard(pipe.execute())
+        if in_list is not None:  # popped from the right end: the last pushed goes last
+            position = int(wait_len) - int(in_list)
+        elif rank is not None:
+            position = int(wait_len) + int(rank) + 1
+        else:
+            return None
+        ahead = await self.order_front(queue, min(position - 1, ORDER_WINDOW))
+        by_level: dict[str, int] = {}
+        by_tenant: dict[str | None, int] = {}
+        mine = pending_from_job(job)
+        same_flow = 0
+        for other in ahead:
+            if other.job_id == job.job_id:
+                continue
+            pending = pending_from_job(other)
+            level = pending.priority_level.value if pending else "?"
+            by_level[level] = by_level.get(level, 0) + 1
+            tenant = job_tenant_id(other)
+            by_tenant[tenant] = by_tenant.get(tenant, 0) + 1
+            if (
+                mine
+                and pending
+                and (pending.priority_level, pending.tenant_id)
+                == (
+                    mine.priority_level,
+                    mine.tenant_id,
+                )
+            ):
+                same_flow += 1
+        top = sorted(by_tenant.items(), key=lambda item: (-item[1], item[0] or ""))[:5]
+        return Place(
+            position=position,
+            ahead_by_level=by_level,
+            ahead_by_tenant=top,
+            complete=position - 1 <= ORDER_WINDOW,
+            same_flow_ahead=same_flow,
+        )
+
+    async def in_flight(
+        self, queue: str
+    ) -> tuple[dict[tuple[str, str], int], dict[str, int], dict[tuple[str, str], FlowWeight]]:
+        """Running jobs per (level, tenant) from BullMQ's active list (at most
+        :data:`ACTIVE_WINDOW`), each level's weight of flows with work, and the running
+        tenants' flows: what :func:`noisy_tenants` needs. Three round trips."""
+        client = self.conn.client()
+        active = await self.conn.guard(
+            client.lrange(self.conn.key(queue, "active"), 0, ACTIVE_WINDOW - 1)
+        )
+        async with client.pipeline(transaction=False) as pipe:
+            for job_id in active:
+                pipe.hget(self.conn.key(queue, _text(job_id)), "data")
+            pipe.hmget(self.conn.fair_key(queue, "state"), *(f"W:{n}" for n in LEVEL_NAMES))
+            *rows, weights = await self.conn.guard(pipe.execute())
+        running: dict[tuple[str, str], int] = {}
+        for data in rows:
+            parsed = parse_job_data(None if data is None else _text(data))
+            if parsed is None:
+                continue
+            level = parsed.get("priorityLevel")
+            level = level if level in LEVEL_NAMES else "normal"
+            tenant = parsed.get("tenantId")
+            tenant = tenant if isinstance(tenant, str) and tenant else DEFAULT_TENANT
+            running[(level, tenant)] = running.get((level, tenant), 0) + 1
+        members = [f"{level}\n{tenant}" for level, tenant in running]
+        flows: dict[tuple[str, str], FlowWeight] = {}
+        if members:
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.hmget(self.conn.fair_key(queue, "fweights"), *members)
+                pipe.zmscore(self.conn.fair_key(queue, "flows"), members)
+                found_weights, scores = await self.conn.guard(pipe.execute())
+            for key, weight, score in zip(running, found_weights, scores, strict=True):
+                flows[key] = FlowWeight(int_or(weight, 1) or 1, score is not None)
+        level_weights = {
+            level: int_or(value, 0) or 0 for level, value in zip(LEVEL_NAMES, weights, strict=True)
+        }
+        return running, level_weights, flows
+
+    async def delayed_until(self, queue: str, job_id: str) -> int | None:
+        """When a delayed job is due (ms; a held job's is in the year 9999)."""
+        score = await self.conn.guard(
+            self.conn.client().zscore(self.conn.key(queue, "delayed"), job_id)
+        )
+        return None if score is None else int(float(score)) // 4096  # BullMQ's score
+
+    async def failure(self, queue: str, job_id: str) -> tuple[str, str]:
+        """A failed job's error class and sanitized message (``("", "")`` for none)."""
+        reason, trace = await self.conn.guard(
+            self.conn.client().hmget(self.conn.key(queue, job_id), "failedReason", "stacktrace")
+        )
+        text = None if reason is None else _text(reason)
+        return (
+            failure_class(text, None if trace is None else _text(trace)),
+            sanitize_failure(text),
+        )
+
+    async def remove_job(self, queue: str, job_id: str) -> bool:
+        """Remove a job that no worker holds, with BullMQ's own ``removeJob`` (every list,
+        set and key of the job); fairqueue's indexes forget it as the pass and the release
+        step find it gone. Returns whether it was removed."""
+        removed = await self.conn.guard(self.conn.queue(queue).remove(job_id))
+        return bool(removed)
+
+    async def waiting_ids_of(
+        self, queue: str, tenant_id: str, limit: int = REMOVE_LIMIT
+    ) -> list[str]:
+        """Up to ``limit`` of a tenant's jobs that no worker has taken: its held jobs, then
+        its jobs in the waiting order (read from the front, a page at a time)."""
+        base = limits_key(self.conn.prefix, queue)
+        held = await self.conn.guard(
+            self.conn.client().lrange(f"{base}:held:{tenant_id}", 0, limit - 1)
+        )
+        ids = [_text(v) for v in held]
+        dashboard = DashboardReads(self.conn)
+        start = 0
+        while len(ids) < limit and start < REMOVE_READ:
+            page = await dashboard.read_page(queue, start=start, count=ORDER_PAGE)
+            if not page:
+                break
+            ids += [job.job_id for job in page if job_tenant_id(job) == tenant_id]
+            start += len(page)
+        return ids[:limit]
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _tenant_of(data: str | bytes | None) -> str | None:
+    parsed = parse_job_data(None if data is None else _text(data))
+    if not isinstance(parsed, dict):
+        return None
+    tenant = parsed.get("tenantId")
+    return tenant if isinstance(tenant, str) and tenant else None

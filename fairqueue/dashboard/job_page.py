@@ -1,0 +1,192 @@
+"""The job page's additions: where a waiting job stands and why, its failure, a search
+by job id across the configured queues, and removing a job (confirmed, audited).
+
+"Why" is what fairqueue can say and other dashboards cannot: a waiting job stands at its
+flow's turn (its level's weight and its tenant's weight decide how often its flow is
+served), behind its own flow's earlier jobs and the other flows' turns that come first;
+a held job waits for its tenant's limit; a delayed one for its time.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path
+
+from fairqueue.broker import MAX_JOB_ID_LENGTH, JobDetail, get_sync_broker, pending_from_job
+from fairqueue.broker.console_reads import ConsoleReads, Place, job_tenant_id
+from fairqueue.conf import get_settings
+from fairqueue.dashboard.wording import tenant_words
+from fairqueue.exceptions import BrokerError
+
+if TYPE_CHECKING:
+    from fairqueue.dashboard.views import DashboardAdmin
+
+PERM_VIEW = "fairqueue.view_dashboard"
+PERM_REMOVE = "fairqueue.change_tenantplan"
+#: Held jobs sit in BullMQ's delayed set this far out (the year 9999).
+HELD_AFTER_MS = 200_000_000_000_000
+
+
+def why_it_waits(detail: JobDetail, place: Place | None, delayed_until_ms: int | None) -> str:
+    """One sentence on why the job is where it is."""
+    state = detail.state
+    if state in ("waiting", "prioritized") and place is not None:
+        pending = pending_from_job(detail.job)
+        if detail.job.in_wait_list:
+            return (
+                "It waits outside the fair order (another producer's job, or a promoted "
+                "delayed one): the next pass places it at its flow's turn."
+            )
+        flow = (
+            f"its flow (level {pending.priority_level.value}, tenant "
+            f"{tenant_words(job_tenant_id(detail.job))})"
+            if pending
+            else "its flow"
+        )
+        ahead = place.position - 1
+        if not ahead:
+            return "It is next: a worker takes it first."
+        return (
+            f"It stands at {flow}'s next turn: {ahead} job(s) come first, "
+            f"{place.same_flow_ahead} of them its own flow's earlier jobs; the rest are "
+            "other flows' turns, which the levels' weights (4:3:2:1) and the tenants' "
+            "weights inside a level put before it."
+        )
+    if state == "delayed":
+        if delayed_until_ms is not None and delayed_until_ms >= HELD_AFTER_MS:
+            return (
+                "It is held by its tenant's limits (paused, at its limit of jobs at once, "
+                "or its rate): BullMQ shows it as delayed to the year 9999; the loop "
+                "releases it to its fair place when its tenant has room."
+            )
+        return "It is delayed until its time comes, then takes its flow's turn."
+    if state == "active":
+        return "A worker is running it."
+    if state == "failed":
+        return "It failed; retry its tenant's failed jobs from its tenant page."
+    if state == "completed":
+        return "It finished."
+    return "BullMQ does not list it in any state."
+
+
+def job_facts(queue: str, detail: JobDetail) -> dict[str, Any]:
+    """What the job page adds: its place in line, why, its failure."""
+    sync = get_sync_broker()
+    reads = ConsoleReads(sync.broker.conn)
+    place = sync.run(reads.place, queue, detail.job, detail.state)
+    delayed_until = None
+    if detail.state == "delayed":
+        delayed_until = sync.run(reads.delayed_until, queue, detail.job.job_id)
+    error_class, message = ("", "")
+    if detail.state == "failed":
+        error_class, message = sync.run(reads.failure, queue, detail.job.job_id)
+    tenant = job_tenant_id(detail.job)
+    return {
+        "place": place,
+        "ahead_by_tenant": [
+            {"tenant": tenant_words(t), "count": n}
+            for t, n in (place.ahead_by_tenant if place else [])
+        ],
+        "why": why_it_waits(detail, place, delayed_until),
+        "error_class": error_class,
+        "error_message": message,
+        "tenant_id": tenant,
+        "tenant_display": tenant_words(tenant),
+        "held": delayed_until is not None and delayed_until >= HELD_AFTER_MS,
+    }
+
+
+class JobViews:
+    """Job search and removal for one :class:`DashboardAdmin`."""
+
+    def __init__(self, admin: DashboardAdmin) -> None:
+        self.admin = admin
+
+    def urls(self) -> list[URLPattern]:
+        wrap = self.admin.admin_site.admin_view
+        name = f"{self.admin.opts.app_label}_{self.admin.opts.model_name}"
+        return [
+            path("jobs/", wrap(self.search_view), name=f"{name}_jobs"),
+            path(
+                "queue/<str:job_type>/jobs/<path:job_id>/remove/",
+                wrap(self.remove_view),
+                name=f"{name}_job_remove",
+            ),
+        ]
+
+    def search_view(self, request: HttpRequest) -> HttpResponse:
+        """``?id=``: the job's page in the first queue that holds it."""
+        if not request.user.has_perm(PERM_VIEW):
+            raise PermissionDenied
+        job_id = request.GET.get("id", "").strip()
+        found: list[str] = []
+        error = None
+        if job_id and len(job_id) <= MAX_JOB_ID_LENGTH and ":" not in job_id:
+            sync = get_sync_broker()
+            try:
+                for job_type, queue in get_settings().queues.items():
+                    if sync.run(sync.broker.dashboard.read_job_detail, queue, job_id):
+                        found.append(job_type)
+            except BrokerError as exc:
+                error = {
+                    "title": "Redis unreachable",
+                    "error": type(exc).__name__,
+                    "message": str(exc),
+                }
+            if len(found) == 1:
+                return HttpResponseRedirect(self.admin._url("job", found[0], job_id))
+        return TemplateResponse(
+            request,
+            "fairqueue/job_search.html",
+            self.admin._context(
+                request,
+                "Find a job",
+                ("jobs", None),
+                job_id=job_id,
+                found=[(jt, self.admin._url("job", jt, job_id)) for jt in found],
+                redis_error=error,
+            ),
+        )
+
+    def remove_view(self, request: HttpRequest, job_type: str, job_id: str) -> HttpResponse:
+        """Remove one job no worker holds: confirmed on GET, done on POST, logged."""
+        if not request.user.has_perms((PERM_VIEW, PERM_REMOVE)):
+            raise PermissionDenied
+        queues = get_settings().queues
+        if job_type not in queues:
+            raise Http404("No such job type")
+        job_url = self.admin._url("job", job_type, job_id)
+        if request.method == "POST":
+            sync = get_sync_broker()
+            removed = sync.run(ConsoleReads(sync.broker.conn).remove_job, queues[job_type], job_id)
+            if removed:
+                self.admin._log(request, job_type, f"Removed job {job_id} from the console.")
+                messages.success(request, f"Removed job {job_id}.")
+                return HttpResponseRedirect(self.admin._url("queue", job_type))
+            messages.error(
+                request, f"Job {job_id} was not removed (a worker holds it, or it is gone)."
+            )
+            return HttpResponseRedirect(job_url)
+        return TemplateResponse(
+            request,
+            "fairqueue/tenant_confirm.html",
+            self.admin._context(
+                request,
+                f"Remove job {job_id}?",
+                (job_type, self.admin._url("queue", job_type)),
+                (f"job {job_id}", job_url),
+                ("remove", None),
+                touches=(
+                    f"Remove job {job_id} of {job_type} with BullMQ's own removal (a job "
+                    "a worker is running cannot be removed)."
+                ),
+                action="remove",
+                tenant_id=f"job {job_id}",
+                tenant_url=job_url,
+            ),
+        )

@@ -1,0 +1,111 @@
+"""The overview: one row per queue and what needs attention first, from the same
+:func:`~fairqueue.dashboard.stats.queue_stats` the queue sections show (no reads of its
+own), plus the noisy neighbours of each queue.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from fairqueue.broker import SyncBroker
+from fairqueue.broker.console_reads import ConsoleReads
+from fairqueue.conf import get_settings
+from fairqueue.dashboard.wording import tenant_words
+from fairqueue.scheduling.levels import DEFAULT_TENANT
+from fairqueue.scheduling.noisy import noisy_tenants
+
+#: Attention levels, most urgent first.
+RED: Final = "red"
+AMBER: Final = "amber"
+
+
+def noisy_figures(job_type: str, *, broker: SyncBroker) -> dict[str, Any]:
+    """The queue's noisy tenants (``fairqueue.scheduling.noisy``), for the pages."""
+    queue = get_settings().queue_for(job_type)
+    running, level_weights, flows = broker.run(ConsoleReads(broker.broker.conn).in_flight, queue)
+    found = noisy_tenants(running, level_weights, flows)
+    return {
+        "count": len(found),
+        "tenants": [
+            {
+                "level": n.level,
+                "tenant": None if n.tenant == DEFAULT_TENANT else n.tenant,
+                "display": tenant_words(None if n.tenant == DEFAULT_TENANT else n.tenant),
+                "running": n.running,
+                "level_running": n.level_running,
+                "share": f"{100 * n.share:.0f}%",
+                "entitled": f"{100 * n.entitled:.0f}%",
+            }
+            for n in found[:10]
+        ],
+    }
+
+
+def attention(stats: dict[str, Any]) -> list[dict[str, str]]:
+    """What an operator should look at first in one queue: red, then amber."""
+    items: list[dict[str, str]] = []
+    memory = stats.get("redis_memory")
+    if memory and memory["refuses_writes"]:
+        items.append({"level": RED, "text": "Redis is out of memory and refuses writes"})
+    last = stats["last_pass"]
+    stale = last is None or (last["age_ms"] or 0) > 3 * stats["interval_ms"]
+    if stats["waiting_total"] and stale:
+        items.append({"level": RED, "text": "no recent rebalance pass"})
+    if stats["overdue_total"]:
+        items.append({"level": RED, "text": f"{stats['overdue_total']} job(s) past the wait bound"})
+    if stats["paused"]:
+        items.append({"level": AMBER, "text": "the queue is paused"})
+    noisy = stats.get("noisy") or {}
+    if noisy.get("count"):
+        items.append({"level": AMBER, "text": f"{noisy['count']} noisy tenant(s)"})
+    if stats["limits"]["paused"]:
+        items.append({"level": AMBER, "text": f"{stats['limits']['paused']} tenant(s) paused"})
+    if stats["order"]["drift_count"]:
+        items.append(
+            {"level": AMBER, "text": f"{stats['order']['drift_count']} job(s) not placed yet"}
+        )
+    return items
+
+
+def overview_rows(sections: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per queue, the queues needing attention first: red, the most red first,
+    then amber."""
+    rows = []
+    for section in sections:
+        stats = section["stats"]
+        history = stats["history"]
+        window_s = history["window_s"] or 1
+        items = attention(stats)
+        p99 = {
+            level: {
+                "p99": data["p99"],
+                "over": bool(data["p99_ms"] and data["p99_ms"] > stats["max_wait_ms"]),
+            }
+            for level, data in history["levels"].items()
+        }
+        rows.append(
+            {
+                "job_type": stats["job_type"],
+                "queue_url": section["queue_url"],
+                "anchor": f"queue-{stats['job_type']}",
+                "waiting": stats["waiting_total"],
+                "active": stats["counts"]["active"],
+                "delayed": stats["counts"]["delayed"] - stats["limits"]["held_total"],
+                "held": stats["limits"]["held_total"],
+                "failed": stats["counts"]["failed"],
+                "per_min": round(60 * history["served_total"] / window_s, 1),
+                "p99": p99,
+                "overdue": stats["overdue_total"],
+                "last_pass_age": (stats["last_pass"] or {}).get("age") or "never",
+                "leader": stats["lock"]["holder"] or "none",
+                "attention": items,
+                "state": items[0]["level"] if items else "ok",
+            }
+        )
+    order = {RED: 0, AMBER: 1, "ok": 2}
+
+    def urgency(row: dict[str, Any]) -> tuple[int, int, int]:
+        reds = sum(1 for item in row["attention"] if item["level"] == RED)
+        return order[row["state"]], -reds, -len(row["attention"])
+
+    return sorted(rows, key=urgency)

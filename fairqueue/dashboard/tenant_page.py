@@ -1,0 +1,209 @@
+"""The tenant page: "why is tenant X slow?" from one place, and what to do about it.
+
+For one tenant: its plan tier and the level its jobs resolve to (the classifier
+included), weight, limits and pause; per queue its waiting jobs by level (from the same
+backlog scan as the queue page, so both show one number), held, running and recently
+failed jobs, its next jobs' positions in line, and how many of its level's jobs it
+started over 5, 15 and 60 minutes. Its actions (pause, resume, retry its failed jobs,
+remove its waiting jobs) confirm on GET, act on POST and are audited; weight and limits
+are edited on its ``TenantPlan``, whose save brings them to Redis at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any, Final
+
+from fairqueue.broker import Broker, get_sync_broker
+from fairqueue.broker.console_reads import FAILED_WINDOW, ORDER_WINDOW, ConsoleReads, TenantJobs
+from fairqueue.conf import get_settings
+from fairqueue.dashboard.moment import moment, settle_exact, waiting_of
+from fairqueue.dashboard.stats import (
+    SYNC_SCAN_LIMIT,
+    _backlog,
+    format_duration,
+    format_time,
+)
+from fairqueue.plans import priority_from_plan
+from fairqueue.scheduling.levels import LEVELS_BY_RANK
+from fairqueue.scheduling.limits import TenantLimits
+from fairqueue.scheduling.shares import parse_bucket
+
+#: The windows the tenant page sums its started jobs over, in minutes.
+WINDOWS_MIN: Final = (5, 15, 60)
+#: Tenant ids a prefix search lists at most.
+SEARCH_LIMIT: Final = 50
+
+
+@dataclass(frozen=True, slots=True)
+class EffectiveLevel:
+    """The level a tenant's jobs resolve to by its plan, and why."""
+
+    level: str
+    tier: str | None
+    why: str
+
+
+def effective_level(plan: Any) -> EffectiveLevel:
+    """The level ``plan``'s jobs get when enqueued without an explicit level (a
+    ``TenantPlan`` or ``None``): its tier, else the classifier's tier for its
+    subscription, mapped to a level; normal when plans are switched off."""
+    if not get_settings().priority_enabled:
+        return EffectiveLevel("normal", None, "plans are switched off (JOB_PRIORITY_ENABLED)")
+    if plan is None:
+        return EffectiveLevel("normal", None, "no plan row: the default level")
+    tier = plan.resolve_plan()
+    source = "its plan tier" if plan.plan_tier else "the classifier, from its subscription"
+    return EffectiveLevel(priority_from_plan(tier).value, tier, f"{tier}, by {source}")
+
+
+async def atenant_queue(
+    broker: Broker, job_type: str, tenant_id: str, *, now_ms: int
+) -> dict[str, Any]:
+    """What the tenant page shows of ``tenant_id`` in ``job_type``'s queue."""
+    settings = get_settings()
+    queue = settings.queue_for(job_type)
+    counts = await broker.passes.counts(queue)
+    scan, backlog = await _backlog(
+        broker,
+        queue,
+        total=waiting_of(counts),
+        now_ms=now_ms,
+        max_wait_ms=settings.max_wait_ms,
+        sync_limit=SYNC_SCAN_LIMIT,
+    )
+    if backlog["exact"] and scan is not None:
+        backlog = await settle_exact(broker, queue, counts, scan, backlog)
+    jobs, recorded = await asyncio.gather(
+        ConsoleReads(broker.conn).tenant_jobs(queue, tenant_id),
+        broker.history.read_history(queue, now_s=now_ms // 1000, window_s=max(WINDOWS_MIN) * 60),
+    )
+    waiting = {
+        level.value: (None if scan is None else scan.tenants.get(level.value, {}).get(tenant_id, 0))
+        for level in LEVELS_BY_RANK
+    }
+    buckets = [parse_bucket(start, f, t) for start, (f, t) in recorded.buckets.items()]
+    return {
+        "job_type": job_type,
+        "queue": queue,
+        "counts": counts,
+        "waiting": waiting,
+        "waiting_total": None if scan is None else sum(v or 0 for v in waiting.values()),
+        "backlog": backlog,
+        **_jobs(jobs, now_ms=now_ms),
+        "started": _started(buckets, tenant_id, now_ms=now_ms),
+        "next_run": _next_run(jobs, buckets, now_ms=now_ms),
+    }
+
+
+def _jobs(jobs: TenantJobs, *, now_ms: int) -> dict[str, Any]:
+    limits = TenantLimits.from_encoded(jobs.limits_encoded, paused=jobs.paused)
+    return {
+        "held": jobs.held,
+        "held_ids": jobs.held_ids,
+        "running": jobs.running,
+        "running_ids": jobs.running_ids,
+        "paused": jobs.paused,
+        "limits_in_redis": limits,
+        "next_jobs": [
+            {
+                "position": position,
+                "job_id": job.job_id,
+                "waited": format_duration(
+                    None if job.ready_ms is None else max(0, now_ms - job.ready_ms)
+                ),
+            }
+            for position, job in jobs.next_jobs[:10]
+        ],
+        "in_window": len(jobs.next_jobs),
+        "order_read": jobs.order_read,
+        "order_window": ORDER_WINDOW,
+        "failed": [
+            {
+                "job_id": f.job_id,
+                "at": format_time(f.failed_at_ms),
+                "attempts": f.attempts_made,
+                "error_class": f.error_class or "—",
+                "message": f.message or "—",
+            }
+            for f in jobs.failed[:20]
+        ],
+        "failed_count": len(jobs.failed),
+        "failed_read": jobs.failed_read,
+        "failed_window": FAILED_WINDOW,
+    }
+
+
+def _started(buckets: list[Any], tenant_id: str, *, now_ms: int) -> list[dict[str, Any]]:
+    """Jobs it started per window, and its share of its level's starts."""
+    rows = []
+    now_s = now_ms // 1000
+    for minutes in WINDOWS_MIN:
+        recent = [b for b in buckets if b.start_s > now_s - minutes * 60]
+        mine: dict[str, int] = {}
+        for bucket in recent:
+            for (level, tenant), count in bucket.tenants.items():
+                if tenant == tenant_id:
+                    mine[level] = mine.get(level, 0) + count
+        level_total = {level: sum(b.served.get(level, 0) for b in recent) for level in mine}
+        started = sum(mine.values())
+        shares = [
+            f"{100 * mine[level] / level_total[level]:.0f}% of {level}'s {level_total[level]}"
+            for level in mine
+            if level_total[level]
+        ]
+        rows.append(
+            {
+                "minutes": minutes,
+                "started": started,
+                "share": "; ".join(shares) or "—",
+            }
+        )
+    return rows
+
+
+def _next_run(jobs: TenantJobs, buckets: list[Any], *, now_ms: int) -> str:
+    """When its next job is likely to start: its first position in line at the rate
+    workers started jobs over the last 5 minutes."""
+    if jobs.paused:
+        return "not while it is paused"
+    if not jobs.next_jobs:
+        if jobs.held:
+            return "when its limit gives it room (its jobs are held)"
+        if jobs.order_read >= ORDER_WINDOW:
+            return f"not among the first {ORDER_WINDOW} jobs in line"
+        return "it has no job waiting"
+    position = jobs.next_jobs[0][0]
+    now_s = now_ms // 1000
+    started = sum(
+        sum(b.served.values()) for b in buckets if b.start_s > now_s - WINDOWS_MIN[0] * 60
+    )
+    if not started:
+        return f"position {position} in line; no job started in the last 5 min to time it by"
+    eta_ms = position / (started / (WINDOWS_MIN[0] * 60)) * 1000
+    return f"position {position} in line: in about {format_duration(eta_ms)} at the recent rate"
+
+
+def tenant_page_data(tenant_id: str) -> dict[str, Any]:
+    """Everything the tenant page shows of ``tenant_id`` (sync callers).
+
+    Raises:
+        BrokerError: Redis failed.
+    """
+    sync = get_sync_broker()
+    now_ms = int(time.time() * 1000)
+
+    async def read_all() -> list[dict[str, Any]]:
+        return list(
+            await asyncio.gather(
+                *(
+                    atenant_queue(sync.broker, job_type, tenant_id, now_ms=now_ms)
+                    for job_type in get_settings().queues
+                )
+            )
+        )
+
+    queues = sync.run(read_all)
+    return {"read_at": moment(now_ms), "queues": queues}

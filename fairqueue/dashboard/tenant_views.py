@@ -1,0 +1,314 @@
+"""The console's tenant views: search, the tenant page and its actions.
+
+Actions reuse fairqueue's own verbs (``pause_tenant``, ``resume_tenant``,
+``retry_failed``; limits and weight through a ``TenantPlan`` save, whose signal brings
+them to Redis), confirm on GET, act on POST, report what they did with ``messages`` and
+leave an audit row (the pause audit, or the admin log). Viewing needs
+``fairqueue.view_dashboard``; acting also ``fairqueue.change_tenantplan``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Final
+
+from django import forms
+from django.contrib import messages
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.contenttypes.models import ContentType
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.http import urlencode
+
+from fairqueue.broker import get_sync_broker
+from fairqueue.broker.console_reads import ConsoleReads
+from fairqueue.conf import get_settings
+from fairqueue.dashboard.tenant_page import SEARCH_LIMIT, effective_level, tenant_page_data
+from fairqueue.exceptions import BrokerError, InvalidTenantError
+from fairqueue.models import TenantPauseAudit, TenantPlan
+from fairqueue.scheduling.levels import validate_tenant_id
+from fairqueue.tenants import pause_tenant, resume_tenant, retry_failed
+
+if TYPE_CHECKING:
+    from fairqueue.dashboard.views import DashboardAdmin
+
+logger = logging.getLogger("fairqueue.console")
+
+PERM_VIEW: Final = "fairqueue.view_dashboard"
+PERM_ACT: Final = "fairqueue.change_tenantplan"
+ACTIONS: Final = ("pause", "resume", "retry", "remove")
+
+
+class LimitsForm(forms.ModelForm):
+    class Meta:
+        model = TenantPlan
+        fields = ("weight", "max_active", "rate_max", "rate_duration_ms", "max_waiting")
+
+
+def _tenant_or_404(tenant_id: str) -> str:
+    try:
+        return validate_tenant_id(tenant_id, none_allowed=False)
+    except InvalidTenantError:
+        raise Http404("No such tenant") from None
+
+
+class TenantViews:
+    """The tenant views of one :class:`DashboardAdmin` (its site, URLs and context)."""
+
+    def __init__(self, admin: DashboardAdmin) -> None:
+        self.admin = admin
+
+    def urls(self) -> list[URLPattern]:
+        wrap = self.admin.admin_site.admin_view
+        name = f"{self.admin.opts.app_label}_{self.admin.opts.model_name}"
+        return [
+            path("tenants/", wrap(self.search_view), name=f"{name}_tenants"),
+            path(
+                "tenants/<path:tenant_id>/limits/",
+                wrap(self.limits_view),
+                name=f"{name}_tenant_limits",
+            ),
+            path(
+                "tenants/<path:tenant_id>/do/<str:action>/",
+                wrap(self.action_view),
+                name=f"{name}_tenant_action",
+            ),
+            path("tenants/<path:tenant_id>/", wrap(self.tenant_view), name=f"{name}_tenant"),
+        ]
+
+    def _require(self, request: HttpRequest, *perms: str) -> None:
+        if not request.user.has_perms(perms):
+            raise PermissionDenied
+
+    def _tenant_url(self, tenant_id: str, suffix: str = "tenant", *more: str) -> str:
+        return self.admin._url(suffix, tenant_id, *more)
+
+    # -- search -----------------------------------------------------------------------
+
+    def search_view(self, request: HttpRequest) -> HttpResponse:
+        """``?q=``: an exact tenant id goes to its page; otherwise the tenants whose id
+        starts with it (plan rows), at most :data:`SEARCH_LIMIT`."""
+        self._require(request, PERM_VIEW)
+        query = request.GET.get("q", "").strip()
+        found: list[TenantPlan] = []
+        if query:
+            if TenantPlan.objects.filter(tenant_id=query).exists():
+                return HttpResponseRedirect(self._tenant_url(query))
+            found = list(TenantPlan.objects.filter(tenant_id__startswith=query)[:SEARCH_LIMIT])
+        rows = [
+            {
+                "tenant_id": plan.tenant_id,
+                "name": plan.display_name,
+                "url": self._tenant_url(plan.tenant_id),
+                "level": effective_level(plan).level,
+            }
+            for plan in found
+        ]
+        exact_url = ""
+        if query:
+            try:
+                exact_url = self._tenant_url(validate_tenant_id(query, none_allowed=False))
+            except InvalidTenantError:
+                exact_url = ""
+        return TemplateResponse(
+            request,
+            "fairqueue/tenant_search.html",
+            self.admin._context(
+                request,
+                "Find a tenant",
+                ("tenants", None),
+                query=query,
+                rows=rows,
+                limit=SEARCH_LIMIT,
+                exact_url=exact_url,
+            ),
+        )
+
+    # -- the page ---------------------------------------------------------------------
+
+    def tenant_view(self, request: HttpRequest, tenant_id: str) -> HttpResponse:
+        self._require(request, PERM_VIEW)
+        tenant_id = _tenant_or_404(tenant_id)
+        plan = TenantPlan.objects.filter(tenant_id=tenant_id).first()
+        data, error = None, None
+        try:
+            data = tenant_page_data(tenant_id)
+        except BrokerError as exc:
+            error = {"title": "Redis unreachable", "error": type(exc).__name__, "message": str(exc)}
+        audits = TenantPauseAudit.objects.filter(tenant_id=tenant_id)[:5]
+        can_act = request.user.has_perm(PERM_ACT)
+        return TemplateResponse(
+            request,
+            "fairqueue/tenant.html",
+            self.admin._context(
+                request,
+                f"Tenant {tenant_id}",
+                ("tenants", self.admin._url("tenants")),
+                (tenant_id, None),
+                tenant_id=tenant_id,
+                plan=plan,
+                level=effective_level(plan),
+                data=data,
+                redis_error=error,
+                audits=audits,
+                # Redis's word when it answered (a tenant may be paused without a row).
+                paused=(
+                    any(q["paused"] for q in data["queues"]) if data else bool(plan and plan.paused)
+                ),
+                can_act=can_act,
+                plan_url=(
+                    reverse("admin:fairqueue_tenantplan_change", args=[plan.pk]) if plan else ""
+                ),
+                add_plan_url=reverse("admin:fairqueue_tenantplan_add")
+                + "?"
+                + urlencode({"tenant_id": tenant_id}),
+                action_urls={a: self._tenant_url(tenant_id, "tenant_action", a) for a in ACTIONS},
+                limits_url=self._tenant_url(tenant_id, "tenant_limits"),
+                job_url_template=self.admin._url("job", "__type__", "__id__"),
+            ),
+        )
+
+    # -- limits and weight --------------------------------------------------------------
+
+    def limits_view(self, request: HttpRequest, tenant_id: str) -> HttpResponse:
+        """Weight and limits, saved on the tenant's ``TenantPlan`` (its save signal
+        stores them in Redis and releases or holds its jobs under them at once)."""
+        self._require(request, PERM_VIEW, PERM_ACT)
+        tenant_id = _tenant_or_404(tenant_id)
+        plan = TenantPlan.objects.filter(tenant_id=tenant_id).first()
+        if plan is None:
+            messages.warning(
+                request,
+                "This tenant has no plan row: add one first (a row gives it a plan tier, "
+                "which may change its jobs' level).",
+            )
+            return HttpResponseRedirect(self._tenant_url(tenant_id))
+        form = LimitsForm(request.POST or None, instance=plan)
+        if request.method == "POST" and form.is_valid():
+            changed = list(form.changed_data)
+            if changed:
+                plan = form.save(commit=False)
+                plan.full_clean()
+                plan.save(update_fields=[*changed, "updated_at"])
+                self._log(request, tenant_id, f"Changed {', '.join(changed)} from the console.")
+                messages.success(
+                    request,
+                    f"Saved {', '.join(changed)}: limits hold for its waiting jobs now; "
+                    "the weight places its next jobs.",
+                )
+            return HttpResponseRedirect(self._tenant_url(tenant_id))
+        return TemplateResponse(
+            request,
+            "fairqueue/tenant_limits.html",
+            self.admin._context(
+                request,
+                f"Weight and limits of {tenant_id}",
+                ("tenants", self.admin._url("tenants")),
+                (tenant_id, self._tenant_url(tenant_id)),
+                ("weight and limits", None),
+                tenant_id=tenant_id,
+                form=form,
+                tenant_url=self._tenant_url(tenant_id),
+            ),
+        )
+
+    # -- actions ------------------------------------------------------------------------
+
+    def action_view(self, request: HttpRequest, tenant_id: str, action: str) -> HttpResponse:
+        self._require(request, PERM_VIEW, PERM_ACT)
+        tenant_id = _tenant_or_404(tenant_id)
+        if action not in ACTIONS:
+            raise Http404("No such action")
+        tenant_url = self._tenant_url(tenant_id)
+        if request.method == "POST":
+            try:
+                done = self._act(request, tenant_id, action)
+            except BrokerError as exc:
+                messages.error(request, f"Redis failed ({type(exc).__name__}): nothing more done.")
+                return HttpResponseRedirect(tenant_url)
+            messages.success(request, done)
+            return HttpResponseRedirect(tenant_url)
+        touches = self._touches(tenant_id, action)
+        return TemplateResponse(
+            request,
+            "fairqueue/tenant_confirm.html",
+            self.admin._context(
+                request,
+                f"{action.capitalize()} {tenant_id}?",
+                ("tenants", self.admin._url("tenants")),
+                (tenant_id, tenant_url),
+                (action, None),
+                tenant_id=tenant_id,
+                action=action,
+                touches=touches,
+                tenant_url=tenant_url,
+            ),
+        )
+
+    def _touches(self, tenant_id: str, action: str) -> str:
+        """What the action will touch, said on its confirmation page."""
+        if action == "pause":
+            return (
+                "None of its jobs starts once this returns, in every queue: those no worker "
+                "has taken go back to its held jobs, in their order; running jobs finish."
+            )
+        if action == "resume":
+            return "Its held jobs are released in their order, as its other limits allow."
+        sync = get_sync_broker()
+        reads = ConsoleReads(sync.broker.conn)
+        lines = []
+        for job_type, queue in get_settings().queues.items():
+            if action == "retry":
+                jobs = sync.run(reads.tenant_jobs, queue, tenant_id)
+                lines.append(
+                    f"{job_type}: {len(jobs.failed)} failed job(s) among the last "
+                    f"{jobs.failed_read} failures"
+                )
+            else:
+                ids = sync.run(reads.waiting_ids_of, queue, tenant_id)
+                lines.append(f"{job_type}: {len(ids)} waiting or held job(s)")
+        verb = (
+            "Retry its failed jobs, each as a fair turn of its flow and within its limits"
+            if action == "retry"
+            else "Remove its jobs no worker has taken (waiting and held); running jobs finish"
+        )
+        return f"{verb}: " + "; ".join(lines) + "."
+
+    def _act(self, request: HttpRequest, tenant_id: str, action: str) -> str:
+        actor = request.user
+        if action == "pause":
+            moved = pause_tenant(tenant_id, actor=actor, source="console")
+            return f"Paused {tenant_id}: {moved} of its job(s) taken back from the line."
+        if action == "resume":
+            released = resume_tenant(tenant_id, actor=actor, source="console")
+            return f"Resumed {tenant_id}: {released} held job(s) released at once."
+        if action == "retry":
+            queues: dict[str, str] = {}
+            for job_type, queue in get_settings().queues.items():
+                queues.setdefault(queue, job_type)
+            retried = sum(retry_failed(jt, tenant_id=tenant_id) for jt in queues.values())
+            self._log(request, tenant_id, f"Retried {retried} failed job(s) from the console.")
+            return f"Retried {retried} failed job(s) of {tenant_id}, as fair turns."
+        sync = get_sync_broker()
+        reads = ConsoleReads(sync.broker.conn)
+        removed = 0
+        for queue in sorted(set(get_settings().queues.values())):
+            for job_id in sync.run(reads.waiting_ids_of, queue, tenant_id):
+                removed += bool(sync.run(reads.remove_job, queue, job_id))
+        self._log(request, tenant_id, f"Removed {removed} waiting job(s) from the console.")
+        return f"Removed {removed} waiting or held job(s) of {tenant_id}."
+
+    def _log(self, request: HttpRequest, tenant_id: str, message: str) -> None:
+        """An admin log row on the tenant's plan row, or on the dashboard when it has none."""
+        plan = TenantPlan.objects.filter(tenant_id=tenant_id).first()
+        model: Any = TenantPlan if plan else self.admin.model
+        LogEntry.objects.create(
+            user_id=request.user.pk,
+            content_type=ContentType.objects.get_for_model(model, for_concrete_model=False),
+            object_id=str(plan.pk) if plan else tenant_id[:200],
+            object_repr=f"tenant {tenant_id}"[:200],
+            action_flag=CHANGE,
+            change_message=message,
+        )

@@ -1,0 +1,67 @@
+"""Noisy neighbours: tenants holding more than their share of a level's running jobs
+while other tenants of that level wait.
+
+Amazon SQS fair queues count a message group as noisy when it has more messages in
+flight than its fair share while other groups have messages waiting. fairqueue weighs
+tenants inside a level, so a tenant's share is its weight over the weights of the
+level's tenants with work (``W:<level>`` in the fair clock's state), counting itself
+when it has none waiting. It is noisy when others of its level wait and it runs more
+than :data:`NOISY_FACTOR` times its share of the level's running jobs (and at least
+:data:`NOISY_MIN` jobs): a flood of long jobs taking the workers, which fair starts alone
+do not prevent. A tenant within its share is never flagged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+#: Running more than this many times its share of its level's running jobs is noisy...
+NOISY_FACTOR: Final = 1.5
+#: ...and at least this many jobs (one or two jobs are nobody's flood).
+NOISY_MIN: Final = 2
+
+
+@dataclass(frozen=True, slots=True)
+class FlowWeight:
+    """A running tenant's flow: its weight, and whether it has work waiting."""
+
+    weight: int
+    has_work: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Noisy:
+    level: str
+    tenant: str
+    running: int
+    level_running: int
+    #: Its share of the level's running jobs by weight, 0..1.
+    entitled: float
+
+    @property
+    def share(self) -> float:
+        return self.running / self.level_running if self.level_running else 0.0
+
+
+def noisy_tenants(
+    running: Mapping[tuple[str, str], int],
+    level_weights: Mapping[str, int],
+    flows: Mapping[tuple[str, str], FlowWeight],
+) -> list[Noisy]:
+    """The noisy tenants among ``running`` ((level, tenant) -> running jobs), given
+    each level's total weight of flows with work and the running tenants' flows."""
+    by_level: dict[str, int] = {}
+    for (level, _), count in running.items():
+        by_level[level] = by_level.get(level, 0) + count
+    found = []
+    for (level, tenant), count in running.items():
+        flow = flows.get((level, tenant), FlowWeight(1, False))
+        waiting_weight = level_weights.get(level, 0)
+        others_wait = waiting_weight - (flow.weight if flow.has_work else 0) > 0
+        total = waiting_weight + (0 if flow.has_work else flow.weight)
+        entitled = flow.weight / total if total else 1.0
+        if others_wait and count >= NOISY_MIN and count > NOISY_FACTOR * entitled * by_level[level]:
+            found.append(Noisy(level, tenant, count, by_level[level], entitled))
+    return sorted(found, key=lambda n: (-n.running, n.level, n.tenant))

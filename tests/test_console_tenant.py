@@ -1,0 +1,144 @@
+"""The console's tenant page and its actions against a real Redis and database: its
+counts against BullMQ's, search, pause/resume audited, limits applied at once, retry of
+its failed jobs, removal of its waiting jobs."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from django.contrib.admin.models import LogEntry
+from django.urls import reverse
+
+from fairqueue.dashboard import stats as dashboard
+from fairqueue.dashboard.tenant_page import tenant_page_data
+from fairqueue.enqueue.api import enqueue_jobs
+from fairqueue.models import TenantPauseAudit, TenantPlan
+from tests.conftest import REDIS_URL
+from tests.helpers import wait_until
+from tests.test_console_numbers import bullmq_counts
+from tests.test_dashboard import staff
+
+pytestmark = pytest.mark.django_db
+
+TENANT = "admin:fairqueue_dashboard_tenant"
+ACTION = "admin:fairqueue_dashboard_tenant_action"
+
+
+@pytest.fixture
+def operator(client):
+    client.force_login(staff("operator", "view_dashboard", "change_tenantplan"))
+    dashboard.clear_backlog_cache()
+    return client
+
+
+def fail_jobs(prefix: str, queue: str, count: int) -> None:
+    """A stock BullMQ worker whose every job raises, until ``count`` have failed."""
+    from bullmq import Worker
+
+    async def run() -> None:
+        seen: list[str] = []
+        done = asyncio.Event()
+
+        async def process(job, token):
+            seen.append(job.id)
+            if len(seen) >= count:
+                done.set()
+            raise ValueError("export broke: password=hunter2 at redis://user:pw@db.example")
+
+        worker = Worker(queue, process, {"connection": REDIS_URL, "prefix": prefix})
+        try:
+            await asyncio.wait_for(done.wait(), 30)
+        finally:
+            await worker.close()
+
+    asyncio.run(run())
+
+
+def test_tenant_page__its_counts_add_up_to_bullmqs(limited, operator):
+    enqueue_jobs("email", [{} for _ in range(5)], tenant_id="acme")  # 2 takeable, 3 held
+    enqueue_jobs("email", [{} for _ in range(4)], tenant_id="beta", priority_level="low")
+    counts = bullmq_counts(limited, "email")
+    acme = next(q for q in tenant_page_data("acme")["queues"] if q["job_type"] == "email")
+    beta = next(q for q in tenant_page_data("beta")["queues"] if q["job_type"] == "email")
+    assert (acme["waiting_total"], acme["held"], acme["running"]) == (2, 3, 0)
+    assert beta["waiting"]["low"] == 4 and beta["held"] == 0
+    # Every waiting job is one tenant's; every held job is delayed in BullMQ's eyes.
+    assert acme["waiting_total"] + beta["waiting_total"] == counts["prioritized"] + counts["wait"]
+    assert acme["held"] + beta["held"] == counts["delayed"]
+    assert [j["position"] for j in acme["next_jobs"]] == [1, 2]
+    html = operator.get(reverse(TENANT, args=["acme"])).content.decode()
+    assert 'data-fq-t="held">3<' in html and "Numbers read at" in html
+    assert "data-fq-effective-level>normal<" in html  # pro -> normal
+
+
+def test_tenant_search__exact_id_goes_to_its_page_a_prefix_lists_matches(limited, operator):
+    TenantPlan.objects.create(tenant_id="acme-eu", plan_tier="enterprise")
+    url = reverse("admin:fairqueue_dashboard_tenants")
+    assert operator.get(url, {"q": "acme"})["Location"] == reverse(TENANT, args=["acme"])
+    html = operator.get(url, {"q": "acme-"}).content.decode()
+    assert 'data-fq-tenant="acme-eu"' in html and "critical" in html
+    assert 'data-fq-tenant="beta"' not in html
+
+
+def test_tenant_actions__pause_and_resume_confirm_on_get_act_on_post_and_are_audited(
+    limited, operator
+):
+    enqueue_jobs("email", [{} for _ in range(2)], tenant_id="beta")
+    confirm = operator.get(reverse(ACTION, args=["beta", "pause"]))
+    assert confirm.status_code == 200 and not TenantPauseAudit.objects.exists()
+    assert operator.post(reverse(ACTION, args=["beta", "pause"])).status_code == 302
+    assert TenantPlan.objects.get(tenant_id="beta").paused
+    page = next(q for q in tenant_page_data("beta")["queues"] if q["job_type"] == "email")
+    assert (page["held"], page["waiting_total"], page["next_run"]) == (
+        2,
+        0,
+        "not while it is paused",
+    )
+    operator.post(reverse(ACTION, args=["beta", "resume"]))
+    audit = list(TenantPauseAudit.objects.filter(tenant_id="beta").values_list("action", "actor"))
+    assert sorted(audit) == [("paused", "operator"), ("resumed", "operator")]
+
+
+def test_tenant_limits__saved_on_its_plan_and_applied_to_its_waiting_jobs_at_once(
+    limited, operator, django_capture_on_commit_callbacks
+):
+    enqueue_jobs("email", [{} for _ in range(5)], tenant_id="acme")  # 2 takeable, 3 held
+    url = reverse("admin:fairqueue_dashboard_tenant_limits", args=["acme"])
+    form = {"weight": 3, "max_active": 4, "rate_max": "", "rate_duration_ms": "", "max_waiting": ""}
+    with django_capture_on_commit_callbacks(execute=True):
+        assert operator.post(url, form).status_code == 302
+    plan = TenantPlan.objects.get(tenant_id="acme")
+    assert (plan.weight, plan.max_active) == (3, 4)
+    counts = bullmq_counts(limited, "email")
+    assert (counts["prioritized"], counts["delayed"]) == (4, 1)
+    assert LogEntry.objects.filter(change_message__contains="max_active").exists()
+
+
+def test_tenant_retry_and_remove__its_failed_jobs_retried_its_waiting_jobs_removed(
+    fq_prefix, operator, redis_client
+):
+    enqueue_jobs("email", [{} for _ in range(3)], tenant_id="acme", attempts=1)
+    fail_jobs(fq_prefix, "email", 3)
+    assert wait_until(lambda: redis_client.zcard(f"{fq_prefix}:email:failed") == 3, 10)
+    page = next(q for q in tenant_page_data("acme")["queues"] if q["job_type"] == "email")
+    assert page["failed_count"] == 3
+    failure = page["failed"][0]
+    assert failure["error_class"] == "ValueError"
+    assert "hunter2" not in failure["message"] and "example" not in failure["message"]
+    touches = operator.get(reverse(ACTION, args=["acme", "retry"])).content.decode()
+    assert "email: 3 failed job(s)" in touches
+    operator.post(reverse(ACTION, args=["acme", "retry"]))
+    assert bullmq_counts(fq_prefix, "email")["prioritized"] == 3
+    enqueue_jobs("email", [{} for _ in range(2)], tenant_id="other")
+    operator.post(reverse(ACTION, args=["acme", "remove"]))
+    counts = bullmq_counts(fq_prefix, "email")
+    assert (counts["prioritized"], counts["failed"]) == (2, 0)
+    assert LogEntry.objects.filter(change_message__startswith="Removed 3 waiting").exists()
+
+
+def test_tenant_actions__need_the_change_permission(fq_prefix, client):
+    client.force_login(staff("looker", "view_dashboard"))
+    assert client.get(reverse(TENANT, args=["acme"])).status_code == 200
+    assert client.get(reverse(ACTION, args=["acme", "pause"])).status_code == 403
+    assert client.post(reverse(ACTION, args=["acme", "remove"])).status_code == 403
