@@ -67,11 +67,13 @@ class RedisStateCollector(Collector):
             queues = get_settings().queues
         except Exception as exc:  # a scrape never fails on Redis: the series go absent
             logger.warning("Redis state not read for /metrics (%s)", type(exc).__name__)
-            queues, sync = {}, None
+            yield last_pass
+            yield noisy
+            return
         for job_type, queue in queues.items():
             try:
                 record = sync.run(sync.broker.passes.read_status, queue, LAST_RUN_RECORD)
-                count = noisy_figures(job_type, broker=sync)["count"]  # type: ignore[arg-type]
+                count = noisy_figures(job_type, broker=sync)["count"]
             except Exception as exc:  # a scrape never fails on Redis: the series go absent
                 logger.warning("Redis state not read for /metrics (%s)", type(exc).__name__)
                 continue

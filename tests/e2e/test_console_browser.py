@@ -1,4 +1,4 @@
-"""The console in a real browser (Debian's Chromium, as tests/test_dashboard_browser.py
+"""The console in a real browser (Debian's Chromium, as tests/e2e/test_dashboard_browser.py
 drives it): the overview's counts against BullMQ's, a tenant found by search, paused
 from its page (confirmed, audited) and resumed, a job's position and why, on a narrow
 screen too. Saves screenshots to ``tests/artifacts/`` (console-*.png)."""
@@ -12,9 +12,9 @@ from playwright.sync_api import sync_playwright  # noqa: E402,I001 - after the s
 from fairqueue.dashboard import stats as dashboard
 from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
 from fairqueue.models import TenantPauseAudit, TenantPlan
-from tests.test_console_numbers import bullmq_counts
-from tests.test_dashboard import age_jobs
-from tests.test_dashboard_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS
+from tests.e2e.test_dashboard_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS
+from tests.redis.test_console_numbers import bullmq_counts
+from tests.redis.test_dashboard import age_jobs
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

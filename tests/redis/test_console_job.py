@@ -8,9 +8,9 @@ from django.urls import reverse
 
 from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
 from tests.helpers import wait_until
-from tests.test_console_numbers import bullmq_counts
-from tests.test_console_tenant import fail_jobs
-from tests.test_dashboard import JOB, staff
+from tests.redis.test_console_numbers import bullmq_counts
+from tests.redis.test_console_tenant import fail_jobs
+from tests.redis.test_dashboard import JOB, staff
 
 pytestmark = pytest.mark.django_db
 

@@ -16,8 +16,8 @@ from fairqueue.enqueue.api import enqueue_jobs
 from fairqueue.models import TenantPauseAudit, TenantPlan
 from tests.conftest import REDIS_URL
 from tests.helpers import wait_until
-from tests.test_console_numbers import bullmq_counts
-from tests.test_dashboard import staff
+from tests.redis.test_console_numbers import bullmq_counts
+from tests.redis.test_dashboard import staff
 
 pytestmark = pytest.mark.django_db
 

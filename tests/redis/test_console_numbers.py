@@ -12,7 +12,7 @@ from fairqueue.dashboard import crumbs
 from fairqueue.dashboard import stats as dashboard
 from fairqueue.enqueue.api import enqueue_jobs
 from tests.conftest import REDIS_URL
-from tests.test_dashboard import QUEUE, seed_mixed, staff
+from tests.redis.test_dashboard import QUEUE, seed_mixed, staff
 
 pytestmark = pytest.mark.django_db
 
