@@ -322,7 +322,7 @@ class LimitStore(BrokerPart):
         client = self.conn.client()
         items = list(limits.items())
         for start in range(0, len(items), _REBUILD_CHUNK):
-            chunk = dict(items[start : start + _REBUILD_CHUNK])
+            chunk: Mapping[Any, Any] = dict(items[start : start + _REBUILD_CHUNK])
             await self.conn.guard(client.hset(base, mapping=chunk))
         current = {
             _text(tenant): _text(how)
@@ -493,8 +493,7 @@ class LimitStore(BrokerPart):
     async def held_job_ids(self, queue: str, tenant_id: str, count: int = 20) -> list[str]:
         """The first ``count`` held jobs of a tenant, in the order they will be released."""
         base = limits_key(self.conn.prefix, queue)
-        return list(
-            await self.conn.guard(
-                self.conn.client().lrange(f"{base}:held:{tenant_id}", 0, count - 1)
-            )
+        found = await self.conn.guard(
+            self.conn.client().lrange(f"{base}:held:{tenant_id}", 0, count - 1)
         )
+        return [_text(job_id) for job_id in found]

@@ -41,7 +41,6 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, Final
 
 from fairqueue.broker import (
@@ -52,16 +51,24 @@ from fairqueue.broker import (
     HistoryRead,
     LimitsStatus,
     MemoryState,
-    TenantState,
     WaitingJob,
+    WaitingSnapshot,
     get_sync_broker,
     pending_from_job,
 )
 from fairqueue.conf import get_settings
+from fairqueue.dashboard.attention import queue_warnings
 from fairqueue.dashboard.charts import history_view
+from fairqueue.dashboard.limited_tenants import HELD_JOBS_SHOWN, limits_section
 from fairqueue.dashboard.moment import moment, settle_exact
 from fairqueue.dashboard.overview import noisy_figures
-from fairqueue.dashboard.wording import decision_words, pass_words, tenant_words
+from fairqueue.dashboard.wording import (
+    decision_words,
+    format_duration,
+    format_time,
+    pass_words,
+    tenant_words,
+)
 from fairqueue.enqueue.outbox import outbox_stats
 from fairqueue.rebalance.passes import LAST_RUN_RECORD, PASS_COUNTS
 from fairqueue.scheduling.levels import DEFAULT_FAIR_WEIGHTS, LEVELS_BY_RANK
@@ -90,34 +97,8 @@ _TASK_ABANDONED_S: Final = 120.0
 DEFAULT_PER_PAGE: Final = 20
 MAX_PER_PAGE: Final = 200
 TOP_TENANTS: Final = 5
-#: A last pass older than this many intervals means the loop looks dead.
-STALE_PASS_INTERVALS: Final = 3
 STATES: Final = ("wait", "prioritized", "active", "delayed", "failed", "completed")
 UNPARSED: Final = "?"
-
-
-def format_duration(ms: float | None) -> str:
-    """A short human duration: ``45s``, ``3m 05s``, ``2h 03m``, ``4d 01h``."""
-    if ms is None:
-        return "—"
-    seconds = max(0, int(ms // 1000))
-    if seconds < 60:
-        return f"{seconds}s"
-    minutes, seconds = divmod(seconds, 60)
-    if minutes < 60:
-        return f"{minutes}m {seconds:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 24:
-        return f"{hours}h {minutes:02d}m"
-    days, hours = divmod(hours, 24)
-    return f"{days}d {hours:02d}h"
-
-
-def format_time(ms: int | None) -> str:
-    """A UTC wall-clock time for an epoch-ms value."""
-    if ms is None:
-        return "—"
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def clamp_page(page: object, per_page: object) -> tuple[int, int]:
@@ -210,8 +191,8 @@ async def _backlog(
     if not fresh and not running:
         entry.task = asyncio.ensure_future(_refresh(broker, queue, entry, max_wait_ms))
         entry.task_started = time.monotonic()
-    scan = entry.scan
-    if scan is None:
+    cached = entry.scan
+    if cached is None:
         note = (
             f"The backlog holds {total} jobs, more than the {sync_limit} scanned on every "
             "request: per-level counts are being computed in the background."
@@ -227,17 +208,17 @@ async def _backlog(
             "note": note,
         }
     age_ms = now_ms - (entry.computed_at_ms or now_ms)
-    return scan, {
+    return cached, {
         "exact": False,
         "pending": False,
         "computed_at_ms": entry.computed_at_ms,
         "age_ms": age_ms,
-        "scan_ms": round(scan.duration_ms, 1),
+        "scan_ms": round(cached.duration_ms, 1),
         "note": (
             f"Per-level counts, oldest jobs and top tenants are from a background scan of "
-            f"{scan.scanned} jobs {format_duration(age_ms)} ago (the backlog is "
+            f"{cached.scanned} jobs {format_duration(age_ms)} ago (the backlog is "
             f"larger than {sync_limit} jobs, so it is rescanned in the background every "
-            f"{_refresh_every_ms(scan) / 1000:.0f} s or so, not per request)."
+            f"{_refresh_every_ms(cached) / 1000:.0f} s or so, not per request)."
         ),
     }
 
@@ -293,7 +274,8 @@ def outbox_figures(job_type: str) -> dict[str, Any]:
     """The outbox depth of ``job_type`` and its oldest row's age (one database query;
     durable jobs the relay has not moved to Redis yet)."""
     found = outbox_stats(job_type)
-    return {**found, "oldest_age": format_duration(found["oldest_age_ms"])}
+    age_ms = found["oldest_age_ms"]
+    return {**found, "oldest_age": format_duration(age_ms if isinstance(age_ms, int) else None)}
 
 
 async def aqueue_stats(
@@ -315,20 +297,16 @@ async def aqueue_stats(
     page, per_page = clamp_page(page, per_page)
     start = (page - 1) * per_page
 
-    counts, last_pass, lock, head, rows, recorded, paused, memory, limited = await asyncio.gather(
-        broker.passes.counts(queue),
-        broker.passes.read_status(queue, LAST_RUN_RECORD),
-        broker.lock.lock_holder(broker.fair_key(queue, "leader")),
-        # The head the policy's order is compared with: O(window) however long the queue.
-        broker.passes.read_head(queue, count=window),
-        broker.dashboard.read_page(queue, start=start, count=per_page),
-        broker.history.read_history(
-            queue, now_s=now_ms // 1000, window_s=clamp_window_min(history_minutes) * 60
-        ),
-        broker.dashboard.is_paused(queue),
-        broker.dashboard.memory_state(),
-        broker.limits.status(queue, held_ids=HELD_JOBS_SHOWN),
+    reads = await _read_queue(
+        broker,
+        queue,
+        start=start,
+        per_page=per_page,
+        window=window,
+        now_ms=now_ms,
+        history_minutes=history_minutes,
     )
+    counts = reads.counts
     total = counts["wait"] + counts["prioritized"]
     scan, backlog = await _backlog(
         broker,
@@ -340,18 +318,15 @@ async def aqueue_stats(
     )
     if backlog["exact"] and scan is not None:
         backlog = await settle_exact(broker, queue, counts, scan, backlog)
-    drift_count = sum(1 for job in head.jobs if is_unplaced(job))
 
     levels = _levels(scan, now_ms=now_ms, max_wait_ms=max_wait_ms)
     overdue_total = None if scan is None else sum(levels[name]["overdue"] for name in levels)
-    last = _last_pass(last_pass, now_ms=now_ms)
-    holder, ttl_ms = lock
+    holder, ttl_ms = reads.lock
     lock_info = {
         "holder": holder,
         "ttl_ms": ttl_ms if holder else None,
         "display": holder or "free (no rebalancer holds it)",
     }
-    num_pages = max(1, math.ceil(total / per_page))
     stats: dict[str, Any] = {
         "job_type": job_type,
         "queue": queue,
@@ -359,8 +334,8 @@ async def aqueue_stats(
         "read_at": moment(now_ms),
         "counts": counts,
         "waiting_total": total,
-        "paused": paused,
-        "redis_memory": _memory(memory),
+        "paused": reads.paused,
+        "redis_memory": _memory(reads.memory),
         "max_wait_ms": max_wait_ms,
         "max_wait": format_duration(max_wait_ms),
         "interval_ms": settings.rebalance_interval_ms,
@@ -368,30 +343,85 @@ async def aqueue_stats(
         "unparsed": None if scan is None else _unparsed(scan),
         "overdue_total": overdue_total,
         "backlog": backlog,
-        "order": {
-            "page": page,
-            "per_page": per_page,
-            "num_pages": num_pages,
-            "has_previous": page > 1,
-            "has_next": page < num_pages,
-            "first_position": start + 1,
-            "jobs": _rows(rows, start=start, now_ms=now_ms, max_wait_ms=max_wait_ms),
-            "compared": len(head.jobs),
-            "drift_count": drift_count,
-        },
-        "limits": _limits(limited),
-        "last_pass": last,
+        "order": _order(
+            reads, total=total, page=page, per_page=per_page, now_ms=now_ms, max_wait_ms=max_wait_ms
+        ),
+        "limits": limits_section(reads.limited),
+        "last_pass": _last_pass(reads.last_pass, now_ms=now_ms),
         "lock": lock_info,
         "history": _history(
-            recorded,
+            reads.recorded,
             scan,
             now_ms=now_ms,
             max_wait_ms=max_wait_ms,
             minutes=clamp_window_min(history_minutes),
         ),
     }
-    stats["warnings"] = _warnings(stats)
+    stats["warnings"] = queue_warnings(stats)
     return stats
+
+
+@dataclass(frozen=True, slots=True)
+class _QueueReads:
+    """What one request reads of a queue (two gathers of typed reads)."""
+
+    counts: dict[str, int]
+    last_pass: dict[str, Any] | None
+    lock: tuple[str | None, int]
+    head: WaitingSnapshot
+    rows: list[WaitingJob]
+    recorded: HistoryRead
+    paused: bool
+    memory: MemoryState | None
+    limited: LimitsStatus
+
+
+async def _read_queue(
+    broker: Broker,
+    queue: str,
+    *,
+    start: int,
+    per_page: int,
+    window: int,
+    now_ms: int,
+    history_minutes: int,
+) -> _QueueReads:
+    counts, last_pass, lock, head, rows = await asyncio.gather(
+        broker.passes.counts(queue),
+        broker.passes.read_status(queue, LAST_RUN_RECORD),
+        broker.lock.lock_holder(broker.fair_key(queue, "leader")),
+        # The head the policy's order is compared with: O(window) however long the queue.
+        broker.passes.read_head(queue, count=window),
+        broker.dashboard.read_page(queue, start=start, count=per_page),
+    )
+    recorded, paused, memory, limited = await asyncio.gather(
+        broker.history.read_history(
+            queue, now_s=now_ms // 1000, window_s=clamp_window_min(history_minutes) * 60
+        ),
+        broker.dashboard.is_paused(queue),
+        broker.dashboard.memory_state(),
+        broker.limits.status(queue, held_ids=HELD_JOBS_SHOWN),
+    )
+    return _QueueReads(counts, last_pass, lock, head, rows, recorded, paused, memory, limited)
+
+
+def _order(
+    reads: _QueueReads, *, total: int, page: int, per_page: int, now_ms: int, max_wait_ms: int
+) -> dict[str, Any]:
+    """A page of the waiting order, and how many of its head the pass has not placed."""
+    start = (page - 1) * per_page
+    num_pages = max(1, math.ceil(total / per_page))
+    return {
+        "page": page,
+        "per_page": per_page,
+        "num_pages": num_pages,
+        "has_previous": page > 1,
+        "has_next": page < num_pages,
+        "first_position": start + 1,
+        "jobs": _rows(reads.rows, start=start, now_ms=now_ms, max_wait_ms=max_wait_ms),
+        "compared": len(reads.head.jobs),
+        "drift_count": sum(1 for job in reads.head.jobs if is_unplaced(job)),
+    }
 
 
 def _history(
@@ -482,7 +512,7 @@ def _levels(scan: BacklogScan | None, *, now_ms: int, max_wait_ms: int) -> dict[
         tenants = (scan.tenants.get(level.value, {}) if scan is not None else {}).items()
         top = heapq.nsmallest(TOP_TENANTS, tenants, key=lambda item: (-item[1], item[0]))
         # The scan counts jobs without a tenant under "" (no tenant id is empty).
-        top = [(tenant or None, count) for tenant, count in top]
+        shown = [(tenant or None, count) for tenant, count in top]
         levels[level.value] = {
             "weight": DEFAULT_FAIR_WEIGHTS[level],
             "waiting": None if scan is None else (found.waiting if found else 0),
@@ -492,7 +522,7 @@ def _levels(scan: BacklogScan | None, *, now_ms: int, max_wait_ms: int) -> dict[
             "oldest_age": format_duration(age_ms),
             "top_tenants": [
                 {"tenant": tenant, "display": tenant_words(tenant), "waiting": count}
-                for tenant, count in top
+                for tenant, count in shown
             ],
         }
     most = max((row["waiting"] or 0 for row in levels.values()), default=0)
@@ -509,80 +539,15 @@ def _unparsed(scan: BacklogScan) -> dict[str, int]:
     return {"waiting": found.waiting if found else 0, "overdue": found.overdue if found else 0}
 
 
-#: Held jobs the dashboard lists per limited tenant.
-HELD_JOBS_SHOWN = 10
-
-
-def _window(ms: int | None) -> str:
-    """A rate window for people: ``250 ms``, ``1s``, ``1m 00s``."""
-    if ms is None:
-        return "?"
-    return f"{ms} ms" if ms < 1000 else format_duration(ms)
-
-
-def why_held(state: TenantState) -> str:
-    """Why a limited tenant's held jobs wait: the limit it bears (its own, not the queue's
-    overload: a held job is not overdue against the bound while its tenant is at it)."""
-    limits = state.limits
-    if not state.held:
-        return "nothing held"
-    if limits.paused:
-        return "paused"
-    if state.catching_up:
-        return "resumed: its backlog drains a few jobs at a time, with the slots others leave"
-    if limits.max_active is not None and state.occupied >= limits.max_active:
-        # A released job holds its slot from its release, before a worker takes it.
-        started = f"{state.running} running"
-        if state.occupied > state.running:
-            started += f", {state.occupied - state.running} released and not taken by a worker yet"
-        return f"at its limit of {limits.max_active} at once ({started})"
-    if limits.rate_max is not None:
-        return f"at its rate limit ({limits.rate_max} per {_window(limits.rate_duration_ms)})"
-    return "released at the loop's next step"
-
-
-def _limits(status: LimitsStatus) -> dict[str, Any]:
-    """The limited tenants of a queue (running, held, their limits, why they wait, their
-    first held jobs in release order): at most ``STATUS_TENANTS`` listed, with totals
-    over all of them that add up (the held total is what the listed tenants hold plus
-    ``held_not_listed``)."""
-    return {
-        "held_total": status.held_total,
-        "holding": status.holding,
-        "limited": status.limited,
-        "paused": status.paused,
-        "listed": len(status.tenants),
-        "held_not_listed": status.held_not_listed,
-        "holding_not_listed": status.holding_not_listed,
-        "tenants": [
-            {
-                "tenant": state.tenant_id,
-                "running": state.running,
-                "occupied": state.occupied,
-                "held": state.held,
-                "max_active": state.limits.max_active,
-                "rate": (
-                    None
-                    if state.limits.rate_max is None
-                    else f"{state.limits.rate_max} per {_window(state.limits.rate_duration_ms)}"
-                ),
-                "max_waiting": state.limits.max_waiting,
-                "paused": state.limits.paused,
-                "why": why_held(state),
-                "held_jobs": list(state.held_jobs),
-            }
-            for state in status.tenants
-        ],
-    }
-
-
 def _last_pass(record: dict[str, Any] | None, *, now_ms: int) -> dict[str, Any] | None:
     if not record:
         return None
     at_ms = record.get("at_ms")
     at_ms = at_ms if isinstance(at_ms, int) else None
     age_ms = None if at_ms is None else max(0, now_ms - at_ms)
-    wrote = {name: record.get(name) for name in PASS_COUNTS if isinstance(record.get(name), int)}
+    wrote: dict[str, int] = {
+        name: value for name in PASS_COUNTS if isinstance(value := record.get(name), int)
+    }
     duration = record.get("duration_ms")
     return {
         "at_ms": at_ms,
@@ -606,58 +571,3 @@ def _memory(state: MemoryState | None) -> dict[str, Any] | None:
         "policy": state.policy,
         "refuses_writes": state.refuses_writes,
     }
-
-
-def _mib(size: int) -> str:
-    return f"{size / (1 << 20):.1f} MiB"
-
-
-def _warnings(stats: dict[str, Any]) -> list[str]:
-    """What an operator should look at first, most urgent first."""
-    warnings = []
-    memory = stats["redis_memory"]
-    if memory and memory["refuses_writes"]:
-        warnings.append(
-            f"Redis is out of memory: it uses {_mib(memory['used_bytes'])} of its maxmemory "
-            f"{_mib(memory['max_bytes'])} with maxmemory-policy noeviction, so it refuses "
-            "every write (enqueues, passes, workers finishing jobs; the outbox keeps durable "
-            "jobs) while reads work: this page shows what Redis holds. Free memory (fewer "
-            "kept jobs: KEEP_COMPLETED, KEEP_FAILED) or raise maxmemory."
-        )
-    if stats["paused"]:
-        warnings.append(
-            "The queue is paused (queue.pause()): workers take no job until it is resumed "
-            "(queue.resume()). Passes still place the jobs that arrive, so they run in the "
-            "fair order once it resumes; their wait keeps counting toward the bound."
-        )
-    overdue = stats["overdue_total"]
-    if overdue:
-        warnings.append(
-            f"{overdue} waiting job(s) have waited longer than the "
-            f"{stats['max_wait']} bound (QUEUE_FAIR_MAX_WAIT_MS)."
-        )
-    last = stats["last_pass"]
-    stale_ms = STALE_PASS_INTERVALS * stats["interval_ms"]
-    holder = stats["lock"]["holder"]
-    if stats["waiting_total"] and (last is None or (last["age_ms"] or 0) > stale_ms):
-        since = "No pass has been recorded" if last is None else f"No pass for {last['age']}"
-        if holder:
-            warnings.append(f"{since}, yet {holder} holds the leader lock: is it stuck?")
-        else:
-            warnings.append(
-                f"{since} and no rebalancer holds the leader lock: is the rebalance loop "
-                "(manage.py rebalance_fair) or its Celery beat task running?"
-            )
-    drift = stats["order"]["drift_count"]
-    if drift:
-        warnings.append(
-            f"{drift} of the first {stats['order']['compared']} jobs wait outside the fair "
-            "order (other producers' or promoted delayed jobs); the next pass places them."
-        )
-    unparsed = stats["unparsed"]
-    if unparsed and unparsed["waiting"]:
-        warnings.append(
-            f"{unparsed['waiting']} waiting job(s) have unreadable fairqueue metadata; "
-            "passes place them as normal jobs without a tenant."
-        )
-    return warnings

@@ -47,8 +47,9 @@ from fairqueue.conf import get_settings
 from fairqueue.dashboard.crumbs import trail
 from fairqueue.dashboard.job_page import JobViews, job_facts
 from fairqueue.dashboard.overview import overview_rows
-from fairqueue.dashboard.stats import clamp_page, format_duration, format_time, queue_stats
+from fairqueue.dashboard.stats import clamp_page, queue_stats
 from fairqueue.dashboard.tenant_views import TenantViews
+from fairqueue.dashboard.wording import format_duration, format_time
 from fairqueue.exceptions import BrokerError, BrokerUnavailableError
 from fairqueue.rebalance.passes import LAST_RUN_RECORD, rebalance_queue
 from fairqueue.scheduling.shares import LEVEL_NAMES, clamp_window_min

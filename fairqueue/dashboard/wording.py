@@ -8,6 +8,7 @@ that arrived outside the fair order", never a counter's name.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Final
 
 from fairqueue.scheduling.order import AGED, WEIGHTED_FAIR
@@ -48,3 +49,27 @@ def pass_words(wrote: Mapping[str, int]) -> str:
     """What a pass did, in words, leaving out what it did not do."""
     parts = [template.format(n=wrote[name]) for name, template in _PASS_WORDS if wrote.get(name)]
     return "; ".join(parts) if parts else "nothing needed doing"
+
+
+def format_duration(ms: float | None) -> str:
+    """A short human duration: ``45s``, ``3m 05s``, ``2h 03m``, ``4d 01h``."""
+    if ms is None:
+        return "—"
+    seconds = max(0, int(ms // 1000))
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m {seconds:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h {minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d {hours:02d}h"
+
+
+def format_time(ms: int | None) -> str:
+    """A UTC wall-clock time for an epoch-ms value."""
+    if ms is None:
+        return "—"
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

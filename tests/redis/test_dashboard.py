@@ -15,7 +15,8 @@ from django.urls import reverse
 from fairqueue import conf
 from fairqueue.broker import close_brokers
 from fairqueue.dashboard import stats as dashboard
-from fairqueue.dashboard.stats import format_duration, queue_stats
+from fairqueue.dashboard.stats import queue_stats
+from fairqueue.dashboard.wording import format_duration
 from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
 from fairqueue.rebalance.passes import LeaderLock, rebalance_queue
 from tests.conftest import REDIS_URL, TEST_QUEUES
