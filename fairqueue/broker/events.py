@@ -34,7 +34,7 @@ _RAW = {NEVER_DECODE: True}
 #: entry into a dict would cost the loop more than all the rest of the page's work).
 _XRANGE = b"XRANGE"
 #: The job hash fields a start needs (BullMQ's names).
-_START_FIELDS = ("timestamp", "delay", "ats", "opts", "data")
+_START_FIELDS = ("timestamp", "delay", "ats", "opts", "data", "fqPaid")
 #: Started jobs' hashes read per round trip (each read stops once the page's data
 #: budget is spent).
 _ROWS_PER_READ = 256
@@ -111,7 +111,8 @@ def _level_of_priority(priority: Any) -> str:
 def parse_start(row: list[bytes | None], max_data_bytes: int) -> attempts.Start | None:
     """What a started job's hash (``_START_FIELDS``) says; ``None`` when it is gone or
     its data is over ``max_data_bytes`` (an unknown level)."""
-    timestamp, delay, ats, opts_raw, data_raw = row
+    timestamp, delay, ats, opts_raw, data_raw = row[:5]
+    paid = _number(row[5]) if len(row) > 5 and row[5] is not None else None
     size = len(data_raw) if data_raw else 0
     if timestamp is None or size > max_data_bytes:
         return None
@@ -123,6 +124,7 @@ def parse_start(row: list[bytes | None], max_data_bytes: int) -> attempts.Start 
             tenant=fast.group(2).decode("utf-8", "replace"),
             ready_ms=int(ready_text.group(1)),
             first_attempt=(_number(ats) or 1) <= 1,
+            paid=paid,
         )
     try:
         opts = json.loads(opts_raw or b"{}")
@@ -156,6 +158,7 @@ def parse_start(row: list[bytes | None], max_data_bytes: int) -> attempts.Start 
         tenant=tenant,
         ready_ms=int(ready),
         first_attempt=(_number(ats) or 1) <= 1,
+        paid=paid,
     )
 
 
@@ -301,8 +304,9 @@ class PageReader:
         if pending:
             keys = [self.conn.key(self.queue, job_id) for job_id in pending]
             flat = await self._raw_script("history_rows", keys, [byte_budget])
-            for i in range(0, len(flat), 5):
-                rows[pending[i // 5]] = flat[i : i + 5]
+            width = len(_START_FIELDS)
+            for i in range(0, len(flat), width):
+                rows[pending[i // width]] = flat[i : i + width]
         events: list[Event] = []
         starts: dict[str, Start | None] = {}
         kept_count, used = 0, 0

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from fairqueue.scheduling.levels import LEVELS_BY_RANK
-from fairqueue.scheduling.order import MAX_COST_TURNS, MIN_COST_TURNS, cost_turns
+from fairqueue.scheduling.order import MAX_COST_TURNS, MIN_COST_TURNS, cost_turns, turn_scale
 
 #: The level names a start or a run may carry (anything else is an unknown level).
 LEVELS: Final = frozenset(level.value for level in LEVELS_BY_RANK)
@@ -71,12 +71,16 @@ class Event:
 @dataclass(frozen=True, slots=True)
 class Start:
     """What a started job's hash said: its level (``None``: unreadable), tenant, ready
-    time (ms, Redis's clock) and whether this is its first attempt."""
+    time (ms, Redis's clock), whether this is its first attempt, and what a job placed
+    while its flow had nothing measured paid (``fqPaid``: its step in turns times the
+    turn's length then, :func:`~fairqueue.scheduling.order.turn_scale`; ``None`` for a
+    job placed by its flow's estimate)."""
 
     level: str | None
     tenant: str
     ready_ms: int
     first_attempt: bool
+    paid: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +113,8 @@ class Run:
 
 @dataclass(frozen=True, slots=True)
 class Settlement:
-    """A flow's balance of whole turns to charge now (positive: it ran longer)."""
+    """A flow's balance of whole turns to charge now (positive: it ran longer), in tags
+    as jobs are placed now (turns times :func:`~fairqueue.scheduling.order.turn_scale`)."""
 
     member: str
     level: str
@@ -182,7 +187,7 @@ def state_fields(starts: Iterable[Start | None], runs: Iterable[Run | None]) -> 
     """The fq:state fields the page may read with fairness by time."""
     members = {f"{s.level}\n{s.tenant}" for s in starts if s and s.level}
     members |= {f"{r.level}\n{r.tenant}" for r in runs if r}
-    return ["typ", *(f"{kind}:{m}" for m in sorted(members) for kind in ("c", "d"))]
+    return ["typ", "unit", *(f"{kind}:{m}" for m in sorted(members) for kind in ("c", "d"))]
 
 
 def record_page(
@@ -290,7 +295,11 @@ class _PageWork:
             counts[member] = counts.get(member, 0) + 1
         turns = 1.0
         if self.by_time and self.typical:
-            turns = cost_turns(self.cache.get(f"c:{member}"), self.typical)
+            if start.paid is not None and start.first_attempt:
+                # Placed cold: charged against what it paid, in turns of the typical now.
+                turns = start.paid / turn_scale(self.typical, self.cache.get("unit"))
+            else:
+                turns = cost_turns(self.cache.get(f"c:{member}"), self.typical)
         self.pending[event.job_id] = Run(level, start.tenant, event.at_ms, float(_g6(turns)))
         if not start.first_attempt:
             self.add(start_b, "r", 1)
@@ -330,7 +339,9 @@ class _PageWork:
             bounded = min(max(used, typical * MIN_COST_TURNS), typical * MAX_COST_TURNS)
             debt = (self.cache.get(f"d:{member}") or 0) + bounded / typical - run.turns
             if abs(debt) >= 1:
-                self.out.settlements.append(Settlement(member, run.level, debt))
+                # In tags as the add script places now: turns of the typical time now.
+                scale = turn_scale(typical, self.cache.get("unit"))
+                self.out.settlements.append(Settlement(member, run.level, debt * scale))
                 debt = 0
             self.set_state(f"d:{member}", debt)
             self.typical = typical + TYPICAL_ALPHA * (bounded - typical)
@@ -347,6 +358,8 @@ class _PageWork:
         out.started_runs = self.pending
         if self.typical_dirty and self.typical is not None:
             out.state_writes["typ"] = _g6(self.typical)
+            if self.cache.get("unit") is None:  # the first measurement: a turn's length
+                out.state_writes["unit"] = out.state_writes["typ"]
         out.served = {level: (row[0], row[1]) for level, row in self.served.items()}
         return out
 

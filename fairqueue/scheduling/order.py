@@ -139,6 +139,18 @@ def cost_turns(estimate_s: float | None, typical_s: float | None) -> float:
     return 2.0 ** (quarters / 4)
 
 
+def turn_scale(typical_s: float | None, unit_s: float | None) -> float:
+    """How long a turn is in tags now: the queue's typical run time over its *unit* (the
+    typical run time when the queue last started from idle, or when it was first
+    measured), within :data:`MIN_COST_TURNS`..:data:`MAX_COST_TURNS`; 1 with either
+    unknown. Tags placed while the typical time moves stay in one currency: a job placed
+    now and one placed seconds ago cost what their worker time says, not what the
+    typical time said when each was placed (docs/design.md, "Service is worker time")."""
+    if not typical_s or not unit_s or typical_s <= 0 or unit_s <= 0:
+        return 1.0
+    return min(MAX_COST_TURNS, max(MIN_COST_TURNS, typical_s / unit_s))
+
+
 def overrun_turns(used_s: float, placed_turns: float, typical_s: float | None) -> float:
     """What an attempt used beyond the turns its flow paid for it, in turns: negative when
     it used less. The attempt's use is bounded to MIN..MAX_COST_TURNS, so one outlier

@@ -252,11 +252,13 @@ def test_a_180k_backlog_of_one_tenant_leaves_no_job_without_room(fq_prefix, redi
         st.sampled_from(["a", "b", "c", "d", "e"]),
         st.floats(min_value=0.1, max_value=5_000, allow_nan=False),
     ),
+    st.one_of(st.none(), st.floats(min_value=1, max_value=5_000, allow_nan=False)),
 )
-def test_with_measured_costs_the_add_script_places_as_the_model(arrivals, estimates):
+def test_with_measured_costs_the_add_script_places_as_the_model(arrivals, estimates, unit):
     """Fairness by time: each flow's step is its cost in turns (its estimate over the
-    queue's typical run time, on the model's grid), exactly as the Python model says."""
-    from fairqueue.scheduling.order import cost_turns
+    queue's typical run time, on the model's grid) times the turn's length (the typical
+    time over the unit), exactly as the Python model says."""
+    from fairqueue.scheduling.order import cost_turns, turn_scale
 
     prefix = f"fqtest-{uuid.uuid4().hex[:12]}"
     broker = SyncBroker(Broker(REDIS_URL, prefix))
@@ -267,12 +269,23 @@ def test_with_measured_costs_the_add_script_places_as_the_model(arrivals, estima
     for level in PriorityLevel:
         for tenant, ms in estimates.items():
             redis_client.hset(state, f"c:{level.value}\n{tenant}", ms)
-    clock, placed = FairClock(), []
+    clock, placed, scale = FairClock(), [], 1.0
     try:
+        if unit is not None:
+            # A job waiting (placed when the queue was idle: a turn was the typical time),
+            # then the typical time has moved away from the unit.
+            _add(broker, [(PriorityLevel.LOW, "z", 1)])
+            tag = clock.place(PriorityLevel.LOW, "z", 1)
+            placed.append(
+                (math.floor(tag * TAG_RESOLUTION), RANK[PriorityLevel.LOW], tag, PriorityLevel.LOW)
+            )
+            clock.observe_head(tag, PriorityLevel.LOW)
+            redis_client.hset(state, "unit", f"{unit:.6g}")
+            scale = turn_scale(typical, float(f"{unit:.6g}"))
         added = _add(broker, arrivals)
         for (level, tenant, weight), job in zip(arrivals, added, strict=True):
             tag = clock.place(
-                level, tenant, weight, cost=cost_turns(estimates.get(tenant), typical)
+                level, tenant, weight, cost=cost_turns(estimates.get(tenant), typical) * scale
             )
             placed.append((math.floor(tag * TAG_RESOLUTION), RANK[level], tag, level))
             _, _, head_tag, head_level = min(placed)

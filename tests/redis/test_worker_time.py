@@ -23,6 +23,7 @@ from fairqueue.scheduling.order import (
     cost_turns,
     overrun_turns,
     settle_debt,
+    turn_scale,
 )
 from tests.helpers import metric
 from tests.redis.test_reruns import _run_stock_worker
@@ -53,6 +54,28 @@ def test_cost_is_bounded_on_a_grid_and_one_when_nothing_is_measured(estimate, ty
 def test_cost_grows_with_the_estimate(a, b, typical):
     low, high = sorted((a, b))
     assert cost_turns(low, typical) <= cost_turns(high, typical)
+
+
+@given(positive, positive)
+def test_a_turn_is_the_typical_time_over_the_unit_within_the_cost_bounds(typical, unit):
+    scale = turn_scale(typical, unit)
+    assert MIN_COST_TURNS <= scale <= MAX_COST_TURNS
+    if MIN_COST_TURNS <= typical / unit <= MAX_COST_TURNS:
+        assert scale == typical / unit
+    assert turn_scale(typical, typical) == 1.0
+    assert turn_scale(None, unit) == turn_scale(typical, None) == 1.0
+
+
+def test_tags_placed_while_the_typical_time_moves_stay_in_one_currency():
+    """Two flows, 10 ms and 60 ms jobs: placed while the typical run time was 35 ms
+    and after it fell to 18 ms, each job's step is about its worker time in units, so a
+    backlog placed early is not cheaper than one placed later."""
+    unit = 35.0
+    for typical in (35.0, 18.0):
+        quick = cost_turns(10, typical) * turn_scale(typical, unit)
+        slow = cost_turns(60, typical) * turn_scale(typical, unit)
+        assert math.isclose(quick, 10 / unit, rel_tol=0.1)
+        assert math.isclose(slow, 60 / unit, rel_tol=0.1)
 
 
 @given(positive, st.floats(min_value=MIN_COST_TURNS, max_value=MAX_COST_TURNS), positive)
@@ -200,3 +223,24 @@ def test_a_flows_estimate_and_balance_are_forgotten_once_it_is_idle(
     assert left == set()
     assert not redis_client.exists(f"{fq_prefix}:email:fq:seen")
     assert "typ" in redis_client.hkeys(state)  # the queue's yardstick stays
+
+
+def test_the_unit_is_the_first_measurement_then_the_typical_time_at_each_idle_start(
+    fq_prefix, redis_client
+):
+    """A turn's length in tags: the first page that measures a run writes the unit; while
+    jobs wait, a job is placed at its turns times typ / unit; once nothing is waiting,
+    the next add makes the typical time the unit again (nothing placed is repriced)."""
+    _measure_two_tenants(fq_prefix)
+    state = f"{fq_prefix}:email:fq:state"
+    assert float(redis_client.hget(state, "unit")) > 0
+    redis_client.hset(state, mapping={"typ": 100, "unit": 50, "c:normal\nfast": 100})
+    first = enqueue_job("email", {}, tenant_id="fast").job_id  # the queue was idle
+    assert redis_client.hget(state, "unit") == "100"
+    second = enqueue_job("email", {}, tenant_id="fast").job_id  # one waits: unit stays
+    redis_client.hset(state, mapping={"typ": 200, "c:normal\nfast": 200})
+    third = enqueue_job("email", {}, tenant_id="fast").job_id
+    assert redis_client.hget(state, "unit") == "100"
+    one = _score(redis_client, fq_prefix, second) - _score(redis_client, fq_prefix, first)
+    two = _score(redis_client, fq_prefix, third) - _score(redis_client, fq_prefix, second)
+    assert math.isclose(two, one * 2, rel_tol=0.01)  # one turn, twice as long in tags

@@ -206,7 +206,7 @@ def test_parse_event__starts_ends_and_retries_only():
 
 def _row(data, opts=None, ats=b"1", timestamp=b"1000", delay=b"0"):
     raw = data if isinstance(data, bytes) else json.dumps(data).encode()
-    return [timestamp, delay, ats, json.dumps(opts or {}).encode(), raw]
+    return [timestamp, delay, ats, json.dumps(opts or {}).encode(), raw, None]
 
 
 def test_parse_start__fairqueue_metadata_foreign_jobs_and_bad_data():

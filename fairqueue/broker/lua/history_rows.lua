@@ -5,13 +5,13 @@
 
   KEYS    the started jobs' hash keys, in stream order
   ARGV[1] the byte budget of job data
-  Returns per job, flat: timestamp, delay, ats, opts, data (false where absent).
+  Returns per job, flat: timestamp, delay, ats, opts, data, fqPaid (false where absent).
 ]]
 local out, budget, bytes = {}, tonumber(ARGV[1]), 0
 for i = 1, #KEYS do
   if bytes > budget then break end
-  local row = redis.call('HMGET', KEYS[i], 'timestamp', 'delay', 'ats', 'opts', 'data')
-  for j = 1, 5 do out[#out + 1] = row[j] end
+  local row = redis.call('HMGET', KEYS[i], 'timestamp', 'delay', 'ats', 'opts', 'data', 'fqPaid')
+  for j = 1, 6 do out[#out + 1] = row[j] end
   if row[5] then bytes = bytes + #row[5] end
 end
 return out

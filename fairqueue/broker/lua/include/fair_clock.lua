@@ -41,7 +41,10 @@
   typical one (fqCostTurns, the same grid as fairqueue.scheduling.order.cost_turns), and
   the pass charges a flow what its attempts used beyond that (history_record). The
   estimates live in K.state: 'typ' (the queue's typical run time, ms) and
-  'c:<level>\n<tenant>' (a flow's, ms).
+  'c:<level>\n<tenant>' (a flow's, ms); 'unit' is the typical time when the queue last
+  started from idle (or was first measured), and a cost in turns is placed times
+  typ / unit (fqTurnScale, as fairqueue.scheduling.order.turn_scale), so tags placed
+  while the typical time moves stay in one currency.
   Constants FLOOR, CAP, SCALE, SUB, EXPIRE_PER_CALL and the cost bounds are filled in when
   the script loads.
 ]]
@@ -85,6 +88,15 @@ local function fqCostTurns(estimate, typical)
   return 2 ^ (quarters / 4)
 end
 
+-- How long a turn is in tags now: the typical run time over the unit (K.state 'unit'),
+-- within the cost bounds; 1 with either unknown.
+local function fqTurnScale(typical, unit)
+  if not typical or not unit or typical <= 0 or unit <= 0 then return 1 end
+  local scale = typical / unit
+  if scale < fqMinCost then return fqMinCost elseif scale > fqMaxCost then return fqMaxCost end
+  return scale
+end
+
 -- A write of K.state: at once, or (a call whose clock defers its writes: c.defer) kept in
 -- c.pending for the one HSET of fqFlush, where the last value of each field is written.
 -- (Allocation-light on purpose: in Redis a script's tables and strings cost more than the
@@ -111,22 +123,23 @@ end
 local function fqClock(K, defer, costMember)
   -- With the typical run time and the levels' totals in the same read (nothing in these
   -- scripts writes 'typ'; the totals serve a memo until something else writes them), and
-  -- the tenant limits' 'holds' flag (a tenant paused or catching up).
+  -- the tenant limits' 'holds' flag (a tenant paused or catching up), and the unit.
   local st
   if costMember then
     st = redis.call('HMGET', K.state, 'vt', 'base', 'rbDelta', 'rbCursor', 'typ',
-      'W:critical', 'W:high', 'W:normal', 'W:low', 'holds', 'c:' .. costMember)
+      'W:critical', 'W:high', 'W:normal', 'W:low', 'holds', 'unit', 'c:' .. costMember)
   else
     st = redis.call('HMGET', K.state, 'vt', 'base', 'rbDelta', 'rbCursor', 'typ',
-      'W:critical', 'W:high', 'W:normal', 'W:low', 'holds')
+      'W:critical', 'W:high', 'W:normal', 'W:low', 'holds', 'unit')
   end
   local c = {vt = tonumber(st[1]) or 0, base = tonumber(st[2]) or 0,
     delta = tonumber(st[3]), cursor = tonumber(st[4]), typical = tonumber(st[5]) or false,
     costs = false, readTotals = {critical = tonumber(st[6]) or 0, high = tonumber(st[7]) or 0,
       normal = tonumber(st[8]) or 0, low = tonumber(st[9]) or 0}, holds = st[10],
     defer = defer}
+  c.scale = fqTurnScale(c.typical, tonumber(st[11]))
   if costMember and c.typical then
-    c.costs = {[costMember] = st[11] and fqCostTurns(tonumber(st[11]), c.typical) or false}
+    c.costs = {[costMember] = st[12] and fqCostTurns(tonumber(st[12]), c.typical) or false}
   end
   local head = redis.call('ZRANGEBYSCORE', K.prioritized, fqFloor * fqScore,
     fqBelowCap, 'WITHSCORES', 'LIMIT', 0, 1)
@@ -156,6 +169,11 @@ local function fqClock(K, defer, costMember)
       t.critical, t.high, t.normal, t.low = 0, 0, 0, 0
       c.flowsEmpty = true -- until a memo writes them: nothing to read or retire
     end
+    -- Nothing is placed: a turn is the typical time from here on (the unit).
+    if st[5] and st[11] ~= st[5] then
+      fqStateSet(K, c, 'unit', st[5])
+      c.scale = 1
+    end
     c.base, c.delta, c.cursor = c.vt, nil, nil
     return c
   end
@@ -170,12 +188,14 @@ end
 
 -- The cost in turns of a job of flow member placed now: 1 when fairness counts jobs
 -- (c.byTime false); else from the flow's estimate in K.state (what its runs measured),
+-- times the turn's length now (c.scale: fqTurnScale),
 -- read once per call and flow. explicitMs, the caller's cost= (ms), places a job only of
 -- a flow with nothing measured yet: a declared cost never buys share once runs are
--- measured (docs/design.md, "Service is worker time").
+-- measured (docs/design.md, "Service is worker time"). A second result, true: the flow
+-- has nothing measured (a cold start), the cost is a guess its runs will settle.
 local function fqCostOf(K, c, member, explicitMs)
   if not c.byTime then return 1 end
-  if not c.typical then return 1 end
+  if not c.typical then return 1, true end
   local turns = nil -- false: nothing measured for the flow
   if c.costs then turns = c.costs[member] end
   if turns == nil then
@@ -184,9 +204,9 @@ local function fqCostOf(K, c, member, explicitMs)
     if not c.costs then c.costs = {} end -- made on first use: most calls have none
     c.costs[member] = turns
   end
-  if turns then return turns end
-  if explicitMs then return fqCostTurns(explicitMs, c.typical) end
-  return 1
+  if turns then return turns * c.scale end
+  if explicitMs then return fqCostTurns(explicitMs, c.typical) * c.scale, true end
+  return c.scale, true
 end
 
 -- The score of a tag of a level; nil when there is no room (the job waits, parked).
@@ -316,8 +336,11 @@ end
 -- (the level's weight split among the others, as their jobs were placed) until it
 -- reaches where those backlogs end (its horizon), so it gets its round-robin turn from
 -- its first job instead of paying for theirs (docs/design.md, "Joining a level").
--- explicitMs: the caller's cost= (ms) or nil. Returns the job's score (nil: parked) and
--- whether its flow had a job waiting ahead of it (its line is kept only then: fqLinePush).
+-- explicitMs: the caller's cost= (ms) or nil. Returns the job's score (nil: parked),
+-- whether its flow had a job waiting ahead of it (its line is kept only then: fqLinePush),
+-- and, for a job placed with nothing measured for its flow (fairness by time), the cost
+-- it paid (turns times the turn's length: the add script keeps it in the job's fqPaid,
+-- so the pass charges the job's run against what it paid, not against a later estimate).
 local function fqPlace(K, c, level, tenant, weight, explicitMs)
   fqExpire(K, c)
   local member = level .. '\n' .. tenant
@@ -351,7 +374,7 @@ local function fqPlace(K, c, level, tenant, weight, explicitMs)
   end
   local share = total
   if horizon and start < horizon then share = others end
-  local cost = fqCostOf(K, c, member, explicitMs)
+  local cost, cold = fqCostOf(K, c, member, explicitMs)
   local tag = start + fqScale * cost * share / ((4 - fqLevelRank[level]) * weight)
   local score = fqScoreOf(c, tag, level)
   if score then
@@ -384,7 +407,7 @@ local function fqPlace(K, c, level, tenant, weight, explicitMs)
       end
     end
   end
-  return score, behind
+  return score, behind, cold and cost or nil
 end
 
 -- After placing a job at score (nil: parked): a job ahead of the head is the new head,

@@ -61,7 +61,7 @@ local fqLines, fqLineOrder = {}, {} -- each flow's placed ids, for one push per 
 local fqNoId = cmsgpack.pack(string.sub(KEYS[3], 1, -3)) .. '\160'
 local fqNoIdEnd = 1 + #fqNoId
 for _, job in ipairs(fqJobs) do
-  local priority, score, behind = 0, nil, false
+  local priority, score, behind, paid = 0, nil, false, nil
   local slotted = fqReadyPacked and string.sub(job[3], -17) == fqReadySlot
   if slotted then job[3] = string.sub(job[3], 1, -10) .. fqReadyPacked end
   -- A job without a custom id is new; one with an id is new if its hash is not there.
@@ -72,7 +72,9 @@ for _, job in ipairs(fqJobs) do
   end
   local held = fresh and fqHold and fqHold[job[5]]
   if fresh then
-    if not held then score, behind = fqPlace(fqK, fqC, job[4], job[5], job[6], job[7]) end
+    if not held then
+      score, behind, paid = fqPlace(fqK, fqC, job[4], job[5], job[6], job[7])
+    end
     priority = fqPriorityOf(score)
     if held or not slotted then
       local opts = cmsgpack.unpack(job[3])
@@ -91,6 +93,10 @@ for _, job in ipairs(fqJobs) do
       job[4] .. '\n' .. job[6] .. '\n' .. (job[7] or ''))
   elseif fresh and type(jobId) == 'string' then
     fqPlaced(fqK, fqC, score)
+    -- Placed cold (nothing measured for its flow): what it paid, for the pass's charge.
+    if paid and score then
+      redis.call('HSET', string.sub(KEYS[3], 1, -3) .. jobId, 'fqPaid', string.format('%.6g', paid))
+    end
     fqIndexed[#fqIndexed + 1] = jobId
     if score and behind then
       local member = job[4] .. '\n' .. job[5]
