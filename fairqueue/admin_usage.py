@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.db.models import Max, QuerySet, Sum
 from django.http import HttpRequest, HttpResponse
 
@@ -103,6 +103,24 @@ class TenantHoldAdmin(_ReadOnly):
     list_display = ("tenant_id", "job_type", "reason", "action", "state", "created_at", "until")
     list_filter = ("reason", "action", "state")
     search_fields = ("tenant_id",)
+    actions = ["close_breakers"]
+
+    def has_close_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm("fairqueue.change_tenanthold"))
+
+    @admin.action(description="Close the selected breakers", permissions=["close"])
+    def close_breakers(self, request: HttpRequest, queryset: QuerySet[TenantHold]) -> None:
+        from fairqueue.breaker import close_breaker
+
+        rows = queryset.filter(reason=TenantHold.BREAKER, lifted_at__isnull=True)
+        closed = 0
+        for tenant_id, job_type in rows.values_list("tenant_id", "job_type").distinct():
+            closed += close_breaker(tenant_id, job_type, actor=request.user, source="admin")
+        skipped = queryset.count() - closed
+        message = f"{closed} breaker(s) closed"
+        if skipped:
+            message += f"; {skipped} selected row(s) were not open breakers"
+        self.message_user(request, message, messages.SUCCESS if closed else messages.WARNING)
 
 
 @admin.register(HoldAudit)
