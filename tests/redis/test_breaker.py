@@ -249,3 +249,34 @@ def test_windows__count_the_last_window_only_and_forget_idle_rows():
     windows.add(("beta", "email"), 1_065.0, 1, 0, 60)
     windows.add(("gamma", "email"), 1_200.0, 1, 0, 60)  # two windows later: idle rows go
     assert len(windows) == 1
+
+
+@pytest.mark.django_db
+def test_overview__lists_open_breakers_and_tenants_near_or_over_quota(armed, client, settings):
+    from django.urls import reverse
+
+    from fairqueue import conf, quotas
+    from fairqueue.models import TenantPlan, TenantUsage
+    from tests.redis.test_dashboard import DASHBOARD, staff
+
+    settings.FAIRQUEUE = {
+        **settings.FAIRQUEUE,
+        "QUOTAS": {"free": {"worker_seconds": 10, "period": "day", "action": "hold"}},
+    }
+    conf.reload_settings()
+    client.force_login(staff("viewer", "view_dashboard"))
+    today = holds.now().date()
+    for tenant, ms in (("near", 9_000), ("over", 12_000), ("light", 1_000)):
+        TenantPlan.objects.create(tenant_id=tenant, plan_tier="free")
+        TenantUsage.objects.create(tenant_id=tenant, job_type="email", day=today, worker_ms=ms)
+    plan = TenantPlan.objects.get(tenant_id="over")
+    quotas.exceed("over", quotas.quota_of(plan), 12_000, job_type="email")
+    breaker.open_breaker("poison", "email", 0, 10, config=breaker.get_settings().breaker)
+    html = client.get(reverse(DASHBOARD)).content.decode()
+    breakers = html[html.index("data-fq-breakers") :]
+    assert ">poison<" in breakers[: breakers.index("</table>")]
+    quota_rows = html[html.index("data-fq-quotas") :]
+    quota_rows = quota_rows[: quota_rows.index("</table>")]
+    assert quota_rows.index(">over<") < quota_rows.index(">near<")
+    assert "over: hold until" in quota_rows and "90%" in quota_rows
+    assert ">light<" not in quota_rows
