@@ -10,6 +10,7 @@ The Django tasks backend is ``"fairqueue.tasks.backend.FairQueueBackend"`` in
 ``settings.TASKS`` (not imported here: it needs a task framework installed).
 """
 
+from fairqueue.breaker import breaker_status, close_breaker
 from fairqueue.enqueue.api import (
     EnqueuedJob,
     aenqueue_job,
@@ -82,6 +83,8 @@ __all__ = [
     "UnknownJobTypeError",
     "WorkerStoppedError",
     "aenqueue_job",
+    "breaker_status",
+    "close_breaker",
     "enqueue_job",
     "enqueue_jobs",
     "enqueue_on_commit",

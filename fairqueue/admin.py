@@ -91,6 +91,16 @@ class TenantPlanAdmin(admin.ModelAdmin):
             action = "resume" if plan.paused else "pause"
             extra["pause_action"] = action
             extra["pause_url"] = reverse(f"{console}_action", args=[plan.tenant_id, action])
+            from fairqueue.admin_usage import CHART_DAYS, daily_usage
+            from fairqueue.dashboard.charts import usage_chart
+
+            days = daily_usage(plan.tenant_id)
+            extra["usage_chart"] = usage_chart(days)
+            extra["usage_days"] = CHART_DAYS
+            extra["usage_total_s"] = sum(seconds for _, seconds in days)
+            extra["usage_url"] = (
+                reverse("admin:fairqueue_tenantusage_changelist") + f"?q={plan.tenant_id}"
+            )
         return super().change_view(request, object_id, form_url, extra_context=extra)
 
     def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:

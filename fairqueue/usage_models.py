@@ -80,6 +80,9 @@ class TenantHold(models.Model):
     #: A quota: when its period ends. A breaker: when its cool-off ends (then a probe).
     until = models.DateTimeField(null=True, blank=True)
     lifted_at = models.DateTimeField(null=True, blank=True)
+    #: A breaker probing: the job released as its probe, and its attempts made then.
+    probe_job_id = models.CharField(max_length=200, blank=True)
+    probe_attempts = models.PositiveIntegerField(default=0)
 
     class Meta:
         ordering = ["-created_at"]

@@ -108,6 +108,17 @@ class LimitsStatus:
         return self.holding - sum(1 for state in self.tenants if state.held)
 
 
+@dataclass(frozen=True, slots=True)
+class JobOutcome:
+    """Where a job stands: whether its hash exists, whether it is in BullMQ's completed
+    or failed set, and its attempts made (each failed attempt adds one)."""
+
+    exists: bool
+    completed: bool
+    failed: bool
+    attempts_made: int
+
+
 def limits_key(prefix: str, queue: str) -> str:
     """The queue's limits hash; the other limit keys hang beside it (``tenant_limits.lua``)."""
     return fair_key(prefix, queue, "lim")
@@ -203,6 +214,33 @@ class LimitStore(BrokerPart):
         await self.conn.guard(client.hdel(key, tenant_id))
         await self._sync_holds(queue)
         return (await self.release(queue, [tenant_id])).released
+
+    async def probe(self, queue: str, tenant_id: str) -> str | None:
+        """Release one held job of a paused tenant, the first in its order, at its fair
+        place (an open breaker's probe); the tenant stays paused. Returns the job's id,
+        ``None`` when none was released (nothing held)."""
+        script = self.conn.script(release_held_script())
+        args = release_args(self.conn.prefix, queue, [tenant_id], self.fairness_by, "probe")
+        args[4] = 1
+        reply = await self.conn.guard(script(keys=release_keys(self.conn.prefix, queue), args=args))
+        job_id = _text(reply[6]) if len(reply) > 6 else ""
+        return job_id or None
+
+    async def job_outcome(self, queue: str, job_id: str) -> JobOutcome:
+        """Where one job stands in BullMQ's own keys (one round trip)."""
+        client = self.conn.client()
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.zscore(self.conn.key(queue, "completed"), job_id)
+            pipe.zscore(self.conn.key(queue, "failed"), job_id)
+            pipe.hmget(self.conn.key(queue, job_id), ["atm", "attemptsMade", "timestamp"])
+            completed, failed, fields = await self.conn.guard(pipe.execute())
+        made = fields[0] if fields[0] is not None else fields[1]
+        return JobOutcome(
+            exists=fields[2] is not None,
+            completed=completed is not None,
+            failed=failed is not None,
+            attempts_made=int(_text(made)) if made is not None else 0,
+        )
 
     async def _sync_holds(self, queue: str) -> None:
         """Tell the add script (through the flag its clock read carries) whether any tenant

@@ -62,6 +62,9 @@ LINE_TTL_MS = 3_600_000
 #: per call of a sweep. A tenant that waits for an event is visited at least every
 #: RELEASE_BACKSTOP_MS anyway (a job cleaned by ``Queue.clean`` sends none).
 RELEASE_VISITS = 64
+#: The index walk compacts a second's list of ready ids (drops the blanked ones) only
+#: while it holds at most this many entries: LREM moves memory for each blank it drops.
+COMPACT_MAX = 2_000
 RELEASE_VISIT_WORK = 1_000
 RELEASE_EVENTS = 250
 RELEASE_SWEEP_PAGE = 100
@@ -96,6 +99,7 @@ _CONSTANTS = {
     "CATCHUP_AHEAD": CATCHUP_AHEAD,
     "TAKEABLE_CAP": TAKEABLE_CAP,
     "RELEASE_VISITS": RELEASE_VISITS,
+    "COMPACT_MAX": COMPACT_MAX,
     "RELEASE_VISIT_WORK": RELEASE_VISIT_WORK,
     "RELEASE_EVENTS": RELEASE_EVENTS,
     "RELEASE_SWEEP_PAGE": RELEASE_SWEEP_PAGE,

@@ -230,3 +230,44 @@ def history_view(summary: dict[str, Any], *, now_ms: int, since_ms: int | None) 
     }
     summary["max_wait"] = format_ms(summary["max_wait_ms"])
     return summary
+
+
+#: The usage chart of a tenant's plan page: one bar per day.
+USAGE_BAR_W: Final = 12
+USAGE_H: Final = 80
+
+
+def usage_chart(days: list[tuple[str, float]]) -> dict[str, Any]:
+    """Bars of worker seconds per day (``days``: (``YYYY-MM-DD``, seconds), oldest
+    first), on a scale from 0 to the busiest day, with the first and last day and the
+    busiest day's seconds as labels: the tenant plan page's last 30 days."""
+    top = max([0.0] + [seconds for _, seconds in days])
+    chart = _chart(USAGE_H + 30)
+    chart["width"] = max(CHART_W, len(days) * USAGE_BAR_W + 8)
+    for i, (day, seconds) in enumerate(days):
+        h = round(USAGE_H * seconds / top, 1) if top else 0.0
+        chart["rects"].append(
+            {
+                "x": 4 + i * USAGE_BAR_W,
+                "y": round(14 + USAGE_H - h, 1),
+                "w": USAGE_BAR_W - 2,
+                "h": h,
+                "cls": "fq-bar fq-bar-usage",
+                "title": f"{day}: {seconds:.1f} worker seconds",
+            }
+        )
+    chart["lines"].append(
+        {"x1": 0, "x2": chart["width"], "y1": 14 + USAGE_H, "y2": 14 + USAGE_H, "cls": "fq-axis"}
+    )
+    chart["texts"].append(
+        {"x": 4, "y": 10, "text": f"busiest day {top:.1f} s", "cls": "fq-chart-value"}
+    )
+    if days:
+        chart["texts"].append(
+            {"x": 4, "y": USAGE_H + 28, "text": days[0][0], "cls": "fq-chart-label"}
+        )
+        last_x = max(4, 4 + len(days) * USAGE_BAR_W - round(CHAR_W * len(days[-1][0])))
+        chart["texts"].append(
+            {"x": last_x, "y": USAGE_H + 28, "text": days[-1][0], "cls": "fq-chart-label"}
+        )
+    return chart

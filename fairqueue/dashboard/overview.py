@@ -5,6 +5,8 @@ own), plus the noisy neighbours of each queue.
 
 from __future__ import annotations
 
+import datetime as dt
+from collections.abc import Callable
 from typing import Any, Final
 
 from fairqueue.broker import SyncBroker
@@ -39,6 +41,49 @@ def noisy_figures(job_type: str, *, broker: SyncBroker) -> dict[str, Any]:
             for n in found[:10]
         ],
     }
+
+
+#: Tenants the overview lists near or over quota, and open breakers, at most.
+PLANS_LISTED: Final = 20
+
+
+def _when(at: dt.datetime | None) -> str:
+    return at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M UTC") if at is not None else ""
+
+
+def plans_attention(tenant_url: Callable[[str], str]) -> dict[str, Any]:
+    """The tenants near or over quota (:func:`fairqueue.quotas.quota_status`) and the
+    open breakers (:func:`fairqueue.breaker.breaker_status`), from the database, for the
+    overview. Never raises: a failed read shows as ``error`` (the exception's class)."""
+    from fairqueue.breaker import breaker_status
+    from fairqueue.quotas import quota_status
+
+    out: dict[str, Any] = {"quotas": [], "breakers": [], "error": None}
+    try:
+        quotas = quota_status(limit=PLANS_LISTED)
+        breakers = breaker_status(limit=PLANS_LISTED)
+    except Exception as exc:  # the overview shows the queues whatever the database does
+        out["error"] = type(exc).__name__
+        return out
+    for row in quotas:
+        out["quotas"].append(
+            {
+                **row,
+                "url": tenant_url(row["tenant_id"]),
+                "share_pct": f"{100 * row['share']:.0f}%",
+                "until_text": _when(row["until"]),
+            }
+        )
+    for row in breakers:
+        out["breakers"].append(
+            {
+                **row,
+                "url": tenant_url(row["tenant_id"]),
+                "since_text": _when(row["since"]),
+                "probe_text": _when(row["probe_at"]),
+            }
+        )
+    return out
 
 
 def attention(stats: dict[str, Any]) -> list[dict[str, str]]:

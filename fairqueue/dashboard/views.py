@@ -46,7 +46,7 @@ from fairqueue.broker.console_reads import job_tenant_id
 from fairqueue.conf import get_settings
 from fairqueue.dashboard.crumbs import trail
 from fairqueue.dashboard.job_page import JobViews, job_facts
-from fairqueue.dashboard.overview import overview_rows
+from fairqueue.dashboard.overview import overview_rows, plans_attention
 from fairqueue.dashboard.stats import clamp_page, queue_stats
 from fairqueue.dashboard.tenant_views import TenantViews
 from fairqueue.dashboard.wording import format_duration, format_time
@@ -196,6 +196,7 @@ class DashboardAdmin(admin.ModelAdmin):
             stats_url += f"&queue={single}"
         title = f"Fair queue: {single}" if single else "Fair queue dashboard"
         overview = [] if single else overview_rows(sections)
+        plans = None if single else plans_attention(lambda t: self._url("tenant", t))
         return TemplateResponse(
             request,
             "fairqueue/dashboard.html",
@@ -205,6 +206,7 @@ class DashboardAdmin(admin.ModelAdmin):
                 *([(single, None)] if single else []),
                 sections=sections,
                 overview=overview,
+                plans=plans,
                 overview_read_at=sections[0]["stats"]["read_at"]["at"] if sections else "",
                 level_names=LEVEL_NAMES,
                 max_wait=format_duration(get_settings().max_wait_ms),

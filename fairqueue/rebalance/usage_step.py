@@ -55,10 +55,13 @@ class UsageStep:
             self._write_failure.succeeded()
         except Exception as exc:  # the rows stay dirty in Redis: written next step
             self._write_failure.failed(exc)
-        try:
-            for consumer in self.consumers:
+        failed = False
+        for consumer in self.consumers:  # each on its own: a quota failure spares the breaker
+            try:
                 consumer(queue, written)
+            except Exception as exc:  # holds stay as they are until a step succeeds
+                failed = True
+                self._act_failure.failed(exc)
+        if not failed:
             self._act_failure.succeeded()
-        except Exception as exc:  # holds stay as they are until a step succeeds
-            self._act_failure.failed(exc)
         return written

@@ -143,3 +143,67 @@ def test_audit_log_filters(admin_client, audit_row):
     url = reverse("admin:fairqueue_priorityoverrideaudit_changelist")
     assert admin_client.get(url, {"requested_override__exact": "critical"}).status_code == 200
     assert admin_client.get(url, {"q": "acme"}).status_code == 200
+
+
+# -- usage: a plan's last 30 days, the top consumers per tier this month ----------------------
+
+
+@pytest.fixture
+def may_2019():
+    """Now is 2019-05-28 for usage (a year no loop writes rows for)."""
+    import datetime as dt
+
+    from fairqueue import holds
+    from fairqueue.models import TenantUsage
+
+    holds.set_clock(lambda: dt.datetime(2019, 5, 28, 12, tzinfo=dt.UTC))
+    day = dt.date(2019, 5, 28)
+    rows = [
+        ("acme", day, 9_000),
+        ("acme", day - dt.timedelta(days=3), 3_000),
+        ("acme", day - dt.timedelta(days=40), 99_000),  # outside the chart and the month
+        ("beta", day, 5_000),
+        ("gamma", day, 7_000),
+        ("delta", day, 1_000),
+    ]
+    for tenant, when, ms in rows:
+        TenantUsage.objects.create(
+            tenant_id=tenant, job_type="email", day=when, worker_ms=ms, attempts=ms // 1000
+        )
+    TenantPlan.objects.create(tenant_id="acme", plan_tier="pro")
+    TenantPlan.objects.create(tenant_id="beta", plan_tier="pro")
+    TenantPlan.objects.create(tenant_id="gamma", plan_tier="free")
+    yield day
+    holds.set_clock(None)
+
+
+def test_tenant_plan_change_page__its_last_30_days_of_usage_as_a_chart(admin_client, may_2019):
+    from fairqueue.admin_usage import daily_usage
+
+    days = daily_usage("acme")
+    assert len(days) == 30 and days[-1] == ("2019-05-28", 9.0) and days[-4] == ("2019-05-25", 3.0)
+    assert sum(seconds for _, seconds in days) == 12.0
+    plan = TenantPlan.objects.get(tenant_id="acme")
+    page = admin_client.get(reverse("admin:fairqueue_tenantplan_change", args=[plan.pk]))
+    html = page.content.decode()
+    assert "Usage, last 30 days" in html and "12.0 worker seconds" in html
+    assert 'data-fq-chart="usage"' in html and html.count('class="fq-bar fq-bar-usage"') == 30
+    assert "2019-05-28: 9.0 worker seconds" in html and "busiest day 9.0 s" in html
+
+
+def test_usage_list__top_consumers_per_plan_tier_this_month(admin_client, may_2019):
+    from fairqueue.admin_usage import top_consumers
+
+    top = top_consumers(per_tier=1)
+    assert [(t["tier"], [r["tenant_id"] for r in t["rows"]]) for t in top] == [
+        ("pro", ["acme"]),  # 12 s this month (the row of April is not counted)
+        ("free", ["gamma"]),
+        ("no plan", ["delta"]),
+    ]
+    assert top[0]["month"] == "2019-05" and top[0]["rows"][0]["worker_seconds"] == 12.0
+    page = admin_client.get(reverse("admin:fairqueue_tenantusage_changelist"))
+    html = page.content.decode()
+    assert "Top consumers per plan tier, 2019-05 (UTC)" in html
+    section = html[html.index("data-fq-top-consumers") :]
+    assert section.index(">acme<") < section.index(">beta<") < section.index(">gamma<")
+    assert section.index(">gamma<") < section.index(">delta<")

@@ -35,6 +35,7 @@ EXPECTED_ALERTS = {
     "FairQueueOutboxStuck",
     "FairQueueLevelStarved",
     "FairQueueNoisyTenant",
+    "FairQueueBreakerOpen",
 }
 
 

@@ -20,6 +20,9 @@
   KEYS[9..13] fairqueue's state, flows, fweights, ready, jobs
   KEYS[14]    the limits key L (tenant_limits.lua lists the keys beside it)
   KEYS[15]    BullMQ's wait list (read by the 'scan' of ARGV[9] 'wait' only)
+  Mode 'probe' (an open breaker's probe): as 'release' for one given paused tenant, one
+  job released despite the pause; the reply's seventh element is that job's id ('' none).
+
   ARGV        job key prefix, fairness ('time'/'jobs'), mode ('release'/'pullback'),
               tenants ('' = the loop's step: the tenants due, L:due; else
               '\n'-separated), the most jobs to release in this call
@@ -280,6 +283,7 @@ if general then
   tenants = redis.call('ZRANGEBYSCORE', L .. ':due', '-inf', now, 'LIMIT', 0, {{RELEASE_VISITS}})
 end
 local released, left, wake = 0, 0, -1
+local probeId = '' -- mode 'probe': the job released
 local heldBy = {max_active = 0, rate = 0, paused = 0}
 local c = nil
 local visits, work = 0, 0 -- tenants visited, their released jobs walked (fqOccupied)
@@ -318,6 +322,9 @@ for _, t in ipairs(tenants) do
     local count, reason = held, nil
     if paused then
       count, reason = 0, 'paused'
+      -- an open breaker's probe: one job of the paused tenant, whatever else holds
+      -- (the caller checked that nothing but the breaker holds it here)
+      if mode == 'probe' then count = 1 end
     else
       if lim.maxActive then
         local room = lim.maxActive - occupied
@@ -398,6 +405,7 @@ for _, t in ipairs(tenants) do
         if score and behind then fqLinePush(K, level .. '\n' .. t, {id}) end
         -- indexed once: a job pulled back by a pause and released again keeps its entry
         if redis.call('HSETNX', prefix .. id, 'fqRel', now) == 1 then indexed[#indexed + 1] = id end
+        probeId = id
         redis.call('SADD', outKey, id)
         redis.call('HSET', L .. ':owner', id, t)
         if lim.rateMax then redis.call('ZADD', L .. ':rate:' .. t, now, id) end
@@ -463,5 +471,8 @@ if general then
   local first = redis.call('ZRANGE', L .. ':due', 0, 0, 'WITHSCORES')
   wake = -1
   if first[2] then wake = math.max({{RELEASE_AGAIN_MS}}, tonumber(first[2]) - now) end
+end
+if mode == 'probe' then
+  return {released, left, wake, heldBy.max_active, heldBy.rate, heldBy.paused, probeId}
 end
 return {released, left, wake, heldBy.max_active, heldBy.rate, heldBy.paused}

@@ -1,0 +1,282 @@
+"""The breaker for poison tenants: a tenant whose jobs of one type (nearly) all fail has
+them held, one job is released as a probe after the cool-off, its success closes the
+breaker and its failure reopens it; an operator can close it by hand (docs/usage.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+
+import pytest
+from bullmq import Worker
+
+from fairqueue import breaker, holds
+from fairqueue.enqueue.api import enqueue_jobs
+from fairqueue.exceptions import InvalidTenantError, UnknownJobTypeError
+from fairqueue.rebalance.passes import rebalance_queue
+from fairqueue.rebalance.usage_step import UsageStep
+from tests.conftest import REDIS_URL
+from tests.helpers import metric
+
+BREAKER = {"ENABLED": True, "WINDOW_S": 600, "MIN_ATTEMPTS": 6, "FAILURE_RATIO": 0.9}
+
+
+@pytest.fixture
+def armed(fq_prefix, settings):
+    """The breaker on (6 attempts, 90% failed), a fresh window, the real clock after."""
+    from fairqueue import conf
+
+    settings.FAIRQUEUE = {**settings.FAIRQUEUE, "BREAKER": dict(BREAKER, COOL_OFF_S=60)}
+    conf.reload_settings()
+    breaker.windows.clear()
+    rebalance_queue("email", rebalancer="breaker-test")  # the history's cursor starts here
+    yield fq_prefix
+    holds.set_clock(None)
+    breaker.windows.clear()
+
+
+async def _work(prefix, count, fails, seen):
+    """A stock worker taking ``count`` jobs; ``fails(job)``: whether the attempt fails.
+    ``seen``: (tenant, attempt made, ok) of each attempt."""
+    done = asyncio.Event()
+
+    async def process(job, token):
+        tenant = job.data.get("tenantId")
+        ok = not fails(job)
+        seen.append((tenant, job.attemptsMade, ok))
+        if len(seen) >= count:
+            done.set()
+        if not ok:
+            raise RuntimeError("failing on purpose")
+
+    worker = Worker("email", process, {"connection": REDIS_URL, "prefix": prefix, "concurrency": 4})
+    try:
+        await asyncio.wait_for(done.wait(), 60)
+        await asyncio.sleep(0.2)  # the last completions reach Redis
+    finally:
+        await worker.close()
+
+
+def _run(prefix, count, fails=lambda job: False):
+    seen: list = []
+    asyncio.run(_work(prefix, count, fails, seen))
+    return seen
+
+
+def _poison(job):
+    return job.data.get("tenantId") == "poison"
+
+
+def _settle():
+    """The loop's history steps until the stream is read, then its usage step."""
+    for _ in range(5):
+        if rebalance_queue("email", rebalancer="breaker-test").recorded == 0:
+            break
+    return UsageStep().run("email")
+
+
+def _hold(tenant="poison"):
+    from fairqueue.models import TenantHold
+
+    return TenantHold.objects.filter(tenant_id=tenant, reason="breaker").order_by("-id").first()
+
+
+def _events(tenant="poison"):
+    from fairqueue.models import HoldAudit
+
+    rows = HoldAudit.objects.filter(tenant_id=tenant, reason="breaker").order_by("id")
+    return [row.event for row in rows]
+
+
+def _later(seconds):
+    holds.set_clock(lambda: dt.datetime.now(dt.UTC) + dt.timedelta(seconds=seconds))
+
+
+def _open_on_poison(prefix, redis_client, held=3):
+    """8 failing jobs of 'poison' among 8 healthy ones of 'acme': the breaker opens for
+    'poison'; then ``held`` more of its jobs are enqueued (held)."""
+    enqueue_jobs("email", [{"i": i} for i in range(8)], tenant_id="poison")
+    enqueue_jobs("email", [{"i": i} for i in range(8)], tenant_id="acme")
+    _run(prefix, 16, _poison)
+    _settle()
+    enqueue_jobs("email", [{"i": i} for i in range(held)], tenant_id="poison")
+    assert redis_client.llen(f"{prefix}:email:fq:lim:held:poison") == held
+
+
+@pytest.mark.django_db
+def test_breaker__opens_on_a_failing_tenant_and_holds_its_jobs_not_the_healthy_ones(
+    armed, redis_client
+):
+    _open_on_poison(armed, redis_client)
+    hold = _hold()
+    assert (hold.job_type, hold.state, hold.action) == ("email", "open", "hold")
+    assert hold.lifted_at is None
+    assert _events() == ["opened"]
+    from fairqueue.models import HoldAudit
+
+    opened = HoldAudit.objects.get(tenant_id="poison", event="opened")
+    assert opened.actor == "fairqueue breaker"
+    assert "8 of 8 attempts failed in the last 600 s" in opened.why
+    assert metric("queue_fair_breaker_open", job_type="email") == 1
+    assert redis_client.hexists(f"{armed}:email:fq:lim:paused", "poison")
+    assert _hold("acme") is None  # the healthy tenant: no breaker
+    # The healthy tenant's new jobs run; the poison tenant's stay held.
+    enqueue_jobs("email", [{"i": i} for i in range(4)], tenant_id="acme")
+    seen = _run(armed, 4)
+    assert {tenant for tenant, *_ in seen} == {"acme"}
+    assert redis_client.llen(f"{armed}:email:fq:lim:held:poison") == 3
+    assert [row["tenant_id"] for row in breaker.breaker_status()] == ["poison"]
+    # Before the cool-off ends, no probe.
+    _settle()
+    assert _hold().state == "open"
+
+
+@pytest.mark.django_db
+def test_breaker__stays_closed_for_a_tenant_whose_retries_succeed(armed, redis_client):
+    # Each job's first attempt fails, its second succeeds: half the attempts fail.
+    enqueue_jobs("email", [{"i": i} for i in range(8)], tenant_id="flaky", attempts=2)
+    seen = _run(armed, 16, lambda job: job.attemptsMade == 0)
+    assert sum(1 for *_, ok in seen if not ok) == 8
+    _settle()
+    assert _hold("flaky") is None
+    assert not redis_client.hexists(f"{armed}:email:fq:lim:paused", "flaky")
+    assert metric("queue_fair_breaker_open", job_type="email") == 0
+
+
+@pytest.mark.django_db
+def test_breaker__a_probe_that_succeeds_closes_it_and_the_backlog_runs(armed, redis_client):
+    _open_on_poison(armed, redis_client)
+    _later(61)  # the cool-off is over
+    _settle()
+    hold = _hold()
+    assert hold.state == "probe" and hold.probe_job_id
+    assert _events() == ["opened", "probe"]
+    assert redis_client.llen(f"{armed}:email:fq:lim:held:poison") == 2  # one released
+    seen = _run(armed, 1)  # the tenant fixed its integration
+    assert seen == [("poison", 0, True)]
+    _settle()
+    hold.refresh_from_db()
+    assert hold.lifted_at is not None
+    assert _events() == ["opened", "probe", "closed"]
+    assert not redis_client.hexists(f"{armed}:email:fq:lim:paused", "poison")
+    assert metric("queue_fair_breaker_open", job_type="email") == 0
+    # Its backlog runs.
+    assert [tenant for tenant, *_ in _run(armed, 2)] == ["poison", "poison"]
+
+
+@pytest.mark.django_db
+def test_breaker__a_probe_that_fails_reopens_it_for_another_cool_off(armed, redis_client):
+    _open_on_poison(armed, redis_client)
+    _later(61)
+    _settle()
+    first = _hold()
+    assert first.state == "probe"
+    seen = _run(armed, 1, _poison)  # still broken
+    assert seen == [("poison", 0, False)]
+    _settle()
+    hold = _hold()
+    assert hold.pk == first.pk and hold.lifted_at is None
+    assert hold.state == "open" and hold.until > first.until
+    assert _events() == ["opened", "probe", "reopened"]
+    assert redis_client.hexists(f"{armed}:email:fq:lim:paused", "poison")
+    assert redis_client.llen(f"{armed}:email:fq:lim:held:poison") == 2
+    assert metric("queue_fair_breaker_open", job_type="email") == 1
+    # The next cool-off over: the next probe.
+    _later(2 * 61)
+    _settle()
+    assert _hold().state == "probe"
+    assert _events() == ["opened", "probe", "reopened", "probe"]
+
+
+@pytest.mark.django_db
+def test_breaker__an_operator_closes_it_by_hand_audited(armed, redis_client):
+    from fairqueue import close_breaker
+    from fairqueue.models import HoldAudit
+
+    _open_on_poison(armed, redis_client)
+    with pytest.raises(UnknownJobTypeError, match="job_type='sms' is not allowed"):
+        close_breaker("poison", "sms")
+    with pytest.raises(InvalidTenantError):
+        close_breaker("")
+    assert close_breaker("poison", "email", actor="ops", source="their webhook is fixed") == 1
+    closed = HoldAudit.objects.get(tenant_id="poison", event="closed")
+    assert (closed.actor, closed.why) == ("ops", "their webhook is fixed")
+    assert not redis_client.hexists(f"{armed}:email:fq:lim:paused", "poison")
+    assert [tenant for tenant, *_ in _run(armed, 3)] == ["poison"] * 3  # its jobs run
+    assert close_breaker("poison") == 0  # nothing open any more
+    _settle()
+    assert metric("queue_fair_breaker_open", job_type="email") == 0
+
+
+@pytest.mark.django_db
+def test_breaker__the_admin_closes_the_selected_breakers(armed, redis_client, admin_client):
+    from fairqueue.models import HoldAudit, TenantHold
+
+    config = breaker.get_settings().breaker
+    hold = breaker.open_breaker("poison", "email", 0, 10, config=config)
+    assert redis_client.hexists(f"{armed}:email:fq:lim:paused", "poison")
+    page = admin_client.get("/admin/fairqueue/tenanthold/")
+    assert b"Close the selected breakers" in page.content
+    admin_client.post(
+        "/admin/fairqueue/tenanthold/",
+        {"action": "close_breakers", "_selected_action": [hold.pk]},
+    )
+    assert TenantHold.objects.get(pk=hold.pk).lifted_at is not None
+    assert HoldAudit.objects.get(tenant_id="poison", event="closed").actor == "admin"
+    assert not redis_client.hexists(f"{armed}:email:fq:lim:paused", "poison")
+
+
+@pytest.mark.django_db
+def test_breaker__an_operator_pause_is_kept_through_a_close(armed, redis_client):
+    from fairqueue import close_breaker, pause_tenant
+
+    config = breaker.get_settings().breaker
+    breaker.open_breaker("poison", "email", 0, 10, config=config)
+    pause_tenant("poison", actor="ops")
+    _later(61)
+    _settle()
+    assert _hold().state == "open"  # no probe while an operator's pause holds it
+    close_breaker("poison", actor="ops")
+    assert redis_client.hexists(f"{armed}:email:fq:lim:paused", "poison")
+
+
+def test_windows__count_the_last_window_only_and_forget_idle_rows():
+    windows = breaker.Windows()
+    key = ("acme", "email")
+    assert windows.add(key, 1_000.0, 1, 2, 60) == (1, 2)
+    assert windows.add(key, 1_030.0, 0, 3, 60) == (1, 5)
+    assert windows.add(key, 1_065.0, 0, 1, 60) == (0, 4)  # the first bucket left
+    windows.add(("beta", "email"), 1_065.0, 1, 0, 60)
+    windows.add(("gamma", "email"), 1_200.0, 1, 0, 60)  # two windows later: idle rows go
+    assert len(windows) == 1
+
+
+@pytest.mark.django_db
+def test_overview__lists_open_breakers_and_tenants_near_or_over_quota(armed, client, settings):
+    from django.urls import reverse
+
+    from fairqueue import conf, quotas
+    from fairqueue.models import TenantPlan, TenantUsage
+    from tests.redis.test_dashboard import DASHBOARD, staff
+
+    settings.FAIRQUEUE = {
+        **settings.FAIRQUEUE,
+        "QUOTAS": {"free": {"worker_seconds": 10, "period": "day", "action": "hold"}},
+    }
+    conf.reload_settings()
+    client.force_login(staff("viewer", "view_dashboard"))
+    today = holds.now().date()
+    for tenant, ms in (("near", 9_000), ("over", 12_000), ("light", 1_000)):
+        TenantPlan.objects.create(tenant_id=tenant, plan_tier="free")
+        TenantUsage.objects.create(tenant_id=tenant, job_type="email", day=today, worker_ms=ms)
+    plan = TenantPlan.objects.get(tenant_id="over")
+    quotas.exceed("over", quotas.quota_of(plan), 12_000, job_type="email")
+    breaker.open_breaker("poison", "email", 0, 10, config=breaker.get_settings().breaker)
+    html = client.get(reverse(DASHBOARD)).content.decode()
+    breakers = html[html.index("data-fq-breakers") :]
+    assert ">poison<" in breakers[: breakers.index("</table>")]
+    quota_rows = html[html.index("data-fq-quotas") :]
+    quota_rows = quota_rows[: quota_rows.index("</table>")]
+    assert quota_rows.index(">over<") < quota_rows.index(">near<")
+    assert "over: hold until" in quota_rows and "90%" in quota_rows
+    assert ">light<" not in quota_rows
