@@ -73,9 +73,9 @@ RELEASE_BACKSTOP_MS = 30_000
 #: visited or job placed, and the next call goes on (the loop calls again at once while
 #: a call stops short), but not before RELEASE_SURE_VISITS visits and RELEASE_SURE_JOBS
 #: jobs released. Placing a job costs tens of us at a million waiting jobs.
-RELEASE_CALL_US = 3_000
+RELEASE_CALL_US = 2_000
 RELEASE_SURE_VISITS = 8
-RELEASE_SURE_JOBS = 32
+RELEASE_SURE_JOBS = 16
 #: How soon the loop's next call comes while tenants are due (ms): a call cut short by
 #: RELEASE_CALL_US leaves Redis to other clients at least this long before the next.
 RELEASE_AGAIN_MS = 5
