@@ -46,6 +46,8 @@ _WANTED = {b"active", *_END_EVENTS, *_READD_EVENTS}
 #: tenant first in the data, the add script a whole fqReady in the opts.
 _FAST_META = re.compile(rb'\{"priorityLevel":"([a-z]+)","tenantId":"([^"\\]+)"[,}]')
 _FAST_READY = re.compile(rb'[{,]"fqReady":(\d+)[,}]')
+#: The expected start an enqueue with ``estimate=True`` kept in the job's opts.
+_FAST_ETA = re.compile(rb'[{,]"fqEta":(\d+)[,}]')
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +71,9 @@ class RecordedPage:
     #: the rebalancer's metrics. Empty on the first call (it only sets the cursor).
     started_by_level: dict[str, int] = field(default_factory=dict)
     waits: tuple[tuple[str, int], ...] = ()
+    #: First attempts of jobs enqueued with an estimate: (level name, predicted start
+    #: less actual start, ms), for ``queue_fair_start_estimate_error_seconds``.
+    estimate_errors: tuple[tuple[str, int], ...] = ()
 
 
 def _text(raw: bytes) -> str:
@@ -285,6 +290,7 @@ class PageReader:
                 if page.started_by_level.get(level)
             },
             waits=waits,
+            estimate_errors=tuple(self.estimate_errors),
         )
 
     async def _read_starts(
@@ -302,6 +308,7 @@ class PageReader:
                 rows[pending[i // 5]] = flat[i : i + 5]
         events: list[Event] = []
         starts: dict[str, Start | None] = {}
+        self.estimate_errors: list[tuple[str, int]] = []
         kept_count, used = 0, 0
         for event in parsed:
             if used > byte_budget:
@@ -317,7 +324,11 @@ class PageReader:
                     events.pop()
                     break
                 used += len(row[4]) if row[4] else 0
-                starts[event.job_id] = parse_start(row, max_data_bytes)
+                start = starts[event.job_id] = parse_start(row, max_data_bytes)
+                predicted = _FAST_ETA.search(row[3] or b"")
+                if predicted and start is not None and start.level and start.first_attempt:
+                    error = int(predicted.group(1)) - event.at_ms
+                    self.estimate_errors.append((start.level, error))
         return events, starts, entries[:kept_count], used > byte_budget
 
     async def _xrange(self, low: str, count: int) -> list:
