@@ -279,3 +279,18 @@ def test_the_tasks_backend_option_refuses_a_task_over_its_share(fq_prefix):
         with pytest.raises(ExpectedWaitTooLongError):
             eta_task.using(priority=0).enqueue(tenant_id="flood")
         assert eta_task.enqueue(tenant_id="calm").status is not None
+
+
+def test_the_dashboard_pages_can_show_the_expected_start(limited):
+    from fairqueue.dashboard.expected import job_expected_start, tenant_expected_start
+
+    jobs = enqueue_jobs("email", [{}] * 3, tenant_id="acme")  # max_active=2: one held
+    shown = job_expected_start("email", jobs[2].job_id)
+    assert shown["state"] == "held" and shown["held_reason"] == "max_active"
+    assert isinstance(shown["text"], str) and shown["text"]
+    assert job_expected_start("email", jobs[0].job_id)["text"] == "now"
+    assert job_expected_start("email", "no-such-job") is None
+    tenant = tenant_expected_start("email", "beta", "normal")
+    assert tenant["held_reason"] is None and tenant["text"] == "now"
+    pause_tenant("acme")
+    assert tenant_expected_start("email", "acme")["text"] == "not while its tenant is paused"
