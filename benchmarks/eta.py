@@ -3,8 +3,9 @@ and what ``job_status`` and ``estimate_start`` cost Redis at a million waiting j
 
 Live part (Redis on ``FAIRQUEUE_REDIS_URL``, a stock Node BullMQ worker,
 ``benchmarks/fairness_worker.mjs``, concurrency 1 so the pop order is the start order,
-and the real ``manage.py rebalance_fair`` loop): per scenario, a fresh prefix, a warm-up
-at about the worker's capacity C (so the loop's history has measured a pace), then
+and the real ``manage.py rebalance_fair`` loop): per scenario, a fresh prefix, a short
+calibration backlog (the worker's capacity C), ``--warmup-s`` of the scenario's own
+arrivals (so the loop's history has measured its pace; not in the figures), then
 ``--seconds`` of open-loop arrivals, every job enqueued one by one with
 ``enqueue_job(..., estimate=True)`` (and ``max_wait_ms`` in ``overload``), every 5th one
 asked ``job_status`` right after its add. Then the worker drains what is left.
@@ -21,8 +22,9 @@ Scenarios (C = the worker's measured capacity):
 * ``backlogged``  critical, high, normal, low at 0.5 C each (2 C in all)
 * ``flood``       critical at 2 C beside low at 0.1 C (within its share)
 * ``tenants``     normal: A and B at 1 C each, ``sparse`` at 0.05 C
-* ``overload``    each level at 0.75 C (3 C), every enqueue with ``max_wait_ms=2000``:
-  refusals per flow and the admitted jobs' wait p99
+* ``overload``    critical and high at 1 C, normal at 0.95 C, low at 0.05 C (within its
+  share; 3 C in all), every enqueue with ``max_wait_ms=2000``: refusals per flow and the
+  admitted jobs' wait p99
 * ``slow``        normal: ``slow`` (jobs 4x as long) and ``fast`` at 0.4 C each
 
 Cost part (a private redis-server, ``--waiting`` jobs over 400 flows): the Redis time of
@@ -94,7 +96,12 @@ SCENARIOS = (
     ),
     Scenario(
         "overload",
-        tuple(Source(lv, "t", 0.75) for lv in LEVELS),
+        (
+            Source("critical", "t", 1.0),
+            Source("high", "t", 1.0),
+            Source("normal", "t", 0.95),
+            Source("low", "t", 0.05),  # within its share (0.1 C)
+        ),
         max_wait_ms=2000,
     ),
     Scenario("slow", (Source("normal", "slow", 0.4, run_factor=4), Source("normal", "fast", 0.4))),
@@ -109,6 +116,8 @@ class Sent:
     confidence: str
     said_ahead: int | None = None
     asked_at_ms: int | None = None
+    #: Sent in the warm-up: in the start order, not in the figures.
+    warm: bool = False
 
 
 @dataclass
@@ -123,8 +132,16 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def produce(scenario: Scenario, capacity: float, seconds: float, run_ms: int, out: Outcome) -> None:
-    """Open-loop arrivals, one ``enqueue_job`` each (on the Django thread)."""
+def produce(
+    scenario: Scenario,
+    capacity: float,
+    seconds: float,
+    run_ms: int,
+    out: Outcome,
+    warm: bool = False,
+) -> None:
+    """Open-loop arrivals, one ``enqueue_job`` each (on the Django thread); ``warm``:
+    the warm-up's, kept apart from the figures."""
     from fairqueue import ExpectedWaitTooLongError, enqueue_job, job_status
 
     sent_count = [0] * len(scenario.sources)
@@ -153,9 +170,9 @@ def produce(scenario: Scenario, capacity: float, seconds: float, run_ms: int, ou
                 est = job.estimate
                 assert est is not None
                 enqueued = (est.expected_start_ms or 0) - (est.expected_wait_ms or 0)
-                record = Sent(flow, enqueued, est.expected_start_ms, est.confidence)
+                record = Sent(flow, enqueued, est.expected_start_ms, est.confidence, warm=warm)
                 n += 1
-                if n % STATUS_EVERY == 0:
+                if n % STATUS_EVERY == 0 and not warm:
                     record.asked_at_ms = _now_ms()
                     status = job_status(JOB_TYPE, job.job_id)
                     record.said_ahead = None if status is None else status.ahead
@@ -186,9 +203,10 @@ def pct(values: Sequence[float], q: float) -> float | None:
 def analyse(out: Outcome) -> dict[str, Any]:
     errors, waits, within, rel = [], [], 0, []
     by_flow: dict[str, list[float]] = defaultdict(list)
+    signed: dict[str, list[float]] = defaultdict(list)
     for job_id, sent in out.sent.items():
         started = out.starts.get(job_id)
-        if started is None or sent.expected_ms is None:
+        if started is None or sent.expected_ms is None or sent.warm:
             continue
         wait = started - sent.enqueued_ms
         error = abs(sent.expected_ms - started)
@@ -196,6 +214,7 @@ def analyse(out: Outcome) -> dict[str, Any]:
         waits.append(wait)
         rel.append(error / max(wait, 500))
         by_flow[sent.flow].append(wait)
+        signed[sent.flow].append((sent.expected_ms - started) / max(wait, 500))
         if error <= (100 if wait < 500 else 0.2 * wait):
             within += 1
     # place in line: jobs popped before each asked job, in start order
@@ -203,7 +222,7 @@ def analyse(out: Outcome) -> dict[str, Any]:
     position = {job_id: index for index, (job_id, _) in enumerate(order)}
     exact, near, diffs, later_total, asked = 0, 0, [], 0, 0
     for job_id, sent in out.sent.items():
-        if sent.said_ahead is None or job_id not in position:
+        if sent.said_ahead is None or sent.warm or job_id not in position:
             continue
         asked += 1
         asked_at = sent.asked_at_ms or 0
@@ -215,7 +234,7 @@ def analyse(out: Outcome) -> dict[str, Any]:
         later_total += later
         near += abs(diff) <= 1
         exact += diff == 0
-    unestimated = sum(1 for s in out.sent.values() if s.expected_ms is None)
+    unestimated = sum(1 for s in out.sent.values() if s.expected_ms is None and not s.warm)
     return {
         "scenario": out.scenario,
         "jobs": len(errors),
@@ -233,6 +252,7 @@ def analyse(out: Outcome) -> dict[str, Any]:
         "later_arrivals_mean": later_total / asked if asked else None,
         "refused": dict(out.refused),
         "admitted_wait_p99_ms": {flow: pct(w, 0.99) for flow, w in sorted(by_flow.items())},
+        "signed_rel_p50": {flow: pct(e, 0.5) for flow, e in sorted(signed.items())},
     }
 
 
@@ -262,12 +282,14 @@ def run_live(scenario: Scenario, args: argparse.Namespace, db: Any) -> dict[str,
             if not wait_for_loop(prefix, loop):
                 raise RuntimeError(f"the loop did not start; see {LOG}")
             nominal = 1000 / (args.run_ms + 1)
-            db.submit(warm_up, nominal * 1.1, args.warmup_s).result()
+            db.submit(warm_up, nominal * 1.1, args.calibrate_s).result()
             capacity = measure_capacity(worker, 3)
-            while worker.process.poll() is None:  # the warm-up's backlog drained
+            while worker.process.poll() is None:  # the calibration's backlog drained
                 if len(worker.seen) >= _warm_count(prefix):
                     break
                 time.sleep(0.05)
+            # the scenario's own mix, so the measured pace is its own (not in the figures)
+            db.submit(produce, scenario, capacity, args.warmup_s, args.run_ms, out, True).result()
             db.submit(produce, scenario, capacity, args.seconds, args.run_ms, out).result()
             deadline = time.monotonic() + args.drain_s
             while time.monotonic() < deadline and not set(out.sent) <= worker.seen:
@@ -277,12 +299,32 @@ def run_live(scenario: Scenario, args: argparse.Namespace, db: Any) -> dict[str,
             loop.terminate()
             loop.wait(15)
     for record in worker.records:
-        if str(record["id"]) in out.sent and record.get("a", 0) == 0:
+        if str(record["id"]) in out.sent and record.get("a", 0) == 0:  # warm-up's too
             out.starts[str(record["id"])] = int(record["p"])
+    if args.debug_history:
+        _compare_history(prefix, worker.records)
     delete_prefix(prefix)
     result = analyse(out)
     result["capacity"] = round(capacity, 1)
     return result
+
+
+def _compare_history(prefix: str, records: list[dict[str, Any]]) -> None:
+    """The history's starts per 10 s bucket and level against the worker's own."""
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    mine: Counter[tuple[int, str]] = Counter()
+    for record in records:
+        mine[(int(record["p"]) // 10_000 * 10, str(record["l"]))] += 1
+    for start in sorted({b for b, _ in mine}):
+        row = client.hgetall(f"{prefix}:bench:fq:hist:{start}")
+        print(
+            start,
+            {lv: (int(row.get(f"s:{lv}", 0)), mine[(start, lv)]) for lv in LEVELS},
+            file=sys.stderr,
+        )
+    client.close()
 
 
 def _warm_count(prefix: str) -> int:
@@ -393,6 +435,9 @@ def print_live(rows: list[dict[str, Any]]) -> None:
             f"{_fmt(r['later_arrivals_mean']):>6}"
         )
     for r in rows:
+        shown = {flow: round(v, 2) for flow, v in r["signed_rel_p50"].items()}
+        print(f"{r['scenario']}: (expected - actual) / wait, median per flow: {shown}")
+    for r in rows:
         if r["refused"] or r["scenario"] == "overload":
             print(
                 f"{r['scenario']}: refused {r['refused'] or 'none'}; admitted wait p99 (ms) "
@@ -404,13 +449,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="*", default=None)
     parser.add_argument("--seconds", type=float, default=12.0)
-    parser.add_argument("--warmup-s", type=float, default=8.0)
-    parser.add_argument("--drain-s", type=float, default=60.0)
+    parser.add_argument("--calibrate-s", type=float, default=5.0)
+    # longer than the estimate's rate window (20-30 s), so it measures the scenario's pace
+    parser.add_argument("--warmup-s", type=float, default=30.0)
+    parser.add_argument("--drain-s", type=float, default=90.0)
     parser.add_argument("--run-ms", type=int, default=10)
     parser.add_argument("--interval-ms", type=int, default=250)
     parser.add_argument("--bound-ms", type=int, default=5000)
     parser.add_argument("--waiting", type=int, default=1_000_000)
     parser.add_argument("--skip-cost", action="store_true")
+    parser.add_argument("--debug-history", action="store_true")
     parser.add_argument("--skip-live", action="store_true")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)

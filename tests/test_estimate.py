@@ -82,7 +82,7 @@ def test_the_estimate_places_as_the_add_script_and_the_model(steps):
 
 
 def _rate(per_level: dict[str, int], seconds: int = 60) -> eta.ServiceRate:
-    """A steady history: ``per_level`` starts in each 10 s bucket of the last minute."""
+    """A steady history: ``per_level`` starts in each 10 s bucket of the last ``seconds``."""
     now_ms = 1_000_000_000
     current = now_ms // 1000 // 10 * 10
     buckets = [eta.HistoryBucket(current - 10 * b, dict(per_level), {}) for b in range(1, 7)]
@@ -138,3 +138,20 @@ def test_held_jobs_wait_for_their_tenants_room():
     assert eta.held_reason(limits, paused=True, held_ahead=0, occupied=0) == "paused"
     assert eta.held_delay_s(limits, reason="paused", held_ahead=0, occupied=0, run_s=1) is None
     assert eta.held_reason(limits, paused=False, held_ahead=0, occupied=1) is None
+
+
+def test_with_fairness_by_time_the_clock_moves_by_worker_time():
+    """A level whose jobs run 4x the typical time moves its flows' clocks 4 turns a job:
+    its pace counts worker time over the typical run time, not starts."""
+    now_ms = 1_000_000_000
+    current = now_ms // 1000 // 10 * 10
+    buckets = [
+        eta.HistoryBucket(current - 10 * b, {"normal": 50}, {"normal": 50 * 40})
+        for b in range(1, 3)
+    ]
+    kwargs = {"now_ms": current * 1000, "since_ms": 0, "bucket_s": 10, "window_s": 20}
+    by_jobs = eta.service_rate(buckets, **kwargs)
+    by_time = eta.service_rate(buckets, typical_ms=10.0, by_time=True, **kwargs)
+    assert by_jobs.vt_per_s == pytest.approx(12 * 5 / 2)
+    assert by_time.vt_per_s == pytest.approx(4 * by_jobs.vt_per_s)
+    assert by_time.jobs_per_s == by_jobs.jobs_per_s == pytest.approx(5)

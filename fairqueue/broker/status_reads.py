@@ -1,6 +1,6 @@
 """Read-only: a job's state and place in line, and where a new job of a flow would be
 placed, each in one script call (``lua/job_status.lua``, ``lua/estimate_start.lua``):
-O(log n) in the prioritized set, the history's buckets of the last minute beside it.
+O(log n) in the prioritized set, the history's buckets of the rate's window beside it.
 
 What comes back is raw (the clock, the flow's state, the limits, the history); the
 arithmetic that turns it into a time is :mod:`fairqueue.scheduling.estimate`.
@@ -16,13 +16,13 @@ from fairqueue.broker.common import SCORE_BASE, TAG_FLOOR, TAG_RESOLUTION, fair_
 from fairqueue.broker.connection import BrokerPart, Connection
 from fairqueue.broker.limit_store import limits_key
 from fairqueue.broker.scripts import plain_script
-from fairqueue.scheduling.estimate import FlowSnapshot, HistoryBucket
+from fairqueue.scheduling.estimate import RATE_WINDOW_S, FlowSnapshot, HistoryBucket
 from fairqueue.scheduling.levels import PriorityLevel
 from fairqueue.scheduling.limits import TenantLimits
 from fairqueue.scheduling.shares import BUCKET_S, LEVEL_NAMES
 
-#: History buckets read: the current one and those of the last minute before it.
-RATE_BUCKETS: Final = 60 // BUCKET_S + 1
+#: History buckets read: the current one and those of the rate's window before it.
+RATE_BUCKETS: Final = RATE_WINDOW_S // BUCKET_S + 1
 
 
 def _text(value: Any) -> str:
@@ -36,7 +36,7 @@ def _float(value: Any) -> float | None:
 
 @dataclass(frozen=True, slots=True)
 class History:
-    """The history's buckets of the last minute and when recording began."""
+    """The history's buckets of the rate's window and when recording began."""
 
     since_ms: int | None
     buckets: tuple[HistoryBucket, ...]
@@ -190,7 +190,7 @@ class StatusReads(BrokerPart):
         count: int = 1,
     ) -> RawEstimate:
         """Where ``count`` new jobs of (``level``, ``tenant``) would be placed now (the
-        last of them), what holds the tenant, and the last minute's history."""
+        last of them), what holds the tenant, and the rate window's history."""
         script = self.conn.script(plain_script("estimate_start"))
         reply = await self.conn.guard(
             script(

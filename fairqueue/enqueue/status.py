@@ -91,6 +91,8 @@ def _rate(raw: RawEstimate | RawStatus, typical_ms: float | None) -> eta.Service
         now_ms=raw.now_ms,
         since_ms=history.since_ms,
         bucket_s=BUCKET_S,
+        typical_ms=typical_ms if typical_ms is not None else history.typical_ms,
+        by_time=get_settings().fairness_by == "time",
     )
 
 

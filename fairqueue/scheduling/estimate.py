@@ -6,9 +6,10 @@ new job as the add script would; :func:`place` is the same arithmetic, and the t
 hold both to the add script's placement. The rest turns a place into a time
 (docs/design.md, "When a job will start"):
 
-* **The service rate** is what the loop's history step measured over the last minute:
+* **The service rate** is what the loop's history step measured over the last 20-30 s:
   jobs started per second (``R``), and per level. The virtual time moves at
-  ``v = TAG_SCALE * max over levels (level's turns served per second / level weight)``:
+  ``v = TAG_SCALE * max over levels (level's turns served per second / level weight)``
+  (turns: jobs started, or with fairness by time worker time over the typical run time):
   a level with a backlog is served exactly at that pace (its tenants' flow weights add
   up to its weight), a level within its share at less, so the largest is the clock's.
 * **A waiting job** with finish tag ``T`` of a level of weight ``W`` is popped once the
@@ -33,8 +34,10 @@ from fairqueue.scheduling.order import TAG_SCALE, flow_step
 
 Confidence = Literal["high", "medium", "low", "none"]
 
-#: The window the service rate is measured over (seconds), as the history keeps it.
-RATE_WINDOW_S: Final = 60
+#: The window the service rate is measured over (seconds): the history's buckets that
+#: start within it, the current one partly elapsed (20 to 30 s of starts). Long enough
+#: for a steady pace, short enough to follow a change of load within half a minute.
+RATE_WINDOW_S: Final = 20
 #: Starts measured in the window for a ``high`` confidence (with steady buckets), and for
 #: ``medium``; fewer is ``low``; none at all (and jobs ahead) is ``none``: no estimate.
 HIGH_CONFIDENCE_STARTS: Final = 60
@@ -103,7 +106,7 @@ class HistoryBucket:
 
 @dataclass(frozen=True, slots=True)
 class ServiceRate:
-    """What the workers served over the last minute."""
+    """What the workers served over the rate's window (:data:`RATE_WINDOW_S`)."""
 
     #: Jobs started per second, all levels.
     jobs_per_s: float
@@ -114,13 +117,15 @@ class ServiceRate:
     fastest_per_s: float
     #: Starts counted in the window.
     measured: int
+    #: Turns served per second, all levels (jobs per second when fairness counts jobs).
+    turns_per_s: float = 0.0
 
     @property
     def known(self) -> bool:
         return self.jobs_per_s > 0 and self.vt_per_s > 0
 
 
-NO_RATE: Final = ServiceRate(0.0, 0.0, 0.0, 0.0, 0)
+NO_RATE: Final = ServiceRate(0.0, 0.0, 0.0, 0.0, 0, 0.0)
 
 
 def service_rate(
@@ -130,11 +135,15 @@ def service_rate(
     since_ms: int | None,
     bucket_s: int,
     window_s: int = RATE_WINDOW_S,
+    typical_ms: float | None = None,
+    by_time: bool = False,
     weights: Mapping[PriorityLevel, int] = DEFAULT_FAIR_WEIGHTS,
 ) -> ServiceRate:
     """The service rate of the last ``window_s`` (the buckets that start after
-    ``now - window_s``, the current one partly elapsed); each start counts one turn.
-    ``since_ms``: when the history began (a shorter window before a minute)."""
+    ``now - window_s``, the current one partly elapsed). The virtual time's pace counts
+    turns: with fairness by time (``by_time``) the worker time served over the queue's
+    ``typical_ms`` run time, else jobs started. ``since_ms``: when the history began (a
+    shorter window before then)."""
     if since_ms is None:
         return NO_RATE
     now_s = now_ms / 1000
@@ -149,10 +158,16 @@ def service_rate(
     measured = sum(starts.values())
     if measured == 0:
         return NO_RATE
-    # Each start counts one turn: with fairness by time a flow whose jobs run longer
-    # than the queue's typical job takes more virtual time per start, which this leaves
-    # out (docs/design.md, "When a job will start").
-    paces = [starts[level.value] / elapsed / weights[level] for level in PriorityLevel]
+    worked = {name: sum(b.worker_ms.get(name, 0) for b in kept) for name in LEVEL_NAMES}
+    # With fairness by time a flow's clock moves by the worker time its attempts used
+    # (placed by their estimate, the rest charged): turns = worker time over the queue's
+    # typical run time. Counting jobs, each start is a turn.
+    use_time = by_time and bool(typical_ms) and sum(worked.values()) > 0
+    served = {
+        name: worked[name] / typical_ms if use_time and typical_ms else float(starts[name])
+        for name in LEVEL_NAMES
+    }
+    paces = [served[level.value] / elapsed / weights[level] for level in PriorityLevel]
     whole = [
         sum(b.starts.values()) / bucket_s
         for b in kept
@@ -165,6 +180,7 @@ def service_rate(
         slowest_per_s=min(whole, default=rate),
         fastest_per_s=max(whole, default=rate),
         measured=measured,
+        turns_per_s=sum(served.values()) / elapsed,
     )
 
 
@@ -288,11 +304,12 @@ def flow_share(
 ) -> float | None:
     """The fraction of the workers the flow gets while it has a backlog: its flow weight
     (its level's weight split among ``level_share`` counted tenant weights) at the
-    virtual time's measured pace, over the jobs served per second."""
+    virtual time's measured pace, over the turns served per second."""
     if not rate.known or level_share <= 0:
         return None
     flow_weight = weights[level] * tenant_weight / level_share
-    return min(1.0, rate.vt_per_s * flow_weight / TAG_SCALE / rate.jobs_per_s)
+    served = rate.turns_per_s or rate.jobs_per_s
+    return min(1.0, rate.vt_per_s * flow_weight / TAG_SCALE / served)
 
 
 @dataclass(frozen=True, slots=True)

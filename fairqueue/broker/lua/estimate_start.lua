@@ -1,7 +1,7 @@
 --[[
   Read-only: where a new job (or n jobs) of a flow would be placed now, how many jobs
   BullMQ would pop before the last of them, what holds its tenant, and the service rate
-  of the last minute (fairqueue.broker.status_reads.StatusReads.estimate).
+  of the last half minute (fairqueue.broker.status_reads.StatusReads.estimate).
 
   KEYS[1..7]  BullMQ's prioritized set and wait list; fairqueue's state, flows,
               fweights; the limits key L; fq:hist

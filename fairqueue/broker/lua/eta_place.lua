@@ -107,7 +107,7 @@ local function fqEtaPlace(K, c, level, tenant, weight, explicitMs, byTime, n)
   return p
 end
 
--- The history's buckets of the last minute (fq:hist:<start>, written by the loop's
+-- The history's buckets of the rate's window (fq:hist:<start>, written by the loop's
 -- history step): count buckets back from the current one, each {start, starts per level
 -- (critical..low), worker ms per level}, flattened; and when recording began.
 local fqEtaLevels = {'critical', 'high', 'normal', 'low'}
