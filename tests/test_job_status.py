@@ -133,14 +133,21 @@ def test_the_estimate_rides_on_the_job_and_its_error_is_measured(fq_prefix, redi
     assert job.estimate.expected_wait_ms > 0 and job.estimate.confidence != "none"
     opts = json.loads(redis_client.hget(f"{fq_prefix}:email:{job.job_id}", "opts"))
     assert opts["fqEta"] == job.estimate.expected_start_ms
+    batch = enqueue_jobs("email", [{}] * 4, tenant_id="a", priority_level="normal", estimate=True)
+    starts = [job.estimate.expected_start_ms for job in batch]
+    assert starts == sorted(starts) and starts[0] < starts[-1]
+    assert [job.estimate.ahead for job in batch] == list(range(21, 25))
+    for job in batch:
+        opts = json.loads(redis_client.hget(f"{fq_prefix}:email:{job.job_id}", "opts"))
+        assert opts["fqEta"] == job.estimate.expected_start_ms
     plain = enqueue_job("email", {}, tenant_id="a", priority_level="normal")
     assert plain.estimate is None
     assert "fqEta" not in json.loads(redis_client.hget(f"{fq_prefix}:email:{plain.job_id}", "opts"))
     name = "queue_fair_start_estimate_error_seconds_count"
     before = metric(name, job_type="email", priority_level="normal")
-    drain_with_stock_worker(fq_prefix, "email", len(backlog) + 2)
+    drain_with_stock_worker(fq_prefix, "email", len(backlog) + 6)
     rebalance_queue("email", rebalancer="eta-test")
-    assert metric(name, job_type="email", priority_level="normal") == before + 1
+    assert metric(name, job_type="email", priority_level="normal") == before + 5
 
 
 def test_max_wait_refuses_the_flooding_tenant_and_admits_the_trickling_one(fq_prefix, redis_client):

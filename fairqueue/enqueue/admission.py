@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from fairqueue.broker import get_sync_broker
 from fairqueue.enqueue.calls import EnqueuedJob, Prepared
-from fairqueue.enqueue.status import estimate_call
+from fairqueue.enqueue.status import MAX_ESTIMATE_COUNT, estimate_call
 from fairqueue.exceptions import (
     BrokerUnavailableError,
     ExpectedWaitTooLongError,
@@ -70,14 +70,18 @@ async def estimates_for(prepared: Sequence[Prepared], call_count: int) -> list[S
     interpolated (one flow's jobs are evenly spaced on its clock)."""
     item = prepared[0]
     job = item.new_job
-    last = await estimate_call(item.queue, item.resolved, job.cost_ms, call_count, job.delay_ms)
+    placed = min(call_count, MAX_ESTIMATE_COUNT)
+    last = await estimate_call(item.queue, item.resolved, job.cost_ms, placed, job.delay_ms)
     if call_count == 1:
         return [last]
     first = await estimate_call(item.queue, item.resolved, job.cost_ms, 1, job.delay_ms)
-    return [_between(first, last, index / (call_count - 1)) for index in range(call_count)]
+    # one flow's jobs are evenly spaced on its clock: beyond the jobs placed, the same pace
+    return [_between(first, last, index / (placed - 1)) for index in range(call_count)]
 
 
 def _between(first: StartEstimate, last: StartEstimate, at: float) -> StartEstimate:
+    """The estimate ``at`` of the way from ``first`` to ``last`` (past 1: beyond it)."""
+
     def mix(a: int | None, b: int | None) -> int | None:
         return None if a is None or b is None else round(a + (b - a) * at)
 

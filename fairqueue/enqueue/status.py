@@ -37,8 +37,9 @@ JOB_STATUS_STATES: Final = (
     "failed",
     "unknown",
 )
-#: The most jobs one ``estimate_start`` call may place (an ``enqueue_jobs`` batch).
-MAX_ESTIMATE_COUNT: Final = 100_000
+#: The most jobs one ``estimate_start`` call places (the script places them one after the
+#: other: about a microsecond each); a longer batch's last job is extrapolated.
+MAX_ESTIMATE_COUNT: Final = 10_000
 
 
 @dataclass(frozen=True, slots=True)

@@ -104,6 +104,7 @@ local function fqEtaPlace(K, c, level, tenant, weight, explicitMs, byTime, n)
   end
   p.tag = tag
   p.score = fqScoreOf(c, tag, level)
+  p.n = n
   return p
 end
 
@@ -125,7 +126,8 @@ local function fqEtaRate(K, now, bucketS, count)
 end
 
 -- A placement's reply: the model's inputs and the result, as text (Lua numbers would be
--- cut to integers).
+-- cut to integers). The jobs ahead of the last of n: those with lower scores now and the
+-- n - 1 placed before it.
 local function fqEtaReply(c, p, K)
   local ahead = ''
   if p.score then
@@ -133,6 +135,7 @@ local function fqEtaReply(c, p, K)
   else
     ahead = redis.call('ZCARD', K.prioritized)
   end
+  ahead = ahead + (p.n or 1) - 1
   return {fqEtaNum(c.vt), fqEtaNum(c.base), c.fresh and 1 or 0, fqEtaNum(p.last), p.counted,
     fqEtaNum(p.horizon), p.total, fqEtaNum(p.frontier), fqEtaNum(p.cost), fqEtaNum(p.tag),
     p.score and string.format('%d', p.score) or '', ahead, fqEtaNum(c.typical),
