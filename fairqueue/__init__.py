@@ -19,12 +19,20 @@ from fairqueue.enqueue.api import (
     enqueue_on_commit,
 )
 from fairqueue.enqueue.priority import wire_tenant_plan_lookup, wire_tenant_weight_lookup
+from fairqueue.enqueue.status import (
+    JobStatus,
+    aestimate_start,
+    ajob_status,
+    estimate_start,
+    job_status,
+)
 from fairqueue.exceptions import (
     BrokerError,
     BrokerRejectedError,
     BrokerUnavailableError,
     ConflictingPayloadError,
     ConflictingPriorityError,
+    ExpectedWaitTooLongError,
     FairqueueError,
     ImplicitInternalJobWarning,
     InvalidJobOptionError,
@@ -47,6 +55,7 @@ from fairqueue.exceptions import (
     WorkerStoppedError,
 )
 from fairqueue.plans import set_subscription_to_plan_tier
+from fairqueue.scheduling.estimate import StartEstimate
 from fairqueue.scheduling.levels import PriorityLevel, normalize_priority
 from fairqueue.tenants import pause_tenant, resume_tenant, retry_failed
 from fairqueue.worker.handlers import JobContext, handler
@@ -60,6 +69,7 @@ __all__ = [
     "ConflictingPayloadError",
     "ConflictingPriorityError",
     "EnqueuedJob",
+    "ExpectedWaitTooLongError",
     "FairqueueError",
     "ImplicitInternalJobWarning",
     "InvalidJobOptionError",
@@ -71,24 +81,30 @@ __all__ = [
     "InvalidTenantLimitError",
     "InvalidTenantWeightError",
     "JobContext",
+    "JobStatus",
     "LockLostError",
     "NoHandlerError",
     "PartialEnqueueError",
     "PayloadTooLargeError",
     "PriorityLevel",
     "SettingError",
+    "StartEstimate",
     "TaskFailedError",
     "TaskJobError",
     "TenantBacklogFullError",
     "UnknownJobTypeError",
     "WorkerStoppedError",
     "aenqueue_job",
+    "aestimate_start",
+    "ajob_status",
     "breaker_status",
     "close_breaker",
     "enqueue_job",
     "enqueue_jobs",
     "enqueue_on_commit",
+    "estimate_start",
     "handler",
+    "job_status",
     "normalize_priority",
     "pause_tenant",
     "resume_tenant",

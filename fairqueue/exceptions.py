@@ -143,6 +143,38 @@ class TenantBacklogFullError(FairqueueError):
         self.waiting = waiting
 
 
+class ExpectedWaitTooLongError(FairqueueError):
+    """An enqueue with ``max_wait_ms`` whose job is expected to start later than that.
+    Nothing was written. The estimate follows the fair shares, so it is the flows over
+    their share that are refused: ``share`` is the fraction of the workers the flow gets
+    while it has a backlog (``None``: not measured), ``expected_wait_ms`` the wait it
+    would have had, ``retry_after_s`` when its backlog will have drained enough (whole
+    seconds, at least 1: an HTTP ``Retry-After``)."""
+
+    def __init__(
+        self,
+        *,
+        job_type: str,
+        level: str,
+        expected_wait_ms: int,
+        max_wait_ms: int,
+        retry_after_s: int,
+        share: float | None,
+    ) -> None:
+        shown = "not measured" if share is None else f"{share:.0%} of the workers"
+        super().__init__(
+            f"a {level} job of type {job_type!r} is expected to start in {expected_wait_ms} ms, "
+            f"past max_wait_ms={max_wait_ms}: its flow's share is {shown}, so the enqueue "
+            f"was refused and nothing was added; retry after {retry_after_s} s"
+        )
+        self.job_type = job_type
+        self.level = level
+        self.expected_wait_ms = expected_wait_ms
+        self.max_wait_ms = max_wait_ms
+        self.retry_after_s = retry_after_s
+        self.share = share
+
+
 class Problem(StrEnum):
     """What a :class:`SettingError` is about: one setting (a ``FAIRQUEUE`` key and the
     environment variable that overrides it) or a problem no single key owns. The system

@@ -45,6 +45,12 @@ WAIT_BUCKETS_S: Final = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
     300.0, 600.0, 1800.0, 3600.0,
 )  # fmt: skip
+#: Upper bounds (seconds) of the estimate-error histogram's buckets: predicted less actual
+#: start, both ways (negative: the job started later than predicted).
+ESTIMATE_ERROR_BUCKETS_S: Final = (
+    -300.0, -60.0, -30.0, -10.0, -5.0, -2.0, -1.0, -0.5, -0.25, -0.1, 0.0, 0.1, 0.25, 0.5,
+    1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0,
+)  # fmt: skip
 #: Upper bounds (seconds) of the pass duration histogram's buckets.
 PASS_BUCKETS_S: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -76,6 +82,8 @@ class QueueFairMetrics:
     # Quotas and the breaker (no tenant label; docs/usage.md).
     quota_exceeded: Counter
     breaker_open: Gauge
+    # Estimates of when jobs start (enqueued with estimate=True), against when they did.
+    start_estimate_error: Histogram
 
 
 _lock = threading.Lock()
@@ -312,6 +320,17 @@ FAMILIES: Final[tuple[_Family, ...]] = (
         "included.",
         ("job_type",),
         zero_for="job_type",
+    ),
+    _Family(
+        "start_estimate_error",
+        Histogram,
+        "queue_fair_start_estimate_error_seconds",
+        "Expected start less actual start of jobs enqueued with an estimate (first attempts), "
+        "read by the rebalancer from BullMQ's events stream.",
+        ("job_type", "priority_level"),
+        buckets=ESTIMATE_ERROR_BUCKETS_S,
+        zero_for="job_type",
+        second=LEVEL_VALUES,
     ),
 )
 

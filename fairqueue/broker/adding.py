@@ -80,6 +80,9 @@ class NewJob:
     #: caller has made it already (the enqueue API does, to check the payload's size):
     #: packing then skips a second serialisation. ``None``: serialised from ``data``.
     data_json: str | None = None
+    #: Its expected start (ms, Redis's clock) when the enqueue asked for an estimate:
+    #: kept in its opts (``fqEta``) for the estimate-error metric. ``None``: not asked.
+    eta_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +258,8 @@ class AddPacker:
                 opts["attempts"] = job.attempts
             if job.backoff is not None:
                 opts["backoff"] = job.backoff
+            if job.eta_ms is not None:
+                opts["fqEta"] = job.eta_ms
             given = job.data_json
             bull_job = BullJob(bull_queue, job.name, job.data if given is None else None, opts)
             packed_args, data, packed_opts = scripts.addJobArgs(bull_job)

@@ -15,6 +15,7 @@ import json
 import math
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -45,6 +46,8 @@ _WANTED = {b"active", *_END_EVENTS, *_READD_EVENTS}
 #: tenant first in the data, the add script a whole fqReady in the opts.
 _FAST_META = re.compile(rb'\{"priorityLevel":"([a-z]+)","tenantId":"([^"\\]+)"[,}]')
 _FAST_READY = re.compile(rb'[{,]"fqReady":(\d+)[,}]')
+#: The expected start an enqueue with ``estimate=True`` kept in the job's opts.
+_FAST_ETA = re.compile(rb'[{,]"fqEta":(\d+)[,}]')
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +71,9 @@ class RecordedPage:
     #: the rebalancer's metrics. Empty on the first call (it only sets the cursor).
     started_by_level: dict[str, int] = field(default_factory=dict)
     waits: tuple[tuple[str, int], ...] = ()
+    #: First attempts of jobs enqueued with an estimate: (level name, predicted start
+    #: less actual start, ms), for ``queue_fair_start_estimate_error_seconds``.
+    estimate_errors: tuple[tuple[str, int], ...] = ()
 
 
 def _text(raw: bytes) -> str:
@@ -202,6 +208,8 @@ class PageReader:
         self.lock_key, self.token, self.lock_ttl_ms = fence.lock_key, fence.token, fence.ttl_ms
         self.events_key = conn.key(queue, "events")
         self.hist_key = conn.fair_key(queue, "hist")
+        #: The page's first attempts enqueued with an estimate: (level, error ms).
+        self.estimate_errors: list[tuple[str, int]] = []
 
     async def record(
         self,
@@ -257,7 +265,7 @@ class PageReader:
             raise LockLostError(self.queue)
         if written == 0:  # another call recorded this page first: read again
             return RecordedPage(read=0, recorded=0, unknown=0, gap_ms=0, more=True)
-        return _recorded(page, len(kept), gap, more=full or spent)
+        return _recorded(page, len(kept), gap, more=full or spent, errors=self.estimate_errors)
 
     async def _page(
         self, cursor: str | None, ord_: int, since: str | None, page_size: int, now_s: int
@@ -309,6 +317,7 @@ class PageReader:
                 rows[pending[i // width]] = flat[i : i + width]
         events: list[Event] = []
         starts: dict[str, Start | None] = {}
+        self.estimate_errors = []
         kept_count, used = 0, 0
         for event in parsed:
             if used > byte_budget:
@@ -324,7 +333,11 @@ class PageReader:
                     events.pop()
                     break
                 used += len(row[4]) if row[4] else 0
-                starts[event.job_id] = parse_start(row, max_data_bytes)
+                start = starts[event.job_id] = parse_start(row, max_data_bytes)
+                predicted = _FAST_ETA.search(row[3] or b"")
+                if predicted and start is not None and start.level and start.first_attempt:
+                    error = int(predicted.group(1)) - event.at_ms
+                    self.estimate_errors.append((start.level, error))
         return events, starts, entries[:kept_count], used > byte_budget
 
     async def _xrange(self, low: str, count: int) -> list:
@@ -468,7 +481,12 @@ class PageReader:
 
 
 def _recorded(
-    page: attempts.PageRecord, read: int, gap: dict[int, int], *, more: bool
+    page: attempts.PageRecord,
+    read: int,
+    gap: dict[int, int],
+    *,
+    more: bool,
+    errors: Sequence[tuple[str, int]] = (),
 ) -> RecordedPage:
     """What a recorded page tells the pass (counts for its result and metrics)."""
     return RecordedPage(
@@ -484,4 +502,5 @@ def _recorded(
             if page.started_by_level.get(level)
         },
         waits=tuple(page.waits),
+        estimate_errors=tuple(errors),
     )

@@ -321,12 +321,6 @@ async def aqueue_stats(
 
     levels = _levels(scan, now_ms=now_ms, max_wait_ms=max_wait_ms)
     overdue_total = None if scan is None else sum(levels[name]["overdue"] for name in levels)
-    holder, ttl_ms = reads.lock
-    lock_info = {
-        "holder": holder,
-        "ttl_ms": ttl_ms if holder else None,
-        "display": holder or "free (no rebalancer holds it)",
-    }
     stats: dict[str, Any] = {
         "job_type": job_type,
         "queue": queue,
@@ -348,7 +342,7 @@ async def aqueue_stats(
         ),
         "limits": limits_section(reads.limited),
         "last_pass": _last_pass(reads.last_pass, now_ms=now_ms),
-        "lock": lock_info,
+        "lock": _lock_info(reads.lock),
         "history": _history(
             reads.recorded,
             scan,
@@ -403,6 +397,15 @@ async def _read_queue(
         broker.limits.status(queue, held_ids=HELD_JOBS_SHOWN),
     )
     return _QueueReads(counts, last_pass, lock, head, rows, recorded, paused, memory, limited)
+
+
+def _lock_info(lock: tuple[str | None, int]) -> dict[str, Any]:
+    holder, ttl_ms = lock
+    return {
+        "holder": holder,
+        "ttl_ms": ttl_ms if holder else None,
+        "display": holder or "free (no rebalancer holds it)",
+    }
 
 
 def _order(

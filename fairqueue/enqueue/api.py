@@ -45,6 +45,7 @@ from fairqueue.broker import (
     get_broker,
     get_sync_broker,
 )
+from fairqueue.enqueue.admission import aadmit, admit, attach, check_admission_options
 from fairqueue.enqueue.audit import insert_audits, settle_audits
 from fairqueue.enqueue.calls import (
     EnqueuedJob,
@@ -177,6 +178,8 @@ def enqueue_job(
     *,
     durable: bool = False,
     using: str | None = None,
+    estimate: bool = False,
+    max_wait_ms: int | None = None,
     **options: Unpack[EnqueueOptions],
 ) -> EnqueuedJob:
     """Enqueue one job of ``job_type`` now (or, ``durable``, through the outbox).
@@ -211,7 +214,13 @@ def enqueue_job(
         source, actor: recorded in the audit row (e.g. ``"signup view"``, ``request.user``).
         durable: write the job to the outbox in the current transaction (on database
             ``using``) instead of Redis; the relay adds it after commit (see
-            :func:`enqueue_on_commit`). Redis is not contacted before commit.
+            :func:`enqueue_on_commit`). Redis is not contacted before commit (unless
+            ``estimate`` or ``max_wait_ms`` asks it for an estimate).
+        estimate: also estimate when the job will start (``EnqueuedJob.estimate``; one
+            read-only script call before the add; docs/design.md, "When a job will start").
+        max_wait_ms: refuse the job (:class:`~fairqueue.ExpectedWaitTooLongError`,
+            nothing written) when it is expected to start later than this: admission
+            control that refuses the flows over their fair share.
 
     Raises:
         UnknownJobTypeError, InvalidPayloadError, PayloadTooLargeError,
@@ -226,11 +235,15 @@ def enqueue_job(
             ``maxmemory``, ``ReadOnlyError``...); ``redis_error`` names it. Nothing of
             that call was added. Both are ``BrokerError``.
     """
-    check_keywords("enqueue_job", options, ("durable", "using"))
+    check_keywords("enqueue_job", options, ("durable", "using", "estimate", "max_wait_ms"))
+    check_admission_options(estimate, max_wait_ms)
     prepared = [prepare(job_type, payload, **options)]
+    prepared, estimates = admit(
+        prepared, estimate=estimate, max_wait_ms=max_wait_ms, durable=durable
+    )
     if durable:
-        return enqueue_durable(prepared, using)[0]
-    return _enqueue_prepared(prepared)[0]
+        return attach(enqueue_durable(prepared, using), estimates)[0]
+    return attach(_enqueue_prepared(prepared), estimates)[0]
 
 
 def enqueue_jobs(
@@ -239,12 +252,15 @@ def enqueue_jobs(
     *,
     durable: bool = False,
     using: str | None = None,
+    estimate: bool = False,
+    max_wait_ms: int | None = None,
     **options: Unpack[EnqueueOptions],
 ) -> list[EnqueuedJob]:
     """Enqueue many jobs of one type with the same options, all validated before any is
     sent, in one Redis round trip per 250 jobs (each chunk atomic: all its jobs or
     none). ``job_id`` and ``delay_ms`` are not batch options; ``durable`` as in
-    :func:`enqueue_job` (one transaction for the whole batch).
+    :func:`enqueue_job` (one transaction for the whole batch); ``estimate`` and
+    ``max_wait_ms`` as there, for the batch's last job (refused whole).
 
     Raises:
         PartialEnqueueError: a chunk after the first failed: ``.added`` / ``.job_ids``
@@ -252,7 +268,8 @@ def enqueue_jobs(
             ``.not_sent`` the rest; retry ``payloads[len(exc.added):]``.
         BrokerUnavailableError: the first chunk failed; nothing else was sent.
     """
-    check_keywords("enqueue_jobs", options, ("durable", "using"))
+    check_keywords("enqueue_jobs", options, ("durable", "using", "estimate", "max_wait_ms"))
+    check_admission_options(estimate, max_wait_ms)
     for option in ("job_id", "delay_ms"):
         if options.get(option) is not None:
             raise InvalidJobOptionError(
@@ -268,27 +285,41 @@ def enqueue_jobs(
         return []
     call = resolve_call(job_type, **options)
     prepared = [prepare_job(call, payload, **options) for payload in payloads]
+    prepared, estimates = admit(
+        prepared, estimate=estimate, max_wait_ms=max_wait_ms, durable=durable
+    )
     if durable:
-        return enqueue_durable(prepared, using)
-    return _enqueue_prepared(prepared)
+        return attach(enqueue_durable(prepared, using), estimates)
+    return attach(_enqueue_prepared(prepared), estimates)
 
 
 async def aenqueue_job(
-    job_type: str, payload: Mapping[str, Any], **options: Unpack[EnqueueOptions]
+    job_type: str,
+    payload: Mapping[str, Any],
+    *,
+    estimate: bool = False,
+    max_wait_ms: int | None = None,
+    **options: Unpack[EnqueueOptions],
 ) -> EnqueuedJob:
     """Async twin of :func:`enqueue_job`, for async views: the Redis call is awaited on
     the caller's event loop and the plan lookup goes through the ORM in a thread. An
     audited job runs the sync path in a thread instead, so its audit row and its add
-    share one transaction."""
-    check_keywords("aenqueue_job", options)
+    share one transaction. ``estimate`` and ``max_wait_ms`` as in :func:`enqueue_job`."""
+    check_keywords("aenqueue_job", options, ("estimate", "max_wait_ms"))
+    check_admission_options(estimate, max_wait_ms)
     if options.get("tenant_id", ABSENT) is None and options.get("internal", False) is False:
         warn_implicit_internal()  # here, in the caller's stack, not in the thread below
         options = {**options, "internal": True}
     prepared = await sync_to_async(prepare)(job_type, payload, **options)
+    estimates = None
+    if estimate or max_wait_ms is not None:
+        (prepared,), estimates = await aadmit(
+            [prepared], estimate=estimate, max_wait_ms=max_wait_ms
+        )
     if prepared.audit is not None:
-        return (await sync_to_async(_enqueue_prepared)([prepared]))[0]
+        return attach(await sync_to_async(_enqueue_prepared)([prepared]), estimates)[0]
     added = await get_broker().adding.add_jobs(prepared.queue, [prepared.new_job])
-    return _record([prepared], added, set())[0]
+    return attach(_record([prepared], added, set()), estimates)[0]
 
 
 def enqueue_on_commit(
@@ -296,6 +327,7 @@ def enqueue_on_commit(
     payload: Mapping[str, Any],
     *,
     using: str | None = None,
+    max_wait_ms: int | None = None,
     **options: Unpack[EnqueueOptions],
 ) -> EnqueuedJob:
     """Enqueue durably: the job exists if and only if the surrounding transaction
@@ -308,6 +340,10 @@ def enqueue_on_commit(
     they wait for the relay (``rebalance_fair`` or ``fairqueue_relay``), nothing is
     raised from the commit and the transaction's other ``on_commit`` hooks still run.
     The returned job has ``durable=True`` and the ``job_id`` the relay will use.
+    ``max_wait_ms`` refuses the job as in :func:`enqueue_job` when Redis answers the
+    estimate's read; when it does not, the job is admitted (the outbox's promise first).
     """
-    check_keywords("enqueue_on_commit", options, ("using",))
-    return enqueue_job(job_type, payload, durable=True, using=using, **options)
+    check_keywords("enqueue_on_commit", options, ("using", "max_wait_ms"))
+    return enqueue_job(
+        job_type, payload, durable=True, using=using, max_wait_ms=max_wait_ms, **options
+    )

@@ -25,11 +25,13 @@ from fairqueue.enqueue.priority import (
     resolve_priority,
     resolve_tenant_limits,
 )
+from fairqueue.enqueue.status_tokens import status_token
 from fairqueue.exceptions import (
     ImplicitInternalJobWarning,
     InvalidJobOptionError,
     InvalidTenantError,
 )
+from fairqueue.scheduling.estimate import StartEstimate
 from fairqueue.scheduling.levels import DEFAULT_TENANT_WEIGHT, PriorityLevel
 from fairqueue.scheduling.limits import NO_LIMITS, TenantLimits
 
@@ -56,10 +58,18 @@ class EnqueuedJob:
     audited: bool
     tenant_weight: int = DEFAULT_TENANT_WEIGHT
     durable: bool = False
+    #: When it is expected to start, with ``estimate=True`` (else ``None``: not asked).
+    estimate: StartEstimate | None = None
 
     @property
     def created(self) -> bool:
         return self.bullmq_priority is not None
+
+    @property
+    def status_token(self) -> str:
+        """A signed, expiring token for the status endpoint (``fairqueue.status_urls``):
+        it names this job only, and the endpoint shows nothing of its payload or tenant."""
+        return status_token(self.job_type, self.job_id)
 
 
 @dataclass(frozen=True, slots=True)

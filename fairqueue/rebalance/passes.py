@@ -351,17 +351,19 @@ async def _record(
         result.recorded += recorded.recorded
         result.unrecorded += recorded.unknown
         result.history_gap_ms += recorded.gap_ms
-        _record_starts(queue, recorded)
+        _record_starts(queue, recorded, result.job_type)
         if not recorded.more:
             break
 
 
-def _record_starts(queue: str, page: RecordedPage) -> None:
+def _record_starts(queue: str, page: RecordedPage, job_type: str = "") -> None:
     """The starts and waits a history page read, into the rebalancer's metrics: once
     per page, as the script moved its cursor past them (never counted twice)."""
     if not (page.started_by_level or page.waits):
         return
     metrics = get_metrics()
+    for level, error_ms in page.estimate_errors:
+        metrics.start_estimate_error.labels(job_type, level).observe(error_ms / 1000)
     for level, count in page.started_by_level.items():
         metrics.jobs_started.labels(queue, level).inc(count)
     for level, wait_ms in page.waits:

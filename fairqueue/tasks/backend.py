@@ -13,6 +13,7 @@ Settings::
                 "ATTEMPTS": 3,                       # BullMQ attempts (default 1)
                 "BACKOFF": {"type": "exponential", "delay": 1000},  # between attempts
                 "DURABLE": False,                    # True: through the outbox
+                "MAX_WAIT_MS": None,                 # refuse tasks expected to start later
             },
         }
     }
@@ -65,6 +66,7 @@ from django.utils import timezone
 from fairqueue import conf
 from fairqueue.broker import MAX_JOB_ID_LENGTH, RESERVED_JOB_IDS, StoredJob, get_sync_broker
 from fairqueue.conf import get_settings
+from fairqueue.enqueue.admission import check_admission_options
 from fairqueue.enqueue.api import aenqueue_job, enqueue_job
 from fairqueue.enqueue.calls import warn_implicit_internal
 from fairqueue.enqueue.options import MAX_ATTEMPTS, MAX_DELAY_MS, parse_backoff
@@ -99,7 +101,9 @@ __all__ = [
 ]
 
 DEFAULT_TENANT_KWARG: Final = "tenant_id"
-OPTION_KEYS: Final = frozenset({"TENANT_KWARG", "JOB_TYPES", "ATTEMPTS", "BACKOFF", "DURABLE"})
+OPTION_KEYS: Final = frozenset(
+    {"TENANT_KWARG", "JOB_TYPES", "ATTEMPTS", "BACKOFF", "DURABLE", "MAX_WAIT_MS"}
+)
 #: Bytes of randomness in the job ids the backend gives its jobs (32 hex characters, as
 #: long as django-tasks' own ids).
 RESULT_ID_BYTES: Final = 16
@@ -166,7 +170,9 @@ class FairQueueBackend(BaseTaskBackend):
     ``{"type": "fixed" | "exponential", "delay": ms}``; default: retry at once);
     ``DURABLE`` (default ``False``): enqueue through fairqueue's outbox, in the caller's
     database transaction, so a rolled-back transaction leaves no job and a committed one
-    never loses it (``enqueue_job(durable=True)``); the relay adds it after commit.
+    never loses it (``enqueue_job(durable=True)``); the relay adds it after commit;
+    ``MAX_WAIT_MS`` (default ``None``): refuse a task expected to start later than that
+    (``ExpectedWaitTooLongError`` from ``task.enqueue()``; ``enqueue_job(max_wait_ms=)``).
     """
 
     supports_defer = True
@@ -223,6 +229,13 @@ class FairQueueBackend(BaseTaskBackend):
         self.attempts: int | None = attempts
         self.backoff: dict[str, Any] | None = backoff
         self.durable: bool = durable
+        max_wait_ms = options.get("MAX_WAIT_MS")
+        try:
+            check_admission_options(False, max_wait_ms)
+        except InvalidJobOptionError as exc:
+            raise ImproperlyConfigured(f"{where}['MAX_WAIT_MS']: {exc}") from None
+        #: Refuse a task expected to start later (``ExpectedWaitTooLongError``).
+        self.max_wait_ms: int | None = max_wait_ms
 
     def __repr__(self) -> str:
         return f"FairQueueBackend(alias={self.alias!r})"
@@ -369,6 +382,8 @@ class FairQueueBackend(BaseTaskBackend):
             options["attempts"] = self.attempts
         if self.backoff is not None:
             options["backoff"] = self.backoff
+        if self.max_wait_ms is not None:
+            options["max_wait_ms"] = self.max_wait_ms
         tenant = self._tenant(kwargs)
         if tenant is None:
             # Warned here, in the caller's stack (aenqueue runs the enqueue in a thread).

@@ -1,0 +1,506 @@
+"""How good is "when will my job start?": estimates at enqueue against real starts, live,
+and what ``job_status`` and ``estimate_start`` cost Redis at a million waiting jobs.
+
+Live part (Redis on ``FAIRQUEUE_REDIS_URL``, a stock Node BullMQ worker,
+``benchmarks/live_worker.mjs``, concurrency 1 so the pop order is the start order,
+and the real ``manage.py rebalance_fair`` loop): per scenario, a fresh prefix, a short
+calibration backlog (the worker's capacity C), ``--warmup-s`` of the scenario's own
+arrivals (so the loop's history has measured its pace; not in the figures), then
+``--seconds`` of open-loop arrivals, every job enqueued one by one with
+``enqueue_job(..., estimate=True)`` (and ``max_wait_ms`` in ``overload``), every 5th one
+asked ``job_status`` right after its add. The arrivals then go on (not in the figures)
+until every measured job has started, at most ``--drain-s``: the estimate assumes the
+flows backlogged now stay so, and a load that stops lets the jobs far back start sooner.
+
+* error = |expected start - actual start| (the worker's ``processedOn``; one machine, one
+  clock), against the job's actual wait; a job is *within* when the error is at most 20%
+  of its wait, or 100 ms when it waited under 500 ms.
+* place in line: for the jobs asked, ``ahead`` (what ``job_status`` said) against the jobs
+  the worker actually took before it, less those enqueued after the call (jobs arriving
+  later with earlier turns, counted apart as ``later``).
+
+Scenarios (C = the worker's measured capacity):
+
+* ``backlogged``  critical, high, normal, low at 0.3 C each (1.2 C in all: normal and
+  low backlogged)
+* ``flood``       critical at 2 C beside low at 0.1 C (within its share)
+* ``tenants``     normal: A and B at 1 C each, ``sparse`` at 0.05 C
+* ``overload``    critical and high at 1 C, normal at 0.95 C, low at 0.05 C (within its
+  share; 3 C in all), every enqueue with ``max_wait_ms=2000``: refusals per flow and the
+  admitted jobs' wait p99
+* ``slow``        normal: ``slow`` (jobs 4x as long) and ``fast`` at 0.3 C each
+
+Cost part (a private redis-server, ``--waiting`` jobs over 400 flows): the Redis time of
+``job_status`` and ``estimate_start`` scripts from its slow log (threshold 0), p50 / p99
+/ max over 200 calls each.
+
+    python benchmarks/bench_eta.py [--only flood ...] [--seconds 12] [--run-ms 10]
+        [--waiting 1000000] [--skip-cost] [--skip-live]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.bench_fairness import (  # noqa: E402
+    JOB_TYPE,
+    LOG,
+    OUT,
+    NodeWorker,
+    setup_django,
+    start_loop,
+    wait_for_loop,
+)
+from benchmarks.common import REDIS_URL, delete_prefix  # noqa: E402
+
+TICK_S = 0.01
+LEVELS = ("critical", "high", "normal", "low")
+STATUS_EVERY = 5
+
+
+@dataclass(frozen=True)
+class Source:
+    level: str
+    tenant: str
+    share_of_c: float
+    #: Its jobs run this many times as long as the others (``None``: as long).
+    run_factor: float | None = None
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    sources: tuple[Source, ...]
+    max_wait_ms: int | None = None
+
+
+SCENARIOS = (
+    Scenario(
+        "backlogged", tuple(Source(lv, "t", 0.5) for lv in ("critical", "high", "normal", "low"))
+    ),
+    Scenario("flood", (Source("critical", "f", 2.0), Source("low", "l", 0.1))),
+    Scenario(
+        "tenants",
+        (Source("normal", "A", 1.0), Source("normal", "B", 1.0), Source("normal", "sparse", 0.05)),
+    ),
+    Scenario(
+        "overload",
+        (
+            Source("critical", "t", 1.0),
+            Source("high", "t", 1.0),
+            Source("normal", "t", 0.95),
+            Source("low", "t", 0.05),  # within its share (0.1 C)
+        ),
+        max_wait_ms=2000,
+    ),
+    Scenario("slow", (Source("normal", "slow", 0.3, run_factor=4), Source("normal", "fast", 0.3))),
+)
+
+
+@dataclass
+class Sent:
+    flow: str
+    enqueued_ms: int
+    expected_ms: int | None
+    confidence: str
+    said_ahead: int | None = None
+    asked_at_ms: int | None = None
+    #: Sent in the warm-up: in the start order, not in the figures.
+    warm: bool = False
+
+
+@dataclass
+class Outcome:
+    scenario: str
+    sent: dict[str, Sent] = field(default_factory=dict)
+    refused: Counter[str] = field(default_factory=Counter)
+    starts: dict[str, int] = field(default_factory=dict)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def produce(
+    scenario: Scenario,
+    capacity: float,
+    seconds: float,
+    run_ms: int,
+    out: Outcome,
+    warm: bool = False,
+) -> None:
+    """Open-loop arrivals, one ``enqueue_job`` each (on the Django thread); ``warm``:
+    the warm-up's, kept apart from the figures."""
+    from fairqueue import ExpectedWaitTooLongError, enqueue_job, job_status
+
+    sent_count = [0] * len(scenario.sources)
+    start = time.monotonic()
+    n = 0
+    while (elapsed := time.monotonic() - start) < seconds:
+        for index, source in enumerate(scenario.sources):
+            rate = source.share_of_c * capacity
+            due = int(rate * elapsed) + 1 - sent_count[index]
+            for _ in range(max(0, due)):
+                sent_count[index] += 1
+                flow = f"{source.level}/{source.tenant}"
+                payload = {} if source.run_factor is None else {"runMs": source.run_factor * run_ms}
+                try:
+                    job = enqueue_job(
+                        JOB_TYPE,
+                        payload,
+                        tenant_id=source.tenant,
+                        priority_level=source.level,
+                        estimate=True,
+                        max_wait_ms=scenario.max_wait_ms,
+                    )
+                except ExpectedWaitTooLongError:
+                    out.refused[flow] += 1
+                    continue
+                est = job.estimate
+                assert est is not None
+                enqueued = (est.expected_start_ms or 0) - (est.expected_wait_ms or 0)
+                record = Sent(flow, enqueued, est.expected_start_ms, est.confidence, warm=warm)
+                n += 1
+                if n % STATUS_EVERY == 0 and not warm:
+                    record.asked_at_ms = _now_ms()
+                    status = job_status(JOB_TYPE, job.job_id)
+                    record.said_ahead = None if status is None else status.ahead
+                out.sent[job.job_id] = record
+        time.sleep(TICK_S)
+
+
+def warm_up(capacity: float, seconds: float) -> None:
+    from fairqueue import enqueue_jobs
+
+    start = time.monotonic()
+    sent = 0
+    while (elapsed := time.monotonic() - start) < seconds:
+        due = int(capacity * elapsed) + 1 - sent
+        if due > 0:
+            enqueue_jobs(JOB_TYPE, [{}] * due, tenant_id="warm", priority_level="normal")
+            sent += due
+        time.sleep(TICK_S)
+
+
+def pct(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def analyse(out: Outcome) -> dict[str, Any]:
+    errors, waits, within, rel = [], [], 0, []
+    by_flow: dict[str, list[float]] = defaultdict(list)
+    signed: dict[str, list[float]] = defaultdict(list)
+    for job_id, sent in out.sent.items():
+        started = out.starts.get(job_id)
+        if started is None or sent.expected_ms is None or sent.warm:
+            continue
+        wait = started - sent.enqueued_ms
+        error = abs(sent.expected_ms - started)
+        errors.append(error)
+        waits.append(wait)
+        rel.append(error / max(wait, 500))
+        by_flow[sent.flow].append(wait)
+        signed[sent.flow].append((sent.expected_ms - started) / max(wait, 500))
+        if error <= (100 if wait < 500 else 0.2 * wait):
+            within += 1
+    # place in line: jobs popped before each asked job, in start order
+    order = sorted(out.starts.items(), key=lambda item: (item[1], int(item[0])))
+    position = {job_id: index for index, (job_id, _) in enumerate(order)}
+    exact, near, diffs, later_total, asked = 0, 0, [], 0, 0
+    for job_id, sent in out.sent.items():
+        if sent.said_ahead is None or sent.warm or job_id not in position:
+            continue
+        asked += 1
+        asked_at = sent.asked_at_ms or 0
+        # taken after the call (those taken before it were not ahead of it then)
+        before = [jid for jid, started in order[: position[job_id]] if started >= asked_at]
+        later = sum(1 for jid in before if jid in out.sent and out.sent[jid].enqueued_ms > asked_at)
+        diff = len(before) - later - sent.said_ahead
+        diffs.append(abs(diff))
+        later_total += later
+        near += abs(diff) <= 1
+        exact += diff == 0
+    unestimated = sum(1 for s in out.sent.values() if s.expected_ms is None and not s.warm)
+    return {
+        "scenario": out.scenario,
+        "jobs": len(errors),
+        "unestimated": unestimated,
+        "wait_p50_ms": pct(waits, 0.5),
+        "err_p50_ms": pct(errors, 0.5),
+        "err_p90_ms": pct(errors, 0.9),
+        "rel_p50": pct(rel, 0.5),
+        "rel_p90": pct(rel, 0.9),
+        "within": within / len(errors) if errors else None,
+        "asked": asked,
+        "place_exact": exact / asked if asked else None,
+        "place_within_1": near / asked if asked else None,
+        "place_off_p90": pct(diffs, 0.9),
+        "later_arrivals_mean": later_total / asked if asked else None,
+        "refused": dict(out.refused),
+        "admitted_wait_p99_ms": {flow: pct(w, 0.99) for flow, w in sorted(by_flow.items())},
+        "signed_rel_p50": {flow: pct(e, 0.5) for flow, e in sorted(signed.items())},
+    }
+
+
+def measure_capacity(worker: NodeWorker, seconds: float) -> float:
+    """Jobs the worker finished per second over the last ``seconds`` of a backlog."""
+    now = _now_ms()
+    done = [r for r in worker.records if r.get("f") and r["f"] >= now - seconds * 1000]
+    return max(1.0, len(done) / seconds)
+
+
+def run_live(scenario: Scenario, args: argparse.Namespace, db: Any) -> dict[str, Any]:
+    import os
+
+    from fairqueue import conf
+
+    prefix = f"fqeta-{uuid.uuid4().hex[:8]}"
+    os.environ["FAIRQUEUE_PREFIX"] = prefix
+    db.submit(conf.reload_settings).result()
+    wargs = argparse.Namespace(
+        concurrency=1, run_ms=args.run_ms, interval_ms=args.interval_ms, bound_ms=args.bound_ms
+    )
+    out = Outcome(scenario.name)
+    with LOG.open("a") as log:
+        loop = start_loop(prefix, wargs, log)
+        worker = NodeWorker(prefix, wargs, log)
+        try:
+            if not wait_for_loop(prefix, loop):
+                raise RuntimeError(f"the loop did not start; see {LOG}")
+            nominal = 1000 / (args.run_ms + 1)
+            db.submit(warm_up, nominal * 1.1, args.calibrate_s).result()
+            capacity = measure_capacity(worker, 3)
+            while worker.process.poll() is None:  # the calibration's backlog drained
+                if len(worker.seen) >= _warm_count(prefix):
+                    break
+                time.sleep(0.05)
+            # the scenario's own mix, so the measured pace is its own (not in the figures)
+            db.submit(produce, scenario, capacity, args.warmup_s, args.run_ms, out, True).result()
+            db.submit(produce, scenario, capacity, args.seconds, args.run_ms, out).result()
+            # The load goes on (not in the figures) until the measured jobs have started:
+            # an estimate assumes the flows backlogged now stay so, and a load that
+            # stops lets the jobs far back start sooner.
+            measured = {job_id for job_id, sent in out.sent.items() if not sent.warm}
+            deadline = time.monotonic() + args.drain_s
+            while time.monotonic() < deadline and not measured <= worker.seen:
+                db.submit(produce, scenario, capacity, 2.0, args.run_ms, out, True).result()
+        finally:
+            worker.stop()
+            loop.terminate()
+            loop.wait(15)
+    for record in worker.records:
+        if str(record["id"]) in out.sent and record.get("a", 0) == 0:  # warm-up's too
+            out.starts[str(record["id"])] = int(record["p"])
+    if args.debug_history:
+        _compare_history(prefix, worker.records)
+    delete_prefix(prefix)
+    result = analyse(out)
+    result["capacity"] = round(capacity, 1)
+    return result
+
+
+def _compare_history(prefix: str, records: list[dict[str, Any]]) -> None:
+    """The history's starts per 10 s bucket and level against the worker's own."""
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    mine: Counter[tuple[int, str]] = Counter()
+    for record in records:
+        mine[(int(record["p"]) // 10_000 * 10, str(record["l"]))] += 1
+    for start in sorted({b for b, _ in mine}):
+        row = client.hgetall(f"{prefix}:bench:fq:hist:{start}")
+        print(
+            start,
+            {lv: (int(row.get(f"s:{lv}", 0)), mine[(start, lv)]) for lv in LEVELS},
+            file=sys.stderr,
+        )
+    client.close()
+
+
+def _warm_count(prefix: str) -> int:
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        return int(client.get(f"{prefix}:bench:id") or 0)
+    finally:
+        client.close()
+
+
+def run_cost(args: argparse.Namespace) -> dict[str, Any]:
+    """Redis time of the two scripts at ``--waiting`` waiting jobs (a private server)."""
+    import redis
+
+    from benchmarks.bench_release_scale import script_names, start_redis
+    from fairqueue.broker import Broker, NewJob, SyncBroker
+    from fairqueue.broker.scripts import plain_script
+    from fairqueue.broker.status_reads import StatusReads
+    from fairqueue.scheduling.levels import PriorityLevel
+
+    process, url, _folder = start_redis()
+    try:
+        client = redis.Redis.from_url(url)
+        for _ in range(100):
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        broker = SyncBroker(Broker(url, "fqcost"))
+        reads = StatusReads(broker.broker.conn)
+        levels = list(PriorityLevel)
+        flows = [(levels[i % 4], f"t{i}") for i in range(400)]
+        ids: list[str] = []
+        started = time.monotonic()
+        for start in range(0, args.waiting, 250):
+            level, tenant = flows[(start // 250) % len(flows)]
+            count = min(250, args.waiting - start)
+            added = broker.add_jobs("bench", [NewJob("x", {}, level, tenant=tenant)] * count)
+            ids.append(added[random.randrange(count)].job_id)
+        fill_s = time.monotonic() - started
+        names = {
+            plain_script("job_status").sha: "job_status",
+            plain_script("estimate_start").sha: "estimate_start",
+        }
+        names.update({k: v for k, v in script_names().items() if k not in names})
+        client.config_set("slowlog-log-slower-than", 0)
+        client.config_set("slowlog-max-len", 100000)
+        client.slowlog_reset()
+        for job_id in random.sample(ids, min(200, len(ids))):
+            broker.run(reads.job_status, "bench", job_id)
+        for level, tenant in random.sample(flows, 200):
+            broker.run(
+                reads.estimate, "bench", level=level, tenant=tenant, tenant_weight=1, count=1
+            )
+        times: dict[str, list[float]] = defaultdict(list)
+        for entry in client.slowlog_get(100000):
+            command = entry["command"]
+            if isinstance(command, bytes):
+                command = command.decode(errors="replace")
+            parts = command.split()
+            if len(parts) > 1 and parts[0].upper() == "EVALSHA" and parts[1] in names:
+                times[names[parts[1]]].append(entry["duration"])
+        waiting = client.zcard("fqcost:bench:prioritized")
+        broker.close()
+        return {
+            "waiting": waiting,
+            "fill_s": round(fill_s, 1),
+            **{
+                name: {
+                    "calls": len(us),
+                    "p50_us": statistics.median(us),
+                    "p99_us": pct(us, 0.99),
+                    "max_us": max(us),
+                }
+                for name, us in times.items()
+                if name in ("job_status", "estimate_start")
+            },
+        }
+    finally:
+        process.terminate()
+        process.wait(15)
+
+
+def _fmt(value: Any, suffix: str = "") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.2f}{suffix}"
+    return f"{value}{suffix}"
+
+
+def print_live(rows: list[dict[str, Any]]) -> None:
+    print(
+        f"{'scenario':<11} {'C/s':>6} {'jobs':>5} {'wait p50':>9} {'err p50':>8} {'err p90':>8} "
+        f"{'rel p50':>8} {'rel p90':>8} {'within':>7} {'place exact':>11} {'<=1':>6} "
+        f"{'off p90':>7} {'later':>6}"
+    )
+    for r in rows:
+        print(
+            f"{r['scenario']:<11} {_fmt(r['capacity']):>6} {r['jobs']:>5} "
+            f"{_fmt(r['wait_p50_ms'], 'ms'):>9} {_fmt(r['err_p50_ms'], 'ms'):>8} "
+            f"{_fmt(r['err_p90_ms'], 'ms'):>8} {_fmt(r['rel_p50']):>8} {_fmt(r['rel_p90']):>8} "
+            f"{_fmt(r['within']):>7} {_fmt(r['place_exact']):>11} {_fmt(r['place_within_1']):>6} "
+            f"{_fmt(r['place_off_p90']):>7} "
+            f"{_fmt(r['later_arrivals_mean']):>6}"
+        )
+    for r in rows:
+        shown = {flow: round(v, 2) for flow, v in r["signed_rel_p50"].items()}
+        print(f"{r['scenario']}: (expected - actual) / wait, median per flow: {shown}")
+    for r in rows:
+        if r["refused"] or r["scenario"] == "overload":
+            print(
+                f"{r['scenario']}: refused {r['refused'] or 'none'}; admitted wait p99 (ms) "
+                f"{ {k: round(v) for k, v in r['admitted_wait_p99_ms'].items()} }"
+            )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", nargs="*", default=None)
+    parser.add_argument("--seconds", type=float, default=12.0)
+    parser.add_argument("--calibrate-s", type=float, default=5.0)
+    # longer than the estimate's rate window (20-30 s), so it measures the scenario's pace
+    parser.add_argument("--warmup-s", type=float, default=30.0)
+    parser.add_argument("--drain-s", type=float, default=90.0)
+    parser.add_argument("--run-ms", type=int, default=10)
+    parser.add_argument("--interval-ms", type=int, default=250)
+    parser.add_argument("--bound-ms", type=int, default=5000)
+    parser.add_argument("--waiting", type=int, default=1_000_000)
+    parser.add_argument("--skip-cost", action="store_true")
+    parser.add_argument("--debug-history", action="store_true")
+    parser.add_argument("--skip-live", action="store_true")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    OUT.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {}
+    if not args.skip_live:
+        db = setup_django()
+        rows = []
+        for scenario in SCENARIOS:
+            if args.only and scenario.name not in args.only:
+                continue
+            row = run_live(scenario, args, db)
+            rows.append(row)
+            print(f"... {scenario.name} done", file=sys.stderr)
+        print_live(rows)
+        results["live"] = rows
+    if not args.skip_cost:
+        if args.skip_live:
+            setup_django()
+        cost = run_cost(args)
+        print(
+            f"\nat {cost['waiting']:,} waiting (filled in {cost['fill_s']} s), Redis time per call:"
+        )
+        for name in ("job_status", "estimate_start"):
+            if name in cost:
+                c = cost[name]
+                print(
+                    f"  {name:<15} p50 {c['p50_us']} us  p99 {c['p99_us']} us  max {c['max_us']} us"
+                    f"  ({c['calls']} calls)"
+                )
+        results["cost"] = cost
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,29 @@
+--[[
+  Read-only: where a new job (or n jobs) of a flow would be placed now, how many jobs
+  BullMQ would pop before the last of them, what holds its tenant, and the service rate
+  of the last half minute (fairqueue.broker.status_reads.StatusReads.estimate).
+
+  KEYS[1..7]  BullMQ's prioritized set and wait list; fairqueue's state, flows,
+              fweights; the limits key L; fq:hist
+  ARGV        level, tenant, tenant weight, cost ms ('' none), fairness ('time'/'jobs'),
+              jobs n, history bucket seconds, buckets to read
+  Returns     {now ms, wait list length, placement (fqEtaReply), limits encoded, paused,
+              catching up, held, occupied, rate log entries since the window, history}
+]]
+--- @include eta_place
+local K = {prioritized = KEYS[1], wait = KEYS[2], state = KEYS[3], flows = KEYS[4],
+  fweights = KEYS[5], hist = KEYS[7]}
+local L = KEYS[6]
+local level, tenant, weight = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local c = fqEtaClock(K)
+local p = fqEtaPlace(K, c, level, tenant, weight, tonumber(ARGV[4]), ARGV[5] == 'time',
+  tonumber(ARGV[6]))
+local limits = redis.call('HGET', L, tenant) or ''
+local paused = redis.call('HEXISTS', L .. ':paused', tenant)
+local catchup = redis.call('HEXISTS', L .. ':catchup', tenant)
+local held = redis.call('LLEN', L .. ':held:' .. tenant)
+local occupied = redis.call('SCARD', L .. ':out:' .. tenant)
+return {now, redis.call('LLEN', K.wait), fqEtaReply(c, p, K), limits, paused, catchup, held,
+  occupied, fqEtaRate(K, now, tonumber(ARGV[7]), tonumber(ARGV[8]))}

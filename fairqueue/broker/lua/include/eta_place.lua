@@ -1,0 +1,143 @@
+--[[
+  Read-only: where the fair clock would place a new job of a flow now, and the measured
+  service rate, for job_status and estimate_start (fairqueue.broker.status_reads).
+  Included by job_status and estimate_start; writes nothing.
+
+  fqEtaClock reads the clock as fqClock does (the virtual time moved to the first tagged
+  job waiting; nothing tagged waiting: every flow idle, the clock starts afresh), and
+  fqEtaPlace mirrors fqPlace (docs/design.md, "The rule", "Joining a level"): the flow's
+  last tag, its counted weight and horizon, its level's total less the flows the virtual
+  time has passed (at most EXPIRE_PER_CALL, as fqExpire retires them), the level's
+  frontier for a joining flow, its cost in turns. fairqueue.scheduling.estimate.place is
+  the same arithmetic in Python, and the tests hold both to what the add script does.
+
+  K: prioritized, wait, state, flows, fweights (as fair_clock's K), hist (fq:hist).
+]]
+--- @include fair_clock
+local fqEtaExpire = {{EXPIRE_PER_CALL}}
+
+local function fqEtaNum(x)
+  if x == nil or x == false then return '' end
+  return string.format('%.17g', x)
+end
+
+local function fqEtaClock(K)
+  local st = redis.call('HMGET', K.state, 'vt', 'base', 'rbDelta', 'rbCursor', 'typ',
+    'W:critical', 'W:high', 'W:normal', 'W:low')
+  local c = {vt = tonumber(st[1]) or 0, base = tonumber(st[2]) or 0,
+    delta = tonumber(st[3]), cursor = tonumber(st[4]), typical = tonumber(st[5]) or false,
+    totals = {critical = tonumber(st[6]) or 0, high = tonumber(st[7]) or 0,
+      normal = tonumber(st[8]) or 0, low = tonumber(st[9]) or 0}, fresh = false}
+  local head = redis.call('ZRANGEBYSCORE', K.prioritized, fqFloor * fqScore,
+    fqBelowCap, 'WITHSCORES', 'LIMIT', 0, 1)
+  if #head == 0 then
+    c.fresh = true
+    c.base, c.delta, c.cursor = c.vt, nil, nil
+    c.totals = {critical = 0, high = 0, normal = 0, low = 0}
+    return c
+  end
+  c.headScore = tonumber(head[2])
+  local start = fqStartOf(c, c.headScore)
+  if start > c.vt then c.vt = start end
+  return c
+end
+
+-- Where n new jobs of (level, tenant, weight) would be placed now. Returns a table: the
+-- inputs the Python model takes (last, counted, horizon, total, frontier, cost) and the
+-- last job's tag and score (nil: no room, parked at the cap).
+local function fqEtaPlace(K, c, level, tenant, weight, explicitMs, byTime, n)
+  local member = level .. '\n' .. tenant
+  local p = {last = nil, counted = 0, horizon = nil, total = 0, frontier = nil, cost = 1}
+  if not c.fresh then
+    local row = redis.call('HMGET', K.fweights, member, 'j\n' .. member)
+    p.last = tonumber(redis.call('ZSCORE', K.flows, member))
+    p.counted, p.horizon = tonumber(row[1]) or 0, tonumber(row[2])
+    p.total = c.totals[level] or 0
+    local gone = redis.call('ZRANGEBYSCORE', K.flows, '-inf', string.format('%.17g', c.vt),
+      'LIMIT', 0, fqEtaExpire)
+    local prefix = level .. '\n'
+    for i = 1, #gone do
+      if string.sub(gone[i], 1, #prefix) == prefix then
+        p.total = p.total - (tonumber(redis.call('HGET', K.fweights, gone[i])) or 0)
+      end
+      if gone[i] == member then p.last, p.counted, p.horizon = nil, 0, nil end
+    end
+    local others = p.total - p.counted
+    if p.counted == 0 and others > 0 then
+      local top = redis.call('ZREVRANGEBYSCORE', K.flows, '+inf',
+        '(' .. string.format('%.17g', c.vt), 'WITHSCORES', 'LIMIT', 0, fqFrontierScan)
+      for i = 1, #top, 2 do
+        if string.sub(top[i], 1, #prefix) == prefix then
+          p.frontier = tonumber(top[i + 1])
+          break
+        end
+      end
+    end
+  end
+  if byTime and c.typical then
+    local estimate = tonumber(redis.call('HGET', K.state, 'c:' .. member))
+    if estimate then
+      p.cost = fqCostTurns(estimate, c.typical)
+    elseif explicitMs then
+      p.cost = fqCostTurns(explicitMs, c.typical)
+    end
+  end
+  -- fqPlace, n times over (a batch of one flow: each job a step further)
+  local last, counted, horizon, total = p.last, p.counted, p.horizon, p.total
+  local tag = nil
+  for i = 1, n do
+    local others = total - counted
+    local all = others + weight
+    local start = c.vt
+    if last and last > start then start = last end
+    local joined = nil
+    if counted == 0 and others > 0 and i == 1 then
+      joined = p.frontier
+      if joined and joined > start then horizon = joined else joined = nil end
+    end
+    local share = all
+    if horizon and start < horizon then share = others end
+    tag = start + fqScale * p.cost * share / ((4 - fqLevelRank[level]) * weight)
+    total, counted = all, weight
+    if not joined and horizon and start >= horizon then horizon = nil end
+    if not last or tag > last then last = tag end
+  end
+  p.tag = tag
+  p.score = fqScoreOf(c, tag, level)
+  p.n = n
+  return p
+end
+
+-- The history's buckets of the rate's window (fq:hist:<start>, written by the loop's
+-- history step): count buckets back from the current one, each {start, starts per level
+-- (critical..low), worker ms per level}, flattened; and when recording began.
+local fqEtaLevels = {'critical', 'high', 'normal', 'low'}
+local function fqEtaRate(K, now, bucketS, count)
+  local out = {redis.call('HGET', K.hist, 'since') or ''}
+  local current = math.floor(now / 1000 / bucketS) * bucketS
+  for b = 0, count - 1 do
+    local start = current - b * bucketS
+    local row = redis.call('HMGET', K.hist .. ':' .. start, 's:critical', 's:high', 's:normal',
+      's:low', 't:critical', 't:high', 't:normal', 't:low')
+    out[#out + 1] = start
+    for i = 1, 8 do out[#out + 1] = tonumber(row[i]) or 0 end
+  end
+  return out
+end
+
+-- A placement's reply: the model's inputs and the result, as text (Lua numbers would be
+-- cut to integers). The jobs ahead of the last of n: those with lower scores now and the
+-- n - 1 placed before it.
+local function fqEtaReply(c, p, K)
+  local ahead = ''
+  if p.score then
+    ahead = redis.call('ZCOUNT', K.prioritized, '-inf', '(' .. string.format('%d', p.score))
+  else
+    ahead = redis.call('ZCARD', K.prioritized)
+  end
+  ahead = ahead + (p.n or 1) - 1
+  return {fqEtaNum(c.vt), fqEtaNum(c.base), c.fresh and 1 or 0, fqEtaNum(p.last), p.counted,
+    fqEtaNum(p.horizon), p.total, fqEtaNum(p.frontier), fqEtaNum(p.cost), fqEtaNum(p.tag),
+    p.score and string.format('%d', p.score) or '', ahead, fqEtaNum(c.typical),
+    fqEtaNum(c.delta), fqEtaNum(c.cursor)}
+end

@@ -1,0 +1,118 @@
+--[[
+  Read-only: one job's state as BullMQ's sets hold it, how many jobs BullMQ pops before
+  it, and what an estimate of its start needs (fairqueue.broker.status_reads
+  .StatusReads.job_status). O(log n) in the prioritized set; the wait, active and held
+  lists are walked (LPOS), which fairqueue keeps short.
+
+  KEYS[1..7]  BullMQ's prioritized set and wait list; fairqueue's state, flows,
+              fweights; the limits key L; fq:hist
+  KEYS[8..12] BullMQ's active list, delayed, completed and failed sets, paused list
+  KEYS[13]    the job's hash
+  ARGV        job id, fairness ('time'/'jobs'), history bucket seconds, buckets to read
+  Returns     {now ms, wait list length, state, position (jobs popped before it; -1
+              unknown), score ('' none), level, tenant, due ms, processedOn, finishedOn,
+              limits encoded, paused, catching up, held, occupied, placement of a new
+              job of its flow (a held job's, fqEtaReply, else {}), history}
+]]
+--- @include eta_place
+local fqEtaHeldMs = {{HELD_MS}}
+local fqEtaRetryHeldMs = {{RETRY_HELD_MS}}
+local K = {prioritized = KEYS[1], wait = KEYS[2], state = KEYS[3], flows = KEYS[4],
+  fweights = KEYS[5], hist = KEYS[7]}
+local L = KEYS[6]
+local id = ARGV[1]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local waitLen = redis.call('LLEN', K.wait)
+local state, ahead, score, due, tenant, level = 'gone', -1, '', '', '', ''
+local limits, paused, catchup, held, occupied, place = '', 0, 0, 0, 0, {}
+
+local f = redis.call('HMGET', KEYS[13], 'data', 'processedOn', 'finishedOn')
+local exists = redis.call('EXISTS', KEYS[13]) == 1
+local function tenantOf()
+  local data = f[1] or ''
+  local lv, tn = string.match(data, '^{"priorityLevel":"(%a+)","tenantId":"([^"\\]*)"[,}]')
+  if tn then return tn, lv end
+  local ok, decoded = pcall(cjson.decode, data)
+  if ok and type(decoded) == 'table' then
+    local tid = decoded['tenantId']
+    if type(tid) ~= 'string' then tid = 'default' end
+    local named = decoded['priorityLevel']
+    if type(named) ~= 'string' then named = '' end
+    return tid, named
+  end
+  return 'default', ''
+end
+
+if not exists then
+  state = 'gone'
+elseif redis.call('ZSCORE', KEYS[10], id) then
+  state = 'completed'
+elseif redis.call('ZSCORE', KEYS[11], id) then
+  state = 'failed'
+else
+  local s = redis.call('ZSCORE', K.prioritized, id)
+  if s then
+    state, score = 'waiting', s
+    ahead = redis.call('ZRANK', K.prioritized, id) + waitLen
+    local units = tonumber(s) - fqFloor * fqScore
+    if units >= 0 and tonumber(s) < fqCap * fqScore then level = fqRankLevel[units % 4] end
+  else
+    local at = redis.call('LPOS', K.wait, id)
+    if at then
+      state, ahead = 'waiting', waitLen - 1 - at -- workers take from the list's tail
+    elseif redis.call('LPOS', KEYS[8], id) then
+      state = 'active'
+    else
+      local d = tonumber(redis.call('ZSCORE', KEYS[9], id))
+      if d then
+        local ms = math.floor(d / 4096)
+        tenant, level = tenantOf()
+        if ms >= fqEtaHeldMs then
+          local later = redis.call('ZSCORE', L .. ':later:' .. tenant, id)
+          if later then
+            state, due = 'delayed', later
+          else
+            state = 'held'
+            local pos = redis.call('LPOS', L .. ':held:' .. tenant, id)
+            if pos then ahead = pos end
+          end
+        elseif ms - now > fqEtaRetryHeldMs / 2 then
+          state = 'held' -- a released job's failed attempt, about to be held again
+        else
+          state, due = 'delayed', ms
+        end
+      elseif redis.call('LPOS', KEYS[12], id) then
+        state = 'held' -- the whole queue is paused (BullMQ's Queue.pause)
+        tenant = 'queue paused'
+      else
+        state = 'unknown'
+      end
+    end
+  end
+end
+
+if state == 'held' and tenant ~= 'queue paused' then
+  limits = redis.call('HGET', L, tenant) or ''
+  paused = redis.call('HEXISTS', L .. ':paused', tenant)
+  catchup = redis.call('HEXISTS', L .. ':catchup', tenant)
+  held = redis.call('LLEN', L .. ':held:' .. tenant)
+  occupied = redis.call('SCARD', L .. ':out:' .. tenant)
+  local meta = redis.call('HGET', L .. ':meta', id) or ''
+  local mlevel, mweight = string.match(meta, '^(%a+)\n(%d+)')
+  if mlevel then level = mlevel end
+  if fqLevelRank[level] then
+    local c = fqEtaClock(K)
+    local p = fqEtaPlace(K, c, level, tenant, tonumber(mweight) or 1, nil, ARGV[2] == 'time', 1)
+    place = fqEtaReply(c, p, K)
+  end
+end
+local clock = {}
+if state == 'waiting' and score ~= '' then
+  local c = fqEtaClock(K)
+  clock = {fqEtaNum(c.vt), fqEtaNum(c.base), fqEtaNum(c.delta), fqEtaNum(c.cursor),
+    fqEtaNum(c.typical)}
+end
+return {now, waitLen, state, ahead, score, level, tenant == 'queue paused' and '' or tenant,
+  due, f[2] or '', f[3] or '', limits, paused, catchup, held, occupied, place, clock,
+  fqEtaRate(K, now, tonumber(ARGV[3]), tonumber(ARGV[4]))}

@@ -1,0 +1,268 @@
+"""Read-only: a job's state and place in line, and where a new job of a flow would be
+placed, each in one script call (``lua/job_status.lua``, ``lua/estimate_start.lua``):
+O(log n) in the prioritized set, the history's buckets of the rate's window beside it.
+
+What comes back is raw (the clock, the flow's state, the limits, the history); the
+arithmetic that turns it into a time is :mod:`fairqueue.scheduling.estimate`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from fairqueue.broker.common import SCORE_BASE, TAG_FLOOR, TAG_RESOLUTION, fair_key
+from fairqueue.broker.connection import BrokerPart, Connection
+from fairqueue.broker.limit_store import limits_key
+from fairqueue.broker.scripts import plain_script
+from fairqueue.scheduling.estimate import RATE_WINDOW_S, FlowSnapshot, HistoryBucket
+from fairqueue.scheduling.levels import PriorityLevel
+from fairqueue.scheduling.limits import TenantLimits
+from fairqueue.scheduling.shares import BUCKET_S, LEVEL_NAMES
+
+#: History buckets read: the current one and those of the rate's window before it.
+RATE_BUCKETS: Final = RATE_WINDOW_S // BUCKET_S + 1
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _float(value: Any) -> float | None:
+    text = _text(value)
+    return float(text) if text else None
+
+
+@dataclass(frozen=True, slots=True)
+class History:
+    """The history's buckets of the rate's window and when recording began."""
+
+    since_ms: int | None
+    buckets: tuple[HistoryBucket, ...]
+    typical_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where the add script would place a new job of a flow now (the last of ``count``):
+    the model's inputs (``flow``), the tag and score, and the jobs with lower scores
+    plus BullMQ's wait list (popped first)."""
+
+    flow: FlowSnapshot
+    fresh: bool
+    base: float
+    tag: float
+    score: int | None
+    ahead: int
+    typical_ms: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class TenantHold:
+    """What holds a tenant in a queue: its limits, pause, held and occupied jobs."""
+
+    limits: TenantLimits
+    paused: bool
+    catching_up: bool
+    held: int
+    occupied: int
+
+
+@dataclass(frozen=True, slots=True)
+class RawEstimate:
+    now_ms: int
+    placement: Placement
+    hold: TenantHold
+    history: History
+
+
+@dataclass(frozen=True, slots=True)
+class RawStatus:
+    """A job as ``lua/job_status.lua`` found it. ``state``: ``waiting``, ``held``,
+    ``delayed``, ``active``, ``completed``, ``failed``, ``unknown`` (another BullMQ
+    state, e.g. waiting for children); ``ahead``: jobs BullMQ pops before it (for a
+    held job, its tenant's held jobs before it; ``None``: not known)."""
+
+    now_ms: int
+    state: str
+    ahead: int | None
+    level: PriorityLevel | None
+    tag: float | None
+    vt: float | None
+    due_ms: int | None
+    processed_on_ms: int | None
+    finished_on_ms: int | None
+    hold: TenantHold | None
+    placement: Placement | None
+    history: History
+
+
+def _placement(
+    reply: Sequence[Any], level: PriorityLevel, tenant_weight: int, wait_len: int
+) -> Placement:
+    vt, base, fresh, last, counted, horizon, total, frontier, cost, tag, score, ahead, typ = reply[
+        :13
+    ]
+    return Placement(
+        flow=FlowSnapshot(
+            level=level,
+            tenant_weight=tenant_weight,
+            vt=_float(vt) or 0.0,
+            last=_float(last),
+            counted=int(counted),
+            horizon=_float(horizon),
+            total=int(total),
+            frontier=_float(frontier),
+            cost=_float(cost) or 1.0,
+        ),
+        fresh=bool(int(fresh)),
+        base=_float(base) or 0.0,
+        tag=_float(tag) or 0.0,
+        score=int(_text(score)) if _text(score) else None,
+        ahead=int(ahead) + wait_len,
+        typical_ms=_float(typ),
+    )
+
+
+def _history(reply: Sequence[Any], typical_ms: float | None) -> History:
+    since = _text(reply[0])
+    buckets = []
+    for at in range(1, len(reply), 9):
+        row = [int(float(_text(v))) for v in reply[at : at + 9]]
+        buckets.append(
+            HistoryBucket(
+                start_s=row[0],
+                starts=dict(zip(LEVEL_NAMES, row[1:5], strict=True)),
+                worker_ms=dict(zip(LEVEL_NAMES, row[5:9], strict=True)),
+            )
+        )
+    return History(int(float(since)) if since else None, tuple(buckets), typical_ms)
+
+
+def _hold(reply: Sequence[Any]) -> TenantHold:
+    encoded, paused, catchup, held, occupied = reply
+    return TenantHold(
+        limits=TenantLimits.from_encoded(_text(encoded) or None),
+        paused=bool(int(paused)),
+        catching_up=bool(int(catchup)),
+        held=int(held),
+        occupied=int(occupied),
+    )
+
+
+def _tag_of(score: int, base: float, delta: float | None, cursor: float | None) -> float:
+    """The finish tag a fair score keeps (``fqStartOf`` without the turn taken off)."""
+    units = score - TAG_FLOOR * SCORE_BASE
+    tag = base + (units // 4) / TAG_RESOLUTION
+    if cursor is not None and delta is not None and score <= cursor:
+        tag += delta
+    return tag
+
+
+class StatusReads(BrokerPart):
+    """Read-only status and estimate reads of one prefix's queues."""
+
+    def __init__(self, conn: Connection, *, fairness_by: str = "time") -> None:
+        super().__init__(conn)
+        self.fairness_by = fairness_by
+
+    def _keys(self, queue: str) -> list[str]:
+        prefix = self.conn.prefix
+        return [
+            self.conn.key(queue, "prioritized"),
+            self.conn.key(queue, "wait"),
+            fair_key(prefix, queue, "state"),
+            fair_key(prefix, queue, "flows"),
+            fair_key(prefix, queue, "fweights"),
+            limits_key(prefix, queue),
+            fair_key(prefix, queue, "hist"),
+        ]
+
+    async def estimate(
+        self,
+        queue: str,
+        *,
+        level: PriorityLevel,
+        tenant: str,
+        tenant_weight: int,
+        cost_ms: int | None = None,
+        count: int = 1,
+    ) -> RawEstimate:
+        """Where ``count`` new jobs of (``level``, ``tenant``) would be placed now (the
+        last of them), what holds the tenant, and the rate window's history."""
+        script = self.conn.script(plain_script("estimate_start"))
+        reply = await self.conn.guard(
+            script(
+                keys=self._keys(queue),
+                args=[
+                    level.value,
+                    tenant,
+                    tenant_weight,
+                    "" if cost_ms is None else cost_ms,
+                    self.fairness_by,
+                    count,
+                    BUCKET_S,
+                    RATE_BUCKETS,
+                ],
+            )
+        )
+        now, wait_len, place, *hold, history = reply
+        placement = _placement(place, level, tenant_weight, int(wait_len))
+        return RawEstimate(
+            now_ms=int(now),
+            placement=placement,
+            hold=_hold(hold),
+            history=_history(history, placement.typical_ms),
+        )
+
+    async def job_status(self, queue: str, job_id: str) -> RawStatus | None:
+        """``job_id``'s state in ``queue`` and what its estimate needs; ``None`` when
+        ``queue`` has no such job."""
+        script = self.conn.script(plain_script("job_status"))
+        keys = [
+            *self._keys(queue),
+            *(self.conn.key(queue, name) for name in ("active", "delayed", "completed")),
+            self.conn.key(queue, "failed"),
+            self.conn.key(queue, "paused"),
+            self.conn.key(queue, job_id),
+        ]
+        reply = await self.conn.guard(
+            script(keys=keys, args=[job_id, self.fairness_by, BUCKET_S, RATE_BUCKETS])
+        )
+        (now, wait_len, state, ahead, score, level, _tenant, due, processed, finished) = reply[:10]
+        encoded, paused, catchup, held, occupied, place, clock, history = reply[10:]
+        state = _text(state)
+        if state == "gone":
+            return None
+        level_name = _text(level)
+        job_level = PriorityLevel(level_name) if level_name in LEVEL_NAMES else None
+        typical = None
+        hold = None
+        placement = None
+        if state == "held":
+            hold = _hold([encoded, paused, catchup, held, occupied])
+            if place and job_level is not None:
+                placement = _placement(place, job_level, 1, int(wait_len))
+                typical = placement.typical_ms
+        tag = vt = None
+        if clock and _text(score):
+            vt_, base, delta, cursor, typical = (_float(v) for v in clock)
+            vt = vt_
+            score_int = int(float(_text(score)))
+            if score_int >= TAG_FLOOR * SCORE_BASE:
+                tag = _tag_of(score_int, base or 0.0, delta, cursor)
+        return RawStatus(
+            now_ms=int(now),
+            state=state,
+            ahead=None if int(ahead) < 0 else int(ahead),
+            level=job_level,
+            tag=tag,
+            vt=vt,
+            due_ms=int(float(_text(due))) if _text(due) else None,
+            processed_on_ms=int(float(_text(processed))) if _text(processed) else None,
+            finished_on_ms=int(float(_text(finished))) if _text(finished) else None,
+            hold=hold,
+            placement=placement,
+            history=_history(history, typical),
+        )

@@ -1,0 +1,86 @@
+"""Expected starts for the dashboard's job and tenant pages: what to show, as plain
+dicts (no template here; the pages render them). Each call is one read-only Redis round
+trip (:func:`fairqueue.job_status`, :func:`fairqueue.estimate_start`)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from fairqueue.enqueue.status import estimate_start, job_status
+from fairqueue.scheduling.estimate import StartEstimate
+
+
+def _when(ms: int | None) -> datetime | None:
+    return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+def _span(ms: int) -> str:
+    seconds = ms / 1000
+    if seconds < 1:
+        return f"{ms} ms"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def describe(estimate: StartEstimate) -> str:
+    """``in about 12 s (8 s to 20 s, high confidence)``, ``now``, or why there is none."""
+    wait = estimate.expected_wait_ms
+    if wait is None:
+        if estimate.held_reason == "paused":
+            return "not while its tenant is paused"
+        return "unknown (no service rate measured yet)"
+    if wait <= 0:
+        return "now"
+    text = f"in about {_span(wait)}"
+    expected = estimate.expected_start_ms or 0
+    low, high = estimate.earliest_start_ms, estimate.latest_start_ms
+    if low is not None and high is not None:
+        start = expected - wait
+        text += f" ({_span(max(0, low - start))} to {_span(max(0, high - start))}"
+        text += f", {estimate.confidence} confidence)"
+    return text
+
+
+def _shown(estimate: StartEstimate) -> dict[str, Any]:
+    return {
+        "expected_start": _when(estimate.expected_start_ms),
+        "earliest_start": _when(estimate.earliest_start_ms),
+        "latest_start": _when(estimate.latest_start_ms),
+        "expected_wait_ms": estimate.expected_wait_ms,
+        "confidence": estimate.confidence,
+        "ahead": estimate.ahead,
+        "held_reason": estimate.held_reason,
+        "share": estimate.share,
+        "text": describe(estimate),
+    }
+
+
+def job_expected_start(job_type: str, job_id: str) -> dict[str, Any] | None:
+    """A job page's expected start: its state and :func:`_shown`'s fields (``None``: no
+    such job)."""
+    status = job_status(job_type, job_id)
+    if status is None:
+        return None
+    shown = _shown(status.estimate)
+    if status.state in ("active", "completed", "failed"):
+        shown["text"] = (
+            f"started {_when(status.started_ms):%Y-%m-%d %H:%M:%S} UTC"
+            if (status.started_ms is not None)
+            else status.state
+        )
+    return {"state": status.state, **shown}
+
+
+def tenant_expected_start(
+    job_type: str, tenant_id: str, priority_level: str | None = None
+) -> dict[str, Any]:
+    """A tenant page's "a new job would start ...": where its next job of
+    ``priority_level`` (``None``: the level its plan gives it) would be placed now."""
+    options: dict[str, Any] = {"tenant_id": tenant_id}
+    if priority_level is not None:
+        options["priority_level"] = priority_level
+    return _shown(estimate_start(job_type, **options))

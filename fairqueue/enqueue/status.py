@@ -1,0 +1,340 @@
+"""Where a job is and when it will start (``job_status``), and when a new job would
+start (``estimate_start``): one read-only Redis script each, the arithmetic in
+:mod:`fairqueue.scheduling.estimate` (docs/design.md, "When a job will start").
+
+Also the status token (:func:`status_token`): a signed, expiring reference to one job
+that the optional status endpoint (:mod:`fairqueue.status_views`) takes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Final, Unpack
+
+from asgiref.sync import sync_to_async
+
+from fairqueue.broker import MAX_JOB_ID_LENGTH, get_broker, get_sync_broker
+from fairqueue.broker.status_reads import RawEstimate, RawStatus, StatusReads
+from fairqueue.conf import get_settings
+from fairqueue.enqueue.calls import resolve_call
+from fairqueue.enqueue.options import EnqueueOptions, check_keywords
+from fairqueue.enqueue.priority import ResolvedPriority
+from fairqueue.exceptions import InvalidJobOptionError
+from fairqueue.scheduling import estimate as eta
+from fairqueue.scheduling.estimate import StartEstimate
+from fairqueue.scheduling.limits import REASON_MAX_ACTIVE, REASON_PAUSED, REASON_RATE
+from fairqueue.scheduling.shares import BUCKET_S
+
+#: The states ``job_status`` reports.
+JOB_STATUS_STATES: Final = (
+    "waiting",
+    "held",
+    "delayed",
+    "active",
+    "completed",
+    "failed",
+    "unknown",
+)
+#: The most jobs one ``estimate_start`` call places (the script places them one after the
+#: other: about a microsecond each); a longer batch's last job is extrapolated.
+MAX_ESTIMATE_COUNT: Final = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class JobStatus:
+    """Where a job is: its ``state`` (one of :data:`JOB_STATUS_STATES`), why it is held
+    (``held_reason``), the jobs BullMQ pops before it (``ahead``; a held job: its
+    tenant's held jobs before it) and when it is expected to start (``estimate``),
+    or when it started and finished."""
+
+    job_id: str
+    job_type: str
+    state: str
+    estimate: StartEstimate
+    held_reason: str | None = None
+    started_ms: int | None = None
+    finished_ms: int | None = None
+
+    @property
+    def ahead(self) -> int | None:
+        return self.estimate.ahead
+
+    @property
+    def expected_start_ms(self) -> int | None:
+        return self.estimate.expected_start_ms
+
+    def public(self) -> dict[str, Any]:
+        """What the status endpoint shows: no payload, no tenant, no other job."""
+        est = self.estimate
+        return {
+            "state": self.state,
+            "held_reason": self.held_reason,
+            "ahead": est.ahead,
+            "expected_start_ms": est.expected_start_ms,
+            "earliest_start_ms": est.earliest_start_ms,
+            "latest_start_ms": est.latest_start_ms,
+            "confidence": est.confidence,
+            "started_ms": self.started_ms,
+            "finished_ms": self.finished_ms,
+        }
+
+
+def _reads() -> StatusReads:
+    return StatusReads(get_broker().conn, fairness_by=get_settings().fairness_by)
+
+
+def _rate(raw: RawEstimate | RawStatus, typical_ms: float | None) -> eta.ServiceRate:
+    history = raw.history
+    return eta.service_rate(
+        history.buckets,
+        now_ms=raw.now_ms,
+        since_ms=history.since_ms,
+        bucket_s=BUCKET_S,
+        typical_ms=typical_ms if typical_ms is not None else history.typical_ms,
+        by_time=get_settings().fairness_by == "time",
+    )
+
+
+def _as_estimate(
+    wait: eta.Wait,
+    now_ms: int,
+    *,
+    ahead: int | None,
+    reason: str | None = None,
+    share: float | None = None,
+    level: str | None = None,
+    tag: float | None = None,
+    offset_ms: int = 0,
+) -> StartEstimate:
+    def at(seconds: float | None) -> int | None:
+        return None if seconds is None else now_ms + offset_ms + math.ceil(seconds * 1000)
+
+    return StartEstimate(
+        expected_wait_ms=None
+        if wait.expected_s is None
+        else offset_ms + math.ceil(wait.expected_s * 1000),
+        expected_start_ms=at(wait.expected_s),
+        earliest_start_ms=at(wait.low_s),
+        latest_start_ms=at(wait.high_s),
+        confidence=wait.confidence,
+        ahead=ahead,
+        held_reason=reason,
+        share=share,
+        level=level,
+        tag=tag,
+    )
+
+
+def estimate_from(raw: RawEstimate, *, delay_ms: int | None = None) -> StartEstimate:
+    """The estimate of a new job from what ``lua/estimate_start.lua`` read."""
+    p = raw.placement
+    flow = p.flow
+    rate = _rate(raw, p.typical_ms)
+    wait = eta.placed_wait(
+        tag=p.tag if p.score is not None else None,
+        level=flow.level,
+        vt=flow.vt,
+        ahead=p.ahead,
+        rate=rate,
+    )
+    hold = raw.hold
+    reason = None
+    if hold.limits.holds or hold.paused:
+        reason = eta.held_reason(
+            hold.limits, paused=hold.paused, held_ahead=hold.held, occupied=hold.occupied
+        )
+        run_s = None if p.typical_ms is None else p.typical_ms / 1000
+        delay = eta.held_delay_s(
+            hold.limits, reason=reason, held_ahead=hold.held, occupied=hold.occupied, run_s=run_s
+        )
+        wait = eta.with_delay(wait, delay)
+    level_share = max(1, flow.total - flow.counted + flow.tenant_weight)
+    return _as_estimate(
+        wait,
+        raw.now_ms,
+        ahead=p.ahead,
+        reason=reason,
+        share=eta.flow_share(
+            level=flow.level, tenant_weight=flow.tenant_weight, level_share=level_share, rate=rate
+        ),
+        level=flow.level.value,
+        tag=p.tag if p.score is not None else None,
+        offset_ms=delay_ms or 0,
+    )
+
+
+def status_from(raw: RawStatus, job_type: str, job_id: str) -> JobStatus:
+    """A job's status from what ``lua/job_status.lua`` read."""
+    state = raw.state
+    level = raw.level.value if raw.level is not None else None
+    none = eta.Wait(None, None, None, "none")
+    if state == "waiting":
+        typical = None
+        rate = _rate(raw, typical)
+        wait = eta.placed_wait(
+            tag=raw.tag, level=raw.level, vt=raw.vt or 0.0, ahead=raw.ahead or 0, rate=rate
+        )
+        est = _as_estimate(wait, raw.now_ms, ahead=raw.ahead, level=level, tag=raw.tag)
+        return JobStatus(job_id, job_type, state, est)
+    if state == "held":
+        hold = raw.hold
+        if hold is None or raw.placement is None:  # the queue is paused, or no level known
+            est = _as_estimate(none, raw.now_ms, ahead=raw.ahead, reason=REASON_PAUSED)
+            return JobStatus(job_id, job_type, state, est, held_reason=REASON_PAUSED)
+        held_ahead = raw.ahead or 0
+        reason = eta.held_reason(
+            hold.limits, paused=hold.paused, held_ahead=held_ahead, occupied=hold.occupied
+        )
+        if reason is None:  # room now: released at the next release step
+            if hold.limits.max_active is not None:
+                reason = REASON_MAX_ACTIVE
+            elif hold.limits.rate_max is not None:
+                reason = REASON_RATE
+            else:
+                reason = REASON_PAUSED if hold.catching_up else None
+        p = raw.placement
+        rate = _rate(raw, p.typical_ms)
+        wait = eta.placed_wait(
+            tag=p.tag if p.score is not None else None,
+            level=p.flow.level,
+            vt=p.flow.vt,
+            ahead=p.ahead,
+            rate=rate,
+        )
+        run_s = None if p.typical_ms is None else p.typical_ms / 1000
+        delay = eta.held_delay_s(
+            hold.limits,
+            reason=eta.held_reason(
+                hold.limits, paused=hold.paused, held_ahead=held_ahead, occupied=hold.occupied
+            ),
+            held_ahead=held_ahead,
+            occupied=hold.occupied,
+            run_s=run_s,
+        )
+        est = _as_estimate(
+            eta.with_delay(wait, delay), raw.now_ms, ahead=raw.ahead, reason=reason, level=level
+        )
+        return JobStatus(job_id, job_type, state, est, held_reason=reason)
+    if state == "delayed" and raw.due_ms is not None:
+        ahead = None
+        wait = eta.Wait(max(0.0, (raw.due_ms - raw.now_ms) / 1000), None, None, "medium")
+        est = _as_estimate(wait, raw.now_ms, ahead=ahead, level=level)
+        est = StartEstimate(
+            est.expected_wait_ms,
+            est.expected_start_ms,
+            est.expected_start_ms,
+            None,
+            "medium",
+            None,
+            level=level,
+        )
+        return JobStatus(job_id, job_type, state, est)
+    started = raw.processed_on_ms
+    if state in ("active", "completed", "failed"):
+        est = StartEstimate(0, started, started, started, "high", 0, level=level)
+        return JobStatus(
+            job_id, job_type, state, est, started_ms=started, finished_ms=raw.finished_on_ms
+        )
+    est = _as_estimate(none, raw.now_ms, ahead=raw.ahead, level=level)
+    return JobStatus(job_id, job_type, state, est)
+
+
+def _check_job_id(job_id: object) -> str:
+    if not isinstance(job_id, str) or not job_id or len(job_id) > MAX_JOB_ID_LENGTH:
+        raise InvalidJobOptionError(
+            f"job_id={job_id!r}"[:300]
+            + f" is not allowed: expected a non-empty string of at most {MAX_JOB_ID_LENGTH} "
+            "characters (an EnqueuedJob's job_id)"
+        )
+    return job_id
+
+
+async def _job_status(queue: str, job_type: str, job_id: str) -> JobStatus | None:
+    raw = await _reads().job_status(queue, job_id)
+    return None if raw is None else status_from(raw, job_type, job_id)
+
+
+def job_status(job_type: str, job_id: str) -> JobStatus | None:
+    """Where job ``job_id`` of ``job_type`` is and when it is expected to start, or
+    ``None`` when the queue has no such job (never added, or removed). One Redis round
+    trip, read-only, O(log n) in the waiting jobs.
+
+    Raises:
+        UnknownJobTypeError, InvalidJobOptionError: bad input.
+        BrokerUnavailableError, BrokerRejectedError: Redis trouble.
+    """
+    queue = get_settings().queue_for(job_type)
+    job_id = _check_job_id(job_id)
+    sync = get_sync_broker()
+    return sync.run(_job_status, queue, job_type, job_id)
+
+
+async def ajob_status(job_type: str, job_id: str) -> JobStatus | None:
+    """:func:`job_status` for async views, awaited on the caller's event loop."""
+    queue = get_settings().queue_for(job_type)
+    return await _job_status(queue, job_type, _check_job_id(job_id))
+
+
+def check_count(count: object) -> int:
+    if (
+        isinstance(count, bool)
+        or not isinstance(count, int)
+        or not 1 <= count <= MAX_ESTIMATE_COUNT
+    ):
+        raise InvalidJobOptionError(
+            f"count={count!r}"[:300]
+            + f" is not allowed: expected a whole number in 1..{MAX_ESTIMATE_COUNT}"
+        )
+    return count
+
+
+async def estimate_call(
+    queue: str,
+    resolved: ResolvedPriority,
+    cost_ms: int | None,
+    count: int = 1,
+    delay_ms: int | None = None,
+) -> StartEstimate:
+    """The estimate for the ``count``-th new job of a resolved call."""
+    raw = await _reads().estimate(
+        queue,
+        level=resolved.level,
+        tenant=resolved.tenant_bucket,
+        tenant_weight=resolved.tenant_weight,
+        cost_ms=cost_ms,
+        count=count,
+    )
+    return estimate_from(raw, delay_ms=delay_ms)
+
+
+def estimate_start(
+    job_type: str, *, count: int = 1, **options: Unpack[EnqueueOptions]
+) -> StartEstimate:
+    """When a job enqueued now with these options (those of :func:`enqueue_job`) is
+    expected to start: where the fair clock would place it, the jobs before it, the
+    measured service rate and the limits that hold its tenant. Writes nothing.
+    ``count``: the last of that many jobs (an ``enqueue_jobs`` batch).
+
+    Raises:
+        the input errors of :func:`enqueue_job`; BrokerError: Redis trouble.
+    """
+    check_keywords("estimate_start", options, ("count",))
+    count = check_count(count)
+    call = resolve_call(job_type, **options)
+    sync = get_sync_broker()
+    return sync.run(
+        estimate_call, call.queue, call.resolved, call.cost_ms, count, options.get("delay_ms")
+    )
+
+
+async def aestimate_start(
+    job_type: str, *, count: int = 1, **options: Unpack[EnqueueOptions]
+) -> StartEstimate:
+    """:func:`estimate_start` for async views."""
+    check_keywords("aestimate_start", options, ("count",))
+    count = check_count(count)
+    call = await sync_to_async(resolve_call)(job_type, **options)
+    return await estimate_call(
+        call.queue, call.resolved, call.cost_ms, count, options.get("delay_ms")
+    )

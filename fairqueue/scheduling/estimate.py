@@ -1,0 +1,337 @@
+"""When a job will start: its place by the fair clock, the measured service rate, and the
+limits that hold its tenant. Plain data in, plain data out (no Django, no Redis).
+
+``lua/include/eta_place.lua`` reads the clock and a flow's state without writing and places a
+new job as the add script would; :func:`place` is the same arithmetic, and the tests
+hold both to the add script's placement. The rest turns a place into a time
+(docs/design.md, "When a job will start"):
+
+* **The service rate** is what the loop's history step measured over the last 20-30 s:
+  jobs started per second (``R``), and per level. The virtual time moves at
+  ``v = TAG_SCALE * max over levels (level's turns served per second / level weight)``
+  (turns: jobs started, or with fairness by time worker time over the typical run time):
+  a level with a backlog is served exactly at that pace (its tenants' flow weights add
+  up to its weight), a level within its share at less, so the largest is the clock's.
+* **A waiting job** with finish tag ``T`` of a level of weight ``W`` is popped once the
+  virtual time reaches ``T - TAG_SCALE / W`` (when it is the first job waiting): it waits
+  ``(T - TAG_SCALE / W - vt) / v``. That counts the flows that keep arriving ahead of it
+  at their fair share, which the jobs now ahead of it do not; never less than the jobs
+  now ahead of it over ``R``.
+* **A held job** waits for its tenant's room first: its place among the tenant's held
+  jobs over the tenant's pace (``max_active`` jobs per typical run time, or its rate
+  limit), then its flow's place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from fairqueue.scheduling.levels import DEFAULT_FAIR_WEIGHTS, PriorityLevel
+from fairqueue.scheduling.limits import REASON_MAX_ACTIVE, REASON_PAUSED, REASON_RATE, TenantLimits
+from fairqueue.scheduling.order import TAG_SCALE, flow_step
+
+Confidence = Literal["high", "medium", "low", "none"]
+
+#: The window the service rate is measured over (seconds): the history's buckets that
+#: start within it, the current one partly elapsed (20 to 30 s of starts). Long enough
+#: for a steady pace, short enough to follow a change of load within half a minute.
+RATE_WINDOW_S: Final = 20
+#: Starts measured in the window for a ``high`` confidence (with steady buckets), and for
+#: ``medium``; fewer is ``low``; none at all (and jobs ahead) is ``none``: no estimate.
+HIGH_CONFIDENCE_STARTS: Final = 60
+MEDIUM_CONFIDENCE_STARTS: Final = 10
+#: The slowest and fastest bucket of the window may differ by this fraction of the mean
+#: rate for a ``high`` confidence.
+STEADY_SPREAD: Final = 0.5
+LEVEL_NAMES: Final = tuple(level.value for level in PriorityLevel)
+
+
+@dataclass(frozen=True, slots=True)
+class FlowSnapshot:
+    """What the fair clock knows of a flow when a job of it is placed, as
+    ``lua/include/eta_place.lua`` reads it: the virtual time, the flow's last tag, the weight
+    its level counts for it, its catch-up horizon, its level's total (less the flows the
+    virtual time has passed), the level's frontier (for a joining flow) and a job's cost
+    in turns."""
+
+    level: PriorityLevel
+    tenant_weight: int
+    vt: float
+    last: float | None = None
+    counted: int = 0
+    horizon: float | None = None
+    total: int = 0
+    frontier: float | None = None
+    cost: float = 1.0
+
+
+def place(
+    flow: FlowSnapshot, count: int = 1, weights: Mapping[PriorityLevel, int] = DEFAULT_FAIR_WEIGHTS
+) -> float:
+    """The finish tag the add script gives the ``count``-th of ``count`` new jobs of the
+    flow (``fqPlace``, one after the other; docs/design.md, "Joining a level")."""
+    if count < 1:
+        raise ValueError(f"count={count!r} is not allowed: expected a whole number >= 1")
+    last, counted, horizon, total = flow.last, flow.counted, flow.horizon, flow.total
+    weight, tag = flow.tenant_weight, flow.vt
+    for index in range(count):
+        others = total - counted
+        everyone = others + weight
+        start = flow.vt if last is None or last <= flow.vt else last
+        joined = None
+        if counted == 0 and others > 0 and index == 0:
+            if flow.frontier is not None and flow.frontier > start:
+                joined = horizon = flow.frontier
+        share = others if horizon is not None and start < horizon else everyone
+        tag = start + flow_step(weights[flow.level], weight, share, cost=flow.cost)
+        total, counted = everyone, weight
+        if joined is None and horizon is not None and start >= horizon:
+            horizon = None
+        if last is None or tag > last:
+            last = tag
+    return tag
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryBucket:
+    """One bucket of the history (``BUCKET_S`` seconds from ``start_s``): jobs started
+    and worker milliseconds of finished attempts, per level name."""
+
+    start_s: int
+    starts: Mapping[str, int]
+    worker_ms: Mapping[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceRate:
+    """What the workers served over the rate's window (:data:`RATE_WINDOW_S`)."""
+
+    #: Jobs started per second, all levels.
+    jobs_per_s: float
+    #: How fast the virtual time moves (tag units per second); 0: nothing measured.
+    vt_per_s: float
+    #: The slowest and fastest whole bucket of the window (jobs per second).
+    slowest_per_s: float
+    fastest_per_s: float
+    #: Starts counted in the window.
+    measured: int
+    #: Turns served per second, all levels (jobs per second when fairness counts jobs).
+    turns_per_s: float = 0.0
+
+    @property
+    def known(self) -> bool:
+        return self.jobs_per_s > 0 and self.vt_per_s > 0
+
+
+NO_RATE: Final = ServiceRate(0.0, 0.0, 0.0, 0.0, 0, 0.0)
+
+
+def service_rate(
+    buckets: Sequence[HistoryBucket],
+    *,
+    now_ms: int,
+    since_ms: int | None,
+    bucket_s: int,
+    window_s: int = RATE_WINDOW_S,
+    typical_ms: float | None = None,
+    by_time: bool = False,
+    weights: Mapping[PriorityLevel, int] = DEFAULT_FAIR_WEIGHTS,
+) -> ServiceRate:
+    """The service rate of the last ``window_s`` (the buckets that start after
+    ``now - window_s``, the current one partly elapsed). The virtual time's pace counts
+    turns: with fairness by time (``by_time``) the worker time served over the queue's
+    ``typical_ms`` run time, else jobs started. ``since_ms``: when the history began (a
+    shorter window before then)."""
+    if since_ms is None:
+        return NO_RATE
+    now_s = now_ms / 1000
+    current = int(now_s // bucket_s * bucket_s)
+    first = current - (window_s // bucket_s) * bucket_s
+    start_s = max(first, since_ms / 1000)
+    elapsed = now_s - start_s
+    if elapsed <= 0:
+        return NO_RATE
+    kept = [b for b in buckets if first <= b.start_s <= current]
+    starts = {name: sum(b.starts.get(name, 0) for b in kept) for name in LEVEL_NAMES}
+    measured = sum(starts.values())
+    if measured == 0:
+        return NO_RATE
+    worked = {name: sum(b.worker_ms.get(name, 0) for b in kept) for name in LEVEL_NAMES}
+    # With fairness by time a flow's clock moves by the worker time its attempts used
+    # (placed by their estimate, the rest charged): turns = worker time over the queue's
+    # typical run time. Counting jobs, each start is a turn.
+    use_time = by_time and bool(typical_ms) and sum(worked.values()) > 0
+    served = {
+        name: worked[name] / typical_ms if use_time and typical_ms else float(starts[name])
+        for name in LEVEL_NAMES
+    }
+    paces = [served[level.value] / elapsed / weights[level] for level in PriorityLevel]
+    whole = [
+        sum(b.starts.values()) / bucket_s
+        for b in kept
+        if b.start_s < current and b.start_s >= since_ms / 1000
+    ]
+    rate = measured / elapsed
+    return ServiceRate(
+        jobs_per_s=rate,
+        vt_per_s=TAG_SCALE * max(paces),
+        slowest_per_s=min(whole, default=rate),
+        fastest_per_s=max(whole, default=rate),
+        measured=measured,
+        turns_per_s=sum(served.values()) / elapsed,
+    )
+
+
+def confidence_of(rate: ServiceRate) -> Confidence:
+    """How sure an estimate from ``rate`` is: ``high`` with many starts measured at a
+    steady pace, ``medium`` with some, ``low`` with few, ``none`` with none."""
+    if not rate.known:
+        return "none"
+    spread = (rate.fastest_per_s - rate.slowest_per_s) / rate.jobs_per_s
+    if rate.measured >= HIGH_CONFIDENCE_STARTS and spread <= STEADY_SPREAD:
+        return "high"
+    if rate.measured >= MEDIUM_CONFIDENCE_STARTS:
+        return "medium"
+    return "low"
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """An expected wait (seconds) and a range around it; ``None``: no estimate."""
+
+    expected_s: float | None
+    low_s: float | None
+    high_s: float | None
+    confidence: Confidence
+
+
+NO_WAIT: Final = Wait(0.0, 0.0, 0.0, "high")
+
+
+def placed_wait(
+    *,
+    tag: float | None,
+    level: PriorityLevel | None,
+    vt: float,
+    ahead: int,
+    rate: ServiceRate,
+    weights: Mapping[PriorityLevel, int] = DEFAULT_FAIR_WEIGHTS,
+) -> Wait:
+    """The wait of a job at finish tag ``tag`` of ``level`` (``None``: not in the fair
+    band, placed by the jobs ahead alone) with ``ahead`` jobs popped before it now."""
+    if ahead <= 0:
+        return Wait(0.0, 0.0, 0.0, confidence_of(rate) if rate.known else "low")
+    if not rate.known:
+        return Wait(None, None, None, "none")
+    by_count = ahead / rate.jobs_per_s
+    by_clock = 0.0
+    if tag is not None and level is not None:
+        by_clock = max(0.0, tag - TAG_SCALE / weights[level] - vt) / rate.vt_per_s
+    expected = max(by_count, by_clock)
+    return _ranged(expected, rate)
+
+
+def _ranged(expected: float, rate: ServiceRate) -> Wait:
+    fast = max(rate.fastest_per_s, rate.jobs_per_s)
+    slow = min(rate.slowest_per_s, rate.jobs_per_s)
+    step = 1 / rate.jobs_per_s
+    low = max(0.0, expected * rate.jobs_per_s / fast - step)
+    high = expected * rate.jobs_per_s / slow + step if slow > 0 else expected * 3 + step
+    return Wait(expected, low, high, confidence_of(rate))
+
+
+def held_reason(
+    limits: TenantLimits, *, paused: bool, held_ahead: int, occupied: int
+) -> str | None:
+    """Which limit holds a tenant's next job (``held_ahead`` of its jobs held before it,
+    ``occupied`` of its released ones not finished), or ``None``: it would go at once."""
+    if paused or limits.paused:
+        return REASON_PAUSED
+    if limits.max_active is not None and (occupied >= limits.max_active or held_ahead > 0):
+        return REASON_MAX_ACTIVE
+    if limits.rate_max is not None and held_ahead > 0:
+        return REASON_RATE
+    return None
+
+
+def held_delay_s(
+    limits: TenantLimits, *, reason: str | None, held_ahead: int, occupied: int, run_s: float | None
+) -> float | None:
+    """How long until a held job is released (``None``: paused, or no run time measured
+    for a ``max_active`` tenant): its place among the tenant's held jobs over the pace its
+    limits allow (``max_active`` jobs per run time; ``rate_max`` per window)."""
+    if reason is None:
+        return 0.0
+    if reason == REASON_PAUSED:
+        return None
+    delays = [0.0]
+    if limits.max_active is not None:
+        room = max(0, limits.max_active - occupied)
+        turns = held_ahead + 1 - room
+        if turns > 0:
+            if not run_s:
+                return None
+            delays.append(turns * run_s / limits.max_active)
+    if limits.rate_max is not None and limits.rate_duration_ms is not None:
+        delays.append(held_ahead * limits.rate_duration_ms / 1000 / limits.rate_max)
+    return max(delays)
+
+
+def with_delay(wait: Wait, delay_s: float | None) -> Wait:
+    """``wait`` after ``delay_s`` (``None``: unknown, no estimate)."""
+    if delay_s is None or wait.expected_s is None:
+        return Wait(None, None, None, "none")
+    if not delay_s:
+        return wait
+    lower = "low" if wait.confidence in ("high", "medium") else wait.confidence
+    return Wait(
+        wait.expected_s + delay_s,
+        (wait.low_s or 0.0) + delay_s * 0.5,
+        (wait.high_s or 0.0) + delay_s * 2,
+        lower,
+    )
+
+
+def flow_share(
+    *,
+    level: PriorityLevel,
+    tenant_weight: int,
+    level_share: int,
+    rate: ServiceRate,
+    weights: Mapping[PriorityLevel, int] = DEFAULT_FAIR_WEIGHTS,
+) -> float | None:
+    """The fraction of the workers the flow gets while it has a backlog: its flow weight
+    (its level's weight split among ``level_share`` counted tenant weights) at the
+    virtual time's measured pace, over the turns served per second."""
+    if not rate.known or level_share <= 0:
+        return None
+    flow_weight = weights[level] * tenant_weight / level_share
+    served = rate.turns_per_s or rate.jobs_per_s
+    return min(1.0, rate.vt_per_s * flow_weight / TAG_SCALE / served)
+
+
+@dataclass(frozen=True, slots=True)
+class StartEstimate:
+    """When a job is expected to start (times in ms since the epoch, Redis's clock).
+
+    ``expected_start_ms`` lies between ``earliest_start_ms`` and ``latest_start_ms``;
+    ``confidence`` is ``high`` (many starts measured at a steady pace), ``medium``,
+    ``low`` or ``none`` (no estimate: the times are ``None``). ``ahead`` counts the jobs
+    BullMQ pops before it now; ``held_reason`` names the limit that holds its tenant
+    (``max_active``, ``rate``, ``paused``) or is ``None``; ``share`` is the fraction of
+    the workers its flow gets while it has a backlog (``None``: nothing measured).
+    """
+
+    expected_wait_ms: int | None
+    expected_start_ms: int | None
+    earliest_start_ms: int | None
+    latest_start_ms: int | None
+    confidence: Confidence
+    ahead: int | None
+    held_reason: str | None = None
+    share: float | None = None
+    level: str | None = None
+    #: The finish tag the fair clock gives the job (``None``: not placed by it).
+    tag: float | None = None
