@@ -29,7 +29,7 @@ and ``INFO commandstats`` count this benchmark's commands only.
    three runs, interleaved; each run's best is reported (the machine's other work only
    adds to a run's figure), and every round's figures below it.
 
-3. **The loop's steps** (issue 19 item 3), on a quiet server: a burst of a tick's worth
+3. **The loop's steps**, on a quiet server: a burst of a tick's worth
    of jobs (``--rate`` / 4) drained by the worker, then the tick (stalled check, a page
    of adoption, the history step) and, every 20th time, a pass, each step measured
    alone (Redis CPU from ``INFO cpu``, less what reading it costs); per job at ``--rate``.

@@ -35,7 +35,8 @@ scheduler cannot slow its own arrivals down. Scenarios (``--seconds`` of arrival
    entitlement, low's wait.
 3. ``trickle``         - critical 1 job / 50 ms beside normal at 1.25 C: critical's wait.
    Normal's backlog passes the wait bound after a few seconds, so this also checks that
-   overdue jobs of an overloaded level do not take a conforming level's turns (SPEC 9).
+   overdue jobs of an overloaded level do not take a conforming level's turns
+   (docs/design.md, "The wait bound").
 4. ``tenant-pair``     - normal: tenants A and B at 1 C each, tenant ``sparse`` 1 job /
    200 ms: Jain's index of A and B per 5 s window, the sparse tenant's wait.
 5. ``tenant-weighted`` - normal: ``heavy`` (``tenant_weight=3``) and ``light`` (weight 1)
