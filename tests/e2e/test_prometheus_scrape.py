@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from fairqueue.enqueue.api import enqueue_jobs
 from tests.conftest import REDIS_URL
 from tests.helpers import free_port, wait_until
-from tests.unit.test_operator_files import BOARD, RULES, board_expressions
+from tests.unit.test_operator_files import BOARD, EXPECTED_ALERTS, RULES, board_expressions
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = shutil.which("prometheus")
@@ -224,7 +224,8 @@ def test_prometheus_scrapes_the_rebalancer_and_returns_its_waits_and_leader(fq_p
         # The shipped rules load, and every query of the shipped board evaluates.
         rules = json.loads(_get(f"{base}/api/v1/rules"))["data"]["groups"]
         loaded = [rule for group in rules for rule in group["rules"]]
-        assert len(loaded) == 8 and all(rule["health"] != "err" for rule in loaded), loaded
+        assert len(loaded) == len(EXPECTED_ALERTS), loaded
+        assert all(rule["health"] != "err" for rule in loaded), loaded
         for expr in board_expressions():
             if expr.startswith("label_values("):
                 continue  # a Grafana variable, not PromQL
