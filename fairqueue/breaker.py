@@ -164,14 +164,14 @@ def after_write(queue: str, written: Written) -> None:
 
 
 def _set_gauge(job_types: Iterable[str], holds: Iterable[Any]) -> None:
-    from fairqueue.metrics import get_metrics
+    from fairqueue.metrics import by_job_type, get_metrics
 
     counts = dict.fromkeys(job_types, 0)
     for hold in holds:
         counts[hold.job_type] = counts.get(hold.job_type, 0) + 1
     gauge = get_metrics().breaker_open
     for job_type, count in counts.items():
-        gauge.labels(job_type).set(count)
+        by_job_type(gauge, job_type).set(count)
 
 
 def open_breaker(

@@ -4,7 +4,9 @@
 registry; by default the process-wide one that django-prometheus serves at ``/metrics``
 and ``rebalance_fair --metrics-port`` serves on its own port. Label children are
 pre-created for every configured job type so series exist at zero from the start.
-Tenant ids are never a label.
+Tenant ids are never a label. Every family with a ``job_type`` label carries the job
+type's ``queue`` too (one queue per job type, so no more series), and the per-queue
+settings gauges are labelled by queue: one ``queue`` filter selects every family.
 
 The rebalancer's families (waits, starts, passes, the leader) are set only by
 ``rebalance_fair``: from what its passes already read (the history step's page of BullMQ's
@@ -20,7 +22,7 @@ import threading
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from django.http import HttpRequest, HttpResponse
 from prometheus_client import (
@@ -36,6 +38,8 @@ from prometheus_client import (
 from fairqueue.conf import get_settings
 from fairqueue.scheduling.levels import DEFAULT_FAIR_WEIGHTS, LEVELS_BY_RANK, PriorityLevel
 from fairqueue.scheduling.limits import REASONS as LIMIT_REASONS
+
+_M = TypeVar("_M", Counter, Gauge, Histogram)
 
 DECISIONS: Final = ("aged", "weighted_fair")
 ENQUEUE_PRIORITY_LABELS: Final = ("critical", "high", "normal", "low", "other")
@@ -108,9 +112,9 @@ class _Family:
     help: str
     labels: tuple[str, ...] = ()
     buckets: tuple[float, ...] | None = None
-    #: One series at zero per configured job type (``"job_type"``) or queue (``"queue"``),
-    #: times each value of the second label (``second``) when the family has two;
-    #: ``None``: no series until one is set.
+    #: One series at zero per configured job type (``"job_type"``, labelled with its queue
+    #: too) or queue (``"queue"``), times each value of the last label (``second``) when
+    #: the family has one more; ``None``: no series until one is set.
     zero_for: str | None = None
     second: tuple[str, ...] = ()
 
@@ -122,13 +126,13 @@ class _Family:
         return self.kind(self.name, self.help, list(self.labels), registry=registry)
 
     def create_zero_series(
-        self, metric: Counter | Gauge | Histogram, owners: tuple[str, ...]
+        self, metric: Counter | Gauge | Histogram, owners: tuple[tuple[str, ...], ...]
     ) -> None:
         for owner in owners:
             if not self.second:
-                metric.labels(owner)
+                metric.labels(*owner)
             for value in self.second:
-                metric.labels(owner, value)
+                metric.labels(*owner, value)
 
 
 #: Every family, in the order they are registered.
@@ -138,7 +142,7 @@ FAMILIES: Final[tuple[_Family, ...]] = (
         Counter,
         "queue_fair_priority_assigned_total",
         "Enqueued jobs by normalized priority level.",
-        ("job_type", "priority_level"),
+        ("job_type", "queue", "priority_level"),
         zero_for="job_type",
         second=LEVEL_VALUES,
     ),
@@ -147,7 +151,7 @@ FAMILIES: Final[tuple[_Family, ...]] = (
         Counter,
         "queue_fair_decisions_total",
         "Ordering decisions of rebalance passes: aged (wait bound) or weighted_fair.",
-        ("job_type", "decision"),
+        ("job_type", "queue", "decision"),
         zero_for="job_type",
         second=DECISIONS,
     ),
@@ -156,7 +160,7 @@ FAMILIES: Final[tuple[_Family, ...]] = (
         Counter,
         "queue_fair_aged_boosts_total",
         "Jobs promoted by the maximum wait bound.",
-        ("job_type",),
+        ("job_type", "queue"),
         zero_for="job_type",
     ),
     _Family(
@@ -164,7 +168,7 @@ FAMILIES: Final[tuple[_Family, ...]] = (
         Gauge,
         "queue_fair_overdue_waiting",
         "Waiting jobs past the wait bound, as of the last rebalance pass.",
-        ("job_type",),
+        ("job_type", "queue"),
         zero_for="job_type",
     ),
     _Family(
@@ -181,7 +185,7 @@ FAMILIES: Final[tuple[_Family, ...]] = (
         Gauge,
         "queue_fair_outbox_pending",
         "Durable jobs waiting in the outbox for the relay, as of this process's last relay run.",
-        ("job_type",),
+        ("job_type", "queue"),
         zero_for="job_type",
     ),
     _Family(
@@ -190,7 +194,7 @@ FAMILIES: Final[tuple[_Family, ...]] = (
         "queue_fair_worker_seconds",
         "Worker time spent on finished attempts, per level (what fairness by time shares out), "
         "from BullMQ's events as the leader reads them.",
-        ("job_type", "priority_level"),
+        ("job_type", "queue", "priority_level"),
         zero_for="job_type",
         second=LEVEL_VALUES,
     ),
@@ -199,7 +203,7 @@ FAMILIES: Final[tuple[_Family, ...]] = (
         Counter,
         "queue_fair_retries",
         "Attempts that failed with attempts left, so their job runs again, per level.",
-        ("job_type", "priority_level"),
+        ("job_type", "queue", "priority_level"),
         zero_for="job_type",
         second=LEVEL_VALUES,
     ),
@@ -238,7 +242,7 @@ FAMILIES: Final[tuple[_Family, ...]] = (
         Histogram,
         "queue_fair_pass_duration_seconds",
         "Duration of rebalance passes that ran to the end.",
-        ("job_type",),
+        ("job_type", "queue"),
         buckets=PASS_BUCKETS_S,
         zero_for="job_type",
     ),
@@ -247,7 +251,7 @@ FAMILIES: Final[tuple[_Family, ...]] = (
         Counter,
         "queue_fair_pass_errors_total",
         "Rebalance passes that failed (Redis unreachable or another error).",
-        ("job_type",),
+        ("job_type", "queue"),
         zero_for="job_type",
     ),
     _Family(
@@ -262,26 +266,29 @@ FAMILIES: Final[tuple[_Family, ...]] = (
         Gauge,
         "queue_fair_last_pass_success_timestamp_seconds",
         "When this process's last successful pass over the job type ended (Unix time).",
-        ("job_type",),
+        ("job_type", "queue"),
     ),
     _Family(
         "rebalance_interval",
         Gauge,
         "queue_fair_rebalance_interval_seconds",
-        "The rebalance loop's pass interval (for rules that count intervals).",
+        "The rebalance loop's pass interval (for rules that count intervals), per queue it "
+        "rebalances.",
+        ("queue",),
     ),
     _Family(
         "max_wait",
         Gauge,
         "queue_fair_max_wait_seconds",
-        "The wait bound (QUEUE_FAIR_MAX_WAIT_MS) the rebalancer enforces.",
+        "The wait bound (QUEUE_FAIR_MAX_WAIT_MS) the rebalancer enforces, per queue it rebalances.",
+        ("queue",),
     ),
     _Family(
         "level_weight",
         Gauge,
         "queue_fair_level_weight",
         "Each level's weight in the fair share (its entitlement among the levels with work).",
-        ("priority_level",),
+        ("queue", "priority_level"),
     ),
     _Family(
         "held_jobs",
@@ -289,7 +296,7 @@ FAMILIES: Final[tuple[_Family, ...]] = (
         "queue_fair_held_jobs",
         "Jobs held back because their tenant is at a limit or paused (in BullMQ's delayed set "
         "until released), in the job type's queue.",
-        ("job_type",),
+        ("job_type", "queue"),
         zero_for="job_type",
     ),
     _Family(
@@ -298,7 +305,7 @@ FAMILIES: Final[tuple[_Family, ...]] = (
         "queue_fair_limited_total",
         "Jobs held at enqueue by a tenant limit (max_active, rate, paused), and enqueues refused "
         "by max_waiting.",
-        ("job_type", "reason"),
+        ("job_type", "queue", "reason"),
         zero_for="job_type",
         second=LIMIT_REASONS,
     ),
@@ -308,7 +315,7 @@ FAMILIES: Final[tuple[_Family, ...]] = (
         "queue_fair_quota_exceeded_total",
         "Tenants that went over their worker-time quota, by the job type whose work took them "
         "over and the action taken (demote or hold).",
-        ("job_type", "action"),
+        ("job_type", "queue", "action"),
         zero_for="job_type",
         second=("demote", "hold"),
     ),
@@ -318,7 +325,7 @@ FAMILIES: Final[tuple[_Family, ...]] = (
         "queue_fair_breaker_open",
         "Tenants whose jobs of this type are held by an open breaker (failing jobs), probes "
         "included.",
-        ("job_type",),
+        ("job_type", "queue"),
         zero_for="job_type",
     ),
     _Family(
@@ -327,7 +334,7 @@ FAMILIES: Final[tuple[_Family, ...]] = (
         "queue_fair_start_estimate_error_seconds",
         "Expected start less actual start of jobs enqueued with an estimate (first attempts), "
         "read by the rebalancer from BullMQ's events stream.",
-        ("job_type", "priority_level"),
+        ("job_type", "queue", "priority_level"),
         buckets=ESTIMATE_ERROR_BUCKETS_S,
         zero_for="job_type",
         second=LEVEL_VALUES,
@@ -344,8 +351,10 @@ def initialize_queue_fair_metrics(
     """Register fairqueue's metric families in ``registry`` (once) and return them.
 
     Args:
-        job_types: job types whose series are created at zero.
-        queues: queue names whose enqueue series are created at zero.
+        job_types: job types whose series are created at zero (labelled with their
+            queue, from the settings).
+        queues: queue names whose per-queue series are created at zero, and whose level
+            weights are set (the queues of ``job_types`` too).
     """
     registry = REGISTRY if registry is None else registry
     with _lock:
@@ -353,10 +362,13 @@ def initialize_queue_fair_metrics(
         if metrics is None:
             created: dict[str, Any] = {family.field: family.create(registry) for family in FAMILIES}
             metrics = QueueFairMetrics(**created)
-            for level, weight in DEFAULT_FAIR_WEIGHTS.items():
-                metrics.level_weight.labels(PriorityLevel(level).value).set(weight)
             _by_registry[registry] = metrics
-    owners = {"job_type": tuple(job_types), "queue": tuple(queues)}
+    typed = tuple((job_type, queue_label(job_type)) for job_type in job_types)
+    queue_names = tuple(dict.fromkeys([*queues, *(queue for _, queue in typed if queue)]))
+    for queue in queue_names:
+        for level, weight in DEFAULT_FAIR_WEIGHTS.items():
+            metrics.level_weight.labels(queue, PriorityLevel(level).value).set(weight)
+    owners = {"job_type": typed, "queue": tuple((queue,) for queue in queue_names)}
     for family in FAMILIES:
         if family.zero_for is not None:
             family.create_zero_series(getattr(metrics, family.field), owners[family.zero_for])
@@ -395,8 +407,8 @@ def record_enqueue(queue: str, job_type: str, level: PriorityLevel, *, placed: b
         metrics = get_metrics()
         children = (
             metrics.jobs_enqueued.labels(queue, enqueue_priority_label(level)),
-            metrics.priority_assigned.labels(job_type, level.value),
-            metrics.decisions.labels(job_type, "weighted_fair"),
+            metrics.priority_assigned.labels(job_type, queue, level.value),
+            metrics.decisions.labels(job_type, queue, "weighted_fair"),
         )
         _enqueue_children[key] = children
     children[0].inc()
@@ -409,7 +421,20 @@ def record_limited(job_type: str, reason: str, count: int = 1) -> None:
     """Count jobs a tenant limit held at enqueue (or an enqueue ``max_waiting``
     refused) under ``reason``; never a tenant label."""
     if count > 0:
-        get_metrics().limited.labels(job_type, reason).inc(count)
+        by_job_type(get_metrics().limited, job_type, reason).inc(count)
+
+
+def queue_label(job_type: str) -> str:
+    """The ``queue`` label of a job type's series: its configured queue (each job type has
+    exactly one), or ``""`` (no label) for a job type no longer configured."""
+    return get_settings().queues.get(job_type, "")
+
+
+def by_job_type(metric: _M, job_type: str, *values: str) -> _M:
+    """``metric``'s child for ``job_type``, its queue and ``values`` (the family's other
+    labels, in order): every job-type family carries its queue, so one ``queue`` filter
+    selects every family."""
+    return metric.labels(job_type, queue_label(job_type), *values)
 
 
 def enqueue_priority_label(level: PriorityLevel | None) -> str:

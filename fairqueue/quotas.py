@@ -109,7 +109,7 @@ def after_write(queue: str, written: Written) -> None:
 def exceed(tenant_id: str, quota: Quota, used: int, *, job_type: str) -> None:
     """Apply ``quota``'s action to a tenant over it: Redis first for a hold (as
     ``pause_tenant`` does), undone if the database write fails."""
-    from fairqueue.metrics import get_metrics
+    from fairqueue.metrics import by_job_type, get_metrics
     from fairqueue.models import TenantHold
 
     _, until = period_bounds(now(), quota.period)
@@ -139,7 +139,7 @@ def exceed(tenant_id: str, quota: Quota, used: int, *, job_type: str) -> None:
         if quota.action == TenantHold.HOLD:
             resume_in(queues, tenant_id)
         raise
-    get_metrics().quota_exceeded.labels(job_type, quota.action).inc()
+    by_job_type(get_metrics().quota_exceeded, job_type, quota.action).inc()
     forget_demoted()
     logger.info("a tenant went over its quota: %s until the period ends", quota.action)
     del hold

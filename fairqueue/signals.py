@@ -9,7 +9,9 @@ value. ``QuerySet.update()`` and ``bulk_create`` send no signals: call
 ``forget_tenant_plan`` (or ``forget_all_tenant_plans``) after them.
 
 A save that may change a tenant's limits also brings them to Redis once it commits, so
-its held jobs are released under the new limits without waiting for its next enqueue.
+its held jobs are released under the new limits without waiting for its next enqueue;
+one that may change its weight brings the weight to Redis too, where its flows with work
+and their levels' totals count it at once (its waiting jobs keep their places).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from fairqueue.models import (
     SubscriptionClassifier,
     TenantPlan,
 )
-from fairqueue.tenants import sync_tenant_limits
+from fairqueue.tenants import sync_tenant_limits, sync_tenant_weight
 
 #: A save touching these may change a tenant's limits (the tier brings its defaults).
 LIMIT_SYNC_FIELDS: Final = frozenset(
@@ -50,6 +52,8 @@ def _tenant_plan_changed(
     update_fields = kwargs.get("update_fields")
     if update_fields is None or set(update_fields) & LIMIT_SYNC_FIELDS:
         transaction.on_commit(lambda: sync_tenant_limits(tenant_id), using=using)
+    if update_fields is None or "weight" in update_fields:
+        transaction.on_commit(lambda: sync_tenant_weight(tenant_id), using=using)
 
 
 @receiver([post_save, post_delete], sender=SubscriptionClassifier)

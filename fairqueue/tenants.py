@@ -16,7 +16,7 @@ from django.db import transaction
 from fairqueue.broker import get_sync_broker
 from fairqueue.conf import get_settings
 from fairqueue.exceptions import BrokerError
-from fairqueue.scheduling.levels import validate_tenant_id
+from fairqueue.scheduling.levels import DEFAULT_TENANT_WEIGHT, validate_tenant_id
 from fairqueue.scheduling.limits import NO_LIMITS
 
 logger = logging.getLogger("fairqueue.tenants")
@@ -127,6 +127,31 @@ def sync_tenant_limits(tenant_id: str) -> None:
             sync_broker.run(sync_broker.broker.limits.release, queue, [tenant_id])
     except BrokerError as exc:
         logger.warning("tenant limits not synced to Redis (%s)", type(exc).__name__)
+
+
+def sync_tenant_weight(tenant_id: str) -> None:
+    """Bring a tenant's weight to Redis in every queue after its row changed: each of its
+    flows with work counts it at once, and so do their levels' totals, so its next jobs
+    and the other tenants' are placed by the new weight (its waiting jobs keep their
+    places). Only while enqueues in this process look weights up in the database
+    (``wire_tenant_plan_lookup()``): without that lookup every job is placed at weight 1
+    and the row's weight places nothing. Best effort: Redis down is logged, and its next
+    enqueue counts the weight."""
+    from fairqueue.enqueue.lookups import lookup_tenant_weight
+    from fairqueue.enqueue.priority import get_tenant_weight_lookup
+    from fairqueue.models import TenantPlan
+
+    if get_tenant_weight_lookup() is not lookup_tenant_weight:
+        return
+
+    plan = TenantPlan.objects.filter(tenant_id=tenant_id).only("weight").first()
+    weight = DEFAULT_TENANT_WEIGHT if plan is None else plan.weight
+    sync_broker = get_sync_broker()
+    try:
+        for queue in _queues():
+            sync_broker.run(sync_broker.broker.limits.set_weight, queue, tenant_id, weight)
+    except BrokerError as exc:
+        logger.warning("tenant weight not synced to Redis (%s)", type(exc).__name__)
 
 
 def database_limits() -> tuple[dict[str, str], set[str]]:

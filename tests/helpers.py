@@ -50,6 +50,12 @@ def drain_with_stock_worker(
 
 
 def metric(name: str, **labels: str) -> float:
+    """A sample of the process-wide registry; a job type's series carries its queue,
+    filled in here from the settings when not given."""
+    if "job_type" in labels and "queue" not in labels:
+        from fairqueue.metrics import queue_label
+
+        labels["queue"] = queue_label(labels["job_type"])
     return REGISTRY.get_sample_value(name, labels) or 0.0
 
 

@@ -296,6 +296,20 @@ class LimitStore(BrokerPart):
             return 0  # had limits here already: its jobs since then are tracked
         return await self._hold_untracked(queue, tenant_id)
 
+    async def set_weight(self, queue: str, tenant_id: str, weight: int) -> int:
+        """A tenant's new weight, counted at once by each of its flows with work in
+        ``queue`` and by their levels' totals (``reweight.lua``): its next jobs and the
+        other tenants' of its levels are placed by it. Its waiting jobs keep their places.
+        Returns the flows changed (0: none had work, or none counted another weight)."""
+        script = self.conn.script(plain_script("reweight"))
+        changed = await self.conn.guard(
+            script(
+                keys=[fair_key(self.conn.prefix, queue, name) for name in ("state", "fweights")],
+                args=[tenant_id, int(weight)],
+            )
+        )
+        return int(changed)
+
     async def retry_failed(
         self,
         queue: str,

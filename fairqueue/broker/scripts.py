@@ -276,5 +276,5 @@ def retry_failed_script() -> Script:
 def plain_script(name: str) -> Script:
     """One of fairqueue's own scripts (``index_walk``, ``rebase_page``, ``lock_acquire``,
     ``lock_release``, ``dashboard_page``, ``dashboard_scan``, ``history_seek``,
-    ``history_rows``, ``history_commit``, ``limits_status``)."""
+    ``history_rows``, ``history_commit``, ``limits_status``, ``reweight``)."""
     return Script(name, without_unused(load_lua(name)))

@@ -196,7 +196,8 @@ class TenantViews:
                 messages.success(
                     request,
                     f"Saved {', '.join(changed)}: limits hold for its waiting jobs now; "
-                    "the weight places its next jobs.",
+                    "the weight counts at once for its next jobs and its level's share "
+                    "(jobs already waiting keep their places).",
                 )
             return HttpResponseRedirect(self._tenant_url(tenant_id))
         return TemplateResponse(

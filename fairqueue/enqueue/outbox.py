@@ -49,7 +49,7 @@ from fairqueue.exceptions import (
     BrokerUnavailableError,
     TenantBacklogFullError,
 )
-from fairqueue.metrics import get_metrics, record_enqueue
+from fairqueue.metrics import by_job_type, get_metrics, record_enqueue
 from fairqueue.scheduling.levels import DEFAULT_TENANT, PriorityLevel
 
 logger = logging.getLogger("fairqueue.outbox")
@@ -454,7 +454,7 @@ def record_outbox_pending(*, using: str | None = None) -> dict[str, int]:
     }
     gauge = get_metrics().outbox_pending
     for job_type in set(get_settings().queues) | set(counts):
-        gauge.labels(job_type).set(counts.get(job_type, 0))
+        by_job_type(gauge, job_type).set(counts.get(job_type, 0))
     return counts
 
 

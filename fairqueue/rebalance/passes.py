@@ -53,7 +53,7 @@ from fairqueue.broker import (
 )
 from fairqueue.conf import get_settings
 from fairqueue.ledger import ledger_for
-from fairqueue.metrics import get_metrics
+from fairqueue.metrics import by_job_type, get_metrics
 from fairqueue.scheduling.levels import (
     LEVELS_BY_RANK,
 )
@@ -345,9 +345,9 @@ async def _record(
             done_ms, restarts = result.served.get(level, (0, 0))
             result.served[level] = (done_ms + worker_ms, restarts + retries)
             if worker_ms:
-                metrics.worker_seconds.labels(result.job_type, level).inc(worker_ms / 1000)
+                by_job_type(metrics.worker_seconds, result.job_type, level).inc(worker_ms / 1000)
             if retries:
-                metrics.retries.labels(result.job_type, level).inc(retries)
+                by_job_type(metrics.retries, result.job_type, level).inc(retries)
         result.recorded += recorded.recorded
         result.unrecorded += recorded.unknown
         result.history_gap_ms += recorded.gap_ms
@@ -363,7 +363,7 @@ def _record_starts(queue: str, page: RecordedPage, job_type: str = "") -> None:
         return
     metrics = get_metrics()
     for level, error_ms in page.estimate_errors:
-        metrics.start_estimate_error.labels(job_type, level).observe(error_ms / 1000)
+        metrics.start_estimate_error.labels(job_type, queue, level).observe(error_ms / 1000)
     for level, count in page.started_by_level.items():
         metrics.jobs_started.labels(queue, level).inc(count)
     for level, wait_ms in page.waits:
@@ -497,18 +497,20 @@ async def _walk(
 def _record_metrics(result: PassResult) -> None:
     metrics = get_metrics()
     if result.aged:
-        metrics.decisions.labels(result.job_type, "aged").inc(result.aged)
-        metrics.aged_boosts.labels(result.job_type).inc(result.aged)
+        metrics.decisions.labels(result.job_type, result.queue, "aged").inc(result.aged)
+        metrics.aged_boosts.labels(result.job_type, result.queue).inc(result.aged)
     if result.adopted - result.aged:
-        metrics.decisions.labels(result.job_type, "weighted_fair").inc(result.adopted - result.aged)
-    metrics.overdue_waiting.labels(result.job_type).set(result.overdue)
-    metrics.held_jobs.labels(result.job_type).set(result.held)
+        metrics.decisions.labels(result.job_type, result.queue, "weighted_fair").inc(
+            result.adopted - result.aged
+        )
+    metrics.overdue_waiting.labels(result.job_type, result.queue).set(result.overdue)
+    metrics.held_jobs.labels(result.job_type, result.queue).set(result.held)
     for level in LEVELS_BY_RANK:
         metrics.level_overdue_waiting.labels(result.queue, level.value).set(
             result.overdue_by_level.get(level.value, 0)
         )
-    metrics.pass_duration.labels(result.job_type).observe(result.duration_ms / 1000)
-    metrics.last_pass_success.labels(result.job_type).set(time.time())
+    metrics.pass_duration.labels(result.job_type, result.queue).observe(result.duration_ms / 1000)
+    metrics.last_pass_success.labels(result.job_type, result.queue).set(time.time())
 
 
 def rebalance_queue(

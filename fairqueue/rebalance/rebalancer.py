@@ -101,8 +101,9 @@ class Rebalancer(Loop):
         self._quiet_since = time.monotonic()
         self.usage = UsageStep()
         metrics = get_metrics()
-        metrics.rebalance_interval.set(interval_ms / 1000)
-        metrics.max_wait.set(settings.max_wait_ms / 1000)
+        for queue in self.locks:
+            metrics.rebalance_interval.labels(queue).set(interval_ms / 1000)
+            metrics.max_wait.labels(queue).set(settings.max_wait_ms / 1000)
         if not dry_run:
             self._publish_leadership()
 
@@ -120,7 +121,7 @@ class Rebalancer(Loop):
                 try:
                     acquired = queue in done_queues or self.locks[queue].acquire()
                 except Exception:  # the loop backs off; this round ran no pass
-                    pass_errors.labels(job_type).inc()
+                    pass_errors.labels(job_type, queue).inc()
                     self._publish_leadership(reachable=False)
                     raise
                 if not acquired:
@@ -140,12 +141,12 @@ class Rebalancer(Loop):
                     interval_ms=self.interval_ms,
                 )
             except BrokerUnavailableError:
-                pass_errors.labels(job_type).inc()
+                pass_errors.labels(job_type, queue).inc()
                 if not self.dry_run:
                     self._publish_leadership(reachable=False)
                 raise
             except Exception as exc:  # a bad pass must not end the loop
-                pass_errors.labels(job_type).inc()
+                pass_errors.labels(job_type, queue).inc()
                 logger.error("%s: pass failed (%s)", job_type, type(exc).__name__)
                 continue
             results.append(result)
@@ -236,7 +237,7 @@ class Rebalancer(Loop):
                 logger.debug("%s: release failed (%s)", queue, type(exc).__name__)
                 continue
             for job_type in self._job_types_of[queue]:
-                metrics.held_jobs.labels(job_type).set(released.held)
+                metrics.held_jobs.labels(job_type, queue).set(released.held)
             if released.held:
                 wait_ms = min(wait_ms, RELEASE_EVERY_MS, released.wake_ms or RELEASE_EVERY_MS)
         self._release_wait_s = wait_ms / 1000

@@ -259,6 +259,7 @@ class FairClock:
         tenant_weight: int = 1,
         *,
         cost: float = 1.0,
+        stored: bool = False,
     ) -> float:
         """The finish tag of a new job of (``level``, ``tenant``); jobs run in tag order.
         ``cost`` is its worker time in turns. An overdue job is placed the same way: it
@@ -269,11 +270,17 @@ class FairClock:
         spacing (the level's weight split among the others, as their jobs were placed)
         until it reaches where those backlogs ended when it joined: its round-robin turn
         from its first job, instead of paying for the backlogs placed while it was idle.
+
+        ``stored``: ``tenant_weight`` was stored with the job when it was enqueued (a
+        delayed or held job, a rerun): a flow with work places it by the weight it counts,
+        so a weight changed since (:meth:`reweight`) is kept.
         """
         for key in [key for key, tag in self.last.items() if tag <= self.vt]:
             del self.last[key], self.counted[key]
             self.horizon.pop(key, None)
         key = (level, tenant)
+        if stored and key in self.counted:
+            tenant_weight = self.counted[key]
         others = sum(w for (lvl, t), w in self.counted.items() if lvl == level and t != tenant)
         total = others + tenant_weight
         start = max(self.vt, self.last.get(key, self.vt))
@@ -292,6 +299,14 @@ class FairClock:
             del self.horizon[key]
         self.last[key] = max(tag, self.last.get(key, tag))
         return tag
+
+    def reweight(self, tenant: str, tenant_weight: int) -> None:
+        """``tenant``'s weight changed: each of its flows with work counts the new one at
+        once (so its level's total does too), and places its next jobs by it. Its jobs
+        placed already keep their tags."""
+        for key in self.counted:
+            if key[1] == tenant:
+                self.counted[key] = tenant_weight
 
     def _frontier(self, level: PriorityLevel) -> float | None:
         """The last tag of ``level``'s flow that reaches furthest, among the

@@ -5,6 +5,7 @@ its failed jobs, removal of its waiting jobs."""
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
 from django.contrib.admin.models import LogEntry
@@ -113,6 +114,54 @@ def test_tenant_limits__saved_on_its_plan_and_applied_to_its_waiting_jobs_at_onc
     counts = bullmq_counts(limited, "email")
     assert (counts["prioritized"], counts["delayed"]) == (4, 1)
     assert LogEntry.objects.filter(change_message__contains="max_active").exists()
+
+
+def test_tenant_weight__counted_at_once_by_its_waiting_flow_and_its_levels_total(
+    fq_prefix, operator, redis_client, django_capture_on_commit_callbacks
+):
+    """A real backlog of two tenants of one level; the operator raises one's weight from
+    the tenant page. At once (no enqueue of that tenant in between) its flow counts the
+    new weight and the level's total with it: the other tenant's next job is placed by
+    the new total, and the raised tenant's next one by its new weight, as the model
+    places them; the jobs already waiting keep their places."""
+    from fairqueue.broker import TAG_FLOOR, TAG_RESOLUTION
+    from fairqueue.enqueue.priority import wire_tenant_plan_lookup
+    from fairqueue.scheduling.levels import PriorityLevel
+    from fairqueue.scheduling.order import FairClock
+
+    normal = PriorityLevel.NORMAL
+    TenantPlan.objects.create(tenant_id="acme", weight=1)
+    wire_tenant_plan_lookup()  # enqueues look weights up, as the database has them
+    key = f"{fq_prefix}:email:prioritized"
+    clock, tags = FairClock(), []
+
+    def place(tenant: str, count: int) -> None:
+        jobs = enqueue_jobs(
+            "email", [{} for _ in range(count)], tenant_id=tenant, priority_level="normal"
+        )
+        for job in jobs:
+            tag = clock.place(normal, tenant, clock_weights[tenant])
+            tags.append(tag)
+            clock.observe_head(min(tags), normal)
+            expected = TAG_FLOOR * 2**32 + math.floor(tag * TAG_RESOLUTION) * 4 + 2
+            assert redis_client.zscore(key, job.job_id) == expected
+
+    clock_weights = {"acme": 1, "beta": 1}
+    place("acme", 6)
+    place("beta", 6)
+    before = dict(redis_client.zscan_iter(key))
+    url = reverse("admin:fairqueue_dashboard_tenant_limits", args=["acme"])
+    form = {"weight": 3, "max_active": "", "rate_max": "", "rate_duration_ms": ""}
+    form["max_waiting"] = ""
+    with django_capture_on_commit_callbacks(execute=True):
+        assert operator.post(url, form).status_code == 302
+    assert redis_client.hget(f"{fq_prefix}:email:fq:fweights", "normal\nacme") == "3"
+    assert redis_client.hget(f"{fq_prefix}:email:fq:state", "W:normal") == "4"
+    assert dict(redis_client.zscan_iter(key)) == before
+    clock.reweight("acme", 3)
+    clock_weights["acme"] = 3
+    place("beta", 2)  # at the spacing of a level total of 4, not 2
+    place("acme", 2)  # at weight 3, behind its own waiting jobs
 
 
 def test_tenant_retry_and_remove__its_failed_jobs_retried_its_waiting_jobs_removed(

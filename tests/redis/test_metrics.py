@@ -18,6 +18,7 @@ from fairqueue.metrics import (
 from fairqueue.rebalance.passes import rebalance_queue
 from fairqueue.scheduling.levels import PriorityLevel
 from tests.conftest import REDIS_URL
+from tests.helpers import metric
 
 #: Every family fairqueue exports (histograms and counters by their base name).
 FAMILIES = (
@@ -63,7 +64,8 @@ def test_series_exist_at_zero_for_configured_job_types():
     initialize_queue_fair_metrics(registry, job_types=["email"], queues=["email"])
     assert (
         registry.get_sample_value(
-            "queue_fair_decisions_total", {"job_type": "email", "decision": "aged"}
+            "queue_fair_decisions_total",
+            {"job_type": "email", "queue": "email", "decision": "aged"},
         )
         == 0
     )
@@ -73,6 +75,33 @@ def test_series_exist_at_zero_for_configured_job_types():
         )
         == 0
     )
+
+
+def test_every_family_is_labelled_by_queue_without_more_series(settings):
+    """One ``queue`` filter selects every family: a job type's series carry its queue
+    (a job type has one queue, so the label adds no series), and the settings gauges
+    are per queue; the names and the labels they had before are all still there."""
+    from fairqueue.metrics import FAMILIES
+
+    for family in FAMILIES:
+        assert "queue" in family.labels, family.name
+        if "job_type" in family.labels:
+            assert family.labels[:2] == ("job_type", "queue"), family.name
+    settings.FAIRQUEUE = {"QUEUES": {"invoice": "billing", "receipt": "billing"}}
+    registry = CollectorRegistry()
+    initialize_queue_fair_metrics(registry, job_types=["invoice", "receipt"], queues=["billing"])
+    by_name = {family.name: family for family in registry.collect()}
+    assert {
+        (sample.labels["job_type"], sample.labels["queue"])
+        for sample in by_name["queue_fair_overdue_waiting"].samples
+    } == {("invoice", "billing"), ("receipt", "billing")}
+    totals = [s for s in by_name["queue_fair_decisions"].samples if s.name.endswith("_total")]
+    assert len(totals) == 2 * 2  # job types x decisions: the queue label adds none
+    assert {
+        (sample.labels["queue"], sample.labels["priority_level"]): sample.value
+        for sample in by_name["queue_fair_level_weight"].samples
+    } == {("billing", "critical"): 4, ("billing", "high"): 3, ("billing", "normal"): 2,
+          ("billing", "low"): 1}  # fmt: skip
 
 
 def test_priority_label():
@@ -95,7 +124,7 @@ def test_web_process_serves_the_families_at_metrics(client, fq_prefix):
 
 
 def _value(name: str, **labels: str) -> float:
-    return REGISTRY.get_sample_value(name, labels) or 0.0
+    return metric(name, **labels)
 
 
 async def _drain(prefix: str, queue: str, count: int, seen: list) -> None:
@@ -189,7 +218,7 @@ def test_loop__leader_gauge_follows_the_lock_and_failed_passes_count(fq_prefix, 
     assert _value("queue_fair_leader", queue="cleanup") == 0  # published at start
     ours.run_once()
     assert _value("queue_fair_leader", queue="cleanup") == 1
-    assert _value("queue_fair_rebalance_interval_seconds") == 1.0
+    assert _value("queue_fair_rebalance_interval_seconds", queue="cleanup") == 1.0
     ours.finish()  # releases the lock
     assert _value("queue_fair_leader", queue="cleanup") == 0
     theirs.run_once()  # takes the lock: the two share this process's registry
@@ -232,7 +261,7 @@ def test_exposition__promtool_check_metrics_is_clean(fq_prefix):
 def test_level_weights_are_exported_for_the_rules():
     get_metrics()
     assert {
-        level: _value("queue_fair_level_weight", priority_level=level)
+        level: _value("queue_fair_level_weight", queue="email", priority_level=level)
         for level in ("critical", "high", "normal", "low")
     } == {"critical": 4, "high": 3, "normal": 2, "low": 1}
 

@@ -118,6 +118,67 @@ def test_the_add_script_places_as_the_model_while_a_worker_takes_jobs(rounds):
         delete_prefix(prefix)
 
 
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.tuples(
+            st.lists(arrival, min_size=1, max_size=10),
+            st.integers(0, 8),
+            st.none() | st.tuples(st.sampled_from(["a", "b", "c"]), st.sampled_from([1, 2, 5])),
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_a_weight_change_is_counted_at_once_as_the_model_counts_it(rounds):
+    """Batches of arrivals, jobs taken, and between them a tenant's weight changed (what a
+    TenantPlan save sends): its flows with work count the new weight at once, the levels'
+    totals with them, and every later job's score, of that tenant and of the others, is
+    still exactly the model's; the jobs already placed keep their scores."""
+    prefix = f"fqtest-{uuid.uuid4().hex[:12]}"
+    broker = SyncBroker(Broker(REDIS_URL, prefix))
+    redis_client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    clock, placed = FairClock(), {}
+    key = f"{prefix}:q:prioritized"
+    try:
+        for batch, taken, change in rounds:
+            added = _add(broker, batch)
+            for (level, tenant, weight), job in zip(batch, added, strict=True):
+                tag = clock.place(level, tenant, weight)
+                placed[job.job_id] = (math.floor(tag * TAG_RESOLUTION), RANK[level], tag, level)
+                _, _, head_tag, head_level = min(placed.values())
+                clock.observe_head(head_tag, head_level)
+                expected = TAG_FLOOR * 2**32 + math.floor(tag * TAG_RESOLUTION) * 4 + RANK[level]
+                assert redis_client.zscore(key, job.job_id) == expected
+            taken = min(taken, len(placed) - 1)
+            if taken:
+                for job_id, _ in redis_client.zpopmin(key, taken):
+                    del placed[job_id]
+                _, _, head_tag, head_level = min(placed.values())
+                clock.observe_head(head_tag, head_level)
+            if change is not None:
+                before = dict(redis_client.zscan_iter(key))
+                tenant, weight = change
+                changed = broker.run(broker.broker.limits.set_weight, "q", tenant, weight)
+                assert changed == sum(
+                    1 for (_, t), w in clock.counted.items() if t == tenant and w != weight
+                )
+                clock.reweight(tenant, weight)
+                assert dict(redis_client.zscan_iter(key)) == before  # nothing moved
+                state = redis_client.hgetall(f"{prefix}:q:fq:state")
+                for level in PriorityLevel:
+                    total = sum(w for (lvl, _), w in clock.counted.items() if lvl == level)
+                    assert int(state.get(f"W:{level.value}", 0)) == total
+                    if (level, tenant) in clock.counted:
+                        assert redis_client.hget(
+                            f"{prefix}:q:fq:fweights", f"{level.value}\n{tenant}"
+                        ) == str(weight)
+    finally:
+        broker.close()
+        redis_client.close()
+        delete_prefix(prefix)
+
+
 def test_a_new_job_goes_ahead_of_waiting_jobs_when_its_tag_says_so(fq_prefix, redis_client):
     enqueue_jobs("email", [{} for _ in range(1_000)], tenant_id="bulk", priority_level="low")
     urgent = enqueue_job("email", {}, tenant_id="ops", priority_level="critical")

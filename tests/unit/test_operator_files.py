@@ -128,6 +128,32 @@ def test_rules_and_board__every_query_names_only_metrics_fairqueue_exports():
         assert named <= exported, (sorted(named - exported), query)
 
 
+#: A metric selector in PromQL: its name and its label matchers, if any.
+SELECTOR = re.compile(r"\b(queue_[a-z_]+)\b(\{[^}]*\})?")
+
+
+def test_board__every_panel_follows_the_queue_variable():
+    """Every selector of every panel's every query is filtered by ``$queue``, and the
+    variable's values come from a family every process exports for every configured
+    queue: picking a queue narrows the whole board, not half of it."""
+    board = json.loads(BOARD.read_text())
+    panels = [panel for panel in board["panels"] if panel["type"] != "row"]
+    assert len(panels) >= 10
+    for panel in panels:
+        for target in panel["targets"]:
+            selectors = SELECTOR.findall(target["expr"])
+            assert selectors, (panel["title"], target["expr"])
+            for name, matchers in selectors:
+                assert 'queue=~"$queue"' in matchers, (panel["title"], name, target["expr"])
+    (variable,) = [v for v in board["templating"]["list"] if v["name"] == "queue"]
+    assert variable["definition"] == "label_values(queue_fair_level_weight, queue)"
+    registry = CollectorRegistry()
+    initialize_queue_fair_metrics(registry, job_types=["email"])
+    assert registry.get_sample_value(
+        "queue_fair_level_weight", {"queue": "email", "priority_level": "low"}
+    )
+
+
 def test_board__covers_shares_waits_overdue_passes_and_the_outbox():
     board = json.loads(BOARD.read_text())
     assert board["uid"] == "fairqueue"

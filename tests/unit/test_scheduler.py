@@ -356,3 +356,25 @@ def test_fair_clock__a_late_job_takes_its_flows_next_turn_and_no_other_flows():
     assert late > tags[-1]
     assert calm <= tags[1]  # within one round, not behind the busy backlog
     assert clock.place(L, "busy") > late
+
+
+def test_fair_clock__a_reweighted_flow_and_its_level_count_the_new_weight_at_once():
+    """A weight change: the flow's next job and the other flows' are placed by the new
+    weight and total; a job placed with the weight stored when it was enqueued (a held or
+    delayed job) does not undo it while the flow has work."""
+    from fairqueue.scheduling.levels import PriorityLevel
+    from fairqueue.scheduling.order import FairClock, flow_step
+
+    normal = PriorityLevel.NORMAL
+    clock = FairClock()
+    for _ in range(3):
+        clock.place(normal, "a", 1)
+        clock.place(normal, "b", 1)
+    last_a, last_b = clock.last[(normal, "a")], clock.last[(normal, "b")]
+    clock.reweight("a", 3)
+    assert clock.counted[(normal, "a")] == 3
+    assert clock.place(normal, "b", 1) == last_b + flow_step(2, 1, 4)
+    assert clock.place(normal, "a", 1, stored=True) == last_a + flow_step(2, 3, 4)
+    assert clock.counted[(normal, "a")] == 3
+    clock.place(normal, "a", 1)  # looked up now: a weight given at enqueue still wins
+    assert clock.counted[(normal, "a")] == 1

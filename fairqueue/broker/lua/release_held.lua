@@ -399,7 +399,7 @@ for _, t in ipairs(tenants) do
         local level, weight, cost = string.match(meta, '^([^\n]*)\n([^\n]*)\n([^\n]*)$')
         redis.call('ZREM', KEYS[2], id)
         fqGuardRetries(prefix .. id)
-        local score, behind = fqPlace(K, c, level, t, tonumber(weight), tonumber(cost))
+        local score, behind = fqPlace(K, c, level, t, tonumber(weight), tonumber(cost), true)
         redis.call('ZADD', K.prioritized, string.format('%.17g', score or fqCap * fqScore), id)
         fqPlaced(K, c, score)
         if score and behind then fqLinePush(K, level .. '\n' .. t, {id}) end

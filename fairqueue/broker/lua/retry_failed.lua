@@ -57,7 +57,7 @@ for i = 1, #found, 2 do
           c = fqClock(K)
           c.byTime = byTime
         end
-        local score2 = fqPlace(K, c, level, tenant, weight, now - ready > bound)
+        local score2 = fqPlace(K, c, level, tenant, weight, now - ready > bound, true)
         redis.call('ZADD', K.prioritized, string.format('%.17g', score2 or fqCap * fqScore), id)
         fqPlaced(K, c, score2)
         fqIndexOnce(K, id, ready)

@@ -341,7 +341,10 @@ end
 -- and, for a job placed with nothing measured for its flow (fairness by time), the cost
 -- it paid (turns times the turn's length: the add script keeps it in the job's fqPaid,
 -- so the pass charges the job's run against what it paid, not against a later estimate).
-local function fqPlace(K, c, level, tenant, weight, explicitMs)
+-- stored: weight is the one stored with the job when it was enqueued (a delayed or held
+-- job, a rerun), not looked up now: a flow with work places it by the weight it counts
+-- (the newer one, after a weight change: reweight.lua), so a stored weight never undoes it.
+local function fqPlace(K, c, level, tenant, weight, explicitMs, stored)
   fqExpire(K, c)
   local member = level .. '\n' .. tenant
   local m = c.memo
@@ -361,6 +364,7 @@ local function fqPlace(K, c, level, tenant, weight, explicitMs)
   end
   if m then m.totals[level] = levelTotal end
   local last, counted = f.last, f.counted
+  if stored and counted > 0 then weight = counted end
   local others = levelTotal - counted
   local total = others + weight
   local start = c.vt

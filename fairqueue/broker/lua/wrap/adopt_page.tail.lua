@@ -51,7 +51,7 @@ for _, candidate in ipairs(candidates) do
       adopted = adopted + 1
       if overdue then aged = aged + 1 end
     else
-      local score, behind = fqPlace(fqK, fqC, level, tenant, weight)
+      local score, behind = fqPlace(fqK, fqC, level, tenant, weight, nil, true)
       if not score and wasParked then
         parked = parked + 1
         break -- still no room: the parked jobs behind it have none either

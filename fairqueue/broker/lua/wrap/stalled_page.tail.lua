@@ -25,7 +25,7 @@ for _, jobId in ipairs(stalled) do
       held = held + 1
     elseif level then
       local overdue = fqNow - ready > fqBound
-      local score, behind = fqPlace(fqK, fqC, level, tenant, weight)
+      local score, behind = fqPlace(fqK, fqC, level, tenant, weight, nil, true)
       -- As changePriority would: the hash at the cap, the job in the prioritized set (the
       -- wait list's move already set BullMQ's marker for the workers).
       redis.call('HSET', fqPrefix .. jobId, 'priority', fqCap)

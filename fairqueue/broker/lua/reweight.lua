@@ -1,0 +1,36 @@
+--[[
+  A tenant's weight changed (its TenantPlan saved): each of its flows with work counts
+  the new weight at once, and its level's total with it, so the flow's next placements
+  and every other flow's of the level share the level by the new weights (a flow's step
+  is the level's total over its own weight: fair_clock.lua). The tenant's jobs already
+  waiting keep their places: they run at the spacing they were placed with, and the
+  flow's jobs placed from now on follow them at the new one. A flow with no work has no
+  counted weight: its next job is placed with the weight it is enqueued with.
+  Work: one HMGET and at most four writes of each hash (one flow per level).
+
+  KEYS[1] state  KEYS[2] fweights
+  ARGV    tenant, weight (a whole number, 1 or more)
+  Returns the number of flows whose counted weight changed.
+]]
+local tenant, weight = ARGV[1], tonumber(ARGV[2])
+local levels = {'critical', 'high', 'normal', 'low'}
+local members = {}
+for i, level in ipairs(levels) do members[i] = level .. '\n' .. tenant end
+local counted = redis.call('HMGET', KEYS[2], unpack(members))
+local changed, weights, totals = 0, {}, {}
+for i, level in ipairs(levels) do
+  local was = tonumber(counted[i])
+  if was and was ~= weight then
+    weights[#weights + 1] = members[i]
+    weights[#weights + 1] = weight
+    local total = (tonumber(redis.call('HGET', KEYS[1], 'W:' .. level)) or was) - was + weight
+    totals[#totals + 1] = 'W:' .. level
+    totals[#totals + 1] = total
+    changed = changed + 1
+  end
+end
+if changed > 0 then
+  redis.call('HSET', KEYS[2], unpack(weights))
+  redis.call('HSET', KEYS[1], unpack(totals))
+end
+return changed
