@@ -19,6 +19,7 @@ from typing import Any, Final
 from fairqueue.broker import Broker, get_sync_broker
 from fairqueue.broker.console_reads import FAILED_WINDOW, ORDER_WINDOW, ConsoleReads, TenantJobs
 from fairqueue.conf import get_settings
+from fairqueue.dashboard.expected import tenant_expected_start
 from fairqueue.dashboard.moment import moment, settle_exact, waiting_of
 from fairqueue.dashboard.stats import (
     SYNC_SCAN_LIMIT,
@@ -206,4 +207,7 @@ def tenant_page_data(tenant_id: str) -> dict[str, Any]:
         )
 
     queues = sync.run(read_all)
+    for found in queues:
+        # where a job of the tenant enqueued now would be placed, and when it would start
+        found["new_job_start"] = tenant_expected_start(found["job_type"], tenant_id)["text"]
     return {"read_at": moment(now_ms), "queues": queues}

@@ -45,6 +45,7 @@ from fairqueue.broker import MAX_JOB_ID_LENGTH, get_sync_broker, pending_from_jo
 from fairqueue.broker.console_reads import job_tenant_id
 from fairqueue.conf import get_settings
 from fairqueue.dashboard.crumbs import trail
+from fairqueue.dashboard.expected import job_expected_start
 from fairqueue.dashboard.job_page import JobViews, job_facts
 from fairqueue.dashboard.overview import overview_rows, plans_attention
 from fairqueue.dashboard.stats import clamp_page, queue_stats
@@ -97,6 +98,15 @@ def _unreachable(exc: BrokerError, where: str) -> dict[str, str]:
     title = "Redis unreachable" if down else "Redis refused the request"
     logger.warning("dashboard %s: %s (%s)", where, title, type(exc).__name__)
     return {"error": type(exc).__name__, "message": str(exc), "title": title}
+
+
+def _expected_start(job_type: str, job_id: str) -> dict[str, Any] | None:
+    """The job's expected start for its page (docs/design.md, "When a job will start");
+    ``None`` when Redis did not answer: the rest of the page still shows."""
+    try:
+        return job_expected_start(job_type, job_id)
+    except BrokerError:
+        return None
 
 
 class DashboardAdmin(admin.ModelAdmin):
@@ -405,6 +415,7 @@ class DashboardAdmin(admin.ModelAdmin):
                 remove_url=self._url("job_remove", job_type, job_id),
                 processed_on=format_time(detail.processed_on_ms),
                 finished_on=format_time(detail.finished_on_ms),
+                expected=_expected_start(job_type, job_id),
             )
             if context["can_view_payload"]:
                 context["payload"] = (

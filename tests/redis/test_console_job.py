@@ -33,6 +33,9 @@ def test_job_page__position_why_and_what_is_ahead_match_the_pop_order(
     assert "stands at its flow (level normal, tenant small)&#x27;s next turn" in html
     assert f"{position - 1} job(s) come first, 0 of them its own flow" in html
     assert "/admin/fairqueue/dashboard/tenants/small/" in html
+    # its expected start (docs/design.md, "When a job will start"): before any run is
+    # measured there is no service rate to go by, and the page says so
+    assert "data-fq-expected>unknown (no service rate measured yet)<" in html
 
 
 def test_job_page__a_held_job_says_its_tenants_limit_holds_it(limited, operator):

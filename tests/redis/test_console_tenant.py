@@ -71,6 +71,9 @@ def test_tenant_page__its_counts_add_up_to_bullmqs(limited, operator):
     html = operator.get(reverse(TENANT, args=["acme"])).content.decode()
     assert 'data-fq-t="held">3<' in html and "Numbers read at" in html
     assert "data-fq-effective-level>normal<" in html  # pro -> normal
+    # where a job enqueued now would start: acme is at its limit, so not before its room
+    assert 'data-fq-t="new_job_start">' in html
+    assert acme["new_job_start"]
 
 
 def test_tenant_search__exact_id_goes_to_its_page_a_prefix_lists_matches(limited, operator):
