@@ -37,7 +37,15 @@ from django.db import transaction
 
 from fairqueue.broker import get_sync_broker
 from fairqueue.conf import get_settings
-from fairqueue.holds import audit, held_queues, now, pause_in, paused_by_operator, queues_of
+from fairqueue.holds import (
+    audit,
+    end_hold,
+    held_queues,
+    now,
+    pause_in,
+    paused_by_operator,
+    queues_of,
+)
 from fairqueue.holds import resume_in as _resume_in
 from fairqueue.ledger import Change, Written
 from fairqueue.scheduling.levels import validate_tenant_id
@@ -286,20 +294,7 @@ def _reopen(hold: Any, config: BreakerSettings, why: str) -> None:
 
 
 def _close(hold: Any, *, event: str, actor: object, why: str) -> None:
-    from fairqueue.models import TenantHold
-
-    with transaction.atomic():
-        hold.lifted_at = now()
-        hold.save(update_fields=["lifted_at"])
-        audit(
-            hold.tenant_id,
-            reason=TenantHold.BREAKER,
-            event=event,
-            job_type=hold.job_type,
-            action=hold.action,
-            actor=actor,
-            why=why,
-        )
+    end_hold(hold, event=event, actor=actor, why=why)
     windows.forget((hold.tenant_id, hold.job_type))
     # After the commit: a failure here leaves the tenant held (never the reverse); the
     # operator closes again, or an operator's resume lifts it.

@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from fairqueue.broker import get_sync_broker
 from fairqueue.conf import get_settings
@@ -136,3 +137,23 @@ def audit(
         actor=actor_text(actor),
         why=why[:500],
     )
+
+
+def end_hold(hold: Any, *, event: str, actor: object, why: str) -> None:
+    """Mark a quota's or a breaker's hold lifted and audit it, in one transaction (what
+    happens in Redis after the commit is the caller's: a failure there leaves the tenant
+    held, never the reverse)."""
+    from django.db import transaction
+
+    with transaction.atomic():
+        hold.lifted_at = now()
+        hold.save(update_fields=["lifted_at"])
+        audit(
+            hold.tenant_id,
+            reason=hold.reason,
+            event=event,
+            job_type=hold.job_type,
+            action=hold.action,
+            actor=actor,
+            why=why,
+        )

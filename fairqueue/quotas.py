@@ -26,7 +26,7 @@ from django.db import transaction
 from django.db.models import Sum
 
 from fairqueue.conf import get_settings
-from fairqueue.holds import audit, now, pause_in, queues_of, resume_in
+from fairqueue.holds import audit, end_hold, now, pause_in, queues_of, resume_in
 from fairqueue.ledger import Written
 from fairqueue.usage_settings import NO_QUOTA
 
@@ -177,17 +177,7 @@ def lift_quota(tenant_id: str, *, actor: object = None, source: str = "") -> boo
 def _lift(hold: Any, *, event: str, actor: object, why: str) -> None:
     from fairqueue.models import TenantHold
 
-    with transaction.atomic():
-        hold.lifted_at = now()
-        hold.save(update_fields=["lifted_at"])
-        audit(
-            hold.tenant_id,
-            reason=TenantHold.QUOTA,
-            event=event,
-            action=hold.action,
-            actor=actor,
-            why=why,
-        )
+    end_hold(hold, event=event, actor=actor, why=why)
     if hold.action == TenantHold.HOLD:
         # After the commit: a failure here leaves the tenant held (never the reverse);
         # the operator or the next period end lifts again.
