@@ -98,7 +98,9 @@ def start_loop():
 
 
 @pytest.fixture
-def loop_running(limited):
+def loop_running(limited, transactional_db):
+    """The loop in a thread. It writes the usage ledger on its own database connection, outside
+    a test's rolled-back transaction: hence a transactional test, whose tables are emptied after."""
     rebalancer, thread = start_loop()
     yield rebalancer
     rebalancer.request_stop()
@@ -106,7 +108,7 @@ def loop_running(limited):
 
 
 @pytest.fixture
-def loop_running_bare(fq_prefix):
+def loop_running_bare(fq_prefix, transactional_db):
     """The loop, for a test that makes its own plans."""
     rebalancer, thread = start_loop()
     yield rebalancer

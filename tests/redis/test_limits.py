@@ -100,7 +100,9 @@ def run_stock_worker(prefix, expect, *, concurrency=8, job_s=0.03, sample_ids=()
 
 
 @pytest.fixture
-def loop_running(limited):
+def loop_running(limited, transactional_db):
+    """The loop in a thread. It writes the usage ledger on its own database connection, outside
+    a test's rolled-back transaction: hence a transactional test, whose tables are emptied after."""
     import threading
 
     from fairqueue.rebalance.rebalancer import Rebalancer

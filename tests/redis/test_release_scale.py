@@ -106,3 +106,25 @@ def test_release_step__new_limits_make_the_tenant_due(at_their_limit, redis_clie
     sync.run(sync.broker.limits.set_limits, "email", "t7", TenantLimits(max_active=2))
     assert release().released == 1
     assert redis_client.zscore(f"{queue_key}:prioritized", "t7-1")
+
+
+def test_release_step__a_stream_emptied_then_trimmed_again_starts_a_sweep(
+    at_their_limit, redis_client
+):
+    """After a call found the stream empty, entries written since are new, not lost; but
+    entries trimmed before they were read are, and make every tenant due again."""
+    base = f"{at_their_limit}:email:fq:lim"
+    events = f"{at_their_limit}:email:events"
+    redis_client.xtrim(events, maxlen=0)
+    for _ in range(TENANTS // 100 + 3):
+        release()
+    assert not redis_client.exists(f"{base}:sweep")
+    for n in range(5):
+        redis_client.xadd(events, {"event": "other", "n": n})
+    release()
+    assert not redis_client.exists(f"{base}:sweep")  # read, none lost
+    for n in range(5):
+        redis_client.xadd(events, {"event": "other", "n": n})
+    redis_client.xtrim(events, maxlen=2, approximate=False)
+    release()
+    assert redis_client.exists(f"{base}:sweep")

@@ -285,7 +285,7 @@ def test_a_stalled_job_is_recovered_in_its_flows_turn_exactly_once(fq_prefix, re
     assert sorted(taken) == sorted(ids["a"] + ids["b"])
 
 
-def test_the_loop_places_a_retry_within_a_tick(fq_prefix, redis_client):
+def test_the_loop_places_a_retry_within_a_tick(fq_prefix, redis_client, transactional_db):
     """Between two passes (a long interval here) the loop's tick adopts a job that runs
     again, so it waits for its fair place a tick (HISTORY_EVERY_MS), not an interval."""
     from fairqueue.rebalance.rebalancer import HISTORY_EVERY_MS, Rebalancer

@@ -83,17 +83,28 @@ local function fqHearEvents(L, eventsKey, now)
     return
   end
   local first = redis.call('XRANGE', eventsKey, '-', '+', 'COUNT', 1)[1]
-  local lost = first and pos ~= '0-0' and fqStreamAfter(first[1], pos)
-  if not first then
-    -- empty: trimmed to nothing, or never written; its last id tells which
+  local lost = false
+  if pos ~= '0-0' and not (first and not fqStreamAfter(first[1], pos)) then
+    -- the stream starts past the last entry read, or is empty: trimmed past it, or nothing
+    -- written since. An empty stream tells by its last id. A stream read to its end while
+    -- empty (L:evadded holds how many entries it had taken then, Redis 7) tells by its
+    -- count: entries taken since, beyond those it holds, were trimmed unread. Otherwise
+    -- the gap counts as lost.
+    local added, last
     local ok, info = pcall(redis.call, 'XINFO', 'STREAM', eventsKey)
     if ok then
       for i = 1, #info, 2 do
-        if info[i] == 'last-generated-id' then
-          lost = fqStreamAfter(info[i + 1], pos)
-          if lost then redis.call('SET', posKey, info[i + 1]) end
-        end
+        if info[i] == 'entries-added' then added = tonumber(info[i + 1]) end
+        if info[i] == 'last-generated-id' then last = info[i + 1] end
       end
+    end
+    if not first then
+      lost = last ~= nil and fqStreamAfter(last, pos)
+      if last then redis.call('SET', posKey, last) end
+      if added then redis.call('SET', L .. ':evadded', added) end
+    else
+      local then_added = tonumber(redis.call('GET', L .. ':evadded'))
+      lost = not (then_added and added and added - then_added <= redis.call('XLEN', eventsKey))
     end
   end
   if lost then redis.call('SET', L .. ':sweep', '0', 'NX') end
@@ -112,7 +123,10 @@ local function fqHearEvents(L, eventsKey, now)
       end
     end
   end
-  if #entries > 0 then redis.call('SET', posKey, entries[#entries][1]) end
+  if #entries > 0 then
+    redis.call('SET', posKey, entries[#entries][1])
+    redis.call('DEL', L .. ':evadded')
+  end
 end
 
 local general = ARGV[4] == '' -- the loop's step: the tenants due (L:due), not given ones

@@ -32,6 +32,8 @@
                     events stream: it started, finished, failed, was removed) makes the
                     tenant due
     L:evpos         the last id of BullMQ's events stream the release step read
+    L:evadded       the stream's entries-added when it was last found empty (Redis 7), so
+                    entries after that are told from entries trimmed unread
     L:sweep         SSCAN cursor over L:tenants while a sweep makes every tenant due (the
                     first call, or events lost to the stream's trimming)
 ]]
