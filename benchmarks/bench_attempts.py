@@ -466,8 +466,21 @@ def _collect(
     scenario = result.scenario
     returned_at = None
     if scenario.returning:
+        # It returns when its first job after the idle time is enqueued (BullMQ's
+        # timestamp), not when the producer meant to send it: a late batch is the
+        # producer's delay, not a share the scheduler withheld.
         flow = next(f for f in scenario.flows if f.key == scenario.returning)
-        returned_at = t0 + flow.periods[-1][0] * 1000
+        planned = t0 + flow.periods[-1][0] * 1000
+        returned_at = min(
+            (
+                float(record["ts"])
+                for record in records
+                if producer.flow_of.get(str(record["id"])) == scenario.returning
+                and record.get("ts") is not None
+                and float(record["ts"]) >= planned
+            ),
+            default=planned,
+        )
     start = t0 if scenario.whole_run else t0 + args.warmup_s * 1000
     window = (returned_at or start, t_end)
     result.window_s = (window[1] - window[0]) / 1000
