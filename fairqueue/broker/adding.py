@@ -18,6 +18,7 @@ from fairqueue.broker.common import BACK_OF_LINE, fair_key, fair_keys
 from fairqueue.broker.connection import BrokerPart, Connection
 from fairqueue.broker.limit_store import limits_key, parse_released, release_args, release_keys
 from fairqueue.broker.scripts import (
+    Script,
     add_delayed_script,
     add_jobs_script,
     call_script,
@@ -110,17 +111,31 @@ class AddedJob:
 class _AddCommand:
     """One EVALSHA that adds one or more jobs, built without I/O."""
 
-    sha: str
-    source: str
+    script: Script
     keys: list[str] | list[bytes]
-    args: list[Any]
+    #: The script's arguments by name (``args`` puts them in ARGV's order).
+    named: dict[str, Any]
     delayed: bool
     queue: str = ""
-    #: The release that follows an add that held jobs: its keys and args (``None``: no
-    #: tenant of the command has limits).
-    release: tuple[list[str], list[Any]] | None = None
+    #: The release that follows an add that held jobs: its keys and arguments by name
+    #: (``None``: no tenant of the command has limits).
+    release: tuple[list[str], dict[str, Any]] | None = None
     #: The tenants whose limits the command carries (their max_waiting is checked).
     limits_given: tuple[str, ...] = ()
+    #: The jobs it adds.
+    size: int = 1
+
+    @property
+    def sha(self) -> str:
+        return self.script.sha
+
+    @property
+    def source(self) -> str:
+        return self.script.source
+
+    @property
+    def args(self) -> list[Any]:
+        return self.script.args(**self.named)
 
 
 def _added(command: _AddCommand, reply: Any) -> list[AddedJob]:
@@ -188,9 +203,7 @@ class AddPacker:
         self._queues: dict[str, BullQueue] = {}
         self._keys: dict[str, list[bytes]] = {}
         self._lock = threading.Lock()
-        add, delayed = add_jobs_script(), add_delayed_script()
-        self.add_source, self.add_sha = add.source, add.sha
-        self.delayed_source, self.delayed_sha = delayed.source, delayed.sha
+        self.add_script, self.delayed_script = add_jobs_script(), add_delayed_script()
 
     def _queue(self, name: str) -> BullQueue:
         with self._lock:
@@ -226,19 +239,18 @@ class AddPacker:
         counts: list[dict[str, int]] = []
         index = 0
         for command in commands:
-            size = 1 if command.delayed else int(command.args[0])
             tally: dict[str, int] = {}
-            for job in jobs[index : index + size]:
+            for job in jobs[index : index + command.size]:
                 tally[job.tenant] = tally.get(job.tenant, 0) + 1
             counts.append(tally)
-            index += size
+            index += command.size
         left = dict(later)
         for command, tally in zip(reversed(commands), reversed(counts), strict=True):
             limited = command.limits_given
             if limited:
                 mine = {tenant: left.get(tenant, 0) for tenant in limited}
                 batch = json.dumps({"token": token, "left": mine}, separators=(",", ":"))
-                command.args.append(batch)
+                command.named["batch"] = batch
             for tenant, count in tally.items():
                 left[tenant] = left.get(tenant, 0) + count
 
@@ -267,16 +279,6 @@ class AddPacker:
                 data = given
             if not job.delay_ms:
                 packed_opts = with_ready_slot(packed_opts)
-            args = [
-                packed_args,
-                data,
-                packed_opts,
-                _LEVEL_ARG[job.level],
-                job.tenant,
-                job.tenant_weight,
-            ]
-            if not job.delay_ms:
-                args.append(b"" if job.cost_ms is None else job.cost_ms)
             if job.delay_ms:
                 keys = scripts.getKeys(["marker", "meta", "id", "delayed", "completed", "events"])
                 keys += [
@@ -285,20 +287,39 @@ class AddPacker:
                     limits_key(self.prefix, queue),
                     f"{self.prefix}:{queue}:prioritized",
                 ]
-                args += [job.delay_ms, job.limits or ""]
+                named = {
+                    "packed_args": packed_args,
+                    "data": data,
+                    "opts": packed_opts,
+                    "level": _LEVEL_ARG[job.level],
+                    "tenant": job.tenant,
+                    "weight": job.tenant_weight,
+                    "delay": job.delay_ms,
+                    "limits": job.limits or "",
+                }
                 commands.append(
                     _AddCommand(
-                        self.delayed_sha,
-                        self.delayed_source,
+                        self.delayed_script,
                         keys,
-                        args,
+                        named,
                         delayed=True,
                         queue=queue,
                         limits_given=(job.tenant,) if job.limits is not None else (),
                     )
                 )
                 continue
-            batch.append(args)
+            # add_jobs.tail.lua's fqJobFields, in its order
+            batch.append(
+                (
+                    packed_args,
+                    data,
+                    packed_opts,
+                    _LEVEL_ARG[job.level],
+                    job.tenant,
+                    job.tenant_weight,
+                    b"" if job.cost_ms is None else job.cost_ms,
+                )
+            )
             if job.limits is not None:
                 limits[job.tenant] = job.limits
             if len(batch) == self.batch_size:
@@ -334,19 +355,21 @@ class AddPacker:
         self, queue: str, scripts: Any, batch: list[Any], limits: dict[str, str]
     ) -> _AddCommand:
         keys = self._add_keys(queue, scripts)
-        args: list[Any] = [len(batch), self._fairness_arg]
-        for job_args in batch:
-            args.extend(job_args)
-        if limits:  # only calls with limited tenants carry it (and pay for it)
-            args.append(json.dumps(limits, separators=(",", ":")))
+        named = {
+            "fairness": self._fairness_arg,
+            # only calls with limited tenants carry them (and pay for them)
+            "limits": json.dumps(limits, separators=(",", ":")) if limits else b"",
+            "batch": b"",
+            "jobs": [value for job_args in batch for value in job_args],
+        }
         return _AddCommand(
-            self.add_sha,
-            self.add_source,
+            self.add_script,
             keys,
-            args,
+            named,
             delayed=False,
             queue=queue,
             limits_given=tuple(limits),
+            size=len(batch),
             release=(
                 (
                     release_keys(self.prefix, queue),
@@ -379,9 +402,10 @@ def run_adds_sync(client: Any, commands: list[_AddCommand]) -> list[AddedJob]:
         jobs = _added(command, reply)
         if command.release is not None:
             release = release_held_script()
-            keys, args = command.release
+            keys, named = command.release
+            argv = release.args(**named)
             jobs = _with_held(
-                jobs, call_script_sync(client, release.sha, release.source, keys, args)
+                jobs, call_script_sync(client, release.sha, release.source, keys, argv)
             )
         added.extend(jobs)
     return added
@@ -431,8 +455,8 @@ class Adder(BrokerPart):
             )
             jobs = _added(command, reply)
             if command.release is not None:
-                keys, args = command.release
+                keys, named = command.release
                 script = self.conn.script(release_held_script())
-                jobs = _with_held(jobs, await script(keys=keys, args=args))
+                jobs = _with_held(jobs, await script(keys=keys, **named))
             added.extend(jobs)
         return added

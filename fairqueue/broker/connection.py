@@ -91,12 +91,14 @@ class Connection:
             await state.aclose()
 
     def script(self, script: Script) -> Callable[..., Awaitable[Any]]:
-        """``script`` on this loop's client: ``await conn.script(s)(keys=..., args=...)``
-        (:func:`~fairqueue.broker.scripts.call_script`)."""
+        """``script`` on this loop's client, its arguments by name: ``await
+        conn.script(s)(keys, token=..., ttl=...)`` (:meth:`~fairqueue.broker.scripts
+        .Script.args`: a missing or unknown one raises ``TypeError`` at the call;
+        :func:`~fairqueue.broker.scripts.call_script`)."""
         client = self.client()
 
-        def call(keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> Awaitable[Any]:
-            return call_script(client, script.sha, script.source, keys, args)
+        def call(keys: Sequence[Any] = (), **args: Any) -> Awaitable[Any]:
+            return call_script(client, script.sha, script.source, keys, script.args(**args))
 
         return call
 

@@ -145,7 +145,8 @@ class DashboardReads(BrokerPart):
         script = self.conn.script(plain_script("dashboard_page"))
         _, flat = await script(
             keys=[self.conn.key(queue, "wait"), self.conn.key(queue, "prioritized")],
-            args=[start, start + count - 1],
+            first=start,
+            last=start + count - 1,
         )
         entries = [
             (str(job_id), int(float(score)) // _SCORE_BASE, score == "0")
@@ -180,7 +181,12 @@ class DashboardReads(BrokerPart):
         ):
             while result.scanned < max_jobs:
                 count, cursor, stats, tenants = await script(
-                    keys=[key], args=[mode, cursor, page_size, cutoff_ms, prefix]
+                    keys=[key],
+                    mode=mode,
+                    cursor=cursor,
+                    count=page_size,
+                    cutoff=cutoff_ms,
+                    prefix=prefix,
                 )
                 result.add_page(int(count), stats, tenants)
                 if int(count) < page_size:

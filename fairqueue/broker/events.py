@@ -280,7 +280,9 @@ class PageReader:
                 return read[1:], ord_, {}
         seek = await self.conn.script(plain_script("history_seek"))(
             keys=[self.events_key, self.hist_key, self.lock_key],
-            args=[self.token, self.lock_ttl_ms, cursor or ""],
+            token=self.token,
+            ttl=self.lock_ttl_ms,
+            cursor=cursor or "",
         )
         status = int(seek[0])
         if status < 0:
@@ -311,7 +313,7 @@ class PageReader:
         rows: dict[str, list] = {}
         if pending:
             keys = [self.conn.key(self.queue, job_id) for job_id in pending]
-            flat = await self._raw_script("history_rows", keys, [byte_budget])
+            flat = await self._raw_script("history_rows", keys, budget=byte_budget)
             width = len(_START_FIELDS)
             for i in range(0, len(flat), width):
                 rows[pending[i // width]] = flat[i : i + width]
@@ -347,10 +349,11 @@ class PageReader:
             _XRANGE, self.events_key, low, "+", "COUNT", count, **_RAW
         )
 
-    async def _raw_script(self, name: str, keys: list[str], args: list[Any]) -> Any:
+    async def _raw_script(self, name: str, keys: list[str], **args: Any) -> Any:
         """A read-only script's reply in bytes (job data need not be UTF-8)."""
         script = plain_script(name)
-        return await call_script(self.conn.client(), script.sha, script.source, keys, args, **_RAW)
+        argv = script.args(**args)
+        return await call_script(self.conn.client(), script.sha, script.source, keys, argv, **_RAW)
 
     async def _read_runs(self, events: list[Event]) -> dict[str, Run]:
         wanted = attempts.runs_to_read(events)
@@ -414,21 +417,11 @@ class PageReader:
         use: usage.PageUsage | None = None,
         ledger: usage.Ledger | None = None,
     ) -> int:
-        args: list[Any] = [
-            self.token,
-            self.lock_ttl_ms,
-            cursor,
-            last,
-            ord_,
-            self.conn.fair_key(self.queue, "hist:"),
-            RETENTION_S + 2 * BUCKET_S,
-            TENANTS_PER_BUCKET,
-            attempts.FLOW_STATE_IDLE_S * 1000,
-        ]
+        sections: list[Any] = []
 
         def section(items: list[Any], width: int) -> None:
-            args.append(len(items) // width)
-            args.extend(items)
+            sections.append(len(items) // width)
+            sections.extend(items)
 
         section(
             [x for b, row in page.buckets.items() for name, n in row.items() for x in (b, name, n)],
@@ -475,7 +468,16 @@ class PageReader:
                     self.conn.key(self.queue, "active"),
                     self.conn.fair_key(self.queue, "seen"),
                 ],
-                args=args,
+                token=self.token,
+                ttl=self.lock_ttl_ms,
+                cursor=cursor,
+                new_cursor=last,
+                ord=ord_,
+                bucket_prefix=self.conn.fair_key(self.queue, "hist:"),
+                bucket_ttl=RETENTION_S + 2 * BUCKET_S,
+                keep_tenants=TENANTS_PER_BUCKET,
+                idle_ms=attempts.FLOW_STATE_IDLE_S * 1000,
+                sections=sections,
             )
         )
 

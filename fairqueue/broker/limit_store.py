@@ -136,14 +136,15 @@ def release_keys(prefix: str, queue: str) -> list[str]:
 
 def release_args(
     prefix: str, queue: str, tenants: Sequence[str] | None, fairness_by: str, mode: str
-) -> list[Any]:
-    return [
-        f"{prefix}:{queue}:",
-        fairness_by,
-        mode,
-        "\n".join(tenants) if tenants else "",
-        RELEASE_BUDGET,
-    ]
+) -> dict[str, Any]:
+    """``release_held.lua``'s arguments by name (its optional 'scan' ones aside)."""
+    return {
+        "prefix": f"{prefix}:{queue}:",
+        "fairness": fairness_by,
+        "mode": mode,
+        "tenants": "\n".join(tenants) if tenants else "",
+        "most": RELEASE_BUDGET,
+    }
 
 
 def _text(value: str | bytes) -> str:
@@ -183,7 +184,7 @@ class LimitStore(BrokerPart):
         reply = await self.conn.guard(
             script(
                 keys=release_keys(self.conn.prefix, queue),
-                args=release_args(self.conn.prefix, queue, tenants, self.fairness_by, "release"),
+                **release_args(self.conn.prefix, queue, tenants, self.fairness_by, "release"),
             )
         )
         return parse_released(reply)
@@ -202,7 +203,7 @@ class LimitStore(BrokerPart):
             reply = await self.conn.guard(
                 script(
                     keys=keys,
-                    args=release_args(self.conn.prefix, queue, [tenant_id], "time", "pullback"),
+                    **release_args(self.conn.prefix, queue, [tenant_id], "time", "pullback"),
                 )
             )
             return int(reply[0]) + await self._hold_untracked(queue, tenant_id)
@@ -221,8 +222,8 @@ class LimitStore(BrokerPart):
         ``None`` when none was released (nothing held)."""
         script = self.conn.script(release_held_script())
         args = release_args(self.conn.prefix, queue, [tenant_id], self.fairness_by, "probe")
-        args[4] = 1
-        reply = await self.conn.guard(script(keys=release_keys(self.conn.prefix, queue), args=args))
+        args["most"] = 1
+        reply = await self.conn.guard(script(keys=release_keys(self.conn.prefix, queue), **args))
         job_id = _text(reply[6]) if len(reply) > 6 else ""
         return job_id or None
 
@@ -249,7 +250,7 @@ class LimitStore(BrokerPart):
         await self.conn.guard(
             script(
                 keys=release_keys(self.conn.prefix, queue),
-                args=release_args(self.conn.prefix, queue, None, "time", "holds"),
+                **release_args(self.conn.prefix, queue, None, "time", "holds"),
             )
         )
 
@@ -265,13 +266,14 @@ class LimitStore(BrokerPart):
         script = self.conn.script(release_held_script())
         keys = release_keys(self.conn.prefix, queue)
         args = release_args(self.conn.prefix, queue, [tenant_id], "time", "scan")
-        args[4] = SCAN_PAGE
+        args["most"] = SCAN_PAGE
         moved = 0
         for where in ("prioritized", "wait", "delayed"):
             score, member = "", ""
             while True:
+                scan = {"cursor_score": score, "cursor_member": member, "where": where}
                 reply = await self.conn.guard(
-                    script(keys=keys, args=[*args, score, member, first or "", where])
+                    script(keys=keys, **args, **scan, boundary=first or "")
                 )
                 moved += int(reply[0])
                 score, member = str(reply[1]), str(reply[2])
@@ -305,7 +307,8 @@ class LimitStore(BrokerPart):
         changed = await self.conn.guard(
             script(
                 keys=[fair_key(self.conn.prefix, queue, name) for name in ("state", "fweights")],
-                args=[tenant_id, int(weight)],
+                tenant=tenant_id,
+                weight=int(weight),
             )
         )
         return int(changed)
@@ -334,16 +337,14 @@ class LimitStore(BrokerPart):
             reply = await self.conn.guard(
                 script(
                     keys=keys,
-                    args=[
-                        f"{self.conn.prefix}:{queue}:",
-                        self.fairness_by,
-                        tenant_id or "",
-                        min(SCAN_PAGE, limit - retried),
-                        score,
-                        member,
-                        max_wait_ms,
-                        max_payload_bytes,
-                    ],
+                    prefix=f"{self.conn.prefix}:{queue}:",
+                    fairness=self.fairness_by,
+                    tenant=tenant_id or "",
+                    page=min(SCAN_PAGE, limit - retried),
+                    from_score=score,
+                    from_member=member,
+                    bound=max_wait_ms,
+                    max_payload=max_payload_bytes,
                 )
             )
             retried += int(reply[0])
@@ -429,12 +430,14 @@ class LimitStore(BrokerPart):
         """Every tenant with held jobs in ``queue``, counted inside Redis a page of
         :data:`READ_CHUNK` tenants per script call (one connection, no reply per tenant):
         (tenants holding, jobs held, the ``top`` holding the most, most first)."""
-        script = self.conn.script(plain_script("limits_status"))
+        script = self.conn.script(plain_script("limits_walk"))
         keys = [limits_key(self.conn.prefix, queue)]
         cursor, holding, held = "0", 0, 0
         best: list[tuple[str, int]] = []
         while True:
-            reply = await self.conn.guard(script(keys=keys, args=["walk", cursor, READ_CHUNK, top]))
+            reply = await self.conn.guard(
+                script(keys=keys, cursor=cursor, count=READ_CHUNK, top=top)
+            )
             cursor = _text(reply[0])
             holding += int(reply[2])
             held += int(reply[3])
@@ -488,12 +491,9 @@ class LimitStore(BrokerPart):
             chosen += await self._some_limited(queue, listed - len(chosen), set(chosen))
         states: list[TenantState] = []
         if chosen:
-            script = self.conn.script(plain_script("limits_status"))
+            script = self.conn.script(plain_script("limits_rows"))
             rows = await self.conn.guard(
-                script(
-                    keys=[base, self.conn.key(queue, "active")],
-                    args=["rows", held_ids, *chosen],
-                )
+                script(keys=[base, self.conn.key(queue, "active")], shown=held_ids, tenants=chosen)
             )
             for tenant, row in zip(chosen, rows, strict=True):
                 encoded, is_paused, catchup, held, occupied, running, ids = row

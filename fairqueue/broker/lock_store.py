@@ -27,11 +27,11 @@ class LockStore(BrokerPart):
     async def acquire_lock(self, key: str, token: str, ttl_ms: int) -> bool:
         """Take ``key`` if free, or renew it if ``token`` already holds it, in one step."""
         script = self.conn.script(plain_script("lock_acquire"))
-        return bool(await self.conn.guard(script(keys=[key], args=[token, ttl_ms])))
+        return bool(await self.conn.guard(script(keys=[key], token=token, ttl=ttl_ms)))
 
     async def release_lock(self, key: str, token: str) -> bool:
         script = self.conn.script(plain_script("lock_release"))
-        return bool(await self.conn.guard(script(keys=[key], args=[token])))
+        return bool(await self.conn.guard(script(keys=[key], token=token)))
 
     async def lock_holder(self, key: str) -> tuple[str | None, int]:
         """The token holding ``key`` and its remaining time in ms."""

@@ -151,16 +151,14 @@ class PassStore(BrokerPart):
         reply = await self.conn.guard(
             script(
                 keys=self._adopt_keys(queue, fence.lock_key),
-                args=[
-                    fence.token,
-                    fence.ttl_ms,
-                    self.conn.key(queue, ""),
-                    page_size,
-                    max_wait_ms,
-                    max_payload_bytes,
-                    int(dry_run),
-                    fairness_by,
-                ],
+                token=fence.token,
+                ttl=fence.ttl_ms,
+                prefix=self.conn.key(queue, ""),
+                page=page_size,
+                bound=max_wait_ms,
+                max_payload=max_payload_bytes,
+                dry=int(dry_run),
+                fairness=fairness_by,
             )
         )
         status, adopted, aged, parked, examined, *rest = (int(value) for value in reply)
@@ -196,17 +194,15 @@ class PassStore(BrokerPart):
         reply = await self.conn.guard(
             script(
                 keys=[*keys, fence.lock_key, limits, self.conn.key(queue, "delayed")],
-                args=[
-                    max_stalled_count,
-                    self.conn.key(queue, ""),
-                    int(time.time() * 1000),
-                    check_ms,
-                    fence.token,
-                    fence.ttl_ms,
-                    max_wait_ms,
-                    max_payload_bytes,
-                    fairness_by,
-                ],
+                max_stalled=max_stalled_count,
+                prefix=self.conn.key(queue, ""),
+                timestamp=int(time.time() * 1000),
+                gate_ms=check_ms,
+                token=fence.token,
+                ttl=fence.ttl_ms,
+                bound=max_wait_ms,
+                max_payload=max_payload_bytes,
+                fairness=fairness_by,
             )
         )
         status, recovered, aged, held = (int(value) for value in reply)
@@ -244,7 +240,13 @@ class PassStore(BrokerPart):
         status, second, index, done, removed, flat, left = await self.conn.guard(
             script(
                 keys=keys,
-                args=[fence.token, fence.ttl_ms, second, index, page_size, bound, int(dry_run)],
+                token=fence.token,
+                ttl=fence.ttl_ms,
+                second=second,
+                index=index,
+                page=page_size,
+                bound=bound,
+                dry=int(dry_run),
             )
         )
         if int(status) < 0:
@@ -286,14 +288,12 @@ class PassStore(BrokerPart):
                     ),
                     fence.lock_key,
                 ],
-                args=[
-                    fence.token,
-                    fence.ttl_ms,
-                    self.conn.key(queue, ""),
-                    page_size,
-                    threshold,
-                    margin,
-                ],
+                token=fence.token,
+                ttl=fence.ttl_ms,
+                prefix=self.conn.key(queue, ""),
+                page=page_size,
+                threshold=threshold,
+                margin=margin,
             )
         )
         if int(status) < 0:
@@ -332,7 +332,7 @@ class PassStore(BrokerPart):
         deleted = 0
         while True:
             status, count, done = await self.conn.guard(
-                script(keys=[*keys, *others], args=[fence.token, fence.ttl_ms, page_size])
+                script(keys=[*keys, *others], token=fence.token, ttl=fence.ttl_ms, page=page_size)
             )
             if int(status) < 0:
                 raise LockLostError(queue)

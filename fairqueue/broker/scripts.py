@@ -7,6 +7,15 @@ in ``lua/``, the libraries they share in ``lua/include/`` (pulled in with a
 BullMQ's scripts in ``lua/wrap/``. ``{{NAME}}`` stands for a constant filled in from
 :mod:`.common`, so Python and Lua share one definition.
 
+A script's arguments have names, declared once in its Lua (its wrapped head's, for a
+wrapped script) by ``--- @argv`` lines: the names in ARGV's order, an optional one ending
+in ``?`` (only at the end, omitted from the end), the last one ending in ``...`` the rest
+of ARGV (a list: records, pairs, sections). The Lua reads ``ARGV.name`` (rendered
+``ARGV[i]``); of the rest, ``ARGV.rest[k]`` (its k-th value, from 1) and ``#ARGV.rest``
+(how many). Python passes them by name (:meth:`Script.args`, ``conn.script(s)(keys,
+name=...)``): an argument missing, unknown or ``None`` is a ``TypeError`` at the call,
+not a nil in Lua.
+
 Scripts that write BullMQ's structures wrap BullMQ's own Lua, read from the installed
 bullmq package with ``bullmq.redis_connection.loadScript``: a fairqueue head piece
 (``lua/wrap/<name>.head.lua``), BullMQ's script (inside a Lua function), a fairqueue tail
@@ -19,7 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from importlib.resources import files
@@ -111,6 +120,10 @@ _CONSTANTS = {
     "WAIT_EDGES": "{" + ", ".join(str(edge) for edge in WAIT_EDGES) + "}",
 }
 _INCLUDE = re.compile(r"^--- @include (\w+)$", re.MULTILINE)
+_ARGV_DECLARED = re.compile(r"^--- @argv (.+)$", re.MULTILINE)
+_ARGV_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+#: A named argument in a script's Lua: ``ARGV.name``, ``ARGV.rest[``, ``#ARGV.rest``.
+_ARGV_USE = re.compile(r"(#?)\bARGV\.(\w+)(\[?)")
 _CONSTANT = re.compile(r"\{\{(\w+)\}\}")
 #: One of fairqueue's shared functions, from its definition to the ``end`` at the margin
 #: that closes it (the wrappers of BullMQ's scripts, ``fqBullmq*``, hold BullMQ's own
@@ -127,15 +140,107 @@ _COMMENT = re.compile(r"--\[\[.*?\]\]|--[^\n]*", re.DOTALL)
 
 
 @dataclass(frozen=True, slots=True)
+class Argv:
+    """A script's arguments, as its ``--- @argv`` lines name them: ``names`` in ARGV's
+    order (the first ``required`` of them required, the others optional), then ``rest``
+    (``None``: none), every value from ARGV's ``len(names) + 1``-th on."""
+
+    script: str
+    names: tuple[str, ...] = ()
+    required: int = 0
+    rest: str | None = None
+
+    @classmethod
+    def declared(cls, script: str, text: str) -> Argv:
+        """The arguments ``text`` (a script's Lua) declares."""
+        words = [word for line in _ARGV_DECLARED.findall(text) for word in line.split()]
+        names: list[str] = []
+        required, rest = 0, None
+        for word in words:
+            name = word.removesuffix("...").removesuffix("?")
+            if not _ARGV_NAME.match(name) or name in names or name == rest or rest:
+                raise ValueError(f"{script}: bad @argv name {word!r} in {words}")
+            if word.endswith("..."):
+                if required < len(names):
+                    raise ValueError(f"{script}: @argv has optional names and a rest")
+                rest = name
+                continue
+            if not word.endswith("?"):
+                if required < len(names):
+                    raise ValueError(f"{script}: @argv {word!r} follows an optional name")
+                required += 1
+            names.append(name)
+        return cls(script, tuple(names), required, rest)
+
+    def render(self, text: str) -> str:
+        """``text`` with its named arguments as ARGV's positions; a name not declared, or
+        a rest read as one value (or a value as a rest), is refused."""
+
+        def position(match: re.Match[str]) -> str:
+            count, name, index = match.groups()
+            if name == self.rest and (count or index) and not (count and index):
+                offset = len(self.names)
+                if not offset:
+                    return "#ARGV" if count else "ARGV["
+                return f"(#ARGV - {offset})" if count else f"ARGV[{offset} + "
+            if name in self.names and not count and not index:
+                return f"ARGV[{self.names.index(name) + 1}]"
+            raise ValueError(
+                f"{self.script}: {match.group(0)!r} reads none of its arguments {self} "
+                "(ARGV.name, of the rest ARGV.rest[k] and #ARGV.rest)"
+            )
+
+        return _ARGV_USE.sub(position, text)
+
+    def values(self, given: Mapping[str, Any]) -> list[Any]:
+        """ARGV for ``given`` (name -> value; the rest a sequence), in the declared order.
+
+        Raises:
+            TypeError: an argument missing or unknown, an optional one given without one
+                before it (it would take that one's place), a value ``None`` (Lua would
+                read nil) or a rest that is not a sequence of values.
+        """
+        present = [name in given for name in self.names]
+        leading = present.index(False) if False in present else len(present)
+        if (
+            any(name not in self.names and name != self.rest for name in given)
+            or leading < self.required
+            or any(present[leading:])
+            or (self.rest is not None and self.rest not in given)
+        ):
+            raise TypeError(f"{self.script} takes {self}, was given ({', '.join(given)})")
+        for name, value in given.items():
+            if value is None:
+                raise TypeError(f"{self.script}: argument {name} is None (Lua would read nil)")
+        values = [given[name] for name in self.names[:leading]]
+        if self.rest is not None:
+            rest = given[self.rest]
+            if isinstance(rest, str | bytes) or not isinstance(rest, Sequence):
+                raise TypeError(f"{self.script}: argument {self.rest}... is {rest!r}, not a list")
+            values += rest
+        return values
+
+    def __str__(self) -> str:
+        names = [*self.names[: self.required], *(f"{n}?" for n in self.names[self.required :])]
+        return "(" + ", ".join([*names, *([f"{self.rest}..."] if self.rest else [])]) + ")"
+
+
+@dataclass(frozen=True, slots=True)
 class Script:
-    """A script's source and the SHA1 Redis knows it by (for EVALSHA), hashed once."""
+    """A script's source, its arguments and the SHA1 Redis knows it by (for EVALSHA),
+    hashed once."""
 
     name: str
     source: str
+    argv: Argv
     sha: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sha", script_sha(self.source))
+
+    def args(self, **given: Any) -> list[Any]:
+        """ARGV for the arguments ``given`` by name (:meth:`Argv.values`)."""
+        return self.argv.values(given)
 
 
 def script_sha(source: str) -> str:
@@ -217,12 +322,19 @@ def bullmq_source(bullmq_script: str, edit: tuple[str, str] | None = None) -> st
 
 
 def _wrapping(name: str, bullmq_script: str, edit: tuple[str, str] | None = None) -> Script:
-    source = (
-        load_lua(f"wrap/{name}.head")
-        + bullmq_source(bullmq_script, edit)
-        + load_lua(f"wrap/{name}.tail")
-    )
-    return Script(name, without_unused(source))
+    """fairqueue's head, BullMQ's script, fairqueue's tail; the head declares the
+    arguments (BullMQ's, where fairqueue passes them, keep BullMQ's positions)."""
+    head, tail = load_lua(f"wrap/{name}.head"), load_lua(f"wrap/{name}.tail")
+    argv = Argv.declared(name, head)
+    source = argv.render(head) + bullmq_source(bullmq_script, edit) + argv.render(tail)
+    return Script(name, without_unused(source), argv)
+
+
+def _own(name: str) -> Script:
+    """One of fairqueue's own scripts, ``lua/<name>.lua``, its arguments named."""
+    text = load_lua(name)
+    argv = Argv.declared(name, text)
+    return Script(name, without_unused(argv.render(text)), argv)
 
 
 #: BullMQ's add writes the prioritized set's entry once; fairqueue's score is given to that
@@ -263,18 +375,19 @@ def stalled_page_script() -> Script:
 def release_held_script() -> Script:
     """Releases held jobs of tenants with room to their fair places, or pulls a paused
     tenant's untaken jobs back (fairqueue's own: it places with ``fair_clock``)."""
-    return Script("release_held", without_unused(load_lua("release_held")))
+    return _own("release_held")
 
 
 @cache
 def retry_failed_script() -> Script:
     """Retries a page of failed jobs as fair turns inside their tenants' limits."""
-    return Script("retry_failed", without_unused(load_lua("retry_failed")))
+    return _own("retry_failed")
 
 
 @cache
 def plain_script(name: str) -> Script:
     """One of fairqueue's own scripts (``index_walk``, ``rebase_page``, ``lock_acquire``,
     ``lock_release``, ``dashboard_page``, ``dashboard_scan``, ``history_seek``,
-    ``history_rows``, ``history_commit``, ``limits_status``, ``reweight``)."""
-    return Script(name, without_unused(load_lua(name)))
+    ``history_rows``, ``history_commit``, ``limits_walk``, ``limits_rows``, ``reweight``,
+    ``estimate_start``, ``job_status``, ``forget_obliterated``, ``usage_flushed``)."""
+    return _own(name)

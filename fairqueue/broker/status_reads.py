@@ -195,16 +195,14 @@ class StatusReads(BrokerPart):
         reply = await self.conn.guard(
             script(
                 keys=self._keys(queue),
-                args=[
-                    level.value,
-                    tenant,
-                    tenant_weight,
-                    "" if cost_ms is None else cost_ms,
-                    self.fairness_by,
-                    count,
-                    BUCKET_S,
-                    RATE_BUCKETS,
-                ],
+                level=level.value,
+                tenant=tenant,
+                weight=tenant_weight,
+                cost="" if cost_ms is None else cost_ms,
+                fairness=self.fairness_by,
+                count=count,
+                bucket_s=BUCKET_S,
+                buckets=RATE_BUCKETS,
             )
         )
         now, wait_len, place, *hold, history = reply
@@ -228,7 +226,13 @@ class StatusReads(BrokerPart):
             self.conn.key(queue, job_id),
         ]
         reply = await self.conn.guard(
-            script(keys=keys, args=[job_id, self.fairness_by, BUCKET_S, RATE_BUCKETS])
+            script(
+                keys=keys,
+                id=job_id,
+                fairness=self.fairness_by,
+                bucket_s=BUCKET_S,
+                buckets=RATE_BUCKETS,
+            )
         )
         (now, wait_len, state, ahead, score, level, _tenant, due, processed, finished) = reply[:10]
         encoded, paused, catchup, held, occupied, place, clock, history = reply[10:]

@@ -89,11 +89,11 @@ class UsageStore(BrokerPart):
         changed it since it was read."""
         if not rows:
             return 0
-        args: list[str | float] = []
+        pairs: list[str | float] = []
         for row in rows:
-            args += [row.member, repr(row.version)]
+            pairs += [row.member, repr(row.version)]
         script = self.conn.script(plain_script("usage_flushed"))
-        return int(await self.conn.guard(script(keys=[self.dirty_key(queue)], args=args)))
+        return int(await self.conn.guard(script(keys=[self.dirty_key(queue)], rows=pairs)))
 
     async def pending(self, queue: str) -> int:
         """Rows not yet in the database."""

@@ -262,7 +262,7 @@ def test_opts_without_the_slot_are_still_repacked_with_the_ready_time(
 
     monkeypatch.setattr(adding, "with_ready_slot", lambda packed: packed)
     (command,) = adding.AddPacker(fq_prefix).add_commands("email", [NewJob("x", {}, N)])
-    assert not command.args[4].endswith(adding.READY_SLOT)
+    assert not command.named["jobs"][2].endswith(adding.READY_SLOT)  # the job's packed opts
     redis_client.script_load(command.source)
     reply = redis_client.evalsha(command.sha, len(command.keys), *command.keys, *command.args)
     opts = json.loads(redis_client.hget(f"{fq_prefix}:email:{reply[0]}", "opts"))

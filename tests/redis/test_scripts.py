@@ -2,6 +2,7 @@
 every shipped script still defines each function it calls and compiles in Redis."""
 
 import re
+from importlib.resources import files
 
 import pytest
 
@@ -26,10 +27,19 @@ SCRIPTS = [
             "history_rows",
             "history_commit",
             "forget_obliterated",
-            "limits_status",
+            "limits_walk",
+            "limits_rows",
+            "estimate_start",
+            "job_status",
+            "reweight",
+            "usage_flushed",
         )
     ),
+    scripts.retry_failed_script,
 ]
+LUA = files(scripts.__package__).joinpath("lua")
+#: Where fairqueue's Lua hands a wrapped BullMQ script its own ARGV (BullMQ's positions).
+_BULLMQS_ARGV = re.compile(r"^\s*ARGV\[1\](?:, ARGV\[\d\])* = ")
 
 
 def test_an_unused_function_is_dropped_and_a_used_one_kept():
@@ -125,3 +135,38 @@ def test_the_add_script_carries_only_what_it_calls():
     source = scripts.add_jobs_script().source
     for dropped in ("fqSetScore", "fqIndex(", "fqOccupied", "fqSyncHolds", "fqRankLevel"):
         assert f"local function {dropped}" not in source and f"local {dropped} " not in source
+
+
+def test_every_lua_file_is_a_shipped_script_or_included_by_one():
+    shipped = {make().name for make in SCRIPTS}
+    own = {path.name.removesuffix(".lua") for path in LUA.iterdir() if path.name.endswith(".lua")}
+    wrapped = {path.name.split(".")[0] for path in LUA.joinpath("wrap").iterdir()}
+    assert own | wrapped == shipped
+
+
+def test_fairqueues_lua_reads_its_arguments_by_name_only():
+    """No ``ARGV[3]`` in fairqueue's Lua (comments aside): each script reads what its
+    ``--- @argv`` lines name; only a wrapper's handing BullMQ's script its own ARGV is
+    positional (BullMQ's positions, pinned by test_broker_contract)."""
+    folders = (LUA, LUA.joinpath("include"), LUA.joinpath("wrap"))
+    numbered = [
+        f"{path.name}: {line.strip()}"
+        for folder in folders
+        for path in folder.iterdir()
+        if path.name.endswith(".lua")
+        for line in scripts._COMMENT.sub("", path.read_text(encoding="utf-8")).splitlines()
+        if re.search(r"ARGV\[\d", line) and not _BULLMQS_ARGV.match(line)
+    ]
+    assert numbered == []
+    # the check sees what it looks for
+    assert re.search(r"ARGV\[\d", "local token = ARGV[1]")
+    assert not _BULLMQS_ARGV.match("local token = ARGV[1]")
+
+
+@pytest.mark.parametrize("make", SCRIPTS, ids=lambda make: make().name)
+def test_every_shipped_script_declares_the_arguments_it_reads(make):
+    """A shipped script has its arguments declared and none left unrendered."""
+    script = make()
+    code = scripts._COMMENT.sub("", script.source)
+    assert "ARGV." not in code
+    assert script.argv.names or script.argv.rest

@@ -1,9 +1,10 @@
--- The waiting jobs at pop positions ARGV[1]..ARGV[2] (0-based, inclusive), read
+-- The waiting jobs at pop positions first..last (0-based, inclusive), read
 -- atomically: the wait list first (popped from its right end), then the prioritized set.
 -- KEYS[1]: the wait list; KEYS[2]: the prioritized set.
 -- Returns {wait list length, flat (id, score) pairs, score '0' for wait-list jobs}.
+--- @argv first last
 local waitLen = redis.call('LLEN', KEYS[1])
-local first, last = tonumber(ARGV[1]), tonumber(ARGV[2])
+local first, last = tonumber(ARGV.first), tonumber(ARGV.last)
 local out = {}
 if first < waitLen then
   local stop = math.min(last, waitLen - 1)

@@ -1,9 +1,9 @@
 -- One page of a backlog scan over the wait list or the prioritized set, classifying
 -- each job by level and tenant as rebalance.pending_from_job does.
 -- KEYS[1]: the wait list (mode 'list') or the prioritized set (mode 'zset').
--- ARGV[1]: mode; ARGV[2]: cursor (list index; for the set '-inf' to start, else the
--- last job read as '<score> <id>'); ARGV[3]: page size; ARGV[4]: overdue cutoff (ms);
--- ARGV[5]: job key prefix.
+-- ARGV: mode ('list'/'zset'); cursor (list index; for the set '-inf' to start, else the
+-- last job read as '<score> <id>'); page size; overdue cutoff (ms); job key prefix.
+--- @argv mode cursor count cutoff prefix
 -- A job is overdue when its ready time is before the cutoff: its first release when its
 -- tenant's limit held it (fqRel), else its first ready time (fqReady in its opts), else
 -- BullMQ's timestamp plus its delay, the rule the pass's index follows, so held and
@@ -14,8 +14,8 @@
 -- score (ties may then be counted twice: the scan is a snapshot, not a transaction).
 -- Returns {count, next cursor, [level, waiting, overdue, oldest ts]...,
 -- [level, tenant, waiting]...}.
-local mode, cursor, count = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local cutoff, prefix = tonumber(ARGV[4]), ARGV[5]
+local mode, cursor, count = ARGV.mode, ARGV.cursor, tonumber(ARGV.count)
+local cutoff, prefix = tonumber(ARGV.cutoff), ARGV.prefix
 local ids, nextCursor = {}, cursor
 if mode == 'list' then
   local first = tonumber(cursor)

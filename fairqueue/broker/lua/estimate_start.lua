@@ -10,20 +10,21 @@
   Returns     {now ms, wait list length, placement (fqEtaReply), limits encoded, paused,
               catching up, held, occupied, rate log entries since the window, history}
 ]]
+--- @argv level tenant weight cost fairness count bucket_s buckets
 --- @include eta_place
 local K = {prioritized = KEYS[1], wait = KEYS[2], state = KEYS[3], flows = KEYS[4],
   fweights = KEYS[5], hist = KEYS[7]}
 local L = KEYS[6]
-local level, tenant, weight = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local level, tenant, weight = ARGV.level, ARGV.tenant, tonumber(ARGV.weight)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local c = fqEtaClock(K)
-local p = fqEtaPlace(K, c, level, tenant, weight, tonumber(ARGV[4]), ARGV[5] == 'time',
-  tonumber(ARGV[6]))
+local p = fqEtaPlace(K, c, level, tenant, weight, tonumber(ARGV.cost), ARGV.fairness == 'time',
+  tonumber(ARGV.count))
 local limits = redis.call('HGET', L, tenant) or ''
 local paused = redis.call('HEXISTS', L .. ':paused', tenant)
 local catchup = redis.call('HEXISTS', L .. ':catchup', tenant)
 local held = redis.call('LLEN', L .. ':held:' .. tenant)
 local occupied = redis.call('SCARD', L .. ':out:' .. tenant)
 return {now, redis.call('LLEN', K.wait), fqEtaReply(c, p, K), limits, paused, catchup, held,
-  occupied, fqEtaRate(K, now, tonumber(ARGV[7]), tonumber(ARGV[8]))}
+  occupied, fqEtaRate(K, now, tonumber(ARGV.bucket_s), tonumber(ARGV.buckets))}

@@ -11,10 +11,11 @@
   Returns {status (0 the queue exists: nothing done, 1 ok, -1 lock lost), keys deleted,
   done (1/0: call again while 0)}.
 ]]
+--- @argv token ttl page
 --- @include lock_fence
 if redis.call('EXISTS', KEYS[1]) == 1 then return {0, 0, 1} end
-if not fqHoldLock(KEYS[3], ARGV[1], ARGV[2]) then return {-1, 0, 1} end
-local page = tonumber(ARGV[3])
+if not fqHoldLock(KEYS[3], ARGV.token, ARGV.ttl) then return {-1, 0, 1} end
+local page = tonumber(ARGV.page)
 local seconds = redis.call('ZRANGE', KEYS[2], 0, page - 1)
 local deleted = 0
 for _, second in ipairs(seconds) do

@@ -32,13 +32,16 @@
   the loop writes those rows to the database and removes what it wrote).
   Returns 1 recorded, 0 the cursor moved (nothing written), -1 lock lost.
 ]]
+--- @argv token ttl cursor new_cursor ord bucket_prefix bucket_ttl keep_tenants idle_ms
+--- @argv sections...
 --- @include fair_clock
 --- @include lock_fence
-if not fqHoldLock(KEYS[2], ARGV[1], ARGV[2]) then return -1 end
-if (redis.call('HGET', KEYS[1], 'cursor') or '') ~= ARGV[3] then return 0 end
-local bucketPrefix, expireS, keepTenants = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
-local idleMs = tonumber(ARGV[9])
-local at = 10
+if not fqHoldLock(KEYS[2], ARGV.token, ARGV.ttl) then return -1 end
+if (redis.call('HGET', KEYS[1], 'cursor') or '') ~= ARGV.cursor then return 0 end
+local bucketPrefix, expireS = ARGV.bucket_prefix, tonumber(ARGV.bucket_ttl)
+local keepTenants, idleMs = tonumber(ARGV.keep_tenants), tonumber(ARGV.idle_ms)
+-- The sections are read in order, each from ARGV's position 'at' (their first's, to start).
+local at = #ARGV - #ARGV.sections + 1
 local function section(width)
   local n = tonumber(ARGV[at]) or 0
   local first = at + 1
@@ -137,10 +140,10 @@ if to >= from then
   redis.call('EXPIRE', dirtyKey, dayTtl)
 end
 
-if ARGV[4] ~= '' then
-  redis.call('HSET', KEYS[1], 'cursor', ARGV[4], 'ord', ARGV[5])
+if ARGV.new_cursor ~= '' then
+  redis.call('HSET', KEYS[1], 'cursor', ARGV.new_cursor, 'ord', ARGV.ord)
 else
-  redis.call('HSET', KEYS[1], 'ord', ARGV[5])
+  redis.call('HSET', KEYS[1], 'ord', ARGV.ord)
 end
 -- fq:run holds the attempts running now; an entry whose end the stream never showed (a
 -- job removed while it ran) is dropped once the hash outgrows the active list.

@@ -4,10 +4,11 @@
   Stops after the job whose data brings the total over the page's byte budget.
 
   KEYS    the started jobs' hash keys, in stream order
-  ARGV[1] the byte budget of job data
+  ARGV    the byte budget of job data
   Returns per job, flat: timestamp, delay, ats, opts, data, fqPaid (false where absent).
 ]]
-local out, budget, bytes = {}, tonumber(ARGV[1]), 0
+--- @argv budget
+local out, budget, bytes = {}, tonumber(ARGV.budget), 0
 for i = 1, #KEYS do
   if bytes > budget then break end
   local row = redis.call('HMGET', KEYS[i], 'timestamp', 'delay', 'ats', 'opts', 'data', 'fqPaid')

@@ -12,11 +12,12 @@
   not), ord counts the entries the stream had up to it; lost > 0: entries after the
   cursor were trimmed unread (Redis >= 7 counts them; 1 where it cannot tell).
 ]]
+--- @argv token ttl cursor
 --- @include lock_fence
-if not fqHoldLock(KEYS[3], ARGV[1], ARGV[2]) then return {-1} end
+if not fqHoldLock(KEYS[3], ARGV.token, ARGV.ttl) then return {-1} end
 local state = redis.call('HMGET', KEYS[2], 'cursor', 'ord')
 local cursor, ord = state[1], tonumber(state[2])
-if (cursor or '') ~= ARGV[3] then return {0} end
+if (cursor or '') ~= ARGV.cursor then return {0} end
 local info = {}
 if redis.call('EXISTS', KEYS[1]) == 1 then
   local raw = redis.call('XINFO', 'STREAM', KEYS[1])

@@ -18,16 +18,17 @@
   read levels), ids left before the walk's end, unchecked (0 when done;
   counted over at most 1,000 seconds)}.
 ]]
+--- @argv token ttl second index page bound dry
 --- @include lock_fence
-local token, ttl = ARGV[1], ARGV[2]
-local dry = ARGV[7] == '1'
+local token, ttl = ARGV.token, ARGV.ttl
+local dry = ARGV.dry == '1'
 if not dry and not fqHoldLock(KEYS[4], token, ttl) then return {-1, '', 0, 1, 0, {}, 0} end
-local second, index, budget = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
-local counting = ARGV[6] ~= ''
+local second, index, budget = ARGV.second, tonumber(ARGV.index), tonumber(ARGV.page)
+local counting = ARGV.bound ~= ''
 local upper = '+inf'
 if counting then
   local t = redis.call('TIME')
-  local cutoff = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - tonumber(ARGV[6])
+  local cutoff = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - tonumber(ARGV.bound)
   upper = string.format('%d', math.floor(cutoff / 1000) - 1)
 end
 local floorScore, capScore = 1024 * 4294967296, 2097151 * 4294967296

@@ -14,13 +14,14 @@
               limits encoded, paused, catching up, held, occupied, placement of a new
               job of its flow (a held job's, fqEtaReply, else {}), history}
 ]]
+--- @argv id fairness bucket_s buckets
 --- @include eta_place
 local fqEtaHeldMs = {{HELD_MS}}
 local fqEtaRetryHeldMs = {{RETRY_HELD_MS}}
 local K = {prioritized = KEYS[1], wait = KEYS[2], state = KEYS[3], flows = KEYS[4],
   fweights = KEYS[5], hist = KEYS[7]}
 local L = KEYS[6]
-local id = ARGV[1]
+local id = ARGV.id
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local waitLen = redis.call('LLEN', K.wait)
@@ -103,7 +104,7 @@ if state == 'held' and tenant ~= 'queue paused' then
   if mlevel then level = mlevel end
   if fqLevelRank[level] then
     local c = fqEtaClock(K)
-    local p = fqEtaPlace(K, c, level, tenant, tonumber(mweight) or 1, nil, ARGV[2] == 'time', 1)
+    local p = fqEtaPlace(K, c, level, tenant, tonumber(mweight) or 1, nil, ARGV.fairness == 'time', 1)
     place = fqEtaReply(c, p, K)
   end
 end
@@ -115,4 +116,4 @@ if state == 'waiting' and score ~= '' then
 end
 return {now, waitLen, state, ahead, score, level, tenant == 'queue paused' and '' or tenant,
   due, f[2] or '', f[3] or '', limits, paused, catchup, held, occupied, place, clock,
-  fqEtaRate(K, now, tonumber(ARGV[3]), tonumber(ARGV[4]))}
+  fqEtaRate(K, now, tonumber(ARGV.bucket_s), tonumber(ARGV.buckets))}

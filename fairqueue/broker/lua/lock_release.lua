@@ -1,4 +1,5 @@
 -- Release a lock only if we still hold it.
--- KEYS[1]: the lock. ARGV[1]: our token. Returns 1 if released, else 0.
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+-- KEYS[1]: the lock. ARGV: our token. Returns 1 if released, else 0.
+--- @argv token
+if redis.call('GET', KEYS[1]) == ARGV.token then return redis.call('DEL', KEYS[1]) end
 return 0

@@ -12,11 +12,12 @@
           the virtual time is this far above the base), margin (kept below it)
   Returns {status (1 ok, -1 lock lost), moved, done (1/0: no rebase in progress)}.
 ]]
+--- @argv token ttl prefix page threshold margin
 --- @include fair_clock
 --- @include lock_fence
-if not fqHoldLock(KEYS[6], ARGV[1], ARGV[2]) then return {-1, 0, 1} end
-local prefix, page = ARGV[3], tonumber(ARGV[4])
-local threshold, margin = tonumber(ARGV[5]), tonumber(ARGV[6])
+if not fqHoldLock(KEYS[6], ARGV.token, ARGV.ttl) then return {-1, 0, 1} end
+local prefix, page = ARGV.prefix, tonumber(ARGV.page)
+local threshold, margin = tonumber(ARGV.threshold), tonumber(ARGV.margin)
 local K = {prioritized = KEYS[1], state = KEYS[2], flows = KEYS[3], fweights = KEYS[4],
   jobs = KEYS[5]}
 local st = redis.call('HMGET', KEYS[2], 'rbDelta', 'rbCursor')

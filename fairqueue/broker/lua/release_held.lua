@@ -11,21 +11,23 @@
   Mode 'pullback' (pause_tenant): the tenant's released jobs that no worker has taken go
   back to the front of its held list, so none of them starts after the pause returns;
   mode 'scan' (pause_tenant, paged) does the same for its jobs fairqueue never held
-  (added before it had limits), found by their payload's tenantId. ARGV[6..8] for
+  (added before it had limits), found by their payload's tenantId. ARGV for
   'scan': the cursor's score and member ('' from the start), the first held job when
-  the scan began ('' none). Returns {moved, cursor score, cursor member, done}.
+  the scan began ('' none), where. Returns {moved, cursor score, cursor member, done}.
 
   KEYS[1..8]  BullMQ's prioritized, delayed, active, completed, failed, marker, meta,
               events
   KEYS[9..13] fairqueue's state, flows, fweights, ready, jobs
   KEYS[14]    the limits key L (tenant_limits.lua lists the keys beside it)
-  KEYS[15]    BullMQ's wait list (read by the 'scan' of ARGV[9] 'wait' only)
+  KEYS[15]    BullMQ's wait list (read by the 'scan' of where 'wait' only)
   Mode 'probe' (an open breaker's probe): as 'release' for one given paused tenant, one
   job released despite the pause; the reply's seventh element is that job's id ('' none).
 
   ARGV        job key prefix, fairness ('time'/'jobs'), mode ('release'/'pullback'),
               tenants ('' = the loop's step: the tenants due, L:due; else
-              '\n'-separated), the most jobs to release in this call
+              '\n'-separated), the most jobs to release in this call; then, for
+              'scan' only, cursor_score, cursor_member, boundary and where
+              ('prioritized', 'wait', 'delayed')
   Returns {released, held left (of the tenants given; the loop's step: every held job),
   next wake ms (-1: none; the given tenants' next rate window, or in the loop's step when
   the next tenant falls due), held by max_active, held by rate, held by pause (of the
@@ -37,10 +39,12 @@
   BullMQ's events of their released jobs (fqHearEvents). See docs/design.md, "Releasing
   at scale".
 ]]
+--- @argv prefix fairness mode tenants most cursor_score? cursor_member? boundary? where?
 --- @include fair_clock
 --- @include tenant_limits
 --- @include rerun_meta
-local prefix, byTime, mode, budget = ARGV[1], ARGV[2] == 'time', ARGV[3], tonumber(ARGV[5])
+local prefix, byTime = ARGV.prefix, ARGV.fairness == 'time'
+local mode, budget = ARGV.mode, tonumber(ARGV.most)
 local L = KEYS[14]
 local K = {prioritized = KEYS[1], state = KEYS[9], flows = KEYS[10], fweights = KEYS[11],
   ready = KEYS[12], jobs = KEYS[13]}
@@ -129,28 +133,28 @@ local function fqHearEvents(L, eventsKey, now)
   end
 end
 
-local general = ARGV[4] == '' -- the loop's step: the tenants due (L:due), not given ones
+local general = ARGV.tenants == '' -- the loop's step: the tenants due (L:due), not given ones
 local tenants = {}
-for t in string.gmatch(ARGV[4], '[^\n]+') do tenants[#tenants + 1] = t end
+for t in string.gmatch(ARGV.tenants, '[^\n]+') do tenants[#tenants + 1] = t end
 
 if mode == 'holds' then -- pause_tenant / resume_tenant changed L:paused or L:catchup
   fqSyncHolds(L, K.state)
   return {0, 0, -1, 0, 0, 0}
 end
 
-if mode == 'scan' and (ARGV[9] == 'delayed' or ARGV[9] == 'wait') then
+if mode == 'scan' and (ARGV.where == 'delayed' or ARGV.where == 'wait') then
   -- pause_tenant or a first limit, after the prioritized scan: a page of the tenant's
   -- jobs in BullMQ's delayed set that are not held (delayed when it had no limits, or a
   -- backoff), each held until it is due (L:later, its due time from its score), or of
   -- BullMQ's wait list (another producer's, or a stalled job a worker recovered), each
   -- held. Cursor: for 'delayed' (score, member) as above, for 'wait' the index from the
   -- list's tail (where workers take from). Returns {moved, cursor score, member, done}.
-  local t, page, now = tenants[1], tonumber(ARGV[5]), fqNowMs()
+  local t, page, now = tenants[1], tonumber(ARGV.most), fqNowMs()
   local needle = cjson.encode(t)
   local found, moved, seen = {}, 0, 0
-  local lastScore, lastMember = ARGV[6], ARGV[7]
-  if ARGV[9] == 'wait' then
-    local from = tonumber(ARGV[6]) or 0
+  local lastScore, lastMember = ARGV.cursor_score, ARGV.cursor_member
+  if ARGV.where == 'wait' then
+    local from = tonumber(ARGV.cursor_score) or 0
     local ids = redis.call('LRANGE', KEYS[15], -(from + page), -(from + 1))
     for i = #ids, 1, -1 do found[#found + 1] = ids[i]; found[#found + 1] = false end
   else
@@ -195,8 +199,8 @@ if mode == 'scan' and (ARGV[9] == 'delayed' or ARGV[9] == 'wait') then
     end
   end
   local done = seen < page and 1 or 0
-  if ARGV[9] == 'wait' then
-    lastScore, lastMember = tostring((tonumber(ARGV[6]) or 0) + kept), ''
+  if ARGV.where == 'wait' then
+    lastScore, lastMember = tostring((tonumber(ARGV.cursor_score) or 0) + kept), ''
   end
   return {moved, lastScore, lastMember, done}
 end
@@ -205,9 +209,9 @@ if mode == 'scan' then
   -- pause_tenant, after 'pullback': a page of the prioritized set in score order from a
   -- cursor (score, member), for the tenant's jobs fairqueue never tracked (added while
   -- the tenant had no limits): each is held too, before the tenant's other held jobs
-  -- (ahead of the first one held when the scan began, ARGV[8]), in its old order.
-  local t, page = tenants[1], tonumber(ARGV[5])
-  local fromScore, fromMember, boundary = ARGV[6], ARGV[7], ARGV[8]
+  -- (ahead of the first one held when the scan began, boundary), in its old order.
+  local t, page = tenants[1], tonumber(ARGV.most)
+  local fromScore, fromMember, boundary = ARGV.cursor_score, ARGV.cursor_member, ARGV.boundary
   local min = '-inf'
   if fromScore ~= '' then min = fromScore end
   local found = redis.call('ZRANGEBYSCORE', K.prioritized, min, '+inf', 'WITHSCORES', 'LIMIT',

@@ -16,12 +16,14 @@
               payload cap bytes
   Returns {retried, held, cursor score, cursor member, done (1/0)}.
 ]]
+--- @argv prefix fairness tenant page from_score from_member bound max_payload
 --- @include fair_clock
 --- @include tenant_limits
 --- @include rerun_meta
-local prefix, byTime, only, page = ARGV[1], ARGV[2] == 'time', ARGV[3], tonumber(ARGV[4])
-local fromScore, fromMember = ARGV[5], ARGV[6]
-local bound, maxPayload = tonumber(ARGV[7]), tonumber(ARGV[8])
+local prefix, byTime, only = ARGV.prefix, ARGV.fairness == 'time', ARGV.tenant
+local page = tonumber(ARGV.page)
+local fromScore, fromMember = ARGV.from_score, ARGV.from_member
+local bound, maxPayload = tonumber(ARGV.bound), tonumber(ARGV.max_payload)
 local K = {prioritized = KEYS[2], state = KEYS[6], flows = KEYS[7], fweights = KEYS[8],
   ready = KEYS[9], jobs = KEYS[10]}
 local L = KEYS[11]

@@ -12,7 +12,8 @@
   ARGV    tenant, weight (a whole number, 1 or more)
   Returns the number of flows whose counted weight changed.
 ]]
-local tenant, weight = ARGV[1], tonumber(ARGV[2])
+--- @argv tenant weight
+local tenant, weight = ARGV.tenant, tonumber(ARGV.weight)
 local levels = {'critical', 'high', 'normal', 'low'}
 local members = {}
 for i, level in ipairs(levels) do members[i] = level .. '\n' .. tenant end

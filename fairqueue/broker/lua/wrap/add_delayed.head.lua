@@ -8,9 +8,9 @@
   KEYS[7..8]  fairqueue's: ready, jobs (no longer written: fairqueue 0.1 kept the meta
               there, and the pass still reads what it left)
   KEYS[9]     the limits key L (tenant_limits.lua)  KEYS[10] BullMQ's prioritized set
-  ARGV[1..3]  BullMQ's packed args, JSON data, packed opts; ARGV[4..6] the level, the
-              tenant and the tenant weight; ARGV[7] the delay in ms; ARGV[8] the tenant's
-              encoded limits ('' for none); ARGV[9] (optional) JSON {token, left}: this
+  ARGV        addDelayedJob's (at its positions): packed args, JSON data, packed opts;
+              then the level, the tenant and the tenant weight; the delay in ms; the
+              tenant's encoded limits ('' for none); (optional) JSON {token, left}: this
               job is part of a batch added over several calls (fqCheckWaiting).
   A job of a tenant with limits (or paused, or catching up) is held from the start: in
   BullMQ's delayed set at the held score, so no worker's promotion can make it takeable
@@ -20,5 +20,6 @@
   Returns the job id (BullMQ's negative code on error), or the refusal {'fq:backlog',
   tenant, max_waiting, waiting} before anything is written.
 ]]
+--- @argv packed_args data opts level tenant weight delay limits batch?
 --- @include tenant_limits
 local function fqBullmqAddDelayed()

@@ -1,10 +1,11 @@
 end
-local fqArgs = cmsgpack.unpack(ARGV[1])
+local fqArgs = cmsgpack.unpack(ARGV.packed_args)
 local fqFresh = fqArgs[2] == '' or redis.call('EXISTS', fqArgs[1] .. fqArgs[2]) == 0
-local fqLevel, fqTenant, fqWeight, fqDelay = ARGV[4], ARGV[5], ARGV[6], tonumber(ARGV[7])
+local fqLevel, fqTenant, fqWeight = ARGV.level, ARGV.tenant, ARGV.weight
+local fqDelay = tonumber(ARGV.delay)
 local fqTime = redis.call('TIME')
 local fqReady = tonumber(fqTime[1]) * 1000 + math.floor(tonumber(fqTime[2]) / 1000) + fqDelay
-local fqL, fqGiven = KEYS[9], ARGV[8] or ''
+local fqL, fqGiven = KEYS[9], ARGV.limits
 local fqHeld = fqFresh and (fqGiven ~= '' or redis.call('HEXISTS', fqL .. ':paused', fqTenant) == 1
   or redis.call('HEXISTS', fqL .. ':catchup', fqTenant) == 1)
 -- max_waiting counts delayed jobs too: checked before anything is written
@@ -13,18 +14,18 @@ local fqRecord = nil
 if fqMaxWaiting then
   local refused = nil
   refused, fqRecord = fqCheckWaiting(fqL, KEYS[10], KEYS[4], fqTenant, fqMaxWaiting, 1,
-    ARGV[9] and ARGV[9] ~= '' and cjson.decode(ARGV[9]) or nil,
+    ARGV.batch and ARGV.batch ~= '' and cjson.decode(ARGV.batch) or nil,
     tonumber(fqTime[1]) * 1000 + math.floor(tonumber(fqTime[2]) / 1000))
   if refused then return refused end
 end
 if fqFresh then
-  local opts = cmsgpack.unpack(ARGV[3])
+  local opts = cmsgpack.unpack(ARGV.opts)
   opts['fqReady'] = fqReady -- its first ready time, kept for its re-runs (see add_jobs)
   if fqHeld then opts['fqLim'] = 1 end -- fairqueue_worker releases its tenant's next at once
   -- What the pass places it with once BullMQ promotes it: kept in the job itself, so it
   -- goes when the job does (however it goes: run, removed, drained, obliterated).
   opts['fqMeta'] = fqLevel .. '\n' .. fqWeight .. '\n' .. fqTenant
-  ARGV[3] = cmsgpack.pack(opts)
+  ARGV.opts = cmsgpack.pack(opts) -- what addDelayedJob stores
 end
 local jobId = fqBullmqAddDelayed()
 if fqRecord and type(jobId) == 'string' then fqRecord() end

@@ -10,21 +10,23 @@
   KEYS[1..9]  addPrioritizedJob's: marker, meta, id, prioritized, delayed, completed,
               active, events, pc
   KEYS[10..14] fairqueue's: state, flows, fweights, ready, jobs
-  ARGV[1]     the number of jobs n; ARGV[2] what fairness counts ('time' or 'jobs');
-              then per job: BullMQ's packed args, JSON data, packed opts (ending in
-              the fqReady slot when fairqueue's packer made them), then the
-              level, the tenant, the tenant weight and the caller's cost in ms ('' for
-              the flow's estimate).
-  ARGV[3 + 7n] (optional) JSON {tenant: encoded limits} of the call's tenants with limits:
-              their jobs are held, and the call is refused whole, before anything is
-              written, if it would put more than a tenant's max_waiting jobs waiting
-              (the reply is then {'fq:backlog', tenant, max_waiting, waiting}).
-  ARGV[4 + 7n] (optional, with the limits) JSON {token, left: {tenant: jobs}}: this call
-              is part of a batch of several calls (tenant_limits.lua's fqCheckWaiting).
+  ARGV        fairness: what fairness counts ('time' or 'jobs');
+              limits: JSON {tenant: encoded limits} of the call's tenants with limits
+              ('' none): their jobs are held, and the call is refused whole, before
+              anything is written, if it would put more than a tenant's max_waiting jobs
+              waiting (the reply is then {'fq:backlog', tenant, max_waiting, waiting});
+              batch: JSON {token, left: {tenant: jobs}} ('' none; only with limits): this
+              call is part of a batch of several calls (tenant_limits.lua's
+              fqCheckWaiting);
+              jobs: per job, fqJobFields values: addPrioritizedJob's packed args, JSON
+              data, packed opts (ending in the fqReady slot when fairqueue's packer made
+              them), then the level, the tenant, the tenant weight and the caller's cost
+              in ms ('' for the flow's estimate).
   Returns per job: the job id and its BullMQ priority (0: the id existed, nothing was
   added; the cap: parked, no room).
   The ready time is Redis's clock (TIME), never the producer's.
 ]]
+--- @argv fairness limits batch jobs...
 --- @include fair_clock
 --- @include tenant_limits
 -- The packer's fqReady slot: the opts map's last key, 'fqReady' -> uint64 2^64-1.

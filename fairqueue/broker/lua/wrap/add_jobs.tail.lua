@@ -3,18 +3,21 @@ local fqK = {prioritized = KEYS[4], state = KEYS[10], flows = KEYS[11], fweights
   ready = KEYS[13], jobs = KEYS[14]}
 local fqNow = fqNowMs()
 local fqJobs = {}
-local fqByTime = ARGV[2] == 'time'
-for i = 1, tonumber(ARGV[1]) do
-  local b = 3 + (i - 1) * 7
-  fqJobs[i] = {ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4],
-    tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6])}
+local fqByTime = ARGV.fairness == 'time'
+-- A job's values, each job's in one table: {packed args, data, opts, level, tenant, weight,
+-- cost}. ARGV's first three are written over with each job's for addPrioritizedJob, so
+-- every named argument is read before the first job is added.
+local fqJobFields = 7
+for b = 1, #ARGV.jobs, fqJobFields do
+  fqJobs[#fqJobs + 1] = {ARGV.jobs[b], ARGV.jobs[b + 1], ARGV.jobs[b + 2], ARGV.jobs[b + 3],
+    ARGV.jobs[b + 4], tonumber(ARGV.jobs[b + 5]), tonumber(ARGV.jobs[b + 6])}
 end
 -- Tenants with limits, paused or catching up: their jobs are held (tenant_limits.lua). A
 -- call with limits is checked (and may be refused) before anything is written; any other
 -- call learns from the clock's read of K.state whether a tenant is paused at all.
 -- (fqLim, the limits' key, is made only for a call that holds: few are.)
-local fqGiven = ARGV[3 + tonumber(ARGV[1]) * 7]
-local fqBatch = ARGV[4 + tonumber(ARGV[1]) * 7]
+local fqGiven = ARGV.limits ~= '' and ARGV.limits or nil
+local fqBatch = ARGV.batch ~= '' and ARGV.batch or nil
 local fqLim = fqGiven and string.sub(KEYS[10], 1, -6) .. 'lim'
 local fqHold, fqRefused = nil, nil
 if fqGiven then
@@ -84,7 +87,7 @@ for _, job in ipairs(fqJobs) do
       job[3] = cmsgpack.pack(opts)
     end
   end
-  ARGV[1], ARGV[2], ARGV[3] = job[1], job[2], job[3]
+  ARGV[1], ARGV[2], ARGV[3] = job[1], job[2], job[3] -- addPrioritizedJob's own ARGV
   -- A score is a whole number below 2^53: '%d' writes it exactly.
   fqScoreText = score and string.format('%d', score)
   local jobId = fqBullmqAdd()

@@ -18,12 +18,14 @@
   KEYS[13]     the leader lock
   KEYS[14..16] the limits key L (tenant_limits.lua), BullMQ's delayed set and events
   ARGV         token, lock ttl ms, job key prefix, page size, wait bound ms,
-               payload cap bytes, dry run (1/0), what fairness counts ('time'/'jobs')
+               payload cap bytes, dry run (1/0), what fairness counts ('time'/'jobs');
+               read before changePriority's own are written over them, per job
   A job of a tenant with limits, paused or catching up is not placed: it goes back to
   the tenant's held jobs (tenant_limits.lua's fqRehold), so a retry, a promoted delayed
   job or a stalled job's recovery starts only through the tenant's limits.
   Returns {status (1 ok, -1 lock lost), adopted, aged, parked (no room), examined, held}.
 ]]
+--- @argv token ttl prefix page bound max_payload dry fairness
 --- @include fair_clock
 --- @include tenant_limits
 --- @include lock_fence

@@ -1,7 +1,7 @@
 end
-local fqToken, fqTtl, fqPrefix = ARGV[1], ARGV[2], ARGV[3]
-local fqPage, fqBound = tonumber(ARGV[4]), tonumber(ARGV[5])
-local fqMaxPayload, fqDry = tonumber(ARGV[6]), ARGV[7] == '1'
+local fqToken, fqTtl, fqPrefix = ARGV.token, ARGV.ttl, ARGV.prefix
+local fqPage, fqBound = tonumber(ARGV.page), tonumber(ARGV.bound)
+local fqMaxPayload, fqDry = tonumber(ARGV.max_payload), ARGV.dry == '1'
 if not fqDry and not fqHoldLock(KEYS[13], fqToken, fqTtl) then return {-1, 0, 0, 0, 0} end
 local fqK = {prioritized = KEYS[4], state = KEYS[8], flows = KEYS[9], fweights = KEYS[10],
   ready = KEYS[11], jobs = KEYS[12]}
@@ -27,7 +27,7 @@ local fqAnyHolds = #candidates > 0 and redis.call('EXISTS', fqL .. ':paused', fq
 local fqHoldingMemo = {}
 if not fqDry then
   fqC = fqClock(fqK)
-  fqC.byTime = ARGV[8] == 'time'
+  fqC.byTime = ARGV.fairness == 'time'
 end
 for _, candidate in ipairs(candidates) do
   local jobId, wasParked, inWait = candidate[1], candidate[2], candidate[3]
@@ -56,7 +56,8 @@ for _, candidate in ipairs(candidates) do
         parked = parked + 1
         break -- still no room: the parked jobs behind it have none either
       else
-        -- At the cap, as every placed job's hash keeps it (see add_jobs).
+        -- At the cap, as every placed job's hash keeps it (see add_jobs): changePriority's
+        -- own ARGV (priority, job key prefix, job id, lifo) over fairqueue's, read above.
         ARGV[1], ARGV[2], ARGV[3], ARGV[4] = fqCap, fqPrefix, jobId, '0'
         if fqBullmqChange() == 0 then
           if score then fqSetScore(fqK, jobId, score) end

@@ -16,12 +16,12 @@
   KEYS[17..18] the limits key L (tenant_limits.lua), BullMQ's delayed set
   A recovered job of a tenant with limits, paused or catching up is held again
   (tenant_limits.lua's fqRehold), not placed: it starts only through its limits.
-  ARGV[1..4]   moveStalledJobsToWait's: max stalled count, job key prefix, timestamp,
-               the gate's time (ms)
-  ARGV[5..9]   token, lock ttl ms, wait bound ms, payload cap bytes, what fairness
-               counts ('time'/'jobs')
+  ARGV         moveStalledJobsToWait's (at its positions): max stalled count, job key
+               prefix, timestamp, the gate's time (ms); then token, lock ttl ms, wait
+               bound ms, payload cap bytes, what fairness counts ('time'/'jobs')
   Returns {status (1 ok, -1 lock lost), recovered, aged}.
 ]]
+--- @argv max_stalled prefix timestamp gate_ms token ttl bound max_payload fairness
 --- @include fair_clock
 --- @include tenant_limits
 --- @include lock_fence

@@ -1,6 +1,6 @@
 end
-local fqPrefix, fqToken, fqTtl = ARGV[2], ARGV[5], ARGV[6]
-local fqBound, fqMaxPayload = tonumber(ARGV[7]), tonumber(ARGV[8])
+local fqPrefix, fqToken, fqTtl = ARGV.prefix, ARGV.token, ARGV.ttl
+local fqBound, fqMaxPayload = tonumber(ARGV.bound), tonumber(ARGV.max_payload)
 if not fqHoldLock(KEYS[16], fqToken, fqTtl) then return {-1, 0, 0, 0} end
 local fqK = {prioritized = KEYS[10], state = KEYS[11], flows = KEYS[12], fweights = KEYS[13],
   ready = KEYS[14], jobs = KEYS[15]}
@@ -12,7 +12,7 @@ local fqAnyHolds = redis.call('EXISTS', KEYS[17] .. ':paused', KEYS[17] .. ':cat
 local fqHoldingMemo = {}
 local fqNow = fqNowMs()
 local fqC = fqClock(fqK)
-fqC.byTime = ARGV[9] == 'time'
+fqC.byTime = ARGV.fairness == 'time'
 for _, jobId in ipairs(stalled) do
   -- Only what BullMQ just put on the wait list (not a paused queue's list), and not a job
   -- it marked to fail: the worker that takes it fails it.
