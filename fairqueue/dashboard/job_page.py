@@ -9,7 +9,7 @@ a held job waits for its tenant's limit; a delayed one for its time.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
@@ -20,11 +20,9 @@ from django.urls import URLPattern, path
 from fairqueue.broker import MAX_JOB_ID_LENGTH, JobDetail, get_sync_broker, pending_from_job
 from fairqueue.broker.console_reads import ConsoleReads, Place, job_tenant_id
 from fairqueue.conf import get_settings
+from fairqueue.dashboard.console_admin import ConsoleAdmin
 from fairqueue.dashboard.wording import tenant_words
 from fairqueue.exceptions import BrokerError
-
-if TYPE_CHECKING:
-    from fairqueue.dashboard.views import DashboardAdmin
 
 PERM_VIEW = "fairqueue.view_dashboard"
 PERM_REMOVE = "fairqueue.change_tenantplan"
@@ -102,9 +100,9 @@ def job_facts(queue: str, detail: JobDetail) -> dict[str, Any]:
 
 
 class JobViews:
-    """Job search and removal for one :class:`DashboardAdmin`."""
+    """Job search and removal for one :class:`.ConsoleAdmin`."""
 
-    def __init__(self, admin: DashboardAdmin) -> None:
+    def __init__(self, admin: ConsoleAdmin) -> None:
         self.admin = admin
 
     def urls(self) -> list[URLPattern]:

@@ -10,7 +10,7 @@ leave an audit row (the pause audit, or the admin log). Viewing needs
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from django import forms
 from django.contrib import messages
@@ -25,14 +25,12 @@ from django.utils.http import urlencode
 from fairqueue.broker import get_sync_broker
 from fairqueue.broker.console_reads import ConsoleReads
 from fairqueue.conf import get_settings
+from fairqueue.dashboard.console_admin import ConsoleAdmin
 from fairqueue.dashboard.tenant_page import SEARCH_LIMIT, effective_level, tenant_page_data
 from fairqueue.exceptions import BrokerError, InvalidTenantError
 from fairqueue.models import TenantPauseAudit, TenantPlan
 from fairqueue.scheduling.levels import validate_tenant_id
 from fairqueue.tenants import pause_tenant, resume_tenant, retry_failed
-
-if TYPE_CHECKING:
-    from fairqueue.dashboard.views import DashboardAdmin
 
 logger = logging.getLogger("fairqueue.console")
 
@@ -55,9 +53,9 @@ def _tenant_or_404(tenant_id: str) -> str:
 
 
 class TenantViews:
-    """The tenant views of one :class:`DashboardAdmin` (its site, URLs and context)."""
+    """The tenant views of one :class:`.ConsoleAdmin` (its site, URLs and context)."""
 
-    def __init__(self, admin: DashboardAdmin) -> None:
+    def __init__(self, admin: ConsoleAdmin) -> None:
         self.admin = admin
 
     def urls(self) -> list[URLPattern]:
