@@ -63,11 +63,8 @@ for _, candidate in ipairs(candidates) do
         if fqBullmqChange() == 0 then
           if score then fqSetScore(fqKeys, jobId, score) end
           fqPlaced(fqKeys, fqClockState, score)
-          if score and behind and overdue then
-            fqLineFront(fqKeys, fqPrefix, level .. '\n' .. tenant, jobId, ready, score)
-          elseif score and behind then
-            fqLinePush(fqKeys, level .. '\n' .. tenant, {jobId})
-          end
+          fqLineJoin(fqKeys, fqPrefix, level .. '\n' .. tenant, jobId, ready, score, behind,
+            overdue)
           if meta then
             redis.call('HDEL', fqKeys.jobs, jobId)
           else
