@@ -4,19 +4,26 @@ their admin log rows. ``views.DashboardAdmin`` is one; the pages it hands to
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib import admin
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.contenttypes.models import ContentType
-from django.http import HttpRequest
-from django.urls import reverse
+from django.http import HttpRequest, HttpResponse
+from django.urls import URLPattern, path, reverse
 
 from fairqueue.dashboard.crumbs import trail
 
 
 class ConsoleAdmin(admin.ModelAdmin):
     """What every page of the console asks of its admin."""
+
+    def _page(self, route: str, view: Callable[..., HttpResponse], suffix: str) -> URLPattern:
+        """``view`` at ``route``, behind the admin site's login (``admin_view``), named
+        for :meth:`_url`'s ``suffix``."""
+        name = f"{self.opts.app_label}_{self.opts.model_name}_{suffix}"
+        return path(route, self.admin_site.admin_view(view), name=name)
 
     def _url(self, suffix: str, *args: str) -> str:
         return reverse(
@@ -53,3 +60,10 @@ class ConsoleAdmin(admin.ModelAdmin):
             action_flag=CHANGE,
             change_message=message,
         )
+
+
+class ConsoleViews:
+    """Pages one :class:`ConsoleAdmin` serves beside its own (its site, URLs, context)."""
+
+    def __init__(self, admin: ConsoleAdmin) -> None:
+        self.admin = admin

@@ -37,7 +37,7 @@ from django.http import (
     JsonResponse,
 )
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, path
+from django.urls import URLPattern
 
 from fairqueue.broker import MAX_JOB_ID_LENGTH, get_sync_broker, pending_from_job
 from fairqueue.broker.console_reads import job_tenant_id
@@ -123,24 +123,14 @@ class DashboardAdmin(ConsoleAdmin):
         return False
 
     def get_urls(self) -> list[URLPattern]:
-        wrap = self.admin_site.admin_view
-        name = f"{self.opts.app_label}_{self.opts.model_name}"
         return [
             *TenantViews(self).urls(),
             *JobViews(self).urls(),
-            path("", wrap(self.dashboard_view), name=f"{name}_changelist"),
-            path("stats.json", wrap(self.stats_view), name=f"{name}_stats"),
-            path("queue/<str:job_type>/", wrap(self.queue_view), name=f"{name}_queue"),
-            path(
-                "queue/<str:job_type>/rebalance/",
-                wrap(self.rebalance_view),
-                name=f"{name}_rebalance",
-            ),
-            path(
-                "queue/<str:job_type>/jobs/<path:job_id>/",
-                wrap(self.job_view),
-                name=f"{name}_job",
-            ),
+            self._page("", self.dashboard_view, "changelist"),
+            self._page("stats.json", self.stats_view, "stats"),
+            self._page("queue/<str:job_type>/", self.queue_view, "queue"),
+            self._page("queue/<str:job_type>/rebalance/", self.rebalance_view, "rebalance"),
+            self._page("queue/<str:job_type>/jobs/<path:job_id>/", self.job_view, "job"),
         ]
 
     # -- helpers ----------------------------------------------------------------------
