@@ -18,6 +18,10 @@ class Fence:
     token: str
     ttl_ms: int
 
+    def argv(self) -> dict[str, str | int]:
+        """A fenced script's lock arguments by name (``lock_fence.lua``'s token, ttl)."""
+        return {"token": self.token, "ttl": self.ttl_ms}
+
 
 class LockStore(BrokerPart):
     """The rebalance pass's leader lock."""

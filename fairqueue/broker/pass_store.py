@@ -151,8 +151,7 @@ class PassStore(BrokerPart):
         reply = await self.conn.guard(
             script(
                 keys=self._adopt_keys(queue, fence.lock_key),
-                token=fence.token,
-                ttl=fence.ttl_ms,
+                **fence.argv(),
                 prefix=self.conn.key(queue, ""),
                 page=page_size,
                 bound=max_wait_ms,
@@ -198,8 +197,7 @@ class PassStore(BrokerPart):
                 prefix=self.conn.key(queue, ""),
                 timestamp=int(time.time() * 1000),
                 gate_ms=check_ms,
-                token=fence.token,
-                ttl=fence.ttl_ms,
+                **fence.argv(),
                 bound=max_wait_ms,
                 max_payload=max_payload_bytes,
                 fairness=fairness_by,
@@ -240,8 +238,7 @@ class PassStore(BrokerPart):
         status, second, index, done, removed, flat, left = await self.conn.guard(
             script(
                 keys=keys,
-                token=fence.token,
-                ttl=fence.ttl_ms,
+                **fence.argv(),
                 second=second,
                 index=index,
                 page=page_size,
@@ -288,8 +285,7 @@ class PassStore(BrokerPart):
                     ),
                     fence.lock_key,
                 ],
-                token=fence.token,
-                ttl=fence.ttl_ms,
+                **fence.argv(),
                 prefix=self.conn.key(queue, ""),
                 page=page_size,
                 threshold=threshold,
@@ -332,7 +328,7 @@ class PassStore(BrokerPart):
         deleted = 0
         while True:
             status, count, done = await self.conn.guard(
-                script(keys=[*keys, *others], token=fence.token, ttl=fence.ttl_ms, page=page_size)
+                script(keys=[*keys, *others], **fence.argv(), page=page_size)
             )
             if int(status) < 0:
                 raise LockLostError(queue)

@@ -9,22 +9,20 @@ a held job waits for its tenant's limit; a delayed one for its time.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, path
+from django.urls import URLPattern
 
 from fairqueue.broker import MAX_JOB_ID_LENGTH, JobDetail, get_sync_broker, pending_from_job
 from fairqueue.broker.console_reads import ConsoleReads, Place, job_tenant_id
 from fairqueue.conf import get_settings
+from fairqueue.dashboard.console_admin import ConsoleViews
 from fairqueue.dashboard.wording import tenant_words
 from fairqueue.exceptions import BrokerError
-
-if TYPE_CHECKING:
-    from fairqueue.dashboard.views import DashboardAdmin
 
 PERM_VIEW = "fairqueue.view_dashboard"
 PERM_REMOVE = "fairqueue.change_tenantplan"
@@ -101,22 +99,14 @@ def job_facts(queue: str, detail: JobDetail) -> dict[str, Any]:
     }
 
 
-class JobViews:
-    """Job search and removal for one :class:`DashboardAdmin`."""
-
-    def __init__(self, admin: DashboardAdmin) -> None:
-        self.admin = admin
+class JobViews(ConsoleViews):
+    """Job search and removal for one :class:`.ConsoleAdmin`."""
 
     def urls(self) -> list[URLPattern]:
-        wrap = self.admin.admin_site.admin_view
-        name = f"{self.admin.opts.app_label}_{self.admin.opts.model_name}"
+        page = self.admin._page
         return [
-            path("jobs/", wrap(self.search_view), name=f"{name}_jobs"),
-            path(
-                "queue/<str:job_type>/jobs/<path:job_id>/remove/",
-                wrap(self.remove_view),
-                name=f"{name}_job_remove",
-            ),
+            page("jobs/", self.search_view, "jobs"),
+            page("queue/<str:job_type>/jobs/<path:job_id>/remove/", self.remove_view, "job_remove"),
         ]
 
     def search_view(self, request: HttpRequest) -> HttpResponse:

@@ -10,7 +10,7 @@ leave an audit row (the pause audit, or the admin log). Viewing needs
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from django import forms
 from django.contrib import messages
@@ -19,20 +19,18 @@ from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, path, reverse
+from django.urls import URLPattern, reverse
 from django.utils.http import urlencode
 
 from fairqueue.broker import get_sync_broker
 from fairqueue.broker.console_reads import ConsoleReads
 from fairqueue.conf import get_settings
+from fairqueue.dashboard.console_admin import ConsoleViews
 from fairqueue.dashboard.tenant_page import SEARCH_LIMIT, effective_level, tenant_page_data
 from fairqueue.exceptions import BrokerError, InvalidTenantError
 from fairqueue.models import TenantPauseAudit, TenantPlan
 from fairqueue.scheduling.levels import validate_tenant_id
 from fairqueue.tenants import pause_tenant, resume_tenant, retry_failed
-
-if TYPE_CHECKING:
-    from fairqueue.dashboard.views import DashboardAdmin
 
 logger = logging.getLogger("fairqueue.console")
 
@@ -54,28 +52,16 @@ def _tenant_or_404(tenant_id: str) -> str:
         raise Http404("No such tenant") from None
 
 
-class TenantViews:
-    """The tenant views of one :class:`DashboardAdmin` (its site, URLs and context)."""
-
-    def __init__(self, admin: DashboardAdmin) -> None:
-        self.admin = admin
+class TenantViews(ConsoleViews):
+    """The tenant views of one :class:`.ConsoleAdmin`."""
 
     def urls(self) -> list[URLPattern]:
-        wrap = self.admin.admin_site.admin_view
-        name = f"{self.admin.opts.app_label}_{self.admin.opts.model_name}"
+        page = self.admin._page
         return [
-            path("tenants/", wrap(self.search_view), name=f"{name}_tenants"),
-            path(
-                "tenants/<path:tenant_id>/limits/",
-                wrap(self.limits_view),
-                name=f"{name}_tenant_limits",
-            ),
-            path(
-                "tenants/<path:tenant_id>/do/<str:action>/",
-                wrap(self.action_view),
-                name=f"{name}_tenant_action",
-            ),
-            path("tenants/<path:tenant_id>/", wrap(self.tenant_view), name=f"{name}_tenant"),
+            page("tenants/", self.search_view, "tenants"),
+            page("tenants/<path:tenant_id>/limits/", self.limits_view, "tenant_limits"),
+            page("tenants/<path:tenant_id>/do/<str:action>/", self.action_view, "tenant_action"),
+            page("tenants/<path:tenant_id>/", self.tenant_view, "tenant"),
         ]
 
     def _require(self, request: HttpRequest, *perms: str) -> None:

@@ -26,9 +26,7 @@ import logging
 import time
 from typing import Any, Final
 
-from django.contrib import admin, messages
-from django.contrib.admin.models import CHANGE, LogEntry
-from django.contrib.contenttypes.models import ContentType
+from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.http import (
     Http404,
@@ -39,12 +37,12 @@ from django.http import (
     JsonResponse,
 )
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, path, reverse
+from django.urls import URLPattern
 
 from fairqueue.broker import MAX_JOB_ID_LENGTH, get_sync_broker, pending_from_job
 from fairqueue.broker.console_reads import job_tenant_id
 from fairqueue.conf import get_settings
-from fairqueue.dashboard.crumbs import trail
+from fairqueue.dashboard.console_admin import ConsoleAdmin
 from fairqueue.dashboard.expected import job_expected_start
 from fairqueue.dashboard.job_page import JobViews, job_facts
 from fairqueue.dashboard.overview import overview_rows, plans_attention
@@ -109,7 +107,7 @@ def _expected_start(job_type: str, job_id: str) -> dict[str, Any] | None:
         return None
 
 
-class DashboardAdmin(admin.ModelAdmin):
+class DashboardAdmin(ConsoleAdmin):
     """The dashboard's views. The model has no table: nothing here reads or writes it."""
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
@@ -125,52 +123,17 @@ class DashboardAdmin(admin.ModelAdmin):
         return False
 
     def get_urls(self) -> list[URLPattern]:
-        wrap = self.admin_site.admin_view
-        name = f"{self.opts.app_label}_{self.opts.model_name}"
         return [
             *TenantViews(self).urls(),
             *JobViews(self).urls(),
-            path("", wrap(self.dashboard_view), name=f"{name}_changelist"),
-            path("stats.json", wrap(self.stats_view), name=f"{name}_stats"),
-            path("queue/<str:job_type>/", wrap(self.queue_view), name=f"{name}_queue"),
-            path(
-                "queue/<str:job_type>/rebalance/",
-                wrap(self.rebalance_view),
-                name=f"{name}_rebalance",
-            ),
-            path(
-                "queue/<str:job_type>/jobs/<path:job_id>/",
-                wrap(self.job_view),
-                name=f"{name}_job",
-            ),
+            self._page("", self.dashboard_view, "changelist"),
+            self._page("stats.json", self.stats_view, "stats"),
+            self._page("queue/<str:job_type>/", self.queue_view, "queue"),
+            self._page("queue/<str:job_type>/rebalance/", self.rebalance_view, "rebalance"),
+            self._page("queue/<str:job_type>/jobs/<path:job_id>/", self.job_view, "job"),
         ]
 
     # -- helpers ----------------------------------------------------------------------
-
-    def _url(self, suffix: str, *args: str) -> str:
-        return reverse(
-            f"{self.admin_site.name}:{self.opts.app_label}_{self.opts.model_name}_{suffix}",
-            args=args,
-        )
-
-    def _context(
-        self,
-        request: HttpRequest,
-        title: str,
-        *steps: tuple[str, str | None],
-        **extra: Any,
-    ) -> dict[str, Any]:
-        """The admin's context, with breadcrumbs: the dashboard, then ``steps``."""
-        dashboard_url = self._url("changelist")
-        first = ("Fair queue dashboard", dashboard_url if steps else None)
-        return {
-            **self.admin_site.each_context(request),
-            "title": title,
-            "opts": self.opts,
-            "dashboard_url": dashboard_url,
-            **trail(self.opts, first, *steps),
-            **extra,
-        }
 
     def _sections(
         self, request: HttpRequest, job_types: list[str], *, page: int, per_page: int
@@ -349,17 +312,6 @@ class DashboardAdmin(admin.ModelAdmin):
         else:
             messages.success(request, f"Ran one pass: {result.summary()}.")
         return HttpResponseRedirect(queue_url)
-
-    def _log(self, request: HttpRequest, job_type: str, message: str) -> None:
-        """One admin log row per use of an action (no model row exists to point at)."""
-        LogEntry.objects.create(
-            user_id=request.user.pk,
-            content_type=ContentType.objects.get_for_model(self.model, for_concrete_model=False),
-            object_id=job_type,
-            object_repr=f"{job_type} queue"[:200],
-            action_flag=CHANGE,
-            change_message=message,
-        )
 
     def job_view(self, request: HttpRequest, job_type: str, job_id: str) -> HttpResponse:
         """One job's metadata; its payload only with ``fairqueue.view_job_payload``."""

@@ -18,13 +18,13 @@ local L = KEYS[6]
 local level, tenant, weight = ARGV.level, ARGV.tenant, tonumber(ARGV.weight)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local c = fqEtaClock(K)
-local p = fqEtaPlace(K, c, level, tenant, weight, tonumber(ARGV.cost), ARGV.fairness == 'time',
-  tonumber(ARGV.count))
+local etaClock = fqEtaClock(K)
+local placement = fqEtaPlace(K, etaClock, level, tenant, weight, tonumber(ARGV.cost),
+  ARGV.fairness == 'time', tonumber(ARGV.count))
 local limits = redis.call('HGET', L, tenant) or ''
 local paused = redis.call('HEXISTS', L .. ':paused', tenant)
 local catchup = redis.call('HEXISTS', L .. ':catchup', tenant)
 local held = redis.call('LLEN', L .. ':held:' .. tenant)
 local occupied = redis.call('SCARD', L .. ':out:' .. tenant)
-return {now, redis.call('LLEN', K.wait), fqEtaReply(c, p, K), limits, paused, catchup, held,
-  occupied, fqEtaRate(K, now, tonumber(ARGV.bucket_s), tonumber(ARGV.buckets))}
+return {now, redis.call('LLEN', K.wait), fqEtaReply(etaClock, placement, K), limits, paused,
+  catchup, held, occupied, fqEtaRate(K, now, tonumber(ARGV.bucket_s), tonumber(ARGV.buckets))}

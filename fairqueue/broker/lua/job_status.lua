@@ -28,10 +28,10 @@ local waitLen = redis.call('LLEN', K.wait)
 local state, ahead, score, due, tenant, level = 'gone', -1, '', '', '', ''
 local limits, paused, catchup, held, occupied, place = '', 0, 0, 0, 0, {}
 
-local f = redis.call('HMGET', KEYS[13], 'data', 'processedOn', 'finishedOn')
+local fields = redis.call('HMGET', KEYS[13], 'data', 'processedOn', 'finishedOn')
 local exists = redis.call('EXISTS', KEYS[13]) == 1
 local function tenantOf()
-  local data = f[1] or ''
+  local data = fields[1] or ''
   local lv, tn = string.match(data, '^{"priorityLevel":"(%a+)","tenantId":"([^"\\]*)"[,}]')
   if tn then return tn, lv end
   local ok, decoded = pcall(cjson.decode, data)
@@ -103,17 +103,18 @@ if state == 'held' and tenant ~= 'queue paused' then
   local mlevel, mweight = string.match(meta, '^(%a+)\n(%d+)')
   if mlevel then level = mlevel end
   if fqLevelRank[level] then
-    local c = fqEtaClock(K)
-    local p = fqEtaPlace(K, c, level, tenant, tonumber(mweight) or 1, nil, ARGV.fairness == 'time', 1)
-    place = fqEtaReply(c, p, K)
+    local etaClock = fqEtaClock(K)
+    local placement = fqEtaPlace(K, etaClock, level, tenant, tonumber(mweight) or 1, nil,
+      ARGV.fairness == 'time', 1)
+    place = fqEtaReply(etaClock, placement, K)
   end
 end
 local clock = {}
 if state == 'waiting' and score ~= '' then
-  local c = fqEtaClock(K)
-  clock = {fqEtaNum(c.vt), fqEtaNum(c.base), fqEtaNum(c.delta), fqEtaNum(c.cursor),
-    fqEtaNum(c.typical)}
+  local etaClock = fqEtaClock(K)
+  clock = {fqEtaNum(etaClock.vt), fqEtaNum(etaClock.base), fqEtaNum(etaClock.delta),
+    fqEtaNum(etaClock.cursor), fqEtaNum(etaClock.typical)}
 end
 return {now, waitLen, state, ahead, score, level, tenant == 'queue paused' and '' or tenant,
-  due, f[2] or '', f[3] or '', limits, paused, catchup, held, occupied, place, clock,
+  due, fields[2] or '', fields[3] or '', limits, paused, catchup, held, occupied, place, clock,
   fqEtaRate(K, now, tonumber(ARGV.bucket_s), tonumber(ARGV.buckets))}

@@ -20,12 +20,12 @@ local prefix, page = ARGV.prefix, tonumber(ARGV.page)
 local threshold, margin = tonumber(ARGV.threshold), tonumber(ARGV.margin)
 local K = {prioritized = KEYS[1], state = KEYS[2], flows = KEYS[3], fweights = KEYS[4],
   jobs = KEYS[5]}
-local st = redis.call('HMGET', KEYS[2], 'rbDelta', 'rbCursor')
-local delta, cursor = tonumber(st[1]), tonumber(st[2])
+local rebase = redis.call('HMGET', KEYS[2], 'rbDelta', 'rbCursor')
+local delta, cursor = tonumber(rebase[1]), tonumber(rebase[2])
 if not delta then
-  local c = fqClock(K)
-  delta = math.floor(c.vt - c.base) - margin
-  if c.vt - c.base < threshold or delta < 1 then return {1, 0, 1} end
+  local clock = fqClock(K)
+  delta = math.floor(clock.vt - clock.base) - margin
+  if clock.vt - clock.base < threshold or delta < 1 then return {1, 0, 1} end
   cursor = fqFloor * fqScore - 1
   redis.call('HSET', KEYS[2], 'rbDelta', delta, 'rbCursor', string.format('%.17g', cursor))
 end

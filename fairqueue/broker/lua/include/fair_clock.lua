@@ -539,3 +539,14 @@ local function fqLineFront(K, prefix, member, jobId, readyMs, score)
   fqLinePush(K, member, {jobId})
   return score
 end
+
+-- A job placed again (adopted, recovered) at score: it joins its flow's line where its
+-- flow had a job waiting ahead of it (fqPlace's behind), at the front if it is overdue
+-- (fqLineFront), else at the back.
+local function fqLineJoin(K, prefix, member, jobId, readyMs, score, behind, overdue)
+  if score and behind and overdue then
+    fqLineFront(K, prefix, member, jobId, readyMs, score)
+  elseif score and behind then
+    fqLinePush(K, member, {jobId})
+  end
+end

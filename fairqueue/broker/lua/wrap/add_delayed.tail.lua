@@ -5,15 +5,16 @@ local fqLevel, fqTenant, fqWeight = ARGV.level, ARGV.tenant, ARGV.weight
 local fqDelay = tonumber(ARGV.delay)
 local fqTime = redis.call('TIME')
 local fqReady = tonumber(fqTime[1]) * 1000 + math.floor(tonumber(fqTime[2]) / 1000) + fqDelay
-local fqL, fqGiven = KEYS[9], ARGV.limits
-local fqHeld = fqFresh and (fqGiven ~= '' or redis.call('HEXISTS', fqL .. ':paused', fqTenant) == 1
-  or redis.call('HEXISTS', fqL .. ':catchup', fqTenant) == 1)
+local fqLimitsKey, fqGiven = KEYS[9], ARGV.limits
+local fqHeld = fqFresh and (fqGiven ~= ''
+  or redis.call('HEXISTS', fqLimitsKey .. ':paused', fqTenant) == 1
+  or redis.call('HEXISTS', fqLimitsKey .. ':catchup', fqTenant) == 1)
 -- max_waiting counts delayed jobs too: checked before anything is written
 local fqMaxWaiting = fqFresh and fqGiven ~= '' and fqSplitLimits(fqGiven).maxWaiting
 local fqRecord = nil
 if fqMaxWaiting then
   local refused = nil
-  refused, fqRecord = fqCheckWaiting(fqL, KEYS[10], KEYS[4], fqTenant, fqMaxWaiting, 1,
+  refused, fqRecord = fqCheckWaiting(fqLimitsKey, KEYS[10], KEYS[4], fqTenant, fqMaxWaiting, 1,
     ARGV.batch and ARGV.batch ~= '' and cjson.decode(ARGV.batch) or nil,
     tonumber(fqTime[1]) * 1000 + math.floor(tonumber(fqTime[2]) / 1000))
   if refused then return refused end
@@ -31,11 +32,13 @@ local jobId = fqBullmqAddDelayed()
 if fqRecord and type(jobId) == 'string' then fqRecord() end
 if fqHeld and type(jobId) == 'string' then
   redis.call('ZADD', KEYS[4], 'XX', string.format('%.17g', fqHeldScore), jobId)
-  redis.call('ZADD', fqL .. ':later:' .. fqTenant, fqReady, jobId)
-  redis.call('HSET', fqL .. ':meta', jobId, fqLevel .. '\n' .. fqWeight .. '\n')
-  redis.call('SADD', fqL .. ':tenants', fqTenant)
-  fqDue(fqL, fqTenant, fqReady)
-  if fqGiven ~= '' then redis.call('HSET', fqL, fqTenant, fqAddPause(fqL, fqTenant, fqGiven)) end
+  redis.call('ZADD', fqLimitsKey .. ':later:' .. fqTenant, fqReady, jobId)
+  redis.call('HSET', fqLimitsKey .. ':meta', jobId, fqLevel .. '\n' .. fqWeight .. '\n')
+  redis.call('SADD', fqLimitsKey .. ':tenants', fqTenant)
+  fqDue(fqLimitsKey, fqTenant, fqReady)
+  if fqGiven ~= '' then
+    redis.call('HSET', fqLimitsKey, fqTenant, fqAddPause(fqLimitsKey, fqTenant, fqGiven))
+  end
 elseif fqFresh and type(jobId) == 'string' then
   local second = string.format('%d', math.floor(fqReady / 1000))
   redis.call('RPUSH', KEYS[7] .. ':' .. second, jobId)

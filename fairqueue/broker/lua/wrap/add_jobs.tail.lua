@@ -1,5 +1,5 @@
 end
-local fqK = {prioritized = KEYS[4], state = KEYS[10], flows = KEYS[11], fweights = KEYS[12],
+local fqKeys = {prioritized = KEYS[4], state = KEYS[10], flows = KEYS[11], fweights = KEYS[12],
   ready = KEYS[13], jobs = KEYS[14]}
 local fqNow = fqNowMs()
 local fqJobs = {}
@@ -21,7 +21,7 @@ local fqBatch = ARGV.batch ~= '' and ARGV.batch or nil
 local fqLim = fqGiven and string.sub(KEYS[10], 1, -6) .. 'lim'
 local fqHold, fqRefused = nil, nil
 if fqGiven then
-  fqHold, fqRefused = fqHeldTenants(fqLim, fqK.prioritized, fqGiven, fqJobs, 5, KEYS[5],
+  fqHold, fqRefused = fqHeldTenants(fqLim, fqKeys.prioritized, fqGiven, fqJobs, 5, KEYS[5],
     fqBatch and cjson.decode(fqBatch))
   if fqRefused then return fqRefused end
 end
@@ -43,14 +43,14 @@ if fqByTime then
   end
   if level then fqCostMember = level .. '\n' .. tenant end
 end
-local fqC = fqClock(fqK, true, fqCostMember)
-if not fqGiven and fqC.holds then
+local fqClockState = fqClock(fqKeys, true, fqCostMember)
+if not fqGiven and fqClockState.holds then
   fqLim = string.sub(KEYS[10], 1, -6) .. 'lim'
-  fqHold = fqHeldTenants(fqLim, fqK.prioritized, nil, fqJobs, 5, KEYS[5])
+  fqHold = fqHeldTenants(fqLim, fqKeys.prioritized, nil, fqJobs, 5, KEYS[5])
 end
-fqC.byTime = fqByTime
+fqClockState.byTime = fqByTime
 -- A memo of the flows' state pays for itself from a call's second placement on.
-if #fqJobs > 1 then fqC.memo = fqNewMemo() end
+if #fqJobs > 1 then fqClockState.memo = fqNewMemo() end
 -- The packer leaves a slot for fqReady at the end of each job's packed opts (the last
 -- key, a 9-byte uint64 of all ones; the priority is the cap already): the slot is
 -- filled in as bytes, the same for every job of the call, instead of a repack per job.
@@ -76,7 +76,7 @@ for _, job in ipairs(fqJobs) do
   local held = fresh and fqHold and fqHold[job[5]]
   if fresh then
     if not held then
-      score, behind, paid = fqPlace(fqK, fqC, job[4], job[5], job[6], job[7])
+      score, behind, paid = fqPlace(fqKeys, fqClockState, job[4], job[5], job[6], job[7])
     end
     priority = fqPriorityOf(score)
     if held or not slotted then
@@ -92,10 +92,10 @@ for _, job in ipairs(fqJobs) do
   fqScoreText = score and string.format('%d', score)
   local jobId = fqBullmqAdd()
   if held and type(jobId) == 'string' then
-    fqHoldJob(fqLim, fqK.prioritized, KEYS[5], KEYS[8], jobId, job[5],
+    fqHoldJob(fqLim, fqKeys.prioritized, KEYS[5], KEYS[8], jobId, job[5],
       job[4] .. '\n' .. job[6] .. '\n' .. (job[7] or ''))
   elseif fresh and type(jobId) == 'string' then
-    fqPlaced(fqK, fqC, score)
+    fqPlaced(fqKeys, fqClockState, score)
     -- Placed cold (nothing measured for its flow): what it paid, for the pass's charge.
     if paid and score then
       redis.call('HSET', string.sub(KEYS[3], 1, -3) .. jobId, 'fqPaid', string.format('%.6g', paid))
@@ -115,7 +115,7 @@ for _, job in ipairs(fqJobs) do
   fqReplies[#fqReplies + 1] = jobId
   fqReplies[#fqReplies + 1] = priority
 end
-fqFlush(fqK, fqC)
-fqIndexMany(fqK, fqIndexed, fqNow)
-for _, member in ipairs(fqLineOrder) do fqLinePush(fqK, member, fqLines[member]) end
+fqFlush(fqKeys, fqClockState)
+fqIndexMany(fqKeys, fqIndexed, fqNow)
+for _, member in ipairs(fqLineOrder) do fqLinePush(fqKeys, member, fqLines[member]) end
 return fqReplies

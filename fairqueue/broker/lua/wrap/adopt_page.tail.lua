@@ -3,7 +3,7 @@ local fqToken, fqTtl, fqPrefix = ARGV.token, ARGV.ttl, ARGV.prefix
 local fqPage, fqBound = tonumber(ARGV.page), tonumber(ARGV.bound)
 local fqMaxPayload, fqDry = tonumber(ARGV.max_payload), ARGV.dry == '1'
 if not fqDry and not fqHoldLock(KEYS[13], fqToken, fqTtl) then return {-1, 0, 0, 0, 0} end
-local fqK = {prioritized = KEYS[4], state = KEYS[8], flows = KEYS[9], fweights = KEYS[10],
+local fqKeys = {prioritized = KEYS[4], state = KEYS[8], flows = KEYS[9], fweights = KEYS[10],
   ready = KEYS[11], jobs = KEYS[12]}
 local fqNow = fqNowMs()
 local candidates = {}
@@ -21,29 +21,30 @@ if #candidates < fqPage then
 end
 
 local adopted, aged, parked, held = 0, 0, 0, 0
-local fqC = nil
-local fqL = KEYS[14]
-local fqAnyHolds = #candidates > 0 and redis.call('EXISTS', fqL .. ':paused', fqL .. ':catchup') > 0
+local fqClockState = nil
+local fqLimitsKey = KEYS[14]
+local fqAnyHolds = #candidates > 0
+  and redis.call('EXISTS', fqLimitsKey .. ':paused', fqLimitsKey .. ':catchup') > 0
 local fqHoldingMemo = {}
 if not fqDry then
-  fqC = fqClock(fqK)
-  fqC.byTime = ARGV.fairness == 'time'
+  fqClockState = fqClock(fqKeys)
+  fqClockState.byTime = ARGV.fairness == 'time'
 end
 for _, candidate in ipairs(candidates) do
   local jobId, wasParked, inWait = candidate[1], candidate[2], candidate[3]
   local level, tenant, weight, ready
-  local meta = redis.call('HGET', fqK.jobs, jobId)
+  local meta = redis.call('HGET', fqKeys.jobs, jobId)
   if meta then -- one of fairqueue's delayed jobs: indexed already, placed now
     level, weight, ready, tenant = string.match(meta, '^([^\n]*)\n([^\n]*)\n([^\n]*)\n(.*)$')
     weight, ready = tonumber(weight), tonumber(ready) or fqNow
   else
-    level, tenant, weight, ready = fqForeign(fqK, fqPrefix, jobId, fqNow, fqMaxPayload)
+    level, tenant, weight, ready = fqForeign(fqKeys, fqPrefix, jobId, fqNow, fqMaxPayload)
   end
-  if level and not fqDry and fqHolding(fqL, tenant, fqAnyHolds, fqHoldingMemo) then
+  if level and not fqDry and fqHolding(fqLimitsKey, tenant, fqAnyHolds, fqHoldingMemo) then
     if inWait then redis.call('LREM', KEYS[1], -1, jobId) end
-    if meta then redis.call('HDEL', fqK.jobs, jobId) end
-    fqRehold(fqL, fqK.prioritized, KEYS[15], KEYS[16], fqK.ready, fqPrefix .. jobId, jobId,
-      tenant, level, weight, ready)
+    if meta then redis.call('HDEL', fqKeys.jobs, jobId) end
+    fqRehold(fqLimitsKey, fqKeys.prioritized, KEYS[15], KEYS[16], fqKeys.ready,
+      fqPrefix .. jobId, jobId, tenant, level, weight, ready)
     held = held + 1
   elseif level then
     local overdue = fqNow - ready > fqBound
@@ -51,7 +52,7 @@ for _, candidate in ipairs(candidates) do
       adopted = adopted + 1
       if overdue then aged = aged + 1 end
     else
-      local score, behind = fqPlace(fqK, fqC, level, tenant, weight, nil, true)
+      local score, behind = fqPlace(fqKeys, fqClockState, level, tenant, weight, nil, true)
       if not score and wasParked then
         parked = parked + 1
         break -- still no room: the parked jobs behind it have none either
@@ -60,17 +61,14 @@ for _, candidate in ipairs(candidates) do
         -- own ARGV (priority, job key prefix, job id, lifo) over fairqueue's, read above.
         ARGV[1], ARGV[2], ARGV[3], ARGV[4] = fqCap, fqPrefix, jobId, '0'
         if fqBullmqChange() == 0 then
-          if score then fqSetScore(fqK, jobId, score) end
-          fqPlaced(fqK, fqC, score)
-          if score and behind and overdue then
-            fqLineFront(fqK, fqPrefix, level .. '\n' .. tenant, jobId, ready, score)
-          elseif score and behind then
-            fqLinePush(fqK, level .. '\n' .. tenant, {jobId})
-          end
+          if score then fqSetScore(fqKeys, jobId, score) end
+          fqPlaced(fqKeys, fqClockState, score)
+          fqLineJoin(fqKeys, fqPrefix, level .. '\n' .. tenant, jobId, ready, score, behind,
+            overdue)
           if meta then
-            redis.call('HDEL', fqK.jobs, jobId)
+            redis.call('HDEL', fqKeys.jobs, jobId)
           else
-            fqIndexOnce(fqK, jobId, ready)
+            fqIndexOnce(fqKeys, jobId, ready)
           end
           adopted = adopted + 1
           if overdue then aged = aged + 1 end

@@ -2,7 +2,7 @@ end
 local fqPrefix, fqToken, fqTtl = ARGV.prefix, ARGV.token, ARGV.ttl
 local fqBound, fqMaxPayload = tonumber(ARGV.bound), tonumber(ARGV.max_payload)
 if not fqHoldLock(KEYS[16], fqToken, fqTtl) then return {-1, 0, 0, 0} end
-local fqK = {prioritized = KEYS[10], state = KEYS[11], flows = KEYS[12], fweights = KEYS[13],
+local fqKeys = {prioritized = KEYS[10], state = KEYS[11], flows = KEYS[12], fweights = KEYS[13],
   ready = KEYS[14], jobs = KEYS[15]}
 redis.call('DEL', KEYS[4]) -- the check's gate: the leader checks at its own pace
 local stalled = fqBullmqStalled()
@@ -11,33 +11,29 @@ if #stalled == 0 then return {1, 0, 0, 0} end
 local fqAnyHolds = redis.call('EXISTS', KEYS[17] .. ':paused', KEYS[17] .. ':catchup') > 0
 local fqHoldingMemo = {}
 local fqNow = fqNowMs()
-local fqC = fqClock(fqK)
-fqC.byTime = ARGV.fairness == 'time'
+local fqClockState = fqClock(fqKeys)
+fqClockState.byTime = ARGV.fairness == 'time'
 for _, jobId in ipairs(stalled) do
   -- Only what BullMQ just put on the wait list (not a paused queue's list), and not a job
   -- it marked to fail: the worker that takes it fails it.
   local doomed = redis.call('HEXISTS', fqPrefix .. jobId, 'defa') == 1
   if not doomed and redis.call('LREM', KEYS[2], -1, jobId) == 1 then
-    local level, tenant, weight, ready = fqForeign(fqK, fqPrefix, jobId, fqNow, fqMaxPayload)
+    local level, tenant, weight, ready = fqForeign(fqKeys, fqPrefix, jobId, fqNow, fqMaxPayload)
     if level and fqHolding(KEYS[17], tenant, fqAnyHolds, fqHoldingMemo) then
-      fqRehold(KEYS[17], fqK.prioritized, KEYS[18], KEYS[8], fqK.ready, fqPrefix .. jobId,
+      fqRehold(KEYS[17], fqKeys.prioritized, KEYS[18], KEYS[8], fqKeys.ready, fqPrefix .. jobId,
         jobId, tenant, level, weight, ready)
       held = held + 1
     elseif level then
       local overdue = fqNow - ready > fqBound
-      local score, behind = fqPlace(fqK, fqC, level, tenant, weight, nil, true)
+      local score, behind = fqPlace(fqKeys, fqClockState, level, tenant, weight, nil, true)
       -- As changePriority would: the hash at the cap, the job in the prioritized set (the
       -- wait list's move already set BullMQ's marker for the workers).
       redis.call('HSET', fqPrefix .. jobId, 'priority', fqCap)
-      redis.call('ZADD', fqK.prioritized, string.format('%.17g',
+      redis.call('ZADD', fqKeys.prioritized, string.format('%.17g',
         score or (fqCap * fqScore)), jobId)
-      fqPlaced(fqK, fqC, score)
-      if score and behind and overdue then
-        fqLineFront(fqK, fqPrefix, level .. '\n' .. tenant, jobId, ready, score)
-      elseif score and behind then
-        fqLinePush(fqK, level .. '\n' .. tenant, {jobId})
-      end
-      fqIndexOnce(fqK, jobId, ready)
+      fqPlaced(fqKeys, fqClockState, score)
+      fqLineJoin(fqKeys, fqPrefix, level .. '\n' .. tenant, jobId, ready, score, behind, overdue)
+      fqIndexOnce(fqKeys, jobId, ready)
       recovered = recovered + 1
       if overdue then aged = aged + 1 end
     else

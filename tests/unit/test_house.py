@@ -1,0 +1,226 @@
+"""The rules of the house that the code's shape can be checked for (CONTRIBUTING.md, "The
+package"): every module's file name unique in the package, no import circle (between
+packages, or between modules), no function over 80 lines, no module over 600 lines.
+
+Imports are read with ``ast``, so an import inside a function (a lazy one) or under
+``TYPE_CHECKING`` counts: either still ties the two ends together. Each check is tried on
+a small tree that breaks it too, so none of them passes by seeing nothing."""
+
+from __future__ import annotations
+
+import ast
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "fairqueue"
+MAX_FUNCTION_LINES = 80
+MAX_MODULE_LINES = 600
+
+
+def modules(root: Path) -> dict[str, Path]:
+    """Every module under ``root`` (a package folder) by its dotted name."""
+    found = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def shared_file_names(root: Path) -> list[str]:
+    """File names two modules share (``__init__.py`` aside)."""
+    names = Counter(path.name for path in root.rglob("*.py") if path.name != "__init__.py")
+    return sorted(name for name, count in names.items() if count > 1)
+
+
+def imported(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The modules of ``known`` that module ``name`` imports, anywhere in it. ``from p
+    import m`` of a module ``m`` imports ``p.m`` (not ``p``, whose ``__init__`` only runs
+    on the way)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, *([node.module] if node.module else [])])
+            submodules = {f"{base}.{alias.name}" for alias in node.names} & known.keys()
+            found.update(submodules)
+            if len(submodules) < len(node.names):
+                found.add(base)
+    return (found & known.keys()) - {name}
+
+
+def owner(name: str, known: dict[str, Path]) -> str:
+    """The package a module counts for: its subpackage of the root (``fairqueue.broker``);
+    a module at the root's top (``fairqueue.conf``, the root's ``__init__``) is its own."""
+    parts = name.split(".")
+    top = ".".join(parts[:2])
+    return top if len(parts) > 2 or known[top].name == "__init__.py" else name
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of ``graph`` (each a strongly connected part of it, sorted)."""
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        order[node] = low[node] = len(order)
+        stack.append(node)
+        for other in sorted(graph.get(node, ())):
+            if other not in order:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], order[other])
+        if low[node] == order[node]:
+            part = []
+            while not part or part[-1] != node:
+                part.append(stack.pop())
+            if len(part) > 1:
+                found.append(sorted(part))
+
+    for node in sorted(graph):
+        if node not in order:
+            visit(node)
+    return sorted(found)
+
+
+def import_graphs(root: Path) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """(module -> modules it imports, package -> packages it imports), of ``root``."""
+    known = modules(root)
+    by_module = {name: imported(name, path, known) for name, path in known.items()}
+    by_package: dict[str, set[str]] = {}
+    for name, targets in by_module.items():
+        mine = owner(name, known)
+        theirs = {owner(target, known) for target in targets} - {mine}
+        by_package.setdefault(mine, set()).update(theirs)
+    return by_module, by_package
+
+
+def long_functions(root: Path, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """Functions (methods, nested ones) of more than ``limit`` lines, from ``def`` to
+    their last line."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > limit:
+                    found.append(f"{path.relative_to(root.parent)}:{node.name} ({lines} lines)")
+    return found
+
+
+def long_modules(root: Path, limit: int = MAX_MODULE_LINES) -> list[str]:
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        if lines > limit:
+            found.append(f"{path.relative_to(root.parent)} ({lines} lines)")
+    return found
+
+
+# -- the package --------------------------------------------------------------------
+
+
+def test_no_two_modules_share_a_file_name():
+    assert shared_file_names(PACKAGE) == []
+
+
+def test_no_package_imports_a_package_that_imports_it():
+    _, by_package = import_graphs(PACKAGE)
+    assert "fairqueue.broker" in by_package  # the package was read
+    assert circles(by_package) == []
+
+
+def test_no_module_imports_a_module_that_imports_it():
+    by_module, _ = import_graphs(PACKAGE)
+    assert "fairqueue.broker.scripts" in by_module["fairqueue.broker.connection"]
+    assert circles(by_module) == []
+
+
+def test_no_function_is_over_80_lines():
+    assert long_functions(PACKAGE) == []
+
+
+def test_no_module_is_over_600_lines():
+    assert long_modules(PACKAGE) == []
+
+
+# -- each check finds what it looks for ------------------------------------------------
+
+
+def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    root = tmp_path / "pkg"
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    return root
+
+
+def test_a_shared_file_name_is_found(tmp_path):
+    root = _tree(tmp_path, {"__init__.py": "", "a/__init__.py": "", "a/util.py": "",
+                            "b/__init__.py": "", "b/util.py": ""})  # fmt: skip
+    assert shared_file_names(root) == ["util.py"]
+
+
+@pytest.mark.parametrize(
+    "back",
+    [
+        "from pkg.a.one import x\n",  # at the top
+        "def f():\n    from pkg.a import one\n",  # lazy, inside a function
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.a.one\n",
+        "from ..a.one import x\n",  # relative
+    ],
+)
+def test_a_package_circle_is_found_however_the_import_is_written(tmp_path, back):
+    root = _tree(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "a/__init__.py": "",
+            "a/one.py": "x = 1\n",
+            "a/two.py": "from pkg.b.three import y\n",
+            "b/__init__.py": "",
+            "b/three.py": f"y = 2\n{back}",
+            "c/__init__.py": "",
+            "c/four.py": "from pkg.a import one\nfrom pkg.b import three\n",
+        },
+    )
+    by_module, by_package = import_graphs(root)
+    assert circles(by_package) == [["pkg.a", "pkg.b"]]
+    assert circles(by_module) == []  # no module imports itself back: only the packages
+
+
+def test_a_module_circle_is_found(tmp_path):
+    root = _tree(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "top.py": "from pkg import low\n",
+            "low.py": "def f():\n    import pkg.top\n",
+            "d/__init__.py": "",
+            "d/views.py": "from pkg.d.page import P\n",
+            "d/page.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+            "    from pkg.d.views import V\n",
+        },
+    )
+    by_module, by_package = import_graphs(root)
+    assert circles(by_module) == [["pkg.d.page", "pkg.d.views"], ["pkg.low", "pkg.top"]]
+    assert circles(by_package) == [["pkg.low", "pkg.top"]]  # top-level modules count alone
+
+
+def test_a_long_function_and_a_long_module_are_found(tmp_path):
+    short = "def short():\n" + "    x = 1\n" * 79  # 80 lines: allowed
+    long = "class C:\n    async def long(self):\n" + "        x = 1\n" * 80  # 81
+    root = _tree(tmp_path, {"__init__.py": "", "m.py": short + long})
+    assert long_functions(root) == ["pkg/m.py:long (81 lines)"]
+    assert long_modules(root, limit=161) == ["pkg/m.py (162 lines)"]
+    assert long_modules(root) == []
