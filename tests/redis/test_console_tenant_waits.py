@@ -62,9 +62,7 @@ def _within_a_bin(estimate: float, exact: int) -> bool:
     return low <= estimate <= high
 
 
-def test_tenant_waits__percentiles_and_worker_share_match_the_job_hashes(
-    fq_prefix, redis_client
-):
+def test_tenant_waits__percentiles_and_worker_share_match_the_job_hashes(fq_prefix, redis_client):
     rebalance_queue("email", rebalancer="waits-test")  # the history starts here
     ids = {"acme": [], "beta": []}
     for _ in range(150):
