@@ -11,7 +11,7 @@ value. ``QuerySet.update()`` and ``bulk_create`` send no signals: call
 A save that may change a tenant's limits also brings them to Redis once it commits, so
 its held jobs are released under the new limits without waiting for its next enqueue;
 one that may change its weight brings the weight to Redis too, where its flows with work
-and their levels' totals count it at once (its waiting jobs keep their places).
+and their levels' totals count it at once, and its waiting jobs are placed again by it.
 """
 
 from __future__ import annotations

@@ -132,11 +132,11 @@ def sync_tenant_limits(tenant_id: str) -> None:
 def sync_tenant_weight(tenant_id: str) -> None:
     """Bring a tenant's weight to Redis in every queue after its row changed: each of its
     flows with work counts it at once, and so do their levels' totals, so its next jobs
-    and the other tenants' are placed by the new weight (its waiting jobs keep their
-    places). Only while enqueues in this process look weights up in the database
-    (``wire_tenant_plan_lookup()``): without that lookup every job is placed at weight 1
-    and the row's weight places nothing. Best effort: Redis down is logged, and its next
-    enqueue counts the weight."""
+    and the other tenants' are placed by the new weight, and its waiting jobs are placed
+    again by it (paged: the rest at the loop's next ticks). Only while enqueues in this
+    process look weights up in the database (``wire_tenant_plan_lookup()``): without that
+    lookup every job is placed at weight 1 and the row's weight places nothing. Best
+    effort: Redis down is logged, and its next enqueue counts the weight."""
     from fairqueue.enqueue.lookups import lookup_tenant_weight
     from fairqueue.enqueue.priority import get_tenant_weight_lookup
     from fairqueue.models import TenantPlan

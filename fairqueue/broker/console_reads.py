@@ -291,6 +291,20 @@ class ConsoleReads(BrokerPart):
         }
         return running, level_weights, flows
 
+    async def tenant_weights(self, queue: str, tenant_id: str) -> dict[str, tuple[int, int]]:
+        """Per level where ``tenant_id``'s flow has work: (the weight it counts, the sum
+        its level counts over the flows with work). One round trip."""
+        members = [f"{level}\n{tenant_id}" for level in LEVEL_NAMES]
+        async with self.conn.client().pipeline(transaction=False) as pipe:
+            pipe.hmget(self.conn.fair_key(queue, "fweights"), *members)
+            pipe.hmget(self.conn.fair_key(queue, "state"), *(f"W:{n}" for n in LEVEL_NAMES))
+            counted, totals = await self.conn.guard(pipe.execute())
+        return {
+            level: (int_or(weight, 0) or 0, int_or(total, 0) or 0)
+            for level, weight, total in zip(LEVEL_NAMES, counted, totals, strict=True)
+            if weight is not None
+        }
+
     async def delayed_until(self, queue: str, job_id: str) -> int | None:
         """When a delayed job is due (ms; a held job's is in the year 9999)."""
         score = await self.conn.guard(

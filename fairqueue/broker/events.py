@@ -423,10 +423,10 @@ class PageReader:
             sections.append(len(items) // width)
             sections.extend(items)
 
-        section(
-            [x for b, row in page.buckets.items() for name, n in row.items() for x in (b, name, n)],
-            3,
-        )
+        # A tenant's buckets go with the level buckets: the same increments and expiry.
+        rows: list[tuple[Any, dict[str, int]]] = [*page.buckets.items()]
+        rows.extend((_raw(name), row) for name, row in page.tenant_rows.items())
+        section([x for b, row in rows for name, n in row.items() for x in (b, name, n)], 3)
         section(
             [
                 x

@@ -15,6 +15,7 @@ from typing import Any
 from fairqueue.broker.connection import BrokerPart
 from fairqueue.broker.events import PageReader, RecordedPage
 from fairqueue.broker.lock_store import Fence
+from fairqueue.scheduling.attempts import TENANT_BUCKET_S, tenant_bucket
 from fairqueue.scheduling.shares import BUCKET_S, LEVEL_NAMES, RETENTION_S
 from fairqueue.scheduling.usage import Ledger
 
@@ -77,6 +78,25 @@ class HistoryStore(BrokerPart):
         field and the tenants of those in the last ``window_s``, only the started and
         became-ready counts of older ones (what the backlogs need)."""
         return await self.conn.guard(self._read_history(queue, now_s, window_s))
+
+    async def read_tenant_history(
+        self, queue: str, tenant_id: str, *, now_s: int, window_s: int = RETENTION_S
+    ) -> dict[int, dict[str, str]]:
+        """A tenant's buckets of the last ``window_s`` (start second -> fields: its waits'
+        bins and worker ms per level), one pipelined HGETALL per bucket."""
+        return await self.conn.guard(self._read_tenant(queue, tenant_id, now_s, window_s))
+
+    async def _read_tenant(
+        self, queue: str, tenant_id: str, now_s: int, window_s: int
+    ) -> dict[int, dict[str, str]]:
+        prefix = self.conn.fair_key(queue, "hist:")
+        last = now_s // TENANT_BUCKET_S * TENANT_BUCKET_S
+        starts = list(range(last - window_s + TENANT_BUCKET_S, last + 1, TENANT_BUCKET_S))
+        async with self.conn.client().pipeline(transaction=False) as pipe:
+            for start in starts:
+                pipe.hgetall(prefix + tenant_bucket(start, tenant_id))
+            replies: list[Any] = await pipe.execute()
+        return {start: fields for start, fields in zip(starts, replies, strict=True) if fields}
 
     async def _read_history(self, queue: str, now_s: int, window_s: int) -> HistoryRead:
         prefix = self.conn.fair_key(queue, "hist:")

@@ -24,6 +24,11 @@ from fairqueue.scheduling.limits import TenantLimits
 RELEASE_BUDGET: Final = 200
 #: Waiting jobs a pause's scan for the tenant's untracked jobs reads per call.
 SCAN_PAGE: Final = 500
+#: Waiting jobs a weight change's re-placement visits per script call (a page of the
+#: prioritized set: about a millisecond of Redis), and the pages the change's own call
+#: runs before it leaves the rest to the loop's ticks.
+REPLACE_PAGE: Final = 500
+REPLACE_PAGES_AT_ONCE: Final = 8
 #: Tenants one call of the dashboard's walk over the tenants holding jobs reads (one
 #: LLEN each inside Redis: about 2 ms a call, so other clients wait at most that long).
 READ_CHUNK: Final = 1_000
@@ -301,8 +306,17 @@ class LimitStore(BrokerPart):
     async def set_weight(self, queue: str, tenant_id: str, weight: int) -> int:
         """A tenant's new weight, counted at once by each of its flows with work in
         ``queue`` and by their levels' totals (``reweight.lua``): its next jobs and the
-        other tenants' of its levels are placed by it. Its waiting jobs keep their places.
-        Returns the flows changed (0: none had work, or none counted another weight)."""
+        other tenants' of its levels are placed by it. Its waiting jobs are placed again
+        at the new weight (``reweight_page.lua``): the first pages here, the rest at the
+        loop's next ticks (:meth:`replace_pages`). Returns the flows changed (0: none had
+        work, or none counted another weight)."""
+        while True:
+            reply = await self._replace_script(queue, "begin", tenant_id, int(weight))
+            if not reply or _text(reply[0]) != "busy":
+                break
+            # A change of the same flow still in progress: its jobs are placed first.
+            while not await self._replace_page(queue, _text(reply[1])):
+                pass
         script = self.conn.script(plain_script("reweight"))
         changed = await self.conn.guard(
             script(
@@ -311,7 +325,38 @@ class LimitStore(BrokerPart):
                 weight=int(weight),
             )
         )
+        await self.replace_pages(queue, pages=REPLACE_PAGES_AT_ONCE)
         return int(changed)
+
+    async def replace_pages(self, queue: str, *, pages: int) -> bool:
+        """Go on with the weight changes whose waiting jobs are being placed again, at
+        most ``pages`` pages of :data:`REPLACE_PAGE` jobs. Returns whether any is left."""
+        flows = await self.conn.guard(
+            self.conn.client().hkeys(fair_key(self.conn.prefix, queue, "rw"))
+        )
+        for flow in flows:
+            while pages > 0:
+                pages -= 1
+                if await self._replace_page(queue, _text(flow)):
+                    break
+            else:
+                return True
+        return False
+
+    async def _replace_page(self, queue: str, flow: str) -> bool:
+        reply = await self._replace_script(
+            queue, "page", flow, f"{self.conn.prefix}:{queue}:", REPLACE_PAGE
+        )
+        return bool(int(reply[2]))
+
+    async def _replace_script(self, queue: str, *args: Any) -> Any:
+        keys = [
+            self.conn.key(queue, "prioritized"),
+            *(fair_key(self.conn.prefix, queue, name) for name in ("state", "flows")),
+            *(fair_key(self.conn.prefix, queue, name) for name in ("fweights", "rw")),
+        ]
+        script = self.conn.script(plain_script("reweight_page"))
+        return await self.conn.guard(script(keys=keys, args=list(args)))
 
     async def retry_failed(
         self,

@@ -19,6 +19,7 @@ from typing import Any, Final
 from fairqueue.broker import Broker, get_sync_broker
 from fairqueue.broker.console_reads import FAILED_WINDOW, ORDER_WINDOW, ConsoleReads, TenantJobs
 from fairqueue.conf import get_settings
+from fairqueue.dashboard.charts import format_ms
 from fairqueue.dashboard.expected import tenant_expected_start
 from fairqueue.dashboard.moment import moment, settle_exact, waiting_of
 from fairqueue.dashboard.stats import (
@@ -28,9 +29,10 @@ from fairqueue.dashboard.stats import (
     format_time,
 )
 from fairqueue.plans import priority_from_plan
+from fairqueue.scheduling.attempts import TENANT_BUCKET_S
 from fairqueue.scheduling.levels import LEVELS_BY_RANK
 from fairqueue.scheduling.limits import TenantLimits
-from fairqueue.scheduling.shares import parse_bucket
+from fairqueue.scheduling.shares import parse_bucket, tenant_window
 
 #: The windows the tenant page sums its started jobs over, in minutes.
 WINDOWS_MIN: Final = (5, 15, 60)
@@ -77,9 +79,14 @@ async def atenant_queue(
     )
     if backlog["exact"] and scan is not None:
         backlog = await settle_exact(broker, queue, counts, scan, backlog)
-    jobs, recorded = await asyncio.gather(
-        ConsoleReads(broker.conn).tenant_jobs(queue, tenant_id),
-        broker.history.read_history(queue, now_s=now_ms // 1000, window_s=max(WINDOWS_MIN) * 60),
+    reads = ConsoleReads(broker.conn)
+    window_s = max(WINDOWS_MIN) * 60
+    now_s = now_ms // 1000
+    jobs, recorded, mine, weights = await asyncio.gather(
+        reads.tenant_jobs(queue, tenant_id),
+        broker.history.read_history(queue, now_s=now_s, window_s=window_s),
+        broker.history.read_tenant_history(queue, tenant_id, now_s=now_s, window_s=window_s),
+        reads.tenant_weights(queue, tenant_id),
     )
     waiting = {
         level.value: (None if scan is None else scan.tenants.get(level.value, {}).get(tenant_id, 0))
@@ -95,6 +102,7 @@ async def atenant_queue(
         "backlog": backlog,
         **_jobs(jobs, now_ms=now_ms),
         "started": _started(buckets, tenant_id, now_ms=now_ms),
+        "waits": _waits(mine, buckets, weights, now_s=now_s),
         "next_run": _next_run(jobs, buckets, now_ms=now_ms),
     }
 
@@ -160,6 +168,43 @@ def _started(buckets: list[Any], tenant_id: str, *, now_ms: int) -> list[dict[st
                 "minutes": minutes,
                 "started": started,
                 "share": "; ".join(shares) or "—",
+            }
+        )
+    return rows
+
+
+def _waits(
+    mine: dict[int, dict[str, str]],
+    buckets: list[Any],
+    weights: dict[str, tuple[int, int]],
+    *,
+    now_s: int,
+) -> list[dict[str, Any]]:
+    """Per window its wait p50/p99 (from its own wait histogram, within one bin: about
+    19%) and per level its share of the level's worker time beside what its weight
+    entitles it to among the level's flows with work now."""
+    rows = []
+    for minutes in WINDOWS_MIN:
+        row = tenant_window(mine, buckets, now_s=now_s, minutes=minutes, bucket_s=TENANT_BUCKET_S)
+        shares = []
+        for level, worker in row["worker"].items():
+            if worker["share"] is None:
+                continue
+            text = f"{level}: {100 * worker['share']:.0f}% of {format_ms(worker['level_ms'])}"
+            weight, total = weights.get(level, (0, 0))
+            if weight and total:
+                text += f" (entitled {100 * weight / total:.0f}%: weight {weight} of {total})"
+            shares.append(text)
+        rows.append(
+            {
+                "minutes": minutes,
+                "waits": row["waits"],
+                "p50_ms": row["p50_ms"],
+                "p99_ms": row["p99_ms"],
+                "p50": format_ms(row["p50_ms"]),
+                "p99": format_ms(row["p99_ms"]),
+                "worker": row["worker"],
+                "worker_share": "; ".join(shares) or "—",
             }
         )
     return rows

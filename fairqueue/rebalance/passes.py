@@ -78,6 +78,8 @@ SWEEP_SHARE: Final = 4
 #: Tag-band jobs moved per rebase call, and calls per pass at most.
 REBASE_PAGE_SIZE: Final = 500
 REBASE_PAGES: Final = 40
+#: Pages (of 500 waiting jobs) of a weight change's re-placement each tick goes on with.
+REPLACE_PAGES_PER_TICK: Final = 4
 #: Stream entries read per history call (about 3 per job: added, active, completed), and
 #: calls per pass at most (BullMQ keeps about 10,000 entries: a stream's worth per pass).
 #: Pages of 250: a call stays under 5 ms of Redis at a million waiting jobs and 10,000
@@ -440,6 +442,8 @@ async def arun_tick(
         if not history_only:
             await _recover_stalled(timed, broker, queue, fence, result)
             await _adopt(timed, broker, queue, fence, result, dry_run=False)
+            # a weight change's waiting jobs placed again, where its call left off
+            await timed(broker.limits.replace_pages(queue, pages=REPLACE_PAGES_PER_TICK))
         await _record(timed, broker, queue, fence, settings.max_wait_ms)
     except LockLostError:
         result.lock_lost = True

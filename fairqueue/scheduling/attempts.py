@@ -142,6 +142,20 @@ class PageRecord:
     #: fq:state fields to write (as text), and the flows' charges in order
     state_writes: dict[str, str] = field(default_factory=dict)
     settlements: list[Settlement] = field(default_factory=list)
+    #: tenant bucket (:func:`tenant_bucket`) -> field -> increment: the tenant's waits
+    #: (``<bin>`` -> first attempts started) and worker time (``t:<level>`` -> ms)
+    tenant_rows: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+#: Width of a tenant's wait and worker-time buckets (docs/dashboard.md, "The tenant
+#: page"): one small hash per tenant and minute in which its jobs started or ran.
+TENANT_BUCKET_S: Final = 60
+
+
+def tenant_bucket(start_s: int, tenant: str) -> str:
+    """The name (under the history's key prefix) of a tenant's bucket starting at
+    ``start_s``."""
+    return f"tw:{start_s}:{tenant}"
 
 
 def bucket_of(ms: int, bucket_s: int) -> int:
@@ -258,6 +272,15 @@ class _PageWork:
         row = self.out.buckets.setdefault(bucket, {})
         row[name] = row.get(name, 0) + n
 
+    def add_tenant(self, at_ms: int, tenant: str, name: str, n: int) -> None:
+        """Count into a tenant's bucket (kept like the others: none older than the
+        retention)."""
+        start = bucket_of(at_ms, TENANT_BUCKET_S)
+        if start + TENANT_BUCKET_S <= self.oldest:
+            return
+        row = self.out.tenant_rows.setdefault(tenant_bucket(start, tenant), {})
+        row[name] = row.get(name, 0) + n
+
     def set_state(self, name: str, value: float) -> None:
         text = _g6(value)
         self.cache[name] = float(text)
@@ -310,6 +333,7 @@ class _PageWork:
         out.waits.append((level, wait))
         self.add(max(bucket_of(ready, self.bucket_s), self.oldest), f"a:{level}", 1)
         self.add(start_b, f"w:{level}:{self.wait_bin(wait)}", 1)
+        self.add_tenant(event.at_ms, start.tenant, str(self.wait_bin(wait)), 1)
         if wait > self.bound_ms:
             self.add(start_b, f"o:{level}", 1)
 
@@ -321,6 +345,7 @@ class _PageWork:
             return
         used = max(0, end_ms - run.start_ms)
         self.add(bucket_of(end_ms, self.bucket_s), f"t:{run.level}", used)
+        self.add_tenant(end_ms, run.tenant, f"t:{run.level}", used)
         row = self.served.setdefault(run.level, [0, 0])
         row[0] += used
         if retried:

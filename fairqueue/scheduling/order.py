@@ -100,6 +100,13 @@ def is_overdue(job: PendingJob, *, now_ms: int, max_wait_ms: int) -> bool:
     return now_ms - job.enqueued_at_ms > max_wait_ms
 
 
+def replaced_tag(tag: float, anchor: float, ratio: float) -> float:
+    """A waiting job's tag once its tenant's weight changed by ``ratio`` (old over new)
+    at virtual time ``anchor``: its distance from then shrinks or grows by the ratio
+    (docs/design.md, "A weight change"; ``reweight_page.lua``)."""
+    return anchor + (tag - anchor) * ratio
+
+
 def flow_step(
     level_weight: int,
     tenant_weight: int,
@@ -300,13 +307,24 @@ class FairClock:
         self.last[key] = max(tag, self.last.get(key, tag))
         return tag
 
-    def reweight(self, tenant: str, tenant_weight: int) -> None:
+    def reweight(
+        self, tenant: str, tenant_weight: int
+    ) -> dict[tuple[PriorityLevel, str], tuple[float, float]]:
         """``tenant``'s weight changed: each of its flows with work counts the new one at
         once (so its level's total does too), and places its next jobs by it. Its jobs
-        placed already keep their tags."""
-        for key in self.counted:
-            if key[1] == tenant:
-                self.counted[key] = tenant_weight
+        waiting are placed again (:func:`replaced_tag`), and its last tag with them.
+        Returns, per flow whose weight changed, the (anchor, ratio) its waiting jobs'
+        tags are placed again by."""
+        moved = {}
+        for key, counted in self.counted.items():
+            if key[1] != tenant:
+                continue
+            last = self.last.get(key)
+            if counted != tenant_weight and last is not None and last > self.vt:
+                moved[key] = (self.vt, counted / tenant_weight)
+                self.last[key] = replaced_tag(last, self.vt, counted / tenant_weight)
+            self.counted[key] = tenant_weight
+        return moved
 
     def _frontier(self, level: PriorityLevel) -> float | None:
         """The last tag of ``level``'s flow that reaches furthest, among the

@@ -370,3 +370,59 @@ def _with_waiting(
             )
         bucket.arrived[level] = bucket.arrived.get(level, 0) + count
     return sorted(by_start.values(), key=lambda bucket: bucket.start_s)
+
+
+def tenant_window(
+    tenant_buckets: Mapping[int, Mapping[str, str]],
+    level_buckets: Iterable[Bucket],
+    *,
+    now_s: int,
+    minutes: int,
+    bucket_s: int,
+) -> dict[str, Any]:
+    """One tenant's waits and worker time in one queue over the last ``minutes``: the
+    ``bucket_s`` buckets that start within them (so the window reaches back ``minutes``
+    whole buckets, the current one included), and its share of each of its levels' worker
+    time over the same span.
+
+    Args:
+        tenant_buckets: start second -> the tenant's bucket fields (``<bin>`` -> first
+            attempts started, ``t:<level>`` -> worker ms), as the loop records them.
+        level_buckets: the queue's buckets (their ``worker_ms`` per level).
+
+    Returns p50_ms/p99_ms (``None`` with no wait recorded), the waits counted, and per
+    level its worker ms, the level's and its share (``None`` when the level had none).
+    """
+    first = (now_s // bucket_s - minutes + 1) * bucket_s
+    waits: dict[int, int] = {}
+    mine: dict[str, int] = {}
+    for start, fields in tenant_buckets.items():
+        if start < first:
+            continue
+        for name, raw in fields.items():
+            if not str(raw).isdigit():
+                continue
+            if str(name).isdigit():
+                waits[int(name)] = waits.get(int(name), 0) + int(raw)
+            elif str(name).startswith("t:"):
+                mine[name[2:]] = mine.get(name[2:], 0) + int(raw)
+    level_ms = dict.fromkeys(mine, 0)
+    for bucket in level_buckets:
+        if bucket.start_s >= first:
+            for level in level_ms:
+                level_ms[level] += bucket.worker_ms.get(level, 0)
+    return {
+        "minutes": minutes,
+        "waits": sum(waits.values()),
+        "p50_ms": percentile(waits, 0.5),
+        "p99_ms": percentile(waits, 0.99),
+        "worker": {
+            level: {
+                "ms": mine[level],
+                "level_ms": level_ms[level],
+                "share": mine[level] / level_ms[level] if level_ms[level] else None,
+            }
+            for level in LEVEL_NAMES
+            if level in mine
+        },
+    }

@@ -126,17 +126,18 @@ def test_tenant_weight__counted_at_once_by_its_waiting_flow_and_its_levels_total
     the tenant page. At once (no enqueue of that tenant in between) its flow counts the
     new weight and the level's total with it: the other tenant's next job is placed by
     the new total, and the raised tenant's next one by its new weight, as the model
-    places them; the jobs already waiting keep their places."""
+    places them; its jobs already waiting are placed again at a third of their distance
+    from the virtual time, the other tenant's keep their places."""
     from fairqueue.broker import TAG_FLOOR, TAG_RESOLUTION
     from fairqueue.enqueue.priority import wire_tenant_plan_lookup
     from fairqueue.scheduling.levels import PriorityLevel
-    from fairqueue.scheduling.order import FairClock
+    from fairqueue.scheduling.order import FairClock, replaced_tag
 
     normal = PriorityLevel.NORMAL
     TenantPlan.objects.create(tenant_id="acme", weight=1)
     wire_tenant_plan_lookup()  # enqueues look weights up, as the database has them
     key = f"{fq_prefix}:email:prioritized"
-    clock, tags = FairClock(), []
+    clock, tags, owner = FairClock(), [], {}
 
     def place(tenant: str, count: int) -> None:
         jobs = enqueue_jobs(
@@ -145,6 +146,7 @@ def test_tenant_weight__counted_at_once_by_its_waiting_flow_and_its_levels_total
         for job in jobs:
             tag = clock.place(normal, tenant, clock_weights[tenant])
             tags.append(tag)
+            owner[job.job_id] = tenant
             clock.observe_head(min(tags), normal)
             expected = TAG_FLOOR * 2**32 + math.floor(tag * TAG_RESOLUTION) * 4 + 2
             assert redis_client.zscore(key, job.job_id) == expected
@@ -160,8 +162,14 @@ def test_tenant_weight__counted_at_once_by_its_waiting_flow_and_its_levels_total
         assert operator.post(url, form).status_code == 302
     assert redis_client.hget(f"{fq_prefix}:email:fq:fweights", "normal\nacme") == "3"
     assert redis_client.hget(f"{fq_prefix}:email:fq:state", "W:normal") == "4"
+    (anchor, ratio), *_ = clock.reweight("acme", 3).values()
+    assert ratio == 1 / 3
+    for job_id, score in before.items():
+        if owner[job_id] == "acme":
+            tag = replaced_tag((score - TAG_FLOOR * 2**32) // 4 / TAG_RESOLUTION, anchor, ratio)
+            before[job_id] = TAG_FLOOR * 2**32 + math.floor(tag * TAG_RESOLUTION) * 4 + 2
     assert dict(redis_client.zscan_iter(key)) == before
-    clock.reweight("acme", 3)
+    tags[:] = [(score - TAG_FLOOR * 2**32) // 4 / TAG_RESOLUTION for score in before.values()]
     clock_weights["acme"] = 3
     place("beta", 2)  # at the spacing of a level total of 4, not 2
     place("acme", 2)  # at weight 3, behind its own waiting jobs

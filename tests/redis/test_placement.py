@@ -23,7 +23,7 @@ from fairqueue.broker import (
 )
 from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
 from fairqueue.scheduling.levels import PriorityLevel
-from fairqueue.scheduling.order import FairClock
+from fairqueue.scheduling.order import FairClock, replaced_tag
 from tests.conftest import REDIS_URL, delete_prefix
 from tests.helpers import drain_with_stock_worker
 
@@ -40,10 +40,14 @@ arrival = st.tuples(
 
 
 def _add(broker: SyncBroker, arrivals: list[tuple[PriorityLevel, str, int]]) -> list:
-    """One add_jobs call of (level, tenant, tenant weight) arrivals; the jobs added."""
+    """One add_jobs call of (level, tenant, tenant weight) arrivals; the jobs added (their
+    payloads carry the tenant id, as the enqueue API's do)."""
     return broker.add_jobs(
         "q",
-        [NewJob("x", {}, level, tenant=tenant, tenant_weight=w) for level, tenant, w in arrivals],
+        [
+            NewJob("x", {"tenantId": tenant}, level, tenant=tenant, tenant_weight=w)
+            for level, tenant, w in arrivals
+        ],
     )
 
 
@@ -133,17 +137,19 @@ def test_the_add_script_places_as_the_model_while_a_worker_takes_jobs(rounds):
 def test_a_weight_change_is_counted_at_once_as_the_model_counts_it(rounds):
     """Batches of arrivals, jobs taken, and between them a tenant's weight changed (what a
     TenantPlan save sends): its flows with work count the new weight at once, the levels'
-    totals with them, and every later job's score, of that tenant and of the others, is
-    still exactly the model's; the jobs already placed keep their scores."""
+    totals with them, its waiting jobs are placed again where the model places them (the
+    other tenants' keep their scores), and every later job's score, of that tenant and of
+    the others, is still exactly the model's."""
     prefix = f"fqtest-{uuid.uuid4().hex[:12]}"
     broker = SyncBroker(Broker(REDIS_URL, prefix))
     redis_client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
-    clock, placed = FairClock(), {}
+    clock, placed, owner = FairClock(), {}, {}
     key = f"{prefix}:q:prioritized"
     try:
         for batch, taken, change in rounds:
             added = _add(broker, batch)
             for (level, tenant, weight), job in zip(batch, added, strict=True):
+                owner[job.job_id] = tenant
                 tag = clock.place(level, tenant, weight)
                 placed[job.job_id] = (math.floor(tag * TAG_RESOLUTION), RANK[level], tag, level)
                 _, _, head_tag, head_level = min(placed.values())
@@ -163,8 +169,18 @@ def test_a_weight_change_is_counted_at_once_as_the_model_counts_it(rounds):
                 assert changed == sum(
                     1 for (_, t), w in clock.counted.items() if t == tenant and w != weight
                 )
-                clock.reweight(tenant, weight)
-                assert dict(redis_client.zscan_iter(key)) == before  # nothing moved
+                moved = clock.reweight(tenant, weight)
+                for job_id, (units, rank, _, level) in list(placed.items()):
+                    anchor, ratio = moved.get((level, owner[job_id]), (math.inf, 1.0))
+                    if units / TAG_RESOLUTION > anchor:  # as the score keeps its tag
+                        tag = replaced_tag(units / TAG_RESOLUTION, anchor, ratio)
+                        placed[job_id] = (math.floor(tag * TAG_RESOLUTION), rank, tag, level)
+                        before[job_id] = TAG_FLOOR * 2**32 + placed[job_id][0] * 4 + rank
+                if placed:
+                    _, _, head_tag, head_level = min(placed.values())
+                    clock.observe_head(head_tag, head_level)
+                assert dict(redis_client.zscan_iter(key)) == before
+                assert not redis_client.exists(f"{prefix}:q:fq:rw")  # done in the call
                 state = redis_client.hgetall(f"{prefix}:q:fq:state")
                 for level in PriorityLevel:
                     total = sum(w for (lvl, _), w in clock.counted.items() if lvl == level)

@@ -371,8 +371,11 @@ def test_fair_clock__a_reweighted_flow_and_its_level_count_the_new_weight_at_onc
         clock.place(normal, "a", 1)
         clock.place(normal, "b", 1)
     last_a, last_b = clock.last[(normal, "a")], clock.last[(normal, "b")]
-    clock.reweight("a", 3)
+    assert clock.reweight("a", 3) == {(normal, "a"): (clock.vt, 1 / 3)}
     assert clock.counted[(normal, "a")] == 3
+    # its waiting jobs were placed again at a third of their distance: its last tag too
+    last_a = clock.vt + (last_a - clock.vt) / 3
+    assert clock.last[(normal, "a")] == last_a
     assert clock.place(normal, "b", 1) == last_b + flow_step(2, 1, 4)
     assert clock.place(normal, "a", 1, stored=True) == last_a + flow_step(2, 3, 4)
     assert clock.counted[(normal, "a")] == 3

@@ -1,0 +1,123 @@
+--[[
+  A tenant's weight changed: its jobs already waiting are placed again at the new weight
+  (docs/design.md, "A weight change"), a page of the prioritized set per call. For each
+  of its flows with work that counted another weight, a job's tag t becomes
+  anchor + (t - anchor) * old / new, the anchor being the virtual time when the change
+  came: its distance from now shrinks (a raised weight) or grows by the ratio, each job
+  keeping its cost, the flow its order, every other job its place. The flow's last tag
+  moves the same way, so its next jobs follow at the new spacing.
+
+  KEYS[1] BullMQ's prioritized  KEYS[2] state  KEYS[3] flows  KEYS[4] fweights
+  KEYS[5] fq:rw (hash: flow -> the re-placement in progress:
+          "anchor\nratio\nend tag\nlevel\ncursor score\nvisited at it\nbase")
+  ARGV[1] mode
+  'begin' (before reweight.lua counts the new weight): ARGV[2] tenant, ARGV[3] weight.
+          Records a re-placement of each of its flows with work whose counted weight
+          differs. Returns the flows begun, or {'busy', flow} when one is still in
+          progress (finish it first: nothing was recorded).
+  'page': ARGV[2] flow, ARGV[3] job key prefix, ARGV[4] page size. Visits up to a page
+          of the waiting jobs in the flow's range (from the head to its last tag when
+          the change came): with a raised weight from the head up (a moved job goes down,
+          behind the cursor), with a lowered one from the end down (a moved job goes up,
+          behind the cursor), so no job is moved twice. A job is the flow's by its
+          score's level and its payload's tenantId. Returns {visited, moved, done}.
+  A raised flow keeps its last tag until its range is done (its jobs added meanwhile
+  go behind the range, not into it); a lowered one moves it at 'begin'.
+]]
+--- @include fair_clock
+local K = {prioritized = KEYS[1], state = KEYS[2], flows = KEYS[3], fweights = KEYS[4]}
+local mode = ARGV[1]
+local function tagString(x) return string.format('%.17g', x) end
+
+if mode == 'begin' then
+  local tenant, weight = ARGV[2], tonumber(ARGV[3])
+  local c = fqClock(K)
+  local begun = {}
+  for _, level in ipairs({'critical', 'high', 'normal', 'low'}) do
+    local member = level .. '\n' .. tenant
+    local counted = tonumber(redis.call('HGET', K.fweights, member))
+    local last = tonumber(redis.call('ZSCORE', K.flows, member))
+    if counted and counted ~= weight and last and last > c.vt then
+      if redis.call('HEXISTS', KEYS[5], member) == 1 then return {'busy', member} end
+      begun[#begun + 1] = {member, level, counted / weight, last}
+    end
+  end
+  local out = {}
+  for _, b in ipairs(begun) do
+    local member, level, ratio, last = b[1], b[2], b[3], b[4]
+    redis.call('HSET', KEYS[5], member, table.concat({tagString(c.vt), tagString(ratio),
+      tagString(last), level, '', '', tagString(c.base)}, '\n'))
+    if ratio > 1 then
+      redis.call('ZADD', K.flows, tagString(c.vt + (last - c.vt) * ratio), member)
+    end
+    out[#out + 1] = member
+  end
+  return out
+end
+
+-- mode 'page'
+local member, prefix, page = ARGV[2], ARGV[3], tonumber(ARGV[4])
+local spec = redis.call('HGET', KEYS[5], member)
+if not spec then return {0, 0, 1} end
+local f = {}
+for part in string.gmatch(spec .. '\n', '([^\n]*)\n') do f[#f + 1] = part end
+local anchor, ratio, last, level = tonumber(f[1]), tonumber(f[2]), tonumber(f[3]), f[4]
+local cursorScore, tie, base = tonumber(f[5]), tonumber(f[6]) or 0, tonumber(f[7])
+local c = fqClock(K)
+if c.cursor then return {0, 0, 0} end -- a rebase in progress: the next call
+if cursorScore and base ~= c.base then
+  cursorScore = cursorScore - (c.base - base) * fqSub * 4 -- a rebase ran since
+end
+local tenant = string.sub(member, #level + 2)
+local rank = fqLevelRank[level]
+local needle = cjson.encode(tenant)
+local bandLow = fqFloor * fqScore
+local bandEnd = fqScoreOf(c, last, level) or (fqCap * fqScore - 1)
+local up = ratio < 1
+local from = cursorScore and string.format('%d', cursorScore)
+local rows
+-- From the cursor's score on, past the members of it already visited (ties sort by
+-- member; a moved job leaves its score's group, so it no longer counts there).
+if up then
+  rows = redis.call('ZRANGEBYSCORE', K.prioritized, from or string.format('%d', bandLow),
+    string.format('%d', bandEnd), 'WITHSCORES', 'LIMIT', tie, page)
+else
+  rows = redis.call('ZREVRANGEBYSCORE', K.prioritized, from or string.format('%d', bandEnd),
+    string.format('%d', bandLow), 'WITHSCORES', 'LIMIT', tie, page)
+end
+local moved = 0
+for i = 1, #rows, 2 do
+  local id, score = rows[i], tonumber(rows[i + 1])
+  if score == cursorScore then tie = tie + 1 else cursorScore, tie = score, 1 end
+  if score % 4 == rank then
+    local data = redis.call('HGET', prefix .. id, 'data')
+    local mine = false
+    if data and (tenant == 'default' or string.find(data, needle, 1, true)) then
+      local ok, decoded = pcall(cjson.decode, data)
+      if ok and type(decoded) == 'table' then
+        local t = decoded['tenantId']
+        mine = (type(t) == 'string' and t ~= '' and t or 'default') == tenant
+      end
+    end
+    local tag = c.base + math.floor((score - bandLow) / 4) / fqSub
+    if mine and tag > anchor then
+      local placed = fqScoreOf(c, anchor + (tag - anchor) * ratio, level)
+      if placed and placed ~= score then
+        redis.call('ZADD', K.prioritized, 'XX', string.format('%d', placed), id)
+        moved = moved + 1
+        tie = tie - 1
+      end
+    end
+  end
+end
+local visited = #rows / 2
+if visited < page then
+  if up and tonumber(redis.call('ZSCORE', K.flows, member)) == last then
+    redis.call('ZADD', K.flows, tagString(anchor + (last - anchor) * ratio), member)
+  end
+  redis.call('HDEL', KEYS[5], member)
+  return {visited, moved, 1}
+end
+f[5], f[6], f[7] = string.format('%d', cursorScore), tostring(tie), tagString(c.base)
+redis.call('HSET', KEYS[5], member, table.concat(f, '\n'))
+return {visited, moved, 0}
