@@ -272,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
                 from benchmarks.ledger_quota import breaker_scenario
 
                 held &= breaker_scenario(args, url, tmp, log)
+    except BaseException:
+        held = False
+        raise
     finally:
         if held:
             shutil.rmtree(tmp, ignore_errors=True)

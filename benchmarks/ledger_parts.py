@@ -152,7 +152,7 @@ class Workers:
         )
         assert process.stdout is not None
         if process.stdout.readline().strip() != "ready":
-            raise SystemExit("a Node worker did not start (see the log)")
+            raise SystemExit(f"a Node worker did not start (see {self.tmp})")
         self.processes.append(process)
         self.files.append(path)
         return len(self.processes) - 1

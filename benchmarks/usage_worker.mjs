@@ -18,7 +18,12 @@
 import { createRequire } from "node:module";
 import fs from "node:fs";
 
-const require = createRequire(new URL("../tests/node/package.json", import.meta.url));
+// FQBENCH_NODE_DIR: another folder holding the same package.json and its node_modules.
+const require = createRequire(
+  process.env.FQBENCH_NODE_DIR
+    ? `${process.env.FQBENCH_NODE_DIR}/package.json`
+    : new URL("../tests/node/package.json", import.meta.url),
+);
 const { Worker } = require("bullmq");
 const IORedis = require("ioredis");
 
