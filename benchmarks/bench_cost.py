@@ -25,8 +25,10 @@ and ``INFO commandstats`` count this benchmark's commands only.
    stock Node worker's default; a no-op processor) drains them, until the queue is
    empty; Redis CPU over the whole window, per job. fairqueue (both lookups wired) runs
    without and with the ``rebalance_fair`` loop (another process, 5 s passes, its ticks
-   every 250 ms), so the loop's share is the difference. ``--life-rounds`` rounds of the
-   three runs, interleaved; each run's best is reported (the machine's other work only
+   every 250 ms), so the loop's share is the difference, and the loop once more with the
+   usage ledger off (``USAGE_LEDGER = False``): the ledger's share is the difference of
+   those two, printed as their ratio. ``--life-rounds`` rounds of the four runs,
+   interleaved; each run's best is reported (the machine's other work only
    adds to a run's figure), and every round's figures below it.
 
 3. **The loop's steps**, on a quiet server: a burst of a tick's worth
@@ -100,6 +102,8 @@ BATCH = 100
 TENANT = "t-1"
 CONCURRENCY = 50
 INTERVAL_MS = 5_000
+#: Section 2's run with the loop and the usage ledger off (the usual run has it on).
+LEDGER_OFF = "fairqueue + loop, ledger off"
 TICK_MS = 250
 
 
@@ -351,12 +355,14 @@ def stock_worker(url: str, prefix: str, concurrency: int = CONCURRENCY) -> Itera
 
 
 @contextlib.contextmanager
-def rebalance_loop(url: str, prefix: str, log: Any) -> Iterator[None]:
+def rebalance_loop(url: str, prefix: str, log: Any, ledger: bool = True) -> Iterator[None]:
     env = {
         **os.environ,
         "FAIRQUEUE_REDIS_URL": url,
         "FAIRQUEUE_PREFIX": prefix,
         "PYTHONPATH": str(ROOT),
+        "DJANGO_SETTINGS_MODULE": "benchmarks.cost_settings",
+        "FQBENCH_LEDGER": "1" if ledger else "0",
     }
     process = subprocess.Popen(
         [
@@ -447,8 +453,9 @@ def life(
                 stack.enter_context(fairqueue_on(url, prefix))
                 wire(True)  # both lookups, as the demo project wires them
             stack.enter_context(stock_worker(url, prefix, concurrency))
-            if mode == "fairqueue + loop":
-                stack.enter_context(rebalance_loop(url, prefix, log))
+            if mode.startswith("fairqueue + loop"):
+                ledger = mode != LEDGER_OFF
+                stack.enter_context(rebalance_loop(url, prefix, log, ledger))
             if mode == "raw":
 
                 async def main() -> tuple[tuple[float, float], float]:
@@ -823,12 +830,20 @@ def print_life(
             f"| {ratio(run.redis_us, raw.redis_us)} | {run.script_us:.1f} "
             f"| {run.redis_us * run.rate / 1e4:.1f} |"
         )
-    if len(lives) == 3:
+    if len(lives) >= 3:
         loop = lives[2].redis_us - lives[1].redis_us
         print(
             f"\nThe loop's share: {loop:.1f} us per job, {loop / lives[2].redis_us:.1%} of "
             "the fair run's Redis CPU"
         )
+    if len(lives) == 4:
+        on, off = lives[2].redis_us, lives[3].redis_us
+        print(
+            f"The usage ledger (on / off, the loop running): {on:.1f} / {off:.1f} us per job, "
+            f"ratio {on / off:.3f} ({on - off:+.1f} us, {(on - off) / off:+.1%})"
+        )
+        for i, runs in enumerate(rounds, 1):
+            print(f"  round {i}: on / off {runs[2].redis_us / runs[3].redis_us:.3f}")
     if len(rounds) > 1:
         print("\nEach round (Redis CPU per job, us; ratios to that round's raw run):")
         for i, runs in enumerate(rounds, 1):
@@ -886,7 +901,7 @@ def main() -> None:
         "--life-rounds",
         type=int,
         default=3,
-        help="rounds of section 2's three runs, interleaved (each run's best is reported)",
+        help="rounds of section 2's four runs, interleaved (each run's best is reported)",
     )
     parser.add_argument(
         "--concurrency",
@@ -933,9 +948,9 @@ def run(args: argparse.Namespace, log_path: Path) -> None:
             print_enqueue(enqueue_costs(url, args.jobs, args.repeat), args.jobs, args.repeat)
         whole = None
         if "life" in args.only:
-            # Rounds of the three runs, interleaved; each run's best (its least Redis CPU
+            # Rounds of the four runs, interleaved; each run's best (its least Redis CPU
             # per job: the machine's other work only ever adds to it).
-            modes = ("raw", "fairqueue", "fairqueue + loop")
+            modes = ("raw", "fairqueue", "fairqueue + loop", LEDGER_OFF)
             for slots in args.concurrency:
                 rounds = [
                     [life(url, mode, args.rate, args.seconds, log, slots) for mode in modes]

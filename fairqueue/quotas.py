@@ -34,7 +34,7 @@ logger = logging.getLogger("fairqueue.quotas")
 
 ACTOR: Final = "fairqueue quotas"
 #: How long a process trusts its list of demoted tenants (seconds).
-DEMOTED_CHECK_S: Final = 1.0
+DEMOTED_CHECK_S: Final = 0.25
 #: Near quota: at least this share of it used (the dashboard's list).
 NEAR_SHARE: Final = 0.8
 _DEMOTED_CACHE_KEY: Final = "fairqueue:quota:demoted"

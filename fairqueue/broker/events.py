@@ -41,7 +41,7 @@ _START_FIELDS = ("timestamp", "delay", "ats", "opts", "data", "fqPaid")
 _ROWS_PER_READ = 256
 _END_EVENTS = {b"completed", b"failed"}
 _READD_EVENTS = {b"waiting", b"delayed"}
-_WANTED = {b"active", *_END_EVENTS, *_READD_EVENTS}
+_WANTED = {b"active", *_END_EVENTS, *_READD_EVENTS, b"stalled"}
 #: fairqueue's own jobs, read without decoding: the producer writes the level and the
 #: tenant first in the data, the add script a whole fqReady in the opts.
 _FAST_META = re.compile(rb'\{"priorityLevel":"([a-z]+)","tenantId":"([^"\\]+)"[,}]')
@@ -195,6 +195,8 @@ def parse_event(entry_id: bytes, fields: list[bytes]) -> Event | None:
         kind = "end"
     elif event in _READD_EVENTS and prev == b"active":
         kind = "retry"  # an attempt that failed with attempts left (at once or backed off)
+    elif event == b"stalled":
+        kind = "stalled"  # its worker died: the re-add just before it was no retry
     else:
         return None
     return Event(kind, _text(job_id), _ms_of(entry_id), event == b"completed")
@@ -238,7 +240,9 @@ class PageReader:
             return RecordedPage(read=0, recorded=0, unknown=0, gap_ms=0, more=False)
         entries, ord_, gap = found
         full = len(entries) >= page_size
-        events, starts, kept, spent = await self._read_starts(entries, max_data_bytes, byte_budget)
+        events, starts, kept, spent = await self._read_starts(
+            entries, max_data_bytes, byte_budget, full=full
+        )
         runs = await self._read_runs(events)
         state = await self._read_state(starts.values(), runs.values()) if by_time else {}
         page = attempts.record_page(
@@ -304,10 +308,12 @@ class PageReader:
         return await self._xrange(low, page_size), ord_, gap
 
     async def _read_starts(
-        self, entries: list, max_data_bytes: int, byte_budget: int
+        self, entries: list, max_data_bytes: int, byte_budget: int, *, full: bool = False
     ) -> tuple[list[Event], dict[str, Start | None], list, bool]:
         """The page's events and its started jobs' hashes, up to the data budget: the
-        entries kept are those before the one at which the budget ran out."""
+        entries kept are those before the one at which the budget ran out, less a last
+        re-add whose ``stalled`` may follow unread (``attempts.cut_before_trailing_retry``);
+        a re-add a ``stalled`` follows is a lost attempt (``attempts.fold_stalls``)."""
         parsed = [parse_event(entry_id, fields) for entry_id, fields in entries]
         pending = list(dict.fromkeys(e.job_id for e in parsed if e and e.kind == "start"))
         rows: dict[str, list] = {}
@@ -340,7 +346,13 @@ class PageReader:
                 if predicted and start is not None and start.level and start.first_attempt:
                     error = int(predicted.group(1)) - event.at_ms
                     self.estimate_errors.append((start.level, error))
-        return events, starts, entries[:kept_count], used > byte_budget
+        kinds = [event.kind if event else None for event in parsed[:kept_count]]
+        cut = full or kept_count < len(entries) or used > byte_budget
+        keep = attempts.cut_before_trailing_retry(kinds, cut=cut)
+        if keep < kept_count:
+            kept_count = keep
+            events.pop()
+        return attempts.fold_stalls(events), starts, entries[:kept_count], used > byte_budget
 
     async def _xrange(self, low: str, count: int) -> list:
         """Entries from ``low`` as Redis sends them, ``[id, [field, value, ...]]`` in

@@ -22,6 +22,11 @@ The rules are those the Lua recorder applied (kept so the figures stay comparabl
 * An attempt ends at its ``completed`` or ``failed`` event, or, when it failed with
   attempts left, at the ``waiting``/``delayed`` event that re-adds it (a retry). Its
   worker time is the time between its two events (Redis's clock).
+* An attempt whose worker died (BullMQ's stalled-job check put the job back: the same
+  ``waiting`` event as a retry's, followed by ``stalled``) ends *lost*: started, neither
+  completed nor failed, no worker time (Redis learns of the death only when the
+  worker's lock expires, up to its ``lockDuration`` later: a time it did not work),
+  not a retry (:func:`fold_stalls`).
 * With fairness by time each finished attempt, bounded to 1/16..16 times the queue's
   typical run time, moves its flow's estimate (a moving average, alpha 0.2) and the
   typical one (alpha 0.05), and what it used beyond the turns its flow paid at its
@@ -53,7 +58,9 @@ FLOW_STATE_IDLE_S: Final = 86_400
 #: The level of a start whose job could not be read (the dashboard shows it as such).
 UNKNOWN: Final = "?"
 
-EventKind = Literal["start", "end", "retry"]
+#: ``stalled`` marks the ``retry`` just before it as ``lost`` (:func:`fold_stalls`); the
+#: recorders see ``start``, ``end``, ``retry`` and ``lost``.
+EventKind = Literal["start", "end", "retry", "lost", "stalled"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +191,37 @@ def gap_buckets(
     return out
 
 
+def fold_stalls(events: Sequence[Event]) -> list[Event]:
+    """``events`` with each ``retry`` that a ``stalled`` of its job follows turned into a
+    ``lost`` end, and the ``stalled`` markers dropped. BullMQ's stalled-job check writes
+    the two entries one after the other in one script, so a page holds both, unless it
+    was cut between them: :func:`cut_before_trailing_retry` keeps such a retry for the
+    next page."""
+    out: list[Event] = []
+    retry_at: dict[str, int] = {}  # job id -> index in out of its latest retry
+    for event in events:
+        if event.kind == "stalled":
+            index = retry_at.pop(event.job_id, None)
+            if index is not None:
+                out[index] = Event("lost", event.job_id, out[index].at_ms)
+            continue
+        if event.kind == "retry":
+            retry_at[event.job_id] = len(out)
+        else:
+            retry_at.pop(event.job_id, None)
+        out.append(event)
+    return out
+
+
+def cut_before_trailing_retry(kinds: Sequence[EventKind | None], *, cut: bool) -> int:
+    """How many of a page's entries (their kinds, ``None`` for the others) to record:
+    all, unless the page was cut (more entries follow unread) right after a ``retry``,
+    whose ``stalled`` may be the next entry; then all but that retry (never none)."""
+    if cut and len(kinds) > 1 and kinds[-1] == "retry":
+        return len(kinds) - 1
+    return len(kinds)
+
+
 def runs_to_read(events: Iterable[Event]) -> list[str]:
     """The job ids whose remembered run (fq:run) the page needs: those that end before
     the page saw them start."""
@@ -240,7 +278,9 @@ def record_page(
     for event in events:
         if event.kind == "start":
             page.started(event, starts.get(event.job_id))
-        else:
+        elif event.kind == "lost":
+            page.run_of(event.job_id)  # its worker died: no time, no retry, no charge
+        elif event.kind != "stalled":
             page.finished(event.job_id, event.at_ms, event.kind == "retry")
     return page.result()
 

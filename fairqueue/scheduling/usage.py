@@ -5,7 +5,9 @@ its end (``completed``, ``failed``, or the re-add of an attempt that failed with
 left) on Redis's clock (:mod:`fairqueue.scheduling.attempts`). This module replays the
 same page for the ledger, per tenant, job type and UTC day:
 
-* ``a`` attempts started (counted on the day the attempt started);
+* ``a`` attempts started (counted on the day the attempt started), by its worker's
+  start: an attempt whose worker died counts here only (``a`` less ``c`` and ``f`` is
+  those, and the attempts running);
 * ``c`` / ``f`` attempts that completed / failed (a failed attempt with attempts left
   counts as failed), and ``t`` their worker milliseconds (on the day the attempt ended:
   what a tenant consumed today is what ended today);
@@ -122,6 +124,12 @@ def page_usage(
                 wait = max(0, event.at_ms - min(start.ready_ms, event.at_ms))
                 out.add(day, "w", row, wait)
                 out.most(day, row, wait)
+            continue
+        if event.kind == "lost":  # its worker died: started, no outcome, no time
+            pending.pop(event.job_id, None)
+            ended.add(event.job_id)
+            continue
+        if event.kind == "stalled":
             continue
         found = pending.pop(event.job_id, None)
         if found is None and event.job_id not in ended:

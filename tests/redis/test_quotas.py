@@ -4,7 +4,10 @@ counted, back to normal when the period rolls over (a settable clock; docs/usage
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
+import threading
+import time
 
 import pytest
 
@@ -96,3 +99,128 @@ def test_quota__a_held_tenant_stays_held_through_an_operator_resume_until_lifted
     assert redis_client.hexists(paused, "acme")  # the quota still holds it
     assert quotas.lift_quota("acme", actor="ops", source="paid for more")
     assert not redis_client.hexists(paused, "acme")
+
+
+@contextlib.contextmanager
+def _stock_worker(prefix, seen, job_s=0.0):
+    """A stock worker (one slot) in a thread of its own, the database left to this one;
+    ``seen``: (level, ms run) of each attempt."""
+    from bullmq import Worker
+
+    from tests.conftest import REDIS_URL
+
+    async def process(job, token):
+        started = time.monotonic()
+        if job_s:
+            await asyncio.sleep(job_s)
+        seen.append((job.data.get("priorityLevel"), (time.monotonic() - started) * 1000))
+
+    ready, stop = threading.Event(), threading.Event()
+
+    async def main():
+        options = {"connection": REDIS_URL, "prefix": prefix, "concurrency": 1}
+        worker = Worker("email", process, options)
+        ready.set()
+        while not stop.is_set():
+            await asyncio.sleep(0.01)
+        await worker.close()
+
+    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
+    thread.start()
+    ready.wait(30)
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(30)
+
+
+def _until(condition, release=False):
+    from fairqueue.broker import get_sync_broker
+
+    sync = get_sync_broker()
+    for _ in range(6000):
+        if condition():
+            return True
+        if release:
+            sync.run(sync.broker.limits.release, "email")  # the loop's release step
+        time.sleep(0.01)
+    return False
+
+
+def _one_job_at_a_time(prefix, redis_client, seen, *, most=40):
+    """The tenant's 0.2 s jobs sent one at a time, the loop's steps run after each ends,
+    until its quota acts."""
+    from fairqueue.models import TenantHold
+
+    def ended(job_id):
+        key = f"{prefix}:email:{job_id}"
+        return redis_client.hexists(key, "finishedOn") or not redis_client.exists(key)
+
+    with _stock_worker(prefix, seen, job_s=0.2):
+        for _ in range(most):
+            (job,) = enqueue_jobs("email", [{"i": 0}], tenant_id="acme")
+            assert _until(lambda job_id=job.job_id: ended(job_id))
+            _settle()
+            if TenantHold.objects.filter(tenant_id="acme", lifted_at__isnull=True).exists():
+                return
+
+
+def _drain(prefix, count, seen):
+    with _stock_worker(prefix, seen):
+        assert _until(lambda: len(seen) >= count, release=True)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("action", ["hold", "demote"])
+def test_quota__a_tenant_gets_its_quota_and_at_most_one_job_more_then_all_of_it_next_day(
+    fq_prefix, redis_client, settings, clock, action
+):
+    """A 3 s daily quota of 0.2 s jobs: the tenant runs no more than 3 s plus one job at
+    its own level before the action applies; the next day it is back to normal."""
+    from fairqueue import conf
+    from fairqueue.models import HoldAudit, TenantHold, TenantPlan, TenantUsage
+
+    settings.FAIRQUEUE = {
+        **settings.FAIRQUEUE,
+        "QUOTAS": {"pro": {"worker_seconds": 3, "period": "day", "action": action}},
+    }
+    conf.reload_settings()
+    TenantPlan.objects.create(tenant_id="acme", plan_tier="pro")  # normal by plan
+    wire_tenant_plan_lookup()
+    rebalance_queue("email", rebalancer="quota-test")
+    seen: list = []
+    _one_job_at_a_time(fq_prefix, redis_client, seen)
+    hold = TenantHold.objects.get(tenant_id="acme", lifted_at__isnull=True)
+    assert hold.action == action
+    ledger_ms = sum(
+        TenantUsage.objects.filter(tenant_id="acme").values_list("worker_ms", flat=True)
+    )
+    assert ledger_ms >= 3_000  # over it by the ledger's count, and not before
+    assert {level for level, _ in seen} == {"normal"}
+    ran = [ms for _, ms in seen]
+    assert sum(ran) <= 3_000 + max(ran), (sum(ran), ran)
+    assert sum(ran[:-1]) < 3_000  # the job before the last: not over yet
+    # Over it: held, or sent at low.
+    jobs = enqueue_jobs("email", [{"i": 1}, {"i": 2}], tenant_id="acme")
+    if action == "hold":
+        assert redis_client.llen(f"{fq_prefix}:email:fq:lim:held:acme") == 2
+    else:
+        assert {job.level.value for job in jobs} == {"low"}
+        after: list = []
+        _drain(fq_prefix, 2, after)
+        assert [level for level, _ in after] == ["low", "low"]
+    # The next day: back to normal, its held jobs run, nothing over quota.
+    clock(lambda: dt.datetime.now(dt.UTC) + dt.timedelta(days=1))
+    _settle()
+    hold.refresh_from_db()
+    assert hold.lifted_at is not None
+    assert HoldAudit.objects.filter(tenant_id="acme", event="period_ended").count() == 1
+    assert not redis_client.hexists(f"{fq_prefix}:email:fq:lim:paused", "acme")
+    (job,) = enqueue_jobs("email", [{"i": 3}], tenant_id="acme")
+    assert job.level.value == "normal"
+    later: list = []
+    _drain(fq_prefix, 3 if action == "hold" else 1, later)
+    assert later[-1][0] == "normal"
+    _settle()
+    assert not TenantHold.objects.filter(tenant_id="acme", lifted_at__isnull=True).exists()

@@ -57,6 +57,27 @@ def test_page_usage__pairs_each_attempt_once_and_counts_outcomes_waits_and_time(
     assert out.maxima == {(day, "m:acme\nemail"): 500, (day, "m:beta\nemail"): 510}
 
 
+def test_page_usage__an_attempt_whose_worker_died_counts_as_started_only():
+    events = [
+        Event("start", "1", DAY_MS),
+        Event("lost", "1", DAY_MS + 30_000),  # the stalled check put it back
+        Event("start", "1", DAY_MS + 30_100),
+        Event("end", "1", DAY_MS + 30_300, ok=True),
+        Event("lost", "9", DAY_MS + 31_000),  # started on an earlier page
+        Event("end", "9", DAY_MS + 31_100, ok=True),  # no second start: not counted
+    ]
+    starts = {"1": _start()}
+    runs = {"9": Run("normal", "acme", DAY_MS - 1_000, 1.0)}
+    out = page_usage(events, starts, runs, lambda job_id: "email")
+    got = {name: n for (_, name), n in out.increments.items()}
+    assert got == {
+        "a:acme\nemail": 2,
+        "w:acme\nemail": 500,
+        "c:acme\nemail": 1,
+        "t:acme\nemail": 200,
+    }
+
+
 def test_page_usage__unknown_levels_are_not_counted_and_ends_count_on_their_own_day():
     midnight = (DAY_MS // 86_400_000 + 1) * 86_400_000
     events = [

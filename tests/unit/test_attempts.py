@@ -48,7 +48,7 @@ def histories(draw):
     events, at = [], T0 + 60_000
     for _ in range(draw(st.integers(0, 40))):
         at += draw(st.integers(0, 5_000))
-        kind = draw(st.sampled_from(["start", "start", "end", "retry"]))
+        kind = draw(st.sampled_from(["start", "start", "end", "retry", "lost"]))
         events.append(Event(kind, str(draw(st.integers(0, n_jobs - 1))), at))
     return events, starts
 
@@ -122,6 +122,8 @@ def test_record_page__counts_every_start_once_and_pairs_each_end_with_its_start(
                 running[e.job_id] = (info.level, e.at_ms)
         elif e.job_id in running:
             level, since = running.pop(e.job_id)
+            if e.kind == "lost":  # its worker died: no time, no retry
+                continue
             ms, retries = expected.get(level, (0, 0))
             expected[level] = (ms + e.at_ms - since, retries + (e.kind == "retry"))
     assert page.served == expected
@@ -200,8 +202,46 @@ def test_parse_event__starts_ends_and_retries_only():
         Event("retry", "9", 19)
     )
     assert parse_event(b"19-1", [b"event", b"waiting", b"jobId", b"9"]) is None
+    assert parse_event(b"19-2", [b"event", b"stalled", b"jobId", b"9"]) == (
+        Event("stalled", "9", 19)
+    )
     assert parse_event(b"20-0", [b"event", b"added", b"jobId", b"9"]) is None
     assert parse_event(b"21-0", [b"event", b"drained"]) is None
+
+
+def test_fold_stalls__a_re_add_the_stalled_check_wrote_is_a_lost_attempt_not_a_retry():
+    events = [
+        Event("start", "1", 10),
+        Event("start", "2", 11),
+        Event("retry", "1", 50),  # a real retry: no stalled follows
+        Event("retry", "2", 30_011),  # BullMQ's stalled check: the re-add, then 'stalled'
+        Event("stalled", "2", 30_011),
+        Event("stalled", "3", 30_012),  # its re-add was on an earlier page: nothing to fold
+        Event("start", "2", 30_100),
+        Event("end", "2", 30_200, ok=True),
+    ]
+    folded = attempts.fold_stalls(events)
+    assert [(e.kind, e.job_id) for e in folded] == [
+        ("start", "1"),
+        ("start", "2"),
+        ("retry", "1"),
+        ("lost", "2"),
+        ("start", "2"),
+        ("end", "2"),
+    ]
+    starts = {job: Start("normal", "a", 0, first_attempt=True) for job in ("1", "2")}
+    page = attempts.record_page(folded, starts, {}, {}, by_time=False, **OPTIONS)
+    # Job 2's lost attempt: no worker time, no retry; its second attempt's 100 ms count.
+    assert page.served == {"normal": (40 + 100, 1)}
+    assert page.recorded == 3
+
+
+def test_cut_before_trailing_retry__keeps_a_last_re_add_for_the_next_page_when_cut():
+    cut = attempts.cut_before_trailing_retry
+    assert cut(["start", None, "retry"], cut=True) == 2
+    assert cut(["start", None, "retry"], cut=False) == 3  # the page is the stream's end
+    assert cut(["start", "retry", "end"], cut=True) == 3
+    assert cut(["retry"], cut=True) == 1  # never none: the cursor must move
 
 
 def _row(data, opts=None, ats=b"1", timestamp=b"1000", delay=b"0"):
