@@ -311,7 +311,9 @@ class LimitStore(BrokerPart):
         loop's next ticks (:meth:`replace_pages`). Returns the flows changed (0: none had
         work, or none counted another weight)."""
         while True:
-            reply = await self._replace_script(queue, "begin", tenant_id, int(weight))
+            reply = await self._replace_script(
+                queue, mode="begin", who=tenant_id, amount=int(weight)
+            )
             if not reply or _text(reply[0]) != "busy":
                 break
             # A change of the same flow still in progress: its jobs are placed first.
@@ -345,18 +347,22 @@ class LimitStore(BrokerPart):
 
     async def _replace_page(self, queue: str, flow: str) -> bool:
         reply = await self._replace_script(
-            queue, "page", flow, f"{self.conn.prefix}:{queue}:", REPLACE_PAGE
+            queue,
+            mode="page",
+            who=flow,
+            amount=REPLACE_PAGE,
+            prefix=f"{self.conn.prefix}:{queue}:",
         )
         return bool(int(reply[2]))
 
-    async def _replace_script(self, queue: str, *args: Any) -> Any:
+    async def _replace_script(self, queue: str, **args: Any) -> Any:
         keys = [
             self.conn.key(queue, "prioritized"),
             *(fair_key(self.conn.prefix, queue, name) for name in ("state", "flows")),
             *(fair_key(self.conn.prefix, queue, name) for name in ("fweights", "rw")),
         ]
         script = self.conn.script(plain_script("reweight_page"))
-        return await self.conn.guard(script(keys=keys, args=list(args)))
+        return await self.conn.guard(script(keys, **args))
 
     async def retry_failed(
         self,

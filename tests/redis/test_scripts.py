@@ -32,6 +32,7 @@ SCRIPTS = [
             "estimate_start",
             "job_status",
             "reweight",
+            "reweight_page",
             "usage_flushed",
         )
     ),

@@ -10,12 +10,12 @@
   KEYS[1] BullMQ's prioritized  KEYS[2] state  KEYS[3] flows  KEYS[4] fweights
   KEYS[5] fq:rw (hash: flow -> the re-placement in progress:
           "anchor\nratio\nend tag\nlevel\ncursor score\nvisited at it\nbase")
-  ARGV[1] mode
-  'begin' (before reweight.lua counts the new weight): ARGV[2] tenant, ARGV[3] weight.
+  ARGV    mode, who, amount, prefix (named: the two modes share the positions)
+  'begin' (before reweight.lua counts the new weight): who the tenant, amount its weight.
           Records a re-placement of each of its flows with work whose counted weight
           differs. Returns the flows begun, or {'busy', flow} when one is still in
           progress (finish it first: nothing was recorded).
-  'page': ARGV[2] flow, ARGV[3] job key prefix, ARGV[4] page size. Visits up to a page
+  'page': who the flow, amount the page size, prefix the job key prefix. Visits up to a page
           of the waiting jobs in the flow's range (from the head to its last tag when
           the change came): with a raised weight from the head up (a moved job goes down,
           behind the cursor), with a lowered one from the end down (a moved job goes up,
@@ -24,13 +24,14 @@
   A raised flow keeps its last tag until its range is done (its jobs added meanwhile
   go behind the range, not into it); a lowered one moves it at 'begin'.
 ]]
+--- @argv mode who amount prefix?
 --- @include fair_clock
 local K = {prioritized = KEYS[1], state = KEYS[2], flows = KEYS[3], fweights = KEYS[4]}
-local mode = ARGV[1]
+local mode = ARGV.mode
 local function tagString(x) return string.format('%.17g', x) end
 
 if mode == 'begin' then
-  local tenant, weight = ARGV[2], tonumber(ARGV[3])
+  local tenant, weight = ARGV.who, tonumber(ARGV.amount)
   local c = fqClock(K)
   local begun = {}
   for _, level in ipairs({'critical', 'high', 'normal', 'low'}) do
@@ -56,7 +57,7 @@ if mode == 'begin' then
 end
 
 -- mode 'page'
-local member, prefix, page = ARGV[2], ARGV[3], tonumber(ARGV[4])
+local member, prefix, page = ARGV.who, ARGV.prefix, tonumber(ARGV.amount)
 local spec = redis.call('HGET', KEYS[5], member)
 if not spec then return {0, 0, 1} end
 local f = {}
