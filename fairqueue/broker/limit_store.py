@@ -346,12 +346,9 @@ class LimitStore(BrokerPart):
         return False
 
     async def _replace_page(self, queue: str, flow: str) -> bool:
+        prefix = f"{self.conn.prefix}:{queue}:"
         reply = await self._replace_script(
-            queue,
-            mode="page",
-            who=flow,
-            amount=REPLACE_PAGE,
-            prefix=f"{self.conn.prefix}:{queue}:",
+            queue, mode="page", who=flow, amount=REPLACE_PAGE, prefix=prefix
         )
         return bool(int(reply[2]))
 
