@@ -4,7 +4,8 @@
 // "start <job id> <tenantId>", and one when BullMQ confirmed its end (the worker's
 // completed/failed event): "end <job id> <tenantId> <ok 1|0> <ms from taking the job
 // (processedOn) to its end as BullMQ recorded it (finishedOn; an attempt retried has
-// none: the event's time), this worker's clock> <ms the processor ran>".
+// none: when its processor threw, the moment BullMQ's finishedOn stands for), this
+// worker's clock> <ms the processor ran>".
 import { Worker } from "bullmq";
 import IORedis from "ioredis";
 
@@ -12,6 +13,7 @@ const [url, prefix, queue, concurrency, runMs, jobMs, failTenant] = process.argv
 const connection = new IORedis(url, { maxRetriesPerRequest: null });
 const failing = (failTenant || "").split(",").filter(Boolean);
 const ran = new Map();
+const threwAt = new Map();
 
 const worker = new Worker(
   queue,
@@ -21,16 +23,21 @@ const worker = new Worker(
     process.stdout.write(`start ${job.id} ${tenant}\n`);
     await new Promise((resolve) => setTimeout(resolve, Number(jobMs)));
     ran.set(job.id, performance.now() - started);
-    if (failing.includes(tenant)) throw new Error("failing on purpose");
+    if (failing.includes(tenant)) {
+      threwAt.set(job.id, Date.now());
+      throw new Error("failing on purpose");
+    }
   },
   { connection, prefix, concurrency: Number(concurrency) },
 );
 const ended = (ok) => (job) => {
   const tenant = (job.data && job.data.tenantId) || "";
   const processor = ran.get(job.id) || 0;
+  const end = job.finishedOn || threwAt.get(job.id) || Date.now();
   ran.delete(job.id);
+  threwAt.delete(job.id);
   process.stdout.write(
-    `end ${job.id} ${tenant} ${ok ? 1 : 0} ${(job.finishedOn || Date.now()) - job.processedOn} ${processor.toFixed(3)}\n`,
+    `end ${job.id} ${tenant} ${ok ? 1 : 0} ${end - job.processedOn} ${processor.toFixed(3)}\n`,
   );
 };
 worker.on("completed", ended(true));
