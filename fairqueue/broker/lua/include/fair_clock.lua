@@ -298,9 +298,13 @@ end
 local function fqExpire(K, c)
   if c.expiredAt == c.vt then return end
   if c.flowsEmpty then c.expiredAt = c.vt; return end
+  -- at most EXPIRE_PER_CALL flows a script call, however many jobs it places (a release
+  -- of many tenants' jobs moves the virtual time at each): the rest retire in later calls
+  local room = fqExpirePerCall - (c.expired or 0)
+  if room <= 0 then return end
   fqFlush(K, c)
-  local gone = redis.call('ZRANGEBYSCORE', K.flows, '-inf', c.vt, 'LIMIT', 0,
-    fqExpirePerCall)
+  local gone = redis.call('ZRANGEBYSCORE', K.flows, '-inf', c.vt, 'LIMIT', 0, room)
+  c.expired = (c.expired or 0) + #gone
   for i = 1, #gone do
     local w = tonumber(redis.call('HGET', K.fweights, gone[i])) or 0
     redis.call('HINCRBY', K.state, 'W:' .. string.match(gone[i], '^[^\n]*'), -w)
@@ -312,7 +316,7 @@ local function fqExpire(K, c)
     c.readTotals = nil -- the totals changed: read them again
     if c.memo then c.memo = fqNewMemo() end
   end
-  if #gone < fqExpirePerCall then c.expiredAt = c.vt end
+  if #gone < room then c.expiredAt = c.vt end
 end
 
 -- The last tag of the level's flow that reaches furthest ahead of the virtual time (nil:
