@@ -54,8 +54,9 @@ from fairqueue.scheduling.order import (
 )
 from fairqueue.scheduling.shares import WAIT_EDGES
 
-#: Flows of a level that one placement may retire (bounded work per call; the rest go
-#: on later calls, meanwhile counted as if they still had work).
+#: Flows without work that one script call may retire, however many jobs it places
+#: (bounded work per call; the rest go on later calls, meanwhile counted as if they still
+#: had work).
 EXPIRE_PER_CALL = 64
 #: A flow's line (its placed ids, for an overdue job to take its flow's first place):
 #: how many of its first ids an overdue job looks at, how often ids of jobs that left are

@@ -397,3 +397,29 @@ def test_a_declared_cost_places_only_a_flow_with_nothing_measured(fq_prefix, red
     # nothing measured for "new": its declaration (1/16 turn, the least) places it
     new_score = redis_client.zscore(f"{fq_prefix}:email:prioritized", new.job_id)
     assert new_score < liar[1]
+
+
+def test_one_add_call_retires_at_most_expire_per_call_idle_flows(fq_prefix, redis_client):
+    """Flows with no work left stop counting towards their level; however many jobs one
+    call places (each may move the virtual time), it retires at most EXPIRE_PER_CALL of
+    them, and later calls retire the rest."""
+    from fairqueue.broker.scripts import EXPIRE_PER_CALL
+
+    idle = 3 * EXPIRE_PER_CALL
+    enqueue_jobs("email", [{} for _ in range(idle)], tenant_id="busy", priority_level="normal")
+    for n in range(idle):
+        enqueue_job("email", {}, tenant_id=f"one{n}", priority_level="normal")
+    prioritized, flows = f"{fq_prefix}:email:prioritized", f"{fq_prefix}:email:fq:flows"
+    # taken by workers: every one-job tenant's job (and as many of busy's) is gone
+    redis_client.zpopmin(prioritized, 2 * idle - 10)
+    assert redis_client.zcard(flows) == idle + 1
+    broker = get_sync_broker()
+    retired = []
+    for call in range(3):
+        before = redis_client.zcard(flows)
+        # one call placing ten new tenants' jobs, each ahead of busy's backlog
+        broker.add_jobs("email", [NewJob("x", {}, N, tenant=f"new{call}-{n}") for n in range(10)])
+        retired.append(before + 10 - redis_client.zcard(flows))
+    # the cap binds while more flows are idle than it, and the rest go in later calls
+    assert retired[:2] == [EXPIRE_PER_CALL, EXPIRE_PER_CALL]
+    assert 0 < retired[2] <= EXPIRE_PER_CALL
