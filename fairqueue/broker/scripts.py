@@ -387,7 +387,7 @@ def retry_failed_script() -> Script:
 @cache
 def plain_script(name: str) -> Script:
     """One of fairqueue's own scripts (``index_walk``, ``rebase_page``, ``lock_acquire``,
-    ``lock_release``, ``dashboard_page``, ``dashboard_scan``, ``history_seek``,
+    ``lock_release``, ``dashboard_page``, ``dashboard_scan``, ``order_head``, ``history_seek``,
     ``history_rows``, ``history_commit``, ``limits_walk``, ``limits_rows``, ``reweight``,
     ``reweight_page``, ``estimate_start``, ``job_status``, ``forget_obliterated``,
     ``usage_flushed``)."""

@@ -23,6 +23,7 @@ SCRIPTS = [
             "lock_release",
             "dashboard_page",
             "dashboard_scan",
+            "order_head",
             "history_seek",
             "history_rows",
             "history_commit",
