@@ -120,9 +120,9 @@ def _jobs(jobs: TenantJobs, *, now_ms: int) -> dict[str, Any]:
                     None if job.ready_ms is None else max(0, now_ms - job.ready_ms)
                 ),
             }
-            for position, job in jobs.next_jobs[:10]
+            for position, job in jobs.next_jobs
         ],
-        "in_window": len(jobs.next_jobs),
+        "in_window": jobs.in_window,
         "order_read": jobs.order_read,
         "order_window": ORDER_WINDOW,
         "failed": [
@@ -135,7 +135,7 @@ def _jobs(jobs: TenantJobs, *, now_ms: int) -> dict[str, Any]:
             }
             for f in jobs.failed[:20]
         ],
-        "failed_count": len(jobs.failed),
+        "failed_count": jobs.failed_count,
         "failed_read": jobs.failed_read,
         "failed_window": FAILED_WINDOW,
     }

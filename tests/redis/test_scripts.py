@@ -24,6 +24,7 @@ SCRIPTS = [
             "dashboard_page",
             "dashboard_scan",
             "order_head",
+            "tenant_jobs",
             "history_seek",
             "history_rows",
             "history_commit",
