@@ -22,7 +22,8 @@ What a call costs, whatever the backlog size:
 
 * the limited tenants (``stats["limits"]``): exact totals summed inside Redis a page of
   1,000 tenants per script call (about 2 ms each: 10 calls at 10,000 tenants holding
-  jobs, on one connection), and at most 200 tenants read in full, in one call;
+  jobs, on one connection), and at most ``listed`` tenants read in full, in one call
+  (200 on a queue's page, 10 on the overview);
 
 * the history (``stats["history"]``): what workers started over the last minutes, as
   the rebalance pass recorded it from BullMQ's events stream (:mod:`fairqueue.history`);
