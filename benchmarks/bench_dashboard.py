@@ -1,4 +1,5 @@
-"""Dashboard server time over a large backlog (issue: under 300 ms at 100,000 jobs).
+"""Dashboard server time over a large backlog: the overview and the tenant page under
+300 ms at 1,000,000 waiting jobs and 10,000 limited tenants (``--jobs 1000000``).
 
 Seeds ``--jobs`` waiting jobs (four levels, 50 tenants) on a private BullMQ prefix with
 ``enqueue_jobs`` in batches of 1,000, runs one rebalance pass, then times the dashboard
@@ -151,6 +152,14 @@ def cold_rounds(client: Client, url: str, n: int) -> tuple[list[float], list[flo
     return first, during
 
 
+def _budget(row: str) -> float:
+    """A row's p95 budget: 300 ms for the overview and the tenant page, whatever the
+    backlog and the tenants holding jobs; a queue's own page and its JSON over 10,000
+    tenants holding jobs list 200 of them in full (design: under 1 s)."""
+    held_page = "holding" in row and ("queue page" in row or "JSON" in row)
+    return HELD_BUDGET_MS if held_page else BUDGET_MS
+
+
 def p95(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
@@ -218,7 +227,7 @@ def main() -> None:
 
             starting, during = cold_rounds(client, page_url, max(3, args.requests // 3))
             rows = [
-                ("overview + all queues", timed(client, page_url, args.requests)),
+                ("overview", timed(client, page_url, args.requests)),
                 ("tenant page", timed(client, tenant_url, args.requests)),
                 ("JSON endpoint", timed(client, json_url, args.requests)),
                 (f"deep page {last_page}", timed(client, deep_url, args.requests)),
@@ -244,9 +253,12 @@ def main() -> None:
                 held_tenant = "/admin/fairqueue/dashboard/tenants/held-00042/"
                 client.get(held_tenant)
                 held_rows = [
-                    (f"{args.tenants} holding: page", timed(client, held_url, args.requests)),
-                    (f"{args.tenants} holding: tenant", timed(client, held_tenant, args.requests)),
                     (f"{args.tenants} holding: overview", timed(client, page_url, args.requests)),
+                    (
+                        f"{args.tenants} holding: tenant page",
+                        timed(client, held_tenant, args.requests),
+                    ),
+                    (f"{args.tenants} holding: queue page", timed(client, held_url, args.requests)),
                     (f"{args.tenants} holding: JSON", timed(client, held_json, args.requests)),
                 ]
                 held_connections = connections(prefix)
@@ -255,30 +267,21 @@ def main() -> None:
                 f"dashboard server time, {args.jobs} waiting jobs "
                 f"({stats['overdue_total']} overdue), {args.requests} requests"
             )
-            print(f"{'request':<24}{'median ms':>10}{'p95 ms':>10}{'max ms':>10}")
-            worst = 0.0
-            for name, times in rows:
-                worst = max(worst, p95(times))
+            print(f"{'request':<26}{'median ms':>10}{'p95 ms':>10}{'max ms':>10}{'budget':>8}  ok")
+            verdicts = []
+            for name, times in rows + held_rows:
+                budget = _budget(name)
+                ok = p95(times) <= budget
+                verdicts.append(ok)
                 print(
-                    f"{name:<24}{statistics.median(times):>10.1f}{p95(times):>10.1f}"
-                    f"{max(times):>10.1f}"
+                    f"{name:<26}{statistics.median(times):>10.1f}{p95(times):>10.1f}"
+                    f"{max(times):>10.1f}{budget:>8.0f}  {'yes' if ok else 'NO'}"
                 )
-            held_worst = 0.0
-            for name, times in held_rows:
-                held_worst = max(held_worst, p95(times))
-                print(
-                    f"{name:<24}{statistics.median(times):>10.1f}{p95(times):>10.1f}"
-                    f"{max(times):>10.1f}"
-                )
-            verdict = "within" if worst < BUDGET_MS else "OVER"
-            print(f"\nworst p95 {worst:.1f} ms: {verdict} the {BUDGET_MS:.0f} ms budget")
-            if held_rows:
-                verdict = "within" if held_worst < HELD_BUDGET_MS else "OVER"
-                print(
-                    f"{args.tenants} tenants holding jobs (report queue): worst p95 "
-                    f"{held_worst:.1f} ms, {verdict} the {HELD_BUDGET_MS:.0f} ms budget; "
-                    f"{held_connections} Redis connections of fairqueue's open after them"
-                )
+            print(
+                f"\np95 {'within its budget in every row' if all(verdicts) else 'OVER BUDGET'} "
+                f"({BUDGET_MS:.0f} ms for the overview and the tenant page); "
+                f"{held_connections} Redis connections of fairqueue's open after them"
+            )
     finally:
         # Let a background scan still running finish before its keys go away.
         time.sleep(0.5)

@@ -77,7 +77,7 @@ from fairqueue.broker.common import (
 from fairqueue.broker.connection import Connection
 from fairqueue.broker.dashboard_reads import BacklogScan, JobDetail, LevelScan, MemoryState
 from fairqueue.broker.history_store import HistoryRead, RecordedPage
-from fairqueue.broker.limit_store import LimitsStatus, Released, TenantState
+from fairqueue.broker.limit_store import STATUS_TENANTS, LimitsStatus, Released, TenantState
 from fairqueue.broker.lock_store import Fence
 from fairqueue.broker.pass_store import (
     AdoptedPage,
@@ -92,6 +92,7 @@ from fairqueue.broker.workers import ActiveJob
 from fairqueue.exceptions import LockLostError
 
 __all__ = [
+    "STATUS_TENANTS",
     "LimitsStatus",
     "Released",
     "TenantState",

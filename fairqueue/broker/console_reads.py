@@ -11,16 +11,18 @@ tenant page and the queue page show the same number.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 from fairqueue.broker.common import int_or, parse_job_data
 from fairqueue.broker.connection import BrokerPart
 from fairqueue.broker.dashboard_reads import DashboardReads
 from fairqueue.broker.limit_store import limits_key
-from fairqueue.broker.pass_store import WaitingJob, pending_from_job
+from fairqueue.broker.pass_store import WaitingJob, pending_from_job, read_jobs
+from fairqueue.broker.scripts import call_script_many, plain_script
 from fairqueue.scheduling.levels import DEFAULT_TENANT
 from fairqueue.scheduling.noisy import FlowWeight
 from fairqueue.scheduling.shares import LEVEL_NAMES
@@ -32,6 +34,9 @@ ORDER_WINDOW: Final = 1_000
 ORDER_PAGE: Final = 250
 #: The most recent failures read for a tenant's failed jobs.
 FAILED_WINDOW: Final = 1_000
+#: A tenant's next jobs and failures the console reads in full (and shows).
+NEXT_SHOWN: Final = 10
+FAILED_SHOWN: Final = 20
 #: Running jobs read at most (BullMQ's active list is as long as the workers' slots).
 ACTIVE_WINDOW: Final = 2_000
 #: Jobs one "remove its waiting jobs" removes at most (it says when more remain)...
@@ -107,12 +112,19 @@ class TenantJobs:
     held_ids: list[str] = field(default_factory=list)
     running: int = 0
     running_ids: list[str] = field(default_factory=list)
-    #: Its jobs among the first :data:`ORDER_WINDOW` in line: (position, job), first first.
+    #: Its first :data:`NEXT_SHOWN` jobs among the first :data:`ORDER_WINDOW` in line:
+    #: (position, job), first first.
     next_jobs: list[tuple[int, WaitingJob]] = field(default_factory=list)
+    #: Every one of its jobs among them: (position, job id).
+    next_positions: list[tuple[int, str]] = field(default_factory=list)
+    #: How many of its jobs are among them.
+    in_window: int = 0
     #: Jobs of the order read (``ORDER_WINDOW`` or the whole order when shorter).
     order_read: int = 0
-    #: Its failures among the last :data:`FAILED_WINDOW`, newest first.
+    #: Its first :data:`FAILED_SHOWN` failures among the last :data:`FAILED_WINDOW`,
+    #: newest first, and how many it has among those.
     failed: list[FailedJob] = field(default_factory=list)
+    failed_count: int = 0
     failed_read: int = 0
     paused: bool = False
     limits_encoded: str | None = None
@@ -149,60 +161,90 @@ class ConsoleReads(BrokerPart):
         return jobs
 
     async def tenant_jobs(self, queue: str, tenant_id: str) -> TenantJobs:
-        """``tenant_id``'s held, running, next and recently failed jobs in ``queue``."""
-        base = limits_key(self.conn.prefix, queue)
+        """``tenant_id``'s held, running, next and recently failed jobs in ``queue``.
+
+        Its jobs are picked out inside Redis (``lua/tenant_jobs.lua``, one pipelined
+        round trip of bounded calls: the first :data:`ORDER_WINDOW` of the order a page
+        of :data:`ORDER_PAGE` a call, the first :data:`ACTIVE_WINDOW` running jobs, the
+        last :data:`FAILED_WINDOW` failures), so only its own come back; then the first
+        :data:`NEXT_SHOWN` of its next jobs and :data:`FAILED_SHOWN` of its failures are
+        read in full."""
         client = self.conn.client()
-        async with client.pipeline(transaction=False) as pipe:
-            pipe.llen(f"{base}:held:{tenant_id}")
-            pipe.lrange(f"{base}:held:{tenant_id}", 0, 19)
-            pipe.hexists(f"{base}:paused", tenant_id)
-            pipe.hget(base, tenant_id)
-            pipe.lrange(self.conn.key(queue, "active"), 0, ACTIVE_WINDOW - 1)
-            pipe.zrevrange(self.conn.key(queue, "failed"), 0, FAILED_WINDOW - 1, withscores=True)
-            held, held_ids, paused, encoded, active, failed = await self.conn.guard(pipe.execute())
+        script = plain_script("tenant_jobs")
+        keys = [self.conn.key(queue, name) for name in ("wait", "prioritized", "active", "failed")]
+        common = {
+            "tenant": tenant_id,
+            "prefix": self.conn.key(queue, ""),
+            "verbatim": int(_verbatim_in_json(tenant_id)),
+        }
+        parts = [("active", 0, ACTIVE_WINDOW - 1), ("failed", 0, FAILED_WINDOW - 1)]
+        parts += [
+            ("front", start, start + ORDER_PAGE - 1) for start in range(0, ORDER_WINDOW, ORDER_PAGE)
+        ]
+        calls = [(keys, {"part": part, "first": a, "last": b, **common}) for part, a, b in parts]
+        (held, held_ids, paused, encoded), (active, failed, *front) = await self.conn.guard(
+            asyncio.gather(self._held_of(queue, tenant_id), call_script_many(client, script, calls))
+        )
         found = TenantJobs(
             held=int(held),
             held_ids=[_text(v) for v in held_ids],
             paused=bool(paused),
             limits_encoded=None if encoded is None else _text(encoded),
+            running_ids=[_text(v) for v in active[1::2]],
+            failed_read=int(failed[0]),
+            failed_count=len(failed[1::2]),
         )
-        active_ids = [_text(v) for v in active]
-        failed_ids = [(_text(job_id), int(score)) for job_id, score in failed]
-        async with client.pipeline(transaction=False) as pipe:
-            for job_id in active_ids:
-                pipe.hget(self.conn.key(queue, job_id), "data")
-            for job_id, _ in failed_ids:
-                pipe.hmget(
-                    self.conn.key(queue, job_id), "data", "atm", "failedReason", "stacktrace"
-                )
-            rows = await self.conn.guard(pipe.execute())
-        for job_id, data in zip(active_ids, rows[: len(active_ids)], strict=True):
-            if _tenant_of(data) == tenant_id:
-                found.running += 1
-                found.running_ids.append(job_id)
-        found.failed_read = len(failed_ids)
-        for (job_id, score), row in zip(failed_ids, rows[len(active_ids) :], strict=True):
-            data, attempts, reason, trace = row
-            if _tenant_of(data) == tenant_id:
-                reason_text = None if reason is None else _text(reason)
-                trace_text = None if trace is None else _text(trace)
-                found.failed.append(
-                    FailedJob(
-                        job_id=job_id,
-                        failed_at_ms=score,
-                        attempts_made=int_or(attempts, 0) or 0,
-                        error_class=failure_class(reason_text, trace_text),
-                        message=sanitize_failure(reason_text),
-                    )
-                )
-        front = await self.order_front(queue)
-        found.order_read = len(front)
-        found.next_jobs = [
-            (position, job)
-            for position, job in enumerate(front, start=1)
-            if job_tenant_id(job) == tenant_id
-        ]
+        found.running = len(found.running_ids)
+        for page in front:
+            found.order_read += int(page[0])
+            found.in_window += len(page[1::2])
+            found.next_positions += [
+                (int(position), _text(job_id))
+                for job_id, position in zip(page[1::2], page[2::2], strict=True)
+            ]
+        shown_failed = [
+            (_text(job_id), int(float(score)))
+            for job_id, score in zip(failed[1::2], failed[2::2], strict=True)
+        ][:FAILED_SHOWN]
+        await self._read_shown(queue, found, shown_failed)
         return found
+
+    async def _held_of(self, queue: str, tenant_id: str) -> list[Any]:
+        """A tenant's held count, first held ids, pause and limits (one round trip)."""
+        base = limits_key(self.conn.prefix, queue)
+        async with self.conn.client().pipeline(transaction=False) as pipe:
+            pipe.llen(f"{base}:held:{tenant_id}")
+            pipe.lrange(f"{base}:held:{tenant_id}", 0, 19)
+            pipe.hexists(f"{base}:paused", tenant_id)
+            pipe.hget(base, tenant_id)
+            return list(await pipe.execute())
+
+    async def _read_shown(
+        self, queue: str, found: TenantJobs, failed: list[tuple[str, int]]
+    ) -> None:
+        """The shown next jobs (as the order reads them) and failures, read in full."""
+        nexts = found.next_positions[:NEXT_SHOWN]
+        jobs = await read_jobs(self.conn, queue, [(job_id, None, False) for _, job_id in nexts])
+        by_id = {job.job_id: job for job in jobs}
+        found.next_jobs = [(pos, by_id[job_id]) for pos, job_id in nexts if job_id in by_id]
+        if not failed:
+            return
+        async with self.conn.client().pipeline(transaction=False) as pipe:
+            for job_id, _ in failed:
+                pipe.hmget(self.conn.key(queue, job_id), "atm", "failedReason", "stacktrace")
+            rows = await self.conn.guard(pipe.execute())
+        for (job_id, score), (attempts, reason, trace) in zip(failed, rows, strict=True):
+            reason_text = None if reason is None else _text(reason)
+            trace_text = None if trace is None else _text(trace)
+            found.failed.append(
+                FailedJob(
+                    job_id=job_id,
+                    failed_at_ms=score,
+                    attempts_made=int_or(attempts, 0) or 0,
+                    error_class=failure_class(reason_text, trace_text),
+                    message=sanitize_failure(reason_text),
+                )
+            )
 
     async def place(self, queue: str, job: WaitingJob, state: str) -> Place | None:
         """Where a waiting job stands in the pop order (``None`` when it is not waiting)."""
@@ -349,6 +391,12 @@ class ConsoleReads(BrokerPart):
             ids += [job.job_id for job in page if job_tenant_id(job) == tenant_id]
             start += len(page)
         return ids[:limit]
+
+
+def _verbatim_in_json(text: str) -> bool:
+    """Whether ``text`` appears as itself inside any JSON encoder's string (printable
+    ASCII none escapes): then a job whose data lacks it is not the tenant's."""
+    return all(" " <= char <= "~" and char not in '"\\/' for char in text)
 
 
 def _text(value: str | bytes) -> str:

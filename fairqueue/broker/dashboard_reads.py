@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fairqueue.broker.common import JOB_FIELDS as _JOB_FIELDS
+from fairqueue.broker.common import MAX_PRIORITY, TAG_FLOOR, T, parse_job_data
 from fairqueue.broker.common import SCORE_BASE as _SCORE_BASE
-from fairqueue.broker.common import T, parse_job_data
 from fairqueue.broker.common import int_or as _int_or
 from fairqueue.broker.connection import BrokerPart
 from fairqueue.broker.pass_store import WaitingJob, read_jobs
@@ -153,6 +153,22 @@ class DashboardReads(BrokerPart):
             for job_id, score in zip(flat[::2], flat[1::2], strict=True)
         ]
         return await read_jobs(self.conn, queue, entries)
+
+    async def head_unplaced(self, queue: str, *, window: int) -> tuple[int, int]:
+        """(jobs compared, of them unplaced) over the first ``window`` jobs in pop order:
+        the wait list's (all unplaced) and the prioritized set's whose score lies outside
+        fairqueue's tag band. One script call on the scores alone (``lua/order_head.lua``),
+        O(log n) whatever the backlog: no job is read."""
+        script = self.conn.script(plain_script("order_head"))
+        compared, unplaced = await self._dashboard_guard(
+            script(
+                keys=[self.conn.key(queue, "wait"), self.conn.key(queue, "prioritized")],
+                window=window,
+                floor=TAG_FLOOR * _SCORE_BASE,
+                cap=MAX_PRIORITY * _SCORE_BASE,
+            )
+        )
+        return int(compared), int(unplaced)
 
     async def scan_backlog(
         self, queue: str, *, cutoff_ms: int, page_size: int = 5_000, max_jobs: int = 2_000_000

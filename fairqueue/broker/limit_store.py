@@ -290,8 +290,8 @@ class LimitStore(BrokerPart):
         """Store a tenant's limits (an admin edit: the release step uses them before the
         tenant's next enqueue would), or forget them when it has none. A tenant that had
         none in ``queue`` has its takeable jobs added before then held too (as a pause
-        does), so the new limit holds for its whole backlog, not only for later jobs.
-        Returns the jobs so held."""
+        does), so the new limit holds for its whole backlog, not only for later jobs:
+        returns the jobs so held."""
         key = limits_key(self.conn.prefix, queue)
         client = self.conn.client()
         # Visited at the release step's next call: new limits may give it room.
@@ -439,8 +439,7 @@ class LimitStore(BrokerPart):
             if how == "add" and tenant not in paused:
                 moved += await self.set_paused(queue, tenant, False)
         await self.conn.guard(client.set(f"{base}:synced", 1))
-        # Every tenant visited again (a sweep, a page per release step): the limits just
-        # written may give room.
+        # Every tenant visited again (a sweep, a page a step): the new limits may give room.
         await self.conn.guard(client.set(f"{base}:sweep", 0))
         return moved
 
@@ -496,8 +495,7 @@ class LimitStore(BrokerPart):
                 return holding, held, best
 
     async def held_count(self, queue: str) -> int:
-        """Jobs held in ``queue``, over every tenant (summed inside Redis a page of
-        tenants at a time)."""
+        """Jobs held in ``queue``, over every tenant (summed a page at a time in Redis)."""
         return (await self._walk_holding(queue, 0))[1]
 
     async def held_job_ids_of(

@@ -264,6 +264,26 @@ async def call_script(
         return await client.execute_command(*command, **options)
 
 
+async def call_script_many(
+    client: Any, script: Script, calls: Sequence[tuple[Sequence[Any], dict[str, Any]]]
+) -> list[Any]:
+    """``script`` once per ``(keys, arguments by name)`` of ``calls``, in one pipeline:
+    one round trip, each call atomic on its own (other clients' commands run between
+    them), loading the script first where Redis lost it (:func:`call_script`)."""
+    for attempt in (1, 2):
+        async with client.pipeline(transaction=False) as pipe:
+            for keys, named in calls:
+                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *script.args(**named))
+            replies = await pipe.execute(raise_on_error=False)
+        if attempt == 2 or not any(isinstance(reply, NoScriptError) for reply in replies):
+            break
+        await client.script_load(script.source)
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return list(replies)
+
+
 def call_script_sync(
     client: Any, sha: str, source: str, keys: Sequence[Any], args: Sequence[Any]
 ) -> Any:
@@ -388,8 +408,8 @@ def retry_failed_script() -> Script:
 @cache
 def plain_script(name: str) -> Script:
     """One of fairqueue's own scripts (``index_walk``, ``rebase_page``, ``lock_acquire``,
-    ``lock_release``, ``dashboard_page``, ``dashboard_scan``, ``history_seek``,
+    ``lock_release``, ``dashboard_page``, ``dashboard_scan``, ``order_head``, ``history_seek``,
     ``history_rows``, ``history_commit``, ``limits_walk``, ``limits_rows``, ``reweight``,
     ``reweight_page``, ``estimate_start``, ``job_status``, ``forget_obliterated``,
-    ``usage_flushed``)."""
+    ``usage_flushed``, ``tenant_jobs``)."""
     return _own(name)

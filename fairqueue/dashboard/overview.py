@@ -9,7 +9,7 @@ import datetime as dt
 from collections.abc import Callable
 from typing import Any, Final
 
-from fairqueue.broker import SyncBroker
+from fairqueue.broker import Broker, SyncBroker
 from fairqueue.broker.console_reads import ConsoleReads
 from fairqueue.conf import get_settings
 from fairqueue.dashboard.wording import tenant_words
@@ -23,8 +23,13 @@ AMBER: Final = "amber"
 
 def noisy_figures(job_type: str, *, broker: SyncBroker) -> dict[str, Any]:
     """The queue's noisy tenants (``fairqueue.scheduling.noisy``), for the pages."""
+    return broker.run(anoisy_figures, job_type, broker=broker.broker)
+
+
+async def anoisy_figures(job_type: str, *, broker: Broker) -> dict[str, Any]:
+    """:func:`noisy_figures` on ``broker``'s event loop."""
     queue = get_settings().queue_for(job_type)
-    running, level_weights, flows = broker.run(ConsoleReads(broker.broker.conn).in_flight, queue)
+    running, level_weights, flows = await ConsoleReads(broker.conn).in_flight(queue)
     found = noisy_tenants(running, level_weights, flows)
     return {
         "count": len(found),

@@ -4,11 +4,12 @@ JSON endpoint and anything else that wants a queue's live state (django-rq's
 
 What a call costs, whatever the backlog size:
 
-* exact and live on every call, O(page + window): BullMQ's counts by state, the page of
-  the waiting order asked for (read in pop order, so it is what a worker takes next), the
-  last pass record, the leader lock, and the head of the queue (the rebalance window),
-  where jobs fairqueue has not placed yet (other producers' jobs, promoted delayed jobs,
-  jobs without room) are flagged as unplaced: the next pass adopts them;
+* exact and live on every call, O(page): BullMQ's counts by state, the page of the
+  waiting order asked for (read in pop order, so it is what a worker takes next), the
+  last pass record, the leader lock, and how many jobs at the head of the queue (the
+  rebalance window) fairqueue has not placed yet (other producers' jobs, promoted
+  delayed jobs, jobs without room: the next pass adopts them), counted from the
+  prioritized set's scores in one O(log n) script call, no job read;
 * O(backlog): per-level waiting and overdue counts, oldest job per level and top tenants
   need every waiting job's metadata. A Redis-side scan does that at about 6-10 ms per
   1,000 jobs, so it runs on the request only while the backlog is at most
@@ -21,7 +22,8 @@ What a call costs, whatever the backlog size:
 
 * the limited tenants (``stats["limits"]``): exact totals summed inside Redis a page of
   1,000 tenants per script call (about 2 ms each: 10 calls at 10,000 tenants holding
-  jobs, on one connection), and at most 200 tenants read in full, in one call;
+  jobs, on one connection), and at most ``listed`` tenants read in full, in one call
+  (200 on a queue's page, 10 on the overview);
 
 * the history (``stats["history"]``): what workers started over the last minutes, as
   the rebalance pass recorded it from BullMQ's events stream (:mod:`fairqueue.history`);
@@ -38,13 +40,13 @@ from __future__ import annotations
 import asyncio
 import heapq
 import math
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Final
 
 from fairqueue.broker import (
     MAX_PRIORITY,
+    STATUS_TENANTS,
     TAG_FLOOR,
     BacklogScan,
     Broker,
@@ -52,16 +54,21 @@ from fairqueue.broker import (
     LimitsStatus,
     MemoryState,
     WaitingJob,
-    WaitingSnapshot,
     get_sync_broker,
     pending_from_job,
 )
 from fairqueue.conf import get_settings
 from fairqueue.dashboard.attention import queue_warnings
+
+# The backlog scan's knobs and cache, where callers of the stats have always found them.
+from fairqueue.dashboard.backlog_scans import SCAN_PAGE_SIZE as SCAN_PAGE_SIZE
+from fairqueue.dashboard.backlog_scans import SYNC_SCAN_LIMIT, read_backlog
+from fairqueue.dashboard.backlog_scans import clear_backlog_cache as clear_backlog_cache
+from fairqueue.dashboard.backlog_scans import scans_in_flight as scans_in_flight
 from fairqueue.dashboard.charts import history_view
 from fairqueue.dashboard.limited_tenants import HELD_JOBS_SHOWN, limits_section
 from fairqueue.dashboard.moment import moment, settle_exact
-from fairqueue.dashboard.overview import noisy_figures
+from fairqueue.dashboard.overview import anoisy_figures
 from fairqueue.dashboard.wording import (
     decision_words,
     format_duration,
@@ -80,20 +87,6 @@ from fairqueue.scheduling.shares import (
     summarize,
 )
 
-#: Backlogs up to this many waiting jobs are scanned on every request (about 60 ms).
-SYNC_SCAN_LIMIT: Final = 10_000
-#: Larger backlogs are rescanned in the background at most this often (per process)...
-BACKLOG_REFRESH_S: Final = 10.0
-#: ...and at most once per this many scan durations, so scans keep Redis busy for at
-#: most 1/20 of the time however large the backlog grows.
-SCAN_DUTY_FACTOR: Final = 20
-#: Jobs per scan script call: each call blocks Redis for about 3-5 ms, so requests (and
-#: workers) served meanwhile wait at most that long for Redis.
-SCAN_PAGE_SIZE: Final = 500
-#: Cached scans unused for this long are dropped.
-_CACHE_IDLE_S: Final = 600.0
-#: A background scan still running after this long is presumed lost.
-_TASK_ABANDONED_S: Final = 120.0
 DEFAULT_PER_PAGE: Final = 20
 MAX_PER_PAGE: Final = 200
 TOP_TENANTS: Final = 5
@@ -116,125 +109,6 @@ def clamp_page(page: object, per_page: object) -> tuple[int, int]:
     )
 
 
-# -- the backlog scan cache ---------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class _CachedScan:
-    scan: BacklogScan | None = None
-    computed_at_ms: int | None = None
-    task: asyncio.Future[None] | None = None
-    task_started: float = 0.0
-    error: str | None = None
-    used_at: float = 0.0
-
-
-_cache: dict[tuple[str, str], _CachedScan] = {}
-_cache_lock = threading.Lock()
-
-
-def clear_backlog_cache() -> None:
-    """Forget cached scans (tests; or after changing Redis under a running process)."""
-    with _cache_lock:
-        _cache.clear()
-
-
-def scans_in_flight() -> int:
-    """Background scans still running in this process (tests and benchmarks)."""
-    with _cache_lock:
-        return sum(1 for entry in _cache.values() if entry.task and not entry.task.done())
-
-
-def _refresh_every_ms(scan: BacklogScan | None) -> float:
-    duration_ms = scan.duration_ms if scan is not None else 0.0
-    return max(BACKLOG_REFRESH_S * 1000, SCAN_DUTY_FACTOR * duration_ms)
-
-
-def _cache_entry(key: tuple[str, str]) -> _CachedScan:
-    now = time.monotonic()
-    with _cache_lock:
-        for stale in [k for k, v in _cache.items() if now - v.used_at > _CACHE_IDLE_S]:
-            del _cache[stale]
-        entry = _cache.setdefault(key, _CachedScan())
-        entry.used_at = now
-        return entry
-
-
-async def _backlog(
-    broker: Broker, queue: str, *, total: int, now_ms: int, max_wait_ms: int, sync_limit: int
-) -> tuple[BacklogScan | None, dict[str, Any]]:
-    """The backlog scan to show and a description of how fresh it is."""
-    cutoff_ms = now_ms - max_wait_ms
-    if total <= sync_limit:
-        scan = await broker.dashboard.scan_backlog(
-            queue, cutoff_ms=cutoff_ms, page_size=SCAN_PAGE_SIZE
-        )
-        return scan, {
-            "exact": True,
-            "pending": False,
-            "computed_at_ms": now_ms,
-            "age_ms": 0,
-            "scan_ms": round(scan.duration_ms, 1),
-            "note": f"Exact: all {scan.scanned} waiting jobs scanned for this request.",
-        }
-
-    entry = _cache_entry((broker.prefix, queue))
-    fresh = entry.computed_at_ms is not None and now_ms - entry.computed_at_ms < _refresh_every_ms(
-        entry.scan
-    )
-    running = (
-        entry.task is not None
-        and not entry.task.done()
-        # A task left on an event loop that has gone away never finishes: start anew.
-        and time.monotonic() - entry.task_started < _TASK_ABANDONED_S
-    )
-    if not fresh and not running:
-        entry.task = asyncio.ensure_future(_refresh(broker, queue, entry, max_wait_ms))
-        entry.task_started = time.monotonic()
-    cached = entry.scan
-    if cached is None:
-        note = (
-            f"The backlog holds {total} jobs, more than the {sync_limit} scanned on every "
-            "request: per-level counts are being computed in the background."
-        )
-        if entry.error:
-            note += f" The last attempt failed ({entry.error})."
-        return None, {
-            "exact": False,
-            "pending": True,
-            "computed_at_ms": None,
-            "age_ms": None,
-            "scan_ms": None,
-            "note": note,
-        }
-    age_ms = now_ms - (entry.computed_at_ms or now_ms)
-    return cached, {
-        "exact": False,
-        "pending": False,
-        "computed_at_ms": entry.computed_at_ms,
-        "age_ms": age_ms,
-        "scan_ms": round(cached.duration_ms, 1),
-        "note": (
-            f"Per-level counts, oldest jobs and top tenants are from a background scan of "
-            f"{cached.scanned} jobs {format_duration(age_ms)} ago (the backlog is "
-            f"larger than {sync_limit} jobs, so it is rescanned in the background every "
-            f"{_refresh_every_ms(cached) / 1000:.0f} s or so, not per request)."
-        ),
-    }
-
-
-async def _refresh(broker: Broker, queue: str, entry: _CachedScan, max_wait_ms: int) -> None:
-    started_ms = int(time.time() * 1000)
-    try:
-        scan = await broker.dashboard.scan_backlog(
-            queue, cutoff_ms=started_ms - max_wait_ms, page_size=SCAN_PAGE_SIZE
-        )
-    except Exception as exc:  # shown on the page; the next request retries
-        entry.error = type(exc).__name__
-        return
-    entry.scan, entry.computed_at_ms, entry.error = scan, started_ms, None
-
-
 # -- the stats ----------------------------------------------------------------------------
 
 
@@ -246,28 +120,66 @@ def queue_stats(
     now_ms: int | None = None,
     sync_scan_limit: int = SYNC_SCAN_LIMIT,
     history_minutes: int = DEFAULT_WINDOW_MIN,
+    listed: int = STATUS_TENANTS,
 ) -> dict[str, Any]:
-    """Everything the dashboard shows about ``job_type``'s queue (sync callers).
+    """Everything the dashboard shows about ``job_type``'s queue (sync callers);
+    ``listed``: limited tenants listed at most (their totals count every one).
 
     Raises:
         UnknownJobTypeError: ``job_type`` is not configured.
         BrokerUnavailableError: Redis could not be reached.
         BrokerRejectedError: Redis answered with an error (e.g. out of memory).
     """
-    sync_broker = get_sync_broker()
-    stats = sync_broker.run(
-        aqueue_stats,
-        job_type,
+    return queues_stats(
+        [job_type],
         page=page,
         per_page=per_page,
         now_ms=now_ms,
         sync_scan_limit=sync_scan_limit,
         history_minutes=history_minutes,
-        broker=sync_broker.broker,
-    )
-    stats["outbox"] = outbox_figures(job_type)
-    stats["noisy"] = noisy_figures(job_type, broker=sync_broker)
-    return stats
+        listed=listed,
+    )[0]
+
+
+def queues_stats(
+    job_types: list[str],
+    *,
+    page: int = 1,
+    per_page: int = DEFAULT_PER_PAGE,
+    now_ms: int | None = None,
+    sync_scan_limit: int = SYNC_SCAN_LIMIT,
+    history_minutes: int = DEFAULT_WINDOW_MIN,
+    listed: int = STATUS_TENANTS,
+) -> list[dict[str, Any]]:
+    """:func:`queue_stats` of each of ``job_types``, read at once on the broker's loop
+    (one gather: a queue's reads wait for Redis while the others' are parsed), all as
+    of one moment's clock. Raises as :func:`queue_stats`."""
+    sync_broker = get_sync_broker()
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+
+    async def one(job_type: str) -> dict[str, Any]:
+        stats, noisy = await asyncio.gather(
+            aqueue_stats(
+                job_type,
+                page=page,
+                per_page=per_page,
+                now_ms=now_ms,
+                sync_scan_limit=sync_scan_limit,
+                history_minutes=history_minutes,
+                listed=listed,
+                broker=sync_broker.broker,
+            ),
+            anoisy_figures(job_type, broker=sync_broker.broker),
+        )
+        return {**stats, "noisy": noisy}
+
+    async def read_all() -> list[dict[str, Any]]:
+        return list(await asyncio.gather(*(one(job_type) for job_type in job_types)))
+
+    found = sync_broker.run(read_all)
+    for stats in found:
+        stats["outbox"] = outbox_figures(stats["job_type"])
+    return found
 
 
 def outbox_figures(job_type: str) -> dict[str, Any]:
@@ -287,8 +199,10 @@ async def aqueue_stats(
     now_ms: int | None = None,
     sync_scan_limit: int = SYNC_SCAN_LIMIT,
     history_minutes: int = DEFAULT_WINDOW_MIN,
+    listed: int = STATUS_TENANTS,
 ) -> dict[str, Any]:
-    """:func:`queue_stats` for async callers, on ``broker``'s event loop."""
+    """:func:`queue_stats` for async callers, on ``broker``'s event loop (without the
+    outbox and noisy figures, which :func:`queue_stats` adds)."""
     settings = get_settings()
     queue = settings.queue_for(job_type)
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
@@ -305,10 +219,11 @@ async def aqueue_stats(
         window=window,
         now_ms=now_ms,
         history_minutes=history_minutes,
+        listed=listed,
     )
     counts = reads.counts
     total = counts["wait"] + counts["prioritized"]
-    scan, backlog = await _backlog(
+    scan, backlog = await read_backlog(
         broker,
         queue,
         total=total,
@@ -362,7 +277,8 @@ class _QueueReads:
     counts: dict[str, int]
     last_pass: dict[str, Any] | None
     lock: tuple[str | None, int]
-    head: WaitingSnapshot
+    #: (jobs compared, of them unplaced) at the head of the order (the rebalance window).
+    head: tuple[int, int]
     rows: list[WaitingJob]
     recorded: HistoryRead
     paused: bool
@@ -379,13 +295,14 @@ async def _read_queue(
     window: int,
     now_ms: int,
     history_minutes: int,
+    listed: int,
 ) -> _QueueReads:
     counts, last_pass, lock, head, rows = await asyncio.gather(
         broker.passes.counts(queue),
         broker.passes.read_status(queue, LAST_RUN_RECORD),
         broker.lock.lock_holder(broker.fair_key(queue, "leader")),
-        # The head the policy's order is compared with: O(window) however long the queue.
-        broker.passes.read_head(queue, count=window),
+        # The head the policy's order is compared with, from its scores: O(log n).
+        broker.dashboard.head_unplaced(queue, window=window),
         broker.dashboard.read_page(queue, start=start, count=per_page),
     )
     recorded, paused, memory, limited = await asyncio.gather(
@@ -394,7 +311,7 @@ async def _read_queue(
         ),
         broker.dashboard.is_paused(queue),
         broker.dashboard.memory_state(),
-        broker.limits.status(queue, held_ids=HELD_JOBS_SHOWN),
+        broker.limits.status(queue, listed=listed, held_ids=HELD_JOBS_SHOWN),
     )
     return _QueueReads(counts, last_pass, lock, head, rows, recorded, paused, memory, limited)
 
@@ -422,8 +339,8 @@ def _order(
         "has_next": page < num_pages,
         "first_position": start + 1,
         "jobs": _rows(reads.rows, start=start, now_ms=now_ms, max_wait_ms=max_wait_ms),
-        "compared": len(reads.head.jobs),
-        "drift_count": sum(1 for job in reads.head.jobs if is_unplaced(job)),
+        "compared": reads.head[0],
+        "drift_count": reads.head[1],
     }
 
 

@@ -19,15 +19,11 @@ from typing import Any, Final
 from fairqueue.broker import Broker, get_sync_broker
 from fairqueue.broker.console_reads import FAILED_WINDOW, ORDER_WINDOW, ConsoleReads, TenantJobs
 from fairqueue.conf import get_settings
+from fairqueue.dashboard.backlog_scans import SYNC_SCAN_LIMIT, read_backlog
 from fairqueue.dashboard.charts import format_ms
 from fairqueue.dashboard.expected import tenant_expected_start
 from fairqueue.dashboard.moment import moment, settle_exact, waiting_of
-from fairqueue.dashboard.stats import (
-    SYNC_SCAN_LIMIT,
-    _backlog,
-    format_duration,
-    format_time,
-)
+from fairqueue.dashboard.wording import format_duration, format_time
 from fairqueue.plans import priority_from_plan
 from fairqueue.scheduling.attempts import TENANT_BUCKET_S
 from fairqueue.scheduling.levels import LEVELS_BY_RANK
@@ -69,7 +65,7 @@ async def atenant_queue(
     settings = get_settings()
     queue = settings.queue_for(job_type)
     counts = await broker.passes.counts(queue)
-    scan, backlog = await _backlog(
+    scan, backlog = await read_backlog(
         broker,
         queue,
         total=waiting_of(counts),
@@ -124,9 +120,9 @@ def _jobs(jobs: TenantJobs, *, now_ms: int) -> dict[str, Any]:
                     None if job.ready_ms is None else max(0, now_ms - job.ready_ms)
                 ),
             }
-            for position, job in jobs.next_jobs[:10]
+            for position, job in jobs.next_jobs
         ],
-        "in_window": len(jobs.next_jobs),
+        "in_window": jobs.in_window,
         "order_read": jobs.order_read,
         "order_window": ORDER_WINDOW,
         "failed": [
@@ -139,7 +135,7 @@ def _jobs(jobs: TenantJobs, *, now_ms: int) -> dict[str, Any]:
             }
             for f in jobs.failed[:20]
         ],
-        "failed_count": len(jobs.failed),
+        "failed_count": jobs.failed_count,
         "failed_read": jobs.failed_read,
         "failed_window": FAILED_WINDOW,
     }

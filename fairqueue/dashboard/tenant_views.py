@@ -250,7 +250,7 @@ class TenantViews(ConsoleViews):
             if action == "retry":
                 jobs = sync.run(reads.tenant_jobs, queue, tenant_id)
                 lines.append(
-                    f"{job_type}: {len(jobs.failed)} failed job(s) among the last "
+                    f"{job_type}: {jobs.failed_count} failed job(s) among the last "
                     f"{jobs.failed_read} failures"
                 )
             else:

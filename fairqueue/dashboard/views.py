@@ -39,14 +39,19 @@ from django.http import (
 from django.template.response import TemplateResponse
 from django.urls import URLPattern
 
-from fairqueue.broker import MAX_JOB_ID_LENGTH, get_sync_broker, pending_from_job
+from fairqueue.broker import (
+    MAX_JOB_ID_LENGTH,
+    STATUS_TENANTS,
+    get_sync_broker,
+    pending_from_job,
+)
 from fairqueue.broker.console_reads import job_tenant_id
 from fairqueue.conf import get_settings
 from fairqueue.dashboard.console_admin import ConsoleAdmin
 from fairqueue.dashboard.expected import job_expected_start
 from fairqueue.dashboard.job_page import JobViews, job_facts
 from fairqueue.dashboard.overview import overview_rows, plans_attention
-from fairqueue.dashboard.stats import clamp_page, queue_stats
+from fairqueue.dashboard.stats import clamp_page, queues_stats
 from fairqueue.dashboard.tenant_views import TenantViews
 from fairqueue.dashboard.wording import format_duration, format_time
 from fairqueue.exceptions import BrokerError, BrokerUnavailableError
@@ -65,6 +70,8 @@ MAX_REFRESH_MS: Final = 60_000
 #: The history windows the page links to, in minutes (``?history_minutes=`` takes any
 #: 1..60).
 HISTORY_CHOICES: Final = (5, 15, 60)
+#: Limited tenants each queue's section of the overview lists (its own page lists more).
+OVERVIEW_LISTED: Final = 10
 
 
 def _require(request: HttpRequest, *perms: str) -> None:
@@ -77,6 +84,13 @@ def _job_type_or_404(job_type: str) -> str:
     if job_type not in queues:
         raise Http404("No such job type")
     return queues[job_type]
+
+
+def _listed(job_types: list[str]) -> int:
+    """Limited tenants a queue's section lists: every one up to ``STATUS_TENANTS`` on a
+    queue's own page (and its JSON), the first ``OVERVIEW_LISTED`` on the overview (and
+    the JSON it polls), whose queue names link to the rest."""
+    return STATUS_TENANTS if len(job_types) == 1 else OVERVIEW_LISTED
 
 
 def _refresh_ms(request: HttpRequest) -> int:
@@ -138,22 +152,29 @@ class DashboardAdmin(ConsoleAdmin):
     def _sections(
         self, request: HttpRequest, job_types: list[str], *, page: int, per_page: int
     ) -> tuple[list[dict[str, Any]], dict[str, str] | None]:
-        """Stats of each queue; stops at the first "Redis unreachable" (one server)."""
+        """Stats of each queue, read at once; a "Redis unreachable" answer instead."""
         can_rebalance = request.user.has_perm(PERM_REBALANCE)
         minutes = clamp_window_min(request.GET.get("history_minutes"))
-        sections = []
-        for job_type in job_types:
-            try:
-                stats = queue_stats(job_type, page=page, per_page=per_page, history_minutes=minutes)
-            except BrokerError as exc:
-                return [], _unreachable(exc, "page")
-            sections.append(
-                {
-                    "stats": stats,
-                    "queue_url": self._url("queue", job_type),
-                    "rebalance_url": self._url("rebalance", job_type) if can_rebalance else "",
-                }
+        try:
+            found = queues_stats(
+                job_types,
+                page=page,
+                per_page=per_page,
+                history_minutes=minutes,
+                listed=_listed(job_types),
             )
+        except BrokerError as exc:
+            return [], _unreachable(exc, "page")
+        sections = [
+            {
+                "stats": stats,
+                "queue_url": self._url("queue", stats["job_type"]),
+                "rebalance_url": (
+                    self._url("rebalance", stats["job_type"]) if can_rebalance else ""
+                ),
+            }
+            for stats in found
+        ]
         return sections, None
 
     def _render_dashboard(
@@ -226,10 +247,13 @@ class DashboardAdmin(ConsoleAdmin):
         else:
             job_types = list(get_settings().queues)
         try:
-            queues = [
-                queue_stats(jt, page=page, per_page=per_page, history_minutes=minutes)
-                for jt in job_types
-            ]
+            queues = queues_stats(
+                job_types,
+                page=page,
+                per_page=per_page,
+                history_minutes=minutes,
+                listed=_listed([job_type] if job_type else job_types),
+            )
         except BrokerError as exc:
             error = _unreachable(exc, "json")
             state = "unreachable" if isinstance(exc, BrokerUnavailableError) else "error"

@@ -202,3 +202,28 @@ def test_tenant_actions__need_the_change_permission(fq_prefix, client):
     assert client.get(reverse(TENANT, args=["acme"])).status_code == 200
     assert client.get(reverse(ACTION, args=["acme", "pause"])).status_code == 403
     assert client.post(reverse(ACTION, args=["acme", "remove"])).status_code == 403
+
+
+@pytest.mark.parametrize("tenant", ["acme", "ac/me é", 'a"c\\me'])
+def test_tenant_jobs__picked_out_in_redis_as_reading_every_job_would(fq_prefix, tenant):
+    """Its next jobs are matched inside Redis (tenant_jobs.lua): the same positions as
+    reading the front of the order job by job, for ids JSON escapes and an id another
+    tenant's starts with (its jobs ahead, in BullMQ's wait list): past the order's
+    first page."""
+    from fairqueue.broker import get_sync_broker
+    from fairqueue.broker.console_reads import ORDER_PAGE, ConsoleReads, job_tenant_id
+    from tests.redis.test_rebalance import add_foreign
+
+    enqueue_jobs("email", [{"i": i} for i in range(3)], tenant_id=tenant)
+    add_foreign(fq_prefix, *[({"tenantId": tenant + "-2"}, {})] * (ORDER_PAGE + 50))
+    sync = get_sync_broker()
+    reads = ConsoleReads(sync.broker.conn)
+    front = sync.run(reads.order_front, "email")
+    expected = [
+        (pos, job.job_id) for pos, job in enumerate(front, 1) if job_tenant_id(job) == tenant
+    ]
+    found = sync.run(reads.tenant_jobs, "email", tenant)
+    assert found.next_positions == expected and found.in_window == 3
+    assert [(pos, job.job_id) for pos, job in found.next_jobs] == expected
+    assert found.order_read == len(front) == ORDER_PAGE + 53
+    assert [pos for pos, _ in expected] == [ORDER_PAGE + 51, ORDER_PAGE + 52, ORDER_PAGE + 53]

@@ -222,6 +222,30 @@ def test_unplaced__other_producers_jobs_are_flagged_until_a_pass_places_them(fq_
     assert not any("wait outside the fair order" in w for w in after["warnings"])  # banner gone
 
 
+@pytest.mark.parametrize("window", [1, 2, 3, 6, 9, 40])
+def test_unplaced__counted_from_the_scores_as_reading_every_job_of_the_head(
+    fq_prefix, redis_client, window
+):
+    """The head's unplaced count comes from the prioritized set's scores (no job read):
+    the wait list's jobs, other producers' priorities below the tag band, and a job
+    BullMQ re-added at the cap past it, whatever the window cuts."""
+    from fairqueue.broker import MAX_PRIORITY, get_sync_broker
+    from fairqueue.broker.common import SCORE_BASE
+    from fairqueue.dashboard.stats import is_unplaced
+
+    placed = enqueue_jobs("email", [{"i": i} for i in range(6)], tenant_id="t")
+    add_foreign(fq_prefix, ({"x": 1}, {}), ({"x": 2}, {}))  # the wait list
+    add_foreign(fq_prefix, ({"x": 3}, {"priority": 5}), ({"x": 4}, {"priority": 9}))
+    rerun = placed[2].job_id  # as BullMQ re-adds a job that runs again: at the cap
+    redis_client.zadd(f"{fq_prefix}:email:prioritized", {rerun: MAX_PRIORITY * SCORE_BASE + 7})
+    sync = get_sync_broker()
+    head = sync.run(sync.broker.passes.read_head, "email", count=window)
+    expected = (len(head.jobs), sum(1 for job in head.jobs if is_unplaced(job)))
+    assert sync.run(sync.broker.dashboard.head_unplaced, "email", window=window) == expected
+    if window == 40:
+        assert expected == (10, 5)
+
+
 def test_overdue__counted_per_level_and_badged(fq_prefix, redis_client):
     fresh = enqueue_jobs("report", [{"i": i} for i in range(4)], tenant_id="t1")
     old = enqueue_jobs("report", [{"i": i} for i in range(3)], tenant_id="t2", priority_level="low")

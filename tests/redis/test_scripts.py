@@ -23,6 +23,8 @@ SCRIPTS = [
             "lock_release",
             "dashboard_page",
             "dashboard_scan",
+            "order_head",
+            "tenant_jobs",
             "history_seek",
             "history_rows",
             "history_commit",

@@ -60,7 +60,7 @@ def test_dashboard_error_page_with_debug_on_never_shows_the_password(client, set
     }
     settings.FAIRQUEUE = {"QUEUES": {"email": "email"}, "REDIS_URL": SECRET_URL}
     conf.reload_settings()
-    monkeypatch.setattr(views, "queue_stats", _explode)
+    monkeypatch.setattr(views, "queues_stats", _explode)
     user = User.objects.create_superuser("root", password="pw")
     client.force_login(user)
     client.raise_request_exception = False
