@@ -200,7 +200,7 @@ def breaker_scenario(args: argparse.Namespace, url: str, tmp: Path, log: TextIO)
     prefix = f"fqbrk{uuid.uuid4().hex[:6]}"
     use_prefix(prefix)
     clear_usage_tables()
-    config = {"ENABLED": True, "WINDOW_S": 30, "MIN_ATTEMPTS": 60, "COOL_OFF_S": 10}
+    config = {"ENABLED": True, "WINDOW_S": 30, "MIN_JOBS": 20, "COOL_OFF_S": 10}
     loop = Loop(log, breaker=config)
     client = redis.Redis.from_url(url)
     workers = Workers(url, prefix, tmp, log, concurrency=4, lock_ms=30_000)
