@@ -390,5 +390,5 @@ def plain_script(name: str) -> Script:
     ``lock_release``, ``dashboard_page``, ``dashboard_scan``, ``history_seek``,
     ``history_rows``, ``history_commit``, ``limits_walk``, ``limits_rows``, ``reweight``,
     ``reweight_page``, ``estimate_start``, ``job_status``, ``forget_obliterated``,
-    ``usage_flushed``)."""
+    ``usage_flushed``, ``usage_running``)."""
     return _own(name)
