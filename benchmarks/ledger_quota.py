@@ -98,6 +98,8 @@ def _run_quota(
     used_s = sum(a.take_to_end_ms for a in counted) / 1000
     longest = max((a.take_to_end_ms for a in counted), default=0) / 1000
     hold = _hold("q", "quota")
+    acted_ms = hold.created_at.timestamp() * 1000 if hold is not None else None
+    last = max((a for a in counted if a.ended_ms), key=lambda a: a.ended_ms, default=None)
     row = {
         "action": action,
         "quota s": args.quota_s,
@@ -107,6 +109,9 @@ def _run_quota(
         "worker s": f"{used_s:.2f}",
         "overrun s": f"{used_s - args.quota_s:.2f}",
         "overrun in jobs": f"{(used_s - args.quota_s) / args.job_s:.2f}",
+        "acted, s before its last job ended": (
+            f"{(last.ended_ms - acted_ms) / 1000:.3f}" if last and acted_ms else "-"
+        ),
         "within quota + one job": "yes"
         if hold is not None and used_s <= args.quota_s + longest
         else "NO",

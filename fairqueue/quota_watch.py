@@ -8,16 +8,16 @@ the quota step notes here every tenant with a quota whose row the write changed 
 attempt started or ended) and that is not over yet, with its ended worker time of the
 period as the database holds it. :meth:`QuotaWatch.check` then reads those tenants'
 running attempts (``lua/usage_running.lua``: one call per queue, O(runs)), takes the
-quota's action on those whose ended plus running time reached it, forgets those with
-nothing running (a start brings them back at the next write), and predicts when each
-other one crosses its quota at the earliest: with ``k`` attempts running and ``r`` ms
-left, in ``r / k`` ms (more starts only bring it closer, and a start is seen at the next
-write). The loop checks again then (:meth:`QuotaWatch.due_in_s`), reading only the
-tenants within reach of their quota by that time. So the work is bounded by the attempts
-running, not by the tenants, and a tenant over its quota gets at most the rest of the
-attempts it had running then (one job per slot), plus, for an attempt that started and
-crossed the quota before the history step read its start, the time until that step
-(every 250 ms).
+quota's action on those whose ended plus running time reached it (:data:`LEAD_S` ahead),
+forgets those with nothing running (a start brings them back at the next write), and
+predicts when each other one crosses its quota at the earliest: with ``k`` attempts
+running and ``r`` ms left, in ``r / k`` ms (more starts only bring it closer, and a
+start is seen at the next write). The loop checks again then
+(:meth:`QuotaWatch.due_in_s`), reading only the tenants within reach of their quota by
+that time. So the work is bounded by the attempts running, not by the tenants, and a
+tenant over its quota gets at most the rest of the attempts it had running then (one job
+per slot), plus, for an attempt that started and crossed the quota before the history
+step read its start, the time until that step (every 250 ms).
 """
 
 from __future__ import annotations
@@ -39,6 +39,12 @@ logger = logging.getLogger("fairqueue.quotas")
 
 #: A predicted crossing within this of a check is checked by it (seconds).
 SLACK_S: Final = 0.005
+#: How far ahead of a crossing the check acts (seconds of each running attempt): the
+#: loop's reaction (its wake-up, the read, the hold's pull-back) must come before the
+#: crossing attempt ends, or its slot takes the next job. A tenant stopped early by this
+#: still gets the rest of the attempts it has running; it loses at most LEAD_S per slot
+#: only when such an attempt ends within LEAD_S of reaching the quota.
+LEAD_S: Final = 0.1
 #: After a check that failed, the next between the loop's steps (seconds).
 RETRY_S: Final = 0.25
 
@@ -113,14 +119,14 @@ class QuotaWatch:
         for tenant_id, watched in wanted.items():
             count, ms = running.get(tenant_id, (0, 0))
             used = watched.ended_ms + ms
-            if count and used >= watched.quota_ms:
+            if count and used + count * LEAD_S * 1000 >= watched.quota_ms:
                 act(tenant_id, watched.quota, used, watched.job_type)
                 self.drop([tenant_id])
                 over += 1
             elif not count:
                 self.drop([tenant_id])  # nothing running: its next start is a change
             else:
-                watched.crossing = at + (watched.quota_ms - used) / count / 1000
+                watched.crossing = at + (watched.quota_ms - used) / count / 1000 - LEAD_S
         return over
 
 
