@@ -78,6 +78,7 @@ from benchmarks.bench_fairness import (  # noqa: E402
     start_loop,
     wait_for_loop,
 )
+from benchmarks.breaker_watch import BreakerCount  # noqa: E402
 from benchmarks.common import REDIS_URL, delete_prefix  # noqa: E402
 
 #: "fairqueue-jobs" is fairqueue with FAIRNESS_BY="jobs" (seed 1's job count), the loop
@@ -423,6 +424,7 @@ def run_one(
         log.flush()
         try:
             if scheduler in FAIRNESS_BY:
+                args.breakers.before_run()
                 loop = start_loop(prefix, args, log)
             worker = NodeWorker(prefix, args, log)
             if loop is not None and not wait_for_loop(prefix, loop):
@@ -434,6 +436,11 @@ def run_one(
             if loop is not None:
                 result.overdue = db.submit(_overdue_by_level).result()
             worker.stop()
+            if loop is not None:
+                _stop_process(loop)
+                label = f"{scenario.name} / {scheduler} / {bound_ms} ms"
+                if args.breakers.after_run(label):
+                    print(f"  the breaker opened in {label} (see the end)", flush=True)
             _collect(result, producer, worker.records, t0, t_end, args)
         finally:
             if worker is not None:
@@ -667,6 +674,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup-s", type=float, default=5.0, help="left out of the window")
     parser.add_argument("--scenario", action="append", help="run only these (repeatable)")
     parser.add_argument("--scheduler", action="append", choices=SCHEDULERS)
+    parser.add_argument(
+        "--breaker", action="store_true", help="the loop's breaker on; count its openings"
+    )
     args = parser.parse_args(argv)
     bounds = args.bound_ms or [3000]
     args.bound_ms = bounds[0]  # the calibration's (fair_env)
@@ -677,6 +687,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown scenario {unknown[0]!r}: expected {sorted(build_scenarios(1.0))}")
     db: ThreadPoolExecutor = setup_django()
+    args.breakers = BreakerCount(args.breaker, db)
     capacity, alone, _ = calibrate(args, db)
     print(f"capacity: {capacity:.0f} jobs/s at {args.run_ms:g} ms (alone {alone:.0f})")
     scenarios = build_scenarios(capacity)
@@ -701,7 +712,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"fairqueue: the worst flow is {max(spread):.1%} from its max-min share (median "
             f"{statistics.median(spread):.1%})"
         )
-    return 0 if print_checks(results, args) else 1
+    met = print_checks(results, args)
+    args.breakers.report()
+    return 0 if met else 1
 
 
 if __name__ == "__main__":

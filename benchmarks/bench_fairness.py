@@ -103,6 +103,7 @@ from typing import Any, TextIO
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.breaker_watch import BreakerCount  # noqa: E402
 from benchmarks.common import REDIS_URL, delete_prefix  # noqa: E402
 
 JOB_TYPE = "bench"
@@ -447,7 +448,10 @@ def run_one(
         loop_log_start = LOG.stat().st_size
         try:
             loop_ready = None
+            breakers = getattr(args, "breakers", None)
             if scheduler == "fairqueue":
+                if breakers is not None:
+                    breakers.before_run()
                 loop = start_loop(prefix, args, log)
             worker = NodeWorker(prefix, args, log)
             if loop is not None:
@@ -462,6 +466,8 @@ def run_one(
                 _stop_process(loop)
                 if loop.returncode not in (0, None):
                     print(f"  warning: the rebalance loop exited with {loop.returncode}")
+                if breakers is not None and breakers.after_run(f"{scenario.name} / {scheduler}"):
+                    print(f"  {scenario.name}: the breaker opened (see the end)", flush=True)
             run = collect(scheduler, scenario, prefix, producer.jobs, worker, t0, t_end, t_stop)
             run.loop_ready = loop_ready
         finally:
@@ -1128,6 +1134,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--scheduler", action="append", choices=SCHEDULERS)
     parser.add_argument("--json", type=Path, help="write the numbers here")
     parser.add_argument("--out", type=Path, default=OUT / "fairness.png", help="the plot")
+    parser.add_argument(
+        "--breaker", action="store_true", help="the loop's breaker on; count its openings"
+    )
     args = parser.parse_args(argv)
     if args.seconds <= WARMUP_S + 1:
         parser.error(f"--seconds must be more than {WARMUP_S + 1:g} (warm-up {WARMUP_S:g} s)")
@@ -1142,6 +1151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     LOG.unlink(missing_ok=True)
     db = setup_django()
+    args.breakers = BreakerCount(args.breaker, db)
     try:
         weights_supported = db.submit(supports_tenant_weight).result()
         capacity, alone, rates = calibrate(args, db)
@@ -1211,6 +1221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             )
             print(f"numbers: {args.json}")
+        args.breakers.report()
         print(f"total time {time.monotonic() - started:.0f} s")
         return 0
     except KeyboardInterrupt:

@@ -98,6 +98,8 @@ def _run_quota(
     used_s = sum(a.take_to_end_ms for a in counted) / 1000
     longest = max((a.take_to_end_ms for a in counted), default=0) / 1000
     hold = _hold("q", "quota")
+    acted_ms = hold.created_at.timestamp() * 1000 if hold is not None else None
+    last = max((a for a in counted if a.ended_ms), key=lambda a: a.ended_ms, default=None)
     row = {
         "action": action,
         "quota s": args.quota_s,
@@ -107,6 +109,9 @@ def _run_quota(
         "worker s": f"{used_s:.2f}",
         "overrun s": f"{used_s - args.quota_s:.2f}",
         "overrun in jobs": f"{(used_s - args.quota_s) / args.job_s:.2f}",
+        "acted, s before its last job ended": (
+            f"{(last.ended_ms - acted_ms) / 1000:.3f}" if last and acted_ms else "-"
+        ),
         "within quota + one job": "yes"
         if hold is not None and used_s <= args.quota_s + longest
         else "NO",
@@ -200,7 +205,7 @@ def breaker_scenario(args: argparse.Namespace, url: str, tmp: Path, log: TextIO)
     prefix = f"fqbrk{uuid.uuid4().hex[:6]}"
     use_prefix(prefix)
     clear_usage_tables()
-    config = {"ENABLED": True, "WINDOW_S": 30, "MIN_ATTEMPTS": 60, "COOL_OFF_S": 10}
+    config = {"ENABLED": True, "WINDOW_S": 30, "MIN_JOBS": 20, "COOL_OFF_S": 10}
     loop = Loop(log, breaker=config)
     client = redis.Redis.from_url(url)
     workers = Workers(url, prefix, tmp, log, concurrency=4, lock_ms=30_000)

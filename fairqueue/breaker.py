@@ -1,12 +1,15 @@
 """The breaker for poison tenants: a tenant whose jobs of one type (nearly) all fail has
 them held, then tried again one job at a time (docs/usage.md#the-breaker).
 
-Per tenant and job type, the loop's usage step adds what each ledger write changed
-(attempts completed and failed) to a sliding window of ``WINDOW_S`` seconds kept in the
-loop's memory, in :data:`BUCKETS` buckets: bounded by the rows that changed in the last
-window, whatever the number of tenants or jobs, and no Redis read. When the attempts
-that ended in the window reach ``MIN_ATTEMPTS`` and the failed share reaches
-``FAILURE_RATIO``, the breaker opens:
+It counts jobs, not attempts: a job that fails and is retried is not a failure until its
+last attempt fails, so a tenant whose jobs fail a few times and then succeed never opens
+it. Per tenant and job type, the loop's usage step adds what each ledger write changed
+(jobs completed, and jobs failed for good: failed attempts less those with attempts
+left) to a sliding window of ``WINDOW_S`` seconds kept in the loop's memory, in
+:data:`BUCKETS` buckets: bounded by the rows that changed in the last window, whatever
+the number of tenants or jobs, and no Redis read. When the jobs that ended in the window
+reach ``MIN_JOBS`` and the failed share reaches ``FAILURE_RATIO`` (:func:`failing`), the
+breaker opens:
 
 * ``open``: the tenant is held in the job type's queue (the pause machinery of
   :mod:`fairqueue.holds`: its jobs no worker has taken are pulled back, its new ones
@@ -59,7 +62,7 @@ BUCKETS: Final = 10
 
 
 class Windows:
-    """Attempts completed and failed per (tenant, job type) over the last window, in
+    """Jobs completed and failed (for good) per (tenant, job type) over the last window, in
     :data:`BUCKETS` buckets: memory bounded by the rows that changed within a window."""
 
     def __init__(self) -> None:
@@ -111,9 +114,20 @@ class Windows:
 windows = Windows()
 
 
-def _failing(completed: int, failed: int, settings: BreakerSettings) -> bool:
+def failing(completed: int, failed: int, settings: BreakerSettings) -> bool:
+    """The breaker's rule: of the jobs that ended in the window, ``completed`` completed
+    and ``failed`` failed after their last attempt; it opens when at least ``MIN_JOBS``
+    ended and the failed share reaches ``FAILURE_RATIO``."""
     ended = completed + failed
-    return ended >= settings.min_attempts and failed >= settings.failure_ratio * ended
+    return ended >= settings.min_jobs and failed >= settings.failure_ratio * ended
+
+
+def job_outcomes(changes: Iterable[Change]) -> tuple[int, int]:
+    """Jobs completed and jobs failed for good in a write's changes of one row: a failed
+    attempt with attempts left is neither (its job's outcome is still to come)."""
+    completed = sum(max(0, c.completed) for c in changes)
+    failed = sum(max(0, c.failed - c.retried) for c in changes)
+    return completed, failed
 
 
 def after_write(queue: str, written: Written) -> None:
@@ -146,12 +160,11 @@ def after_write(queue: str, written: Written) -> None:
         for key, changes in by_row.items():
             if key in active:
                 continue  # a probe's outcome, read below
-            completed = sum(c.completed for c in changes)
-            failed = sum(c.failed for c in changes)
+            completed, failed = job_outcomes(changes)
             if not completed and not failed:
                 continue
             seen = windows.add(key, at.timestamp(), completed, failed, config.window_s)
-            if _failing(*seen, config):
+            if failing(*seen, config):
                 try:
                     active[key] = open_breaker(key[0], key[1], *seen, config=config)
                 except Exception as exc:  # held or not, as Redis and the database say
@@ -210,9 +223,9 @@ def open_breaker(
                 job_type=job_type,
                 action=TenantHold.HOLD,
                 actor=ACTOR,
-                why=f"{failed} of {completed + failed} attempts failed in the last "
-                f"{config.window_s} s (opens at {config.failure_ratio:g} of at least "
-                f"{config.min_attempts}); a probe after {config.cool_off_s} s",
+                why=f"{failed} of {completed + failed} jobs failed after their last attempt in "
+                f"the last {config.window_s} s (opens at {config.failure_ratio:g} of at least "
+                f"{config.min_jobs}); a probe after {config.cool_off_s} s",
             )
     except Exception:
         _resume_in(queues, tenant_id)

@@ -149,7 +149,7 @@ SETTING_CHECKS: Final[Mapping[Problem, tuple[str, str]]] = MappingProxyType(
         Problem.BREAKER: (
             "fairqueue.E028",
             'Set FAIRQUEUE[\'BREAKER\'] to a dict such as {"ENABLED": True, "WINDOW_S": 60, '
-            '"MIN_ATTEMPTS": 20, "FAILURE_RATIO": 0.95, "COOL_OFF_S": 300}, or remove it.',
+            '"MIN_JOBS": 20, "FAILURE_RATIO": 0.95, "COOL_OFF_S": 300}, or remove it.',
         ),
     }
 )

@@ -57,6 +57,10 @@ class Change:
     completed: int
     failed: int
     worker_ms: int
+    #: Of ``failed``, the attempts that had attempts left (the job was retried).
+    retried: int = 0
+    #: Attempts started.
+    started: int = 0
 
 
 @dataclass(slots=True)
@@ -133,6 +137,8 @@ def _upsert(reads: Sequence[UsageRead]) -> list[Change]:
                     after.completed - before.completed,
                     after.failed - before.failed,
                     after.worker_ms - before.worker_ms,
+                    after.retried - before.retried,
+                    after.attempts - before.attempts,
                 )
             )
         if new_rows:

@@ -8,8 +8,10 @@ plan tier's ``FAIRQUEUE['QUOTAS']`` entry; the tier says what happens over it:
 * ``hold``: its jobs are held in every queue, like a paused tenant, until the period
   ends or an operator lifts it (:func:`lift_quota`).
 
-The loop checks after each ledger write, for the tenants whose worker time it changed,
-and ends the holds whose period is over at every step. Every transition is audited
+The loop checks after each ledger write, for the tenants whose rows it changed, ended
+plus running worker time (:mod:`fairqueue.quota_watch`), again between its steps when a
+watched tenant's running attempts could have taken it over, and ends the holds whose
+period is over at every step. Every transition is audited
 (``HoldAudit``) and counted (``queue_fair_quota_exceeded_total{job_type,action}``).
 """
 
@@ -28,6 +30,7 @@ from django.db.models import Sum
 from fairqueue.conf import get_settings
 from fairqueue.holds import audit, end_hold, now, pause_in, queues_of, resume_in
 from fairqueue.ledger import Written
+from fairqueue.quota_watch import QuotaWatch, Watched
 from fairqueue.usage_settings import NO_QUOTA
 
 logger = logging.getLogger("fairqueue.quotas")
@@ -38,6 +41,8 @@ DEMOTED_CHECK_S: Final = 0.25
 #: Near quota: at least this share of it used (the dashboard's list).
 NEAR_SHARE: Final = 0.8
 _DEMOTED_CACHE_KEY: Final = "fairqueue:quota:demoted"
+#: The loop process's tenants watched for their running time (one loop per process).
+watch = QuotaWatch()
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,15 +86,31 @@ def used_ms(tenant_id: str, period: str, at: dt.datetime | None = None) -> int:
 
 
 def after_write(queue: str, written: Written) -> None:
-    """The loop's quota step: end the holds whose period is over, then check the
-    tenants whose worker time this write changed."""
+    """The loop's quota step: end the holds whose period is over, check the tenants
+    whose rows this write changed (an attempt started or ended) against their ended
+    worker time, and watch those not over it for their running time
+    (:mod:`fairqueue.quota_watch`)."""
     expire()
     tenants: dict[str, str] = {}
     for change in written.changes:
-        if change.worker_ms > 0:
+        if change.worker_ms > 0 or change.started > 0:
             tenants.setdefault(change.tenant_id, change.job_type)
-    if not tenants:
-        return
+    if tenants:
+        _check_changed(tenants)
+    watch.check(_act)
+
+
+def check_running() -> int:
+    """The loop's check between its steps: the watched tenants whose predicted crossing
+    has come, against ended plus running time. Returns how many went over."""
+    return watch.check(_act, due_only=True)
+
+
+def _act(tenant_id: str, quota: Any, used: int, job_type: str) -> None:
+    exceed(tenant_id, quota, used, job_type=job_type)
+
+
+def _check_changed(tenants: dict[str, str]) -> None:
     from fairqueue.models import TenantHold, TenantPlan
 
     active = set(
@@ -97,13 +118,23 @@ def after_write(queue: str, written: Written) -> None:
             tenant_id__in=tenants, reason=TenantHold.QUOTA, lifted_at__isnull=True
         ).values_list("tenant_id", flat=True)
     )
-    for plan in TenantPlan.objects.filter(tenant_id__in=set(tenants) - active):
-        quota = quota_of(plan)
+    watch.drop(active)
+    plans = {plan.tenant_id: plan for plan in TenantPlan.objects.filter(tenant_id__in=tenants)}
+    watch.drop(set(tenants) - set(plans))
+    for tenant_id in set(plans) - active:
+        quota = quota_of(plans[tenant_id])
         if quota is None:
+            watch.drop([tenant_id])
             continue
-        used = used_ms(plan.tenant_id, quota.period)
+        used = used_ms(tenant_id, quota.period)
         if used >= quota.worker_seconds * 1000:
-            exceed(plan.tenant_id, quota, used, job_type=tenants[plan.tenant_id])
+            watch.drop([tenant_id])
+            exceed(tenant_id, quota, used, job_type=tenants[tenant_id])
+            continue
+        _, until = period_bounds(now(), quota.period)
+        watch.note(
+            tenant_id, Watched(quota, quota.worker_seconds * 1000, used, until, tenants[tenant_id])
+        )
 
 
 def exceed(tenant_id: str, quota: Quota, used: int, *, job_type: str) -> None:

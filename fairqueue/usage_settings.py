@@ -41,9 +41,11 @@ class BreakerSettings:
     enabled: bool = False
     #: The window the failure ratio is measured over (seconds).
     window_s: int = 60
-    #: Attempts that must have ended in the window before the ratio counts.
-    min_attempts: int = 20
-    #: Open when failed / ended attempts in the window reaches this.
+    #: Jobs that must have ended in the window (completed, or failed after their last
+    #: attempt) before the ratio counts.
+    min_jobs: int = 20
+    #: Open when failed / ended jobs in the window reaches this (a job fails when its
+    #: last attempt fails: a retried attempt's failure is not one).
     failure_ratio: float = 0.95
     #: How long an open breaker holds before one job is released as a probe (seconds).
     cool_off_s: int = 300
@@ -52,14 +54,14 @@ class BreakerSettings:
 BREAKER_RANGES: Final[Mapping[str, tuple[float, float]]] = MappingProxyType(
     {
         "WINDOW_S": (1, 86_400),
-        "MIN_ATTEMPTS": (1, 1_000_000),
+        "MIN_JOBS": (1, 1_000_000),
         "FAILURE_RATIO": (0.01, 1.0),
         "COOL_OFF_S": (1, 86_400),
     }
 )
 _BREAKER_FIELDS: Final = {
     "WINDOW_S": "window_s",
-    "MIN_ATTEMPTS": "min_attempts",
+    "MIN_JOBS": "min_jobs",
     "FAILURE_RATIO": "failure_ratio",
     "COOL_OFF_S": "cool_off_s",
 }
@@ -118,7 +120,7 @@ def parse_quotas(value: Any) -> Mapping[str, QuotaRule]:
 
 
 def parse_breaker(value: Any) -> BreakerSettings:
-    """``{"ENABLED": bool, "WINDOW_S": s, "MIN_ATTEMPTS": n, "FAILURE_RATIO": r,
+    """``{"ENABLED": bool, "WINDOW_S": s, "MIN_JOBS": n, "FAILURE_RATIO": r,
     "COOL_OFF_S": s}``, each optional."""
     name = "FAIRQUEUE['BREAKER']"
     allowed = {"ENABLED", *BREAKER_RANGES}

@@ -193,8 +193,11 @@ def parse_event(entry_id: bytes, fields: list[bytes]) -> Event | None:
         kind = "start"
     elif event in _END_EVENTS:
         kind = "end"
-    elif event in _READD_EVENTS and prev == b"active":
-        kind = "retry"  # an attempt that failed with attempts left (at once or backed off)
+    elif (event in _READD_EVENTS and prev == b"active") or (event == b"delayed" and prev is None):
+        # An attempt that failed with attempts left, at once or backed off (BullMQ's
+        # backoff writes 'delayed' with no 'prev'; so does adding a delayed job, whose
+        # id has no run: the recorders ignore an end without one).
+        kind = "retry"
     elif event == b"stalled":
         kind = "stalled"  # its worker died: the re-add just before it was no retry
     else:

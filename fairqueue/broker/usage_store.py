@@ -35,6 +35,16 @@ class UsageRead:
     values: UsageValues
 
 
+@dataclass(frozen=True, slots=True)
+class Running:
+    """Attempts running now, as :meth:`UsageStore.running` read them."""
+
+    #: Redis's clock when read (ms).
+    now_ms: int
+    #: tenant -> (attempts running, their worker ms so far)
+    tenants: dict[str, tuple[int, int]]
+
+
 def _text(value: str | bytes | None) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
@@ -94,6 +104,25 @@ class UsageStore(BrokerPart):
             pairs += [row.member, repr(row.version)]
         script = self.conn.script(plain_script("usage_flushed"))
         return int(await self.conn.guard(script(keys=[self.dirty_key(queue)], rows=pairs)))
+
+    async def running(self, queue: str, tenants: Sequence[str]) -> Running:
+        """The worker time so far of ``tenants``' attempts running now in ``queue``
+        (``lua/usage_running.lua``): one call, nothing read for no tenant."""
+        if not tenants:
+            return Running(0, {})
+        script = self.conn.script(plain_script("usage_running"))
+        reply = await self.conn.guard(
+            script(
+                keys=[self.conn.fair_key(queue, "run")],
+                job_prefix=self.conn.key(queue, ""),
+                tenants=list(tenants),
+            )
+        )
+        rows = {
+            str(_text(reply[i])): (int(reply[i + 1]), int(reply[i + 2]))
+            for i in range(1, len(reply) - 2, 3)
+        }
+        return Running(int(reply[0]), rows)
 
     async def pending(self, queue: str) -> int:
         """Rows not yet in the database."""

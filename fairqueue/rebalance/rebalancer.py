@@ -7,6 +7,7 @@ history between passes. Stopping, start-up, backoff and database connections are
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Sequence
 from typing import TextIO
@@ -202,14 +203,16 @@ class Rebalancer(Loop):
         """Wait for the next pass, running a tick every ``HISTORY_EVERY_MS`` for the
         queues this loop leads (never while Redis is down, never in a dry run): the
         stalled-job check, a page of adoption (jobs that run again get their fair place
-        within a tick) and the history step."""
+        within a tick) and the history step; between ticks, the quota check of tenants
+        whose running attempts could have reached their quota (its predicted time)."""
         now = time.monotonic()
         deadline = now + pause_ms / 1000
         next_tick = now + HISTORY_EVERY_MS / 1000
         while True:
             now = time.monotonic()
             remaining = deadline - now
-            step = min(remaining, next_tick - now, self._release_wait_s)
+            quota_s = math.inf if self.dry_run else max(self.usage.quota_due_in_s(), 0.001)
+            step = min(remaining, next_tick - now, self._release_wait_s, quota_s)
             if remaining <= 0 or self._stop.wait(max(step, 0)):
                 return
             now = time.monotonic()
@@ -218,6 +221,8 @@ class Rebalancer(Loop):
             if now >= next_tick:
                 self._tick()
                 next_tick = time.monotonic() + HISTORY_EVERY_MS / 1000
+            elif self.usage.quota_due_in_s() <= 0:
+                self.usage.check_running()  # a tenant's running attempts reach its quota
             self._release()
 
     def _release(self) -> None:

@@ -28,6 +28,8 @@ class UsageStep:
         self._act_failure = RepeatedFailure(logger, "quotas and breaker")
         #: Called with each write's result (quotas, the breaker); tests add their own.
         self.consumers: list[Callable[[str, Written], None]] = []
+        self._running: Callable[[], int] | None = None
+        self._running_due: Callable[[], float] | None = None
         self._wire_defaults()
 
     def _wire_defaults(self) -> None:
@@ -36,11 +38,30 @@ class UsageStep:
         except ImportError:  # pragma: no cover - quotas not installed in this build
             return
         self.consumers.append(quotas_after_write)
+        from fairqueue.quotas import check_running, watch
+
+        self._running, self._running_due = check_running, watch.due_in_s
         try:
             from fairqueue.breaker import after_write as breaker_after_write
         except ImportError:  # pragma: no cover
             return
         self.consumers.append(breaker_after_write)
+
+    def quota_due_in_s(self) -> float:
+        """Seconds until a watched tenant's running attempts could take it over its
+        quota (``inf``: none watched)."""
+        return self._running_due() if self._running_due is not None else float("inf")
+
+    def check_running(self) -> int:
+        """The quota check between steps (:func:`fairqueue.quotas.check_running`).
+        Never raises: a failure is logged and the next step checks again."""
+        if self._running is None:
+            return 0
+        try:
+            return self._running()
+        except Exception as exc:  # holds stay as they are; the next write checks again
+            self._act_failure.failed(exc)
+            return 0
 
     def run(self, queue: str) -> Written:
         """One step for ``queue``: write, then act. Never raises."""

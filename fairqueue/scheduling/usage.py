@@ -11,6 +11,8 @@ same page for the ledger, per tenant, job type and UTC day:
 * ``c`` / ``f`` attempts that completed / failed (a failed attempt with attempts left
   counts as failed), and ``t`` their worker milliseconds (on the day the attempt ended:
   what a tenant consumed today is what ended today);
+* ``r`` of the failed attempts, those that had attempts left (BullMQ retried the job):
+  ``f`` less ``r`` is the jobs that failed for good, which the breaker counts;
 * ``w`` total and ``m`` maximum wait in ms of first attempts, ready to start (on the
   day the attempt started); later attempts have no wait, as in the history.
 
@@ -28,7 +30,7 @@ from typing import Final
 from fairqueue.scheduling.attempts import Event, Run, Start
 
 #: The ledger's counters, in the order the loop reads them (field prefixes in Redis).
-STATS: Final = ("a", "c", "f", "t", "w", "m")
+STATS: Final = ("a", "c", "f", "t", "w", "m", "r")
 #: How long a day's counters stay in Redis after its last write (seconds): time for the
 #: loop to write them to the database after an outage of up to two days.
 DAY_TTL_S: Final = 3 * 86_400
@@ -143,6 +145,8 @@ def page_usage(
         row = f"{tenant}\n{job_type}"
         day = day_of(event.at_ms)
         out.add(day, "c" if event.kind == "end" and event.ok else "f", row, 1)
+        if event.kind == "retry":
+            out.add(day, "r", row, 1)
         out.add(day, "t", row, max(0, event.at_ms - start_ms))
     return out
 
@@ -157,6 +161,9 @@ class UsageValues:
     worker_ms: int = 0
     wait_ms_total: int = 0
     wait_ms_max: int = 0
+    #: Of ``failed``, the attempts that had attempts left (a row written before this
+    #: counter existed reads 0: its failures count as the jobs' last).
+    retried: int = 0
 
     def as_list(self) -> list[int]:
         return [
@@ -166,6 +173,7 @@ class UsageValues:
             self.worker_ms,
             self.wait_ms_total,
             self.wait_ms_max,
+            self.retried,
         ]
 
     @classmethod

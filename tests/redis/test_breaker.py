@@ -18,7 +18,7 @@ from fairqueue.rebalance.usage_step import UsageStep
 from tests.conftest import REDIS_URL
 from tests.helpers import metric
 
-BREAKER = {"ENABLED": True, "WINDOW_S": 600, "MIN_ATTEMPTS": 6, "FAILURE_RATIO": 0.9}
+BREAKER = {"ENABLED": True, "WINDOW_S": 600, "MIN_JOBS": 6, "FAILURE_RATIO": 0.9}
 
 
 @pytest.fixture
@@ -116,7 +116,7 @@ def test_breaker__opens_on_a_failing_tenant_and_holds_its_jobs_not_the_healthy_o
 
     opened = HoldAudit.objects.get(tenant_id="poison", event="opened")
     assert opened.actor == "fairqueue breaker"
-    assert "8 of 8 attempts failed in the last 600 s" in opened.why
+    assert "8 of 8 jobs failed after their last attempt in the last 600 s" in opened.why
     assert metric("queue_fair_breaker_open", job_type="email") == 1
     assert redis_client.hexists(f"{armed}:email:fq:lim:paused", "poison")
     assert _hold("acme") is None  # the healthy tenant: no breaker
@@ -141,6 +141,45 @@ def test_breaker__stays_closed_for_a_tenant_whose_retries_succeed(armed, redis_c
     assert _hold("flaky") is None
     assert not redis_client.hexists(f"{armed}:email:fq:lim:paused", "flaky")
     assert metric("queue_fair_breaker_open", job_type="email") == 0
+
+
+@pytest.mark.django_db
+def test_breaker__counts_jobs_not_attempts_so_failed_first_attempts_do_not_open_it(
+    armed, redis_client
+):
+    """8 jobs of 'flaky' whose first two attempts fail (a 1 s backoff between): after the
+    first attempts every attempt in the window failed, 8 of them (an attempt rule opens
+    at 6 and 90%), but no job has failed yet; then they all succeed. 8 jobs of 'broken'
+    (2 attempts) fail for good: that opens it, once its jobs' last attempts fail."""
+    from fairqueue.models import TenantUsage
+
+    enqueue_jobs(
+        "email",
+        [{"i": i} for i in range(8)],
+        tenant_id="flaky",
+        attempts=3,
+        backoff={"type": "fixed", "delay": 1000},
+    )
+    seen = _run(armed, 8, lambda job: job.attemptsMade < 2)
+    assert [ok for *_, ok in seen] == [False] * 8  # only first attempts so far
+    _settle()
+    row = TenantUsage.objects.get(tenant_id="flaky")
+    assert (row.completed, row.failed) == (0, 8)  # the ledger counts them: all failed
+    assert _hold("flaky") is None
+    seen = _run(armed, 16, lambda job: job.attemptsMade < 2)  # their retries
+    assert sum(1 for *_, ok in seen if ok) == 8
+    _settle()
+    row.refresh_from_db()
+    assert (row.completed, row.failed) == (8, 16)  # 67% of attempts failed, no job did
+    assert _hold("flaky") is None
+    assert not redis_client.hexists(f"{armed}:email:fq:lim:paused", "flaky")
+    # Jobs that fail their last attempt: these open it.
+    enqueue_jobs("email", [{"i": i} for i in range(8)], tenant_id="broken", attempts=2)
+    seen = _run(armed, 16, lambda job: True)
+    _settle()
+    hold = _hold("broken")
+    assert hold is not None and hold.lifted_at is None
+    assert redis_client.hexists(f"{armed}:email:fq:lim:paused", "broken")
 
 
 @pytest.mark.django_db

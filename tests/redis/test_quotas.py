@@ -224,3 +224,120 @@ def test_quota__a_tenant_gets_its_quota_and_at_most_one_job_more_then_all_of_it_
     assert later[-1][0] == "normal"
     _settle()
     assert not TenantHold.objects.filter(tenant_id="acme", lifted_at__isnull=True).exists()
+
+
+class _Gate:
+    """A stock worker's jobs each run until the test ends them (``finish``): the test,
+    not the clock, says how long each one ran."""
+
+    def __init__(self):
+        self.started: list[str] = []
+        self.finished = threading.Event()
+        self._end: dict[str, threading.Event] = {}
+        self.seen: list[tuple[str, float]] = []  # (level, ms run), as the worker measured
+
+    async def process(self, job, token):
+        began = time.monotonic()
+        end = self._end.setdefault(job.id, threading.Event())
+        self.started.append(job.id)
+        while not end.is_set():
+            await asyncio.sleep(0.005)
+        self.seen.append((job.data.get("priorityLevel"), (time.monotonic() - began) * 1000))
+
+    def finish(self, job_id):
+        self._end.setdefault(job_id, threading.Event()).set()
+
+
+@contextlib.contextmanager
+def _gated_worker(prefix, gate):
+    from bullmq import Worker
+
+    from tests.conftest import REDIS_URL
+
+    ready, stop = threading.Event(), threading.Event()
+
+    async def main():
+        options = {"connection": REDIS_URL, "prefix": prefix, "concurrency": 1}
+        worker = Worker("email", gate.process, options)
+        ready.set()
+        while not stop.is_set():
+            await asyncio.sleep(0.01)
+        await worker.close()
+
+    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
+    thread.start()
+    ready.wait(30)
+    try:
+        yield
+    finally:
+        for job_id in list(gate.started):
+            gate.finish(job_id)
+        stop.set()
+        thread.join(30)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("action", ["hold", "demote"])
+def test_quota__counts_running_attempts_so_it_acts_while_the_crossing_job_still_runs(
+    fq_prefix, redis_client, settings, action
+):
+    """A 2 s daily quota, one worker slot, jobs the test ends. Job 1 runs 0.8 s; job 2
+    starts: 0.8 s ended, not over. The loop's check between its steps comes when job 2's
+    running time can reach the quota and acts then, while job 2 still runs: no job after
+    it runs at the tenant's level, so it gets at most its quota and one job more. (With
+    ended time only, nothing acted before job 2 ended, and with a backlog job 3 ran too.)"""
+    from fairqueue import conf
+    from fairqueue.models import TenantHold, TenantPlan
+
+    settings.FAIRQUEUE = {
+        **settings.FAIRQUEUE,
+        "QUOTAS": {"pro": {"worker_seconds": 2, "period": "day", "action": action}},
+    }
+    conf.reload_settings()
+    TenantPlan.objects.create(tenant_id="acme", plan_tier="pro")  # normal by plan
+    wire_tenant_plan_lookup()
+    quotas.watch.clear()
+    rebalance_queue("email", rebalancer="quota-test")
+    backlog = 4 if action == "hold" else 2
+    jobs = enqueue_jobs("email", [{"i": i} for i in range(backlog)], tenant_id="acme")
+    gate = _Gate()
+    step = UsageStep()
+
+    def held():
+        return TenantHold.objects.filter(tenant_id="acme", lifted_at__isnull=True).exists()
+
+    with _gated_worker(fq_prefix, gate):
+        assert _until(lambda: gate.started == [jobs[0].job_id])
+        time.sleep(0.8)
+        gate.finish(jobs[0].job_id)
+        assert _until(lambda: len(gate.started) == 2)
+        _settle()  # job 1's 0.8 s ended, job 2 just started: watched, not over
+        assert not held()
+        assert len(quotas.watch) == 1
+        for _ in range(200):  # the loop's checks between steps, at their predicted time
+            time.sleep(max(0.0, step.quota_due_in_s()))
+            step.check_running()
+            if held():
+                break
+        assert held()
+        assert gate.started == [jobs[0].job_id, jobs[1].job_id]  # job 2 still runs
+        assert not gate.seen[1:]
+        if action == "demote":
+            (late,) = enqueue_jobs("email", [{"i": 9}], tenant_id="acme")
+            assert late.level.value == "low"
+        gate.finish(jobs[1].job_id)
+        assert _until(lambda: len(gate.seen) == 2)
+        _settle()
+        if action == "hold":  # the backlog stays held: nothing more starts
+            assert _until(
+                lambda: redis_client.llen(f"{fq_prefix}:email:fq:lim:held:acme") == backlog - 2,
+                release=True,
+            )
+        else:  # the rest runs, at low if sent after the demotion
+            assert _until(lambda: len(gate.started) == 3)
+            gate.finish(gate.started[2])
+            assert _until(lambda: len(gate.seen) == 3)
+    mine = [ms for level, ms in gate.seen if level == "normal"]
+    assert len(mine) == 2
+    assert sum(mine) <= 2_000 + max(mine)  # its quota and at most one job more
+    assert sum(mine[:-1]) < 2_000  # the job that crossed it was its last at its level

@@ -36,6 +36,7 @@ SCRIPTS = [
             "reweight",
             "reweight_page",
             "usage_flushed",
+            "usage_running",
         )
     ),
     scripts.retry_failed_script,

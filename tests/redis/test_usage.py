@@ -52,6 +52,7 @@ def test_page_usage__pairs_each_attempt_once_and_counts_outcomes_waits_and_time(
         "a:beta\nemail": 2,  # the retry starts again: two attempts
         "w:beta\nemail": 510,  # first attempt only
         "f:beta\nemail": 2,
+        "r:beta\nemail": 1,  # of which one had attempts left
         "t:beta\nemail": 300 + 50,
     }
     assert out.maxima == {(day, "m:acme\nemail"): 500, (day, "m:beta\nemail"): 510}

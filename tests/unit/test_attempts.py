@@ -201,6 +201,10 @@ def test_parse_event__starts_ends_and_retries_only():
     assert parse_event(b"19-0", [b"event", b"delayed", b"jobId", b"9", b"prev", b"active"]) == (
         Event("retry", "9", 19)
     )
+    # A backed-off retry: BullMQ's 'delayed' has no 'prev' (nor has a delayed add's).
+    assert parse_event(b"19-3", [b"event", b"delayed", b"jobId", b"9", b"delay", b"50"]) == (
+        Event("retry", "9", 19)
+    )
     assert parse_event(b"19-1", [b"event", b"waiting", b"jobId", b"9"]) is None
     assert parse_event(b"19-2", [b"event", b"stalled", b"jobId", b"9"]) == (
         Event("stalled", "9", 19)

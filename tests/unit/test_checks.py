@@ -255,7 +255,7 @@ SETTING_CASES = [
         {},
         "FAIRQUEUE['BREAKER']['FAILURE_RATIO']=1.5 is not allowed: expected a number in 0.01..1",
         'Set FAIRQUEUE[\'BREAKER\'] to a dict such as {"ENABLED": True, "WINDOW_S": 60, '
-        '"MIN_ATTEMPTS": 20, "FAILURE_RATIO": 0.95, "COOL_OFF_S": 300}, or remove it.',
+        '"MIN_JOBS": 20, "FAILURE_RATIO": 0.95, "COOL_OFF_S": 300}, or remove it.',
     ),
 ]
 
