@@ -70,7 +70,6 @@ from benchmarks.bench_fairness import (  # noqa: E402
     TICK_S,
     WEIGHTS,
     NodeWorker,
-    _stop_process,
     calibrate,
     fair_env,
     max_min,
@@ -79,7 +78,7 @@ from benchmarks.bench_fairness import (  # noqa: E402
     wait_for_loop,
 )
 from benchmarks.breaker_watch import BreakerCount  # noqa: E402
-from benchmarks.common import REDIS_URL, delete_prefix  # noqa: E402
+from benchmarks.common import REDIS_URL, delete_prefix, stop_process  # noqa: E402
 
 #: "fairqueue-jobs" is fairqueue with FAIRNESS_BY="jobs" (seed 1's job count), the loop
 #: and the producer alike: with it the slow tenant gets equal *jobs*, not equal time.
@@ -437,7 +436,7 @@ def run_one(
                 result.overdue = db.submit(_overdue_by_level).result()
             worker.stop()
             if loop is not None:
-                _stop_process(loop)
+                stop_process(loop)
                 label = f"{scenario.name} / {scheduler} / {bound_ms} ms"
                 if args.breakers.after_run(label):
                     print(f"  the breaker opened in {label} (see the end)", flush=True)
@@ -446,7 +445,7 @@ def run_one(
             if worker is not None:
                 worker.stop()
             if loop is not None:
-                _stop_process(loop)
+                stop_process(loop)
             db.submit(close_brokers).result()
             close_brokers()
             delete_prefix(prefix)

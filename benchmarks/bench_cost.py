@@ -92,6 +92,7 @@ from django.core.management import call_command  # noqa: E402
 from django.test.utils import override_settings  # noqa: E402
 
 from benchmarks.bench_rebalance import private_redis  # noqa: E402
+from benchmarks.common import loop_process  # noqa: E402
 from fairqueue import conf  # noqa: E402
 from fairqueue.broker import Fence, close_brokers, get_broker  # noqa: E402
 from fairqueue.enqueue import priority  # noqa: E402
@@ -364,23 +365,7 @@ def rebalance_loop(url: str, prefix: str, log: Any, ledger: bool = True) -> Iter
         "DJANGO_SETTINGS_MODULE": "benchmarks.cost_settings",
         "FQBENCH_LEDGER": "1" if ledger else "0",
     }
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            str(ROOT / "manage.py"),
-            "rebalance_fair",
-            "--queue",
-            JOB_TYPE,
-            "--interval-ms",
-            str(INTERVAL_MS),
-            "--verbosity",
-            "0",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=log,
-    )
+    process = loop_process(JOB_TYPE, INTERVAL_MS, env, log)
     client = redis.Redis.from_url(url)
     try:
         deadline = time.monotonic() + 30

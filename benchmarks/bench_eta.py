@@ -65,7 +65,7 @@ from benchmarks.bench_fairness import (  # noqa: E402
     start_loop,
     wait_for_loop,
 )
-from benchmarks.common import REDIS_URL, delete_prefix  # noqa: E402
+from benchmarks.common import REDIS_URL, delete_prefix, wait_for_redis  # noqa: E402
 
 TICK_S = 0.01
 LEVELS = ("critical", "high", "normal", "low")
@@ -357,12 +357,7 @@ def run_cost(args: argparse.Namespace) -> dict[str, Any]:
     process, url, _folder = start_redis()
     try:
         client = redis.Redis.from_url(url)
-        for _ in range(100):
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.05)
+        wait_for_redis(client)
         broker = SyncBroker(Broker(url, "fqcost"))
         reads = StatusReads(broker.broker.conn)
         levels = list(PriorityLevel)

@@ -104,7 +104,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.breaker_watch import BreakerCount  # noqa: E402
-from benchmarks.common import REDIS_URL, delete_prefix  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    REDIS_URL,
+    delete_prefix,
+    loop_process,
+    stop_process,
+)
 
 JOB_TYPE = "bench"
 QUEUE = "bench"
@@ -210,16 +215,6 @@ def fair_env(prefix: str, args: argparse.Namespace) -> dict[str, str]:
     }
 
 
-def _stop_process(process: subprocess.Popen[Any], timeout: float = 15.0) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 class NodeWorker:
     """The stock Node BullMQ worker; a thread reads its per-job lines."""
 
@@ -262,31 +257,14 @@ class NodeWorker:
             self.seen.add(str(record["id"]))
 
     def stop(self) -> None:
-        _stop_process(self.process)
+        stop_process(self.process)
         self.reader.join(10)
 
 
 def start_loop(prefix: str, args: argparse.Namespace, log: TextIO) -> subprocess.Popen[bytes]:
     env = {**os.environ, **fair_env(prefix, args)}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    return subprocess.Popen(
-        [
-            sys.executable,
-            str(ROOT / "manage.py"),
-            "rebalance_fair",
-            "--queue",
-            JOB_TYPE,
-            "--interval-ms",
-            str(args.interval_ms),
-            "--verbosity",
-            "0",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=log,
-        start_new_session=True,
-    )
+    return loop_process(JOB_TYPE, args.interval_ms, env, log)
 
 
 def wait_for_loop(prefix: str, loop: subprocess.Popen[bytes], timeout: float = 20.0) -> bool:
@@ -463,7 +441,7 @@ def run_one(
             t0, t_end, t_stop = asyncio.run(drive(producer, worker, args))
             worker.stop()
             if loop is not None:
-                _stop_process(loop)
+                stop_process(loop)
                 if loop.returncode not in (0, None):
                     print(f"  warning: the rebalance loop exited with {loop.returncode}")
                 if breakers is not None and breakers.after_run(f"{scenario.name} / {scheduler}"):
@@ -474,7 +452,7 @@ def run_one(
             if worker is not None:
                 worker.stop()
             if loop is not None:
-                _stop_process(loop)
+                stop_process(loop)
             db.submit(close_brokers).result()
             close_brokers()
             delete_prefix(prefix)

@@ -55,6 +55,7 @@ os.environ["FQBENCH_DB"] = str(TMP / "bench.sqlite3")
 import redis  # noqa: E402
 
 from benchmarks.bench_rebalance import private_redis  # noqa: E402
+from benchmarks.common import wait_until  # noqa: E402
 from benchmarks.ledger_parts import (  # noqa: E402
     JOB_TYPE,
     QUEUE,
@@ -108,15 +109,6 @@ def _enqueue(batch: list[tuple[str, dict[str, Any], int]]) -> None:
         enqueue_jobs(JOB_TYPE, payloads, tenant_id=tenant, attempts=attempts)
 
 
-def _wait(what: Any, timeout_s: float, step_s: float = 0.01) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if what():
-            return True
-        time.sleep(step_s)
-    return False
-
-
 def live(args: argparse.Namespace, url: str, tmp: Path, log: TextIO) -> bool:
     prefix = f"fqlive{uuid.uuid4().hex[:6]}"
     use_prefix(prefix)
@@ -128,7 +120,7 @@ def live(args: argparse.Namespace, url: str, tmp: Path, log: TextIO) -> bool:
     dirty_key = f"{prefix}:{QUEUE}:fq:use:dirty"
     notes: list[str] = []
     try:
-        if not _wait(lambda: client.hexists(f"{prefix}:{QUEUE}:fq:hist", "cursor"), 60, 0.05):
+        if not wait_until(lambda: client.hexists(f"{prefix}:{QUEUE}:fq:hist", "cursor"), 60, 0.05):
             raise SystemExit("the loop did not start (see the log)")
         for _ in range(args.workers):
             workers.start()
@@ -143,14 +135,16 @@ def live(args: argparse.Namespace, url: str, tmp: Path, log: TextIO) -> bool:
                 if i <= at < i + step:
                     if what == "loop":
                         # Counted in Redis, not yet in the database: kill -9 there.
-                        _wait(lambda: client.zcard(dirty_key) > 0, 5, 0.001)
+                        wait_until(lambda: client.zcard(dirty_key) > 0, 5, 0.001)
                         notes.append(f"loop killed -9 with {client.zcard(dirty_key)} rows dirty")
                         loop.kill9_and_restart()
                     else:
                         active = client.llen(f"{prefix}:{QUEUE}:active")
                         notes.append(f"worker killed -9 with {active} jobs active in the queue")
                         workers.kill9_and_restart(0)
-        if not _wait(lambda: finished(client, prefix) >= len(plan), 300 + args.lock_ms / 1000, 0.1):
+        if not wait_until(
+            lambda: finished(client, prefix) >= len(plan), 300 + args.lock_ms / 1000, 0.1
+        ):
             raise SystemExit(f"{finished(client, prefix)} of {len(plan)} jobs finished")
         drained_s = time.monotonic() - began
         if not settled(client, prefix):

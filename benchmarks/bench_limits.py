@@ -46,13 +46,12 @@ from benchmarks.bench_fairness import (  # noqa: E402
     OUT,
     QUEUE,
     NodeWorker,
-    _stop_process,
     fair_env,
     setup_django,
     start_loop,
     wait_for_loop,
 )
-from benchmarks.common import REDIS_URL, delete_prefix  # noqa: E402
+from benchmarks.common import REDIS_URL, delete_prefix, stop_process  # noqa: E402
 
 SAMPLE_S = 0.01
 
@@ -164,7 +163,7 @@ def _run(args, db: ThreadPoolExecutor, limits, load, *, expect: int, during=None
             sampler.close()
         if worker is not None:
             worker.stop()
-        _stop_process(loop)
+        stop_process(loop)
         log.close()
         delete_prefix(prefix)
 

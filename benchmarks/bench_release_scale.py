@@ -189,19 +189,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         LOG,
         QUEUE,
         NodeWorker,
-        _stop_process,
         setup_django,
         start_loop,
         wait_for_loop,
     )
+    from benchmarks.common import stop_process, wait_for_redis
 
     client = redis.Redis.from_url(url)
-    for _ in range(100):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.05)
+    wait_for_redis(client)
     db = setup_django()
     from fairqueue.broker import NewJob, close_brokers, get_sync_broker
     from fairqueue.scheduling.levels import PriorityLevel
@@ -265,7 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if not wait_for_loop(prefix, loop):
                     raise RuntimeError(f"the loop did not start; see {LOG}")
             if not with_loop and loop is not None:
-                _stop_process(loop)
+                stop_process(loop)
                 loop = None
             if with_worker and worker is None:
                 worker = NodeWorker(prefix, args, log)
@@ -306,7 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if worker is not None:
             worker.stop()
         if loop is not None:
-            _stop_process(loop)
+            stop_process(loop)
         close_brokers()
         db.shutdown()
         client.close()

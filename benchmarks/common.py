@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
 
 import redis
+
+ROOT = Path(__file__).resolve().parent.parent
 
 REDIS_URL = os.environ.get("FAIRQUEUE_REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -26,3 +35,59 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def loop_process(
+    queue: str, interval_ms: int, env: dict[str, str], log: IO[Any]
+) -> subprocess.Popen[bytes]:
+    """``manage.py rebalance_fair`` for ``queue`` in a session of its own (so a kill -9
+    of it leaves the benchmark running), its output to ``log``."""
+    return subprocess.Popen(  # noqa: S603 - our own command
+        [
+            sys.executable,
+            str(ROOT / "manage.py"),
+            "rebalance_fair",
+            "--queue",
+            queue,
+            "--interval-ms",
+            str(interval_ms),
+            "--verbosity",
+            "0",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+    )
+
+
+def stop_process(process: subprocess.Popen[Any], timeout: float = 15.0) -> None:
+    """SIGTERM (a loop ends its step and lets its locks go), then SIGKILL."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def wait_until(what: Callable[[], Any], timeout_s: float, step_s: float = 0.01) -> bool:
+    """Whether ``what()`` came true within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if what():
+            return True
+        time.sleep(step_s)
+    return False
+
+
+def wait_for_redis(client: Any, tries: int = 100) -> None:
+    """Until a just started redis-server answers (or ``tries`` PINGs 50 ms apart)."""
+    for _ in range(tries):
+        try:
+            client.ping()
+            return
+        except redis.ConnectionError:
+            time.sleep(0.05)

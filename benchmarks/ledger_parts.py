@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
+
+from benchmarks.common import loop_process, stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER_JS = ROOT / "benchmarks" / "usage_worker.mjs"
@@ -77,24 +77,7 @@ class Loop:
         self.process = self._start()
 
     def _start(self) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(  # noqa: S603 - our own command
-            [
-                sys.executable,
-                str(ROOT / "manage.py"),
-                "rebalance_fair",
-                "--queue",
-                JOB_TYPE,
-                "--interval-ms",
-                str(INTERVAL_MS),
-                "--verbosity",
-                "0",
-            ],
-            cwd=ROOT,
-            env=self.env,
-            stdout=self.log,
-            stderr=self.log,
-            start_new_session=True,
-        )
+        return loop_process(JOB_TYPE, INTERVAL_MS, self.env, self.log)
 
     def kill9_and_restart(self, down_s: float = 1.0) -> None:
         self.process.kill()
@@ -105,16 +88,6 @@ class Loop:
 
     def stop(self) -> None:
         stop_process(self.process)
-
-
-def stop_process(process: subprocess.Popen[Any], timeout: float = 20.0) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 class Workers:

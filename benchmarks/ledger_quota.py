@@ -11,6 +11,7 @@ from typing import Any, TextIO
 
 import redis
 
+from benchmarks.common import wait_until
 from benchmarks.ledger_parts import (
     JOB_TYPE,
     QUEUE,
@@ -23,15 +24,6 @@ from benchmarks.ledger_parts import (
     settled,
     use_prefix,
 )
-
-
-def _wait(what: Any, timeout_s: float, step_s: float = 0.01) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if what():
-            return True
-        time.sleep(step_s)
-    return False
 
 
 def _hold(tenant: str, reason: str) -> Any:
@@ -71,19 +63,19 @@ def _run_quota(
     workers = Workers(url, prefix, tmp, log, concurrency=1, lock_ms=30_000)
     most = int(args.quota_s / args.job_s) + 10
     try:
-        if not _wait(lambda: client.hexists(f"{prefix}:{QUEUE}:fq:hist", "cursor"), 60, 0.05):
+        if not wait_until(lambda: client.hexists(f"{prefix}:{QUEUE}:fq:hist", "cursor"), 60, 0.05):
             raise SystemExit("the loop did not start (see the log)")
         workers.start(job_ms)
         if action == "hold":  # a backlog: the hold must stop it
             enqueue_jobs(JOB_TYPE, [{"runMs": job_ms}] * most, tenant_id="q")
-            _wait(lambda: _hold("q", "quota") is not None, most * args.job_s + 30, 0.1)
+            wait_until(lambda: _hold("q", "quota") is not None, most * args.job_s + 30, 0.1)
             time.sleep(3 * args.job_s)  # what else starts after it, if anything
         else:  # the producer sends the next job as the last ends: no backlog
             after = 0
             for _ in range(most):
                 job = enqueue_job(JOB_TYPE, {"runMs": job_ms}, tenant_id="q")
                 key = f"{prefix}:{QUEUE}:{job.job_id}"
-                _wait(lambda k=key: client.hexists(k, "finishedOn"), 60, 0.005)
+                wait_until(lambda k=key: client.hexists(k, "finishedOn"), 60, 0.005)
                 if _hold("q", "quota") is not None:
                     after += 1
                     if after >= 3:
@@ -153,7 +145,7 @@ def _rollover(action: str, url: str, workers: Workers, started_before: int) -> t
                 or client.llen(f"{prefix}:{QUEUE}:active")
             )
 
-        done = _wait(drained, 120, 0.25)
+        done = wait_until(drained, 120, 0.25)
         workers.processes[index].terminate()
         workers.stop()
         ran = len(workers.attempts()) - started_before
@@ -212,7 +204,7 @@ def breaker_scenario(args: argparse.Namespace, url: str, tmp: Path, log: TextIO)
     enqueued = 0
     marks: dict[str, float] = {}
     try:
-        if not _wait(lambda: client.hexists(f"{prefix}:{QUEUE}:fq:hist", "cursor"), 60, 0.05):
+        if not wait_until(lambda: client.hexists(f"{prefix}:{QUEUE}:fq:hist", "cursor"), 60, 0.05):
             raise SystemExit("the loop did not start (see the log)")
         workers.start(50)
         began = time.monotonic()
@@ -247,7 +239,7 @@ def breaker_scenario(args: argparse.Namespace, url: str, tmp: Path, log: TextIO)
             if elapsed > 120:
                 break
             time.sleep(max(0.0, began + tick * 0.1 - time.monotonic()))
-        _wait(lambda: finished(client, prefix) >= enqueued, 180, 0.2)
+        wait_until(lambda: finished(client, prefix) >= enqueued, 180, 0.2)
         settled(client, prefix)
     finally:
         workers.stop()
