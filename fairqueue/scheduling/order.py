@@ -313,6 +313,8 @@ class FairClock:
         """``tenant``'s weight changed: each of its flows with work counts the new one at
         once (so its level's total does too), and places its next jobs by it. Its jobs
         waiting are placed again (:func:`replaced_tag`), and its last tag with them.
+        The virtual time stays: the anchor, and what the head stands for once every job
+        is placed again (:meth:`observe_head`), never a head part-way through.
         Returns, per flow whose weight changed, the (anchor, ratio) its waiting jobs'
         tags are placed again by."""
         moved = {}

@@ -195,6 +195,31 @@ def test_a_weight_change_is_counted_at_once_as_the_model_counts_it(rounds):
         delete_prefix(prefix)
 
 
+def test_placing_a_tenants_flows_again_leaves_the_virtual_time_where_it_was(
+    fq_prefix, redis_client
+):
+    """A raised tenant's critical job moved ahead of its low one, not yet moved, is the
+    set's head for a moment: that moment is no virtual time (docs/design.md, "A weight
+    change"), so the low flow, whose job still waits, keeps counting."""
+    broker = get_sync_broker()
+    arrivals = [(C, "a", 1)] * 4 + [(C, "a", 2), (C, "b", 1), (C, "b", 1), (L, "a", 1)]
+    broker.add_jobs(
+        "email",
+        [
+            NewJob("email", {"tenantId": t}, lvl, tenant=t, tenant_weight=w)
+            for lvl, t, w in arrivals
+        ],
+    )
+    key, state = f"{fq_prefix}:email:prioritized", f"{fq_prefix}:email:fq:state"
+    redis_client.zpopmin(key, 6)  # left: a's low job (tag 12, start 0), its critical (15)
+    vt = redis_client.hget(state, "vt")
+    assert broker.run(broker.broker.limits.set_weight, "email", "a", 5) == 2
+    assert redis_client.hget(state, "vt") == vt
+    broker.add_jobs("email", [NewJob("email", {"tenantId": "b"}, C, tenant="b")])
+    assert redis_client.hget(state, "W:low") == "5"
+    assert redis_client.zscore(f"{fq_prefix}:email:fq:flows", "low\na") == pytest.approx(2.4)
+
+
 def test_a_new_job_goes_ahead_of_waiting_jobs_when_its_tag_says_so(fq_prefix, redis_client):
     enqueue_jobs("email", [{} for _ in range(1_000)], tenant_id="bulk", priority_level="low")
     urgent = enqueue_job("email", {}, tenant_id="ops", priority_level="critical")

@@ -23,6 +23,7 @@
           score's level and its payload's tenantId. Returns {visited, moved, done}.
   A raised flow keeps its last tag until its range is done (its jobs added meanwhile
   go behind the range, not into it); a lowered one moves it at 'begin'.
+  Only 'begin' reads the virtual time from the head (the anchor); a page never moves it.
 ]]
 --- @argv mode who amount prefix?
 --- @include fair_clock
@@ -64,7 +65,11 @@ local f = {}
 for part in string.gmatch(spec .. '\n', '([^\n]*)\n') do f[#f + 1] = part end
 local anchor, ratio, last, level = tonumber(f[1]), tonumber(f[2]), tonumber(f[3]), f[4]
 local cursorScore, tie, base = tonumber(f[5]), tonumber(f[6]) or 0, tonumber(f[7])
-local c = fqClock(K)
+-- The score mapping only: a page never moves the virtual time. Part-way through, the
+-- set's head can be a job already moved ahead of one of the tenant's not moved yet, so
+-- what it stands for is no virtual time (docs/design.md, "A weight change").
+local st = redis.call('HMGET', K.state, 'base', 'rbDelta', 'rbCursor')
+local c = {base = tonumber(st[1]) or 0, delta = tonumber(st[2]), cursor = tonumber(st[3])}
 if c.cursor then return {0, 0, 0} end -- a rebase in progress: the next call
 if cursorScore and base ~= c.base then
   cursorScore = cursorScore - (c.base - base) * fqSub * 4 -- a rebase ran since
