@@ -79,6 +79,7 @@ from benchmarks.bench_fairness import (  # noqa: E402
 )
 from benchmarks.breaker_watch import BreakerCount  # noqa: E402
 from benchmarks.common import REDIS_URL, delete_prefix, stop_process  # noqa: E402
+from benchmarks.noisy_watch import NoisyWatch  # noqa: E402
 
 #: "fairqueue-jobs" is fairqueue with FAIRNESS_BY="jobs" (seed 1's job count), the loop
 #: and the producer alike: with it the slow tenant gets equal *jobs*, not equal time.
@@ -306,6 +307,8 @@ class Result:
     duplicates: int = 0
     #: Overdue waiting jobs per level as the dashboard counted them when arrivals ended.
     overdue: dict[str, int] = field(default_factory=dict)
+    #: When each flow was first flagged noisy (s from the start; runs with the loop).
+    noisy: dict[str, float] | None = None
 
     def share(self, key: str) -> float:
         values = self.attempts if self.scenario.measure == "attempts" else self.worker_ms
@@ -429,7 +432,13 @@ def run_one(
             if loop is not None and not wait_for_loop(prefix, loop):
                 raise SystemExit(f"the rebalance loop did not take its lock; see {LOG}")
             producer = Producer(scheduler, scenario, args, db)
+            watch = NoisyWatch(JOB_TYPE, time.time() * 1000) if loop is not None else None
+            if watch is not None:
+                watch.start()
             asyncio.run(producer.run(prefix))
+            if watch is not None:
+                watch.stop()
+                result.noisy = watch.first
             t0 = producer.started_ms
             t_end = time.time() * 1000
             if loop is not None:
@@ -579,6 +588,7 @@ def checks(result: Result, args: argparse.Namespace) -> list[Check]:
         for level in sorted(calm, key=list(WEIGHTS).index):
             n = result.overdue.get(level, 0)
             out.append(Check(run, level, "overdue now", str(n), "0", n == 0))
+    out.extend(_noisy_checks(run, result, within))
     if result.returning_shares:
         first = result.returning_shares[0]
         out.append(
@@ -594,6 +604,27 @@ def checks(result: Result, args: argparse.Namespace) -> list[Check]:
     out.append(
         Check(run, "all", "attempts twice", str(result.duplicates), "0", result.duplicates == 0)
     )
+    return out
+
+
+def _noisy_checks(run: str, result: Result, within: set[str]) -> list[Check]:
+    """The noisy rule, live: a flow holding the workers (over 1.5x its share of its
+    level's worker time, the tenants of a level weighing alike here) is flagged within
+    10 s of the start; a flow within its share never is."""
+    if result.noisy is None:
+        return []
+    out = []
+    for flow in result.scenario.flows:
+        level = [f.key for f in result.scenario.flows if f.level == flow.level]
+        level_ms = sum(result.worker_ms.get(key, 0.0) for key in level)
+        held = result.worker_ms.get(flow.key, 0.0) / level_ms if level_ms else 0.0
+        flagged = result.noisy.get(flow.key)
+        seen = "never" if flagged is None else f"{flagged:.0f} s"
+        if flow.key in within:
+            out.append(Check(run, flow.key, "noisy", seen, "never", flagged is None))
+        elif len(level) > 1 and held > 1.5 / len(level):
+            ok = flagged is not None and flagged <= 10
+            out.append(Check(run, flow.key, f"noisy ({held:.0%} of time)", seen, "<= 10 s", ok))
     return out
 
 
@@ -646,6 +677,16 @@ def print_results(results: list[Result], args: argparse.Namespace) -> None:
 
 def print_checks(results: list[Result], args: argparse.Namespace) -> bool:
     rows = [c for r in results if r.scheduler == "fairqueue" for c in checks(r, args)]
+    # The noisy rule reads what any fairqueue queue records: where counting jobs lets a
+    # slow flood hold the workers, it must flag it (the noisy runs of "fairqueue-jobs").
+    rows += [
+        c
+        for r in results
+        if r.scheduler == "fairqueue-jobs"
+        for c in _noisy_checks(
+            f"{r.scenario.name} @ {r.bound_ms} ms (jobs)", r, r.within(args.run_ms)
+        )
+    ]
     if not rows:
         return True
     print("\nfairqueue against the criteria (in = within its max-min share)")
