@@ -29,7 +29,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -75,23 +74,32 @@ def start_redis(realtime: bool = False) -> tuple[subprocess.Popen[bytes], str, s
     return process, f"redis://127.0.0.1:{port}/0", folder
 
 
-class Pinger(threading.Thread):
-    """PING every 2 ms on a connection of its own; the round trips, in ms."""
+#: A PING every 2 ms for the given seconds, on a connection of its own; prints the round
+#: trips (ms), one a line. A process of its own, so the benchmark's other threads (the
+#: worker's reader) cannot hold its interpreter while a reply waits.
+_PINGER = """
+import sys, time, redis
+client = redis.Redis.from_url(sys.argv[1])
+end = time.perf_counter() + float(sys.argv[2])
+out = []
+while time.perf_counter() < end:
+    started = time.perf_counter()
+    client.ping()
+    out.append((time.perf_counter() - started) * 1000)
+    time.sleep(0.002)
+print("\\n".join(f"{ms:.3f}" for ms in out))
+"""
 
-    def __init__(self, url: str) -> None:
-        super().__init__(daemon=True)
-        import redis
 
-        self.client = redis.Redis.from_url(url)
-        self.samples: list[float] = []
-        self.running = True
-
-    def run(self) -> None:
-        while self.running:
-            started = time.perf_counter()
-            self.client.ping()
-            self.samples.append((time.perf_counter() - started) * 1000)
-            time.sleep(0.002)
+def start_pinger(url: str, seconds: float, realtime: bool) -> subprocess.Popen[str]:
+    """The pinger (:data:`_PINGER`); with realtime, under ``chrt`` below Redis's own
+    priority, so its figures are Redis's waits and not this machine's scheduling."""
+    command = ["chrt", "--fifo", "5"] if realtime else []
+    return subprocess.Popen(  # noqa: S603 - our own command
+        [*command, sys.executable, "-c", _PINGER, url, str(seconds)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
 
 def cpu_seconds(client: Any) -> float:
@@ -272,14 +280,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 settle(client, f"{prefix}:{QUEUE}:fq:lim")
             client.slowlog_reset()
             limited_before = limited_done(worker)
-            pinger = Pinger(url)
+            pinger = start_pinger(url, args.phase_s, args.realtime)
             cpu_before, wall_before = cpu_seconds(client), time.perf_counter()
-            pinger.start()
-            time.sleep(args.phase_s)
-            pinger.running = False
-            pinger.join()
+            out, _ = pinger.communicate(timeout=args.phase_s + 60)
             cpu = (cpu_seconds(client) - cpu_before) / (time.perf_counter() - wall_before)
-            samples = sorted(pinger.samples)
+            samples = sorted(float(line) for line in out.split())
             rows.append(
                 (
                     label,
