@@ -12,6 +12,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
 
+from fairqueue.admin_readonly import ReadOnlyAdmin
 from fairqueue.conf import get_settings
 from fairqueue.dashboard.tenant_page import effective_level
 from fairqueue.dashboard.views import DashboardAdmin
@@ -27,20 +28,6 @@ from fairqueue.models import (
 )
 from fairqueue.scheduling.limits import LIMIT_RANGES
 from fairqueue.tenants import pause_tenant, resume_tenant, retry_failed
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """Records nobody may add, change or delete by hand: the audit log (it is evidence)
-    and the outbox (deleting a row would lose its job)."""
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 class SetTierForm(forms.Form):

@@ -12,6 +12,7 @@ from django.contrib import admin, messages
 from django.db.models import Max, QuerySet, Sum
 from django.http import HttpRequest, HttpResponse
 
+from fairqueue.admin_readonly import ReadOnlyAdmin
 from fairqueue.usage_models import HoldAudit, TenantHold, TenantUsage
 
 _CSV_FIELDS = (
@@ -182,19 +183,8 @@ class TenantUsageAdmin(admin.ModelAdmin):
         return response
 
 
-class _ReadOnly(admin.ModelAdmin):
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
 @admin.register(TenantHold)
-class TenantHoldAdmin(_ReadOnly):
+class TenantHoldAdmin(ReadOnlyAdmin):
     list_display = ("tenant_id", "job_type", "reason", "action", "state", "created_at", "until")
     list_filter = ("reason", "action", "state")
     search_fields = ("tenant_id",)
@@ -219,7 +209,7 @@ class TenantHoldAdmin(_ReadOnly):
 
 
 @admin.register(HoldAudit)
-class HoldAuditAdmin(_ReadOnly):
+class HoldAuditAdmin(ReadOnlyAdmin):
     list_display = ("created_at", "tenant_id", "job_type", "reason", "event", "actor", "why")
     list_filter = ("reason", "event")
     search_fields = ("tenant_id",)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import sys
 import uuid
+from pathlib import Path
 
 import pytest
 import redis
@@ -11,13 +13,15 @@ import redis
 from fairqueue import conf, plans
 from fairqueue.broker import close_brokers
 from fairqueue.enqueue import priority
+from tests.fresh_project import copy_checkout, run_ok
 
 REDIS_URL = os.environ.get("FAIRQUEUE_REDIS_URL", "redis://127.0.0.1:6379/0")
 TEST_QUEUES = {"email": "email", "report": "report", "cleanup": "cleanup"}
 
 
-def delete_prefix(prefix: str) -> None:
-    client = redis.Redis.from_url(REDIS_URL)
+def delete_prefix(prefix: str, url: str = REDIS_URL) -> None:
+    """Delete every key under ``prefix`` on the Redis at ``url``."""
+    client = redis.Redis.from_url(url)
     try:
         keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
         for start in range(0, len(keys), 1000):
@@ -76,3 +80,43 @@ def limited(fq_prefix):
     TenantPlan.objects.create(tenant_id="beta", plan_tier="pro")
     wire_tenant_plan_lookup()
     return fq_prefix
+
+
+@pytest.fixture
+def viewer(client):
+    """The test client logged in as a staff user who may view the dashboard."""
+    from tests.helpers import staff
+
+    client.force_login(staff("viewer", "view_dashboard"))
+    return client
+
+
+@pytest.fixture
+def operator(client):
+    """The test client logged in as a staff user who may view the dashboard and change
+    tenant plans (pause, resume, limits)."""
+    from tests.helpers import staff
+
+    client.force_login(staff("operator", "view_dashboard", "change_tenantplan"))
+    return client
+
+
+@pytest.fixture(scope="session")
+def installed_wheel(tmp_path_factory) -> Path:
+    """django-fairqueue as pip installs it: the wheel built from a clean copy of this
+    checkout, installed into a directory of its own (its dependencies come from the test
+    environment). It proves the package ships what a project needs (templates, static
+    files, the Lua)."""
+    wheels = tmp_path_factory.mktemp("wheel")
+    site = tmp_path_factory.mktemp("site")
+
+    def pip(*args: str) -> None:
+        run_ok(
+            [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", *args], timeout=300
+        )
+
+    source = copy_checkout(tmp_path_factory.mktemp("source") / "django-fairqueue")
+    pip("wheel", "--no-deps", "-w", str(wheels), str(source))
+    (wheel,) = wheels.glob("django_fairqueue-*.whl")
+    pip("install", "--no-deps", "--target", str(site), str(wheel))
+    return site

@@ -4,6 +4,7 @@ and metric readers (assert a metric's value or its change)."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import subprocess
 import threading
 import time
@@ -15,29 +16,55 @@ from prometheus_client import REGISTRY
 from tests.conftest import REDIS_URL
 
 
-async def _drain(prefix: str, queue: str, count: int, timeout_s: float) -> list[tuple[str, dict]]:
-    processed: list[tuple[str, dict]] = []
+async def stock_worker_until(
+    prefix: str,
+    queue: str,
+    on_job,
+    count: int,
+    timeout_s: float = 60.0,
+    *,
+    concurrency: int = 1,
+    connection=REDIS_URL,
+) -> None:
+    """A stock ``bullmq.Worker`` (``concurrency`` slots) on ``queue`` under ``prefix`` that
+    calls ``on_job(job)`` (a function or a coroutine function) for every attempt it starts
+    (one that raises fails its attempt, as any processor's does) until ``count`` attempts
+    ended; ``TimeoutError`` when they did not in ``timeout_s``."""
     done = asyncio.Event()
+    ended = 0
 
     async def process(job, token):
-        processed.append((job.id, job.data))
-        if len(processed) >= count:
-            done.set()
-        return None
+        nonlocal ended
+        try:
+            outcome = on_job(job)
+            if inspect.isawaitable(outcome):
+                await outcome
+        finally:
+            ended += 1
+            if ended >= count:
+                done.set()
 
     worker = Worker(
         queue,
         process,
-        {"connection": REDIS_URL, "prefix": prefix, "concurrency": 1, "autorun": False},
+        {"connection": connection, "prefix": prefix, "concurrency": concurrency, "autorun": False},
     )
     task = asyncio.ensure_future(worker.run())
     try:
         await asyncio.wait_for(done.wait(), timeout_s)
-    except TimeoutError:
-        pass
     finally:
         await worker.close()
         task.cancel()
+
+
+async def _drain(prefix: str, queue: str, count: int, timeout_s: float) -> list[tuple[str, dict]]:
+    processed: list[tuple[str, dict]] = []
+    try:
+        await stock_worker_until(
+            prefix, queue, lambda job: processed.append((job.id, job.data)), count, timeout_s
+        )
+    except TimeoutError:
+        pass
     return processed
 
 
@@ -47,6 +74,22 @@ def drain_with_stock_worker(
     """Run a stock ``bullmq.Worker`` (concurrency 1) until ``count`` jobs were processed;
     return ``(job_id, data)`` in processing order."""
     return asyncio.run(_drain(prefix, queue, count, timeout_s))
+
+
+def bullmq_counts(prefix: str, queue: str = "email") -> dict[str, int]:
+    """BullMQ's own job counts of ``queue`` (its getJobCounts), by state."""
+    from bullmq import Queue
+
+    async def read() -> dict[str, int]:
+        q = Queue(queue, {"connection": REDIS_URL, "prefix": prefix})
+        try:
+            return await q.getJobCounts(
+                "wait", "prioritized", "delayed", "active", "completed", "failed"
+            )
+        finally:
+            await q.close()
+
+    return asyncio.run(read())
 
 
 def metric(name: str, **labels: str) -> float:
@@ -91,6 +134,42 @@ def settle_releases(queue: str = "email", most: int = 1_000) -> int:
     finally:
         client.close()
     raise AssertionError(f"the release step did not settle in {most} calls")
+
+
+def staff(username: str, *perms: str):
+    """A staff user (password ``pw``) with fairqueue's permissions ``perms``, read back
+    with a fresh permission cache."""
+    from django.contrib.auth.models import Permission, User
+
+    user = User.objects.create_user(username, password="pw", is_staff=True)
+    for codename in perms:
+        user.user_permissions.add(
+            Permission.objects.get(content_type__app_label="fairqueue", codename=codename)
+        )
+    return User.objects.get(pk=user.pk)
+
+
+@contextmanager
+def spawner():
+    """Yields ``start(args, **popen_kwargs)``: a process with its output (stderr too) on
+    a text pipe. Every process it started is killed, if still running, and reaped on the
+    way out."""
+    processes: list[subprocess.Popen] = []
+
+    def start(args: list[str], **kwargs) -> subprocess.Popen:
+        process = subprocess.Popen(
+            args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs
+        )
+        processes.append(process)
+        return process
+
+    try:
+        yield start
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+            process.communicate()
 
 
 def wait_until(predicate, timeout_s: float = 10.0, interval_s: float = 0.05) -> bool:

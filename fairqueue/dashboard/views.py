@@ -39,6 +39,7 @@ from django.http import (
 from django.template.response import TemplateResponse
 from django.urls import URLPattern
 
+from fairqueue.admin_readonly import ReadOnlyAdmin
 from fairqueue.broker import (
     MAX_JOB_ID_LENGTH,
     STATUS_TENANTS,
@@ -121,20 +122,11 @@ def _expected_start(job_type: str, job_id: str) -> dict[str, Any] | None:
         return None
 
 
-class DashboardAdmin(ConsoleAdmin):
+class DashboardAdmin(ReadOnlyAdmin, ConsoleAdmin):
     """The dashboard's views. The model has no table: nothing here reads or writes it."""
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return request.user.has_perm(PERM_VIEW)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def get_urls(self) -> list[URLPattern]:
         return [

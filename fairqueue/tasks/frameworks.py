@@ -139,28 +139,26 @@ def send_signal(name: str, sender: type, task_result: Any) -> None:
     caller believe otherwise nor stop a worker.
     """
     for framework in FRAMEWORKS:
-        signal = framework.signals[name]
-        for receiver, outcome in signal.send_robust(sender, task_result=task_result):
-            if isinstance(outcome, Exception):
-                logger.warning(
-                    "%s receiver %s of task %s raised %s",
-                    name,
-                    getattr(receiver, "__qualname__", type(receiver).__name__),
-                    task_result.id,
-                    type(outcome).__name__,
-                )
+        replies = framework.signals[name].send_robust(sender, task_result=task_result)
+        _warn_of_raised(name, task_result, replies)
 
 
 async def asend_signal(name: str, sender: type, task_result: Any) -> None:
     """:func:`send_signal` from async code (async receivers awaited on this loop)."""
     for framework in FRAMEWORKS:
-        signal = framework.signals[name]
-        for receiver, outcome in await signal.asend_robust(sender, task_result=task_result):
-            if isinstance(outcome, Exception):
-                logger.warning(
-                    "%s receiver %s of task %s raised %s",
-                    name,
-                    getattr(receiver, "__qualname__", type(receiver).__name__),
-                    task_result.id,
-                    type(outcome).__name__,
-                )
+        replies = await framework.signals[name].asend_robust(sender, task_result=task_result)
+        _warn_of_raised(name, task_result, replies)
+
+
+def _warn_of_raised(name: str, task_result: Any, replies: list[tuple[Any, Any]]) -> None:
+    """A warning for each receiver of signal ``name`` that raised: its name and the
+    exception's class, never the message (it may carry a payload)."""
+    for receiver, outcome in replies:
+        if isinstance(outcome, Exception):
+            logger.warning(
+                "%s receiver %s of task %s raised %s",
+                name,
+                getattr(receiver, "__qualname__", type(receiver).__name__),
+                task_result.id,
+                type(outcome).__name__,
+            )

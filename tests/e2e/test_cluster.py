@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from bullmq import Queue, Worker
+from bullmq import Queue
 from django.core.checks import run_checks
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
@@ -37,6 +37,7 @@ from fairqueue.rebalance.passes import LeaderLock, rebalance_as_leader, rebalanc
 from fairqueue.scheduling.levels import PriorityLevel
 from fairqueue.worker import handlers
 from fairqueue.worker.runner import Worker as FairWorker
+from tests.helpers import stock_worker_until
 from tests.servers import LocalCluster, cluster_support, free_ports, start_cluster
 
 pytestmark = pytest.mark.django_db
@@ -184,24 +185,9 @@ async def _drain_python(nodes: list[str], count: int) -> list[str]:
         decode_responses=True,
     )
     seen: list[str] = []
-    done = asyncio.Event()
-
-    async def process(job, token):
-        seen.append(job.id)
-        if len(seen) >= count:
-            done.set()
-
-    worker = Worker(
-        "{email}",
-        process,
-        {"connection": connection, "prefix": PREFIX, "concurrency": 1, "autorun": False},
+    await stock_worker_until(
+        PREFIX, "{email}", lambda job: seen.append(job.id), count, connection=connection
     )
-    task = asyncio.ensure_future(worker.run())
-    try:
-        await asyncio.wait_for(done.wait(), 60)
-    finally:
-        await worker.close()
-        task.cancel()
     return seen
 
 

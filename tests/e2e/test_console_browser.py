@@ -6,14 +6,12 @@ screen too. Saves screenshots to ``tests/artifacts/`` (console-*.png)."""
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth.models import Permission, User
-from playwright.sync_api import sync_playwright  # noqa: E402,I001 - after the skip there
 
 from fairqueue.dashboard import stats as dashboard
 from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
 from fairqueue.models import TenantPauseAudit, TenantPlan
-from tests.e2e.test_dashboard_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS
-from tests.redis.test_console_numbers import bullmq_counts
+from tests.e2e.browser import ARTIFACTS, chromium, log_in, staff_user
+from tests.helpers import bullmq_counts
 from tests.redis.test_dashboard import age_jobs
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -21,9 +19,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 def test_browser__overview_tenant_search_pause_and_job_page(live_server, fq_prefix, redis_client):
     dashboard.clear_backlog_cache()
-    user = User.objects.create_user("operator", password="pw-operator", is_staff=True)
-    for codename in ("view_dashboard", "change_tenantplan", "view_tenantplan"):
-        user.user_permissions.add(Permission.objects.get(codename=codename))
+    staff_user("operator", "view_dashboard", "change_tenantplan", "view_tenantplan")
     TenantPlan.objects.create(tenant_id="exports-co", plan_tier="enterprise", max_active=2)
     from fairqueue.enqueue.priority import wire_tenant_plan_lookup
 
@@ -37,62 +33,54 @@ def test_browser__overview_tenant_search_pause_and_job_page(live_server, fq_pref
     counts = bullmq_counts(fq_prefix, "email")  # before the browser's event loop runs
     ARTIFACTS.mkdir(exist_ok=True)
 
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(f"{live_server.url}/admin/login/")
-            page.fill("#id_username", "operator")
-            page.fill("#id_password", "pw-operator")
-            page.click("input[type=submit]")
-            page.wait_for_url(f"{live_server.url}/admin/")
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        log_in(page, live_server.url, "operator")
 
-            page.goto(f"{live_server.url}/admin/fairqueue/dashboard/?refresh_ms=60000")
-            row = "[data-fq-overview-row=email]"
-            assert page.locator(f"{row} [data-fq-ov=waiting]").inner_text() == str(
-                counts["wait"] + counts["prioritized"]
-            )
-            assert page.locator(f"{row} [data-fq-ov=held]").inner_text() == "3"
-            assert page.locator(f"{row} [data-fq-ov=delayed]").inner_text() == str(
-                counts["delayed"] - 3
-            )
-            # The queue needing attention (jobs past the bound) comes first.
-            first = page.locator("[data-fq-overview-row]").first
-            assert first.get_attribute("data-fq-overview-row") == "report"
-            page.screenshot(path=str(ARTIFACTS / "console-overview.png"))
+        page.goto(f"{live_server.url}/admin/fairqueue/dashboard/?refresh_ms=60000")
+        row = "[data-fq-overview-row=email]"
+        assert page.locator(f"{row} [data-fq-ov=waiting]").inner_text() == str(
+            counts["wait"] + counts["prioritized"]
+        )
+        assert page.locator(f"{row} [data-fq-ov=held]").inner_text() == "3"
+        assert page.locator(f"{row} [data-fq-ov=delayed]").inner_text() == str(
+            counts["delayed"] - 3
+        )
+        # The queue needing attention (jobs past the bound) comes first.
+        first = page.locator("[data-fq-overview-row]").first
+        assert first.get_attribute("data-fq-overview-row") == "report"
+        page.screenshot(path=str(ARTIFACTS / "console-overview.png"))
 
-            # Search by the start of an id, open the tenant, pause it (confirm, then act).
-            page.fill("#fq-ov-tenant", "exports")
-            page.click("form[action$='/tenants/'] input[type=submit]")
-            page.click("text=exports-co")
-            assert page.locator("[data-fq-effective-level]").inner_text() == "critical"
-            queue = "section.fq-tenant-queue[data-job-type=email]"
-            assert page.locator(f"{queue} [data-fq-t=held]").inner_text() == "3"
-            assert page.locator(f"{queue} [data-fq-t=waiting_total]").inner_text() == "2"
-            page.screenshot(path=str(ARTIFACTS / "console-tenant.png"), full_page=True)
-            page.click("text=Pause…")
-            assert "None of its jobs starts" in page.locator("[data-fq-touches]").inner_text()
-            page.click("input[type=submit][value^='Yes']")
-            assert page.locator("[data-fq-paused-state]").inner_text() == "yes"
-            assert page.locator(f"{queue} [data-fq-t=held]").inner_text() == "5"
+        # Search by the start of an id, open the tenant, pause it (confirm, then act).
+        page.fill("#fq-ov-tenant", "exports")
+        page.click("form[action$='/tenants/'] input[type=submit]")
+        page.click("text=exports-co")
+        assert page.locator("[data-fq-effective-level]").inner_text() == "critical"
+        queue = "section.fq-tenant-queue[data-job-type=email]"
+        assert page.locator(f"{queue} [data-fq-t=held]").inner_text() == "3"
+        assert page.locator(f"{queue} [data-fq-t=waiting_total]").inner_text() == "2"
+        page.screenshot(path=str(ARTIFACTS / "console-tenant.png"), full_page=True)
+        page.click("text=Pause…")
+        assert "None of its jobs starts" in page.locator("[data-fq-touches]").inner_text()
+        page.click("input[type=submit][value^='Yes']")
+        assert page.locator("[data-fq-paused-state]").inner_text() == "yes"
+        assert page.locator(f"{queue} [data-fq-t=held]").inner_text() == "5"
 
-            # A job's page: its position in line and why.
-            page.goto(f"{live_server.url}/admin/fairqueue/dashboard/jobs/?id={target.job_id}")
-            order = redis_client.zrange(f"{fq_prefix}:email:prioritized", 0, -1)
-            position = str(order.index(target.job_id) + 1)
-            assert page.locator("[data-fq-position]").inner_text() == position
-            assert "next turn" in page.locator("[data-fq-why]").inner_text()
-            page.screenshot(path=str(ARTIFACTS / "console-job.png"), full_page=True)
+        # A job's page: its position in line and why.
+        page.goto(f"{live_server.url}/admin/fairqueue/dashboard/jobs/?id={target.job_id}")
+        order = redis_client.zrange(f"{fq_prefix}:email:prioritized", 0, -1)
+        position = str(order.index(target.job_id) + 1)
+        assert page.locator("[data-fq-position]").inner_text() == position
+        assert "next turn" in page.locator("[data-fq-why]").inner_text()
+        page.screenshot(path=str(ARTIFACTS / "console-job.png"), full_page=True)
 
-            # A narrow screen: the overview table scrolls inside its box, the page does not.
-            narrow = browser.new_page(viewport={"width": 420, "height": 900})
-            narrow.context.add_cookies(page.context.cookies())
-            narrow.goto(f"{live_server.url}/admin/fairqueue/dashboard/?refresh_ms=60000")
-            width = narrow.evaluate("document.documentElement.scrollWidth")
-            assert width <= 440, width
-            narrow.screenshot(path=str(ARTIFACTS / "console-narrow.png"))
-        finally:
-            browser.close()
+        # A narrow screen: the overview table scrolls inside its box, the page does not.
+        narrow = browser.new_page(viewport={"width": 420, "height": 900})
+        narrow.context.add_cookies(page.context.cookies())
+        narrow.goto(f"{live_server.url}/admin/fairqueue/dashboard/?refresh_ms=60000")
+        width = narrow.evaluate("document.documentElement.scrollWidth")
+        assert width <= 440, width
+        narrow.screenshot(path=str(ARTIFACTS / "console-narrow.png"))
     # The pause was audited with the operator's name (the database is read after the
     # browser's event loop is gone).
     assert TenantPauseAudit.objects.filter(tenant_id="exports-co", actor="operator").exists()

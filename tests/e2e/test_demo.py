@@ -32,7 +32,7 @@ from django.core.management import CommandError, call_command
 from prometheus_client.parser import text_string_to_metric_families
 
 from fairqueue import conf
-from tests.conftest import REDIS_URL
+from tests.conftest import REDIS_URL, delete_prefix
 from tests.helpers import PrivateRedis, free_port, hang_up_server, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -154,13 +154,7 @@ def demo_prefix():
     prefix = f"fqtest-demo-{uuid.uuid4().hex[:12]}"
     yield prefix
     for url in (REDIS_URL, DEMO_DB_URL):
-        client = redis.Redis.from_url(url)
-        try:
-            keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-            if keys:
-                client.delete(*keys)
-        finally:
-            client.close()
+        delete_prefix(prefix, url)
 
 
 def _metric(url: str, name: str, **labels: str) -> float:

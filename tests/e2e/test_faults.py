@@ -146,6 +146,19 @@ class Cluster:
             "fairqueue_relay", "--interval-ms", "100", "--batch-size", str(batch_size)
         )
 
+    def node_worker(self, node: str, script: str, out: Path, *args: str) -> subprocess.Popen:
+        """A stock Node BullMQ worker (tests/node/``script``) on ``QUEUE``; what it
+        prints goes to ``out``."""
+        from tests.e2e.test_node_worker import NODE_DIR
+
+        process = subprocess.Popen(  # noqa: S603
+            [node, str(NODE_DIR / script), self.server.url, self.prefix, QUEUE, *args],
+            stdout=out.open("w"),
+            stderr=subprocess.STDOUT,
+        )
+        self.processes.append(process)
+        return process
+
     def workers(self, count: int) -> None:
         for _ in range(count):
             path = self.tmp_path / f"worker-{len(self.worker_files)}.txt"
@@ -156,9 +169,10 @@ class Cluster:
         path = self.tmp_path / f"enqueued-{uuid.uuid4().hex[:6]}.jsonl"
         return self.agent("enqueue", str(path), str(count), mode), path
 
-    def database(self) -> dict:
+    def agent_report(self, command: str):
+        """What the fault agent's ``command`` (``check``, ``usage``) prints, as JSON."""
         process = subprocess.run(
-            [sys.executable, "-m", "tests.fault_agent", "check"],
+            [sys.executable, "-m", "tests.fault_agent", command],
             cwd=ROOT,
             env=self.env,
             capture_output=True,
@@ -167,6 +181,9 @@ class Cluster:
             check=True,
         )
         return json.loads(process.stdout)
+
+    def database(self) -> dict:
+        return self.agent_report("check")
 
     def stop(self) -> None:
         for process in self.processes:
@@ -319,6 +336,15 @@ def kill_when(cluster: Cluster, probe, low: int, high: int, timeout_s: float = 6
     raise AssertionError(f"never saw {low}..{high}\n{cluster.log_tail()}")
 
 
+def relayed_exactly_once(cluster: Cluster, path: Path, total: int, what: str, capsys) -> None:
+    """Once the outbox is empty, workers drain the queue: every job the enqueuer wrote to
+    ``path`` ran exactly once (tallied as ``what``)."""
+    assert wait_until(lambda: cluster.database()["outbox"] == 0, 60, 0.5), cluster.log_tail()
+    drain(cluster, total)
+    ids, audited = read_enqueued(path)
+    assert_exact(tally(what, cluster, ids, audited, capsys), cluster)
+
+
 # -- scenarios ----------------------------------------------------------------------------
 
 
@@ -336,11 +362,9 @@ def test_kill9_redis_mid_relay__every_job_once(tmp_path, scratch_db, server, cap
         seen = kill_when(cluster, lambda c: c.zcard(prioritized), total // 10, total - 250)
         time.sleep(1.0)
         server.start()  # same port, same AOF
-        assert wait_until(lambda: cluster.database()["outbox"] == 0, 60, 0.5), cluster.log_tail()
-        drain(cluster, total)
-        ids, audited = read_enqueued(path)
-        counts = tally(f"kill -9 Redis mid-relay at {seen}/{total}", cluster, ids, audited, capsys)
-        assert_exact(counts, cluster)
+        relayed_exactly_once(
+            cluster, path, total, f"kill -9 Redis mid-relay at {seen}/{total}", capsys
+        )
     finally:
         cluster.stop()
 
@@ -405,11 +429,9 @@ def test_kill9_leader_mid_write__the_next_leader_finishes(tmp_path, scratch_db, 
             client.close()
         assert seen < total, "the leader finished before it could be killed"
         cluster.rebalancer()
-        assert wait_until(lambda: cluster.database()["outbox"] == 0, 60, 0.5), cluster.log_tail()
-        drain(cluster, total)
-        ids, audited = read_enqueued(path)
-        counts = tally(f"kill -9 leader at {seen}/{total} relayed", cluster, ids, audited, capsys)
-        assert_exact(counts, cluster)
+        relayed_exactly_once(
+            cluster, path, total, f"kill -9 leader at {seen}/{total} relayed", capsys
+        )
     finally:
         cluster.stop()
 
@@ -550,7 +572,6 @@ def test_tenant_limits__kill9_loop_mid_release_with_paused_and_limited_tenants(
     of the paused tenant starts while it is paused and the limited one never runs more
     than 2; every job of the others runs once; resumed at last, the paused tenant's
     jobs all run too, each once, none before its resume: nothing lost, nothing twice."""
-    from tests.e2e.test_node_worker import NODE_DIR
 
     total_drain = 3_000
     out = cluster.tmp_path / "paused.json"
@@ -560,15 +581,7 @@ def test_tenant_limits__kill9_loop_mid_release_with_paused_and_limited_tenants(
     base = f"{cluster.prefix}:{QUEUE}:fq:lim"
     active_key = f"{cluster.prefix}:{QUEUE}:active"
     starts_path = cluster.tmp_path / "node-starts.txt"
-    worker = subprocess.Popen(  # noqa: S603
-        [
-            node, str(NODE_DIR / "limits_worker.mjs"), cluster.server.url, cluster.prefix,
-            QUEUE, "16", "300000", "10", "",
-        ],
-        stdout=starts_path.open("w"),
-        stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    cluster.processes.append(worker)
+    worker = cluster.node_worker(node, "limits_worker.mjs", starts_path, "16", "300000", "10", "")
     leader = cluster.rebalancer()
     most_cap, zed_started, seen = 0, 0, [0]
 
@@ -630,19 +643,6 @@ def test_tenant_limits__kill9_loop_mid_release_with_paused_and_limited_tenants(
     assert_exact(counts, cluster)
 
 
-def _usage_rows(cluster: Cluster) -> dict[str, list[int]]:
-    process = subprocess.run(
-        [sys.executable, "-m", "tests.fault_agent", "usage"],
-        cwd=ROOT,
-        env=cluster.env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    return json.loads(process.stdout)
-
-
 def test_usage_ledger__kill9_loop_between_the_redis_count_and_the_database_write(
     node, cluster, capsys
 ):
@@ -654,7 +654,6 @@ def test_usage_ledger__kill9_loop_between_the_redis_count_and_the_database_write
     counted, exactly, and its worker time is within 1% of what the worker measured: from
     taking each job to its end as BullMQ recorded them (processedOn, finishedOn), on the
     worker's clock (the processors alone ran less: the report prints both)."""
-    from tests.e2e.test_node_worker import NODE_DIR
 
     total = 10_000
     out = cluster.tmp_path / "tenants.json"
@@ -664,15 +663,7 @@ def test_usage_ledger__kill9_loop_between_the_redis_count_and_the_database_write
     cluster.agent("tenants", str(out), str(total), wait=True)
     ids = json.loads(out.read_text())["ids"]
     lines_path = cluster.tmp_path / "node-usage.txt"
-    worker = subprocess.Popen(  # noqa: S603
-        [
-            node, str(NODE_DIR / "usage_worker.mjs"), cluster.server.url, cluster.prefix,
-            QUEUE, "16", "600000", "20", "u9",
-        ],
-        stdout=lines_path.open("w"),
-        stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    cluster.processes.append(worker)
+    worker = cluster.node_worker(node, "usage_worker.mjs", lines_path, "16", "600000", "20", "u9")
     dirty_key = f"{cluster.prefix}:{QUEUE}:fq:use:dirty"
     kills = []
     try:
@@ -710,7 +701,7 @@ def test_usage_ledger__kill9_loop_between_the_redis_count_and_the_database_write
             row[0 if parts[3] == "1" else 1] += 1
             row[2] += float(parts[4])
             row[3] += float(parts[5])
-    ledger = _usage_rows(cluster)
+    ledger: dict[str, list[int]] = cluster.agent_report("usage")
     assert set(ledger) == set(starts)
     worker_ms = sum(row[2] for row in ends.values())
     ledger_ms = sum(row[3] for row in ledger.values())

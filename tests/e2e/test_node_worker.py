@@ -4,7 +4,6 @@ fair order (tests/node holds the worker and its pinned package)."""
 import json
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ import pytest
 from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
 from fairqueue.rebalance.passes import rebalance_queue
 from tests.conftest import REDIS_URL
+from tests.fresh_project import run_ok
 from tests.redis.test_rebalance import add_foreign
 
 NODE_DIR = Path(__file__).resolve().parents[1] / "node"
@@ -30,14 +30,7 @@ def node_worker():
 
 
 def run_node_worker(node_worker, prefix, count):
-    done = subprocess.run(
-        [*node_worker, REDIS_URL, prefix, "email", str(count)],
-        capture_output=True,
-        text=True,
-        timeout=90,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
+    done = run_ok([*node_worker, REDIS_URL, prefix, "email", str(count)], timeout=90)
     return done.stdout.split()
 
 

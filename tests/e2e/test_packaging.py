@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import email.parser
 import shlex
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -18,10 +17,7 @@ from packaging.requirements import Requirement
 
 import fairqueue
 from tests.e2e.test_quickstart import _check, _follow_quickstart
-from tests.redis.test_tasks_backend import (  # noqa: F401 - installed_wheel is a fixture
-    ROOT,
-    installed_wheel,
-)
+from tests.fresh_project import ROOT, copy_checkout, run_ok
 
 
 def _wheel_metadata(site: Path) -> email.message.Message:
@@ -36,7 +32,7 @@ def test_pyproject__the_version_is_read_from_the_package_not_written_twice():
     assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "fairqueue.__version__"}
 
 
-def test_wheel__version_classifiers_license_and_extras(installed_wheel):  # noqa: F811
+def test_wheel__version_classifiers_license_and_extras(installed_wheel):
     metadata = _wheel_metadata(installed_wheel)
     assert metadata["Version"] == fairqueue.__version__
     assert metadata["License-Expression"] == "MIT"
@@ -72,26 +68,14 @@ def test_wheel__version_classifiers_license_and_extras(installed_wheel):  # noqa
 
 
 def test_sdist__carries_the_docs_license_and_changelog(tmp_path):
-    source = tmp_path / "source"
-    shutil.copytree(
-        ROOT,
-        source,
-        ignore=shutil.ignore_patterns(
-            ".git", ".venv", ".venv-dj6", "build", "*.egg-info", "node_modules", ".demo", "out"
-        ),
-    )
+    source = copy_checkout(tmp_path / "source")
     dist = tmp_path / "dist"
-    done = subprocess.run(
+    run_ok(
         # The build frontend, in an isolated environment with pyproject's build requirements
         # (setuptools>=77, as pip's wheel build in installed_wheel).
         [sys.executable, "-m", "build", "--sdist", "--outdir", str(dist), str(source)],
         cwd=source,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
     )
-    assert done.returncode == 0, done.stdout + done.stderr
     (sdist,) = dist.glob("django_fairqueue-*.tar.gz")
     with tarfile.open(sdist) as archive:
         names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
@@ -104,10 +88,7 @@ def test_sdist__carries_the_docs_license_and_changelog(tmp_path):
 
 
 def _run(*args: str, timeout: int = 600, **kwargs) -> str:
-    done = subprocess.run(
-        list(args), capture_output=True, text=True, timeout=timeout, check=False, **kwargs
-    )
-    assert done.returncode == 0, f"{args}: {done.stdout}{done.stderr}"
+    done = run_ok(args, timeout=timeout, **kwargs)
     return done.stdout + done.stderr
 
 
@@ -115,23 +96,7 @@ def _run(*args: str, timeout: int = 600, **kwargs) -> str:
 def built_dists(tmp_path_factory) -> Path:
     """The sdist and the wheel `python -m build` makes from a clean copy of this checkout,
     as a maintainer publishes them (the wheel built from the sdist)."""
-    source = tmp_path_factory.mktemp("source") / "django-fairqueue"
-    shutil.copytree(
-        ROOT,
-        source,
-        ignore=shutil.ignore_patterns(
-            ".git",
-            ".venv",
-            ".venv-dj6",
-            "build",
-            "dist",
-            "*.egg-info",
-            "node_modules",
-            ".demo",
-            "out",
-            "__pycache__",
-        ),
-    )
+    source = copy_checkout(tmp_path_factory.mktemp("source") / "django-fairqueue")
     dist = tmp_path_factory.mktemp("dist")
     _run(sys.executable, "-m", "build", "--outdir", str(dist), str(source), cwd=source)
     return dist

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 import urllib.error
@@ -21,12 +19,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from bullmq import Worker
 from prometheus_client.parser import text_string_to_metric_families
 
 from fairqueue.enqueue.api import enqueue_jobs
-from tests.conftest import REDIS_URL
-from tests.helpers import free_port, wait_until
+from tests.helpers import free_port, stock_worker_until, wait_until
+from tests.redis.test_rebalance_loop import spawn
 from tests.unit.test_operator_files import BOARD, EXPECTED_ALERTS, RULES, board_expressions
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,46 +80,12 @@ def _stop(process: subprocess.Popen) -> None:
             process.wait()
 
 
-async def _drain(prefix: str, count: int) -> None:
-    done = asyncio.Event()
-    taken = []
-
-    async def process(job, token):
-        taken.append(job.id)
-        if len(taken) >= count:
-            done.set()
-
-    worker = Worker("email", process, {"connection": REDIS_URL, "prefix": prefix})
-    try:
-        await asyncio.wait_for(done.wait(), 60)
-    finally:
-        await worker.close()
-
-
 def test_prometheus_scrapes_the_rebalancer_and_returns_its_waits_and_leader(fq_prefix, tmp_path):
     metrics_port, prometheus_port = free_port(), free_port()
-    rebalancer = subprocess.Popen(
-        [
-            sys.executable,
-            "manage.py",
-            "rebalance_fair",
-            "--queue",
-            "email",
-            "--interval-ms",
-            "500",
-            "--metrics-port",
-            str(metrics_port),
-        ],
-        cwd=ROOT,
-        env={
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "tests.settings",
-            "FAIRQUEUE_PREFIX": fq_prefix,
-            "FAIRQUEUE_REDIS_URL": REDIS_URL,
-        },
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    rebalancer = spawn(
+        ["rebalance_fair", "--queue", "email", "--interval-ms", "500"]
+        + ["--metrics-port", str(metrics_port)],
+        fq_prefix,
     )
     prometheus = None
     try:
@@ -140,7 +103,7 @@ def test_prometheus_scrapes_the_rebalancer_and_returns_its_waits_and_leader(fq_p
         for level in LEVELS:
             enqueue_jobs("email", [{"i": i} for i in range(5)], tenant_id="t", priority_level=level)
         time.sleep(0.3)  # waits of at least 300 ms
-        asyncio.run(_drain(fq_prefix, 20))
+        asyncio.run(stock_worker_until(fq_prefix, "email", lambda job: None, 20))
 
         def counts() -> dict[str, float]:
             exported = _exported(metrics_port)

@@ -8,10 +8,8 @@ from it (under ``make test-django6``: a fresh Django 6.1 project)."""
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
-import subprocess
 import sys
 import textwrap
 import uuid
@@ -21,7 +19,7 @@ import django
 import pytest
 
 from tests.conftest import REDIS_URL, delete_prefix
-from tests.redis.test_tasks_backend import installed_wheel  # noqa: F401 - a fixture
+from tests.fresh_project import project_env, run_ok
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -61,25 +59,10 @@ def _follow_quickstart(
 ) -> dict[str, str]:
     python, commands = quickstart()
     prefix = f"fqquick-{uuid.uuid4().hex[:12]}"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(project), str(fairqueue_path)]),
-        "DJANGO_SETTINGS_MODULE": "mysite.settings",
-    }
-    for variable in ("FAIRQUEUE_REDIS_URL", "FAIRQUEUE_PREFIX", "DATABASE_URL"):
-        env.pop(variable, None)
+    env = project_env(project, fairqueue_path, settings_module="mysite.settings")
 
     def run(*args: str) -> str:
-        done = subprocess.run(
-            [interpreter, *args],
-            cwd=project,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=180,
-            check=False,
-        )
-        assert done.returncode == 0, f"{args}: {done.stdout}{done.stderr}"
+        done = run_ok([interpreter, *args], cwd=project, env=env, timeout=180)
         return done.stdout + done.stderr
 
     project.mkdir()
@@ -169,7 +152,7 @@ def test_readme__quickstart_in_a_fresh_project(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_readme__quickstart_in_a_fresh_project_from_the_wheel(tmp_path, installed_wheel):  # noqa: F811
+def test_readme__quickstart_in_a_fresh_project_from_the_wheel(tmp_path, installed_wheel):
     """Under `make test-django6` this is the fresh Django 6.1 project."""
     steps = _follow_quickstart(tmp_path / "site", installed_wheel)
     _check(steps, installed_wheel)

@@ -4,7 +4,6 @@ pause/resume from its change page, audit rows linking to the job."""
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth.models import User
 from django.urls import reverse
 
 from fairqueue.models import (
@@ -17,14 +16,8 @@ from fairqueue.models import (
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def superuser(client):
-    client.force_login(User.objects.create_superuser("root", password="pw"))
-    return client
-
-
 def test_tenantplan_list__shows_the_level_the_classifier_gives_a_tierless_tenant(
-    fq_prefix, superuser
+    fq_prefix, admin_client
 ):
     rules = SubscriptionClassifier.objects.create(name="billing", default_tier="free")
     ClassifierRule.objects.create(classifier=rules, product_id="prod_big", plan_tier="enterprise")
@@ -32,24 +25,26 @@ def test_tenantplan_list__shows_the_level_the_classifier_gives_a_tierless_tenant
         tenant_id="bigco", subscription={"products": [{"subscriptionProductId": "prod_big"}]}
     )
     TenantPlan.objects.create(tenant_id="smallco", plan_tier="free")
-    html = superuser.get(reverse("admin:fairqueue_tenantplan_changelist")).content.decode()
+    html = admin_client.get(reverse("admin:fairqueue_tenantplan_changelist")).content.decode()
     assert "Level of its jobs" in html
     bigco = html.split(">bigco<", 1)[1].split("</tr>", 1)[0]
     assert ">critical</span>" in bigco and "by the classifier" in bigco
     assert ">low</span>" in html.split(">smallco<", 1)[1].split("</tr>", 1)[0]
 
 
-def test_tenantplan_change_page__offers_pause_then_resume_through_the_console(fq_prefix, superuser):
+def test_tenantplan_change_page__offers_pause_then_resume_through_the_console(
+    fq_prefix, admin_client
+):
     plan = TenantPlan.objects.create(tenant_id="acme", plan_tier="pro")
     url = reverse("admin:fairqueue_tenantplan_change", args=[plan.pk])
     pause = reverse("admin:fairqueue_dashboard_tenant_action", args=["acme", "pause"])
-    assert f'href="{pause}" data-fq-pause-link>Pause' in superuser.get(url).content.decode()
-    superuser.post(pause)
+    assert f'href="{pause}" data-fq-pause-link>Pause' in admin_client.get(url).content.decode()
+    admin_client.post(pause)
     resume = reverse("admin:fairqueue_dashboard_tenant_action", args=["acme", "resume"])
-    assert f'href="{resume}" data-fq-pause-link>Resume' in superuser.get(url).content.decode()
+    assert f'href="{resume}" data-fq-pause-link>Resume' in admin_client.get(url).content.decode()
 
 
-def test_override_audit__job_ids_link_to_the_job_page(fq_prefix, superuser):
+def test_override_audit__job_ids_link_to_the_job_page(fq_prefix, admin_client):
     PriorityOverrideAudit.objects.create(
         job_type="email",
         job_id="42",
@@ -59,6 +54,6 @@ def test_override_audit__job_ids_link_to_the_job_page(fq_prefix, superuser):
         rule="override",
         numeric_priority=1,
     )
-    html = superuser.get(reverse("admin:fairqueue_priorityoverrideaudit_changelist")).content
+    html = admin_client.get(reverse("admin:fairqueue_priorityoverrideaudit_changelist")).content
     job = reverse("admin:fairqueue_dashboard_job", args=["email", "42"])
     assert f'<a href="{job}">42</a>'.encode() in html

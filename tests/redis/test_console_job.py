@@ -7,18 +7,11 @@ import pytest
 from django.urls import reverse
 
 from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
-from tests.helpers import wait_until
-from tests.redis.test_console_numbers import bullmq_counts
+from tests.helpers import bullmq_counts, wait_until
 from tests.redis.test_console_tenant import fail_jobs
-from tests.redis.test_dashboard import JOB, staff
+from tests.redis.test_dashboard import JOB
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def operator(client):
-    client.force_login(staff("operator", "view_dashboard", "change_tenantplan"))
-    return client
 
 
 def test_job_page__position_why_and_what_is_ahead_match_the_pop_order(

@@ -12,29 +12,16 @@ from fairqueue.dashboard import crumbs
 from fairqueue.dashboard import stats as dashboard
 from fairqueue.enqueue.api import enqueue_jobs
 from tests.conftest import REDIS_URL
-from tests.redis.test_dashboard import QUEUE, seed_mixed, staff
+from tests.helpers import bullmq_counts
+from tests.redis.test_dashboard import QUEUE, seed_mixed
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def viewer(client):
-    client.force_login(staff("viewer", "view_dashboard"))
+def viewer(viewer):
     dashboard.clear_backlog_cache()
-    return client
-
-
-def bullmq_counts(prefix: str, queue: str) -> dict[str, int]:
-    from bullmq import Queue
-
-    async def read() -> dict[str, int]:
-        q = Queue(queue, {"connection": REDIS_URL, "prefix": prefix})
-        try:
-            return await q.getJobCounts("wait", "prioritized", "delayed", "active", "failed")
-        finally:
-            await q.close()
-
-    return asyncio.run(read())
+    return viewer
 
 
 def test_numbers__at_rest_the_by_level_scan_agrees_with_bullmq(fq_prefix):

@@ -15,8 +15,7 @@ from fairqueue.dashboard.overview import noisy_figures
 from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
 from fairqueue.scheduling.noisy import FlowWeight, noisy_tenants
 from tests.conftest import REDIS_URL
-from tests.helpers import wait_until
-from tests.redis.test_console_numbers import bullmq_counts
+from tests.helpers import bullmq_counts, wait_until
 from tests.redis.test_console_tenant import fail_jobs
 from tests.redis.test_dashboard import DASHBOARD, age_jobs, staff
 

@@ -16,8 +16,7 @@ from fairqueue.dashboard.tenant_page import tenant_page_data
 from fairqueue.enqueue.api import enqueue_jobs
 from fairqueue.models import TenantPauseAudit, TenantPlan
 from tests.conftest import REDIS_URL
-from tests.helpers import wait_until
-from tests.redis.test_console_numbers import bullmq_counts
+from tests.helpers import bullmq_counts, wait_until
 from tests.redis.test_dashboard import staff
 
 pytestmark = pytest.mark.django_db
@@ -27,10 +26,9 @@ ACTION = "admin:fairqueue_dashboard_tenant_action"
 
 
 @pytest.fixture
-def operator(client):
-    client.force_login(staff("operator", "view_dashboard", "change_tenantplan"))
+def operator(operator):
     dashboard.clear_backlog_cache()
-    return client
+    return operator
 
 
 def fail_jobs(prefix: str, queue: str, count: int) -> None:

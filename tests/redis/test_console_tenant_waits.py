@@ -9,7 +9,6 @@ import json
 import math
 
 import pytest
-from bullmq import Worker
 
 from fairqueue.dashboard.tenant_page import WINDOWS_MIN, tenant_page_data
 from fairqueue.enqueue.api import enqueue_jobs
@@ -17,7 +16,7 @@ from fairqueue.rebalance.passes import rebalance_queue
 from fairqueue.scheduling import shares
 from fairqueue.scheduling.attempts import TENANT_BUCKET_S
 from fairqueue.scheduling.shares import bin_bounds, wait_bin
-from tests.conftest import REDIS_URL
+from tests.helpers import stock_worker_until
 
 pytestmark = pytest.mark.django_db
 
@@ -27,21 +26,10 @@ CLOCKS_MS = 3
 
 
 async def _drain(prefix: str, count: int) -> None:
-    done = asyncio.Event()
-    seen = 0
-
-    async def process(job, token):
-        nonlocal seen
+    async def process(job):
         await asyncio.sleep(0.004 if job.data["tenantId"] == "acme" else 0.002)
-        seen += 1
-        if seen >= count:
-            done.set()
 
-    worker = Worker("email", process, {"connection": REDIS_URL, "prefix": prefix, "concurrency": 1})
-    try:
-        await asyncio.wait_for(done.wait(), 60)
-    finally:
-        await worker.close()
+    await stock_worker_until(prefix, "email", process, count)
 
 
 def _exact(redis_client, prefix: str, ids: list[str]) -> tuple[list[int], int]:

@@ -20,7 +20,7 @@ from fairqueue.dashboard.wording import format_duration
 from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
 from fairqueue.rebalance.passes import LeaderLock, rebalance_queue
 from tests.conftest import REDIS_URL, TEST_QUEUES
-from tests.helpers import drain_with_stock_worker, wait_until
+from tests.helpers import drain_with_stock_worker, staff, wait_until
 from tests.redis.test_rebalance import add_foreign
 
 pytestmark = pytest.mark.django_db
@@ -31,21 +31,6 @@ QUEUE = "admin:fairqueue_dashboard_queue"
 REBALANCE = "admin:fairqueue_dashboard_rebalance"
 JOB = "admin:fairqueue_dashboard_job"
 STATES = {"wait", "prioritized", "active", "delayed", "failed", "completed"}
-
-
-def staff(username: str, *perms: str) -> User:
-    user = User.objects.create_user(username, password="pw", is_staff=True)
-    for codename in perms:
-        user.user_permissions.add(
-            Permission.objects.get(content_type__app_label="fairqueue", codename=codename)
-        )
-    return User.objects.get(pk=user.pk)  # fresh permission cache
-
-
-@pytest.fixture
-def viewer(client):
-    client.force_login(staff("viewer", "view_dashboard"))
-    return client
 
 
 @pytest.fixture(autouse=True)

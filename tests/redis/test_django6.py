@@ -24,11 +24,11 @@ from fairqueue.tasks.backend import FairQueueBackend, UnknownTaskQueueError
 from fairqueue.tasks.frameworks import FRAMEWORKS, PRIMARY
 from fairqueue.tasks.jobs import InvalidTaskError, TaskResultDoesNotExist
 from tests.conftest import REDIS_URL
-from tests.redis.test_tasks_backend import (  # noqa: F401 - installed_wheel is a fixture
+from tests.fresh_project import shop_project
+from tests.redis.test_tasks_backend import (
     BoomError,
     add,
     explode,
-    installed_wheel,
     record,
     run_worker,
 )
@@ -177,7 +177,7 @@ def test_task_decorator__extra_arguments_are_refused_tenant_is_a_call_argument()
         task(cost=5)(send)
 
 
-def test_package__its_django_requirement_keeps_the_running_django(installed_wheel):  # noqa: F811
+def test_package__its_django_requirement_keeps_the_running_django(installed_wheel):
     """pip keeps a project's Django when installing fairqueue exactly when the wheel's
     requirement admits it: Django 5.2 here, 6.1 under `make test-django6`."""
     (metadata,) = installed_wheel.glob("django_fairqueue-*.dist-info/METADATA")
@@ -207,18 +207,16 @@ def test_package__its_django_requirement_keeps_the_running_django(installed_whee
 def test_fresh_project__django_6_1_tasks_alone_enqueue_worker_result_and_signals(
     tmp_path,
     fq_prefix,
-    installed_wheel,  # noqa: F811
+    installed_wheel,
 ):
     """A Django 6.1 project with no backport: a TASKS setting, ``django.tasks.task``
     functions, ``enqueue`` from manage.py, ``fairqueue_worker --burst``, ``get_result``,
     and a receiver of each of ``django.tasks.signals``' three signals, in real processes
     with fairqueue installed from its wheel."""
-    app = tmp_path / "shop"
-    app.mkdir()
-    (app / "__init__.py").write_text("")
-    (app / "tasks.py").write_text(
-        textwrap.dedent(
-            """
+    log = tmp_path / "log.jsonl"
+    manage = shop_project(
+        tmp_path,
+        tasks_py="""
             import json, os
             from django.dispatch import receiver
             from django.tasks import task
@@ -250,46 +248,13 @@ def test_fresh_project__django_6_1_tasks_alone_enqueue_worker_result_and_signals
             def batch(label, tenant_id=None):
                 _log("ran", label=label)
                 return {"label": label}
-            """
-        )
+            """,
+        apps=("fairqueue",),
+        redis_url=REDIS_URL,
+        prefix=fq_prefix,
+        site=installed_wheel,
+        LOG_FILE=str(log),
     )
-    (tmp_path / "settings.py").write_text(
-        textwrap.dedent(
-            f"""
-            SECRET_KEY = "fresh-project"
-            USE_TZ = True
-            INSTALLED_APPS = ["django.contrib.contenttypes", "django.contrib.auth",
-                              "fairqueue", "shop"]
-            DATABASES = {{"default": {{"ENGINE": "django.db.backends.sqlite3",
-                                       "NAME": {str(tmp_path / "db.sqlite3")!r}}}}}
-            FAIRQUEUE = {{"REDIS_URL": {REDIS_URL!r}, "PREFIX": {fq_prefix!r}}}
-            TASKS = {{"default": {{"BACKEND": "fairqueue.tasks.backend.FairQueueBackend"}}}}
-            """
-        )
-    )
-    log = tmp_path / "log.jsonl"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(installed_wheel)]),
-        "DJANGO_SETTINGS_MODULE": "settings",
-        "LOG_FILE": str(log),
-    }
-    for variable in ("FAIRQUEUE_REDIS_URL", "FAIRQUEUE_PREFIX", "DATABASE_URL"):
-        env.pop(variable, None)
-
-    def manage(*args: str) -> str:
-        done = subprocess.run(
-            [sys.executable, "-m", "django", *args],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert done.returncode == 0, done.stdout + done.stderr
-        return done.stdout
-
     manage("migrate", "--noinput", "-v", "0")
     manage(
         "shell",

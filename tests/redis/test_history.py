@@ -10,7 +10,6 @@ import threading
 import time
 
 import pytest
-from bullmq import Worker
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -32,6 +31,7 @@ from fairqueue.scheduling.shares import (
 )
 from tests.conftest import REDIS_URL
 from tests.e2e.test_node_worker import node_worker, run_node_worker  # noqa: F401 - a fixture
+from tests.helpers import stock_worker_until
 
 WEIGHTS = {"critical": 4, "high": 3, "normal": 2, "low": 1}
 
@@ -205,18 +205,14 @@ def test_summarize__window_waits_tenants_and_gaps():
 
 
 async def _work(prefix, queue, count, seen, stop):
-    done = asyncio.Event()
-
-    async def process(job, token):
-        seen.append((job.id, job.data, job.timestamp, job.processedOn))
-        if len(seen) >= count:
-            done.set()
-
-    worker = Worker(queue, process, {"connection": REDIS_URL, "prefix": prefix, "concurrency": 1})
     try:
-        await asyncio.wait_for(done.wait(), 60)
+        await stock_worker_until(
+            prefix,
+            queue,
+            lambda job: seen.append((job.id, job.data, job.timestamp, job.processedOn)),
+            count,
+        )
     finally:
-        await worker.close()
         stop.set()
 
 
@@ -406,20 +402,13 @@ def test_live__a_stock_node_worker_is_recorded_too(node_worker, fq_prefix, redis
 
 
 async def _fail_once(prefix, queue, count, attempts_seen):
-    done = asyncio.Event()
 
-    async def process(job, token):
+    def process(job):
         attempts_seen.append(job.id)
         if job.attemptsMade == 0:
             raise RuntimeError("first attempt fails")
-        if len(attempts_seen) >= count:
-            done.set()
 
-    worker = Worker(queue, process, {"connection": REDIS_URL, "prefix": prefix, "concurrency": 1})
-    try:
-        await asyncio.wait_for(done.wait(), 30)
-    finally:
-        await worker.close()
+    await stock_worker_until(prefix, queue, process, count, 30)
 
 
 @pytest.mark.django_db

@@ -9,6 +9,7 @@ import asyncio
 import shutil
 import subprocess
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
@@ -21,8 +22,9 @@ from fairqueue.exceptions import InvalidTenantError
 from fairqueue.models import TenantPlan
 from tests.conftest import REDIS_URL
 from tests.e2e.test_node_worker import NODE_DIR
+from tests.helpers import bullmq_counts as counts
 from tests.helpers import settle_releases, wait_until
-from tests.redis.test_limits import counts, release
+from tests.redis.test_limits import release
 
 pytestmark = pytest.mark.django_db
 
@@ -85,7 +87,10 @@ def active_ids(redis_client, prefix) -> list[str]:
     return redis_client.lrange(f"{prefix}:email:active", 0, -1)
 
 
-def start_loop():
+@contextmanager
+def running_loop():
+    """The loop (a Rebalancer on ``email``) in a thread, holding its locks; stopped on the
+    way out."""
     import threading
 
     from fairqueue.rebalance.rebalancer import Rebalancer
@@ -93,27 +98,40 @@ def start_loop():
     rebalancer = Rebalancer(["email"], interval_ms=1000, install_signal_handlers=False)
     thread = threading.Thread(target=rebalancer.run, daemon=True)
     thread.start()
-    assert wait_until(lambda: all(lock.held for lock in rebalancer.locks.values()), 10)
-    return rebalancer, thread
+    try:
+        assert wait_until(lambda: all(lock.held for lock in rebalancer.locks.values()), 10)
+        yield rebalancer
+    finally:
+        rebalancer.request_stop()
+        thread.join(10)
+
+
+def outbox_row(tenant: str):
+    """An unsaved outbox row of a normal-level ``email`` job of ``tenant``."""
+    import json
+
+    from fairqueue.models import OutboxJob, new_outbox_job_id
+
+    data = json.dumps({"tenantId": tenant, "priorityLevel": "normal"})
+    return OutboxJob(
+        job_type="email", queue="email", job_id=new_outbox_job_id(), data=data,
+        level="normal", tenant=tenant,
+    )  # fmt: skip
 
 
 @pytest.fixture
 def loop_running(limited, transactional_db):
     """The loop in a thread. It writes the usage ledger on its own database connection, outside
     a test's rolled-back transaction: hence a transactional test, whose tables are emptied after."""
-    rebalancer, thread = start_loop()
-    yield rebalancer
-    rebalancer.request_stop()
-    thread.join(10)
+    with running_loop() as rebalancer:
+        yield rebalancer
 
 
 @pytest.fixture
 def loop_running_bare(fq_prefix, transactional_db):
     """The loop, for a test that makes its own plans."""
-    rebalancer, thread = start_loop()
-    yield rebalancer
-    rebalancer.request_stop()
-    thread.join(10)
+    with running_loop() as rebalancer:
+        yield rebalancer
 
 
 # -- a pause is absolute -----------------------------------------------------------------
@@ -231,8 +249,7 @@ def test_redis_lost_its_keys__pauses_and_limits_come_back_from_the_database(
     assert counts(limited)["prioritized"] == 0  # held by the add: the lookup says paused
     assert redis_client.hget(base, "acme") == "2\n\n\n"  # its limits came with it
     zed = enqueue_job("email", {}, tenant_id="zed").job_id  # no row: nothing says paused yet
-    rebalancer, thread = start_loop()  # its first pass rebuilds from the database
-    try:
+    with running_loop():  # its first pass rebuilds from the database
         assert wait_until(lambda: redis_client.exists(f"{base}:synced"), 5)
         assert sorted(redis_client.hkeys(f"{base}:paused")) == ["acme", "zed"]
         assert redis_client.hget(f"{base}:paused", "acme") == "1"  # confirmed
@@ -247,9 +264,6 @@ def test_redis_lost_its_keys__pauses_and_limits_come_back_from_the_database(
         assert wait_until(lambda: redis_client.exists(f"{base}:synced"), 5)
         assert sorted(redis_client.hkeys(f"{base}:paused")) == ["acme", "zed"]
         assert redis_client.hget(base, "acme") == "2\n\n\n"
-    finally:
-        rebalancer.request_stop()
-        thread.join(10)
 
 
 def test_rebuild__lifts_a_pause_only_an_add_made_and_the_database_does_not_confirm(
@@ -428,12 +442,11 @@ def test_model__a_bad_limit_names_its_allowed_range(field, value):
 # -- the dashboard reads many holding tenants in bounded, batched reads -------------------
 
 
-def test_dashboard__300_tenants_holding_jobs_answer_correctly(fq_prefix, client):
+def test_dashboard__300_tenants_holding_jobs_answer_correctly(fq_prefix, viewer):
     """Past 100 tenants holding jobs the stats endpoint answered 503 ("Redis
     unreachable"): one read per tenant was gathered at once and exhausted the async
     client's 100 connections. Now one pipeline; the held total counts every tenant, not
     only the 200 listed."""
-    from django.contrib.auth.models import Permission, User
     from django.urls import reverse
 
     tenants = [f"t{n:03d}" for n in range(300)]
@@ -443,12 +456,7 @@ def test_dashboard__300_tenants_holding_jobs_answer_correctly(fq_prefix, client)
     wire_tenant_plan_lookup()
     for tenant in tenants:
         enqueue_jobs("email", [{}, {}], tenant_id=tenant)  # one takeable, one held
-    user = User.objects.create_user("viewer", password="pw", is_staff=True)
-    user.user_permissions.add(
-        Permission.objects.get(content_type__app_label="fairqueue", codename="view_dashboard")
-    )
-    client.force_login(User.objects.get(pk=user.pk))
-    response = client.get(reverse("admin:fairqueue_dashboard_stats"), {"queue": "email"})
+    response = viewer.get(reverse("admin:fairqueue_dashboard_stats"), {"queue": "email"})
     assert response.status_code == 200, response.content[:300]
     (queue,) = response.json()["queues"]
     assert queue["limits"]["held_total"] == 300
@@ -463,7 +471,7 @@ def _fairqueue_connections(prefix: str, redis_client) -> int:
 
 
 def test_dashboard__10000_tenants_holding_jobs_list_200_with_totals_that_add_up(
-    fq_prefix, client, redis_client
+    fq_prefix, viewer, redis_client
 ):
     """10,000 limited tenants holding 1 to 3 jobs each (added by the add script, 250 jobs
     of many tenants a call, as the outbox relay adds them), 3 of them paused: the page
@@ -471,7 +479,6 @@ def test_dashboard__10000_tenants_holding_jobs_list_200_with_totals_that_add_up(
     200 tenants listed (the paused ones first, then those holding the most) whose held
     jobs plus the ones not listed make the total; a handful of connections, not one per
     tenant. (Its speed is the benchmark's: benchmarks/bench_dashboard.py --tenants.)"""
-    from django.contrib.auth.models import Permission, User
     from django.urls import reverse
 
     from fairqueue.broker import NewJob
@@ -502,12 +509,7 @@ def test_dashboard__10000_tenants_holding_jobs_list_200_with_totals_that_add_up(
     held = {t: sizes[t] - (t not in paused) for t in tenants}  # one each takeable
     assert counts(fq_prefix)["delayed"] == sum(held.values())
 
-    user = User.objects.create_user("viewer", password="pw", is_staff=True)
-    user.user_permissions.add(
-        Permission.objects.get(content_type__app_label="fairqueue", codename="view_dashboard")
-    )
-    client.force_login(User.objects.get(pk=user.pk))
-    response = client.get(reverse("admin:fairqueue_dashboard_stats"), {"queue": "email"})
+    response = viewer.get(reverse("admin:fairqueue_dashboard_stats"), {"queue": "email"})
     assert response.status_code == 200, response.content[:300]
     (queue,) = response.json()["queues"]
     found = queue["limits"]
@@ -523,7 +525,7 @@ def test_dashboard__10000_tenants_holding_jobs_list_200_with_totals_that_add_up(
     assert sum(row["held"] for row in rows) + found["held_not_listed"] == found["held_total"]
     assert found["holding_not_listed"] == 10_000 - 200
 
-    page = client.get(reverse("admin:fairqueue_dashboard_queue", args=["email"]))
+    page = viewer.get(reverse("admin:fairqueue_dashboard_queue", args=["email"]))
     assert page.status_code == 200
     text = page.content.decode()
     assert text.count("data-fq-limited=") == 200
@@ -567,26 +569,18 @@ def test_outbox__rows_refused_by_a_full_backlog_back_off_and_log_once(fq_prefix,
     the other's at once, refuses the 20 once each (one log line a row), and does not try
     them again before their backoff (before: every relay run retried every row one by
     one, one warning per try). Once there is room and the backoff is over, they go."""
-    import json
     import logging
 
     from fairqueue.enqueue.outbox import relay_outbox
-    from fairqueue.models import OutboxJob, new_outbox_job_id
+    from fairqueue.models import OutboxJob
     from tests.helpers import drain_with_stock_worker
 
     TenantPlan.objects.create(tenant_id="acme", plan_tier="pro", max_waiting=2)
     wire_tenant_plan_lookup()
     enqueue_jobs("email", [{}, {}], tenant_id="acme")  # at its cap
 
-    def row(tenant):
-        data = json.dumps({"tenantId": tenant, "priorityLevel": "normal"})
-        return OutboxJob(
-            job_type="email", queue="email", job_id=new_outbox_job_id(), data=data,
-            level="normal", tenant=tenant,
-        )  # fmt: skip
-
-    OutboxJob.objects.bulk_create([row("acme") for _ in range(20)])
-    OutboxJob.objects.bulk_create([row("beta") for _ in range(5)])
+    OutboxJob.objects.bulk_create([outbox_row("acme") for _ in range(20)])
+    OutboxJob.objects.bulk_create([outbox_row("beta") for _ in range(5)])
     caplog.set_level(logging.INFO, logger="fairqueue.outbox")
     first = relay_outbox()
     assert (first.sent, first.refused) == (5, 20)
@@ -619,35 +613,23 @@ def test_outbox__a_paused_full_tenants_rows_leave_the_loop_releasing_others_at_o
     tenant's rows are sent; no row is tried more than twice (its backoff), and each is
     logged once. Before: every run tried all 3,000 (12 refused adds, 3,000 UPDATEs),
     each row 3 times in 6 s, and acme's starts stalled behind the relay."""
-    import json
     import logging
     import re
 
     from fairqueue.enqueue.outbox import RELAY_BATCH_SIZE
-    from fairqueue.models import OutboxJob, new_outbox_job_id
+    from fairqueue.models import OutboxJob
 
     TenantPlan.objects.create(tenant_id="full", plan_tier="pro", max_waiting=2)
     enqueue_jobs("email", [{}, {}], tenant_id="full")  # at its cap
     pause_tenant("full")
 
-    def row(tenant):
-        data = json.dumps({"tenantId": tenant, "priorityLevel": "normal"})
-        return OutboxJob(
-            job_type="email", queue="email", job_id=new_outbox_job_id(), data=data,
-            level="normal", tenant=tenant,
-        )  # fmt: skip
-
-    OutboxJob.objects.bulk_create([row("full") for _ in range(3000)])
-    OutboxJob.objects.bulk_create([row("beta") for _ in range(20)])
+    OutboxJob.objects.bulk_create([outbox_row("full") for _ in range(3000)])
+    OutboxJob.objects.bulk_create([outbox_row("beta") for _ in range(20)])
     caplog.set_level(logging.INFO, logger="fairqueue.outbox")
     caplog.set_level(logging.DEBUG, logger="fairqueue.rebalance")  # each relay run's line
-    rebalancer, thread = start_loop()
-    try:
+    with running_loop():
         acme = {j.job_id for j in enqueue_jobs("email", [{} for _ in range(40)], tenant_id="acme")}
         starts = NodeWorker(node, limited, run_ms=6000, job_ms=50).starts()
-    finally:
-        rebalancer.request_stop()
-        thread.join(10)
 
     ran = [s.job_id for s in starts if s.tenant == "acme"]
     assert sorted(ran) == sorted(acme)  # all of them, each once
@@ -673,10 +655,8 @@ def test_outbox__a_relay_run_meets_a_bounded_number_of_full_tenants(fq_prefix):
     """Each tenant at its max_waiting costs a relay run one refused add (the add script
     names one full tenant a call): a run stops after RELAY_MAX_FULL_TENANTS of them and
     the rows it did not reach wait, untried, for the next run, which goes on from there."""
-    import json
-
     from fairqueue.enqueue.outbox import RELAY_MAX_FULL_TENANTS, relay_outbox
-    from fairqueue.models import OutboxJob, new_outbox_job_id
+    from fairqueue.models import OutboxJob
 
     full = [f"f{n:02d}" for n in range(RELAY_MAX_FULL_TENANTS + 4)]
     TenantPlan.objects.bulk_create(
@@ -686,15 +666,8 @@ def test_outbox__a_relay_run_meets_a_bounded_number_of_full_tenants(fq_prefix):
     for tenant in full:
         enqueue_job("email", {}, tenant_id=tenant)  # at its cap
 
-    def row(tenant):
-        data = json.dumps({"tenantId": tenant, "priorityLevel": "normal"})
-        return OutboxJob(
-            job_type="email", queue="email", job_id=new_outbox_job_id(), data=data,
-            level="normal", tenant=tenant,
-        )  # fmt: skip
-
-    OutboxJob.objects.bulk_create([row(t) for t in full for _ in range(2)])
-    OutboxJob.objects.bulk_create([row("beta") for _ in range(5)])
+    OutboxJob.objects.bulk_create([outbox_row(t) for t in full for _ in range(2)])
+    OutboxJob.objects.bulk_create([outbox_row("beta") for _ in range(5)])
     first = relay_outbox()
     assert (first.sent, first.refused) == (0, 2 * RELAY_MAX_FULL_TENANTS)
     assert OutboxJob.objects.filter(tries=0).count() == 2 * 4 + 5  # not reached: untried
@@ -794,8 +767,7 @@ def test_redis_restarted_empty__paused_and_limited_tenants_stay_so(node, tmp_pat
         TenantPlan.objects.create(tenant_id="lim", plan_tier="pro", max_active=2)
         wire_tenant_plan_lookup()
         pause_tenant("acme")
-        rebalancer, thread = start_loop()
-        try:
+        with running_loop():
             enqueue_jobs("email", [{} for _ in range(3)], tenant_id="acme")
             server.restart()  # empty: no AOF, no snapshot
             base = f"{prefix}:email:fq:lim"
@@ -805,15 +777,8 @@ def test_redis_restarted_empty__paused_and_limited_tenants_stay_so(node, tmp_pat
             lim = [j.job_id for j in enqueue_jobs("email", [{}] * 12, tenant_id="lim")]
             beta = [j.job_id for j in enqueue_jobs("email", [{}] * 20, tenant_id="beta")]
             worker = NodeWorker(node, prefix, run_ms=3500, job_ms=100, url=server.url)
-            most, deadline = 0, time.monotonic() + 3.2
-            while time.monotonic() < deadline:
-                active = client.lrange(f"{prefix}:email:active", 0, -1)
-                most = max(most, sum(i in lim for i in active))
-                time.sleep(0.005)
+            most = _most_active(client, prefix, lim, 3.2)
             starts = [s.job_id for s in worker.starts()]
-        finally:
-            rebalancer.request_stop()
-            thread.join(10)
         assert not set(acme) & set(starts)  # paused: none of its jobs started
         assert set(beta) <= set(starts)
         assert most <= 2, most

@@ -21,7 +21,14 @@ from fairqueue.enqueue.priority import wire_tenant_plan_lookup
 from fairqueue.exceptions import InvalidTenantError
 from fairqueue.models import OutboxJob, PriorityOverrideAudit, TenantPauseAudit, TenantPlan
 from tests.conftest import REDIS_URL
-from tests.helpers import drain_with_stock_worker, metric, settle_releases, wait_until
+from tests.helpers import bullmq_counts as counts
+from tests.helpers import (
+    drain_with_stock_worker,
+    metric,
+    settle_releases,
+    stock_worker_until,
+    wait_until,
+)
 from tests.redis.test_worker import registry  # noqa: F401, F811
 
 pytestmark = pytest.mark.django_db
@@ -30,17 +37,6 @@ pytestmark = pytest.mark.django_db
 def release(queue: str = "email", tenants=None):
     sync = get_sync_broker()
     return sync.run(sync.broker.limits.release, queue, tenants)
-
-
-def counts(prefix: str, queue: str = "email") -> dict[str, int]:
-    async def read():
-        q = Queue(queue, {"connection": REDIS_URL, "prefix": prefix})
-        try:
-            return await q.getJobCounts("wait", "prioritized", "delayed", "active", "completed")
-        finally:
-            await q.close()
-
-    return asyncio.run(read())
 
 
 def test_jobs_beyond_max_active__are_delayed_in_bullmq_counts(limited):
@@ -343,26 +339,13 @@ def test_loop__releases_within_100_ms_of_a_stock_workers_completion(limited, loo
     forget_tenant_plan("acme")
     spans: list[tuple[float, float]] = []
 
-    async def main():
-        done = asyncio.Event()
-
-        async def process(job, token):
-            started = time.monotonic()
-            await asyncio.sleep(0.02)
-            spans.append((started, time.monotonic()))
-            if len(spans) == 10:
-                done.set()
-
-        worker = Worker(
-            "email", process, {"connection": REDIS_URL, "prefix": limited, "concurrency": 4}
-        )
-        try:
-            await asyncio.wait_for(done.wait(), 30)
-        finally:
-            await worker.close()
+    async def process(job):
+        started = time.monotonic()
+        await asyncio.sleep(0.02)
+        spans.append((started, time.monotonic()))
 
     enqueue_jobs("email", [{} for _ in range(10)], tenant_id="acme")
-    asyncio.run(main())
+    asyncio.run(stock_worker_until(limited, "email", process, 10, 30, concurrency=4))
     spans.sort()
     gaps = [later[0] - earlier[1] for earlier, later in zip(spans, spans[1:], strict=False)]
     print("loop release gaps ms", [round(g * 1000, 1) for g in gaps])
@@ -380,24 +363,12 @@ def test_rate_limit__starts_follow_rate_max_per_duration(limited, loop_running):
     forget_tenant_plan("acme")
     starts: list[float] = []
 
-    async def main():
-        done = asyncio.Event()
-
-        async def process(job, token):
-            starts.append(time.monotonic())
-            if len(starts) == 60:
-                done.set()
-
-        worker = Worker(
-            "email", process, {"connection": REDIS_URL, "prefix": limited, "concurrency": 8}
-        )
-        try:
-            await asyncio.wait_for(done.wait(), 30)
-        finally:
-            await worker.close()
-
     enqueue_jobs("email", [{} for _ in range(60)], tenant_id="acme")
-    asyncio.run(main())
+    asyncio.run(
+        stock_worker_until(
+            limited, "email", lambda job: starts.append(time.monotonic()), 60, 30, concurrency=8
+        )
+    )
     starts.sort()
     # 10 per 250 ms, paced (a burst of 2, then one per 25 ms): 60 jobs in about 1.45 s;
     # never faster than the rate (1.25 s at the very least), and not much slower
@@ -412,20 +383,14 @@ def test_rate_limit__starts_follow_rate_max_per_duration(limited, loop_running):
 # -- visible: the dashboard and the metrics ---------------------------------------------
 
 
-def test_dashboard__lists_limited_tenants_their_held_jobs_and_why_they_wait(limited, client):
-    from django.contrib.auth.models import Permission, User
+def test_dashboard__lists_limited_tenants_their_held_jobs_and_why_they_wait(limited, viewer):
     from django.urls import reverse
 
-    user = User.objects.create_user("viewer", password="pw", is_staff=True)
-    user.user_permissions.add(
-        Permission.objects.get(content_type__app_label="fairqueue", codename="view_dashboard")
-    )
-    client.force_login(User.objects.get(pk=user.pk))
     acme = [job.job_id for job in enqueue_jobs("email", [{} for _ in range(5)], tenant_id="acme")]
     TenantPlan.objects.create(tenant_id="zed", plan_tier="pro")
     pause_tenant("zed")
     enqueue_job("email", {}, tenant_id="zed")
-    stats = client.get(reverse("admin:fairqueue_dashboard_stats"), {"queue": "email"}).json()
+    stats = viewer.get(reverse("admin:fairqueue_dashboard_stats"), {"queue": "email"}).json()
     (queue,) = stats["queues"]
     limits = queue["limits"]
     assert limits["held_total"] == 4
@@ -437,7 +402,7 @@ def test_dashboard__lists_limited_tenants_their_held_jobs_and_why_they_wait(limi
     assert rows["acme"]["held_jobs"] == acme[2:]  # in release order
     assert rows["zed"]["paused"] is True and rows["zed"]["why"] == "paused"
     assert queue["counts"]["delayed"] == 4  # BullMQ's own count: delayed, not lost
-    page = client.get(reverse("admin:fairqueue_dashboard_changelist")).content.decode()
+    page = viewer.get(reverse("admin:fairqueue_dashboard_changelist")).content.decode()
     assert "Limited tenants" in page and "at its limit of 2 at once" in page
 
 

@@ -4,7 +4,6 @@ import subprocess
 import time
 
 import pytest
-from bullmq import Worker
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 
 from fairqueue.enqueue.api import enqueue_jobs
@@ -17,8 +16,7 @@ from fairqueue.metrics import (
 )
 from fairqueue.rebalance.passes import rebalance_queue
 from fairqueue.scheduling.levels import PriorityLevel
-from tests.conftest import REDIS_URL
-from tests.helpers import metric
+from tests.helpers import metric, stock_worker_until
 
 #: Every family fairqueue exports (histograms and counters by their base name).
 FAMILIES = (
@@ -130,18 +128,12 @@ def _value(name: str, **labels: str) -> float:
 async def _drain(prefix: str, queue: str, count: int, seen: list) -> None:
     """A stock BullMQ worker takes ``count`` jobs; ``seen``: (level, wait ms) as the
     worker measured it (its processedOn less the job's timestamp)."""
-    done = asyncio.Event()
-
-    async def process(job, token):
-        seen.append((job.data["priorityLevel"], job.processedOn - job.timestamp))
-        if len(seen) >= count:
-            done.set()
-
-    worker = Worker(queue, process, {"connection": REDIS_URL, "prefix": prefix, "concurrency": 1})
-    try:
-        await asyncio.wait_for(done.wait(), 60)
-    finally:
-        await worker.close()
+    await stock_worker_until(
+        prefix,
+        queue,
+        lambda job: seen.append((job.data["priorityLevel"], job.processedOn - job.timestamp)),
+        count,
+    )
 
 
 @pytest.mark.django_db

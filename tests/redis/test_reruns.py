@@ -14,13 +14,13 @@ import threading
 import time
 
 import pytest
-from bullmq import Queue, Worker
+from bullmq import Queue
 
 from fairqueue import InvalidJobOptionError, enqueue_job, enqueue_jobs
 from fairqueue.broker import MAX_PRIORITY, TAG_FLOOR
 from fairqueue.rebalance.passes import rebalance_queue
 from tests.conftest import REDIS_URL
-from tests.helpers import wait_until
+from tests.helpers import stock_worker_until, wait_until
 from tests.redis.test_rebalance import index_ids
 
 pytestmark = pytest.mark.django_db
@@ -43,29 +43,15 @@ async def _run_stock_worker(
     in ``fail`` and runs a job of tenant t for ``run_s[t]`` seconds; returns the ids it
     took, in order, once it took ``count``."""
     taken: list[str] = []
-    done = asyncio.Event()
 
-    async def process(job, token):
+    async def process(job):
         taken.append(job.id)
         if run_s:
             await asyncio.sleep(run_s[job.data["tenantId"]])
-        if len(taken) >= count:
-            done.set()
         if job.id in fail and job.attemptsMade == 0:
             raise RuntimeError("integration down")
-        return None
 
-    worker = Worker(
-        "email",
-        process,
-        {"connection": REDIS_URL, "prefix": prefix, "concurrency": 1, "autorun": False},
-    )
-    task = asyncio.ensure_future(worker.run())
-    try:
-        await asyncio.wait_for(done.wait(), 60)
-    finally:
-        await worker.close()
-        task.cancel()
+    await stock_worker_until(prefix, "email", process, count)
     return taken[:count]
 
 

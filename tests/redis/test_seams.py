@@ -55,6 +55,29 @@ def out_of_memory(port: int) -> None:
         client.close()
 
 
+def rows_then_out_of_memory(settings, server: PrivateRedis, count: int) -> None:
+    """``count`` outbox rows of tenant ``t`` (written while Redis was down), then
+    fairqueue on ``server``, which refuses every write."""
+    rows_while_redis_is_down(settings, "email", count, tenant_id="t")
+    use_redis(settings, server.url)
+    out_of_memory(server.port)
+
+
+def count_add_jobs(monkeypatch) -> list[int]:
+    """The size of every ``SyncBroker.add_jobs`` call from now on (each runs as before)."""
+    from fairqueue.broker.brokers import SyncBroker
+
+    calls: list[int] = []
+    real_add_jobs = SyncBroker.add_jobs
+
+    def counting(self, queue, jobs):
+        calls.append(len(jobs))
+        return real_add_jobs(self, queue, jobs)
+
+    monkeypatch.setattr(SyncBroker, "add_jobs", counting)
+    return calls
+
+
 # -- 1. an outbox id never collides with an earlier job -------------------------------
 
 
@@ -100,26 +123,19 @@ def test_a_row_whose_id_holds_another_job_is_kept_and_reported(
 @pytest.mark.django_db(transaction=True)
 def test_a_retry_after_a_crash_still_counts_its_own_job_as_existing(fq_prefix, redis_client):
     """The collision check does not mistake the row's own job (added, row not deleted)."""
-    OutboxJob.objects.create(
-        job_type="email",
-        queue="email",
-        job_id=f"{OUTBOX_JOB_ID_PREFIX}abc",
-        data=json.dumps({"n": 1, "tenantId": "t", "priorityLevel": "normal"}),
-        level="normal",
-        tenant="t",
-    )
+    row = {
+        "job_type": "email",
+        "queue": "email",
+        "job_id": f"{OUTBOX_JOB_ID_PREFIX}abc",
+        "data": json.dumps({"n": 1, "tenantId": "t", "priorityLevel": "normal"}),
+        "level": "normal",
+        "tenant": "t",
+    }
+    OutboxJob.objects.create(**row)
     assert relay_outbox().sent == 1
     assert redis_client.exists(f"{fq_prefix}:email:{OUTBOX_JOB_ID_PREFIX}abc")
     # The same row again, as if the delete after the add had been lost.
-    retried = OutboxJob(
-        job_type="email",
-        queue="email",
-        job_id=f"{OUTBOX_JOB_ID_PREFIX}abc",
-        data=json.dumps({"n": 1, "tenantId": "t", "priorityLevel": "normal"}),
-        level="normal",
-        tenant="t",
-    )
-    retried.save()
+    OutboxJob(**row).save()
     result = relay_outbox()
     assert (result.sent, result.existing, result.collisions) == (1, 1, 0)
     assert OutboxJob.objects.count() == 0
@@ -196,20 +212,8 @@ def test_rows_of_a_removed_job_type_wait_and_check_warns(fq_prefix, redis_client
 def test_out_of_memory__one_add_per_run_one_log_line_and_the_redis_error(
     fq_prefix, private_redis, settings, caplog, monkeypatch
 ):
-    rows_while_redis_is_down(settings, "email", 350, tenant_id="t")
-    use_redis(settings, private_redis.url)
-    out_of_memory(private_redis.port)
-
-    from fairqueue.broker.brokers import SyncBroker
-
-    calls = []
-    real_add_jobs = SyncBroker.add_jobs
-
-    def counting(self, queue, jobs):
-        calls.append(len(jobs))
-        return real_add_jobs(self, queue, jobs)
-
-    monkeypatch.setattr(SyncBroker, "add_jobs", counting)
+    rows_then_out_of_memory(settings, private_redis, 350)
+    calls = count_add_jobs(monkeypatch)
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="fairqueue.outbox"):
         with pytest.raises(BrokerRejectedError) as raised:
@@ -249,19 +253,10 @@ def test_out_of_memory__one_add_per_run_one_log_line_and_the_redis_error(
 def test_out_of_memory__the_rebalance_loop_relays_once_per_round_and_logs_once(
     fq_prefix, private_redis, settings, caplog, monkeypatch
 ):
-    rows_while_redis_is_down(settings, "email", 30, tenant_id="t")
-    use_redis(settings, private_redis.url)
-    out_of_memory(private_redis.port)
-    from fairqueue.broker.brokers import SyncBroker
     from fairqueue.rebalance.rebalancer import Rebalancer
 
-    calls = []
-    real_add_jobs = SyncBroker.add_jobs
-    monkeypatch.setattr(
-        SyncBroker,
-        "add_jobs",
-        lambda self, queue, jobs: calls.append(len(jobs)) or real_add_jobs(self, queue, jobs),
-    )
+    rows_then_out_of_memory(settings, private_redis, 30)
+    calls = count_add_jobs(monkeypatch)
     loop = Rebalancer(["email"], interval_ms=100, install_signal_handlers=False)
     caplog.clear()
     with caplog.at_level(logging.WARNING):
@@ -281,6 +276,22 @@ def fair_key_names(redis_client, prefix: str, queue: str) -> set[str]:
     return {key[len(base) :] for key in redis_client.scan_iter(match=f"{base}*", count=1000)}
 
 
+def bullmq_queue_call(prefix: str, queue: str, method: str, **kwargs) -> None:
+    """``method`` of the bullmq package's ``Queue`` ``queue`` under ``prefix``."""
+    import asyncio
+
+    from bullmq import Queue
+
+    async def run() -> None:
+        bull = Queue(queue, {"connection": REDIS_URL, "prefix": prefix})
+        try:
+            await getattr(bull, method)(**kwargs)
+        finally:
+            await bull.close()
+
+    asyncio.run(run())
+
+
 def obliterate(prefix: str, queue: str, side: str = "python") -> None:
     if side == "node":
         node_run(
@@ -289,18 +300,7 @@ def obliterate(prefix: str, queue: str, side: str = "python") -> None:
             queue,
         )
         return
-    import asyncio
-
-    from bullmq import Queue
-
-    async def run() -> None:
-        bull = Queue(queue, {"connection": REDIS_URL, "prefix": prefix})
-        try:
-            await bull.obliterate(force=True)
-        finally:
-            await bull.close()
-
-    asyncio.run(run())
+    bullmq_queue_call(prefix, queue, "obliterate", force=True)
 
 
 @pytest.mark.parametrize("side", ["python", "node"])
@@ -423,18 +423,6 @@ def test_relay_once_exits_non_zero_on_a_permission_error(fq_prefix, acl_redis, s
 
 
 @pytest.fixture
-def viewer(client):
-    from django.contrib.auth.models import Permission, User
-
-    user = User.objects.create_user("viewer", password="pw", is_staff=True)
-    user.user_permissions.add(
-        Permission.objects.get(content_type__app_label="fairqueue", codename="view_dashboard")
-    )
-    client.force_login(User.objects.get(pk=user.pk))
-    return client
-
-
-@pytest.fixture
 def _fresh_backlog_cache():
     from fairqueue.dashboard import stats
 
@@ -507,18 +495,7 @@ def pause(prefix: str, queue: str, side: str) -> None:
     if side == "node":
         node_pause(prefix, queue)
         return
-    import asyncio
-
-    from bullmq import Queue
-
-    async def run() -> None:
-        bull = Queue(queue, {"connection": REDIS_URL, "prefix": prefix})
-        try:
-            await bull.pause()
-        finally:
-            await bull.close()
-
-    asyncio.run(run())
+    bullmq_queue_call(prefix, queue, "pause")
 
 
 def node_pause(prefix: str, queue: str) -> None:
@@ -551,18 +528,7 @@ def node_run(body: str, prefix: str, queue: str) -> None:
 
 
 def resume(prefix: str, queue: str) -> None:
-    import asyncio
-
-    from bullmq import Queue
-
-    async def run() -> None:
-        bull = Queue(queue, {"connection": REDIS_URL, "prefix": prefix})
-        try:
-            await bull.resume()
-        finally:
-            await bull.close()
-
-    asyncio.run(run())
+    bullmq_queue_call(prefix, queue, "resume")
 
 
 # -- 7. exact per-level counts with ties across page boundaries -------------------------

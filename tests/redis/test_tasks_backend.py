@@ -8,12 +8,8 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
-import os
 import re
-import shutil
-import subprocess
 import sys
-import textwrap
 import threading
 import warnings
 from datetime import timedelta
@@ -53,6 +49,7 @@ from fairqueue.worker.runner import Worker, runnable_job_types
 from tests.conftest import REDIS_URL
 from tests.e2e.test_cluster import on_cluster, redis_cluster  # noqa: F401
 from tests.e2e.test_node_worker import node_worker, run_node_worker  # noqa: F401
+from tests.fresh_project import shop_project
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parents[2]
@@ -774,47 +771,6 @@ def test_node_worker__takes_task_jobs_in_the_fair_order(node_worker, fq_prefix, 
 # -- a fresh project: pip install, TASKS, @task, manage.py ------------------------------
 
 
-@pytest.fixture(scope="module")
-def installed_wheel(tmp_path_factory) -> Path:
-    """django-fairqueue as pip installs it: the wheel built from this checkout, installed
-    into a directory of its own (its dependencies come from the test environment). It
-    proves the package ships what a project needs (templates, static files, the Lua)."""
-    wheels = tmp_path_factory.mktemp("wheel")
-    site = tmp_path_factory.mktemp("site")
-
-    def pip(*args: str) -> None:
-        done = subprocess.run(
-            [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", *args],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        assert done.returncode == 0, done.stdout + done.stderr
-
-    # From a copy without build artifacts: setuptools reuses a stale build/lib and would
-    # ship modules that were moved or deleted since the last build in this checkout.
-    source = tmp_path_factory.mktemp("source") / "django-fairqueue"
-    shutil.copytree(
-        ROOT,
-        source,
-        ignore=shutil.ignore_patterns(
-            ".git",
-            ".venv",
-            ".venv-dj6",
-            "build",
-            "*.egg-info",
-            "node_modules",
-            ".demo",
-            "__pycache__",
-        ),
-    )
-    pip("wheel", "--no-deps", "-w", str(wheels), str(source))
-    (wheel,) = wheels.glob("django_fairqueue-*.whl")
-    pip("install", "--no-deps", "--target", str(site), str(wheel))
-    return site
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(
     importlib.util.find_spec("django_tasks") is None,
@@ -827,12 +783,10 @@ def test_fresh_project__tasks_setting_and_task_decorator_run_in_the_fair_order(
     setting and @task functions, with fairqueue pip-installed from its wheel: manage.py
     enqueues and fairqueue_worker runs the jobs in the fair order (real processes, as a
     user would run them)."""
-    app = tmp_path / "shop"
-    app.mkdir()
-    (app / "__init__.py").write_text("")
-    (app / "tasks.py").write_text(
-        textwrap.dedent(
-            """
+    ran = tmp_path / "ran.txt"
+    manage = shop_project(
+        tmp_path,
+        tasks_py="""
             import os
             from django_tasks import task
 
@@ -847,46 +801,13 @@ def test_fresh_project__tasks_setting_and_task_decorator_run_in_the_fair_order(
             @task(priority=-75)
             def batch(label, tenant_id=None):
                 _log(label)
-            """
-        )
+            """,
+        apps=("fairqueue", "django_tasks"),
+        redis_url=REDIS_URL,
+        prefix=fq_prefix,
+        site=installed_wheel,
+        RAN_FILE=str(ran),
     )
-    (tmp_path / "settings.py").write_text(
-        textwrap.dedent(
-            f"""
-            SECRET_KEY = "fresh-project"
-            USE_TZ = True
-            INSTALLED_APPS = ["django.contrib.contenttypes", "django.contrib.auth",
-                              "fairqueue", "django_tasks", "shop"]
-            DATABASES = {{"default": {{"ENGINE": "django.db.backends.sqlite3",
-                                       "NAME": {str(tmp_path / "db.sqlite3")!r}}}}}
-            FAIRQUEUE = {{"REDIS_URL": {REDIS_URL!r}, "PREFIX": {fq_prefix!r}}}
-            TASKS = {{"default": {{"BACKEND": "fairqueue.tasks.backend.FairQueueBackend"}}}}
-            """
-        )
-    )
-    ran = tmp_path / "ran.txt"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(installed_wheel)]),
-        "DJANGO_SETTINGS_MODULE": "settings",
-        "RAN_FILE": str(ran),
-    }
-    for variable in ("FAIRQUEUE_REDIS_URL", "FAIRQUEUE_PREFIX", "DATABASE_URL"):
-        env.pop(variable, None)
-
-    def manage(*args: str) -> str:
-        done = subprocess.run(
-            [sys.executable, "-m", "django", *args],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert done.returncode == 0, done.stdout + done.stderr
-        return done.stdout
-
     manage("migrate", "--noinput", "-v", "0")
     # The app's commands, and not the demo project's: no demo superuser or runserver in a
     # user's project.

@@ -7,7 +7,6 @@ import asyncio
 import logging
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 import threading
@@ -16,7 +15,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-import redis
 from django.contrib.auth.models import User
 from django.core.management import CommandError, ManagementUtility, call_command
 from django.test import override_settings
@@ -29,9 +27,9 @@ from fairqueue.scheduling.levels import PriorityLevel
 from fairqueue.worker import handlers
 from fairqueue.worker.handlers import JobContext, NoHandlerError
 from fairqueue.worker.runner import Worker, split_payload
-from tests.helpers import PrivateRedis, free_port, read_until, wait_until
+from tests.conftest import REDIS_URL, delete_prefix
+from tests.helpers import PrivateRedis, free_port, read_until, spawner, wait_until
 
-REDIS_URL = os.environ.get("FAIRQUEUE_REDIS_URL", "redis://127.0.0.1:6379/0")
 ROOT = Path(__file__).resolve().parents[2]
 QUEUES = {
     "email": "email",
@@ -45,16 +43,6 @@ QUEUES = {
     "t_shared_a": "t_shared",
     "t_shared_b": "t_shared",
 }
-
-
-def _delete_prefix(prefix: str) -> None:
-    client = redis.Redis.from_url(REDIS_URL)
-    try:
-        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-        if keys:
-            client.delete(*keys)
-    finally:
-        client.close()
 
 
 @pytest.fixture
@@ -86,7 +74,7 @@ def prefix(registry):
         try:
             yield prefix
         finally:
-            _delete_prefix(prefix)
+            delete_prefix(prefix)
     conf.reload_settings()
 
 
@@ -394,25 +382,10 @@ def worker_process(prefix, tmp_path):
         "DJANGO_SETTINGS_MODULE": module,
         "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]),
     }
-    processes = []
-
-    def start(*args: str) -> subprocess.Popen:
-        process = subprocess.Popen(
-            [sys.executable, "manage.py", "fairqueue_worker", *args],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
+    with spawner() as spawn:
+        yield lambda *args: spawn(
+            [sys.executable, "manage.py", "fairqueue_worker", *args], cwd=ROOT, env=env
         )
-        processes.append(process)
-        return process
-
-    yield start
-    for process in processes:
-        if process.poll() is None:
-            process.kill()
-        process.communicate()
 
 
 def _wait_for_active(broker: Broker, job_type: str, timeout_s: float = 10.0) -> None:

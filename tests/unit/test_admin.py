@@ -1,7 +1,6 @@
 """Admin for plans, classifier rules and the read-only audit log."""
 
 import pytest
-from django.contrib.auth.models import User
 from django.urls import reverse
 
 from fairqueue.enqueue.lookups import lookup_tenant_plan, lookup_tenant_weight
@@ -13,13 +12,6 @@ from fairqueue.models import (
 )
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def admin_client(client):
-    user = User.objects.create_superuser("root", "root@example.com", "pw")
-    client.force_login(user)
-    return client
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ import logging
 import os
 import re
 import signal
-import subprocess
 import sys
 import textwrap
 import threading
@@ -25,7 +24,7 @@ from fairqueue.conf import get_settings
 from fairqueue.exceptions import BrokerRejectedError, BrokerUnavailableError
 from fairqueue.loop import MAX_BACKOFF_MS, Loop, backoff_ms, startup_delay_s
 from fairqueue.management.base import command_logging
-from tests.helpers import read_until
+from tests.helpers import read_until, spawner
 
 ROOT = Path(__file__).resolve().parents[2]
 # Every round closes stale database connections: the loops may touch the database.
@@ -201,25 +200,12 @@ print("returned", flush=True)
 
 @pytest.fixture
 def slow_loop():
-    processes = []
-
-    def start(round_s: float) -> subprocess.Popen:
-        process = subprocess.Popen(
+    with spawner() as spawn:
+        yield lambda round_s: spawn(
             [sys.executable, "-c", textwrap.dedent(LOOP_SCRIPT), str(round_s)],
             cwd=ROOT,
             env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
         )
-        processes.append(process)
-        return process
-
-    yield start
-    for process in processes:
-        if process.poll() is None:
-            process.kill()
-        process.communicate()
 
 
 def test_first_signal__the_round_in_flight_finishes_then_run_returns(slow_loop):

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.fresh_project import run_ok
+
 ROOT = Path(__file__).resolve().parents[2]
 FINDER = ROOT / ".ci" / "python312"
 
@@ -51,7 +53,7 @@ def pyenv_only(tmp_path):
 
 
 def _make_python_dj6(path: str, *args: str) -> str:
-    done = subprocess.run(
+    done = run_ok(
         [
             "make",
             "--no-print-directory",
@@ -62,12 +64,8 @@ def _make_python_dj6(path: str, *args: str) -> str:
         ],
         cwd=ROOT,
         env={"PATH": path, "HOME": os.environ.get("HOME", "/tmp")},
-        capture_output=True,
-        text=True,
         timeout=60,
-        check=False,
     )
-    assert done.returncode == 0, done.stderr
     return done.stdout.strip()
 
 
