@@ -19,7 +19,6 @@ import re
 from pathlib import Path
 
 import pytest
-from django.contrib.auth.models import Permission, User
 from django.urls import reverse
 from playwright.sync_api import sync_playwright  # noqa: E402,I001 - after the skip there
 
@@ -27,7 +26,8 @@ from fairqueue.dashboard import stats as dashboard
 from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
 from fairqueue.models import TenantPlan
 from fairqueue.rebalance.passes import rebalance_queue
-from tests.e2e.test_dashboard_browser import CHROMIUM, CHROMIUM_ARGS
+from tests.e2e.console_driver import CHROMIUM, CHROMIUM_ARGS, OPERATOR_PERMS, login, make_staff
+from tests.e2e.test_dashboard_browser import IN_CI  # noqa: F401 - its skip without Chromium
 from tests.helpers import drain_with_stock_worker
 from tests.redis.test_dashboard import age_jobs
 
@@ -158,27 +158,11 @@ def _seed(prefix: str, redis_client) -> dict[str, str]:
     }
 
 
-def _login(page, url: str) -> None:
-    page.goto(f"{url}/admin/login/")
-    page.fill("#id_username", "operator")
-    page.fill("#id_password", "pw-operator")
-    page.click("input[type=submit]")
-    page.wait_for_url(f"{url}/admin/")
-
-
 def test_browser__every_console_page_follows_the_dark_theme_and_fits_400px(
     live_server, fq_prefix, redis_client
 ):
     dashboard.clear_backlog_cache()
-    user = User.objects.create_user("operator", password="pw-operator", is_staff=True)
-    for codename in (
-        "view_dashboard",
-        "run_rebalance",
-        "view_job_payload",
-        "change_tenantplan",
-        "view_tenantplan",
-    ):
-        user.user_permissions.add(Permission.objects.get(codename=codename))
+    make_staff("operator", *OPERATOR_PERMS, "run_rebalance", "view_job_payload")
     pages = _seed(fq_prefix, redis_client)
     if SAVE:
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
@@ -197,7 +181,7 @@ def test_browser__every_console_page_follows_the_dark_theme_and_fits_400px(
                 color_scheme="dark", viewport={"width": NARROW, "height": 900}
             )
             for context in (*modes.values(), narrow):
-                _login(context.new_page(), live_server.url)
+                login(context.new_page(), live_server.url, "operator")
             for name, path in pages.items():
                 url = f"{live_server.url}{path}{'&' if '?' in path else '?'}refresh_ms=600000"
                 for mode, context in modes.items():

@@ -13,29 +13,16 @@ Skipped only when Chromium (or the playwright package) is missing outside CI; wi
 from __future__ import annotations
 
 import os
-import shutil
-from pathlib import Path
 
 import pytest
-from django.contrib.auth.models import Permission, User
 
 from fairqueue.dashboard import stats as dashboard
 from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
 from fairqueue.rebalance.passes import rebalance_queue
+from tests.e2e.console_driver import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, login, make_staff
 from tests.helpers import drain_with_stock_worker
 from tests.redis.test_dashboard import age_jobs
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 IN_CI = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
 
 if not IN_CI and not os.path.exists(CHROMIUM):
@@ -53,8 +40,7 @@ def test_browser__staff_sees_worker_order_overdue_count_and_live_refresh(
     live_server, fq_prefix, redis_client
 ):
     dashboard.clear_backlog_cache()
-    user = User.objects.create_user("operator", password="pw-operator", is_staff=True)
-    user.user_permissions.add(Permission.objects.get(codename="view_dashboard"))
+    make_staff("operator", "view_dashboard")
 
     # A mixed email backlog: four levels, tenants of different sizes, interleaved.
     jobs = []
@@ -77,11 +63,7 @@ def test_browser__staff_sees_worker_order_overdue_count_and_live_refresh(
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(f"{live_server.url}/admin/login/")
-            page.fill("#id_username", "operator")
-            page.fill("#id_password", "pw-operator")
-            page.click("input[type=submit]")
-            page.wait_for_url(f"{live_server.url}/admin/")
+            login(page, live_server.url, "operator")
             assert page.locator('a[href="/admin/fairqueue/dashboard/"]').count() >= 1
 
             page.goto(f"{live_server.url}/admin/fairqueue/dashboard/?refresh_ms=1000")
@@ -158,8 +140,7 @@ def test_browser__history_charts_show_shares_and_waits_a_worker_produced(
     settings.FAIRQUEUE = {**settings.FAIRQUEUE, "MAX_WAIT_MS": 1_500}
     conf.reload_settings()
     dashboard.clear_backlog_cache()
-    user = User.objects.create_user("watcher", password="pw-watcher", is_staff=True)
-    user.user_permissions.add(Permission.objects.get(codename="view_dashboard"))
+    make_staff("watcher", "view_dashboard")
 
     tenants = {"critical": ["acme", "globex"], "high": ["initech"], "normal": ["hooli", "umbrella"]}
     tenants["low"] = ["free-1"]
@@ -177,11 +158,7 @@ def test_browser__history_charts_show_shares_and_waits_a_worker_produced(
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(f"{live_server.url}/admin/login/")
-            page.fill("#id_username", "watcher")
-            page.fill("#id_password", "pw-watcher")
-            page.click("input[type=submit]")
-            page.wait_for_url(f"{live_server.url}/admin/")
+            login(page, live_server.url, "watcher")
             page.goto(f"{live_server.url}/admin/fairqueue/dashboard/queue/email/?refresh_ms=1000")
             history = f"{EMAIL} [data-fq-history]"
 

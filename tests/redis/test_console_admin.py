@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth.models import User
 from django.urls import reverse
+from django.utils.http import urlencode
 
 from fairqueue.models import (
     ClassifierRule,
@@ -42,11 +43,17 @@ def test_tenantplan_list__shows_the_level_the_classifier_gives_a_tierless_tenant
 def test_tenantplan_change_page__offers_pause_then_resume_through_the_console(fq_prefix, superuser):
     plan = TenantPlan.objects.create(tenant_id="acme", plan_tier="pro")
     url = reverse("admin:fairqueue_tenantplan_change", args=[plan.pk])
-    pause = reverse("admin:fairqueue_dashboard_tenant_action", args=["acme", "pause"])
+    back = "?" + urlencode({"next": url})  # confirmed in the console, then back here
+    pause = reverse("admin:fairqueue_dashboard_tenant_action", args=["acme", "pause"]) + back
     assert f'href="{pause}" data-fq-pause-link>Pause' in superuser.get(url).content.decode()
-    superuser.post(pause)
-    resume = reverse("admin:fairqueue_dashboard_tenant_action", args=["acme", "resume"])
+    assert superuser.post(pause)["Location"] == url
+    resume = reverse("admin:fairqueue_dashboard_tenant_action", args=["acme", "resume"]) + back
     assert f'href="{resume}" data-fq-pause-link>Resume' in superuser.get(url).content.decode()
+    # Only a page of this site: another host's address goes to the tenant page instead.
+    elsewhere = resume.split("?")[0] + "?" + urlencode({"next": "https://evil.example/"})
+    assert superuser.post(elsewhere)["Location"] == reverse(
+        "admin:fairqueue_dashboard_tenant", args=["acme"]
+    )
 
 
 def test_override_audit__job_ids_link_to_the_job_page(fq_prefix, superuser):
