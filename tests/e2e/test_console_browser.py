@@ -3,10 +3,11 @@ drives it), every page and every action as an operator clicks through it: the ov
 counts against BullMQ's, a tenant found by search, paused and resumed from its page,
 its weight and limits changed there, its failed jobs retried as fair turns, its waiting
 jobs removed; a job's position and why, the job page's retry and remove; pause and
-resume from the plan's admin page; the audit list's job links; a rebalance pass. Each
-action is confirmed on a page of its own, and what the page shows after it is checked
-against Redis's and BullMQ's own state and the audit rows in the database. Saves
-screenshots to ``tests/artifacts/`` (console-*.png)."""
+resume from the plan's admin page, the plan list's actions (pause, resume, retry, set
+tier); the audit list's job links; a rebalance pass. Each console action is confirmed
+on a page of its own, and what the page shows after an action is checked against
+Redis's and BullMQ's own state and the audit rows in the database. Saves screenshots to
+``tests/artifacts/`` (console-*.png)."""
 
 from __future__ import annotations
 
@@ -354,3 +355,60 @@ def test_browser__one_rebalance_pass_from_the_queue_page_is_logged(console, fq_p
     logged = log_messages(user__username="operator", object_id="email")
     assert len(logged) == 1 and logged[0].startswith("Ran one rebalance pass from the dashboard")
     assert counts(fq_prefix)["prioritized"] == 3
+
+
+def run_plan_action(console, action: str, *tenant_ids: str) -> None:
+    """On the plans' admin list: tick ``tenant_ids``, choose ``action``, Go."""
+    console.go(reverse("admin:fairqueue_tenantplan_changelist"))
+    for tenant_id in tenant_ids:
+        row = console.page.locator("#result_list tr", has_text=tenant_id)
+        row.locator("input.action-select").check()
+    console.page.select_option("select[name=action]", action)
+    console.follow("button[name=index]")
+
+
+def test_browser__plan_list_actions_pause_and_resume_the_selected_tenants(console, fq_prefix):
+    for tenant in ("acme", "beta", "gamma"):
+        plan_of(tenant, plan_tier="pro")
+        enqueue_jobs("email", [{} for _ in range(2)], tenant_id=tenant)
+
+    console.open("operator", *OPERATOR_PERMS)
+    run_plan_action(console, "pause", "acme", "beta")
+    assert console.message() == "Paused 2 tenant(s)."
+    paused = console.page.locator("#result_list td.field-paused img").evaluate_all(
+        "imgs => imgs.map(i => i.alt)"
+    )
+    assert sorted(paused) == ["False", "True", "True"]
+    after = counts(fq_prefix)
+    assert (after["delayed"], after["prioritized"]) == (4, 2)  # gamma's still in line
+    run_plan_action(console, "resume", "acme", "beta")
+    assert console.message() == "Resumed 2 tenant(s)."
+    after = counts(fq_prefix)
+    assert (after["delayed"], after["prioritized"]) == (0, 6)
+    for tenant in ("acme", "beta"):
+        audit = [("paused", "operator", "admin"), ("resumed", "operator", "admin")]
+        assert pause_audit(tenant) == audit
+    assert pause_audit("gamma") == []
+
+
+def test_browser__plan_list_actions_retry_failed_jobs_and_set_the_tier(
+    console, fq_prefix, redis_client
+):
+    plan_of("acme", plan_tier="free")
+    enqueue_jobs("email", [{} for _ in range(2)], tenant_id="acme", attempts=1)
+    fail_jobs(fq_prefix, "email", 2)  # a stock BullMQ worker whose jobs raise
+    assert wait_until(lambda: redis_client.zcard(f"{fq_prefix}:email:failed") == 2, 10)
+
+    console.open("operator", *OPERATOR_PERMS)
+    run_plan_action(console, "retry_failed_jobs", "acme")
+    assert console.message() == "Retried 2 failed job(s) of 1 tenant(s)."
+    after = counts(fq_prefix)
+    assert (after["failed"], after["prioritized"]) == (0, 2)
+
+    run_plan_action(console, "set_tier", "acme")  # asks for the tier first
+    console.page.select_option("select[name=plan_tier]", "enterprise")
+    console.follow("input[name=apply]")
+    assert console.message() == "Set 1 tenant(s) to enterprise."
+    row = console.page.locator("#result_list tr", has_text="acme")
+    assert row.locator("td.field-jobs_level").inner_text().strip() == "critical"
+    assert off_loop(lambda: TenantPlan.objects.get(tenant_id="acme").plan_tier) == "enterprise"
