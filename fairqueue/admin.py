@@ -11,6 +11,7 @@ from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
+from django.utils.http import urlencode
 
 from fairqueue.admin_readonly import ReadOnlyAdmin
 from fairqueue.conf import get_settings
@@ -77,7 +78,12 @@ class TenantPlanAdmin(admin.ModelAdmin):
             extra["console_url"] = reverse(console, args=[plan.tenant_id])
             action = "resume" if plan.paused else "pause"
             extra["pause_action"] = action
-            extra["pause_url"] = reverse(f"{console}_action", args=[plan.tenant_id, action])
+            # confirmed there, then back here
+            extra["pause_url"] = (
+                reverse(f"{console}_action", args=[plan.tenant_id, action])
+                + "?"
+                + urlencode({"next": request.get_full_path()})
+            )
             from fairqueue.admin_usage import CHART_DAYS, daily_usage
             from fairqueue.dashboard.charts import usage_chart
 

@@ -367,9 +367,18 @@ class ConsoleReads(BrokerPart):
 
     async def remove_job(self, queue: str, job_id: str) -> bool:
         """Remove a job that no worker holds, with BullMQ's own ``removeJob`` (every list,
-        set and key of the job); fairqueue's indexes forget it as the pass and the release
+        set and key of the job). A held job leaves its tenant's held list at once (the
+        tenant page counts that list: a paused tenant's release step would not pop it
+        until resumed); fairqueue's other indexes forget it as the pass and the release
         step find it gone. Returns whether it was removed."""
+        client = self.conn.client()
+        data = await self.conn.guard(client.hget(self.conn.key(queue, job_id), "data"))
         removed = await self.conn.guard(self.conn.queue(queue).remove(job_id))
+        tenant = _tenant_of(data)
+        if removed and tenant is not None:
+            base = limits_key(self.conn.prefix, queue)
+            if await self.conn.guard(client.lrem(f"{base}:held:{tenant}", 0, job_id)):
+                await self.conn.guard(client.hdel(f"{base}:meta", job_id))
         return bool(removed)
 
     async def waiting_ids_of(

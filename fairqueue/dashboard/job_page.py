@@ -66,7 +66,10 @@ def why_it_waits(detail: JobDetail, place: Place | None, delayed_until_ms: int |
     if state == "active":
         return "A worker is running it."
     if state == "failed":
-        return "It failed; retry its tenant's failed jobs from its tenant page."
+        return (
+            "It failed; retrying its tenant's failed jobs puts it back in line as a fair "
+            "turn of its flow, within its tenant's limits."
+        )
     if state == "completed":
         return "It finished."
     return "BullMQ does not list it in any state."

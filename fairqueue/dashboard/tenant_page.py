@@ -99,6 +99,11 @@ async def atenant_queue(
         **_jobs(jobs, now_ms=now_ms),
         "started": _started(buckets, tenant_id, now_ms=now_ms),
         "waits": _waits(mine, buckets, weights, now_s=now_s),
+        # the weight its flows count in Redis now, beside their level's total
+        "weights": [
+            {"level": level, "weight": weight, "total": total}
+            for level, (weight, total) in weights.items()
+        ],
         "next_run": _next_run(jobs, buckets, now_ms=now_ms),
     }
 

@@ -20,7 +20,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, reverse
-from django.utils.http import urlencode
+from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 
 from fairqueue.broker import get_sync_broker
 from fairqueue.broker.console_reads import ConsoleReads
@@ -181,9 +181,10 @@ class TenantViews(ConsoleViews):
                 self._log(request, tenant_id, f"Changed {', '.join(changed)} from the console.")
                 messages.success(
                     request,
-                    f"Saved {', '.join(changed)}: limits hold for its waiting jobs now; "
-                    "the weight counts at once for its next jobs and its level's share "
-                    "(jobs already waiting keep their places).",
+                    f"Saved {', '.join(changed)}: its held jobs are released as the "
+                    "limits allow now (a first limit holds its jobs in line too, a lowered "
+                    "one its next jobs only); the weight counts at once for its level's "
+                    "share and places its waiting jobs again.",
                 )
             return HttpResponseRedirect(self._tenant_url(tenant_id))
         return TemplateResponse(
@@ -209,14 +210,20 @@ class TenantViews(ConsoleViews):
         if action not in ACTIONS:
             raise Http404("No such action")
         tenant_url = self._tenant_url(tenant_id)
+        # back where the operator came from (the plan's admin page), else its page
+        back = request.GET.get("next", "")
+        if not url_has_allowed_host_and_scheme(
+            back, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+        ):
+            back = tenant_url
         if request.method == "POST":
             try:
                 done = self._act(request, tenant_id, action)
             except BrokerError as exc:
                 messages.error(request, f"Redis failed ({type(exc).__name__}): nothing more done.")
-                return HttpResponseRedirect(tenant_url)
+                return HttpResponseRedirect(back)
             messages.success(request, done)
-            return HttpResponseRedirect(tenant_url)
+            return HttpResponseRedirect(back)
         touches = self._touches(tenant_id, action)
         return TemplateResponse(
             request,
@@ -230,7 +237,7 @@ class TenantViews(ConsoleViews):
                 tenant_id=tenant_id,
                 action=action,
                 touches=touches,
-                tenant_url=tenant_url,
+                tenant_url=back,
             ),
         )
 

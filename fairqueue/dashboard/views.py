@@ -381,6 +381,12 @@ class DashboardAdmin(ReadOnlyAdmin, ConsoleAdmin):
                 ),
                 can_remove=request.user.has_perm("fairqueue.change_tenantplan"),
                 remove_url=self._url("job_remove", job_type, job_id),
+                # a failed job goes back in line with its tenant's failed jobs (fair turns)
+                retry_url=(
+                    self._url("tenant_action", pending.tenant_id, "retry")
+                    if detail.state == "failed" and pending and job_tenant_id(job) is not None
+                    else ""
+                ),
                 processed_on=format_time(detail.processed_on_ms),
                 finished_on=format_time(detail.finished_on_ms),
                 expected=_expected_start(job_type, job_id),

@@ -20,12 +20,14 @@ from pathlib import Path
 
 import pytest
 from django.urls import reverse
+from playwright.sync_api import sync_playwright  # noqa: E402,I001 - after the skip there
 
 from fairqueue.dashboard import stats as dashboard
 from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
 from fairqueue.models import TenantPlan
 from fairqueue.rebalance.passes import rebalance_queue
-from tests.e2e.browser import chromium, log_in, staff_user
+from tests.e2e.console_driver import CHROMIUM, CHROMIUM_ARGS, OPERATOR_PERMS, login, make_staff
+from tests.e2e.test_dashboard_browser import IN_CI  # noqa: F401 - its skip without Chromium
 from tests.helpers import drain_with_stock_worker
 from tests.redis.test_dashboard import age_jobs
 
@@ -160,55 +162,56 @@ def test_browser__every_console_page_follows_the_dark_theme_and_fits_400px(
     live_server, fq_prefix, redis_client
 ):
     dashboard.clear_backlog_cache()
-    staff_user(
-        "operator",
-        "view_dashboard",
-        "run_rebalance",
-        "view_job_payload",
-        "change_tenantplan",
-        "view_tenantplan",
-    )
+    make_staff("operator", *OPERATOR_PERMS, "run_rebalance", "view_job_payload")
     pages = _seed(fq_prefix, redis_client)
     if SAVE:
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     problems: dict[str, list[str]] = {}
 
-    with chromium() as browser:
-        modes = {
-            "light": browser.new_context(color_scheme="light"),
-            "dark": browser.new_context(color_scheme="dark"),  # the system's preference
-            "toggle": browser.new_context(color_scheme="light"),  # the admin's toggle
-        }
-        modes["toggle"].add_init_script("localStorage.setItem('theme', 'dark')")
-        narrow = browser.new_context(color_scheme="dark", viewport={"width": NARROW, "height": 900})
-        for context in (*modes.values(), narrow):
-            log_in(context.new_page(), live_server.url, "operator")
-        for name, path in pages.items():
-            url = f"{live_server.url}{path}{'&' if '?' in path else '?'}refresh_ms=600000"
-            for mode, context in modes.items():
-                page = context.new_page()
-                page.set_viewport_size({"width": 1280, "height": 900})
-                assert page.goto(url).status == 200, (name, mode)
-                dark = mode != "light"
-                seen = page.evaluate(_VARIABLES)
-                if mode == "toggle":
-                    assert seen["theme"] == "dark"
-                # the page is the admin's theme, and the console's boxes use its variables
-                assert seen["body"] == seen["bodyBg"], (name, mode, seen)
-                assert all(color == seen["bodyFg"] for color in seen["notes"]), (name, mode)
-                assert all(bg == seen["darkened"] for bg in seen["payload"]), (name, mode)
-                if dark:
-                    assert seen["bodyBg"] == "rgb(18, 18, 18)", (name, mode, seen)
-                for problem in page.evaluate(_AUDIT, dark):
-                    problems.setdefault(f"{name} ({mode})", []).append(problem)
-                if SAVE and mode != "toggle":
-                    page.screenshot(path=str(SCREENSHOTS / f"{name}-{mode}.png"), full_page=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            modes = {
+                "light": browser.new_context(color_scheme="light"),
+                "dark": browser.new_context(color_scheme="dark"),  # the system's preference
+                "toggle": browser.new_context(color_scheme="light"),  # the admin's toggle
+            }
+            modes["toggle"].add_init_script("localStorage.setItem('theme', 'dark')")
+            narrow = browser.new_context(
+                color_scheme="dark", viewport={"width": NARROW, "height": 900}
+            )
+            for context in (*modes.values(), narrow):
+                login(context.new_page(), live_server.url, "operator")
+            for name, path in pages.items():
+                url = f"{live_server.url}{path}{'&' if '?' in path else '?'}refresh_ms=600000"
+                for mode, context in modes.items():
+                    page = context.new_page()
+                    page.set_viewport_size({"width": 1280, "height": 900})
+                    assert page.goto(url).status == 200, (name, mode)
+                    dark = mode != "light"
+                    seen = page.evaluate(_VARIABLES)
+                    if mode == "toggle":
+                        assert seen["theme"] == "dark"
+                    # the page is the admin's theme, and the console's boxes use its variables
+                    assert seen["body"] == seen["bodyBg"], (name, mode, seen)
+                    assert all(color == seen["bodyFg"] for color in seen["notes"]), (name, mode)
+                    assert all(bg == seen["darkened"] for bg in seen["payload"]), (name, mode)
+                    if dark:
+                        assert seen["bodyBg"] == "rgb(18, 18, 18)", (name, mode, seen)
+                    for problem in page.evaluate(_AUDIT, dark):
+                        problems.setdefault(f"{name} ({mode})", []).append(problem)
+                    if SAVE and mode != "toggle":
+                        page.screenshot(
+                            path=str(SCREENSHOTS / f"{name}-{mode}.png"), full_page=True
+                        )
+                    page.close()
+                page = narrow.new_page()
+                assert page.goto(url).status == 200, (name, "narrow")
+                widths = page.evaluate(_OVERFLOW)
+                assert widths["page"] <= NARROW and widths["content"] <= NARROW, (name, widths)
+                if SAVE and name in ("overview", "tenant", "job"):
+                    page.screenshot(path=str(SCREENSHOTS / f"{name}-narrow.png"), full_page=True)
                 page.close()
-            page = narrow.new_page()
-            assert page.goto(url).status == 200, (name, "narrow")
-            widths = page.evaluate(_OVERFLOW)
-            assert widths["page"] <= NARROW and widths["content"] <= NARROW, (name, widths)
-            if SAVE and name in ("overview", "tenant", "job"):
-                page.screenshot(path=str(SCREENSHOTS / f"{name}-narrow.png"), full_page=True)
-            page.close()
+        finally:
+            browser.close()
     assert not problems, "\n".join(f"{k}: {v}" for k, v in problems.items())

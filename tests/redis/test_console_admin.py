@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from django.urls import reverse
+from django.utils.http import urlencode
 
 from fairqueue.models import (
     ClassifierRule,
@@ -37,11 +38,17 @@ def test_tenantplan_change_page__offers_pause_then_resume_through_the_console(
 ):
     plan = TenantPlan.objects.create(tenant_id="acme", plan_tier="pro")
     url = reverse("admin:fairqueue_tenantplan_change", args=[plan.pk])
-    pause = reverse("admin:fairqueue_dashboard_tenant_action", args=["acme", "pause"])
+    back = "?" + urlencode({"next": url})  # confirmed in the console, then back here
+    pause = reverse("admin:fairqueue_dashboard_tenant_action", args=["acme", "pause"]) + back
     assert f'href="{pause}" data-fq-pause-link>Pause' in admin_client.get(url).content.decode()
-    admin_client.post(pause)
-    resume = reverse("admin:fairqueue_dashboard_tenant_action", args=["acme", "resume"])
+    assert admin_client.post(pause)["Location"] == url
+    resume = reverse("admin:fairqueue_dashboard_tenant_action", args=["acme", "resume"]) + back
     assert f'href="{resume}" data-fq-pause-link>Resume' in admin_client.get(url).content.decode()
+    # Only a page of this site: another host's address goes to the tenant page instead.
+    elsewhere = resume.split("?")[0] + "?" + urlencode({"next": "https://evil.example/"})
+    assert admin_client.post(elsewhere)["Location"] == reverse(
+        "admin:fairqueue_dashboard_tenant", args=["acme"]
+    )
 
 
 def test_override_audit__job_ids_link_to_the_job_page(fq_prefix, admin_client):

@@ -195,6 +195,20 @@ def test_tenant_retry_and_remove__its_failed_jobs_retried_its_waiting_jobs_remov
     assert LogEntry.objects.filter(change_message__startswith="Removed 3 waiting").exists()
 
 
+def test_tenant_remove__a_paused_tenants_held_jobs_leave_its_held_count_at_once(
+    fq_prefix, operator
+):
+    """Removed while paused (no release step pops a paused tenant's held list), its held
+    jobs are not counted on its page any more, as BullMQ has none delayed."""
+    enqueue_jobs("email", [{} for _ in range(3)], tenant_id="acme")
+    operator.post(reverse(ACTION, args=["acme", "pause"]))
+    assert bullmq_counts(fq_prefix, "email")["delayed"] == 3
+    operator.post(reverse(ACTION, args=["acme", "remove"]))
+    assert bullmq_counts(fq_prefix, "email")["delayed"] == 0
+    page = next(q for q in tenant_page_data("acme")["queues"] if q["job_type"] == "email")
+    assert (page["held"], page["held_ids"]) == (0, [])
+
+
 def test_tenant_actions__need_the_change_permission(fq_prefix, client):
     client.force_login(staff("looker", "view_dashboard"))
     assert client.get(reverse(TENANT, args=["acme"])).status_code == 200
