@@ -3,8 +3,10 @@ jobs, on a private Redis (so its CPU figures are fairqueue's and BullMQ's alone)
 
 Setup: ``--waiting`` jobs of ``--open-tenants`` unlimited tenants, and ``--tenants``
 tenants with ``max_active`` 2 and ``--backlog`` jobs each (two released, the rest held).
-Three phases, side by side in one run, each ``--phase-s`` long:
+Four phases, side by side in one run, each ``--phase-s`` long:
 
+* **nothing**: only the ``PING`` below: the Redis CPU they cost, taken off the idle
+  loop's figure.
 * **plain BullMQ**: a stock Node BullMQ worker (16 slots) drains the queue, no loop: the
   baseline of what other clients wait for a ``PING``.
 * **idle loop**: ``manage.py rebalance_fair`` runs, no worker: nothing can move (every
@@ -299,6 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             )
 
+        phase("nothing (the PINGs alone)", with_loop=False, with_worker=False)
         phase("plain BullMQ (worker, no loop)", with_loop=False, with_worker=True)
         phase("idle loop (loop, no worker)", with_loop=True, with_worker=False)
         phase("busy (loop and worker)", with_loop=True, with_worker=True)
@@ -321,6 +324,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{'phase':<34} {'Redis CPU':>9} {'PING p50':>9} {'p99':>7} {'max':>7} "
         f"{'limited done':>12}  slowest script calls in ms (calls over 5 ms / over 0.2 ms)"
     )
+    baseline = rows[0][1]["cpu"]
     for label, row in rows:
         scripts = ", ".join(
             f"{name} {ms:.1f} ({over}/{logged} > 5 ms)"
@@ -332,6 +336,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{label:<34} {row['cpu']:>8.1f}% {row['p50']:>8.2f}  {row['p99']:>6.2f} "
             f"{row['max']:>6.1f} {row['limited']:>12,}  {scripts or 'none over 0.2 ms'}"
         )
+    idle = dict(rows)["idle loop (loop, no worker)"]["cpu"]
+    print(
+        f"\nthe idle loop's own Redis CPU (idle loop less the PINGs alone): "
+        f"{idle - baseline:.1f}% of one core"
+    )
     return 0
 
 
