@@ -105,15 +105,24 @@ def test_quota__a_held_tenant_stays_held_through_an_operator_resume_until_lifted
 def _stock_worker(prefix, seen, job_s=0.0):
     """A stock worker (one slot) in a thread of its own, the database left to this one;
     ``seen``: (level, ms run) of each attempt."""
-    from bullmq import Worker
-
-    from tests.conftest import REDIS_URL
 
     async def process(job, token):
         started = time.monotonic()
         if job_s:
             await asyncio.sleep(job_s)
         seen.append((job.data.get("priorityLevel"), (time.monotonic() - started) * 1000))
+
+    with _one_slot_worker(prefix, process):
+        yield
+
+
+@contextlib.contextmanager
+def _one_slot_worker(prefix, process, before_stop=lambda: None):
+    """A stock worker with one slot running ``process``, in a thread of its own;
+    ``before_stop`` runs first on the way out (its close waits for a running job)."""
+    from bullmq import Worker
+
+    from tests.conftest import REDIS_URL
 
     ready, stop = threading.Event(), threading.Event()
 
@@ -131,6 +140,7 @@ def _stock_worker(prefix, seen, job_s=0.0):
     try:
         yield
     finally:
+        before_stop()
         stop.set()
         thread.join(30)
 
@@ -250,30 +260,14 @@ class _Gate:
 
 @contextlib.contextmanager
 def _gated_worker(prefix, gate):
-    from bullmq import Worker
+    """A one-slot stock worker whose jobs end when the test says (every one, at the end)."""
 
-    from tests.conftest import REDIS_URL
-
-    ready, stop = threading.Event(), threading.Event()
-
-    async def main():
-        options = {"connection": REDIS_URL, "prefix": prefix, "concurrency": 1}
-        worker = Worker("email", gate.process, options)
-        ready.set()
-        while not stop.is_set():
-            await asyncio.sleep(0.01)
-        await worker.close()
-
-    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
-    thread.start()
-    ready.wait(30)
-    try:
-        yield
-    finally:
+    def finish_all():
         for job_id in list(gate.started):
             gate.finish(job_id)
-        stop.set()
-        thread.join(30)
+
+    with _one_slot_worker(prefix, gate.process, finish_all):
+        yield
 
 
 @pytest.mark.django_db
