@@ -182,6 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="run redis-server under chrt --fifo (root): script times without preemption",
     )
     args = parser.parse_args(argv)
+    if args.realtime and (os.geteuid() != 0 or not shutil.which("chrt")):
+        parser.error("--realtime runs redis-server under chrt --fifo: it needs root and chrt")
     args.run_ms = 0
     args.bound_ms = 60_000
     args.interval_ms = 1_000
