@@ -51,6 +51,30 @@ def _add(broker: SyncBroker, arrivals: list[tuple[PriorityLevel, str, int]]) -> 
     )
 
 
+def _add_as_the_model(broker, redis_client, clock, placed, key, batch) -> list:
+    """Add ``batch`` and place it in the model too; each job's score must be the model's
+    tag in fixed point. ``placed``: job id -> (units, rank, tag, level) of those waiting."""
+    added = _add(broker, batch)
+    for (level, tenant, weight), job in zip(batch, added, strict=True):
+        tag = clock.place(level, tenant, weight)
+        placed[job.job_id] = (math.floor(tag * TAG_RESOLUTION), RANK[level], tag, level)
+        _, _, head_tag, head_level = min(placed.values())
+        clock.observe_head(head_tag, head_level)
+        expected = TAG_FLOOR * 2**32 + math.floor(tag * TAG_RESOLUTION) * 4 + RANK[level]
+        assert redis_client.zscore(key, job.job_id) == expected
+    return added
+
+
+def _take_as_a_worker(redis_client, clock, placed, key, taken) -> None:
+    """Take the ``taken`` lowest scores (one job always left), and tell the model."""
+    taken = min(taken, len(placed) - 1)
+    if taken:
+        for job_id, _ in redis_client.zpopmin(key, taken):
+            del placed[job_id]
+        _, _, head_tag, head_level = min(placed.values())
+        clock.observe_head(head_tag, head_level)
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.lists(arrival, min_size=1, max_size=12), min_size=1, max_size=6))
 def test_the_add_script_places_every_job_as_the_reference_model(batches):
@@ -102,20 +126,8 @@ def test_the_add_script_places_as_the_model_while_a_worker_takes_jobs(rounds):
     key = f"{prefix}:q:prioritized"
     try:
         for batch, taken in rounds:
-            added = _add(broker, batch)
-            for (level, tenant, weight), job in zip(batch, added, strict=True):
-                tag = clock.place(level, tenant, weight)
-                placed[job.job_id] = (math.floor(tag * TAG_RESOLUTION), RANK[level], tag, level)
-                _, _, head_tag, head_level = min(placed.values())
-                clock.observe_head(head_tag, head_level)
-                expected = TAG_FLOOR * 2**32 + math.floor(tag * TAG_RESOLUTION) * 4 + RANK[level]
-                assert redis_client.zscore(key, job.job_id) == expected
-            taken = min(taken, len(placed) - 1)
-            if taken:
-                for job_id, _ in redis_client.zpopmin(key, taken):
-                    del placed[job_id]
-                _, _, head_tag, head_level = min(placed.values())
-                clock.observe_head(head_tag, head_level)
+            _add_as_the_model(broker, redis_client, clock, placed, key, batch)
+            _take_as_a_worker(redis_client, clock, placed, key, taken)
     finally:
         broker.close()
         redis_client.close()
@@ -147,21 +159,10 @@ def test_a_weight_change_is_counted_at_once_as_the_model_counts_it(rounds):
     key = f"{prefix}:q:prioritized"
     try:
         for batch, taken, change in rounds:
-            added = _add(broker, batch)
-            for (level, tenant, weight), job in zip(batch, added, strict=True):
+            added = _add_as_the_model(broker, redis_client, clock, placed, key, batch)
+            for (_, tenant, _), job in zip(batch, added, strict=True):
                 owner[job.job_id] = tenant
-                tag = clock.place(level, tenant, weight)
-                placed[job.job_id] = (math.floor(tag * TAG_RESOLUTION), RANK[level], tag, level)
-                _, _, head_tag, head_level = min(placed.values())
-                clock.observe_head(head_tag, head_level)
-                expected = TAG_FLOOR * 2**32 + math.floor(tag * TAG_RESOLUTION) * 4 + RANK[level]
-                assert redis_client.zscore(key, job.job_id) == expected
-            taken = min(taken, len(placed) - 1)
-            if taken:
-                for job_id, _ in redis_client.zpopmin(key, taken):
-                    del placed[job_id]
-                _, _, head_tag, head_level = min(placed.values())
-                clock.observe_head(head_tag, head_level)
+            _take_as_a_worker(redis_client, clock, placed, key, taken)
             if change is not None:
                 before = dict(redis_client.zscan_iter(key))
                 tenant, weight = change
