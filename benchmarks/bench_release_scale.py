@@ -46,11 +46,9 @@ def start_redis(realtime: bool = False) -> tuple[subprocess.Popen[bytes], str, s
     the real-time scheduling class (``chrt``), so the slow log measures the scripts' own
     work and not the time this shared machine's scheduler gave Redis's core to the
     benchmark's workers and producers (a production Redis has a core of its own)."""
-    import socket
+    from benchmarks.common import free_port
 
-    with socket.socket() as sock:  # not benchmarks.common: it reads the URL on import
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
+    port = free_port()
     folder = tempfile.mkdtemp(prefix="fqbench-redis-")
     command = ["chrt", "--fifo", "10"] if realtime else []
     process = subprocess.Popen(
