@@ -206,12 +206,16 @@ def rebuild_tenant_limits(queues: Sequence[str] | None = None, *, force: bool = 
     ]
     if not wanted:
         return False
+    # Redis's copy first, then the database: an entry written between the two reads (an
+    # add, a saved plan) is newer than the rows and is kept.
+    before = {queue: sync_broker.run(store.limit_entries, queue) for queue in wanted}
     limits, paused = database_limits()
     from fairqueue.holds import holds_by_queue  # quota and breaker holds, per queue
 
     held = holds_by_queue()
     for queue in wanted:
-        sync_broker.run(store.rebuild, queue, limits, paused | held.get(queue, set()))
+        queue_paused = paused | held.get(queue, set())
+        sync_broker.run(store.rebuild, queue, limits, queue_paused, before[queue])
     logger.info("tenant limits and pauses rebuilt from the database in %d queue(s)", len(wanted))
     return True
 

@@ -116,7 +116,7 @@ def settle_releases(queue: str = "email", most: int = 1_000) -> int:
     import redis
 
     from fairqueue.broker import get_sync_broker
-    from fairqueue.broker.limit_store import limits_key
+    from fairqueue.broker.common import limits_key
 
     sync = get_sync_broker()
     base = limits_key(sync.broker.prefix, queue)

@@ -52,8 +52,9 @@ The package, one module per concern (import from here, not from them):
 * ``dashboard_reads``: the admin dashboard's reads;
 * ``history_store``: the history the pass records from BullMQ's events stream, and its
   reads; ``events`` reads a page of that stream and commits what it says;
-* ``limit_store``: per-tenant limits: releasing held jobs (one atomic script), pausing, and
-  what the dashboard reads of them;
+* ``limit_store``: per-tenant limits: releasing held jobs (one atomic script), pausing,
+  rebuilding Redis's copy from the database; ``limit_reads`` what the dashboard reads of
+  them;
 * ``workers``: building a BullMQ worker, and the idle check of a burst worker;
 * ``results``: one job read back by id (state, return value, errors) for the Django
   tasks backend's ``get_result``.
@@ -77,7 +78,8 @@ from fairqueue.broker.common import (
 from fairqueue.broker.connection import Connection
 from fairqueue.broker.dashboard_reads import BacklogScan, JobDetail, LevelScan, MemoryState
 from fairqueue.broker.history_store import HistoryRead, RecordedPage
-from fairqueue.broker.limit_store import STATUS_TENANTS, LimitsStatus, Released, TenantState
+from fairqueue.broker.limit_reads import STATUS_TENANTS, LimitsStatus, TenantState
+from fairqueue.broker.limit_store import Released
 from fairqueue.broker.lock_store import Fence
 from fairqueue.broker.pass_store import (
     AdoptedPage,

@@ -14,9 +14,9 @@ from bullmq import Job as BullJob
 from bullmq import Queue as BullQueue
 from redis.exceptions import ResponseError
 
-from fairqueue.broker.common import BACK_OF_LINE, fair_key, fair_keys
+from fairqueue.broker.common import BACK_OF_LINE, fair_key, fair_keys, limits_key
 from fairqueue.broker.connection import BrokerPart, Connection
-from fairqueue.broker.limit_store import limits_key, parse_released, release_args, release_keys
+from fairqueue.broker.limit_store import parse_released, release_args, release_keys
 from fairqueue.broker.scripts import (
     Script,
     add_delayed_script,

@@ -234,3 +234,8 @@ def fair_key(prefix: str, queue: str, suffix: str) -> str:
 def fair_keys(prefix: str, queue: str) -> list[str]:
     """:data:`FAIR_KEYS` of ``queue``, in that order (the scripts take them so)."""
     return [fair_key(prefix, queue, suffix) for suffix in FAIR_KEYS]
+
+
+def limits_key(prefix: str, queue: str) -> str:
+    """The queue's limits hash; the other limit keys hang beside it (``tenant_limits.lua``)."""
+    return fair_key(prefix, queue, "lim")

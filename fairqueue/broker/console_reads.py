@@ -17,10 +17,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from fairqueue.broker.common import int_or, parse_job_data
+from fairqueue.broker.common import int_or, limits_key, parse_job_data
 from fairqueue.broker.connection import BrokerPart
 from fairqueue.broker.dashboard_reads import DashboardReads
-from fairqueue.broker.limit_store import limits_key
 from fairqueue.broker.pass_store import WaitingJob, pending_from_job, read_jobs
 from fairqueue.broker.scripts import call_script_many, plain_script
 from fairqueue.scheduling.levels import DEFAULT_TENANT

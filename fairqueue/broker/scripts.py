@@ -409,7 +409,7 @@ def retry_failed_script() -> Script:
 def plain_script(name: str) -> Script:
     """One of fairqueue's own scripts (``index_walk``, ``rebase_page``, ``lock_acquire``,
     ``lock_release``, ``dashboard_page``, ``dashboard_scan``, ``order_head``, ``history_seek``,
-    ``history_rows``, ``history_commit``, ``limits_walk``, ``limits_rows``, ``reweight``,
-    ``reweight_page``, ``estimate_start``, ``job_status``, ``forget_obliterated``,
-    ``usage_flushed``, ``tenant_jobs``, ``usage_running``)."""
+    ``history_rows``, ``history_commit``, ``limits_walk``, ``limits_rows``,
+    ``limits_restore``, ``reweight``, ``reweight_page``, ``estimate_start``, ``job_status``,
+    ``forget_obliterated``, ``usage_flushed``, ``tenant_jobs``, ``usage_running``)."""
     return _own(name)

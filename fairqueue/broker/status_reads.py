@@ -12,9 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from fairqueue.broker.common import SCORE_BASE, TAG_FLOOR, TAG_RESOLUTION, fair_key
+from fairqueue.broker.common import SCORE_BASE, TAG_FLOOR, TAG_RESOLUTION, fair_key, limits_key
 from fairqueue.broker.connection import BrokerPart, Connection
-from fairqueue.broker.limit_store import limits_key
 from fairqueue.broker.scripts import plain_script
 from fairqueue.scheduling.estimate import RATE_WINDOW_S, FlowSnapshot, HistoryBucket
 from fairqueue.scheduling.levels import PriorityLevel

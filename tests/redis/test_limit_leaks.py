@@ -280,6 +280,32 @@ def test_rebuild__lifts_a_pause_only_an_add_made_and_the_database_does_not_confi
     assert not rebuild_tenant_limits(["email"], force=False)  # the copy is there: no work
 
 
+def test_rebuild__keeps_an_entry_written_after_it_read_the_copy_and_before_the_database(
+    limited, redis_client
+):
+    """The race a loop that starts to lead while an operator saves a plan runs: the rows it
+    read say max_active 2, an add written meanwhile carried the newer max_active 1. The
+    newer entry stays; an entry nothing touched gets the database's."""
+    from fairqueue.broker import get_sync_broker
+
+    base = f"{limited}:email:fq:lim"
+    sync = get_sync_broker()
+    store = sync.broker.limits
+    redis_client.hset(base, "beta", "9\n\n\n")  # a drifted copy, untouched from here
+    before = sync.run(store.limit_entries, "email")
+    TenantPlan.objects.filter(tenant_id="acme").update(max_active=1)
+    from fairqueue.enqueue.lookups import forget_tenant_plan
+
+    forget_tenant_plan("acme")
+    enqueue_job("email", {}, tenant_id="acme")  # the add writes the newer limits
+    assert redis_client.hget(base, "acme") == "1\n\n\n"
+    rows = {"acme": "2\n\n\n", "beta": "3\n\n\n"}  # as read before the save
+    sync.run(store.rebuild, "email", rows, set(), before)
+    assert redis_client.hget(base, "acme") == "1\n\n\n"
+    assert redis_client.hget(base, "beta") == "3\n\n\n"
+    assert redis_client.exists(f"{base}:synced")
+
+
 # -- a rate limit counts every attempt ---------------------------------------------------
 
 

@@ -31,6 +31,7 @@ SCRIPTS = [
             "forget_obliterated",
             "limits_walk",
             "limits_rows",
+            "limits_restore",
             "estimate_start",
             "job_status",
             "reweight",
