@@ -206,9 +206,10 @@ def rebuild_tenant_limits(queues: Sequence[str] | None = None, *, force: bool = 
     ]
     if not wanted:
         return False
-    # Redis's copy first, then the database: an entry written between the two reads (an
-    # add, a saved plan) is newer than the rows and is kept.
-    before = {queue: sync_broker.run(store.limit_entries, queue) for queue in wanted}
+    # Redis's copy first, then the database: a tenant's limits or pause changed between
+    # the two reads (an add, a saved plan, pause_tenant, resume_tenant) are newer than the
+    # rows and are kept.
+    before = {queue: sync_broker.run(store.read_copy, queue) for queue in wanted}
     limits, paused = database_limits()
     from fairqueue.holds import holds_by_queue  # quota and breaker holds, per queue
 

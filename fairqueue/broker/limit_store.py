@@ -63,6 +63,15 @@ class Released:
 
 
 @dataclass(frozen=True, slots=True)
+class CopyRead:
+    """A queue's copy of the limits as a rebuild read it before reading the database:
+    tenant -> encoded limits, and tenant -> its count of pause changes (``L:pchg``)."""
+
+    limits: dict[str, str]
+    pause_changes: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
 class JobOutcome:
     """Where a job stands: whether its hash exists, whether it is in BullMQ's completed
     or failed set, and its attempts made (each failed attempt adds one)."""
@@ -143,10 +152,12 @@ class LimitStore(LimitReads):
         """Pause (then pull back the tenant's jobs no worker has taken, so none of them
         starts once this returns) or resume (then release what has room). Returns the
         jobs pulled back or released."""
-        key = f"{limits_key(self.conn.prefix, queue)}:paused"
+        base = limits_key(self.conn.prefix, queue)
+        key = f"{base}:paused"
         client = self.conn.client()
         script = self.conn.script(release_held_script())
         keys = release_keys(self.conn.prefix, queue)
+        await self.conn.guard(client.hincrby(f"{base}:pchg", tenant_id, 1))  # see rebuild
         if paused:
             await self.conn.guard(client.hset(key, tenant_id, 1))
             await self._sync_holds(queue)
@@ -159,7 +170,6 @@ class LimitStore(LimitReads):
             return int(reply[0]) + await self._hold_untracked(queue, tenant_id)
         # Until its held jobs are out, it drains with what the others leave (a few
         # takeable at a time): its backlog does not stand ahead of their new arrivals.
-        base = limits_key(self.conn.prefix, queue)
         if await self.conn.guard(client.llen(f"{base}:held:{tenant_id}")):
             await self.conn.guard(client.hset(f"{base}:catchup", tenant_id, 1))
         await self.conn.guard(client.hdel(key, tenant_id))
@@ -355,18 +365,20 @@ class LimitStore(LimitReads):
         base = limits_key(self.conn.prefix, queue)
         return bool(await self.conn.guard(self.conn.client().exists(f"{base}:synced")))
 
-    async def limit_entries(self, queue: str) -> dict[str, str]:
-        """``queue``'s copy of the tenants' limits as it stands (tenant -> encoded), read
-        in pages: what :meth:`rebuild` compares against, read before the database is."""
+    async def read_copy(self, queue: str) -> CopyRead:
+        """``queue``'s copy of the tenants' limits and its pause changes as they stand,
+        read in pages: what :meth:`rebuild` compares against, read before the database."""
+        base = limits_key(self.conn.prefix, queue)
+        return CopyRead(await self._read_hash(base), await self._read_hash(f"{base}:pchg"))
+
+    async def _read_hash(self, key: str) -> dict[str, str]:
         client = self.conn.client()
         entries: dict[str, str] = {}
         cursor = 0
         while True:
-            cursor, page = await self.conn.guard(
-                client.hscan(limits_key(self.conn.prefix, queue), cursor, count=_REBUILD_CHUNK)
-            )
+            cursor, page = await self.conn.guard(client.hscan(key, cursor, count=_REBUILD_CHUNK))
             fields = cast("dict[Any, Any]", page)  # HSCAN without NOVALUES: field -> value
-            entries.update((_text(tenant), _text(how)) for tenant, how in fields.items())
+            entries.update((_text(field), _text(value)) for field, value in fields.items())
             if not int(cursor):
                 return entries
 
@@ -375,23 +387,25 @@ class LimitStore(LimitReads):
         queue: str,
         limits: Mapping[str, str],
         paused: Collection[str],
-        before: Mapping[str, str],
+        before: CopyRead,
     ) -> int:
         """Bring the database's limits and pauses to ``queue`` (``limits``: tenant ->
         :meth:`TenantLimits.encoded`, ``paused``: the tenants it says are paused), then
-        leave the mark :meth:`synced` reads. ``before`` is the copy as
-        :meth:`limit_entries` read it before the database was read: an entry that changed
-        since (an add carried the tenant's plan, a plan was saved) is newer than the rows
-        and stays (``lua/limits_restore.lua``). A tenant paused in the database and not in
-        Redis is paused here as ``pause_tenant`` does (its takeable jobs pulled back, its
-        untracked ones held); a pause an add made while Redis had forgotten (``'add'``)
-        that the database does not confirm is lifted. A pause set by ``pause_tenant`` is
-        never lifted here (its database write may not have committed yet). Returns the
-        jobs pulled back or released."""
+        leave the mark :meth:`synced` reads.
+
+        ``before`` is the copy as :meth:`read_copy` read it before the database was read:
+        what changed since is newer than the rows and stays. A tenant's limits an add or a
+        saved plan wrote meanwhile are kept (``lua/limits_restore.lua``); a tenant paused
+        or resumed meanwhile is left as it is. Otherwise a tenant paused in the database
+        and not in Redis is paused here as ``pause_tenant`` does (its takeable jobs
+        pulled back, its untracked ones held); a pause an add made while Redis had
+        forgotten (``'add'``) that the database does not confirm is lifted. A pause set by
+        ``pause_tenant`` is never lifted here (its database write may not have committed
+        yet). Returns the jobs pulled back or released."""
         base = limits_key(self.conn.prefix, queue)
         client = self.conn.client()
         restore = self.conn.script(plain_script("limits_restore"))
-        rows = [(tenant, before.get(tenant, ""), how) for tenant, how in limits.items()]
+        rows = [(tenant, before.limits.get(tenant, ""), how) for tenant, how in limits.items()]
         for start in range(0, len(rows), _REBUILD_CHUNK):
             chunk = rows[start : start + _REBUILD_CHUNK]
             await self.conn.guard(
@@ -404,7 +418,9 @@ class LimitStore(LimitReads):
         moved = 0
         for tenant in sorted(set(paused)):
             if tenant not in current:
-                moved += await self.set_paused(queue, tenant, True)
+                changes = await self.conn.guard(client.hget(f"{base}:pchg", tenant))
+                if (_text(changes) if changes else None) == before.pause_changes.get(tenant):
+                    moved += await self.set_paused(queue, tenant, True)
             elif current[tenant] == "add":  # the database confirms it
                 await self.conn.guard(client.hset(f"{base}:paused", tenant, 1))
         for tenant, how in sorted(current.items()):

@@ -292,7 +292,7 @@ def test_rebuild__keeps_an_entry_written_after_it_read_the_copy_and_before_the_d
     sync = get_sync_broker()
     store = sync.broker.limits
     redis_client.hset(base, "beta", "9\n\n\n")  # a drifted copy, untouched from here
-    before = sync.run(store.limit_entries, "email")
+    before = sync.run(store.read_copy, "email")
     TenantPlan.objects.filter(tenant_id="acme").update(max_active=1)
     from fairqueue.enqueue.lookups import forget_tenant_plan
 
@@ -304,6 +304,23 @@ def test_rebuild__keeps_an_entry_written_after_it_read_the_copy_and_before_the_d
     assert redis_client.hget(base, "acme") == "1\n\n\n"
     assert redis_client.hget(base, "beta") == "3\n\n\n"
     assert redis_client.exists(f"{base}:synced")
+
+
+def test_rebuild__leaves_a_tenant_resumed_after_it_read_the_copy_resumed(limited, redis_client):
+    """The rows a rebuild read say paused; resume_tenant ran after that read (its database
+    write, then Redis). The rebuild does not pause the tenant again; a tenant nobody
+    touched that the rows say is paused is paused."""
+    from fairqueue.broker import get_sync_broker
+
+    base = f"{limited}:email:fq:lim"
+    sync = get_sync_broker()
+    store = sync.broker.limits
+    pause_tenant("acme")
+    before = sync.run(store.read_copy, "email")
+    rows_paused = {"acme", "beta"}  # as read before the resume
+    resume_tenant("acme")
+    sync.run(store.rebuild, "email", {}, rows_paused, before)
+    assert redis_client.hgetall(f"{base}:paused") == {"beta": "1"}
 
 
 # -- a rate limit counts every attempt ---------------------------------------------------

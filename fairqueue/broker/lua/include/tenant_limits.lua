@@ -14,6 +14,9 @@
                     for no limit), as the tenant's latest enqueue resolved them
     L:paused        hash: tenant -> 1, set by pause_tenant
     L:catchup       hash: tenant -> 1, set by resume_tenant until its held jobs are out
+    L:pchg          hash: tenant -> how many times pause_tenant or resume_tenant changed
+                    L:paused, so a rebuild from the database tells a pause or resume
+                    made while it read the rows (and then keeps it)
     L:tenants       set: tenants with held jobs or released ones not finished
     L:held:<t>      list: the tenant's held job ids, oldest first (released in this order)
     L:out:<t>       set: its released jobs not finished yet (running, takeable, or about
