@@ -229,14 +229,15 @@ class LimitStore(LimitReads):
         args["most"] = SCAN_PAGE
         moved = 0
         for where in ("prioritized", "wait", "delayed"):
-            score, member = "", ""
+            score, member, ties = "", "", 0
             while True:
                 scan = {"cursor_score": score, "cursor_member": member, "where": where}
                 reply = await self.conn.guard(
-                    script(keys=keys, **args, **scan, boundary=first or "")
+                    script(keys=keys, **args, **scan, boundary=first or "", cursor_ties=ties)
                 )
                 moved += int(reply[0])
-                score, member = str(reply[1]), str(reply[2])
+                score, member = _text(reply[1]), _text(reply[2])
+                ties = int(reply[4]) if len(reply) > 4 else 0
                 if int(reply[3]):
                     break
         return moved

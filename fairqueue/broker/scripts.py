@@ -89,6 +89,9 @@ RELEASE_SURE_JOBS = 16
 #: How soon the loop's next call comes while tenants are due (ms): a call cut short by
 #: RELEASE_CALL_US leaves Redis to other clients at least this long before the next.
 RELEASE_AGAIN_MS = 5
+#: A pause's scan of the prioritized set starts a page this many members before where it
+#: stopped within a run of tied scores, in case some of them left between two calls.
+TIE_SLACK = 500
 
 _CONSTANTS = {
     "FLOOR": TAG_FLOOR,
@@ -118,6 +121,7 @@ _CONSTANTS = {
     "RELEASE_SURE_VISITS": RELEASE_SURE_VISITS,
     "RELEASE_SURE_JOBS": RELEASE_SURE_JOBS,
     "RELEASE_AGAIN_MS": RELEASE_AGAIN_MS,
+    "TIE_SLACK": TIE_SLACK,
     "WAIT_EDGES": "{" + ", ".join(str(edge) for edge in WAIT_EDGES) + "}",
 }
 _INCLUDE = re.compile(r"^--- @include (\w+)$", re.MULTILINE)

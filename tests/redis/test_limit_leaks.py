@@ -178,6 +178,28 @@ def test_tenant_id__a_line_feed_is_refused_everywhere_naming_the_rule(fq_prefix,
     assert counts(fq_prefix)["prioritized"] == 0
 
 
+def test_pause__holds_its_jobs_deep_in_a_run_of_tied_scores(limited, redis_client, monkeypatch):
+    """A flood's jobs parked at one score (the cap) tie by the thousand. The pause's scan
+    pages through the run from where it stopped, not from its head (where a page of
+    members already seen ended the scan): every one of the tenant's jobs is held, pages
+    of 100 through 1,260 tied members, past the 500 the scan starts back from."""
+    from fairqueue.broker import limit_store
+    from fairqueue.broker.common import MAX_PRIORITY
+
+    enqueue_jobs("email", [{} for _ in range(900)], tenant_id="other")
+    zed = {j.job_id for j in enqueue_jobs("email", [{} for _ in range(60)], tenant_id="zed")}
+    enqueue_jobs("email", [{} for _ in range(300)], tenant_id="other")
+    key = f"{limited}:email:prioritized"
+    everyone = redis_client.zrange(key, 0, -1)
+    redis_client.zadd(key, dict.fromkeys(everyone, MAX_PRIORITY << 32))  # all parked
+    ranks = sorted(everyone)  # ties sort by member: ids 901-960 late ("9..." sorts last)
+    assert min(ranks.index(job_id) for job_id in zed) > 1_000  # pages start past 500
+    monkeypatch.setattr(limit_store, "SCAN_PAGE", 100)
+    assert pause_tenant("zed") == 60
+    assert set(redis_client.lrange(f"{limited}:email:fq:lim:held:zed", 0, -1)) == zed
+    assert set(redis_client.zrange(key, 0, -1)) == set(everyone) - zed
+
+
 def test_pause_tenant__none_is_refused_with_what_it_accepts():
     with pytest.raises(InvalidTenantError) as info:
         pause_tenant(None)

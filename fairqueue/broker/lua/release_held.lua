@@ -13,7 +13,8 @@
   mode 'scan' (pause_tenant, paged) does the same for its jobs fairqueue never held
   (added before it had limits), found by their payload's tenantId. ARGV for
   'scan': the cursor's score and member ('' from the start), the first held job when
-  the scan began ('' none), where. Returns {moved, cursor score, cursor member, done}.
+  the scan began ('' none), where, and (where 'prioritized') the cursor's ties. Returns
+  {moved, cursor score, cursor member, done}, and the cursor's ties where 'prioritized'.
 
   KEYS[1..8]  BullMQ's prioritized, delayed, active, completed, failed, marker, meta,
               events
@@ -26,8 +27,8 @@
   ARGV        job key prefix, fairness ('time'/'jobs'), mode ('release'/'pullback'),
               tenants ('' = the loop's step: the tenants due, L:due; else
               '\n'-separated), the most jobs to release in this call; then, for
-              'scan' only, cursor_score, cursor_member, boundary and where
-              ('prioritized', 'wait', 'delayed')
+              'scan' only, cursor_score, cursor_member, boundary, where
+              ('prioritized', 'wait', 'delayed') and cursor_ties
   Returns {released, held left (of the tenants given; the loop's step: every held job),
   next wake ms (-1: none; the given tenants' next rate window, or in the loop's step when
   the next tenant falls due), held by max_active, held by rate, held by pause (of the
@@ -39,7 +40,7 @@
   BullMQ's events of their released jobs (fqHearEvents). See docs/design.md, "Releasing
   at scale".
 ]]
---- @argv prefix fairness mode tenants most cursor_score? cursor_member? boundary? where?
+--- @argv prefix fairness mode tenants most cursor_score? cursor_member? boundary? where? cursor_ties?
 --- @include fair_clock
 --- @include tenant_limits
 --- @include rerun_meta
@@ -210,13 +211,24 @@ if mode == 'scan' then
   -- cursor (score, member), for the tenant's jobs fairqueue never tracked (added while
   -- the tenant had no limits): each is held too, before the tenant's other held jobs
   -- (ahead of the first one held when the scan began, boundary), in its old order.
+  -- Members tie on a score (two flows' jobs at one tag; every parked job at the cap, a
+  -- flood's thousands): ties sort by member, and the cursor also carries how many members
+  -- at its score up to its member are still in the set (ties), so a page starts within
+  -- the run, not at its head (which would fill the page with members already seen and
+  -- end the scan early). It starts {{TIE_SLACK}} members before that count, in case some
+  -- left meanwhile, and skips what it has seen by member.
   local t, page = tenants[1], tonumber(ARGV.most)
   local fromScore, fromMember, boundary = ARGV.cursor_score, ARGV.cursor_member, ARGV.boundary
-  local min = '-inf'
-  if fromScore ~= '' then min = fromScore end
+  local fromTies = tonumber(ARGV.cursor_ties) or 0
+  local min, offset = '-inf', 0
+  if fromScore ~= '' then
+    min = fromScore
+    offset = math.max(0, fromTies - {{TIE_SLACK}})
+  end
   local found = redis.call('ZRANGEBYSCORE', K.prioritized, min, '+inf', 'WITHSCORES', 'LIMIT',
-    0, page + 1)
+    offset, fromTies - offset + page + 1)
   local moved, lastScore, lastMember, seen = 0, fromScore, fromMember, 0
+  local ties = fromTies -- members at lastScore up to lastMember still in the set
   local heldKey = L .. ':held:' .. t
   local needle = cjson.encode(t) -- a quick filter before decoding (any JSON spacing)
   for i = 1, #found, 2 do
@@ -225,7 +237,9 @@ if mode == 'scan' then
     if not (fromScore ~= '' and tonumber(score) == tonumber(fromScore) and id <= fromMember) then
       if seen == page then break end
       seen = seen + 1
+      if lastScore == '' or tonumber(score) ~= tonumber(lastScore) then ties = 0 end
       lastScore, lastMember = score, id
+      ties = ties + 1 -- taken back below if the job is held
       local data = redis.call('HGET', prefix .. id, 'data')
       if data and string.find(data, needle, 1, true)
           and redis.call('SISMEMBER', L .. ':out:' .. t, id) == 0 then
@@ -245,12 +259,13 @@ if mode == 'scan' then
           end
           if inserted <= 0 then redis.call('RPUSH', heldKey, id) end
           moved = moved + 1
+          ties = ties - 1
         end
       end
     end
   end
   local done = seen < page and 1 or 0
-  return {moved, lastScore, lastMember, done}
+  return {moved, lastScore, lastMember, done, ties}
 end
 
 if mode == 'pullback' then
