@@ -10,6 +10,7 @@ import threading
 import time
 from contextlib import contextmanager
 
+import redis.asyncio as aioredis
 from bullmq import Worker
 from prometheus_client import REGISTRY
 
@@ -74,6 +75,59 @@ def drain_with_stock_worker(
     """Run a stock ``bullmq.Worker`` (concurrency 1) until ``count`` jobs were processed;
     return ``(job_id, data)`` in processing order."""
     return asyncio.run(_drain(prefix, queue, count, timeout_s))
+
+
+def release(queue: str = "email", tenants=None):
+    """One call of the release step (the held jobs of ``tenants``, or of the tenants due)."""
+    from fairqueue.broker import get_sync_broker
+
+    sync = get_sync_broker()
+    return sync.run(sync.broker.limits.release, queue, tenants)
+
+
+def run_stock_worker(prefix, expect, *, concurrency=8, job_s=0.03, sample_ids=(), timeout_s=30):
+    """A stock ``bullmq.Worker`` runs until ``expect`` jobs finished; meanwhile BullMQ's
+    active list is sampled every 10 ms. Returns (finished ids in order, the most of
+    ``sample_ids`` ever active at once)."""
+    finished: list[str] = []
+    sample_ids = set(sample_ids)
+
+    async def main():
+        done = asyncio.Event()
+
+        async def process(job, token):
+            await asyncio.sleep(job_s)
+            finished.append(job.id)
+            if len(finished) >= expect:
+                done.set()
+
+        worker = Worker(
+            "email",
+            process,
+            {"connection": REDIS_URL, "prefix": prefix, "concurrency": concurrency},
+        )
+        client = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
+        most = 0
+
+        async def sample():
+            nonlocal most
+            while not done.is_set():
+                active = await client.lrange(f"{prefix}:email:active", 0, -1)
+                most = max(most, sum(1 for job_id in active if job_id in sample_ids))
+                await asyncio.sleep(0.01)
+
+        sampler = asyncio.ensure_future(sample())
+        try:
+            await asyncio.wait_for(done.wait(), timeout_s)
+        finally:
+            done.set()
+            await sampler
+            await worker.close()
+            await client.aclose()
+        return most
+
+    most = asyncio.run(main())
+    return finished, most
 
 
 def bullmq_counts(prefix: str, queue: str = "email") -> dict[str, int]:

@@ -23,8 +23,7 @@ from fairqueue.models import TenantPlan
 from tests.conftest import REDIS_URL
 from tests.e2e.test_node_worker import NODE_DIR
 from tests.helpers import bullmq_counts as counts
-from tests.helpers import settle_releases, wait_until
-from tests.redis.test_limits import release
+from tests.helpers import release, settle_releases, wait_until
 
 pytestmark = pytest.mark.django_db
 

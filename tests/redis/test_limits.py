@@ -7,7 +7,7 @@ import asyncio
 import time
 
 import pytest
-from bullmq import Queue, Worker
+from bullmq import Queue
 
 from fairqueue import (
     TenantBacklogFullError,
@@ -25,6 +25,8 @@ from tests.helpers import bullmq_counts as counts
 from tests.helpers import (
     drain_with_stock_worker,
     metric,
+    release,
+    run_stock_worker,
     settle_releases,
     stock_worker_until,
     wait_until,
@@ -34,11 +36,6 @@ from tests.redis.test_worker import registry  # noqa: F401, F811
 pytestmark = pytest.mark.django_db
 
 
-def release(queue: str = "email", tenants=None):
-    sync = get_sync_broker()
-    return sync.run(sync.broker.limits.release, queue, tenants)
-
-
 def test_jobs_beyond_max_active__are_delayed_in_bullmq_counts(limited):
     enqueue_jobs("email", [{"n": i} for i in range(10)], tenant_id="acme")
     enqueue_jobs("email", [{"n": i} for i in range(3)], tenant_id="beta")
@@ -46,53 +43,6 @@ def test_jobs_beyond_max_active__are_delayed_in_bullmq_counts(limited):
     assert found["prioritized"] == 2 + 3
     assert found["delayed"] == 8
     assert found["wait"] == 0
-
-
-def run_stock_worker(prefix, expect, *, concurrency=8, job_s=0.03, sample_ids=(), timeout_s=30):
-    """A stock ``bullmq.Worker`` runs until ``expect`` jobs finished; meanwhile BullMQ's
-    active list is sampled every 10 ms. Returns (finished ids in order, the most of
-    ``sample_ids`` ever active at once)."""
-    finished: list[str] = []
-    sample_ids = set(sample_ids)
-
-    async def main():
-        import redis.asyncio as aioredis
-
-        done = asyncio.Event()
-
-        async def process(job, token):
-            await asyncio.sleep(job_s)
-            finished.append(job.id)
-            if len(finished) >= expect:
-                done.set()
-
-        worker = Worker(
-            "email",
-            process,
-            {"connection": REDIS_URL, "prefix": prefix, "concurrency": concurrency},
-        )
-        client = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
-        most = 0
-
-        async def sample():
-            nonlocal most
-            while not done.is_set():
-                active = await client.lrange(f"{prefix}:email:active", 0, -1)
-                most = max(most, sum(1 for job_id in active if job_id in sample_ids))
-                await asyncio.sleep(0.01)
-
-        sampler = asyncio.ensure_future(sample())
-        try:
-            await asyncio.wait_for(done.wait(), timeout_s)
-        finally:
-            done.set()
-            await sampler
-            await worker.close()
-            await client.aclose()
-        return most
-
-    most = asyncio.run(main())
-    return finished, most
 
 
 @pytest.fixture

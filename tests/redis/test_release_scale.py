@@ -9,8 +9,7 @@ import pytest
 from fairqueue.broker import NewJob, get_sync_broker
 from fairqueue.scheduling.levels import PriorityLevel
 from fairqueue.scheduling.limits import TenantLimits
-from tests.helpers import settle_releases
-from tests.redis.test_limits import release, run_stock_worker
+from tests.helpers import release, run_stock_worker, settle_releases
 
 pytestmark = pytest.mark.django_db
 
