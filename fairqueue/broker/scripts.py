@@ -78,6 +78,9 @@ COMPACT_MAX = 2_000
 RELEASE_VISIT_WORK = 1_000
 RELEASE_EVENTS = 250
 RELEASE_SWEEP_PAGE = 100
+#: Jobs of BullMQ's wait list a release call looks at (from its tail, where workers take
+#: from) for held jobs promoted there by hand (``Queue.promoteJobs``).
+RELEASE_WAIT_PAGE = 64
 RELEASE_BACKSTOP_MS = 30_000
 #: How long one release call may hold Redis, about (us): past it, no further tenant is
 #: visited or job placed, and the next call goes on (the loop calls again at once while
@@ -116,6 +119,7 @@ _CONSTANTS = {
     "RELEASE_VISIT_WORK": RELEASE_VISIT_WORK,
     "RELEASE_EVENTS": RELEASE_EVENTS,
     "RELEASE_SWEEP_PAGE": RELEASE_SWEEP_PAGE,
+    "RELEASE_WAIT_PAGE": RELEASE_WAIT_PAGE,
     "RELEASE_BACKSTOP_MS": RELEASE_BACKSTOP_MS,
     "RELEASE_CALL_US": RELEASE_CALL_US,
     "RELEASE_SURE_VISITS": RELEASE_SURE_VISITS,

@@ -20,7 +20,8 @@
               events
   KEYS[9..13] fairqueue's state, flows, fweights, ready, jobs
   KEYS[14]    the limits key L (tenant_limits.lua lists the keys beside it)
-  KEYS[15]    BullMQ's wait list (read by the 'scan' of where 'wait' only)
+  KEYS[15]    BullMQ's wait list (the 'scan' of where 'wait'; a release call takes held
+              jobs promoted there by hand back)
   Mode 'probe' (an open breaker's probe): as 'release' for one given paused tenant, one
   job released despite the pause; the reply's seventh element is that job's id ('' none).
 
@@ -307,6 +308,29 @@ local function fqTimeUp()
 end
 fqTimeUp()
 local now = fqNowMs()
+-- Held jobs that BullMQ's Queue.promoteJobs (bull-board's "Promote all") moved to its
+-- wait list, which workers serve before every prioritized job: the ones no worker took
+-- yet go back to their place among the tenant's held jobs at this call (every 20 ms in
+-- the loop), not at the next adoption tick (250 ms). Only jobs fairqueue holds or
+-- released (L:meta) are looked at, at most RELEASE_WAIT_PAGE from the list's tail (where
+-- workers take from); one LLEN when the list is empty, as it is for fairqueue's jobs.
+if redis.call('LLEN', KEYS[15]) > 0 then
+  local ids = redis.call('LRANGE', KEYS[15], -{{RELEASE_WAIT_PAGE}}, -1)
+  local anyHolds = redis.call('EXISTS', L .. ':paused', L .. ':catchup') > 0
+  local memo = {}
+  for i = #ids, 1, -1 do
+    local id = ids[i]
+    if redis.call('HEXISTS', L .. ':meta', id) == 1 then
+      local ok, data = pcall(cjson.decode, redis.call('HGET', prefix .. id, 'data') or 'null')
+      local t = ok and type(data) == 'table' and data.tenantId
+      if t and t ~= cjson.null and fqHolding(L, tostring(t), anyHolds, memo) then
+        redis.call('LREM', KEYS[15], -1, id)
+        fqRehold(L, K.prioritized, KEYS[2], KEYS[8], K.ready, prefix .. id, id, tostring(t),
+          nil, nil, fqReadyOf(prefix, id))
+      end
+    end
+  end
+end
 if general then
   -- the loop's step also heals the add script's flag (after a queue was obliterated and
   -- its K.state forgotten, say): two reads when nothing changed
