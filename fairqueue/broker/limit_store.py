@@ -29,7 +29,8 @@ SCAN_PAGE: Final = 500
 #: runs before it leaves the rest to the loop's ticks.
 REPLACE_PAGE: Final = 500
 REPLACE_PAGES_AT_ONCE: Final = 8
-#: Tenants' limits one HSET of a rebuild writes.
+#: Tenants' limits one call of a rebuild's ``limits_restore.lua`` writes (and one HSCAN
+#: page of its read of the copy).
 _REBUILD_CHUNK: Final = 1_000
 _RETRY_KEYS: Final = ("failed", "prioritized", "delayed", "events", "marker")
 _BULLMQ_KEYS: Final = (
