@@ -313,7 +313,8 @@ local now = fqNowMs()
 -- yet go back to their place among the tenant's held jobs at this call (every 20 ms in
 -- the loop), not at the next adoption tick (250 ms). Only jobs fairqueue holds or
 -- released (L:meta) are looked at, at most RELEASE_WAIT_PAGE from the list's tail (where
--- workers take from); one LLEN when the list is empty, as it is for fairqueue's jobs.
+-- workers take from) and within the call's time; one LLEN when the list is empty, as it
+-- is for fairqueue's jobs.
 if redis.call('LLEN', KEYS[15]) > 0 then
   local ids = redis.call('LRANGE', KEYS[15], -{{RELEASE_WAIT_PAGE}}, -1)
   local anyHolds = redis.call('EXISTS', L .. ':paused', L .. ':catchup') > 0
@@ -328,6 +329,7 @@ if redis.call('LLEN', KEYS[15]) > 0 then
         fqRehold(L, K.prioritized, KEYS[2], KEYS[8], K.ready, prefix .. id, id, tostring(t),
           nil, nil, fqReadyOf(prefix, id))
       end
+      if fqTimeUp() then break end -- payloads to decode (up to MAX_PAYLOAD_BYTES each)
     end
   end
 end
