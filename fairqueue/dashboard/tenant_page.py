@@ -97,7 +97,7 @@ async def atenant_queue(
         "waiting_total": None if scan is None else sum(v or 0 for v in waiting.values()),
         "backlog": backlog,
         **_jobs(jobs, now_ms=now_ms),
-        "started": _started(buckets, tenant_id, now_ms=now_ms),
+        "started": _started(mine, buckets, now_s=now_s),
         "waits": _waits(mine, buckets, weights, now_s=now_s),
         # the weight its flows count in Redis now, beside their level's total
         "weights": [
@@ -146,28 +146,23 @@ def _jobs(jobs: TenantJobs, *, now_ms: int) -> dict[str, Any]:
     }
 
 
-def _started(buckets: list[Any], tenant_id: str, *, now_ms: int) -> list[dict[str, Any]]:
-    """Jobs it started per window, and its share of its level's starts."""
+def _started(
+    mine: dict[int, dict[str, str]], buckets: list[Any], *, now_s: int
+) -> list[dict[str, Any]]:
+    """Attempts it started per window (from its own per-minute counts: every attempt,
+    whatever the number of tenants), and its share of each level's starts."""
     rows = []
-    now_s = now_ms // 1000
     for minutes in WINDOWS_MIN:
-        recent = [b for b in buckets if b.start_s > now_s - minutes * 60]
-        mine: dict[str, int] = {}
-        for bucket in recent:
-            for (level, tenant), count in bucket.tenants.items():
-                if tenant == tenant_id:
-                    mine[level] = mine.get(level, 0) + count
-        level_total = {level: sum(b.served.get(level, 0) for b in recent) for level in mine}
-        started = sum(mine.values())
+        row = tenant_window(mine, buckets, now_s=now_s, minutes=minutes, bucket_s=TENANT_BUCKET_S)
         shares = [
-            f"{100 * mine[level] / level_total[level]:.0f}% of {level}'s {level_total[level]}"
-            for level in mine
-            if level_total[level]
+            f"{100 * started['share']:.0f}% of {level}'s {started['level_count']}"
+            for level, started in row["started"].items()
+            if started["share"] is not None
         ]
         rows.append(
             {
                 "minutes": minutes,
-                "started": started,
+                "started": sum(started["count"] for started in row["started"].values()),
                 "share": "; ".join(shares) or "—",
             }
         )

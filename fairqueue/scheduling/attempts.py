@@ -150,7 +150,8 @@ class PageRecord:
     state_writes: dict[str, str] = field(default_factory=dict)
     settlements: list[Settlement] = field(default_factory=list)
     #: tenant bucket (:func:`tenant_bucket`) -> field -> increment: the tenant's waits
-    #: (``<bin>`` -> first attempts started) and worker time (``t:<level>`` -> ms)
+    #: (``<bin>`` -> first attempts started), attempts started (``s:<level>``) and worker
+    #: time (``t:<level>`` -> ms)
     tenant_rows: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
@@ -351,6 +352,7 @@ class _PageWork:
         level = start.level
         out.recorded += 1
         self.add(start_b, f"s:{level}", 1)
+        self.add_tenant(event.at_ms, start.tenant, f"s:{level}", 1)
         out.started_by_level[level] = out.started_by_level.get(level, 0) + 1
         member = f"{level}\n{start.tenant}"
         if start_b >= self.oldest:

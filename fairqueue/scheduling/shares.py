@@ -387,15 +387,18 @@ def tenant_window(
 
     Args:
         tenant_buckets: start second -> the tenant's bucket fields (``<bin>`` -> first
-            attempts started, ``t:<level>`` -> worker ms), as the loop records them.
-        level_buckets: the queue's buckets (their ``worker_ms`` per level).
+            attempts started, ``s:<level>`` -> attempts started, ``t:<level>`` -> worker
+            ms), as the loop records them.
+        level_buckets: the queue's buckets (their ``served`` and ``worker_ms`` per level).
 
-    Returns p50_ms/p99_ms (``None`` with no wait recorded), the waits counted, and per
-    level its worker ms, the level's and its share (``None`` when the level had none).
+    Returns p50_ms/p99_ms (``None`` with no wait recorded), the waits counted, per level
+    its attempts started, the level's and its share, and per level its worker ms, the
+    level's and its share (a share is ``None`` when the level had none).
     """
     first = (now_s // bucket_s - minutes + 1) * bucket_s
     waits: dict[int, int] = {}
     mine: dict[str, int] = {}
+    started: dict[str, int] = {}
     for start, fields in tenant_buckets.items():
         if start < first:
             continue
@@ -406,16 +409,30 @@ def tenant_window(
                 waits[int(name)] = waits.get(int(name), 0) + int(raw)
             elif str(name).startswith("t:"):
                 mine[name[2:]] = mine.get(name[2:], 0) + int(raw)
+            elif str(name).startswith("s:"):
+                started[name[2:]] = started.get(name[2:], 0) + int(raw)
     level_ms = dict.fromkeys(mine, 0)
+    level_started = dict.fromkeys(started, 0)
     for bucket in level_buckets:
         if bucket.start_s >= first:
             for level in level_ms:
                 level_ms[level] += bucket.worker_ms.get(level, 0)
+            for level in level_started:
+                level_started[level] += bucket.served.get(level, 0)
     return {
         "minutes": minutes,
         "waits": sum(waits.values()),
         "p50_ms": percentile(waits, 0.5),
         "p99_ms": percentile(waits, 0.99),
+        "started": {
+            level: {
+                "count": started[level],
+                "level_count": level_started[level],
+                "share": started[level] / level_started[level] if level_started[level] else None,
+            }
+            for level in LEVEL_NAMES
+            if level in started
+        },
         "worker": {
             level: {
                 "ms": mine[level],

@@ -85,6 +85,11 @@ def test_tenant_waits__percentiles_and_worker_share_match_the_job_hashes(fq_pref
         exact_share = worked["acme"] / (worked["acme"] + worked["beta"])
         assert acme["share"] == pytest.approx(exact_share, abs=300 * CLOCKS_MS / acme["level_ms"])
         assert acme["share"] > 0.55  # its jobs take twice as long
+    # Attempts started: every one, each tenant half of its level's.
+    for tenant in ids:
+        for row in pages[tenant]["started"]:
+            assert row["started"] == 150
+            assert row["share"] == "50% of normal's 300"
 
     # Bounded: one small hash per tenant and minute, with the history's expiry.
     keys = redis_client.keys(f"{fq_prefix}:email:fq:hist:tw:*")
@@ -95,3 +100,20 @@ def test_tenant_waits__percentiles_and_worker_share_match_the_job_hashes(fq_pref
         start = int(key.split(":")[-2])
         assert start % TENANT_BUCKET_S == 0
         assert redis_client.hlen(key) <= len(shares.WAIT_EDGES) + 5
+
+
+def test_tenant_starts__exact_for_every_tenant_however_many_start_in_a_bucket(fq_prefix):
+    """40 tenants start jobs within seconds (the queue's 10 s buckets keep their 32 most
+    served tenants): each tenant's page counts every attempt it started."""
+    rebalance_queue("email", rebalancer="starts-test")  # the history starts here
+    tenants = [f"t{n:02d}" for n in range(40)]
+    for tenant in tenants:
+        enqueue_jobs("email", [{} for _ in range(3)], tenant_id=tenant, priority_level="normal")
+    enqueue_jobs("email", [{} for _ in range(40)], tenant_id="big", priority_level="normal")
+    asyncio.run(_drain(fq_prefix, 160))
+    for _ in range(5):  # every page of the events stream
+        rebalance_queue("email", rebalancer="starts-test")
+    for tenant, expected in [*((tenant, 3) for tenant in tenants), ("big", 40)]:
+        page = next(q for q in tenant_page_data(tenant)["queues"] if q["job_type"] == "email")
+        assert [row["started"] for row in page["started"]] == [expected] * len(WINDOWS_MIN)
+        assert page["started"][0]["share"] == f"{round(100 * expected / 160)}% of normal's 160"

@@ -112,6 +112,20 @@ def test_record_page__counts_every_start_once_and_pairs_each_end_with_its_start(
     s_fields = sum(n for row in page.buckets.values() for k, n in row.items() if k[:2] == "s:")
     assert s_fields == n_starts
     assert sum(page.started_by_level.values()) == page.recorded
+    # ... and each known one in its tenant's bucket too (the tenant page's starts)
+    by_tenant: dict[tuple[str, str], int] = {}
+    for name, row in page.tenant_rows.items():
+        tenant = name.split(":", 2)[2]  # tw:<start second>:<tenant>
+        for key, n in row.items():
+            if key[:2] == "s:":
+                by_tenant[tenant, key[2:]] = by_tenant.get((tenant, key[2:]), 0) + n
+    expected_starts = {}
+    for e in events:
+        info = starts.get(e.job_id)
+        if e.kind == "start" and info is not None and info.level is not None:
+            key = (info.tenant, info.level)
+            expected_starts[key] = expected_starts.get(key, 0) + 1
+    assert by_tenant == expected_starts
     # Worker time: each end after a known start adds the time since that start.
     expected, running = {}, {}
     for e in events:
