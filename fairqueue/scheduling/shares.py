@@ -425,21 +425,20 @@ def tenant_window(
         "p50_ms": percentile(waits, 0.5),
         "p99_ms": percentile(waits, 0.99),
         "started": {
-            level: {
-                "count": started[level],
-                "level_count": level_started[level],
-                "share": started[level] / level_started[level] if level_started[level] else None,
-            }
-            for level in LEVEL_NAMES
-            if level in started
+            level: {"count": count, "level_count": total, "share": _part(count, total)}
+            for level, (count, total) in _by_level(started, level_started).items()
         },
         "worker": {
-            level: {
-                "ms": mine[level],
-                "level_ms": level_ms[level],
-                "share": mine[level] / level_ms[level] if level_ms[level] else None,
-            }
-            for level in LEVEL_NAMES
-            if level in mine
+            level: {"ms": ms, "level_ms": total, "share": _part(ms, total)}
+            for level, (ms, total) in _by_level(mine, level_ms).items()
         },
     }
+
+
+def _by_level(mine: Mapping[str, int], totals: Mapping[str, int]) -> dict[str, tuple[int, int]]:
+    """Level -> (the tenant's, the level's), in rank order, for the levels it has."""
+    return {level: (mine[level], totals[level]) for level in LEVEL_NAMES if level in mine}
+
+
+def _part(part: int, whole: int) -> float | None:
+    return part / whole if whole else None

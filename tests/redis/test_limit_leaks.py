@@ -751,6 +751,19 @@ def _most_active(redis_client, prefix, ids, seconds):
     return most
 
 
+def promote_all(prefix: str) -> None:
+    """BullMQ's ``Queue.promoteJobs`` (bull-board's "Promote all") on ``email``."""
+
+    async def promote():
+        queue = Queue("email", {"connection": REDIS_URL, "prefix": prefix})
+        try:
+            await queue.promoteJobs()
+        finally:
+            await queue.close()
+
+    asyncio.run(promote())
+
+
 def test_promote_jobs__the_next_release_call_takes_them_back_off_the_wait_list(
     limited, redis_client
 ):
@@ -761,15 +774,7 @@ def test_promote_jobs__the_next_release_call_takes_them_back_off_the_wait_list(
 
     acme = [j.job_id for j in enqueue_jobs("email", [{} for _ in range(6)], tenant_id="acme")]
     base = f"{limited}:email"
-
-    async def promote():
-        q = Queue("email", {"connection": REDIS_URL, "prefix": limited})
-        try:
-            await q.promoteJobs()
-        finally:
-            await q.close()
-
-    asyncio.run(promote())
+    promote_all(limited)
     assert sorted(redis_client.lrange(f"{base}:wait", 0, -1)) == sorted(acme[2:])
     assert release().released == 0  # at its max_active: the 2 released are takeable
     assert redis_client.llen(f"{base}:wait") == 0
@@ -796,15 +801,7 @@ def test_promote_jobs__held_jobs_made_takeable_by_hand_are_held_again(
         enqueue_jobs("email", [{} for _ in range(600)], tenant_id="beta")
     worker = NodeWorker(node, limited, run_ms=4000, job_ms=300)
     assert wait_until(lambda: sum(i in acme for i in active_ids(redis_client, limited)) == 2, 10)
-
-    async def promote():
-        q = Queue("email", {"connection": REDIS_URL, "prefix": limited})
-        try:
-            await q.promoteJobs()
-        finally:
-            await q.close()
-
-    asyncio.run(promote())
+    promote_all(limited)
     ids = set(acme)
 
     def acme_active() -> set[str]:
