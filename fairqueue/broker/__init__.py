@@ -85,7 +85,6 @@ from fairqueue.broker.pass_store import (
     AdoptedPage,
     IndexWalk,
     WaitingJob,
-    WaitingSnapshot,
     pending_from_job,
 )
 from fairqueue.broker.results import JOB_STATES, StoredJob
@@ -127,7 +126,6 @@ __all__ = [
     "StoredJob",
     "SyncBroker",
     "WaitingJob",
-    "WaitingSnapshot",
     "add_jobs_script",
     "adopt_page_script",
     "close_brokers",

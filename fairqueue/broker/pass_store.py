@@ -15,7 +15,6 @@ from fairqueue.broker.common import (
     JOB_FIELDS,
     REBASE_MARGIN,
     REBASE_THRESHOLD,
-    SCORE_BASE,
     fair_key,
     fair_keys,
     int_or,
@@ -53,15 +52,6 @@ class WaitingJob:
     #: limit held it, else its first ready time (``fqReady`` in its opts, Redis's clock),
     #: else its timestamp plus its delay, the rule the pass's index follows.
     ready_ms: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class WaitingSnapshot:
-    """The head of a queue in pop order (the wait list, then the prioritized set)."""
-
-    jobs: list[WaitingJob]
-    #: Waiting jobs behind ``jobs`` (not read).
-    behind: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,28 +329,6 @@ class PassStore(BrokerPart):
                 return deleted
 
     # -- reading ----------------------------------------------------------------------
-
-    async def read_head(self, queue: str, *, count: int) -> WaitingSnapshot:
-        """The first ``count`` waiting jobs in the order a worker takes them."""
-        return await self.conn.guard(self._read_head(queue, count))
-
-    async def _read_head(self, queue: str, count: int) -> WaitingSnapshot:
-        prioritized = self.conn.key(queue, "prioritized")
-        # Not a MULTI: Redis refuses every command of a MULTI over ``maxmemory``, reads
-        # included, and the dashboard must show what Redis holds then. A job moving
-        # between the four reads can be missed or seen twice in this snapshot.
-        async with self.conn.client().pipeline(transaction=False) as pipe:
-            pipe.lrange(self.conn.key(queue, "wait"), -count, -1)
-            pipe.zrange(prioritized, 0, count - 1, withscores=True)
-            pipe.llen(self.conn.key(queue, "wait"))
-            pipe.zcard(prioritized)
-            wait_ids, entries, wait_len, total = await pipe.execute()
-        wait_ids.reverse()  # BullMQ pops the wait list from its right end
-        head = [(job_id, 0, True) for job_id in wait_ids] + [
-            (job_id, int(score // SCORE_BASE), False) for job_id, score in entries
-        ][: max(0, count - len(wait_ids))]
-        jobs = await read_jobs(self.conn, queue, head)
-        return WaitingSnapshot(jobs=jobs, behind=max(0, wait_len + total - len(head)))
 
     async def counts(self, queue: str) -> dict[str, int]:
         """Job counts by BullMQ state."""
