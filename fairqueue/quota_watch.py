@@ -137,7 +137,7 @@ def _running(tenants: list[str]) -> dict[str, tuple[int, int]]:
     out: dict[str, tuple[int, int]] = {}
     for queue in queues_of(""):
         found = sync_broker.run(store.running, queue, tenants)
-        for tenant_id, (count, ms) in found.tenants.items():
+        for tenant_id, (count, ms) in found.items():
             before = out.get(tenant_id, (0, 0))
             out[tenant_id] = (before[0] + count, before[1] + ms)
     return out

@@ -35,16 +35,6 @@ class UsageRead:
     values: UsageValues
 
 
-@dataclass(frozen=True, slots=True)
-class Running:
-    """Attempts running now, as :meth:`UsageStore.running` read them."""
-
-    #: Redis's clock when read (ms).
-    now_ms: int
-    #: tenant -> (attempts running, their worker ms so far)
-    tenants: dict[str, tuple[int, int]]
-
-
 def _text(value: str | bytes | None) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
@@ -105,11 +95,12 @@ class UsageStore(BrokerPart):
         script = self.conn.script(plain_script("usage_flushed"))
         return int(await self.conn.guard(script(keys=[self.dirty_key(queue)], rows=pairs)))
 
-    async def running(self, queue: str, tenants: Sequence[str]) -> Running:
-        """The worker time so far of ``tenants``' attempts running now in ``queue``
-        (``lua/usage_running.lua``): one call, nothing read for no tenant."""
+    async def running(self, queue: str, tenants: Sequence[str]) -> dict[str, tuple[int, int]]:
+        """``tenants``' attempts running now in ``queue`` and their worker ms so far
+        (``lua/usage_running.lua``): tenant -> (attempts, ms), those with none left out.
+        One call, nothing read for no tenant."""
         if not tenants:
-            return Running(0, {})
+            return {}
         script = self.conn.script(plain_script("usage_running"))
         reply = await self.conn.guard(
             script(
@@ -118,11 +109,10 @@ class UsageStore(BrokerPart):
                 tenants=list(tenants),
             )
         )
-        rows = {
+        return {
             str(_text(reply[i])): (int(reply[i + 1]), int(reply[i + 2]))
-            for i in range(1, len(reply) - 2, 3)
+            for i in range(0, len(reply) - 2, 3)
         }
-        return Running(int(reply[0]), rows)
 
     async def pending(self, queue: str) -> int:
         """Rows not yet in the database."""

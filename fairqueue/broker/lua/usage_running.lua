@@ -8,8 +8,8 @@
 
   KEYS[1] <prefix>:<queue>:fq:run (hash: job id -> '<level>\n<tenant>\n<start ms>\n<turns>')
   ARGV    job key prefix ('<prefix>:<queue>:'), then the tenants
-  Returns {now ms, tenant, attempts running, their ms so far, ...}, tenants with none
-  running left out.
+  Returns {tenant, attempts running, their ms so far, ...}, tenants with none running
+  left out.
 ]]
 --- @argv job_prefix tenants...
 local wanted = {}
@@ -33,7 +33,7 @@ for i = 1, #runs, 2 do
     row[2] = row[2] + math.max(0, now - start)
   end
 end
-local out = {now}
+local out = {}
 for _, tenant in ipairs(order) do
   out[#out + 1] = tenant
   out[#out + 1] = found[tenant][1]
