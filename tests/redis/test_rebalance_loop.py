@@ -298,7 +298,10 @@ def test_once_with_redis_down__one_honest_message_naming_the_host_and_exit_1(fq_
     )
     output, _ = process.communicate(timeout=60)
     assert process.returncode == 1, output
-    assert f"Redis at 127.0.0.1:{port}/3 is unreachable (ConnectionError): no pass ran" in output
+    assert (
+        f"Redis at 127.0.0.1:{port}/3 (from FAIRQUEUE_REDIS_URL) is unreachable "
+        "(ConnectionError): no pass ran"
+    ) in output
     assert output.count("unreachable") == 1, output  # said once, not wrapped twice
     assert "retrying" not in output
     assert "hunter2" not in output

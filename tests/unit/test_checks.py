@@ -425,6 +425,34 @@ def test_e010__task_queue_without_a_job_type(settings, clean_env):
     ]
 
 
+@pytest.mark.parametrize(
+    "lookalike", ["FAIRQEUE", "FAIR_QUEUE", "FAIRQUEUES", "FAIRQUEUE_REDIS_URL"]
+)
+def test_w029__no_fairqueue_setting_names_the_lookalike(settings, clean_env, lookalike):
+    del settings.FAIRQUEUE
+    setattr(settings, lookalike, {"QUEUES": {"email": "email"}})
+    conf.reload_settings()
+    (warning,) = [m for m in run_checks() if m.id == checks.NO_SETTING_ID]
+    assert isinstance(warning, Warning)
+    assert f"found {lookalike}, which fairqueue does not read" in warning.msg
+    assert warning.hint.startswith(f"Rename {lookalike} to FAIRQUEUE")
+
+
+def test_w029__no_fairqueue_setting_and_no_lookalike(settings, clean_env):
+    del settings.FAIRQUEUE
+    conf.reload_settings()
+    (warning,) = [m for m in run_checks() if m.id == checks.NO_SETTING_ID]
+    assert "settings define no FAIRQUEUE" in warning.msg and "found" not in warning.msg
+    assert warning.hint.startswith("Add FAIRQUEUE = ")
+
+
+def test_w029__silent_once_fairqueue_is_set_even_empty(settings, clean_env):
+    settings.FAIRQUEUE = {}
+    settings.FAIRQEUE = {}
+    conf.reload_settings()
+    assert checks.check_setting_present() == []
+
+
 def test_clean_settings__no_fairqueue_messages(settings, clean_env):
     configure(settings, clean_env, {"QUEUES": {"email": "email", "report": "report"}}, {})
     assert [m for m in run_checks() if m.id.startswith("fairqueue.")] == []
@@ -465,6 +493,7 @@ def all_ids() -> list[str]:
         "fairqueue.W011",
         checks.OUTBOX_UNKNOWN_JOB_TYPE_ID,
         "fairqueue.W025",
+        checks.NO_SETTING_ID,
     ]
 
 
