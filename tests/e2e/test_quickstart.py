@@ -15,13 +15,12 @@ import subprocess
 import sys
 import textwrap
 import time
-import uuid
 from pathlib import Path
 
 import django
 import pytest
 
-from tests.conftest import REDIS_URL, delete_prefix
+from tests.conftest import REDIS_URL, delete_prefix, run_prefix
 from tests.fresh_project import project_env, run_ok
 from tests.helpers import free_port
 
@@ -79,7 +78,7 @@ def _follow_quickstart(
     project: Path, fairqueue_path: Path, *, interpreter: str = sys.executable
 ) -> dict[str, str]:
     python, commands = quickstart()
-    prefix = f"fqquick-{uuid.uuid4().hex[:12]}"
+    prefix = run_prefix("fqquick")
     env = project_env(project, fairqueue_path, settings_module="mysite.settings")
 
     def run(*args: str) -> str:

@@ -27,7 +27,7 @@ from fairqueue.scheduling.levels import PriorityLevel
 from fairqueue.worker import handlers
 from fairqueue.worker.handlers import JobContext, NoHandlerError
 from fairqueue.worker.runner import Worker, split_payload
-from tests.conftest import REDIS_URL, delete_prefix
+from tests.conftest import REDIS_URL, delete_prefix, run_prefix
 from tests.helpers import PrivateRedis, free_port, read_until, spawner, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,7 +66,7 @@ def registry():
 @pytest.fixture
 def prefix(registry):
     """A private BullMQ prefix in FAIRQUEUE (with the test job types); its keys go after."""
-    prefix = f"fqtest-{uuid.uuid4().hex[:12]}"
+    prefix = run_prefix()
     with override_settings(
         FAIRQUEUE={"PREFIX": prefix, "QUEUES": dict(QUEUES), "REDIS_URL": REDIS_URL}
     ):
