@@ -118,3 +118,19 @@ class _Urls:
 
     def __init__(self, urlpatterns: list) -> None:
         self.urlpatterns = urlpatterns
+
+
+def test_node_worker_install_line__pins_what_the_tests_run():
+    """The Node worker's `npm install` pins the majors (bullmq's minor) of
+    tests/node/package.json, so a reader gets what the tests ran, not npm's newest."""
+    import json
+    import re
+
+    text = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+    (line,) = re.findall(r"`npm install ([^`]+)`", text)
+    pinned = dict(item.split("@", 1) for item in line.split())
+    package = json.loads((ROOT / "tests" / "node" / "package.json").read_text())
+    wanted = {name: spec.lstrip("~^") for name, spec in package["dependencies"].items()}
+    assert set(pinned) == set(wanted)
+    for name, version in pinned.items():
+        assert wanted[name].startswith(f"{version}."), (name, version, wanted[name])
