@@ -62,7 +62,7 @@ test: $(VENV)/.installed-dev redis tests/node/node_modules/.installed
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
-	$(PY) -m pytest -n $(TEST_WORKERS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 # ruff, mypy and the tests that need no Redis (tests/unit: the scheduling math, settings,
 # checks, models, docs): seconds, no Redis started. CI (.ci/run) runs `make test`.
@@ -70,12 +70,12 @@ test-fast: $(VENV)/.installed-dev
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
-	$(PY) -m pytest tests/unit -q
+	$(PY) -m pytest tests/unit -q -n $(TEST_WORKERS)
 
 # `make test`'s pytest run on Django 6.1 / Python 3.12 (ruff ran in `make test`).
 test-django6: $(VENV_DJ6)/.installed redis tests/node/node_modules/.installed
 	$(PY_DJ6) -c "import django, sys; print('make: Django', django.get_version(), 'on Python', sys.version.split()[0])"
-	$(PY_DJ6) -m pytest -n $(TEST_WORKERS)
+	$(PY_DJ6) -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 lint: $(VENV)/.installed-dev
 	$(PY) -m ruff check --fix .

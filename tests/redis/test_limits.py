@@ -33,7 +33,8 @@ from tests.helpers import (
 )
 from tests.redis.test_worker import registry  # noqa: F401, F811
 
-pytestmark = pytest.mark.django_db
+# Timing-sensitive (live workers and loops): one xdist process runs these in turn.
+pytestmark = [pytest.mark.django_db, pytest.mark.xdist_group("timing")]
 
 
 def test_jobs_beyond_max_active__are_delayed_in_bullmq_counts(limited):

@@ -16,7 +16,8 @@ from fairqueue.scheduling.levels import PriorityLevel
 from tests.conftest import REDIS_URL
 from tests.helpers import drain_with_stock_worker, metric, metric_delta
 
-pytestmark = pytest.mark.django_db
+# Timing-sensitive (live workers and loops): one xdist process runs these in turn.
+pytestmark = [pytest.mark.django_db, pytest.mark.xdist_group("timing")]
 
 
 def prioritized(redis_client, prefix, queue="email"):

@@ -25,7 +25,8 @@ from tests.conftest import REDIS_URL
 from tests.helpers import free_port, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.django_db(transaction=True)
+# Timing-sensitive (live workers and loops): one xdist process runs these in turn.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.xdist_group("timing")]
 
 
 def spawn(args, prefix, **env):

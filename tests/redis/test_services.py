@@ -66,7 +66,7 @@ def test_done_when__plans_internal_and_override_round_trip_through_redis(
         ({"tenant_id": "acme"}, "acme", "critical", 1, "plan"),
         ({"tenant_id": "bolt"}, "bolt", "normal", 5, "plan"),
         ({"tenant_id": "cafe"}, "cafe", "low", 10, "plan"),
-        ({"tenant_id": "nobody"}, "nobody", "normal", 5, "plan"),
+        ({"tenant_id": "nobody"}, "nobody", "normal", 5, "no_plan"),
         ({"internal": True}, None, "critical", 1, "internal"),
         (
             {"tenant_id": "cafe", "priority_override": "critical", "actor": "ops"},
@@ -652,11 +652,11 @@ class ReplyDroppingProxy:
     drops its reply by closing the client's connection: a network failure after the
     send, where the command ran but the client cannot know."""
 
-    def __init__(self, upstream_port: int) -> None:
+    def __init__(self, upstream_port: int, db: int = 0) -> None:
         self.upstream_port = upstream_port
         self.armed = threading.Event()
         self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"redis://127.0.0.1:{self.listener.getsockname()[1]}/0"
+        self.url = f"redis://127.0.0.1:{self.listener.getsockname()[1]}/{db}"
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -694,7 +694,10 @@ def test_a_lost_reply_is_never_resent__one_job_and_broker_unavailable_error(
     """redis-py resends a command after a connection error by default; a resent add of a
     job without an id would enqueue it twice. fairqueue's clients never resend: the
     caller gets BrokerUnavailableError (and retries under a job id)."""
-    proxy = ReplyDroppingProxy(redis_client.connection_pool.connection_kwargs["port"])
+    proxy = ReplyDroppingProxy(
+        redis_client.connection_pool.connection_kwargs["port"],
+        redis_client.connection_pool.connection_kwargs["db"],
+    )
     settings.FAIRQUEUE = {**settings.FAIRQUEUE, "REDIS_URL": proxy.url}
     conf.reload_settings()
 
