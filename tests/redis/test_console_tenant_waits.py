@@ -18,8 +18,8 @@ from fairqueue.scheduling.attempts import TENANT_BUCKET_S
 from fairqueue.scheduling.shares import bin_bounds, wait_bin
 from tests.helpers import stock_worker_until
 
-# Timing-sensitive (live workers and loops): one xdist process runs these in turn.
-pytestmark = [pytest.mark.django_db, pytest.mark.xdist_group("timing")]
+# Timing-sensitive (live workers, loops): `make test` runs them after the parallel part.
+pytestmark = [pytest.mark.django_db, pytest.mark.serial]
 
 #: The worker stamps processedOn with its clock, Redis the event with its own: the same
 #: machine's clock, read a moment apart.

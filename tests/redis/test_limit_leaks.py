@@ -25,8 +25,8 @@ from tests.e2e.test_node_worker import NODE_DIR
 from tests.helpers import bullmq_counts as counts
 from tests.helpers import release, settle_releases, wait_until
 
-# Timing-sensitive (live workers and loops): one xdist process runs these in turn.
-pytestmark = [pytest.mark.django_db, pytest.mark.xdist_group("timing")]
+# Timing-sensitive (live workers, loops): `make test` runs them after the parallel part.
+pytestmark = [pytest.mark.django_db, pytest.mark.serial]
 
 
 @pytest.fixture

@@ -25,8 +25,8 @@ from tests.conftest import REDIS_URL
 from tests.helpers import free_port, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
-# Timing-sensitive (live workers and loops): one xdist process runs these in turn.
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.xdist_group("timing")]
+# Timing-sensitive (live workers, loops): `make test` runs them after the parallel part.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.serial]
 
 
 def spawn(args, prefix, **env):

@@ -11,8 +11,8 @@ from fairqueue.scheduling.levels import PriorityLevel
 from fairqueue.scheduling.limits import TenantLimits
 from tests.helpers import release, run_stock_worker, settle_releases
 
-# Timing-sensitive (live workers and loops): one xdist process runs these in turn.
-pytestmark = [pytest.mark.django_db, pytest.mark.xdist_group("timing")]
+# Timing-sensitive (live workers, loops): `make test` runs them after the parallel part.
+pytestmark = [pytest.mark.django_db, pytest.mark.serial]
 
 TENANTS = 300
 

@@ -23,8 +23,8 @@ from tests.conftest import REDIS_URL
 from tests.helpers import stock_worker_until, wait_until
 from tests.redis.test_rebalance import index_ids
 
-# Timing-sensitive (live workers and loops): one xdist process runs these in turn.
-pytestmark = [pytest.mark.django_db, pytest.mark.xdist_group("timing")]
+# Timing-sensitive (live workers, loops): `make test` runs them after the parallel part.
+pytestmark = [pytest.mark.django_db, pytest.mark.serial]
 
 SCORE_BASE = 1 << 32
 

@@ -28,8 +28,8 @@ from fairqueue.scheduling.order import (
 from tests.helpers import metric
 from tests.redis.test_reruns import _run_stock_worker
 
-# Timing-sensitive (live workers and loops): one xdist process runs these in turn.
-pytestmark = [pytest.mark.django_db, pytest.mark.xdist_group("timing")]
+# Timing-sensitive (live workers, loops): `make test` runs them after the parallel part.
+pytestmark = [pytest.mark.django_db, pytest.mark.serial]
 
 positive = st.floats(min_value=1e-6, max_value=1e9, allow_nan=False, allow_infinity=False)
 
