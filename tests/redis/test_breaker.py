@@ -116,7 +116,7 @@ def test_breaker__opens_on_a_failing_tenant_and_holds_its_jobs_not_the_healthy_o
 
     opened = HoldAudit.objects.get(tenant_id="poison", event="opened")
     assert opened.actor == "fairqueue breaker"
-    assert "8 of 8 jobs failed after their last attempt in the last 600 s" in opened.why
+    assert "8 of 8 attempts failed (retried or not, or stalled) in the last 600 s" in opened.why
     assert metric("queue_fair_breaker_open", job_type="email") == 1
     assert redis_client.hexists(f"{armed}:email:fq:lim:paused", "poison")
     assert _hold("acme") is None  # the healthy tenant: no breaker
@@ -144,42 +144,44 @@ def test_breaker__stays_closed_for_a_tenant_whose_retries_succeed(armed, redis_c
 
 
 @pytest.mark.django_db
-def test_breaker__counts_jobs_not_attempts_so_failed_first_attempts_do_not_open_it(
-    armed, redis_client
+def test_breaker__a_retrying_poison_tenant_opens_it_within_the_window_and_one_step(
+    armed, redis_client, settings
 ):
-    """8 jobs of 'flaky' whose first two attempts fail (a 1 s backoff between): after the
-    first attempts every attempt in the window failed, 8 of them (an attempt rule opens
-    at 6 and 90%), but no job has failed yet; then they all succeed. 8 jobs of 'broken'
-    (2 attempts) fail for good: that opens it, once its jobs' last attempts fail."""
+    """'poison' enqueues jobs with attempts=10 and an exponential 1 s backoff, every
+    attempt failing: none of its jobs can fail for good for minutes (1+2+...+256 s), yet
+    its attempts take their share of the workers. The breaker counts attempts, so it
+    opens at the first usage step after MIN_JOBS of them failed, within WINDOW_S of its
+    first attempt."""
+    from fairqueue import conf
     from fairqueue.models import TenantUsage
 
+    config = {"ENABLED": True, "WINDOW_S": 10, "MIN_JOBS": 20, "FAILURE_RATIO": 0.95}
+    settings.FAIRQUEUE = {**settings.FAIRQUEUE, "BREAKER": dict(config, COOL_OFF_S=60)}
+    conf.reload_settings()
     enqueue_jobs(
         "email",
-        [{"i": i} for i in range(8)],
-        tenant_id="flaky",
-        attempts=3,
-        backoff={"type": "fixed", "delay": 1000},
+        [{"i": i} for i in range(25)],
+        tenant_id="poison",
+        attempts=10,
+        backoff={"type": "exponential", "delay": 1000},
     )
-    seen = _run(armed, 8, lambda job: job.attemptsMade < 2)
-    assert [ok for *_, ok in seen] == [False] * 8  # only first attempts so far
-    _settle()
-    row = TenantUsage.objects.get(tenant_id="flaky")
-    assert (row.completed, row.failed) == (0, 8)  # the ledger counts them: all failed
-    assert _hold("flaky") is None
-    seen = _run(armed, 16, lambda job: job.attemptsMade < 2)  # their retries
-    assert sum(1 for *_, ok in seen if ok) == 8
-    _settle()
-    row.refresh_from_db()
-    assert (row.completed, row.failed) == (8, 16)  # 67% of attempts failed, no job did
-    assert _hold("flaky") is None
-    assert not redis_client.hexists(f"{armed}:email:fq:lim:paused", "flaky")
-    # Jobs that fail their last attempt: these open it.
-    enqueue_jobs("email", [{"i": i} for i in range(8)], tenant_id="broken", attempts=2)
-    seen = _run(armed, 16, lambda job: True)
-    _settle()
-    hold = _hold("broken")
-    assert hold is not None and hold.lifted_at is None
-    assert redis_client.hexists(f"{armed}:email:fq:lim:paused", "broken")
+    enqueue_jobs("email", [{"i": i} for i in range(5)], tenant_id="acme")
+    first = dt.datetime.now(dt.UTC)
+    seen = _run(armed, 30, _poison)
+    assert sum(1 for t, _, ok in seen if t == "poison" and not ok) == 25
+    _settle()  # one history step and its usage step: the loop's tick
+    row = TenantUsage.objects.get(tenant_id="poison")
+    assert (row.completed, row.failed) == (0, 25)
+    assert row.segments and all(values[6] == 25 for values in row.segments.values())  # retried
+    hold = _hold()
+    assert hold is not None and hold.lifted_at is None and hold.state == "open"
+    assert (hold.created_at - first).total_seconds() < config["WINDOW_S"]
+    assert redis_client.hexists(f"{armed}:email:fq:lim:paused", "poison")
+    assert _hold("acme") is None
+    from fairqueue.models import HoldAudit
+
+    why = HoldAudit.objects.get(tenant_id="poison", event="opened").why
+    assert "25 of 25 attempts failed" in why
 
 
 @pytest.mark.django_db
