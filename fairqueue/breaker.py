@@ -54,7 +54,7 @@ from fairqueue.holds import (
 )
 from fairqueue.holds import resume_in as _resume_in
 from fairqueue.ledger import Change, Written
-from fairqueue.scheduling.levels import validate_tenant_id
+from fairqueue.scheduling.levels import INTERNAL_TENANT, validate_tenant_id
 from fairqueue.usage_settings import BreakerSettings
 
 logger = logging.getLogger("fairqueue.breaker")
@@ -163,8 +163,8 @@ def after_write(queue: str, written: Written) -> None:
             by_row.setdefault((change.tenant_id, change.job_type), []).append(change)
     if config.enabled:
         for key, changes in by_row.items():
-            if key in active:
-                continue  # a probe's outcome, read below
+            if key in active or key[0] == INTERNAL_TENANT:
+                continue  # a probe's outcome, read below; internal work is never held
             completed, failed = attempt_outcomes(changes)
             if not completed and not failed:
                 continue

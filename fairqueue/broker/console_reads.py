@@ -22,7 +22,7 @@ from fairqueue.broker.connection import BrokerPart
 from fairqueue.broker.dashboard_reads import DashboardReads
 from fairqueue.broker.pass_store import WaitingJob, pending_from_job, read_jobs
 from fairqueue.broker.scripts import call_script_many, plain_script
-from fairqueue.scheduling.levels import DEFAULT_TENANT
+from fairqueue.scheduling.levels import DEFAULT_TENANT, INTERNAL_TENANT
 from fairqueue.scheduling.noisy import FlowWeight
 from fairqueue.scheduling.shares import LEVEL_NAMES
 
@@ -316,6 +316,8 @@ class ConsoleReads(BrokerPart):
             level = parsed.get("priorityLevel")
             level = level if level in LEVEL_NAMES else "normal"
             tenant = parsed.get("tenantId")
+            if tenant is None and "tenantId" in parsed:
+                tenant = INTERNAL_TENANT  # an internal job (JSON null)
             tenant = tenant if isinstance(tenant, str) and tenant else DEFAULT_TENANT
             running[(level, tenant)] = running.get((level, tenant), 0) + 1
         members = [f"{level}\n{tenant}" for level, tenant in running]

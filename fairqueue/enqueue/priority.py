@@ -46,6 +46,7 @@ from fairqueue.plans import priority_from_plan
 from fairqueue.scheduling.levels import (
     DEFAULT_TENANT,
     DEFAULT_TENANT_WEIGHT,
+    INTERNAL_TENANT,
     MAX_TENANT_WEIGHT,
     MIN_TENANT_WEIGHT,
     NUMERIC_PRIORITY_BY_LEVEL,
@@ -137,7 +138,8 @@ class ResolvedPriority:
 
     @property
     def tenant_bucket(self) -> str:
-        return self.tenant_id if self.tenant_id is not None else DEFAULT_TENANT
+        """The payload's tenant, or the reserved key of internal jobs."""
+        return self.tenant_id if self.tenant_id is not None else INTERNAL_TENANT
 
 
 TenantPlanLookup = Callable[[str], str | None]

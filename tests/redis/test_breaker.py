@@ -321,3 +321,33 @@ def test_overview__lists_open_breakers_and_tenants_near_or_over_quota(armed, cli
     assert quota_rows.index(">over<") < quota_rows.index(">near<")
     assert "over: hold until" in quota_rows and "90%" in quota_rows
     assert ">light<" not in quota_rows
+
+
+@pytest.mark.django_db
+def test_breaker__internal_jobs_are_no_tenant_neither_held_nor_holding_one(armed, redis_client):
+    """Internal jobs (tenant_id=None / internal=True) are ledgered under the reserved key
+    '(internal)': 10 of them failing open no breaker, and a failing tenant named 'default'
+    (the untenanted jobs' bucket) holds its bucket without holding the next internal
+    jobs. No tenant id may take the reserved key."""
+    from fairqueue import ReservedTenantIdError
+    from fairqueue.models import TenantUsage
+
+    enqueue_jobs("email", [{"i": i} for i in range(10)], internal=True)
+    _run(armed, 10, lambda job: True)
+    _settle()
+    row = TenantUsage.objects.get(tenant_id="(internal)")
+    assert (row.completed, row.failed) == (0, 10)
+    assert not TenantUsage.objects.filter(tenant_id="default").exists()
+    assert _hold("(internal)") is None and _hold("default") is None
+    enqueue_jobs("email", [{"i": i} for i in range(8)], tenant_id="default")
+    _run(armed, 8, lambda job: True)
+    _settle()
+    assert _hold("default") is not None
+    assert redis_client.hexists(f"{armed}:email:fq:lim:paused", "default")
+    jobs = enqueue_jobs("email", [{"i": i} for i in range(20)], internal=True)
+    seen = _run(armed, 20)
+    assert len(seen) == 20 and {tenant for tenant, *_ in seen} == {None}
+    assert redis_client.llen(f"{armed}:email:fq:lim:held:(internal)") == 0
+    assert len(jobs) == 20
+    with pytest.raises(ReservedTenantIdError, match="reserved key internal jobs"):
+        enqueue_jobs("email", [{}], tenant_id="(internal)")
