@@ -295,12 +295,23 @@ class TenantViews(ConsoleViews):
             return f"Retried {retried} failed job(s) of {tenant_id}, as fair turns."
         sync = get_sync_broker()
         reads = ConsoleReads(sync.broker.conn)
-        removed = 0
+        removed = started = 0
         for queue in sorted(set(get_settings().queues.values())):
-            for job_id in sync.run(reads.waiting_ids_of, queue, tenant_id):
-                removed += bool(sync.run(reads.remove_job, queue, job_id))
-        self._log(request, tenant_id, f"Removed {removed} waiting job(s) from the console.")
-        return f"Removed {removed} waiting or held job(s) of {tenant_id}."
+            ids = sync.run(reads.waiting_ids_of, queue, tenant_id)
+            # each checked and removed in one script step: a job a worker took since it
+            # was listed (running or ended) is left, counted as started
+            done = sync.run(reads.remove_waiting, queue, tenant_id, ids)
+            removed += done.removed
+            started += done.started
+        self._log(
+            request,
+            tenant_id,
+            f"Removed {removed} waiting job(s) from the console ({started} had started).",
+        )
+        message = f"Removed {removed} waiting or held job(s) of {tenant_id}"
+        if started:
+            message += f"; {started} had already started (left to finish, or finished)"
+        return message + "."
 
     def _log(self, request: HttpRequest, tenant_id: str, message: str) -> None:
         """An admin log row on the tenant's plan row, or on the dashboard when it has none."""
