@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import time
 
 import pytest
 from bullmq import Worker
@@ -351,3 +352,71 @@ def test_breaker__internal_jobs_are_no_tenant_neither_held_nor_holding_one(armed
     assert len(jobs) == 20
     with pytest.raises(ReservedTenantIdError, match="reserved key internal jobs"):
         enqueue_jobs("email", [{}], tenant_id="(internal)")
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_breaker__a_retrying_poison_tenant_opens_it_with_the_loop_running(
+    fq_prefix, settings, redis_client
+):
+    """The loop running, 'poison' enqueuing 5 jobs a second with attempts=10 and an
+    exponential 1 s backoff, a stock worker failing every attempt of its (and running a
+    healthy tenant's): the breaker opens within WINDOW_S plus one loop step of its first
+    attempt, and from then its jobs are held."""
+    from fairqueue import conf
+    from fairqueue.models import TenantHold
+    from tests.redis.test_limit_leaks import running_loop
+
+    window_s = 10
+    config = {"ENABLED": True, "WINDOW_S": window_s, "MIN_JOBS": 20, "FAILURE_RATIO": 0.95}
+    settings.FAIRQUEUE = {**settings.FAIRQUEUE, "BREAKER": dict(config, COOL_OFF_S=300)}
+    conf.reload_settings()
+    breaker.windows.clear()
+    failed_at: list[float] = []  # when each of poison's attempts failed (this clock)
+
+    async def main():
+        async def process(job, token):
+            if job.data.get("tenantId") == "poison":
+                failed_at.append(time.time())
+                raise RuntimeError("failing on purpose")
+
+        worker = Worker(
+            "email", process, {"connection": REDIS_URL, "prefix": fq_prefix, "concurrency": 8}
+        )
+        try:
+            for _ in range(4 * window_s * 5):  # up to 4 windows of 5 jobs a second
+                await asyncio.to_thread(
+                    enqueue_jobs,
+                    "email",
+                    [{}],
+                    tenant_id="poison",
+                    attempts=10,
+                    backoff={"type": "exponential", "delay": 1000},
+                )
+                await asyncio.to_thread(enqueue_jobs, "email", [{}], tenant_id="acme")
+                if await asyncio.to_thread(
+                    lambda: TenantHold.objects.filter(tenant_id="poison").exists()
+                ):
+                    break
+                await asyncio.sleep(0.2)
+        finally:
+            await worker.close()
+
+    with running_loop():
+        asyncio.run(main())
+    hold = TenantHold.objects.get(tenant_id="poison", reason="breaker")
+    opened = hold.created_at.timestamp()
+    min_jobs = config["MIN_JOBS"]
+    print(
+        f"the breaker opened {opened - failed_at[0]:.1f} s after the poison tenant's first "
+        f"failed attempt, {opened - failed_at[min_jobs - 1]:.2f} s after its {min_jobs}th"
+    )
+    assert failed_at[min_jobs - 1] - failed_at[0] < window_s  # MIN_JOBS in one window
+    # The mechanism: the loop's usage step after the MIN_JOBS-th failure reached the
+    # ledger (the history's 250 ms tick; this test's worker, producer and loop share one
+    # process, so on a loaded machine it comes later: a margin of a window, not the
+    # minutes a count of jobs took). The one-step latency itself is asserted without
+    # the loop's thread in test_breaker__a_retrying_poison_tenant_opens_it_within_...
+    assert opened - failed_at[min_jobs - 1] < window_s
+    assert redis_client.hexists(f"{fq_prefix}:email:fq:lim:paused", "poison")
+    assert not TenantHold.objects.filter(tenant_id="acme").exists()
