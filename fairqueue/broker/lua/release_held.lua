@@ -21,7 +21,8 @@
   KEYS[9..13] fairqueue's state, flows, fweights, ready, jobs
   KEYS[14]    the limits key L (tenant_limits.lua lists the keys beside it)
   KEYS[15]    BullMQ's wait list (the 'scan' of where 'wait'; a release call takes held
-              jobs promoted there by hand back)
+              jobs promoted there by hand, and limited tenants' jobs Queue.retryJobs
+              moved there, back)
   Mode 'probe' (an open breaker's probe): as 'release' for one given paused tenant, one
   job released despite the pause; the reply's seventh element is that job's id ('' none).
 
