@@ -934,6 +934,7 @@ def _fairqueue_connections(redis_client, prefix):
     return [c for c in redis_client.client_list() if c.get("name") == client_name(prefix)]
 
 
+@pytest.mark.serial  # 500 requests against a deadline: beside other processes it starves
 @pytest.mark.urls("tests.redis.test_services")
 @pytest.mark.django_db(transaction=True)
 def test_async_view_under_wsgi__500_requests_leave_a_fixed_number_of_connections(
