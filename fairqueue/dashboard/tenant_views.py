@@ -27,6 +27,7 @@ from fairqueue.broker.console_reads import ConsoleReads
 from fairqueue.conf import get_settings
 from fairqueue.dashboard.console_admin import ConsoleViews
 from fairqueue.dashboard.tenant_page import SEARCH_LIMIT, effective_level, tenant_page_data
+from fairqueue.dashboard.wording import format_duration
 from fairqueue.exceptions import BrokerError, InvalidTenantError
 from fairqueue.models import TenantPauseAudit, TenantPlan
 from fairqueue.scheduling.levels import validate_tenant_id
@@ -153,6 +154,8 @@ class TenantViews(ConsoleViews):
                 action_urls={a: self._tenant_url(tenant_id, "tenant_action", a) for a in ACTIONS},
                 limits_url=self._tenant_url(tenant_id, "tenant_limits"),
                 job_url_template=self.admin._url("job", "__type__", "__id__"),
+                max_wait_ms=get_settings().max_wait_ms,
+                max_wait=format_duration(get_settings().max_wait_ms),
             ),
         )
 
