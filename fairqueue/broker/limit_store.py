@@ -352,6 +352,7 @@ class LimitStore(LimitReads):
                     from_member=member,
                     bound=max_wait_ms,
                     max_payload=max_payload_bytes,
+                    job=job_id,
                 )
             )
             retried += int(reply[0])

@@ -16,14 +16,14 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from fairqueue.broker import Broker, get_sync_broker
+from fairqueue.broker import BacklogScan, Broker, get_sync_broker
 from fairqueue.broker.console_reads import FAILED_WINDOW, ORDER_WINDOW, ConsoleReads, TenantJobs
 from fairqueue.conf import get_settings
 from fairqueue.dashboard.backlog_scans import SYNC_SCAN_LIMIT, read_backlog
 from fairqueue.dashboard.charts import format_ms
 from fairqueue.dashboard.culprits import TenantFacts, verdict
 from fairqueue.dashboard.expected import tenant_expected_start
-from fairqueue.dashboard.failures import queue_failures
+from fairqueue.dashboard.failures import QueueFailures, queue_failures
 from fairqueue.dashboard.limited_tenants import rate_window
 from fairqueue.dashboard.moment import moment, settle_exact, waiting_of
 from fairqueue.dashboard.overview import anoisy_figures
@@ -99,12 +99,47 @@ async def atenant_queue(
     buckets = [parse_bucket(start, f, t) for start, (f, t) in recorded.buckets.items()]
     waiting_total = None if scan is None else sum(v or 0 for v in waiting.values())
     waits = _waits(mine, buckets, weights, now_s=now_s)
+    facts = _facts(tenant_id, scan, waiting_total, waits, jobs, noisy, failures)
+    return {
+        "facts": facts,
+        "failure_groups": [g for g in failures.groups if tenant_words(tenant_id) in g.tenants],
+        "job_type": job_type,
+        "queue": queue,
+        "counts": counts,
+        "waiting": waiting,
+        "waiting_total": waiting_total,
+        "backlog": backlog,
+        **_jobs(jobs, now_ms=now_ms),
+        "started": _started(mine, buckets, now_s=now_s),
+        "waits": waits,
+        # the weight its flows count in Redis now, beside their level's total
+        "weights": [
+            {"level": level, "weight": weight, "total": total}
+            for level, (weight, total) in weights.items()
+        ],
+        "next_run": _next_run(jobs, buckets, now_ms=now_ms, waiting=waiting_total),
+        # its jobs in line, only when the scan does not say it has none (one moment)
+        "show_in_line": bool(jobs.next_jobs) and waiting_total != 0,
+    }
+
+
+def _facts(
+    tenant_id: str,
+    scan: BacklogScan | None,
+    waiting_total: int | None,
+    waits: list[dict[str, Any]],
+    jobs: TenantJobs,
+    noisy: dict[str, Any],
+    failures: QueueFailures,
+) -> TenantFacts:
+    """The figures its verdict is made of, from the reads the page shows (its quota and
+    breaker holds are added from the database after)."""
     limits = TenantLimits.from_encoded(jobs.limits_encoded, paused=jobs.paused)
-    facts = TenantFacts(
+    return TenantFacts(
         overdue=None if scan is None else scan.overdue_of(tenant_id),
         queue_overdue=None if scan is None else sum(f.overdue for f in scan.levels.values()),
         waiting=waiting_total,
-        max_wait_ms=settings.max_wait_ms,
+        max_wait_ms=get_settings().max_wait_ms,
         p99_ms=next((w["p99_ms"] for w in waits if w["minutes"] == VERDICT_MIN), None),
         p99_minutes=VERDICT_MIN,
         noisy=next((n for n in noisy["tenants"] if n["tenant"] == tenant_id), None),
@@ -127,27 +162,6 @@ async def atenant_queue(
             None,
         ),
     )
-    return {
-        "facts": facts,
-        "failure_groups": [g for g in failures.groups if tenant_words(tenant_id) in g.tenants],
-        "job_type": job_type,
-        "queue": queue,
-        "counts": counts,
-        "waiting": waiting,
-        "waiting_total": waiting_total,
-        "backlog": backlog,
-        **_jobs(jobs, now_ms=now_ms),
-        "started": _started(mine, buckets, now_s=now_s),
-        "waits": waits,
-        # the weight its flows count in Redis now, beside their level's total
-        "weights": [
-            {"level": level, "weight": weight, "total": total}
-            for level, (weight, total) in weights.items()
-        ],
-        "next_run": _next_run(jobs, buckets, now_ms=now_ms, waiting=waiting_total),
-        # its jobs in line, only when the scan does not say it has none (one moment)
-        "show_in_line": bool(jobs.next_jobs) and waiting_total != 0,
-    }
 
 
 def _jobs(jobs: TenantJobs, *, now_ms: int) -> dict[str, Any]:
