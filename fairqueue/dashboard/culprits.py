@@ -160,27 +160,28 @@ def _holds(facts: TenantFacts) -> list[Finding]:
             Finding(
                 AMBER,
                 "paused",
-                f"It is paused: {facts.held} job(s) held; none starts until it is resumed.",
+                (
+                    f"It is paused: {facts.held} job(s) held; none starts until it is resumed."
+                    if facts.held
+                    else "It is paused: none of its jobs starts here until it is resumed."
+                ),
                 RESUME,
             )
         )
-    elif facts.held and facts.max_active is not None and facts.running >= facts.max_active:
+    elif facts.held:
+        # Held and not paused: its own limits hold it (a held job is not the queue's).
+        bounds = []
+        if facts.max_active is not None:
+            bounds.append(f"{facts.max_active} at once ({facts.running} running)")
+        if facts.rate:
+            bounds.append(f"a rate of {facts.rate}")
         found.append(
             Finding(
                 AMBER,
                 "limited",
-                f"Its own limit holds it: {facts.running} running of its {facts.max_active} at "
-                f"once, {facts.held} job(s) held; its wait is its limit's, not the queue's.",
-                LIMITS,
-            )
-        )
-    elif facts.held and facts.rate:
-        found.append(
-            Finding(
-                AMBER,
-                "limited",
-                f"Its rate limit ({facts.rate}) holds {facts.held} job(s); its wait is its "
-                "limit's, not the queue's.",
+                f"Its own limits hold {facts.held} job(s): "
+                f"{' and '.join(bounds) or 'its limits'}; their wait is its limits', not the "
+                "queue's.",
                 LIMITS,
             )
         )
