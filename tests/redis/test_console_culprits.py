@@ -216,3 +216,38 @@ def test_rates__over_the_span_recorded_not_the_whole_window():
     )
     summary = summarize([], now_ms=now_ms, window_s=900, max_wait_ms=20_000, waiting_now=None)
     assert history_view(dict(summary), now_ms=now_ms, since_ms=0)["observed_s"] == 900
+
+
+@pytest.mark.parametrize("as_list", [False, True])
+def test_set_tier__breadcrumbs_in_the_markup_the_running_admin_styles(
+    fq_prefix, operator, monkeypatch, as_list
+):
+    from fairqueue.dashboard import crumbs
+
+    monkeypatch.setattr(crumbs, "AS_LIST", as_list)
+    plan = TenantPlan.objects.create(tenant_id="acme", plan_tier="pro")
+    url = reverse("admin:fairqueue_tenantplan_changelist")
+    html = operator.post(url, {"action": "set_tier", "_selected_action": [plan.pk]})
+    html = html.content.decode()
+    assert "Set the plan tier of these 1 tenant(s)" in html
+    if as_list:  # Django 6
+        assert '<ol class="breadcrumbs"><li><a href="/admin/">Home</a></li>' in html
+        assert f'<li><a href="{url}">Tenant plans</a></li>' in html
+        assert '<li aria-current="page">Set plan tier</li></ol>' in html
+    else:
+        assert '<div class="breadcrumbs"><a href="/admin/">Home</a> &rsaquo; ' in html
+        assert "&rsaquo; Set plan tier</div>" in html
+
+
+def test_plan_list__paused_right_after_the_id_audits_to_the_second(fq_prefix, client):
+    from django.contrib.auth.models import User
+
+    client.force_login(User.objects.create_superuser("root", password="x"))
+    TenantPlan.objects.create(tenant_id="acme", plan_tier="pro")
+    pause_tenant("acme", actor="on-call", source="incident")
+    html = client.get(reverse("admin:fairqueue_tenantplan_changelist")).content.decode()
+    headers = re.findall(r'<th scope="col" class="[^"]*column-([a-z_]+)', html)
+    assert headers[:2] == ["tenant_id", "paused"], headers
+    audit = client.get(reverse("admin:fairqueue_tenantpauseaudit_changelist")).content.decode()
+    assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", audit)
+    assert "on-call" in audit and "incident" in audit
