@@ -22,7 +22,7 @@ EMAIL = "section.fq-tenant-queue[data-job-type=email]"
 
 
 def finding(console, kind: str) -> str:
-    return console.text(f"{EMAIL} [data-fq-finding={kind}]")
+    return console.text(f"{EMAIL} [data-fq-finding={kind}] [data-fq-finding-text]")
 
 
 def badge(text: str) -> str:

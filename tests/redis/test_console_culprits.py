@@ -58,7 +58,7 @@ def findings(html: str) -> dict[str, str]:
     """The tenant page's verdict (email): finding kind -> its text."""
     email = html.split('class="fq-tenant-queue" data-job-type="email"', 1)[1]
     email = email.split("</section>", 1)[0]
-    found = re.findall(r'data-fq-finding="([a-z]+)">(.*?)(?: <a |</li>)', email)
+    found = re.findall(r'data-fq-finding="([a-z]+)"><span data-fq-finding-text>(.*?)</span>', email)
     return {kind: html_module.unescape(re.sub(r"\s+", " ", text)) for kind, text in found}
 
 
