@@ -58,7 +58,7 @@ from fairqueue.broker import (
     pending_from_job,
 )
 from fairqueue.conf import get_settings
-from fairqueue.dashboard.attention import queue_warnings
+from fairqueue.dashboard.attention import memory_figures, queue_warnings
 
 # The backlog scan's knobs and cache, where callers of the stats have always found them.
 from fairqueue.dashboard.backlog_scans import SCAN_PAGE_SIZE as SCAN_PAGE_SIZE
@@ -254,7 +254,7 @@ async def aqueue_stats(
         "counts": counts,
         "waiting_total": total,
         "paused": reads.paused,
-        "redis_memory": _memory(reads.memory),
+        "redis_memory": memory_figures(reads.memory),
         "max_wait_ms": max_wait_ms,
         "max_wait": format_duration(max_wait_ms),
         "interval_ms": settings.rebalance_interval_ms,
@@ -490,15 +490,4 @@ def _last_pass(record: dict[str, Any] | None, *, now_ms: int) -> dict[str, Any] 
         "duration_ms": round(duration, 1) if isinstance(duration, int | float) else None,
         "wrote": wrote,
         "summary": pass_words(wrote),
-    }
-
-
-def _memory(state: MemoryState | None) -> dict[str, Any] | None:
-    if state is None:
-        return None
-    return {
-        "used_bytes": state.used_bytes,
-        "max_bytes": state.max_bytes,
-        "policy": state.policy,
-        "refuses_writes": state.refuses_writes,
     }

@@ -32,7 +32,7 @@ def badge(text: str) -> str:
 def test_browser__two_clicks_from_the_overview_to_the_culprit_one_more_acts(
     console, limited, redis_client
 ):
-    seed_culprits(limited, redis_client)
+    ids = seed_culprits(limited, redis_client)
     page = console.open("operator", *OPERATOR_PERMS)
     overview = reverse("admin:fairqueue_dashboard_changelist") + "?refresh_ms=60000"
 
@@ -48,21 +48,33 @@ def test_browser__two_clicks_from_the_overview_to_the_culprit_one_more_acts(
     )
     assert console.text(f"{EMAIL} [data-fq-t=overdue]") == str(FLOOD)
 
+    # One failed job retried from its page (confirmed), within its tenant's limits.
+    job_id = ids["doomed"][0]
+    console.go(reverse("admin:fairqueue_dashboard_job", args=["email", job_id]))
+    assert "from ready to its start" in console.text("[data-fq-waited]")
+    assert "back in line as a fair turn" in console.confirm("[data-fq-job-retry]")
+    assert console.message().startswith(f"Retried job {job_id}: back in line")
+    assert console.text("[data-fq-position]") == str(
+        redis_client.llen(f"{limited}:email:wait")
+        + redis_client.zrank(f"{limited}:email:prioritized", job_id)
+        + 1
+    )
+
     # The failing tenant: two clicks, then its failed jobs retried as fair turns.
     console.go(overview)
     console.follow(badge("1 tenant(s) failing"))  # 1
     console.follow("[data-fq-failing-tenant=doomed] a")  # 2
     assert finding(console, "failing").startswith(
-        "Its attempts fail: doomed: 6 of 6 attempts failed (100%) in the last 15 min."
+        "Its attempts fail: doomed: 5 of 5 attempts failed (100%) in the last 15 min."
     )
     groups = console.text(f"{EMAIL} [data-fq-failure-groups]")
-    assert "ValueError" in groups and "\t6\t" in groups
+    assert "ValueError" in groups and "\t5\t" in groups
     before = off_loop(bullmq_counts, limited, "email")
     touches = console.confirm(f"{EMAIL} [data-fq-finding-action=retry]")  # 3: acts
-    assert "email: 6 failed job(s)" in touches
-    assert console.message() == "Retried 6 failed job(s) of doomed, as fair turns."
+    assert "email: 5 failed job(s)" in touches
+    assert console.message() == "Retried 5 failed job(s) of doomed, as fair turns."
     after = off_loop(bullmq_counts, limited, "email")
-    assert (after["failed"], after["prioritized"]) == (0, before["prioritized"] + 6)
+    assert (after["failed"], after["prioritized"]) == (0, before["prioritized"] + 5)
 
     # The paused tenant: its held jobs, then resumed from its verdict.
     console.go(overview)
