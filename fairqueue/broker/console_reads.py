@@ -358,6 +358,20 @@ class ConsoleReads(BrokerPart):
             if weight is not None
         }
 
+    async def held_levels(self, queue: str, job_ids: list[str]) -> dict[str, str]:
+        """The level each of ``job_ids`` (held jobs) was held with (its limits meta), one
+        HMGET: job id -> level, for those still held."""
+        if not job_ids:
+            return {}
+        metas = await self.conn.guard(
+            self.conn.client().hmget(f"{limits_key(self.conn.prefix, queue)}:meta", job_ids)
+        )
+        return {
+            job_id: _text(meta).split("\n", 1)[0]
+            for job_id, meta in zip(job_ids, metas, strict=True)
+            if meta is not None
+        }
+
     async def delayed_until(self, queue: str, job_id: str) -> int | None:
         """When a delayed job is due (ms; a held job's is in the year 9999)."""
         score = await self.conn.guard(

@@ -13,7 +13,8 @@ import heapq
 from dataclasses import dataclass
 from typing import Any, Final
 
-from fairqueue.broker import BacklogScan
+from fairqueue.broker import BacklogScan, Broker
+from fairqueue.broker.console_reads import ConsoleReads
 from fairqueue.dashboard.wording import format_duration, tenant_words
 
 #: Flows (level, tenant) the queue's page lists by their jobs past the bound, at most.
@@ -188,3 +189,52 @@ def _holds(facts: TenantFacts) -> list[Finding]:
     for reason, text in facts.holds:
         found.append(Finding(AMBER, reason, text))
     return found
+
+
+def held_level_notes(
+    levels: dict[str, dict[str, Any]],
+    waiting: dict[str, int | None],
+    held_by_level: dict[str, int],
+) -> dict[str, str]:
+    """Per level that looks starved in the history (served under half its entitlement,
+    or its p99 over the bound) while none of its jobs waits in line now and its tenants'
+    limits hold some: that its own limits hold it, not the other levels."""
+    notes = {}
+    for level, data in levels.items():
+        held = held_by_level.get(level, 0)
+        if not held or waiting.get(level):
+            continue
+        share, entitled = data.get("share"), data.get("entitled_share")
+        starved = (share is not None and entitled and share < entitled / 2) or bool(
+            data.get("p99_over")
+        )
+        if starved:
+            notes[level] = (
+                f"{level} is not starved: none of its jobs waits in line now, and its "
+                f"tenants' own limits or pauses hold {held} of its jobs (the limited tenants "
+                "below); their wait is their limits', not the other levels'."
+            )
+    return notes
+
+
+async def note_held_levels(broker: Broker, stats: dict[str, Any]) -> None:
+    """Says in the history which starved-looking levels its own limits hold: the level
+    of each listed limited tenant's next held job (one HMGET), its held jobs counted
+    there."""
+    tenants = [t for t in stats["limits"]["tenants"] if t["held"] and t["held_jobs"]]
+    levels_of = await ConsoleReads(broker.conn).held_levels(
+        stats["queue"], [t["held_jobs"][0] for t in tenants]
+    )
+    held_by_level: dict[str, int] = {}
+    for tenant in tenants:
+        level = levels_of.get(tenant["held_jobs"][0])
+        if level is not None:
+            held_by_level[level] = held_by_level.get(level, 0) + tenant["held"]
+    waiting = {name: level["waiting"] for name, level in stats["levels"].items()}
+    history = stats["history"]
+    for data in history["levels"].values():
+        data["p99_over"] = bool(data["p99_ms"] and data["p99_ms"] > stats["max_wait_ms"])
+    notes = held_level_notes(history["levels"], waiting, held_by_level)
+    for level, note in notes.items():
+        history["levels"][level]["held_note"] = note
+    history["notes"] = [*history["notes"], *notes.values()]

@@ -144,6 +144,8 @@ def overview_rows(sections: list[dict[str, Any]]) -> list[dict[str, Any]]:
             level: {
                 "p99": data["p99"],
                 "over": bool(data["p99_ms"] and data["p99_ms"] > stats["max_wait_ms"]),
+                # its own limits hold it: said, not shown as starved
+                "held_note": data.get("held_note", ""),
             }
             for level, data in history["levels"].items()
         }

@@ -66,7 +66,7 @@ from fairqueue.dashboard.backlog_scans import SYNC_SCAN_LIMIT, read_backlog
 from fairqueue.dashboard.backlog_scans import clear_backlog_cache as clear_backlog_cache
 from fairqueue.dashboard.backlog_scans import scans_in_flight as scans_in_flight
 from fairqueue.dashboard.charts import history_view
-from fairqueue.dashboard.culprits import overdue_flows
+from fairqueue.dashboard.culprits import note_held_levels, overdue_flows
 from fairqueue.dashboard.failures import failures_figures, queue_failures
 from fairqueue.dashboard.limited_tenants import HELD_JOBS_SHOWN, limits_section
 from fairqueue.dashboard.moment import moment, settle_exact
@@ -181,6 +181,7 @@ def queues_stats(
                 minutes=minutes,
             ),
         )
+        await note_held_levels(sync_broker.broker, stats)
         return {**stats, "noisy": noisy, "failures": failures_figures(failures)}
 
     async def read_all() -> list[dict[str, Any]]:

@@ -251,3 +251,40 @@ def test_plan_list__paused_right_after_the_id_audits_to_the_second(fq_prefix, cl
     audit = client.get(reverse("admin:fairqueue_tenantpauseaudit_changelist")).content.decode()
     assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", audit)
     assert "on-call" in audit and "incident" in audit
+
+
+def test_held_level__a_level_held_by_its_own_limits_says_so_instead_of_looking_starved(
+    limited, redis_client
+):
+    from fairqueue.broker import get_sync_broker
+    from fairqueue.broker.console_reads import ConsoleReads
+    from fairqueue.dashboard.culprits import held_level_notes
+
+    enqueue_jobs("email", [{} for _ in range(5)], tenant_id="acme", priority_level="low")
+    held = redis_client.lrange(f"{limited}:email:fq:lim:held:acme", 0, -1)
+    assert len(held) == 3
+    sync = get_sync_broker()
+    levels = sync.run(ConsoleReads(sync.broker.conn).held_levels, "email", [held[0], "gone"])
+    assert levels == {held[0]: "low"}
+
+    history = {
+        "low": {"share": 0.02, "entitled_share": 0.17, "p99_over": True},
+        "normal": {"share": 0.5, "entitled_share": 0.5, "p99_over": False},
+    }
+    notes = held_level_notes(history, {"low": 0, "normal": 4}, {"low": 3})
+    assert notes == {
+        "low": "low is not starved: none of its jobs waits in line now, and its tenants' own "
+        "limits or pauses hold 3 of its jobs (the limited tenants below); their wait is "
+        "their limits', not the other levels'."
+    }
+    # Jobs of the level waiting in line, or none held: it may be starved, nothing is said.
+    assert held_level_notes(history, {"low": 2}, {"low": 3}) == {}
+    assert held_level_notes(history, {"low": 0}, {}) == {}
+
+
+def test_held_level__the_queue_page_says_it(limited, operator):
+    enqueue_jobs("email", [{} for _ in range(5)], tenant_id="acme", priority_level="low")
+    stats = dashboard.queue_stats("email")
+    # nothing started yet: no history to look starved, so no note
+    assert "held_note" not in stats["history"]["levels"]["low"]
+    assert stats["history"]["levels"]["low"]["p99_over"] is False
