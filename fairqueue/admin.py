@@ -33,6 +33,15 @@ from fairqueue.scheduling.limits import LIMIT_RANGES
 from fairqueue.tenants import pause_tenant, resume_tenant, retry_failed
 
 
+@admin.display(description="tenant", ordering="tenant_id")
+def tenant_link(row: Any) -> str:
+    """An audit row's tenant id, linked to its console page."""
+    if not row.tenant_id:
+        return "—"
+    url = reverse("admin:fairqueue_dashboard_tenant", args=[row.tenant_id])
+    return format_html('<a href="{}">{}</a>', url, row.tenant_id)
+
+
 def to_the_second(at: dt.datetime | None) -> str:
     """A time as the console shows times: UTC, to the second (the admin's own format
     stops at the minute, which hides the order of an audit's rows)."""
@@ -229,7 +238,7 @@ class PriorityOverrideAuditAdmin(ReadOnlyAdmin):
         "actor",
         "job_type",
         "job_link",
-        "tenant_id",
+        tenant_link,
         "requested_override",
         "resolved_level",
         "rule",
@@ -258,7 +267,7 @@ class PriorityOverrideAuditAdmin(ReadOnlyAdmin):
 class TenantPauseAuditAdmin(ReadOnlyAdmin):
     """Who paused or resumed a tenant, and when: evidence, read-only."""
 
-    list_display = ("at_to_the_second", "tenant_id", "action", "actor", "source")
+    list_display = ("at_to_the_second", tenant_link, "action", "actor", "source")
     list_filter = ("action", "created_at")
     search_fields = ("tenant_id", "actor", "source")
 

@@ -8,6 +8,8 @@ from typing import Any
 
 from django.urls import reverse
 
+from fairqueue.dashboard.wording import NO_TENANT
+
 TENANT_VIEW = "admin:fairqueue_dashboard_tenant"
 JOB_VIEW = "admin:fairqueue_dashboard_job"
 
@@ -43,4 +45,8 @@ def link_stats(stats: dict[str, Any]) -> dict[str, Any]:
     _tenant_rows(failures.get("failing", []))
     for group in failures.get("groups", []):
         group["jobs"] = [{"id": i, "url": job_url(job_type, i)} for i in group["latest_ids"]]
+        group["tenant_links"] = [
+            {"display": t, "url": tenant_url(None if t == NO_TENANT else t)}
+            for t in group["tenants"]
+        ]
     return stats

@@ -87,6 +87,8 @@ def test_symptom_to_cause__each_attention_item_links_to_the_flows_that_make_it(
     assert f"<td>{FLOOD}</td><td>{FLOOD}</td><td>100%</td>" in overdue
     failing = page.split('id="failing-email"', 1)[1]
     assert f'<a href="{reverse(TENANT, args=["doomed"])}">doomed</a>' in failing
+    groups = failing.split("data-fq-failure-groups", 1)[1].split("</table>", 1)[0]
+    assert f'<td><a href="{reverse(TENANT, args=["doomed"])}">doomed</a></td>' in groups
     limits = page.split('id="limits-email"', 1)[1].split("</table>", 1)[0]
     assert reverse(TENANT, args=["sleepy"]) in limits and reverse(TENANT, args=["acme"]) in limits
     # Every tenant id in the waiting order and the top tenants is a link to its page.
@@ -251,6 +253,7 @@ def test_plan_list__paused_right_after_the_id_audits_to_the_second(fq_prefix, cl
     audit = client.get(reverse("admin:fairqueue_tenantpauseaudit_changelist")).content.decode()
     assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", audit)
     assert "on-call" in audit and "incident" in audit
+    assert f'<a href="{reverse(TENANT, args=["acme"])}">acme</a>' in audit
 
 
 def test_held_level__a_level_held_by_its_own_limits_says_so_instead_of_looking_starved(
