@@ -135,11 +135,13 @@ def verdict(facts: TenantFacts) -> tuple[Finding, ...]:
         )
     found += _holds(facts)
     if facts.failing:
+        failed, attempts = facts.failing["failed"], facts.failing["attempts"]
         found.append(
             Finding(
                 RED,
                 "failing",
-                f"Its attempts fail: {facts.failing['text']} in the last {facts.p99_minutes} min.",
+                f"Its jobs fail: {failed} failed in the last {facts.p99_minutes} min, of "
+                f"{attempts} attempts it started ({100 * failed / attempts:.0f}%).",
                 RETRY,
             )
         )

@@ -65,7 +65,7 @@ def test_browser__two_clicks_from_the_overview_to_the_culprit_one_more_acts(
     console.follow(badge("1 tenant(s) failing"))  # 1
     console.follow("[data-fq-failing-tenant=doomed] a")  # 2
     assert finding(console, "failing").startswith(
-        "Its attempts fail: doomed: 5 of 5 attempts failed (100%) in the last 15 min."
+        "Its jobs fail: 5 failed in the last 15 min, of 5 attempts it started (100%)."
     )
     groups = console.text(f"{EMAIL} [data-fq-failure-groups]")
     assert "ValueError" in groups and "\t5\t" in groups

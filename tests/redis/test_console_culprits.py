@@ -131,7 +131,7 @@ def test_tenant_verdict__the_culprit_says_it_is_the_culprit_the_others_what_hold
 
     doomed_html = operator.get(reverse(TENANT, args=["doomed"])).content.decode()
     assert findings(doomed_html)["failing"] == (
-        "Its attempts fail: doomed: 6 of 6 attempts failed (100%) in the last 15 min."
+        "Its jobs fail: 6 failed in the last 15 min, of 6 attempts it started (100%)."
     )
     # Six identical failures are one group, with the latest ids linked.
     groups = doomed_html.split("data-fq-failure-groups", 1)[1].split("</table>", 1)[0]
