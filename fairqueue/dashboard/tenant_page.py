@@ -117,7 +117,9 @@ async def atenant_queue(
             {"level": level, "weight": weight, "total": total}
             for level, (weight, total) in weights.items()
         ],
-        "next_run": _next_run(jobs, buckets, now_ms=now_ms, waiting=waiting_total),
+        "next_run": _next_run(
+            jobs, buckets, now_ms=now_ms, waiting=waiting_total, since_ms=recorded.since_ms
+        ),
         # its jobs in line, only when the scan does not say it has none (one moment)
         "show_in_line": bool(jobs.next_jobs) and waiting_total != 0,
     }
@@ -262,9 +264,17 @@ def _waits(
     return rows
 
 
-def _next_run(jobs: TenantJobs, buckets: list[Any], *, now_ms: int, waiting: int | None) -> str:
+def _next_run(
+    jobs: TenantJobs,
+    buckets: list[Any],
+    *,
+    now_ms: int,
+    waiting: int | None,
+    since_ms: int | None = None,
+) -> str:
     """When its next job is likely to start: its first position in line at the rate
-    workers started jobs over the last 5 minutes. With no job waiting (the scan's count,
+    workers started jobs over the last 5 minutes (over the span recorded, when the loop
+    started recording less than 5 minutes ago). With no job waiting (the scan's count,
     the one the page shows) it says so, whatever the order read a moment apart found."""
     if jobs.paused:
         return "not while it is paused"
@@ -283,7 +293,10 @@ def _next_run(jobs: TenantJobs, buckets: list[Any], *, now_ms: int, waiting: int
     )
     if not started:
         return f"position {position} in line; no job started in the last 5 min to time it by"
-    eta_ms = position / (started / (WINDOWS_MIN[0] * 60)) * 1000
+    span_s = WINDOWS_MIN[0] * 60
+    if since_ms is not None:
+        span_s = max(1, min(span_s, (now_ms - since_ms) // 1000))
+    eta_ms = position / (started / span_s) * 1000
     return f"position {position} in line: in about {format_duration(eta_ms)} at the recent rate"
 
 

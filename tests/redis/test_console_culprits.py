@@ -291,3 +291,23 @@ def test_held_level__the_queue_page_says_it(limited, operator):
     # nothing started yet: no history to look starved, so no note
     assert "held_note" not in stats["history"]["levels"]["low"]
     assert stats["history"]["levels"]["low"]["p99_over"] is False
+
+
+def test_next_run__timed_by_the_span_recorded_not_a_whole_5_minutes():
+    from fairqueue.broker import WaitingJob
+    from fairqueue.broker.console_reads import TenantJobs
+    from fairqueue.dashboard.tenant_page import _next_run
+    from fairqueue.scheduling.shares import parse_bucket
+
+    now_ms = 1_000_000_000
+    job = WaitingJob("j1", "job", {}, now_ms, 5, 0)
+    jobs = TenantJobs(next_jobs=[(60, job)])
+    # 60 jobs started in the minute since the loop began recording: 1 a second
+    buckets = [parse_bucket(now_ms // 1000 - 30, {"s:normal": "60"})]
+    assert _next_run(jobs, buckets, now_ms=now_ms, waiting=3, since_ms=now_ms - 60_000) == (
+        "position 60 in line: in about 1m 00s at the recent rate"
+    )
+    # Over 5 minutes recorded the same 60 starts are 1 every 5 s.
+    assert _next_run(jobs, buckets, now_ms=now_ms, waiting=3, since_ms=0) == (
+        "position 60 in line: in about 5m 00s at the recent rate"
+    )
