@@ -311,3 +311,16 @@ def test_next_run__timed_by_the_span_recorded_not_a_whole_5_minutes():
     assert _next_run(jobs, buckets, now_ms=now_ms, waiting=3, since_ms=0) == (
         "position 60 in line: in about 5m 00s at the recent rate"
     )
+
+
+def test_read_at__on_every_console_page(limited, operator):
+    enqueue_jobs("email", [{}], tenant_id="acme")
+    pages = [
+        reverse("admin:fairqueue_dashboard_jobs") + "?id=nothing-like-it",
+        reverse("admin:fairqueue_dashboard_tenants") + "?q=ac",
+        reverse("admin:fairqueue_dashboard_tenant_limits", args=["acme"]),
+        reverse("admin:fairqueue_dashboard_tenant_action", args=["acme", "pause"]),
+    ]
+    for url in pages:
+        html = operator.get(url).content.decode()
+        assert re.search(r"Read at <span data-fq-read-at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", html), url
