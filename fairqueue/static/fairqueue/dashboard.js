@@ -197,6 +197,37 @@
     }
   }
 
+  // The noisy tenants as the JSON has them now: the page and its JSON never disagree
+  // for longer than one refresh.
+  var NOISY_COLUMNS = ["level", "running", "level_running", "share", "entitled", "factor"];
+
+  function renderNoisy(box, noisy) {
+    clear(box);
+    var tenants = (noisy && noisy.tenants) || [];
+    if (!tenants.length) {
+      box.appendChild(node("p", { class: "fq-note", "data-fq-noisy-none": "" }, "None at this moment."));
+      return;
+    }
+    var table = node("table", { class: "fq-noisy" });
+    var head = node("tr");
+    ["tenant", "level", "running", "of the level's running", "its share", "its fair share",
+      "times its fair share"].forEach(function (name) {
+      head.appendChild(node("th", {}, name));
+    });
+    table.appendChild(node("thead")).appendChild(head);
+    var body = node("tbody");
+    tenants.forEach(function (n) {
+      var row = node("tr", { "data-fq-noisy": n.display });
+      row.appendChild(tenantNode("td", n.tenant_url, n.display));
+      NOISY_COLUMNS.forEach(function (key) {
+        row.appendChild(node("td", {}, show(n[key], "—")));
+      });
+      body.appendChild(row);
+    });
+    table.appendChild(body);
+    box.appendChild(table);
+  }
+
   function updateSection(section, stats) {
     section.querySelectorAll("[data-fq]").forEach(function (el) {
       el.textContent = show(lookup(stats, el.getAttribute("data-fq")), "—");
@@ -225,6 +256,10 @@
     var rows = section.querySelector("[data-fq-rows]");
     if (rows) {
       renderRows(rows, stats);
+    }
+    var noisy = section.querySelector("[data-fq-noisy-box]");
+    if (noisy) {
+      renderNoisy(noisy, stats.noisy);
     }
     renderHistory(section, stats.history);
   }
