@@ -1,6 +1,7 @@
-"""The console's links: a tenant's page and a job's page, built in one place from the
-URL names the console registers (``reverse``), so every page and the JSON its script
-renders from link the same way, whatever the URL patterns become."""
+"""The console's links in the stats the pages and their JSON share: a tenant's page
+(:func:`fairqueue.dashboard.tenant_routes.tenant_url`, the one helper that escapes an id
+into its URL segment) and a job's page, so every page and the JSON its script renders
+from link the same way."""
 
 from __future__ import annotations
 
@@ -8,15 +9,15 @@ from typing import Any
 
 from django.urls import reverse
 
+from fairqueue.dashboard.tenant_routes import tenant_url as route_url
 from fairqueue.dashboard.wording import NO_TENANT
 
-TENANT_VIEW = "admin:fairqueue_dashboard_tenant"
 JOB_VIEW = "admin:fairqueue_dashboard_job"
 
 
 def tenant_url(tenant_id: str | None) -> str:
     """A tenant's console page; ``""`` for jobs without a tenant (nothing to link)."""
-    return reverse(TENANT_VIEW, args=[tenant_id]) if tenant_id else ""
+    return route_url(tenant_id) if tenant_id else ""
 
 
 def job_url(job_type: str, job_id: str) -> str:
