@@ -271,7 +271,9 @@ def test_browser__remove_a_tenants_waiting_and_held_jobs_confirmed_and_logged(co
     assert (shown(console, "waiting_total"), shown(console, "held")) == ("0", "0")
     after = counts(fq_prefix)
     assert (after["prioritized"], after["delayed"]) == (2, 0)  # beta's stay
-    assert log_messages(object_id=str(plan.pk)) == ["Removed 4 waiting job(s) from the console."]
+    assert log_messages(object_id=str(plan.pk)) == [
+        "Removed 4 waiting job(s) from the console (0 had started)."
+    ]
 
 
 def test_browser__job_found_from_the_overview_and_removed_from_its_page(
