@@ -11,13 +11,15 @@ from django.urls import reverse
 
 from fairqueue.dashboard.tenant_routes import tenant_url as route_url
 from fairqueue.dashboard.wording import NO_TENANT
+from fairqueue.scheduling.levels import INTERNAL_TENANT
 
 JOB_VIEW = "admin:fairqueue_dashboard_job"
 
 
 def tenant_url(tenant_id: str | None) -> str:
-    """A tenant's console page; ``""`` for jobs without a tenant (nothing to link)."""
-    return route_url(tenant_id) if tenant_id else ""
+    """A tenant's console page; ``""`` for jobs without a tenant and for internal work's
+    bucket (no tenant page can have them: nothing to link)."""
+    return route_url(tenant_id) if tenant_id and tenant_id != INTERNAL_TENANT else ""
 
 
 def job_url(job_type: str, job_id: str) -> str:

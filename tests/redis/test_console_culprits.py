@@ -324,3 +324,12 @@ def test_read_at__on_every_console_page(limited, operator):
     for url in pages:
         html = operator.get(url).content.decode()
         assert re.search(r"Read at <span data-fq-read-at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", html), url
+
+
+def test_links__no_link_for_jobs_without_a_tenant_or_internal_work(fq_prefix):
+    from fairqueue.dashboard.links import tenant_url
+    from fairqueue.scheduling.levels import INTERNAL_TENANT
+
+    assert tenant_url(None) == tenant_url(INTERNAL_TENANT) == ""
+    assert tenant_url("acme/do/pause") == reverse(TENANT, args=["acme/do/pause"])
+    assert "/do/" not in tenant_url("acme/do/pause")
