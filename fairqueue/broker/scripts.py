@@ -95,6 +95,9 @@ RELEASE_AGAIN_MS = 5
 #: A pause's scan of the prioritized set starts a page this many members before where it
 #: stopped within a run of tied scores, in case some of them left between two calls.
 TIE_SLACK = 500
+#: The most held jobs a status read looks through for one its tenant's held index lacks
+#: (held before the index existed: at the front of the list), so the read stays bounded.
+HELD_PLACE_SCAN = 1_000
 
 _CONSTANTS = {
     "FLOOR": TAG_FLOOR,
@@ -114,6 +117,7 @@ _CONSTANTS = {
     "RETRY_HELD_MS": RETRY_HELD_MS,
     "CATCHUP_AHEAD": CATCHUP_AHEAD,
     "TAKEABLE_CAP": TAKEABLE_CAP,
+    "HELD_PLACE_SCAN": HELD_PLACE_SCAN,
     "RELEASE_VISITS": RELEASE_VISITS,
     "COMPACT_MAX": COMPACT_MAX,
     "RELEASE_VISIT_WORK": RELEASE_VISIT_WORK,
