@@ -98,6 +98,9 @@ TIE_SLACK = 500
 #: The most held jobs a status read looks through for one its tenant's held index lacks
 #: (held before the index existed: at the front of the list), so the read stays bounded.
 HELD_PLACE_SCAN = 1_000
+#: How long past its due time a delayed job stays counted in its flow's index of delayed
+#: jobs not placed yet, if the pass never placed it (it was removed): then it goes.
+DELAYED_KEEP_MS = 300_000
 
 _CONSTANTS = {
     "FLOOR": TAG_FLOOR,
@@ -118,6 +121,7 @@ _CONSTANTS = {
     "CATCHUP_AHEAD": CATCHUP_AHEAD,
     "TAKEABLE_CAP": TAKEABLE_CAP,
     "HELD_PLACE_SCAN": HELD_PLACE_SCAN,
+    "DELAYED_KEEP_MS": DELAYED_KEEP_MS,
     "RELEASE_VISITS": RELEASE_VISITS,
     "COMPACT_MAX": COMPACT_MAX,
     "RELEASE_VISIT_WORK": RELEASE_VISIT_WORK,
