@@ -101,6 +101,10 @@ HELD_PLACE_SCAN = 1_000
 #: How long past its due time a delayed job stays counted in its flow's index of delayed
 #: jobs not placed yet, if the pass never placed it (it was removed): then it goes.
 DELAYED_KEEP_MS = 300_000
+#: The jobs an estimate places one by one beyond the count asked for (what runs ahead of
+#: a job without being on the clock yet: its flow's delayed jobs and outbox rows); past
+#: them the flow's pace is carried on, so the read stays bounded whatever is pending.
+ESTIMATE_PENDING_STEPS = 128
 
 _CONSTANTS = {
     "FLOOR": TAG_FLOOR,
@@ -122,6 +126,7 @@ _CONSTANTS = {
     "TAKEABLE_CAP": TAKEABLE_CAP,
     "HELD_PLACE_SCAN": HELD_PLACE_SCAN,
     "DELAYED_KEEP_MS": DELAYED_KEEP_MS,
+    "ESTIMATE_PENDING_STEPS": ESTIMATE_PENDING_STEPS,
     "RELEASE_VISITS": RELEASE_VISITS,
     "COMPACT_MAX": COMPACT_MAX,
     "RELEASE_VISIT_WORK": RELEASE_VISIT_WORK,

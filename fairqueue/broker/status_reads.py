@@ -72,8 +72,8 @@ class TenantHold:
 class RawEstimate:
     """What ``lua/estimate_start.lua`` read. ``before``: the flow's jobs placed before
     the ``count`` asked for (its delayed jobs due by then and the extra jobs given; a held
-    tenant's are in ``hold.held`` instead); ``placed``: the jobs placed in all, at most
-    the ``most`` asked for (the placement is the last of them)."""
+    tenant's are in ``hold.held`` instead); ``placed``: the jobs placed in all (the
+    placement is the last of them)."""
 
     now_ms: int
     placement: Placement
@@ -196,13 +196,11 @@ class StatusReads(BrokerPart):
         count: int = 1,
         delay_ms: int | None = None,
         extra: int = 0,
-        most: int = 10_000,
     ) -> RawEstimate:
         """Where ``count`` new jobs of (``level``, ``tenant``) would be placed now (the
         last of them), behind what will run ahead of them without being on the clock yet
         (the flow's delayed jobs due by ``delay_ms`` from now, and ``extra`` jobs the
-        caller knows of), what holds the tenant, and the rate window's history. At most
-        ``most`` jobs are placed."""
+        caller knows of), what holds the tenant, and the rate window's history."""
         script = self.conn.script(plain_script("estimate_start"))
         reply = await self.conn.guard(
             script(
@@ -217,7 +215,6 @@ class StatusReads(BrokerPart):
                 buckets=RATE_BUCKETS,
                 delay=delay_ms or 0,
                 extra=extra,
-                most=most,
             )
         )
         now, wait_len, place, *hold, history, before = reply
@@ -228,7 +225,7 @@ class StatusReads(BrokerPart):
             hold=_hold(hold),
             history=_history(history, placement.typical_ms),
             before=int(before),
-            placed=max(1, min(count + int(before), most)),
+            placed=count + int(before),
         )
 
     async def job_status(self, queue: str, job_id: str) -> RawStatus | None:

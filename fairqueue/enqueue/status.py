@@ -302,7 +302,7 @@ async def placed_estimate(
     run ahead of it without being on the fair clock yet: its flow's delayed jobs due by
     its own ready time and ``extra`` jobs (outbox rows not relayed:
     :func:`~fairqueue.enqueue.durable.outbox_ahead`); and the place in its flow of the
-    job estimated (at most :data:`MAX_ESTIMATE_COUNT`: a later job is extrapolated)."""
+    job estimated."""
     raw = await _reads().estimate(
         queue,
         level=resolved.level,
@@ -312,7 +312,6 @@ async def placed_estimate(
         count=count,
         delay_ms=delay_ms,
         extra=extra,
-        most=MAX_ESTIMATE_COUNT,
     )
     return estimate_from(raw, delay_ms=delay_ms), raw.placed
 

@@ -170,3 +170,16 @@ def test_a_delayed_job_is_estimated_behind_its_flows_delayed_jobs_due_before_it(
     assert (
         estimate_start("email", tenant_id="t", priority_level="normal", delay_ms=9_000).ahead == 5
     )
+
+
+def test_a_long_pending_backlog_is_carried_on_at_its_flows_pace(fq_prefix):
+    """Past the jobs an estimate places one by one, the flow's tags go on evenly spaced:
+    a flow with 300 delayed jobs due before the job gets the tag and place of the 301st
+    job of a flow placed one by one, in the same state (a level with another's backlog)."""
+    enqueue_jobs("email", [{}] * 50, tenant_id="other", priority_level="normal")
+    for _ in range(300):
+        enqueue_job("email", {}, tenant_id="pending", priority_level="normal", delay_ms=1_000)
+    carried = estimate_start("email", tenant_id="pending", priority_level="normal", delay_ms=5_000)
+    placed = estimate_start("email", tenant_id="fresh", priority_level="normal", count=301)
+    assert carried.ahead == placed.ahead
+    assert carried.tag == pytest.approx(placed.tag, rel=1e-9)

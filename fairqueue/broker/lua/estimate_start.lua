@@ -8,19 +8,26 @@
   job due later is placed behind it), found in KEYS[8]:<level>:<tenant> (add_delayed),
   and `extra` jobs the caller knows of (outbox rows not relayed yet). For a tenant whose
   jobs are held, those are held jobs ahead of it instead, with its own delayed jobs due
-  by then (L:later:<t>). At most `most` jobs are placed (about a microsecond each).
+  by then (L:later:<t>). The jobs are placed one by one (fqEtaPlace, a fraction of a
+  microsecond each) up to the n asked for, or {{ESTIMATE_PENDING_STEPS}} if more: past
+  that, a flow's tags are evenly spaced, and the last tag is extrapolated from the pace of
+  the second half of those placed (so a flow with 100,000 delayed jobs pending costs an
+  estimate what 128 do). Worst case at 1M waiting and 10,000 tenants: the count asked
+  (at most 10,000 steps, an estimate of a batch that large) or 192 steps, beside a few
+  O(log n) reads (ZCOUNT of the prioritized set, of the flow's delayed jobs, of L:later)
+  and the rate window's 7 history hashes.
 
   KEYS[1..7]  BullMQ's prioritized set and wait list; fairqueue's state, flows,
               fweights; the limits key L; fq:hist
   KEYS[8]     fq:dly, the flows' delayed jobs not placed yet (add_delayed)
   ARGV        level, tenant, tenant weight, cost ms ('' none), fairness ('time'/'jobs'),
               jobs n, history bucket seconds, buckets to read, delay ms, extra jobs
-              ahead, the most jobs to place
+              ahead
   Returns     {now ms, wait list length, placement (fqEtaReply), limits encoded, paused,
               catching up, held, occupied, history, jobs of the flow placed before the
               n (delayed and extra; 0 for a held tenant, whose held count has them)}
 ]]
---- @argv level tenant weight cost fairness count bucket_s buckets delay extra most
+--- @argv level tenant weight cost fairness count bucket_s buckets delay extra
 --- @include eta_place
 local K = {prioritized = KEYS[1], wait = KEYS[2], state = KEYS[3], flows = KEYS[4],
   fweights = KEYS[5], hist = KEYS[7]}
@@ -41,10 +48,21 @@ if limits ~= '' or paused == 1 or catchup == 1 then
 else
   before = before + extra
 end
-local n = math.max(1, math.min(tonumber(ARGV.count) + before, tonumber(ARGV.most)))
+local count = tonumber(ARGV.count)
+local n = count + before
+local exact = math.min(n, math.max(count, {{ESTIMATE_PENDING_STEPS}}))
 local etaClock = fqEtaClock(K)
-local placement = fqEtaPlace(K, etaClock, level, tenant, weight, tonumber(ARGV.cost),
-  ARGV.fairness == 'time', n)
+local byTime, cost = ARGV.fairness == 'time', tonumber(ARGV.cost)
+local placement = fqEtaPlace(K, etaClock, level, tenant, weight, cost, byTime, exact)
+if n > exact and placement.score then
+  -- evenly spaced past those placed: the pace of the second half of them, carried on
+  local half = fqEtaPlace(K, etaClock, level, tenant, weight, cost, byTime,
+    math.max(1, math.floor(exact / 2)))
+  local pace = (placement.tag - half.tag) / math.max(1, exact - math.max(1, math.floor(exact / 2)))
+  placement.tag = placement.tag + (n - exact) * pace
+  placement.score = fqScoreOf(etaClock, placement.tag, level)
+end
+placement.n = n
 local occupied = redis.call('SCARD', L .. ':out:' .. tenant)
 return {now, redis.call('LLEN', K.wait), fqEtaReply(etaClock, placement, K), limits, paused,
   catchup, held, occupied, fqEtaRate(K, now, tonumber(ARGV.bucket_s), tonumber(ARGV.buckets)),
