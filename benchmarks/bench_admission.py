@@ -173,11 +173,11 @@ def run_path(path: str, args: argparse.Namespace, db: Any) -> dict[str, Any]:
                 raise RuntimeError(f"the loop did not start; see {LOG}")
             nominal = 1000 / (args.run_ms + 1)
             db.submit(warm_up, nominal * 1.1, args.calibrate_s).result()
-            capacity = measure_capacity(worker, 3)
-            deadline = time.monotonic() + 30
-            while capacity < nominal / 4 and time.monotonic() < deadline:  # a slow start
-                time.sleep(0.5)
-                capacity = measure_capacity(worker, 3)
+            # the calibration backlog draining (a loaded machine may start the worker late)
+            deadline = time.monotonic() + 60
+            while len(worker.seen) < min(100, _warm_count(prefix)) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            capacity = measure_capacity(worker, 2)
             while worker.process.poll() is None and len(worker.seen) < _warm_count(prefix):
                 time.sleep(0.05)
             db.submit(produce, path, args, capacity, args.warmup_s, out, True).result()
