@@ -65,6 +65,9 @@ class Outcome:
     path: str
     sent: Counter[str] = field(default_factory=Counter)
     refused: Counter[str] = field(default_factory=Counter)
+    #: Jobs whose call failed otherwise: the benchmark's SQLite file locked by the loop's
+    #: relay (two processes writing one SQLite file; a server database has no such wait).
+    failed: Counter[str] = field(default_factory=Counter)
     #: job id -> (tenant, when its enqueue was called, measured or warm-up)
     jobs: dict[str, tuple[str, int, bool]] = field(default_factory=dict)
 
@@ -117,6 +120,8 @@ def produce(
     """Open-loop arrivals of the flood and the calm tenant through ``path`` (on the
     Django thread). A refused call counts its jobs refused; in a transaction (the
     ``on_commit`` path) one refusal ends the tick's transaction, its rows rolled back."""
+    from django.db import OperationalError
+
     from fairqueue import ExpectedWaitTooLongError
 
     send = _sender(path, args)
@@ -139,6 +144,10 @@ def produce(
                 except ExpectedWaitTooLongError:
                     if not warm:
                         out.refused[tenant] += count
+                    continue
+                except OperationalError:
+                    if not warm:
+                        out.failed[tenant] += count
                     continue
                 for job_id in ids:
                     out.jobs[job_id] = (tenant, called, not warm)
@@ -209,6 +218,7 @@ def run_path(path: str, args: argparse.Namespace, db: Any) -> dict[str, Any]:
             tenant: {
                 "sent": out.sent[tenant],
                 "refused": out.refused[tenant],
+                "failed": out.failed[tenant],
                 "admitted": len(waits[tenant]) + unstarted[tenant],
                 "not_started": unstarted[tenant],
                 "wait_p50_ms": pct(waits[tenant], 0.5),
@@ -247,8 +257,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print()
     print(
-        f"{'path':<10} {'C/s':>6} {'flow':<6} {'sent':>6} {'refused':>8} {'admitted':>9} "
-        f"{'wait p50':>9} {'p99':>7} {'p99/bound':>9}"
+        f"{'path':<10} {'C/s':>6} {'flow':<6} {'sent':>6} {'refused':>8} {'failed':>7} "
+        f"{'admitted':>9} {'wait p50':>9} {'p99':>7} {'p99/bound':>9}"
     )
     for row in rows:
         for tenant, flow in row["flows"].items():
@@ -256,7 +266,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             ratio = "-" if p99 is None else f"{p99 / args.max_wait_ms:.2f}"
             print(
                 f"{row['path']:<10} {row['capacity']:>6} {tenant:<6} {flow['sent']:>6} "
-                f"{flow['refused']:>8} {flow['admitted']:>9} {_fmt(flow['wait_p50_ms']):>9} "
+                f"{flow['refused']:>8} {flow['failed']:>7} {flow['admitted']:>9} "
+                f"{_fmt(flow['wait_p50_ms']):>9} "
                 f"{_fmt(p99):>7} {ratio:>9}"
             )
     return 0

@@ -94,7 +94,7 @@ async def estimates_for(
     if call_count == 1:
         return [last]
     first, first_at = await read(1)
-    if last_at <= first_at:  # more than MAX_ESTIMATE_COUNT ahead: no pace read
+    if last_at <= first_at:  # the two reads saw different backlogs (racing adds): no pace
         return [last] * call_count
     # one flow's jobs are evenly spaced on its clock: beyond the jobs placed, the same pace
     return [_between(first, last, index / (last_at - first_at)) for index in range(call_count)]
