@@ -419,6 +419,7 @@ class ConsoleReads(BrokerPart):
             self.conn.key(queue, "events"),
             f"{base}:held:{tenant_id}",
             f"{base}:meta",
+            f"{base}:hrank:{tenant_id}",
         ]
         done = Removal()
         for at in range(0, len(job_ids), REMOVE_PAGE):

@@ -76,6 +76,11 @@ def test_due_delayed_jobs_join_behind_and_a_removed_job_leaves_both(limited, red
     assert sync.run(ConsoleReads(sync.broker.conn).remove_job, "email", gone)
     assert gone not in index_of(redis_client, limited, "acme")
     assert_index_is_the_list(redis_client, limited, "acme")
+    page = held_of(redis_client, limited, "acme")[:2]  # the console's removal of a page
+    removal = sync.run(ConsoleReads(sync.broker.conn).remove_waiting, "email", "acme", page)
+    assert removal.removed == 2
+    assert not set(page) & set(index_of(redis_client, limited, "acme"))
+    assert_index_is_the_list(redis_client, limited, "acme")
 
 
 def test_jobs_held_before_the_index_existed_keep_their_place(limited, redis_client):
