@@ -420,7 +420,12 @@ class ConsoleReads(BrokerPart):
         tenant = _tenant_of(data)
         if removed and tenant is not None:
             base = limits_key(self.conn.prefix, queue)
-            if await self.conn.guard(client.lrem(f"{base}:held:{tenant}", 0, job_id)):
+            async with client.pipeline(transaction=False) as pipe:
+                # the list and its rank index (tenant_limits.lua), one round trip
+                pipe.lrem(f"{base}:held:{tenant}", 0, job_id)
+                pipe.zrem(f"{base}:hrank:{tenant}", job_id)
+                unheld, _ = await self.conn.guard(pipe.execute())
+            if unheld:
                 await self.conn.guard(client.hdel(f"{base}:meta", job_id))
         return bool(removed)
 
@@ -440,6 +445,7 @@ class ConsoleReads(BrokerPart):
             self.conn.key(queue, "events"),
             f"{base}:held:{tenant_id}",
             f"{base}:meta",
+            f"{base}:hrank:{tenant_id}",
         ]
         done = Removal()
         for at in range(0, len(job_ids), REMOVE_PAGE):
