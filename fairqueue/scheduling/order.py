@@ -302,7 +302,7 @@ class FairClock:
             frontier = self._frontier(level)
             if frontier is not None and frontier[0] > start:
                 joined = frontier[0]
-                catch_up = self.spacing.get(frontier[1], others)
+                catch_up = others if frontier[1] is None else frontier[1]
         horizon = joined if joined is not None else self.horizon.get(key)
         share = catch_up if horizon is not None and start < horizon else total
         tag = start + flow_step(self.weights[level], tenant_weight, share, cost=cost)
@@ -336,10 +336,12 @@ class FairClock:
             self.counted[key] = tenant_weight
         return moved
 
-    def _frontier(self, level: PriorityLevel) -> tuple[float, tuple[PriorityLevel, str]] | None:
-        """The last tag of ``level``'s flow that reaches furthest, and that flow, among
-        the :data:`FRONTIER_SCAN` flows of every level that reach furthest (as the script
-        reads them: by tag, then member, from the top)."""
+    def _frontier(self, level: PriorityLevel) -> tuple[float, int | None] | None:
+        """The last tag of ``level``'s flow that reaches furthest, among the
+        :data:`FRONTIER_SCAN` flows of every level that reach furthest (as the script
+        reads them: by tag, then member, from the top), and the densest spacing of the
+        level's flows among them (``None``: none kept): a backlog placed while fewer
+        tenants had work is that dense, though its flow's last jobs may not be."""
         top = sorted(
             (
                 (tag, f"{lvl.value}\n{tenant}", (lvl, tenant))
@@ -347,7 +349,11 @@ class FairClock:
             ),
             reverse=True,
         )[:FRONTIER_SCAN]
-        return next(((tag, key) for tag, _, key in top if key[0] == level), None)
+        mine = [(tag, key) for tag, _, key in top if key[0] == level]
+        if not mine:
+            return None
+        spaced = [self.spacing[key] for _, key in mine if key in self.spacing]
+        return mine[0][0], min(spaced) if spaced else None
 
     def charge(self, level: PriorityLevel, tenant: str, turns: float) -> None:
         """The flow's attempts used ``turns`` more (less, if negative) than it was placed

@@ -66,11 +66,19 @@ local function fqEtaPlace(K, c, level, tenant, weight, explicitMs, byTime, n)
     if p.counted == 0 and others > 0 then
       local top = redis.call('ZREVRANGEBYSCORE', K.flows, '+inf',
         '(' .. string.format('%.17g', c.vt), 'WITHSCORES', 'LIMIT', 0, fqFrontierScan)
+      local fields = {}
       for i = 1, #top, 2 do
         if string.sub(top[i], 1, #prefix) == prefix then
-          p.frontier = tonumber(top[i + 1])
-          p.frontierSpacing = tonumber(redis.call('HGET', K.fweights, 's\n' .. top[i]))
-          break
+          if not p.frontier then p.frontier = tonumber(top[i + 1]) end
+          fields[#fields + 1] = 's\n' .. top[i]
+        end
+      end
+      if #fields > 0 then -- the densest spacing among them (fqFrontier)
+        for _, spacing in ipairs(redis.call('HMGET', K.fweights, unpack(fields))) do
+          spacing = tonumber(spacing)
+          if spacing and (not p.frontierSpacing or spacing < p.frontierSpacing) then
+            p.frontierSpacing = spacing
+          end
         end
       end
     end

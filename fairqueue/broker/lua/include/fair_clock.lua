@@ -334,20 +334,30 @@ local function fqExpire(K, c)
 end
 
 -- The last tag of the level's flow that reaches furthest ahead of the virtual time, and
--- the share that flow's last job was placed with (nil: none among the fqFrontierScan
--- flows that reach furthest, of every level): where the backlogs the level's tenants
--- placed before a flow joined end, and at what spacing.
+-- the least share the level's flows among them placed their last jobs with (nil: none
+-- among the fqFrontierScan flows that reach furthest, of every level): where the
+-- backlogs the level's tenants placed before a flow joined end, and their densest spacing.
 local function fqFrontier(K, c, level)
   fqFlush(K, c) -- the memo's tags too
   local top = redis.call('ZREVRANGEBYSCORE', K.flows, '+inf', '(' .. string.format('%.17g',
     c.vt), 'WITHSCORES', 'LIMIT', 0, fqFrontierScan)
   local prefix = level .. '\n'
+  local frontier, fields = nil, {}
   for i = 1, #top, 2 do
     if string.sub(top[i], 1, #prefix) == prefix then
-      return tonumber(top[i + 1]), tonumber(redis.call('HGET', K.fweights, 's\n' .. top[i]))
+      if not frontier then frontier = tonumber(top[i + 1]) end
+      fields[#fields + 1] = 's\n' .. top[i]
     end
   end
-  return nil
+  if not frontier then return nil end
+  -- the densest spacing among them: a backlog placed while fewer tenants had work is
+  -- that dense, though its flow's last jobs (past an earlier horizon) may not be
+  local densest = nil
+  for _, spacing in ipairs(redis.call('HMGET', K.fweights, unpack(fields))) do
+    spacing = tonumber(spacing)
+    if spacing and (not densest or spacing < densest) then densest = spacing end
+  end
+  return frontier, densest
 end
 
 -- Place one job of (level, tenant, weight); returns its score (nil: no room). Every job,
