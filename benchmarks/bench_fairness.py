@@ -46,7 +46,7 @@ scheduler cannot slow its own arrivals down. Scenarios (``--seconds`` of arrival
 6. ``overload``        - each level at 0.75 C (3 C in all): each level's share / its
    weight share; also the throughput comparison (loop vs no loop).
 7. ``underload``       - each level at 0.175 C (0.7 C in all): jobs over the bound.
-8. ``bursts``          - normal: ten tenants each send one burst of 0.5 C jobs, one burst
+8. ``bursts``          - normal: ten tenants each send one burst of 1 C jobs, one burst
    after another, 50 ms apart (a cron at the top of the hour in every tenant): each
    tenant's share of the jobs taken in each second once all have arrived, while all
    have jobs waiting (equal: 10%).
@@ -210,9 +210,9 @@ def build_scenarios(capacity: float) -> dict[str, Scenario]:
         Scenario("underload", "each level at 0.175x capacity (0.7x in all)", per_level(0.175)),
         Scenario(
             "bursts",
-            "normal: ten tenants' bursts of 0.5x capacity, one after another, 50 ms apart",
+            "normal: ten tenants' bursts of 1x capacity, one after another, 50 ms apart",
             tuple(
-                Source("normal", f"b{n}", 0.0, burst=max(50, int(0.5 * c)), burst_at_s=0.05 * n)
+                Source("normal", f"b{n}", 0.0, burst=max(50, int(c)), burst_at_s=0.05 * n)
                 for n in range(BURST_TENANTS)
             ),
             by_tenant=True,

@@ -336,6 +336,29 @@ def test_fair_clock__bursts_sent_one_after_another_share_from_the_first_turn():
     assert Counter(drain(clock, placed, 400)) == {f"t{t}": 40 for t in range(10)}
 
 
+@pytest.mark.parametrize(("every", "critical_share"), [(5, 0.2), (2, 0.4)])
+def test_fair_clock__a_flow_that_keeps_emptying_gets_its_max_min_share_not_more(
+    every, critical_share
+):
+    # A 3x overload of high, normal and low beside a critical tenant whose every job comes
+    # alone and whose queue empties between them: it restarts at the virtual time only
+    # once that has passed its last tag, so rejoining earns nothing. Within its share (1
+    # job in 5) it gets all it asks; over it (1 in 2), its weight's 40%, not more; the
+    # other levels share the rest 3:2:1 (docs/design.md, "Joining a level").
+    clock, placed, served = FairClock(), [], []
+    for tick in range(1200):
+        for level in (H, N, L):
+            arrive(clock, placed, level, level.value, level.value)
+        if tick % every == 0:
+            arrive(clock, placed, C, "small", C.value)
+        served += drain(clock, placed, 1)
+    shares = {level: n / len(served) for level, n in Counter(served).items()}
+    rest = 1 - critical_share
+    assert shares[C.value] == pytest.approx(critical_share, abs=0.005)
+    for level, weight in ((H, 3), (N, 2), (L, 1)):
+        assert shares[level.value] == pytest.approx(rest * weight / 6, abs=0.005)
+
+
 def test_fair_clock__a_weighted_burst_joins_at_its_weight():
     # A weight-3 tenant's burst after a lone tenant's: 3 turns for its 1 from the start.
     clock, placed = FairClock(), []
