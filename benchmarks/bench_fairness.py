@@ -818,9 +818,9 @@ def analyse(run: Run, bound_ms: int) -> RunStats:
 
 
 def _burst_dev(run: Run) -> float | None:
-    """The bursts' criterion: in each whole second (from the start) after the last burst
-    was sent and before the first tenant ran out of jobs, each tenant's share of the jobs
-    taken against an equal share; the largest relative deviation."""
+    """The bursts' criterion: in each whole second (from the start) after the last job
+    of the bursts was added and before the first tenant ran out of jobs, each tenant's
+    share of the jobs taken against an equal share; the largest relative deviation."""
     bursts = [s for s in run.scenario.sources if s.burst]
     if not bursts:
         return None
@@ -830,7 +830,10 @@ def _burst_dev(run: Run) -> float | None:
             taken[job.tenant].append(job.processed - run.t0_ms)
     if len(taken) < len(bursts):
         return None
-    first = math.ceil(max(s.burst_at_s for s in bursts) + 0.1)  # the last sent, and added
+    arrived = [job.ts - run.t0_ms for job in run.jobs.values() if job.ts is not None]
+    if not arrived:
+        return None
+    first = math.ceil(max(arrived) / 1000)  # the second after the last job was added
     last_of_all = min(max(times) for times in taken.values())  # a tenant's last job taken
     worst = None
     second = first
