@@ -89,7 +89,7 @@ def place(
             if flow.frontier is not None and flow.frontier > start:
                 joined = horizon = flow.frontier
                 spaced = flow.frontier_spacing
-                catch_up = spaced if spaced is not None else others
+                catch_up = others if spaced is None else min(others, spaced)
         share = catch_up if horizon is not None and start < horizon else everyone
         tag = start + flow_step(weights[flow.level], weight, share, cost=flow.cost)
         spacing = share

@@ -302,7 +302,7 @@ class FairClock:
             frontier = self._frontier(level)
             if frontier is not None and frontier[0] > start:
                 joined = frontier[0]
-                catch_up = others if frontier[1] is None else frontier[1]
+                catch_up = others if frontier[1] is None else min(others, frontier[1])
         horizon = joined if joined is not None else self.horizon.get(key)
         share = catch_up if horizon is not None and start < horizon else total
         tag = start + flow_step(self.weights[level], tenant_weight, share, cost=cost)

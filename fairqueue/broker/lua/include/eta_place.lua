@@ -106,7 +106,8 @@ local function fqEtaPlace(K, c, level, tenant, weight, explicitMs, byTime, n)
       joined = p.frontier
       if joined and joined > start then
         horizon = joined
-        catchUp = p.frontierSpacing or others
+        catchUp = others
+        if p.frontierSpacing and p.frontierSpacing < others then catchUp = p.frontierSpacing end
       else
         joined = nil
       end

@@ -411,7 +411,8 @@ local function fqPlace(K, c, level, tenant, weight, explicitMs, stored)
     joined, frontierSpacing = fqFrontier(K, c, level)
     if joined and joined > start then
       horizon = joined
-      catchUp = frontierSpacing or others
+      catchUp = others
+      if frontierSpacing and frontierSpacing < others then catchUp = frontierSpacing end
     else
       joined = nil
     end
