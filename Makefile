@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: demo test test-fast test-django6 lint format bench redis
+.PHONY: demo test test-fast test-django6 lint format bench redis screenshots
 
 PIP    := $(PY) -m pip install --disable-pip-version-check --progress-bar on
 
@@ -72,6 +72,11 @@ test-fast: $(VENV)/.installed-dev
 test-django6: $(VENV_DJ6)/.installed redis tests/node/node_modules/.installed
 	$(PY_DJ6) -c "import django, sys; print('make: Django', django.get_version(), 'on Python', sys.version.split()[0])"
 	$(PY_DJ6) -m pytest
+
+# docs/screenshots/: every console page light and dark, the overview, a culprit tenant,
+# a job and the plan list at 400 px (tests/e2e/test_console_themes.py; needs chromium).
+screenshots: $(VENV)/.installed-dev redis
+	FAIRQUEUE_SCREENSHOTS=1 $(PY) -m pytest tests/e2e/test_console_themes.py -q
 
 lint: $(VENV)/.installed-dev
 	$(PY) -m ruff check --fix .

@@ -137,7 +137,12 @@ def test_stats_json__shape_against_a_real_queue(viewer, fq_prefix):
         assert level["waiting"] == 3 and level["overdue"] == 0
         assert set(level) >= {"weight", "oldest_ms", "oldest_age", "top_tenants", "waiting_pct"}
     assert stats["levels"]["low"]["top_tenants"] == [
-        {"tenant": "t-a", "display": "t-a", "waiting": 3}
+        {
+            "tenant": "t-a",
+            "display": "t-a",
+            "waiting": 3,
+            "tenant_url": reverse("admin:fairqueue_dashboard_tenant", args=["t-a"]),
+        }
     ]
     assert stats["levels"]["critical"]["weight"] == 4
     assert stats["backlog"]["exact"] is True and stats["overdue_total"] == 0
