@@ -33,6 +33,11 @@ def _float(value: Any) -> float | None:
     return float(text) if text else None
 
 
+def _whole(value: Any) -> int | None:
+    number = _float(value)
+    return None if number is None else int(number)
+
+
 @dataclass(frozen=True, slots=True)
 class History:
     """The history's buckets of the rate's window and when recording began."""
@@ -121,6 +126,8 @@ def _placement(
             total=int(total),
             frontier=_float(frontier),
             cost=_float(cost) or 1.0,
+            spacing=_whole(reply[15]),
+            frontier_spacing=_whole(reply[16]),
         ),
         fresh=bool(int(fresh)),
         base=_float(base) or 0.0,

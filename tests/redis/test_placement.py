@@ -241,6 +241,18 @@ def test_two_tenants_flooding_a_level_alternate_for_a_stock_worker(fq_prefix):
         assert Counter(order[start : start + 20]) == {"A": 10, "B": 10}
 
 
+def test_bursts_sent_one_after_another_share_the_next_jobs_a_stock_worker_takes(fq_prefix):
+    """Ten tenants' bursts of 100 jobs, one after another: the next 400 jobs a stock
+    worker takes split evenly, not in the order the bursts came (docs/design.md, "Joining
+    a level"; placed at the weight split among the tenants already there: 100, 100, 54,
+    37, 28, 22, 18, 16, 13, 12)."""
+    tenants = [f"t{n}" for n in range(10)]
+    for tenant in tenants:
+        enqueue_jobs("email", [{}] * 100, tenant_id=tenant, priority_level="normal")
+    order = [data["tenantId"] for _, data in drain_with_stock_worker(fq_prefix, "email", 400)]
+    assert Counter(order) == dict.fromkeys(tenants, 40)
+
+
 def test_a_weight_3_tenant_gets_three_turns_per_round(fq_prefix):
     for _ in range(50):
         enqueue_jobs("email", [{}] * 3, tenant_id="big", priority_level="normal", tenant_weight=3)
