@@ -31,8 +31,8 @@ from fairqueue.dashboard.wording import format_duration, format_time, tenant_wor
 from fairqueue.plans import priority_from_plan
 from fairqueue.scheduling.attempts import TENANT_BUCKET_S
 from fairqueue.scheduling.levels import LEVELS_BY_RANK
-from fairqueue.scheduling.limits import TenantLimits
 from fairqueue.scheduling.shares import parse_bucket, tenant_window
+from fairqueue.scheduling.wire import decoded_limits
 
 #: The windows the tenant page sums its started jobs over, in minutes.
 WINDOWS_MIN: Final = (5, 15, 60)
@@ -136,7 +136,7 @@ def _facts(
 ) -> TenantFacts:
     """The figures its verdict is made of, from the reads the page shows (its quota and
     breaker holds are added from the database after)."""
-    limits = TenantLimits.from_encoded(jobs.limits_encoded, paused=jobs.paused)
+    limits = decoded_limits(jobs.limits_encoded, paused=jobs.paused)
     return TenantFacts(
         overdue=None if scan is None else scan.overdue_of(tenant_id),
         queue_overdue=None if scan is None else sum(f.overdue for f in scan.levels.values()),
@@ -167,7 +167,7 @@ def _facts(
 
 
 def _jobs(jobs: TenantJobs, *, now_ms: int) -> dict[str, Any]:
-    limits = TenantLimits.from_encoded(jobs.limits_encoded, paused=jobs.paused)
+    limits = decoded_limits(jobs.limits_encoded, paused=jobs.paused)
     return {
         "held": jobs.held,
         "held_ids": jobs.held_ids,
