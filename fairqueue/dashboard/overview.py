@@ -10,7 +10,6 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from fairqueue.broker import Broker, SyncBroker
-from fairqueue.broker.console_reads import ConsoleReads
 from fairqueue.conf import get_settings
 from fairqueue.dashboard.wording import tenant_words
 from fairqueue.scheduling.levels import DEFAULT_TENANT, INTERNAL_TENANT
@@ -29,7 +28,7 @@ def noisy_figures(job_type: str, *, broker: SyncBroker) -> dict[str, Any]:
 async def anoisy_figures(job_type: str, *, broker: Broker) -> dict[str, Any]:
     """:func:`noisy_figures` on ``broker``'s event loop."""
     queue = get_settings().queue_for(job_type)
-    running, level_weights, flows = await ConsoleReads(broker.conn).in_flight(queue)
+    running, level_weights, flows = await broker.console.in_flight(queue)
     found = noisy_tenants(running, level_weights, flows)
     return {
         "count": len(found),

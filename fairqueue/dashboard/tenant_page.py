@@ -16,8 +16,14 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from fairqueue.broker import BacklogScan, Broker, get_sync_broker
-from fairqueue.broker.console_reads import FAILED_WINDOW, ORDER_WINDOW, ConsoleReads, TenantJobs
+from fairqueue.broker import (
+    FAILED_WINDOW,
+    ORDER_WINDOW,
+    BacklogScan,
+    Broker,
+    TenantJobs,
+    get_sync_broker,
+)
 from fairqueue.conf import get_settings
 from fairqueue.dashboard.backlog_scans import SYNC_SCAN_LIMIT, read_backlog
 from fairqueue.dashboard.charts import format_ms
@@ -81,7 +87,7 @@ async def atenant_queue(
     )
     if backlog["exact"] and scan is not None:
         backlog = await settle_exact(broker, queue, counts, scan, backlog)
-    reads = ConsoleReads(broker.conn)
+    reads = broker.console
     window_s = max(WINDOWS_MIN) * 60
     now_s = now_ms // 1000
     jobs, recorded, mine, weights, noisy, failures = await asyncio.gather(
