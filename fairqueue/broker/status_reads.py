@@ -15,9 +15,11 @@ from typing import Any, Final
 from fairqueue.broker.common import SCORE_BASE, TAG_FLOOR, TAG_RESOLUTION, fair_key, limits_key
 from fairqueue.broker.connection import BrokerPart, Connection
 from fairqueue.broker.scripts import plain_script
+from fairqueue.scheduling.calibration import ERROR_BINS
 from fairqueue.scheduling.estimate import RATE_WINDOW_S, FlowSnapshot, HistoryBucket
 from fairqueue.scheduling.levels import PriorityLevel
 from fairqueue.scheduling.limits import TenantLimits
+from fairqueue.scheduling.pace import AskingRead
 from fairqueue.scheduling.shares import BUCKET_S, LEVEL_NAMES
 
 #: History buckets read: the current one and those of the rate's window before it.
@@ -74,6 +76,8 @@ class RawEstimate:
     placement: Placement
     hold: TenantHold
     history: History
+    #: Who is asking now (``fqEtaAsking``): the pace its flow really gets.
+    asking: AskingRead | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +99,10 @@ class RawStatus:
     hold: TenantHold | None
     placement: Placement | None
     history: History
+    #: Who is asking now (a waiting or held job's), its tenant and counted weight.
+    asking: AskingRead | None = None
+    tenant: str | None = None
+    tenant_weight: float | None = None
 
 
 def _placement(
@@ -124,19 +132,57 @@ def _placement(
     )
 
 
+#: A history bucket's fields as ``fqEtaRate`` sends them: its start, starts and worker
+#: ms per level, then per level its estimates' ratio bins.
+_BUCKET_WIDTH: Final = 1 + 2 * len(LEVEL_NAMES) + len(LEVEL_NAMES) * ERROR_BINS
+
+
 def _history(reply: Sequence[Any], typical_ms: float | None) -> History:
     since = _text(reply[0])
     buckets = []
-    for at in range(1, len(reply), 9):
-        row = [int(float(_text(v))) for v in reply[at : at + 9]]
+    levels = len(LEVEL_NAMES)
+    for at in range(1, len(reply), _BUCKET_WIDTH):
+        row = [int(float(_text(v))) for v in reply[at : at + _BUCKET_WIDTH]]
+        bins = row[1 + 2 * levels :]
         buckets.append(
             HistoryBucket(
                 start_s=row[0],
-                starts=dict(zip(LEVEL_NAMES, row[1:5], strict=True)),
-                worker_ms=dict(zip(LEVEL_NAMES, row[5:9], strict=True)),
+                starts=dict(zip(LEVEL_NAMES, row[1 : 1 + levels], strict=True)),
+                worker_ms=dict(zip(LEVEL_NAMES, row[1 + levels : 1 + 2 * levels], strict=True)),
+                errors={
+                    name: tuple(bins[i * ERROR_BINS : (i + 1) * ERROR_BINS])
+                    for i, name in enumerate(LEVEL_NAMES)
+                },
             )
         )
     return History(int(float(since)) if since else None, tuple(buckets), typical_ms)
+
+
+def _asking(reply: Sequence[Any]) -> AskingRead | None:
+    """``fqEtaAsking``'s reply (``None``: not read)."""
+    if not reply:
+        return None
+    values = [_text(v) for v in reply]
+    totals = {name: float(values[i]) for i, name in enumerate(LEVEL_NAMES)}
+    at = len(LEVEL_NAMES)
+    count = int(float(values[at]))
+    at += 1
+    ahead = []
+    for _ in range(count):
+        member, last, weight, held = values[at : at + 4]
+        at += 4
+        level, _sep, tenant = member.partition("\n")
+        ahead.append((level, tenant, float(last), float(weight or 0), held == "1"))
+    served: dict[tuple[str, str], int] = {}
+    while at < len(values):
+        pairs = int(float(values[at + 1]))
+        at += 2
+        for i in range(pairs):
+            member, count_text = values[at + 2 * i], values[at + 2 * i + 1]
+            level, _sep, tenant = member.partition("\n")
+            served[(level, tenant)] = served.get((level, tenant), 0) + int(float(count_text))
+        at += 2 * pairs
+    return AskingRead(totals=totals, ahead=tuple(ahead), served=served)
 
 
 def _hold(reply: Sequence[Any]) -> TenantHold:
@@ -204,13 +250,14 @@ class StatusReads(BrokerPart):
                 buckets=RATE_BUCKETS,
             )
         )
-        now, wait_len, place, *hold, history = reply
+        now, wait_len, place, *hold, history, asking = reply
         placement = _placement(place, level, tenant_weight, int(wait_len))
         return RawEstimate(
             now_ms=int(now),
             placement=placement,
             hold=_hold(hold),
             history=_history(history, placement.typical_ms),
+            asking=_asking(asking),
         )
 
     async def job_status(self, queue: str, job_id: str) -> RawStatus | None:
@@ -233,8 +280,10 @@ class StatusReads(BrokerPart):
                 buckets=RATE_BUCKETS,
             )
         )
-        (now, wait_len, state, ahead, score, level, _tenant, due, processed, finished) = reply[:10]
-        encoded, paused, catchup, held, occupied, place, clock, history = reply[10:]
+        (now, wait_len, state, ahead, score, level, tenant, due, processed, finished) = reply[:10]
+        encoded, paused, catchup, held, occupied, place, clock, history, asking, fweight = reply[
+            10:
+        ]
         state = _text(state)
         if state == "gone":
             return None
@@ -268,4 +317,7 @@ class StatusReads(BrokerPart):
             hold=hold,
             placement=placement,
             history=_history(history, typical),
+            asking=_asking(asking),
+            tenant=_text(tenant) or None,
+            tenant_weight=_float(fweight),
         )

@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from fairqueue.scheduling.levels import DEFAULT_FAIR_WEIGHTS
+from fairqueue.scheduling.order import TAG_SCALE
 from fairqueue.scheduling.shares import max_min
 
 #: A flow with more jobs than this waiting in the fair band (not held) asks for more than
@@ -92,10 +93,10 @@ def current_shares(
             )
         if not flow.weight > 0:
             raise ValueError(f"weight={flow.weight!r} is not allowed: expected a number > 0")
-        level = by_level.setdefault(flow.level, {})
-        if flow.tenant in level:
+        same_level = by_level.setdefault(flow.level, {})
+        if flow.tenant in same_level:
             raise ValueError(f"flow {flow.level}/{flow.tenant!r} is given twice")
-        level[flow.tenant] = flow
+        same_level[flow.tenant] = flow
     asked = {
         level: sum(max(0.0, f.asks) for f in level_flows.values())
         for level, level_flows in by_level.items()
@@ -119,16 +120,79 @@ def share_of(
     level: str,
     tenant: str,
     level_weights: Mapping[str, float] = LEVEL_WEIGHTS,
+    weight: float | None = None,
 ) -> float | None:
     """The fraction of ``capacity`` flow ``(level, tenant)`` gets now once it asks for all
     it can take (a new job makes it ask): :func:`current_shares` with that flow
-    backlogged. ``None`` with no capacity measured."""
+    backlogged, at tenant ``weight`` (``None``: as ``flows`` give it, else 1). ``None``
+    with no capacity measured."""
     if capacity <= 0:
         return None
     known = list(flows)
-    weight = next((f.weight for f in known if (f.level, f.tenant) == (level, tenant)), 1.0)
+    if weight is None:
+        weight = next((f.weight for f in known if (f.level, f.tenant) == (level, tenant)), 1.0)
     others = [f for f in known if (f.level, f.tenant) != (level, tenant)]
     got = current_shares(
         capacity, [*others, FlowAsk(level, tenant, weight, math.inf)], level_weights
     )
     return got[(level, tenant)] / capacity
+
+
+#: The flows whose last tags reach furthest past the virtual time that the estimate
+#: scripts read as backlogged candidates (bounded work per call, whatever the tenants).
+ASKING_SCAN: Final = 32
+
+
+@dataclass(frozen=True, slots=True)
+class AskingRead:
+    """What the estimate scripts read of who is asking (``fqEtaAsking``): each level's
+    counted tenant weights (``totals``), the flows reaching furthest past the virtual
+    time (``ahead``: level, tenant, last tag, counted weight, whether its tenant has jobs
+    held or is paused) and the starts per flow over the rate's window (``served``)."""
+
+    totals: Mapping[str, float]
+    ahead: tuple[tuple[str, str, float, float, bool], ...] = ()
+    served: Mapping[tuple[str, str], int] = field(default_factory=dict)
+
+
+def flows_asking(
+    read: AskingRead,
+    *,
+    vt: float,
+    window_s: float,
+    level_served: Mapping[str, int],
+    level_weights: Mapping[str, float] = LEVEL_WEIGHTS,
+    tenant_weights: Mapping[tuple[str, str], float] | None = None,
+) -> list[FlowAsk]:
+    """The flows :func:`current_shares` takes, from what the scripts read: a flow in
+    ``read.ahead`` has ``(last - vt) / its step`` jobs waiting (its step: its level's
+    weight split among the level's counted weights); what it asks is :func:`asked_rate`
+    of that and of its starts over ``window_s``. Flows only seen starting ask for what
+    they were served, and each level's starts that no flow read accounts for (tenants
+    past the history's most served) ask as one more flow, :data:`OTHER_FLOWS`.
+    ``tenant_weights``: weights known otherwise (flows not counted now)."""
+    per_s = 1 / window_s if window_s > 0 else 0.0
+    asks: dict[tuple[str, str], FlowAsk] = {}
+    for level, tenant, last, weight, held in read.ahead:
+        if level not in level_weights:
+            continue
+        counted = weight if weight > 0 else 1.0
+        total = max(read.totals.get(level, 0.0), counted)
+        step = TAG_SCALE * total / (level_weights[level] * counted)
+        served = read.served.get((level, tenant), 0) * per_s
+        backlog = max(0.0, last - vt) / step
+        asked = asked_rate(backlog_jobs=backlog, served_per_s=served, held=held)
+        asks[(level, tenant)] = FlowAsk(level, tenant, counted, asked)
+    known: dict[str, int] = {}
+    for (level, tenant), count in read.served.items():
+        if level not in level_weights:
+            continue
+        known[level] = known.get(level, 0) + count
+        if (level, tenant) not in asks:
+            weight = (tenant_weights or {}).get((level, tenant), 1.0)
+            asks[(level, tenant)] = FlowAsk(level, tenant, weight, count * per_s)
+    for level, count in level_served.items():
+        rest = count - known.get(level, 0)
+        if level in level_weights and rest > 0 and (level, OTHER_FLOWS) not in asks:
+            asks[(level, OTHER_FLOWS)] = FlowAsk(level, OTHER_FLOWS, 1.0, rest * per_s)
+    return list(asks.values())

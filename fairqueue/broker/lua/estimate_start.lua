@@ -8,7 +8,10 @@
   ARGV        level, tenant, tenant weight, cost ms ('' none), fairness ('time'/'jobs'),
               jobs n, history bucket seconds, buckets to read
   Returns     {now ms, wait list length, placement (fqEtaReply), limits encoded, paused,
-              catching up, held, occupied, rate log entries since the window, history}
+              catching up, held, occupied, history, who is asking (fqEtaAsking)}
+  Worst case (1M waiting, 10,000 tenants): O(log n) for the place and the jobs ahead,
+  ASKING_SCAN flows and the rate window's buckets (at most the tenants a bucket keeps
+  each): a few hundred commands, whatever the number of tenants.
 ]]
 --- @argv level tenant weight cost fairness count bucket_s buckets
 --- @include eta_place
@@ -27,4 +30,5 @@ local catchup = redis.call('HEXISTS', L .. ':catchup', tenant)
 local held = redis.call('LLEN', L .. ':held:' .. tenant)
 local occupied = redis.call('SCARD', L .. ':out:' .. tenant)
 return {now, redis.call('LLEN', K.wait), fqEtaReply(etaClock, placement, K), limits, paused,
-  catchup, held, occupied, fqEtaRate(K, now, tonumber(ARGV.bucket_s), tonumber(ARGV.buckets))}
+  catchup, held, occupied, fqEtaRate(K, now, tonumber(ARGV.bucket_s), tonumber(ARGV.buckets)),
+  fqEtaAsking(K, L, etaClock, now, tonumber(ARGV.bucket_s), tonumber(ARGV.buckets))}
