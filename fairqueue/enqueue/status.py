@@ -109,6 +109,7 @@ def _as_estimate(
     level: str | None = None,
     tag: float | None = None,
     offset_ms: int = 0,
+    level_share: float | None = None,
 ) -> StartEstimate:
     def at(seconds: float | None) -> int | None:
         return None if seconds is None else now_ms + offset_ms + math.ceil(seconds * 1000)
@@ -126,6 +127,7 @@ def _as_estimate(
         share=share,
         level=level,
         tag=tag,
+        level_share=level_share,
     )
 
 
@@ -138,6 +140,7 @@ class _Pace:
     flow_per_s: float | None = None
     share: float | None = None
     tenant_per_s: float | None = None
+    level_share: float | None = None
 
 
 def _pace(
@@ -154,11 +157,15 @@ def _pace(
         return _Pace()
     flows = pace.flows_asking(asking, vt=vt, window_s=rate.window_s, level_served=rate.level_starts)
     share = pace.share_of(rate.jobs_per_s, flows, level.value, tenant, weight=tenant_weight)
+    of_level = pace.share_of(
+        rate.jobs_per_s, flows, level.value, tenant, weight=tenant_weight, of_level=True
+    )
     mine = sum(count for (_, name), count in asking.served.items() if name == tenant)
     return _Pace(
         flow_per_s=None if share is None else share * rate.jobs_per_s,
         share=share,
         tenant_per_s=mine / rate.window_s if mine else None,
+        level_share=of_level,
     )
 
 
@@ -226,10 +233,11 @@ def estimate_from(
         level=flow.level.value,
         tag=p.tag if p.score is not None else None,
         offset_ms=delay_ms or 0,
+        level_share=flow_pace.level_share,
     )
 
 
-def _waiting_wait(raw: RawStatus, rate: eta.ServiceRate) -> tuple[eta.Wait, float | None]:
+def _waiting_wait(raw: RawStatus, rate: eta.ServiceRate) -> tuple[eta.Wait, _Pace]:
     """A waiting job's wait and its flow's share: its flow's jobs before it (the distance
     from the virtual time to its tag, in its flow's steps now) at its flow's pace."""
     own = None
@@ -250,7 +258,7 @@ def _waiting_wait(raw: RawStatus, rate: eta.ServiceRate) -> tuple[eta.Wait, floa
         own_ahead=own,
         flow_per_s=flow_pace.flow_per_s,
     )
-    return wait, flow_pace.share
+    return wait, flow_pace
 
 
 def status_from(raw: RawStatus, job_type: str, job_id: str) -> JobStatus:
@@ -260,8 +268,16 @@ def status_from(raw: RawStatus, job_type: str, job_id: str) -> JobStatus:
     none = eta.Wait(None, None, None, "none")
     if state == "waiting":
         rate = _rate(raw, None)
-        wait, share = _waiting_wait(raw, rate)
-        est = _as_estimate(wait, raw.now_ms, ahead=raw.ahead, level=level, tag=raw.tag, share=share)
+        wait, flow_pace = _waiting_wait(raw, rate)
+        est = _as_estimate(
+            wait,
+            raw.now_ms,
+            ahead=raw.ahead,
+            level=level,
+            tag=raw.tag,
+            share=flow_pace.share,
+            level_share=flow_pace.level_share,
+        )
         return JobStatus(job_id, job_type, state, est)
     if state == "held":
         hold = raw.hold
@@ -308,6 +324,7 @@ def status_from(raw: RawStatus, job_type: str, job_id: str) -> JobStatus:
             reason=reason,
             level=level,
             share=flow_pace.share,
+            level_share=flow_pace.level_share,
         )
         return JobStatus(job_id, job_type, state, est, held_reason=reason)
     if state == "delayed" and raw.due_ms is not None:

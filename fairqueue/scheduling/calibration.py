@@ -113,11 +113,12 @@ def summed(rows: Iterable[Sequence[int]]) -> list[int]:
 
 def wait_range(expected_s: float, calibration: Calibration) -> tuple[float, float]:
     """The range (seconds) around an expected wait: the calibration's factors applied to
-    the wait plus :data:`FLOOR_MS` (so never of zero width)."""
+    the wait plus :data:`FLOOR_MS`, stretched to hold the expected wait itself, and never
+    of zero width."""
     floor = FLOOR_MS / 1000
     low = max(0.0, (expected_s + floor) * calibration.low_factor - floor)
     high = (expected_s + floor) * calibration.high_factor - floor
-    return low, max(high, expected_s + floor * (calibration.high_factor - 1), expected_s + 0.05)
+    return min(low, expected_s), max(high, expected_s + floor * 0.2)
 
 
 def confidence(calibration: Calibration, *, rate_known: bool) -> Confidence:

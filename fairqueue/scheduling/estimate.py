@@ -373,7 +373,9 @@ class StartEstimate:
     ``low`` or ``none`` (no estimate: the times are ``None``). ``ahead`` counts the jobs
     BullMQ pops before it now; ``held_reason`` names the limit that holds its tenant
     (``max_active``, ``rate``, ``paused``) or is ``None``; ``share`` is the fraction of
-    the workers its flow gets while it has a backlog (``None``: nothing measured).
+    the workers its flow gets while it has a backlog, given who is asking now
+    (:func:`fairqueue.scheduling.pace.current_shares`; ``None``: nothing measured), and
+    ``level_share`` the fraction of its level's starts that is (its entitlement).
     """
 
     expected_wait_ms: int | None
@@ -387,3 +389,4 @@ class StartEstimate:
     level: str | None = None
     #: The finish tag the fair clock gives the job (``None``: not placed by it).
     tag: float | None = None
+    level_share: float | None = None

@@ -121,11 +121,15 @@ def share_of(
     tenant: str,
     level_weights: Mapping[str, float] = LEVEL_WEIGHTS,
     weight: float | None = None,
+    *,
+    of_level: bool = False,
 ) -> float | None:
     """The fraction of ``capacity`` flow ``(level, tenant)`` gets now once it asks for all
     it can take (a new job makes it ask): :func:`current_shares` with that flow
-    backlogged, at tenant ``weight`` (``None``: as ``flows`` give it, else 1). ``None``
-    with no capacity measured."""
+    backlogged, at tenant ``weight`` (``None``: as ``flows`` give it, else 1). With
+    ``of_level``: the fraction of what its level gets instead (the dashboard's
+    "entitled", beside the tenant's share of its level's starts). ``None`` with no
+    capacity measured."""
     if capacity <= 0:
         return None
     known = list(flows)
@@ -135,6 +139,9 @@ def share_of(
     got = current_shares(
         capacity, [*others, FlowAsk(level, tenant, weight, math.inf)], level_weights
     )
+    if of_level:
+        level_got = sum(rate for (name, _), rate in got.items() if name == level)
+        return got[(level, tenant)] / level_got if level_got > 0 else None
     return got[(level, tenant)] / capacity
 
 

@@ -42,11 +42,6 @@ def _history(redis_client, prefix: str, per_s: dict[tuple[str, str], float], bin
                     redis_client.hset(f"{base}:{start}", f"e:{level}:{index}", count)
 
 
-def _rate_of(redis_client, prefix: str, per_s: dict[tuple[str, str], float]) -> float:
-    """The rate the estimate measures from :func:`_history` (whole seconds rounded)."""
-    return sum(per_s.values())
-
-
 def test_a_quiet_weight_2_tenant_counts_for_what_it_uses(fq_prefix, redis_client):
     """A flooding weight-1 tenant beside a quiet weight-2 tenant (counted in its level
     while its one job waits): the flood gets all the quiet one leaves, not a third."""
@@ -66,6 +61,12 @@ def test_a_quiet_weight_2_tenant_counts_for_what_it_uses(fq_prefix, redis_client
     assert status.state == "waiting"
     assert 4_800 <= status.estimate.expected_wait_ms <= 7_500
     assert status.estimate.share is not None and status.estimate.share > 0.9
+    # the tenant page's entitlement is the same figure, not "weight 1 of 3"
+    from fairqueue.dashboard.tenant_page import tenant_page_data
+
+    page = next(q for q in tenant_page_data("flood")["queues"] if q["queue"] == "email")
+    assert page["entitled"]["normal"] == pytest.approx(est.level_share, abs=0.02)
+    assert page["entitled"]["normal"] > 0.9
 
 
 def test_a_level_that_starts_to_flood_takes_its_share_at_once(fq_prefix, redis_client):
