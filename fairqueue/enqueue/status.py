@@ -261,6 +261,61 @@ def _waiting_wait(raw: RawStatus, rate: eta.ServiceRate) -> tuple[eta.Wait, _Pac
     return wait, flow_pace
 
 
+def _held_status(raw: RawStatus, job_type: str, job_id: str) -> JobStatus:
+    """A held job's status: the time until its tenant's release pace reaches it, then its
+    flow's place."""
+    state = raw.state
+    level = raw.level.value if raw.level is not None else None
+    none = eta.Wait(None, None, None, "none")
+    hold = raw.hold
+    if hold is None or raw.placement is None:  # the queue is paused, or no level known
+        est = _as_estimate(none, raw.now_ms, ahead=raw.ahead, reason=REASON_PAUSED)
+        return JobStatus(job_id, job_type, state, est, held_reason=REASON_PAUSED)
+    held_ahead = raw.ahead or 0
+    reason = eta.held_reason(
+        hold.limits, paused=hold.paused, held_ahead=held_ahead, occupied=hold.occupied
+    )
+    if reason is None:  # room now: released at the next release step
+        if hold.limits.max_active is not None:
+            reason = REASON_MAX_ACTIVE
+        elif hold.limits.rate_max is not None:
+            reason = REASON_RATE
+        else:
+            reason = REASON_PAUSED if hold.catching_up else None
+    p = raw.placement
+    rate = _rate(raw, p.typical_ms)
+    flow_pace = _pace(
+        raw,
+        rate,
+        level=p.flow.level,
+        tenant=raw.tenant,
+        tenant_weight=p.flow.tenant_weight,
+        vt=p.flow.vt,
+    )
+    wait = _new_job_wait(raw, p, rate, flow_pace, 1)
+    run_s = None if p.typical_ms is None else p.typical_ms / 1000
+    delay = eta.held_delay_s(
+        hold.limits,
+        reason=eta.held_reason(
+            hold.limits, paused=hold.paused, held_ahead=held_ahead, occupied=hold.occupied
+        ),
+        held_ahead=held_ahead,
+        occupied=hold.occupied,
+        run_s=run_s,
+        tenant_per_s=flow_pace.tenant_per_s,
+    )
+    est = _as_estimate(
+        eta.with_delay(wait, delay),
+        raw.now_ms,
+        ahead=raw.ahead,
+        reason=reason,
+        level=level,
+        share=flow_pace.share,
+        level_share=flow_pace.level_share,
+    )
+    return JobStatus(job_id, job_type, state, est, held_reason=reason)
+
+
 def status_from(raw: RawStatus, job_type: str, job_id: str) -> JobStatus:
     """A job's status from what ``lua/job_status.lua`` read."""
     state = raw.state
@@ -280,53 +335,7 @@ def status_from(raw: RawStatus, job_type: str, job_id: str) -> JobStatus:
         )
         return JobStatus(job_id, job_type, state, est)
     if state == "held":
-        hold = raw.hold
-        if hold is None or raw.placement is None:  # the queue is paused, or no level known
-            est = _as_estimate(none, raw.now_ms, ahead=raw.ahead, reason=REASON_PAUSED)
-            return JobStatus(job_id, job_type, state, est, held_reason=REASON_PAUSED)
-        held_ahead = raw.ahead or 0
-        reason = eta.held_reason(
-            hold.limits, paused=hold.paused, held_ahead=held_ahead, occupied=hold.occupied
-        )
-        if reason is None:  # room now: released at the next release step
-            if hold.limits.max_active is not None:
-                reason = REASON_MAX_ACTIVE
-            elif hold.limits.rate_max is not None:
-                reason = REASON_RATE
-            else:
-                reason = REASON_PAUSED if hold.catching_up else None
-        p = raw.placement
-        rate = _rate(raw, p.typical_ms)
-        flow_pace = _pace(
-            raw,
-            rate,
-            level=p.flow.level,
-            tenant=raw.tenant,
-            tenant_weight=p.flow.tenant_weight,
-            vt=p.flow.vt,
-        )
-        wait = _new_job_wait(raw, p, rate, flow_pace, 1)
-        run_s = None if p.typical_ms is None else p.typical_ms / 1000
-        delay = eta.held_delay_s(
-            hold.limits,
-            reason=eta.held_reason(
-                hold.limits, paused=hold.paused, held_ahead=held_ahead, occupied=hold.occupied
-            ),
-            held_ahead=held_ahead,
-            occupied=hold.occupied,
-            run_s=run_s,
-            tenant_per_s=flow_pace.tenant_per_s,
-        )
-        est = _as_estimate(
-            eta.with_delay(wait, delay),
-            raw.now_ms,
-            ahead=raw.ahead,
-            reason=reason,
-            level=level,
-            share=flow_pace.share,
-            level_share=flow_pace.level_share,
-        )
-        return JobStatus(job_id, job_type, state, est, held_reason=reason)
+        return _held_status(raw, job_type, job_id)
     if state == "delayed" and raw.due_ms is not None:
         ahead = None
         wait = eta.Wait(max(0.0, (raw.due_ms - raw.now_ms) / 1000), None, None, "medium")
