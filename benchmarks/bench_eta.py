@@ -14,28 +14,46 @@ flows backlogged now stay so, and a load that stops lets the jobs far back start
 
 * error = |expected start - actual start| (the worker's ``processedOn``; one machine, one
   clock), against the job's actual wait; a job is *within* when the error is at most 20%
-  of its wait, or 100 ms when it waited under 500 ms.
+  of its wait, or 100 ms when it waited under 500 ms; *in range* when it started between
+  ``earliest_start_ms`` and ``latest_start_ms``; *high p90*: the 90th percentile of the
+  relative error of the jobs whose estimate said ``high``.
+* every measured job counts, and the jobs enqueued within ``AFTER_CHANGE_S`` (10 s) after
+  a change of load are reported again on their own.
 * place in line: for the jobs asked, ``ahead`` (what ``job_status`` said) against the jobs
   the worker actually took before it, less those enqueued after the call (jobs arriving
   later with earlier turns, counted apart as ``later``).
 
-Scenarios (C = the worker's measured capacity):
+Scenarios (C = the worker's measured capacity; changes at ``CHANGE_S`` = 6 s into the
+measured phase, which then lasts at least until 10 s after the last change):
 
-* ``backlogged``  critical, high, normal, low at 0.3 C each (1.2 C in all: normal and
-  low backlogged)
+* ``backlogged``  critical, high, normal, low at 0.5 C each (normal and low backlogged)
 * ``flood``       critical at 2 C beside low at 0.1 C (within its share)
 * ``tenants``     normal: A and B at 1 C each, ``sparse`` at 0.05 C
 * ``overload``    critical and high at 1 C, normal at 0.95 C, low at 0.05 C (within its
   share; 3 C in all), every enqueue with ``max_wait_ms=2000``: refusals per flow and the
   admitted jobs' wait p99
 * ``slow``        normal: ``slow`` (jobs 4x as long) and ``fast`` at 0.3 C each
+* ``step``        normal: A at 0.4 C, B at 0.8 C; A steps to 1.2 C
+* ``join-leave``  normal: A at 0.8 C, B at 0.6 C; C joins at 0.8 C, B leaves 5 s later
+* ``level-flood`` normal A and B at 0.5 C, low at 0.3 C; critical starts at 1.5 C
+* ``failures``    normal A and B at 0.6 C; A's jobs start failing their first attempt
+  (each runs again once)
+* ``max-active``  normal: ``lim`` (``max_active=2``) at 1 C beside ``other`` at 0.6 C
+* ``rate-limited`` normal: ``rated`` at 0.4 C held to 0.2 C by its rate limit, ``other``
+  at 0.9 C
+* ``quiet-weight`` normal: ``flood`` (weight 1) at 2 C beside ``quiet`` (weight 2) at
+  0.05 C
+
+``--quick`` (a CI smoke run, about 3 minutes): the scenarios backlogged, level-flood,
+max-active and quiet-weight, 12 s of warm-up and 8 s measured (16 s with a change), no
+cost part.
 
 Cost part (a private redis-server, ``--waiting`` jobs over 400 flows): the Redis time of
 ``job_status`` and ``estimate_start`` scripts from its slow log (threshold 0), p50 / p99
 / max over 200 calls each.
 
     python benchmarks/bench_eta.py [--only flood ...] [--seconds 12] [--run-ms 10]
-        [--waiting 1000000] [--skip-cost] [--skip-live]
+        [--waiting 1000000] [--skip-cost] [--skip-live] [--quick]
 """
 
 from __future__ import annotations

@@ -174,15 +174,30 @@ def _asking(reply: Sequence[Any]) -> AskingRead | None:
         level, _sep, tenant = member.partition("\n")
         ahead.append((level, tenant, float(last), float(weight or 0), held == "1"))
     served: dict[tuple[str, str], int] = {}
+    recent: dict[tuple[str, str], int] = {}
+    recent_since_s = None
+    bucket = 0
     while at < len(values):
-        pairs = int(float(values[at + 1]))
+        start, pairs = int(float(values[at])), int(float(values[at + 1]))
         at += 2
+        if bucket <= 1:  # the current bucket and the one before it, newest first
+            recent_since_s = start
         for i in range(pairs):
             member, count_text = values[at + 2 * i], values[at + 2 * i + 1]
             level, _sep, tenant = member.partition("\n")
-            served[(level, tenant)] = served.get((level, tenant), 0) + int(float(count_text))
+            count = int(float(count_text))
+            served[(level, tenant)] = served.get((level, tenant), 0) + count
+            if bucket <= 1:
+                recent[(level, tenant)] = recent.get((level, tenant), 0) + count
         at += 2 * pairs
-    return AskingRead(totals=totals, ahead=tuple(ahead), served=served)
+        bucket += 1
+    return AskingRead(
+        totals=totals,
+        ahead=tuple(ahead),
+        served=served,
+        recent=recent,
+        recent_since_s=recent_since_s,
+    )
 
 
 def _hold(reply: Sequence[Any]) -> TenantHold:

@@ -133,9 +133,11 @@ def _as_estimate(
 
 @dataclass(frozen=True, slots=True)
 class _Pace:
-    """What who is asking now gives a flow: its jobs per second once it asks
-    (``flow_per_s``), that as a share of all starts, and its tenant's starts per second
-    lately (every level: the pace its held jobs are released at)."""
+    """What who is asking now gives a flow: its turns per second once it asks
+    (``flow_per_s``: jobs, or with fairness by time worker time over the typical run,
+    as the distances between tags count them), that as a share of all starts, and its
+    tenant's starts per second lately (every level: the pace its held jobs are released
+    at)."""
 
     flow_per_s: float | None = None
     share: float | None = None
@@ -161,8 +163,11 @@ def _pace(
         rate.jobs_per_s, flows, level.value, tenant, weight=tenant_weight, of_level=True
     )
     mine = sum(count for (_, name), count in asking.served.items() if name == tenant)
+    # in turns (jobs, or with fairness by time worker time over the typical run): what
+    # the distances between tags count
+    turns_per_s = rate.turns_per_s or rate.jobs_per_s
     return _Pace(
-        flow_per_s=None if share is None else share * rate.jobs_per_s,
+        flow_per_s=None if share is None else share * turns_per_s,
         share=share,
         tenant_per_s=mine / rate.window_s if mine else None,
         level_share=of_level,
@@ -172,13 +177,14 @@ def _pace(
 def _new_job_wait(
     raw: RawEstimate | RawStatus, p: Placement, rate: eta.ServiceRate, flow_pace: _Pace, count: int
 ) -> eta.Wait:
-    """The wait of the ``count``-th new job placed at ``p``: its flow's jobs before it
-    (the distance from the virtual time to where the flow goes on, in its steps) at its
-    flow's pace now."""
+    """The wait of the ``count``-th new job placed at ``p``: its flow's turns before it
+    (the distance from the virtual time to where the flow goes on, in its steps of one
+    turn) at its flow's pace now."""
     flow = p.flow
     start = flow.vt if flow.last is None or flow.last <= flow.vt else flow.last
-    step = (p.tag - start) / count if p.score is not None else 0.0
-    own = (start - flow.vt) / step + count - 1 if step > 0 else None
+    # a turn's step: the tag distance one typical run of the flow moves it by
+    step = (p.tag - start) / count / (flow.cost or 1.0) if p.score is not None else 0.0
+    own = (start - flow.vt) / step + (count - 1) * (flow.cost or 1.0) if step > 0 else None
     return eta.placed_wait(
         tag=p.tag if p.score is not None else None,
         level=flow.level,

@@ -266,7 +266,9 @@ def placed_wait(
     by_count = ahead / rate.jobs_per_s
     by_place = 0.0
     if own_ahead is not None and flow_per_s:
-        by_place = max(0.0, own_ahead) / flow_per_s
+        # Tag distances overstate a flow's jobs when it ran alone or was charged for long
+        # runs (the virtual time then jumps to its head): never more than all jobs ahead.
+        by_place = min(max(0.0, own_ahead), ahead) / flow_per_s
     elif tag is not None and level is not None:
         by_place = max(0.0, tag - TAG_SCALE / weights[level] - vt) / rate.vt_per_s
     return _ranged(max(by_count, by_place), rate, level)

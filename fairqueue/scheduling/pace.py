@@ -155,11 +155,15 @@ class AskingRead:
     """What the estimate scripts read of who is asking (``fqEtaAsking``): each level's
     counted tenant weights (``totals``), the flows reaching furthest past the virtual
     time (``ahead``: level, tenant, last tag, counted weight, whether its tenant has jobs
-    held or is paused) and the starts per flow over the rate's window (``served``)."""
+    held or is paused), the starts per flow over the rate's window (``served``) and over
+    its last two buckets (``recent``, from second ``recent_since_s``: what a flow asks
+    for follows a flow that stopped within 10-20 s, not the whole window)."""
 
     totals: Mapping[str, float]
     ahead: tuple[tuple[str, str, float, float, bool], ...] = ()
     served: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    recent: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    recent_since_s: int | None = None
 
 
 def flows_asking(
@@ -168,17 +172,23 @@ def flows_asking(
     vt: float,
     window_s: float,
     level_served: Mapping[str, int],
+    now_s: float | None = None,
     level_weights: Mapping[str, float] = LEVEL_WEIGHTS,
     tenant_weights: Mapping[tuple[str, str], float] | None = None,
 ) -> list[FlowAsk]:
     """The flows :func:`current_shares` takes, from what the scripts read: a flow in
     ``read.ahead`` has ``(last - vt) / its step`` jobs waiting (its step: its level's
     weight split among the level's counted weights); what it asks is :func:`asked_rate`
-    of that and of its starts over ``window_s``. Flows only seen starting ask for what
-    they were served, and each level's starts that no flow read accounts for (tenants
-    past the history's most served) ask as one more flow, :data:`OTHER_FLOWS`.
-    ``tenant_weights``: weights known otherwise (flows not counted now)."""
+    of that and of its recent starts (``read.recent`` since ``read.recent_since_s``,
+    up to ``now_s``; without them, ``read.served`` over ``window_s``). Flows only seen
+    starting ask for what they were served, and each level's starts over the window that
+    no flow read accounts for (tenants past the history's most served) ask as one more
+    flow, :data:`OTHER_FLOWS`. ``tenant_weights``: weights known otherwise (flows not
+    counted now)."""
     per_s = 1 / window_s if window_s > 0 else 0.0
+    served, served_per_s = read.served, per_s
+    if read.recent_since_s is not None and now_s is not None and now_s > read.recent_since_s:
+        served, served_per_s = read.recent, 1 / (now_s - read.recent_since_s)
     asks: dict[tuple[str, str], FlowAsk] = {}
     for level, tenant, last, weight, held in read.ahead:
         if level not in level_weights:
@@ -186,18 +196,17 @@ def flows_asking(
         counted = weight if weight > 0 else 1.0
         total = max(read.totals.get(level, 0.0), counted)
         step = TAG_SCALE * total / (level_weights[level] * counted)
-        served = read.served.get((level, tenant), 0) * per_s
+        rate = served.get((level, tenant), 0) * served_per_s
         backlog = max(0.0, last - vt) / step
-        asked = asked_rate(backlog_jobs=backlog, served_per_s=served, held=held)
+        asked = asked_rate(backlog_jobs=backlog, served_per_s=rate, held=held)
         asks[(level, tenant)] = FlowAsk(level, tenant, counted, asked)
-    known: dict[str, int] = {}
-    for (level, tenant), count in read.served.items():
-        if level not in level_weights:
-            continue
-        known[level] = known.get(level, 0) + count
-        if (level, tenant) not in asks:
+    for (level, tenant), count in served.items():
+        if level in level_weights and (level, tenant) not in asks:
             weight = (tenant_weights or {}).get((level, tenant), 1.0)
-            asks[(level, tenant)] = FlowAsk(level, tenant, weight, count * per_s)
+            asks[(level, tenant)] = FlowAsk(level, tenant, weight, count * served_per_s)
+    known: dict[str, int] = {}
+    for (level, _tenant), count in read.served.items():
+        known[level] = known.get(level, 0) + count
     for level, count in level_served.items():
         rest = count - known.get(level, 0)
         if level in level_weights and rest > 0 and (level, OTHER_FLOWS) not in asks:
