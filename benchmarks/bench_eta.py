@@ -420,10 +420,16 @@ def analyse(out: Outcome) -> dict[str, Any]:
 
 
 def measure_capacity(worker: NodeWorker, seconds: float) -> float:
-    """Jobs the worker finished per second over the last ``seconds`` of a backlog."""
+    """Jobs the worker finished per second over the last ``seconds`` of a backlog, or
+    since its first job finished when that was later (a worker slow to start on a loaded
+    machine would otherwise count its start-up as idle capacity)."""
     now = _now_ms()
-    done = [r for r in worker.records if r.get("f") and r["f"] >= now - seconds * 1000]
-    return max(1.0, len(done) / seconds)
+    finished = sorted(r["f"] for r in worker.records if r.get("f"))
+    done = [f for f in finished if f >= now - seconds * 1000]
+    if len(done) < 2:
+        return 1.0
+    span_s = max(0.5, (now - max(done[0], now - seconds * 1000)) / 1000)
+    return max(1.0, len(done) / span_s)
 
 
 def run_live(scenario: Scenario, args: argparse.Namespace, db: Any) -> dict[str, Any]:
