@@ -44,7 +44,7 @@ measured phase, which then lasts at least until 10 s after the last change):
 * ``quiet-weight`` normal: ``flood`` (weight 1) at 2 C beside ``quiet`` (weight 2) at
   0.05 C
 
-``--quick`` (a CI smoke run, about 3 minutes): the scenarios backlogged, level-flood,
+``--quick`` (a CI smoke run, about 4-5 minutes): the scenarios backlogged, level-flood,
 max-active and quiet-weight, 12 s of warm-up and 8 s measured (16 s with a change), no
 cost part.
 
