@@ -21,7 +21,10 @@ BUCKET_S = 10
 
 def _history(redis_client, prefix: str, per_s: dict[tuple[str, str], float], bins=None) -> None:
     """The last three buckets as the loop writes them: each flow started ``per_s`` jobs a
-    second (``bins``: level -> {ratio bin: count} of estimates in each whole bucket)."""
+    second (``bins``: level -> {ratio bin: count} of estimates in each whole bucket).
+    Written early in a bucket, so the test's reads fall in the same one."""
+    while not 0.5 <= time.time() % BUCKET_S <= 3.5:
+        time.sleep(0.1)
     now = time.time()
     current = int(now // BUCKET_S * BUCKET_S)
     base = f"{prefix}:email:fq:hist"
