@@ -147,7 +147,7 @@ def share_of(
 
 #: The flows whose last tags reach furthest past the virtual time that the estimate
 #: scripts read as backlogged candidates (bounded work per call, whatever the tenants).
-ASKING_SCAN: Final = 32
+ASKING_SCAN: Final = 16
 
 
 @dataclass(frozen=True, slots=True)
