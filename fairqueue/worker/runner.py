@@ -144,6 +144,9 @@ class Worker:
         self._executor: ThreadPoolExecutor | None = None
         #: A burst worker's reason to stop with an error (an ACL refusal: no retry helps).
         self._fatal: BrokerRejectedError | None = None
+        self._bull_workers: list[Any] = []
+        #: The BullMQ workers' close(), once started (a recycle starts it at once).
+        self._closing: asyncio.Future[Any] | None = None
         #: Releases in flight (kept so the event loop does not drop them half-way).
         self._releases: set[asyncio.Future[None]] = set()
 
@@ -200,7 +203,8 @@ class Worker:
         self._executor = ThreadPoolExecutor(
             max_workers=self.concurrency * len(self.plans), thread_name_prefix="fairqueue-job"
         )
-        bull_workers = [
+        self._closing = None
+        self._bull_workers = bull_workers = [
             self._broker.workers.make_worker(
                 plan.queue,
                 partial(self._process, plan),
@@ -252,9 +256,7 @@ class Worker:
     ) -> None:
         """Stop taking jobs and wait for the active ones, up to :attr:`grace_s`; past
         it, exit the process at once (see the class's ``grace_s``)."""
-        # close() stops taking jobs, keeps renewing the active jobs' locks and waits
-        # for them to finish.
-        closing = asyncio.gather(*(w.close() for w in bull_workers), return_exceptions=True)
+        closing = self._start_closing()
         try:
             await asyncio.wait_for(asyncio.shield(closing), self.grace_s)
         except TimeoutError:
@@ -267,6 +269,15 @@ class Worker:
             )
             _exit_now(GRACE_EXPIRED_EXIT)
         await asyncio.gather(*runs, return_exceptions=True)
+
+    def _start_closing(self) -> asyncio.Future[Any]:
+        """Close the BullMQ workers (once): each stops taking jobs, keeps renewing its
+        active jobs' locks and waits for them to finish."""
+        if self._closing is None:
+            self._closing = asyncio.gather(
+                *(w.close() for w in self._bull_workers), return_exceptions=True
+            )
+        return self._closing
 
     async def _wait_for_stop(self, runs: Mapping[asyncio.Future[Any], str]) -> str | None:
         """Wait for a stop request or, in burst mode, for every queue to be empty.
@@ -325,6 +336,9 @@ class Worker:
             reason = self.recycling.job_finished()
             if reason is not None:
                 logger.info("recycling this process: %s; stopping once its jobs finish", reason)
+                # Closing now, before BullMQ's loop frees this slot, so it takes no
+                # job in it; the stop request then waits for the rest.
+                self._start_closing()
                 self._wake()
 
     async def _run_job(self, plan: QueuePlan, job: ActiveJob) -> Any:
