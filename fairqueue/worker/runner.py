@@ -365,6 +365,8 @@ class Worker:
             tenant_id=tenant_id,
             priority_level=level,
             attempts_made=job.attempts_made,
+            enqueued_ms=job.timestamp_ms,
+            started_ms=job.processed_on_ms,
         )
         started = time.monotonic()
         logger.debug("job %s (%s) started, attempt %d", job.job_id, job_type, job.attempts_made + 1)
