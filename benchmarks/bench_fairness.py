@@ -315,6 +315,12 @@ class PythonWorker(NodeWorker):
         self.ready.set()
 
 
+def worker_words(args: argparse.Namespace) -> str:
+    if getattr(args, "worker", "node") == "python":
+        return f"fairqueue_worker --processes {args.worker_processes}"
+    return "stock Node BullMQ worker"
+
+
 def make_worker(prefix: str, args: argparse.Namespace, log: TextIO) -> NodeWorker:
     if getattr(args, "worker", "node") == "python":
         return PythonWorker(prefix, args, log)
@@ -1206,7 +1212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         capacity, alone, rates = calibrate(args, db)
         print(
             f"capacity: {capacity:.0f} jobs/s while a producer enqueues at 2x ({alone:.0f} "
-            f"alone; stock Node BullMQ worker, concurrency {args.concurrency}, "
+            f"alone; {worker_words(args)}, concurrency {args.concurrency}, "
             f"{args.run_ms:g} ms jobs; 1 s rates {rates})",
             flush=True,
         )
