@@ -96,6 +96,7 @@ def run_child(spec: ChildSpec, slot: int, supervisor_pid: int) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_DFL)  # the supervisor's handlers are not ours
     os.setpgid(0, 0)
+    logger.addFilter(_SlotPrefix(slot))
     worker = Worker(
         spec.job_types,
         concurrency=spec.concurrency,
@@ -111,6 +112,19 @@ def run_child(spec: ChildSpec, slot: int, supervisor_pid: int) -> int:
         logger.error("worker process %d failed: %s", slot, exc)
         return 1
     return RECYCLED_EXIT if worker.recycled else STOPPED_EXIT
+
+
+class _SlotPrefix(logging.Filter):
+    """Start a child's log lines with its slot, so N processes' lines can be told apart."""
+
+    def __init__(self, slot: int) -> None:
+        super().__init__()
+        self.prefix = f"[worker {slot}] "
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and not record.msg.startswith(self.prefix):
+            record.msg = self.prefix + record.msg
+        return True
 
 
 def _child_main(spec: ChildSpec, slot: int, supervisor_pid: int) -> None:

@@ -208,7 +208,7 @@ def test_max_jobs_per_child__recycles_and_every_job_runs_once(broker, runs, supe
     pids = list(dict.fromkeys(pid for _, pid in done))
     assert [sum(pid == child for _, pid in done) for child in pids] == [3, 3, 1]
     assert output.count("recycled; restarting it now") == 2, output.text()
-    assert output.count("jobs done (--max-jobs-per-child 3)") == 2
+    assert output.count("[worker 0] recycling this process: 3 jobs done") == 2
 
 
 @pytest.mark.slow
