@@ -225,7 +225,11 @@ def _start(command: list[str], env: dict[str, str], log: TextIO, piped: bool) ->
         stdout=subprocess.PIPE if piped else log,
         stderr=subprocess.STDOUT if piped else log,
         text=True,
-        start_new_session=True,
+        # This benchmark's session for every variant: with the kernel's autogroup
+        # scheduling (on by default), each session gets its own share of a busy machine,
+        # so two workers in two sessions would get twice the CPU of one supervisor's
+        # processes (as two workers started by hand in one terminal would not).
+        start_new_session=False,
     )
 
 
