@@ -70,6 +70,18 @@ def work(payload, job):
         _leaks.append(b"x" * (payload["leak_mb"] * 1024 * 1024))
     time.sleep((payload.get("rerun_ms", 50) if rerun else payload.get("work_ms", 50)) / 1000)
     r.rpush("{prefix}:test:done", f"{{job.job_id}} {{os.getpid()}}")
+
+
+@fairqueue.handler("t_async")
+async def work_async(payload, job):
+    import asyncio
+
+    r = _redis()
+    r.rpush("{prefix}:test:started", f"{{job.job_id}} {{os.getpid()}}")
+    await asyncio.sleep(payload.get("work_ms", 50) / 1000)
+    # Which loop ran it: one per process, the same for every job of the process.
+    loop = id(asyncio.get_running_loop())
+    r.rpush("{prefix}:test:done", f"{{job.job_id}} {{os.getpid()}} {{loop}}")
 """
 
 
@@ -115,6 +127,7 @@ def runs(prefix):
             parsed.append([(item.split()[0], int(item.split()[1])) for item in items])
         return parsed[0], parsed[1]
 
+    read.prefix = prefix
     yield read
     client.delete(*(f"{prefix}:test:{kind}" for kind in ("started", "done", "seen")))
     client.close()
@@ -144,9 +157,9 @@ def supervised(prefix, tmp_path):
     }
     with spawner() as spawn:
 
-        def start(*args: str, extra_env: dict[str, str] | None = None):
+        def start(*args: str, extra_env: dict[str, str] | None = None, job_type=JOB_TYPE):
             process = spawn(
-                [sys.executable, "manage.py", "fairqueue_worker", JOB_TYPE, "-v", "1", *args],
+                [sys.executable, "manage.py", "fairqueue_worker", job_type, "-v", "1", *args],
                 cwd=ROOT,
                 env={**env, **(extra_env or {})},
             )
@@ -223,6 +236,24 @@ def test_max_memory_mb__a_leaking_child_is_recycled_without_losing_a_job(broker,
     assert output.count("(--max-memory-mb 200)") >= 1, output.text()
     assert len({pid for _, pid in done}) >= 2
     assert counts(broker, JOB_TYPE)["completed"] == 8
+
+
+def test_async_handler__each_process_awaits_on_its_own_loop(broker, runs, supervised, redis_client):
+    ids = add(broker, "t_async", *({"tenantId": "t", "work_ms": 200} for _ in range(16)))
+    process, output = supervised(
+        "--processes", "2", "--concurrency", "4", "--burst", job_type="t_async"
+    )
+    assert process.wait(timeout=120) == 0, output.text()
+    started, done = runs()
+    assert sorted(job for job, _ in done) == sorted(ids)
+    raw = redis_client.lrange(f"{runs.prefix}:test:done", 0, -1)
+    loops = {}
+    for item in raw:
+        _, pid, loop = item.split()
+        loops.setdefault(pid, set()).add(loop)
+    assert all(len(ids_) == 1 for ids_ in loops.values()), loops  # one loop per process
+    assert output.count("worker process 0 started") == output.count("worker process 1 started") == 1
+    assert len(loops) == 2
 
 
 # -- stopping --------------------------------------------------------------------------------
@@ -326,12 +357,13 @@ def test_kill_9_of_a_child__restarted_and_its_jobs_recovered(broker, runs, super
     assert wait_until(lambda: len(runs()[0]) >= 2, 60), output.text()
     victim = runs()[0][0][1]
     assert victim in child_pids(broker)
+    (slot,) = [p.slot for p in run(broker, broker.workers.processes, "t_slow") if p.pid == victim]
     its_jobs = {job for job, pid in runs()[0] if pid == victim}
 
     os.kill(victim, signal.SIGKILL)
     killed = time.monotonic()
     output.wait_for("killed by SIGKILL", timeout_s=30)
-    output.wait_for("started (pid", times=3, timeout_s=30)
+    output.wait_for(f"worker process {slot} started (pid", times=2, timeout_s=30)
     # Restarted at once (it is the mechanism that is asserted; the delay is a loaded box's).
     assert "killed by SIGKILL; restarting it now" in output.text() or (
         "killed by SIGKILL; restarting it in 0.5 s" in output.text()
