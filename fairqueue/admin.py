@@ -16,6 +16,7 @@ from django.utils.http import urlencode
 from fairqueue.admin_readonly import ReadOnlyAdmin
 from fairqueue.conf import get_settings
 from fairqueue.dashboard.tenant_page import effective_level
+from fairqueue.dashboard.tenant_routes import tenant_url
 from fairqueue.dashboard.views import DashboardAdmin
 from fairqueue.models import (
     PLAN_CHOICES,
@@ -74,13 +75,12 @@ class TenantPlanAdmin(admin.ModelAdmin):
         plan = self.get_object(request, object_id)
         extra = dict(extra_context or {})
         if plan is not None:
-            console = "admin:fairqueue_dashboard_tenant"
-            extra["console_url"] = reverse(console, args=[plan.tenant_id])
+            extra["console_url"] = tenant_url(plan.tenant_id, site=self.admin_site.name)
             action = "resume" if plan.paused else "pause"
             extra["pause_action"] = action
             # confirmed there, then back here
             extra["pause_url"] = (
-                reverse(f"{console}_action", args=[plan.tenant_id, action])
+                tenant_url(plan.tenant_id, action, site=self.admin_site.name)
                 + "?"
                 + urlencode({"next": request.get_full_path()})
             )

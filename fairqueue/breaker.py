@@ -1,15 +1,18 @@
-"""The breaker for poison tenants: a tenant whose jobs of one type (nearly) all fail has
-them held, then tried again one job at a time (docs/usage.md#the-breaker).
+"""The breaker for poison tenants: a tenant whose attempts of one job type (nearly) all
+fail has its jobs of that type held, then tried again one job at a time
+(docs/usage.md#the-breaker).
 
-It counts jobs, not attempts: a job that fails and is retried is not a failure until its
-last attempt fails, so a tenant whose jobs fail a few times and then succeed never opens
-it. Per tenant and job type, the loop's usage step adds what each ledger write changed
-(jobs completed, and jobs failed for good: failed attempts less those with attempts
-left) to a sliding window of ``WINDOW_S`` seconds kept in the loop's memory, in
+It counts attempts: every failed attempt is a failure, whether its job has attempts left
+(BullMQ retries it, perhaps after a backoff) or not, and so is an attempt whose worker
+died (a stall: the ledger's ``lost``); every completed attempt is a success. Counting
+only jobs that spent all their attempts left a tenant retrying with ``attempts=10`` and
+an exponential backoff unseen for minutes while its attempts took their share of the
+workers. Per tenant and job type, the loop's usage step adds what each ledger write
+changed to a sliding window of ``WINDOW_S`` seconds kept in the loop's memory, in
 :data:`BUCKETS` buckets: bounded by the rows that changed in the last window, whatever
-the number of tenants or jobs, and no Redis read. When the jobs that ended in the window
-reach ``MIN_JOBS`` and the failed share reaches ``FAILURE_RATIO`` (:func:`failing`), the
-breaker opens:
+the number of tenants or jobs, and no Redis read. When the attempts that ended in the
+window reach ``MIN_JOBS`` and the failed share reaches ``FAILURE_RATIO``
+(:func:`failing`), the breaker opens:
 
 * ``open``: the tenant is held in the job type's queue (the pause machinery of
   :mod:`fairqueue.holds`: its jobs no worker has taken are pulled back, its new ones
@@ -51,7 +54,7 @@ from fairqueue.holds import (
 )
 from fairqueue.holds import resume_in as _resume_in
 from fairqueue.ledger import Change, Written
-from fairqueue.scheduling.levels import validate_tenant_id
+from fairqueue.scheduling.levels import INTERNAL_TENANT, validate_tenant_id
 from fairqueue.usage_settings import BreakerSettings
 
 logger = logging.getLogger("fairqueue.breaker")
@@ -62,7 +65,7 @@ BUCKETS: Final = 10
 
 
 class Windows:
-    """Jobs completed and failed (for good) per (tenant, job type) over the last window, in
+    """Attempts completed and failed per (tenant, job type) over the last window, in
     :data:`BUCKETS` buckets: memory bounded by the rows that changed within a window."""
 
     def __init__(self) -> None:
@@ -115,18 +118,20 @@ windows = Windows()
 
 
 def failing(completed: int, failed: int, settings: BreakerSettings) -> bool:
-    """The breaker's rule: of the jobs that ended in the window, ``completed`` completed
-    and ``failed`` failed after their last attempt; it opens when at least ``MIN_JOBS``
-    ended and the failed share reaches ``FAILURE_RATIO``."""
+    """The breaker's rule: of the attempts that ended in the window, ``completed``
+    completed and ``failed`` failed (retried or not) or were lost with their worker; it
+    opens when at least ``MIN_JOBS`` ended and the failed share reaches
+    ``FAILURE_RATIO``."""
     ended = completed + failed
     return ended >= settings.min_jobs and failed >= settings.failure_ratio * ended
 
 
-def job_outcomes(changes: Iterable[Change]) -> tuple[int, int]:
-    """Jobs completed and jobs failed for good in a write's changes of one row: a failed
-    attempt with attempts left is neither (its job's outcome is still to come)."""
+def attempt_outcomes(changes: Iterable[Change]) -> tuple[int, int]:
+    """Attempts completed and attempts failed in a write's changes of one row: a failed
+    attempt with attempts left is a failure (its job's retry is another attempt), and so
+    is a stall (its worker died)."""
     completed = sum(max(0, c.completed) for c in changes)
-    failed = sum(max(0, c.failed - c.retried) for c in changes)
+    failed = sum(max(0, c.failed) + max(0, c.lost) for c in changes)
     return completed, failed
 
 
@@ -158,9 +163,9 @@ def after_write(queue: str, written: Written) -> None:
             by_row.setdefault((change.tenant_id, change.job_type), []).append(change)
     if config.enabled:
         for key, changes in by_row.items():
-            if key in active:
-                continue  # a probe's outcome, read below
-            completed, failed = job_outcomes(changes)
+            if key in active or key[0] == INTERNAL_TENANT:
+                continue  # a probe's outcome, read below; internal work is never held
+            completed, failed = attempt_outcomes(changes)
             if not completed and not failed:
                 continue
             seen = windows.add(key, at.timestamp(), completed, failed, config.window_s)
@@ -223,9 +228,10 @@ def open_breaker(
                 job_type=job_type,
                 action=TenantHold.HOLD,
                 actor=ACTOR,
-                why=f"{failed} of {completed + failed} jobs failed after their last attempt in "
-                f"the last {config.window_s} s (opens at {config.failure_ratio:g} of at least "
-                f"{config.min_jobs}); a probe after {config.cool_off_s} s",
+                why=f"{failed} of {completed + failed} attempts failed (retried or not, or "
+                f"stalled) in the last {config.window_s} s (opens at "
+                f"{config.failure_ratio:g} of at least {config.min_jobs}); a probe after "
+                f"{config.cool_off_s} s",
             )
     except Exception:
         _resume_in(queues, tenant_id)

@@ -41,6 +41,12 @@ class InvalidTenantError(FairqueueError, ValueError):
     """A ``tenant_id`` that is not a non-empty string of at most 255 characters."""
 
 
+class ReservedTenantIdError(InvalidTenantError):
+    """A ``tenant_id`` equal to the reserved key internal jobs are counted under
+    (``fairqueue.scheduling.levels.INTERNAL_TENANT``): no tenant may take it, so no tenant
+    shares the internal jobs' ledger rows, flows or holds (docs/usage.md)."""
+
+
 class InvalidTenantWeightError(FairqueueError, ValueError):
     """A ``tenant_weight`` that is not an integer in ``MIN_TENANT_WEIGHT..MAX_TENANT_WEIGHT``."""
 

@@ -61,6 +61,8 @@ class Change:
     retried: int = 0
     #: Attempts started.
     started: int = 0
+    #: Attempts lost: their worker died (BullMQ's stalled-job check put the job back).
+    lost: int = 0
 
 
 @dataclass(slots=True)
@@ -139,6 +141,7 @@ def _upsert(reads: Sequence[UsageRead]) -> list[Change]:
                     after.worker_ms - before.worker_ms,
                     after.retried - before.retried,
                     after.attempts - before.attempts,
+                    after.lost - before.lost,
                 )
             )
         if new_rows:

@@ -31,6 +31,7 @@ from fairqueue.conf import get_settings
 from fairqueue.holds import audit, end_hold, now, pause_in, queues_of, resume_in
 from fairqueue.ledger import Written
 from fairqueue.quota_watch import QuotaWatch, Watched
+from fairqueue.scheduling.levels import INTERNAL_TENANT
 from fairqueue.usage_settings import NO_QUOTA
 
 logger = logging.getLogger("fairqueue.quotas")
@@ -93,7 +94,8 @@ def after_write(queue: str, written: Written) -> None:
     expire()
     tenants: dict[str, str] = {}
     for change in written.changes:
-        if change.worker_ms > 0 or change.started > 0:
+        # internal work has no quota (its reserved key is no tenant's)
+        if (change.worker_ms > 0 or change.started > 0) and change.tenant_id != INTERNAL_TENANT:
             tenants.setdefault(change.tenant_id, change.job_type)
     if tenants:
         _check_changed(tenants)

@@ -41,11 +41,11 @@ class BreakerSettings:
     enabled: bool = False
     #: The window the failure ratio is measured over (seconds).
     window_s: int = 60
-    #: Jobs that must have ended in the window (completed, or failed after their last
-    #: attempt) before the ratio counts.
+    #: Attempts that must have ended in the window (completed, failed or lost with
+    #: their worker) before the ratio counts.
     min_jobs: int = 20
-    #: Open when failed / ended jobs in the window reaches this (a job fails when its
-    #: last attempt fails: a retried attempt's failure is not one).
+    #: Open when failed / ended attempts in the window reaches this (a failed attempt
+    #: with retries left is a failure, and so is a stall).
     failure_ratio: float = 0.95
     #: How long an open breaker holds before one job is released as a probe (seconds).
     cool_off_s: int = 300

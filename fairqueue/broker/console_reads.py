@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -22,7 +23,7 @@ from fairqueue.broker.connection import BrokerPart
 from fairqueue.broker.dashboard_reads import DashboardReads
 from fairqueue.broker.pass_store import WaitingJob, pending_from_job, read_jobs
 from fairqueue.broker.scripts import call_script_many, plain_script
-from fairqueue.scheduling.levels import DEFAULT_TENANT
+from fairqueue.scheduling.levels import DEFAULT_TENANT, INTERNAL_TENANT
 from fairqueue.scheduling.noisy import FlowWeight
 from fairqueue.scheduling.shares import LEVEL_NAMES
 
@@ -42,6 +43,21 @@ ACTIVE_WINDOW: Final = 2_000
 REMOVE_LIMIT: Final = 2_000
 #: ...among the jobs it reads of the waiting order at most.
 REMOVE_READ: Final = 100_000
+#: Jobs one ``remove_waiting.lua`` call checks and removes (bounded work per call).
+REMOVE_PAGE: Final = 100
+
+
+@dataclass(frozen=True, slots=True)
+class Removal:
+    """What removing a tenant's waiting jobs did: ``removed`` still waited and are gone;
+    ``started`` a worker had taken meanwhile (running or ended: left as they are);
+    ``gone`` no longer existed; ``kept`` are jobs of a flow or a job scheduler, left."""
+
+    removed: int = 0
+    started: int = 0
+    gone: int = 0
+    kept: int = 0
+
 
 _MESSAGE_CHARS: Final = 300
 #: What a failure message may not show: things that look like secrets or addresses.
@@ -316,6 +332,8 @@ class ConsoleReads(BrokerPart):
             level = parsed.get("priorityLevel")
             level = level if level in LEVEL_NAMES else "normal"
             tenant = parsed.get("tenantId")
+            if tenant is None and "tenantId" in parsed:
+                tenant = INTERNAL_TENANT  # an internal job (JSON null)
             tenant = tenant if isinstance(tenant, str) and tenant else DEFAULT_TENANT
             running[(level, tenant)] = running.get((level, tenant), 0) + 1
         members = [f"{level}\n{tenant}" for level, tenant in running]
@@ -379,6 +397,38 @@ class ConsoleReads(BrokerPart):
             if await self.conn.guard(client.lrem(f"{base}:held:{tenant}", 0, job_id)):
                 await self.conn.guard(client.hdel(f"{base}:meta", job_id))
         return bool(removed)
+
+    async def remove_waiting(self, queue: str, tenant_id: str, job_ids: Sequence[str]) -> Removal:
+        """Remove those of ``job_ids`` (the tenant's, from :meth:`waiting_ids_of`) that
+        still wait, :data:`REMOVE_PAGE` per script call (``lua/remove_waiting.lua``):
+        each is checked and removed in one step, so a job a worker took since it was
+        listed is never deleted, and is counted as started."""
+        script = self.conn.script(plain_script("remove_waiting"))
+        base = limits_key(self.conn.prefix, queue)
+        keys = [
+            self.conn.key(queue, "prioritized"),
+            self.conn.key(queue, "delayed"),
+            self.conn.key(queue, "wait"),
+            self.conn.key(queue, "paused"),
+            self.conn.key(queue, "meta"),
+            self.conn.key(queue, "events"),
+            f"{base}:held:{tenant_id}",
+            f"{base}:meta",
+        ]
+        done = Removal()
+        for at in range(0, len(job_ids), REMOVE_PAGE):
+            page = list(job_ids[at : at + REMOVE_PAGE])
+            reply = await self.conn.guard(
+                script(keys=keys, prefix=self.conn.key(queue, ""), ids=page)
+            )
+            removed, started, gone, kept = (int(n) for n in reply)
+            done = Removal(
+                done.removed + removed,
+                done.started + started,
+                done.gone + gone,
+                done.kept + kept,
+            )
+        return done
 
     async def waiting_ids_of(
         self, queue: str, tenant_id: str, limit: int = REMOVE_LIMIT

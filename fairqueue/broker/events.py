@@ -27,6 +27,7 @@ from fairqueue.broker.scripts import call_script, plain_script
 from fairqueue.exceptions import LockLostError
 from fairqueue.scheduling import attempts, usage
 from fairqueue.scheduling.attempts import Event, EventKind, Run, Start
+from fairqueue.scheduling.levels import INTERNAL_TENANT
 from fairqueue.scheduling.shares import BUCKET_S, LEVEL_NAMES, RETENTION_S, TENANTS_PER_BUCKET
 from fairqueue.scheduling.shares import wait_bin as _wait_bin
 
@@ -154,6 +155,8 @@ def parse_start(row: list[bytes | None], max_data_bytes: int) -> attempts.Start 
             level = named
         if isinstance(tid, str) and tid != "":
             tenant = tid.encode("utf-8", "replace").decode("utf-8")
+        elif tid is None and "tenantId" in data:  # an internal job: JSON null
+            tenant = INTERNAL_TENANT
         elif tid is not None:
             level = None  # unreadable fairqueue metadata, as the dashboard's '?'
     ready = _number(opts.get("fqReady"))

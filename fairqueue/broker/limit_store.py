@@ -133,13 +133,21 @@ class LimitStore(LimitReads):
         "Releasing at scale").
 
         Safe from any number of callers at once: the room is decided and the jobs moved
-        in one script. The loop asks every 50 ms, mostly of queues with nothing held: an
-        ``EXISTS`` of the tenant set answers that for a fraction of the script's cost.
+        in one script. The loop asks every 50 ms, mostly of queues with nothing held: the
+        ``EXISTS`` of the tenant set answers that for a fraction of the script's cost, and
+        of BullMQ's wait list and the limits hash whether a limited tenant's jobs may wait
+        there outside its limits (``Queue.retryJobs`` of its failed jobs), which the call
+        takes back; one round trip.
         """
-        if tenants is None and not await self.conn.guard(
-            self.conn.client().exists(f"{limits_key(self.conn.prefix, queue)}:tenants")
-        ):
-            return Released()
+        if tenants is None:
+            base = limits_key(self.conn.prefix, queue)
+            async with self.conn.client().pipeline(transaction=False) as pipe:
+                pipe.exists(f"{base}:tenants")
+                pipe.exists(base)
+                pipe.exists(self.conn.key(queue, "wait"))
+                held, limited, waiting = await self.conn.guard(pipe.execute())
+            if not held and not (limited and waiting):
+                return Released()
         script = self.conn.script(release_held_script())
         reply = await self.conn.guard(
             script(

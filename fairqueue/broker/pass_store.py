@@ -26,6 +26,7 @@ from fairqueue.broker.scripts import adopt_page_script, plain_script, stalled_pa
 from fairqueue.exceptions import LockLostError
 from fairqueue.scheduling.levels import (
     DEFAULT_TENANT,
+    INTERNAL_TENANT,
     PAYLOAD_LEVEL_KEY,
     PAYLOAD_TENANT_KEY,
     PriorityLevel,
@@ -414,8 +415,8 @@ def pending_from_job(job: WaitingJob) -> PendingJob | None:
     if job.data is None or job.timestamp_ms is None:
         return None
     tenant = job.data.get(PAYLOAD_TENANT_KEY)
-    if tenant is None:
-        tenant = DEFAULT_TENANT
+    if tenant is None:  # JSON null: an internal job; no tenantId: another producer's
+        tenant = INTERNAL_TENANT if PAYLOAD_TENANT_KEY in job.data else DEFAULT_TENANT
     elif not isinstance(tenant, str) or not tenant:
         return None
     raw_level = job.data.get(PAYLOAD_LEVEL_KEY)

@@ -81,6 +81,9 @@ RELEASE_SWEEP_PAGE = 100
 #: Jobs of BullMQ's wait list a release call looks at (from its tail, where workers take
 #: from) for held jobs promoted there by hand (``Queue.promoteJobs``).
 RELEASE_WAIT_PAGE = 64
+#: ...and the largest payload it reads there of a job fairqueue did not hold or release
+#: (``Queue.retryJobs`` puts failed jobs there): a larger one is held by the adoption.
+RELEASE_WAIT_PAYLOAD = 1_048_576
 RELEASE_BACKSTOP_MS = 30_000
 #: How long one release call may hold Redis, about (us): past it, no further tenant is
 #: visited or job placed, and the next call goes on (the loop calls again at once while
@@ -120,6 +123,7 @@ _CONSTANTS = {
     "RELEASE_EVENTS": RELEASE_EVENTS,
     "RELEASE_SWEEP_PAGE": RELEASE_SWEEP_PAGE,
     "RELEASE_WAIT_PAGE": RELEASE_WAIT_PAGE,
+    "RELEASE_WAIT_PAYLOAD": RELEASE_WAIT_PAYLOAD,
     "RELEASE_BACKSTOP_MS": RELEASE_BACKSTOP_MS,
     "RELEASE_CALL_US": RELEASE_CALL_US,
     "RELEASE_SURE_VISITS": RELEASE_SURE_VISITS,
@@ -419,5 +423,6 @@ def plain_script(name: str) -> Script:
     ``lock_release``, ``dashboard_page``, ``dashboard_scan``, ``order_head``, ``history_seek``,
     ``history_rows``, ``history_commit``, ``limits_walk``, ``limits_rows``,
     ``limits_restore``, ``reweight``, ``reweight_page``, ``estimate_start``, ``job_status``,
-    ``forget_obliterated``, ``usage_flushed``, ``tenant_jobs``, ``usage_running``)."""
+    ``forget_obliterated``, ``usage_flushed``, ``tenant_jobs``, ``usage_running``,
+    ``remove_waiting``)."""
     return _own(name)

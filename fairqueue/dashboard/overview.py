@@ -13,7 +13,7 @@ from fairqueue.broker import Broker, SyncBroker
 from fairqueue.broker.console_reads import ConsoleReads
 from fairqueue.conf import get_settings
 from fairqueue.dashboard.wording import tenant_words
-from fairqueue.scheduling.levels import DEFAULT_TENANT
+from fairqueue.scheduling.levels import DEFAULT_TENANT, INTERNAL_TENANT
 from fairqueue.scheduling.noisy import noisy_tenants
 
 #: Attention levels, most urgent first.
@@ -36,7 +36,8 @@ async def anoisy_figures(job_type: str, *, broker: Broker) -> dict[str, Any]:
         "tenants": [
             {
                 "level": n.level,
-                "tenant": None if n.tenant == DEFAULT_TENANT else n.tenant,
+                # no tenant page for the default bucket or internal work: not linked
+                "tenant": None if n.tenant in (DEFAULT_TENANT, INTERNAL_TENANT) else n.tenant,
                 "display": tenant_words(None if n.tenant == DEFAULT_TENANT else n.tenant),
                 "running": n.running,
                 "level_running": n.level_running,

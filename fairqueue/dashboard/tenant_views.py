@@ -27,6 +27,12 @@ from fairqueue.broker.console_reads import ConsoleReads
 from fairqueue.conf import get_settings
 from fairqueue.dashboard.console_admin import ConsoleViews
 from fairqueue.dashboard.tenant_page import SEARCH_LIMIT, effective_level, tenant_page_data
+from fairqueue.dashboard.tenant_routes import (
+    TENANT_ACTION,
+    TENANT_LIMITS,
+    TENANT_PAGE,
+    tenant_url,
+)
 from fairqueue.exceptions import BrokerError, InvalidTenantError
 from fairqueue.models import TenantPauseAudit, TenantPlan
 from fairqueue.scheduling.levels import validate_tenant_id
@@ -59,17 +65,19 @@ class TenantViews(ConsoleViews):
         page = self.admin._page
         return [
             page("tenants/", self.search_view, "tenants"),
-            page("tenants/<path:tenant_id>/limits/", self.limits_view, "tenant_limits"),
-            page("tenants/<path:tenant_id>/do/<str:action>/", self.action_view, "tenant_action"),
-            page("tenants/<path:tenant_id>/", self.tenant_view, "tenant"),
+            # fq_tenant: the id escaped into one segment (tenant_routes), so no id
+            # reaches another route or another tenant
+            page("tenants/<fq_tenant:tenant_id>/", self.tenant_view, TENANT_PAGE),
+            page("tenants/<fq_tenant:tenant_id>/limits/", self.limits_view, TENANT_LIMITS),
+            page("tenants/<fq_tenant:tenant_id>/do/<str:action>/", self.action_view, TENANT_ACTION),
         ]
 
     def _require(self, request: HttpRequest, *perms: str) -> None:
         if not request.user.has_perms(perms):
             raise PermissionDenied
 
-    def _tenant_url(self, tenant_id: str, suffix: str = "tenant", *more: str) -> str:
-        return self.admin._url(suffix, tenant_id, *more)
+    def _tenant_url(self, tenant_id: str, action: str = "") -> str:
+        return tenant_url(tenant_id, action, site=self.admin.admin_site.name)
 
     # -- search -----------------------------------------------------------------------
 
@@ -150,8 +158,8 @@ class TenantViews(ConsoleViews):
                 add_plan_url=reverse("admin:fairqueue_tenantplan_add")
                 + "?"
                 + urlencode({"tenant_id": tenant_id}),
-                action_urls={a: self._tenant_url(tenant_id, "tenant_action", a) for a in ACTIONS},
-                limits_url=self._tenant_url(tenant_id, "tenant_limits"),
+                action_urls={a: self._tenant_url(tenant_id, a) for a in ACTIONS},
+                limits_url=self._tenant_url(tenant_id, "limits"),
                 job_url_template=self.admin._url("job", "__type__", "__id__"),
             ),
         )
@@ -209,13 +217,13 @@ class TenantViews(ConsoleViews):
         tenant_id = _tenant_or_404(tenant_id)
         if action not in ACTIONS:
             raise Http404("No such action")
-        tenant_url = self._tenant_url(tenant_id)
+        page_url = self._tenant_url(tenant_id)
         # back where the operator came from (the plan's admin page), else its page
         back = request.GET.get("next", "")
         if not url_has_allowed_host_and_scheme(
             back, allowed_hosts={request.get_host()}, require_https=request.is_secure()
         ):
-            back = tenant_url
+            back = page_url
         if request.method == "POST":
             try:
                 done = self._act(request, tenant_id, action)
@@ -232,7 +240,7 @@ class TenantViews(ConsoleViews):
                 request,
                 f"{action.capitalize()} {tenant_id}?",
                 ("tenants", self.admin._url("tenants")),
-                (tenant_id, tenant_url),
+                (tenant_id, page_url),
                 (action, None),
                 tenant_id=tenant_id,
                 action=action,
@@ -287,12 +295,23 @@ class TenantViews(ConsoleViews):
             return f"Retried {retried} failed job(s) of {tenant_id}, as fair turns."
         sync = get_sync_broker()
         reads = ConsoleReads(sync.broker.conn)
-        removed = 0
+        removed = started = 0
         for queue in sorted(set(get_settings().queues.values())):
-            for job_id in sync.run(reads.waiting_ids_of, queue, tenant_id):
-                removed += bool(sync.run(reads.remove_job, queue, job_id))
-        self._log(request, tenant_id, f"Removed {removed} waiting job(s) from the console.")
-        return f"Removed {removed} waiting or held job(s) of {tenant_id}."
+            ids = sync.run(reads.waiting_ids_of, queue, tenant_id)
+            # each checked and removed in one script step: a job a worker took since it
+            # was listed (running or ended) is left, counted as started
+            done = sync.run(reads.remove_waiting, queue, tenant_id, ids)
+            removed += done.removed
+            started += done.started
+        self._log(
+            request,
+            tenant_id,
+            f"Removed {removed} waiting job(s) from the console ({started} had started).",
+        )
+        message = f"Removed {removed} waiting or held job(s) of {tenant_id}"
+        if started:
+            message += f"; {started} had already started (left to finish, or finished)"
+        return message + "."
 
     def _log(self, request: HttpRequest, tenant_id: str, message: str) -> None:
         """An admin log row on the tenant's plan row, or on the dashboard when it has none."""

@@ -53,6 +53,7 @@ from fairqueue.dashboard.expected import job_expected_start
 from fairqueue.dashboard.job_page import JobViews, job_facts
 from fairqueue.dashboard.overview import overview_rows, plans_attention
 from fairqueue.dashboard.stats import clamp_page, queues_stats
+from fairqueue.dashboard.tenant_routes import tenant_url
 from fairqueue.dashboard.tenant_views import TenantViews
 from fairqueue.dashboard.wording import format_duration, format_time
 from fairqueue.exceptions import BrokerError, BrokerUnavailableError
@@ -182,7 +183,8 @@ class DashboardAdmin(ReadOnlyAdmin, ConsoleAdmin):
             stats_url += f"&queue={single}"
         title = f"Fair queue: {single}" if single else "Fair queue dashboard"
         overview = [] if single else overview_rows(sections)
-        plans = None if single else plans_attention(lambda t: self._url("tenant", t))
+        site = self.admin_site.name
+        plans = None if single else plans_attention(lambda t: tenant_url(t, site=site))
         return TemplateResponse(
             request,
             "fairqueue/dashboard.html",
@@ -375,7 +377,7 @@ class DashboardAdmin(ReadOnlyAdmin, ConsoleAdmin):
                 max_attempts=max(1, detail.max_attempts or 0),
                 **job_facts(queue, detail),
                 tenant_url=(
-                    self._url("tenant", pending.tenant_id)
+                    tenant_url(pending.tenant_id, site=self.admin_site.name)
                     if pending and job_tenant_id(job) is not None
                     else ""
                 ),
@@ -383,7 +385,7 @@ class DashboardAdmin(ReadOnlyAdmin, ConsoleAdmin):
                 remove_url=self._url("job_remove", job_type, job_id),
                 # a failed job goes back in line with its tenant's failed jobs (fair turns)
                 retry_url=(
-                    self._url("tenant_action", pending.tenant_id, "retry")
+                    tenant_url(pending.tenant_id, "retry", site=self.admin_site.name)
                     if detail.state == "failed" and pending and job_tenant_id(job) is not None
                     else ""
                 ),

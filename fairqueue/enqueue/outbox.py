@@ -50,7 +50,7 @@ from fairqueue.exceptions import (
     TenantBacklogFullError,
 )
 from fairqueue.metrics import by_job_type, get_metrics, record_enqueue
-from fairqueue.scheduling.levels import DEFAULT_TENANT, PriorityLevel
+from fairqueue.scheduling.levels import DEFAULT_TENANT, INTERNAL_TENANT, PriorityLevel
 
 logger = logging.getLogger("fairqueue.outbox")
 
@@ -123,7 +123,7 @@ def _new_job(row, now: datetime) -> NewJob:
 
 def _limits_of(tenant: str) -> str | None:
     """The encoded limits of a row's tenant (``None``: none, or an internal job)."""
-    if tenant == DEFAULT_TENANT:
+    if tenant in (DEFAULT_TENANT, INTERNAL_TENANT):
         return None
     limits = tenant_limits(tenant)
     return limits.add_encoded() if limits.holds else None

@@ -12,6 +12,10 @@ The resolution order (docs/design.md, "Levels and priorities"); the first rule t
 ``JOB_PRIORITY_ENABLED=false`` turns rules 4-5 into normal (emergency rollback); rules
 1-3 still apply.
 
+A tenant a quota demotes (docs/usage.md#quotas) gets low whatever rules 1, 4 and 5 say
+(rule ``quota_demoted``); an operator's ``priority_override=`` (rule 2, audited) is the
+one way above it.
+
 Inside a level, tenants are served round-robin weighted by their *tenant weight*
 (``MIN_TENANT_WEIGHT..MAX_TENANT_WEIGHT``, default 1). The weight is resolved alongside
 the level but independently of it: an explicit ``tenant_weight=`` wins; otherwise any job
@@ -42,6 +46,7 @@ from fairqueue.plans import priority_from_plan
 from fairqueue.scheduling.levels import (
     DEFAULT_TENANT,
     DEFAULT_TENANT_WEIGHT,
+    INTERNAL_TENANT,
     MAX_TENANT_WEIGHT,
     MIN_TENANT_WEIGHT,
     NUMERIC_PRIORITY_BY_LEVEL,
@@ -111,6 +116,8 @@ class PriorityRule(StrEnum):
     NO_LOOKUP = "no_lookup"
     FLAG_DISABLED = "flag_disabled"
     DEFAULT = "default"
+    #: a quota demotes the tenant: low, whatever level the call named (rules 1, 4-5)
+    QUOTA_DEMOTED = "quota_demoted"
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +138,8 @@ class ResolvedPriority:
 
     @property
     def tenant_bucket(self) -> str:
-        return self.tenant_id if self.tenant_id is not None else DEFAULT_TENANT
+        """The payload's tenant, or the reserved key of internal jobs."""
+        return self.tenant_id if self.tenant_id is not None else INTERNAL_TENANT
 
 
 TenantPlanLookup = Callable[[str], str | None]
@@ -270,6 +278,18 @@ def resolve_priority(
         priority_override=priority_override,
         enabled=enabled,
     )
+    if (
+        isinstance(tenant_id, str)
+        and resolved.level is not PriorityLevel.LOW
+        and resolved.rule is not PriorityRule.OVERRIDE
+        and _demoted(tenant_id)
+    ):
+        # A quota's demotion holds whatever level the call named: otherwise any call
+        # naming one (priority_level=, priority=, @task(priority=)) skips it. Only an
+        # operator's audited priority_override is above it (docs/usage.md#quotas).
+        resolved = _resolved(
+            PriorityLevel.LOW, PriorityRule.QUOTA_DEMOTED, tenant_id, plan=resolved.plan
+        )
     if tenant_weight is None:
         if not isinstance(tenant_id, str):  # internal job, or no tenant at all
             return resolved
@@ -345,10 +365,8 @@ def _resolve_level(
     except Exception as exc:  # a broken lookup must not stop enqueues
         logger.warning("tenant plan lookup failed (%s); using normal", type(exc).__name__)
         return _resolved(PriorityLevel.NORMAL, PriorityRule.PLAN_LOOKUP_FAILED, tenant_id)
-    level = priority_from_plan(plan)
-    if plan is not None and _demoted(tenant_id):  # over its quota: low until the period ends
-        level = PriorityLevel.LOW
-    return _resolved(level, PriorityRule.PLAN, tenant_id, plan=plan)
+    # over its quota: resolve_priority makes it low until the period ends
+    return _resolved(priority_from_plan(plan), PriorityRule.PLAN, tenant_id, plan=plan)
 
 
 def _demoted(tenant_id: str) -> bool:

@@ -15,6 +15,7 @@ from fairqueue.exceptions import (
     InvalidPriorityLevelError,
     InvalidTenantError,
     InvalidTenantWeightError,
+    ReservedTenantIdError,
 )
 
 
@@ -61,6 +62,12 @@ NUMERIC_PRIORITY_BY_LEVEL: Final = MappingProxyType(
 
 #: The tenant bucket of jobs enqueued without a tenant id.
 DEFAULT_TENANT: Final = "default"
+#: The tenant bucket of internal jobs (``tenant_id=None``, ``internal=True``; their
+#: payload's ``tenantId`` is JSON ``null``): their flows, ledger rows and the like are
+#: keyed by it. No tenant id may take it (:func:`validate_tenant_id` refuses it), so no
+#: tenant shares them, and neither the breaker nor a quota holds it. The Lua scripts
+#: spell it too (``lua/include/rerun_meta.lua``, ``lua/job_status.lua``).
+INTERNAL_TENANT: Final = "(internal)"
 #: The longest tenant id (a column of its own in the models, a string in Redis).
 MAX_TENANT_ID_LENGTH: Final = 255
 
@@ -180,6 +187,11 @@ def validate_tenant_id(tenant_id: object, *, none_allowed: bool = True) -> str:
         raise InvalidTenantError(
             f"tenant_id=<{len(tenant_id)} characters> is not allowed: a tenant id may not "
             "contain a line feed (\\n), which fairqueue's Redis scripts use as a separator"
+        )
+    if tenant_id == INTERNAL_TENANT:
+        raise ReservedTenantIdError(
+            f"tenant_id={INTERNAL_TENANT!r} is not allowed: it is the reserved key internal "
+            "jobs are counted under (tenant_id=None or internal=True enqueues one)"
         )
     return tenant_id
 

@@ -12,7 +12,9 @@ same page for the ledger, per tenant, job type and UTC day:
   counts as failed), and ``t`` their worker milliseconds (on the day the attempt ended:
   what a tenant consumed today is what ended today);
 * ``r`` of the failed attempts, those that had attempts left (BullMQ retried the job):
-  ``f`` less ``r`` is the jobs that failed for good, which the breaker counts;
+  ``f`` less ``r`` is the jobs that failed for good;
+* ``l`` attempts lost: their worker died (BullMQ's stalled-job check put the job back),
+  on the day the check found it; no worker time. The breaker counts them as failures;
 * ``w`` total and ``m`` maximum wait in ms of first attempts, ready to start (on the
   day the attempt started); later attempts have no wait, as in the history.
 
@@ -30,7 +32,7 @@ from typing import Final
 from fairqueue.scheduling.attempts import Event, Run, Start
 
 #: The ledger's counters, in the order the loop reads them (field prefixes in Redis).
-STATS: Final = ("a", "c", "f", "t", "w", "m", "r")
+STATS: Final = ("a", "c", "f", "t", "w", "m", "r", "l")
 #: How long a day's counters stay in Redis after its last write (seconds): time for the
 #: loop to write them to the database after an outage of up to two days.
 DAY_TTL_S: Final = 3 * 86_400
@@ -127,10 +129,6 @@ def page_usage(
                 out.add(day, "w", row, wait)
                 out.most(day, row, wait)
             continue
-        if event.kind == "lost":  # its worker died: started, no outcome, no time
-            pending.pop(event.job_id, None)
-            ended.add(event.job_id)
-            continue
         if event.kind == "stalled":
             continue
         found = pending.pop(event.job_id, None)
@@ -144,6 +142,9 @@ def page_usage(
         tenant, job_type, start_ms = found
         row = f"{tenant}\n{job_type}"
         day = day_of(event.at_ms)
+        if event.kind == "lost":  # its worker died: started, lost, no outcome, no time
+            out.add(day, "l", row, 1)
+            continue
         out.add(day, "c" if event.kind == "end" and event.ok else "f", row, 1)
         if event.kind == "retry":
             out.add(day, "r", row, 1)
@@ -164,6 +165,9 @@ class UsageValues:
     #: Of ``failed``, the attempts that had attempts left (a row written before this
     #: counter existed reads 0: its failures count as the jobs' last).
     retried: int = 0
+    #: Attempts lost: their worker died (a row written before this counter existed
+    #: reads 0).
+    lost: int = 0
 
     def as_list(self) -> list[int]:
         return [
@@ -174,6 +178,7 @@ class UsageValues:
             self.wait_ms_total,
             self.wait_ms_max,
             self.retried,
+            self.lost,
         ]
 
     @classmethod

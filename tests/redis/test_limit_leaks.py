@@ -829,6 +829,96 @@ def test_promote_jobs__held_jobs_made_takeable_by_hand_are_held_again(
     assert len(starts) == len(set(starts))  # each ran once at most
 
 
+def retry_all(prefix: str) -> None:
+    """BullMQ's ``Queue.retryJobs`` (bull-board's "Retry all") on ``email``'s failed jobs:
+    it moves them to BullMQ's wait list, which workers serve before every prioritized
+    job."""
+
+    async def retry():
+        queue = Queue("email", {"connection": REDIS_URL, "prefix": prefix})
+        try:
+            await queue.retryJobs({"state": "failed"})
+        finally:
+            await queue.close()
+
+    asyncio.run(retry())
+
+
+def _fail_all(node, prefix, redis_client, count):
+    """Runs ``acme``'s jobs to failure (attempts=1) with a stock Node worker (the loop
+    releasing them 2 at a time) until ``count`` have failed."""
+    worker = NodeWorker(node, prefix, run_ms=60_000, job_ms=5, fail="acme")
+    try:
+        assert wait_until(lambda: redis_client.zcard(f"{prefix}:email:failed") == count, 30)
+    finally:
+        worker.process.terminate()
+        worker.process.communicate(timeout=10)
+
+
+def test_retry_jobs__the_next_release_call_takes_a_limited_tenants_back_off_the_wait_list(
+    node, limited, loop_running, redis_client
+):
+    """Queue.retryJobs puts a max_active=2 tenant's failed jobs on BullMQ's wait list
+    (they were neither held nor released any more): the next release call holds them,
+    in their order, as it does promoted jobs; the loop releases 2."""
+    acme = [j.job_id for j in enqueue_jobs("email", [{} for _ in range(6)], tenant_id="acme")]
+    _fail_all(node, limited, redis_client, 6)
+    loop_running.request_stop()  # the release call below is the only one
+    assert wait_until(lambda: not any(lock.held for lock in loop_running.locks.values()), 10)
+    base = f"{limited}:email"
+    retry_all(limited)
+    assert sorted(redis_client.lrange(f"{base}:wait", 0, -1)) == sorted(acme)
+    release()
+    assert redis_client.llen(f"{base}:wait") == 0
+    takeable = redis_client.zrange(f"{base}:prioritized", 0, -1)
+    held = redis_client.lrange(f"{base}:fq:lim:held:acme", 0, -1)
+    assert len(takeable) <= 2 and sorted(takeable + held) == sorted(acme)
+
+
+@pytest.mark.parametrize("busy", [True, False])
+def test_retry_jobs__a_limited_tenants_retried_jobs_never_run_over_its_limit(
+    node, limited, loop_running, redis_client, busy
+):
+    """bull-board's "Retry all" on a max_active=2 tenant's 16 failed jobs with a 16-slot
+    stock worker running (busy with another tenant's jobs, or idle): those a worker takes
+    before the next release call run outside the limit (as with promoteJobs,
+    documented); the rest are held again, and once those taken have finished never more
+    than 2 run at once. None runs twice."""
+    acme = [
+        j.job_id for j in enqueue_jobs("email", [{"n": n} for n in range(16)], tenant_id="acme")
+    ]
+    _fail_all(node, limited, redis_client, 16)
+    beta = enqueue_jobs("email", [{} for _ in range(600 if busy else 1)], tenant_id="beta")
+    worker = NodeWorker(node, limited, run_ms=6000, job_ms=300)
+    done = f"{limited}:email:completed"
+    # the worker is up: it has finished a job of beta's (and is busy with the rest)
+    assert wait_until(lambda: redis_client.zscore(done, beta[0].job_id) is not None, 15)
+    retry_all(limited)
+    ids = set(acme)
+
+    def acme_active() -> set[str]:
+        return ids & set(active_ids(redis_client, limited))
+
+    taken: set[str] = set()
+    wait_key = f"{limited}:email:wait"
+    deadline = time.monotonic() + 5
+    while set(redis_client.lrange(wait_key, 0, -1)) & ids:
+        assert time.monotonic() < deadline, "the retried jobs were not held again"
+        taken |= acme_active()
+        time.sleep(0.005)
+    taken |= acme_active()
+    assert wait_until(lambda: not acme_active() & taken, 5)
+    most = _most_active(redis_client, limited, ids, 1.0)
+    starts = [s.job_id for s in worker.starts() if s.tenant == "acme"]
+    print(
+        f"retryJobs, {'busy' if busy else 'idle'} queue: {len(taken)} of 16 taken before "
+        "the release call held "
+        f"the rest again; then at most {most} running; {len(starts)} ran"
+    )
+    assert most <= 2, most
+    assert len(starts) == len(set(starts))  # each ran once at most
+
+
 def test_pause__a_stalled_job_of_a_paused_tenant_is_held_not_run_again(
     node, limited, loop_running, redis_client
 ):

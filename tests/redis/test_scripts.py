@@ -38,6 +38,7 @@ SCRIPTS = [
             "reweight_page",
             "usage_flushed",
             "usage_running",
+            "remove_waiting",
         )
     ),
     scripts.retry_failed_script,

@@ -58,7 +58,7 @@ def test_page_usage__pairs_each_attempt_once_and_counts_outcomes_waits_and_time(
     assert out.maxima == {(day, "m:acme\nemail"): 500, (day, "m:beta\nemail"): 510}
 
 
-def test_page_usage__an_attempt_whose_worker_died_counts_as_started_only():
+def test_page_usage__an_attempt_whose_worker_died_counts_as_started_and_lost():
     events = [
         Event("start", "1", DAY_MS),
         Event("lost", "1", DAY_MS + 30_000),  # the stalled check put it back
@@ -76,6 +76,7 @@ def test_page_usage__an_attempt_whose_worker_died_counts_as_started_only():
         "w:acme\nemail": 500,
         "c:acme\nemail": 1,
         "t:acme\nemail": 200,
+        "l:acme\nemail": 2,  # lost, no worker time (the breaker counts them as failed)
     }
 
 

@@ -1,11 +1,11 @@
-"""The breaker's rule, pure: it counts jobs' outcomes (completed, or failed after their
-last attempt), not attempts (docs/usage.md, "The breaker")."""
+"""The breaker's rule, pure: it counts attempts' outcomes (completed; failed, retried or
+not; lost with their worker) (docs/usage.md, "The breaker")."""
 
 from __future__ import annotations
 
 import datetime as dt
 
-from fairqueue.breaker import failing, job_outcomes
+from fairqueue.breaker import attempt_outcomes, failing
 from fairqueue.ledger import Change
 from fairqueue.scheduling.attempts import Event, Start
 from fairqueue.scheduling.usage import page_usage
@@ -15,8 +15,8 @@ DEFAULTS = BreakerSettings(enabled=True)
 DAY = dt.date(2025, 1, 2)
 
 
-def _change(completed=0, failed=0, retried=0):
-    return Change("acme", "email", DAY, completed, failed, 0, retried)
+def _change(completed=0, failed=0, retried=0, lost=0):
+    return Change("acme", "email", DAY, completed, failed, 0, retried, 0, lost)
 
 
 def test_rule__opens_at_the_ratio_of_jobs_once_enough_ended():
@@ -30,20 +30,31 @@ def test_rule__opens_at_the_ratio_of_jobs_once_enough_ended():
     assert failing(0, 1, strict) and not failing(1, 99, strict)
 
 
-def test_outcomes__a_retried_attempt_is_no_failure_until_its_job_fails_its_last():
-    # 40 attempts failed, all with attempts left (their jobs retried), none completed:
-    # no job ended, whatever share of attempts failed.
-    assert job_outcomes([_change(failed=40, retried=40)]) == (0, 0)
-    assert not failing(*job_outcomes([_change(failed=40, retried=40)]), DEFAULTS)
-    # Jobs failing 4 times then succeeding: 20 completed, 80 failed attempts, all retried.
-    assert job_outcomes([_change(completed=20, failed=80, retried=80)]) == (20, 0)
-    # Jobs of 3 attempts always failing: 2 retried and the last failed, per job.
-    outcomes = job_outcomes([_change(failed=40, retried=26), _change(failed=20, retried=14)])
-    assert outcomes == (0, 20)
-    assert failing(*outcomes, DEFAULTS)
-    # A row counted before the retried counter existed: its failures are jobs'.
-    assert job_outcomes([_change(completed=1, failed=5)]) == (1, 5)
-    assert job_outcomes([_change(failed=1, retried=3)]) == (0, 0)  # never negative
+def test_outcomes__every_failed_attempt_counts_retried_or_not_and_stalls_too():
+    # 40 attempts failed, all with attempts left (their jobs retried): 40 failures.
+    assert attempt_outcomes([_change(failed=40, retried=40)]) == (0, 40)
+    assert failing(*attempt_outcomes([_change(failed=40, retried=40)]), DEFAULTS)
+    # Jobs failing 4 times then succeeding: 80% of attempts failed, under the ratio.
+    assert attempt_outcomes([_change(completed=20, failed=80, retried=80)]) == (20, 80)
+    assert not failing(*attempt_outcomes([_change(completed=20, failed=80)]), DEFAULTS)
+    # Attempts whose worker died count as failures.
+    assert attempt_outcomes([_change(lost=15), _change(failed=5, retried=5)]) == (0, 20)
+    assert failing(*attempt_outcomes([_change(lost=20)]), DEFAULTS)
+    assert attempt_outcomes([_change(completed=-1, failed=-3, lost=-2)]) == (0, 0)
+
+
+def test_page_usage__counts_an_attempt_lost_with_its_worker_apart():
+    start = Start(level="normal", tenant="acme", ready_ms=0, first_attempt=True)
+    events = [
+        Event("start", "1", 1_000),
+        Event("lost", "1", 31_000),  # the stalled-job check put it back
+        Event("start", "1", 31_100),
+        Event("end", "1", 31_200, ok=True),
+    ]
+    use = page_usage(events, {"1": start}, {}, lambda job_id: "email")
+    row = "acme\nemail"
+    counts = {stat: use.increments.get(("19700101", f"{stat}:{row}"), 0) for stat in "acflt"}
+    assert counts == {"a": 2, "c": 1, "f": 0, "l": 1, "t": 100}
 
 
 def test_page_usage__counts_the_retried_attempts_apart():

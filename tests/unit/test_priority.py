@@ -76,7 +76,17 @@ def test_rule_3__internal_job_is_critical_even_with_flag_off():
     result = resolve_priority(tenant_id=None, enabled=False)
     assert (result.level, result.numeric, result.rule) == ("critical", 1, "internal")
     assert result.tenant_id is None
-    assert result.tenant_bucket == "default"
+    assert result.tenant_bucket == "(internal)"  # apart from every tenant and "default"
+
+
+def test_reserved_key__no_tenant_id_may_take_the_internal_jobs_key():
+    from fairqueue import ReservedTenantIdError
+    from fairqueue.exceptions import InvalidTenantError
+
+    with pytest.raises(ReservedTenantIdError, match=r"tenant_id='\(internal\)' is not allowed"):
+        resolve_priority(tenant_id="(internal)")
+    assert issubclass(ReservedTenantIdError, InvalidTenantError)
+    assert resolve_priority(tenant_id="default").tenant_bucket == "default"
 
 
 @pytest.mark.parametrize(

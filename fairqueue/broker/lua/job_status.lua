@@ -37,7 +37,8 @@ local function tenantOf()
   local ok, decoded = pcall(cjson.decode, data)
   if ok and type(decoded) == 'table' then
     local tid = decoded['tenantId']
-    if type(tid) ~= 'string' then tid = 'default' end
+    if tid == cjson.null then tid = '(internal)' -- levels.INTERNAL_TENANT
+    elseif type(tid) ~= 'string' then tid = 'default' end
     local named = decoded['priorityLevel']
     if type(named) ~= 'string' then named = '' end
     return tid, named

@@ -21,7 +21,8 @@
   KEYS[9..13] fairqueue's state, flows, fweights, ready, jobs
   KEYS[14]    the limits key L (tenant_limits.lua lists the keys beside it)
   KEYS[15]    BullMQ's wait list (the 'scan' of where 'wait'; a release call takes held
-              jobs promoted there by hand back)
+              jobs promoted there by hand, and limited tenants' jobs Queue.retryJobs
+              moved there, back)
   Mode 'probe' (an open breaker's probe): as 'release' for one given paused tenant, one
   job released despite the pause; the reply's seventh element is that job's id ('' none).
 
@@ -309,15 +310,19 @@ end
 fqTimeUp()
 local now = fqNowMs()
 -- Held jobs that BullMQ's Queue.promoteJobs (bull-board's "Promote all") moved to its
--- wait list, which workers serve before every prioritized job: the ones no worker took
--- yet go back to their place among the tenant's held jobs at this call (every 20 ms in
--- the loop), not at the next adoption tick (250 ms). Only jobs fairqueue holds or
--- released (L:meta) are looked at, at most RELEASE_WAIT_PAGE from the list's tail (where
--- workers take from) and within the call's time; one LLEN when the list is empty, as it
--- is for fairqueue's jobs.
+-- wait list, which workers serve before every prioritized job, and a limited tenant's
+-- failed jobs that Queue.retryJobs (bull-board's "Retry all") moved there: the ones no
+-- worker took yet go back to their place among the tenant's held jobs at this call
+-- (every 20 ms in the loop), not at the next adoption tick (250 ms). At most
+-- RELEASE_WAIT_PAGE jobs from the list's tail (where workers take from) are looked at,
+-- within the call's time: jobs fairqueue holds or released (L:meta), and, while any
+-- tenant has limits or is held, the others (their payload read as the adoption reads it,
+-- up to RELEASE_WAIT_PAYLOAD bytes: a larger one waits for the adoption). One LLEN when
+-- the list is empty, as it is for fairqueue's jobs.
 if redis.call('LLEN', KEYS[15]) > 0 then
   local ids = redis.call('LRANGE', KEYS[15], -{{RELEASE_WAIT_PAGE}}, -1)
   local anyHolds = redis.call('EXISTS', L .. ':paused', L .. ':catchup') > 0
+  local anyLimits = anyHolds or redis.call('HLEN', L) > 0
   local memo = {}
   for i = #ids, 1, -1 do
     local id = ids[i]
@@ -330,6 +335,16 @@ if redis.call('LLEN', KEYS[15]) > 0 then
           nil, nil, fqReadyOf(prefix, id))
       end
       if fqTimeUp() then break end -- payloads to decode (up to MAX_PAYLOAD_BYTES each)
+    elseif anyLimits then
+      -- re-added by BullMQ without fairqueue (Queue.retryJobs): held again if its tenant
+      -- is limited, at the level, weight and first ready time the adoption would give it
+      local level, t, weight, ready = fqForeign(K, prefix, id, now, {{RELEASE_WAIT_PAYLOAD}})
+      if level and fqHolding(L, t, anyHolds, memo) then
+        redis.call('LREM', KEYS[15], -1, id)
+        fqRehold(L, K.prioritized, KEYS[2], KEYS[8], K.ready, prefix .. id, id, t, level,
+          weight, ready)
+      end
+      if fqTimeUp() then break end
     end
   end
 end

@@ -40,6 +40,8 @@ local function fqForeign(K, prefix, jobId, now, maxPayload)
     if ok and type(data) == 'table' then
       if type(data['tenantId']) == 'string' and data['tenantId'] ~= '' then
         tenant = data['tenantId']
+      elseif data['tenantId'] == cjson.null then
+        tenant = '(internal)' -- an internal job: levels.INTERNAL_TENANT, no tenant's bucket
       end
       if type(data['priorityLevel']) == 'string' and fqNames[data['priorityLevel']] then
         level = data['priorityLevel']
