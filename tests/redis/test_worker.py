@@ -12,6 +12,7 @@ import textwrap
 import threading
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -195,7 +196,13 @@ def test_sync_handler__gets_payload_without_fairqueue_keys_and_a_context(broker)
     )
 
     assert run_burst(broker, "t_sync") < 5
-    by_id = {job.job_id: (payload, job, thread) for payload, job, thread in seen}
+    for _, job, _ in seen:  # BullMQ's timestamp and processedOn, ms since the epoch
+        assert isinstance(job.enqueued_ms, int) and isinstance(job.started_ms, int), job
+        assert job.enqueued_ms <= job.started_ms <= time.time() * 1000 + 1_000
+    by_id = {
+        job.job_id: (payload, replace(job, enqueued_ms=None, started_ms=None), thread)
+        for payload, job, thread in seen
+    }
     assert by_id[tenant_job][:2] == (
         {"to": "a@example.com"},
         JobContext(tenant_job, "t_sync", "acme", PriorityLevel.HIGH, 0),
