@@ -83,6 +83,9 @@ BURST_POLL_INTERVAL_S: Final = 0.05
 #: Redis unreachable at start: the base interval of :func:`fairqueue.loop.backoff_ms`
 #: (tries 1 s, 2 s, 4 s... apart, up to its cap).
 REDIS_RETRY_MS: Final = 500
+#: A stop that waits this long on BullMQ with no job running closes it by force.
+CLOSE_IDLE_S: Final = 10.0
+_DRAIN_TICK_S: Final = 0.25
 
 
 class Worker:
@@ -255,20 +258,46 @@ class Worker:
         self, bull_workers: Sequence[Any], runs: Mapping[asyncio.Future[Any], str]
     ) -> None:
         """Stop taking jobs and wait for the active ones, up to :attr:`grace_s`; past
-        it, exit the process at once (see the class's ``grace_s``)."""
+        it, exit the process at once (see the class's ``grace_s``).
+
+        BullMQ's ``close()`` can also wait on its own job fetch (seen with Redis gone,
+        and now and then on a loaded machine): once no job has run for
+        :data:`CLOSE_IDLE_S`, the workers are closed by force, which cancels only
+        fetches (a job a fetch had just taken keeps its lock until it expires, and the
+        stalled check hands it on: never lost).
+        """
         closing = self._start_closing()
-        try:
-            await asyncio.wait_for(asyncio.shield(closing), self.grace_s)
-        except TimeoutError:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        idle_since: float | None = None
+        while not closing.done():
+            now = loop.time()
             running = sum(len(getattr(w, "jobs", ()) or ()) for w in bull_workers)
-            logger.warning(
-                "grace period of %g s over with jobs still running: exiting now; BullMQ's "
-                "stalled-job check takes them back once their locks expire%s",
-                self.grace_s,
-                f" ({running} jobs)" if running else "",
-            )
-            _exit_now(GRACE_EXPIRED_EXIT)
-        await asyncio.gather(*runs, return_exceptions=True)
+            if self.grace_s is not None and now - started >= self.grace_s:
+                logger.warning(
+                    "grace period of %g s over with jobs still running: exiting now; BullMQ's "
+                    "stalled-job check takes them back once their locks expire%s",
+                    self.grace_s,
+                    f" ({running} jobs)" if running else "",
+                )
+                _exit_now(GRACE_EXPIRED_EXIT)
+            idle_since = None if running else (now if idle_since is None else idle_since)
+            if idle_since is not None and now - idle_since >= CLOSE_IDLE_S:
+                logger.warning(
+                    "BullMQ's workers did not close within %g s of their last job: closing "
+                    "them by force (no job is running)",
+                    CLOSE_IDLE_S,
+                )
+                await asyncio.wait(
+                    [asyncio.ensure_future(w.close(force=True)) for w in bull_workers],
+                    timeout=CLOSE_IDLE_S,
+                )
+                break
+            await asyncio.wait({closing}, timeout=_DRAIN_TICK_S)
+        finished, _ = await asyncio.wait(list(runs), timeout=CLOSE_IDLE_S)
+        for run in finished:  # retrieved, so asyncio does not log them as lost
+            if not run.cancelled():
+                run.exception()
 
     def _start_closing(self) -> asyncio.Future[Any]:
         """Close the BullMQ workers (once): each stops taking jobs, keeps renewing its
