@@ -482,3 +482,22 @@ def test_burst_with_redis_down__fails_at_once_like_once(prefix):
     with pytest.raises(BrokerUnavailableError):
         Worker(["t_sync"], burst=True, broker=dead, install_signal_handlers=False).run()
     assert time.monotonic() - started < 5
+
+
+def test_stop_with_redis_gone__the_worker_still_returns(prefix, tmp_path, caplog):
+    # A stop while Redis is gone still returns (with no job running nothing waits for it).
+    server = PrivateRedis(tmp_path, aof=False).start()
+    fairqueue.handler("t_sync")(lambda payload, job: None)
+    worker = Worker(["t_sync"], broker=Broker(server.url, prefix), install_signal_handlers=False)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    with caplog.at_level(logging.INFO, logger="fairqueue.worker"):
+        thread.start()
+        try:
+            assert wait_until(lambda: "worker started" in caplog.text, 30), caplog.text
+            time.sleep(0.5)
+            server.stop()
+            worker.request_stop()
+            thread.join(60)
+        finally:
+            server.stop()
+    assert not thread.is_alive(), caplog.text
