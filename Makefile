@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: demo test test-fast test-django6 lint format bench redis
+.PHONY: demo test test-fast test-django6 lint format bench redis screenshots
 
 PIP    := $(PY) -m pip install --disable-pip-version-check --progress-bar on
 
@@ -54,11 +54,17 @@ tests/node/node_modules/.installed: tests/node/package.json tests/node/package-l
 		cd tests/node && npm ci --no-audit --no-fund --loglevel=error && touch node_modules/.installed; \
 	else echo "npm not found: the Node worker test will be skipped"; fi
 
+# pytest-xdist processes: the suite waits on Redis and subprocesses more than it computes,
+# so 4 beat 2 even on two cores. Tests marked `serial` (live workers and loops with
+# deadlines) run after, in one process: beside three other processes they starve.
+TEST_WORKERS ?= 4
+
 test: $(VENV)/.installed-dev redis tests/node/node_modules/.installed
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) -m "not serial"
+	$(PY) -m pytest -m serial
 
 # ruff, mypy and the tests that need no Redis (tests/unit: the scheduling math, settings,
 # checks, models, docs): seconds, no Redis started. CI (.ci/run) runs `make test`.
@@ -66,12 +72,18 @@ test-fast: $(VENV)/.installed-dev
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
-	$(PY) -m pytest tests/unit -q
+	$(PY) -m pytest tests/unit -q -n $(TEST_WORKERS)
 
 # `make test`'s pytest run on Django 6.1 / Python 3.12 (ruff ran in `make test`).
 test-django6: $(VENV_DJ6)/.installed redis tests/node/node_modules/.installed
 	$(PY_DJ6) -c "import django, sys; print('make: Django', django.get_version(), 'on Python', sys.version.split()[0])"
-	$(PY_DJ6) -m pytest
+	$(PY_DJ6) -m pytest -n $(TEST_WORKERS) -m "not serial"
+	$(PY_DJ6) -m pytest -m serial
+
+# docs/screenshots/: every console page light and dark, the overview, a culprit tenant,
+# a job and the plan list at 400 px (tests/e2e/test_console_themes.py; needs chromium).
+screenshots: $(VENV)/.installed-dev redis
+	FAIRQUEUE_SCREENSHOTS=1 $(PY) -m pytest tests/e2e/test_console_themes.py -q
 
 lint: $(VENV)/.installed-dev
 	$(PY) -m ruff check --fix .

@@ -579,13 +579,20 @@ def lua_at(rev: str, name: str) -> str:
     a change, measured beside today's in the same run."""
     from fairqueue.broker import scripts
 
-    text = subprocess.run(
-        ["git", "show", f"{rev}:fairqueue/broker/lua/{name}.lua"],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
+    # Entry scripts, wrapped scripts and included libraries live in lua/, lua/wrap/ and
+    # lua/include/ (once all in lua/): the first that holds the name at that revision.
+    for folder in ("", "wrap/", "include/"):
+        shown = subprocess.run(
+            ["git", "show", f"{rev}:fairqueue/broker/lua/{folder}{name}.lua"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
+        if shown.returncode == 0:
+            text = shown.stdout
+            break
+    else:
+        raise FileNotFoundError(f"lua script {name!r} at git revision {rev!r}")
     text = scripts._INCLUDE.sub(lambda match: lua_at(rev, match.group(1)), text)
     return scripts._CONSTANT.sub(lambda match: str(scripts._CONSTANTS[match.group(1)]), text)
 

@@ -46,6 +46,13 @@ scheduler cannot slow its own arrivals down. Scenarios (``--seconds`` of arrival
 6. ``overload``        - each level at 0.75 C (3 C in all): each level's share / its
    weight share; also the throughput comparison (loop vs no loop).
 7. ``underload``       - each level at 0.175 C (0.7 C in all): jobs over the bound.
+8. ``bursts``          - normal: ten tenants each send one burst of 1 C jobs, one burst
+   after another, 50 ms apart (a cron at the top of the hour in every tenant): each
+   tenant's share of the jobs taken in each second once all have arrived, while all
+   have jobs waiting (equal: 10%).
+9. ``overload-emptying`` - high, normal and low at 0.95 C each beside a small critical
+   tenant at 0.15 C (within its share), its jobs sent one at a time, so its queue keeps
+   emptying and its flow rejoining: each level's service / its max-min share.
 
 After the arrivals, a drain phase (at most ``--drain-s``) lets the worker work on; then
 the worker is stopped (active jobs finish) and the loop after it.
@@ -127,6 +134,7 @@ TICK_S = 0.005
 WARMUP_S = 2.0
 JAIN_WINDOW_S = 5.0
 MAX_BATCH = 1000
+BURST_TENANTS = 10
 
 
 # -- workload -----------------------------------------------------------------------------
@@ -140,6 +148,9 @@ class Source:
     tenant: str
     rate: float
     weight: int | None = None
+    #: A burst: ``burst`` jobs sent at once ``burst_at_s`` after the start (``rate`` unused).
+    burst: int = 0
+    burst_at_s: float = 0.0
 
     @property
     def key(self) -> str:
@@ -197,6 +208,23 @@ def build_scenarios(capacity: float) -> dict[str, Scenario]:
         ),
         Scenario("overload", "each level at 0.75x capacity (3x in all)", per_level(0.75)),
         Scenario("underload", "each level at 0.175x capacity (0.7x in all)", per_level(0.175)),
+        Scenario(
+            "bursts",
+            "normal: ten tenants' bursts of 1x capacity, one after another, 50 ms apart",
+            tuple(
+                Source("normal", f"b{n}", 0.0, burst=max(50, int(c)), burst_at_s=0.05 * n)
+                for n in range(BURST_TENANTS)
+            ),
+            by_tenant=True,
+        ),
+        Scenario(
+            "overload-emptying",
+            "high, normal, low at 0.95x capacity; critical at 0.15x, one job at a time",
+            (
+                Source("critical", "c-small", 0.15 * c),
+                *(Source(level, f"{level[0]}1", 0.95 * c) for level in LEVELS[1:]),
+            ),
+        ),
     )
     return {s.name: s for s in scenarios}
 
@@ -403,7 +431,11 @@ class Producer:
         try:
             while (elapsed := time.monotonic() - start) < seconds:
                 for index, source in enumerate(self.sources):
-                    count = min(int(source.rate * elapsed) + 1 - sent[index], MAX_BATCH)
+                    if source.burst:
+                        due = source.burst if elapsed >= source.burst_at_s else 0
+                        count = due - sent[index]
+                    else:
+                        count = min(int(source.rate * elapsed) + 1 - sent[index], MAX_BATCH)
                     if count > 0:
                         ids = await self._add(queue, source, count)
                         sent[index] += count
@@ -719,6 +751,9 @@ class RunStats:
     loop_errors: int
     loop_ready: bool | None
     served_per_s: dict[str, list[int]] = field(default_factory=dict)
+    #: Bursts: the largest deviation of a tenant's share of a second's jobs from an equal
+    #: share, over the seconds after all bursts arrived in which every tenant had jobs left.
+    burst_dev: float | None = None
 
 
 def _quantile(waits: Sequence[tuple[float, bool]], q: float) -> Wait:
@@ -828,6 +863,7 @@ def analyse(run: Run, bound_ms: int) -> RunStats:
             series.extend([0] * (second + 1 - len(series)))
             series[second] += 1
     return RunStats(
+        burst_dev=_burst_dev(run),
         scheduler=run.scheduler,
         scenario=scenario.name,
         window_s=window_s,
@@ -845,6 +881,39 @@ def analyse(run: Run, bound_ms: int) -> RunStats:
         loop_ready=run.loop_ready,
         served_per_s=served_per_s,
     )
+
+
+def _burst_dev(run: Run) -> float | None:
+    """The bursts' criterion: in each whole second (from the start) after the last job
+    of the bursts was added and before the first tenant ran out of jobs, each tenant's
+    share of the jobs taken against an equal share; the largest relative deviation."""
+    bursts = [s for s in run.scenario.sources if s.burst]
+    if not bursts:
+        return None
+    taken: dict[str, list[int]] = defaultdict(list)
+    for job in run.jobs.values():
+        if job.processed is not None:
+            taken[job.tenant].append(job.processed - run.t0_ms)
+    if len(taken) < len(bursts):
+        return None
+    arrived = [job.ts - run.t0_ms for job in run.jobs.values() if job.ts is not None]
+    if not arrived:
+        return None
+    first = math.ceil(max(arrived) / 1000)  # the second after the last job was added
+    last_of_all = min(max(times) for times in taken.values())  # a tenant's last job taken
+    worst = None
+    second = first
+    while (second + 1) * 1000 <= last_of_all:
+        counts = [
+            sum(1 for t in times if second * 1000 <= t < (second + 1) * 1000)
+            for times in taken.values()
+        ]
+        mean = sum(counts) / len(counts)
+        if mean > 0:
+            dev = max(abs(n / mean - 1) for n in counts)
+            worst = dev if worst is None else max(worst, dev)
+        second += 1
+    return worst
 
 
 # -- report -------------------------------------------------------------------------------
@@ -1022,6 +1091,34 @@ def targets(
         "overload",
         overload_min,
         lambda v: v >= 0.95,
+    )
+
+    def bursts_dev(st: RunStats) -> tuple[float | None, str]:
+        v = st.burst_dev
+        return v, "-" if v is None else f"worst {v:+.0%}"
+
+    add(
+        "bursts: each tenant's share of each second vs equal",
+        "<= 10% off",
+        "bursts",
+        bursts_dev,
+        lambda v: v <= 0.10,
+    )
+
+    def emptying_dev(st: RunStats) -> tuple[float | None, str]:
+        ratios = {lv: g.ratio for lv, g in st.levels.items() if g.ratio is not None}
+        if not ratios:
+            return None, "-"
+        worst = max(ratios, key=lambda lv: abs(ratios[lv] - 1))
+        text = "/".join(f"{r:.2f}" for r in ratios.values())
+        return abs(ratios[worst] - 1), f"{text} ({worst})"
+
+    add(
+        "overload-emptying: each level's service / max-min",
+        "<= 5% off",
+        "overload-emptying",
+        emptying_dev,
+        lambda v: v <= 0.05,
     )
 
     def over_bound(st: RunStats) -> tuple[float | None, str]:

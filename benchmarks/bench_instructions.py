@@ -92,7 +92,9 @@ class Completions:
     few commands per job for both producers, none while blocked."""
 
     def __init__(self, url: str, prefix: str) -> None:
-        self.client = redis.Redis.from_url(url)
+        # No socket timeout: XREAD blocks up to 60 s, longer than redis-py 8's default
+        # socket_timeout (5 s), which would end the benchmark before its first row.
+        self.client = redis.Redis.from_url(url, socket_timeout=None)
         self.key, self.since = f"{prefix}:{bc.QUEUE}:events", "0-0"
 
     def wait(self, job_id: int) -> None:

@@ -58,7 +58,7 @@ from fairqueue.exceptions import (
 from fairqueue.plans import set_subscription_to_plan_tier
 from fairqueue.scheduling.estimate import StartEstimate
 from fairqueue.scheduling.levels import PriorityLevel, normalize_priority
-from fairqueue.tenants import pause_tenant, resume_tenant, retry_failed
+from fairqueue.tenants import pause_tenant, resume_tenant, retry_failed, retry_failed_job
 from fairqueue.worker.handlers import JobContext, handler
 
 __version__ = "0.1.0"
@@ -111,6 +111,7 @@ __all__ = [
     "pause_tenant",
     "resume_tenant",
     "retry_failed",
+    "retry_failed_job",
     "set_subscription_to_plan_tier",
     "wire_tenant_plan_lookup",
     "wire_tenant_weight_lookup",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from django import forms
@@ -15,6 +16,7 @@ from django.utils.http import urlencode
 
 from fairqueue.admin_readonly import ReadOnlyAdmin
 from fairqueue.conf import get_settings
+from fairqueue.dashboard.crumbs import trail
 from fairqueue.dashboard.tenant_page import effective_level
 from fairqueue.dashboard.tenant_routes import tenant_url
 from fairqueue.dashboard.views import DashboardAdmin
@@ -32,14 +34,31 @@ from fairqueue.scheduling.limits import LIMIT_RANGES
 from fairqueue.tenants import pause_tenant, resume_tenant, retry_failed
 
 
+@admin.display(description="tenant", ordering="tenant_id")
+def tenant_link(row: Any) -> str:
+    """An audit row's tenant id, linked to its console page."""
+    if not row.tenant_id:
+        return "—"
+    return format_html('<a href="{}">{}</a>', tenant_url(row.tenant_id), row.tenant_id)
+
+
+def to_the_second(at: dt.datetime | None) -> str:
+    """A time as the console shows times: UTC, to the second (the admin's own format
+    stops at the minute, which hides the order of an audit's rows)."""
+    return at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if at else "—"
+
+
 class SetTierForm(forms.Form):
     plan_tier = forms.ChoiceField(choices=PLAN_CHOICES, label="New plan tier")
 
 
 @admin.register(TenantPlan)
 class TenantPlanAdmin(admin.ModelAdmin):
+    # Paused right after the id: a wide list scrolls, and a paused tenant must not look
+    # normal because its column is off screen.
     list_display = (
         "tenant_id",
+        "paused",
         "display_name",
         "plan_tier",
         "jobs_level",
@@ -48,14 +67,17 @@ class TenantPlanAdmin(admin.ModelAdmin):
         "rate_max",
         "rate_duration_ms",
         "max_waiting",
-        "paused",
-        "updated_at",
+        "updated_to_the_second",
     )
     list_filter = ("plan_tier", "weight", "paused")
     search_fields = ("tenant_id", "display_name")
     readonly_fields = ("paused", "created_at", "updated_at")
     actions = ("set_tier", "pause", "resume", "retry_failed_jobs")
     change_form_template = "admin/fairqueue/tenantplan/change_form.html"
+
+    @admin.display(description="updated at", ordering="updated_at")
+    def updated_to_the_second(self, plan: TenantPlan) -> str:
+        return to_the_second(plan.updated_at)
 
     @admin.display(description="level of its jobs")
     def jobs_level(self, plan: TenantPlan) -> str:
@@ -178,6 +200,15 @@ class TenantPlanAdmin(admin.ModelAdmin):
                 "queryset": queryset,
                 "form": form,
                 "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+                # the admin's breadcrumbs in the markup the running Django styles
+                **trail(
+                    self.model._meta,
+                    (
+                        str(self.model._meta.verbose_name_plural).capitalize(),
+                        reverse("admin:fairqueue_tenantplan_changelist"),
+                    ),
+                    ("Set plan tier", None),
+                ),
             },
         )
 
@@ -201,15 +232,15 @@ class PriorityOverrideAuditAdmin(ReadOnlyAdmin):
     """System-owned records: readable, never added, changed or deleted by anyone."""
 
     list_display = (
-        "created_at",
+        "at_to_the_second",
+        "source",
+        "actor",
         "job_type",
         "job_link",
-        "tenant_id",
+        tenant_link,
         "requested_override",
         "resolved_level",
         "rule",
-        "source",
-        "actor",
     )
     list_filter = ("requested_override", "resolved_level", "rule", "job_type", "created_at")
     search_fields = ("tenant_id", "job_id", "source", "actor")
@@ -217,6 +248,10 @@ class PriorityOverrideAuditAdmin(ReadOnlyAdmin):
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         return [field.name for field in self.model._meta.fields]
+
+    @admin.display(description="at", ordering="created_at")
+    def at_to_the_second(self, row: PriorityOverrideAudit) -> str:
+        return to_the_second(row.created_at)
 
     @admin.display(description="job id", ordering="job_id")
     def job_link(self, row: PriorityOverrideAudit) -> str:
@@ -231,12 +266,16 @@ class PriorityOverrideAuditAdmin(ReadOnlyAdmin):
 class TenantPauseAuditAdmin(ReadOnlyAdmin):
     """Who paused or resumed a tenant, and when: evidence, read-only."""
 
-    list_display = ("created_at", "tenant_id", "action", "actor", "source")
+    list_display = ("at_to_the_second", tenant_link, "action", "actor", "source")
     list_filter = ("action", "created_at")
     search_fields = ("tenant_id", "actor", "source")
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         return [field.name for field in self.model._meta.fields]
+
+    @admin.display(description="at", ordering="created_at")
+    def at_to_the_second(self, row: TenantPauseAudit) -> str:
+        return to_the_second(row.created_at)
 
 
 @admin.register(OutboxJob)

@@ -1,3 +1,5 @@
+import importlib.util
+
 from django.apps import AppConfig
 
 
@@ -13,3 +15,8 @@ class FairqueueConfig(AppConfig):
 
         # Read from Redis only when /metrics is scraped (whichever view serves it).
         register_redis_collector()
+        # Django 6.0 registers its task backends' checks (fairqueue.E010, W025 among them)
+        # only when django.tasks is imported, which `manage.py check` itself never does:
+        # importing it here makes `check` report them as run_checks() does. Import only.
+        if importlib.util.find_spec("django.tasks") is not None:
+            importlib.import_module("django.tasks")

@@ -193,6 +193,33 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     return messages
 
 
+#: The id of the warning that FAIRQUEUE is not set at all.
+NO_SETTING_ID: Final = "fairqueue.W029"
+
+
+@register(Tags.compatibility)
+@_never_crashes
+def check_setting_present(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """fairqueue.W029: no ``FAIRQUEUE`` setting, so fairqueue runs on the defaults (Redis
+    on 127.0.0.1:6379/0, one job type ``default``); names the look-alike settings found,
+    since a typo there is the usual reason and nothing else would report it."""
+    lookalikes = conf.lookalike_settings()
+    if lookalikes is None:
+        return []
+    found = f"; found {', '.join(lookalikes)}, which fairqueue does not read" if lookalikes else ""
+    rename = f"Rename {lookalikes[0]} to FAIRQUEUE, or add" if lookalikes else "Add"
+    return [
+        Warning(
+            "fairqueue is installed but settings define no FAIRQUEUE: only the defaults and "
+            f"environment variables apply (queues {dict(conf.DEFAULTS['QUEUES'])}, Redis at "
+            f"{conf.DEFAULTS['REDIS_URL']} unless FAIRQUEUE_REDIS_URL is set){found}",
+            hint=f"{rename} FAIRQUEUE = {{'REDIS_URL': ..., 'QUEUES': {{...}}}} to settings "
+            "(docs/configuration.md); set FAIRQUEUE = {} to keep the defaults on purpose.",
+            id=NO_SETTING_ID,
+        )
+    ]
+
+
 @register(Tags.compatibility)
 @_never_crashes
 def check_cluster_slots(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:

@@ -11,6 +11,7 @@ Nothing here is read at import time.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -88,6 +89,11 @@ DEFAULTS: Final[Mapping[str, Any]] = MappingProxyType(
         "QUOTAS": {},
         "BREAKER": {},
     }
+)
+
+#: Where Redis is said to be when nothing sets it (named by "Redis is unavailable").
+DEFAULT_REDIS_SOURCE: Final = (
+    "the default; none of FAIRQUEUE_REDIS_URL, FAIRQUEUE['REDIS'], FAIRQUEUE['REDIS_URL'] is set"
 )
 
 #: Setting key -> environment variable that overrides it (docs/configuration.md).
@@ -333,12 +339,14 @@ def _check_one_redis_setting(
         )
 
 
-def _parse_redis(values: Mapping[str, Any], from_env: bool) -> RedisTarget:
+def _parse_redis(values: Mapping[str, Any], from_env: bool, url_set: bool) -> RedisTarget:
     """FAIRQUEUE_REDIS_URL, else FAIRQUEUE['REDIS'], else FAIRQUEUE['REDIS_URL']."""
     if from_env:
         return parse_redis_target(values["REDIS_URL"], ENV_VARS["REDIS_URL"])
     if values["REDIS"] is not None:
         return parse_redis_target(values["REDIS"], "FAIRQUEUE['REDIS']")
+    if not url_set:  # nothing set: say so rather than name a setting nobody wrote
+        return parse_redis_target(values["REDIS_URL"], DEFAULT_REDIS_SOURCE)
     return parse_redis_target(values["REDIS_URL"], "FAIRQUEUE['REDIS_URL']")
 
 
@@ -442,7 +450,7 @@ def _validate() -> tuple[FairqueueSettings | None, list[SettingError]]:
 
     redis_from_env = "REDIS_URL" in from_env
     read(Problem.REDIS_AND_REDIS_URL, _check_one_redis_setting, values, user, redis_from_env)
-    redis = read(Problem.REDIS, _parse_redis, values, redis_from_env)
+    redis = read(Problem.REDIS, _parse_redis, values, redis_from_env, "REDIS_URL" in user)
     prefix = read(Problem.PREFIX, _parse_str, "PREFIX", values["PREFIX"], "PREFIX" in from_env)
     queues = read(Problem.QUEUES, _parse_queues, values["QUEUES"])
     if redis is not None and prefix is not None and queues is not None:
@@ -493,6 +501,23 @@ def _validate() -> tuple[FairqueueSettings | None, list[SettingError]]:
         redis=redis,
     )
     return settings, []
+
+
+def lookalike_settings() -> list[str] | None:
+    """``None`` when ``settings.FAIRQUEUE`` exists; else the settings whose names look
+    like a misspelt one (``FAIRQEUE``, ``FAIR_QUEUE``, ``FAIRQUEUES``) or like an
+    environment variable written into settings.py (``FAIRQUEUE_REDIS_URL``): fairqueue
+    reads none of them, and without a warning it would run on the defaults in silence."""
+    if hasattr(django_settings, "FAIRQUEUE"):
+        return None
+    names = [name for name in dir(django_settings) if name.isupper()]
+    squashed = {name: re.sub(r"[^A-Z]", "", name) for name in names}
+    close = set(difflib.get_close_matches("FAIRQUEUE", squashed.values(), n=10, cutoff=0.75))
+    return sorted(
+        name
+        for name in names
+        if squashed[name] in close or name.startswith(("FAIRQUEUE", "FAIR_QUEUE", "QUEUE_FAIR"))
+    )
 
 
 def setting_errors() -> list[SettingError]:

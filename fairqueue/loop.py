@@ -85,7 +85,7 @@ class Backoff:
         if not self.down:
             self.logger.warning(
                 "Redis at %s is unreachable (%s); retrying with backoff up to %d s",
-                get_settings().redis_location,
+                get_settings().redis.described,
                 unavailable_reason(exc),
                 MAX_BACKOFF_MS // 1000,
             )

@@ -23,7 +23,7 @@ setting and what is allowed, and never echo a password (or a URL that may carry 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
@@ -65,9 +65,18 @@ class RedisTarget:
     password: str | None = None
     sentinel_password: str | None = None
     ssl: bool = False
+    #: The setting (or variable) this target was read from, so a "Redis is unavailable"
+    #: error can say what to fix; not part of the target's identity.
+    source: str = field(default="", compare=False)
 
     def __repr__(self) -> str:  # credentials stay out of logs and tracebacks
         return f"RedisTarget({self.location})"
+
+    @property
+    def described(self) -> str:
+        """Where this points and which setting said so (``127.0.0.1:6379/0 (from
+        FAIRQUEUE['REDIS_URL'])``): what an unreachable-Redis error shows. No password."""
+        return f"{self.location} (from {self.source})" if self.source else self.location
 
     @property
     def location(self) -> str:
@@ -309,9 +318,8 @@ def parse_redis_target(value: Any, name: str = "FAIRQUEUE['REDIS']") -> RedisTar
     Raises:
         ImproperlyConfigured: naming ``name`` and the forms allowed (never a password).
     """
-    if isinstance(value, Mapping):
-        return _from_dict(name, value)
-    return _from_url(name, value)
+    target = _from_dict(name, value) if isinstance(value, Mapping) else _from_url(name, value)
+    return replace(target, source=name)
 
 
 def hash_tag(key: str) -> str | None:

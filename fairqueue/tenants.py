@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from django.db import transaction
 
-from fairqueue.broker import get_sync_broker
+from fairqueue.broker import MAX_JOB_ID_LENGTH, get_sync_broker
 from fairqueue.conf import get_settings
 from fairqueue.exceptions import BrokerError
 from fairqueue.scheduling.levels import DEFAULT_TENANT_WEIGHT, validate_tenant_id
@@ -278,3 +278,36 @@ def retry_failed(job_type: str, tenant_id: str | None = None, *, limit: int = 10
         max_payload_bytes=settings.max_payload_bytes,
     )
     return retried
+
+
+def retry_failed_job(job_type: str, job_id: str) -> bool:
+    """Retry one failed job of ``job_type`` as :func:`retry_failed` retries its tenant's:
+    a fair turn of its flow inside its tenant's limits (held while its tenant is paused or
+    at its limit), its attempts made kept. A job that is not failed is left as it is.
+
+    Returns:
+        Whether the job was retried (``False``: it is not in BullMQ's failed set).
+
+    Raises:
+        UnknownJobTypeError: ``job_type`` is not configured.
+        ValueError: ``job_id`` is not a BullMQ job id.
+        BrokerError: Redis failed.
+    """
+    settings = get_settings()
+    queue = settings.queue_for(job_type)
+    if not isinstance(job_id, str) or not 0 < len(job_id) <= MAX_JOB_ID_LENGTH or ":" in job_id:
+        raise ValueError(
+            f"job_id={job_id!r} is not allowed: expected a BullMQ job id (1..{MAX_JOB_ID_LENGTH} "
+            "characters, no ':')"
+        )
+    sync_broker = get_sync_broker()
+    retried, _held = sync_broker.run(
+        sync_broker.broker.limits.retry_failed,
+        queue,
+        None,
+        limit=1,
+        max_wait_ms=settings.max_wait_ms,
+        max_payload_bytes=settings.max_payload_bytes,
+        job_id=job_id,
+    )
+    return retried == 1

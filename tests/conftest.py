@@ -14,8 +14,29 @@ from fairqueue import conf, plans
 from fairqueue.broker import close_brokers
 from fairqueue.enqueue import priority
 from tests.fresh_project import copy_checkout, run_ok
+from tests.settings import TEST_REDIS_URL  # noqa: E402 - after the imports above
 
-REDIS_URL = os.environ.get("FAIRQUEUE_REDIS_URL", "redis://127.0.0.1:6379/0")
+REDIS_URL = os.environ.get("FAIRQUEUE_REDIS_URL", TEST_REDIS_URL)
+#: This run's mark in every key prefix the suite makes (all xdist workers share it), so
+#: the sweep at the end deletes this run's leftovers and never another run's keys.
+RUN_ID = (os.environ.get("PYTEST_XDIST_TESTRUNUID") or uuid.uuid4().hex)[:8]
+
+
+def run_prefix(kind: str = "fqtest") -> str:
+    """A fresh BullMQ key prefix of this run (see :data:`RUN_ID`)."""
+    return f"{kind}-{RUN_ID}-{uuid.uuid4().hex[:12]}"
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Delete what this run left in the suite's Redis database (a test killed half-way
+    leaves its prefix): only keys under this run's prefixes, never FLUSHDB."""
+    try:
+        for kind in ("fqtest", "fqquick"):
+            delete_prefix(f"{kind}-{RUN_ID}-*")
+    except redis.RedisError:
+        pass  # no Redis (tests/unit alone): nothing was written
+
+
 TEST_QUEUES = {"email": "email", "report": "report", "cleanup": "cleanup"}
 
 
@@ -40,7 +61,7 @@ def redis_client():
 @pytest.fixture
 def fq_prefix(settings):
     """A private BullMQ prefix, configured in FAIRQUEUE and removed afterwards."""
-    prefix = f"fqtest-{uuid.uuid4().hex[:12]}"
+    prefix = run_prefix()
     settings.FAIRQUEUE = {"PREFIX": prefix, "QUEUES": dict(TEST_QUEUES), "REDIS_URL": REDIS_URL}
     conf.reload_settings()
     yield prefix

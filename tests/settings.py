@@ -81,7 +81,11 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 # The job types the tests enqueue; each test's fixture adds its own PREFIX and REDIS_URL
 # (tests/conftest.py's fq_prefix).
+#: The suite's own Redis database (not db 0, which may hold anything on a developer's
+#: Redis): FAIRQUEUE_REDIS_URL overrides it; tests/conftest.py deletes the run's keys.
+TEST_REDIS_URL = "redis://127.0.0.1:6379/9"
 FAIRQUEUE = {
+    "REDIS_URL": TEST_REDIS_URL,
     "QUEUES": {"email": "email", "report": "report", "cleanup": "cleanup"},
 }
 

@@ -286,6 +286,7 @@ class AddPacker:
                     fair_key(self.prefix, queue, "jobs"),
                     limits_key(self.prefix, queue),
                     f"{self.prefix}:{queue}:prioritized",
+                    fair_key(self.prefix, queue, "dly"),
                 ]
                 named = {
                     "packed_args": packed_args,

@@ -12,7 +12,7 @@ from typing import Any, ParamSpec
 
 from fairqueue.broker.adding import AddBatch, AddedJob, Adder, NewJob, run_adds_sync
 from fairqueue.broker.clients import SyncClient, client_name, drop_if_stale, sync_client
-from fairqueue.broker.common import REDIS_ERRORS, T, broker_error
+from fairqueue.broker.common import REDIS_ERRORS, T, broker_error, unavailable
 from fairqueue.broker.connection import Connection, loop_thread
 from fairqueue.broker.dashboard_reads import DashboardReads
 from fairqueue.broker.history_store import HistoryStore
@@ -132,7 +132,7 @@ class SyncBroker:
         try:
             return run_adds_sync(self._client(), commands)
         except REDIS_ERRORS as exc:
-            raise broker_error(exc) from exc
+            raise broker_error(exc, self.broker.target) from exc
 
     def add_job(self, queue: str, job: NewJob) -> AddedJob:
         return self.add_jobs(queue, [job])[0]
@@ -158,7 +158,9 @@ class SyncBroker:
             return future.result(self._timeout_s)
         except TimeoutError as exc:
             future.cancel()
-            raise BrokerUnavailableError("Redis did not answer in time (TimeoutError)") from exc
+            raise unavailable(
+                f"TimeoutError (no answer within {self._timeout_s:g} s)", self.broker.target
+            ) from exc
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

@@ -11,6 +11,7 @@ from bullmq.queue_keys import QueueKeys
 from redis.exceptions import ClusterDownError, NoPermissionError, RedisClusterException
 
 from fairqueue.exceptions import BrokerError, BrokerRejectedError, BrokerUnavailableError
+from fairqueue.redis_target import RedisTarget
 
 T = TypeVar("T")
 
@@ -54,8 +55,12 @@ JOB_FIELDS: Final = ("name", "data", "timestamp", "priority", "atm", "opts")
 MAX_JOB_ID_LENGTH: Final = 255
 
 
-def _unavailable(exc: BaseException) -> BrokerUnavailableError:
-    return BrokerUnavailableError(f"Redis is unavailable ({type(exc).__name__})")
+def unavailable(reason: str, target: RedisTarget | None = None) -> BrokerUnavailableError:
+    """ "Redis is unavailable", naming where it was looked for (``host:port/db``, never a
+    password) and the setting that said so, so the message alone says what to fix."""
+    if target is None:
+        return BrokerUnavailableError(f"Redis is unavailable ({reason})")
+    return BrokerUnavailableError(f"Redis is unavailable at {target.described}: {reason}")
 
 
 #: Errors that mean Redis was not reached or did not answer (redis-py's connection and
@@ -73,17 +78,18 @@ UNREACHABLE_ERRORS: Final = (
 REDIS_ERRORS: Final = (redis.RedisError, OSError, RedisClusterException)
 
 
-def broker_error(exc: BaseException) -> BrokerError:
+def broker_error(exc: BaseException, target: RedisTarget | None = None) -> BrokerError:
     """fairqueue's error for a redis-py (or socket) error, raised ``from`` it.
 
     The message carries the Redis error class and, for an error reply, its code word
     (``WRONGTYPE``, ``ERR``, ``BUSY``...): never the reply's text, which may quote a
-    key (a job id) or a script line, and never the URL. An ACL refusal also names the
+    key (a job id) or a script line, and never the URL; "unavailable" names ``target``'s
+    ``host:port/db`` and the setting it came from (no password). An ACL refusal also names the
     refused command (a command name is no data) and what to grant, because "no
     permission" alone leaves an operator guessing which of dozens of commands it was.
     """
     if isinstance(exc, UNREACHABLE_ERRORS):
-        return _unavailable(exc)
+        return unavailable(type(exc).__name__, target)
     permission = _permission_message(exc)
     if permission is not None:
         return BrokerRejectedError(permission, redis_error="NoPermissionError")

@@ -9,6 +9,7 @@ import os
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from bullmq import Queue as BullQueue
@@ -54,8 +55,11 @@ class Connection:
         client_factory: Callable[[RedisTarget], AsyncClient] | None = None,
     ) -> None:
         self.prefix = prefix
+        # A URL given here comes from no setting: errors name only where it points.
         self.target = (
-            redis if isinstance(redis, RedisTarget) else parse_redis_target(redis, "redis")
+            redis
+            if isinstance(redis, RedisTarget)
+            else replace(parse_redis_target(redis, "redis"), source="")
         )
         self.client_factory = client_factory or (
             lambda target: async_client(target, client_name(prefix))
@@ -129,7 +133,7 @@ class Connection:
         try:
             return await coro
         except REDIS_ERRORS as exc:
-            raise broker_error(exc) from exc
+            raise broker_error(exc, self.target) from exc
 
     async def ping(self) -> bool:
         return await self.guard(self.client().ping())

@@ -158,6 +158,11 @@ class Place:
     #: Jobs of its own flow (level and tenant) ahead of it.
     same_flow_ahead: int = 0
 
+    @property
+    def ahead(self) -> int:
+        """Jobs ahead of it: the one count every sentence of its page uses."""
+        return self.position - 1
+
 
 class ConsoleReads(BrokerPart):
     """The console's reads over one prefix's queues."""
@@ -277,7 +282,14 @@ class ConsoleReads(BrokerPart):
             position = int(wait_len) + int(rank) + 1
         else:
             return None
-        ahead = await self.order_front(queue, min(position - 1, ORDER_WINDOW))
+        ahead = await self.order_front(queue, min(position, ORDER_WINDOW))
+        # Jobs move between the rank and the read: where the read found it is its place,
+        # so the position and the counts by level and tenant are of one moment.
+        found_at = next((i for i, other in enumerate(ahead) if other.job_id == job.job_id), None)
+        if found_at is not None:
+            position, ahead = found_at + 1, ahead[:found_at]
+        else:
+            ahead = ahead[: position - 1]
         by_level: dict[str, int] = {}
         by_tenant: dict[str | None, int] = {}
         mine = pending_from_job(job)
@@ -364,6 +376,20 @@ class ConsoleReads(BrokerPart):
             if weight is not None
         }
 
+    async def held_levels(self, queue: str, job_ids: list[str]) -> dict[str, str]:
+        """The level each of ``job_ids`` (held jobs) was held with (its limits meta), one
+        HMGET: job id -> level, for those still held."""
+        if not job_ids:
+            return {}
+        metas = await self.conn.guard(
+            self.conn.client().hmget(f"{limits_key(self.conn.prefix, queue)}:meta", job_ids)
+        )
+        return {
+            job_id: _text(meta).split("\n", 1)[0]
+            for job_id, meta in zip(job_ids, metas, strict=True)
+            if meta is not None
+        }
+
     async def delayed_until(self, queue: str, job_id: str) -> int | None:
         """When a delayed job is due (ms; a held job's is in the year 9999)."""
         score = await self.conn.guard(
@@ -394,7 +420,12 @@ class ConsoleReads(BrokerPart):
         tenant = _tenant_of(data)
         if removed and tenant is not None:
             base = limits_key(self.conn.prefix, queue)
-            if await self.conn.guard(client.lrem(f"{base}:held:{tenant}", 0, job_id)):
+            async with client.pipeline(transaction=False) as pipe:
+                # the list and its rank index (tenant_limits.lua), one round trip
+                pipe.lrem(f"{base}:held:{tenant}", 0, job_id)
+                pipe.zrem(f"{base}:hrank:{tenant}", job_id)
+                unheld, _ = await self.conn.guard(pipe.execute())
+            if unheld:
                 await self.conn.guard(client.hdel(f"{base}:meta", job_id))
         return bool(removed)
 
@@ -414,6 +445,7 @@ class ConsoleReads(BrokerPart):
             self.conn.key(queue, "events"),
             f"{base}:held:{tenant_id}",
             f"{base}:meta",
+            f"{base}:hrank:{tenant_id}",
         ]
         done = Removal()
         for at in range(0, len(job_ids), REMOVE_PAGE):

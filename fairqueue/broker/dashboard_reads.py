@@ -36,6 +36,8 @@ class BacklogScan:
     levels: dict[str, LevelScan] = field(default_factory=dict)
     #: level -> tenant -> waiting jobs.
     tenants: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: level -> tenant -> its waiting jobs past the bound (only tenants with some).
+    tenant_overdue: dict[str, dict[str, int]] = field(default_factory=dict)
     duration_ms: float = 0.0
 
     def add_page(self, count: int, stats: list[Any], tenants: list[Any]) -> None:
@@ -52,9 +54,18 @@ class BacklogScan:
                 overdue=seen.overdue + int(overdue),
                 oldest_ms=oldest_ms,
             )
-        for level, tenant, waiting in zip(tenants[::3], tenants[1::3], tenants[2::3], strict=True):
+        for level, tenant, waiting, overdue in zip(
+            tenants[::4], tenants[1::4], tenants[2::4], tenants[3::4], strict=True
+        ):
             by_tenant = self.tenants.setdefault(level, {})
             by_tenant[tenant] = by_tenant.get(tenant, 0) + int(waiting)
+            if int(overdue):
+                late = self.tenant_overdue.setdefault(level, {})
+                late[tenant] = late.get(tenant, 0) + int(overdue)
+
+    def overdue_of(self, tenant: str) -> int:
+        """``tenant``'s waiting jobs past the bound, every level."""
+        return sum(by_tenant.get(tenant, 0) for by_tenant in self.tenant_overdue.values())
 
 
 @dataclass(frozen=True, slots=True)

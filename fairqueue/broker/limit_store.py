@@ -334,11 +334,13 @@ class LimitStore(LimitReads):
         limit: int,
         max_wait_ms: int,
         max_payload_bytes: int,
+        job_id: str = "",
     ) -> tuple[int, int]:
         """Retry up to ``limit`` failed jobs of ``queue`` (of ``tenant_id`` only, unless
-        ``None``), oldest failure first, a page of :data:`SCAN_PAGE` per script call: each
-        placed by the fair clock, or held when its tenant has limits or is paused (then
-        released within them). Returns (retried, of which held)."""
+        ``None``; the failed job ``job_id`` only, when given), oldest failure first, a page
+        of :data:`SCAN_PAGE` per script call: each placed by the fair clock, or held when
+        its tenant has limits or is paused (then released within them). Returns
+        (retried, of which held)."""
         script = self.conn.script(retry_failed_script())
         keys = [
             *(f"{self.conn.prefix}:{queue}:{name}" for name in _RETRY_KEYS),
@@ -358,12 +360,13 @@ class LimitStore(LimitReads):
                     from_member=member,
                     bound=max_wait_ms,
                     max_payload=max_payload_bytes,
+                    job=job_id,
                 )
             )
             retried += int(reply[0])
             held += int(reply[1])
             score, member = _text(reply[2]), _text(reply[3])
-            if int(reply[4]):
+            if int(reply[4]) or job_id:
                 break
         if held:
             await self.release(queue, None if tenant_id is None else [tenant_id])

@@ -119,6 +119,7 @@ class PassStore(BrokerPart):
             fair_key(self.conn.prefix, queue, "lim"),
             self.conn.key(queue, "delayed"),
             self.conn.key(queue, "events"),
+            fair_key(self.conn.prefix, queue, "dly"),
         ]
 
     async def adopt_page(

@@ -98,6 +98,16 @@ RELEASE_AGAIN_MS = 5
 #: A pause's scan of the prioritized set starts a page this many members before where it
 #: stopped within a run of tied scores, in case some of them left between two calls.
 TIE_SLACK = 500
+#: The most held jobs a status read looks through for one its tenant's held index lacks
+#: (held before the index existed: at the front of the list), so the read stays bounded.
+HELD_PLACE_SCAN = 1_000
+#: How long past its due time a delayed job stays counted in its flow's index of delayed
+#: jobs not placed yet, if the pass never placed it (it was removed): then it goes.
+DELAYED_KEEP_MS = 300_000
+#: The jobs an estimate places one by one beyond the count asked for (what runs ahead of
+#: a job without being on the clock yet: its flow's delayed jobs and outbox rows); past
+#: them the flow's pace is carried on, so the read stays bounded whatever is pending.
+ESTIMATE_PENDING_STEPS = 128
 
 _CONSTANTS = {
     "FLOOR": TAG_FLOOR,
@@ -117,6 +127,9 @@ _CONSTANTS = {
     "RETRY_HELD_MS": RETRY_HELD_MS,
     "CATCHUP_AHEAD": CATCHUP_AHEAD,
     "TAKEABLE_CAP": TAKEABLE_CAP,
+    "HELD_PLACE_SCAN": HELD_PLACE_SCAN,
+    "DELAYED_KEEP_MS": DELAYED_KEEP_MS,
+    "ESTIMATE_PENDING_STEPS": ESTIMATE_PENDING_STEPS,
     "RELEASE_VISITS": RELEASE_VISITS,
     "COMPACT_MAX": COMPACT_MAX,
     "RELEASE_VISIT_WORK": RELEASE_VISIT_WORK,

@@ -33,6 +33,11 @@ def _float(value: Any) -> float | None:
     return float(text) if text else None
 
 
+def _whole(value: Any) -> int | None:
+    number = _float(value)
+    return None if number is None else int(number)
+
+
 @dataclass(frozen=True, slots=True)
 class History:
     """The history's buckets of the rate's window and when recording began."""
@@ -70,10 +75,17 @@ class TenantHold:
 
 @dataclass(frozen=True, slots=True)
 class RawEstimate:
+    """What ``lua/estimate_start.lua`` read. ``before``: the flow's jobs placed before
+    the ``count`` asked for (its delayed jobs due by then and the extra jobs given; a held
+    tenant's are in ``hold.held`` instead); ``placed``: the jobs placed in all (the
+    placement is the last of them)."""
+
     now_ms: int
     placement: Placement
     hold: TenantHold
     history: History
+    before: int = 0
+    placed: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +126,8 @@ def _placement(
             total=int(total),
             frontier=_float(frontier),
             cost=_float(cost) or 1.0,
+            spacing=_whole(reply[15]),
+            frontier_spacing=_whole(reply[16]),
         ),
         fresh=bool(int(fresh)),
         base=_float(base) or 0.0,
@@ -187,13 +201,17 @@ class StatusReads(BrokerPart):
         tenant_weight: int,
         cost_ms: int | None = None,
         count: int = 1,
+        delay_ms: int | None = None,
+        extra: int = 0,
     ) -> RawEstimate:
         """Where ``count`` new jobs of (``level``, ``tenant``) would be placed now (the
-        last of them), what holds the tenant, and the rate window's history."""
+        last of them), behind what will run ahead of them without being on the clock yet
+        (the flow's delayed jobs due by ``delay_ms`` from now, and ``extra`` jobs the
+        caller knows of), what holds the tenant, and the rate window's history."""
         script = self.conn.script(plain_script("estimate_start"))
         reply = await self.conn.guard(
             script(
-                keys=self._keys(queue),
+                keys=[*self._keys(queue), fair_key(self.conn.prefix, queue, "dly")],
                 level=level.value,
                 tenant=tenant,
                 weight=tenant_weight,
@@ -202,15 +220,19 @@ class StatusReads(BrokerPart):
                 count=count,
                 bucket_s=BUCKET_S,
                 buckets=RATE_BUCKETS,
+                delay=delay_ms or 0,
+                extra=extra,
             )
         )
-        now, wait_len, place, *hold, history = reply
+        now, wait_len, place, *hold, history, before = reply
         placement = _placement(place, level, tenant_weight, int(wait_len))
         return RawEstimate(
             now_ms=int(now),
             placement=placement,
             hold=_hold(hold),
             history=_history(history, placement.typical_ms),
+            before=int(before),
+            placed=count + int(before),
         )
 
     async def job_status(self, queue: str, job_id: str) -> RawStatus | None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from fairqueue.broker import MemoryState
+
 #: A last pass older than this many intervals means the loop looks dead.
 STALE_PASS_INTERVALS: Final = 3
 
@@ -62,3 +64,15 @@ def queue_warnings(stats: dict[str, Any]) -> list[str]:
             "passes place them as normal jobs without a tenant."
         )
     return warnings
+
+
+def memory_figures(state: MemoryState | None) -> dict[str, Any] | None:
+    """Redis's memory for the page and its out-of-memory warning."""
+    if state is None:
+        return None
+    return {
+        "used_bytes": state.used_bytes,
+        "max_bytes": state.max_bytes,
+        "policy": state.policy,
+        "refuses_writes": state.refuses_writes,
+    }

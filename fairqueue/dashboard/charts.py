@@ -221,6 +221,9 @@ def history_view(summary: dict[str, Any], *, now_ms: int, since_ms: int | None) 
         )
     summary["notes"] = notes
     summary["window_min"] = summary["window_s"] // 60
+    # The seconds the window actually recorded: rates divide by these, not the window.
+    recorded_ms = summary["window_s"] * 1000 if since_ms is None else now_ms - since_ms
+    summary["observed_s"] = max(1, min(summary["window_s"], recorded_ms // 1000))
     summary["charts"] = {
         "shares": _share_chart(levels),
         "waits": _wait_chart(levels, summary["max_wait_ms"]),

@@ -4,6 +4,7 @@ their admin log rows. ``views.DashboardAdmin`` is one; the pages it hands to
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +15,7 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path, reverse
 
 from fairqueue.dashboard.crumbs import trail
+from fairqueue.dashboard.moment import moment
 
 
 class ConsoleAdmin(admin.ModelAdmin):
@@ -46,6 +48,8 @@ class ConsoleAdmin(admin.ModelAdmin):
             "title": title,
             "opts": self.opts,
             "dashboard_url": dashboard_url,
+            # every page says when it was read (pages with Redis numbers say their own)
+            "page_read_at": moment(int(time.time() * 1000))["at"],
             **trail(self.opts, first, *steps),
             **extra,
         }

@@ -9,6 +9,7 @@ a held job waits for its tenant's limit; a delayed one for its time.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from django.contrib import messages
@@ -21,8 +22,10 @@ from fairqueue.broker import MAX_JOB_ID_LENGTH, JobDetail, get_sync_broker, pend
 from fairqueue.broker.console_reads import ConsoleReads, Place, job_tenant_id
 from fairqueue.conf import get_settings
 from fairqueue.dashboard.console_admin import ConsoleViews
-from fairqueue.dashboard.wording import tenant_words
+from fairqueue.dashboard.links import tenant_url
+from fairqueue.dashboard.wording import format_duration, format_time, tenant_words
 from fairqueue.exceptions import BrokerError
+from fairqueue.tenants import retry_failed_job
 
 PERM_VIEW = "fairqueue.view_dashboard"
 PERM_REMOVE = "fairqueue.change_tenantplan"
@@ -46,7 +49,7 @@ def why_it_waits(detail: JobDetail, place: Place | None, delayed_until_ms: int |
             if pending
             else "its flow"
         )
-        ahead = place.position - 1
+        ahead = place.ahead
         if not ahead:
             return "It is next: a worker takes it first."
         return (
@@ -87,19 +90,52 @@ def job_facts(queue: str, detail: JobDetail) -> dict[str, Any]:
     if detail.state == "failed":
         error_class, message = sync.run(reads.failure, queue, detail.job.job_id)
     tenant = job_tenant_id(detail.job)
+    held = delayed_until is not None and delayed_until >= HELD_AFTER_MS
     return {
         "place": place,
         "ahead_by_tenant": [
-            {"tenant": tenant_words(t), "count": n}
+            {"tenant": tenant_words(t), "count": n, "url": tenant_url(t)}
             for t, n in (place.ahead_by_tenant if place else [])
         ],
+        "due_ms": None if held else delayed_until,
+        "due_at": "" if held or delayed_until is None else format_time(delayed_until),
         "why": why_it_waits(detail, place, delayed_until),
         "error_class": error_class,
         "error_message": message,
         "tenant_id": tenant,
         "tenant_display": tenant_words(tenant),
-        "held": delayed_until is not None and delayed_until >= HELD_AFTER_MS,
+        "held": held,
     }
+
+
+@dataclass(frozen=True, slots=True)
+class JobWait:
+    """How long a job waited: from ready (its first release when held, its due time
+    when delayed, else its enqueue) to its start, or to now while it still waits."""
+
+    waited_ms: int | None
+    text: str
+
+
+def job_wait(detail: JobDetail, *, now_ms: int, held: bool, due_ms: int | None) -> JobWait:
+    """The job page's wait, ending where the job's wait ended: its start when a worker
+    took it (a job processed the second it was added waited 0 s, not the time since)."""
+    job = detail.job
+    if held:
+        return JobWait(None, "not counted yet: held by its tenant's limits")
+    if due_ms is not None and due_ms > now_ms:
+        return JobWait(None, f"not counted yet: delayed until {format_time(due_ms)}")
+    ready_ms = job.ready_ms if job.ready_ms is not None else job.timestamp_ms
+    if ready_ms is None:
+        return JobWait(None, "—")
+    started_ms = detail.processed_on_ms
+    if started_ms is not None:
+        waited = max(0, started_ms - ready_ms)
+        return JobWait(waited, f"{format_duration(waited)} from ready to its start")
+    if detail.state in ("waiting", "prioritized"):
+        waited = max(0, now_ms - ready_ms)
+        return JobWait(waited, f"{format_duration(waited)} so far (it still waits)")
+    return JobWait(None, "— (no start recorded)")
 
 
 class JobViews(ConsoleViews):
@@ -110,6 +146,7 @@ class JobViews(ConsoleViews):
         return [
             page("jobs/", self.search_view, "jobs"),
             page("queue/<str:job_type>/jobs/<path:job_id>/remove/", self.remove_view, "job_remove"),
+            page("queue/<str:job_type>/jobs/<path:job_id>/retry/", self.retry_view, "job_retry"),
         ]
 
     def search_view(self, request: HttpRequest) -> HttpResponse:
@@ -179,6 +216,53 @@ class JobViews(ConsoleViews):
                     "a worker is running cannot be removed)."
                 ),
                 action="remove",
+                tenant_id=f"job {job_id}",
+                tenant_url=job_url,
+            ),
+        )
+
+    def retry_view(self, request: HttpRequest, job_type: str, job_id: str) -> HttpResponse:
+        """Retry one failed job as a fair turn of its flow, within its tenant's limits:
+        confirmed on GET, done on POST, logged."""
+        if not request.user.has_perms((PERM_VIEW, PERM_REMOVE)):
+            raise PermissionDenied
+        if job_type not in get_settings().queues:
+            raise Http404("No such job type")
+        if not job_id or len(job_id) > MAX_JOB_ID_LENGTH or ":" in job_id:
+            raise Http404("No such job")
+        job_url = self.admin._url("job", job_type, job_id)
+        if request.method == "POST":
+            try:
+                retried = retry_failed_job(job_type, job_id)
+            except BrokerError as exc:
+                messages.error(request, f"Redis failed ({type(exc).__name__}): not retried.")
+                return HttpResponseRedirect(job_url)
+            if retried:
+                self.admin._log(request, job_type, f"Retried job {job_id} from the console.")
+                messages.success(
+                    request,
+                    f"Retried job {job_id}: back in line as a fair turn of its flow "
+                    "(held while its tenant is paused or at its limits).",
+                )
+            else:
+                messages.error(request, f"Job {job_id} was not retried: it is not failed.")
+            return HttpResponseRedirect(job_url)
+        return TemplateResponse(
+            request,
+            "fairqueue/tenant_confirm.html",
+            self.admin._context(
+                request,
+                f"Retry job {job_id}?",
+                (job_type, self.admin._url("queue", job_type)),
+                (f"job {job_id}", job_url),
+                ("retry", None),
+                touches=(
+                    f"Put failed job {job_id} of {job_type} back in line as a fair turn of its "
+                    "flow (not at the front, where BullMQ's own retry puts it), within its "
+                    "tenant's limits: held while its tenant is paused or at its limit; its "
+                    "attempts made are kept."
+                ),
+                action="retry",
                 tenant_id=f"job {job_id}",
                 tenant_url=job_url,
             ),

@@ -43,6 +43,7 @@ async def anoisy_figures(job_type: str, *, broker: Broker) -> dict[str, Any]:
                 "level_running": n.level_running,
                 "share": f"{100 * n.share:.0f}%",
                 "entitled": f"{100 * n.entitled:.0f}%",
+                "factor": f"{n.share / n.entitled:.1f}" if n.entitled else "—",
             }
             for n in found[:10]
         ],
@@ -92,29 +93,41 @@ def plans_attention(tenant_url: Callable[[str], str]) -> dict[str, Any]:
     return out
 
 
-def attention(stats: dict[str, Any]) -> list[dict[str, str]]:
-    """What an operator should look at first in one queue: red, then amber."""
+def attention(stats: dict[str, Any], queue_url: str = "") -> list[dict[str, str]]:
+    """What an operator should look at first in one queue: red, then amber; each item
+    links (``url``) to the flows that make it, on the queue's page."""
+    jt = stats["job_type"]
+
+    def item(level: str, text: str, anchor: str) -> dict[str, str]:
+        return {"level": level, "text": text, "url": f"{queue_url}#{anchor}-{jt}"}
+
     items: list[dict[str, str]] = []
     memory = stats.get("redis_memory")
     if memory and memory["refuses_writes"]:
-        items.append({"level": RED, "text": "Redis is out of memory and refuses writes"})
+        items.append(item(RED, "Redis is out of memory and refuses writes", "queue"))
     last = stats["last_pass"]
     stale = last is None or (last["age_ms"] or 0) > 3 * stats["interval_ms"]
     if stats["waiting_total"] and stale:
-        items.append({"level": RED, "text": "no recent rebalance pass"})
+        items.append(item(RED, "no recent rebalance pass", "queue"))
     if stats["overdue_total"]:
-        items.append({"level": RED, "text": f"{stats['overdue_total']} job(s) past the wait bound"})
+        items.append(item(RED, f"{stats['overdue_total']} job(s) past the wait bound", "overdue"))
+    failing = (stats.get("failures") or {}).get("failing") or []
+    if failing:
+        items.append(item(RED, f"{len(failing)} tenant(s) failing", "failing"))
     if stats["paused"]:
-        items.append({"level": AMBER, "text": "the queue is paused"})
+        items.append(item(AMBER, "the queue is paused", "queue"))
     noisy = stats.get("noisy") or {}
     if noisy.get("count"):
-        items.append({"level": AMBER, "text": f"{noisy['count']} noisy tenant(s)"})
+        items.append(item(AMBER, f"{noisy['count']} noisy tenant(s)", "noisy"))
     if stats["limits"]["paused"]:
-        items.append({"level": AMBER, "text": f"{stats['limits']['paused']} tenant(s) paused"})
-    if stats["order"]["drift_count"]:
+        items.append(item(AMBER, f"{stats['limits']['paused']} tenant(s) paused", "limits"))
+    held = stats["limits"]["held_total"]
+    if held:
         items.append(
-            {"level": AMBER, "text": f"{stats['order']['drift_count']} job(s) not placed yet"}
+            item(AMBER, f"{held} job(s) held by {stats['limits']['holding']} tenant(s)", "limits")
         )
+    if stats["order"]["drift_count"]:
+        items.append(item(AMBER, f"{stats['order']['drift_count']} job(s) not placed yet", "order"))
     return items
 
 
@@ -125,12 +138,15 @@ def overview_rows(sections: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for section in sections:
         stats = section["stats"]
         history = stats["history"]
-        window_s = history["window_s"] or 1
-        items = attention(stats)
+        # over the span recorded: the first minutes after the loop starts are not 15
+        window_s = history.get("observed_s") or history["window_s"] or 1
+        items = attention(stats, section["queue_url"])
         p99 = {
             level: {
                 "p99": data["p99"],
                 "over": bool(data["p99_ms"] and data["p99_ms"] > stats["max_wait_ms"]),
+                # its own limits hold it: said, not shown as starved
+                "held_note": data.get("held_note", ""),
             }
             for level, data in history["levels"].items()
         }

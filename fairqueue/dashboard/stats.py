@@ -59,7 +59,7 @@ from fairqueue.broker import (
     pending_from_job,
 )
 from fairqueue.conf import get_settings
-from fairqueue.dashboard.attention import queue_warnings
+from fairqueue.dashboard.attention import memory_figures, queue_warnings
 
 # The backlog scan's knobs and cache, where callers of the stats have always found them.
 from fairqueue.dashboard.backlog_scans import SCAN_PAGE_SIZE as SCAN_PAGE_SIZE
@@ -67,6 +67,8 @@ from fairqueue.dashboard.backlog_scans import SYNC_SCAN_LIMIT, read_backlog
 from fairqueue.dashboard.backlog_scans import clear_backlog_cache as clear_backlog_cache
 from fairqueue.dashboard.backlog_scans import scans_in_flight as scans_in_flight
 from fairqueue.dashboard.charts import history_view
+from fairqueue.dashboard.culprits import note_held_levels, overdue_flows
+from fairqueue.dashboard.failures import failures_figures, queue_failures
 from fairqueue.dashboard.limited_tenants import HELD_JOBS_SHOWN, limits_section
 from fairqueue.dashboard.moment import moment, settle_exact
 from fairqueue.dashboard.overview import anoisy_figures
@@ -159,8 +161,10 @@ def queues_stats(
     sync_broker = get_sync_broker()
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
 
+    minutes = clamp_window_min(history_minutes)
+
     async def one(job_type: str) -> dict[str, Any]:
-        stats, noisy = await asyncio.gather(
+        stats, noisy, failures = await asyncio.gather(
             aqueue_stats(
                 job_type,
                 page=page,
@@ -172,8 +176,15 @@ def queues_stats(
                 broker=sync_broker.broker,
             ),
             anoisy_figures(job_type, broker=sync_broker.broker),
+            queue_failures(
+                sync_broker.broker,
+                get_settings().queue_for(job_type),
+                now_ms=now_ms,
+                minutes=minutes,
+            ),
         )
-        return {**stats, "noisy": noisy}
+        await note_held_levels(sync_broker.broker, stats)
+        return {**stats, "noisy": noisy, "failures": failures_figures(failures)}
 
     async def read_all() -> list[dict[str, Any]]:
         return list(await asyncio.gather(*(one(job_type) for job_type in job_types)))
@@ -246,13 +257,14 @@ async def aqueue_stats(
         "counts": counts,
         "waiting_total": total,
         "paused": reads.paused,
-        "redis_memory": _memory(reads.memory),
+        "redis_memory": memory_figures(reads.memory),
         "max_wait_ms": max_wait_ms,
         "max_wait": format_duration(max_wait_ms),
         "interval_ms": settings.rebalance_interval_ms,
         "levels": levels,
         "unparsed": None if scan is None else _unparsed(scan),
         "overdue_total": overdue_total,
+        "overdue_flows": overdue_flows(scan),
         "backlog": backlog,
         "order": _order(
             reads, total=total, page=page, per_page=per_page, now_ms=now_ms, max_wait_ms=max_wait_ms
@@ -486,15 +498,4 @@ def _last_pass(record: dict[str, Any] | None, *, now_ms: int) -> dict[str, Any] 
         "duration_ms": round(duration, 1) if isinstance(duration, int | float) else None,
         "wrote": wrote,
         "summary": pass_words(wrote),
-    }
-
-
-def _memory(state: MemoryState | None) -> dict[str, Any] | None:
-    if state is None:
-        return None
-    return {
-        "used_bytes": state.used_bytes,
-        "max_bytes": state.max_bytes,
-        "policy": state.policy,
-        "refuses_writes": state.refuses_writes,
     }

@@ -13,17 +13,21 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from fairqueue.broker import Broker, get_sync_broker
+from fairqueue.broker import BacklogScan, Broker, get_sync_broker
 from fairqueue.broker.console_reads import FAILED_WINDOW, ORDER_WINDOW, ConsoleReads, TenantJobs
 from fairqueue.conf import get_settings
 from fairqueue.dashboard.backlog_scans import SYNC_SCAN_LIMIT, read_backlog
 from fairqueue.dashboard.charts import format_ms
+from fairqueue.dashboard.culprits import TenantFacts, verdict
 from fairqueue.dashboard.expected import tenant_expected_start
+from fairqueue.dashboard.failures import QueueFailures, queue_failures
+from fairqueue.dashboard.limited_tenants import rate_window
 from fairqueue.dashboard.moment import moment, settle_exact, waiting_of
-from fairqueue.dashboard.wording import format_duration, format_time
+from fairqueue.dashboard.overview import anoisy_figures
+from fairqueue.dashboard.wording import format_duration, format_time, tenant_words
 from fairqueue.plans import priority_from_plan
 from fairqueue.scheduling.attempts import TENANT_BUCKET_S
 from fairqueue.scheduling.levels import LEVELS_BY_RANK
@@ -32,6 +36,8 @@ from fairqueue.scheduling.shares import parse_bucket, tenant_window
 
 #: The windows the tenant page sums its started jobs over, in minutes.
 WINDOWS_MIN: Final = (5, 15, 60)
+#: The window (minutes) a tenant's verdict reads its p99 and failures over.
+VERDICT_MIN: Final = 15
 #: Tenant ids a prefix search lists at most.
 SEARCH_LIMIT: Final = 50
 
@@ -78,34 +84,86 @@ async def atenant_queue(
     reads = ConsoleReads(broker.conn)
     window_s = max(WINDOWS_MIN) * 60
     now_s = now_ms // 1000
-    jobs, recorded, mine, weights = await asyncio.gather(
+    jobs, recorded, mine, weights, noisy, failures = await asyncio.gather(
         reads.tenant_jobs(queue, tenant_id),
         broker.history.read_history(queue, now_s=now_s, window_s=window_s),
         broker.history.read_tenant_history(queue, tenant_id, now_s=now_s, window_s=window_s),
         reads.tenant_weights(queue, tenant_id),
+        anoisy_figures(job_type, broker=broker),
+        queue_failures(broker, queue, now_ms=now_ms, minutes=VERDICT_MIN),
     )
     waiting = {
         level.value: (None if scan is None else scan.tenants.get(level.value, {}).get(tenant_id, 0))
         for level in LEVELS_BY_RANK
     }
     buckets = [parse_bucket(start, f, t) for start, (f, t) in recorded.buckets.items()]
+    waiting_total = None if scan is None else sum(v or 0 for v in waiting.values())
+    waits = _waits(mine, buckets, weights, now_s=now_s)
+    facts = _facts(tenant_id, scan, waiting_total, waits, jobs, noisy, failures)
     return {
+        "facts": facts,
+        "failure_groups": [g for g in failures.groups if tenant_words(tenant_id) in g.tenants],
         "job_type": job_type,
         "queue": queue,
         "counts": counts,
         "waiting": waiting,
-        "waiting_total": None if scan is None else sum(v or 0 for v in waiting.values()),
+        "waiting_total": waiting_total,
         "backlog": backlog,
         **_jobs(jobs, now_ms=now_ms),
         "started": _started(mine, buckets, now_s=now_s),
-        "waits": _waits(mine, buckets, weights, now_s=now_s),
+        "waits": waits,
         # the weight its flows count in Redis now, beside their level's total
         "weights": [
             {"level": level, "weight": weight, "total": total}
             for level, (weight, total) in weights.items()
         ],
-        "next_run": _next_run(jobs, buckets, now_ms=now_ms),
+        "next_run": _next_run(
+            jobs, buckets, now_ms=now_ms, waiting=waiting_total, since_ms=recorded.since_ms
+        ),
+        # its jobs in line, only when the scan does not say it has none (one moment)
+        "show_in_line": bool(jobs.next_jobs) and waiting_total != 0,
     }
+
+
+def _facts(
+    tenant_id: str,
+    scan: BacklogScan | None,
+    waiting_total: int | None,
+    waits: list[dict[str, Any]],
+    jobs: TenantJobs,
+    noisy: dict[str, Any],
+    failures: QueueFailures,
+) -> TenantFacts:
+    """The figures its verdict is made of, from the reads the page shows (its quota and
+    breaker holds are added from the database after)."""
+    limits = TenantLimits.from_encoded(jobs.limits_encoded, paused=jobs.paused)
+    return TenantFacts(
+        overdue=None if scan is None else scan.overdue_of(tenant_id),
+        queue_overdue=None if scan is None else sum(f.overdue for f in scan.levels.values()),
+        waiting=waiting_total,
+        max_wait_ms=get_settings().max_wait_ms,
+        p99_ms=next((w["p99_ms"] for w in waits if w["minutes"] == VERDICT_MIN), None),
+        p99_minutes=VERDICT_MIN,
+        noisy=next((n for n in noisy["tenants"] if n["tenant"] == tenant_id), None),
+        paused=jobs.paused,
+        held=jobs.held,
+        running=jobs.running,
+        max_active=limits.max_active,
+        rate=(
+            None
+            if limits.rate_max is None
+            else f"{limits.rate_max} per {rate_window(limits.rate_duration_ms)}"
+        ),
+        holds=(),
+        failing=next(
+            (
+                {"text": t.text, "failed": t.failed, "attempts": t.attempts}
+                for t in failures.failing
+                if t.tenant == tenant_id
+            ),
+            None,
+        ),
+    )
 
 
 def _jobs(jobs: TenantJobs, *, now_ms: int) -> dict[str, Any]:
@@ -206,14 +264,25 @@ def _waits(
     return rows
 
 
-def _next_run(jobs: TenantJobs, buckets: list[Any], *, now_ms: int) -> str:
+def _next_run(
+    jobs: TenantJobs,
+    buckets: list[Any],
+    *,
+    now_ms: int,
+    waiting: int | None,
+    since_ms: int | None = None,
+) -> str:
     """When its next job is likely to start: its first position in line at the rate
-    workers started jobs over the last 5 minutes."""
+    workers started jobs over the last 5 minutes (over the span recorded, when the loop
+    started recording less than 5 minutes ago). With no job waiting (the scan's count,
+    the one the page shows) it says so, whatever the order read a moment apart found."""
     if jobs.paused:
         return "not while it is paused"
-    if not jobs.next_jobs:
+    if waiting == 0 or not jobs.next_jobs:
         if jobs.held:
             return "when its limit gives it room (its jobs are held)"
+        if waiting == 0:
+            return "it has no job waiting"
         if jobs.order_read >= ORDER_WINDOW:
             return f"not among the first {ORDER_WINDOW} jobs in line"
         return "it has no job waiting"
@@ -224,7 +293,10 @@ def _next_run(jobs: TenantJobs, buckets: list[Any], *, now_ms: int) -> str:
     )
     if not started:
         return f"position {position} in line; no job started in the last 5 min to time it by"
-    eta_ms = position / (started / (WINDOWS_MIN[0] * 60)) * 1000
+    span_s = WINDOWS_MIN[0] * 60
+    if since_ms is not None:
+        span_s = max(1, min(span_s, (now_ms - since_ms) // 1000))
+    eta_ms = position / (started / span_s) * 1000
     return f"position {position} in line: in about {format_duration(eta_ms)} at the recent rate"
 
 
@@ -248,7 +320,33 @@ def tenant_page_data(tenant_id: str) -> dict[str, Any]:
         )
 
     queues = sync.run(read_all)
+    holds = _db_holds(tenant_id)
     for found in queues:
+        facts = replace(found.pop("facts"), holds=holds.get(found["job_type"], ()))
+        found["verdict"] = verdict(facts)
+        found["overdue"] = facts.overdue
         # where a job of the tenant enqueued now would be placed, and when it would start
         found["new_job_start"] = tenant_expected_start(found["job_type"], tenant_id)["text"]
     return {"read_at": moment(now_ms), "queues": queues}
+
+
+def _db_holds(tenant_id: str) -> dict[str, tuple[tuple[str, str], ...]]:
+    """Its open quota and breaker holds per job type (``""``: every type), in words."""
+    from fairqueue.usage_models import TenantHold
+
+    found: dict[str, list[tuple[str, str]]] = {}
+    rows = TenantHold.objects.filter(tenant_id=tenant_id, lifted_at__isnull=True)
+    for hold in rows:
+        if hold.reason == TenantHold.BREAKER:
+            text = (
+                f"The breaker holds its {hold.job_type} jobs since "
+                f"{hold.created_at:%Y-%m-%d %H:%M:%S} UTC: nearly all of them failed "
+                f"({hold.state}); a probe job closes it when it completes."
+            )
+        else:
+            until = f" until {hold.until:%Y-%m-%d %H:%M:%S} UTC" if hold.until else ""
+            done = "held" if hold.action == TenantHold.HOLD else "demoted to a lower level"
+            text = f"Over its quota: its jobs are {done}{until}."
+        for job_type in [hold.job_type] if hold.job_type else list(get_settings().queues):
+            found.setdefault(job_type, []).append((hold.reason, text))
+    return {job_type: tuple(items) for job_type, items in found.items()}

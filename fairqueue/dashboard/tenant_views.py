@@ -33,6 +33,7 @@ from fairqueue.dashboard.tenant_routes import (
     TENANT_PAGE,
     tenant_url,
 )
+from fairqueue.dashboard.wording import format_duration
 from fairqueue.exceptions import BrokerError, InvalidTenantError
 from fairqueue.models import TenantPauseAudit, TenantPlan
 from fairqueue.scheduling.levels import validate_tenant_id
@@ -161,6 +162,8 @@ class TenantViews(ConsoleViews):
                 action_urls={a: self._tenant_url(tenant_id, a) for a in ACTIONS},
                 limits_url=self._tenant_url(tenant_id, "limits"),
                 job_url_template=self.admin._url("job", "__type__", "__id__"),
+                max_wait_ms=get_settings().max_wait_ms,
+                max_wait=format_duration(get_settings().max_wait_ms),
             ),
         )
 

@@ -50,7 +50,9 @@ from fairqueue.broker.console_reads import job_tenant_id
 from fairqueue.conf import get_settings
 from fairqueue.dashboard.console_admin import ConsoleAdmin
 from fairqueue.dashboard.expected import job_expected_start
-from fairqueue.dashboard.job_page import JobViews, job_facts
+from fairqueue.dashboard.job_page import JobViews, job_facts, job_wait
+from fairqueue.dashboard.links import link_stats
+from fairqueue.dashboard.moment import moment
 from fairqueue.dashboard.overview import overview_rows, plans_attention
 from fairqueue.dashboard.stats import clamp_page, queues_stats
 from fairqueue.dashboard.tenant_routes import tenant_url
@@ -160,7 +162,7 @@ class DashboardAdmin(ReadOnlyAdmin, ConsoleAdmin):
             return [], _unreachable(exc, "page")
         sections = [
             {
-                "stats": stats,
+                "stats": link_stats(stats),
                 "queue_url": self._url("queue", stats["job_type"]),
                 "rebalance_url": (
                     self._url("rebalance", stats["job_type"]) if can_rebalance else ""
@@ -253,7 +255,11 @@ class DashboardAdmin(ReadOnlyAdmin, ConsoleAdmin):
             state = "unreachable" if isinstance(exc, BrokerUnavailableError) else "error"
             return JsonResponse({"redis": state, **error}, status=503)
         return JsonResponse(
-            {"redis": "ok", "generated_at_ms": int(time.time() * 1000), "queues": queues}
+            {
+                "redis": "ok",
+                "generated_at_ms": int(time.time() * 1000),
+                "queues": [link_stats(stats) for stats in queues],
+            }
         )
 
     def rebalance_view(self, request: HttpRequest, job_type: str) -> HttpResponse:
@@ -363,19 +369,21 @@ class DashboardAdmin(ReadOnlyAdmin, ConsoleAdmin):
             job = detail.job
             pending = pending_from_job(job)
             now_ms = int(time.time() * 1000)
-            waited_ms = None if job.timestamp_ms is None else now_ms - job.timestamp_ms
+            context["read_at"] = moment(now_ms)
+            facts = job_facts(queue, detail)
+            wait = job_wait(detail, now_ms=now_ms, held=facts["held"], due_ms=facts["due_ms"])
             context.update(
                 detail=detail,
                 level=pending.priority_level.value if pending else None,
                 tenant=pending.tenant_id if pending else None,
                 enqueued_at=format_time(job.timestamp_ms),
-                waited=format_duration(waited_ms),
+                wait=wait,
                 # Only a job still waiting can be overdue.
                 overdue=detail.state in ("waiting", "prioritized")
-                and waited_ms is not None
-                and waited_ms > get_settings().max_wait_ms,
+                and wait.waited_ms is not None
+                and wait.waited_ms > get_settings().max_wait_ms,
                 max_attempts=max(1, detail.max_attempts or 0),
-                **job_facts(queue, detail),
+                **facts,
                 tenant_url=(
                     tenant_url(pending.tenant_id, site=self.admin_site.name)
                     if pending and job_tenant_id(job) is not None
@@ -383,8 +391,11 @@ class DashboardAdmin(ReadOnlyAdmin, ConsoleAdmin):
                 ),
                 can_remove=request.user.has_perm("fairqueue.change_tenantplan"),
                 remove_url=self._url("job_remove", job_type, job_id),
-                # a failed job goes back in line with its tenant's failed jobs (fair turns)
+                # this job back in line as a fair turn of its flow, within its limits
                 retry_url=(
+                    self._url("job_retry", job_type, job_id) if detail.state == "failed" else ""
+                ),
+                tenant_retry_url=(
                     tenant_url(pending.tenant_id, "retry", site=self.admin_site.name)
                     if detail.state == "failed" and pending and job_tenant_id(job) is not None
                     else ""

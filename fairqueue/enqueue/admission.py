@@ -7,6 +7,13 @@ Enqueues that ask for neither pay nothing: no read, no field. One that asks read
 flow's place first (one read-only script call; a batch, two: its first and last job),
 then adds as usual: the estimate is not atomic with the add, so concurrent enqueues may
 have moved the line a little between the two.
+
+The estimate counts everything that will run ahead of the job, on every path alike
+(single, batch, delayed, durable, async, the tasks backend): the jobs waiting before its
+place, the batch's own jobs before it, its flow's delayed jobs due by its own ready time
+(a delayed job is placed when it is due, behind what its flow has by then), and its
+flow's outbox rows not relayed yet (counted in the database, one COUNT). So a producer
+cannot walk around ``max_wait_ms`` by delaying its jobs or writing them to the outbox.
 """
 
 from __future__ import annotations
@@ -16,9 +23,12 @@ import logging
 import math
 from collections.abc import Sequence
 
+from asgiref.sync import sync_to_async
+
 from fairqueue.broker import get_sync_broker
 from fairqueue.enqueue.calls import EnqueuedJob, Prepared
-from fairqueue.enqueue.status import MAX_ESTIMATE_COUNT, estimate_call
+from fairqueue.enqueue.durable import outbox_ahead
+from fairqueue.enqueue.status import MAX_ESTIMATE_COUNT, placed_estimate
 from fairqueue.exceptions import (
     BrokerUnavailableError,
     ExpectedWaitTooLongError,
@@ -65,18 +75,29 @@ def refuse_if_too_long(estimate: StartEstimate, *, job_type: str, max_wait_ms: i
     )
 
 
-async def estimates_for(prepared: Sequence[Prepared], call_count: int) -> list[StartEstimate]:
-    """Each job's estimate: the first and the last of a batch read, those between
-    interpolated (one flow's jobs are evenly spaced on its clock)."""
+async def estimates_for(
+    prepared: Sequence[Prepared], call_count: int, extra: int = 0
+) -> list[StartEstimate]:
+    """Each job's estimate, behind ``extra`` jobs of its flow not on the clock yet (its
+    outbox rows) and its delayed jobs due by its ready time: the first and the last of a
+    batch read, those between interpolated (one flow's jobs are evenly spaced on its
+    clock)."""
     item = prepared[0]
     job = item.new_job
-    placed = min(call_count, MAX_ESTIMATE_COUNT)
-    last = await estimate_call(item.queue, item.resolved, job.cost_ms, placed, job.delay_ms)
+
+    async def read(count: int) -> tuple[StartEstimate, int]:
+        return await placed_estimate(
+            item.queue, item.resolved, job.cost_ms, count, job.delay_ms, extra
+        )
+
+    last, last_at = await read(min(call_count, MAX_ESTIMATE_COUNT))
     if call_count == 1:
         return [last]
-    first = await estimate_call(item.queue, item.resolved, job.cost_ms, 1, job.delay_ms)
+    first, first_at = await read(1)
+    if last_at <= first_at:  # the two reads saw different backlogs (racing adds): no pace
+        return [last] * call_count
     # one flow's jobs are evenly spaced on its clock: beyond the jobs placed, the same pace
-    return [_between(first, last, index / (placed - 1)) for index in range(call_count)]
+    return [_between(first, last, index / (last_at - first_at)) for index in range(call_count)]
 
 
 def _between(first: StartEstimate, last: StartEstimate, at: float) -> StartEstimate:
@@ -101,16 +122,20 @@ def admit(
     estimate: bool,
     max_wait_ms: int | None,
     durable: bool = False,
+    using: str | None = None,
 ) -> tuple[list[Prepared], list[StartEstimate] | None]:
     """The jobs to add (with their expected start in their opts when asked) and their
     estimates, or :class:`ExpectedWaitTooLongError`. ``durable``: Redis may be down,
-    which admits the jobs unestimated (the outbox's promise comes first)."""
+    which admits the jobs unestimated (the outbox's promise comes first). ``using``: the
+    database of the outbox rows counted ahead (:func:`outbox_ahead`)."""
     check_admission_options(estimate, max_wait_ms)
     if not estimate and max_wait_ms is None:
         return prepared, None
+    item = prepared[0]
+    extra = outbox_ahead(item.queue, item.resolved, item.new_job.delay_ms, using)
     sync = get_sync_broker()
     try:
-        estimates = sync.run(estimates_for, prepared, len(prepared))
+        estimates = sync.run(estimates_for, prepared, len(prepared), extra)
     except BrokerUnavailableError:
         if not durable:
             raise
@@ -126,7 +151,9 @@ async def aadmit(
     prepared: list[Prepared], *, estimate: bool, max_wait_ms: int | None
 ) -> tuple[list[Prepared], list[StartEstimate] | None]:
     """:func:`admit` on the caller's event loop (async enqueues)."""
-    estimates = await estimates_for(prepared, len(prepared))
+    item = prepared[0]
+    extra = await sync_to_async(outbox_ahead)(item.queue, item.resolved, item.new_job.delay_ms)
+    estimates = await estimates_for(prepared, len(prepared), extra)
     refuse_if_too_long(estimates[-1], job_type=prepared[0].job_type, max_wait_ms=max_wait_ms)
     if not estimate:
         return prepared, None

@@ -239,7 +239,7 @@ def enqueue_job(
     check_admission_options(estimate, max_wait_ms)
     prepared = [prepare(job_type, payload, **options)]
     prepared, estimates = admit(
-        prepared, estimate=estimate, max_wait_ms=max_wait_ms, durable=durable
+        prepared, estimate=estimate, max_wait_ms=max_wait_ms, durable=durable, using=using
     )
     if durable:
         return attach(enqueue_durable(prepared, using), estimates)[0]
@@ -286,7 +286,7 @@ def enqueue_jobs(
     call = resolve_call(job_type, **options)
     prepared = [prepare_job(call, payload, **options) for payload in payloads]
     prepared, estimates = admit(
-        prepared, estimate=estimate, max_wait_ms=max_wait_ms, durable=durable
+        prepared, estimate=estimate, max_wait_ms=max_wait_ms, durable=durable, using=using
     )
     if durable:
         return attach(enqueue_durable(prepared, using), estimates)

@@ -8,9 +8,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from django.db import transaction
+from django.db.models import Q
 
 from fairqueue.broker import get_sync_broker
 from fairqueue.enqueue.calls import EnqueuedJob, Prepared, result
+from fairqueue.enqueue.priority import ResolvedPriority
 from fairqueue.exceptions import TenantBacklogFullError
 from fairqueue.metrics import record_limited
 from fairqueue.scheduling.limits import REASON_MAX_WAITING
@@ -38,6 +40,25 @@ def check_backlog(prepared: Sequence[Prepared], using: str | None, *, outbox: bo
         raise TenantBacklogFullError(
             tenant_id=tenant, queue=item.queue, limit=limits.max_waiting, waiting=waiting
         )
+
+
+def outbox_ahead(
+    queue: str, resolved: ResolvedPriority, delay_ms: int | None, using: str | None = None
+) -> int:
+    """The flow's outbox rows not relayed yet that its next job would start behind: the
+    relay adds them in their order, each a turn of the flow, like jobs already waiting.
+    Rows delayed longer than ``delay_ms`` are due after it and do not count (a row's
+    delay counts from its write, which for rows still waiting was moments ago). Counted
+    on database ``using`` in the caller's own connection, so a transaction sees its own
+    rows (``enqueue_on_commit`` in a loop). Admission counts them on every path, so the
+    same state gets the same answer whichever way a job comes in."""
+    from fairqueue.models import OutboxJob
+
+    rows = OutboxJob.objects.using(using).filter(
+        queue=queue, tenant=resolved.tenant_bucket, level=resolved.level.value
+    )
+    rows = rows.filter(Q(delay_ms__isnull=True) | Q(delay_ms__lte=delay_ms or 0))
+    return rows.count()
 
 
 def enqueue_durable(prepared: Sequence[Prepared], using: str | None) -> list[EnqueuedJob]:

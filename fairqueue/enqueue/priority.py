@@ -5,7 +5,8 @@ The resolution order (docs/design.md, "Levels and priorities"); the first rule t
 1. an explicit ``priority_level=`` or numeric ``priority=`` (both at once is an error);
 2. ``priority_override=`` - a server-side argument, always audited by the caller;
 3. ``tenant_id=None`` passed explicitly - an internal job, critical (``internal=True``);
-4. ``tenant_id`` set and a plan lookup wired - the tenant's plan decides;
+4. ``tenant_id`` set and a plan lookup wired - the tenant's plan decides (a tenant with
+   no plan: normal, rule ``no_plan``);
 5. ``tenant_id`` set and no lookup - normal;
 6. no ``tenant_id`` at all - normal, in the ``default`` tenant bucket.
 
@@ -112,6 +113,9 @@ class PriorityRule(StrEnum):
     OVERRIDE = "override"
     INTERNAL = "internal"
     PLAN = "plan"
+    #: The lookup is wired and answered "no plan" (no ``TenantPlan`` row): the default
+    #: level, told apart from a plan that decided it.
+    NO_PLAN = "no_plan"
     PLAN_LOOKUP_FAILED = "plan_lookup_failed"
     NO_LOOKUP = "no_lookup"
     FLAG_DISABLED = "flag_disabled"
@@ -365,6 +369,8 @@ def _resolve_level(
     except Exception as exc:  # a broken lookup must not stop enqueues
         logger.warning("tenant plan lookup failed (%s); using normal", type(exc).__name__)
         return _resolved(PriorityLevel.NORMAL, PriorityRule.PLAN_LOOKUP_FAILED, tenant_id)
+    if plan is None:
+        return _resolved(PriorityLevel.NORMAL, PriorityRule.NO_PLAN, tenant_id)
     # over its quota: resolve_priority makes it low until the period ends
     return _resolved(priority_from_plan(plan), PriorityRule.PLAN, tenant_id, plan=plan)
 

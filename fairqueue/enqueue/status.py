@@ -18,6 +18,7 @@ from fairqueue.broker import MAX_JOB_ID_LENGTH, get_broker, get_sync_broker
 from fairqueue.broker.status_reads import RawEstimate, RawStatus, StatusReads
 from fairqueue.conf import get_settings
 from fairqueue.enqueue.calls import resolve_call
+from fairqueue.enqueue.durable import outbox_ahead
 from fairqueue.enqueue.options import EnqueueOptions, check_keywords
 from fairqueue.enqueue.priority import ResolvedPriority
 from fairqueue.exceptions import InvalidJobOptionError
@@ -289,14 +290,19 @@ def check_count(count: object) -> int:
     return count
 
 
-async def estimate_call(
+async def placed_estimate(
     queue: str,
     resolved: ResolvedPriority,
     cost_ms: int | None,
     count: int = 1,
     delay_ms: int | None = None,
-) -> StartEstimate:
-    """The estimate for the ``count``-th new job of a resolved call."""
+    extra: int = 0,
+) -> tuple[StartEstimate, int]:
+    """The estimate for the ``count``-th new job of a resolved call, behind what will
+    run ahead of it without being on the fair clock yet: its flow's delayed jobs due by
+    its own ready time and ``extra`` jobs (outbox rows not relayed:
+    :func:`~fairqueue.enqueue.durable.outbox_ahead`); and the place in its flow of the
+    job estimated."""
     raw = await _reads().estimate(
         queue,
         level=resolved.level,
@@ -304,8 +310,24 @@ async def estimate_call(
         tenant_weight=resolved.tenant_weight,
         cost_ms=cost_ms,
         count=count,
+        delay_ms=delay_ms,
+        extra=extra,
     )
-    return estimate_from(raw, delay_ms=delay_ms)
+    return estimate_from(raw, delay_ms=delay_ms), raw.placed
+
+
+async def estimate_call(
+    queue: str,
+    resolved: ResolvedPriority,
+    cost_ms: int | None,
+    count: int = 1,
+    delay_ms: int | None = None,
+    extra: int = 0,
+) -> StartEstimate:
+    """The estimate for the ``count``-th new job of a resolved call
+    (:func:`placed_estimate`)."""
+    estimate, _ = await placed_estimate(queue, resolved, cost_ms, count, delay_ms, extra)
+    return estimate
 
 
 def estimate_start(
@@ -322,10 +344,10 @@ def estimate_start(
     check_keywords("estimate_start", options, ("count",))
     count = check_count(count)
     call = resolve_call(job_type, **options)
+    delay_ms = options.get("delay_ms")
+    extra = outbox_ahead(call.queue, call.resolved, delay_ms)
     sync = get_sync_broker()
-    return sync.run(
-        estimate_call, call.queue, call.resolved, call.cost_ms, count, options.get("delay_ms")
-    )
+    return sync.run(estimate_call, call.queue, call.resolved, call.cost_ms, count, delay_ms, extra)
 
 
 async def aestimate_start(
@@ -335,6 +357,6 @@ async def aestimate_start(
     check_keywords("aestimate_start", options, ("count",))
     count = check_count(count)
     call = await sync_to_async(resolve_call)(job_type, **options)
-    return await estimate_call(
-        call.queue, call.resolved, call.cost_ms, count, options.get("delay_ms")
-    )
+    delay_ms = options.get("delay_ms")
+    extra = await sync_to_async(outbox_ahead)(call.queue, call.resolved, delay_ms)
+    return await estimate_call(call.queue, call.resolved, call.cost_ms, count, delay_ms, extra)

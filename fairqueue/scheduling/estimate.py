@@ -54,7 +54,8 @@ class FlowSnapshot:
     ``lua/include/eta_place.lua`` reads it: the virtual time, the flow's last tag, the weight
     its level counts for it, its catch-up horizon, its level's total (less the flows the
     virtual time has passed), the level's frontier (for a joining flow) and a job's cost
-    in turns."""
+    in turns; the share the flow's last job was placed with (its spacing) and the
+    frontier flow's (a joining flow catches up at it)."""
 
     level: PriorityLevel
     tenant_weight: int
@@ -65,6 +66,8 @@ class FlowSnapshot:
     total: int = 0
     frontier: float | None = None
     cost: float = 1.0
+    spacing: int | None = None
+    frontier_spacing: int | None = None
 
 
 def place(
@@ -75,17 +78,21 @@ def place(
     if count < 1:
         raise ValueError(f"count={count!r} is not allowed: expected a whole number >= 1")
     last, counted, horizon, total = flow.last, flow.counted, flow.horizon, flow.total
-    weight, tag = flow.tenant_weight, flow.vt
+    weight, tag, spacing = flow.tenant_weight, flow.vt, flow.spacing
     for index in range(count):
         others = total - counted
         everyone = others + weight
         start = flow.vt if last is None or last <= flow.vt else last
         joined = None
+        catch_up = spacing if spacing is not None else others
         if counted == 0 and others > 0 and index == 0:
             if flow.frontier is not None and flow.frontier > start:
                 joined = horizon = flow.frontier
-        share = others if horizon is not None and start < horizon else everyone
+                spaced = flow.frontier_spacing
+                catch_up = others if spaced is None else min(others, spaced)
+        share = catch_up if horizon is not None and start < horizon else everyone
         tag = start + flow_step(weights[flow.level], weight, share, cost=flow.cost)
+        spacing = share
         total, counted = everyone, weight
         if joined is None and horizon is not None and start >= horizon:
             horizon = None

@@ -246,6 +246,10 @@ class FairClock:
     counted: dict[tuple[PriorityLevel, str], int] = field(default_factory=dict)
     #: A joining flow's catch-up horizon: where its level's backlogs ended when it joined.
     horizon: dict[tuple[PriorityLevel, str], float] = field(default_factory=dict)
+    #: The share (sum of tenant weights) a flow's last job was placed with: its step is
+    #: ``share / tenant weight`` turns of its level, so a flow joining beside its backlog
+    #: is placed at that backlog's spacing (docs/design.md, "Joining a level").
+    spacing: dict[tuple[PriorityLevel, str], int] = field(default_factory=dict)
 
     def observe_head(self, head_tag: float | None, head_level: PriorityLevel | None = None) -> None:
         """Advance the virtual time to what the first waiting job (its finish tag and
@@ -285,6 +289,7 @@ class FairClock:
         for key in [key for key, tag in self.last.items() if tag <= self.vt]:
             del self.last[key], self.counted[key]
             self.horizon.pop(key, None)
+            self.spacing.pop(key, None)
         key = (level, tenant)
         if stored and key in self.counted:
             tenant_weight = self.counted[key]
@@ -292,14 +297,17 @@ class FairClock:
         total = others + tenant_weight
         start = max(self.vt, self.last.get(key, self.vt))
         joined = None
+        catch_up = self.spacing.get(key, others)
         if key not in self.counted and others:
             frontier = self._frontier(level)
-            if frontier is not None and frontier > start:
-                joined = frontier
+            if frontier is not None and frontier[0] > start:
+                joined = frontier[0]
+                catch_up = others if frontier[1] is None else min(others, frontier[1])
         horizon = joined if joined is not None else self.horizon.get(key)
-        share = others if horizon is not None and start < horizon else total
+        share = catch_up if horizon is not None and start < horizon else total
         tag = start + flow_step(self.weights[level], tenant_weight, share, cost=cost)
         self.counted[key] = tenant_weight
+        self.spacing[key] = share
         if joined is not None:
             self.horizon[key] = joined
         elif horizon is not None and start >= horizon:
@@ -328,15 +336,24 @@ class FairClock:
             self.counted[key] = tenant_weight
         return moved
 
-    def _frontier(self, level: PriorityLevel) -> float | None:
+    def _frontier(self, level: PriorityLevel) -> tuple[float, int | None] | None:
         """The last tag of ``level``'s flow that reaches furthest, among the
         :data:`FRONTIER_SCAN` flows of every level that reach furthest (as the script
-        reads them: by tag, then member, from the top)."""
+        reads them: by tag, then member, from the top), and the densest spacing of the
+        level's flows among them (``None``: none kept): a backlog placed while fewer
+        tenants had work is that dense, though its flow's last jobs may not be."""
         top = sorted(
-            ((tag, f"{lvl.value}\n{tenant}", lvl) for (lvl, tenant), tag in self.last.items()),
+            (
+                (tag, f"{lvl.value}\n{tenant}", (lvl, tenant))
+                for (lvl, tenant), tag in self.last.items()
+            ),
             reverse=True,
         )[:FRONTIER_SCAN]
-        return next((tag for tag, _, lvl in top if lvl == level), None)
+        mine = [(tag, key) for tag, _, key in top if key[0] == level]
+        if not mine:
+            return None
+        spaced = [self.spacing[key] for _, key in mine if key in self.spacing]
+        return mine[0][0], min(spaced) if spaced else None
 
     def charge(self, level: PriorityLevel, tenant: str, turns: float) -> None:
         """The flow's attempts used ``turns`` more (less, if negative) than it was placed

@@ -152,7 +152,7 @@ def test_browser__resume_releases_its_held_jobs_and_is_audited(console, fq_prefi
     assert (shown(console, "held"), shown(console, "waiting_total")) == ("0", "3")
     after = counts(fq_prefix)
     assert (after["delayed"], after["prioritized"]) == (0, 5)
-    assert "resumed by operator (console)" in console.text(".fq-tenant-page ul")
+    assert "resumed by operator (console)" in console.text(".fq-tenant-page [data-fq-audits]")
     assert pause_audit("acme") == [
         ("paused", "pager-bot", "incident"),
         ("resumed", "operator", "console"),
@@ -235,7 +235,7 @@ def test_browser__retry_from_a_failed_jobs_page_puts_them_back_as_fair_turns(
     console.go(reverse(f"{ADMIN}_job", args=["email", acme_ids[0]]))
     assert console.text("[data-fq-failure]").startswith("ValueError: export broke")
     assert "retrying its tenant's failed jobs" in console.text("[data-fq-why]")
-    touches = console.confirm("text=Retry its tenant's failed jobs…")
+    touches = console.confirm("text=Retry all its tenant's failed jobs…")
     assert "email: 3 failed job(s) among the last" in touches
     assert console.message() == "Retried 3 failed job(s) of acme, as fair turns."
     assert (shown(console, "failed"), shown(console, "waiting_total")) == ("0", "3")
@@ -271,7 +271,9 @@ def test_browser__remove_a_tenants_waiting_and_held_jobs_confirmed_and_logged(co
     assert (shown(console, "waiting_total"), shown(console, "held")) == ("0", "0")
     after = counts(fq_prefix)
     assert (after["prioritized"], after["delayed"]) == (2, 0)  # beta's stay
-    assert log_messages(object_id=str(plan.pk)) == ["Removed 4 waiting job(s) from the console."]
+    assert log_messages(object_id=str(plan.pk)) == [
+        "Removed 4 waiting job(s) from the console (0 had started)."
+    ]
 
 
 def test_browser__job_found_from_the_overview_and_removed_from_its_page(

@@ -6,10 +6,13 @@ the admin's theme toggle (``data-theme="dark"`` on <html>, kept in localStorage)
 page every text in the main content reads against what is behind it (contrast 3:1 or
 more, the colour computed), no background there is light in the dark theme, and the
 admin's variables are what the console's own boxes use. At 400 px the page does not
-scroll sideways (wide tables scroll inside their own box).
+scroll sideways (wide tables scroll inside their own box); at 1280 and 1400 px no table
+sticks out of the content uncut by a scroll box of its own, and the plan list's Paused
+column shows.
 
-With ``FAIRQUEUE_SCREENSHOTS=1`` it saves each page, light and dark, under
-``docs/screenshots/`` (committed: the docs show them).
+With ``FAIRQUEUE_SCREENSHOTS=1`` (``make screenshots``) it saves each page, light and
+dark, under ``docs/screenshots/`` (committed: the docs show them), and the overview, a
+culprit tenant, a job and the plan list at 400 px.
 """
 
 from __future__ import annotations
@@ -26,9 +29,11 @@ from fairqueue.dashboard import stats as dashboard
 from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
 from fairqueue.models import TenantPlan
 from fairqueue.rebalance.passes import rebalance_queue
+from fairqueue.tenants import pause_tenant
 from tests.e2e.console_driver import CHROMIUM, CHROMIUM_ARGS, OPERATOR_PERMS, login, make_staff
 from tests.e2e.test_dashboard_browser import IN_CI  # noqa: F401 - its skip without Chromium
 from tests.helpers import drain_with_stock_worker
+from tests.redis.test_console_tenant import fail_jobs
 from tests.redis.test_dashboard import age_jobs
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -113,6 +118,32 @@ _VARIABLES = """() => {
 _OVERFLOW = """() => ({page: document.documentElement.scrollWidth,
   content: Math.ceil(document.querySelector('#content').getBoundingClientRect().right)})"""
 
+# Tables cut off at the content's edge: a wide table must scroll inside a box of its own
+# (overflow-x auto/scroll) rather than stick out; and the plan list's Paused column shows.
+_CLIPPED = """() => {
+  const right = document.querySelector('#content').getBoundingClientRect().right;
+  const bad = [];
+  for (const table of document.querySelectorAll('#content table')) {
+    let boxed = false;
+    for (let e = table.parentElement; e && e.id !== 'content'; e = e.parentElement) {
+      const o = getComputedStyle(e).overflowX;
+      if (o === 'auto' || o === 'scroll') { boxed = true; break; }
+    }
+    if (!boxed && table.getBoundingClientRect().right > right + 1) {
+      bad.push((table.className || 'table') + ' sticks out by '
+        + Math.round(table.getBoundingClientRect().right - right) + ' px');
+    }
+  }
+  const paused = document.querySelector('th.column-paused');
+  if (paused && paused.getBoundingClientRect().right > window.innerWidth) {
+    bad.push('the Paused column is off screen');
+  }
+  if (document.documentElement.scrollWidth > window.innerWidth) {
+    bad.push('the page scrolls sideways');
+  }
+  return bad;
+}"""
+
 
 def test_console_css__colours_come_from_the_admin_variables():
     """Outside its own variables (mid-tone level and alert colours) the stylesheet names
@@ -133,6 +164,9 @@ def _seed(prefix: str, redis_client) -> dict[str, str]:
     from fairqueue.enqueue.priority import wire_tenant_plan_lookup
 
     wire_tenant_plan_lookup()
+    # a failing tenant first (the failing worker takes the first jobs in line)
+    enqueue_jobs("email", [{} for _ in range(6)], tenant_id="doomed", attempts=1)
+    fail_jobs(prefix, "email", 6)
     rebalance_queue("email", rebalancer="themes-test")  # the history starts here
     for i in range(30):
         enqueue_job("email", {"i": i}, tenant_id=f"shop-{i % 3}", priority_level="low")
@@ -143,6 +177,12 @@ def _seed(prefix: str, redis_client) -> dict[str, str]:
     old = enqueue_jobs("report", [{} for _ in range(3)], tenant_id="late")
     age_jobs(redis_client, prefix, "report", [j.job_id for j in old], by_ms=600_000)
     job = enqueue_job("email", {"to": "someone"}, tenant_id="shop-1", priority_level="low")
+    # the culprit: a flood of jobs past the bound; a paused tenant in the plan list
+    flood = enqueue_jobs("email", [{} for _ in range(12)], tenant_id="flood")
+    age_jobs(redis_client, prefix, "email", [j.job_id for j in flood], by_ms=600_000)
+    TenantPlan.objects.create(tenant_id="sleepy", plan_tier="pro", rate_max=10)
+    enqueue_jobs("email", [{} for _ in range(2)], tenant_id="sleepy")
+    pause_tenant("sleepy", actor="on-call", source="incident")
     admin = "admin:fairqueue_dashboard"
     return {
         "overview": reverse(f"{admin}_changelist"),
@@ -150,6 +190,8 @@ def _seed(prefix: str, redis_client) -> dict[str, str]:
         "rebalance": reverse(f"{admin}_rebalance", args=["email"]),
         "tenant-search": reverse(f"{admin}_tenants") + "?q=shop",
         "tenant": reverse(f"{admin}_tenant", args=["exports-co"]),
+        "culprit": reverse(f"{admin}_tenant", args=["flood"]),
+        "plans": reverse("admin:fairqueue_tenantplan_changelist"),
         "tenant-limits": reverse(f"{admin}_tenant_limits", args=["exports-co"]),
         "tenant-pause": reverse(f"{admin}_tenant_action", args=["exports-co", "pause"]),
         "job-search": reverse(f"{admin}_jobs") + f"?id={job.job_id}",
@@ -200,6 +242,12 @@ def test_browser__every_console_page_follows_the_dark_theme_and_fits_400px(
                         assert seen["bodyBg"] == "rgb(18, 18, 18)", (name, mode, seen)
                     for problem in page.evaluate(_AUDIT, dark):
                         problems.setdefault(f"{name} ({mode})", []).append(problem)
+                    if mode == "light":
+                        for width in (1280, 1400):
+                            page.set_viewport_size({"width": width, "height": 900})
+                            for problem in page.evaluate(_CLIPPED):
+                                problems.setdefault(f"{name} ({width} px)", []).append(problem)
+                        page.set_viewport_size({"width": 1280, "height": 900})
                     if SAVE and mode != "toggle":
                         page.screenshot(
                             path=str(SCREENSHOTS / f"{name}-{mode}.png"), full_page=True
@@ -209,7 +257,7 @@ def test_browser__every_console_page_follows_the_dark_theme_and_fits_400px(
                 assert page.goto(url).status == 200, (name, "narrow")
                 widths = page.evaluate(_OVERFLOW)
                 assert widths["page"] <= NARROW and widths["content"] <= NARROW, (name, widths)
-                if SAVE and name in ("overview", "tenant", "job"):
+                if SAVE and name in ("overview", "tenant", "culprit", "job", "plans"):
                     page.screenshot(path=str(SCREENSHOTS / f"{name}-narrow.png"), full_page=True)
                 page.close()
         finally:

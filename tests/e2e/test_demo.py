@@ -639,3 +639,25 @@ def test_web__static_files_served_with_debug_off(tmp_path):
     finally:
         server.terminate()
         server.wait(10)
+
+
+def test_demo_redis_line__names_the_setting_that_chose_the_server(settings, monkeypatch):
+    """ "(FAIRQUEUE_REDIS_URL, database 15)" only when that variable is set; otherwise the
+    line says which setting (or the default) chose the server."""
+    from types import SimpleNamespace
+
+    from project.management.commands.fairqueue_demo import Demo
+
+    def source() -> str:
+        conf.reload_settings()
+        return Demo._redis_source(SimpleNamespace(settings=conf.load_settings()))
+
+    monkeypatch.delenv("FAIRQUEUE_REDIS_URL", raising=False)
+    settings.FAIRQUEUE = {"QUEUES": {"email": "email"}}
+    assert source() == "the default URL; FAIRQUEUE_REDIS_URL is not set"
+    settings.FAIRQUEUE = {"QUEUES": {"email": "email"}, "REDIS_URL": REDIS_URL}
+    assert source() == "FAIRQUEUE['REDIS_URL']"
+    monkeypatch.setenv("FAIRQUEUE_REDIS_URL", REDIS_URL)
+    assert source() == "FAIRQUEUE_REDIS_URL"
+    monkeypatch.delenv("FAIRQUEUE_REDIS_URL")
+    conf.reload_settings()

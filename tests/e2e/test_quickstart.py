@@ -8,47 +8,67 @@ from it (under ``make test-django6``: a fresh Django 6.1 project)."""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
+import subprocess
 import sys
 import textwrap
-import uuid
+import time
 from pathlib import Path
 
 import django
 import pytest
 
-from tests.conftest import REDIS_URL, delete_prefix
+from tests.conftest import REDIS_URL, delete_prefix, run_prefix
 from tests.fresh_project import project_env, run_ok
+from tests.helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 
 
 def quickstart() -> tuple[dict[str, str], list[str]]:
-    """The quickstart section's Python blocks (by their first line) and its commands."""
+    """The quickstart section's Python blocks (by their first line) and its commands, in
+    the order a reader meets them (those named in the prose, such as "Then run `python
+    manage.py migrate`", included)."""
     text = README.read_text(encoding="utf-8")
     section = text.split("\n## Quickstart\n", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"```(python|bash)\n(.*?)```", section, flags=re.DOTALL)
     python = {}
     commands = []
-    for language, body in blocks:
-        if language == "python":
+    for inline, language, body in re.findall(
+        r"`(python manage\.py [^`]+)`|```(python|bash)\n(.*?)```", section, flags=re.DOTALL
+    ):
+        if inline:
+            commands.append(inline)
+        elif language == "python":
             python[body.splitlines()[0]] = body
         else:
             commands += [line.split("#", 1)[0].strip() for line in body.splitlines()]
-    # Commands named in the prose ("Then run `python manage.py migrate`").
-    commands = re.findall(r"`(python manage\.py [^`]+)`", section) + [c for c in commands if c]
-    return python, commands
+    return python, [command for command in commands if command]
 
 
 def test_readme__quickstart_is_short_and_has_its_parts():
     python, commands = quickstart()
     section = README.read_text().split("\n## Quickstart\n", 1)[1].split("\n## ", 1)[0]
     assert len(section.split()) <= 1200
-    assert {"# settings.py", "# yourapp/jobs.py", "# yourapp/views.py"} <= set(python)
-    assert any("wire_tenant_plan_lookup()" in body for body in python.values())
-    assert [c.split()[2] for c in commands] == ["migrate", "fairqueue_worker", "rebalance_fair"]
+    assert list(python) == [
+        "# settings.py",
+        "# yourapp/apps.py",
+        "# yourapp/jobs.py",
+        "# yourapp/views.py",
+        "# mysite/urls.py (append)",
+    ]
+    # The plan lookup is wired (step 2) before the text relies on it (step 4's view).
+    assert "wire_tenant_plan_lookup()" in python["# yourapp/apps.py"]
+    assert [c.split()[2] if c.startswith("python") else c.split()[0] for c in commands] == [
+        "migrate",
+        "runserver",
+        "curl",
+        "fairqueue_worker",
+        "rebalance_fair",
+    ]
+    assert "case-sensitive" in section
     # The two commands a newcomer runs first stay near the top.
     top = README.read_text().split("\n## ", 1)[0]
     assert "make demo" in top and "make test" in top
@@ -58,7 +78,7 @@ def _follow_quickstart(
     project: Path, fairqueue_path: Path, *, interpreter: str = sys.executable
 ) -> dict[str, str]:
     python, commands = quickstart()
-    prefix = f"fqquick-{uuid.uuid4().hex[:12]}"
+    prefix = run_prefix("fqquick")
     env = project_env(project, fairqueue_path, settings_module="mysite.settings")
 
     def run(*args: str) -> str:
@@ -82,25 +102,19 @@ def _follow_quickstart(
         + f"FAIRQUEUE.update(REDIS_URL={REDIS_URL!r}, PREFIX={prefix!r})\n"
     )
     app = project / "yourapp"
-    (app / "jobs.py").write_text(python["# yourapp/jobs.py"])
-    (app / "views.py").write_text(python["# yourapp/views.py"])
-    (wiring,) = [body for body in python.values() if "wire_tenant_plan_lookup()" in body]
-    (app / "apps.py").write_text(
-        "from django.apps import AppConfig\n\n\n"
-        "class YourappConfig(AppConfig):\n"
-        '    name = "yourapp"\n\n'
-        "    def ready(self):\n" + textwrap.indent(wiring, "        ")
-    )
+    for name in ("apps", "jobs", "views"):
+        (app / f"{name}.py").write_text(python[f"# yourapp/{name}.py"])
     urls = project / "mysite" / "urls.py"
-    urls.write_text(
-        urls.read_text()
-        + "\nfrom yourapp import views\n\nurlpatterns += [path('invite/', views.invite)]\n"
-    )
+    urls.write_text(urls.read_text() + "\n" + python["# mysite/urls.py (append)"])
 
     try:
         steps = {}
-        migrate, worker, rebalance = commands
+        migrate, runserver, curl, worker, rebalance = commands
         run(*shlex.split(migrate)[1:], "--noinput")
+        run("manage.py", "shell", "-c", ENTERPRISE_ACME)
+        steps["curl"] = _curl_against_runserver(
+            [interpreter, *shlex.split(runserver)[1:]], shlex.split(curl), project, env
+        )
         steps["view"] = run(
             "manage.py",
             "shell",
@@ -114,8 +128,7 @@ def _follow_quickstart(
                 from fairqueue.models import TenantPlan
 
                 setup_test_environment()
-                TenantPlan.objects.create(tenant_id="acme", plan_tier="enterprise")
-                client = Client()
+                client = Client(enforce_csrf_checks=True)
                 job = json.loads(client.post("/invite/", {"to": "ann@example.com"}).content)
                 client.force_login(User.objects.create_superuser("admin", "a@example.com", "x"))
                 page = client.get("/admin/fairqueue/dashboard/")
@@ -134,9 +147,49 @@ def _follow_quickstart(
         delete_prefix(prefix)
 
 
+ENTERPRISE_ACME = (
+    "from fairqueue.models import TenantPlan; "
+    "TenantPlan.objects.create(tenant_id='acme', plan_tier='enterprise')"
+)
+
+
+def _curl_against_runserver(
+    runserver: list[str], curl: list[str], project: Path, env: dict[str, str]
+) -> dict:
+    """The README's curl, run against the README's `runserver` on a free port."""
+    port = free_port()
+    server = subprocess.Popen(
+        [*runserver, f"127.0.0.1:{port}", "--noreload"],
+        cwd=project,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        url = [arg for arg in curl if arg.startswith("http://127.0.0.1:8000/")]
+        assert url, curl
+        args = [arg.replace("127.0.0.1:8000", f"127.0.0.1:{port}") for arg in curl]
+        done = None
+        deadline = time.monotonic() + 60  # a loaded machine starts Django slowly
+        while time.monotonic() < deadline:
+            done = subprocess.run(
+                [*args, "-sS", "--fail-with-body"], capture_output=True, text=True, check=False
+            )
+            if done.returncode != 7:  # 7: not listening yet
+                break
+            time.sleep(0.5)
+        assert done is not None and done.returncode == 0, done
+        return json.loads(done.stdout)
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
 def _check(steps: dict[str, str], fairqueue_path: Path) -> None:
-    # An enterprise tenant's job is critical (the wired plan lookup), and the dashboard
-    # lists it among the waiting jobs.
+    # An enterprise tenant's job is critical (the wired plan lookup), said by the plan
+    # rule, through the README's curl; a POST without a CSRF token is accepted.
+    assert (steps["curl"]["level"], steps["curl"]["rule"]) == ("critical", "plan"), steps
+    # The dashboard lists the view's job among the waiting jobs.
     assert "JOB critical 200 True" in steps["view"], steps["view"]
     # The handler ran it, with the tenant in its context.
     assert "to ann@example.com for tenant acme" in steps["worker"], steps["worker"]

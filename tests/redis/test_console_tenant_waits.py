@@ -18,7 +18,8 @@ from fairqueue.scheduling.attempts import TENANT_BUCKET_S
 from fairqueue.scheduling.shares import bin_bounds, wait_bin
 from tests.helpers import stock_worker_until
 
-pytestmark = pytest.mark.django_db
+# Timing-sensitive (live workers, loops): `make test` runs them after the parallel part.
+pytestmark = [pytest.mark.django_db, pytest.mark.serial]
 
 #: The worker stamps processedOn with its clock, Redis the event with its own: the same
 #: machine's clock, read a moment apart.
@@ -27,7 +28,7 @@ CLOCKS_MS = 3
 
 async def _drain(prefix: str, count: int) -> None:
     async def process(job):
-        await asyncio.sleep(0.004 if job.data["tenantId"] == "acme" else 0.002)
+        await asyncio.sleep(0.012 if job.data["tenantId"] == "acme" else 0.004)
 
     await stock_worker_until(prefix, "email", process, count)
 
@@ -84,7 +85,7 @@ def test_tenant_waits__percentiles_and_worker_share_match_the_job_hashes(fq_pref
         assert acme["level_ms"] == beta["level_ms"] == acme["ms"] + beta["ms"]
         exact_share = worked["acme"] / (worked["acme"] + worked["beta"])
         assert acme["share"] == pytest.approx(exact_share, abs=300 * CLOCKS_MS / acme["level_ms"])
-        assert acme["share"] > 0.55  # its jobs take twice as long
+        assert acme["share"] > 0.55  # its jobs take three times as long (with margin for load)
     # Attempts started: every one, each tenant half of its level's.
     for tenant in ids:
         for row in pages[tenant]["started"]:

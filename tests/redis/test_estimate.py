@@ -5,7 +5,6 @@ reports each state and the jobs popped before a job, and the wait arithmetic."""
 from __future__ import annotations
 
 import math
-import uuid
 
 import pytest
 import redis
@@ -17,7 +16,7 @@ from fairqueue.broker.status_reads import StatusReads
 from fairqueue.scheduling import estimate as eta
 from fairqueue.scheduling.levels import PriorityLevel
 from fairqueue.scheduling.limits import TenantLimits
-from tests.conftest import REDIS_URL, delete_prefix
+from tests.conftest import REDIS_URL, delete_prefix, run_prefix
 
 C, H, N, L = PriorityLevel.CRITICAL, PriorityLevel.HIGH, PriorityLevel.NORMAL, PriorityLevel.LOW
 RANK = {C: 0, H: 1, N: 2, L: 3}
@@ -46,7 +45,7 @@ def test_the_estimate_places_as_the_add_script_and_the_model(steps):
     them): the read-only script's tag for the n-th job, the Python model's tag from the
     state the script read, and the score the add script then gives the n-th job are the
     same; the jobs counted before it are those with lower scores."""
-    prefix = f"fqtest-{uuid.uuid4().hex[:12]}"
+    prefix = run_prefix()
     broker = SyncBroker(Broker(REDIS_URL, prefix, fairness_by="jobs"))
     reads = StatusReads(broker.broker.conn, fairness_by="jobs")
     client = redis.Redis.from_url(REDIS_URL, decode_responses=True)

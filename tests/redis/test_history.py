@@ -33,6 +33,9 @@ from tests.conftest import REDIS_URL
 from tests.e2e.test_node_worker import node_worker, run_node_worker  # noqa: F401 - a fixture
 from tests.helpers import stock_worker_until
 
+# Timing-sensitive (live workers, loops): `make test` runs them after the parallel part.
+pytestmark = pytest.mark.serial
+
 WEIGHTS = {"critical": 4, "high": 3, "normal": 2, "low": 1}
 
 # -- bins and percentiles -----------------------------------------------------------------

@@ -25,7 +25,8 @@ from tests.e2e.test_node_worker import NODE_DIR
 from tests.helpers import bullmq_counts as counts
 from tests.helpers import release, settle_releases, wait_until
 
-pytestmark = pytest.mark.django_db
+# Timing-sensitive (live workers, loops): `make test` runs them after the parallel part.
+pytestmark = [pytest.mark.django_db, pytest.mark.serial]
 
 
 @pytest.fixture

@@ -33,7 +33,8 @@ from tests.helpers import (
 )
 from tests.redis.test_worker import registry  # noqa: F401, F811
 
-pytestmark = pytest.mark.django_db
+# Timing-sensitive (live workers, loops): `make test` runs them after the parallel part.
+pytestmark = [pytest.mark.django_db, pytest.mark.serial]
 
 
 def test_jobs_beyond_max_active__are_delayed_in_bullmq_counts(limited):

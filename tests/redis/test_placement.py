@@ -4,7 +4,6 @@ that order with no rebalance pass at all."""
 
 import math
 import time
-import uuid
 from collections import Counter
 
 import pytest
@@ -24,7 +23,7 @@ from fairqueue.broker import (
 from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
 from fairqueue.scheduling.levels import PriorityLevel
 from fairqueue.scheduling.order import FairClock, replaced_tag
-from tests.conftest import REDIS_URL, delete_prefix
+from tests.conftest import REDIS_URL, delete_prefix, run_prefix
 from tests.helpers import drain_with_stock_worker
 
 pytestmark = pytest.mark.django_db
@@ -80,7 +79,7 @@ def _take_as_a_worker(redis_client, clock, placed, key, taken) -> None:
 def test_the_add_script_places_every_job_as_the_reference_model(batches):
     """Batches of arrivals (levels, tenants, tenant weights), nothing consumed: each job's
     score in BullMQ's prioritized set is exactly the Python model's tag, in fixed point."""
-    prefix = f"fqtest-{uuid.uuid4().hex[:12]}"
+    prefix = run_prefix()
     broker = SyncBroker(Broker(REDIS_URL, prefix))
     redis_client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
     clock, placed = FairClock(), []
@@ -119,7 +118,7 @@ def test_the_add_script_places_as_the_model_while_a_worker_takes_jobs(rounds):
     takes them; one job always left, so the clock never starts afresh): the virtual time
     moves, flows run out of work and stop counting, and each job's score is still exactly
     the model's, batch after batch (the call's memo of the flows agrees with Redis)."""
-    prefix = f"fqtest-{uuid.uuid4().hex[:12]}"
+    prefix = run_prefix()
     broker = SyncBroker(Broker(REDIS_URL, prefix))
     redis_client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
     clock, placed = FairClock(), {}
@@ -152,7 +151,7 @@ def test_a_weight_change_is_counted_at_once_as_the_model_counts_it(rounds):
     totals with them, its waiting jobs are placed again where the model places them (the
     other tenants' keep their scores), and every later job's score, of that tenant and of
     the others, is still exactly the model's."""
-    prefix = f"fqtest-{uuid.uuid4().hex[:12]}"
+    prefix = run_prefix()
     broker = SyncBroker(Broker(REDIS_URL, prefix))
     redis_client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
     clock, placed, owner = FairClock(), {}, {}
@@ -240,6 +239,18 @@ def test_two_tenants_flooding_a_level_alternate_for_a_stock_worker(fq_prefix):
     order = [data["tenantId"] for _, data in drain_with_stock_worker(fq_prefix, "email", 200)]
     for start in range(0, 200, 20):
         assert Counter(order[start : start + 20]) == {"A": 10, "B": 10}
+
+
+def test_bursts_sent_one_after_another_share_the_next_jobs_a_stock_worker_takes(fq_prefix):
+    """Ten tenants' bursts of 100 jobs, one after another: the next 400 jobs a stock
+    worker takes split evenly, not in the order the bursts came (docs/design.md, "Joining
+    a level"; placed at the weight split among the tenants already there: 100, 100, 54,
+    37, 28, 22, 18, 16, 13, 12)."""
+    tenants = [f"t{n}" for n in range(10)]
+    for tenant in tenants:
+        enqueue_jobs("email", [{}] * 100, tenant_id=tenant, priority_level="normal")
+    order = [data["tenantId"] for _, data in drain_with_stock_worker(fq_prefix, "email", 400)]
+    assert Counter(order) == dict.fromkeys(tenants, 40)
 
 
 def test_a_weight_3_tenant_gets_three_turns_per_round(fq_prefix):
@@ -363,7 +374,7 @@ def test_with_measured_costs_the_add_script_places_as_the_model(arrivals, estima
     time over the unit), exactly as the Python model says."""
     from fairqueue.scheduling.order import cost_turns, turn_scale
 
-    prefix = f"fqtest-{uuid.uuid4().hex[:12]}"
+    prefix = run_prefix()
     broker = SyncBroker(Broker(REDIS_URL, prefix))
     redis_client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
     typical = 100.0

@@ -19,6 +19,9 @@ from fairqueue.rebalance.usage_step import UsageStep
 from tests.helpers import metric
 from tests.redis.test_usage import _work
 
+# Timing-sensitive (live workers, loops): `make test` runs them after the parallel part.
+pytestmark = pytest.mark.serial
+
 
 @pytest.fixture
 def clock():

@@ -16,7 +16,8 @@ from fairqueue.scheduling.levels import PriorityLevel
 from tests.conftest import REDIS_URL
 from tests.helpers import drain_with_stock_worker, metric, metric_delta
 
-pytestmark = pytest.mark.django_db
+# Timing-sensitive (live workers, loops): `make test` runs them after the parallel part.
+pytestmark = [pytest.mark.django_db, pytest.mark.serial]
 
 
 def prioritized(redis_client, prefix, queue="email"):

@@ -25,7 +25,8 @@ from tests.conftest import REDIS_URL
 from tests.helpers import free_port, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.django_db(transaction=True)
+# Timing-sensitive (live workers, loops): `make test` runs them after the parallel part.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.serial]
 
 
 def spawn(args, prefix, **env):
@@ -298,7 +299,10 @@ def test_once_with_redis_down__one_honest_message_naming_the_host_and_exit_1(fq_
     )
     output, _ = process.communicate(timeout=60)
     assert process.returncode == 1, output
-    assert f"Redis at 127.0.0.1:{port}/3 is unreachable (ConnectionError): no pass ran" in output
+    assert (
+        f"Redis at 127.0.0.1:{port}/3 (from FAIRQUEUE_REDIS_URL) is unreachable "
+        "(ConnectionError): no pass ran"
+    ) in output
     assert output.count("unreachable") == 1, output  # said once, not wrapped twice
     assert "retrying" not in output
     assert "hunter2" not in output

@@ -11,7 +11,8 @@ from fairqueue.scheduling.levels import PriorityLevel
 from fairqueue.scheduling.limits import TenantLimits
 from tests.helpers import release, run_stock_worker, settle_releases
 
-pytestmark = pytest.mark.django_db
+# Timing-sensitive (live workers, loops): `make test` runs them after the parallel part.
+pytestmark = [pytest.mark.django_db, pytest.mark.serial]
 
 TENANTS = 300
 

@@ -23,7 +23,8 @@ from tests.conftest import REDIS_URL
 from tests.helpers import stock_worker_until, wait_until
 from tests.redis.test_rebalance import index_ids
 
-pytestmark = pytest.mark.django_db
+# Timing-sensitive (live workers, loops): `make test` runs them after the parallel part.
+pytestmark = [pytest.mark.django_db, pytest.mark.serial]
 
 SCORE_BASE = 1 << 32
 

@@ -516,7 +516,9 @@ def node_run(body: str, prefix: str, queue: str) -> None:
         "import { Queue } from 'bullmq';"
         "const [url, prefix, name] = process.argv.slice(1);"
         "const u = new URL(url);"
-        "const q = new Queue(name, {prefix, connection: {host: u.hostname, port: +u.port}});" + body
+        "const db = Number(u.pathname.slice(1) || 0);"
+        "const q = new Queue(name, {prefix, connection: {host: u.hostname, port: +u.port, db}});"
+        + body
     )
     subprocess.run(
         [node, "--input-type=module", "-e", script, REDIS_URL, prefix, queue],

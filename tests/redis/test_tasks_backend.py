@@ -758,6 +758,7 @@ def test_worker__runs_only_task_functions_never_an_arbitrary_path(broker, redis_
 # -- a stock Node worker ----------------------------------------------------------------
 
 
+@pytest.mark.serial  # a live Node worker's order: beside other processes it starves
 def test_node_worker__takes_task_jobs_in_the_fair_order(node_worker, fq_prefix, redis_client):  # noqa: F811
     crit = [record_critical.enqueue(f"c{i}").id for i in range(8)]
     low = [record_low.enqueue(f"l{i}").id for i in range(2)]

@@ -28,7 +28,7 @@ from fairqueue.scheduling.levels import PriorityLevel
 from fairqueue.worker import handlers
 from fairqueue.worker.handlers import JobContext, NoHandlerError
 from fairqueue.worker.runner import Worker, split_payload
-from tests.conftest import REDIS_URL, delete_prefix
+from tests.conftest import REDIS_URL, delete_prefix, run_prefix
 from tests.helpers import PrivateRedis, free_port, read_until, spawner, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,7 +67,7 @@ def registry():
 @pytest.fixture
 def prefix(registry):
     """A private BullMQ prefix in FAIRQUEUE (with the test job types); its keys go after."""
-    prefix = f"fqtest-{uuid.uuid4().hex[:12]}"
+    prefix = run_prefix()
     with override_settings(
         FAIRQUEUE={"PREFIX": prefix, "QUEUES": dict(QUEUES), "REDIS_URL": REDIS_URL}
     ):
@@ -316,6 +316,23 @@ def test_sigterm__finishes_the_active_job_takes_no_new_one_and_returns(broker):
 
 
 # -- the management command -------------------------------------------------------------
+
+
+def test_command__redis_down_names_host_port_db_and_the_setting(settings, monkeypatch, prefix):
+    """The message alone says what to fix: where Redis was looked for and which setting
+    (or variable) said so; never the password."""
+    port = free_port()
+    monkeypatch.setenv("FAIRQUEUE_REDIS_URL", f"redis://:hunter2@127.0.0.1:{port}/5")
+    conf.reload_settings()
+    try:
+        with pytest.raises(CommandError) as info:
+            call_command("fairqueue_worker", "email", burst=True, verbosity=0)
+    finally:
+        monkeypatch.delenv("FAIRQUEUE_REDIS_URL")
+        conf.reload_settings()
+    assert str(info.value) == (
+        f"Redis is unavailable at 127.0.0.1:{port}/5 (from FAIRQUEUE_REDIS_URL): ConnectionError"
+    )
 
 
 def test_command__burst_processes_every_job_with_the_demo_handler_and_returns(broker):

@@ -28,7 +28,8 @@ from fairqueue.scheduling.order import (
 from tests.helpers import metric
 from tests.redis.test_reruns import _run_stock_worker
 
-pytestmark = pytest.mark.django_db
+# Timing-sensitive (live workers, loops): `make test` runs them after the parallel part.
+pytestmark = [pytest.mark.django_db, pytest.mark.serial]
 
 positive = st.floats(min_value=1e-6, max_value=1e9, allow_nan=False, allow_infinity=False)
 

@@ -276,7 +276,7 @@ def test_each_problem__its_own_id_exact_message_and_hint_and_the_same_runtime_er
     assert "hunter2" not in message
 
 
-def test_registered__run_checks_reports_the_settings_error(settings, clean_env):
+def test_registered__run_checks_reports_the_settings_error(settings, clean_env, db):
     configure(settings, clean_env, {"QUEUES": {"email": "email"}}, {"QUEUE_FAIR_MAX_WAIT_MS": "0"})
     found = [m for m in run_checks() if m.id == "fairqueue.E001"]
     assert found == checks.check_settings()
@@ -344,7 +344,7 @@ class ExplodingMapping(Mapping):
         return 1
 
 
-def test_unexpected_exception__e019_names_only_its_type_and_never_crashes(settings, clean_env):
+def test_unexpected_exception__e019_names_only_its_type_and_never_crashes(settings, clean_env, db):
     configure(settings, clean_env, ExplodingMapping(), {})
     expected = Error(
         "fairqueue settings could not be checked: RuntimeError was raised while reading them",
@@ -425,7 +425,35 @@ def test_e010__task_queue_without_a_job_type(settings, clean_env):
     ]
 
 
-def test_clean_settings__no_fairqueue_messages(settings, clean_env):
+@pytest.mark.parametrize(
+    "lookalike", ["FAIRQEUE", "FAIR_QUEUE", "FAIRQUEUES", "FAIRQUEUE_REDIS_URL"]
+)
+def test_w029__no_fairqueue_setting_names_the_lookalike(settings, clean_env, lookalike, db):
+    del settings.FAIRQUEUE
+    setattr(settings, lookalike, {"QUEUES": {"email": "email"}})
+    conf.reload_settings()
+    (warning,) = [m for m in run_checks() if m.id == checks.NO_SETTING_ID]
+    assert isinstance(warning, Warning)
+    assert f"found {lookalike}, which fairqueue does not read" in warning.msg
+    assert warning.hint.startswith(f"Rename {lookalike} to FAIRQUEUE")
+
+
+def test_w029__no_fairqueue_setting_and_no_lookalike(settings, clean_env, db):
+    del settings.FAIRQUEUE
+    conf.reload_settings()
+    (warning,) = [m for m in run_checks() if m.id == checks.NO_SETTING_ID]
+    assert "settings define no FAIRQUEUE" in warning.msg and "found" not in warning.msg
+    assert warning.hint.startswith("Add FAIRQUEUE = ")
+
+
+def test_w029__silent_once_fairqueue_is_set_even_empty(settings, clean_env):
+    settings.FAIRQUEUE = {}
+    settings.FAIRQEUE = {}
+    conf.reload_settings()
+    assert checks.check_setting_present() == []
+
+
+def test_clean_settings__no_fairqueue_messages(settings, clean_env, db):
     configure(settings, clean_env, {"QUEUES": {"email": "email", "report": "report"}}, {})
     assert [m for m in run_checks() if m.id.startswith("fairqueue.")] == []
 
@@ -439,7 +467,7 @@ def test_clean_settings__no_fairqueue_messages(settings, clean_env):
     ],
 )
 def test_a_bad_setting_is_one_error_not_one_per_task_queue_too(
-    settings, clean_env, fairqueue, expected
+    settings, clean_env, fairqueue, expected, db
 ):
     """With the settings wrong, the tasks backend's E010 says nothing (its message would
     repeat the settings error once per task queue, with a hint that does not apply)."""
@@ -465,6 +493,7 @@ def all_ids() -> list[str]:
         "fairqueue.W011",
         checks.OUTBOX_UNKNOWN_JOB_TYPE_ID,
         "fairqueue.W025",
+        checks.NO_SETTING_ID,
     ]
 
 

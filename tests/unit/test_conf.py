@@ -18,9 +18,10 @@ def _fresh_settings():
     conf.reload_settings()
 
 
-def test_defaults(monkeypatch):
+def test_defaults(monkeypatch, settings):
     for var in conf.ENV_VARS.values():
         monkeypatch.delenv(var, raising=False)
+    settings.FAIRQUEUE = {"QUEUES": {"email": "email"}}  # the suite's own sets REDIS_URL
     settings = conf.get_settings()
     assert settings.max_wait_ms == 300_000
     assert settings.rebalance_interval_ms == 5_000

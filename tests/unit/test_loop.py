@@ -101,7 +101,7 @@ def test_outage__logged_once_going_and_once_back_with_the_backoff_pauses(caplog)
     lines = messages(caplog)
     down = [m for m in lines if "unreachable" in m]
     assert down == [
-        f"Redis at {get_settings().redis_location} is unreachable (ConnectionRefusedError); "
+        f"Redis at {get_settings().redis.described} is unreachable (ConnectionRefusedError); "
         "retrying with backoff up to 30 s"
     ], lines
     assert lines.count("Redis is reachable again; scripted rounds resumed") == 1

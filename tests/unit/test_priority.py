@@ -96,7 +96,6 @@ def test_reserved_key__no_tenant_id_may_take_the_internal_jobs_key():
         ("t-pro", "normal"),
         ("t-free", "low"),
         ("t-odd", "normal"),
-        ("unknown", "normal"),
     ],
 )
 def test_rule_4__plan_lookup_decides(tenant, level):
@@ -104,6 +103,16 @@ def test_rule_4__plan_lookup_decides(tenant, level):
     result = resolve_priority(tenant_id=tenant, enabled=True)
     assert (result.level, result.rule) == (level, PriorityRule.PLAN)
     assert result.tenant_id == tenant
+
+
+def test_rule_4__no_plan_row_is_normal_and_says_so_not_plan():
+    """A tenant the lookup has no plan for gets the default level under its own rule, so
+    `EnqueuedJob.rule` tells "no plan" apart from a plan that decided; ids are
+    case-sensitive: "T-ENT" is not "t-ent"."""
+    prio.wire_tenant_plan_lookup(PLANS.get)
+    for tenant in ("unknown", "T-ENT"):
+        result = resolve_priority(tenant_id=tenant, enabled=True)
+        assert (result.level, result.rule) == ("normal", PriorityRule.NO_PLAN)
 
 
 def test_rule_4__failing_lookup_falls_back_to_normal():

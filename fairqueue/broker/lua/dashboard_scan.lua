@@ -13,7 +13,7 @@
 -- page boundary. If that job left meanwhile, the page starts at the first job of its
 -- score (ties may then be counted twice: the scan is a snapshot, not a transaction).
 -- Returns {count, next cursor, [level, waiting, overdue, oldest ts]...,
--- [level, tenant, waiting]...}.
+-- [level, tenant, waiting, overdue]...}.
 local mode, cursor, count = ARGV.mode, ARGV.cursor, tonumber(ARGV.count)
 local cutoff, prefix = tonumber(ARGV.cutoff), ARGV.prefix
 local ids, nextCursor = {}, cursor
@@ -93,6 +93,7 @@ for _, id in ipairs(ids) do
     stats[key] = s
   end
   s[1] = s[1] + 1
+  local late = 0
   if ts then
     local ready = tonumber(row[5])
     if not ready then
@@ -103,7 +104,10 @@ for _, id in ipairs(ids) do
         if o and type(o['delay']) == 'number' and o['delay'] > 0 then ready = ts + o['delay'] end
       end
     end
-    if ready < cutoff then s[2] = s[2] + 1 end
+    if ready < cutoff then
+      s[2] = s[2] + 1
+      late = 1
+    end
     if s[3] < 0 or ts < s[3] then s[3] = ts end
   end
   if level then
@@ -112,7 +116,13 @@ for _, id in ipairs(ids) do
       byTenant = {}
       tenants[level] = byTenant
     end
-    byTenant[tenant] = (byTenant[tenant] or 0) + 1
+    local t = byTenant[tenant]
+    if t == nil then
+      t = {0, 0}
+      byTenant[tenant] = t
+    end
+    t[1] = t[1] + 1
+    t[2] = t[2] + late
   end
 end
 local flatStats, flatTenants = {}, {}
@@ -123,10 +133,11 @@ for key, s in pairs(stats) do
   flatStats[#flatStats + 1] = s[3]
 end
 for level, byTenant in pairs(tenants) do
-  for tenant, n in pairs(byTenant) do
+  for tenant, t in pairs(byTenant) do
     flatTenants[#flatTenants + 1] = level
     flatTenants[#flatTenants + 1] = tenant
-    flatTenants[#flatTenants + 1] = n
+    flatTenants[#flatTenants + 1] = t[1]
+    flatTenants[#flatTenants + 1] = t[2]
   end
 end
 return {#ids, nextCursor, flatStats, flatTenants}

@@ -1,8 +1,10 @@
 --[[
   Read-only: one job's state as BullMQ's sets hold it, how many jobs BullMQ pops before
   it, and what an estimate of its start needs (fairqueue.broker.status_reads
-  .StatusReads.job_status). O(log n) in the prioritized set; the wait, active and held
-  lists are walked (LPOS), which fairqueue keeps short.
+  .StatusReads.job_status). O(log n) in the prioritized set and in the tenant's held jobs
+  (a ZRANK in their index, L:hrank:<t>); the wait and active lists are walked (LPOS),
+  which fairqueue keeps short. At 1M waiting or 1M held: two ZRANK/ZSCORE-sized reads
+  of about 20 levels each, and the rate window's 7 history hashes.
 
   KEYS[1..7]  BullMQ's prioritized set and wait list; fairqueue's state, flows,
               fweights; the limits key L; fq:hist
@@ -27,6 +29,22 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local waitLen = redis.call('LLEN', K.wait)
 local state, ahead, score, due, tenant, level = 'gone', -1, '', '', '', ''
 local limits, paused, catchup, held, occupied, place = '', 0, 0, 0, 0, {}
+
+-- A held job's place among its tenant's held jobs (-1: not known): its rank in
+-- L:hrank:<t> (tenant_limits.lua), O(log n), plus the held jobs the index lacks (held
+-- before it existed, so at the front of the list). A job the index lacks is looked for
+-- among those only, at most {{HELD_PLACE_SCAN}} of them, so the call stays bounded.
+local function fqHeldPlace(L, t, jobId)
+  local heldKey, rankKey = L .. ':held:' .. t, L .. ':hrank:' .. t
+  local unindexed = redis.call('LLEN', heldKey) - redis.call('ZCARD', rankKey)
+  if unindexed < 0 then unindexed = 0 end
+  local rank = redis.call('ZRANK', rankKey, jobId)
+  if rank then return rank + unindexed end
+  if unindexed == 0 then return -1 end
+  local pos = redis.call('LPOS', heldKey, jobId, 'MAXLEN',
+    math.min(unindexed, {{HELD_PLACE_SCAN}}))
+  return pos or -1
+end
 
 local fields = redis.call('HMGET', KEYS[13], 'data', 'processedOn', 'finishedOn')
 local exists = redis.call('EXISTS', KEYS[13]) == 1
@@ -76,8 +94,7 @@ else
             state, due = 'delayed', later
           else
             state = 'held'
-            local pos = redis.call('LPOS', L .. ':held:' .. tenant, id)
-            if pos then ahead = pos end
+            ahead = fqHeldPlace(L, tenant, id)
           end
         elseif ms - now > fqEtaRetryHeldMs / 2 then
           state = 'held' -- a released job's failed attempt, about to be held again

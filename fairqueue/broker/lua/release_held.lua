@@ -259,7 +259,11 @@ if mode == 'scan' then
           if boundary ~= '' then
             inserted = redis.call('LINSERT', heldKey, 'BEFORE', boundary, id)
           end
-          if inserted <= 0 then redis.call('RPUSH', heldKey, id) end
+          if inserted <= 0 then
+            redis.call('RPUSH', heldKey, id) -- its index entry stays at the tail
+          else
+            fqRankBefore(L, t, id, boundary)
+          end
           moved = moved + 1
           ties = ties - 1
         end
@@ -288,6 +292,7 @@ if mode == 'pullback' then
       -- fqHoldJob appends; a pulled-back job goes back to the front, in its old order
       redis.call('RPOP', L .. ':held:' .. t)
       redis.call('LPUSH', L .. ':held:' .. t, id)
+      fqRankFront(L, t, id)
       redis.call('SREM', L .. ':out:' .. t, id)
       redis.call('ZREM', L .. ':rate:' .. t, id)
       moved = moved + 1
@@ -375,6 +380,7 @@ for _, t in ipairs(tenants) do
   local due = redis.call('ZRANGEBYSCORE', laterKey, '-inf', now, 'LIMIT', 0, 1000)
   if #due > 0 then
     redis.call('RPUSH', heldKey, unpack(due))
+    fqRankTail(L, t, due)
     redis.call('ZREM', laterKey, unpack(due))
   end
   local tokens = nil -- the rate bucket's tokens, when the tenant has a rate limit
@@ -452,12 +458,13 @@ for _, t in ipairs(tenants) do
     -- cut by nothing but this call's budget: the next call goes on with it
     local allowed = count
     if count > budget - released then count = budget - released end
-    local done, placed, indexed = 0, 0, {}
+    local done, placed, indexed, popped = 0, 0, {}, {}
     while done < count do
       if released >= {{RELEASE_SURE_JOBS}} and fqTimeUp() then break end
       local id = redis.call('LPOP', heldKey)
       if not id then break end
       done = done + 1
+      popped[done] = id
       local meta = redis.call('HGET', L .. ':meta', id)
       if redis.call('EXISTS', prefix .. id) == 0 or not meta then
         redis.call('HDEL', L .. ':meta', id) -- removed while held (remove, drain, clean)
@@ -489,6 +496,7 @@ for _, t in ipairs(tenants) do
       end
     end
     fqIndexMany(K, indexed, now) -- one RPUSH for the tenant's released jobs
+    fqRankDrop(L, t, popped) -- one ZREM: they left the held list
     if tokens then
       tokens = tokens - placed
       redis.call('HSET', L .. ':bucket:' .. t, 'tokens', string.format('%.17g', tokens), 'at', now)

@@ -11,12 +11,12 @@
   children: the job leaves its set or list, its keys go (the hash, logs, dependencies,
   processed, failed, unsuccessful), its deduplication key goes if it names this job, and
   a 'removed' event is written (prev: its state). A held job also leaves its tenant's
-  held list and its entry in the limits' meta hash. fairqueue's other indexes forget it
+  held list, its rank index and its entry in the limits' meta hash. fairqueue's other indexes forget it
   as the pass and the release step find it gone (as after BullMQ's removal).
 
   KEYS[1] prioritized  KEYS[2] delayed  KEYS[3] wait  KEYS[4] paused  KEYS[5] meta
   KEYS[6] events       KEYS[7] the tenant's held list (L:held:<tenant>)
-  KEYS[8] L:meta
+  KEYS[8] L:meta       KEYS[9] the held list's rank index (L:hrank:<tenant>)
   ARGV    prefix (the queue's key prefix, '<prefix>:<queue>:'), ids...
   Returns {removed, started, gone, kept}: gone are ids no job has any more.
 
@@ -49,6 +49,7 @@ for i = 1, #ARGV.ids do
       prev = 'delayed'
       if redis.call('LREM', KEYS[7], 1, id) == 1 then
         redis.call('HDEL', KEYS[8], id)
+        redis.call('ZREM', KEYS[9], id) -- and its place in the index (tenant_limits.lua)
       end
     elseif redis.call('LPOS', KEYS[3], id) then
       redis.call('LREM', KEYS[3], 1, id)

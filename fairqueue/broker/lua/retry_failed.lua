@@ -13,10 +13,11 @@
   KEYS[11]    the limits key L
   ARGV        job key prefix, fairness ('time'/'jobs'), tenant ('' for every tenant),
               page size, cursor score, cursor member ('' from the oldest), wait bound ms,
-              payload cap bytes
+              payload cap bytes, one job id ('' for every failed job: with an id only
+              that job is looked at, an O(log n) read of the failed set)
   Returns {retried, held, cursor score, cursor member, done (1/0)}.
 ]]
---- @argv prefix fairness tenant page from_score from_member bound max_payload
+--- @argv prefix fairness tenant page from_score from_member bound max_payload job
 --- @include fair_clock
 --- @include tenant_limits
 --- @include rerun_meta
@@ -29,8 +30,13 @@ local K = {prioritized = KEYS[2], state = KEYS[6], flows = KEYS[7], fweights = K
 local L = KEYS[11]
 local min = '-inf'
 if fromScore ~= '' then min = fromScore end
-local found = redis.call('ZRANGEBYSCORE', KEYS[1], min, '+inf', 'WITHSCORES', 'LIMIT', 0,
-  page + 1)
+local found
+if ARGV.job ~= '' then
+  local jobScore = redis.call('ZSCORE', KEYS[1], ARGV.job)
+  found = jobScore and {ARGV.job, jobScore} or {}
+else
+  found = redis.call('ZRANGEBYSCORE', KEYS[1], min, '+inf', 'WITHSCORES', 'LIMIT', 0, page + 1)
+end
 local now = fqNowMs()
 local anyHolds = redis.call('EXISTS', L .. ':paused', L .. ':catchup') > 0
 local memo = {}

@@ -76,7 +76,7 @@ class Command(LoopCommand):
             rebalancer.run(once=options["once"])
         except BrokerUnavailableError as exc:
             raise CommandError(
-                f"Redis at {settings.redis_location} is unreachable "
+                f"Redis at {settings.redis.described} is unreachable "
                 f"({unavailable_reason(exc)}): no pass ran"
             ) from None
         except BrokerRejectedError as exc:

@@ -50,6 +50,17 @@
       .replace("__id__", encodeURIComponent(jobId));
   }
 
+  // A tenant as a link to its page when the server gave its URL (tenant-less jobs: text).
+  function tenantNode(tag, url, text, cls) {
+    var el = node(tag, cls ? { class: cls } : {});
+    if (url) {
+      el.appendChild(node("a", { href: url }, text));
+    } else {
+      el.textContent = text;
+    }
+    return el;
+  }
+
   function renderRows(tbody, stats) {
     clear(tbody);
     var jobs = stats.order.jobs;
@@ -66,13 +77,15 @@
       }
       row.appendChild(node("td", { class: "fq-pos" }, String(job.position)));
       var idCell = node("td", { class: "fq-job-id" });
-      idCell.appendChild(node("a", { href: detailUrl(stats.job_type, job.job_id) }, job.job_id));
+      idCell.appendChild(
+        node("a", { href: job.job_url || detailUrl(stats.job_type, job.job_id) }, job.job_id)
+      );
       row.appendChild(idCell);
       row.appendChild(node("td", {}, job.name));
       var levelCell = node("td");
       levelCell.appendChild(node("span", { class: "fq-level fq-level-" + job.level }, job.level));
       row.appendChild(levelCell);
-      row.appendChild(node("td", {}, job.tenant_display));
+      row.appendChild(tenantNode("td", job.tenant_url, job.tenant_display));
       row.appendChild(node("td", {}, job.waited));
       row.appendChild(node("td", {}, job.decision_display));
       var flags = node("td");
@@ -113,7 +126,9 @@
       return;
     }
     tenants.forEach(function (t) {
-      el.appendChild(node("span", { class: "fq-tenant" }, t.display + " (" + t.waiting + ")"));
+      var span = tenantNode("span", t.tenant_url, t.display, "fq-tenant");
+      span.appendChild(document.createTextNode(" (" + t.waiting + ")"));
+      el.appendChild(span);
       el.appendChild(document.createTextNode(" "));
     });
   }
@@ -173,11 +188,44 @@
         tenants.textContent = "—";
       }
       history.tenants.forEach(function (t) {
-        var label = t.tenant + " (" + t.level + ", " + t.served + ", " + t.share_display + ")";
-        tenants.appendChild(node("span", { class: "fq-tenant" }, label));
+        var label = " (" + t.level + ", " + t.served + ", " + t.share_display + ")";
+        var span = tenantNode("span", t.tenant_url, t.tenant, "fq-tenant");
+        span.appendChild(document.createTextNode(label));
+        tenants.appendChild(span);
         tenants.appendChild(document.createTextNode(" "));
       });
     }
+  }
+
+  // The noisy tenants as the JSON has them now: the page and its JSON never disagree
+  // for longer than one refresh.
+  var NOISY_COLUMNS = ["level", "running", "level_running", "share", "entitled", "factor"];
+
+  function renderNoisy(box, noisy) {
+    clear(box);
+    var tenants = (noisy && noisy.tenants) || [];
+    if (!tenants.length) {
+      box.appendChild(node("p", { class: "fq-note", "data-fq-noisy-none": "" }, "None at this moment."));
+      return;
+    }
+    var table = node("table", { class: "fq-noisy" });
+    var head = node("tr");
+    ["tenant", "level", "running", "of the level's running", "its share", "its fair share",
+      "times its fair share"].forEach(function (name) {
+      head.appendChild(node("th", {}, name));
+    });
+    table.appendChild(node("thead")).appendChild(head);
+    var body = node("tbody");
+    tenants.forEach(function (n) {
+      var row = node("tr", { "data-fq-noisy": n.display });
+      row.appendChild(tenantNode("td", n.tenant_url, n.display));
+      NOISY_COLUMNS.forEach(function (key) {
+        row.appendChild(node("td", {}, show(n[key], "—")));
+      });
+      body.appendChild(row);
+    });
+    table.appendChild(body);
+    box.appendChild(table);
   }
 
   function updateSection(section, stats) {
@@ -208,6 +256,10 @@
     var rows = section.querySelector("[data-fq-rows]");
     if (rows) {
       renderRows(rows, stats);
+    }
+    var noisy = section.querySelector("[data-fq-noisy-box]");
+    if (noisy) {
+      renderNoisy(noisy, stats.noisy);
     }
     renderHistory(section, stats.history);
   }

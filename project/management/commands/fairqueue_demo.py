@@ -31,7 +31,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from fairqueue.conf import ENV_VARS, get_settings
+from fairqueue.conf import DEFAULT_REDIS_SOURCE, ENV_VARS, get_settings
 from fairqueue.management.arguments import int_in_range, number_in_range
 from fairqueue.scheduling.levels import PriorityLevel
 from fairqueue.scheduling.order import PendingJob, order_by_occupancy, order_pending_jobs
@@ -395,12 +395,21 @@ class Demo:
                 f"handlers (the demo project's project/jobs.py); missing: {missing}"
             )
 
+    def _redis_source(self) -> str:
+        """Which setting named the server: FAIRQUEUE_REDIS_URL only when it is set."""
+        source = self.settings.redis.source
+        return (
+            "the default URL; FAIRQUEUE_REDIS_URL is not set"
+            if source == DEFAULT_REDIS_SOURCE
+            else source
+        )
+
     def _redis(self) -> tuple[str, EmbeddedRedis | None]:
         url = self.settings.redis_url
         if redis_answers(url):
             url = with_db(url, self.redis_db)
             self.say(
-                f"Redis: using the server at {describe_redis(url)} (FAIRQUEUE_REDIS_URL, "
+                f"Redis: using the server at {describe_redis(url)} ({self._redis_source()}, "
                 f"database {self.redis_db})\n  keys under {self.prefix}:*, deleted at the end"
             )
             return url, None

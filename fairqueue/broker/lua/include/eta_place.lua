@@ -49,9 +49,9 @@ local function fqEtaPlace(K, c, level, tenant, weight, explicitMs, byTime, n)
   local member = level .. '\n' .. tenant
   local p = {last = nil, counted = 0, horizon = nil, total = 0, frontier = nil, cost = 1}
   if not c.fresh then
-    local row = redis.call('HMGET', K.fweights, member, 'j\n' .. member)
+    local row = redis.call('HMGET', K.fweights, member, 'j\n' .. member, 's\n' .. member)
     p.last = tonumber(redis.call('ZSCORE', K.flows, member))
-    p.counted, p.horizon = tonumber(row[1]) or 0, tonumber(row[2])
+    p.counted, p.horizon, p.spacing = tonumber(row[1]) or 0, tonumber(row[2]), tonumber(row[3])
     p.total = c.totals[level] or 0
     local gone = redis.call('ZRANGEBYSCORE', K.flows, '-inf', string.format('%.17g', c.vt),
       'LIMIT', 0, fqEtaExpire)
@@ -60,16 +60,25 @@ local function fqEtaPlace(K, c, level, tenant, weight, explicitMs, byTime, n)
       if string.sub(gone[i], 1, #prefix) == prefix then
         p.total = p.total - (tonumber(redis.call('HGET', K.fweights, gone[i])) or 0)
       end
-      if gone[i] == member then p.last, p.counted, p.horizon = nil, 0, nil end
+      if gone[i] == member then p.last, p.counted, p.horizon, p.spacing = nil, 0, nil, nil end
     end
     local others = p.total - p.counted
     if p.counted == 0 and others > 0 then
       local top = redis.call('ZREVRANGEBYSCORE', K.flows, '+inf',
         '(' .. string.format('%.17g', c.vt), 'WITHSCORES', 'LIMIT', 0, fqFrontierScan)
+      local fields = {}
       for i = 1, #top, 2 do
         if string.sub(top[i], 1, #prefix) == prefix then
-          p.frontier = tonumber(top[i + 1])
-          break
+          if not p.frontier then p.frontier = tonumber(top[i + 1]) end
+          fields[#fields + 1] = 's\n' .. top[i]
+        end
+      end
+      if #fields > 0 then -- the densest spacing among them (fqFrontier)
+        for _, spacing in ipairs(redis.call('HMGET', K.fweights, unpack(fields))) do
+          spacing = tonumber(spacing)
+          if spacing and (not p.frontierSpacing or spacing < p.frontierSpacing) then
+            p.frontierSpacing = spacing
+          end
         end
       end
     end
@@ -84,6 +93,7 @@ local function fqEtaPlace(K, c, level, tenant, weight, explicitMs, byTime, n)
   end
   -- fqPlace, n times over (a batch of one flow: each job a step further)
   local last, counted, horizon, total = p.last, p.counted, p.horizon, p.total
+  local spacing = p.spacing
   local tag = nil
   for i = 1, n do
     local others = total - counted
@@ -91,12 +101,20 @@ local function fqEtaPlace(K, c, level, tenant, weight, explicitMs, byTime, n)
     local start = c.vt
     if last and last > start then start = last end
     local joined = nil
+    local catchUp = spacing or others
     if counted == 0 and others > 0 and i == 1 then
       joined = p.frontier
-      if joined and joined > start then horizon = joined else joined = nil end
+      if joined and joined > start then
+        horizon = joined
+        catchUp = others
+        if p.frontierSpacing and p.frontierSpacing < others then catchUp = p.frontierSpacing end
+      else
+        joined = nil
+      end
     end
     local share = all
-    if horizon and start < horizon then share = others end
+    if horizon and start < horizon then share = catchUp end
+    spacing = share
     tag = start + fqScale * p.cost * share / ((4 - fqLevelRank[level]) * weight)
     total, counted = all, weight
     if not joined and horizon and start >= horizon then horizon = nil end
@@ -139,5 +157,5 @@ local function fqEtaReply(c, p, K)
   return {fqEtaNum(c.vt), fqEtaNum(c.base), c.fresh and 1 or 0, fqEtaNum(p.last), p.counted,
     fqEtaNum(p.horizon), p.total, fqEtaNum(p.frontier), fqEtaNum(p.cost), fqEtaNum(p.tag),
     p.score and string.format('%d', p.score) or '', ahead, fqEtaNum(c.typical),
-    fqEtaNum(c.delta), fqEtaNum(c.cursor)}
+    fqEtaNum(c.delta), fqEtaNum(c.cursor), fqEtaNum(p.spacing), fqEtaNum(p.frontierSpacing)}
 end

@@ -29,7 +29,9 @@
                    list: a flow's line, the ids of its placed jobs in the order placed
                    (fqLinePush), for an overdue job to take its flow's first place
     K.fweights     hash: "<level>\n<tenant>" -> the weight counted in W:<level>;
-                   "j\n<level>\n<tenant>" -> a joining flow's catch-up horizon (fqPlace)
+                   "j\n<level>\n<tenant>" -> a joining flow's catch-up horizon (fqPlace);
+                   "s\n<level>\n<tenant>" -> the share its last job was placed with
+                   (its spacing: a flow joining beside its backlog is placed at it)
     K.jobs         hash: delayed job id -> "<level>\n<weight>\n<ready ms>\n<tenant>", where
                    fairqueue 0.1 kept a delayed job's meta (now in its opts: fqMeta);
                    read and emptied by the pass
@@ -281,6 +283,11 @@ local function fqFlush(K, c)
       weights[#weights + 1] = string.format('%.17g', f.horizon)
       f.horizonDirty = false
     end
+    if f.spacingDirty then
+      weights[#weights + 1] = 's\n' .. member
+      weights[#weights + 1] = f.spacing
+      f.spacingDirty = false
+    end
   end
   for level in pairs(m.dirtyTotals) do
     totals[#totals + 1] = 'W:' .. level
@@ -312,7 +319,8 @@ local function fqExpire(K, c)
     for i = 1, #gone do
       local level = string.match(gone[i], '^[^\n]*')
       byLevel[level] = (byLevel[level] or 0) + (tonumber(weights[i]) or 0)
-      fields[2 * i - 1], fields[2 * i] = gone[i], 'j\n' .. gone[i]
+      fields[3 * i - 2], fields[3 * i - 1], fields[3 * i] = gone[i], 'j\n' .. gone[i],
+        's\n' .. gone[i]
       lines[i] = K.flows .. ':' .. gone[i] -- its line: no job of it waits
     end
     for level, w in pairs(byLevel) do redis.call('HINCRBY', K.state, 'W:' .. level, -w) end
@@ -325,18 +333,31 @@ local function fqExpire(K, c)
   if #gone < room then c.expiredAt = c.vt end
 end
 
--- The last tag of the level's flow that reaches furthest ahead of the virtual time (nil:
--- none among the fqFrontierScan flows that reach furthest, of every level): where the
--- backlogs the level's tenants placed before a flow joined end.
+-- The last tag of the level's flow that reaches furthest ahead of the virtual time, and
+-- the least share the level's flows among them placed their last jobs with (nil: none
+-- among the fqFrontierScan flows that reach furthest, of every level): where the
+-- backlogs the level's tenants placed before a flow joined end, and their densest spacing.
 local function fqFrontier(K, c, level)
   fqFlush(K, c) -- the memo's tags too
   local top = redis.call('ZREVRANGEBYSCORE', K.flows, '+inf', '(' .. string.format('%.17g',
     c.vt), 'WITHSCORES', 'LIMIT', 0, fqFrontierScan)
   local prefix = level .. '\n'
+  local frontier, fields = nil, {}
   for i = 1, #top, 2 do
-    if string.sub(top[i], 1, #prefix) == prefix then return tonumber(top[i + 1]) end
+    if string.sub(top[i], 1, #prefix) == prefix then
+      if not frontier then frontier = tonumber(top[i + 1]) end
+      fields[#fields + 1] = 's\n' .. top[i]
+    end
   end
-  return nil
+  if not frontier then return nil end
+  -- the densest spacing among them: a backlog placed while fewer tenants had work is
+  -- that dense, though its flow's last jobs (past an earlier horizon) may not be
+  local densest = nil
+  for _, spacing in ipairs(redis.call('HMGET', K.fweights, unpack(fields))) do
+    spacing = tonumber(spacing)
+    if spacing and (not densest or spacing < densest) then densest = spacing end
+  end
+  return frontier, densest
 end
 
 -- Place one job of (level, tenant, weight); returns its score (nil: no room). Every job,
@@ -363,9 +384,9 @@ local function fqPlace(K, c, level, tenant, weight, explicitMs, stored)
     f = {last = nil, counted = 0} -- the flows were cleared by this call's clock
     if m then m.flows[member] = f end
   elseif not f then
-    local row = redis.call('HMGET', K.fweights, member, 'j\n' .. member)
+    local row = redis.call('HMGET', K.fweights, member, 'j\n' .. member, 's\n' .. member)
     f = {last = tonumber(redis.call('ZSCORE', K.flows, member)),
-      counted = tonumber(row[1]) or 0, horizon = tonumber(row[2])}
+      counted = tonumber(row[1]) or 0, horizon = tonumber(row[2]), spacing = tonumber(row[3])}
     if m then m.flows[member] = f end
   end
   local levelTotal = m and m.totals[level] or (c.readTotals and c.readTotals[level])
@@ -382,27 +403,49 @@ local function fqPlace(K, c, level, tenant, weight, explicitMs, stored)
   if behind then start = last end
   local horizon = f.horizon
   local joined = nil
+  -- While it catches up, a joining flow keeps the spacing it joined at: that of the
+  -- backlog reaching furthest, whatever tenants joined since (others before the upgrade).
+  local catchUp = f.spacing or others
   if counted == 0 and others > 0 then
-    joined = fqFrontier(K, c, level)
-    if joined and joined > start then horizon = joined else joined = nil end
+    local frontierSpacing
+    joined, frontierSpacing = fqFrontier(K, c, level)
+    if joined and joined > start then
+      horizon = joined
+      catchUp = others
+      if frontierSpacing and frontierSpacing < others then catchUp = frontierSpacing end
+    else
+      joined = nil
+    end
   end
   local share = total
-  if horizon and start < horizon then share = others end
+  if horizon and start < horizon then share = catchUp end
   local cost, cold = fqCostOf(K, c, member, explicitMs)
   local tag = start + fqScale * cost * share / ((4 - fqLevelRank[level]) * weight)
   local score = fqScoreOf(c, tag, level)
   if score then
-    -- Placed: the flow counts towards its level (a parked job changes nothing).
+    -- Placed: the flow counts towards its level (a parked job changes nothing), and its
+    -- spacing is kept for a flow joining beside it.
+    local spaced = f.spacing ~= share
     if counted ~= weight then
       if m then
         m.totals[level], m.dirtyTotals[level] = total, true
         f.counted, f.weightDirty = weight, true
       else
         fqStateSet(K, c, 'W:' .. level, total)
-        redis.call('HSET', K.fweights, member, weight)
+        if spaced then
+          redis.call('HSET', K.fweights, member, weight, 's\n' .. member, share)
+        else
+          redis.call('HSET', K.fweights, member, weight)
+        end
         if c.readTotals then c.readTotals[level] = total end
         c.flowsEmpty = false
       end
+    elseif spaced and not m then
+      redis.call('HSET', K.fweights, 's\n' .. member, share)
+    end
+    if spaced then
+      f.spacing = share
+      if m then f.spacingDirty = true end
     end
     if joined then
       f.horizon = joined

@@ -19,6 +19,9 @@
                     made while it read the rows (and then keeps it)
     L:tenants       set: tenants with held jobs or released ones not finished
     L:held:<t>      list: the tenant's held job ids, oldest first (released in this order)
+    L:hrank:<t>     zset: the same ids scored in the list's order (fqRankTail, fqRankFront,
+                    fqRankBefore; dropped as they leave it), so a held job's place is a
+                    ZRANK, O(log n), not a walk of the list (job_status)
     L:out:<t>       set: its released jobs not finished yet (running, takeable, or about
                     to run again): the slots it occupies, checked against BullMQ's own
                     state at every release, so no counter can drift
@@ -67,11 +70,62 @@ local function fqSplitLimits(encoded)
   return {maxActive = f[1], rateMax = f[2], rateMs = f[3], maxWaiting = f[4]}
 end
 
+-- L:hrank:<t> keeps each held job's place in L:held:<t> as a score, ascending in the
+-- list's order: appended ids count up by one from the last, an id pushed to the front
+-- goes fqRankGap below the first, and one inserted before another (a pause's scan puts
+-- the tenant's untracked jobs ahead of its held ones, in order) goes one above its
+-- predecessor, or fqRankGap below it when it has none. Scores stay whole numbers far
+-- inside a double's 2^53 (the key goes with its last job, and starts again from 0); when
+-- two places run out of room between them the job shares its predecessor's score, and
+-- its rank is off by the ties (ZRANK orders them by id), never by more. Every write is
+-- O(log n).
+local fqRankGap = 67108864 -- 2^26: room for that many jobs inserted before one place
+local function fqRankTail(L, t, ids)
+  if #ids == 0 then return end
+  local key = L .. ':hrank:' .. t
+  local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  local at = tonumber(last[2]) or 0
+  local args = {}
+  for i, id in ipairs(ids) do
+    args[#args + 1] = string.format('%.17g', at + i)
+    args[#args + 1] = id
+  end
+  redis.call('ZADD', key, unpack(args))
+end
+
+local function fqRankFront(L, t, id)
+  local key = L .. ':hrank:' .. t
+  redis.call('ZREM', key, id)
+  local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  local at = (tonumber(first[2]) or fqRankGap) - fqRankGap
+  redis.call('ZADD', key, string.format('%.17g', at), id)
+end
+
+local function fqRankBefore(L, t, id, boundary)
+  local key = L .. ':hrank:' .. t
+  redis.call('ZREM', key, id)
+  local limit = tonumber(redis.call('ZSCORE', key, boundary))
+  if not limit then return fqRankTail(L, t, {id}) end
+  local prev = redis.call('ZREVRANGEBYSCORE', key, '(' .. string.format('%.17g', limit), '-inf',
+    'WITHSCORES', 'LIMIT', 0, 1)
+  local at = limit - fqRankGap
+  if prev[2] then
+    at = tonumber(prev[2]) + 1
+    if at >= limit then at = tonumber(prev[2]) end
+  end
+  redis.call('ZADD', key, string.format('%.17g', at), id)
+end
+
+local function fqRankDrop(L, t, ids)
+  if #ids > 0 then redis.call('ZREM', L .. ':hrank:' .. t, unpack(ids)) end
+end
+
 -- Hold a job BullMQ just added to its prioritized set (or re-hold a released one).
 local function fqHoldJob(L, prioritizedKey, delayedKey, eventsKey, jobId, tenant, meta)
   redis.call('ZREM', prioritizedKey, jobId)
   redis.call('ZADD', delayedKey, string.format('%.17g', fqHeldScore), jobId)
   redis.call('RPUSH', L .. ':held:' .. tenant, jobId)
+  fqRankTail(L, tenant, {jobId})
   if meta then redis.call('HSET', L .. ':meta', jobId, meta) end
   redis.call('SADD', L .. ':tenants', tenant)
   fqDue(L, tenant, 0)

@@ -8,6 +8,9 @@
   KEYS[7..8]  fairqueue's: ready, jobs (no longer written: fairqueue 0.1 kept the meta
               there, and the pass still reads what it left)
   KEYS[9]     the limits key L (tenant_limits.lua)  KEYS[10] BullMQ's prioritized set
+  KEYS[11]    fq:dly: its flow's delayed jobs not placed yet are KEYS[11]:<level>:<tenant>,
+              a zset by ready time (ms), so an estimate counts those due before a job's
+              own start (estimate_start.lua); the pass drops each as it places it
   ARGV        addDelayedJob's (at its positions): packed args, JSON data, packed opts;
               then the level, the tenant and the tenant weight; the delay in ms; the
               tenant's encoded limits ('' for none); (optional) JSON {token, left}: this

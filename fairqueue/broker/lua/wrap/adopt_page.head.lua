@@ -17,6 +17,7 @@
   KEYS[8..12]  fairqueue's: state, flows, fweights, ready, jobs
   KEYS[13]     the leader lock
   KEYS[14..16] the limits key L (tenant_limits.lua), BullMQ's delayed set and events
+  KEYS[17]     fq:dly (add_delayed): a delayed job placed or held leaves its flow's index
   ARGV         token, lock ttl ms, job key prefix, page size, wait bound ms,
                payload cap bytes, dry run (1/0), what fairness counts ('time'/'jobs');
                read before changePriority's own are written over them, per job

@@ -40,6 +40,9 @@ for _, candidate in ipairs(candidates) do
   else
     level, tenant, weight, ready = fqForeign(fqKeys, fqPrefix, jobId, fqNow, fqMaxPayload)
   end
+  if level and not fqDry then -- one of its flow's delayed jobs no longer (add_delayed)
+    redis.call('ZREM', KEYS[17] .. ':' .. level .. ':' .. tenant, jobId)
+  end
   if level and not fqDry and fqHolding(fqLimitsKey, tenant, fqAnyHolds, fqHoldingMemo) then
     if inWait then redis.call('LREM', KEYS[1], -1, jobId) end
     if meta then redis.call('HDEL', fqKeys.jobs, jobId) end
