@@ -37,9 +37,9 @@ def test_noisy__a_flood_holding_the_workers_is_flagged_a_tenant_within_its_share
     heavy = {("normal", "big"): FlowWeight(4, True), ("normal", "small"): FlowWeight(1, True)}
     assert noisy_tenants({("normal", "big"): 4, ("normal", "small"): 1}, {"normal": 5}, heavy) == []
     # Entitled now, not by weight: beside a held tenant that uses little, the flood is
-    # entitled to 90% of the level and 8 of 10 running is within it; measured says so.
+    # entitled to 80% of the level and 8 of 10 running is within it; measured says so.
     running = {("normal", "flood"): 8, ("normal", "fair"): 2}
-    now = {("normal", "flood"): 0.9, ("normal", "fair"): 0.1}
+    now = {("normal", "flood"): 0.8, ("normal", "fair"): 0.2}
     assert noisy_tenants(running, level_weights, flows, now) == []
     (flagged,) = noisy_tenants(running, level_weights, flows, {("normal", "flood"): 0.3})
     assert (flagged.entitled, flagged.measured) == (0.3, True)
