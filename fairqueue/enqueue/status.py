@@ -175,17 +175,11 @@ def _pace(
     )
 
 
-def level_share_of(
-    raw: RawEstimate, level: PriorityLevel, tenant: str, tenant_weight: float
-) -> float | None:
-    """What ``tenant``'s flow of ``level`` (at ``tenant_weight``) is entitled to now, as a
-    fraction of its level's starts, from any estimate read of its queue (who is asking
-    does not depend on the flow asked about): the ``level_share`` its own estimate shows,
-    so the console's pages and metric read one figure."""
-    rate = _rate(raw, raw.placement.typical_ms)
-    vt = raw.placement.flow.vt
-    found = _pace(raw, rate, level=level, tenant=tenant, tenant_weight=tenant_weight, vt=vt)
-    return found.level_share
+def level_share_of(raw: RawEstimate, level: PriorityLevel, tenant: str, w: float) -> float | None:
+    """``tenant``'s entitlement now in ``level`` at weight ``w`` (its estimate's ``level_share``)
+    from any estimate read of its queue: who is asking does not depend on who asks."""
+    rate, vt = _rate(raw, raw.placement.typical_ms), raw.placement.flow.vt
+    return _pace(raw, rate, level=level, tenant=tenant, tenant_weight=w, vt=vt).level_share
 
 
 def _new_job_wait(
