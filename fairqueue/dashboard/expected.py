@@ -56,6 +56,7 @@ def _shown(estimate: StartEstimate) -> dict[str, Any]:
         "held_reason": estimate.held_reason,
         "share": estimate.share,
         "level_share": estimate.level_share,
+        "level": estimate.level,
         "text": describe(estimate),
     }
 

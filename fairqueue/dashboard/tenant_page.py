@@ -32,7 +32,7 @@ from fairqueue.plans import priority_from_plan
 from fairqueue.scheduling.attempts import TENANT_BUCKET_S
 from fairqueue.scheduling.levels import LEVELS_BY_RANK
 from fairqueue.scheduling.limits import TenantLimits
-from fairqueue.scheduling.shares import parse_bucket, tenant_window
+from fairqueue.scheduling.shares import LEVEL_NAMES, parse_bucket, tenant_window
 
 #: The windows the tenant page sums its started jobs over, in minutes.
 WINDOWS_MIN: Final = (5, 15, 60)
@@ -280,6 +280,11 @@ def with_entitlement(found: dict[str, Any], entitled: dict[str, float | None]) -
     ``level_share``, :func:`fairqueue.scheduling.pace.current_shares`): the same figure
     the start estimates use, not its weight over the level's counted weights."""
     found["entitled"] = entitled
+    found["entitled_shown"] = [
+        {"level": level, "share": f"{100 * share:.0f}%"}
+        for level in LEVEL_NAMES
+        if (share := entitled.get(level)) is not None
+    ]
     for row in found["waits"]:
         row["worker_share"] = _worker_share(row["worker"], entitled)
 
@@ -346,9 +351,12 @@ def tenant_page_data(tenant_id: str) -> dict[str, Any]:
         found["verdict"] = verdict(facts)
         found["overdue"] = facts.overdue
         # where a job of the tenant enqueued now would be placed, and when it would start
-        found["new_job_start"] = tenant_expected_start(found["job_type"], tenant_id)["text"]
+        new_job = tenant_expected_start(found["job_type"], tenant_id)
+        found["new_job_start"] = new_job["text"]
         levels = {level for row in found["waits"] for level in row["worker"]}
         levels |= {w["level"] for w in found["weights"]}
+        # its plan's level too: a paused or held tenant has no flow counted, yet a share
+        levels |= {new_job["level"]} if new_job["level"] else set()
         with_entitlement(
             found, {level: _entitled(found["job_type"], tenant_id, level) for level in levels}
         )

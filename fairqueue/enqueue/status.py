@@ -175,6 +175,13 @@ def _pace(
     )
 
 
+def level_share_of(raw: RawEstimate, level: PriorityLevel, tenant: str, w: float) -> float | None:
+    """``tenant``'s entitlement now in ``level`` at weight ``w`` (its estimate's ``level_share``)
+    from any estimate read of its queue: who is asking does not depend on who asks."""
+    rate, vt = _rate(raw, raw.placement.typical_ms), raw.placement.flow.vt
+    return _pace(raw, rate, level=level, tenant=tenant, tenant_weight=w, vt=vt).level_share
+
+
 def _new_job_wait(
     raw: RawEstimate | RawStatus, p: Placement, rate: eta.ServiceRate, flow_pace: _Pace, count: int
 ) -> eta.Wait:
