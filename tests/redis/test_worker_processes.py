@@ -49,6 +49,9 @@ import fairqueue
 
 _clients = {{}}
 
+# Worker processes started against deadlines: beside other test processes they starve.
+pytestmark = pytest.mark.serial
+
 
 def _redis():
     # One client per process: a forked child must not share its parent's socket.
