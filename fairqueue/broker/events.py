@@ -162,6 +162,8 @@ def parse_start(row: list[bytes | None], max_data_bytes: int) -> attempts.Start 
     ready = _number(opts.get("fqReady"))
     if ready is None:
         ready = (_number(timestamp) or 0) + (_number(delay) or 0)
+        if not math.isfinite(ready):  # two finite numbers whose sum overflows
+            return None
     return Start(
         level=level,
         tenant=tenant,

@@ -339,3 +339,9 @@ def test_run_decode__never_raises_on_any_text(text):
     """fq:run entries another version (or a hand) wrote are no run, never an exception."""
     run = Run.decode(text)
     assert run is None or (run.level in attempts.LEVELS and Run.decode(run.encode()) == run)
+
+
+def test_parse_start__a_ready_time_that_overflows_is_unknown_not_an_error():
+    """Finite timestamp and delay whose sum is infinite (another producer's odd numbers)."""
+    row = [b"8.99e307", b"8.99e307", b"1", b"{}", b"{}"]
+    assert parse_start(row, 65_536) is None
