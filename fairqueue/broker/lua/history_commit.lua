@@ -28,7 +28,9 @@
   jobs ran long waits longer for its next turns), at the flow's weight and its level's
   total as they are now; a flow with no work left (no last tag ahead of the virtual time
   its first waiting job stands for) gets it carried instead, 'p:<member>' in fq:state, added
-  to its next job's cost when that is placed (fair_clock.lua's fqPlace).
+  to its next job's cost when that is placed (fair_clock.lua's fqPlace). Work: two
+  commands per settled flow, and one read of the head (O(log n) at 1M waiting) per page
+  that settles any; none per tenant.
   Usage keys: <use prefix><day> (hash: the day's cumulative counters, and 'epoch', set
   when the day's hash is created, so counters Redis lost start a new epoch) and <use
   prefix>dirty (zset: '<day>\n<tenant>\n<job type>' -> the commit that last changed it;
@@ -122,7 +124,7 @@ for i = from, to, 3 do
     -- No work left (retired, or passed by the virtual time): carried to the flow's next
     -- job, which pays it with its own turn (fqPlace), so a flow that keeps emptying
     -- settles its overruns too.
-    redis.call('HINCRBYFLOAT', KEYS[4], 'p:' .. member, string.format('%.17g', debt))
+    redis.call('HINCRBYFLOAT', KEYS[4], 'p:' .. member, ARGV[i + 2]) -- the page's text
   elseif last and rank then
     local w = tonumber(redis.call('HGET', KEYS[6], member)) or 1
     local total = tonumber(redis.call('HGET', KEYS[4], 'W:' .. level)) or w

@@ -43,7 +43,8 @@
   typical one (fqCostTurns, the same grid as fairqueue.scheduling.order.cost_turns), and
   the pass charges a flow what its attempts used beyond that (history_record). The
   estimates live in K.state: 'typ' (the queue's typical run time, ms) and
-  'c:<level>\n<tenant>' (a flow's, ms); 'unit' is the typical time when the queue last
+  'c:<level>\n<tenant>' (a flow's, ms), 'p:<level>\n<tenant>' (a charge carried to a flow's
+  next job: what its runs overran after it had no work, history_commit.lua); 'unit' is the typical time when the queue last
   started from idle (or was first measured), and a cost in turns is placed times
   typ / unit (fqTurnScale, as fairqueue.scheduling.order.turn_scale), so tags placed
   while the typical time moves stay in one currency.
