@@ -89,7 +89,7 @@ from fairqueue.broker.pass_store import (
 )
 from fairqueue.broker.results import JOB_STATES, StoredJob
 from fairqueue.broker.scripts import Script, add_jobs_script, adopt_page_script, plain_script
-from fairqueue.broker.workers import ActiveJob
+from fairqueue.broker.workers import ActiveJob, WorkerProcess
 from fairqueue.exceptions import LockLostError
 
 __all__ = [
@@ -107,6 +107,7 @@ __all__ = [
     "TAG_FLOOR",
     "TAG_RESOLUTION",
     "ActiveJob",
+    "WorkerProcess",
     "AddBatch",
     "AddedJob",
     "AdoptedPage",
