@@ -502,6 +502,7 @@ class PageReader:
                     self.conn.fair_key(self.queue, "fweights"),
                     self.conn.key(self.queue, "active"),
                     self.conn.fair_key(self.queue, "seen"),
+                    self.conn.key(self.queue, "prioritized"),
                 ],
                 token=self.token,
                 ttl=self.lock_ttl_ms,

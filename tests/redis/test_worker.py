@@ -421,6 +421,7 @@ def _wait_for_active(broker: Broker, job_type: str, timeout_s: float = 10.0) -> 
     raise AssertionError(f"no {job_type} job became active in {timeout_s}s")
 
 
+@pytest.mark.serial  # a subprocess or a live loop against a deadline
 def test_process__sigterm_lets_the_active_job_finish_then_exits_0(broker, worker_process):
     add(broker, "report", {"work_ms": 700, "tenantId": "t", "priorityLevel": "low"})
     process = worker_process("report", "-v", "1")
@@ -433,6 +434,7 @@ def test_process__sigterm_lets_the_active_job_finish_then_exits_0(broker, worker
     assert "SIGTERM: stopping" in output and "worker stopped" in output
 
 
+@pytest.mark.serial  # a subprocess or a live loop against a deadline
 def test_process__second_signal_exits_at_once(broker, worker_process):
     add(broker, "email", {"work_ms": 30_000, "tenantId": "t", "priorityLevel": "low"})
     process = worker_process("email")

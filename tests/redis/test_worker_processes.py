@@ -36,6 +36,9 @@ from tests.conftest import REDIS_URL
 from tests.helpers import free_port, spawner, wait_until
 from tests.redis.test_worker import QUEUES, add, counts, prefix, registry, run  # noqa: F401
 
+# Worker processes started against deadlines: beside other test processes they starve.
+pytestmark = pytest.mark.serial
+
 ROOT = Path(__file__).resolve().parents[2]
 JOB_TYPE = "t_slow"
 
