@@ -271,13 +271,20 @@ def placed_wait(
     if not rate.known:
         return Wait(None, None, None, "none")
     by_count = ahead / rate.jobs_per_s
-    by_place = 0.0
+    by_clock = None
+    if tag is not None and level is not None:
+        by_clock = max(0.0, tag - TAG_SCALE / weights[level] - vt) / rate.vt_per_s
+    by_place = by_clock or 0.0
     if own_ahead is not None and flow_per_s:
         # Tag distances overstate a flow's jobs when it ran alone or was charged for long
         # runs (the virtual time then jumps to its head): never more than all jobs ahead.
-        by_place = min(max(0.0, own_ahead), ahead) / flow_per_s
-    elif tag is not None and level is not None:
-        by_place = max(0.0, tag - TAG_SCALE / weights[level] - vt) / rate.vt_per_s
+        by_pace = min(max(0.0, own_ahead), ahead) / flow_per_s
+        # The flow's jobs already waiting were placed at the spacing of their day; own_ahead
+        # counts them at today's, so after a change of load it counts them double or half.
+        # The virtual time's measured pace takes each tag as it was placed but lags a
+        # change of pace: the earlier of the two, never earlier than the jobs ahead at
+        # the measured rate (by_count below).
+        by_place = by_pace if by_clock is None else min(by_pace, by_clock)
     return _ranged(max(by_count, by_place), rate, level)
 
 
