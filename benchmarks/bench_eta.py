@@ -14,28 +14,46 @@ flows backlogged now stay so, and a load that stops lets the jobs far back start
 
 * error = |expected start - actual start| (the worker's ``processedOn``; one machine, one
   clock), against the job's actual wait; a job is *within* when the error is at most 20%
-  of its wait, or 100 ms when it waited under 500 ms.
+  of its wait, or 100 ms when it waited under 500 ms; *in range* when it started between
+  ``earliest_start_ms`` and ``latest_start_ms``; *high p90*: the 90th percentile of the
+  relative error of the jobs whose estimate said ``high``.
+* every measured job counts, and the jobs enqueued within ``AFTER_CHANGE_S`` (10 s) after
+  a change of load are reported again on their own.
 * place in line: for the jobs asked, ``ahead`` (what ``job_status`` said) against the jobs
   the worker actually took before it, less those enqueued after the call (jobs arriving
   later with earlier turns, counted apart as ``later``).
 
-Scenarios (C = the worker's measured capacity):
+Scenarios (C = the worker's measured capacity; changes at ``CHANGE_S`` = 6 s into the
+measured phase, which then lasts at least until 10 s after the last change):
 
-* ``backlogged``  critical, high, normal, low at 0.3 C each (1.2 C in all: normal and
-  low backlogged)
+* ``backlogged``  critical, high, normal, low at 0.5 C each (normal and low backlogged)
 * ``flood``       critical at 2 C beside low at 0.1 C (within its share)
 * ``tenants``     normal: A and B at 1 C each, ``sparse`` at 0.05 C
 * ``overload``    critical and high at 1 C, normal at 0.95 C, low at 0.05 C (within its
   share; 3 C in all), every enqueue with ``max_wait_ms=2000``: refusals per flow and the
   admitted jobs' wait p99
 * ``slow``        normal: ``slow`` (jobs 4x as long) and ``fast`` at 0.3 C each
+* ``step``        normal: A at 0.4 C, B at 0.8 C; A steps to 1.2 C
+* ``join-leave``  normal: A at 0.8 C, B at 0.6 C; C joins at 0.8 C, B leaves 5 s later
+* ``level-flood`` normal A and B at 0.5 C, low at 0.3 C; critical starts at 1.5 C
+* ``failures``    normal A and B at 0.6 C; A's jobs start failing their first attempt
+  (each runs again once)
+* ``max-active``  normal: ``lim`` (``max_active=2``) at 1 C beside ``other`` at 0.6 C
+* ``rate-limited`` normal: ``rated`` at 0.4 C held to 0.2 C by its rate limit, ``other``
+  at 0.9 C
+* ``quiet-weight`` normal: ``flood`` (weight 1) at 2 C beside ``quiet`` (weight 2) at
+  0.05 C
+
+``--quick`` (a CI smoke run, about 4-5 minutes): the scenarios backlogged, level-flood,
+max-active and quiet-weight, 12 s of warm-up and 8 s measured (16 s with a change), no
+cost part.
 
 Cost part (a private redis-server, ``--waiting`` jobs over 400 flows): the Redis time of
 ``job_status`` and ``estimate_start`` scripts from its slow log (threshold 0), p50 / p99
 / max over 200 calls each.
 
     python benchmarks/bench_eta.py [--only flood ...] [--seconds 12] [--run-ms 10]
-        [--waiting 1000000] [--skip-cost] [--skip-live]
+        [--waiting 1000000] [--skip-cost] [--skip-live] [--quick]
 """
 
 from __future__ import annotations
@@ -65,6 +83,7 @@ from benchmarks.bench_fairness import (  # noqa: E402
     start_loop,
     wait_for_loop,
 )
+from benchmarks.bench_limits import _plans  # noqa: E402
 from benchmarks.common import REDIS_URL, delete_prefix, wait_for_redis  # noqa: E402
 
 TICK_S = 0.01
@@ -79,6 +98,20 @@ class Source:
     share_of_c: float
     #: Its jobs run this many times as long as the others (``None``: as long).
     run_factor: float | None = None
+    #: Seconds into the measured phase it starts and stops sending (``None``: from the
+    #: warm-up on; to the end of the drain).
+    start_s: float | None = None
+    stop_s: float | None = None
+    #: From this second on its jobs fail their first attempt (and run again once).
+    fail_from_s: float | None = None
+    #: Its tenant weight (``None``: the default).
+    weight: int | None = None
+
+    def sends_at(self, at_s: float) -> bool:
+        """Whether it sends ``at_s`` seconds into the measured phase (warm-up: 0)."""
+        return (self.start_s is None or at_s >= self.start_s) and (
+            self.stop_s is None or at_s < self.stop_s
+        )
 
 
 @dataclass(frozen=True)
@@ -86,11 +119,32 @@ class Scenario:
     name: str
     sources: tuple[Source, ...]
     max_wait_ms: int | None = None
+    #: Tenant -> TenantPlan fields (its limits), set before the run.
+    plans: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: In the ``--quick`` run.
+    quick: bool = False
 
+    def changes_s(self) -> tuple[float, ...]:
+        """Seconds into the measured phase where the load changes."""
+        times = {
+            at
+            for source in self.sources
+            for at in (source.start_s, source.stop_s, source.fail_from_s)
+            if at is not None
+        }
+        return tuple(sorted(times))
+
+
+#: Seconds into the measured phase of the first change, and the phase after a change
+#: reported on its own.
+CHANGE_S = 6.0
+AFTER_CHANGE_S = 10.0
 
 SCENARIOS = (
     Scenario(
-        "backlogged", tuple(Source(lv, "t", 0.5) for lv in ("critical", "high", "normal", "low"))
+        "backlogged",
+        tuple(Source(lv, "t", 0.5) for lv in ("critical", "high", "normal", "low")),
+        quick=True,
     ),
     Scenario("flood", (Source("critical", "f", 2.0), Source("low", "l", 0.1))),
     Scenario(
@@ -108,7 +162,57 @@ SCENARIOS = (
         max_wait_ms=2000,
     ),
     Scenario("slow", (Source("normal", "slow", 0.3, run_factor=4), Source("normal", "fast", 0.3))),
+    # load that changes while jobs wait (CHANGE_S into the measured phase)
+    Scenario(
+        "step",  # one flow's rate triples
+        (
+            Source("normal", "A", 0.4),
+            Source("normal", "A", 0.8, start_s=CHANGE_S),
+            Source("normal", "B", 0.8),
+        ),
+    ),
+    Scenario(
+        "join-leave",  # a tenant joins, later another leaves
+        (
+            Source("normal", "A", 0.8),
+            Source("normal", "B", 0.6, stop_s=CHANGE_S + AFTER_CHANGE_S / 2),
+            Source("normal", "C", 0.8, start_s=CHANGE_S),
+        ),
+    ),
+    Scenario(
+        "level-flood",  # normal and low backlogged, then critical floods
+        (
+            Source("normal", "A", 0.5),
+            Source("normal", "B", 0.5),
+            Source("low", "L", 0.3),
+            Source("critical", "C", 1.5, start_s=CHANGE_S),
+        ),
+        quick=True,
+    ),
+    Scenario(
+        "failures",  # one tenant's jobs start failing once (each runs again)
+        (Source("normal", "A", 0.6, fail_from_s=CHANGE_S), Source("normal", "B", 0.6)),
+    ),
+    # limits and weights
+    Scenario(
+        "max-active",  # a max_active=2 tenant with a backlog beside another
+        (Source("normal", "lim", 1.0), Source("normal", "other", 0.6)),
+        plans={"lim": {"max_active": 2}},
+        quick=True,
+    ),
+    Scenario(
+        "rate-limited",  # a tenant held to RATED_SHARE C by its rate limit
+        (Source("normal", "rated", 0.4), Source("normal", "other", 0.9)),
+        plans={"rated": {"rate_duration_ms": 1000}},
+    ),
+    Scenario(
+        "quiet-weight",  # a quiet weight-2 tenant beside a flooding weight-1 tenant
+        (Source("normal", "flood", 2.0), Source("normal", "quiet", 0.05, weight=2)),
+        quick=True,
+    ),
 )
+#: The rate-limited tenant's limit, a share of the worker's capacity C.
+RATED_SHARE = 0.2
 
 
 @dataclass
@@ -119,8 +223,12 @@ class Sent:
     confidence: str
     said_ahead: int | None = None
     asked_at_ms: int | None = None
-    #: Sent in the warm-up: in the start order, not in the figures.
+    #: Sent in the warm-up or the drain: in the start order, not in the figures.
     warm: bool = False
+    earliest_ms: int | None = None
+    latest_ms: int | None = None
+    #: Sent within AFTER_CHANGE_S after a change of load.
+    after_change: bool = False
 
 
 @dataclass
@@ -142,22 +250,36 @@ def produce(
     run_ms: int,
     out: Outcome,
     warm: bool = False,
+    at_s: float | None = None,
 ) -> None:
     """Open-loop arrivals, one ``enqueue_job`` each (on the Django thread); ``warm``:
-    the warm-up's, kept apart from the figures."""
+    the warm-up's or the drain's, kept apart from the figures, with the mix of ``at_s``
+    seconds into the measured phase (``None``: the measured phase itself, its mix
+    changing as the scenario says)."""
     from fairqueue import ExpectedWaitTooLongError, enqueue_job, job_status
 
     sent_count = [0] * len(scenario.sources)
+    changes = scenario.changes_s()
     start = time.monotonic()
     n = 0
     while (elapsed := time.monotonic() - start) < seconds:
+        now_s = elapsed if at_s is None else at_s
+        after = any(0 <= now_s - change < AFTER_CHANGE_S for change in changes)
         for index, source in enumerate(scenario.sources):
+            if not source.sends_at(now_s):
+                sent_count[index] = int(source.share_of_c * capacity * elapsed)
+                continue
             rate = source.share_of_c * capacity
             due = int(rate * elapsed) + 1 - sent_count[index]
             for _ in range(max(0, due)):
                 sent_count[index] += 1
                 flow = f"{source.level}/{source.tenant}"
-                payload = {} if source.run_factor is None else {"runMs": source.run_factor * run_ms}
+                payload: dict[str, Any] = (
+                    {} if source.run_factor is None else {"runMs": source.run_factor * run_ms}
+                )
+                failing = source.fail_from_s is not None and now_s >= source.fail_from_s
+                if failing:
+                    payload["failTimes"] = 1
                 try:
                     job = enqueue_job(
                         JOB_TYPE,
@@ -166,6 +288,8 @@ def produce(
                         priority_level=source.level,
                         estimate=True,
                         max_wait_ms=scenario.max_wait_ms,
+                        tenant_weight=source.weight,
+                        attempts=2 if failing else None,
                     )
                 except ExpectedWaitTooLongError:
                     out.refused[flow] += 1
@@ -173,7 +297,16 @@ def produce(
                 est = job.estimate
                 assert est is not None
                 enqueued = (est.expected_start_ms or 0) - (est.expected_wait_ms or 0)
-                record = Sent(flow, enqueued, est.expected_start_ms, est.confidence, warm=warm)
+                record = Sent(
+                    flow,
+                    enqueued,
+                    est.expected_start_ms,
+                    est.confidence,
+                    warm=warm,
+                    earliest_ms=est.earliest_start_ms,
+                    latest_ms=est.latest_start_ms,
+                    after_change=after and not warm,
+                )
                 n += 1
                 if n % STATUS_EVERY == 0 and not warm:
                     record.asked_at_ms = _now_ms()
@@ -203,23 +336,55 @@ def pct(values: Sequence[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def analyse(out: Outcome) -> dict[str, Any]:
-    errors, waits, within, rel = [], [], 0, []
-    by_flow: dict[str, list[float]] = defaultdict(list)
-    signed: dict[str, list[float]] = defaultdict(list)
-    for job_id, sent in out.sent.items():
+def _figures(out: Outcome, jobs: Sequence[tuple[str, Sent]]) -> dict[str, Any]:
+    """Errors of ``jobs`` (measured ones that started): relative to the wait (at least
+    500 ms), within 20% (100 ms under 500 ms), the range's hits, the ``high`` ones."""
+    errors, waits, rel, within, hits, ranged, high = [], [], [], 0, 0, 0, []
+    confidences: Counter[str] = Counter()
+    for job_id, sent in jobs:
         started = out.starts.get(job_id)
-        if started is None or sent.expected_ms is None or sent.warm:
+        if started is None or sent.expected_ms is None:
             continue
         wait = started - sent.enqueued_ms
         error = abs(sent.expected_ms - started)
         errors.append(error)
         waits.append(wait)
         rel.append(error / max(wait, 500))
-        by_flow[sent.flow].append(wait)
-        signed[sent.flow].append((sent.expected_ms - started) / max(wait, 500))
+        confidences[sent.confidence] += 1
         if error <= (100 if wait < 500 else 0.2 * wait):
             within += 1
+        if sent.earliest_ms is not None and sent.latest_ms is not None:
+            ranged += 1
+            hits += sent.earliest_ms <= started <= sent.latest_ms
+        if sent.confidence == "high":
+            high.append(error / max(wait, 500))
+    return {
+        "jobs": len(errors),
+        "wait_p50_ms": pct(waits, 0.5),
+        "err_p50_ms": pct(errors, 0.5),
+        "err_p90_ms": pct(errors, 0.9),
+        "rel_p50": pct(rel, 0.5),
+        "rel_p90": pct(rel, 0.9),
+        "within": within / len(errors) if errors else None,
+        "range_hit": hits / ranged if ranged else None,
+        "high_jobs": len(high),
+        "high_rel_p90": pct(high, 0.9),
+        "confidence": dict(confidences),
+    }
+
+
+def analyse(out: Outcome) -> dict[str, Any]:
+    by_flow: dict[str, list[float]] = defaultdict(list)
+    signed: dict[str, list[float]] = defaultdict(list)
+    measured = [(job_id, sent) for job_id, sent in out.sent.items() if not sent.warm]
+    for job_id, sent in measured:
+        started = out.starts.get(job_id)
+        if started is None or sent.expected_ms is None:
+            continue
+        wait = started - sent.enqueued_ms
+        by_flow[sent.flow].append(wait)
+        signed[sent.flow].append((sent.expected_ms - started) / max(wait, 500))
+    after = [(job_id, sent) for job_id, sent in measured if sent.after_change]
     # place in line: jobs popped before each asked job, in start order
     order = sorted(out.starts.items(), key=lambda item: (item[1], int(item[0])))
     position = {job_id: index for index, (job_id, _) in enumerate(order)}
@@ -240,14 +405,9 @@ def analyse(out: Outcome) -> dict[str, Any]:
     unestimated = sum(1 for s in out.sent.values() if s.expected_ms is None and not s.warm)
     return {
         "scenario": out.scenario,
-        "jobs": len(errors),
+        **_figures(out, measured),
+        "after_change": _figures(out, after) if after else None,
         "unestimated": unestimated,
-        "wait_p50_ms": pct(waits, 0.5),
-        "err_p50_ms": pct(errors, 0.5),
-        "err_p90_ms": pct(errors, 0.9),
-        "rel_p50": pct(rel, 0.5),
-        "rel_p90": pct(rel, 0.9),
-        "within": within / len(errors) if errors else None,
         "asked": asked,
         "place_exact": exact / asked if asked else None,
         "place_within_1": near / asked if asked else None,
@@ -260,10 +420,16 @@ def analyse(out: Outcome) -> dict[str, Any]:
 
 
 def measure_capacity(worker: NodeWorker, seconds: float) -> float:
-    """Jobs the worker finished per second over the last ``seconds`` of a backlog."""
+    """Jobs the worker finished per second over the last ``seconds`` of a backlog, or
+    since its first job finished when that was later (a worker slow to start on a loaded
+    machine would otherwise count its start-up as idle capacity)."""
     now = _now_ms()
-    done = [r for r in worker.records if r.get("f") and r["f"] >= now - seconds * 1000]
-    return max(1.0, len(done) / seconds)
+    finished = sorted(r["f"] for r in worker.records if r.get("f"))
+    done = [f for f in finished if f >= now - seconds * 1000]
+    if len(done) < 2:
+        return 1.0
+    span_s = max(0.5, (now - max(done[0], now - seconds * 1000)) / 1000)
+    return max(1.0, len(done) / span_s)
 
 
 def run_live(scenario: Scenario, args: argparse.Namespace, db: Any) -> dict[str, Any]:
@@ -285,22 +451,35 @@ def run_live(scenario: Scenario, args: argparse.Namespace, db: Any) -> dict[str,
             if not wait_for_loop(prefix, loop):
                 raise RuntimeError(f"the loop did not start; see {LOG}")
             nominal = 1000 / (args.run_ms + 1)
-            db.submit(warm_up, nominal * 1.1, args.calibrate_s).result()
+            db.submit(_plans, {}).result()
+            db.submit(warm_up, nominal * 1.5, args.calibrate_s).result()
             capacity = measure_capacity(worker, 3)
             while worker.process.poll() is None:  # the calibration's backlog drained
                 if len(worker.seen) >= _warm_count(prefix):
                     break
                 time.sleep(0.05)
+            plans = {tenant: dict(fields) for tenant, fields in scenario.plans.items()}
+            for fields in plans.values():
+                if "rate_duration_ms" in fields:
+                    fields["rate_max"] = max(1, round(RATED_SHARE * capacity))
+            db.submit(_plans, plans).result()
             # the scenario's own mix, so the measured pace is its own (not in the figures)
-            db.submit(produce, scenario, capacity, args.warmup_s, args.run_ms, out, True).result()
-            db.submit(produce, scenario, capacity, args.seconds, args.run_ms, out).result()
+            db.submit(
+                produce, scenario, capacity, args.warmup_s, args.run_ms, out, True, 0.0
+            ).result()
+            seconds = args.seconds
+            if scenario.changes_s():
+                seconds = max(seconds, max(scenario.changes_s()) + AFTER_CHANGE_S)
+            db.submit(produce, scenario, capacity, seconds, args.run_ms, out).result()
             # The load goes on (not in the figures) until the measured jobs have started:
             # an estimate assumes the flows backlogged now stay so, and a load that
             # stops lets the jobs far back start sooner.
             measured = {job_id for job_id, sent in out.sent.items() if not sent.warm}
             deadline = time.monotonic() + args.drain_s
             while time.monotonic() < deadline and not measured <= worker.seen:
-                db.submit(produce, scenario, capacity, 2.0, args.run_ms, out, True).result()
+                db.submit(
+                    produce, scenario, capacity, 2.0, args.run_ms, out, True, seconds
+                ).result()
         finally:
             worker.stop()
             loop.terminate()
@@ -423,18 +602,28 @@ def _fmt(value: Any, suffix: str = "") -> str:
 
 def print_live(rows: list[dict[str, Any]]) -> None:
     print(
-        f"{'scenario':<11} {'C/s':>6} {'jobs':>5} {'wait p50':>9} {'err p50':>8} {'err p90':>8} "
-        f"{'rel p50':>8} {'rel p90':>8} {'within':>7} {'place exact':>11} {'<=1':>6} "
-        f"{'off p90':>7} {'later':>6}"
+        f"{'scenario':<13} {'C/s':>6} {'jobs':>5} {'wait p50':>9} {'err p50':>8} "
+        f"{'rel p50':>8} {'rel p90':>8} {'within':>7} {'in range':>8} {'high':>5} "
+        f"{'high p90':>8} | {'10 s after a change: jobs':>25} {'rel p50':>8} {'rel p90':>8} "
+        f"{'in range':>8}"
+    )
+    for r in rows:
+        after = r.get("after_change") or {}
+        print(
+            f"{r['scenario']:<13} {_fmt(r['capacity']):>6} {r['jobs']:>5} "
+            f"{_fmt(r['wait_p50_ms'], 'ms'):>9} {_fmt(r['err_p50_ms'], 'ms'):>8} "
+            f"{_fmt(r['rel_p50']):>8} {_fmt(r['rel_p90']):>8} {_fmt(r['within']):>7} "
+            f"{_fmt(r['range_hit']):>8} {r['high_jobs']:>5} {_fmt(r['high_rel_p90']):>8} | "
+            f"{_fmt(after.get('jobs')):>25} {_fmt(after.get('rel_p50')):>8} "
+            f"{_fmt(after.get('rel_p90')):>8} {_fmt(after.get('range_hit')):>8}"
+        )
+    print(
+        f"\n{'scenario':<13} {'place exact':>11} {'<=1':>6} {'off p90':>7} {'later':>6}  confidence"
     )
     for r in rows:
         print(
-            f"{r['scenario']:<11} {_fmt(r['capacity']):>6} {r['jobs']:>5} "
-            f"{_fmt(r['wait_p50_ms'], 'ms'):>9} {_fmt(r['err_p50_ms'], 'ms'):>8} "
-            f"{_fmt(r['err_p90_ms'], 'ms'):>8} {_fmt(r['rel_p50']):>8} {_fmt(r['rel_p90']):>8} "
-            f"{_fmt(r['within']):>7} {_fmt(r['place_exact']):>11} {_fmt(r['place_within_1']):>6} "
-            f"{_fmt(r['place_off_p90']):>7} "
-            f"{_fmt(r['later_arrivals_mean']):>6}"
+            f"{r['scenario']:<13} {_fmt(r['place_exact']):>11} {_fmt(r['place_within_1']):>6} "
+            f"{_fmt(r['place_off_p90']):>7} {_fmt(r['later_arrivals_mean']):>6}  {r['confidence']}"
         )
     for r in rows:
         shown = {flow: round(v, 2) for flow, v in r["signed_rel_p50"].items()}
@@ -463,7 +652,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--debug-history", action="store_true")
     parser.add_argument("--skip-live", action="store_true")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run: the scenarios marked quick, shorter phases, no cost part",
+    )
     args = parser.parse_args(argv)
+    if args.quick:
+        args.seconds, args.warmup_s, args.calibrate_s = 8.0, 12.0, 5.0
+        args.drain_s, args.skip_cost = 30.0, True
     OUT.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {}
     if not args.skip_live:
@@ -471,6 +668,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = []
         for scenario in SCENARIOS:
             if args.only and scenario.name not in args.only:
+                continue
+            if args.quick and not args.only and not scenario.quick:
                 continue
             row = run_live(scenario, args, db)
             rows.append(row)

@@ -289,6 +289,72 @@ class NodeWorker:
         self.reader.join(10)
 
 
+class PythonWorker(NodeWorker):
+    """``--worker python``: ``fairqueue_worker bench --processes N`` (the handler in
+    ``benchmarks/worker_app/jobs.py`` waits ``--run-ms`` and prints the same per-job line
+    as the Node worker); ``--concurrency`` slots in all, split over the processes."""
+
+    def __init__(self, prefix: str, args: argparse.Namespace, log: TextIO) -> None:
+        import redis
+
+        self.records = []
+        self.seen = set()
+        self.ready = threading.Event()
+        processes = args.worker_processes
+        env = {
+            **os.environ,
+            **fair_env(prefix, args),
+            "DJANGO_SETTINGS_MODULE": "benchmarks.worker_settings",
+            "FQBENCH_RUN_MS": str(args.run_ms),
+        }
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+        self.process = subprocess.Popen(  # noqa: S603 - our own command
+            [
+                sys.executable,
+                str(ROOT / "manage.py"),
+                "fairqueue_worker",
+                JOB_TYPE,
+                "--processes",
+                str(processes),
+                "--concurrency",
+                str(max(1, args.concurrency // processes)),
+                "-v",
+                "0",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            start_new_session=True,
+        )
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+        client = redis.Redis.from_url(REDIS_URL)
+        deadline = time.monotonic() + 60
+        # Up once every process wrote its liveness record.
+        while client.hlen(f"{prefix}:{QUEUE}:fq:procs") < processes:
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                client.close()
+                self.stop()
+                raise RuntimeError(f"the Python worker did not start; see {LOG}")
+            time.sleep(0.05)
+        client.close()
+        self.ready.set()
+
+
+def worker_words(args: argparse.Namespace) -> str:
+    if getattr(args, "worker", "node") == "python":
+        return f"fairqueue_worker --processes {args.worker_processes}"
+    return "stock Node BullMQ worker"
+
+
+def make_worker(prefix: str, args: argparse.Namespace, log: TextIO) -> NodeWorker:
+    if getattr(args, "worker", "node") == "python":
+        return PythonWorker(prefix, args, log)
+    return NodeWorker(prefix, args, log)
+
+
 def start_loop(prefix: str, args: argparse.Namespace, log: TextIO) -> subprocess.Popen[bytes]:
     env = {**os.environ, **fair_env(prefix, args)}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
@@ -463,7 +529,7 @@ def run_one(
                 if breakers is not None:
                     breakers.before_run()
                 loop = start_loop(prefix, args, log)
-            worker = NodeWorker(prefix, args, log)
+            worker = make_worker(prefix, args, log)
             if loop is not None:
                 loop_ready = wait_for_loop(prefix, loop)
                 if not loop_ready:
@@ -591,7 +657,7 @@ def _measure_worker(
             )
             producer.start()
         with LOG.open("a") as log:
-            worker = NodeWorker(prefix, args, log)
+            worker = make_worker(prefix, args, log)
             time.sleep(5.0)
             worker.stop()
         finished = sorted(r["f"] for r in worker.records)
@@ -1201,7 +1267,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=20.0, help="arrivals per run (s)")
     parser.add_argument("--run-ms", type=float, default=10.0, help="each job's run time")
-    parser.add_argument("--concurrency", type=int, default=2, help="the Node worker's")
+    parser.add_argument(
+        "--concurrency", type=int, default=2, help="the worker's slots (in all processes)"
+    )
+    parser.add_argument(
+        "--worker",
+        choices=("node", "python"),
+        default="node",
+        help="the stock Node BullMQ worker, or fairqueue_worker (Python)",
+    )
+    parser.add_argument(
+        "--worker-processes", type=int, default=2, help="--worker python: its --processes"
+    )
     parser.add_argument("--interval-ms", type=int, default=250, help="rebalance interval")
     parser.add_argument("--bound-ms", type=int, default=3000, help="QUEUE_FAIR_MAX_WAIT_MS")
     parser.add_argument("--drain-s", type=float, default=3.0, help="drain phase cap (s)")
@@ -1232,7 +1309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         capacity, alone, rates = calibrate(args, db)
         print(
             f"capacity: {capacity:.0f} jobs/s while a producer enqueues at 2x ({alone:.0f} "
-            f"alone; stock Node BullMQ worker, concurrency {args.concurrency}, "
+            f"alone; {worker_words(args)}, concurrency {args.concurrency}, "
             f"{args.run_ms:g} ms jobs; 1 s rates {rates})",
             flush=True,
         )

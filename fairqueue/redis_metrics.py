@@ -6,12 +6,15 @@ what every path leaves in Redis:
 * ``queue_fair_last_pass_recorded_timestamp_seconds{job_type,queue}``: when the last
   pass over the job type was recorded (by a loop, a Celery beat task or the dashboard's
   button), so "is anyone rebalancing?" has an answer without a loop to scrape;
-* ``queue_fair_noisy_tenants{job_type,queue}``: how many tenants run more than their
-  share of their level's running jobs while others of the level wait
-  (:mod:`fairqueue.scheduling.noisy`). Counted, never labelled by tenant.
+* ``queue_fair_noisy_tenants{job_type,queue}``: how many tenants run more than 1.5 times
+  their entitlement now (their max-min share of their level given who is asking, the
+  tenant page's and the noisy table's figure) of their level's running jobs while others
+  of the level wait (:mod:`fairqueue.scheduling.noisy`): the tenants the queue page's
+  noisy table lists. Counted, never labelled by tenant.
 
-Each scrape costs a few round trips per queue (the last pass record, the active list
-and the flows of the running tenants), bounded by the workers' concurrency.
+Each scrape costs a few round trips per queue (the last pass record, the active list,
+the flows of the running tenants and one read-only estimate read of who is asking),
+bounded by the workers' concurrency.
 """
 
 from __future__ import annotations
@@ -47,8 +50,9 @@ def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
         ),
         GaugeMetricFamily(
             NOISY,
-            "Tenants running more than their share of their level's running jobs while other "
-            "tenants of the level wait (counted; no tenant label).",
+            "Tenants running more than 1.5 times their entitlement now (max-min share of their "
+            "level given who is asking) of their level's running jobs while other tenants of "
+            "the level wait (counted; no tenant label).",
             labels=_LABELS,
         ),
     )

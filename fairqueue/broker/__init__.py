@@ -105,9 +105,9 @@ from fairqueue.broker.pass_store import (
 )
 from fairqueue.broker.results import JOB_STATES, StoredJob
 from fairqueue.broker.scripts import Script, add_jobs_script, adopt_page_script, plain_script
-from fairqueue.broker.status_reads import RawEstimate, RawStatus, StatusReads
+from fairqueue.broker.status_reads import Placement, RawEstimate, RawStatus, StatusReads
 from fairqueue.broker.usage_store import UsageRead, UsageStore
-from fairqueue.broker.workers import ActiveJob
+from fairqueue.broker.workers import ActiveJob, WorkerProcess
 from fairqueue.exceptions import LockLostError
 
 __all__ = [
@@ -116,6 +116,7 @@ __all__ = [
     "ConsoleReads",
     "FailureReads",
     "Place",
+    "Placement",
     "RawEstimate",
     "RawStatus",
     "RecentFailure",
@@ -138,6 +139,7 @@ __all__ = [
     "TAG_FLOOR",
     "TAG_RESOLUTION",
     "ActiveJob",
+    "WorkerProcess",
     "AddBatch",
     "AddedJob",
     "AdoptedPage",

@@ -27,6 +27,7 @@ from fairqueue.broker.scripts import call_script, plain_script
 from fairqueue.exceptions import LockLostError
 from fairqueue.scheduling import attempts, usage
 from fairqueue.scheduling.attempts import Event, EventKind, Run, Start
+from fairqueue.scheduling.calibration import error_bin
 from fairqueue.scheduling.levels import INTERNAL_TENANT
 from fairqueue.scheduling.shares import BUCKET_S, LEVEL_NAMES, RETENTION_S, TENANTS_PER_BUCKET
 from fairqueue.scheduling.shares import wait_bin as _wait_bin
@@ -220,6 +221,9 @@ class PageReader:
         self.hist_key = conn.fair_key(queue, "hist")
         #: The page's first attempts enqueued with an estimate: (level, error ms).
         self.estimate_errors: list[tuple[str, int]] = []
+        #: The same as history fields: (start ms, level, ratio bin), for the estimates'
+        #: ranges and confidence (``scheduling/calibration.py``).
+        self.estimate_bins: list[tuple[int, str, int]] = []
 
     async def record(
         self,
@@ -268,6 +272,13 @@ class PageReader:
         for bucket, ms in gap.items():
             row = page.buckets.setdefault(bucket, {})
             row["g"] = row.get("g", 0) + ms
+        oldest = now_s - RETENTION_S
+        for at_ms, level, index in self.estimate_bins:
+            bucket = attempts.bucket_of(at_ms, BUCKET_S)
+            if bucket >= oldest:
+                row = page.buckets.setdefault(bucket, {})
+                name = f"e:{level}:{index}"
+                row[name] = row.get(name, 0) + 1
         last = _text(kept[-1][0]) if kept else ""
         use = await self._usage(ledger, events, starts, runs) if ledger is not None else None
         written = await self._commit(
@@ -334,6 +345,7 @@ class PageReader:
         events: list[Event] = []
         starts: dict[str, Start | None] = {}
         self.estimate_errors = []
+        self.estimate_bins = []
         kept_count, used = 0, 0
         for event in parsed:
             if used > byte_budget:
@@ -352,8 +364,11 @@ class PageReader:
                 start = starts[event.job_id] = parse_start(row, max_data_bytes)
                 predicted = _FAST_ETA.search(row[3] or b"")
                 if predicted and start is not None and start.level and start.first_attempt:
-                    error = int(predicted.group(1)) - event.at_ms
-                    self.estimate_errors.append((start.level, error))
+                    promised = int(predicted.group(1))
+                    self.estimate_errors.append((start.level, promised - event.at_ms))
+                    ready = min(start.ready_ms, event.at_ms)
+                    index = error_bin(event.at_ms - ready, promised - ready)
+                    self.estimate_bins.append((event.at_ms, start.level, index))
         kinds = [event.kind if event else None for event in parsed[:kept_count]]
         cut = full or kept_count < len(entries) or used > byte_budget
         keep = attempts.cut_before_trailing_retry(kinds, cut=cut)
@@ -487,6 +502,7 @@ class PageReader:
                     self.conn.fair_key(self.queue, "fweights"),
                     self.conn.key(self.queue, "active"),
                     self.conn.fair_key(self.queue, "seen"),
+                    self.conn.key(self.queue, "prioritized"),
                 ],
                 token=self.token,
                 ttl=self.lock_ttl_ms,

@@ -298,9 +298,10 @@ class PassStore(BrokerPart):
     ) -> int | None:
         """Delete fairqueue's keys beside ``queue`` if BullMQ obliterated it (no ``id``
         counter: every add increments it, ``Queue.obliterate`` deletes it): the clock
-        state, flows and their lines, the ready-time index and its lists, delayed jobs' meta, the
-        history cursor and the status records ``status_names``. The keys deleted, or
-        ``None`` when the queue exists (nothing done). The leader lock stays.
+        state, flows and their lines, the ready-time index and its lists, delayed jobs' meta
+        and their flows' indexes, the history cursor and the status records
+        ``status_names``. The keys deleted, or ``None`` when the queue exists (nothing
+        done). The leader lock stays.
 
         Raises:
             LockLostError: another rebalancer holds the lock.
@@ -316,6 +317,7 @@ class PassStore(BrokerPart):
             self.conn.fair_key(queue, "ready"),
             fence.lock_key,
             self.conn.fair_key(queue, "flows"),
+            self.conn.fair_key(queue, "dly"),
         ]
         deleted = 0
         while True:

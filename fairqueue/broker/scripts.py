@@ -44,6 +44,7 @@ from fairqueue.broker.common import (
     TAG_FLOOR,
     TAG_RESOLUTION,
 )
+from fairqueue.scheduling.calibration import ERROR_BINS
 from fairqueue.scheduling.limits import CATCHUP_AHEAD, TAKEABLE_CAP
 from fairqueue.scheduling.order import (
     COST_DEAD_BAND,
@@ -52,6 +53,7 @@ from fairqueue.scheduling.order import (
     MIN_COST_TURNS,
     TAG_SCALE,
 )
+from fairqueue.scheduling.pace import ASKING_SCAN
 from fairqueue.scheduling.shares import WAIT_EDGES
 
 #: Flows without work that one script call may retire, however many jobs it places
@@ -143,6 +145,8 @@ _CONSTANTS = {
     "RELEASE_SURE_JOBS": RELEASE_SURE_JOBS,
     "RELEASE_AGAIN_MS": RELEASE_AGAIN_MS,
     "TIE_SLACK": TIE_SLACK,
+    "ERROR_BINS": ERROR_BINS,
+    "ASKING_SCAN": ASKING_SCAN,
     "WAIT_EDGES": "{" + ", ".join(str(edge) for edge in WAIT_EDGES) + "}",
 }
 _INCLUDE = re.compile(r"^--- @include (\w+)$", re.MULTILINE)

@@ -15,9 +15,11 @@ from typing import Any, Final
 from fairqueue.broker.common import SCORE_BASE, TAG_FLOOR, TAG_RESOLUTION, fair_key, limits_key
 from fairqueue.broker.connection import BrokerPart, Connection
 from fairqueue.broker.scripts import plain_script
+from fairqueue.scheduling.calibration import ERROR_BINS
 from fairqueue.scheduling.estimate import RATE_WINDOW_S, FlowSnapshot, HistoryBucket
 from fairqueue.scheduling.levels import PriorityLevel
 from fairqueue.scheduling.limits import TenantLimits
+from fairqueue.scheduling.pace import AskingRead
 from fairqueue.scheduling.shares import BUCKET_S, LEVEL_NAMES
 from fairqueue.scheduling.wire import decoded_limits
 
@@ -87,6 +89,8 @@ class RawEstimate:
     history: History
     before: int = 0
     placed: int = 1
+    #: Who is asking now (``fqEtaAsking``): the pace its flow really gets.
+    asking: AskingRead | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +112,10 @@ class RawStatus:
     hold: TenantHold | None
     placement: Placement | None
     history: History
+    #: Who is asking now (a waiting or held job's), its tenant and counted weight.
+    asking: AskingRead | None = None
+    tenant: str | None = None
+    tenant_weight: float | None = None
 
 
 def _placement(
@@ -139,19 +147,72 @@ def _placement(
     )
 
 
+#: A history bucket's fields as ``fqEtaRate`` sends them: its start, starts and worker
+#: ms per level, then per level its estimates' ratio bins.
+_BUCKET_WIDTH: Final = 1 + 2 * len(LEVEL_NAMES) + len(LEVEL_NAMES) * ERROR_BINS
+
+
 def _history(reply: Sequence[Any], typical_ms: float | None) -> History:
     since = _text(reply[0])
     buckets = []
-    for at in range(1, len(reply), 9):
-        row = [int(float(_text(v))) for v in reply[at : at + 9]]
+    levels = len(LEVEL_NAMES)
+    for at in range(1, len(reply), _BUCKET_WIDTH):
+        row = [int(float(_text(v))) for v in reply[at : at + _BUCKET_WIDTH]]
+        bins = row[1 + 2 * levels :]
         buckets.append(
             HistoryBucket(
                 start_s=row[0],
-                starts=dict(zip(LEVEL_NAMES, row[1:5], strict=True)),
-                worker_ms=dict(zip(LEVEL_NAMES, row[5:9], strict=True)),
+                starts=dict(zip(LEVEL_NAMES, row[1 : 1 + levels], strict=True)),
+                worker_ms=dict(zip(LEVEL_NAMES, row[1 + levels : 1 + 2 * levels], strict=True)),
+                errors={
+                    name: tuple(bins[i * ERROR_BINS : (i + 1) * ERROR_BINS])
+                    for i, name in enumerate(LEVEL_NAMES)
+                },
             )
         )
     return History(int(float(since)) if since else None, tuple(buckets), typical_ms)
+
+
+def _asking(reply: Sequence[Any]) -> AskingRead | None:
+    """``fqEtaAsking``'s reply (``None``: not read)."""
+    if not reply:
+        return None
+    values = [_text(v) for v in reply]
+    totals = {name: float(values[i]) for i, name in enumerate(LEVEL_NAMES)}
+    at = len(LEVEL_NAMES)
+    count = int(float(values[at]))
+    at += 1
+    ahead = []
+    for _ in range(count):
+        member, last, weight, held = values[at : at + 4]
+        at += 4
+        level, _sep, tenant = member.partition("\n")
+        ahead.append((level, tenant, float(last), float(weight or 0), held == "1"))
+    served: dict[tuple[str, str], int] = {}
+    recent: dict[tuple[str, str], int] = {}
+    recent_since_s = None
+    bucket = 0
+    while at < len(values):
+        start, pairs = int(float(values[at])), int(float(values[at + 1]))
+        at += 2
+        if bucket <= 1:  # the current bucket and the one before it, newest first
+            recent_since_s = start
+        for i in range(pairs):
+            member, count_text = values[at + 2 * i], values[at + 2 * i + 1]
+            level, _sep, tenant = member.partition("\n")
+            count = int(float(count_text))
+            served[(level, tenant)] = served.get((level, tenant), 0) + count
+            if bucket <= 1:
+                recent[(level, tenant)] = recent.get((level, tenant), 0) + count
+        at += 2 * pairs
+        bucket += 1
+    return AskingRead(
+        totals=totals,
+        ahead=tuple(ahead),
+        served=served,
+        recent=recent,
+        recent_since_s=recent_since_s,
+    )
 
 
 def _hold(reply: Sequence[Any]) -> TenantHold:
@@ -225,7 +286,7 @@ class StatusReads(BrokerPart):
                 extra=extra,
             )
         )
-        now, wait_len, place, *hold, history, before = reply
+        now, wait_len, place, *hold, history, before, asking = reply
         placement = _placement(place, level, tenant_weight, int(wait_len))
         return RawEstimate(
             now_ms=int(now),
@@ -234,6 +295,7 @@ class StatusReads(BrokerPart):
             history=_history(history, placement.typical_ms),
             before=int(before),
             placed=count + int(before),
+            asking=_asking(asking),
         )
 
     async def job_status(self, queue: str, job_id: str) -> RawStatus | None:
@@ -256,8 +318,10 @@ class StatusReads(BrokerPart):
                 buckets=RATE_BUCKETS,
             )
         )
-        (now, wait_len, state, ahead, score, level, _tenant, due, processed, finished) = reply[:10]
-        encoded, paused, catchup, held, occupied, place, clock, history = reply[10:]
+        (now, wait_len, state, ahead, score, level, tenant, due, processed, finished) = reply[:10]
+        encoded, paused, catchup, held, occupied, place, clock, history, asking, fweight = reply[
+            10:
+        ]
         state = _text(state)
         if state == "gone":
             return None
@@ -291,4 +355,7 @@ class StatusReads(BrokerPart):
             hold=hold,
             placement=placement,
             history=_history(history, typical),
+            asking=_asking(asking),
+            tenant=_text(tenant) or None,
+            tenant_weight=_float(fweight),
         )

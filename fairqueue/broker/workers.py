@@ -1,17 +1,48 @@
 """Worker support (fairqueue.worker): the only place a BullMQ Worker is built, so
-BullMQ's Job object stays in the broker, and the idle check of a burst worker."""
+BullMQ's Job object stays in the broker, the idle check of a burst worker, and the
+worker processes' liveness records.
+
+Liveness: each worker process (one per ``--processes`` child) writes a record into
+``<prefix>:<queue>:fq:procs`` (a hash: ``host:pid`` -> JSON) for every queue it serves,
+every few seconds. A record not refreshed within its ``stale_after_s`` is a dead
+process: readers skip it and delete it, so the hash holds at most the live processes
+plus those that died since the last read (bounded by the processes, not by jobs or
+tenants). The hash expires too, so a prefix no worker uses again leaves nothing.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import json
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from bullmq import Job as BullJob
 from bullmq import Worker as BullWorker
 
 from fairqueue.broker.common import int_or
 from fairqueue.broker.connection import BrokerPart
+
+#: The liveness hash's suffix beside a queue's keys.
+PROCESSES_SUFFIX: Final = "procs"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerProcess:
+    """A live worker process as its last liveness record describes it (no tenant ids,
+    no payloads: what an operator needs to tell processes apart and see them work)."""
+
+    host: str
+    pid: int
+    #: The supervisor's pid (``None``: a worker started without ``--processes``).
+    supervisor_pid: int | None
+    #: Which of the supervisor's slots it fills (0-based; ``None`` without a supervisor).
+    slot: int | None
+    concurrency: int
+    started_ms: int
+    beat_ms: int
+    jobs_done: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,3 +170,71 @@ class WorkerSupport(BrokerPart):
             pipe.llen(self.conn.key(queue, "active"))
             counts = await self.conn.guard(pipe.execute())
         return sum(int(count) for count in counts)
+
+    # -- liveness of worker processes -------------------------------------------------
+
+    async def beat(self, queue: str, process: WorkerProcess, *, stale_after_s: float) -> None:
+        """Write ``process``'s liveness record for ``queue`` (one HSET and one EXPIRE)."""
+        key = self.conn.fair_key(queue, PROCESSES_SUFFIX)
+        record = json.dumps(
+            {
+                "host": process.host,
+                "pid": process.pid,
+                "supervisor_pid": process.supervisor_pid,
+                "slot": process.slot,
+                "concurrency": process.concurrency,
+                "started_ms": process.started_ms,
+                "beat_ms": process.beat_ms,
+                "jobs_done": process.jobs_done,
+                "stale_after_ms": int(stale_after_s * 1000),
+            }
+        )
+        async with self.conn.client().pipeline(transaction=True) as pipe:
+            pipe.hset(key, f"{process.host}:{process.pid}", record)
+            pipe.expire(key, max(1, int(stale_after_s * 4)))
+            await self.conn.guard(pipe.execute())
+
+    async def forget(self, queue: str, host: str, pid: int) -> None:
+        """Remove a process's record (it stopped; a dead one ages out instead)."""
+        await self.conn.guard(
+            self.conn.client().hdel(self.conn.fair_key(queue, PROCESSES_SUFFIX), f"{host}:{pid}")
+        )
+
+    async def processes(self, queue: str, *, now_ms: int | None = None) -> list[WorkerProcess]:
+        """The live worker processes of ``queue``, by host, supervisor and slot; records
+        past their ``stale_after_ms`` are deleted on the way."""
+        key = self.conn.fair_key(queue, PROCESSES_SUFFIX)
+        raw: Mapping[Any, Any] = await self.conn.guard(self.conn.client().hgetall(key))
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        live: list[WorkerProcess] = []
+        stale: list[Any] = []
+        for member, value in raw.items():
+            process = _parse_process(value)
+            if process is None or now - process[0].beat_ms > process[1]:
+                stale.append(member)
+            else:
+                live.append(process[0])
+        if stale:
+            await self.conn.guard(self.conn.client().hdel(key, *stale))
+        return sorted(live, key=lambda p: (p.host, p.supervisor_pid or p.pid, p.slot or 0, p.pid))
+
+
+def _parse_process(value: Any) -> tuple[WorkerProcess, int] | None:
+    """A liveness record and its staleness bound, or ``None`` for one that is not ours."""
+    try:
+        record = json.loads(value)
+        return (
+            WorkerProcess(
+                host=str(record["host"]),
+                pid=int(record["pid"]),
+                supervisor_pid=int_or(record.get("supervisor_pid"), None),
+                slot=int_or(record.get("slot"), None),
+                concurrency=int(record["concurrency"]),
+                started_ms=int(record["started_ms"]),
+                beat_ms=int(record["beat_ms"]),
+                jobs_done=int(record["jobs_done"]),
+            ),
+            int(record["stale_after_ms"]),
+        )
+    except (ValueError, TypeError, KeyError):
+        return None

@@ -109,7 +109,7 @@ def verdict(facts: TenantFacts) -> tuple[Finding, ...]:
                 RED,
                 "noisy",
                 f"It is over its share in {n['level']}: {n['running']} of the level's "
-                f"{n['level_running']} running jobs ({n['share']}) against its fair share of "
+                f"{n['level_running']} running jobs ({n['share']}) against its entitlement now of "
                 f"{n['entitled']}, {n['factor']} times it, while others of its level wait.",
                 LIMITS,
             )

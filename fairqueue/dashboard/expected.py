@@ -55,6 +55,8 @@ def _shown(estimate: StartEstimate) -> dict[str, Any]:
         "ahead": estimate.ahead,
         "held_reason": estimate.held_reason,
         "share": estimate.share,
+        "level_share": estimate.level_share,
+        "level": estimate.level,
         "text": describe(estimate),
     }
 

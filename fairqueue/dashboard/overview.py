@@ -6,14 +6,15 @@ own), plus the noisy neighbours of each queue.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from fairqueue.broker import Broker, SyncBroker
 from fairqueue.conf import get_settings
 from fairqueue.dashboard.wording import tenant_words
-from fairqueue.scheduling.levels import DEFAULT_TENANT, INTERNAL_TENANT
-from fairqueue.scheduling.noisy import noisy_tenants
+from fairqueue.enqueue.status import level_share_of
+from fairqueue.scheduling.levels import DEFAULT_TENANT, INTERNAL_TENANT, PriorityLevel
+from fairqueue.scheduling.noisy import NOISY_MIN, FlowWeight, noisy_tenants
 
 #: Attention levels, most urgent first.
 RED: Final = "red"
@@ -25,11 +26,39 @@ def noisy_figures(job_type: str, *, broker: SyncBroker) -> dict[str, Any]:
     return broker.run(anoisy_figures, job_type, broker=broker.broker)
 
 
+async def entitled_now(
+    broker: Broker, queue: str, flows: Mapping[tuple[str, str], FlowWeight]
+) -> dict[tuple[str, str], float | None]:
+    """What each of ``flows`` ((level, tenant) -> its counted weight) is entitled to now:
+    its max-min share of its level given who is asking, the figure its tenant page shows
+    (:func:`fairqueue.enqueue.status.level_share_of`, ``None``: no service rate measured
+    yet). One read-only estimate read for them all (who is asking is the same whoever
+    asks), then pure arithmetic per flow."""
+    if not flows:
+        return {}
+    (level, tenant), first = next(iter(flows.items()))
+    reads = broker.status
+    raw = await reads.estimate(
+        queue, level=PriorityLevel(level), tenant=tenant, tenant_weight=first.weight
+    )
+    return {
+        (level, tenant): level_share_of(raw, PriorityLevel(level), tenant, flow.weight)
+        for (level, tenant), flow in flows.items()
+    }
+
+
 async def anoisy_figures(job_type: str, *, broker: Broker) -> dict[str, Any]:
-    """:func:`noisy_figures` on ``broker``'s event loop."""
+    """:func:`noisy_figures` on ``broker``'s event loop: each running tenant's share of
+    its level's running jobs against what it is entitled to now (:func:`entitled_now`)."""
     queue = get_settings().queue_for(job_type)
     running, level_weights, flows = await broker.console.in_flight(queue)
-    found = noisy_tenants(running, level_weights, flows)
+    asking = {
+        key: flows.get(key, FlowWeight(1, False))
+        for key, count in running.items()
+        if count >= NOISY_MIN
+    }
+    entitled = await entitled_now(broker, queue, asking)
+    found = noisy_tenants(running, level_weights, flows, entitled)
     return {
         "count": len(found),
         "tenants": [
@@ -41,7 +70,8 @@ async def anoisy_figures(job_type: str, *, broker: Broker) -> dict[str, Any]:
                 "running": n.running,
                 "level_running": n.level_running,
                 "share": f"{100 * n.share:.0f}%",
-                "entitled": f"{100 * n.entitled:.0f}%",
+                # by weight alone until a service rate is measured: said, not passed off
+                "entitled": f"{100 * n.entitled:.0f}%" + ("" if n.measured else " by weight"),
                 "factor": f"{n.share / n.entitled:.1f}" if n.entitled else "—",
             }
             for n in found[:10]

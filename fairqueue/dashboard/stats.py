@@ -54,6 +54,7 @@ from fairqueue.broker import (
     LimitsStatus,
     MemoryState,
     WaitingJob,
+    WorkerProcess,
     get_sync_broker,
     pending_from_job,
 )
@@ -78,6 +79,7 @@ from fairqueue.dashboard.wording import (
     pass_words,
     tenant_words,
 )
+from fairqueue.dashboard.worker_list import workers_section
 from fairqueue.enqueue.outbox import outbox_stats
 from fairqueue.rebalance.passes import LAST_RUN_RECORD, PASS_COUNTS
 from fairqueue.scheduling.levels import DEFAULT_FAIR_WEIGHTS, LEVELS_BY_RANK
@@ -268,6 +270,7 @@ async def aqueue_stats(
             reads, total=total, page=page, per_page=per_page, now_ms=now_ms, max_wait_ms=max_wait_ms
         ),
         "limits": limits_section(reads.limited),
+        "workers": workers_section(reads.workers, now_ms=now_ms),
         "last_pass": _last_pass(reads.last_pass, now_ms=now_ms),
         "lock": _lock_info(reads.lock),
         "history": _history(
@@ -296,6 +299,7 @@ class _QueueReads:
     paused: bool
     memory: MemoryState | None
     limited: LimitsStatus
+    workers: list[WorkerProcess]
 
 
 async def _read_queue(
@@ -317,15 +321,18 @@ async def _read_queue(
         broker.dashboard.head_unplaced(queue, window=window),
         broker.dashboard.read_page(queue, start=start, count=per_page),
     )
-    recorded, paused, memory, limited = await asyncio.gather(
+    recorded, paused, memory, limited, workers = await asyncio.gather(
         broker.history.read_history(
             queue, now_s=now_ms // 1000, window_s=clamp_window_min(history_minutes) * 60
         ),
         broker.dashboard.is_paused(queue),
         broker.dashboard.memory_state(),
         broker.limits.status(queue, listed=listed, held_ids=HELD_JOBS_SHOWN),
+        broker.workers.processes(queue, now_ms=now_ms),
     )
-    return _QueueReads(counts, last_pass, lock, head, rows, recorded, paused, memory, limited)
+    return _QueueReads(
+        counts, last_pass, lock, head, rows, recorded, paused, memory, limited, workers
+    )
 
 
 def _lock_info(lock: tuple[str | None, int]) -> dict[str, Any]:

@@ -37,7 +37,7 @@ from fairqueue.dashboard.wording import format_duration, format_time, tenant_wor
 from fairqueue.plans import priority_from_plan
 from fairqueue.scheduling.attempts import TENANT_BUCKET_S
 from fairqueue.scheduling.levels import LEVELS_BY_RANK
-from fairqueue.scheduling.shares import parse_bucket, tenant_window
+from fairqueue.scheduling.shares import LEVEL_NAMES, parse_bucket, tenant_window
 from fairqueue.scheduling.wire import decoded_limits
 
 #: The windows the tenant page sums its started jobs over, in minutes.
@@ -104,7 +104,7 @@ async def atenant_queue(
     }
     buckets = [parse_bucket(start, f, t) for start, (f, t) in recorded.buckets.items()]
     waiting_total = None if scan is None else sum(v or 0 for v in waiting.values())
-    waits = _waits(mine, buckets, weights, now_s=now_s)
+    waits = _waits(mine, buckets, now_s=now_s)
     facts = _facts(tenant_id, scan, waiting_total, waits, jobs, noisy, failures)
     return {
         "facts": facts,
@@ -236,25 +236,15 @@ def _started(
 def _waits(
     mine: dict[int, dict[str, str]],
     buckets: list[Any],
-    weights: dict[str, tuple[int, int]],
     *,
     now_s: int,
 ) -> list[dict[str, Any]]:
     """Per window its wait p50/p99 (from its own wait histogram, within one bin: about
-    19%) and per level its share of the level's worker time beside what its weight
-    entitles it to among the level's flows with work now."""
+    19%) and per level its share of the level's worker time (``worker_share``: the text
+    :func:`with_entitlement` completes)."""
     rows = []
     for minutes in WINDOWS_MIN:
         row = tenant_window(mine, buckets, now_s=now_s, minutes=minutes, bucket_s=TENANT_BUCKET_S)
-        shares = []
-        for level, worker in row["worker"].items():
-            if worker["share"] is None:
-                continue
-            text = f"{level}: {100 * worker['share']:.0f}% of {format_ms(worker['level_ms'])}"
-            weight, total = weights.get(level, (0, 0))
-            if weight and total:
-                text += f" (entitled {100 * weight / total:.0f}%: weight {weight} of {total})"
-            shares.append(text)
         rows.append(
             {
                 "minutes": minutes,
@@ -264,10 +254,45 @@ def _waits(
                 "p50": format_ms(row["p50_ms"]),
                 "p99": format_ms(row["p99_ms"]),
                 "worker": row["worker"],
-                "worker_share": "; ".join(shares) or "—",
+                "worker_share": _worker_share(row["worker"], {}),
             }
         )
     return rows
+
+
+def _worker_share(worker: dict[str, Any], entitled: dict[str, float | None]) -> str:
+    shares = []
+    for level, used in worker.items():
+        if used["share"] is None:
+            continue
+        text = f"{level}: {100 * used['share']:.0f}% of {format_ms(used['level_ms'])}"
+        if entitled.get(level) is not None:
+            text += f" (entitled {100 * (entitled[level] or 0):.0f}% now)"
+        shares.append(text)
+    return "; ".join(shares) or "—"
+
+
+def _entitled(job_type: str, tenant_id: str, level: str) -> float | None:
+    """Its max-min share of ``level`` now, as its start estimate there counts it."""
+    try:
+        return tenant_expected_start(job_type, tenant_id, level)["level_share"]
+    except ValueError:  # a level its plan does not let it use
+        return None
+
+
+def with_entitlement(found: dict[str, Any], entitled: dict[str, float | None]) -> None:
+    """Its waits' rows with what it is entitled to now in each level (``entitled``: level ->
+    its max-min share of the level given who is asking, the estimate's
+    ``level_share``, :func:`fairqueue.scheduling.pace.current_shares`): the same figure
+    the start estimates use, not its weight over the level's counted weights."""
+    found["entitled"] = entitled
+    found["entitled_shown"] = [
+        {"level": level, "share": f"{100 * share:.0f}%"}
+        for level in LEVEL_NAMES
+        if (share := entitled.get(level)) is not None
+    ]
+    for row in found["waits"]:
+        row["worker_share"] = _worker_share(row["worker"], entitled)
 
 
 def _next_run(
@@ -332,7 +357,15 @@ def tenant_page_data(tenant_id: str) -> dict[str, Any]:
         found["verdict"] = verdict(facts)
         found["overdue"] = facts.overdue
         # where a job of the tenant enqueued now would be placed, and when it would start
-        found["new_job_start"] = tenant_expected_start(found["job_type"], tenant_id)["text"]
+        new_job = tenant_expected_start(found["job_type"], tenant_id)
+        found["new_job_start"] = new_job["text"]
+        levels = {level for row in found["waits"] for level in row["worker"]}
+        levels |= {w["level"] for w in found["weights"]}
+        # its plan's level too: a paused or held tenant has no flow counted, yet a share
+        levels |= {new_job["level"]} if new_job["level"] else set()
+        with_entitlement(
+            found, {level: _entitled(found["job_type"], tenant_id, level) for level in levels}
+        )
     return {"read_at": moment(now_ms), "queues": queues}
 
 

@@ -16,6 +16,7 @@ from asgiref.sync import sync_to_async
 
 from fairqueue.broker import (
     MAX_JOB_ID_LENGTH,
+    Placement,
     RawEstimate,
     RawStatus,
     StatusReads,
@@ -29,8 +30,11 @@ from fairqueue.enqueue.options import EnqueueOptions, check_keywords
 from fairqueue.enqueue.priority import ResolvedPriority
 from fairqueue.exceptions import InvalidJobOptionError
 from fairqueue.scheduling import estimate as eta
+from fairqueue.scheduling import pace
 from fairqueue.scheduling.estimate import StartEstimate
+from fairqueue.scheduling.levels import DEFAULT_FAIR_WEIGHTS, PriorityLevel
 from fairqueue.scheduling.limits import REASON_MAX_ACTIVE, REASON_PAUSED, REASON_RATE
+from fairqueue.scheduling.order import flow_step
 from fairqueue.scheduling.shares import BUCKET_S
 
 #: The states ``job_status`` reports.
@@ -113,6 +117,7 @@ def _as_estimate(
     level: str | None = None,
     tag: float | None = None,
     offset_ms: int = 0,
+    level_share: float | None = None,
 ) -> StartEstimate:
     def at(seconds: float | None) -> int | None:
         return None if seconds is None else now_ms + offset_ms + math.ceil(seconds * 1000)
@@ -130,21 +135,94 @@ def _as_estimate(
         share=share,
         level=level,
         tag=tag,
+        level_share=level_share,
     )
 
 
-def estimate_from(raw: RawEstimate, *, delay_ms: int | None = None) -> StartEstimate:
-    """The estimate of a new job from what ``lua/estimate_start.lua`` read."""
-    p = raw.placement
+@dataclass(frozen=True, slots=True)
+class _Pace:
+    """What who is asking now gives a flow: its turns per second once it asks
+    (``flow_per_s``: jobs, or with fairness by time worker time over the typical run,
+    as the distances between tags count them), that as a share of all starts, and its
+    tenant's starts per second lately (every level: the pace its held jobs are released
+    at)."""
+
+    flow_per_s: float | None = None
+    share: float | None = None
+    tenant_per_s: float | None = None
+    level_share: float | None = None
+
+
+def _pace(
+    raw: RawEstimate | RawStatus,
+    rate: eta.ServiceRate,
+    *,
+    level: PriorityLevel,
+    tenant: str | None,
+    tenant_weight: float,
+    vt: float,
+) -> _Pace:
+    asking = raw.asking
+    if asking is None or tenant is None or not rate.known or rate.window_s <= 0:
+        return _Pace()
+    flows = pace.flows_asking(asking, vt=vt, window_s=rate.window_s, level_served=rate.level_starts)
+    share = pace.share_of(rate.jobs_per_s, flows, level.value, tenant, weight=tenant_weight)
+    of_level = pace.share_of(
+        rate.jobs_per_s, flows, level.value, tenant, weight=tenant_weight, of_level=True
+    )
+    mine = sum(count for (_, name), count in asking.served.items() if name == tenant)
+    # in turns (jobs, or with fairness by time worker time over the typical run): what
+    # the distances between tags count
+    turns_per_s = rate.turns_per_s or rate.jobs_per_s
+    return _Pace(
+        flow_per_s=None if share is None else share * turns_per_s,
+        share=share,
+        tenant_per_s=mine / rate.window_s if mine else None,
+        level_share=of_level,
+    )
+
+
+def level_share_of(raw: RawEstimate, level: PriorityLevel, tenant: str, w: float) -> float | None:
+    """``tenant``'s entitlement now in ``level`` at weight ``w`` (its estimate's ``level_share``)
+    from any estimate read of its queue: who is asking does not depend on who asks."""
+    rate, vt = _rate(raw, raw.placement.typical_ms), raw.placement.flow.vt
+    return _pace(raw, rate, level=level, tenant=tenant, tenant_weight=w, vt=vt).level_share
+
+
+def _new_job_wait(
+    raw: RawEstimate | RawStatus, p: Placement, rate: eta.ServiceRate, flow_pace: _Pace, count: int
+) -> eta.Wait:
+    """The wait of the ``count``-th new job placed at ``p``: its flow's turns before it
+    (the distance from the virtual time to where the flow goes on, in its steps of one
+    turn) at its flow's pace now."""
     flow = p.flow
-    rate = _rate(raw, p.typical_ms)
-    wait = eta.placed_wait(
+    start = flow.vt if flow.last is None or flow.last <= flow.vt else flow.last
+    # a turn's step: the tag distance one typical run of the flow moves it by
+    step = (p.tag - start) / count / (flow.cost or 1.0) if p.score is not None else 0.0
+    own = (start - flow.vt) / step + (count - 1) * (flow.cost or 1.0) if step > 0 else None
+    return eta.placed_wait(
         tag=p.tag if p.score is not None else None,
         level=flow.level,
         vt=flow.vt,
         ahead=p.ahead,
         rate=rate,
+        own_ahead=own,
+        flow_per_s=flow_pace.flow_per_s,
     )
+
+
+def estimate_from(
+    raw: RawEstimate, *, delay_ms: int | None = None, tenant: str | None = None, count: int = 1
+) -> StartEstimate:
+    """The estimate of a new job from what ``lua/estimate_start.lua`` read (``tenant``:
+    its tenant bucket, for its flow's pace; ``count``: the last of that many)."""
+    p = raw.placement
+    flow = p.flow
+    rate = _rate(raw, p.typical_ms)
+    flow_pace = _pace(
+        raw, rate, level=flow.level, tenant=tenant, tenant_weight=flow.tenant_weight, vt=flow.vt
+    )
+    wait = _new_job_wait(raw, p, rate, flow_pace, count)
     hold = raw.hold
     reason = None
     if hold.limits.holds or hold.paused:
@@ -153,22 +231,110 @@ def estimate_from(raw: RawEstimate, *, delay_ms: int | None = None) -> StartEsti
         )
         run_s = None if p.typical_ms is None else p.typical_ms / 1000
         delay = eta.held_delay_s(
-            hold.limits, reason=reason, held_ahead=hold.held, occupied=hold.occupied, run_s=run_s
+            hold.limits,
+            reason=reason,
+            held_ahead=hold.held,
+            occupied=hold.occupied,
+            run_s=run_s,
+            tenant_per_s=flow_pace.tenant_per_s,
         )
         wait = eta.with_delay(wait, delay)
-    level_share = max(1, flow.total - flow.counted + flow.tenant_weight)
+    share = flow_pace.share
+    if share is None:
+        level_share = max(1, flow.total - flow.counted + flow.tenant_weight)
+        share = eta.flow_share(
+            level=flow.level, tenant_weight=flow.tenant_weight, level_share=level_share, rate=rate
+        )
     return _as_estimate(
         wait,
         raw.now_ms,
         ahead=p.ahead,
         reason=reason,
-        share=eta.flow_share(
-            level=flow.level, tenant_weight=flow.tenant_weight, level_share=level_share, rate=rate
-        ),
+        share=share,
         level=flow.level.value,
         tag=p.tag if p.score is not None else None,
         offset_ms=delay_ms or 0,
+        level_share=flow_pace.level_share,
     )
+
+
+def _waiting_wait(raw: RawStatus, rate: eta.ServiceRate) -> tuple[eta.Wait, _Pace]:
+    """A waiting job's wait and its flow's share: its flow's jobs before it (the distance
+    from the virtual time to its tag, in its flow's steps now) at its flow's pace."""
+    own = None
+    flow_pace = _Pace()
+    level, vt = raw.level, raw.vt or 0.0
+    if raw.tag is not None and level is not None and raw.asking is not None:
+        weight = raw.tenant_weight or 1.0
+        total = max(raw.asking.totals.get(level.value, 0.0), weight)
+        step = flow_step(DEFAULT_FAIR_WEIGHTS[level], 1, 1) * total / weight
+        own = max(0.0, (raw.tag - vt) / step - 1)
+        flow_pace = _pace(raw, rate, level=level, tenant=raw.tenant, tenant_weight=weight, vt=vt)
+    wait = eta.placed_wait(
+        tag=raw.tag,
+        level=level,
+        vt=vt,
+        ahead=raw.ahead or 0,
+        rate=rate,
+        own_ahead=own,
+        flow_per_s=flow_pace.flow_per_s,
+    )
+    return wait, flow_pace
+
+
+def _held_status(raw: RawStatus, job_type: str, job_id: str) -> JobStatus:
+    """A held job's status: the time until its tenant's release pace reaches it, then its
+    flow's place."""
+    state = raw.state
+    level = raw.level.value if raw.level is not None else None
+    none = eta.Wait(None, None, None, "none")
+    hold = raw.hold
+    if hold is None or raw.placement is None:  # the queue is paused, or no level known
+        est = _as_estimate(none, raw.now_ms, ahead=raw.ahead, reason=REASON_PAUSED)
+        return JobStatus(job_id, job_type, state, est, held_reason=REASON_PAUSED)
+    held_ahead = raw.ahead or 0
+    reason = eta.held_reason(
+        hold.limits, paused=hold.paused, held_ahead=held_ahead, occupied=hold.occupied
+    )
+    if reason is None:  # room now: released at the next release step
+        if hold.limits.max_active is not None:
+            reason = REASON_MAX_ACTIVE
+        elif hold.limits.rate_max is not None:
+            reason = REASON_RATE
+        else:
+            reason = REASON_PAUSED if hold.catching_up else None
+    p = raw.placement
+    rate = _rate(raw, p.typical_ms)
+    flow_pace = _pace(
+        raw,
+        rate,
+        level=p.flow.level,
+        tenant=raw.tenant,
+        tenant_weight=p.flow.tenant_weight,
+        vt=p.flow.vt,
+    )
+    wait = _new_job_wait(raw, p, rate, flow_pace, 1)
+    run_s = None if p.typical_ms is None else p.typical_ms / 1000
+    delay = eta.held_delay_s(
+        hold.limits,
+        reason=eta.held_reason(
+            hold.limits, paused=hold.paused, held_ahead=held_ahead, occupied=hold.occupied
+        ),
+        held_ahead=held_ahead,
+        occupied=hold.occupied,
+        run_s=run_s,
+        tenant_per_s=flow_pace.tenant_per_s,
+    )
+    est = _as_estimate(
+        eta.with_delay(wait, delay),
+        raw.now_ms,
+        ahead=raw.ahead,
+        reason=reason,
+        level=level,
+        share=flow_pace.share,
+        level_share=flow_pace.level_share,
+    )
+    return JobStatus(job_id, job_type, state, est, held_reason=reason)
 
 
 def status_from(raw: RawStatus, job_type: str, job_id: str) -> JobStatus:
@@ -177,52 +343,20 @@ def status_from(raw: RawStatus, job_type: str, job_id: str) -> JobStatus:
     level = raw.level.value if raw.level is not None else None
     none = eta.Wait(None, None, None, "none")
     if state == "waiting":
-        typical = None
-        rate = _rate(raw, typical)
-        wait = eta.placed_wait(
-            tag=raw.tag, level=raw.level, vt=raw.vt or 0.0, ahead=raw.ahead or 0, rate=rate
+        rate = _rate(raw, None)
+        wait, flow_pace = _waiting_wait(raw, rate)
+        est = _as_estimate(
+            wait,
+            raw.now_ms,
+            ahead=raw.ahead,
+            level=level,
+            tag=raw.tag,
+            share=flow_pace.share,
+            level_share=flow_pace.level_share,
         )
-        est = _as_estimate(wait, raw.now_ms, ahead=raw.ahead, level=level, tag=raw.tag)
         return JobStatus(job_id, job_type, state, est)
     if state == "held":
-        hold = raw.hold
-        if hold is None or raw.placement is None:  # the queue is paused, or no level known
-            est = _as_estimate(none, raw.now_ms, ahead=raw.ahead, reason=REASON_PAUSED)
-            return JobStatus(job_id, job_type, state, est, held_reason=REASON_PAUSED)
-        held_ahead = raw.ahead or 0
-        reason = eta.held_reason(
-            hold.limits, paused=hold.paused, held_ahead=held_ahead, occupied=hold.occupied
-        )
-        if reason is None:  # room now: released at the next release step
-            if hold.limits.max_active is not None:
-                reason = REASON_MAX_ACTIVE
-            elif hold.limits.rate_max is not None:
-                reason = REASON_RATE
-            else:
-                reason = REASON_PAUSED if hold.catching_up else None
-        p = raw.placement
-        rate = _rate(raw, p.typical_ms)
-        wait = eta.placed_wait(
-            tag=p.tag if p.score is not None else None,
-            level=p.flow.level,
-            vt=p.flow.vt,
-            ahead=p.ahead,
-            rate=rate,
-        )
-        run_s = None if p.typical_ms is None else p.typical_ms / 1000
-        delay = eta.held_delay_s(
-            hold.limits,
-            reason=eta.held_reason(
-                hold.limits, paused=hold.paused, held_ahead=held_ahead, occupied=hold.occupied
-            ),
-            held_ahead=held_ahead,
-            occupied=hold.occupied,
-            run_s=run_s,
-        )
-        est = _as_estimate(
-            eta.with_delay(wait, delay), raw.now_ms, ahead=raw.ahead, reason=reason, level=level
-        )
-        return JobStatus(job_id, job_type, state, est, held_reason=reason)
+        return _held_status(raw, job_type, job_id)
     if state == "delayed" and raw.due_ms is not None:
         ahead = None
         wait = eta.Wait(max(0.0, (raw.due_ms - raw.now_ms) / 1000), None, None, "medium")
@@ -319,7 +453,10 @@ async def placed_estimate(
         delay_ms=delay_ms,
         extra=extra,
     )
-    return estimate_from(raw, delay_ms=delay_ms), raw.placed
+    estimate = estimate_from(
+        raw, delay_ms=delay_ms, tenant=resolved.tenant_bucket, count=raw.placed
+    )
+    return estimate, raw.placed
 
 
 async def estimate_call(

@@ -43,6 +43,8 @@ def number_in_range(
 
 #: ``--interval-ms`` of the loops: 1 ms to an hour.
 interval_ms = int_in_range(1, 3_600_000)
+#: ``--metrics-port`` of the long-running commands.
+port = int_in_range(1, 65_535, "a TCP port")
 
 
 def recheck(option: str, value: object, parse: Callable[[Any], T]) -> T:

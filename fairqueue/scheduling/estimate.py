@@ -12,22 +12,34 @@ hold both to the add script's placement. The rest turns a place into a time
   (turns: jobs started, or with fairness by time worker time over the typical run time):
   a level with a backlog is served exactly at that pace (its tenants' flow weights add
   up to its weight), a level within its share at less, so the largest is the clock's.
-* **A waiting job** with finish tag ``T`` of a level of weight ``W`` is popped once the
-  virtual time reaches ``T - TAG_SCALE / W`` (when it is the first job waiting): it waits
-  ``(T - TAG_SCALE / W - vt) / v``. That counts the flows that keep arriving ahead of it
-  at their fair share, which the jobs now ahead of it do not; never less than the jobs
-  now ahead of it over ``R``.
+* **A waiting job** waits for its flow's jobs before it (``own``: the distance from the
+  virtual time to its tag over its flow's step) at its flow's pace NOW: the flow's
+  weighted max-min share given who is asking (:func:`fairqueue.scheduling.pace
+  .current_shares`: quiet, held, paused and rate-limited tenants and quiet levels count
+  for what they use, not for their weight), never less than the jobs now ahead of it
+  over ``R``. Without that read (older callers): ``(T - TAG_SCALE / W - vt) / v``.
 * **A held job** waits for its tenant's room first: its place among the tenant's held
-  jobs over the tenant's pace (``max_active`` jobs per typical run time, or its rate
-  limit), then its flow's place.
+  jobs over the tenant's real release pace (``max_active`` jobs per typical run time or
+  the pace its jobs were measured starting at, whichever is slower; or its rate limit),
+  then its flow's place.
+* **The range and the confidence** follow how the level's recent estimates came out
+  (:mod:`fairqueue.scheduling.calibration`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Literal
 
+from fairqueue.scheduling.calibration import (
+    UNCALIBRATED,
+    Calibration,
+    calibrate,
+    summed,
+    wait_range,
+)
+from fairqueue.scheduling.calibration import confidence as calibrated_confidence
 from fairqueue.scheduling.levels import DEFAULT_FAIR_WEIGHTS, PriorityLevel
 from fairqueue.scheduling.limits import REASON_MAX_ACTIVE, REASON_PAUSED, REASON_RATE, TenantLimits
 from fairqueue.scheduling.order import TAG_SCALE, flow_step
@@ -109,6 +121,9 @@ class HistoryBucket:
     start_s: int
     starts: Mapping[str, int]
     worker_ms: Mapping[str, int]
+    #: Per level, how its estimates came out: counts per ratio bin
+    #: (:func:`fairqueue.scheduling.calibration.error_bin`).
+    errors: Mapping[str, Sequence[int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +141,16 @@ class ServiceRate:
     measured: int
     #: Turns served per second, all levels (jobs per second when fairness counts jobs).
     turns_per_s: float = 0.0
+    #: Seconds the window spans (starts counted over it); per level, jobs started in it.
+    window_s: float = 0.0
+    level_starts: Mapping[str, int] = field(default_factory=dict)
+    #: Per level, how its recent estimates came out (the window's ratio bins).
+    calibrations: Mapping[str, Calibration] = field(default_factory=dict)
+
+    def calibration(self, level: PriorityLevel | str | None) -> Calibration:
+        """The calibration of ``level``'s estimates (uncalibrated: none seen)."""
+        name = level.value if isinstance(level, PriorityLevel) else level
+        return self.calibrations.get(name or "", UNCALIBRATED)
 
     @property
     def known(self) -> bool:
@@ -188,6 +213,11 @@ def service_rate(
         fastest_per_s=max(whole, default=rate),
         measured=measured,
         turns_per_s=sum(served.values()) / elapsed,
+        window_s=elapsed,
+        level_starts=starts,
+        calibrations={
+            name: calibrate(summed(b.errors.get(name, ()) for b in kept)) for name in LEVEL_NAMES
+        },
     )
 
 
@@ -225,28 +255,46 @@ def placed_wait(
     ahead: int,
     rate: ServiceRate,
     weights: Mapping[PriorityLevel, int] = DEFAULT_FAIR_WEIGHTS,
+    own_ahead: float | None = None,
+    flow_per_s: float | None = None,
 ) -> Wait:
     """The wait of a job at finish tag ``tag`` of ``level`` (``None``: not in the fair
-    band, placed by the jobs ahead alone) with ``ahead`` jobs popped before it now."""
+    band, placed by the jobs ahead alone) with ``ahead`` jobs popped before it now.
+
+    With ``flow_per_s`` (its flow's pace now, :func:`fairqueue.scheduling.pace
+    .current_shares`) and ``own_ahead`` (its flow's jobs before it): those jobs at that
+    pace, never less than the jobs ahead at the measured rate. Without them: the virtual
+    time's measured pace (the module docstring). The range and confidence follow how the
+    level's recent estimates came out (:mod:`fairqueue.scheduling.calibration`)."""
     if ahead <= 0:
-        return Wait(0.0, 0.0, 0.0, confidence_of(rate) if rate.known else "low")
+        return _ranged(0.0, rate, level) if rate.known else Wait(0.0, 0.0, 0.05, "low")
     if not rate.known:
         return Wait(None, None, None, "none")
     by_count = ahead / rate.jobs_per_s
-    by_clock = 0.0
+    by_clock = None
     if tag is not None and level is not None:
         by_clock = max(0.0, tag - TAG_SCALE / weights[level] - vt) / rate.vt_per_s
-    expected = max(by_count, by_clock)
-    return _ranged(expected, rate)
+    by_place = by_clock or 0.0
+    if own_ahead is not None and flow_per_s:
+        # Tag distances overstate a flow's jobs when it ran alone or was charged for long
+        # runs (the virtual time then jumps to its head): never more than all jobs ahead.
+        by_pace = min(max(0.0, own_ahead), ahead) / flow_per_s
+        # The flow's jobs already waiting were placed at the spacing of their day; own_ahead
+        # counts them at today's, so after a change of load it counts them double or half.
+        # The virtual time's measured pace takes each tag as it was placed but lags a
+        # change of pace: the earlier of the two, never earlier than the jobs ahead at
+        # the measured rate (by_count below).
+        by_place = by_pace if by_clock is None else min(by_pace, by_clock)
+    return _ranged(max(by_count, by_place), rate, level)
 
 
-def _ranged(expected: float, rate: ServiceRate) -> Wait:
-    fast = max(rate.fastest_per_s, rate.jobs_per_s)
-    slow = min(rate.slowest_per_s, rate.jobs_per_s)
-    step = 1 / rate.jobs_per_s
-    low = max(0.0, expected * rate.jobs_per_s / fast - step)
-    high = expected * rate.jobs_per_s / slow + step if slow > 0 else expected * 3 + step
-    return Wait(expected, low, high, confidence_of(rate))
+def _ranged(expected: float, rate: ServiceRate, level: PriorityLevel | str | None) -> Wait:
+    calibration = rate.calibration(level)
+    low, high = wait_range(expected, calibration)
+    sure = calibrated_confidence(calibration, rate_known=rate.known)
+    if confidence_of(rate) == "low" and sure in ("high", "medium"):
+        sure = "low"
+    return Wait(expected, low, high, sure)
 
 
 def held_reason(
@@ -264,24 +312,37 @@ def held_reason(
 
 
 def held_delay_s(
-    limits: TenantLimits, *, reason: str | None, held_ahead: int, occupied: int, run_s: float | None
+    limits: TenantLimits,
+    *,
+    reason: str | None,
+    held_ahead: int,
+    occupied: int,
+    run_s: float | None,
+    tenant_per_s: float | None = None,
 ) -> float | None:
     """How long until a held job is released (``None``: paused, or no run time measured
     for a ``max_active`` tenant): its place among the tenant's held jobs over the pace its
-    limits allow (``max_active`` jobs per run time; ``rate_max`` per window)."""
+    tenant is really released at. That is the pace its limits allow (``max_active`` jobs
+    per run time; ``rate_max`` per window) or, for ``max_active`` when slower, the pace
+    its jobs were measured starting at lately (``tenant_per_s``, the history's starts of
+    the tenant: a released job also waits its turn in its level before it runs and frees
+    room, and its runs may be longer than the queue's typical run)."""
     if reason is None:
         return 0.0
     if reason == REASON_PAUSED:
         return None
+    measured = tenant_per_s if tenant_per_s and tenant_per_s > 0 else None
     delays = [0.0]
     if limits.max_active is not None:
         room = max(0, limits.max_active - occupied)
         turns = held_ahead + 1 - room
         if turns > 0:
-            if not run_s:
+            paces = [p for p in (measured, run_s and limits.max_active / run_s) if p]
+            if not paces:
                 return None
-            delays.append(turns * run_s / limits.max_active)
+            delays.append(turns / min(paces))
     if limits.rate_max is not None and limits.rate_duration_ms is not None:
+        # released as the window allows, whatever runs: the turn in its level follows
         delays.append(held_ahead * limits.rate_duration_ms / 1000 / limits.rate_max)
     return max(delays)
 
@@ -328,7 +389,9 @@ class StartEstimate:
     ``low`` or ``none`` (no estimate: the times are ``None``). ``ahead`` counts the jobs
     BullMQ pops before it now; ``held_reason`` names the limit that holds its tenant
     (``max_active``, ``rate``, ``paused``) or is ``None``; ``share`` is the fraction of
-    the workers its flow gets while it has a backlog (``None``: nothing measured).
+    the workers its flow gets while it has a backlog, given who is asking now
+    (:func:`fairqueue.scheduling.pace.current_shares`; ``None``: nothing measured), and
+    ``level_share`` the fraction of its level's starts that is (its entitlement).
     """
 
     expected_wait_ms: int | None
@@ -342,3 +405,4 @@ class StartEstimate:
     level: str | None = None
     #: The finish tag the fair clock gives the job (``None``: not placed by it).
     tag: float | None = None
+    level_share: float | None = None

@@ -2,13 +2,19 @@
 while other tenants of that level wait.
 
 Amazon SQS fair queues count a message group as noisy when it has more messages in
-flight than its fair share while other groups have messages waiting. fairqueue weighs
-tenants inside a level, so a tenant's share is its weight over the weights of the
-level's tenants with work (``W:<level>`` in the fair clock's state), counting itself
-when it has none waiting. It is noisy when others of its level wait and it runs more
-than :data:`NOISY_FACTOR` times its share of the level's running jobs (and at least
-:data:`NOISY_MIN` jobs): a flood of long jobs taking the workers, which fair starts alone
-do not prevent. A tenant within its share is never flagged.
+flight than its fair share while other groups have messages waiting. fairqueue's share
+of a tenant is its entitlement now: its weighted max-min share of its level given who is
+asking (:func:`fairqueue.scheduling.pace.current_shares`; held, paused and quiet tenants
+count for what they use), the same figure its tenant page and start estimates show. A
+tenant is noisy when others of its level wait and it runs more than :data:`NOISY_FACTOR`
+times that share of the level's running jobs (and at least :data:`NOISY_MIN` jobs): a
+flood of long jobs taking the workers, which fair starts alone do not prevent. A tenant
+within its share is never flagged.
+
+With no service rate measured yet there is no "given who is asking" to read: the share
+is then its weight over the weights of the level's tenants with work (``W:<level>`` in
+the fair clock's state), counting itself when it has none waiting, and says so
+(:attr:`Noisy.measured` false).
 """
 
 from __future__ import annotations
@@ -37,8 +43,10 @@ class Noisy:
     tenant: str
     running: int
     level_running: int
-    #: Its share of the level's running jobs by weight, 0..1.
+    #: Its share of the level now, 0..1: its max-min share given who is asking
+    #: (``measured``), else by weight alone (no service rate measured yet).
     entitled: float
+    measured: bool = True
 
     @property
     def share(self) -> float:
@@ -49,9 +57,12 @@ def noisy_tenants(
     running: Mapping[tuple[str, str], int],
     level_weights: Mapping[str, int],
     flows: Mapping[tuple[str, str], FlowWeight],
+    entitled: Mapping[tuple[str, str], float | None] | None = None,
 ) -> list[Noisy]:
     """The noisy tenants among ``running`` ((level, tenant) -> running jobs), given
-    each level's total weight of flows with work and the running tenants' flows."""
+    each level's total weight of flows with work, the running tenants' flows and what
+    each is ``entitled`` to now (its max-min share of its level; missing or ``None``:
+    by weight alone)."""
     by_level: dict[str, int] = {}
     for (level, _), count in running.items():
         by_level[level] = by_level.get(level, 0) + count
@@ -60,8 +71,11 @@ def noisy_tenants(
         flow = flows.get((level, tenant), FlowWeight(1, False))
         waiting_weight = level_weights.get(level, 0)
         others_wait = waiting_weight - (flow.weight if flow.has_work else 0) > 0
-        total = waiting_weight + (0 if flow.has_work else flow.weight)
-        entitled = flow.weight / total if total else 1.0
-        if others_wait and count >= NOISY_MIN and count > NOISY_FACTOR * entitled * by_level[level]:
-            found.append(Noisy(level, tenant, count, by_level[level], entitled))
+        share = (entitled or {}).get((level, tenant))
+        measured = share is not None
+        if share is None:
+            total = waiting_weight + (0 if flow.has_work else flow.weight)
+            share = flow.weight / total if total else 1.0
+        if others_wait and count >= NOISY_MIN and count > NOISY_FACTOR * share * by_level[level]:
+            found.append(Noisy(level, tenant, count, by_level[level], share, measured))
     return sorted(found, key=lambda n: (-n.running, n.level, n.tenant))

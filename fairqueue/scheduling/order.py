@@ -251,6 +251,9 @@ class FairClock:
     #: ``share / tenant weight`` turns of its level, so a flow joining beside its backlog
     #: is placed at that backlog's spacing (docs/design.md, "Joining a level").
     spacing: dict[tuple[PriorityLevel, str], int] = field(default_factory=dict)
+    #: A charge (turns) a flow's runs left after it had no work: its next job pays it
+    #: with its own turn (:meth:`charge`; ``p:`` fields of fq:state).
+    carried: dict[tuple[PriorityLevel, str], float] = field(default_factory=dict)
 
     def observe_head(self, head_tag: float | None, head_level: PriorityLevel | None = None) -> None:
         """Advance the virtual time to what the first waiting job (its finish tag and
@@ -306,7 +309,8 @@ class FairClock:
                 catch_up = others if frontier[1] is None else min(others, frontier[1])
         horizon = joined if joined is not None else self.horizon.get(key)
         share = catch_up if horizon is not None and start < horizon else total
-        tag = start + flow_step(self.weights[level], tenant_weight, share, cost=cost)
+        carried = self.carried.pop(key, 0.0)
+        tag = start + flow_step(self.weights[level], tenant_weight, share, cost=cost + carried)
         self.counted[key] = tenant_weight
         self.spacing[key] = share
         if joined is not None:
@@ -359,9 +363,14 @@ class FairClock:
     def charge(self, level: PriorityLevel, tenant: str, turns: float) -> None:
         """The flow's attempts used ``turns`` more (less, if negative) than it was placed
         with: its later jobs start that much later (earlier). A flow with no work left
-        has nothing to settle; it starts afresh at the virtual time."""
+        (no last tag ahead of the virtual time) has it carried to its next job, which
+        pays it with its own turn: a flow that keeps emptying settles its overruns too
+        (docs/design.md, "Service is worker time")."""
         key = (level, tenant)
-        if key not in self.last or not turns:
+        if not turns:
+            return
+        if self.last.get(key, self.vt) <= self.vt:
+            self.carried[key] = self.carried.get(key, 0.0) + turns
             return
         total = sum(w for (lvl, _), w in self.counted.items() if lvl == level)
         self.last[key] += flow_step(self.weights[level], self.counted[key], total, cost=turns)

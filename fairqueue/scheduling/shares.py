@@ -13,6 +13,10 @@ level is its backlog at the bucket's start plus the jobs that became ready in it
 capacity is what was served in it, and :func:`max_min` gives each level its
 entitlement. Summed over the window, a fair queue serves each level about what it was
 entitled to, whatever the mix; a starved level shows a served share far below it.
+This is the level stage of :func:`fairqueue.scheduling.pace.current_shares` (the
+console's "entitled now" of a tenant) applied per bucket to what each level had then
+and summed: the pages call it "entitled over the window", a different quantity from a
+tenant's entitlement now, not a second opinion on it.
 
 Backlogs are not sampled: they follow from the buckets themselves. A started job adds
 one arrival to the bucket it became ready in and one service to the bucket it started

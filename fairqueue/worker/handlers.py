@@ -55,6 +55,9 @@ class JobContext:
         priority_level: the level fairqueue assigned at enqueue; ``None`` when the
             payload carries no valid ``priorityLevel`` (jobs from other producers).
         attempts_made: attempts that already failed (0 on the first run).
+        enqueued_ms: when the job was added (ms since the epoch, BullMQ's
+            ``timestamp``), so a handler can tell how long it waited; ``None`` if unknown.
+        started_ms: when this attempt started (BullMQ's ``processedOn``), or ``None``.
     """
 
     job_id: str
@@ -62,6 +65,8 @@ class JobContext:
     tenant_id: str | None
     priority_level: PriorityLevel | None
     attempts_made: int
+    enqueued_ms: int | None = None
+    started_ms: int | None = None
 
     def __repr__(self) -> str:  # tenant ids stay out of logs and tracebacks
         return (

@@ -29,198 +29,63 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from functools import partial
-from types import MappingProxyType
 from typing import Any, Final
 
 from asgiref.sync import iscoroutinefunction, sync_to_async
-from django.db import close_old_connections
 
 from fairqueue.broker import ActiveJob, Broker, get_broker, permission_error
-from fairqueue.conf import get_settings
 from fairqueue.exceptions import (
     BrokerRejectedError,
     BrokerUnavailableError,
-    TaskFailedError,
-    UnknownJobTypeError,
     WorkerStoppedError,
 )
 from fairqueue.loop import Backoff, GracefulStop
-from fairqueue.scheduling.levels import (
-    FAIRQUEUE_PAYLOAD_KEYS,
-    PAYLOAD_LEVEL_KEY,
-    PAYLOAD_TENANT_KEY,
-    PriorityLevel,
-    parse_level,
+from fairqueue.worker.handlers import JobContext, NoHandlerError
+from fairqueue.worker.job_runs import call_sync, elapsed_ms, is_task_job, log_failure, run_task
+from fairqueue.worker.liveness import Liveness
+from fairqueue.worker.process_metrics import record_job
+from fairqueue.worker.queue_plans import (
+    MAX_CONCURRENCY,
+    MIN_CONCURRENCY,
+    QueuePlan,
+    names,
+    plan_queues,
+    runnable_job_types,
+    split_payload,
+    task_job_types,
+    validate_concurrency,
 )
-from fairqueue.worker.handlers import (
-    Handler,
-    JobContext,
-    NoHandlerError,
-    get_handler,
-    registered_job_types,
-)
+from fairqueue.worker.recycling import GRACE_EXPIRED_EXIT, Recycling
+
+__all__ = [
+    "MAX_CONCURRENCY",
+    "MIN_CONCURRENCY",
+    "QueuePlan",
+    "Worker",
+    "WorkerStoppedError",
+    "plan_queues",
+    "runnable_job_types",
+    "split_payload",
+    "task_job_types",
+    "validate_concurrency",
+]
 
 logger = logging.getLogger("fairqueue.worker")
 
-MIN_CONCURRENCY: Final = 1
-MAX_CONCURRENCY: Final = 1_000
 #: How often burst mode checks whether every queue is empty.
 BURST_POLL_INTERVAL_S: Final = 0.05
 #: Redis unreachable at start: the base interval of :func:`fairqueue.loop.backoff_ms`
 #: (tries 1 s, 2 s, 4 s... apart, up to its cap).
 REDIS_RETRY_MS: Final = 500
-
-
-@dataclass(frozen=True, slots=True)
-class QueuePlan:
-    """One BullMQ queue the worker serves, the handlers of its job types and the job
-    types whose Django tasks it runs."""
-
-    queue: str
-    handlers: Mapping[str, Handler]
-    task_types: frozenset[str] = frozenset()
-
-    @property
-    def job_types(self) -> list[str]:
-        return sorted({*self.handlers, *self.task_types})
-
-    def job_type_of(self, job_name: str) -> str | None:
-        """The job type a job of this queue belongs to.
-
-        A queue with one job type takes every job as that type, so jobs a producer
-        named differently still run; a shared queue goes by the job's name.
-        """
-        job_types = self.job_types
-        if len(job_types) == 1:
-            return job_types[0]
-        return job_name if job_name in job_types else None
-
-
-def task_job_types() -> list[str]:
-    """Job types that configured Django tasks backends enqueue to; none when neither
-    ``django.tasks`` nor ``django-tasks`` is installed."""
-    try:
-        from fairqueue.tasks.backend import task_job_types as configured
-    except ImportError:
-        return []
-    return configured()
-
-
-def runnable_job_types() -> list[str]:
-    """Job types a worker can run: those with a handler, and the Django tasks'."""
-    return sorted({*registered_job_types(), *task_job_types()})
-
-
-def _names(items: Sequence[str]) -> str:
-    return ", ".join(repr(item) for item in items) if items else "(none)"
-
-
-def validate_concurrency(value: object) -> int:
-    """``value`` as a concurrency, or ``ValueError`` naming the value and the range."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(
-            f"concurrency={value!r} is not allowed: expected an integer in "
-            f"{MIN_CONCURRENCY}..{MAX_CONCURRENCY}"
-        )
-    if not MIN_CONCURRENCY <= value <= MAX_CONCURRENCY:
-        raise ValueError(
-            f"concurrency={value!r} is not allowed: expected an integer in "
-            f"{MIN_CONCURRENCY}..{MAX_CONCURRENCY}"
-        )
-    return value
-
-
-def plan_queues(
-    job_types: Sequence[str], task_types: Sequence[str] | None = None
-) -> list[QueuePlan]:
-    """Group ``job_types`` by their BullMQ queue, with their handlers.
-
-    Checked here, when a worker starts, rather than when handlers register (settings
-    must not be read at import time).
-
-    Args:
-        task_types: job types that Django tasks are enqueued to (default: those of the
-            configured ``FairQueueBackend`` s); they need no handler.
-
-    Raises:
-        UnknownJobTypeError: a job type is not in ``FAIRQUEUE['QUEUES']``.
-        NoHandlerError: a job type has neither a handler nor Django tasks.
-        ValueError: no job types, or a queue shared with job types left out (a worker
-            on that queue would take their jobs and have nothing to run them with).
-    """
-    if not job_types:
-        raise ValueError(
-            "no job types to run: register handlers with @fairqueue.handler(job_type) "
-            "in an installed app's jobs.py"
-        )
-    queues = get_settings().queues
-    tasks = set(task_job_types() if task_types is None else task_types)
-    by_queue: dict[str, dict[str, Handler]] = {}
-    tasks_by_queue: dict[str, set[str]] = {}
-    for job_type in dict.fromkeys(job_types):
-        if job_type not in queues:
-            raise UnknownJobTypeError(
-                f"job type {job_type!r} is not configured: FAIRQUEUE['QUEUES'] has "
-                f"{_names(sorted(queues))}"
-            )
-        queue = queues[job_type]
-        by_queue.setdefault(queue, {})
-        tasks_by_queue.setdefault(queue, set())
-        if job_type in tasks:
-            tasks_by_queue[queue].add(job_type)
-            if job_type in registered_job_types():
-                by_queue[queue][job_type] = get_handler(job_type)
-        else:
-            by_queue[queue][job_type] = get_handler(job_type)
-    for queue, handlers in by_queue.items():
-        served = {*handlers, *tasks_by_queue[queue]}
-        left_out = sorted(t for t, q in queues.items() if q == queue and t not in served)
-        if left_out:
-            raise ValueError(
-                f"queue {queue!r} also holds job types {_names(left_out)}: run them in the "
-                f"same worker as {_names(sorted(served))}, or give them their own queue"
-            )
-    return [
-        QueuePlan(
-            queue=queue,
-            handlers=MappingProxyType(handlers),
-            task_types=frozenset(tasks_by_queue[queue]),
-        )
-        for queue, handlers in by_queue.items()
-    ]
-
-
-def split_payload(data: Any) -> tuple[Any, str | None, PriorityLevel | None]:
-    """The handler's payload (fairqueue's keys removed), the tenant id and the level.
-
-    Jobs from other producers may lack the keys or carry any JSON value: the tenant id
-    and level are then ``None`` and a non-dict payload is passed on as it is.
-    """
-    if not isinstance(data, dict):
-        return data, None, None
-    tenant = data.get(PAYLOAD_TENANT_KEY)
-    try:
-        level: PriorityLevel | None = parse_level(data.get(PAYLOAD_LEVEL_KEY))
-    except ValueError:
-        level = None
-    payload = {key: value for key, value in data.items() if key not in FAIRQUEUE_PAYLOAD_KEYS}
-    return payload, tenant if isinstance(tenant, str) else None, level
-
-
-def _call_sync(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Run a sync handler or task in its worker thread the way Django runs a view: drop
-    database connections that are broken or past ``CONN_MAX_AGE`` before and after, so
-    a long-lived worker never hands a job a dead connection nor keeps one forever."""
-    close_old_connections()
-    try:
-        return func(*args, **kwargs)
-    finally:
-        close_old_connections()
+#: A stop that waits this long on BullMQ with no job running closes it by force.
+CLOSE_IDLE_S: Final = 10.0
+_DRAIN_TICK_S: Final = 0.25
 
 
 class Worker:
@@ -237,6 +102,17 @@ class Worker:
         broker: the broker to use (default: the configured one).
         install_signal_handlers: take over SIGTERM/SIGINT while running (main thread
             only): the first stops gracefully, the second exits at once.
+        grace_s: how long a stop waits for the active jobs (``None``: as long as they
+            take). When it runs out the process exits at once with
+            :data:`~fairqueue.worker.recycling.GRACE_EXPIRED_EXIT`: the jobs still
+            running die with it, keep their BullMQ locks until those expire, and
+            BullMQ's stalled check then hands them to another worker, so none is lost
+            and none runs twice at once. Only for a process of its own (the
+            ``fairqueue_worker`` command and its children).
+        recycling: the bounds after which this process stops taking jobs and returns
+            once its active ones finish (:attr:`recycled` then says why).
+        supervisor_pid, slot: set in a supervised child (liveness record, and a stop
+            when the supervisor is gone).
 
     Raises:
         ValueError, UnknownJobTypeError, NoHandlerError: see :func:`plan_queues` and
@@ -251,8 +127,16 @@ class Worker:
         burst: bool = False,
         broker: Broker | None = None,
         install_signal_handlers: bool = True,
+        grace_s: float | None = None,
+        recycling: Recycling | None = None,
+        supervisor_pid: int | None = None,
+        slot: int | None = None,
     ) -> None:
         self.concurrency = validate_concurrency(concurrency)
+        self.grace_s = grace_s
+        self.recycling = recycling or Recycling()
+        self._supervisor_pid = supervisor_pid
+        self._slot = slot
         self.plans = plan_queues(list(job_types) if job_types else runnable_job_types())
         self.burst = burst
         self._broker = broker or get_broker()
@@ -263,11 +147,20 @@ class Worker:
         self._executor: ThreadPoolExecutor | None = None
         #: A burst worker's reason to stop with an error (an ACL refusal: no retry helps).
         self._fatal: BrokerRejectedError | None = None
+        self._bull_workers: list[Any] = []
+        #: The BullMQ workers' close(), once started (a recycle starts it at once).
+        self._closing: asyncio.Future[Any] | None = None
         #: Releases in flight (kept so the event loop does not drop them half-way).
         self._releases: set[asyncio.Future[None]] = set()
 
     def __repr__(self) -> str:
         return f"Worker(queues={self.queues!r}, concurrency={self.concurrency})"
+
+    @property
+    def recycled(self) -> str | None:
+        """Why this process stopped to be replaced (``--max-jobs-per-child`` or
+        ``--max-memory-mb``), or ``None``."""
+        return self.recycling.reason
 
     @property
     def queues(self) -> list[str]:
@@ -313,7 +206,8 @@ class Worker:
         self._executor = ThreadPoolExecutor(
             max_workers=self.concurrency * len(self.plans), thread_name_prefix="fairqueue-job"
         )
-        bull_workers = [
+        self._closing = None
+        self._bull_workers = bull_workers = [
             self._broker.workers.make_worker(
                 plan.queue,
                 partial(self._process, plan),
@@ -329,18 +223,27 @@ class Worker:
         }
         logger.info(
             "worker started: job types %s on queues %s, concurrency %d%s",
-            _names(self.job_types),
-            _names(self.queues),
+            names(self.job_types),
+            names(self.queues),
             self.concurrency,
             ", burst" if self.burst else "",
         )
+        liveness = Liveness(
+            self._broker,
+            self.queues,
+            concurrency=self.concurrency,
+            jobs_done=lambda: self.recycling.jobs_done,
+            on_orphaned=self.request_stop,
+            supervisor_pid=self._supervisor_pid,
+            slot=self._slot,
+        )
+        liveness.start()
         stopped_queue: str | None = None
         try:
             stopped_queue = await self._wait_for_stop(runs)
         finally:
-            # close() stops taking jobs and waits for the active ones to finish.
-            await asyncio.gather(*(w.close() for w in bull_workers), return_exceptions=True)
-            await asyncio.gather(*runs, return_exceptions=True)
+            await self._drain(bull_workers, runs)
+            await liveness.stop()
             self._executor.shutdown(wait=True)
             restore_signals()
         if self._fatal is not None:
@@ -350,6 +253,60 @@ class Worker:
                 f"the BullMQ worker of queue {stopped_queue!r} stopped unexpectedly"
             )
         logger.info("worker stopped")
+
+    async def _drain(
+        self, bull_workers: Sequence[Any], runs: Mapping[asyncio.Future[Any], str]
+    ) -> None:
+        """Stop taking jobs and wait for the active ones, up to :attr:`grace_s`; past
+        it, exit the process at once (see the class's ``grace_s``).
+
+        BullMQ's ``close()`` can also wait on its own job fetch (seen with Redis gone,
+        and now and then on a loaded machine): once no job has run for
+        :data:`CLOSE_IDLE_S`, the workers are closed by force, which cancels only
+        fetches (a job a fetch had just taken keeps its lock until it expires, and the
+        stalled check hands it on: never lost).
+        """
+        closing = self._start_closing()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        idle_since: float | None = None
+        while not closing.done():
+            now = loop.time()
+            running = sum(len(getattr(w, "jobs", ()) or ()) for w in bull_workers)
+            if self.grace_s is not None and now - started >= self.grace_s:
+                logger.warning(
+                    "grace period of %g s over with jobs still running: exiting now; BullMQ's "
+                    "stalled-job check takes them back once their locks expire%s",
+                    self.grace_s,
+                    f" ({running} jobs)" if running else "",
+                )
+                _exit_now(GRACE_EXPIRED_EXIT)
+            idle_since = None if running else (now if idle_since is None else idle_since)
+            if idle_since is not None and now - idle_since >= CLOSE_IDLE_S:
+                logger.warning(
+                    "BullMQ's workers did not close within %g s of their last job: closing "
+                    "them by force (no job is running)",
+                    CLOSE_IDLE_S,
+                )
+                await asyncio.wait(
+                    [asyncio.ensure_future(w.close(force=True)) for w in bull_workers],
+                    timeout=CLOSE_IDLE_S,
+                )
+                break
+            await asyncio.wait({closing}, timeout=_DRAIN_TICK_S)
+        finished, _ = await asyncio.wait(list(runs), timeout=CLOSE_IDLE_S)
+        for run in finished:  # retrieved, so asyncio does not log them as lost
+            if not run.cancelled():
+                run.exception()
+
+    def _start_closing(self) -> asyncio.Future[Any]:
+        """Close the BullMQ workers (once): each stops taking jobs, keeps renewing its
+        active jobs' locks and waits for them to finish."""
+        if self._closing is None:
+            self._closing = asyncio.gather(
+                *(w.close() for w in self._bull_workers), return_exceptions=True
+            )
+        return self._closing
 
     async def _wait_for_stop(self, runs: Mapping[asyncio.Future[Any], str]) -> str | None:
         """Wait for a stop request or, in burst mode, for every queue to be empty.
@@ -397,15 +354,32 @@ class Worker:
     # -- jobs -------------------------------------------------------------------------
 
     async def _process(self, plan: QueuePlan, job: ActiveJob) -> Any:
+        """Run one job, then count it (metrics, recycling)."""
+        outcome = "failed"
+        try:
+            result = await self._run_job(plan, job)
+            outcome = "done"
+            return result
+        finally:
+            record_job(plan.queue, plan.job_type_of(job.name) or "", outcome)
+            reason = self.recycling.job_finished()
+            if reason is not None:
+                logger.info("recycling this process: %s; stopping once its jobs finish", reason)
+                # Closing now, before BullMQ's loop frees this slot, so it takes no
+                # job in it; the stop request then waits for the rest.
+                self._start_closing()
+                self._wake()
+
+    async def _run_job(self, plan: QueuePlan, job: ActiveJob) -> Any:
         job_type = plan.job_type_of(job.name)
         if job_type is None:
             logger.warning("job %s (queue %s) failed: NoHandlerError", job.job_id, plan.queue)
             raise NoHandlerError(
                 f"job {job.job_id} of queue {plan.queue!r} is named {job.name!r}, which is "
-                f"not a job type of this queue: {_names(plan.job_types)}"
+                f"not a job type of this queue: {names(plan.job_types)}"
             )
-        if job_type in plan.task_types and _is_task_job(job.data):
-            return await self._run_task(job_type, job)
+        if job_type in plan.task_types and is_task_job(job.data):
+            return await run_task(self._call, job_type, job)
         handler = plan.handlers.get(job_type)
         if handler is None:
             logger.warning("job %s (%s) failed: NoHandlerError", job.job_id, job_type)
@@ -420,69 +394,26 @@ class Worker:
             tenant_id=tenant_id,
             priority_level=level,
             attempts_made=job.attempts_made,
+            enqueued_ms=job.timestamp_ms,
+            started_ms=job.processed_on_ms,
         )
         started = time.monotonic()
         logger.debug("job %s (%s) started, attempt %d", job.job_id, job_type, job.attempts_made + 1)
         try:
             await self._call(handler, payload, context)
         except Exception as exc:
-            _log_failure(job, job_type, started, exc)
+            log_failure(job, job_type, started, exc)
             raise  # BullMQ fails the job and applies its attempts and backoff
-        logger.info("job %s (%s) done in %d ms", job.job_id, job_type, _elapsed_ms(started))
+        logger.info("job %s (%s) done in %d ms", job.job_id, job_type, elapsed_ms(started))
 
     async def _call(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Await an async handler or task on this loop; run a sync one in the job
         thread pool (:func:`_call_sync`)."""
         if iscoroutinefunction(func):
             return await func(*args, **kwargs)
-        return await sync_to_async(_call_sync, thread_sensitive=False, executor=self._executor)(
+        return await sync_to_async(call_sync, thread_sensitive=False, executor=self._executor)(
             func, *args, **kwargs
         )
-
-    async def _run_task(self, job_type: str, job: ActiveJob) -> Any:
-        """Run a Django task job; return its JSON result (BullMQ stores it).
-
-        A task that raises (or returns something JSON cannot hold) fails the job with
-        :class:`TaskFailedError`, whose message starts with the original exception's
-        class path and whose cause is the original, so BullMQ's stored traceback has it.
-        """
-        from fairqueue.tasks import jobs as task_jobs
-        from fairqueue.tasks.backend import FairQueueBackend
-
-        started = time.monotonic()
-        try:
-            call = task_jobs.parse_task_call(job.data)
-            task = task_jobs.resolve_task(call.path)
-        except task_jobs.TaskJobError as exc:
-            logger.warning("job %s (%s) failed: %s", job.job_id, job_type, type(exc).__name__)
-            raise
-        args: list[Any] = list(call.args)
-        # The TaskResult receivers of Django's task signals get (and a takes_context
-        # task sees in its TaskContext), finished in place once the task returns.
-        running = task_jobs.running_task_result(
-            task,
-            call,
-            job_id=job.job_id,
-            timestamp_ms=job.timestamp_ms,
-            processed_on_ms=job.processed_on_ms,
-            attempt=job.attempts_made + 1,
-        )
-        if task.takes_context:
-            args.insert(0, task_jobs.framework_of(task).TaskContext(task_result=running))
-        await task_jobs.asend_signal("task_started", FairQueueBackend, running)
-        logger.debug("job %s (%s) task started", job.job_id, job_type)
-        try:
-            value = await self._call(task.func, *args, **call.kwargs)
-            value = task_jobs.json_value(value, f"the return value of task {call.path!r}")
-        except Exception as exc:
-            _log_failure(job, job_type, started, exc)
-            task_jobs.finish_task_result(running, error=exc)
-            await task_jobs.asend_signal("task_finished", FairQueueBackend, running)
-            raise TaskFailedError(f"{task_jobs.error_class_path(exc)}: {exc}") from exc
-        task_jobs.finish_task_result(running, value=value)
-        await task_jobs.asend_signal("task_finished", FairQueueBackend, running)
-        logger.info("job %s (%s) done in %d ms", job.job_id, job_type, _elapsed_ms(started))
-        return value
 
     def _release_next(self, queue: str, tenant: str) -> None:
         """A job its tenant's limits held has finished: release that tenant's next held
@@ -557,21 +488,12 @@ class Worker:
             return True
 
 
-def _is_task_job(data: Any) -> bool:
-    # task_jobs.TASK_KEY, spelled out: task_jobs needs django-tasks, this module does not.
-    return isinstance(data, dict) and "djangoTask" in data
-
-
-def _log_failure(job: ActiveJob, job_type: str, started: float, exc: Exception) -> None:
-    # The class name only: messages and tracebacks may quote payload data.
-    logger.warning(
-        "job %s (%s) failed after %d ms: %s",
-        job.job_id,
-        job_type,
-        _elapsed_ms(started),
-        type(exc).__name__,
-    )
-
-
-def _elapsed_ms(started: float) -> int:
-    return int((time.monotonic() - started) * 1000)
+def _exit_now(status: int) -> None:
+    """End the process at once (threads still running handlers die with it): flush the
+    log streams first, as :class:`fairqueue.loop.GracefulStop`'s second signal does."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, RuntimeError, ValueError):
+            pass
+    os._exit(status)

@@ -130,6 +130,7 @@ async def _drain_slowly(prefix: str, queue: str, count: int, run_s: float) -> in
     return len(seen)
 
 
+@pytest.mark.serial  # a subprocess or a live loop against a deadline
 def test_browser__history_charts_show_shares_and_waits_a_worker_produced(
     live_server, fq_prefix, settings
 ):

@@ -227,6 +227,7 @@ def _weights_split_the_rest(shares: dict[str, tuple[int | None, int | None]]) ->
 # -- end to end ---------------------------------------------------------------------------
 
 
+@pytest.mark.serial  # a subprocess or a live loop against a deadline
 @pytest.mark.slow
 def test_demo__every_part_shown_on_its_own_keys_then_everything_cleaned_up(tmp_path, demo_prefix):
     process = _start_demo(

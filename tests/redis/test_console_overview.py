@@ -36,6 +36,15 @@ def test_noisy__a_flood_holding_the_workers_is_flagged_a_tenant_within_its_share
     # Weights count: a weight-4 tenant may run 4 of 5.
     heavy = {("normal", "big"): FlowWeight(4, True), ("normal", "small"): FlowWeight(1, True)}
     assert noisy_tenants({("normal", "big"): 4, ("normal", "small"): 1}, {"normal": 5}, heavy) == []
+    # Entitled now, not by weight: beside a held tenant that uses little, the flood is
+    # entitled to 80% of the level and 8 of 10 running is within it; measured says so.
+    running = {("normal", "flood"): 8, ("normal", "fair"): 2}
+    now = {("normal", "flood"): 0.8, ("normal", "fair"): 0.2}
+    assert noisy_tenants(running, level_weights, flows, now) == []
+    (flagged,) = noisy_tenants(running, level_weights, flows, {("normal", "flood"): 0.3})
+    assert (flagged.entitled, flagged.measured) == (0.3, True)
+    (by_weight,) = noisy_tenants(running, level_weights, flows, {("normal", "flood"): None})
+    assert (by_weight.entitled, by_weight.measured) == (0.5, False)
 
 
 def test_overview__every_count_equals_bullmqs_for_held_delayed_failed_and_overdue_jobs(
@@ -100,7 +109,7 @@ def test_noisy__live_a_tenant_holding_every_worker_while_another_waits(fq_prefix
         enqueue_jobs("email", [{} for _ in range(2)], tenant_id="quiet")
         noisy = noisy_figures("email", broker=get_sync_broker())
         assert [(n["tenant"], n["running"], n["entitled"]) for n in noisy["tenants"]] == [
-            ("flood", 4, "50%")
+            ("flood", 4, "50% by weight")  # no service rate measured yet
         ]
     finally:
         release.set()

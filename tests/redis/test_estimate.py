@@ -99,8 +99,9 @@ def test_the_virtual_time_moves_at_the_pace_of_the_backlogged_level():
     # one in five jobs served: 20 jobs, 2 s
     wait = eta.placed_wait(tag=60, level=L, vt=0, ahead=5, rate=rate)
     assert wait.expected_s == pytest.approx(2.0)
-    assert wait.confidence == "high"
-    assert wait.low_s <= wait.expected_s <= wait.high_s
+    # no recent estimates of low to judge by: not high, and a wide range
+    assert wait.confidence == "medium"
+    assert wait.low_s < wait.expected_s < wait.high_s
 
 
 def test_the_flow_over_its_share_waits_for_its_share_not_for_the_jobs_ahead():

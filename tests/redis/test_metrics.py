@@ -136,6 +136,7 @@ async def _drain(prefix: str, queue: str, count: int, seen: list) -> None:
     )
 
 
+@pytest.mark.serial  # a subprocess or a live loop against a deadline
 @pytest.mark.django_db
 def test_pass__counts_every_start_per_level_and_its_wait_once(fq_prefix):
     levels = ("critical", "high", "normal", "low")

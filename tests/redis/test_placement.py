@@ -460,3 +460,130 @@ def test_one_add_call_retires_at_most_expire_per_call_idle_flows(fq_prefix, redi
     # the cap binds while more flows are idle than it, and the rest go in later calls
     assert retired[:2] == [EXPIRE_PER_CALL, EXPIRE_PER_CALL]
     assert 0 < retired[2] <= EXPIRE_PER_CALL
+
+
+def _settle(redis_client, prefix: str, settlements: list[tuple[PriorityLevel, str, float]]) -> None:
+    """Commit a history page that carries only ``settlements`` (flow, turns), as the loop
+    writes them (``history_commit.lua``), holding the leader lock it checks."""
+    from fairqueue.broker.scripts import call_script, plain_script
+
+    script = plain_script("history_commit")
+    base = f"{prefix}:q:fq:"
+    redis_client.set(f"{base}leader", "test-token")
+    items = [
+        x
+        for level, tenant, debt in settlements
+        for x in (f"{level.value}\n{tenant}", level.value, f"{debt:.17g}")
+    ]
+    sections = [0, 0, 0, 0, 0, len(settlements), *items]
+    args = script.args(
+        token="test-token",
+        ttl=10_000,
+        cursor="",
+        new_cursor="",
+        ord=0,
+        bucket_prefix=f"{base}hist:",
+        bucket_ttl=60,
+        keep_tenants=10,
+        idle_ms=86_400_000,
+        sections=sections,
+    )
+    keys = [
+        f"{base}hist",
+        f"{base}leader",
+        f"{base}run",
+        f"{base}state",
+        f"{base}flows",
+        f"{base}fweights",
+        f"{prefix}:q:active",
+        f"{base}seen",
+        f"{prefix}:q:prioritized",
+    ]
+    import asyncio
+
+    async def run() -> int:
+        client = redis.asyncio.Redis.from_url(REDIS_URL)
+        try:
+            return int(await call_script(client, script.sha, script.source, keys, args))
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(run()) == 1
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.tuples(
+            st.lists(
+                st.tuples(
+                    st.sampled_from(list(PriorityLevel)),
+                    st.sampled_from(["a", "b", "c"]),
+                    st.sampled_from([1, 2]),
+                ),
+                max_size=8,
+            ),
+            st.lists(
+                st.tuples(
+                    st.sampled_from(list(PriorityLevel)),
+                    st.sampled_from(["a", "b", "c"]),
+                    st.sampled_from([1.0, 2.5, 16.0, -0.5]),
+                ),
+                max_size=2,
+            ),
+            st.integers(0, 10),
+        ),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_settlements_move_placements_as_the_model_and_an_idle_flows_is_carried(rounds):
+    """Fairness by time: a settlement of a flow with work moves its last tag; one of a
+    flow with no work left is carried to its next job (``p:`` in fq:state), which pays it
+    with its own turn; batches, settlements and jobs taken in between, every job's score
+    exactly the model's."""
+    prefix = run_prefix()
+    broker = SyncBroker(Broker(REDIS_URL, prefix))
+    redis_client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    redis_client.hset(f"{prefix}:q:fq:state", "typ", 100)
+    clock, placed = FairClock(), {}
+    key = f"{prefix}:q:prioritized"
+    try:
+        # A backlog taken half-way: the virtual time well past the floor, so a refund
+        # carried never places a job below it.
+        _add_as_the_model(broker, redis_client, clock, placed, key, [(L, "z", 1)] * 100)
+        _take_as_a_worker(redis_client, clock, placed, key, 50)
+        for batch, settlements, taken in rounds:
+            _add_as_the_model(broker, redis_client, clock, placed, key, batch)
+            _settle(redis_client, prefix, settlements)
+            for level, tenant, debt in settlements:
+                clock.charge(level, tenant, debt)
+            _take_as_a_worker(redis_client, clock, placed, key, taken)
+    finally:
+        broker.close()
+        redis_client.close()
+        delete_prefix(prefix)
+
+
+def test_an_overrun_of_a_flow_with_no_work_left_is_paid_by_its_next_job(fq_prefix, redis_client):
+    """A flow whose last job ran past its turn after its flow had no work left (a flow that
+    keeps emptying) is still charged: its next job pays the overrun with its own turn, so
+    it lands behind a newcomer's first job instead of beside it."""
+    redis_client.hset(f"{fq_prefix}:q:fq:state", "typ", 100)
+    broker = SyncBroker(Broker(REDIS_URL, fq_prefix))
+    clock, placed = FairClock(), {}
+    key = f"{fq_prefix}:q:prioritized"
+    try:
+        _add_as_the_model(broker, redis_client, clock, placed, key, [(L, "z", 1)] * 10)
+        _add_as_the_model(broker, redis_client, clock, placed, key, [(N, "a", 1)])
+        _take_as_a_worker(redis_client, clock, placed, key, 3)  # a's job ran; z's go on
+        _settle(redis_client, fq_prefix, [(N, "a", 4.0)])  # it used 5 turns, paid 1
+        clock.charge(N, "a", 4.0)
+        assert float(redis_client.hget(f"{fq_prefix}:q:fq:state", "p:normal\na")) == 4.0
+        again, newcomer = _add_as_the_model(
+            broker, redis_client, clock, placed, key, [(N, "a", 1), (N, "b", 1)]
+        )
+        assert redis_client.zscore(key, again.job_id) > redis_client.zscore(key, newcomer.job_id)
+        assert not redis_client.hexists(f"{fq_prefix}:q:fq:state", "p:normal\na")  # paid once
+    finally:
+        broker.close()

@@ -50,6 +50,7 @@ def clean_breaker():
 # -- a tenant failing by stalls ------------------------------------------------------------
 
 
+@pytest.mark.serial  # a subprocess or a live loop against a deadline
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_fault__a_tenant_whose_jobs_kill_their_worker_opens_the_breaker(

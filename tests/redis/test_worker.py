@@ -12,6 +12,7 @@ import textwrap
 import threading
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -195,7 +196,13 @@ def test_sync_handler__gets_payload_without_fairqueue_keys_and_a_context(broker)
     )
 
     assert run_burst(broker, "t_sync") < 5
-    by_id = {job.job_id: (payload, job, thread) for payload, job, thread in seen}
+    for _, job, _ in seen:  # BullMQ's timestamp and processedOn, ms since the epoch
+        assert isinstance(job.enqueued_ms, int) and isinstance(job.started_ms, int), job
+        assert job.enqueued_ms <= job.started_ms <= time.time() * 1000 + 1_000
+    by_id = {
+        job.job_id: (payload, replace(job, enqueued_ms=None, started_ms=None), thread)
+        for payload, job, thread in seen
+    }
     assert by_id[tenant_job][:2] == (
         {"to": "a@example.com"},
         JobContext(tenant_job, "t_sync", "acme", PriorityLevel.HIGH, 0),
@@ -414,6 +421,7 @@ def _wait_for_active(broker: Broker, job_type: str, timeout_s: float = 10.0) -> 
     raise AssertionError(f"no {job_type} job became active in {timeout_s}s")
 
 
+@pytest.mark.serial  # a subprocess or a live loop against a deadline
 def test_process__sigterm_lets_the_active_job_finish_then_exits_0(broker, worker_process):
     add(broker, "report", {"work_ms": 700, "tenantId": "t", "priorityLevel": "low"})
     process = worker_process("report", "-v", "1")
@@ -426,6 +434,7 @@ def test_process__sigterm_lets_the_active_job_finish_then_exits_0(broker, worker
     assert "SIGTERM: stopping" in output and "worker stopped" in output
 
 
+@pytest.mark.serial  # a subprocess or a live loop against a deadline
 def test_process__second_signal_exits_at_once(broker, worker_process):
     add(broker, "email", {"work_ms": 30_000, "tenantId": "t", "priorityLevel": "low"})
     process = worker_process("email")
@@ -492,3 +501,22 @@ def test_burst_with_redis_down__fails_at_once_like_once(prefix):
     with pytest.raises(BrokerUnavailableError):
         Worker(["t_sync"], burst=True, broker=dead, install_signal_handlers=False).run()
     assert time.monotonic() - started < 5
+
+
+def test_stop_with_redis_gone__the_worker_still_returns(prefix, tmp_path, caplog):
+    # A stop while Redis is gone still returns (with no job running nothing waits for it).
+    server = PrivateRedis(tmp_path, aof=False).start()
+    fairqueue.handler("t_sync")(lambda payload, job: None)
+    worker = Worker(["t_sync"], broker=Broker(server.url, prefix), install_signal_handlers=False)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    with caplog.at_level(logging.INFO, logger="fairqueue.worker"):
+        thread.start()
+        try:
+            assert wait_until(lambda: "worker started" in caplog.text, 30), caplog.text
+            time.sleep(0.5)
+            server.stop()
+            worker.request_stop()
+            thread.join(60)
+        finally:
+            server.stop()
+    assert not thread.is_alive(), caplog.text

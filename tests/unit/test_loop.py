@@ -226,6 +226,7 @@ def test_first_signal__the_round_in_flight_finishes_then_run_returns(slow_loop):
     assert stopping[0][:4].isdigit(), output
 
 
+@pytest.mark.serial  # a subprocess or a live loop against a deadline
 def test_second_signal__exits_at_once_with_128_plus_the_signal(slow_loop):
     process = slow_loop(60.0)
     read_until(process, "round 1 start")

@@ -25,7 +25,10 @@
               ahead
   Returns     {now ms, wait list length, placement (fqEtaReply), limits encoded, paused,
               catching up, held, occupied, history, jobs of the flow placed before the
-              n (delayed and extra; 0 for a held tenant, whose held count has them)}
+              n (delayed and extra; 0 for a held tenant, whose held count has them),
+              who is asking (fqEtaAsking: ASKING_SCAN flows and the rate window's
+              buckets, at most the tenants a bucket keeps each, whatever the number of
+              tenants)}
 ]]
 --- @argv level tenant weight cost fairness count bucket_s buckets delay extra
 --- @include eta_place
@@ -66,4 +69,4 @@ placement.n = n
 local occupied = redis.call('SCARD', L .. ':out:' .. tenant)
 return {now, redis.call('LLEN', K.wait), fqEtaReply(etaClock, placement, K), limits, paused,
   catchup, held, occupied, fqEtaRate(K, now, tonumber(ARGV.bucket_s), tonumber(ARGV.buckets)),
-  before}
+  before, fqEtaAsking(K, L, etaClock, now, tonumber(ARGV.bucket_s), tonumber(ARGV.buckets))}

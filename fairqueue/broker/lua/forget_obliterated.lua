@@ -6,7 +6,8 @@
 
   KEYS[1] BullMQ's id counter  KEYS[2] fq:ready (its seconds' lists are KEYS[2]:<second>)
   KEYS[3] the leader lock  KEYS[4] fq:flows (its flows' lines are KEYS[4]:<flow>)
-  KEYS[5..] the other fairqueue keys to delete
+  KEYS[5] fq:dly, the set of flows with delayed jobs (their indexes are KEYS[5]:<flow>)
+  KEYS[6..] the other fairqueue keys to delete
   ARGV    token, lock ttl ms, seconds of the ready index per call
   Returns {status (0 the queue exists: nothing done, 1 ok, -1 lock lost), keys deleted,
   done (1/0: call again while 0)}.
@@ -29,5 +30,10 @@ for _, flow in ipairs(flows) do
 end
 if #flows > 0 then redis.call('ZREM', KEYS[4], unpack(flows)) end
 if #flows == page then return {1, deleted, 0} end
+local delayedFlows = redis.call('SPOP', KEYS[5], page)
+for _, flow in ipairs(delayedFlows) do
+  deleted = deleted + redis.call('DEL', KEYS[5] .. ':' .. flow)
+end
+if #delayedFlows == page then return {1, deleted, 0} end
 deleted = deleted + redis.call('DEL', KEYS[2], unpack(KEYS, 4))
 return {1, deleted, 1}

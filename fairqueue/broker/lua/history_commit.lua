@@ -8,10 +8,11 @@
   KEYS[1] fq:hist (hash: cursor, ord, since)  KEYS[2] the leader lock  KEYS[3] fq:run
   KEYS[4] fq:state  KEYS[5] fq:flows  KEYS[6] fq:fweights  KEYS[7] BullMQ's active list
   KEYS[8] fq:seen (zset: flow -> when its estimate was last written, ms)
+  KEYS[9] BullMQ's prioritized set (its head: the virtual time a settlement is read at)
   ARGV    token, lock ttl ms, the cursor the page was read from, the new cursor ('': keep),
           the new ord, bucket key prefix ('<prefix>:<queue>:fq:hist:'), seconds a bucket
           is kept, tenants kept per bucket, ms a flow's state is kept after its last write
-          (its c:/d: fields; at most 64 flows forgotten per call), then
+          (its c:/d:/p: fields; at most 64 flows forgotten per call), then
           sections, each a count and its items:
           bucket increments (bucket, field, n), tenant starts (bucket, member, n), runs
           ended (job id), runs started (job id, run), fq:state writes (field, text),
@@ -25,7 +26,11 @@
   second> (zset '<level>\n<tenant>' -> started, trimmed to the most served).
   A settlement moves the flow's last tag in fq:flows by its whole turns (a flow whose
   jobs ran long waits longer for its next turns), at the flow's weight and its level's
-  total as they are now.
+  total as they are now; a flow with no work left (no last tag ahead of the virtual time
+  its first waiting job stands for) gets it carried instead, 'p:<member>' in fq:state, added
+  to its next job's cost when that is placed (fair_clock.lua's fqPlace). Work: two
+  commands per settled flow, and one read of the head (O(log n) at 1M waiting) per page
+  that settles any; none per tenant.
   Usage keys: <use prefix><day> (hash: the day's cumulative counters, and 'epoch', set
   when the day's hash is created, so counters Redis lost start a new epoch) and <use
   prefix>dirty (zset: '<day>\n<tenant>\n<job type>' -> the commit that last changed it;
@@ -89,16 +94,38 @@ for i = from, to, 2 do
 end
 local idle = redis.call('ZRANGEBYSCORE', KEYS[8], '-inf', now - idleMs, 'LIMIT', 0, 64)
 for _, member in ipairs(idle) do
-  redis.call('HDEL', KEYS[4], 'c:' .. member, 'd:' .. member)
+  redis.call('HDEL', KEYS[4], 'c:' .. member, 'd:' .. member, 'p:' .. member)
 end
 if #idle > 0 then redis.call('ZREM', KEYS[8], unpack(idle)) end
 
 from, to = section(3)
+local vt = nil -- read once, for the first settlement
 for i = from, to, 3 do
   local member, level, debt = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
   local last = tonumber(redis.call('ZSCORE', KEYS[5], member))
   local rank = fqLevelRank[level]
-  if last and rank then
+  if not vt then
+    -- The virtual time as the next placement reads it: what the first job waiting
+    -- stands for (fqStartOf), never less than the one recorded; nothing waiting, every
+    -- flow has finished (the next add starts afresh).
+    local st = redis.call('HMGET', KEYS[4], 'vt', 'base', 'rbDelta', 'rbCursor')
+    vt = tonumber(st[1]) or 0
+    local head = redis.call('ZRANGEBYSCORE', KEYS[9], fqFloor * fqScore, fqBelowCap,
+      'WITHSCORES', 'LIMIT', 0, 1)
+    if #head == 0 then
+      vt = math.huge
+    else
+      local start = fqStartOf({base = tonumber(st[2]) or 0, delta = tonumber(st[3]),
+        cursor = tonumber(st[4])}, tonumber(head[2]))
+      if start > vt then vt = start end
+    end
+  end
+  if rank and not (last and last > vt) then
+    -- No work left (retired, or passed by the virtual time): carried to the flow's next
+    -- job, which pays it with its own turn (fqPlace), so a flow that keeps emptying
+    -- settles its overruns too.
+    redis.call('HINCRBYFLOAT', KEYS[4], 'p:' .. member, ARGV[i + 2]) -- the page's text
+  elseif last and rank then
     local w = tonumber(redis.call('HGET', KEYS[6], member)) or 1
     local total = tonumber(redis.call('HGET', KEYS[4], 'W:' .. level)) or w
     local step = fqScale * debt * total / ((4 - rank) * w) -- a level's weight: 4 less its rank

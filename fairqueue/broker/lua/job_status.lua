@@ -4,7 +4,9 @@
   .StatusReads.job_status). O(log n) in the prioritized set and in the tenant's held jobs
   (a ZRANK in their index, L:hrank:<t>); the wait and active lists are walked (LPOS),
   which fairqueue keeps short. At 1M waiting or 1M held: two ZRANK/ZSCORE-sized reads
-  of about 20 levels each, and the rate window's 7 history hashes.
+  of about 20 levels each, and the rate window's 7 history hashes; who is asking
+  (fqEtaAsking, a waiting or held job's): ASKING_SCAN flows and the rate window's
+  buckets, at most the tenants a bucket keeps each, whatever the number of tenants.
 
   KEYS[1..7]  BullMQ's prioritized set and wait list; fairqueue's state, flows,
               fweights; the limits key L; fq:hist
@@ -14,7 +16,9 @@
   Returns     {now ms, wait list length, state, position (jobs popped before it; -1
               unknown), score ('' none), level, tenant, due ms, processedOn, finishedOn,
               limits encoded, paused, catching up, held, occupied, placement of a new
-              job of its flow (a held job's, fqEtaReply, else {}), history}
+              job of its flow (a held job's, fqEtaReply, else {}), clock (a waiting job's),
+              history, who is asking (fqEtaAsking; {} unless waiting or held), the
+              tenant's counted weight in its flow (a waiting job's)
 ]]
 --- @argv id fairness bucket_s buckets
 --- @include eta_place
@@ -127,12 +131,20 @@ if state == 'held' and tenant ~= 'queue paused' then
     place = fqEtaReply(etaClock, placement, K)
   end
 end
-local clock = {}
+local clock, asking, fweight = {}, {}, ''
 if state == 'waiting' and score ~= '' then
   local etaClock = fqEtaClock(K)
   clock = {fqEtaNum(etaClock.vt), fqEtaNum(etaClock.base), fqEtaNum(etaClock.delta),
     fqEtaNum(etaClock.cursor), fqEtaNum(etaClock.typical)}
+  tenant = tenantOf()
+  if level ~= '' then
+    fweight = redis.call('HGET', K.fweights, fqFlowMember(level, tenant)) or ''
+  end
+  asking = fqEtaAsking(K, L, etaClock, now, tonumber(ARGV.bucket_s), tonumber(ARGV.buckets))
+elseif state == 'held' and fqLevelRank[level] then
+  asking = fqEtaAsking(K, L, fqEtaClock(K), now, tonumber(ARGV.bucket_s),
+    tonumber(ARGV.buckets))
 end
 return {now, waitLen, state, ahead, score, level, tenant == 'queue paused' and '' or tenant,
   due, fields[2] or '', fields[3] or '', limits, paused, catchup, held, occupied, place, clock,
-  fqEtaRate(K, now, tonumber(ARGV.bucket_s), tonumber(ARGV.buckets))}
+  fqEtaRate(K, now, tonumber(ARGV.bucket_s), tonumber(ARGV.buckets)), asking, fweight}

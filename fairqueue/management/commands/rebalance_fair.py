@@ -14,12 +14,10 @@ from django.core.management.base import CommandError, CommandParser
 from fairqueue.conf import get_settings
 from fairqueue.exceptions import BrokerRejectedError, BrokerUnavailableError
 from fairqueue.loop import unavailable_reason
-from fairqueue.management.arguments import configured_job_types, int_in_range, recheck
+from fairqueue.management.arguments import configured_job_types, port, recheck
 from fairqueue.management.base import LoopCommand
 from fairqueue.metrics import get_metrics
 from fairqueue.rebalance.rebalancer import Rebalancer
-
-port = int_in_range(1, 65_535, "a TCP port")
 
 
 class Command(LoopCommand):

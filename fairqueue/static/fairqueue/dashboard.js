@@ -210,8 +210,8 @@
     }
     var table = node("table", { class: "fq-noisy" });
     var head = node("tr");
-    ["tenant", "level", "running", "of the level's running", "its share", "its fair share",
-      "times its fair share"].forEach(function (name) {
+    ["tenant", "level", "running", "of the level's running", "its share", "entitled now",
+      "times its entitlement"].forEach(function (name) {
       head.appendChild(node("th", {}, name));
     });
     table.appendChild(node("thead")).appendChild(head);

@@ -128,17 +128,62 @@ end
 
 -- The history's buckets of the rate's window (fq:hist:<start>, written by the loop's
 -- history step): count buckets back from the current one, each {start, starts per level
--- (critical..low), worker ms per level}, flattened; and when recording began.
+-- (critical..low), worker ms per level, then per level the ERROR_BINS counts of how its
+-- estimates came out (actual wait over expected, binned)}, flattened; and when recording
+-- began.
 local fqEtaLevels = {'critical', 'high', 'normal', 'low'}
+local fqEtaErrorBins = {{ERROR_BINS}}
+local fqEtaFields = {'s:critical', 's:high', 's:normal', 's:low', 't:critical', 't:high',
+  't:normal', 't:low'}
+for _, lv in ipairs(fqEtaLevels) do
+  for k = 0, fqEtaErrorBins - 1 do fqEtaFields[#fqEtaFields + 1] = 'e:' .. lv .. ':' .. k end
+end
 local function fqEtaRate(K, now, bucketS, count)
   local out = {redis.call('HGET', K.hist, 'since') or ''}
   local current = math.floor(now / 1000 / bucketS) * bucketS
   for b = 0, count - 1 do
     local start = current - b * bucketS
-    local row = redis.call('HMGET', K.hist .. ':' .. start, 's:critical', 's:high', 's:normal',
-      's:low', 't:critical', 't:high', 't:normal', 't:low')
+    local row = redis.call('HMGET', K.hist .. ':' .. start, unpack(fqEtaFields))
     out[#out + 1] = start
-    for i = 1, 8 do out[#out + 1] = tonumber(row[i]) or 0 end
+    for i = 1, #fqEtaFields do out[#out + 1] = tonumber(row[i]) or 0 end
+  end
+  return out
+end
+
+-- Who is asking now (fairqueue.scheduling.pace): the level totals; the ASKING_SCAN flows
+-- whose last tags reach furthest past the virtual time (the deepest backlogs), each
+-- {member, last tag, counted weight, 1 if its tenant has jobs held or is paused}; then
+-- per bucket of the rate's window its most served flows (fq:hist:t:<start>, at most the
+-- tenants a bucket keeps) {start, n, member, starts, ...}. Bounded: ASKING_SCAN flows
+-- and count buckets, whatever the number of tenants.
+local fqEtaAskingScan = {{ASKING_SCAN}}
+local function fqEtaAsking(K, L, c, now, bucketS, count)
+  local out = {}
+  for _, lv in ipairs(fqEtaLevels) do out[#out + 1] = c.totals[lv] or 0 end
+  local top = {}
+  if not c.fresh then
+    top = redis.call('ZREVRANGEBYSCORE', K.flows, '+inf', '(' .. fqEtaNum(c.vt), 'WITHSCORES',
+      'LIMIT', 0, fqEtaAskingScan)
+  end
+  out[#out + 1] = #top / 2
+  for i = 1, #top, 2 do
+    local member = top[i]
+    local tenant = string.match(member, '\n(.*)$') or ''
+    local held = 0
+    if redis.call('LLEN', L .. ':held:' .. tenant) > 0
+      or redis.call('HEXISTS', L .. ':paused', tenant) == 1 then held = 1 end
+    out[#out + 1] = member
+    out[#out + 1] = top[i + 1]
+    out[#out + 1] = redis.call('HGET', K.fweights, member) or '0'
+    out[#out + 1] = held
+  end
+  local current = math.floor(now / 1000 / bucketS) * bucketS
+  for b = 0, count - 1 do
+    local start = current - b * bucketS
+    local served = redis.call('ZRANGE', K.hist .. ':t:' .. start, 0, -1, 'WITHSCORES')
+    out[#out + 1] = start
+    out[#out + 1] = #served / 2
+    for i = 1, #served do out[#out + 1] = served[i] end
   end
   return out
 end

@@ -43,7 +43,8 @@
   typical one (fqCostTurns, the same grid as fairqueue.scheduling.order.cost_turns), and
   the pass charges a flow what its attempts used beyond that (history_record). The
   estimates live in K.state: 'typ' (the queue's typical run time, ms) and
-  'c:<level>\n<tenant>' (a flow's, ms); 'unit' is the typical time when the queue last
+  'c:<level>\n<tenant>' (a flow's, ms), 'p:<level>\n<tenant>' (a charge carried to a flow's
+  next job: what its runs overran after it had no work, history_commit.lua); 'unit' is the typical time when the queue last
   started from idle (or was first measured), and a cost in turns is placed times
   typ / unit (fqTurnScale, as fairqueue.scheduling.order.turn_scale), so tags placed
   while the typical time moves stay in one currency.
@@ -130,7 +131,8 @@ local function fqClock(K, defer, costMember)
   local st
   if costMember then
     st = redis.call('HMGET', K.state, 'vt', 'base', 'rbDelta', 'rbCursor', 'typ',
-      'W:critical', 'W:high', 'W:normal', 'W:low', 'holds', 'unit', 'c:' .. costMember)
+      'W:critical', 'W:high', 'W:normal', 'W:low', 'holds', 'unit', 'c:' .. costMember,
+      'p:' .. costMember)
   else
     st = redis.call('HMGET', K.state, 'vt', 'base', 'rbDelta', 'rbCursor', 'typ',
       'W:critical', 'W:high', 'W:normal', 'W:low', 'holds', 'unit')
@@ -143,6 +145,7 @@ local function fqClock(K, defer, costMember)
   c.scale = fqTurnScale(c.typical, tonumber(st[11]))
   if costMember and c.typical then
     c.costs = {[costMember] = st[12] and fqCostTurns(tonumber(st[12]), c.typical) or false}
+    c.carried = {[costMember] = tonumber(st[13]) or 0}
   end
   local head = redis.call('ZRANGEBYSCORE', K.prioritized, fqFloor * fqScore,
     fqBelowCap, 'WITHSCORES', 'LIMIT', 0, 1)
@@ -196,16 +199,21 @@ end
 -- a flow with nothing measured yet: a declared cost never buys share once runs are
 -- measured (docs/design.md, "Service is worker time"). A second result, true: the flow
 -- has nothing measured (a cold start), the cost is a guess its runs will settle.
+-- With the cost, its flow's estimate read on first use, the flow's carried charge
+-- ('p:<member>' in K.state: what its runs overran, or underran, after it had no work
+-- left, in turns as placed now; history_commit.lua) goes into c.carried[member].
 local function fqCostOf(K, c, member, explicitMs)
   if not c.byTime then return 1 end
   if not c.typical then return 1, true end
   local turns = nil -- false: nothing measured for the flow
   if c.costs then turns = c.costs[member] end
   if turns == nil then
-    local estimate = tonumber(redis.call('HGET', K.state, 'c:' .. member))
+    local row = redis.call('HMGET', K.state, 'c:' .. member, 'p:' .. member)
+    local estimate = tonumber(row[1])
     turns = estimate and fqCostTurns(estimate, c.typical) or false
-    if not c.costs then c.costs = {} end -- made on first use: most calls have none
+    if not c.costs then c.costs, c.carried = {}, {} end -- made on first use: most calls have none
     c.costs[member] = turns
+    c.carried[member] = tonumber(row[2]) or 0
   end
   if turns then return turns * c.scale end
   if explicitMs then return fqCostTurns(explicitMs, c.typical) * c.scale, true end
@@ -421,8 +429,14 @@ local function fqPlace(K, c, level, tenant, weight, explicitMs, stored)
   local share = total
   if horizon and start < horizon then share = catchUp end
   local cost, cold = fqCostOf(K, c, member, explicitMs)
-  local tag = start + fqScale * cost * share / ((4 - fqLevelRank[level]) * weight)
+  -- A charge its runs left after the flow had no work: paid with this job's turn.
+  local carried = c.carried and c.carried[member] or 0
+  local tag = start + fqScale * (cost + carried) * share / ((4 - fqLevelRank[level]) * weight)
   local score = fqScoreOf(c, tag, level)
+  if score and carried ~= 0 then
+    c.carried[member] = 0
+    redis.call('HDEL', K.state, 'p:' .. member)
+  end
   if score then
     -- Placed: the flow counts towards its level (a parked job changes nothing), and its
     -- spacing is kept for a flow joining beside it.

@@ -43,10 +43,13 @@ elseif fqFresh and type(jobId) == 'string' then
   local second = string.format('%d', math.floor(fqReady / 1000))
   redis.call('RPUSH', KEYS[7] .. ':' .. second, jobId)
   redis.call('ZADD', KEYS[7], 'NX', second, second)
-  -- its flow's delayed jobs not placed yet (KEYS[11]): entries the pass did not drop
-  -- (the job was removed) go once they are {{DELAYED_KEEP_MS}} ms past due, and the key
-  -- with its last job's
-  local dly = KEYS[11] .. ':' .. fqLevel .. ':' .. fqTenant
+  -- its flow's delayed jobs not placed yet (KEYS[11]:<level>:<tenant>): entries the pass
+  -- did not drop (the job was removed) go once they are {{DELAYED_KEEP_MS}} ms past due,
+  -- and the key with its last job's; KEYS[11] itself is the set of those flows, so
+  -- forget_obliterated.lua can find their keys without a scan
+  local flowName = fqLevel .. ':' .. fqTenant
+  local dly = KEYS[11] .. ':' .. flowName
+  redis.call('SADD', KEYS[11], flowName)
   redis.call('ZADD', dly, fqReady, jobId)
   redis.call('ZREMRANGEBYSCORE', dly, '-inf', fqReady - fqDelay - {{DELAYED_KEEP_MS}})
   if redis.call('PTTL', dly) < fqDelay + {{DELAYED_KEEP_MS}} then

@@ -1,0 +1,140 @@
+"""How far to trust an expected start: ranges and confidence from how the recent
+estimates of the same level came out. Plain data in, plain data out.
+
+The loop's history step already sees, for each started job enqueued with an estimate,
+the start it was promised (``fqEta``) and the one it got (the estimate-error metric). It
+also counts them per level in the history's buckets as the ratio of the actual wait to
+the expected one, binned (:func:`error_bin`; bucket fields ``e:<level>:<bin>``). The
+start estimate reads those bins for the rate's window and:
+
+* sets its range so that it holds the actual start at least as often as
+  :data:`RANGE_COVERAGE`: it would have held :data:`RANGE_AIM` of the recent estimates
+  of that level (the bins' edges at the 5th and 95th percentile, so a little wider), as
+  the next estimates come out a little differently from the last when the load changes;
+* says ``high`` only when at least :data:`HIGH_CLOSE` of at least :data:`MIN_SAMPLES`
+  recent estimates were within a factor 0.8-1.25 of the actual wait (an error of at most
+  25% of it); ``medium`` when most were or too few were seen to tell; else ``low``.
+
+Ratios count :data:`FLOOR_MS` on both sides, ``(actual + F) / (expected + F)``, so
+waits of a few milliseconds (scheduling noise) neither blow up nor shrink a range, and a
+range is never of zero width.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Final, Literal
+
+Confidence = Literal["high", "medium", "low", "none"]
+
+#: Upper edges of the ratio bins (actual wait over expected, both plus FLOOR_MS): bin 0
+#: is below 0.5, bin i is [EDGES[i-1], EDGES[i]), the last is 2 and above.
+ERROR_EDGES: Final = (0.5, 0.67, 0.8, 0.9, 1.0, 1.11, 1.25, 1.5, 2.0)
+ERROR_BINS: Final = len(ERROR_EDGES) + 1
+#: What the lowest and highest bin stand for in a range (below half, twice and above).
+LOWEST_RATIO: Final = 0.33
+HIGHEST_RATIO: Final = 3.0
+#: Milliseconds added to both waits of a ratio (see the module docstring).
+FLOOR_MS: Final = 250
+#: The bins of a "close" estimate: a ratio in [0.8, 1.25).
+CLOSE_BINS: Final = range(ERROR_EDGES.index(0.8) + 1, ERROR_EDGES.index(1.25) + 1)
+#: Estimates seen in the window before the bins decide the range and a ``high``.
+MIN_SAMPLES: Final = 20
+HIGH_CLOSE: Final = 0.9
+MEDIUM_CLOSE: Final = 0.6
+#: The share of actual starts a range is meant to hold.
+RANGE_COVERAGE: Final = 0.8
+#: The share of the recent estimates a range is cut to hold: more than RANGE_COVERAGE,
+#: as the load moves between the estimates the bins counted and the next ones (held at
+#: 0.8 of the recent, ranges held 60-75% of the starts after a change in bench_eta).
+RANGE_AIM: Final = 0.9
+#: The range's factors before enough estimates were seen: wide, as nothing says better.
+DEFAULT_LOW: Final = 0.5
+DEFAULT_HIGH: Final = 2.0
+
+
+def error_bin(actual_ms: float, expected_ms: float) -> int:
+    """The bin of an estimate that said ``expected_ms`` of wait for a job that waited
+    ``actual_ms`` (the history step counts it in ``e:<level>:<bin>``)."""
+    ratio = (max(0.0, actual_ms) + FLOOR_MS) / (max(0.0, expected_ms) + FLOOR_MS)
+    return bisect.bisect_right(ERROR_EDGES, ratio)
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """What the recent estimates of a level say: how many were seen, the share close to
+    the actual wait, and the factors of a range holding :data:`RANGE_COVERAGE` of them."""
+
+    samples: int
+    close: float
+    low_factor: float
+    high_factor: float
+
+
+UNCALIBRATED: Final = Calibration(0, 0.0, DEFAULT_LOW, DEFAULT_HIGH)
+
+
+def _low_edge(index: int) -> float:
+    return LOWEST_RATIO if index == 0 else ERROR_EDGES[index - 1]
+
+
+def _high_edge(index: int) -> float:
+    return HIGHEST_RATIO if index >= len(ERROR_EDGES) else ERROR_EDGES[index]
+
+
+def calibrate(counts: Sequence[int]) -> Calibration:
+    """The calibration from a level's bin counts over the window (``counts[i]``: bin i)."""
+    counts = [max(0, int(c)) for c in counts[:ERROR_BINS]]
+    total = sum(counts)
+    if total < MIN_SAMPLES:
+        return Calibration(total, 0.0, DEFAULT_LOW, DEFAULT_HIGH)
+    tail = (1 - RANGE_AIM) / 2 * total
+    seen, low_index = 0, 0
+    for index, count in enumerate(counts):
+        seen += count
+        if seen > tail:
+            low_index = index
+            break
+    seen, high_index = 0, len(counts) - 1
+    for index in range(len(counts) - 1, -1, -1):
+        seen += counts[index]
+        if seen > tail:
+            high_index = index
+            break
+    close = sum(counts[i] for i in CLOSE_BINS if i < len(counts)) / total
+    return Calibration(total, close, _low_edge(low_index), _high_edge(high_index))
+
+
+def summed(rows: Iterable[Sequence[int]]) -> list[int]:
+    """Bin counts of several buckets added up."""
+    total = [0] * ERROR_BINS
+    for row in rows:
+        for index, count in enumerate(row[:ERROR_BINS]):
+            total[index] += int(count)
+    return total
+
+
+def wait_range(expected_s: float, calibration: Calibration) -> tuple[float, float]:
+    """The range (seconds) around an expected wait: the calibration's factors applied to
+    the wait plus :data:`FLOOR_MS`, stretched to hold the expected wait itself, and never
+    of zero width."""
+    floor = FLOOR_MS / 1000
+    low = max(0.0, (expected_s + floor) * calibration.low_factor - floor)
+    high = (expected_s + floor) * calibration.high_factor - floor
+    return min(low, expected_s), max(high, expected_s + floor * 0.2)
+
+
+def confidence(calibration: Calibration, *, rate_known: bool) -> Confidence:
+    """``high`` only when the level's recent estimates were close (see the module
+    docstring); ``none`` without a measured rate."""
+    if not rate_known:
+        return "none"
+    if calibration.samples < MIN_SAMPLES:
+        return "medium"
+    if calibration.close >= HIGH_CLOSE:
+        return "high"
+    if calibration.close >= MEDIUM_CLOSE:
+        return "medium"
+    return "low"

@@ -1,0 +1,214 @@
+"""The pace a flow really gets now: its weighted max-min share given who is asking.
+
+Plain data in, plain data out (no Django, no Redis). One function, :func:`current_shares`,
+is THE entitlement of a flow: the start estimate (``job_status``, ``estimate_start``)
+turns a job's place into a time with it, and the dashboard's tenant page shows it as
+"entitled". Callers describe each flow they know of as a :class:`FlowAsk` (its level, its
+tenant weight and what it asks for) and get back the jobs per second each flow gets.
+
+Why not the weights alone: weights say what a flow gets while every flow of every level
+has a backlog. A flow that asks for less (a quiet tenant, one held by ``max_active``, a
+paused or rate-limited one) gets what it asks and the rest goes to the others, level by
+level (weighted max-min, water-filling, :func:`fairqueue.scheduling.shares.max_min`):
+
+1. the levels share the workers by their weights (4/3/2/1), a level asking for less than
+   its part getting what it asks (a level asks for what its flows ask, summed);
+2. inside a level, its flows share the level's part by their tenant weights the same way.
+
+What a flow asks for (:func:`asked_rate`): unbounded (``math.inf``) while it has a
+backlog the scheduler alone holds back; else what it was served lately (its limits or its
+own arrivals hold it, so it uses what it uses, not what its weight would give it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+from fairqueue.scheduling.levels import DEFAULT_FAIR_WEIGHTS
+from fairqueue.scheduling.order import TAG_SCALE
+from fairqueue.scheduling.shares import max_min
+
+#: A flow with more jobs than this waiting in the fair band (not held) asks for more than
+#: it gets: it is backlogged. A quiet flow has one job at a time waiting, one held by
+#: ``max_active`` at most its running allowance.
+BACKLOG_JOBS: Final = 2.0
+#: The pseudo-flow that stands for a level's served starts no known flow accounts for
+#: (tenants beyond the history's most served).
+OTHER_FLOWS: Final = ""
+
+LEVEL_WEIGHTS: Final[Mapping[str, float]] = {
+    level.value: float(weight) for level, weight in DEFAULT_FAIR_WEIGHTS.items()
+}
+
+
+@dataclass(frozen=True, slots=True)
+class FlowAsk:
+    """One flow as :func:`current_shares` sees it: its ``level`` name, ``tenant``, tenant
+    ``weight`` (> 0) and the jobs per second it ``asks`` for (``math.inf``: backlogged,
+    takes whatever it is given)."""
+
+    level: str
+    tenant: str
+    weight: float
+    asks: float
+
+
+def asked_rate(*, backlog_jobs: float, served_per_s: float, held: bool) -> float:
+    """What a flow asks for now: ``math.inf`` when more than :data:`BACKLOG_JOBS` of its
+    jobs wait in the fair band and no limit of its tenant holds the rest; else what it
+    was served per second lately (a held, paused, rate-limited or quiet tenant uses what
+    it uses)."""
+    if not held and backlog_jobs > BACKLOG_JOBS:
+        return math.inf
+    return max(0.0, served_per_s)
+
+
+def current_shares(
+    capacity: float,
+    flows: Iterable[FlowAsk],
+    level_weights: Mapping[str, float] = LEVEL_WEIGHTS,
+) -> dict[tuple[str, str], float]:
+    """Jobs per second each flow ``(level, tenant)`` gets now out of ``capacity`` (jobs
+    per second the workers start): weighted max-min across levels by ``level_weights``,
+    then across each level's flows by their tenant weights (see the module docstring).
+
+    Every flow gets at most what it asks; the shares add up to ``min(capacity, all that is
+    asked)``; a flow that gets less than it asks gets at least its weight's part of what
+    its level gets, beside any flow of its level that asks for more.
+
+    Raises:
+        ValueError: a negative capacity, a weight <= 0, a level without a weight, or the
+            same flow twice.
+    """
+    if capacity < 0 or math.isnan(capacity):
+        raise ValueError(f"capacity={capacity!r} is not allowed: expected a number >= 0")
+    by_level: dict[str, dict[str, FlowAsk]] = {}
+    for flow in flows:
+        if flow.level not in level_weights:
+            raise ValueError(
+                f"level={flow.level!r} is not allowed: expected one of {sorted(level_weights)}"
+            )
+        if not flow.weight > 0:
+            raise ValueError(f"weight={flow.weight!r} is not allowed: expected a number > 0")
+        same_level = by_level.setdefault(flow.level, {})
+        if flow.tenant in same_level:
+            raise ValueError(f"flow {flow.level}/{flow.tenant!r} is given twice")
+        same_level[flow.tenant] = flow
+    asked = {
+        level: sum(max(0.0, f.asks) for f in level_flows.values())
+        for level, level_flows in by_level.items()
+    }
+    level_part = max_min(capacity, asked, level_weights)
+    shares: dict[tuple[str, str], float] = {}
+    for level, level_flows in by_level.items():
+        got = max_min(
+            level_part[level],
+            {tenant: max(0.0, f.asks) for tenant, f in level_flows.items()},
+            {tenant: f.weight for tenant, f in level_flows.items()},
+        )
+        for tenant, rate in got.items():
+            shares[(level, tenant)] = rate
+    return shares
+
+
+def share_of(
+    capacity: float,
+    flows: Iterable[FlowAsk],
+    level: str,
+    tenant: str,
+    level_weights: Mapping[str, float] = LEVEL_WEIGHTS,
+    weight: float | None = None,
+    *,
+    of_level: bool = False,
+) -> float | None:
+    """The fraction of ``capacity`` flow ``(level, tenant)`` gets now once it asks for all
+    it can take (a new job makes it ask): :func:`current_shares` with that flow
+    backlogged, at tenant ``weight`` (``None``: as ``flows`` give it, else 1). With
+    ``of_level``: the fraction of what its level gets instead (the dashboard's
+    "entitled", beside the tenant's share of its level's starts). ``None`` with no
+    capacity measured."""
+    if capacity <= 0:
+        return None
+    known = list(flows)
+    if weight is None:
+        weight = next((f.weight for f in known if (f.level, f.tenant) == (level, tenant)), 1.0)
+    others = [f for f in known if (f.level, f.tenant) != (level, tenant)]
+    got = current_shares(
+        capacity, [*others, FlowAsk(level, tenant, weight, math.inf)], level_weights
+    )
+    if of_level:
+        level_got = sum(rate for (name, _), rate in got.items() if name == level)
+        return got[(level, tenant)] / level_got if level_got > 0 else None
+    return got[(level, tenant)] / capacity
+
+
+#: The flows whose last tags reach furthest past the virtual time that the estimate
+#: scripts read as backlogged candidates (bounded work per call, whatever the tenants).
+ASKING_SCAN: Final = 16
+
+
+@dataclass(frozen=True, slots=True)
+class AskingRead:
+    """What the estimate scripts read of who is asking (``fqEtaAsking``): each level's
+    counted tenant weights (``totals``), the flows reaching furthest past the virtual
+    time (``ahead``: level, tenant, last tag, counted weight, whether its tenant has jobs
+    held or is paused), the starts per flow over the rate's window (``served``) and over
+    its last two buckets (``recent``, from second ``recent_since_s``: what a flow asks
+    for follows a flow that stopped within 10-20 s, not the whole window)."""
+
+    totals: Mapping[str, float]
+    ahead: tuple[tuple[str, str, float, float, bool], ...] = ()
+    served: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    recent: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    recent_since_s: int | None = None
+
+
+def flows_asking(
+    read: AskingRead,
+    *,
+    vt: float,
+    window_s: float,
+    level_served: Mapping[str, int],
+    now_s: float | None = None,
+    level_weights: Mapping[str, float] = LEVEL_WEIGHTS,
+    tenant_weights: Mapping[tuple[str, str], float] | None = None,
+) -> list[FlowAsk]:
+    """The flows :func:`current_shares` takes, from what the scripts read: a flow in
+    ``read.ahead`` has ``(last - vt) / its step`` jobs waiting (its step: its level's
+    weight split among the level's counted weights); what it asks is :func:`asked_rate`
+    of that and of its recent starts (``read.recent`` since ``read.recent_since_s``,
+    up to ``now_s``; without them, ``read.served`` over ``window_s``). Flows only seen
+    starting ask for what they were served, and each level's starts over the window that
+    no flow read accounts for (tenants past the history's most served) ask as one more
+    flow, :data:`OTHER_FLOWS`. ``tenant_weights``: weights known otherwise (flows not
+    counted now)."""
+    per_s = 1 / window_s if window_s > 0 else 0.0
+    served, served_per_s = read.served, per_s
+    if read.recent_since_s is not None and now_s is not None and now_s > read.recent_since_s:
+        served, served_per_s = read.recent, 1 / (now_s - read.recent_since_s)
+    asks: dict[tuple[str, str], FlowAsk] = {}
+    for level, tenant, last, weight, held in read.ahead:
+        if level not in level_weights:
+            continue
+        counted = weight if weight > 0 else 1.0
+        total = max(read.totals.get(level, 0.0), counted)
+        step = TAG_SCALE * total / (level_weights[level] * counted)
+        rate = served.get((level, tenant), 0) * served_per_s
+        backlog = max(0.0, last - vt) / step
+        asked = asked_rate(backlog_jobs=backlog, served_per_s=rate, held=held)
+        asks[(level, tenant)] = FlowAsk(level, tenant, counted, asked)
+    for (level, tenant), count in served.items():
+        if level in level_weights and (level, tenant) not in asks:
+            weight = (tenant_weights or {}).get((level, tenant), 1.0)
+            asks[(level, tenant)] = FlowAsk(level, tenant, weight, count * served_per_s)
+    known: dict[str, int] = {}
+    for (level, _tenant), count in read.served.items():
+        known[level] = known.get(level, 0) + count
+    for level, count in level_served.items():
+        rest = count - known.get(level, 0)
+        if level in level_weights and rest > 0 and (level, OTHER_FLOWS) not in asks:
+            asks[(level, OTHER_FLOWS)] = FlowAsk(level, OTHER_FLOWS, 1.0, rest * per_s)
+    return list(asks.values())

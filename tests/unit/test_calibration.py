@@ -1,0 +1,75 @@
+"""Ranges and confidence from how recent estimates came out (``scheduling/calibration.py``)."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fairqueue.scheduling.calibration import (
+    ERROR_BINS,
+    ERROR_EDGES,
+    FLOOR_MS,
+    HIGH_CLOSE,
+    MIN_SAMPLES,
+    RANGE_COVERAGE,
+    UNCALIBRATED,
+    calibrate,
+    confidence,
+    error_bin,
+    summed,
+    wait_range,
+)
+
+counts = st.lists(st.integers(0, 200), min_size=ERROR_BINS, max_size=ERROR_BINS)
+
+
+@given(counts)
+def test_the_range_holds_the_share_of_recent_estimates_it_promises(row):
+    cal = calibrate(row)
+    total = sum(row)
+    if total < MIN_SAMPLES:
+        assert cal == UNCALIBRATED.__class__(total, 0.0, cal.low_factor, cal.high_factor)
+        return
+    lows = (0.0, *ERROR_EDGES)
+    highs = (*ERROR_EDGES, float("inf"))
+    inside = sum(
+        n
+        for index, n in enumerate(row)
+        if lows[index] >= cal.low_factor - 1e-9 or index == 0 and cal.low_factor <= 0.5
+        if highs[index] <= cal.high_factor + 1e-9
+        or index == ERROR_BINS - 1
+        and cal.high_factor >= 2.0
+    )
+    assert inside >= RANGE_COVERAGE * total - 1e-9
+    assert cal.low_factor < cal.high_factor
+
+
+@given(counts)
+def test_high_only_when_most_recent_estimates_were_close(row):
+    cal = calibrate(row)
+    said = confidence(cal, rate_known=True)
+    if said == "high":
+        assert cal.samples >= MIN_SAMPLES and cal.close >= HIGH_CLOSE
+    assert confidence(cal, rate_known=False) == "none"
+    assert confidence(UNCALIBRATED, rate_known=True) != "high"
+
+
+@given(st.floats(0, 10_000), counts)
+def test_a_range_is_never_of_zero_width(expected_s, row):
+    low, high = wait_range(expected_s, calibrate(row))
+    assert 0 <= low <= expected_s < high
+
+
+@given(st.integers(0, 10**7), st.integers(0, 10**7), st.integers(0, 10**6))
+def test_a_later_start_is_never_in_a_lower_bin(actual, expected, more):
+    assert error_bin(actual, expected) <= error_bin(actual + more, expected)
+    assert 0 <= error_bin(actual, expected) < ERROR_BINS
+
+
+def test_bins_of_exact_and_short_waits():
+    assert ERROR_EDGES[error_bin(1000, 1000) - 1] == 1.0  # [1.0, 1.11)
+    assert error_bin(0, 0) == error_bin(1000, 1000)
+    # 50 ms against 10 ms expected: noise, not a factor of 5
+    assert error_bin(50, 10) == error_bin(1000, 1000) + 1
+    assert FLOOR_MS == 250
+    assert summed([[1] * ERROR_BINS, [2] * ERROR_BINS]) == [3] * ERROR_BINS

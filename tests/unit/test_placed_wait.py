@@ -1,0 +1,35 @@
+"""placed_wait: a flow's jobs already waiting after a change of load (pure, no Redis)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fairqueue.scheduling.estimate import ServiceRate, placed_wait
+from fairqueue.scheduling.levels import PriorityLevel
+from fairqueue.scheduling.order import TAG_SCALE
+
+NORMAL = PriorityLevel.NORMAL
+#: 10 jobs per second; the virtual time moves one normal step (TAG_SCALE / 2) per job.
+RATE = ServiceRate(10.0, 10.0 * TAG_SCALE / 2, 10.0, 10.0, 200, 10.0, 20.0)
+
+
+def test_jobs_placed_at_a_sparser_spacing_are_not_counted_double() -> None:
+    """20 of the flow's jobs wait, placed while it ran alone (one normal step apart); a
+    tenant joined since, so today's spacing is half that and the tag distance over it
+    says 40 jobs: the virtual time's pace (20 jobs at 10 per second) wins."""
+    tag = 21 * TAG_SCALE / 2
+    wait = placed_wait(
+        tag=tag, level=NORMAL, vt=0.0, ahead=40, rate=RATE, own_ahead=40.0, flow_per_s=5.0
+    )
+    assert wait.expected_s == pytest.approx(4.0)  # the jobs ahead at the measured rate
+
+
+def test_a_pace_that_fell_lowers_the_flow_pace_estimate_not_the_floor() -> None:
+    """The flow's pace now is slower than the window measured: the later estimate is
+    the jobs ahead over all starts, never less."""
+    tag = 5 * TAG_SCALE / 2
+    wait = placed_wait(
+        tag=tag, level=NORMAL, vt=0.0, ahead=10, rate=RATE, own_ahead=4.0, flow_per_s=2.0
+    )
+    # by the clock 4 jobs at 10/s = 0.4 s; by the pace 2 s; the floor 10 jobs at 10/s = 1 s
+    assert wait.expected_s == pytest.approx(1.0)
