@@ -81,7 +81,7 @@ from benchmarks.breaker_watch import BreakerCount  # noqa: E402
 from benchmarks.common import REDIS_URL, delete_prefix, stop_process  # noqa: E402
 from benchmarks.noisy_watch import NoisyWatch  # noqa: E402
 
-#: "fairqueue-jobs" is fairqueue with FAIRNESS_BY="jobs" (seed 1's job count), the loop
+#: "fairqueue-jobs" is fairqueue with FAIRNESS_BY="jobs" (the count of jobs), the loop
 #: and the producer alike: with it the slow tenant gets equal *jobs*, not equal time.
 SCHEDULERS = ("plain", "fairqueue", "fairqueue-jobs")
 FAIRNESS_BY = {"fairqueue": "time", "fairqueue-jobs": "jobs"}

@@ -65,6 +65,7 @@ from fairqueue.enqueue.api import enqueue_jobs  # noqa: E402
 from fairqueue.rebalance.passes import rebalance_queue  # noqa: E402
 from fairqueue.scheduling.levels import PriorityLevel  # noqa: E402
 from fairqueue.scheduling.limits import TenantLimits  # noqa: E402
+from fairqueue.scheduling.wire import encoded_limits  # noqa: E402
 
 QUEUES = {"email": "email", "report": "report", "cleanup": "cleanup"}
 LEVELS = ("critical", "high", "normal", "low")
@@ -93,7 +94,7 @@ def seed_holding(n: int, queue: str = "report") -> float:
     """``n`` tenants with ``max_active=1`` and 2 jobs each in ``queue``: one takeable, one
     held. Seconds taken."""
     started = time.perf_counter()
-    limits = TenantLimits(max_active=1).encoded()
+    limits = encoded_limits(TenantLimits(max_active=1))
     jobs = [
         NewJob(
             name=queue,

@@ -8,7 +8,7 @@ each "running" ``--run-ms``), Python producers enqueuing, and for ``fairqueue`` 
 
 Schedulers (same workload and worker, one after the other, each under its own prefix):
 
-* ``plain``            - ``bullmq.Queue.addBulk`` with seed 2's numbers (critical=1,
+* ``plain``            - ``bullmq.Queue.addBulk`` with BullMQ priority numbers (critical=1,
   high=3, normal=5, low=10): BullMQ's strict priority ladder, FIFO within a priority.
 * ``fairqueue-noloop`` - ``fairqueue.enqueue.api.enqueue_jobs(priority_level=, tenant_id=)``
   and nothing else: the order the enqueue path gives.
@@ -17,7 +17,7 @@ Schedulers (same workload and worker, one after the other, each under its own pr
   settings, ``benchmarks/live_settings.py``), started before the arrivals and
   waited for until it holds its leader lock.
 
-(The former seed-1 ``occupancy`` column is gone: it needed a pass of its own, not cheap
+(The former ``occupancy`` column is gone: it needed a pass of its own, not cheap
 to keep beside a real loop; ``bench_policy.py`` still times ``order_by_occupancy``.)
 
 First a calibration: the same worker on a plain backlog, alone and then while a

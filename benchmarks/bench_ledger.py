@@ -1,5 +1,6 @@
 """The usage ledger, quotas and the breaker live: what they promise, measured against what
-stock workers counted themselves (docs/design.md, "Usage, quotas and the breaker").
+stock workers counted themselves (docs/design.md,
+"Usage, quotas and the breaker: what holds").
 
 Everything is real: a private ``redis-server`` (free port, no persistence), the
 ``manage.py rebalance_fair`` loop as a subprocess (``benchmarks/live_settings.py``, a

@@ -1,7 +1,7 @@
-"""How fast is the pure policy, and how do fairqueue's and seed 1's policies differ?
+"""How fast is the pure policy, and how do fairqueue's and the occupancy policy differ?
 
 Prints, for 1k/10k/100k random waiting jobs, the time of ``order_pending_jobs`` and of
-seed 1's literal ``order_by_occupancy`` side by side (ratio = fairqueue / occupancy), and
+the literal ``order_by_occupancy`` side by side (ratio = fairqueue / occupancy), and
 for the flood scenario (8,000 critical + 200 low) where each puts the first low job.
 
     python benchmarks/bench_policy.py
@@ -65,7 +65,7 @@ def main() -> None:
     low_ids = {job.job_id for job in jobs if job.priority_level is PriorityLevel.LOW}
     print(f"{'policy':>20} | {'first low at':>12} | {'low in first 1,000':>18}")
     print("-" * 58)
-    for name, fn in (("fairqueue", order_pending_jobs), ("seed-1 occupancy", order_by_occupancy)):
+    for name, fn in (("fairqueue", order_pending_jobs), ("occupancy", order_by_occupancy)):
         order = [item.job_id for item in fn(jobs, now_ms=NOW, max_wait_ms=BOUND)]
         first = next(i for i, job_id in enumerate(order, 1) if job_id in low_ids)
         head = sum(job_id in low_ids for job_id in order[:1000])

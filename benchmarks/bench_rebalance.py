@@ -16,7 +16,7 @@ commandstats`` and read ``INFO memory`` without disturbing anyone:
   ``addPrioritizedJob`` per job) with numeric priorities (critical=1, high=3,
   normal=5, low=10) and the retention options fairqueue gives every job
   (``removeOnComplete``, ``removeOnFail``), so memory per job compares the same job
-  options; seed 1's method of rebalancing as the baseline for a pass: read
+  options; the naive method of rebalancing as the baseline for a pass: read
   the first 1,000 waiting jobs, one awaited ``Job.changePriority`` per job.
 
 "worst script" is the longest EVAL/EVALSHA that Redis itself logged during the phase
@@ -477,7 +477,7 @@ def run_plain(url: str, slowlog: SlowLog, specs) -> dict[str, Any]:
 
 
 async def seed1_pass(queue: Queue) -> tuple[float, int]:
-    """Seed 1's pass: read up to 1,000 waiting jobs, give them priorities 1..n (here in
+    """The naive pass: read up to 1,000 waiting jobs, give them priorities 1..n (here in
     the order read, round-robin over tenants), one awaited ``changePriority`` per job
     whose priority differs."""
     started = time.perf_counter()
@@ -576,7 +576,7 @@ def report(row: dict[str, Any]) -> list[str]:
         (
             "pass first",
             pass_cell(fair["pass_first"]),
-            f"seed 1: {seed1['ms']:.1f} ms, {seed1['changed']} changePriority",
+            f"naive: {seed1['ms']:.1f} ms, {seed1['changed']} changePriority",
             _ratio(fair["pass_first"]["ms"], seed1["ms"]),
         ),
         ("pass repeat", pass_cell(fair["pass_repeat"]), "", ""),

@@ -211,9 +211,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from fairqueue.broker import NewJob, close_brokers, get_sync_broker
     from fairqueue.scheduling.levels import PriorityLevel
     from fairqueue.scheduling.limits import TenantLimits
+    from fairqueue.scheduling.wire import encoded_limits
 
     levels = list(PriorityLevel)
-    limits = TenantLimits(max_active=2).encoded()
+    limits = encoded_limits(TenantLimits(max_active=2))
     rows: list[tuple[str, dict[str, Any]]] = []
     loop = worker = None
     try:

@@ -49,6 +49,7 @@ def fill(db: Any, queue: str, waiting: int, held: int, pending: int) -> tuple[st
     from fairqueue.broker import NewJob, get_sync_broker
     from fairqueue.scheduling.levels import PriorityLevel
     from fairqueue.scheduling.limits import TenantLimits
+    from fairqueue.scheduling.wire import encoded_limits
 
     broker = get_sync_broker()
     levels = list(PriorityLevel)
@@ -62,7 +63,7 @@ def fill(db: Any, queue: str, waiting: int, held: int, pending: int) -> tuple[st
         if len(batch) == 5_000 or n == waiting - 1:
             last_waiting = _add(db, broker, queue, batch)[-1]
             batch = []
-    limits = TenantLimits(max_active=2).encoded()
+    limits = encoded_limits(TenantLimits(max_active=2))
     for n in range(held):
         batch.append(
             NewJob(

@@ -24,8 +24,7 @@ from dataclasses import dataclass, field
 from django.db import transaction
 from django.db.models import Q
 
-from fairqueue.broker import get_sync_broker
-from fairqueue.broker.usage_store import UsageRead, UsageStore
+from fairqueue.broker import UsageRead, get_sync_broker
 from fairqueue.conf import get_settings
 from fairqueue.scheduling.usage import Ledger, UsageValues, total
 
@@ -75,11 +74,6 @@ class Written:
     more: bool = False
 
 
-def _store() -> tuple[object, UsageStore]:
-    sync_broker = get_sync_broker()
-    return sync_broker, UsageStore(sync_broker.broker.conn)
-
-
 def write_usage(queue: str, *, batch: int = WRITE_BATCH) -> Written:
     """Write up to ``batch`` changed rows of ``queue``'s ledger to the database.
 
@@ -87,14 +81,15 @@ def write_usage(queue: str, *, batch: int = WRITE_BATCH) -> Written:
         BrokerError: Redis failed (nothing was marked written: the next call retries).
         DatabaseError: the database failed (the rows stay dirty in Redis).
     """
-    sync_broker, store = _store()
-    reads: list[UsageRead] = sync_broker.run(store.read_dirty, queue, batch)  # type: ignore[attr-defined]
+    sync_broker = get_sync_broker()
+    store = sync_broker.broker.usage
+    reads: list[UsageRead] = sync_broker.run(store.read_dirty, queue, batch)
     result = Written(more=len(reads) >= batch)
     if not reads:
         return result
     result.changes = _upsert([read for read in reads if read.epoch is not None])
     result.rows = len(reads)
-    sync_broker.run(store.mark_written, queue, reads)  # type: ignore[attr-defined]
+    sync_broker.run(store.mark_written, queue, reads)
     return result
 
 

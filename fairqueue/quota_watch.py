@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from fairqueue.broker import get_sync_broker
-from fairqueue.broker.usage_store import UsageStore
 from fairqueue.holds import now, queues_of
 
 logger = logging.getLogger("fairqueue.quotas")
@@ -133,7 +132,7 @@ class QuotaWatch:
 def _running(tenants: list[str]) -> dict[str, tuple[int, int]]:
     """tenant -> (attempts running, their worker ms so far), over every queue."""
     sync_broker = get_sync_broker()
-    store = UsageStore(sync_broker.broker.conn)
+    store = sync_broker.broker.usage
     out: dict[str, tuple[int, int]] = {}
     for queue in queues_of(""):
         found = sync_broker.run(store.running, queue, tenants)

@@ -18,6 +18,7 @@ from fairqueue.conf import get_settings
 from fairqueue.exceptions import BrokerError
 from fairqueue.scheduling.levels import DEFAULT_TENANT_WEIGHT, validate_tenant_id
 from fairqueue.scheduling.limits import NO_LIMITS
+from fairqueue.scheduling.wire import encoded_limits
 
 logger = logging.getLogger("fairqueue.tenants")
 
@@ -178,7 +179,7 @@ def database_limits() -> tuple[dict[str, str], set[str]]:
         own = plan.own_limits()
         merged = with_tier_defaults(own, plan.resolve_plan())
         if merged.holds:
-            limits[plan.tenant_id] = merged.encoded()
+            limits[plan.tenant_id] = encoded_limits(merged)
         if plan.paused:
             paused.add(plan.tenant_id)
     rowless = TenantPauseAudit.objects.exclude(tenant_id__in=TenantPlan.objects.values("tenant_id"))

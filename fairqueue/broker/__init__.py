@@ -30,7 +30,11 @@ Async callers (async views, the worker) use :class:`Broker`, composed of one sma
 per job over one :class:`Connection`: ``broker.adding``, ``broker.passes`` (a
 ``PassStore``), ``broker.lock`` (``LockStore``), ``broker.limits`` (``LimitStore``),
 ``broker.dashboard`` (``DashboardReads``), ``broker.history`` (``HistoryStore``),
-``broker.workers`` and ``broker.results``. Sync callers (Django views, management commands) use
+``broker.workers``, ``broker.results``, ``broker.console`` (``ConsoleReads``) and
+``broker.failures`` (``FailureReads``), the console's reads, ``broker.status``
+(``StatusReads``, the job-status endpoint's) and ``broker.usage`` (``UsageStore``, the
+usage ledger's). Nothing outside this package imports its modules (a unit test holds
+the door). Sync callers (Django views, management commands) use
 :class:`SyncBroker`: enqueues go straight from the calling thread through a blocking
 connection per thread (the hot path pays no thread hop); any other call is
 ``sync.run(sync.broker.<part>.<method>, ...)``, typed like the method it runs, on one
@@ -49,7 +53,10 @@ The package, one module per concern (import from here, not from them):
 * ``adding``: ``NewJob``, ``AddedJob`` and enqueueing;
 * ``pass_store``: what the rebalance pass reads and writes (fenced by its lock);
 * ``lock_store``: the rebalance pass's leader lock, and the :class:`Fence` its writes take;
-* ``dashboard_reads``: the admin dashboard's reads;
+* ``dashboard_reads``: the admin dashboard's reads; ``console_reads`` and
+  ``failure_reads`` the console pages' (a tenant's jobs, a job's place, failures);
+* ``status_reads``: the job-status endpoint's one-round-trip reads;
+* ``usage_store``: the usage ledger's rows in Redis and the running attempts;
 * ``history_store``: the history the pass records from BullMQ's events stream, and its
   reads; ``events`` reads a page of that stream and commits what it says;
 * ``limit_store``: per-tenant limits: releasing held jobs (one atomic script), pausing,
@@ -76,7 +83,16 @@ from fairqueue.broker.common import (
     refuses_every_write,
 )
 from fairqueue.broker.connection import Connection
+from fairqueue.broker.console_reads import (
+    FAILED_WINDOW,
+    ORDER_WINDOW,
+    ConsoleReads,
+    Place,
+    TenantJobs,
+    job_tenant_id,
+)
 from fairqueue.broker.dashboard_reads import BacklogScan, JobDetail, LevelScan, MemoryState
+from fairqueue.broker.failure_reads import FailureReads, RecentFailure
 from fairqueue.broker.history_store import HistoryRead, RecordedPage
 from fairqueue.broker.limit_reads import STATUS_TENANTS, LimitsStatus, TenantState
 from fairqueue.broker.limit_store import Released
@@ -89,10 +105,26 @@ from fairqueue.broker.pass_store import (
 )
 from fairqueue.broker.results import JOB_STATES, StoredJob
 from fairqueue.broker.scripts import Script, add_jobs_script, adopt_page_script, plain_script
+from fairqueue.broker.status_reads import Placement, RawEstimate, RawStatus, StatusReads
+from fairqueue.broker.usage_store import UsageRead, UsageStore
 from fairqueue.broker.workers import ActiveJob, WorkerProcess
 from fairqueue.exceptions import LockLostError
 
 __all__ = [
+    "FAILED_WINDOW",
+    "ORDER_WINDOW",
+    "ConsoleReads",
+    "FailureReads",
+    "Place",
+    "Placement",
+    "RawEstimate",
+    "RawStatus",
+    "RecentFailure",
+    "StatusReads",
+    "TenantJobs",
+    "UsageRead",
+    "UsageStore",
+    "job_tenant_id",
     "STATUS_TENANTS",
     "LimitsStatus",
     "Released",

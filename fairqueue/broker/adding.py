@@ -74,7 +74,7 @@ class NewJob:
     #: The caller's estimate of the job's worker time (``cost=``, in ms); ``None``: its
     #: flow's measured estimate.
     cost_ms: int | None = None
-    #: The tenant's limits as ``release_held.lua`` reads them (``TenantLimits.encoded``);
+    #: The tenant's limits as ``release_held.lua`` reads them (``wire.encoded_limits``);
     #: ``None``: no limits, the job goes straight to its fair place.
     limits: str | None = None
     #: ``data`` as BullMQ stores it (``json.dumps`` with BullMQ's separators), when the
@@ -309,7 +309,7 @@ class AddPacker:
                     )
                 )
                 continue
-            # add_jobs.tail.lua's fqJobFields, in its order
+            # ADD_JOB_FIELDS, in its order (wire.lua's fqReadJobs)
             batch.append(
                 (
                     packed_args,
@@ -348,7 +348,8 @@ class AddPacker:
                     "pc",
                 ]
             )
-            keys = [key.encode() for key in names + fair_keys(self.prefix, queue)]
+            names += [*fair_keys(self.prefix, queue), limits_key(self.prefix, queue)]
+            keys = [key.encode() for key in names]
             self._keys[queue] = keys
         return keys
 

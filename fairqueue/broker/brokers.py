@@ -14,12 +14,16 @@ from fairqueue.broker.adding import AddBatch, AddedJob, Adder, NewJob, run_adds_
 from fairqueue.broker.clients import SyncClient, client_name, drop_if_stale, sync_client
 from fairqueue.broker.common import REDIS_ERRORS, T, broker_error, unavailable
 from fairqueue.broker.connection import Connection, loop_thread
+from fairqueue.broker.console_reads import ConsoleReads
 from fairqueue.broker.dashboard_reads import DashboardReads
+from fairqueue.broker.failure_reads import FailureReads
 from fairqueue.broker.history_store import HistoryStore
 from fairqueue.broker.limit_store import LimitStore
 from fairqueue.broker.lock_store import LockStore
 from fairqueue.broker.pass_store import PassStore
 from fairqueue.broker.results import ResultReads
+from fairqueue.broker.status_reads import StatusReads
+from fairqueue.broker.usage_store import UsageStore
 from fairqueue.broker.workers import WorkerSupport
 from fairqueue.conf import get_settings
 from fairqueue.exceptions import BrokerUnavailableError
@@ -31,8 +35,9 @@ P = ParamSpec("P")
 class Broker:
     """Async access to BullMQ queues under one Redis target and key prefix, one part per
     job: ``adding``, ``passes`` (the rebalance pass), ``lock`` (its leader lock),
-    ``dashboard``, ``history``, ``workers``, ``results`` and ``limits`` (per-tenant limits),
-    all over one ``conn``.
+    ``dashboard``, ``history``, ``workers``, ``results``, ``limits`` (per-tenant limits),
+    ``console`` and ``failures`` (the console's pages), ``status`` (the job-status
+    endpoint) and ``usage`` (the usage ledger), all over one ``conn``.
 
     Args:
         redis: where Redis is: a URL (``redis://``, ``redis+sentinel://``,
@@ -70,6 +75,10 @@ class Broker:
         self.history = HistoryStore(self.conn)
         self.workers = WorkerSupport(self.conn)
         self.results = ResultReads(self.conn)
+        self.console = ConsoleReads(self.conn)
+        self.failures = FailureReads(self.conn)
+        self.status = StatusReads(self.conn, fairness_by=fairness_by)
+        self.usage = UsageStore(self.conn)
 
     @property
     def prefix(self) -> str:

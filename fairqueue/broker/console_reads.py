@@ -26,6 +26,7 @@ from fairqueue.broker.scripts import call_script_many, plain_script
 from fairqueue.scheduling.levels import DEFAULT_TENANT, INTERNAL_TENANT
 from fairqueue.scheduling.noisy import FlowWeight
 from fairqueue.scheduling.shares import LEVEL_NAMES
+from fairqueue.scheduling.wire import flow_member
 
 #: The front of the waiting order the console reads: positions, what is ahead of a job,
 #: a tenant's next jobs. Beyond it, a job's position is still exact (one ZRANK).
@@ -348,7 +349,7 @@ class ConsoleReads(BrokerPart):
                 tenant = INTERNAL_TENANT  # an internal job (JSON null)
             tenant = tenant if isinstance(tenant, str) and tenant else DEFAULT_TENANT
             running[(level, tenant)] = running.get((level, tenant), 0) + 1
-        members = [f"{level}\n{tenant}" for level, tenant in running]
+        members = [flow_member(level, tenant) for level, tenant in running]
         flows: dict[tuple[str, str], FlowWeight] = {}
         if members:
             async with client.pipeline(transaction=False) as pipe:
@@ -365,7 +366,7 @@ class ConsoleReads(BrokerPart):
     async def tenant_weights(self, queue: str, tenant_id: str) -> dict[str, tuple[int, int]]:
         """Per level where ``tenant_id``'s flow has work: (the weight it counts, the sum
         its level counts over the flows with work). One round trip."""
-        members = [f"{level}\n{tenant_id}" for level in LEVEL_NAMES]
+        members = [flow_member(level, tenant_id) for level in LEVEL_NAMES]
         async with self.conn.client().pipeline(transaction=False) as pipe:
             pipe.hmget(self.conn.fair_key(queue, "fweights"), *members)
             pipe.hmget(self.conn.fair_key(queue, "state"), *(f"W:{n}" for n in LEVEL_NAMES))

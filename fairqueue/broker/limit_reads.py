@@ -15,6 +15,7 @@ from fairqueue.broker.common import limits_key
 from fairqueue.broker.connection import BrokerPart
 from fairqueue.broker.scripts import plain_script
 from fairqueue.scheduling.limits import TenantLimits
+from fairqueue.scheduling.wire import decoded_limits
 
 #: Tenants one call of the dashboard's walk over the tenants holding jobs reads (one
 #: LLEN each inside Redis: about 2 ms a call, so other clients wait at most that long).
@@ -182,9 +183,7 @@ class LimitReads(BrokerPart):
                         running=int(running),
                         occupied=int(occupied),
                         held=int(held),
-                        limits=TenantLimits.from_encoded(
-                            _text(encoded) or None, paused=bool(int(is_paused))
-                        ),
+                        limits=decoded_limits(_text(encoded) or None, paused=bool(int(is_paused))),
                         catching_up=bool(int(catchup)),
                         held_jobs=tuple(_text(job_id) for job_id in ids),
                     )

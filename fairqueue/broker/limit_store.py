@@ -17,6 +17,7 @@ from fairqueue.broker.connection import Connection
 from fairqueue.broker.limit_reads import LimitReads
 from fairqueue.broker.scripts import plain_script, release_held_script, retry_failed_script
 from fairqueue.scheduling.limits import TenantLimits
+from fairqueue.scheduling.wire import encoded_limits
 
 #: Held jobs one release call moves at most: 200 placements hold Redis a few ms, and the
 #: loop's next step (20 ms later) moves the next 200, so a resumed backlog of thousands
@@ -264,7 +265,7 @@ class LimitStore(LimitReads):
         if not limits.holds:
             await self.conn.guard(client.hdel(key, tenant_id))
             return 0
-        if not await self.conn.guard(client.hset(key, tenant_id, limits.encoded())):
+        if not await self.conn.guard(client.hset(key, tenant_id, encoded_limits(limits))):
             return 0  # had limits here already: its jobs since then are tracked
         return await self._hold_untracked(queue, tenant_id)
 
@@ -403,8 +404,8 @@ class LimitStore(LimitReads):
         before: CopyRead,
     ) -> int:
         """Bring the database's limits and pauses to ``queue`` (``limits``: tenant ->
-        :meth:`TenantLimits.encoded`, ``paused``: the tenants it says are paused), then
-        leave the mark :meth:`synced` reads.
+        :func:`~fairqueue.scheduling.wire.encoded_limits`, ``paused``: the tenants it says
+        are paused), then leave the mark :meth:`synced` reads.
 
         ``before`` is the copy as :meth:`read_copy` read it before the database was read:
         what changed since is newer than the rows and stays. A tenant's limits an add or a

@@ -329,10 +329,23 @@ def load_lua(name: str) -> str:
     """The text of ``lua/<name>.lua`` (``name`` may start with its folder,
     ``wrap/add_jobs.head``), each ``--- @include x`` replaced by ``lua/include/x.lua`` and
     constants filled in."""
+    return _CONSTANT.sub(lambda match: str(_CONSTANTS[match.group(1)]), _included(name, set()))
+
+
+def _included(name: str, done: set[str]) -> str:
+    """``lua/<name>.lua`` with its includes in, each include once per script: the first
+    ``--- @include x`` of an ``x`` brings its text, a later one (an include that another
+    include also pulls in, such as ``wire``) nothing, as each would define its functions
+    again."""
     path = files(__package__).joinpath("lua", *f"{name}.lua".split("/"))
-    text = path.read_text(encoding="utf-8")
-    text = _INCLUDE.sub(lambda match: load_lua(f"include/{match.group(1)}"), text)
-    return _CONSTANT.sub(lambda match: str(_CONSTANTS[match.group(1)]), text)
+
+    def include(match: re.Match[str]) -> str:
+        if match.group(1) in done:
+            return ""
+        done.add(match.group(1))
+        return _included(f"include/{match.group(1)}", done)
+
+    return _INCLUDE.sub(include, path.read_text(encoding="utf-8"))
 
 
 def without_unused(source: str) -> str:

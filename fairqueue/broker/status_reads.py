@@ -21,6 +21,7 @@ from fairqueue.scheduling.levels import PriorityLevel
 from fairqueue.scheduling.limits import TenantLimits
 from fairqueue.scheduling.pace import AskingRead
 from fairqueue.scheduling.shares import BUCKET_S, LEVEL_NAMES
+from fairqueue.scheduling.wire import decoded_limits
 
 #: History buckets read: the current one and those of the rate's window before it.
 RATE_BUCKETS: Final = RATE_WINDOW_S // BUCKET_S + 1
@@ -217,7 +218,7 @@ def _asking(reply: Sequence[Any]) -> AskingRead | None:
 def _hold(reply: Sequence[Any]) -> TenantHold:
     encoded, paused, catchup, held, occupied = reply
     return TenantHold(
-        limits=TenantLimits.from_encoded(_text(encoded) or None),
+        limits=decoded_limits(_text(encoded) or None),
         paused=bool(int(paused)),
         catching_up=bool(int(catchup)),
         held=int(held),

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from fairqueue.broker import BacklogScan, Broker
-from fairqueue.broker.console_reads import ConsoleReads
 from fairqueue.dashboard.wording import format_duration, tenant_words
 
 #: Flows (level, tenant) the queue's page lists by their jobs past the bound, at most.
@@ -224,7 +223,7 @@ async def note_held_levels(broker: Broker, stats: dict[str, Any]) -> None:
     of each listed limited tenant's next held job (one HMGET), its held jobs counted
     there."""
     tenants = [t for t in stats["limits"]["tenants"] if t["held"] and t["held_jobs"]]
-    levels_of = await ConsoleReads(broker.conn).held_levels(
+    levels_of = await broker.console.held_levels(
         stats["queue"], [t["held_jobs"][0] for t in tenants]
     )
     held_by_level: dict[str, int] = {}

@@ -16,8 +16,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Final
 
-from fairqueue.broker import Broker
-from fairqueue.broker.failure_reads import FailureReads, RecentFailure
+from fairqueue.broker import Broker, RecentFailure
 from fairqueue.dashboard.wording import tenant_words
 
 #: A tenant whose failed jobs reach this share of its attempts started is failing...
@@ -121,7 +120,7 @@ def _attempts(buckets: dict[int, dict[str, str]]) -> int:
 
 async def queue_failures(broker: Broker, queue: str, *, now_ms: int, minutes: int) -> QueueFailures:
     """The queue's failures over the last ``minutes``: grouped, and its failing tenants."""
-    reads = FailureReads(broker.conn)
+    reads = broker.failures
     failures, more = await reads.recent(queue, since_ms=now_ms - minutes * 60_000)
     first_of: dict[str, str] = {}
     for failure in failures:

@@ -18,8 +18,14 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern
 
-from fairqueue.broker import MAX_JOB_ID_LENGTH, JobDetail, get_sync_broker, pending_from_job
-from fairqueue.broker.console_reads import ConsoleReads, Place, job_tenant_id
+from fairqueue.broker import (
+    MAX_JOB_ID_LENGTH,
+    JobDetail,
+    Place,
+    get_sync_broker,
+    job_tenant_id,
+    pending_from_job,
+)
 from fairqueue.conf import get_settings
 from fairqueue.dashboard.console_admin import ConsoleViews
 from fairqueue.dashboard.links import tenant_url
@@ -81,7 +87,7 @@ def why_it_waits(detail: JobDetail, place: Place | None, delayed_until_ms: int |
 def job_facts(queue: str, detail: JobDetail) -> dict[str, Any]:
     """What the job page adds: its place in line, why, its failure."""
     sync = get_sync_broker()
-    reads = ConsoleReads(sync.broker.conn)
+    reads = sync.broker.console
     place = sync.run(reads.place, queue, detail.job, detail.state)
     delayed_until = None
     if detail.state == "delayed":
@@ -193,7 +199,7 @@ class JobViews(ConsoleViews):
         job_url = self.admin._url("job", job_type, job_id)
         if request.method == "POST":
             sync = get_sync_broker()
-            removed = sync.run(ConsoleReads(sync.broker.conn).remove_job, queues[job_type], job_id)
+            removed = sync.run(sync.broker.console.remove_job, queues[job_type], job_id)
             if removed:
                 self.admin._log(request, job_type, f"Removed job {job_id} from the console.")
                 messages.success(request, f"Removed job {job_id}.")

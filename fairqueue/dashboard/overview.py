@@ -10,8 +10,6 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from fairqueue.broker import Broker, SyncBroker
-from fairqueue.broker.console_reads import ConsoleReads
-from fairqueue.broker.status_reads import StatusReads
 from fairqueue.conf import get_settings
 from fairqueue.dashboard.wording import tenant_words
 from fairqueue.enqueue.status import level_share_of
@@ -39,7 +37,7 @@ async def entitled_now(
     if not flows:
         return {}
     (level, tenant), first = next(iter(flows.items()))
-    reads = StatusReads(broker.conn, fairness_by=get_settings().fairness_by)
+    reads = broker.status
     raw = await reads.estimate(
         queue, level=PriorityLevel(level), tenant=tenant, tenant_weight=first.weight
     )
@@ -53,7 +51,7 @@ async def anoisy_figures(job_type: str, *, broker: Broker) -> dict[str, Any]:
     """:func:`noisy_figures` on ``broker``'s event loop: each running tenant's share of
     its level's running jobs against what it is entitled to now (:func:`entitled_now`)."""
     queue = get_settings().queue_for(job_type)
-    running, level_weights, flows = await ConsoleReads(broker.conn).in_flight(queue)
+    running, level_weights, flows = await broker.console.in_flight(queue)
     asking = {
         key: flows.get(key, FlowWeight(1, False))
         for key, count in running.items()

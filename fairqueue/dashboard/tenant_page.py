@@ -16,8 +16,14 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from fairqueue.broker import BacklogScan, Broker, get_sync_broker
-from fairqueue.broker.console_reads import FAILED_WINDOW, ORDER_WINDOW, ConsoleReads, TenantJobs
+from fairqueue.broker import (
+    FAILED_WINDOW,
+    ORDER_WINDOW,
+    BacklogScan,
+    Broker,
+    TenantJobs,
+    get_sync_broker,
+)
 from fairqueue.conf import get_settings
 from fairqueue.dashboard.backlog_scans import SYNC_SCAN_LIMIT, read_backlog
 from fairqueue.dashboard.charts import format_ms
@@ -31,8 +37,8 @@ from fairqueue.dashboard.wording import format_duration, format_time, tenant_wor
 from fairqueue.plans import priority_from_plan
 from fairqueue.scheduling.attempts import TENANT_BUCKET_S
 from fairqueue.scheduling.levels import LEVELS_BY_RANK
-from fairqueue.scheduling.limits import TenantLimits
 from fairqueue.scheduling.shares import LEVEL_NAMES, parse_bucket, tenant_window
+from fairqueue.scheduling.wire import decoded_limits
 
 #: The windows the tenant page sums its started jobs over, in minutes.
 WINDOWS_MIN: Final = (5, 15, 60)
@@ -81,7 +87,7 @@ async def atenant_queue(
     )
     if backlog["exact"] and scan is not None:
         backlog = await settle_exact(broker, queue, counts, scan, backlog)
-    reads = ConsoleReads(broker.conn)
+    reads = broker.console
     window_s = max(WINDOWS_MIN) * 60
     now_s = now_ms // 1000
     jobs, recorded, mine, weights, noisy, failures = await asyncio.gather(
@@ -136,7 +142,7 @@ def _facts(
 ) -> TenantFacts:
     """The figures its verdict is made of, from the reads the page shows (its quota and
     breaker holds are added from the database after)."""
-    limits = TenantLimits.from_encoded(jobs.limits_encoded, paused=jobs.paused)
+    limits = decoded_limits(jobs.limits_encoded, paused=jobs.paused)
     return TenantFacts(
         overdue=None if scan is None else scan.overdue_of(tenant_id),
         queue_overdue=None if scan is None else sum(f.overdue for f in scan.levels.values()),
@@ -167,7 +173,7 @@ def _facts(
 
 
 def _jobs(jobs: TenantJobs, *, now_ms: int) -> dict[str, Any]:
-    limits = TenantLimits.from_encoded(jobs.limits_encoded, paused=jobs.paused)
+    limits = decoded_limits(jobs.limits_encoded, paused=jobs.paused)
     return {
         "held": jobs.held,
         "held_ids": jobs.held_ids,

@@ -23,7 +23,6 @@ from django.urls import URLPattern, reverse
 from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 
 from fairqueue.broker import get_sync_broker
-from fairqueue.broker.console_reads import ConsoleReads
 from fairqueue.conf import get_settings
 from fairqueue.dashboard.console_admin import ConsoleViews
 from fairqueue.dashboard.tenant_page import SEARCH_LIMIT, effective_level, tenant_page_data
@@ -262,7 +261,7 @@ class TenantViews(ConsoleViews):
         if action == "resume":
             return "Its held jobs are released in their order, as its other limits allow."
         sync = get_sync_broker()
-        reads = ConsoleReads(sync.broker.conn)
+        reads = sync.broker.console
         lines = []
         for job_type, queue in get_settings().queues.items():
             if action == "retry":
@@ -297,7 +296,7 @@ class TenantViews(ConsoleViews):
             self._log(request, tenant_id, f"Retried {retried} failed job(s) from the console.")
             return f"Retried {retried} failed job(s) of {tenant_id}, as fair turns."
         sync = get_sync_broker()
-        reads = ConsoleReads(sync.broker.conn)
+        reads = sync.broker.console
         removed = started = 0
         for queue in sorted(set(get_settings().queues.values())):
             ids = sync.run(reads.waiting_ids_of, queue, tenant_id)

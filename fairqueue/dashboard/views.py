@@ -44,9 +44,9 @@ from fairqueue.broker import (
     MAX_JOB_ID_LENGTH,
     STATUS_TENANTS,
     get_sync_broker,
+    job_tenant_id,
     pending_from_job,
 )
-from fairqueue.broker.console_reads import job_tenant_id
 from fairqueue.conf import get_settings
 from fairqueue.dashboard.console_admin import ConsoleAdmin
 from fairqueue.dashboard.expected import job_expected_start

@@ -34,6 +34,7 @@ from fairqueue.exceptions import (
 from fairqueue.scheduling.estimate import StartEstimate
 from fairqueue.scheduling.levels import DEFAULT_TENANT_WEIGHT, PriorityLevel
 from fairqueue.scheduling.limits import NO_LIMITS, TenantLimits
+from fairqueue.scheduling.wire import add_encoded_limits
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,7 +235,7 @@ def prepare_job(
             tenant=resolved.tenant_bucket,
             cost_ms=call.cost_ms,
             tenant_weight=resolved.tenant_weight,
-            limits=None if call.limits is None else call.limits.add_encoded(),
+            limits=None if call.limits is None else add_encoded_limits(call.limits),
         ),
         resolved=resolved,
         audit=call.audit,

@@ -51,6 +51,7 @@ from fairqueue.exceptions import (
 )
 from fairqueue.metrics import by_job_type, get_metrics, record_enqueue
 from fairqueue.scheduling.levels import DEFAULT_TENANT, INTERNAL_TENANT, PriorityLevel
+from fairqueue.scheduling.wire import add_encoded_limits
 
 logger = logging.getLogger("fairqueue.outbox")
 
@@ -126,7 +127,7 @@ def _limits_of(tenant: str) -> str | None:
     if tenant in (DEFAULT_TENANT, INTERNAL_TENANT):
         return None
     limits = tenant_limits(tenant)
-    return limits.add_encoded() if limits.holds else None
+    return add_encoded_limits(limits) if limits.holds else None
 
 
 class _ServerRefusal(Exception):

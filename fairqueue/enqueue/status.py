@@ -14,8 +14,15 @@ from typing import Any, Final, Unpack
 
 from asgiref.sync import sync_to_async
 
-from fairqueue.broker import MAX_JOB_ID_LENGTH, get_broker, get_sync_broker
-from fairqueue.broker.status_reads import Placement, RawEstimate, RawStatus, StatusReads
+from fairqueue.broker import (
+    MAX_JOB_ID_LENGTH,
+    Placement,
+    RawEstimate,
+    RawStatus,
+    StatusReads,
+    get_broker,
+    get_sync_broker,
+)
 from fairqueue.conf import get_settings
 from fairqueue.enqueue.calls import resolve_call
 from fairqueue.enqueue.durable import outbox_ahead

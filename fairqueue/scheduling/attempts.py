@@ -43,6 +43,7 @@ from typing import Final, Literal
 
 from fairqueue.scheduling.levels import LEVELS_BY_RANK
 from fairqueue.scheduling.order import MAX_COST_TURNS, MIN_COST_TURNS, cost_turns, turn_scale
+from fairqueue.scheduling.wire import flow_member
 
 #: The level names a start or a run may carry (anything else is an unknown level).
 LEVELS: Final = frozenset(level.value for level in LEVELS_BY_RANK)
@@ -100,7 +101,7 @@ class Run:
     turns: float
 
     def encode(self) -> str:
-        return f"{self.level}\n{self.tenant}\n{self.start_ms}\n{_g6(self.turns)}"
+        return f"{flow_member(self.level, self.tenant)}\n{self.start_ms}\n{_g6(self.turns)}"
 
     @classmethod
     def decode(cls, text: str) -> Run | None:
@@ -238,8 +239,8 @@ def runs_to_read(events: Iterable[Event]) -> list[str]:
 
 def state_fields(starts: Iterable[Start | None], runs: Iterable[Run | None]) -> list[str]:
     """The fq:state fields the page may read with fairness by time."""
-    members = {f"{s.level}\n{s.tenant}" for s in starts if s and s.level}
-    members |= {f"{r.level}\n{r.tenant}" for r in runs if r}
+    members = {flow_member(s.level, s.tenant) for s in starts if s and s.level}
+    members |= {flow_member(r.level, r.tenant) for r in runs if r}
     return ["typ", "unit", *(f"{kind}:{m}" for m in sorted(members) for kind in ("c", "d"))]
 
 
@@ -354,7 +355,7 @@ class _PageWork:
         self.add(start_b, f"s:{level}", 1)
         self.add_tenant(event.at_ms, start.tenant, f"s:{level}", 1)
         out.started_by_level[level] = out.started_by_level.get(level, 0) + 1
-        member = f"{level}\n{start.tenant}"
+        member = flow_member(level, start.tenant)
         if start_b >= self.oldest:
             counts = out.tenants.setdefault(start_b, {})
             counts[member] = counts.get(member, 0) + 1
@@ -399,7 +400,7 @@ class _PageWork:
     def charge(self, run: Run, used: int) -> None:
         """Move the flow's balance by what the attempt used beyond the turns it paid
         (a whole turn or more is settled now), and the estimates on."""
-        member = f"{run.level}\n{run.tenant}"
+        member = flow_member(run.level, run.tenant)
         typical = self.typical
         bounded: float = used
         if typical:

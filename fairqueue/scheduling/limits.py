@@ -81,30 +81,6 @@ class TenantLimits:
             merged = replace(merged, max_waiting=defaults.max_waiting)
         return replace(merged, paused=self.paused or defaults.paused)
 
-    def encoded(self) -> str:
-        """The form ``release_held.lua`` reads: ``max_active\\nrate_max\\nrate_ms\\n
-        max_waiting``, empty fields for no limit (pause is kept apart: it is set by
-        ``pause_tenant``, never by an enqueue's possibly stale cache)."""
-        return "\n".join(
-            "" if value is None else str(value)
-            for value in (self.max_active, self.rate_max, self.rate_duration_ms, self.max_waiting)
-        )
-
-    def add_encoded(self) -> str:
-        """What an add sends: :meth:`encoded`, plus ``"\\np"`` when the lookup says the
-        tenant is paused. The add script drops the mark; it pauses the tenant only while
-        Redis has not had the database's copy rebuilt (after it lost fairqueue's keys),
-        so a pause Redis forgot still holds the job (``tenant_limits.lua``)."""
-        return self.encoded() + ("\np" if self.paused else "")
-
-    @classmethod
-    def from_encoded(cls, encoded: str | None, *, paused: bool = False) -> TenantLimits:
-        """The limits :meth:`encoded` wrote (``None`` or ``""``: none), with ``paused``
-        as Redis keeps it apart."""
-        fields = [int(part) if part else None for part in (encoded or "").split("\n")]
-        max_active, rate_max, rate_duration_ms, max_waiting = (fields + [None] * 4)[:4]
-        return cls(max_active, rate_max, rate_duration_ms, max_waiting, paused=paused)
-
 
 NO_LIMITS: Final = TenantLimits()
 

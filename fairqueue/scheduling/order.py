@@ -45,6 +45,7 @@ from math import lcm
 from typing import Final, Literal
 
 from fairqueue.scheduling.levels import DEFAULT_FAIR_WEIGHTS, LEVELS_BY_RANK, PriorityLevel
+from fairqueue.scheduling.wire import flow_member
 
 Decision = Literal["aged", "weighted_fair"]
 
@@ -348,7 +349,7 @@ class FairClock:
         tenants had work is that dense, though its flow's last jobs may not be."""
         top = sorted(
             (
-                (tag, f"{lvl.value}\n{tenant}", (lvl, tenant))
+                (tag, flow_member(lvl.value, tenant), (lvl, tenant))
                 for (lvl, tenant), tag in self.last.items()
             ),
             reverse=True,

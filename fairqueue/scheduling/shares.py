@@ -41,6 +41,7 @@ from typing import Any, Final
 
 from fairqueue.scheduling.attempts import UNKNOWN
 from fairqueue.scheduling.levels import DEFAULT_FAIR_WEIGHTS, LEVELS_BY_RANK
+from fairqueue.scheduling.wire import split_flow_member
 
 #: Width of a history bucket, and how long buckets are kept (Redis TTLs).
 BUCKET_S: Final = 10
@@ -183,9 +184,9 @@ def parse_bucket(
         elif name == "g":
             bucket.gap_ms = value
     for member, score in tenants:
-        level, sep, tenant = str(member).partition("\n")
-        if sep:
-            bucket.tenants[(level, tenant)] = int(score)
+        flow = split_flow_member(str(member))
+        if flow is not None:
+            bucket.tenants[flow] = int(score)
     return bucket
 
 

@@ -1,4 +1,4 @@
-"""What keeps fairqueue's per-job cost down (issue 19): lookups once per call, a warm
+"""What keeps fairqueue's per-job cost down : lookups once per call, a warm
 lookup that asks neither the Django cache nor the database, and how fast a plan change
 reaches every process (in-process cache + the shared version token)."""
 

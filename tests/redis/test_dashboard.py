@@ -249,7 +249,7 @@ def test_overdue__counted_per_level_and_badged(fq_prefix, redis_client):
     rows = {row["job_id"]: row for row in stats["order"]["jobs"]}
     assert all(rows[job.job_id]["overdue"] for job in old)
     assert not any(rows[job.job_id]["overdue"] for job in fresh)
-    # Overdue jobs keep their flow's turns (SPEC decision 9): nothing to move.
+    # Overdue jobs keep their flow's turns (docs/design.md, "The wait bound"): nothing to move.
     assert stats["order"]["drift_count"] == 0
     assert (
         sorted(r["decision"] for r in stats["order"]["jobs"])

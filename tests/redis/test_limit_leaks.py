@@ -20,6 +20,7 @@ from fairqueue.broker import get_sync_broker
 from fairqueue.enqueue.priority import wire_tenant_plan_lookup
 from fairqueue.exceptions import InvalidTenantError
 from fairqueue.models import TenantPlan
+from fairqueue.scheduling.wire import encoded_limits
 from tests.conftest import REDIS_URL
 from tests.e2e.test_node_worker import NODE_DIR
 from tests.helpers import bullmq_counts as counts
@@ -550,7 +551,7 @@ def test_dashboard__10000_tenants_holding_jobs_list_200_with_totals_that_add_up(
     from fairqueue.scheduling.levels import PriorityLevel
     from fairqueue.scheduling.limits import TenantLimits
 
-    limits = TenantLimits(max_active=1).encoded()
+    limits = encoded_limits(TenantLimits(max_active=1))
     tenants = [f"t{n:05d}" for n in range(10_000)]
     sizes = {tenant: 2 + n % 3 for n, tenant in enumerate(tenants)}  # 2, 3 or 4 jobs
     jobs = [

@@ -22,6 +22,7 @@ from fairqueue.scheduling.limits import (
     rate_burst,
     release_room,
 )
+from fairqueue.scheduling.wire import decoded_limits, encoded_limits
 
 optional = st.one_of(st.none(), st.integers(1, 50))
 limits_strategy = st.builds(
@@ -168,7 +169,7 @@ def test_release_script__releases_exactly_what_release_room_says(
         if limits.rate_max is not None:
             client.zadd(f"{base}:rate:{tenant}", {job_id: now_ms - limits.rate_duration_ms - 5})
     client.sadd(f"{base}:tenants", tenant)
-    client.hset(base, tenant, limits.encoded())
+    client.hset(base, tenant, encoded_limits(limits))
     if limits.paused:
         client.hset(f"{base}:paused", tenant, 1)
     sync = get_sync_broker()
@@ -196,5 +197,5 @@ def test_limits_read_back_from_redis_are_the_limits_written(limits, max_waiting)
     written = TenantLimits(
         limits.max_active, limits.rate_max, limits.rate_duration_ms, max_waiting, limits.paused
     )
-    assert TenantLimits.from_encoded(written.encoded(), paused=written.paused) == written
-    assert TenantLimits.from_encoded(None) == TenantLimits.from_encoded("") == TenantLimits()
+    assert decoded_limits(encoded_limits(written), paused=written.paused) == written
+    assert decoded_limits(None) == decoded_limits("") == TenantLimits()

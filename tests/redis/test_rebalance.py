@@ -139,8 +139,8 @@ def test_delayed_job__parked_until_promoted_then_adopted_and_its_wait_starts_whe
 
 
 def test_overdue_jobs_are_counted_per_level_and_keep_their_flows_turns(fq_prefix, redis_client):
-    # SPEC decision 9: a low flow whose jobs are all overdue does not take a critical
-    # flow's turns; it runs in its own turns, oldest first.
+    # docs/design.md, "The wait bound": a low flow whose jobs are all overdue does not
+    # take a critical flow's turns; it runs in its own turns, oldest first.
     low = enqueue_jobs("email", [{} for _ in range(20)], tenant_id="l", priority_level="low")
     critical = enqueue_jobs(
         "email", [{} for _ in range(80)], tenant_id="c", priority_level="critical"

@@ -9,6 +9,7 @@ import pytest
 from fairqueue.broker import NewJob, get_sync_broker
 from fairqueue.scheduling.levels import PriorityLevel
 from fairqueue.scheduling.limits import TenantLimits
+from fairqueue.scheduling.wire import encoded_limits
 from tests.helpers import release, run_stock_worker, settle_releases
 
 # Timing-sensitive (live workers, loops): `make test` runs them after the parallel part.
@@ -22,7 +23,7 @@ def at_their_limit(fq_prefix, redis_client):
     """TENANTS tenants with max_active 1 and two jobs each: one released, one held; the
     release step has made its first visits (its sweep over them is done)."""
     sync = get_sync_broker()
-    limits = TenantLimits(max_active=1).encoded()
+    limits = encoded_limits(TenantLimits(max_active=1))
     jobs = [
         NewJob(
             name="job",

@@ -1,6 +1,6 @@
-"""Every attempt takes a fair turn (SPEC decision 11): a job that runs again is placed by
-the fair clock like a new arrival of its flow, never at the front, and keeps its first
-ready time and its one index entry."""
+"""Every attempt takes a fair turn (docs/design.md, "Every attempt is a turn"): a job
+that runs again is placed by the fair clock like a new arrival of its flow, never at the
+front, and keeps its first ready time and its one index entry."""
 
 from __future__ import annotations
 

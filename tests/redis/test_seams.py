@@ -1,4 +1,4 @@
-"""The seams between fairqueue and the rest of a deployment (issue 20): database
+"""The seams between fairqueue and the rest of a deployment: database
 sequences that restart, QUEUES that change, BullMQ's own operations, Redis limits and
 ACLs, bad task input. Real Redis (the shared one, or a private redis-server where a test
 needs maxmemory or an ACL user), the real bullmq package."""

@@ -560,7 +560,7 @@ def test_a_connection_redis_closed_is_replaced_before_the_next_enqueue(fq_prefix
     assert waiting_count(redis_client, fq_prefix) == 2
 
 
-# --- audit before Redis, idempotency, partial batches (issue 9) --------------------
+# --- audit before Redis, idempotency, partial batches -----------------------------
 
 
 def _use_redis(settings, url):

@@ -1,6 +1,6 @@
-"""Service is worker time (SPEC decision 12): a flow's tags advance by what its jobs
-cost, estimated from measured run times and charged after the fact; FAIRNESS_BY="jobs"
-keeps seed 1's job count."""
+"""Service is worker time (docs/design.md, "Service is worker time"): a flow's tags
+advance by what its jobs cost, estimated from measured run times and charged after the
+fact; FAIRNESS_BY="jobs" keeps the count of jobs."""
 
 from __future__ import annotations
 

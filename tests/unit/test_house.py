@@ -1,6 +1,9 @@
 """The rules of the house that the code's shape can be checked for (CONTRIBUTING.md, "The
 package"): every module's file name unique in the package, no import circle (between
-packages, or between modules), no function over 80 lines, no module over 600 lines.
+packages, or between modules), no function over 80 lines, no module over 600 lines; the
+broker reached through its one door (``fairqueue.broker``, never its modules); no
+module at the package's top beyond the allowed list; no flow member built by hand
+outside the wire module and its Lua half.
 
 Imports are read with ``ast``, so an import inside a function (a lazy one) or under
 ``TYPE_CHECKING`` counts: either still ties the two ends together. Each check is tried on
@@ -9,6 +12,7 @@ a small tree that breaks it too, so none of them passes by seeing nothing."""
 from __future__ import annotations
 
 import ast
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -17,6 +21,21 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "fairqueue"
 MAX_FUNCTION_LINES = 80
 MAX_MODULE_LINES = 600
+#: The modules allowed at the package's top (``__init__`` aside): a new one goes in the
+#: feature package it belongs to (CONTRIBUTING.md, "The package").
+TOP_MODULES = frozenset(
+    "admin admin_readonly admin_usage apps breaker checks conf exceptions holds http ledger "
+    "loop metrics models plans quota_watch quotas redis_metrics redis_target reporting "
+    "signals status_urls status_views tenants usage_models usage_settings".split()
+)
+#: The one place each language builds a flow member (``level`` + line feed + ``tenant``).
+WIRE_FILES = frozenset({"scheduling/wire.py", "broker/lua/include/wire.lua"})
+#: A flow member joined by hand: in Python an f-string ``{..level..}\n{..tenant..}`` (or
+#: ``{lvl...}``), in Lua ``level .. '\n' .. tenant`` (or ``.. t``).
+HAND_BUILT_MEMBER = (
+    re.compile(r"\{[^{}]*(level|lvl)[^{}]*\}\\n\{[^{}]*tenant[^{}]*\}"),
+    re.compile(r"\w*level\w*\)? \.\. '\\n' \.\. \(?\w*(tenant|t)\b", re.IGNORECASE),
+)
 
 
 def modules(root: Path) -> dict[str, Path]:
@@ -126,6 +145,43 @@ def long_modules(root: Path, limit: int = MAX_MODULE_LINES) -> list[str]:
     return found
 
 
+def door_breaches(root: Path, door: str = "broker") -> list[str]:
+    """Imports of a module inside ``root.<door>`` from a module outside it: the package
+    ``door`` is the only way in (``from pkg.broker import X``)."""
+    known = modules(root)
+    inside = f"{root.name}.{door}"
+    found = []
+    for name, path in known.items():
+        if name == inside or name.startswith(inside + "."):
+            continue
+        for target in sorted(imported(name, path, known)):
+            if target.startswith(inside + "."):
+                found.append(f"{name} -> {target}")
+    return found
+
+
+def extra_top_modules(root: Path, allowed: frozenset[str] = TOP_MODULES) -> list[str]:
+    """Modules at the top of ``root`` not in ``allowed``."""
+    return sorted(
+        path.stem
+        for path in root.glob("*.py")
+        if path.stem != "__init__" and path.stem not in allowed
+    )
+
+
+def hand_built_members(root: Path, wire: frozenset[str] = WIRE_FILES) -> list[str]:
+    """Lines of ``root``'s Python and Lua that join a level and a tenant with a line feed
+    themselves instead of calling the wire module's ``flow_member``/``fqFlowMember``."""
+    found = []
+    for path in sorted([*root.rglob("*.py"), *root.rglob("*.lua")]):
+        if path.relative_to(root).as_posix() in wire:
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if any(pattern.search(line) for pattern in HAND_BUILT_MEMBER):
+                found.append(f"{path.relative_to(root.parent)}:{number}")
+    return found
+
+
 # -- the package --------------------------------------------------------------------
 
 
@@ -151,6 +207,19 @@ def test_no_function_is_over_80_lines():
 
 def test_no_module_is_over_600_lines():
     assert long_modules(PACKAGE) == []
+
+
+def test_nothing_outside_the_broker_imports_its_modules():
+    assert door_breaches(PACKAGE) == []
+
+
+def test_no_module_at_the_top_beyond_the_allowed_list():
+    assert extra_top_modules(PACKAGE) == []
+
+
+def test_no_flow_member_is_built_by_hand_outside_the_wire_module():
+    assert (PACKAGE / "scheduling" / "wire.py").exists()
+    assert hand_built_members(PACKAGE) == []
 
 
 # -- each check finds what it looks for ------------------------------------------------
@@ -224,3 +293,42 @@ def test_a_long_function_and_a_long_module_are_found(tmp_path):
     assert long_functions(root) == ["pkg/m.py:long (81 lines)"]
     assert long_modules(root, limit=161) == ["pkg/m.py (162 lines)"]
     assert long_modules(root) == []
+
+
+def test_a_module_reaching_past_the_door_is_found(tmp_path):
+    root = _tree(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "broker/__init__.py": "from pkg.broker.reads import Reads\n",
+            "broker/reads.py": "from pkg.broker.common import x\n",
+            "broker/common.py": "x = 1\n",
+            "views.py": "from pkg.broker import Reads\n"
+            "def f():\n    from pkg.broker import reads\n",
+            "page.py": "from pkg.broker.reads import Reads\n",
+        },
+    )
+    assert door_breaches(root) == ["pkg.page -> pkg.broker.reads", "pkg.views -> pkg.broker.reads"]
+
+
+def test_a_module_beyond_the_allowed_top_list_is_found(tmp_path):
+    root = _tree(tmp_path, {"__init__.py": "", "conf.py": "", "stray.py": "", "d/__init__.py": ""})
+    assert extra_top_modules(root, frozenset({"conf"})) == ["stray"]
+
+
+def test_a_hand_built_flow_member_is_found(tmp_path):
+    root = _tree(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "scheduling/wire.py": "def flow_member(level, tenant):\n"
+            '    return f"{level}\\n{tenant}"\n',
+            "a.py": 'm = f"{s.level}\\n{s.tenant}"\nok = f"{day}\\n{tenant}"\n',
+            "b.py": 'm = f"{lvl.value}\\n{tenant}"\n',
+            "lua/x.lua": "local m = level .. '\\n' .. tenant\nlocal ok = day .. '\\n' .. f\n",
+            "lua/y.lua": "fqLinePush(K, level .. '\\n' .. t, {id})\n",
+        },
+    )
+    assert hand_built_members(root, frozenset({"scheduling/wire.py"})) == [
+        "pkg/a.py:1", "pkg/b.py:1", "pkg/lua/x.lua:1", "pkg/lua/y.lua:1",
+    ]  # fmt: skip

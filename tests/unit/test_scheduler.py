@@ -1,5 +1,5 @@
-"""The pure policy: seed 1's edge cases, SPEC decisions 7-9, the reference model of the add
-script, and properties."""
+"""The pure policy: the edge cases of the levels and the wait bound (docs/design.md),
+the reference model of the add script, and properties."""
 
 import itertools
 import random
@@ -101,7 +101,7 @@ def test_a_level_that_runs_out_stops_taking_turns():
 
 
 def test_overdue_jobs_are_labelled_aged_and_keep_their_flow_turns():
-    # SPEC decision 9 as revised: an overloaded flow bears its own overload. An overdue
+    # docs/design.md, "The wait bound": an overloaded flow bears its own overload. An overdue
     # low job is at the front of its own line already; it does not jump a critical flow.
     jobs = [PendingJob("1", L, "t", NOW - BOUND - 1), PendingJob("2", C, "t", NOW)]
     result = order(jobs)
@@ -110,7 +110,7 @@ def test_overdue_jobs_are_labelled_aged_and_keep_their_flow_turns():
 
 
 def test_critical_flood_all_overdue__low_within_its_share_still_gets_its_turns():
-    # The flood is all older than the bound; seed 1's "overdue first, oldest first" would
+    # The flood is all older than the bound; a plain "overdue first, oldest first" would
     # run every critical job before the young low ones.
     jobs = backlog(C, 400, ts=NOW - BOUND - 10_000) + backlog(L, 20, start_id=1000, ts=NOW)
     result = levels_of(order(jobs), jobs)

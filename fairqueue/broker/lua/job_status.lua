@@ -138,7 +138,7 @@ if state == 'waiting' and score ~= '' then
     fqEtaNum(etaClock.cursor), fqEtaNum(etaClock.typical)}
   tenant = tenantOf()
   if level ~= '' then
-    fweight = redis.call('HGET', K.fweights, level .. '\n' .. tenant) or ''
+    fweight = redis.call('HGET', K.fweights, fqFlowMember(level, tenant)) or ''
   end
   asking = fqEtaAsking(K, L, etaClock, now, tonumber(ARGV.bucket_s), tonumber(ARGV.buckets))
 elseif state == 'held' and fqLevelRank[level] then

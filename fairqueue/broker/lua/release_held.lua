@@ -182,7 +182,7 @@ if mode == 'scan' and (ARGV.where == 'delayed' or ARGV.where == 'wait') then
       if level and tenant == t then
         fqRerunLeaves(L, t, prefix .. id, id)
         if redis.call('HEXISTS', L .. ':meta', id) == 0 then
-          redis.call('HSET', L .. ':meta', id, level .. '\n' .. weight .. '\n')
+          redis.call('HSET', L .. ':meta', id, fqHeldMeta(level, weight))
         end
         if score then -- delayed: held until it is due, then behind its held jobs
           fqUnindex(K.ready, prefix .. id, id, math.floor(tonumber(score) / 4096))
@@ -249,11 +249,11 @@ if mode == 'scan' then
         if ok and type(decoded) == 'table' and tostring(decoded.tenantId) == t then
           local rank = tonumber(score) % 4
           local level = fqRankLevel[rank] or 'normal'
-          local weight = redis.call('HGET', K.fweights, level .. '\n' .. t) or '1'
+          local weight = redis.call('HGET', K.fweights, fqFlowMember(level, t)) or '1'
           -- out of the ready-time index until it is released: its paused time is not
           -- waiting, and the release indexes it once
           fqUnindex(K.ready, prefix .. id, id, fqReadyOf(prefix, id))
-          fqHoldJob(L, K.prioritized, KEYS[2], KEYS[8], id, t, level .. '\n' .. weight .. '\n')
+          fqHoldJob(L, K.prioritized, KEYS[2], KEYS[8], id, t, fqHeldMeta(level, weight))
           redis.call('RPOP', heldKey) -- fqHoldJob appended it: it goes before the boundary
           local inserted = -1
           if boundary ~= '' then
@@ -477,13 +477,13 @@ for _, t in ipairs(tenants) do
           c = fqClock(K)
           c.byTime = byTime
         end
-        local level, weight, cost = string.match(meta, '^([^\n]*)\n([^\n]*)\n([^\n]*)$')
+        local level, weight, cost = fqHeldMetaSplit(meta)
         redis.call('ZREM', KEYS[2], id)
         fqGuardRetries(prefix .. id)
         local score, behind = fqPlace(K, c, level, t, tonumber(weight), tonumber(cost), true)
         redis.call('ZADD', K.prioritized, string.format('%.17g', score or fqCap * fqScore), id)
         fqPlaced(K, c, score)
-        if score and behind then fqLinePush(K, level .. '\n' .. t, {id}) end
+        if score and behind then fqLinePush(K, fqFlowMember(level, t), {id}) end
         -- indexed once: a job pulled back by a pause and released again keeps its entry
         if redis.call('HSETNX', prefix .. id, 'fqRel', now) == 1 then indexed[#indexed + 1] = id end
         probeId = id

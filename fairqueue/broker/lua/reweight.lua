@@ -13,10 +13,11 @@
   Returns the number of flows whose counted weight changed.
 ]]
 --- @argv tenant weight
+--- @include wire
 local tenant, weight = ARGV.tenant, tonumber(ARGV.weight)
 local levels = {'critical', 'high', 'normal', 'low'}
 local members = {}
-for i, level in ipairs(levels) do members[i] = level .. '\n' .. tenant end
+for i, level in ipairs(levels) do members[i] = fqFlowMember(level, tenant) end
 local counted = redis.call('HMGET', KEYS[2], unpack(members))
 local changed, weights, totals = 0, {}, {}
 for i, level in ipairs(levels) do

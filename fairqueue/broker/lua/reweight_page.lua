@@ -36,7 +36,7 @@ if mode == 'begin' then
   local c = fqClock(K)
   local begun = {}
   for _, level in ipairs({'critical', 'high', 'normal', 'low'}) do
-    local member = level .. '\n' .. tenant
+    local member = fqFlowMember(level, tenant)
     local counted = tonumber(redis.call('HGET', K.fweights, member))
     local last = tonumber(redis.call('ZSCORE', K.flows, member))
     if counted and counted ~= weight and last and last > c.vt then

@@ -46,7 +46,7 @@ end
 -- inputs the Python model takes (last, counted, horizon, total, frontier, cost) and the
 -- last job's tag and score (nil: no room, parked at the cap).
 local function fqEtaPlace(K, c, level, tenant, weight, explicitMs, byTime, n)
-  local member = level .. '\n' .. tenant
+  local member = fqFlowMember(level, tenant)
   local p = {last = nil, counted = 0, horizon = nil, total = 0, frontier = nil, cost = 1}
   if not c.fresh then
     local row = redis.call('HMGET', K.fweights, member, 'j\n' .. member, 's\n' .. member)
@@ -55,7 +55,7 @@ local function fqEtaPlace(K, c, level, tenant, weight, explicitMs, byTime, n)
     p.total = c.totals[level] or 0
     local gone = redis.call('ZRANGEBYSCORE', K.flows, '-inf', string.format('%.17g', c.vt),
       'LIMIT', 0, fqEtaExpire)
-    local prefix = level .. '\n'
+    local prefix = fqFlowPrefix(level)
     for i = 1, #gone do
       if string.sub(gone[i], 1, #prefix) == prefix then
         p.total = p.total - (tonumber(redis.call('HGET', K.fweights, gone[i])) or 0)

@@ -51,6 +51,7 @@
   Constants FLOOR, CAP, SCALE, SUB, EXPIRE_PER_CALL and the cost bounds are filled in when
   the script loads.
 ]]
+--- @include wire
 local fqFloor = {{FLOOR}}
 local fqCap = {{CAP}}
 local fqScale = {{SCALE}}
@@ -349,7 +350,7 @@ local function fqFrontier(K, c, level)
   fqFlush(K, c) -- the memo's tags too
   local top = redis.call('ZREVRANGEBYSCORE', K.flows, '+inf', '(' .. string.format('%.17g',
     c.vt), 'WITHSCORES', 'LIMIT', 0, fqFrontierScan)
-  local prefix = level .. '\n'
+  local prefix = fqFlowPrefix(level)
   local frontier, fields = nil, {}
   for i = 1, #top, 2 do
     if string.sub(top[i], 1, #prefix) == prefix then
@@ -385,7 +386,7 @@ end
 -- (the newer one, after a weight change: reweight.lua), so a stored weight never undoes it.
 local function fqPlace(K, c, level, tenant, weight, explicitMs, stored)
   fqExpire(K, c)
-  local member = level .. '\n' .. tenant
+  local member = fqFlowMember(level, tenant)
   local m = c.memo
   local f = m and m.flows[member]
   if not f and c.flowsEmpty then

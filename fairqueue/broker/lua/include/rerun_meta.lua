@@ -3,6 +3,7 @@
   adopt_page and stalled_page): another producer's job, or one of fairqueue's that runs
   again.
 ]]
+--- @include wire
 local fqNames = {critical = true, high = true, normal = true, low = true}
 
 local function fqNormalize(p)
@@ -29,7 +30,7 @@ local function fqForeign(K, prefix, jobId, now, maxPayload)
   if not (ok and type(opts) == 'table') then opts = {} end
   if type(opts['fqMeta']) == 'string' and tonumber(opts['fqReady']) then
     -- One of fairqueue's delayed jobs: placed from its own meta, no payload decoded.
-    local mLevel, mWeight, mTenant = string.match(opts['fqMeta'], '^([^\n]*)\n([^\n]*)\n(.*)$')
+    local mLevel, mWeight, mTenant = fqDelayedMetaSplit(opts['fqMeta'])
     if mLevel and fqNames[mLevel] then
       return mLevel, mTenant, tonumber(mWeight) or 1, fqReadyFrom(f[5], opts, f[3], now)
     end
@@ -54,7 +55,7 @@ local function fqForeign(K, prefix, jobId, now, maxPayload)
     level = fqNormalize(requested or tonumber(f[4]))
   end
   local ready = fqReadyFrom(f[5], opts, f[3], now)
-  local weight = tonumber(redis.call('HGET', K.fweights, level .. '\n' .. tenant)) or 1
+  local weight = tonumber(redis.call('HGET', K.fweights, fqFlowMember(level, tenant))) or 1
   return level, tenant, weight, ready
 end
 

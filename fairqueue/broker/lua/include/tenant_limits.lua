@@ -43,6 +43,7 @@
     L:sweep         SSCAN cursor over L:tenants while a sweep makes every tenant due (the
                     first call, or events lost to the stream's trimming)
 ]]
+--- @include wire
 local fqHeldMs = {{HELD_MS}}
 local fqHeldScore = fqHeldMs * 4096 -- BullMQ's delayed score: timestamp * 0x1000
 -- Past every fair score: where BullMQ re-adds a job that runs again (its hash's priority
@@ -58,16 +59,6 @@ local fqRetryHeldMs = {{RETRY_HELD_MS}}
 -- can move, not how many tenants have limits.
 local function fqDue(L, t, at)
   redis.call('ZADD', L .. ':due', 'LT', at, t)
-end
-
--- A tenant's limits as numbers (nil: no limit of that kind).
-local function fqSplitLimits(encoded)
-  local f, i = {}, 1
-  for part in string.gmatch((encoded or '') .. '\n', '([^\n]*)\n') do
-    f[i] = tonumber(part)
-    i = i + 1
-  end
-  return {maxActive = f[1], rateMax = f[2], rateMs = f[3], maxWaiting = f[4]}
 end
 
 -- L:hrank:<t> keeps each held job's place in L:held:<t> as a score, ascending in the
@@ -202,7 +193,7 @@ local function fqRehold(L, prioritizedKey, delayedKey, eventsKey, readyKey, jobK
   end
   fqRerunLeaves(L, t, jobKey, jobId)
   if redis.call('HEXISTS', L .. ':meta', jobId) == 0 then
-    redis.call('HSET', L .. ':meta', jobId, (level or 'normal') .. '\n' .. (weight or 1) .. '\n')
+    redis.call('HSET', L .. ':meta', jobId, fqHeldMeta(level or 'normal', weight or 1))
   end
   fqUnindex(readyKey, jobKey, jobId, readyMs)
   fqHoldJob(L, prioritizedKey, delayedKey, eventsKey, jobId, t, nil)

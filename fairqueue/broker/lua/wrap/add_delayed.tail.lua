@@ -25,7 +25,7 @@ if fqFresh then
   if fqHeld then opts['fqLim'] = 1 end -- fairqueue_worker releases its tenant's next at once
   -- What the pass places it with once BullMQ promotes it: kept in the job itself, so it
   -- goes when the job does (however it goes: run, removed, drained, obliterated).
-  opts['fqMeta'] = fqLevel .. '\n' .. fqWeight .. '\n' .. fqTenant
+  opts['fqMeta'] = fqDelayedMeta(fqLevel, fqWeight, fqTenant)
   ARGV.opts = cmsgpack.pack(opts) -- what addDelayedJob stores
 end
 local jobId = fqBullmqAddDelayed()
@@ -33,7 +33,7 @@ if fqRecord and type(jobId) == 'string' then fqRecord() end
 if fqHeld and type(jobId) == 'string' then
   redis.call('ZADD', KEYS[4], 'XX', string.format('%.17g', fqHeldScore), jobId)
   redis.call('ZADD', fqLimitsKey .. ':later:' .. fqTenant, fqReady, jobId)
-  redis.call('HSET', fqLimitsKey .. ':meta', jobId, fqLevel .. '\n' .. fqWeight .. '\n')
+  redis.call('HSET', fqLimitsKey .. ':meta', jobId, fqHeldMeta(fqLevel, fqWeight))
   redis.call('SADD', fqLimitsKey .. ':tenants', fqTenant)
   fqDue(fqLimitsKey, fqTenant, fqReady)
   if fqGiven ~= '' then

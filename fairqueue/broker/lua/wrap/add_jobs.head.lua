@@ -10,6 +10,7 @@
   KEYS[1..9]  addPrioritizedJob's: marker, meta, id, prioritized, delayed, completed,
               active, events, pc
   KEYS[10..14] fairqueue's: state, flows, fweights, ready, jobs
+  KEYS[15]    the limits key L (tenant_limits.lua)
   ARGV        fairness: what fairness counts ('time' or 'jobs');
               limits: JSON {tenant: encoded limits} of the call's tenants with limits
               ('' none): their jobs are held, and the call is refused whole, before

@@ -2,26 +2,23 @@ end
 local fqKeys = {prioritized = KEYS[4], state = KEYS[10], flows = KEYS[11], fweights = KEYS[12],
   ready = KEYS[13], jobs = KEYS[14]}
 local fqNow = fqNowMs()
-local fqJobs = {}
+local fqJobs
 local fqByTime = ARGV.fairness == 'time'
--- A job's values, each job's in one table: {packed args, data, opts, level, tenant, weight,
--- cost}. ARGV's first three are written over with each job's for addPrioritizedJob, so
--- every named argument is read before the first job is added.
-local fqJobFields = 7
-for b = 1, #ARGV.jobs, fqJobFields do
-  fqJobs[#fqJobs + 1] = {ARGV.jobs[b], ARGV.jobs[b + 1], ARGV.jobs[b + 2], ARGV.jobs[b + 3],
-    ARGV.jobs[b + 4], tonumber(ARGV.jobs[b + 5]), tonumber(ARGV.jobs[b + 6])}
-end
+-- A job's values, each job's in one named table (wire.lua's fqReadJobs). ARGV's first
+-- three are written over with each job's for addPrioritizedJob, so every named argument
+-- is read before the first job is added.
+fqJobs = fqReadJobs(ARGV, #ARGV - #ARGV.jobs + 1) -- the jobs: the rest on
 -- Tenants with limits, paused or catching up: their jobs are held (tenant_limits.lua). A
 -- call with limits is checked (and may be refused) before anything is written; any other
 -- call learns from the clock's read of K.state whether a tenant is paused at all.
--- (fqLim, the limits' key, is made only for a call that holds: few are.)
+-- (fqLim, the limits' key, is set only for a call that holds: few are.)
 local fqGiven = ARGV.limits ~= '' and ARGV.limits or nil
 local fqBatch = ARGV.batch ~= '' and ARGV.batch or nil
-local fqLim = fqGiven and string.sub(KEYS[10], 1, -6) .. 'lim'
+local fqLim = fqGiven and KEYS[15]
 local fqHold, fqRefused = nil, nil
 if fqGiven then
-  fqHold, fqRefused = fqHeldTenants(fqLim, fqKeys.prioritized, fqGiven, fqJobs, 5, KEYS[5],
+  fqHold, fqRefused = fqHeldTenants(fqLim, fqKeys.prioritized, fqGiven, fqJobs, 'tenant',
+    KEYS[5],
     fqBatch and cjson.decode(fqBatch))
   if fqRefused then return fqRefused end
 end
@@ -32,21 +29,21 @@ local fqCostMember = nil
 if fqByTime then
   local level, tenant = nil, nil
   for _, job in ipairs(fqJobs) do
-    if not job[7] then -- no explicit cost: the flow's estimate is read
+    if not job.cost then -- no explicit cost: the flow's estimate is read
       if level == nil then
-        level, tenant = job[4], job[5]
-      elseif job[4] ~= level or job[5] ~= tenant then
+        level, tenant = job.level, job.tenant
+      elseif job.level ~= level or job.tenant ~= tenant then
         level = false -- several flows: each read on first use
         break
       end
     end
   end
-  if level then fqCostMember = level .. '\n' .. tenant end
+  if level then fqCostMember = fqFlowMember(level, tenant) end
 end
 local fqClockState = fqClock(fqKeys, true, fqCostMember)
 if not fqGiven and fqClockState.holds then
-  fqLim = string.sub(KEYS[10], 1, -6) .. 'lim'
-  fqHold = fqHeldTenants(fqLim, fqKeys.prioritized, nil, fqJobs, 5, KEYS[5])
+  fqLim = KEYS[15]
+  fqHold = fqHeldTenants(fqLim, fqKeys.prioritized, nil, fqJobs, 'tenant', KEYS[5])
 end
 fqClockState.byTime = fqByTime
 -- A memo of the flows' state pays for itself from a call's second placement on.
@@ -65,35 +62,35 @@ local fqNoId = cmsgpack.pack(string.sub(KEYS[3], 1, -3)) .. '\160'
 local fqNoIdEnd = 1 + #fqNoId
 for _, job in ipairs(fqJobs) do
   local priority, score, behind, paid = 0, nil, false, nil
-  local slotted = fqReadyPacked and string.sub(job[3], -17) == fqReadySlot
-  if slotted then job[3] = string.sub(job[3], 1, -10) .. fqReadyPacked end
+  local slotted = fqReadyPacked and string.sub(job.opts, -17) == fqReadySlot
+  if slotted then job.opts = string.sub(job.opts, 1, -10) .. fqReadyPacked end
   -- A job without a custom id is new; one with an id is new if its hash is not there.
-  local fresh = string.sub(job[1], 2, fqNoIdEnd) == fqNoId
+  local fresh = string.sub(job.packed, 2, fqNoIdEnd) == fqNoId
   if not fresh then
-    local args = cmsgpack.unpack(job[1])
+    local args = cmsgpack.unpack(job.packed)
     fresh = args[2] == '' or redis.call('EXISTS', args[1] .. args[2]) == 0
   end
-  local held = fresh and fqHold and fqHold[job[5]]
+  local held = fresh and fqHold and fqHold[job.tenant]
   if fresh then
     if not held then
-      score, behind, paid = fqPlace(fqKeys, fqClockState, job[4], job[5], job[6], job[7])
+      score, behind, paid = fqPlace(fqKeys, fqClockState, job.level, job.tenant, job.weight, job.cost)
     end
     priority = fqPriorityOf(score)
     if held or not slotted then
-      local opts = cmsgpack.unpack(job[3])
+      local opts = cmsgpack.unpack(job.opts)
       opts['priority'] = fqCap -- where BullMQ re-adds it (retries): the back, for the pass
       opts['fqReady'] = fqNow -- its first ready time (Redis's clock), kept for its re-runs
       if held then opts['fqLim'] = 1 end -- fairqueue_worker releases its tenant's next at once
-      job[3] = cmsgpack.pack(opts)
+      job.opts = cmsgpack.pack(opts)
     end
   end
-  ARGV[1], ARGV[2], ARGV[3] = job[1], job[2], job[3] -- addPrioritizedJob's own ARGV
+  ARGV[1], ARGV[2], ARGV[3] = job.packed, job.data, job.opts -- addPrioritizedJob's own ARGV
   -- A score is a whole number below 2^53: '%d' writes it exactly.
   fqScoreText = score and string.format('%d', score)
   local jobId = fqBullmqAdd()
   if held and type(jobId) == 'string' then
-    fqHoldJob(fqLim, fqKeys.prioritized, KEYS[5], KEYS[8], jobId, job[5],
-      job[4] .. '\n' .. job[6] .. '\n' .. (job[7] or ''))
+    fqHoldJob(fqLim, fqKeys.prioritized, KEYS[5], KEYS[8], jobId, job.tenant,
+      fqHeldMeta(job.level, job.weight, job.cost))
   elseif fresh and type(jobId) == 'string' then
     fqPlaced(fqKeys, fqClockState, score)
     -- Placed cold (nothing measured for its flow): what it paid, for the pass's charge.
@@ -102,7 +99,7 @@ for _, job in ipairs(fqJobs) do
     end
     fqIndexed[#fqIndexed + 1] = jobId
     if score and behind then
-      local member = job[4] .. '\n' .. job[5]
+      local member = fqFlowMember(job.level, job.tenant)
       local line = fqLines[member]
       if not line then
         line = {}

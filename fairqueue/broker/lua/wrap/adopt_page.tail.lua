@@ -66,7 +66,7 @@ for _, candidate in ipairs(candidates) do
         if fqBullmqChange() == 0 then
           if score then fqSetScore(fqKeys, jobId, score) end
           fqPlaced(fqKeys, fqClockState, score)
-          fqLineJoin(fqKeys, fqPrefix, level .. '\n' .. tenant, jobId, ready, score, behind,
+          fqLineJoin(fqKeys, fqPrefix, fqFlowMember(level, tenant), jobId, ready, score, behind,
             overdue)
           if meta then
             redis.call('HDEL', fqKeys.jobs, jobId)

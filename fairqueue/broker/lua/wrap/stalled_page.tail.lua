@@ -32,7 +32,7 @@ for _, jobId in ipairs(stalled) do
       redis.call('ZADD', fqKeys.prioritized, string.format('%.17g',
         score or (fqCap * fqScore)), jobId)
       fqPlaced(fqKeys, fqClockState, score)
-      fqLineJoin(fqKeys, fqPrefix, level .. '\n' .. tenant, jobId, ready, score, behind, overdue)
+      fqLineJoin(fqKeys, fqPrefix, fqFlowMember(level, tenant), jobId, ready, score, behind, overdue)
       fqIndexOnce(fqKeys, jobId, ready)
       recovered = recovered + 1
       if overdue then aged = aged + 1 end

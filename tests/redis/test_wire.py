@@ -1,0 +1,113 @@
+"""The wire shapes: the Python half (``fairqueue.scheduling.wire``) and the Lua half
+(``lua/include/wire.lua``) build the same strings and read each other's, run on the same
+values in a real Redis; and each include comes into a script once."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fairqueue.broker import scripts
+from fairqueue.scheduling import wire
+from fairqueue.scheduling.limits import TenantLimits
+
+levels = st.sampled_from(["critical", "high", "normal", "low"])
+tenants = st.text(st.characters(blacklist_characters="\n", blacklist_categories=["Cs"]))
+weights = st.integers(1, 1000)
+limit = st.one_of(st.none(), st.integers(1, 1_000_000))
+
+LUA = (
+    scripts.load_lua("include/wire")
+    + """
+local kind = ARGV[1]
+if kind == 'flow' then
+  local level, tenant = fqFlowSplit(ARGV[4])
+  return {fqFlowMember(ARGV[2], ARGV[3]), level, tenant, fqFlowPrefix(ARGV[2])}
+elseif kind == 'held' then
+  local level, weight, cost = fqHeldMetaSplit(ARGV[4])
+  return {fqHeldMeta(ARGV[2], tonumber(ARGV[3])), level, weight, cost}
+elseif kind == 'delayed' then
+  local level, weight, tenant = fqDelayedMetaSplit(ARGV[5])
+  return {fqDelayedMeta(ARGV[2], tonumber(ARGV[3]), ARGV[4]), level, weight, tenant}
+elseif kind == 'limits' then
+  local l = fqSplitLimits(ARGV[2])
+  return {tostring(l.maxActive), tostring(l.rateMax), tostring(l.rateMs), tostring(l.maxWaiting)}
+elseif kind == 'jobs' then
+  local job = fqReadJobs({'x', 'p', 'd', 'o', 'high', 't', '3', '12'}, 2)[1]
+  return {job.packed, job.data, job.opts, job.level, job.tenant, job.weight, job.cost}
+end
+"""
+)
+
+FAST = settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+
+
+@FAST
+@given(level=levels, tenant=tenants)
+def test_a_flow_member_is_built_and_split_alike(redis_client, level, tenant):
+    member = wire.flow_member(level, tenant)
+    built, lua_level, lua_tenant, prefix = redis_client.eval(LUA, 0, "flow", level, tenant, member)
+    assert built == member
+    assert (lua_level, lua_tenant) == wire.split_flow_member(member) == (level, tenant)
+    assert prefix == wire.flow_prefix(level) and member.startswith(prefix)
+
+
+def test_a_string_without_a_separator_is_no_flow_member():
+    assert wire.split_flow_member("normal") is None
+
+
+@FAST
+@given(level=levels, weight=weights)
+def test_a_held_meta_is_built_and_split_alike(redis_client, level, weight):
+    meta = wire.held_meta(level, weight)
+    built, lua_level, lua_weight, cost = redis_client.eval(LUA, 0, "held", level, weight, meta)
+    assert built == meta
+    assert wire.split_held_meta(meta) == (lua_level, int(lua_weight), None) == (level, weight, None)
+    assert cost == ""
+    assert wire.split_held_meta(wire.held_meta(level, weight, 12.5)) == (level, weight, 12.5)
+
+
+@FAST
+@given(level=levels, weight=weights, tenant=tenants)
+def test_a_delayed_meta_is_built_and_split_alike(redis_client, level, weight, tenant):
+    meta = wire.delayed_meta(level, weight, tenant)
+    built, lua_level, lua_weight, lua_tenant = redis_client.eval(
+        LUA, 0, "delayed", level, weight, tenant, meta
+    )
+    assert built == meta
+    assert wire.split_delayed_meta(meta) == (lua_level, int(lua_weight), lua_tenant)
+    assert wire.split_delayed_meta(meta) == (level, weight, tenant)
+
+
+@FAST
+@given(max_active=limit, rate_max=limit, rate_ms=limit, max_waiting=limit, paused=st.booleans())
+def test_limits_are_encoded_and_read_alike(
+    redis_client, max_active, rate_max, rate_ms, max_waiting, paused
+):
+    limits = TenantLimits(max_active, rate_max, rate_ms, max_waiting, paused=paused)
+    encoded = wire.encoded_limits(limits)
+    assert wire.decoded_limits(encoded, paused=paused) == limits
+    read = redis_client.eval(LUA, 0, "limits", encoded)
+    as_lua = [
+        "nil" if value is None else str(value)
+        for value in (max_active, rate_max, rate_ms, max_waiting)
+    ]
+    assert read == as_lua
+    assert wire.add_encoded_limits(limits) == encoded + ("\np" if paused else "")
+    assert wire.decoded_limits(None) == wire.decoded_limits("") == TenantLimits()
+
+
+def test_an_add_job_is_read_by_its_field_names(redis_client):
+    read = redis_client.eval(LUA, 0, "jobs")
+    assert dict(zip(wire.ADD_JOB_FIELDS, read, strict=True)) == {
+        "packed": "p", "data": "d", "opts": "o", "level": "high", "tenant": "t", "weight": 3,
+        "cost": 12,
+    }  # fmt: skip
+
+
+def test_an_include_pulled_in_twice_comes_in_once():
+    add_script = scripts.load_lua("wrap/add_jobs.head")  # fair_clock and tenant_limits
+    assert add_script.count("local function fqFlowMember(") == 1
+    assert add_script.count("local function fqSplitLimits(") == 1
