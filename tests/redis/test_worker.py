@@ -31,6 +31,10 @@ from fairqueue.worker.runner import Worker, split_payload
 from tests.conftest import REDIS_URL, delete_prefix, run_prefix
 from tests.helpers import PrivateRedis, free_port, read_until, spawner, wait_until
 
+# Workers run against deadlines (a burst within seconds, a stop within its grace):
+# beside other test processes they starve.
+pytestmark = pytest.mark.serial
+
 ROOT = Path(__file__).resolve().parents[2]
 QUEUES = {
     "email": "email",
@@ -421,7 +425,6 @@ def _wait_for_active(broker: Broker, job_type: str, timeout_s: float = 10.0) -> 
     raise AssertionError(f"no {job_type} job became active in {timeout_s}s")
 
 
-@pytest.mark.serial  # a subprocess or a live loop against a deadline
 def test_process__sigterm_lets_the_active_job_finish_then_exits_0(broker, worker_process):
     add(broker, "report", {"work_ms": 700, "tenantId": "t", "priorityLevel": "low"})
     process = worker_process("report", "-v", "1")
@@ -434,7 +437,6 @@ def test_process__sigterm_lets_the_active_job_finish_then_exits_0(broker, worker
     assert "SIGTERM: stopping" in output and "worker stopped" in output
 
 
-@pytest.mark.serial  # a subprocess or a live loop against a deadline
 def test_process__second_signal_exits_at_once(broker, worker_process):
     add(broker, "email", {"work_ms": 30_000, "tenantId": "t", "priorityLevel": "low"})
     process = worker_process("email")
