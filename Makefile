@@ -54,10 +54,10 @@ tests/node/node_modules/.installed: tests/node/package.json tests/node/package-l
 		cd tests/node && npm ci --no-audit --no-fund --loglevel=error && touch node_modules/.installed; \
 	else echo "npm not found: the Node worker test will be skipped"; fi
 
-# pytest-xdist processes: the suite waits on Redis and subprocesses more than it computes,
-# so 4 beat 2 even on two cores. Tests marked `serial` (live workers and loops with
-# deadlines) run after, in one process: beside three other processes they starve.
-TEST_WORKERS ?= 4
+# pytest-xdist processes: 2, one per core (at 4, browser and quickstart tests beside the
+# suite's own Redis servers and workers failed now and then on a 2-core machine). Tests marked `serial` (live workers and loops with
+# deadlines) run after, in one process: beside other test processes they starve.
+TEST_WORKERS ?= 2
 
 test: $(VENV)/.installed-dev redis tests/node/node_modules/.installed
 	$(PY) -m ruff check .

@@ -200,6 +200,7 @@ def _seed(prefix: str, redis_client) -> dict[str, str]:
     }
 
 
+@pytest.mark.serial  # failed beside the parallel part on Django 6.1; passes alone
 def test_browser__every_console_page_follows_the_dark_theme_and_fits_400px(
     live_server, fq_prefix, redis_client
 ):

@@ -197,6 +197,7 @@ def _check(steps: dict[str, str], fairqueue_path: Path) -> None:
     assert imported.is_relative_to(fairqueue_path), imported
 
 
+@pytest.mark.serial  # failed beside the parallel part on Django 6.1; passes alone
 @pytest.mark.django_db(transaction=True)
 def test_readme__quickstart_in_a_fresh_project(tmp_path):
     steps = _follow_quickstart(tmp_path / "site", ROOT)

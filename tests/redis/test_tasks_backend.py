@@ -593,6 +593,7 @@ def test_backoff_option__spaces_the_attempts_as_bullmq_does(broker, redis_client
     assert done.status == TaskResultStatus.SUCCESSFUL and done.attempts == 2
 
 
+@pytest.mark.serial  # failed beside the parallel part on Django 6.1; passes alone
 def test_durable_option__the_job_is_written_in_the_transaction_and_added_after_commit(
     broker, redis_client
 ):
