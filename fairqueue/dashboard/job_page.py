@@ -208,23 +208,13 @@ class JobViews(ConsoleViews):
                 request, f"Job {job_id} was not removed (a worker holds it, or it is gone)."
             )
             return HttpResponseRedirect(job_url)
-        return TemplateResponse(
+        return self._confirm(
             request,
-            "fairqueue/tenant_confirm.html",
-            self.admin._context(
-                request,
-                f"Remove job {job_id}?",
-                (job_type, self.admin._url("queue", job_type)),
-                (f"job {job_id}", job_url),
-                ("remove", None),
-                touches=(
-                    f"Remove job {job_id} of {job_type} with BullMQ's own removal (a job "
-                    "a worker is running cannot be removed)."
-                ),
-                action="remove",
-                tenant_id=f"job {job_id}",
-                tenant_url=job_url,
-            ),
+            "remove",
+            job_type,
+            job_id,
+            f"Remove job {job_id} of {job_type} with BullMQ's own removal (a job "
+            "a worker is running cannot be removed).",
         )
 
     def retry_view(self, request: HttpRequest, job_type: str, job_id: str) -> HttpResponse:
@@ -253,22 +243,33 @@ class JobViews(ConsoleViews):
             else:
                 messages.error(request, f"Job {job_id} was not retried: it is not failed.")
             return HttpResponseRedirect(job_url)
+        return self._confirm(
+            request,
+            "retry",
+            job_type,
+            job_id,
+            f"Put failed job {job_id} of {job_type} back in line as a fair turn of its "
+            "flow (not at the front, where BullMQ's own retry puts it), within its "
+            "tenant's limits: held while its tenant is paused or at its limit; its "
+            "attempts made are kept.",
+        )
+
+    def _confirm(
+        self, request: HttpRequest, action: str, job_type: str, job_id: str, touches: str
+    ) -> HttpResponse:
+        """The confirmation page of a one-job action (GET never acts)."""
+        job_url = self.admin._url("job", job_type, job_id)
         return TemplateResponse(
             request,
             "fairqueue/tenant_confirm.html",
             self.admin._context(
                 request,
-                f"Retry job {job_id}?",
+                f"{action.capitalize()} job {job_id}?",
                 (job_type, self.admin._url("queue", job_type)),
                 (f"job {job_id}", job_url),
-                ("retry", None),
-                touches=(
-                    f"Put failed job {job_id} of {job_type} back in line as a fair turn of its "
-                    "flow (not at the front, where BullMQ's own retry puts it), within its "
-                    "tenant's limits: held while its tenant is paused or at its limit; its "
-                    "attempts made are kept."
-                ),
-                action="retry",
+                (action, None),
+                touches=touches,
+                action=action,
                 tenant_id=f"job {job_id}",
                 tenant_url=job_url,
             ),
