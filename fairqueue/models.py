@@ -86,7 +86,10 @@ class Account(models.Model):
     )
     weight = _weight_field(
         format_lazy(
-            _("The account's weight among the accounts of a level, {low} to {high}."),
+            _(
+                "Its weight among the accounts of a level, {low} to {high}, for the fair "
+                "order by account (docs/design.md, Accounts: not applied by the queue yet)."
+            ),
             low=MIN_TENANT_WEIGHT,
             high=MAX_TENANT_WEIGHT,
         )

@@ -19,7 +19,7 @@ class Migration(migrations.Migration):
                 ('account_id', models.CharField(max_length=255, unique=True)),
                 ('display_name', models.CharField(blank=True, max_length=200)),
                 ('plan_tier', models.CharField(blank=True, choices=[('enterprise', 'Enterprise'), ('pro', 'Pro'), ('free', 'Free')], help_text="The tier of its tenants that set none of their own; empty: each tenant's own plan or subscription decides.", max_length=20)),
-                ('weight', models.PositiveSmallIntegerField(default=1, help_text="The account's weight among the accounts of a level, 1 to 100.", validators=[django.core.validators.MinValueValidator(1), django.core.validators.MaxValueValidator(100)])),
+                ('weight', models.PositiveSmallIntegerField(default=1, help_text='Its weight among the accounts of a level, 1 to 100, for the fair order by account (docs/design.md, Accounts: not applied by the queue yet).', validators=[django.core.validators.MinValueValidator(1), django.core.validators.MaxValueValidator(100)])),
                 ('created_at', models.DateTimeField(auto_now_add=True)),
                 ('updated_at', models.DateTimeField(auto_now=True)),
             ],
