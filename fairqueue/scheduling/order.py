@@ -56,6 +56,9 @@ WEIGHTED_FAIR: Final = "weighted_fair"
 #: units: 12 is the least common multiple of 4, 3, 2 and 1, so a lone tenant's tags
 #: are whole numbers at every level (critical 3, high 4, normal 6, low 12 per job).
 TAG_SCALE: Final = 12
+#: What starts an account's key among the flows' tenants' (no tenant id holds a line
+#: feed): its catch-up state lives beside a tenant's, which is its own account's.
+ACCOUNT_MARK: Final = "\n"
 #: How many of the flows that reach furthest ahead (of every level) a joining flow looks
 #: through for its level's frontier: bounded work per placement; past it, the joining
 #: flow gets the plain split of its level's weight.
@@ -111,14 +114,16 @@ def replaced_tag(tag: float, anchor: float, ratio: float) -> float:
 def flow_step(
     level_weight: int,
     tenant_weight: int,
-    level_tenant_weights: int,
+    level_tenant_weights: float,
     scale: int = TAG_SCALE,
     cost: float = 1.0,
 ) -> float:
     """Virtual time one job of a flow uses: ``scale * cost / flow weight`` where the flow
     weight is the level's weight split among its tenants with work by their tenant
     weights, and ``cost`` the job's worker time in turns (:func:`cost_turns`; 1 when
-    fairness counts jobs; docs/design.md, "Service is worker time")."""
+    fairness counts jobs; docs/design.md, "Service is worker time"). With accounts,
+    ``level_tenant_weights`` is the flow's share: the level's split over its account's
+    weight, times its account's split (:meth:`FairClock.place`)."""
     return scale * cost * level_tenant_weights / (level_weight * tenant_weight)
 
 
@@ -245,15 +250,26 @@ class FairClock:
     vt: float = 0.0
     last: dict[tuple[PriorityLevel, str], float] = field(default_factory=dict)
     counted: dict[tuple[PriorityLevel, str], int] = field(default_factory=dict)
-    #: A joining flow's catch-up horizon: where its level's backlogs ended when it joined.
+    #: A joining account's catch-up horizon: where its level's backlogs ended when it
+    #: joined (keyed by level and tenant, or ``ACCOUNT_MARK`` + account).
     horizon: dict[tuple[PriorityLevel, str], float] = field(default_factory=dict)
-    #: The share (sum of tenant weights) a flow's last job was placed with: its step is
-    #: ``share / tenant weight`` turns of its level, so a flow joining beside its backlog
-    #: is placed at that backlog's spacing (docs/design.md, "Joining a level").
+    #: The level's split (sum of its accounts' weights, a tenant without an account its
+    #: own) a flow's last job was placed with: its step is that over its account's
+    #: weight times its account's split over its tenant weight, in turns of its level, so
+    #: a flow joining beside its backlog is placed at that backlog's spacing
+    #: (docs/design.md, "Joining a level").
     spacing: dict[tuple[PriorityLevel, str], int] = field(default_factory=dict)
     #: A charge (turns) a flow's runs left after it had no work: its next job pays it
     #: with its own turn (:meth:`charge`; ``p:`` fields of fq:state).
     carried: dict[tuple[PriorityLevel, str], float] = field(default_factory=dict)
+    #: The account a flow with work counts under (absent: none, the flow is its own
+    #: account), kept until the flow retires, and each (level, account)'s weight.
+    accounts: dict[tuple[PriorityLevel, str], str] = field(default_factory=dict)
+    account_weights: dict[tuple[PriorityLevel, str], int] = field(default_factory=dict)
+    #: A tenant that joined its account's flows with work: where their backlogs ended
+    #: then, and the account's split it is placed at until it gets there (its mates'
+    #: weights): the joining rule one level down.
+    inner: dict[tuple[PriorityLevel, str], tuple[float, int]] = field(default_factory=dict)
 
     def observe_head(self, head_tag: float | None, head_level: PriorityLevel | None = None) -> None:
         """Advance the virtual time to what the first waiting job (its finish tag and
@@ -275,50 +291,116 @@ class FairClock:
         *,
         cost: float = 1.0,
         stored: bool = False,
+        account: str | None = None,
+        account_weight: int = 1,
     ) -> float:
         """The finish tag of a new job of (``level``, ``tenant``); jobs run in tag order.
         ``cost`` is its worker time in turns. An overdue job is placed the same way: it
         takes its flow's next turn and is charged for it, so a flow over its share never
         takes a turn from another flow by being late.
 
-        A flow that joins a level whose other tenants have backlogs is placed at their
-        spacing (the level's weight split among the others, as their jobs were placed)
+        Hierarchical max-min (docs/design.md, "Accounts"): a level's accounts share it by
+        account weight, an account's tenants share the account's part by tenant weight;
+        a tenant without an account is an account of its own, of its weight, so without
+        accounts every tag is the flat rule's. A flow with work keeps its account.
+
+        An account that joins a level whose other accounts have backlogs is placed at
+        their spacing (the level's split among the others, as their jobs were placed)
         until it reaches where those backlogs ended when it joined: its round-robin turn
         from its first job, instead of paying for the backlogs placed while it was idle.
+        A tenant joining its account's flows with work does the same inside the account.
 
         ``stored``: ``tenant_weight`` was stored with the job when it was enqueued (a
         delayed or held job, a rerun): a flow with work places it by the weight it counts,
-        so a weight changed since (:meth:`reweight`) is kept.
+        so a weight changed since (:meth:`reweight`) is kept; so is its account's.
         """
-        for key in [key for key, tag in self.last.items() if tag <= self.vt]:
-            del self.last[key], self.counted[key]
-            self.horizon.pop(key, None)
-            self.spacing.pop(key, None)
+        self._retire()
         key = (level, tenant)
         if stored and key in self.counted:
             tenant_weight = self.counted[key]
-        others = sum(w for (lvl, t), w in self.counted.items() if lvl == level and t != tenant)
-        total = others + tenant_weight
+        if key in self.counted:
+            account = self.accounts.get(key)
+        group = tenant if account is None else ACCOUNT_MARK + account
+        groups = self._groups(level, key)
+        weight = tenant_weight if account is None else account_weight
+        if account is not None and stored and group in groups:
+            weight = groups[group][0]
+        mates = groups.pop(group, (weight, 0))[1]
+        others = sum(w for w, _ in groups.values())
         start = max(self.vt, self.last.get(key, self.vt))
         joined = None
-        catch_up = self.spacing.get(key, others)
-        if key not in self.counted and others:
+        catch_up = self.spacing.get((level, group), others)
+        if key not in self.counted and others and not mates:
             frontier = self._frontier(level)
             if frontier is not None and frontier[0] > start:
                 joined = frontier[0]
                 catch_up = others if frontier[1] is None else min(others, frontier[1])
-        horizon = joined if joined is not None else self.horizon.get(key)
-        share = catch_up if horizon is not None and start < horizon else total
+        horizon = joined if joined is not None else self.horizon.get((level, group))
+        split = catch_up if horizon is not None and start < horizon else others + weight
+        if key not in self.counted and mates:
+            ends = max(self.last[k] for k, a in self.accounts.items() if a == account and k != key)
+            if ends > start:
+                self.inner[key] = (ends, mates)
+        inner = self.inner.get(key)
+        if inner is not None and start >= inner[0]:
+            del self.inner[key]
+            inner = None
+        share = split * (mates + tenant_weight if inner is None else inner[1]) / weight
         carried = self.carried.pop(key, 0.0)
         tag = start + flow_step(self.weights[level], tenant_weight, share, cost=cost + carried)
         self.counted[key] = tenant_weight
-        self.spacing[key] = share
+        if account is not None:
+            self.accounts[key] = account
+            self.account_weights[(level, account)] = weight
+        self.spacing[(level, group)] = split
         if joined is not None:
-            self.horizon[key] = joined
+            self.horizon[(level, group)] = joined
         elif horizon is not None and start >= horizon:
-            del self.horizon[key]
+            del self.horizon[(level, group)]
         self.last[key] = max(tag, self.last.get(key, tag))
         return tag
+
+    def _retire(self) -> None:
+        """Flows the virtual time has passed stop counting; an account's catch-up state
+        goes with its last flow."""
+        gone = [key for key, tag in self.last.items() if tag <= self.vt]
+        groups = set()
+        for key in gone:
+            del self.last[key], self.counted[key]
+            self.inner.pop(key, None)
+            account = self.accounts.pop(key, None)
+            groups.add((key[0], key[1] if account is None else ACCOUNT_MARK + account))
+        for level, group in groups:
+            if group.startswith(ACCOUNT_MARK) and group in self._groups(level):
+                continue
+            self.horizon.pop((level, group), None)
+            self.spacing.pop((level, group), None)
+            if group.startswith(ACCOUNT_MARK):
+                del self.account_weights[(level, group[len(ACCOUNT_MARK) :])]
+
+    def _group_of(self, key: tuple[PriorityLevel, str]) -> str:
+        account = self.accounts.get(key)
+        return key[1] if account is None else ACCOUNT_MARK + account
+
+    def _groups(
+        self, level: PriorityLevel, but: tuple[PriorityLevel, str] | None = None
+    ) -> dict[str, tuple[int, int]]:
+        """The accounts of ``level``'s flows with work (``but`` left out): each one's
+        weight and the sum of its flows' tenant weights; a flow without an account is an
+        account of its own, keyed by its tenant (an account by ``ACCOUNT_MARK`` + id)."""
+        groups: dict[str, tuple[int, int]] = {}
+        for key, counted in self.counted.items():
+            if key[0] != level or key == but:
+                continue
+            account = self.accounts.get(key)
+            if account is None:
+                groups[key[1]] = (counted, counted)
+            else:
+                weight, total = groups.get(
+                    ACCOUNT_MARK + account, (self.account_weights[(level, account)], 0)
+                )
+                groups[ACCOUNT_MARK + account] = (weight, total + counted)
+        return groups
 
     def reweight(
         self, tenant: str, tenant_weight: int
@@ -357,7 +439,8 @@ class FairClock:
         mine = [(tag, key) for tag, _, key in top if key[0] == level]
         if not mine:
             return None
-        spaced = [self.spacing[key] for _, key in mine if key in self.spacing]
+        found = ((key[0], self._group_of(key)) for _, key in mine)
+        spaced = [self.spacing[group] for group in found if group in self.spacing]
         return mine[0][0], min(spaced) if spaced else None
 
     def charge(self, level: PriorityLevel, tenant: str, turns: float) -> None:
@@ -372,8 +455,10 @@ class FairClock:
         if self.last.get(key, self.vt) <= self.vt:
             self.carried[key] = self.carried.get(key, 0.0) + turns
             return
-        total = sum(w for (lvl, _), w in self.counted.items() if lvl == level)
-        self.last[key] += flow_step(self.weights[level], self.counted[key], total, cost=turns)
+        groups = self._groups(level)
+        weight, mates = groups[self._group_of(key)]
+        share = sum(w for w, _ in groups.values()) * mates / weight
+        self.last[key] += flow_step(self.weights[level], self.counted[key], share, cost=turns)
 
 
 def order_by_occupancy(
