@@ -258,7 +258,7 @@ class FairClock:
     #: weight times its account's split over its tenant weight, in turns of its level, so
     #: a flow joining beside its backlog is placed at that backlog's spacing
     #: (docs/design.md, "Joining a level").
-    spacing: dict[tuple[PriorityLevel, str], int] = field(default_factory=dict)
+    spacing: dict[tuple[PriorityLevel, str], float] = field(default_factory=dict)
     #: A charge (turns) a flow's runs left after it had no work: its next job pays it
     #: with its own turn (:meth:`charge`; ``p:`` fields of fq:state).
     carried: dict[tuple[PriorityLevel, str], float] = field(default_factory=dict)
@@ -267,9 +267,14 @@ class FairClock:
     accounts: dict[tuple[PriorityLevel, str], str] = field(default_factory=dict)
     account_weights: dict[tuple[PriorityLevel, str], int] = field(default_factory=dict)
     #: A tenant that joined its account's flows with work: where their backlogs ended
-    #: then, and the account's split it is placed at until it gets there (its mates'
-    #: weights): the joining rule one level down.
-    inner: dict[tuple[PriorityLevel, str], tuple[float, int]] = field(default_factory=dict)
+    #: then, and the account's split it is placed at until it gets there (the densest its
+    #: mates were placed at, at most their weights): the joining rule one level down.
+    inner: dict[tuple[PriorityLevel, str], tuple[float, float]] = field(default_factory=dict)
+    #: The level's split an account's flows together were last placed at (its spacing
+    #: less what its tenants catching up inside it add): what a joining account matches.
+    density: dict[tuple[PriorityLevel, str], float] = field(default_factory=dict)
+    #: The account's split (its flows' weights) a flow's last job was placed with.
+    inner_spacing: dict[tuple[PriorityLevel, str], float] = field(default_factory=dict)
 
     def observe_head(self, head_tag: float | None, head_level: PriorityLevel | None = None) -> None:
         """Advance the virtual time to what the first waiting job (its finish tag and
@@ -329,23 +334,31 @@ class FairClock:
         others = sum(w for w, _ in groups.values())
         start = max(self.vt, self.last.get(key, self.vt))
         joined = None
-        catch_up = self.spacing.get((level, group), others)
+        catch_up: float = self.spacing.get((level, group), others)
         if key not in self.counted and others and not mates:
             frontier = self._frontier(level)
             if frontier is not None and frontier[0] > start:
                 joined = frontier[0]
                 catch_up = others if frontier[1] is None else min(others, frontier[1])
         horizon = joined if joined is not None else self.horizon.get((level, group))
-        split = catch_up if horizon is not None and start < horizon else others + weight
-        if key not in self.counted and mates:
-            ends = max(self.last[k] for k, a in self.accounts.items() if a == account and k != key)
-            if ends > start:
-                self.inner[key] = (ends, mates)
+        catching_up = horizon is not None and start < horizon
+        split = catch_up if catching_up else others + weight
+        # Inside an account catching up to the level, a joining tenant shares its split:
+        # matching its mates' density as well would compound (each account joining
+        # denser than the last).
+        if key not in self.counted and mates and not catching_up:
+            # its mates' backlogs, read as the level's are: among the flows reaching
+            # furthest (bounded work, no walk of the account's flows)
+            found = self._frontier(level, account)
+            if found is not None and found[0] > start:
+                densest = mates if found[1] is None else min(mates, found[1])
+                self.inner[key] = (found[0], densest)
         inner = self.inner.get(key)
         if inner is not None and start >= inner[0]:
             del self.inner[key]
             inner = None
-        share = split * (mates + tenant_weight if inner is None else inner[1]) / weight
+        part = mates + tenant_weight if inner is None else inner[1]
+        share = split * part / weight
         carried = self.carried.pop(key, 0.0)
         tag = start + flow_step(self.weights[level], tenant_weight, share, cost=cost + carried)
         self.counted[key] = tenant_weight
@@ -353,6 +366,11 @@ class FairClock:
             self.accounts[key] = account
             self.account_weights[(level, account)] = weight
         self.spacing[(level, group)] = split
+        # what a joiner matches: the account's whole spacing, its flows placed denser than
+        # its split (catching up inside it) counted (a tenant's own: its split)
+        self.density[(level, group)] = split * part / (mates + tenant_weight)
+        if account is not None:
+            self.inner_spacing[key] = part
         if joined is not None:
             self.horizon[(level, group)] = joined
         elif horizon is not None and start >= horizon:
@@ -368,6 +386,7 @@ class FairClock:
         for key in gone:
             del self.last[key], self.counted[key]
             self.inner.pop(key, None)
+            self.inner_spacing.pop(key, None)
             account = self.accounts.pop(key, None)
             groups.add((key[0], key[1] if account is None else ACCOUNT_MARK + account))
         for level, group in groups:
@@ -375,6 +394,7 @@ class FairClock:
                 continue
             self.horizon.pop((level, group), None)
             self.spacing.pop((level, group), None)
+            self.density.pop((level, group), None)
             if group.startswith(ACCOUNT_MARK):
                 del self.account_weights[(level, group[len(ACCOUNT_MARK) :])]
 
@@ -423,12 +443,16 @@ class FairClock:
             self.counted[key] = tenant_weight
         return moved
 
-    def _frontier(self, level: PriorityLevel) -> tuple[float, int | None] | None:
+    def _frontier(
+        self, level: PriorityLevel, account: str | None = None
+    ) -> tuple[float, float | None] | None:
         """The last tag of ``level``'s flow that reaches furthest, among the
         :data:`FRONTIER_SCAN` flows of every level that reach furthest (as the script
         reads them: by tag, then member, from the top), and the densest spacing of the
         level's flows among them (``None``: none kept): a backlog placed while fewer
-        tenants had work is that dense, though its flow's last jobs may not be."""
+        tenants had work is that dense, though its flow's last jobs may not be. With
+        ``account``: of that account's flows of the level among them, and the densest
+        account split they were placed with."""
         top = sorted(
             (
                 (tag, flow_member(lvl.value, tenant), (lvl, tenant))
@@ -436,11 +460,18 @@ class FairClock:
             ),
             reverse=True,
         )[:FRONTIER_SCAN]
-        mine = [(tag, key) for tag, _, key in top if key[0] == level]
+        mine = [
+            (tag, key)
+            for tag, _, key in top
+            if key[0] == level and (account is None or self.accounts.get(key) == account)
+        ]
         if not mine:
             return None
+        if account is not None:
+            parts = [self.inner_spacing[key] for _, key in mine if key in self.inner_spacing]
+            return mine[0][0], min(parts) if parts else None
         found = ((key[0], self._group_of(key)) for _, key in mine)
-        spaced = [self.spacing[group] for group in found if group in self.spacing]
+        spaced = [self.density[group] for group in found if group in self.density]
         return mine[0][0], min(spaced) if spaced else None
 
     def charge(self, level: PriorityLevel, tenant: str, turns: float) -> None:
