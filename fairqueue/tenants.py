@@ -99,7 +99,7 @@ def resume_tenant(tenant_id: str, *, actor: object = None, source: str = "") -> 
     """
     tenant_id = validate_tenant_id(tenant_id, none_allowed=False)
     _record(tenant_id, False, actor, source)
-    from fairqueue.holds import held_queues  # a quota or breaker hold stays in force
+    from fairqueue.usage.holds import held_queues  # a quota or breaker hold stays in force
 
     kept = held_queues(tenant_id)
     sync_broker = get_sync_broker()
@@ -212,7 +212,7 @@ def rebuild_tenant_limits(queues: Sequence[str] | None = None, *, force: bool = 
     # rows and are kept.
     before = {queue: sync_broker.run(store.read_copy, queue) for queue in wanted}
     limits, paused = database_limits()
-    from fairqueue.holds import holds_by_queue  # quota and breaker holds, per queue
+    from fairqueue.usage.holds import holds_by_queue  # quota and breaker holds, per queue
 
     held = holds_by_queue()
     for queue in wanted:

@@ -159,8 +159,8 @@ def test_fault__a_loop_killed_after_the_database_write_before_the_flush_counts_n
     no failure is counted twice; what the dead loop's window held is forgotten with it
     (it fills again within one window)."""
     from fairqueue.broker.usage_store import UsageStore
-    from fairqueue.ledger import write_usage
     from fairqueue.models import TenantUsage
+    from fairqueue.usage.ledger import write_usage
 
     _arm(settings, MIN_JOBS=6)
     rebalance_queue("email", rebalancer="fault-test")

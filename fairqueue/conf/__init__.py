@@ -25,11 +25,11 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
+from fairqueue.conf.usage_settings import BreakerSettings, QuotaRule, parse_breaker, parse_quotas
 from fairqueue.exceptions import InvalidTenantLimitError, Problem, SettingError, UnknownJobTypeError
 from fairqueue.plans import PlanTier
 from fairqueue.redis_target import RedisTarget, parse_redis_target, queue_hash_tag, redis_location
 from fairqueue.scheduling.limits import TenantLimits, parse_limits
-from fairqueue.usage_settings import BreakerSettings, QuotaRule, parse_breaker, parse_quotas
 
 __all__ = [
     "DEFAULTS",
