@@ -18,14 +18,15 @@ UNPARSED: Final = "?"
 def order_section(
     rows: list[WaitingJob],
     head: tuple[int, int],
-    *,
     total: int,
     page: int,
     per_page: int,
+    *,
     now_ms: int,
     max_wait_ms: int,
 ) -> dict[str, Any]:
-    """A page of the waiting order, and how many of its head the pass has not placed."""
+    """Page ``page`` (of ``per_page`` jobs: ``rows``) of the waiting order of ``total``
+    jobs, and of its head ``head``: (jobs compared, of them not placed by the pass)."""
     start = (page - 1) * per_page
     num_pages = max(1, math.ceil(total / per_page))
     return {

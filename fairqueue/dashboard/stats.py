@@ -261,13 +261,7 @@ async def aqueue_stats(
         "overdue_flows": overdue_flows(scan),
         "backlog": backlog,
         "order": order_section(
-            reads.rows,
-            reads.head,
-            total=total,
-            page=page,
-            per_page=per_page,
-            now_ms=now_ms,
-            max_wait_ms=max_wait_ms,
+            reads.rows, reads.head, total, page, per_page, now_ms=now_ms, max_wait_ms=max_wait_ms
         ),
         "limits": limits_section(reads.limited),
         "workers": workers_section(reads.workers, now_ms=now_ms),
