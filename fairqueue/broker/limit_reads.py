@@ -7,7 +7,6 @@ a time, and at most :data:`STATUS_TENANTS` tenants are read in full.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -123,24 +122,6 @@ class LimitReads(BrokerPart):
             best = sorted(best, key=lambda item: (-item[1], item[0]))[:top]
             if cursor == "0":
                 return holding, held, best
-
-    async def held_count(self, queue: str) -> int:
-        """Jobs held in ``queue``, over every tenant (summed a page at a time in Redis)."""
-        return (await self._walk_holding(queue, 0))[1]
-
-    async def held_job_ids_of(
-        self, queue: str, tenant_ids: Sequence[str], count: int = 20
-    ) -> dict[str, list[str]]:
-        """:meth:`held_job_ids` of several tenants in one pipeline (one connection, one
-        round trip), not one read each at once (which exhausted the client's pool)."""
-        if not tenant_ids:
-            return {}
-        base = limits_key(self.conn.prefix, queue)
-        async with self.conn.client().pipeline(transaction=False) as pipe:
-            for tenant in tenant_ids:
-                pipe.lrange(f"{base}:held:{tenant}", 0, count - 1)
-            replies = await self.conn.guard(pipe.execute())
-        return {tenant: list(ids) for tenant, ids in zip(tenant_ids, replies, strict=True)}
 
     async def status(
         self, queue: str, *, listed: int = STATUS_TENANTS, held_ids: int = STATUS_HELD_IDS
