@@ -19,18 +19,13 @@ from fairqueue.exceptions import BrokerError
 from fairqueue.scheduling.levels import DEFAULT_TENANT_WEIGHT, validate_tenant_id
 from fairqueue.scheduling.limits import NO_LIMITS
 from fairqueue.scheduling.wire import encoded_limits
+from fairqueue.usage.holds import actor_text
 
 logger = logging.getLogger("fairqueue.tenants")
 
 
 def _queues() -> list[str]:
     return sorted(set(get_settings().queues.values()))
-
-
-def _actor_text(actor: object) -> str:
-    get_username = getattr(actor, "get_username", None)
-    name = get_username() if callable(get_username) else ("" if actor is None else str(actor))
-    return name[:200]
 
 
 def _set_paused(tenant_id: str, paused: bool) -> int:
@@ -54,7 +49,7 @@ def _record(tenant_id: str, paused: bool, actor: object, source: str) -> None:
         TenantPauseAudit.objects.create(
             tenant_id=tenant_id,
             action=TenantPauseAudit.PAUSED if paused else TenantPauseAudit.RESUMED,
-            actor=_actor_text(actor),
+            actor=actor_text(actor),
             source=str(source)[:200],
         )
 
