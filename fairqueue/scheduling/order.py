@@ -343,21 +343,8 @@ class FairClock:
         horizon = joined if joined is not None else self.horizon.get((level, group))
         catching_up = horizon is not None and start < horizon
         split = catch_up if catching_up else others + weight
-        # Inside an account catching up to the level, a joining tenant shares its split:
-        # matching its mates' density as well would compound (each account joining
-        # denser than the last).
-        if key not in self.counted and mates and not catching_up:
-            # its mates' backlogs, read as the level's are: among the flows reaching
-            # furthest (bounded work, no walk of the account's flows)
-            found = self._frontier(level, account)
-            if found is not None and found[0] > start:
-                densest = mates if found[1] is None else min(mates, found[1])
-                self.inner[key] = (found[0], densest)
-        inner = self.inner.get(key)
-        if inner is not None and start >= inner[0]:
-            del self.inner[key]
-            inner = None
-        part = mates + tenant_weight if inner is None else inner[1]
+        inner = self._inner(key, account, mates, start, catching_up)
+        part = mates + tenant_weight if inner is None else inner
         share = split * part / weight
         carried = self.carried.pop(key, 0.0)
         tag = start + flow_step(self.weights[level], tenant_weight, share, cost=cost + carried)
@@ -377,6 +364,31 @@ class FairClock:
             del self.horizon[(level, group)]
         self.last[key] = max(tag, self.last.get(key, tag))
         return tag
+
+    def _inner(
+        self,
+        key: tuple[PriorityLevel, str],
+        account: str | None,
+        mates: int,
+        start: float,
+        catching_up: bool,
+    ) -> float | None:
+        """The account split a tenant joining its account's flows with work is placed at
+        until it reaches where their backlogs ended (``None``: its account's split with
+        it). Not while its account catches up to the level: matching its mates' density
+        as well would compound (each account joining denser than the last)."""
+        if key not in self.counted and mates and not catching_up:
+            # its mates' backlogs, read as the level's are: among the flows reaching
+            # furthest (bounded work, no walk of the account's flows)
+            found = self._frontier(key[0], account)
+            if found is not None and found[0] > start:
+                densest = mates if found[1] is None else min(mates, found[1])
+                self.inner[key] = (found[0], densest)
+        inner = self.inner.get(key)
+        if inner is not None and start >= inner[0]:
+            del self.inner[key]
+            return None
+        return None if inner is None else inner[1]
 
     def _retire(self) -> None:
         """Flows the virtual time has passed stop counting; an account's catch-up state
