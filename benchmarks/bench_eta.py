@@ -229,6 +229,8 @@ class Sent:
     latest_ms: int | None = None
     #: Sent within AFTER_CHANGE_S after a change of load.
     after_change: bool = False
+    #: Its tenant's limits held it when it was enqueued.
+    held: bool = False
 
 
 @dataclass
@@ -306,6 +308,7 @@ def produce(
                     earliest_ms=est.earliest_start_ms,
                     latest_ms=est.latest_start_ms,
                     after_change=after and not warm,
+                    held=est.held_reason is not None,
                 )
                 n += 1
                 if n % STATUS_EVERY == 0 and not warm:
@@ -383,7 +386,8 @@ def analyse(out: Outcome) -> dict[str, Any]:
             continue
         wait = started - sent.enqueued_ms
         by_flow[sent.flow].append(wait)
-        signed[sent.flow].append((sent.expected_ms - started) / max(wait, 500))
+        flow = f"{sent.flow} (held)" if sent.held else sent.flow
+        signed[flow].append((sent.expected_ms - started) / max(wait, 500))
     after = [(job_id, sent) for job_id, sent in measured if sent.after_change]
     # place in line: jobs popped before each asked job, in start order
     order = sorted(out.starts.items(), key=lambda item: (item[1], int(item[0])))

@@ -12,6 +12,9 @@ hold both to the add script's placement. The rest turns a place into a time
   (turns: jobs started, or with fairness by time worker time over the typical run time):
   a level with a backlog is served exactly at that pace (its tenants' flow weights add
   up to its weight), a level within its share at less, so the largest is the clock's.
+  Where the loop sampled the virtual time over the window (``vt_moved_per_s``), tag
+  distances are read at the pace it really moved: tags placed while another flow was
+  briefly counted are wider than one turn, which the model's pace does not see.
 * **A waiting job** waits for its flow's jobs before it (``own``: the distance from the
   virtual time to its tag over its flow's step) at its flow's pace NOW: the flow's
   weighted max-min share given who is asking (:func:`fairqueue.scheduling.pace
