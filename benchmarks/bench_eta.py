@@ -438,9 +438,8 @@ def measure_capacity(worker: NodeWorker, seconds: float) -> float:
 
 def drained_capacity(worker: NodeWorker) -> float:
     """Jobs per second the worker finished over the middle half of the calibration's
-    backlog, once drained: the last seconds of the enqueues (``measure_capacity``) often
-    caught a worker still starting on a loaded machine and measured half its pace, so a
-    "2 C" flood formed no backlog."""
+    backlog, once drained: the last seconds of the enqueues (``measure_capacity``) may
+    catch a worker still starting on a loaded machine."""
     finished = sorted(r["f"] for r in worker.records if r.get("f"))
     if len(finished) < 8:
         return measure_capacity(worker, 3)
