@@ -293,3 +293,14 @@ def test_admin__a_tenant_is_put_in_an_account_from_its_plan_form(admin_client):
     assert plan.resolve_plan() == "enterprise"
     listing = admin_client.get(reverse("admin:fairqueue_tenantplan_changelist")).content
     assert b"enterprise, by its account&#x27;s tier" in listing
+
+
+def test_estimate_and_admission__take_the_account_as_the_enqueue_does(customers, redis_client):
+    from fairqueue.enqueue.status import estimate_start
+
+    assert estimate_start("email", tenant_id="big-1", account_id="big") is not None
+    with pytest.raises(UnknownAccountError):
+        estimate_start("email", tenant_id="solo", account_id="typo")
+    job = enqueue_job("email", {}, tenant_id="big-1", max_wait_ms=60_000, estimate=True)
+    assert job.account_id == "big" and job.estimate is not None
+    assert data_of(redis_client, customers, job.job_id)["accountId"] == "big"
