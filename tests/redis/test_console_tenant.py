@@ -4,7 +4,6 @@ its failed jobs, removal of its waiting jobs."""
 
 from __future__ import annotations
 
-import asyncio
 import math
 
 import pytest
@@ -15,9 +14,8 @@ from fairqueue.dashboard import stats as dashboard
 from fairqueue.dashboard.tenant_page import tenant_page_data
 from fairqueue.enqueue.api import enqueue_jobs
 from fairqueue.models import TenantPauseAudit, TenantPlan
-from tests.conftest import REDIS_URL
-from tests.helpers import bullmq_counts, wait_until
-from tests.redis.test_dashboard import staff
+from tests.helpers import bullmq_counts, staff, wait_until
+from tests.helpers.console import fail_jobs
 
 pytestmark = pytest.mark.django_db
 
@@ -29,29 +27,6 @@ ACTION = "admin:fairqueue_dashboard_tenant_action"
 def operator(operator):
     dashboard.clear_backlog_cache()
     return operator
-
-
-def fail_jobs(prefix: str, queue: str, count: int) -> None:
-    """A stock BullMQ worker whose every job raises, until ``count`` have failed."""
-    from bullmq import Worker
-
-    async def run() -> None:
-        seen: list[str] = []
-        done = asyncio.Event()
-
-        async def process(job, token):
-            seen.append(job.id)
-            if len(seen) >= count:
-                done.set()
-            raise ValueError("export broke: password=hunter2 at redis://user:pw@db.example")
-
-        worker = Worker(queue, process, {"connection": REDIS_URL, "prefix": prefix})
-        try:
-            await asyncio.wait_for(done.wait(), 30)
-        finally:
-            await worker.close()
-
-    asyncio.run(run())
 
 
 def test_tenant_page__its_counts_add_up_to_bullmqs(limited, operator):
@@ -224,7 +199,7 @@ def test_tenant_jobs__picked_out_in_redis_as_reading_every_job_would(fq_prefix, 
     first page."""
     from fairqueue.broker import get_sync_broker
     from fairqueue.broker.console_reads import ORDER_PAGE, ConsoleReads, job_tenant_id
-    from tests.redis.test_rebalance import add_foreign
+    from tests.helpers.jobs import add_foreign
 
     enqueue_jobs("email", [{"i": i} for i in range(3)], tenant_id=tenant)
     add_foreign(fq_prefix, *[({"tenantId": tenant + "-2"}, {})] * (ORDER_PAGE + 50))

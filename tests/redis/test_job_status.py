@@ -23,8 +23,8 @@ from fairqueue import (
     pause_tenant,
 )
 from fairqueue.rebalance.passes import rebalance_queue
-from tests.conftest import REDIS_URL
 from tests.helpers import drain_with_stock_worker, metric
+from tests.helpers.keys import REDIS_URL
 
 pytestmark = pytest.mark.django_db
 

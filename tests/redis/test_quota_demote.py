@@ -14,7 +14,7 @@ from fairqueue import conf, quotas
 from fairqueue.enqueue.api import aenqueue_job, enqueue_job, enqueue_jobs
 from fairqueue.enqueue.outbox import relay_outbox
 from fairqueue.enqueue.priority import resolve_priority, wire_tenant_plan_lookup
-from tests.redis.test_tasks_backend import record, record_critical
+from tests.helpers.tasks import record, record_critical
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
