@@ -6,7 +6,7 @@ own), plus the noisy neighbours of each queue.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from fairqueue.broker import Broker, SyncBroker
@@ -122,7 +122,7 @@ def plans_attention(tenant_url: Callable[[str], str]) -> dict[str, Any]:
     return out
 
 
-def attention(stats: dict[str, Any], queue_url: str = "") -> list[dict[str, str]]:
+def attention(stats: Mapping[str, Any], queue_url: str = "") -> list[dict[str, str]]:
     """What an operator should look at first in one queue: red, then amber; each item
     links (``url``) to the flows that make it, on the queue's page."""
     jt = stats["job_type"]
@@ -160,16 +160,15 @@ def attention(stats: dict[str, Any], queue_url: str = "") -> list[dict[str, str]
     return items
 
 
-def overview_rows(sections: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per queue, the queues needing attention first: red, the most red first,
-    then amber."""
+def overview_rows(sections: Sequence[tuple[Mapping[str, Any], str]]) -> list[dict[str, Any]]:
+    """One row per queue (``sections``: each queue's stats and its page's URL), the
+    queues needing attention first: red, the most red first, then amber."""
     rows = []
-    for section in sections:
-        stats = section["stats"]
+    for stats, queue_url in sections:
         history = stats["history"]
         # over the span recorded: the first minutes after the loop starts are not 15
         window_s = history.get("observed_s") or history["window_s"] or 1
-        items = attention(stats, section["queue_url"])
+        items = attention(stats, queue_url)
         p99 = {
             level: {
                 "p99": data["p99"],
@@ -182,7 +181,7 @@ def overview_rows(sections: list[dict[str, Any]]) -> list[dict[str, Any]]:
         rows.append(
             {
                 "job_type": stats["job_type"],
-                "queue_url": section["queue_url"],
+                "queue_url": queue_url,
                 "anchor": f"queue-{stats['job_type']}",
                 "waiting": stats["waiting_total"],
                 "active": stats["counts"]["active"],

@@ -275,7 +275,7 @@ def _worker_share(worker: dict[str, Any], entitled: dict[str, float | None]) -> 
 def _entitled(job_type: str, tenant_id: str, level: str) -> float | None:
     """Its max-min share of ``level`` now, as its start estimate there counts it."""
     try:
-        return tenant_expected_start(job_type, tenant_id, level)["level_share"]
+        return tenant_expected_start(job_type, tenant_id, level).level_share
     except ValueError:  # a level its plan does not let it use
         return None
 
@@ -358,11 +358,11 @@ def tenant_page_data(tenant_id: str) -> dict[str, Any]:
         found["overdue"] = facts.overdue
         # where a job of the tenant enqueued now would be placed, and when it would start
         new_job = tenant_expected_start(found["job_type"], tenant_id)
-        found["new_job_start"] = new_job["text"]
+        found["new_job_start"] = new_job.text
         levels = {level for row in found["waits"] for level in row["worker"]}
         levels |= {w["level"] for w in found["weights"]}
         # its plan's level too: a paused or held tenant has no flow counted, yet a share
-        levels |= {new_job["level"]} if new_job["level"] else set()
+        levels |= {new_job.level} if new_job.level else set()
         with_entitlement(
             found, {level: _entitled(found["job_type"], tenant_id, level) for level in levels}
         )

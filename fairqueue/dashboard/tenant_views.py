@@ -16,7 +16,6 @@ from django import forms
 from django.contrib import messages
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.contenttypes.models import ContentType
-from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, reverse
@@ -24,7 +23,13 @@ from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 
 from fairqueue.broker import get_sync_broker
 from fairqueue.conf import get_settings
-from fairqueue.dashboard.console_admin import ConsoleViews
+from fairqueue.dashboard.console_admin import (
+    PERM_ACT,
+    PERM_VIEW,
+    ConsolePage,
+    redis_trouble,
+    require,
+)
 from fairqueue.dashboard.tenant_page import SEARCH_LIMIT, effective_level, tenant_page_data
 from fairqueue.dashboard.tenant_routes import (
     TENANT_ACTION,
@@ -40,8 +45,6 @@ from fairqueue.tenants import pause_tenant, resume_tenant, retry_failed
 
 logger = logging.getLogger("fairqueue.console")
 
-PERM_VIEW: Final = "fairqueue.view_dashboard"
-PERM_ACT: Final = "fairqueue.change_tenantplan"
 ACTIONS: Final = ("pause", "resume", "retry", "remove")
 
 
@@ -58,7 +61,7 @@ def _tenant_or_404(tenant_id: str) -> str:
         raise Http404("No such tenant") from None
 
 
-class TenantViews(ConsoleViews):
+class TenantViews(ConsolePage):
     """The tenant views of one :class:`.ConsoleAdmin`."""
 
     def urls(self) -> list[URLPattern]:
@@ -72,10 +75,6 @@ class TenantViews(ConsoleViews):
             page("tenants/<fq_tenant:tenant_id>/do/<str:action>/", self.action_view, TENANT_ACTION),
         ]
 
-    def _require(self, request: HttpRequest, *perms: str) -> None:
-        if not request.user.has_perms(perms):
-            raise PermissionDenied
-
     def _tenant_url(self, tenant_id: str, action: str = "") -> str:
         return tenant_url(tenant_id, action, site=self.admin.admin_site.name)
 
@@ -84,7 +83,7 @@ class TenantViews(ConsoleViews):
     def search_view(self, request: HttpRequest) -> HttpResponse:
         """``?q=``: an exact tenant id goes to its page; otherwise the tenants whose id
         starts with it (plan rows), at most :data:`SEARCH_LIMIT`."""
-        self._require(request, PERM_VIEW)
+        require(request, PERM_VIEW)
         query = request.GET.get("q", "").strip()
         found: list[TenantPlan] = []
         if query:
@@ -123,14 +122,14 @@ class TenantViews(ConsoleViews):
     # -- the page ---------------------------------------------------------------------
 
     def tenant_view(self, request: HttpRequest, tenant_id: str) -> HttpResponse:
-        self._require(request, PERM_VIEW)
+        require(request, PERM_VIEW)
         tenant_id = _tenant_or_404(tenant_id)
         plan = TenantPlan.objects.filter(tenant_id=tenant_id).first()
         data, error = None, None
         try:
             data = tenant_page_data(tenant_id)
         except BrokerError as exc:
-            error = {"title": "Redis unreachable", "error": type(exc).__name__, "message": str(exc)}
+            error = redis_trouble(exc, "tenant")
         audits = TenantPauseAudit.objects.filter(tenant_id=tenant_id)[:5]
         can_act = request.user.has_perm(PERM_ACT)
         return TemplateResponse(
@@ -171,7 +170,7 @@ class TenantViews(ConsoleViews):
     def limits_view(self, request: HttpRequest, tenant_id: str) -> HttpResponse:
         """Weight and limits, saved on the tenant's ``TenantPlan`` (its save signal
         stores them in Redis and releases or holds its jobs under them at once)."""
-        self._require(request, PERM_VIEW, PERM_ACT)
+        require(request, PERM_VIEW, PERM_ACT)
         tenant_id = _tenant_or_404(tenant_id)
         plan = TenantPlan.objects.filter(tenant_id=tenant_id).first()
         if plan is None:
@@ -215,7 +214,7 @@ class TenantViews(ConsoleViews):
     # -- actions ------------------------------------------------------------------------
 
     def action_view(self, request: HttpRequest, tenant_id: str, action: str) -> HttpResponse:
-        self._require(request, PERM_VIEW, PERM_ACT)
+        require(request, PERM_VIEW, PERM_ACT)
         tenant_id = _tenant_or_404(tenant_id)
         if action not in ACTIONS:
             raise Http404("No such action")
