@@ -47,6 +47,17 @@ class RedisTrouble:
     message: str
 
 
+@dataclass(frozen=True, slots=True)
+class ActionConfirm:
+    """The confirmation page of an action on a tenant or a job (GET never acts): what
+    it will touch, the action, what it acts on, and where "No" goes back to."""
+
+    touches: str
+    action: str
+    tenant_id: str
+    tenant_url: str
+
+
 def redis_trouble(exc: BrokerError, where: str) -> RedisTrouble:
     """The banner of ``exc``, logged (its class only) with the page it hit."""
     down = isinstance(exc, BrokerUnavailableError)

@@ -31,6 +31,7 @@ from fairqueue.conf import get_settings
 from fairqueue.dashboard.console_admin import (
     PERM_ACT,
     PERM_VIEW,
+    ActionConfirm,
     ConsolePage,
     RedisTrouble,
     job_type_or_404,
@@ -211,6 +212,16 @@ class JobPage:
     tenant_retry_url: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class JobSearch:
+    """The job search: the id asked for and (job type, job page) of each queue holding
+    it, when more than one does (one: the search goes straight to its page)."""
+
+    job_id: str
+    found: tuple[tuple[str, str], ...]
+    redis_error: RedisTrouble | None
+
+
 def _expected_start(job_type: str, job_id: str) -> ExpectedStart | None:
     """The job's expected start (docs/design.md, "When a job will start"); ``None`` when
     Redis did not answer: the rest of the page still shows."""
@@ -336,9 +347,11 @@ class JobViews(ConsolePage):
                 request,
                 "Find a job",
                 ("jobs", None),
-                job_id=job_id,
-                found=[(jt, self.admin._url("job", jt, job_id)) for jt in found],
-                redis_error=error,
+                page=JobSearch(
+                    job_id=job_id,
+                    found=tuple((jt, self.admin._url("job", jt, job_id)) for jt in found),
+                    redis_error=error,
+                ),
             ),
         )
 
@@ -415,9 +428,8 @@ class JobViews(ConsolePage):
                 (job_type, self.admin._url("queue", job_type)),
                 (f"job {job_id}", job_url),
                 (action, None),
-                touches=touches,
-                action=action,
-                tenant_id=f"job {job_id}",
-                tenant_url=job_url,
+                page=ActionConfirm(
+                    touches=touches, action=action, tenant_id=f"job {job_id}", tenant_url=job_url
+                ),
             ),
         )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
@@ -331,7 +332,16 @@ def _next_run(
     return f"position {position} in line: in about {format_duration(eta_ms)} at the recent rate"
 
 
-def tenant_page_data(tenant_id: str) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class TenantData:
+    """What Redis holds of a tenant, read at one moment: one entry per queue (its
+    counts, findings, jobs, waits and shares, as :func:`atenant_queue` reads them)."""
+
+    read_at: Mapping[str, Any]
+    queues: tuple[Mapping[str, Any], ...]
+
+
+def tenant_page_data(tenant_id: str) -> TenantData:
     """Everything the tenant page shows of ``tenant_id`` (sync callers).
 
     Raises:
@@ -366,7 +376,7 @@ def tenant_page_data(tenant_id: str) -> dict[str, Any]:
         with_entitlement(
             found, {level: _entitled(found["job_type"], tenant_id, level) for level in levels}
         )
-    return {"read_at": moment(now_ms), "queues": queues}
+    return TenantData(read_at=moment(now_ms), queues=tuple(queues))
 
 
 def _db_holds(tenant_id: str) -> dict[str, tuple[tuple[str, str], ...]]:

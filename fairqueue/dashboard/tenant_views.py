@@ -10,6 +10,8 @@ leave an audit row (the pause audit, or the admin log). Viewing needs
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 from django import forms
@@ -26,11 +28,19 @@ from fairqueue.conf import get_settings
 from fairqueue.dashboard.console_admin import (
     PERM_ACT,
     PERM_VIEW,
+    ActionConfirm,
     ConsolePage,
+    RedisTrouble,
     redis_trouble,
     require,
 )
-from fairqueue.dashboard.tenant_page import SEARCH_LIMIT, effective_level, tenant_page_data
+from fairqueue.dashboard.tenant_page import (
+    SEARCH_LIMIT,
+    EffectiveLevel,
+    TenantData,
+    effective_level,
+    tenant_page_data,
+)
 from fairqueue.dashboard.tenant_routes import (
     TENANT_ACTION,
     TENANT_LIMITS,
@@ -46,6 +56,59 @@ from fairqueue.tenants import pause_tenant, resume_tenant, retry_failed
 logger = logging.getLogger("fairqueue.console")
 
 ACTIONS: Final = ("pause", "resume", "retry", "remove")
+
+
+@dataclass(frozen=True, slots=True)
+class TenantRow:
+    """A tenant the search found: its id, name, page and the level of its jobs."""
+
+    tenant_id: str
+    name: str
+    url: str
+    level: str
+
+
+@dataclass(frozen=True, slots=True)
+class TenantSearch:
+    """The tenant search: the query, the plan rows whose id starts with it (at most
+    ``limit``), and the page of the exact id (a tenant needs no plan row)."""
+
+    query: str
+    rows: tuple[TenantRow, ...]
+    limit: int
+    exact_url: str
+
+
+@dataclass(frozen=True, slots=True)
+class TenantPage:
+    """What the tenant page shows (its template reads it as ``page``): the tenant's
+    plan and the level it gives, what each queue holds of it (``data``: ``None`` when
+    Redis did not answer), its last pauses, and the links to act."""
+
+    tenant_id: str
+    plan: TenantPlan | None
+    level: EffectiveLevel
+    data: TenantData | None
+    redis_error: RedisTrouble | None
+    audits: tuple[TenantPauseAudit, ...]
+    paused: bool
+    can_act: bool
+    plan_url: str
+    add_plan_url: str
+    action_urls: Mapping[str, str]
+    limits_url: str
+    job_url_template: str
+    max_wait_ms: int
+    max_wait: str
+
+
+@dataclass(frozen=True, slots=True)
+class LimitsPage:
+    """The weight and limits form of a tenant's plan."""
+
+    tenant_id: str
+    form: LimitsForm
+    tenant_url: str
 
 
 class LimitsForm(forms.ModelForm):
@@ -90,15 +153,15 @@ class TenantViews(ConsolePage):
             if TenantPlan.objects.filter(tenant_id=query).exists():
                 return HttpResponseRedirect(self._tenant_url(query))
             found = list(TenantPlan.objects.filter(tenant_id__startswith=query)[:SEARCH_LIMIT])
-        rows = [
-            {
-                "tenant_id": plan.tenant_id,
-                "name": plan.display_name,
-                "url": self._tenant_url(plan.tenant_id),
-                "level": effective_level(plan).level,
-            }
+        rows = tuple(
+            TenantRow(
+                tenant_id=plan.tenant_id,
+                name=plan.display_name,
+                url=self._tenant_url(plan.tenant_id),
+                level=effective_level(plan).level,
+            )
             for plan in found
-        ]
+        )
         exact_url = ""
         if query:
             try:
@@ -112,10 +175,7 @@ class TenantViews(ConsolePage):
                 request,
                 "Find a tenant",
                 ("tenants", None),
-                query=query,
-                rows=rows,
-                limit=SEARCH_LIMIT,
-                exact_url=exact_url,
+                page=TenantSearch(query=query, rows=rows, limit=SEARCH_LIMIT, exact_url=exact_url),
             ),
         )
 
@@ -130,8 +190,7 @@ class TenantViews(ConsolePage):
             data = tenant_page_data(tenant_id)
         except BrokerError as exc:
             error = redis_trouble(exc, "tenant")
-        audits = TenantPauseAudit.objects.filter(tenant_id=tenant_id)[:5]
-        can_act = request.user.has_perm(PERM_ACT)
+        audits = tuple(TenantPauseAudit.objects.filter(tenant_id=tenant_id)[:5])
         return TemplateResponse(
             request,
             "fairqueue/tenant.html",
@@ -140,28 +199,32 @@ class TenantViews(ConsolePage):
                 f"Tenant {tenant_id}",
                 ("tenants", self.admin._url("tenants")),
                 (tenant_id, None),
-                tenant_id=tenant_id,
-                plan=plan,
-                level=effective_level(plan),
-                data=data,
-                redis_error=error,
-                audits=audits,
-                # Redis's word when it answered (a tenant may be paused without a row).
-                paused=(
-                    any(q["paused"] for q in data["queues"]) if data else bool(plan and plan.paused)
+                page=TenantPage(
+                    tenant_id=tenant_id,
+                    plan=plan,
+                    level=effective_level(plan),
+                    data=data,
+                    redis_error=error,
+                    audits=audits,
+                    # Redis's word when it answered (a tenant may be paused without a row).
+                    paused=(
+                        any(q["paused"] for q in data.queues)
+                        if data
+                        else bool(plan and plan.paused)
+                    ),
+                    can_act=request.user.has_perm(PERM_ACT),
+                    plan_url=(
+                        reverse("admin:fairqueue_tenantplan_change", args=[plan.pk]) if plan else ""
+                    ),
+                    add_plan_url=reverse("admin:fairqueue_tenantplan_add")
+                    + "?"
+                    + urlencode({"tenant_id": tenant_id}),
+                    action_urls={a: self._tenant_url(tenant_id, a) for a in ACTIONS},
+                    limits_url=self._tenant_url(tenant_id, "limits"),
+                    job_url_template=self.admin._url("job", "__type__", "__id__"),
+                    max_wait_ms=get_settings().max_wait_ms,
+                    max_wait=format_duration(get_settings().max_wait_ms),
                 ),
-                can_act=can_act,
-                plan_url=(
-                    reverse("admin:fairqueue_tenantplan_change", args=[plan.pk]) if plan else ""
-                ),
-                add_plan_url=reverse("admin:fairqueue_tenantplan_add")
-                + "?"
-                + urlencode({"tenant_id": tenant_id}),
-                action_urls={a: self._tenant_url(tenant_id, a) for a in ACTIONS},
-                limits_url=self._tenant_url(tenant_id, "limits"),
-                job_url_template=self.admin._url("job", "__type__", "__id__"),
-                max_wait_ms=get_settings().max_wait_ms,
-                max_wait=format_duration(get_settings().max_wait_ms),
             ),
         )
 
@@ -205,9 +268,9 @@ class TenantViews(ConsolePage):
                 ("tenants", self.admin._url("tenants")),
                 (tenant_id, self._tenant_url(tenant_id)),
                 ("weight and limits", None),
-                tenant_id=tenant_id,
-                form=form,
-                tenant_url=self._tenant_url(tenant_id),
+                page=LimitsPage(
+                    tenant_id=tenant_id, form=form, tenant_url=self._tenant_url(tenant_id)
+                ),
             ),
         )
 
@@ -243,10 +306,9 @@ class TenantViews(ConsolePage):
                 ("tenants", self.admin._url("tenants")),
                 (tenant_id, page_url),
                 (action, None),
-                tenant_id=tenant_id,
-                action=action,
-                touches=touches,
-                tenant_url=back,
+                page=ActionConfirm(
+                    touches=touches, action=action, tenant_id=tenant_id, tenant_url=back
+                ),
             ),
         )
 

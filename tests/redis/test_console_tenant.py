@@ -33,8 +33,8 @@ def test_tenant_page__its_counts_add_up_to_bullmqs(limited, operator):
     enqueue_jobs("email", [{} for _ in range(5)], tenant_id="acme")  # 2 takeable, 3 held
     enqueue_jobs("email", [{} for _ in range(4)], tenant_id="beta", priority_level="low")
     counts = bullmq_counts(limited, "email")
-    acme = next(q for q in tenant_page_data("acme")["queues"] if q["job_type"] == "email")
-    beta = next(q for q in tenant_page_data("beta")["queues"] if q["job_type"] == "email")
+    acme = next(q for q in tenant_page_data("acme").queues if q["job_type"] == "email")
+    beta = next(q for q in tenant_page_data("beta").queues if q["job_type"] == "email")
     assert (acme["waiting_total"], acme["held"], acme["running"]) == (2, 3, 0)
     assert beta["waiting"]["low"] == 4 and beta["held"] == 0
     # Every waiting job is one tenant's; every held job is delayed in BullMQ's eyes.
@@ -66,7 +66,7 @@ def test_tenant_actions__pause_and_resume_confirm_on_get_act_on_post_and_are_aud
     assert confirm.status_code == 200 and not TenantPauseAudit.objects.exists()
     assert operator.post(reverse(ACTION, args=["beta", "pause"])).status_code == 302
     assert TenantPlan.objects.get(tenant_id="beta").paused
-    page = next(q for q in tenant_page_data("beta")["queues"] if q["job_type"] == "email")
+    page = next(q for q in tenant_page_data("beta").queues if q["job_type"] == "email")
     assert (page["held"], page["waiting_total"], page["next_run"]) == (
         2,
         0,
@@ -154,7 +154,7 @@ def test_tenant_retry_and_remove__its_failed_jobs_retried_its_waiting_jobs_remov
     enqueue_jobs("email", [{} for _ in range(3)], tenant_id="acme", attempts=1)
     fail_jobs(fq_prefix, "email", 3)
     assert wait_until(lambda: redis_client.zcard(f"{fq_prefix}:email:failed") == 3, 10)
-    page = next(q for q in tenant_page_data("acme")["queues"] if q["job_type"] == "email")
+    page = next(q for q in tenant_page_data("acme").queues if q["job_type"] == "email")
     assert page["failed_count"] == 3
     failure = page["failed"][0]
     assert failure["error_class"] == "ValueError"
@@ -180,7 +180,7 @@ def test_tenant_remove__a_paused_tenants_held_jobs_leave_its_held_count_at_once(
     assert bullmq_counts(fq_prefix, "email")["delayed"] == 3
     operator.post(reverse(ACTION, args=["acme", "remove"]))
     assert bullmq_counts(fq_prefix, "email")["delayed"] == 0
-    page = next(q for q in tenant_page_data("acme")["queues"] if q["job_type"] == "email")
+    page = next(q for q in tenant_page_data("acme").queues if q["job_type"] == "email")
     assert (page["held"], page["held_ids"]) == (0, [])
 
 

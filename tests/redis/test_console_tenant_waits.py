@@ -63,7 +63,7 @@ def test_tenant_waits__percentiles_and_worker_share_match_the_job_hashes(fq_pref
         rebalance_queue("email", rebalancer="waits-test")
 
     pages = {
-        tenant: next(q for q in tenant_page_data(tenant)["queues"] if q["job_type"] == "email")
+        tenant: next(q for q in tenant_page_data(tenant).queues if q["job_type"] == "email")
         for tenant in ids
     }
     worked = {}
@@ -115,6 +115,6 @@ def test_tenant_starts__exact_for_every_tenant_however_many_start_in_a_bucket(fq
     for _ in range(5):  # every page of the events stream
         rebalance_queue("email", rebalancer="starts-test")
     for tenant, expected in [*((tenant, 3) for tenant in tenants), ("big", 40)]:
-        page = next(q for q in tenant_page_data(tenant)["queues"] if q["job_type"] == "email")
+        page = next(q for q in tenant_page_data(tenant).queues if q["job_type"] == "email")
         assert [row["started"] for row in page["started"]] == [expected] * len(WINDOWS_MIN)
         assert page["started"][0]["share"] == f"{round(100 * expected / 160)}% of normal's 160"
