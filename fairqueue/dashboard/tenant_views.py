@@ -208,9 +208,7 @@ class TenantViews(ConsolePage):
                     audits=audits,
                     # Redis's word when it answered (a tenant may be paused without a row).
                     paused=(
-                        any(q["paused"] for q in data.queues)
-                        if data
-                        else bool(plan and plan.paused)
+                        any(q.paused for q in data.queues) if data else bool(plan and plan.paused)
                     ),
                     can_act=request.user.has_perm(PERM_ACT),
                     plan_url=(

@@ -38,9 +38,9 @@ def test_a_quiet_weight_2_tenant_counts_for_what_it_uses(fq_prefix, redis_client
     # the tenant page's entitlement is the same figure, not "weight 1 of 3"
     from fairqueue.dashboard.tenant_page import tenant_page_data
 
-    page = next(q for q in tenant_page_data("flood").queues if q["queue"] == "email")
-    assert page["entitled"]["normal"] == pytest.approx(est.level_share, abs=0.02)
-    assert page["entitled"]["normal"] > 0.9
+    page = next(q for q in tenant_page_data("flood").queues if q.queue == "email")
+    assert page.entitled["normal"] == pytest.approx(est.level_share, abs=0.02)
+    assert page.entitled["normal"] > 0.9
 
 
 def test_a_level_that_starts_to_flood_takes_its_share_at_once(fq_prefix, redis_client):
