@@ -3,7 +3,9 @@ package"): every module's file name unique in the package, no import circle (bet
 packages, or between modules), no function over 80 lines, no module over 600 lines; the
 broker reached through its one door (``fairqueue.broker``, never its modules); no
 module at the package's top beyond the allowed list; no flow member built by hand
-outside the wire module and its Lua half. The tests stand alone: no module of tests/ or
+outside the wire module and its Lua half; each console page of one shape (a module with
+one ``ConsolePage``, a frozen dataclass of its data, templates handed ``page`` alone).
+The tests stand alone: no module of tests/ or
 benchmarks/ imports a test module or a conftest (shared helpers live in tests/helpers/,
 shared fixtures in the conftest files).
 
@@ -203,6 +205,48 @@ def imports_of_test_modules(*roots: Path) -> list[str]:
     ]
 
 
+def page_shape_breaches(root: Path) -> list[str]:
+    """Console page modules (those defining a ``ConsolePage`` subclass) of ``root``'s
+    ``dashboard/`` not of the one shape: more than one page class, no frozen dataclass,
+    or a ``_context(...)`` call handing its template anything but ``page=``."""
+    found = []
+    for path in sorted((root / "dashboard").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        pages = [
+            node.name
+            for node in tree.body
+            if isinstance(node, ast.ClassDef)
+            and any(getattr(base, "id", None) == "ConsolePage" for base in node.bases)
+        ]
+        if not pages:
+            continue
+        name = path.relative_to(root.parent).as_posix()
+        if len(pages) > 1:
+            found.append(f"{name}: {len(pages)} page classes")
+        frozen = [
+            node
+            for node in tree.body
+            if isinstance(node, ast.ClassDef)
+            for deco in node.decorator_list
+            if isinstance(deco, ast.Call)
+            and any(
+                k.arg == "frozen" and getattr(k.value, "value", False) is True
+                for k in deco.keywords
+            )
+        ]
+        if not frozen:
+            found.append(f"{name}: no frozen dataclass")
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "_context"
+                and [k.arg for k in node.keywords] != ["page"]
+            ):
+                found.append(f"{name}:{node.lineno}: _context without page= alone")
+    return found
+
+
 # -- the package --------------------------------------------------------------------
 
 
@@ -236,6 +280,11 @@ def test_nothing_outside_the_broker_imports_its_modules():
 
 def test_no_module_at_the_top_beyond_the_allowed_list():
     assert extra_top_modules(PACKAGE) == []
+
+
+def test_every_console_page_has_the_one_shape():
+    assert "ConsolePage" in (PACKAGE / "dashboard" / "console_admin.py").read_text()
+    assert page_shape_breaches(PACKAGE) == []
 
 
 def test_no_flow_member_is_built_by_hand_outside_the_wire_module():
@@ -381,4 +430,27 @@ def test_a_test_module_imported_by_another_module_is_found(tmp_path):
         "pkg.e2e.test_c -> pkg.unit.test_b",
         "pkg.unit.test_a -> pkg.conftest",
         "pkg.unit.test_b -> pkg.unit.test_a",
+    ]
+
+
+def test_a_console_page_of_another_shape_is_found(tmp_path):
+    page = "from dataclasses import dataclass\n\n@dataclass(frozen=True)\nclass P:\n    x: int\n"
+    root = _tree(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "dashboard/__init__.py": "",
+            "dashboard/good.py": page + "class G(ConsolePage):\n"
+            "    def v(self, r):\n        return self.admin._context(r, 't', page=P(1))\n",
+            "dashboard/loose.py": page + "class L(ConsolePage):\n"
+            "    def v(self, r):\n        return self.admin._context(r, 't', rows=[])\n",
+            "dashboard/two.py": page + "class A(ConsolePage): ...\nclass B(ConsolePage): ...\n",
+            "dashboard/bare.py": "class C(ConsolePage): ...\n",
+            "dashboard/helper.py": "def f(self, r):\n    return self._context(r, 't', x=1)\n",
+        },
+    )
+    assert page_shape_breaches(root) == [
+        "pkg/dashboard/bare.py: no frozen dataclass",
+        "pkg/dashboard/loose.py:8: _context without page= alone",
+        "pkg/dashboard/two.py: 2 page classes",
     ]
