@@ -11,7 +11,7 @@ never a 500.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
@@ -37,7 +37,12 @@ from fairqueue.dashboard.console_admin import (
     require,
 )
 from fairqueue.dashboard.links import link_stats
-from fairqueue.dashboard.overview import overview_rows, plans_attention
+from fairqueue.dashboard.overview import (
+    OverviewRow,
+    PlansAttention,
+    overview_rows,
+    plans_attention,
+)
 from fairqueue.dashboard.stats import clamp_page, queues_stats
 from fairqueue.dashboard.tenant_routes import tenant_url
 from fairqueue.dashboard.wording import format_duration, format_time
@@ -73,8 +78,8 @@ class QueuePage:
     it as ``page``."""
 
     sections: tuple[QueueSection, ...]
-    overview: Sequence[Mapping[str, Any]]
-    plans: Mapping[str, Any] | None
+    overview: tuple[OverviewRow, ...]
+    plans: PlansAttention | None
     overview_read_at: str
     max_wait: str
     tenants_url: str
@@ -166,9 +171,12 @@ class QueueViews(ConsolePage):
         if single:
             stats_url += f"&queue={single}"
         site = self.admin.admin_site.name
+        overview = (
+            () if single else tuple(overview_rows([(s.stats, s.queue_url) for s in sections]))
+        )
         shown = QueuePage(
             sections=sections,
-            overview=[] if single else overview_rows([(s.stats, s.queue_url) for s in sections]),
+            overview=overview,
             plans=None if single else plans_attention(lambda t: tenant_url(t, site=site)),
             overview_read_at=sections[0].stats["read_at"]["at"] if sections else "",
             max_wait=format_duration(get_settings().max_wait_ms),
