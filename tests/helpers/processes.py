@@ -1,5 +1,5 @@
-"""Processes a test starts and stops: a management command of the test project (the loop,
-the relay, the worker) and a private redis-server a test may kill."""
+"""What a test starts and stops: a management command of the test project (the loop, the
+relay, the worker), a private redis-server a test may kill, the loop in a thread."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Stock BullMQ workers that fail the jobs a test says, for the usage ledger, the quotas
-and the breaker's tests; the breaker's latest hold of a tenant."""
+"""Stock BullMQ workers that fail the jobs a test says, for the usage ledger, the quotas,
+the breaker's and the reruns' tests; the breaker's latest hold of a tenant."""
 
 from __future__ import annotations
 
