@@ -22,7 +22,7 @@ from typing import Any, Final
 from django.http import HttpRequest
 from django.urls import URLPattern
 
-from fairqueue.admin_readonly import ReadOnlyAdmin
+from fairqueue.dashboard.admin_readonly import ReadOnlyAdmin
 from fairqueue.dashboard.console_admin import PERM_VIEW, ConsoleAdmin, ConsolePage
 from fairqueue.dashboard.job_page import JobViews
 from fairqueue.dashboard.queue_page import QueueViews
