@@ -2,8 +2,10 @@
 
 A page is a module (as a django-debug-toolbar panel is a class): its
 :class:`ConsolePage` subclass holds its routes (:meth:`ConsolePage.urls`) and its
-views, and what it shows is a frozen dataclass its template reads as ``page``; no
-``dict`` of loose keys crosses from the reads to the template. ``views.DashboardAdmin``
+views, and what it shows is a frozen dataclass its template reads as ``page`` (and
+nothing else of the page's own: ``tests/unit/test_house.py`` checks it). One part
+stays a mapping on purpose: a queue section's stats, which are the JSON endpoint's,
+key for key. ``views.DashboardAdmin``
 serves every page of its ``PAGES``; a page takes the admin as a :class:`ConsoleAdmin`,
 so no page imports ``views``.
 """
