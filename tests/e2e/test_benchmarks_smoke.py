@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.fresh_project import ROOT
+from tests.helpers.fresh_project import ROOT
 
 pytestmark = pytest.mark.slow
 
