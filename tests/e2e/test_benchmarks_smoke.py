@@ -52,7 +52,7 @@ CASES: dict[str, tuple[list[str], str]] = {
     "bench_limits.py": (
         ["--only", "drain", "--drain-jobs", "200", "--drain-rounds", "1"]
         + ["--interval-ms", "250", "--timeout-s", "60"],
-        "drain",
+        "resume drain",
     ),
     "bench_fairness.py": (
         ["--seconds", "4", "--scenario", "trickle", "--drain-s", "1"]
