@@ -28,7 +28,7 @@ CASES: dict[str, tuple[list[str], str]] = {
     "bench_worker_time_model.py": (["--seconds", "10"], "slow-emptying"),
     "bench_rebalance.py": (["--sizes", "100"], "rebase (forced, full)"),
     "bench_status.py": (["--waiting", "1000", "--held", "1000", "--calls", "5"], "BullMQ ZRANK"),
-    "bench_state.py": (["--tenants", "100", "--concurrency", "4"], "estimates idle past the horizon"),
+    "bench_state.py": (["--tenants", "100", "--concurrency", "4"], "idle past the horizon"),
     "bench_dashboard.py": (
         ["--jobs", "200", "--requests", "2", "--tenants", "10"],
         "10 holding: JSON",
@@ -72,7 +72,7 @@ CASES: dict[str, tuple[list[str], str]] = {
     "bench_eta.py": (
         ["--only", "backlogged", "--seconds", "2", "--warmup-s", "2", "--calibrate-s", "2"]
         + ["--drain-s", "5", "--waiting", "2000"],
-        "estimate_start",
+        "estimate_start  p50",
     ),
     "bench_cluster.py": (
         ["--jobs", "50", "--masters", "1", "--modes", "fairqueue", "--concurrency", "4"],
