@@ -62,7 +62,7 @@ CASES: dict[str, tuple[list[str], str]] = {
     "bench_attempts.py": (
         ["--seconds", "13", "--warmup-s", "1", "--scenario", "retry-storm"]
         + ["--scheduler", "fairqueue"],
-        "retry-storm",
+        "criteria met",
     ),
     "bench_admission.py": (
         ["--only", "single", "--seconds", "2", "--warmup-s", "1", "--calibrate-s", "1"]
@@ -79,6 +79,11 @@ CASES: dict[str, tuple[list[str], str]] = {
         "fairqueue",
     ),
 }
+
+#: Benchmarks whose exit status 1 means a target was missed, after their verdict is
+#: printed: at a smoke run's size on a shared machine a target may be missed, which is
+#: not what this module checks; a crash still fails it (a traceback, or no table).
+TARGET_EXIT = {"bench_attempts.py", "bench_ledger.py"}
 
 #: Modules of benchmarks/ the docs name that are not benchmarks of their own.
 HELPERS = {"noisy_watch.py": "bench_attempts.py's watcher of the noisy rule"}
@@ -115,5 +120,5 @@ def test_benchmark__runs_to_its_table_with_a_tiny_size(script: str, tmp_path: Pa
     )
     output = done.stdout + done.stderr
     assert "Traceback" not in done.stderr, output
-    assert done.returncode == 0, output
+    assert done.returncode in ((0, 1) if script in TARGET_EXIT else (0,)), output
     assert table_line in done.stdout, output
