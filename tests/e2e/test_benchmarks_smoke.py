@@ -40,9 +40,9 @@ CASES: dict[str, tuple[list[str], str]] = {
         "busy (loop and worker)",
     ),
     "bench_cost.py": (
-        ["--jobs", "200", "--repeat", "1", "--rate", "200", "--seconds", "2"]
+        ["--jobs", "100", "--repeat", "1", "--rate", "200", "--seconds", "1"]
         + ["--life-rounds", "1"],
-        "history",
+        "today, fairness by jobs",
     ),
     "bench_ledger.py": (["--only", "quota", "--quota-s", "2", "--job-s", "0.2"], "| demote |"),
     "bench_worker.py": (
