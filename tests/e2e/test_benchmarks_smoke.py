@@ -44,7 +44,11 @@ CASES: dict[str, tuple[list[str], str]] = {
         + ["--life-rounds", "1"],
         "today, fairness by jobs",
     ),
-    "bench_ledger.py": (["--only", "quota", "--quota-s", "2", "--job-s", "0.2"], "| demote |"),
+    "bench_ledger.py": (
+        ["--jobs", "50", "--rate", "50", "--workers", "1", "--concurrency", "2"]
+        + ["--quota-s", "2", "--job-s", "0.2", "--breaker-s", "2"],
+        "jobs finished",
+    ),
     "bench_worker.py": (
         ["--jobs", "10", "--noop-jobs", "20", "--rounds", "1", "--variant", "fq --processes 1"],
         "fq --processes 1",
