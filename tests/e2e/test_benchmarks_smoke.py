@@ -51,7 +51,7 @@ CASES: dict[str, tuple[list[str], str]] = {
     ),
     "bench_worker.py": (
         ["--jobs", "10", "--noop-jobs", "20", "--rounds", "1", "--variant", "fq --processes 1"],
-        "fq --processes 1",
+        "median jobs/s",
     ),
     "bench_limits.py": (
         ["--only", "drain", "--drain-jobs", "200", "--drain-rounds", "1"]
@@ -71,7 +71,7 @@ CASES: dict[str, tuple[list[str], str]] = {
     "bench_admission.py": (
         ["--only", "single", "--seconds", "2", "--warmup-s", "1", "--calibrate-s", "1"]
         + ["--drain-s", "3"],
-        "enqueue_job",
+        "p99/bound",
     ),
     "bench_eta.py": (
         ["--only", "backlogged", "--seconds", "2", "--warmup-s", "2", "--calibrate-s", "2"]
@@ -80,7 +80,7 @@ CASES: dict[str, tuple[list[str], str]] = {
     ),
     "bench_cluster.py": (
         ["--jobs", "50", "--masters", "1", "--modes", "fairqueue", "--concurrency", "4"],
-        "fairqueue",
+        "| fairqueue | 1 |",
     ),
 }
 
