@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fresh_project import ROOT
+from tests.helpers.fresh_project import ROOT
 
 DOCS = ROOT / "docs"
 

@@ -13,45 +13,17 @@ from django.contrib.admin.models import LogEntry
 from django.urls import reverse
 
 from fairqueue.dashboard import stats as dashboard
-from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
+from fairqueue.enqueue.api import enqueue_jobs
 from fairqueue.models import TenantPlan
 from fairqueue.tenants import pause_tenant
 from tests.helpers import wait_until
-from tests.redis.test_console_tenant import fail_jobs
-from tests.redis.test_dashboard import DASHBOARD, QUEUE, age_jobs
+from tests.helpers.console import DASHBOARD, FLOOD, QUEUE, fail_jobs, seed_culprits
 
 pytestmark = pytest.mark.django_db
 
 TENANT = "admin:fairqueue_dashboard_tenant"
 JOB = "admin:fairqueue_dashboard_job"
 RETRY = "admin:fairqueue_dashboard_job_retry"
-FLOOD = 8
-
-
-def seed_culprits(prefix: str, redis_client) -> dict[str, list[str]]:
-    """A failing tenant (6 jobs, each failed once for good), a flooding one (8 jobs past
-    the bound), a limited one (acme: 2 at once, 5 jobs), a paused one, a quiet one and
-    a delayed job; returns job ids by tenant."""
-    doomed = enqueue_jobs("email", [{} for _ in range(6)], tenant_id="doomed", attempts=1)
-    fail_jobs(prefix, "email", 6)
-    assert wait_until(lambda: redis_client.zcard(f"{prefix}:email:failed") == 6, 10)
-    flood = enqueue_jobs("email", [{} for _ in range(FLOOD)], tenant_id="flood")
-    age_jobs(redis_client, prefix, "email", [j.job_id for j in flood], by_ms=600_000)
-    acme = enqueue_jobs("email", [{} for _ in range(5)], tenant_id="acme")
-    TenantPlan.objects.create(tenant_id="sleepy", plan_tier="pro")
-    sleepy = enqueue_jobs("email", [{} for _ in range(2)], tenant_id="sleepy")
-    pause_tenant("sleepy", actor="test", source="test")
-    quiet = enqueue_jobs("email", [{}], tenant_id="quiet", priority_level="low")
-    later = enqueue_job("email", {}, tenant_id="quiet", delay_ms=60_000)
-    dashboard.clear_backlog_cache()
-    return {
-        "doomed": [j.job_id for j in doomed],
-        "flood": [j.job_id for j in flood],
-        "acme": [j.job_id for j in acme],
-        "sleepy": [j.job_id for j in sleepy],
-        "quiet": [j.job_id for j in quiet],
-        "later": [later.job_id],
-    }
 
 
 def findings(html: str) -> dict[str, str]:
