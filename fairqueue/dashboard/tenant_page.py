@@ -29,14 +29,16 @@ from fairqueue.conf import get_settings
 from fairqueue.dashboard.backlog_scans import SYNC_SCAN_LIMIT, read_backlog
 from fairqueue.dashboard.charts import format_ms
 from fairqueue.dashboard.culprits import Finding, TenantFacts, verdict
-from fairqueue.dashboard.expected import tenant_expected_start
+from fairqueue.dashboard.expected import describe, tenant_expected_start
 from fairqueue.dashboard.failures import FailureGroup, QueueFailures, queue_failures
 from fairqueue.dashboard.limited_tenants import rate_window
 from fairqueue.dashboard.moment import moment, settle_exact, waiting_of
 from fairqueue.dashboard.overview import anoisy_figures
 from fairqueue.dashboard.wording import format_duration, format_time, tenant_words
+from fairqueue.enqueue.status import ajob_status
 from fairqueue.plans import priority_from_plan
 from fairqueue.scheduling.attempts import TENANT_BUCKET_S
+from fairqueue.scheduling.estimate import StartEstimate
 from fairqueue.scheduling.levels import LEVELS_BY_RANK
 from fairqueue.scheduling.limits import TenantLimits
 from fairqueue.scheduling.shares import LEVEL_NAMES, parse_bucket, tenant_window
@@ -180,6 +182,10 @@ async def atenant_queue(
         anoisy_figures(job_type, broker=broker),
         queue_failures(broker, queue, now_ms=now_ms, minutes=VERDICT_MIN),
     )
+    next_estimate = None
+    if jobs.next_jobs and not jobs.paused:
+        status = await ajob_status(job_type, jobs.next_jobs[0][1].job_id)
+        next_estimate = None if status is None or status.state != "waiting" else status.estimate
     waiting = {
         level.value: (None if scan is None else scan.tenants.get(level.value, {}).get(tenant_id, 0))
         for level in LEVELS_BY_RANK
@@ -205,9 +211,7 @@ async def atenant_queue(
             WeightRow(level=level, weight=weight, total=total)
             for level, (weight, total) in weights.items()
         ),
-        "next_run": _next_run(
-            jobs, buckets, now_ms=now_ms, waiting=waiting_total, since_ms=recorded.since_ms
-        ),
+        "next_run": _next_run(jobs, waiting=waiting_total, estimate=next_estimate),
         # its jobs in line, only when the scan does not say it has none (one moment)
         "show_in_line": bool(jobs.next_jobs) and waiting_total != 0,
     }
@@ -377,17 +381,10 @@ def with_entitlement(found: dict[str, Any], entitled: dict[str, float | None]) -
         row["worker_share"] = _worker_share(row["worker"], entitled)
 
 
-def _next_run(
-    jobs: TenantJobs,
-    buckets: list[Any],
-    *,
-    now_ms: int,
-    waiting: int | None,
-    since_ms: int | None = None,
-) -> str:
-    """When its next job is likely to start: its first position in line at the rate
-    workers started jobs over the last 5 minutes (over the span recorded, when the loop
-    started recording less than 5 minutes ago). With no job waiting (the scan's count,
+def _next_run(jobs: TenantJobs, *, waiting: int | None, estimate: StartEstimate | None) -> str:
+    """When its next job is likely to start: its place in line and the estimate
+    :func:`fairqueue.job_status` gives that job, the figure its job page shows (a rate of
+    all starts ignores its share and its level's). With no job waiting (the scan's count,
     the one the page shows) it says so, whatever the order read a moment apart found."""
     if jobs.paused:
         return "not while it is paused"
@@ -400,17 +397,9 @@ def _next_run(
             return f"not among the first {ORDER_WINDOW} jobs in line"
         return "it has no job waiting"
     position = jobs.next_jobs[0][0]
-    now_s = now_ms // 1000
-    started = sum(
-        sum(b.served.values()) for b in buckets if b.start_s > now_s - WINDOWS_MIN[0] * 60
-    )
-    if not started:
-        return f"position {position} in line; no job started in the last 5 min to time it by"
-    span_s = WINDOWS_MIN[0] * 60
-    if since_ms is not None:
-        span_s = max(1, min(span_s, (now_ms - since_ms) // 1000))
-    eta_ms = position / (started / span_s) * 1000
-    return f"position {position} in line: in about {format_duration(eta_ms)} at the recent rate"
+    if estimate is None:  # it started or left between the two reads
+        return f"position {position} in line"
+    return f"position {position} in line: {describe(estimate)}"
 
 
 @dataclass(frozen=True, slots=True)

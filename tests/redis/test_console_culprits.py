@@ -13,6 +13,7 @@ from django.contrib.admin.models import LogEntry
 from django.urls import reverse
 
 from fairqueue.dashboard import stats as dashboard
+from fairqueue.dashboard.tenant_page import tenant_page_data
 from fairqueue.enqueue.api import enqueue_jobs
 from fairqueue.models import TenantPlan
 from fairqueue.tenants import pause_tenant
@@ -265,24 +266,22 @@ def test_held_level__the_queue_page_says_it(limited, operator):
     assert stats["history"]["levels"]["low"]["p99_over"] is False
 
 
-def test_next_run__timed_by_the_span_recorded_not_a_whole_5_minutes():
-    from fairqueue.broker import WaitingJob
-    from fairqueue.broker.console_reads import TenantJobs
-    from fairqueue.dashboard.tenant_page import _next_run
-    from fairqueue.scheduling.shares import parse_bucket
+def test_next_run__the_estimate_its_job_page_shows(limited, operator):
+    """The tenant page's "Next job" is its first job's place and the estimate
+    ``job_status`` gives that job, as its job page says (a rate of all starts ignored the
+    tenant's share: a flooding tenant's job was timed as if it had the whole queue)."""
+    from fairqueue.dashboard.expected import describe
+    from fairqueue.enqueue.status import job_status
 
-    now_ms = 1_000_000_000
-    job = WaitingJob("j1", "job", {}, now_ms, 5, 0)
-    jobs = TenantJobs(next_jobs=[(60, job)])
-    # 60 jobs started in the minute since the loop began recording: 1 a second
-    buckets = [parse_bucket(now_ms // 1000 - 30, {"s:normal": "60"})]
-    assert _next_run(jobs, buckets, now_ms=now_ms, waiting=3, since_ms=now_ms - 60_000) == (
-        "position 60 in line: in about 1m 00s at the recent rate"
-    )
-    # Over 5 minutes recorded the same 60 starts are 1 every 5 s.
-    assert _next_run(jobs, buckets, now_ms=now_ms, waiting=3, since_ms=0) == (
-        "position 60 in line: in about 5m 00s at the recent rate"
-    )
+    enqueue_jobs("email", [{} for _ in range(3)], tenant_id="beta", priority_level="low")
+    enqueue_jobs("email", [{} for _ in range(4)], tenant_id="acme", priority_level="normal")
+    page = next(q for q in tenant_page_data("beta").queues if q.job_type == "email")
+    first = page.next_jobs[0]
+    status = job_status("email", first.job_id)
+    assert status is not None and status.state == "waiting"
+    assert page.next_run == f"position {first.position} in line: {describe(status.estimate)}"
+    job_url = reverse("admin:fairqueue_dashboard_job", args=["email", first.job_id])
+    assert html_module.escape(describe(status.estimate)) in operator.get(job_url).content.decode()
 
 
 def test_read_at__on_every_console_page(limited, operator):
