@@ -114,7 +114,9 @@ class TenantPlanAdmin(admin.ModelAdmin):
             extra["usage_days"] = CHART_DAYS
             extra["usage_total_s"] = sum(seconds for _, seconds in days)
             extra["usage_url"] = (
-                reverse("admin:fairqueue_tenantusage_changelist") + f"?q={plan.tenant_id}"
+                reverse("admin:fairqueue_tenantusage_changelist")
+                + "?"
+                + urlencode({"q": plan.tenant_id})
             )
         return super().change_view(request, object_id, form_url, extra_context=extra)
 

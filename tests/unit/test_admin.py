@@ -199,3 +199,16 @@ def test_usage_list__top_consumers_per_plan_tier_this_month(admin_client, may_20
     section = html[html.index("data-fq-top-consumers") :]
     assert section.index(">acme<") < section.index(">beta<") < section.index(">gamma<")
     assert section.index(">gamma<") < section.index(">delta<")
+
+
+def test_tenant_plan_change_page__its_usage_link_keeps_an_odd_tenant_id_whole(admin_client):
+    """A tenant id with ``&``, ``#`` or a space must reach the usage list's search whole:
+    unescaped, ``a&b`` searched for ``a`` and ``x#1`` for ``x``."""
+    from urllib.parse import parse_qs, urlsplit
+
+    plan = TenantPlan.objects.create(tenant_id="a&b #1", plan_tier="pro")
+    page = admin_client.get(reverse("admin:fairqueue_tenantplan_change", args=[plan.pk]))
+    url = page.context["usage_url"]
+    parts = urlsplit(url)
+    assert parts.path == reverse("admin:fairqueue_tenantusage_changelist")
+    assert parse_qs(parts.query) == {"q": ["a&b #1"]} and parts.fragment == ""
