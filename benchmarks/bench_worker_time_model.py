@@ -20,7 +20,7 @@ before) and by placing its waiting jobs again at the measured cost, its overrun 
 paid at once (``replace``, the rule now: ``FairClock.recost``).
 
     python benchmarks/bench_worker_time_model.py [--jitter 0.6] [--overhead-ms 8]
-        [--lag-ms 0] [--seconds 20] [--seed 7]
+        [--lag-ms 0] [--seconds 20] [--seed N]
 
 ``--jitter`` is the sigma of a lognormal factor on each run time, ``--overhead-ms`` is
 added to every run, ``--lag-ms`` is how far behind the stream the history step reads.

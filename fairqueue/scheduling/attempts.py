@@ -99,15 +99,18 @@ class Start:
 
 @dataclass(frozen=True, slots=True)
 class Run:
-    """A running attempt as remembered between its start and its end."""
+    """A running attempt as remembered between its start and its end: ``cold``, its job
+    was placed while its flow had nothing measured (its turns prefixed ``c``)."""
 
     level: str
     tenant: str
     start_ms: int
     turns: float
+    cold: bool = False
 
     def encode(self) -> str:
-        return f"{flow_member(self.level, self.tenant)}\n{self.start_ms}\n{_g6(self.turns)}"
+        turns = ("c" if self.cold else "") + _g6(self.turns)
+        return f"{flow_member(self.level, self.tenant)}\n{self.start_ms}\n{turns}"
 
     @classmethod
     def decode(cls, text: str) -> Run | None:
@@ -116,13 +119,14 @@ class Run:
         level, sep, tenant = rest.partition("\n")
         if not sep or level not in LEVELS:
             return None
+        cold = turns.startswith("c")
         try:
-            start_ms, paid = float(start), float(turns) if turns else 1.0
+            start_ms, paid = float(start), float(turns[cold:]) if turns[cold:] else 1.0
         except ValueError:  # not a run this version wrote
             return None
         if not (math.isfinite(start_ms) and math.isfinite(paid)):
             return None
-        return cls(level, tenant, int(start_ms), paid)
+        return cls(level, tenant, int(start_ms), paid, cold)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +145,8 @@ class Recost:
     cold by more than the dead band: its waiting jobs are placed again at ``ratio``
     (measured cost over the cold one, both in tags as placed now), ``shift`` (turns)
     later: the page's settlements of it, paid at once instead of behind its backlog
-    (docs/design.md, "Service is worker time")."""
+    (docs/design.md, "Service is worker time"). Also (``ratio`` 1) a flow measured before
+    whose cold runs ended on the page with an overrun to settle."""
 
     member: str
     level: str
@@ -334,6 +339,8 @@ class _PageWork:
     served: dict[str, list[int]] = field(default_factory=dict)
     #: flows this page measured for the first time -> [level, runs, their bounded ms]
     first: dict[str, list[Any]] = field(default_factory=dict)
+    #: flows measured before whose cold runs ended on this page -> their level
+    cold_ends: dict[str, str] = field(default_factory=dict)
 
     def add(self, bucket: int, name: str, n: int) -> None:
         if bucket < self.oldest:
@@ -386,14 +393,15 @@ class _PageWork:
         if start_b >= self.oldest:
             counts = out.tenants.setdefault(start_b, {})
             counts[member] = counts.get(member, 0) + 1
-        turns = 1.0
+        turns, cold = 1.0, False
         if self.by_time and self.typical:
             if start.paid is not None and start.first_attempt:
                 # Placed cold: charged against what it paid, in turns of the typical now.
                 turns = start.paid / turn_scale(self.typical, self.cache.get("unit"))
+                cold = True
             else:
                 turns = cost_turns(self.cache.get(f"c:{member}"), self.typical)
-        self.pending[event.job_id] = Run(level, start.tenant, event.at_ms, float(_g6(turns)))
+        self.pending[event.job_id] = Run(level, start.tenant, event.at_ms, float(_g6(turns)), cold)
         if not start.first_attempt:
             self.add(start_b, "r", 1)
             self.add(start_b, f"a:{level}", 1)
@@ -450,6 +458,8 @@ class _PageWork:
         if first is not None:
             first[1] += 1
             first[2] += bounded
+        elif run.cold:
+            self.cold_ends[member] = run.level
         estimate = bounded if estimate is None else estimate + FLOW_ALPHA * (bounded - estimate)
         self.set_state(f"c:{member}", estimate)
 
@@ -464,6 +474,13 @@ class _PageWork:
         out.served = {level: (row[0], row[1]) for level, row in self.served.items()}
         if self.first and self.typical:
             self.recost(out, self.typical)
+        for member, level in self.cold_ends.items():
+            # A cold run that ended after its flow's first measurement (the history's lag):
+            # its overrun is paid at once too, by shifting the flow's waiting jobs.
+            shift = sum(s.debt for s in out.settlements if s.member == member)
+            if shift > 0:
+                out.settlements = [s for s in out.settlements if s.member != member]
+                out.recosts.append(Recost(member, level, 1.0, shift))
         return out
 
     def recost(self, out: PageRecord, typical: float) -> None:

@@ -586,7 +586,7 @@ def test_settlements_move_placements_as_the_model_and_an_idle_flows_is_carried(r
             | st.tuples(
                 st.sampled_from(list(PriorityLevel)),
                 st.sampled_from(["a", "b", "c"]),
-                st.sampled_from([4.0, 0.25, 16.0, 1 / 16]),
+                st.sampled_from([4.0, 0.25, 16.0, 1 / 16, 1.0]),
                 st.sampled_from([0.0, 3.0, -2.0, 40.0]),
             ),
             st.integers(0, 8),

@@ -143,7 +143,8 @@ from, to = section(3)
 for i = from, to, 3 do settle(ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 2]) end
 
 -- Flows measured for the first time, off what their jobs paid cold (member, level, ratio,
--- shift turns): their waiting jobs are placed again from the virtual time at the ratio,
+-- shift turns; ratio 1: a flow's cold runs that ended later, their overrun the shift):
+-- their waiting jobs are placed again from the virtual time at the ratio,
 -- the shift later (reweight_page.lua's pages, at the loop's ticks, each moved job's fqPaid
 -- scaled with it), and their last tag with them at once when they move back (a job placed
 -- meanwhile goes behind them), at the end when they move ahead (as a raised weight). A
@@ -164,7 +165,7 @@ for i = from, to, 4 do
     if not fold then tags = 0 end
     local function g(x) return string.format('%.17g', x) end
     redis.call('HSET', KEYS[10], member, table.concat({g(vt), g(ratio), g(last), level, '', '',
-      g(base), g(tags), 'paid'}, '\n'))
+      g(base), g(tags), ratio ~= 1 and 'paid' or ''}, '\n'))
     if ratio >= 1 then
       redis.call('ZADD', KEYS[5], g(vt + tags + (last - vt) * ratio), member)
     end
