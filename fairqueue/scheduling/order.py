@@ -361,9 +361,10 @@ class FairClock:
             return None
         total = sum(w for (lvl, _), w in self.counted.items() if lvl == level)
         shift = flow_step(self.weights[level], self.counted[key], total, cost=shift_turns)
-        # A shift against the direction the pages go in (a moved job must never land where
-        # they are still to go) is charged as any settlement, after.
-        fold = (ratio >= 1) == (shift >= 0)
+        # A refund (a moved job must never land behind the virtual time) or a shift against
+        # the direction the pages go in (nor where they are still to go) is charged as any
+        # settlement, after.
+        fold = shift == 0 or (ratio >= 1 and shift > 0)
         anchor = self.vt
         self.last[key] = replaced_tag(last, anchor, ratio, shift if fold else 0.0)
         if not fold:

@@ -159,9 +159,9 @@ for i = from, to, 4 do
   readVt()
   if rank and last and last > vt and redis.call('HEXISTS', KEYS[10], member) == 0 then
     local tags = tagsOf(member, level, rank, shift)
-    -- a shift against the pages' direction (a moved job must never land where they are
-    -- still to go) is settled as any charge, after
-    local fold = (ratio >= 1) == (tags >= 0)
+    -- a refund (a moved job must never land behind the virtual time) or a shift against
+    -- the pages' direction (nor where they are still to go) is settled as any charge, after
+    local fold = tags == 0 or (ratio >= 1 and tags > 0)
     if not fold then tags = 0 end
     local function g(x) return string.format('%.17g', x) end
     redis.call('HSET', KEYS[10], member, table.concat({g(vt), g(ratio), g(last), level, '', '',
