@@ -153,7 +153,7 @@ def live(args: argparse.Namespace, url: str, tmp: Path, log: TextIO) -> bool:
     finally:
         workers.stop()
         loop.stop()
-    from fairqueue.ledger import write_all_usage
+    from fairqueue.usage.ledger import write_all_usage
 
     attempts = workers.attempts()
     unseen = reconcile(attempts, started_by_job(client, prefix, {a.job_id for a in attempts}))

@@ -146,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from fairqueue.broker import close_brokers
         from fairqueue.broker.scripts import plain_script
         from fairqueue.enqueue.status_tokens import status_token
-        from fairqueue.status_views import job_status_view
+        from fairqueue.status.endpoint import job_status_view
 
         started = time.perf_counter()
         last_waiting, first_held, last_held = fill(db, QUEUE, args.waiting, args.held, args.pending)

@@ -114,11 +114,11 @@ def _run_quota(
 def _rollover(action: str, url: str, workers: Workers, started_before: int) -> tuple[str, bool]:
     """The next day (the clock set, the loop's steps run here): the hold or demotion
     ends, held jobs run, and the tenant's next job is at its own level."""
-    from fairqueue import holds
     from fairqueue.broker import get_sync_broker
     from fairqueue.enqueue.api import enqueue_job
     from fairqueue.rebalance.passes import rebalance_queue
     from fairqueue.rebalance.usage_step import UsageStep
+    from fairqueue.usage import holds
 
     tomorrow = dt.datetime.combine(
         dt.datetime.now(dt.UTC).date() + dt.timedelta(days=1), dt.time(0, 0, 5), tzinfo=dt.UTC

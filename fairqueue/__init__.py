@@ -10,7 +10,6 @@ The Django tasks backend is ``"fairqueue.tasks.backend.FairQueueBackend"`` in
 ``settings.TASKS`` (not imported here: it needs a task framework installed).
 """
 
-from fairqueue.breaker import breaker_status, close_breaker
 from fairqueue.enqueue.api import (
     EnqueuedJob,
     aenqueue_job,
@@ -59,6 +58,7 @@ from fairqueue.plans import set_subscription_to_plan_tier
 from fairqueue.scheduling.estimate import StartEstimate
 from fairqueue.scheduling.levels import PriorityLevel, normalize_priority
 from fairqueue.tenants import pause_tenant, resume_tenant, retry_failed, retry_failed_job
+from fairqueue.usage.breaker import breaker_status, close_breaker
 from fairqueue.worker.handlers import JobContext, handler
 
 __version__ = "0.1.0"

@@ -19,18 +19,13 @@ from fairqueue.exceptions import BrokerError
 from fairqueue.scheduling.levels import DEFAULT_TENANT_WEIGHT, validate_tenant_id
 from fairqueue.scheduling.limits import NO_LIMITS
 from fairqueue.scheduling.wire import encoded_limits
+from fairqueue.usage.holds import actor_text
 
 logger = logging.getLogger("fairqueue.tenants")
 
 
 def _queues() -> list[str]:
     return sorted(set(get_settings().queues.values()))
-
-
-def _actor_text(actor: object) -> str:
-    get_username = getattr(actor, "get_username", None)
-    name = get_username() if callable(get_username) else ("" if actor is None else str(actor))
-    return name[:200]
 
 
 def _set_paused(tenant_id: str, paused: bool) -> int:
@@ -54,7 +49,7 @@ def _record(tenant_id: str, paused: bool, actor: object, source: str) -> None:
         TenantPauseAudit.objects.create(
             tenant_id=tenant_id,
             action=TenantPauseAudit.PAUSED if paused else TenantPauseAudit.RESUMED,
-            actor=_actor_text(actor),
+            actor=actor_text(actor),
             source=str(source)[:200],
         )
 
@@ -99,7 +94,7 @@ def resume_tenant(tenant_id: str, *, actor: object = None, source: str = "") -> 
     """
     tenant_id = validate_tenant_id(tenant_id, none_allowed=False)
     _record(tenant_id, False, actor, source)
-    from fairqueue.holds import held_queues  # a quota or breaker hold stays in force
+    from fairqueue.usage.holds import held_queues  # a quota or breaker hold stays in force
 
     kept = held_queues(tenant_id)
     sync_broker = get_sync_broker()
@@ -212,7 +207,7 @@ def rebuild_tenant_limits(queues: Sequence[str] | None = None, *, force: bool = 
     # rows and are kept.
     before = {queue: sync_broker.run(store.read_copy, queue) for queue in wanted}
     limits, paused = database_limits()
-    from fairqueue.holds import holds_by_queue  # quota and breaker holds, per queue
+    from fairqueue.usage.holds import holds_by_queue  # quota and breaker holds, per queue
 
     held = holds_by_queue()
     for queue in wanted:

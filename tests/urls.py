@@ -11,7 +11,7 @@ from fairqueue.metrics import metrics_view
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("jobs/", include("fairqueue.status_urls")),
+    path("jobs/", include("fairqueue.status.urls")),
     path("", include("django_prometheus.urls"))
     if find_spec("django_prometheus")
     else path("metrics", metrics_view),

@@ -196,6 +196,21 @@ def parse_job_data(raw: str | None) -> dict[str, Any] | None:
     return data
 
 
+def as_text(value: str | bytes) -> str:
+    """A reply as text, whether the client decodes replies (``str``) or not (``bytes``)."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def tenant_in_data(data: str | bytes | None) -> str | None:
+    """The ``tenantId`` a job's raw ``data`` field names; ``None`` for none (or not a
+    non-empty string)."""
+    parsed = parse_job_data(None if data is None else as_text(data))
+    if not isinstance(parsed, dict):
+        return None
+    tenant = parsed.get("tenantId")
+    return tenant if isinstance(tenant, str) and tenant else None
+
+
 def _replace_lone_surrogates(value: Any) -> Any:
     if isinstance(value, str):
         return value.encode("utf-8", "replace").decode("utf-8")

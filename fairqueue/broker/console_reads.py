@@ -12,15 +12,14 @@ tenant page and the queue page show the same number.
 from __future__ import annotations
 
 import asyncio
-import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from fairqueue.broker.common import int_or, limits_key, parse_job_data
+from fairqueue.broker.common import as_text, int_or, limits_key, parse_job_data, tenant_in_data
 from fairqueue.broker.connection import BrokerPart
 from fairqueue.broker.dashboard_reads import DashboardReads
+from fairqueue.broker.failure_reads import failure_class, sanitize_failure
 from fairqueue.broker.pass_store import WaitingJob, pending_from_job, read_jobs
 from fairqueue.broker.scripts import call_script_many, plain_script
 from fairqueue.scheduling.levels import DEFAULT_TENANT, INTERNAL_TENANT
@@ -58,49 +57,6 @@ class Removal:
     started: int = 0
     gone: int = 0
     kept: int = 0
-
-
-_MESSAGE_CHARS: Final = 300
-#: What a failure message may not show: things that look like secrets or addresses.
-_SECRETISH = re.compile(
-    r"(?i)(\b[a-z][a-z0-9+.-]*://\S+)|((password|passwd|secret|token|api[_-]?key|"
-    r"authorization)\s*[=:]\s*\S+)|(\b[\w.+-]+@[\w-]+\.[\w.-]+\b)"
-)
-
-
-_ERROR_CLASS = re.compile(r"\s*([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Timeout))\b")
-
-
-def sanitize_failure(message: str | None) -> str:
-    """A failure message an operator may read: its first line, without URLs, e-mail
-    addresses or ``password=...``-like pairs, cut to 300 characters. Payloads never
-    reach here (BullMQ keeps the error's message, not the job's data)."""
-    if not message:
-        return ""
-    first = message.strip().splitlines()[0] if message.strip() else ""
-    cleaned = _SECRETISH.sub("[hidden]", first)
-    return cleaned if len(cleaned) <= _MESSAGE_CHARS else cleaned[: _MESSAGE_CHARS - 1] + "…"
-
-
-def failure_class(message: str | None, stacktrace: str | None = None) -> str:
-    """The error's class: from the message when it starts with one (``ValueError:
-    ...``), else from the stack trace BullMQ keeps (a Python traceback ends with
-    ``ValueError: ...``, a Node stack starts with ``Error: ...``); ``""`` when neither
-    names one. Only the class name is taken from the trace, never its text."""
-    match = _ERROR_CLASS.match(message or "")
-    if match:
-        return match.group(1)
-    try:
-        traces = json.loads(stacktrace) if stacktrace else None
-    except ValueError:
-        return ""
-    if not isinstance(traces, list) or not traces or not isinstance(traces[-1], str):
-        return ""
-    for line in reversed(traces[-1].strip().splitlines()):
-        found = _ERROR_CLASS.match(line)
-        if found and line[found.end() : found.end() + 1] in (":", ""):
-            return found.group(1)
-    return ""
 
 
 def job_tenant_id(job: WaitingJob) -> str | None:
@@ -208,10 +164,10 @@ class ConsoleReads(BrokerPart):
         )
         found = TenantJobs(
             held=int(held),
-            held_ids=[_text(v) for v in held_ids],
+            held_ids=[as_text(v) for v in held_ids],
             paused=bool(paused),
-            limits_encoded=None if encoded is None else _text(encoded),
-            running_ids=[_text(v) for v in active[1::2]],
+            limits_encoded=None if encoded is None else as_text(encoded),
+            running_ids=[as_text(v) for v in active[1::2]],
             failed_read=int(failed[0]),
             failed_count=len(failed[1::2]),
         )
@@ -220,11 +176,11 @@ class ConsoleReads(BrokerPart):
             found.order_read += int(page[0])
             found.in_window += len(page[1::2])
             found.next_positions += [
-                (int(position), _text(job_id))
+                (int(position), as_text(job_id))
                 for job_id, position in zip(page[1::2], page[2::2], strict=True)
             ]
         shown_failed = [
-            (_text(job_id), int(float(score)))
+            (as_text(job_id), int(float(score)))
             for job_id, score in zip(failed[1::2], failed[2::2], strict=True)
         ][:FAILED_SHOWN]
         await self._read_shown(queue, found, shown_failed)
@@ -255,8 +211,8 @@ class ConsoleReads(BrokerPart):
                 pipe.hmget(self.conn.key(queue, job_id), "atm", "failedReason", "stacktrace")
             rows = await self.conn.guard(pipe.execute())
         for (job_id, score), (attempts, reason, trace) in zip(failed, rows, strict=True):
-            reason_text = None if reason is None else _text(reason)
-            trace_text = None if trace is None else _text(trace)
+            reason_text = None if reason is None else as_text(reason)
+            trace_text = None if trace is None else as_text(trace)
             found.failed.append(
                 FailedJob(
                     job_id=job_id,
@@ -334,12 +290,12 @@ class ConsoleReads(BrokerPart):
         )
         async with client.pipeline(transaction=False) as pipe:
             for job_id in active:
-                pipe.hget(self.conn.key(queue, _text(job_id)), "data")
+                pipe.hget(self.conn.key(queue, as_text(job_id)), "data")
             pipe.hmget(self.conn.fair_key(queue, "state"), *(f"W:{n}" for n in LEVEL_NAMES))
             *rows, weights = await self.conn.guard(pipe.execute())
         running: dict[tuple[str, str], int] = {}
         for data in rows:
-            parsed = parse_job_data(None if data is None else _text(data))
+            parsed = parse_job_data(None if data is None else as_text(data))
             if parsed is None:
                 continue
             level = parsed.get("priorityLevel")
@@ -386,7 +342,7 @@ class ConsoleReads(BrokerPart):
             self.conn.client().hmget(f"{limits_key(self.conn.prefix, queue)}:meta", job_ids)
         )
         return {
-            job_id: _text(meta).split("\n", 1)[0]
+            job_id: as_text(meta).split("\n", 1)[0]
             for job_id, meta in zip(job_ids, metas, strict=True)
             if meta is not None
         }
@@ -403,9 +359,9 @@ class ConsoleReads(BrokerPart):
         reason, trace = await self.conn.guard(
             self.conn.client().hmget(self.conn.key(queue, job_id), "failedReason", "stacktrace")
         )
-        text = None if reason is None else _text(reason)
+        text = None if reason is None else as_text(reason)
         return (
-            failure_class(text, None if trace is None else _text(trace)),
+            failure_class(text, None if trace is None else as_text(trace)),
             sanitize_failure(text),
         )
 
@@ -418,7 +374,7 @@ class ConsoleReads(BrokerPart):
         client = self.conn.client()
         data = await self.conn.guard(client.hget(self.conn.key(queue, job_id), "data"))
         removed = await self.conn.guard(self.conn.queue(queue).remove(job_id))
-        tenant = _tenant_of(data)
+        tenant = tenant_in_data(data)
         if removed and tenant is not None:
             base = limits_key(self.conn.prefix, queue)
             async with client.pipeline(transaction=False) as pipe:
@@ -472,7 +428,7 @@ class ConsoleReads(BrokerPart):
         held = await self.conn.guard(
             self.conn.client().lrange(f"{base}:held:{tenant_id}", 0, limit - 1)
         )
-        ids = [_text(v) for v in held]
+        ids = [as_text(v) for v in held]
         dashboard = DashboardReads(self.conn)
         start = 0
         while len(ids) < limit and start < REMOVE_READ:
@@ -488,15 +444,3 @@ def _verbatim_in_json(text: str) -> bool:
     """Whether ``text`` appears as itself inside any JSON encoder's string (printable
     ASCII none escapes): then a job whose data lacks it is not the tenant's."""
     return all(" " <= char <= "~" and char not in '"\\/' for char in text)
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _tenant_of(data: str | bytes | None) -> str | None:
-    parsed = parse_job_data(None if data is None else _text(data))
-    if not isinstance(parsed, dict):
-        return None
-    tenant = parsed.get("tenantId")
-    return tenant if isinstance(tenant, str) and tenant else None

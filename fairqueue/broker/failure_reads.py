@@ -8,15 +8,59 @@ trace per distinct message only (:meth:`FailureReads.error_classes`).
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from typing import Any, Final
 
-from fairqueue.broker.common import parse_job_data
+from fairqueue.broker.common import as_text, tenant_in_data
 from fairqueue.broker.connection import BrokerPart
-from fairqueue.broker.console_reads import failure_class, sanitize_failure
 
 #: Failures one read looks at, newest first.
 RECENT_FAILED: Final = 1_000
+
+
+_MESSAGE_CHARS: Final = 300
+#: What a failure message may not show: things that look like secrets or addresses.
+_SECRETISH = re.compile(
+    r"(?i)(\b[a-z][a-z0-9+.-]*://\S+)|((password|passwd|secret|token|api[_-]?key|"
+    r"authorization)\s*[=:]\s*\S+)|(\b[\w.+-]+@[\w-]+\.[\w.-]+\b)"
+)
+
+
+_ERROR_CLASS = re.compile(r"\s*([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Timeout))\b")
+
+
+def sanitize_failure(message: str | None) -> str:
+    """A failure message an operator may read: its first line, without URLs, e-mail
+    addresses or ``password=...``-like pairs, cut to 300 characters. Payloads never
+    reach here (BullMQ keeps the error's message, not the job's data)."""
+    if not message:
+        return ""
+    first = message.strip().splitlines()[0] if message.strip() else ""
+    cleaned = _SECRETISH.sub("[hidden]", first)
+    return cleaned if len(cleaned) <= _MESSAGE_CHARS else cleaned[: _MESSAGE_CHARS - 1] + "…"
+
+
+def failure_class(message: str | None, stacktrace: str | None = None) -> str:
+    """The error's class: from the message when it starts with one (``ValueError:
+    ...``), else from the stack trace BullMQ keeps (a Python traceback ends with
+    ``ValueError: ...``, a Node stack starts with ``Error: ...``); ``""`` when neither
+    names one. Only the class name is taken from the trace, never its text."""
+    match = _ERROR_CLASS.match(message or "")
+    if match:
+        return match.group(1)
+    try:
+        traces = json.loads(stacktrace) if stacktrace else None
+    except ValueError:
+        return ""
+    if not isinstance(traces, list) or not traces or not isinstance(traces[-1], str):
+        return ""
+    for line in reversed(traces[-1].strip().splitlines()):
+        found = _ERROR_CLASS.match(line)
+        if found and line[found.end() : found.end() + 1] in (":", ""):
+            return found.group(1)
+    return ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,12 +70,8 @@ class RecentFailure:
     job_id: str
     failed_at_ms: int
     tenant: str | None
-    #: Sanitized first line (:func:`~fairqueue.broker.console_reads.sanitize_failure`).
+    #: Sanitized first line (:func:`sanitize_failure`).
     message: str
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 class FailureReads(BrokerPart):
@@ -50,7 +90,9 @@ class FailureReads(BrokerPart):
             )
         )
         more = len(found) > count
-        pairs: list[tuple[str, float]] = [(_text(job_id), float(score)) for job_id, score in found]
+        pairs: list[tuple[str, float]] = [
+            (as_text(job_id), float(score)) for job_id, score in found
+        ]
         pairs = pairs[:count]
         if not pairs:
             return [], False
@@ -60,14 +102,12 @@ class FailureReads(BrokerPart):
             rows = await self.conn.guard(pipe.execute())
         failures = []
         for (job_id, score), (data, reason) in zip(pairs, rows, strict=True):
-            parsed = parse_job_data(None if data is None else _text(data))
-            tenant = parsed.get("tenantId") if isinstance(parsed, dict) else None
             failures.append(
                 RecentFailure(
                     job_id=job_id,
                     failed_at_ms=int(score),
-                    tenant=tenant if isinstance(tenant, str) and tenant else None,
-                    message=sanitize_failure(None if reason is None else _text(reason)),
+                    tenant=tenant_in_data(data),
+                    message=sanitize_failure(None if reason is None else as_text(reason)),
                 )
             )
         return failures, more
@@ -83,7 +123,8 @@ class FailureReads(BrokerPart):
             rows = await self.conn.guard(pipe.execute())
         return [
             failure_class(
-                None if reason is None else _text(reason), None if trace is None else _text(trace)
+                None if reason is None else as_text(reason),
+                None if trace is None else as_text(trace),
             )
             for reason, trace in rows
         ]

@@ -7,11 +7,10 @@ a time, and at most :data:`STATUS_TENANTS` tenants are read in full.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from fairqueue.broker.common import limits_key
+from fairqueue.broker.common import as_text, limits_key
 from fairqueue.broker.connection import BrokerPart
 from fairqueue.broker.scripts import plain_script
 from fairqueue.scheduling.limits import TenantLimits
@@ -69,10 +68,6 @@ class LimitsStatus:
         return self.holding - sum(1 for state in self.tenants if state.held)
 
 
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 class LimitReads(BrokerPart):
     """The reads of one prefix's limited tenants (:class:`.limit_store.LimitStore` adds the
     writes)."""
@@ -93,7 +88,7 @@ class LimitReads(BrokerPart):
         waiting = int(held) + int(later)
         now_ms = int(time.time() * 1000)
         for entry in reserved:
-            left, _, expires = _text(entry).partition(":")
+            left, _, expires = as_text(entry).partition(":")
             if left.isdigit() and expires.isdigit() and int(expires) > now_ms:
                 waiting += int(left)
         out = list(out)
@@ -119,32 +114,14 @@ class LimitReads(BrokerPart):
             reply = await self.conn.guard(
                 script(keys=keys, cursor=cursor, count=READ_CHUNK, top=top)
             )
-            cursor = _text(reply[0])
+            cursor = as_text(reply[0])
             holding += int(reply[2])
             held += int(reply[3])
             pairs = zip(reply[4::2], reply[5::2], strict=True)
-            best += [(_text(tenant), int(count)) for tenant, count in pairs]
+            best += [(as_text(tenant), int(count)) for tenant, count in pairs]
             best = sorted(best, key=lambda item: (-item[1], item[0]))[:top]
             if cursor == "0":
                 return holding, held, best
-
-    async def held_count(self, queue: str) -> int:
-        """Jobs held in ``queue``, over every tenant (summed a page at a time in Redis)."""
-        return (await self._walk_holding(queue, 0))[1]
-
-    async def held_job_ids_of(
-        self, queue: str, tenant_ids: Sequence[str], count: int = 20
-    ) -> dict[str, list[str]]:
-        """:meth:`held_job_ids` of several tenants in one pipeline (one connection, one
-        round trip), not one read each at once (which exhausted the client's pool)."""
-        if not tenant_ids:
-            return {}
-        base = limits_key(self.conn.prefix, queue)
-        async with self.conn.client().pipeline(transaction=False) as pipe:
-            for tenant in tenant_ids:
-                pipe.lrange(f"{base}:held:{tenant}", 0, count - 1)
-            replies = await self.conn.guard(pipe.execute())
-        return {tenant: list(ids) for tenant, ids in zip(tenant_ids, replies, strict=True)}
 
     async def status(
         self, queue: str, *, listed: int = STATUS_TENANTS, held_ids: int = STATUS_HELD_IDS
@@ -163,7 +140,7 @@ class LimitReads(BrokerPart):
             pipe.hlen(f"{base}:paused")
             pipe.hscan(f"{base}:paused", 0, count=listed)
             limited, paused_count, (_, paused) = await self.conn.guard(pipe.execute())
-        chosen = sorted(_text(tenant) for tenant in paused)[:listed]
+        chosen = sorted(as_text(tenant) for tenant in paused)[:listed]
         holding, held_total, most = await self._walk_holding(queue, listed)
         seen = set(chosen)
         chosen += [tenant for tenant, _ in most if tenant not in seen][: listed - len(chosen)]
@@ -183,9 +160,11 @@ class LimitReads(BrokerPart):
                         running=int(running),
                         occupied=int(occupied),
                         held=int(held),
-                        limits=decoded_limits(_text(encoded) or None, paused=bool(int(is_paused))),
+                        limits=decoded_limits(
+                            as_text(encoded) or None, paused=bool(int(is_paused))
+                        ),
                         catching_up=bool(int(catchup)),
-                        held_jobs=tuple(_text(job_id) for job_id in ids),
+                        held_jobs=tuple(as_text(job_id) for job_id in ids),
                     )
                 )
         if holding == len(most) and set(chosen) >= {tenant for tenant, _ in most}:
@@ -211,7 +190,7 @@ class LimitReads(BrokerPart):
         cursor: int = 0
         while len(found) < count:
             cursor, page = await self.conn.guard(client.hscan(base, cursor, count=count))
-            found.update(t for t in map(_text, page) if t not in taken)
+            found.update(t for t in map(as_text, page) if t not in taken)
             if not int(cursor):
                 break
         return sorted(found)[:count]
@@ -226,4 +205,4 @@ class LimitReads(BrokerPart):
         found = await self.conn.guard(
             self.conn.client().lrange(f"{base}:held:{tenant_id}", 0, count - 1)
         )
-        return [_text(job_id) for job_id in found]
+        return [as_text(job_id) for job_id in found]

@@ -12,7 +12,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
-from fairqueue.broker.common import fair_key, fair_keys, limits_key
+from fairqueue.broker.common import as_text, fair_key, fair_keys, limits_key
 from fairqueue.broker.connection import Connection
 from fairqueue.broker.limit_reads import LimitReads
 from fairqueue.broker.scripts import plain_script, release_held_script, retry_failed_script
@@ -107,10 +107,6 @@ def release_args(
     }
 
 
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def parse_released(reply: Sequence[Any]) -> Released:
     released, held, wake, by_active, by_rate, by_paused = (int(value) for value in reply)
     return Released(released, held, None if wake < 0 else wake, by_active, by_rate, by_paused)
@@ -194,7 +190,7 @@ class LimitStore(LimitReads):
         args = release_args(self.conn.prefix, queue, [tenant_id], self.fairness_by, "probe")
         args["most"] = 1
         reply = await self.conn.guard(script(keys=release_keys(self.conn.prefix, queue), **args))
-        job_id = _text(reply[6]) if len(reply) > 6 else ""
+        job_id = as_text(reply[6]) if len(reply) > 6 else ""
         return job_id or None
 
     async def job_outcome(self, queue: str, job_id: str) -> JobOutcome:
@@ -210,7 +206,7 @@ class LimitStore(LimitReads):
             exists=fields[2] is not None,
             completed=completed is not None,
             failed=failed is not None,
-            attempts_made=int(_text(made)) if made is not None else 0,
+            attempts_made=int(as_text(made)) if made is not None else 0,
         )
 
     async def _sync_holds(self, queue: str) -> None:
@@ -246,7 +242,7 @@ class LimitStore(LimitReads):
                     script(keys=keys, **args, **scan, boundary=first or "", cursor_ties=ties)
                 )
                 moved += int(reply[0])
-                score, member = _text(reply[1]), _text(reply[2])
+                score, member = as_text(reply[1]), as_text(reply[2])
                 ties = int(reply[4]) if len(reply) > 4 else 0
                 if int(reply[3]):
                     break
@@ -280,10 +276,10 @@ class LimitStore(LimitReads):
             reply = await self._replace_script(
                 queue, mode="begin", who=tenant_id, amount=int(weight)
             )
-            if not reply or _text(reply[0]) != "busy":
+            if not reply or as_text(reply[0]) != "busy":
                 break
             # A change of the same flow still in progress: its jobs are placed first.
-            while not await self._replace_page(queue, _text(reply[1])):
+            while not await self._replace_page(queue, as_text(reply[1])):
                 pass
         script = self.conn.script(plain_script("reweight"))
         changed = await self.conn.guard(
@@ -305,7 +301,7 @@ class LimitStore(LimitReads):
         for flow in flows:
             while pages > 0:
                 pages -= 1
-                if await self._replace_page(queue, _text(flow)):
+                if await self._replace_page(queue, as_text(flow)):
                     break
             else:
                 return True
@@ -366,7 +362,7 @@ class LimitStore(LimitReads):
             )
             retried += int(reply[0])
             held += int(reply[1])
-            score, member = _text(reply[2]), _text(reply[3])
+            score, member = as_text(reply[2]), as_text(reply[3])
             if int(reply[4]) or job_id:
                 break
         if held:
@@ -392,7 +388,7 @@ class LimitStore(LimitReads):
         while True:
             cursor, page = await self.conn.guard(client.hscan(key, cursor, count=_REBUILD_CHUNK))
             fields = cast("dict[Any, Any]", page)  # HSCAN without NOVALUES: field -> value
-            entries.update((_text(field), _text(value)) for field, value in fields.items())
+            entries.update((as_text(field), as_text(value)) for field, value in fields.items())
             if not int(cursor):
                 return entries
 
@@ -426,14 +422,14 @@ class LimitStore(LimitReads):
                 restore(keys=[base], rows=[value for row in chunk for value in row])
             )
         current = {
-            _text(tenant): _text(how)
+            as_text(tenant): as_text(how)
             for tenant, how in (await self.conn.guard(client.hgetall(f"{base}:paused"))).items()
         }
         moved = 0
         for tenant in sorted(set(paused)):
             if tenant not in current:
                 changes = await self.conn.guard(client.hget(f"{base}:pchg", tenant))
-                if (_text(changes) if changes else None) == before.pause_changes.get(tenant):
+                if (as_text(changes) if changes else None) == before.pause_changes.get(tenant):
                     moved += await self.set_paused(queue, tenant, True)
             elif current[tenant] == "add":  # the database confirms it
                 await self.conn.guard(client.hset(f"{base}:paused", tenant, 1))

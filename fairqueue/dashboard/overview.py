@@ -88,11 +88,11 @@ def _when(at: dt.datetime | None) -> str:
 
 
 def plans_attention(tenant_url: Callable[[str], str]) -> dict[str, Any]:
-    """The tenants near or over quota (:func:`fairqueue.quotas.quota_status`) and the
-    open breakers (:func:`fairqueue.breaker.breaker_status`), from the database, for the
+    """The tenants near or over quota (:func:`fairqueue.usage.quotas.quota_status`) and the
+    open breakers (:func:`fairqueue.usage.breaker.breaker_status`), from the database, for the
     overview. Never raises: a failed read shows as ``error`` (the exception's class)."""
-    from fairqueue.breaker import breaker_status
-    from fairqueue.quotas import quota_status
+    from fairqueue.usage.breaker import breaker_status
+    from fairqueue.usage.quotas import quota_status
 
     out: dict[str, Any] = {"quotas": [], "breakers": [], "error": None}
     try:

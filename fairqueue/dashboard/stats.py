@@ -39,15 +39,12 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-import math
 import time
 from dataclasses import dataclass
 from typing import Any, Final
 
 from fairqueue.broker import (
-    MAX_PRIORITY,
     STATUS_TENANTS,
-    TAG_FLOOR,
     BacklogScan,
     Broker,
     HistoryRead,
@@ -56,7 +53,6 @@ from fairqueue.broker import (
     WaitingJob,
     WorkerProcess,
     get_sync_broker,
-    pending_from_job,
 )
 from fairqueue.conf import get_settings
 from fairqueue.dashboard.attention import memory_figures, queue_warnings
@@ -71,9 +67,9 @@ from fairqueue.dashboard.culprits import note_held_levels, overdue_flows
 from fairqueue.dashboard.failures import failures_figures, queue_failures
 from fairqueue.dashboard.limited_tenants import HELD_JOBS_SHOWN, limits_section
 from fairqueue.dashboard.moment import moment, settle_exact
+from fairqueue.dashboard.order_rows import UNPARSED, order_section
 from fairqueue.dashboard.overview import anoisy_figures
 from fairqueue.dashboard.wording import (
-    decision_words,
     format_duration,
     format_time,
     pass_words,
@@ -83,7 +79,6 @@ from fairqueue.dashboard.worker_list import workers_section
 from fairqueue.enqueue.outbox import outbox_stats
 from fairqueue.rebalance.passes import LAST_RUN_RECORD, PASS_COUNTS
 from fairqueue.scheduling.levels import DEFAULT_FAIR_WEIGHTS, LEVELS_BY_RANK
-from fairqueue.scheduling.order import AGED, WEIGHTED_FAIR
 from fairqueue.scheduling.shares import (
     DEFAULT_WINDOW_MIN,
     clamp_window_min,
@@ -95,7 +90,6 @@ DEFAULT_PER_PAGE: Final = 20
 MAX_PER_PAGE: Final = 200
 TOP_TENANTS: Final = 5
 STATES: Final = ("wait", "prioritized", "active", "delayed", "failed", "completed")
-UNPARSED: Final = "?"
 
 
 def clamp_page(page: object, per_page: object) -> tuple[int, int]:
@@ -266,8 +260,8 @@ async def aqueue_stats(
         "overdue_total": overdue_total,
         "overdue_flows": overdue_flows(scan),
         "backlog": backlog,
-        "order": _order(
-            reads, total=total, page=page, per_page=per_page, now_ms=now_ms, max_wait_ms=max_wait_ms
+        "order": order_section(
+            reads.rows, reads.head, total, page, per_page, now_ms=now_ms, max_wait_ms=max_wait_ms
         ),
         "limits": limits_section(reads.limited),
         "workers": workers_section(reads.workers, now_ms=now_ms),
@@ -344,25 +338,6 @@ def _lock_info(lock: tuple[str | None, int]) -> dict[str, Any]:
     }
 
 
-def _order(
-    reads: _QueueReads, *, total: int, page: int, per_page: int, now_ms: int, max_wait_ms: int
-) -> dict[str, Any]:
-    """A page of the waiting order, and how many of its head the pass has not placed."""
-    start = (page - 1) * per_page
-    num_pages = max(1, math.ceil(total / per_page))
-    return {
-        "page": page,
-        "per_page": per_page,
-        "num_pages": num_pages,
-        "has_previous": page > 1,
-        "has_next": page < num_pages,
-        "first_position": start + 1,
-        "jobs": _rows(reads.rows, start=start, now_ms=now_ms, max_wait_ms=max_wait_ms),
-        "compared": reads.head[0],
-        "drift_count": reads.head[1],
-    }
-
-
 def _history(
     recorded: HistoryRead, scan: BacklogScan | None, *, now_ms: int, max_wait_ms: int, minutes: int
 ) -> dict[str, Any]:
@@ -386,59 +361,6 @@ def _history(
         top_tenants=TOP_TENANTS,
     )
     return history_view(summary, now_ms=now_ms, since_ms=recorded.since_ms)
-
-
-def is_unplaced(job: WaitingJob) -> bool:
-    """Whether ``job`` waits outside fairqueue's tag order (the next pass adopts it)."""
-    return job.in_wait_list or not TAG_FLOOR <= job.priority < MAX_PRIORITY
-
-
-def _rows(
-    jobs: list[WaitingJob],
-    *,
-    start: int,
-    now_ms: int,
-    max_wait_ms: int,
-) -> list[dict[str, Any]]:
-    rows = []
-    for index, job in enumerate(jobs):
-        position = start + index + 1
-        pending = pending_from_job(job)
-        ready_ms = job.ready_ms if job.ready_ms is not None else job.timestamp_ms
-        waited_ms = None if ready_ms is None else max(0, now_ms - ready_ms)
-        overdue = waited_ms is not None and waited_ms > max_wait_ms
-        if pending is None:
-            decision = "skipped"
-        else:
-            decision = AGED if overdue else WEIGHTED_FAIR
-        tenant = job_tenant(job, pending.tenant_id) if pending else UNPARSED
-        rows.append(
-            {
-                "position": position,
-                "job_id": job.job_id,
-                "name": job.name,
-                "level": pending.priority_level.value if pending else UNPARSED,
-                "tenant": tenant,
-                "tenant_display": tenant_words(tenant),
-                "decision_display": decision_words(decision),
-                "enqueued_at_ms": job.timestamp_ms,
-                "waited_ms": waited_ms,
-                "waited": format_duration(waited_ms),
-                "decision": decision,
-                "overdue": overdue,
-                "priority": job.priority,
-                "drift": is_unplaced(job),
-            }
-        )
-    return rows
-
-
-def job_tenant(job: WaitingJob, flow_tenant: str) -> str | None:
-    """The tenant a job was enqueued for, ``None`` for a job without one (whose flow is the
-    default tenant's, which a tenant named "default" would share)."""
-    if job.data is not None and job.data.get("tenantId") is None:
-        return None
-    return flow_tenant
 
 
 def _levels(scan: BacklogScan | None, *, now_ms: int, max_wait_ms: int) -> dict[str, Any]:

@@ -371,7 +371,7 @@ def tenant_page_data(tenant_id: str) -> dict[str, Any]:
 
 def _db_holds(tenant_id: str) -> dict[str, tuple[tuple[str, str], ...]]:
     """Its open quota and breaker holds per job type (``""``: every type), in words."""
-    from fairqueue.usage_models import TenantHold
+    from fairqueue.models.usage_models import TenantHold
 
     found: dict[str, list[tuple[str, str]]] = {}
     rows = TenantHold.objects.filter(tenant_id=tenant_id, lifted_at__isnull=True)

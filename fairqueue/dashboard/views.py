@@ -39,7 +39,6 @@ from django.http import (
 from django.template.response import TemplateResponse
 from django.urls import URLPattern
 
-from fairqueue.admin_readonly import ReadOnlyAdmin
 from fairqueue.broker import (
     MAX_JOB_ID_LENGTH,
     STATUS_TENANTS,
@@ -48,6 +47,7 @@ from fairqueue.broker import (
     pending_from_job,
 )
 from fairqueue.conf import get_settings
+from fairqueue.dashboard.admin_readonly import ReadOnlyAdmin
 from fairqueue.dashboard.console_admin import ConsoleAdmin
 from fairqueue.dashboard.expected import job_expected_start
 from fairqueue.dashboard.job_page import JobViews, job_facts, job_wait

@@ -68,7 +68,7 @@ class EnqueuedJob:
 
     @property
     def status_token(self) -> str:
-        """A signed, expiring token for the status endpoint (``fairqueue.status_urls``):
+        """A signed, expiring token for the status endpoint (``fairqueue.status.urls``):
         it names this job only, and the endpoint shows nothing of its payload or tenant."""
         return status_token(self.job_type, self.job_id)
 

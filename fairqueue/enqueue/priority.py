@@ -378,7 +378,7 @@ def _resolve_level(
 def _demoted(tenant_id: str) -> bool:
     if not get_settings().quotas and _lookup is not _default_lookup():
         return False
-    from fairqueue.quotas import is_demoted
+    from fairqueue.usage.quotas import is_demoted
 
     return is_demoted(tenant_id)
 

@@ -3,7 +3,7 @@ start (``estimate_start``): one read-only Redis script each, the arithmetic in
 :mod:`fairqueue.scheduling.estimate` (docs/design.md, "When a job will start").
 
 Also the status token (:func:`status_token`): a signed, expiring reference to one job
-that the optional status endpoint (:mod:`fairqueue.status_views`) takes.
+that the optional status endpoint (:mod:`fairqueue.status.endpoint`) takes.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Signed tokens naming one job, for the status endpoint (``fairqueue.status_urls``):
+"""Signed tokens naming one job, for the status endpoint (``fairqueue.status.urls``):
 Django's signing with a salt of fairqueue's own, so a token is good for nothing else and
 reveals nothing but the job type and id it names."""
 

@@ -52,11 +52,11 @@ from fairqueue.broker import (
     get_sync_broker,
 )
 from fairqueue.conf import get_settings
-from fairqueue.ledger import ledger_for
 from fairqueue.metrics import by_job_type, get_metrics
 from fairqueue.scheduling.levels import (
     LEVELS_BY_RANK,
 )
+from fairqueue.usage.ledger import ledger_for
 
 logger = logging.getLogger("fairqueue.rebalance")
 

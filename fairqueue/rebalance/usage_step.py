@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from fairqueue.ledger import Written, write_usage
 from fairqueue.loop import RepeatedFailure
+from fairqueue.usage.ledger import Written, write_usage
 
 logger = logging.getLogger("fairqueue.usage")
 
@@ -34,15 +34,15 @@ class UsageStep:
 
     def _wire_defaults(self) -> None:
         try:
-            from fairqueue.quotas import after_write as quotas_after_write
+            from fairqueue.usage.quotas import after_write as quotas_after_write
         except ImportError:  # pragma: no cover - quotas not installed in this build
             return
         self.consumers.append(quotas_after_write)
-        from fairqueue.quotas import check_running, watch
+        from fairqueue.usage.quotas import check_running, watch
 
         self._running, self._running_due = check_running, watch.due_in_s
         try:
-            from fairqueue.breaker import after_write as breaker_after_write
+            from fairqueue.usage.breaker import after_write as breaker_after_write
         except ImportError:  # pragma: no cover
             return
         self.consumers.append(breaker_after_write)
@@ -53,7 +53,7 @@ class UsageStep:
         return self._running_due() if self._running_due is not None else float("inf")
 
     def check_running(self) -> int:
-        """The quota check between steps (:func:`fairqueue.quotas.check_running`).
+        """The quota check between steps (:func:`fairqueue.usage.quotas.check_running`).
         Never raises: a failure is logged and the next step checks again."""
         if self._running is None:
             return 0

@@ -11,11 +11,11 @@ import time
 import pytest
 from bullmq import Worker
 
-from fairqueue import breaker, holds
 from fairqueue.enqueue.api import enqueue_jobs
 from fairqueue.exceptions import InvalidTenantError, UnknownJobTypeError
 from fairqueue.rebalance.passes import rebalance_queue
 from fairqueue.rebalance.usage_step import UsageStep
+from fairqueue.usage import breaker, holds
 from tests.conftest import REDIS_URL
 from tests.helpers import metric
 
@@ -299,8 +299,9 @@ def test_windows__count_the_last_window_only_and_forget_idle_rows():
 def test_overview__lists_open_breakers_and_tenants_near_or_over_quota(armed, client, settings):
     from django.urls import reverse
 
-    from fairqueue import conf, quotas
+    from fairqueue import conf
     from fairqueue.models import TenantPlan, TenantUsage
+    from fairqueue.usage import quotas
     from tests.redis.test_dashboard import DASHBOARD, staff
 
     settings.FAIRQUEUE = {

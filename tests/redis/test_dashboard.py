@@ -221,7 +221,7 @@ def test_unplaced__counted_from_the_scores_as_reading_every_job_of_the_head(
     BullMQ re-added at the cap past it, whatever the window cuts."""
     from fairqueue.broker import MAX_PRIORITY, get_sync_broker
     from fairqueue.broker.common import SCORE_BASE
-    from fairqueue.dashboard.stats import is_unplaced
+    from fairqueue.dashboard.order_rows import is_unplaced
 
     placed = enqueue_jobs("email", [{"i": i} for i in range(6)], tenant_id="t")
     add_foreign(fq_prefix, ({"x": 1}, {}), ({"x": 2}, {}))  # the wait list

@@ -11,11 +11,11 @@ import time
 
 import pytest
 
-from fairqueue import holds, quotas
 from fairqueue.enqueue.api import enqueue_jobs
 from fairqueue.enqueue.priority import resolve_priority, wire_tenant_plan_lookup
 from fairqueue.rebalance.passes import rebalance_queue
 from fairqueue.rebalance.usage_step import UsageStep
+from fairqueue.usage import holds, quotas
 from tests.helpers import metric
 from tests.redis.test_usage import _work
 

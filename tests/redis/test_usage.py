@@ -11,10 +11,10 @@ import pytest
 from bullmq import Worker
 
 from fairqueue.enqueue.api import enqueue_jobs
-from fairqueue.ledger import write_all_usage
 from fairqueue.rebalance.passes import rebalance_queue
 from fairqueue.scheduling.attempts import Event, Run, Start
 from fairqueue.scheduling.usage import UsageValues, day_of, page_usage, split_member, total
+from fairqueue.usage.ledger import write_all_usage
 from tests.conftest import REDIS_URL
 
 DAY_MS = 1_780_000_000_000  # 2026-05-28, UTC

@@ -13,12 +13,13 @@ import time
 
 import pytest
 
-from fairqueue import breaker, conf, holds, quotas
+from fairqueue import conf
 from fairqueue.enqueue.api import enqueue_jobs
 from fairqueue.rebalance.passes import rebalance_queue
 from fairqueue.rebalance.usage_step import UsageStep
 from fairqueue.scheduling.attempts import Event, Start
 from fairqueue.scheduling.usage import day_of, page_usage
+from fairqueue.usage import breaker, holds, quotas
 from tests.helpers import wait_until
 from tests.redis.test_breaker import _hold, _poison, _run
 from tests.redis.test_limit_leaks import NodeWorker, active_ids, node, running_loop  # noqa: F401
@@ -159,8 +160,8 @@ def test_fault__a_loop_killed_after_the_database_write_before_the_flush_counts_n
     no failure is counted twice; what the dead loop's window held is forgotten with it
     (it fills again within one window)."""
     from fairqueue.broker.usage_store import UsageStore
-    from fairqueue.ledger import write_usage
     from fairqueue.models import TenantUsage
+    from fairqueue.usage.ledger import write_usage
 
     _arm(settings, MIN_JOBS=6)
     rebalance_queue("email", rebalancer="fault-test")

@@ -145,8 +145,8 @@ def may_2019():
     """Now is 2019-05-28 for usage (a year no loop writes rows for)."""
     import datetime as dt
 
-    from fairqueue import holds
     from fairqueue.models import TenantUsage
+    from fairqueue.usage import holds
 
     holds.set_clock(lambda: dt.datetime(2019, 5, 28, 12, tzinfo=dt.UTC))
     day = dt.date(2019, 5, 28)
@@ -170,7 +170,7 @@ def may_2019():
 
 
 def test_tenant_plan_change_page__its_last_30_days_of_usage_as_a_chart(admin_client, may_2019):
-    from fairqueue.admin_usage import daily_usage
+    from fairqueue.admin.usage_admin import daily_usage
 
     days = daily_usage("acme")
     assert len(days) == 30 and days[-1] == ("2019-05-28", 9.0) and days[-4] == ("2019-05-25", 3.0)
@@ -184,7 +184,7 @@ def test_tenant_plan_change_page__its_last_30_days_of_usage_as_a_chart(admin_cli
 
 
 def test_usage_list__top_consumers_per_plan_tier_this_month(admin_client, may_2019):
-    from fairqueue.admin_usage import top_consumers
+    from fairqueue.admin.usage_admin import top_consumers
 
     top = top_consumers(per_tier=1)
     assert [(t["tier"], [r["tenant_id"] for r in t["rows"]]) for t in top] == [

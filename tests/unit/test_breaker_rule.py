@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import datetime as dt
 
-from fairqueue.breaker import attempt_outcomes, failing
-from fairqueue.ledger import Change
+from fairqueue.conf.usage_settings import BreakerSettings
 from fairqueue.scheduling.attempts import Event, Start
 from fairqueue.scheduling.usage import page_usage
-from fairqueue.usage_settings import BreakerSettings
+from fairqueue.usage.breaker import attempt_outcomes, failing
+from fairqueue.usage.ledger import Change
 
 DEFAULTS = BreakerSettings(enabled=True)
 DAY = dt.date(2025, 1, 2)

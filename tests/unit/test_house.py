@@ -24,9 +24,8 @@ MAX_MODULE_LINES = 600
 #: The modules allowed at the package's top (``__init__`` aside): a new one goes in the
 #: feature package it belongs to (CONTRIBUTING.md, "The package").
 TOP_MODULES = frozenset(
-    "admin admin_readonly admin_usage apps breaker checks conf exceptions holds http ledger "
-    "loop metrics models plans quota_watch quotas redis_metrics redis_target reporting "
-    "signals status_urls status_views tenants usage_models usage_settings".split()
+    "apps checks exceptions http loop metrics plans redis_metrics redis_target reporting "
+    "signals tenants".split()
 )
 #: The one place each language builds a flow member (``level`` + line feed + ``tenant``).
 WIRE_FILES = frozenset({"scheduling/wire.py", "broker/lua/include/wire.lua"})

@@ -1,5 +1,5 @@
 """The reference pages held to the code: every setting key and environment variable
-``conf.py`` accepts is in docs/configuration.md, every metric family fairqueue serves is
+``fairqueue.conf`` accepts is in docs/configuration.md, every metric family fairqueue serves is
 in a metrics table of docs/operations.md, every check id the code can report is in
 docs/checks.md, and every docs page is reachable from the docs index (docs/README.md),
 directly or through pages it links."""

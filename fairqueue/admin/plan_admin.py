@@ -14,8 +14,8 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.http import urlencode
 
-from fairqueue.admin_readonly import ReadOnlyAdmin
 from fairqueue.conf import get_settings
+from fairqueue.dashboard.admin_readonly import ReadOnlyAdmin
 from fairqueue.dashboard.crumbs import trail
 from fairqueue.dashboard.tenant_page import effective_level
 from fairqueue.dashboard.tenant_routes import tenant_url
@@ -106,7 +106,7 @@ class TenantPlanAdmin(admin.ModelAdmin):
                 + "?"
                 + urlencode({"next": request.get_full_path()})
             )
-            from fairqueue.admin_usage import CHART_DAYS, daily_usage
+            from fairqueue.admin.usage_admin import CHART_DAYS, daily_usage
             from fairqueue.dashboard.charts import usage_chart
 
             days = daily_usage(plan.tenant_id)
@@ -304,6 +304,3 @@ class OutboxJobAdmin(ReadOnlyAdmin):
 
 # The fair queue dashboard (views in fairqueue.dashboard.views), linked from the admin index.
 admin.site.register(Dashboard, DashboardAdmin)
-
-# The usage ledger, quotas and the breaker (docs/usage.md).
-from fairqueue import admin_usage  # noqa: E402, F401

@@ -12,8 +12,8 @@ from django.contrib import admin, messages
 from django.db.models import Max, QuerySet, Sum
 from django.http import HttpRequest, HttpResponse
 
-from fairqueue.admin_readonly import ReadOnlyAdmin
-from fairqueue.usage_models import HoldAudit, TenantHold, TenantUsage
+from fairqueue.dashboard.admin_readonly import ReadOnlyAdmin
+from fairqueue.models.usage_models import HoldAudit, TenantHold, TenantUsage
 
 _CSV_FIELDS = (
     "day",
@@ -40,7 +40,7 @@ NO_PLAN = "no plan"
 def daily_usage(tenant_id: str, *, days: int = CHART_DAYS) -> list[tuple[str, float]]:
     """The tenant's worker seconds per UTC day over its last ``days`` days (today
     included, every job type summed, days without usage at 0), oldest first."""
-    from fairqueue.holds import now
+    from fairqueue.usage.holds import now
 
     today = now().astimezone(dt.UTC).date()
     first = today - dt.timedelta(days=days - 1)
@@ -88,8 +88,8 @@ def top_consumers(*, per_tier: int = TOP_PER_TIER, scan: int = TOP_SCAN) -> list
     (enterprise, pro, free, then tenants without a plan), at most ``per_tier`` rows of
     tenant, worker seconds, attempts and failed; among the ``scan`` heaviest tenants of
     the month."""
-    from fairqueue.holds import now
-    from fairqueue.quotas import period_bounds
+    from fairqueue.usage.holds import now
+    from fairqueue.usage.quotas import period_bounds
 
     first, _ = period_bounds(now(), "month")
     rows = list(
@@ -195,7 +195,7 @@ class TenantHoldAdmin(ReadOnlyAdmin):
 
     @admin.action(description="Close the selected breakers", permissions=["close"])
     def close_breakers(self, request: HttpRequest, queryset: QuerySet[TenantHold]) -> None:
-        from fairqueue.breaker import close_breaker
+        from fairqueue.usage.breaker import close_breaker
 
         rows = queryset.filter(reason=TenantHold.BREAKER, lifted_at__isnull=True)
         closed = 0

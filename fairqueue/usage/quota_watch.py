@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from fairqueue.broker import get_sync_broker
-from fairqueue.holds import now, queues_of
+from fairqueue.usage.holds import now, queues_of
 
 logger = logging.getLogger("fairqueue.quotas")
 
@@ -52,7 +52,7 @@ RETRY_S: Final = 0.25
 class Watched:
     """A tenant with a quota, not over it, with attempts running or just started."""
 
-    quota: Any  # fairqueue.quotas.Quota
+    quota: Any  # fairqueue.usage.quotas.Quota
     quota_ms: int
     #: Its ended worker time in the period, as the database held it at the last write.
     ended_ms: int
@@ -96,7 +96,7 @@ class QuotaWatch:
     def check(self, act: Callable[[str, Any, int, str], None], *, due_only: bool = False) -> int:
         """Read the watched tenants' running attempts (with ``due_only``, only those whose
         predicted crossing has come) and call ``act(tenant_id, quota, used_ms, job_type)``
-        for those over their quota (:func:`fairqueue.quotas.exceed`). Returns how many.
+        for those over their quota (:func:`fairqueue.usage.quotas.exceed`). Returns how many.
 
         Raises:
             BrokerError: Redis failed (nothing changed: the next check reads again).

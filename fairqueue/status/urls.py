@@ -1,10 +1,10 @@
-"""Optional URLs: ``path("jobs/", include("fairqueue.status_urls"))`` serves
+"""Optional URLs: ``path("jobs/", include("fairqueue.status.urls"))`` serves
 ``jobs/<token>/``, a job's status as JSON for its ``EnqueuedJob.status_token``
-(:mod:`fairqueue.status_views`)."""
+(:mod:`fairqueue.status.endpoint`)."""
 
 from django.urls import path
 
-from fairqueue.status_views import job_status_view
+from fairqueue.status.endpoint import job_status_view
 
 app_name = "fairqueue_status"
 

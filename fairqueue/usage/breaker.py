@@ -15,7 +15,7 @@ window reach ``MIN_JOBS`` and the failed share reaches ``FAILURE_RATIO``
 (:func:`failing`), the breaker opens:
 
 * ``open``: the tenant is held in the job type's queue (the pause machinery of
-  :mod:`fairqueue.holds`: its jobs no worker has taken are pulled back, its new ones
+  :mod:`fairqueue.usage.holds`: its jobs no worker has taken are pulled back, its new ones
   held); audited (``HoldAudit``, reason ``breaker``) and counted
   (``queue_fair_breaker_open{job_type}``);
 * after ``COOL_OFF_S``, ``probe``: one held job is released (the first in its order); the
@@ -43,7 +43,9 @@ from django.db import transaction
 
 from fairqueue.broker import get_sync_broker
 from fairqueue.conf import get_settings
-from fairqueue.holds import (
+from fairqueue.conf.usage_settings import BreakerSettings
+from fairqueue.scheduling.levels import INTERNAL_TENANT, validate_tenant_id
+from fairqueue.usage.holds import (
     audit,
     end_hold,
     held_queues,
@@ -52,10 +54,8 @@ from fairqueue.holds import (
     paused_by_operator,
     queues_of,
 )
-from fairqueue.holds import resume_in as _resume_in
-from fairqueue.ledger import Change, Written
-from fairqueue.scheduling.levels import INTERNAL_TENANT, validate_tenant_id
-from fairqueue.usage_settings import BreakerSettings
+from fairqueue.usage.holds import resume_in as _resume_in
+from fairqueue.usage.ledger import Change, Written
 
 logger = logging.getLogger("fairqueue.breaker")
 

@@ -402,7 +402,3 @@ class TenantPauseAudit(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant_id} {self.action} by {self.actor or '?'}"
-
-
-# The usage ledger, quotas and the breaker (docs/usage.md).
-from fairqueue.usage_models import HoldAudit, TenantHold, TenantUsage  # noqa: E402, F401

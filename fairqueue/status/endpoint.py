@@ -6,7 +6,7 @@ The answer names the job's state, its place in line and its expected start, noth
 its payload, its tenant or any other job. A tampered, expired or malformed token, and a
 job that is gone, get a 404 alike. Include it where your users may see it::
 
-    path("jobs/", include("fairqueue.status_urls"))
+    path("jobs/", include("fairqueue.status.urls"))
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ plan tier's ``FAIRQUEUE['QUOTAS']`` entry; the tier says what happens over it:
   ends or an operator lifts it (:func:`lift_quota`).
 
 The loop checks after each ledger write, for the tenants whose rows it changed, ended
-plus running worker time (:mod:`fairqueue.quota_watch`), again between its steps when a
+plus running worker time (:mod:`fairqueue.usage.quota_watch`), again between its steps when a
 watched tenant's running attempts could have taken it over, and ends the holds whose
 period is over at every step. Every transition is audited
 (``HoldAudit``) and counted (``queue_fair_quota_exceeded_total{job_type,action}``).
@@ -28,11 +28,11 @@ from django.db import transaction
 from django.db.models import Sum
 
 from fairqueue.conf import get_settings
-from fairqueue.holds import audit, end_hold, now, pause_in, queues_of, resume_in
-from fairqueue.ledger import Written
-from fairqueue.quota_watch import QuotaWatch, Watched
+from fairqueue.conf.usage_settings import NO_QUOTA
 from fairqueue.scheduling.levels import INTERNAL_TENANT
-from fairqueue.usage_settings import NO_QUOTA
+from fairqueue.usage.holds import audit, end_hold, now, pause_in, queues_of, resume_in
+from fairqueue.usage.ledger import Written
+from fairqueue.usage.quota_watch import QuotaWatch, Watched
 
 logger = logging.getLogger("fairqueue.quotas")
 
@@ -90,7 +90,7 @@ def after_write(queue: str, written: Written) -> None:
     """The loop's quota step: end the holds whose period is over, check the tenants
     whose rows this write changed (an attempt started or ended) against their ended
     worker time, and watch those not over it for their running time
-    (:mod:`fairqueue.quota_watch`)."""
+    (:mod:`fairqueue.usage.quota_watch`)."""
     expire()
     tenants: dict[str, str] = {}
     for change in written.changes:

@@ -25,11 +25,22 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from fairqueue.exceptions import InvalidTenantLimitError, Problem, SettingError, UnknownJobTypeError
-from fairqueue.plans import PlanTier
-from fairqueue.redis_target import RedisTarget, parse_redis_target, queue_hash_tag, redis_location
-from fairqueue.scheduling.limits import TenantLimits, parse_limits
-from fairqueue.usage_settings import BreakerSettings, QuotaRule, parse_breaker, parse_quotas
+from fairqueue.conf.usage_settings import BreakerSettings, QuotaRule, parse_breaker, parse_quotas
+
+# The queue name's bound, where callers of the settings have always found it.
+from fairqueue.conf.values import MAX_QUEUE_NAME_LENGTH as MAX_QUEUE_NAME_LENGTH
+from fairqueue.conf.values import (
+    check_cluster_queues,
+    int_in,
+    parse_bool,
+    parse_fairness_by,
+    parse_queues,
+    parse_str,
+    parse_tenant_limits,
+)
+from fairqueue.exceptions import Problem, SettingError, UnknownJobTypeError
+from fairqueue.redis_target import RedisTarget, parse_redis_target, redis_location
+from fairqueue.scheduling.limits import TenantLimits
 
 __all__ = [
     "DEFAULTS",
@@ -134,13 +145,6 @@ RETENTION_ENV_VARS: Final[Mapping[tuple[str, str], str]] = MappingProxyType(
 RETENTION_RANGES: Final[Mapping[str, tuple[int, int]]] = MappingProxyType(
     {"count": (0, 100_000_000), "age": (1, 315_360_000)}
 )
-#: An integer as an environment variable may spell it: ASCII digits only (no sign, no
-#: "²" or "٣", which ``str.isdigit`` accepts), at most 12 of them.
-_ASCII_INT = re.compile(r"[0-9]{1,12}")
-
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off"})
-MAX_QUEUE_NAME_LENGTH: Final = 200
 _T = TypeVar("_T")
 
 
@@ -262,30 +266,9 @@ def _raw_values(user: Mapping[str, Any]) -> tuple[dict[str, Any], set[str]]:
     return values, from_env
 
 
-def _empty_hint(value: Any) -> str:
-    return " (unset the variable for the default)" if value == "" else ""
-
-
-def _ascii_int(value: Any) -> Any:
-    """``value`` as an int if it is a string of ASCII digits, else unchanged."""
-    if isinstance(value, str) and _ASCII_INT.fullmatch(value.strip()):
-        return int(value.strip())
-    return value
-
-
-def _int_in(name: str, value: Any, low: int, high: int) -> int:
-    parsed = _ascii_int(value)
-    if isinstance(parsed, bool) or not isinstance(parsed, int) or not low <= parsed <= high:
-        raise ImproperlyConfigured(
-            f"{name}={value!r} is not allowed: expected an integer in {low}..{high} "
-            f"(ASCII digits){_empty_hint(value)}"
-        )
-    return parsed
-
-
 def _parse_int(key: str, value: Any, from_env: bool) -> int:
     low, high = INT_RANGES[key]
-    return _int_in(_source_name(key, from_env), value, low, high)
+    return int_in(_source_name(key, from_env), value, low, high)
 
 
 def _parse_retention(key: str, value: Any) -> Retention:
@@ -309,23 +292,12 @@ def _parse_retention(key: str, value: Any) -> Retention:
         env_var = RETENTION_ENV_VARS[(key, field)]
         raw = os.environ.get(env_var)
         if raw is not None:
-            parsed[field] = _int_in(env_var, raw.strip(), low, high)
+            parsed[field] = int_in(env_var, raw.strip(), low, high)
         elif fields.get(field) is not None:
-            parsed[field] = _int_in(f"{name}[{field!r}]", fields[field], low, high)
+            parsed[field] = int_in(f"{name}[{field!r}]", fields[field], low, high)
         else:
             parsed[field] = None
     return Retention(count=parsed["count"], age_s=parsed["age"])
-
-
-def _parse_bool(key: str, value: Any, from_env: bool) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
-        return value.strip().lower() in _TRUE
-    raise ImproperlyConfigured(
-        f"{_source_name(key, from_env)}={value!r} is not allowed: expected true or false"
-        f"{_empty_hint(value)}"
-    )
 
 
 def _check_one_redis_setting(
@@ -350,85 +322,6 @@ def _parse_redis(values: Mapping[str, Any], from_env: bool, url_set: bool) -> Re
     return parse_redis_target(values["REDIS_URL"], "FAIRQUEUE['REDIS_URL']")
 
 
-def _check_cluster_queues(redis: RedisTarget, prefix: str, queues: Mapping[str, str]) -> None:
-    """On a Redis Cluster every key of a queue must hash to one slot (BullMQ's scripts and
-    fairqueue's touch many keys of a queue at once): its name needs a hash tag."""
-    if redis.kind != "cluster":
-        return
-    for queue in queues.values():
-        if queue_hash_tag(prefix, queue) is None:
-            raise ImproperlyConfigured(
-                f"FAIRQUEUE['QUEUES'] queue name {queue!r} is not allowed on a Redis "
-                f"Cluster: expected a hash tag, e.g. '{{{queue}}}', so all of the queue's "
-                "keys (BullMQ's and fairqueue's) share one slot (workers, Node ones too, "
-                "must use the same queue name)"
-            )
-
-
-def _parse_queues(value: Any) -> Mapping[str, str]:
-    if not isinstance(value, Mapping) or not value:
-        raise ImproperlyConfigured(
-            f"FAIRQUEUE['QUEUES']={value!r} is not allowed: "
-            "expected a non-empty dict mapping job type to BullMQ queue name"
-        )
-    for job_type, queue in value.items():
-        for label, item in (("job type", job_type), ("queue name", queue)):
-            if (
-                not isinstance(item, str)
-                or not item
-                or len(item) > MAX_QUEUE_NAME_LENGTH
-                or ":" in item
-            ):
-                raise ImproperlyConfigured(
-                    f"FAIRQUEUE['QUEUES'] {label} {item!r} is not allowed: expected a "
-                    f"non-empty string of at most {MAX_QUEUE_NAME_LENGTH} characters "
-                    "without ':'"
-                )
-    return MappingProxyType(dict(value))
-
-
-def _parse_str(key: str, value: Any, from_env: bool = False) -> str:
-    if not isinstance(value, str) or not value or ":" in value:
-        raise ImproperlyConfigured(
-            f"{_source_name(key, from_env)}={value!r} is not allowed: expected a non-empty "
-            "string without ':'"
-        )
-    return value
-
-
-#: What FAIRNESS_BY may be.
-FAIRNESS_BY_CHOICES: Final = ("time", "jobs")
-
-
-def _parse_fairness_by(value: Any) -> str:
-    if value not in FAIRNESS_BY_CHOICES:
-        raise ImproperlyConfigured(
-            f"FAIRQUEUE['FAIRNESS_BY']={value!r} is not allowed: expected 'time' or 'jobs'"
-        )
-    return value
-
-
-def _parse_tenant_limits(value: Any) -> Mapping[str, TenantLimits]:
-    tiers = tuple(tier.value for tier in PlanTier)
-    if not isinstance(value, Mapping):
-        raise ImproperlyConfigured(
-            f"FAIRQUEUE['TENANT_LIMITS']={value!r} is not allowed: expected a dict of plan "
-            f"tier ({', '.join(tiers)}) to a dict of limits"
-        )
-    parsed = {}
-    for tier, limits in value.items():
-        if tier not in tiers:
-            raise ImproperlyConfigured(
-                f"FAIRQUEUE['TENANT_LIMITS'] has key {tier!r}, which is not allowed: expected "
-                f"a plan tier ({', '.join(tiers)})"
-            )
-        try:
-            parsed[tier] = parse_limits(limits, where=f"FAIRQUEUE['TENANT_LIMITS'][{tier!r}]")
-        except InvalidTenantLimitError as exc:
-            raise ImproperlyConfigured(str(exc)) from None
-    return MappingProxyType({tier: limits for tier, limits in parsed.items() if limits.holds})
-
-
 def _validate() -> tuple[FairqueueSettings | None, list[SettingError]]:
     """The settings, or ``None`` and every problem found, in the order first use reports
     them (the first one is what ``load_settings`` raises)."""
@@ -451,22 +344,27 @@ def _validate() -> tuple[FairqueueSettings | None, list[SettingError]]:
     redis_from_env = "REDIS_URL" in from_env
     read(Problem.REDIS_AND_REDIS_URL, _check_one_redis_setting, values, user, redis_from_env)
     redis = read(Problem.REDIS, _parse_redis, values, redis_from_env, "REDIS_URL" in user)
-    prefix = read(Problem.PREFIX, _parse_str, "PREFIX", values["PREFIX"], "PREFIX" in from_env)
-    queues = read(Problem.QUEUES, _parse_queues, values["QUEUES"])
+
+    def source(key: str) -> str:
+        return _source_name(key, key in from_env)
+
+    prefix = read(Problem.PREFIX, parse_str, source("PREFIX"), values["PREFIX"])
+    queues = read(Problem.QUEUES, parse_queues, values["QUEUES"])
     if redis is not None and prefix is not None and queues is not None:
-        read(Problem.CLUSTER_QUEUE_WITHOUT_HASH_TAG, _check_cluster_queues, redis, prefix, queues)
+        read(Problem.CLUSTER_QUEUE_WITHOUT_HASH_TAG, check_cluster_queues, redis, prefix, queues)
     fields: dict[str, Any] = {
         "max_wait_ms": number("MAX_WAIT_MS"),
         "rebalance_interval_ms": number("REBALANCE_INTERVAL_MS"),
         "priority_enabled": read(
             Problem.PRIORITY_ENABLED,
-            _parse_bool,
-            "PRIORITY_ENABLED",
+            parse_bool,
+            source("PRIORITY_ENABLED"),
             values["PRIORITY_ENABLED"],
-            "PRIORITY_ENABLED" in from_env,
         ),
         "rebalance_window": number("REBALANCE_WINDOW"),
-        "cache_alias": read(Problem.CACHE_ALIAS, _parse_str, "CACHE_ALIAS", values["CACHE_ALIAS"]),
+        "cache_alias": read(
+            Problem.CACHE_ALIAS, parse_str, source("CACHE_ALIAS"), values["CACHE_ALIAS"]
+        ),
         "plan_cache_timeout": number("PLAN_CACHE_TIMEOUT"),
         "max_payload_bytes": number("MAX_PAYLOAD_BYTES"),
         "keep_completed": read(
@@ -475,18 +373,17 @@ def _validate() -> tuple[FairqueueSettings | None, list[SettingError]]:
         "keep_failed": read(
             Problem.KEEP_FAILED, _parse_retention, "KEEP_FAILED", values["KEEP_FAILED"]
         ),
-        "fairness_by": read(Problem.FAIRNESS_BY, _parse_fairness_by, values["FAIRNESS_BY"]),
+        "fairness_by": read(Problem.FAIRNESS_BY, parse_fairness_by, values["FAIRNESS_BY"]),
         "audit_explicit_priority": read(
             Problem.AUDIT_EXPLICIT_PRIORITY,
-            _parse_bool,
-            "AUDIT_EXPLICIT_PRIORITY",
+            parse_bool,
+            source("AUDIT_EXPLICIT_PRIORITY"),
             values["AUDIT_EXPLICIT_PRIORITY"],
-            False,
         ),
         "plan_local_cache_timeout": number("PLAN_LOCAL_CACHE_TIMEOUT"),
-        "tenant_limits": read(Problem.TENANT_LIMITS, _parse_tenant_limits, values["TENANT_LIMITS"]),
+        "tenant_limits": read(Problem.TENANT_LIMITS, parse_tenant_limits, values["TENANT_LIMITS"]),
         "usage_ledger": read(
-            Problem.USAGE_LEDGER, _parse_bool, "USAGE_LEDGER", values["USAGE_LEDGER"], False
+            Problem.USAGE_LEDGER, parse_bool, source("USAGE_LEDGER"), values["USAGE_LEDGER"]
         ),
         "quotas": read(Problem.QUOTAS, parse_quotas, values["QUOTAS"]),
         "breaker": read(Problem.BREAKER, parse_breaker, values["BREAKER"]),
