@@ -362,13 +362,13 @@ class FairClock:
         total = sum(w for (lvl, _), w in self.counted.items() if lvl == level)
         shift = flow_step(self.weights[level], self.counted[key], total, cost=shift_turns)
         # A refund (a moved job must never land behind the virtual time) or a shift against
-        # the direction the pages go in (nor where they are still to go) is charged as any
-        # settlement, after.
+        # the direction the pages go in (nor where they are still to go) is carried to the
+        # flow's next job: its last tag is the pages' until they are done.
         fold = shift == 0 or (ratio >= 1 and shift > 0)
         anchor = self.vt
         self.last[key] = replaced_tag(last, anchor, ratio, shift if fold else 0.0)
         if not fold:
-            self.charge(level, tenant, shift_turns)
+            self.carried[key] = self.carried.get(key, 0.0) + shift_turns
         return anchor, ratio, shift if fold else 0.0
 
     def _frontier(self, level: PriorityLevel) -> tuple[float, int | None] | None:

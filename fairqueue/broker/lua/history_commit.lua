@@ -160,7 +160,8 @@ for i = from, to, 4 do
   if rank and last and last > vt and redis.call('HEXISTS', KEYS[10], member) == 0 then
     local tags = tagsOf(member, level, rank, shift)
     -- a refund (a moved job must never land behind the virtual time) or a shift against
-    -- the pages' direction (nor where they are still to go) is settled as any charge, after
+    -- the pages' direction (nor where they are still to go) is carried to the flow's next
+    -- job (its last tag is the pages' until they are done)
     local fold = tags == 0 or (ratio >= 1 and tags > 0)
     if not fold then tags = 0 end
     local function g(x) return string.format('%.17g', x) end
@@ -169,7 +170,7 @@ for i = from, to, 4 do
     if ratio >= 1 then
       redis.call('ZADD', KEYS[5], g(vt + tags + (last - vt) * ratio), member)
     end
-    if not fold then settle(member, level, shift, ARGV[i + 3]) end
+    if not fold then redis.call('HINCRBYFLOAT', KEYS[4], 'p:' .. member, ARGV[i + 3]) end
   elseif shift ~= 0 then
     settle(member, level, shift, ARGV[i + 3])
   end
