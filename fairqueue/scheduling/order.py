@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from math import lcm
 from typing import Final, Literal
 
+from fairqueue.scheduling.hierarchy import ACCOUNT_MARK, flow_share, group_of, level_groups
 from fairqueue.scheduling.levels import DEFAULT_FAIR_WEIGHTS, LEVELS_BY_RANK, PriorityLevel
 from fairqueue.scheduling.wire import flow_member
 
@@ -56,9 +57,6 @@ WEIGHTED_FAIR: Final = "weighted_fair"
 #: units: 12 is the least common multiple of 4, 3, 2 and 1, so a lone tenant's tags
 #: are whole numbers at every level (critical 3, high 4, normal 6, low 12 per job).
 TAG_SCALE: Final = 12
-#: What starts an account's key among the flows' tenants' (no tenant id holds a line
-#: feed): its catch-up state lives beside a tenant's, which is its own account's.
-ACCOUNT_MARK: Final = "\n"
 #: How many of the flows that reach furthest ahead (of every level) a joining flow looks
 #: through for its level's frontier: bounded work per placement; past it, the joining
 #: flow gets the plain split of its level's weight.
@@ -104,11 +102,14 @@ def is_overdue(job: PendingJob, *, now_ms: int, max_wait_ms: int) -> bool:
     return now_ms - job.enqueued_at_ms > max_wait_ms
 
 
-def replaced_tag(tag: float, anchor: float, ratio: float) -> float:
+def replaced_tag(tag: float, anchor: float, ratio: float, shift: float = 0.0) -> float:
     """A waiting job's tag once its tenant's weight changed by ``ratio`` (old over new)
     at virtual time ``anchor``: its distance from then shrinks or grows by the ratio
-    (docs/design.md, "A weight change"; ``reweight_page.lua``)."""
-    return anchor + (tag - anchor) * ratio
+    (docs/design.md, "A weight change"; ``reweight_page.lua``). A cold flow's first
+    measurement places its jobs again the same way, ``ratio`` being its measured cost
+    over the one its jobs paid, ``shift`` (tags) what its runs so far overran, paid at
+    once (docs/design.md, "Service is worker time")."""
+    return anchor + shift + (tag - anchor) * ratio
 
 
 def flow_step(
@@ -253,10 +254,8 @@ class FairClock:
     #: A joining account's catch-up horizon: where its level's backlogs ended when it
     #: joined (keyed by level and tenant, or ``ACCOUNT_MARK`` + account).
     horizon: dict[tuple[PriorityLevel, str], float] = field(default_factory=dict)
-    #: The level's split (sum of its accounts' weights, a tenant without an account its
-    #: own) a flow's last job was placed with: its step is that over its account's
-    #: weight times its account's split over its tenant weight, in turns of its level, so
-    #: a flow joining beside its backlog is placed at that backlog's spacing
+    #: The level's split (its accounts' weights) an account's last job was placed with, so
+    #: one joining beside its backlog is placed at its spacing
     #: (docs/design.md, "Joining a level").
     spacing: dict[tuple[PriorityLevel, str], float] = field(default_factory=dict)
     #: A charge (turns) a flow's runs left after it had no work: its next job pays it
@@ -325,7 +324,7 @@ class FairClock:
             tenant_weight = self.counted[key]
         if key in self.counted:
             account = self.accounts.get(key)
-        group = tenant if account is None else ACCOUNT_MARK + account
+        group = group_of(tenant, account)
         groups = self._groups(level, key)
         weight = tenant_weight if account is None else account_weight
         if account is not None and stored and group in groups:
@@ -400,7 +399,7 @@ class FairClock:
             self.inner.pop(key, None)
             self.inner_spacing.pop(key, None)
             account = self.accounts.pop(key, None)
-            groups.add((key[0], key[1] if account is None else ACCOUNT_MARK + account))
+            groups.add((key[0], group_of(key[1], account)))
         for level, group in groups:
             if group.startswith(ACCOUNT_MARK) and group in self._groups(level):
                 continue
@@ -411,28 +410,12 @@ class FairClock:
                 del self.account_weights[(level, group[len(ACCOUNT_MARK) :])]
 
     def _group_of(self, key: tuple[PriorityLevel, str]) -> str:
-        account = self.accounts.get(key)
-        return key[1] if account is None else ACCOUNT_MARK + account
+        return group_of(key[1], self.accounts.get(key))
 
     def _groups(
         self, level: PriorityLevel, but: tuple[PriorityLevel, str] | None = None
     ) -> dict[str, tuple[int, int]]:
-        """The accounts of ``level``'s flows with work (``but`` left out): each one's
-        weight and the sum of its flows' tenant weights; a flow without an account is an
-        account of its own, keyed by its tenant (an account by ``ACCOUNT_MARK`` + id)."""
-        groups: dict[str, tuple[int, int]] = {}
-        for key, counted in self.counted.items():
-            if key[0] != level or key == but:
-                continue
-            account = self.accounts.get(key)
-            if account is None:
-                groups[key[1]] = (counted, counted)
-            else:
-                weight, total = groups.get(
-                    ACCOUNT_MARK + account, (self.account_weights[(level, account)], 0)
-                )
-                groups[ACCOUNT_MARK + account] = (weight, total + counted)
-        return groups
+        return level_groups(self.counted, self.accounts, self.account_weights, level, but)
 
     def reweight(
         self, tenant: str, tenant_weight: int
@@ -454,6 +437,33 @@ class FairClock:
                 self.last[key] = replaced_tag(last, self.vt, counted / tenant_weight)
             self.counted[key] = tenant_weight
         return moved
+
+    def recost(
+        self, level: PriorityLevel, tenant: str, ratio: float, shift_turns: float
+    ) -> tuple[float, float, float] | None:
+        """The flow's first runs were measured: its waiting jobs, placed cold, are placed
+        again at ``ratio`` (measured cost over what they paid) from the virtual time,
+        ``shift_turns`` later (what its runs so far overran: paid at once, not behind its
+        backlog), and its last tag with them (``history_commit.lua`` begins it,
+        ``reweight_page.lua`` moves the jobs). Returns (anchor, ratio, shift in tags)
+        for :func:`replaced_tag`, or ``None`` when the flow has no work: then the shift
+        is charged as any settlement (:meth:`charge`)."""
+        key = (level, tenant)
+        last = self.last.get(key)
+        if last is None or last <= self.vt:
+            self.charge(level, tenant, shift_turns)
+            return None
+        share = flow_share(self._groups(level), self._group_of(key))
+        shift = flow_step(self.weights[level], self.counted[key], share, cost=shift_turns)
+        # A refund (a moved job must never land behind the virtual time) or a shift against
+        # the direction the pages go in (nor where they are still to go) is carried to the
+        # flow's next job: its last tag is the pages' until they are done.
+        fold = shift == 0 or (ratio >= 1 and shift > 0)
+        anchor = self.vt
+        self.last[key] = replaced_tag(last, anchor, ratio, shift if fold else 0.0)
+        if not fold:
+            self.carried[key] = self.carried.get(key, 0.0) + shift_turns
+        return anchor, ratio, shift if fold else 0.0
 
     def _frontier(
         self, level: PriorityLevel, account: str | None = None
@@ -498,9 +508,7 @@ class FairClock:
         if self.last.get(key, self.vt) <= self.vt:
             self.carried[key] = self.carried.get(key, 0.0) + turns
             return
-        groups = self._groups(level)
-        weight, mates = groups[self._group_of(key)]
-        share = sum(w for w, _ in groups.values()) * mates / weight
+        share = flow_share(self._groups(level), self._group_of(key))
         self.last[key] += flow_step(self.weights[level], self.counted[key], share, cost=turns)
 
 
