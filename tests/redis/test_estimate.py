@@ -17,7 +17,7 @@ from fairqueue.broker.status_reads import StatusReads
 from fairqueue.scheduling import estimate as eta
 from fairqueue.scheduling.levels import PriorityLevel
 from fairqueue.scheduling.limits import TenantLimits
-from tests.conftest import REDIS_URL, delete_prefix, run_prefix
+from tests.helpers.keys import REDIS_URL, delete_prefix, run_prefix
 
 C, H, N, L = PriorityLevel.CRITICAL, PriorityLevel.HIGH, PriorityLevel.NORMAL, PriorityLevel.LOW
 RANK = {C: 0, H: 1, N: 2, L: 3}
