@@ -121,7 +121,7 @@ def test_a_flow_whose_last_tag_ran_ahead_with_nothing_waiting_is_not_a_backlog(
     queue was nearly idle): its last tag lies 40 steps past the virtual time, but nothing
     of it waits. n, the only flow waiting, goes at the whole measured pace, not at half
     of it beside a backlog 'ran' does not have."""
-    _history(redis_client, fq_prefix, {("normal", "n"): 10.0})
+    write_history(redis_client, fq_prefix, {("normal", "n"): 10.0})
     ran = enqueue_jobs("email", [{}] * 40, tenant_id="ran", priority_level="normal")
     enqueue_jobs("email", [{}] * 40, tenant_id="n", priority_level="normal")
     flows = f"{fq_prefix}:email:fq:flows"
