@@ -101,18 +101,23 @@ def metric_homes(root: Path) -> dict[str, set[str]]:
 
 
 def route_makers(root: Path) -> list[str]:
-    """Console modules that make a route themselves (``path``/``re_path``) rather than
-    through ``ConsoleAdmin._page``."""
+    """Console modules that make a route themselves (importing Django's ``path`` or
+    ``re_path``, under any name, or calling one) rather than through ``ConsoleAdmin._page``."""
     found = []
     for path in sorted((root / "fairqueue" / "dashboard").rglob("*.py")):
         if path.name == "console_admin.py":
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Call):
+            if isinstance(node, ast.ImportFrom) and node.module == "django.urls":
+                made = any(alias.name in {"path", "re_path"} for alias in node.names)
+            elif isinstance(node, ast.Call):
                 func = node.func
                 name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
-                if name in {"path", "re_path"}:
-                    found.append(f"{path.relative_to(root).as_posix()}:{node.lineno}")
+                made = name in {"path", "re_path"}
+            else:
+                made = False
+            if made:
+                found.append(f"{path.relative_to(root).as_posix()}:{node.lineno}")
     return found
 
 
@@ -222,13 +227,18 @@ def test_a_route_metric_or_page_off_the_recipe_is_found(tmp_path):
         {
             "fairqueue/dashboard/console_admin.py": "path('x', v)\n",
             "fairqueue/dashboard/extra.py": "from django.urls import path\nU = [path('y', v)]\n",
+            "fairqueue/dashboard/alias.py": "from django.urls import re_path as p\n",
             "fairqueue/metrics.py": "A = 'queue_fair_a'\n",
             "fairqueue/other.py": "'''About ``queue_fair_a``.'''\nB = 'queue_fair_b'\n",
             "fairqueue/templates/fairqueue/page.html": "{% extends 'base.html' %}\n",
             "fairqueue/templates/fairqueue/_part.html": "partial\n",
         },
     )
-    assert route_makers(root) == ["fairqueue/dashboard/extra.py:2"]
+    assert route_makers(root) == [
+        "fairqueue/dashboard/alias.py:1",
+        "fairqueue/dashboard/extra.py:1",
+        "fairqueue/dashboard/extra.py:2",
+    ]
     assert metric_homes(root) == {
         "queue_fair_a": {"fairqueue/metrics.py"},
         "queue_fair_b": {"fairqueue/other.py"},
