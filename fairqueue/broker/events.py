@@ -42,9 +42,6 @@ _RAW = {NEVER_DECODE: True}
 #: XRANGE named in bytes: redis-py then applies no reply callback (its parsing of every
 #: entry into a dict would cost the loop more than all the rest of the page's work).
 _XRANGE = b"XRANGE"
-#: Started jobs' hashes read per round trip (each read stops once the page's data
-#: budget is spent).
-_ROWS_PER_READ = 256
 
 
 @dataclass(frozen=True, slots=True)
