@@ -76,7 +76,8 @@ def command_logging(verbosity: int, stream: TextIO) -> Iterator[None]:
 
 class LoopCommand(BaseCommand):
     """Base of the long-running commands: logging set up by :func:`command_logging`
-    around :meth:`handle_loop`, and (for loops with rounds) ``--once``, ``--interval-ms`` and ``--queue``.
+    around :meth:`handle_loop`, and (for loops with rounds) ``--once``, ``--interval-ms``
+    and ``--queue``.
 
     Subclasses add their arguments (calling :meth:`add_loop_arguments` for the three) and
     implement :meth:`handle_loop`; errors a user can act on are ``CommandError`` s.
