@@ -74,11 +74,12 @@ test-fast: $(VENV)/.installed-dev
 	$(PY) -m mypy
 	$(PY) -m pytest tests/unit -q -n $(TEST_WORKERS)
 
-# `make test`'s pytest run on Django 6.1 / Python 3.12 (ruff ran in `make test`).
+# `make test`'s pytest run on Django 6.1 / Python 3.12 (ruff ran in `make test`; the
+# benchmarks' smoke runs, on the versions requirements.txt resolves to, ran there too).
 test-django6: $(VENV_DJ6)/.installed redis tests/node/node_modules/.installed
 	$(PY_DJ6) -c "import django, sys; print('make: Django', django.get_version(), 'on Python', sys.version.split()[0])"
-	$(PY_DJ6) -m pytest -n $(TEST_WORKERS) -m "not serial"
-	$(PY_DJ6) -m pytest -m serial
+	$(PY_DJ6) -m pytest -n $(TEST_WORKERS) -m "not serial" --ignore=tests/e2e/test_benchmarks_smoke.py
+	$(PY_DJ6) -m pytest -m serial --ignore=tests/e2e/test_benchmarks_smoke.py
 
 # docs/screenshots/: every console page light and dark, the overview, a culprit tenant,
 # a job and the plan list at 400 px (tests/e2e/test_console_themes.py; needs chromium).

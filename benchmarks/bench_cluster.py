@@ -43,7 +43,7 @@ from bullmq import Queue  # noqa: E402
 
 from fairqueue.broker import Broker, NewJob  # noqa: E402
 from fairqueue.scheduling.levels import PriorityLevel  # noqa: E402
-from tests.servers import LocalCluster, start_cluster  # noqa: E402
+from tests.helpers.servers import LocalCluster, start_cluster  # noqa: E402
 
 QUEUES = 6
 BATCH = 250

@@ -555,18 +555,24 @@ def loop_steps(url: str, rate: int, rounds: int = 40) -> dict[str, float]:
 #: the loaded source, here only: the shipped Lua is untouched). The cost of a part is the
 #: full script's time less its variant's.
 ADD_VARIANTS: dict[str, list[tuple[str, str]]] = {
-    "the ready-second index (one RPUSH per call)": [("fqIndexMany(fqK, fqIndexed, fqNow)\n", "")],
+    "the ready-second index (one RPUSH per call)": [
+        ("fqIndexMany(fqKeys, fqIndexed, fqNow)\n", "")
+    ],
     "the fqReady slot filled in (bytes, per job)": [
-        ("  if slotted then job[3] = string.sub(job[3], 1, -10) .. fqReadyPacked end\n", "")
+        (
+            "  if slotted then job.opts = string.sub(job.opts, 1, -10) .. fqReadyPacked end\n",
+            "",
+        )
     ],
     "the flows' state (fqPlace over the call's memo, per job)": [
         (
-            "score = fqPlace(fqK, fqC, job[4], job[5], job[6], false, job[7])",
+            "score, behind, paid = fqPlace(fqKeys, fqClockState, job.level, job.tenant, "
+            "job.weight, job.cost)",
             "score = fqFloor * fqScore + 4 * (#fqReplies + 1)",
         )
     ],
     "the flows' state written once (fqFlush, per call)": [
-        ("fqFlush(fqK, fqC)\nfqIndexMany", "fqIndexMany")
+        ("fqFlush(fqKeys, fqClockState)\nfqIndexMany", "fqIndexMany")
     ],
     # No row for the fair score itself: since c71f14d it is BullMQ's own ZADD's argument,
     # not a command; leaving it out would place the job at the cap instead (no saving).

@@ -90,6 +90,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import json
 import math
 import os
@@ -1244,10 +1245,13 @@ def setup_django() -> ThreadPoolExecutor:
     """Django on the benchmark's settings, used from one thread only (the in-memory
     database that ``enqueue_jobs`` writes its audit rows to is per connection)."""
     os.environ["DJANGO_SETTINGS_MODULE"] = SETTINGS_MODULE
-    # A file, not memory: the rebalance loop this benchmark starts reads it too.
+    # A file, not memory: the rebalance loop this benchmark starts reads it too. One per
+    # run (by pid): two benchmarks at once (a smoke run's, or two people's on one
+    # machine) would otherwise migrate and delete each other's database.
     OUT.mkdir(parents=True, exist_ok=True)
-    database = OUT / "bench.sqlite3"
+    database = OUT / f"bench-{os.getpid()}.sqlite3"
     database.unlink(missing_ok=True)
+    atexit.register(database.unlink, missing_ok=True)
     os.environ["FQBENCH_DB"] = str(database)
     import django
 

@@ -54,9 +54,9 @@ from django.test.utils import override_settings  # noqa: E402
 
 from fairqueue import conf  # noqa: E402
 from fairqueue.broker import NewJob, close_brokers, get_sync_broker, plain_script  # noqa: E402
-from fairqueue.dashboard import history  # noqa: E402
 from fairqueue.rebalance.passes import rebalance_queue, run_tick  # noqa: E402
 from fairqueue.rebalance.rebalancer import HISTORY_EVERY_MS  # noqa: E402
+from fairqueue.scheduling import shares  # noqa: E402
 from fairqueue.scheduling.levels import PAYLOAD_LEVEL_KEY, PAYLOAD_TENANT_KEY, PriorityLevel  # noqa: E402
 
 JOB_TYPE = QUEUE = "email"
@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     print(
         f"\nHistory recording at {args.rate} jobs/s for {args.seconds:.0f} s, Node worker "
-        f"concurrency {args.concurrency} (buckets {history.BUCKET_S} s):"
+        f"concurrency {args.concurrency} (buckets {shares.BUCKET_S} s):"
     )
     cols = (
         "run", "interval_ms", "added", "taken", "passes", "pass_ms_median", "pass_ms_p95",

@@ -4,11 +4,12 @@ Prints, for 1k/10k/100k random waiting jobs, the time of ``order_pending_jobs`` 
 the literal ``order_by_occupancy`` side by side (ratio = fairqueue / occupancy), and
 for the flood scenario (8,000 critical + 200 low) where each puts the first low job.
 
-    python benchmarks/bench_policy.py
+    python benchmarks/bench_policy.py [--sizes 1000 10000 100000]
 """
 
 from __future__ import annotations
 
+import argparse
 import random
 import statistics
 import sys
@@ -48,10 +49,13 @@ def best_of(fn, jobs, repeat: int) -> float:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000, 100_000])
+    args = parser.parse_args()
     print("Policy speed (median wall time)")
     print(f"{'jobs':>8} | {'order_pending_jobs':>18} | {'order_by_occupancy':>18} | {'ratio':>6}")
     print("-" * 60)
-    for n in (1_000, 10_000, 100_000):
+    for n in args.sizes:
         jobs = random_jobs(n)
         repeat = 5 if n < 100_000 else 3
         fair = best_of(order_pending_jobs, jobs, repeat)

@@ -46,9 +46,15 @@ def start_redis(realtime: bool = False) -> tuple[subprocess.Popen[bytes], str, s
     the real-time scheduling class (``chrt``), so the slow log measures the scripts' own
     work and not the time this shared machine's scheduler gave Redis's core to the
     benchmark's workers and producers (a production Redis has a core of its own)."""
-    from benchmarks.common import free_port
+    import socket
 
-    port = free_port()
+    # Not benchmarks.common.free_port: benchmarks.common reads FAIRQUEUE_REDIS_URL when
+    # first imported, and this runs before main() points it at this server, so the loop
+    # (through bench_fairness) would lead on the shared Redis instead, and every phase
+    # with the loop would wait for releases that never come.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
     folder = tempfile.mkdtemp(prefix="fqbench-redis-")
     command = ["chrt", "--fifo", "10"] if realtime else []
     process = subprocess.Popen(
@@ -203,7 +209,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         start_loop,
         wait_for_loop,
     )
-    from benchmarks.common import stop_process, wait_for_redis
+    from benchmarks.common import REDIS_URL, stop_process, wait_for_redis
+
+    if REDIS_URL != url:  # the loop and the worker must use the private server
+        raise SystemExit(f"benchmarks.common was imported too early: {REDIS_URL}")
 
     client = redis.Redis.from_url(url)
     wait_for_redis(client)

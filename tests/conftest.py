@@ -1,10 +1,12 @@
-"""Shared fixtures: every test that touches Redis gets its own BullMQ key prefix."""
+"""Shared fixtures: every test that touches Redis gets its own BullMQ key prefix. Test
+modules take fixtures from here and helpers from tests/helpers/, never from each other
+(tests/unit/test_house.py checks it)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
@@ -13,18 +15,16 @@ import redis
 from fairqueue import conf, plans
 from fairqueue.broker import close_brokers
 from fairqueue.enqueue import priority
-from tests.fresh_project import copy_checkout, run_ok
-from tests.settings import TEST_REDIS_URL  # noqa: E402 - after the imports above
-
-REDIS_URL = os.environ.get("FAIRQUEUE_REDIS_URL", TEST_REDIS_URL)
-#: This run's mark in every key prefix the suite makes (all xdist workers share it), so
-#: the sweep at the end deletes this run's leftovers and never another run's keys.
-RUN_ID = (os.environ.get("PYTEST_XDIST_TESTRUNUID") or uuid.uuid4().hex)[:8]
-
-
-def run_prefix(kind: str = "fqtest") -> str:
-    """A fresh BullMQ key prefix of this run (see :data:`RUN_ID`)."""
-    return f"{kind}-{RUN_ID}-{uuid.uuid4().hex[:12]}"
+from tests.helpers.fresh_project import copy_checkout, run_ok
+from tests.helpers.keys import REDIS_URL, RUN_ID, TEST_QUEUES, delete_prefix, run_prefix
+from tests.helpers.node import NODE_DIR
+from tests.helpers.servers import (
+    CLUSTER_PREFIX,
+    CLUSTER_QUEUES,
+    LocalCluster,
+    cluster_support,
+    start_cluster,
+)
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -35,20 +35,6 @@ def pytest_sessionfinish(session, exitstatus):
             delete_prefix(f"{kind}-{RUN_ID}-*")
     except redis.RedisError:
         pass  # no Redis (tests/unit alone): nothing was written
-
-
-TEST_QUEUES = {"email": "email", "report": "report", "cleanup": "cleanup"}
-
-
-def delete_prefix(prefix: str, url: str = REDIS_URL) -> None:
-    """Delete every key under ``prefix`` on the Redis at ``url``."""
-    client = redis.Redis.from_url(url)
-    try:
-        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-        for start in range(0, len(keys), 1000):
-            client.delete(*keys[start : start + 1000])
-    finally:
-        client.close()
 
 
 @pytest.fixture
@@ -141,3 +127,54 @@ def installed_wheel(tmp_path_factory) -> Path:
     (wheel,) = wheels.glob("django_fairqueue-*.whl")
     pip("install", "--no-deps", "--target", str(site), str(wheel))
     return site
+
+
+@pytest.fixture(scope="module")
+def node_worker():
+    """The argv of tests/node/worker.mjs (a stock Node BullMQ worker recording its order);
+    skipped without Node (failed in CI)."""
+    node = shutil.which("node")
+    installed = (NODE_DIR / "node_modules" / "bullmq").is_dir()
+    if node is None or not installed:
+        if os.environ.get("CI"):
+            pytest.fail("node and tests/node/node_modules are required in CI (.ci/run installs)")
+        pytest.skip("node or tests/node/node_modules missing (run: cd tests/node && npm ci)")
+    return [node, str(NODE_DIR / "worker.mjs")]
+
+
+@pytest.fixture
+def node():
+    """The path of ``node`` (for tests/helpers/node.py's workers); skipped without it."""
+    if shutil.which("node") is None or not (NODE_DIR / "node_modules" / "bullmq").is_dir():
+        pytest.skip("node or tests/node/node_modules missing (run: cd tests/node && npm ci)")
+    return shutil.which("node")
+
+
+@pytest.fixture(scope="session")
+def redis_cluster():
+    """A private 3-master Redis Cluster for the session (tests/helpers/servers.py)."""
+    reason = cluster_support()
+    if reason is not None:
+        pytest.skip(f"no local Redis Cluster: {reason}")
+    cluster = start_cluster(3)
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def on_cluster(redis_cluster: LocalCluster, settings):
+    """fairqueue configured for the private cluster; emptied afterwards."""
+    from fairqueue.dashboard.stats import clear_backlog_cache
+
+    settings.FAIRQUEUE = {
+        "REDIS": {"cluster": redis_cluster.nodes},
+        "PREFIX": CLUSTER_PREFIX,
+        "QUEUES": dict(CLUSTER_QUEUES),
+    }
+    conf.reload_settings()
+    clear_backlog_cache()
+    yield redis_cluster
+    close_brokers()
+    clear_backlog_cache()
+    redis_cluster.flush()
+    conf.reload_settings()

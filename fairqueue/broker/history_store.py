@@ -15,6 +15,7 @@ from typing import Any
 from fairqueue.broker.connection import BrokerPart
 from fairqueue.broker.events import PageReader, RecordedPage
 from fairqueue.broker.lock_store import Fence
+from fairqueue.broker.scripts import plain_script
 from fairqueue.scheduling.attempts import TENANT_BUCKET_S, tenant_bucket
 from fairqueue.scheduling.shares import BUCKET_S, LEVEL_NAMES, RETENTION_S
 from fairqueue.scheduling.usage import Ledger
@@ -69,6 +70,24 @@ class HistoryStore(BrokerPart):
                 by_time=fairness_by == "time",
                 ledger=ledger,
             )
+        )
+
+    async def sample_virtual_time(self, queue: str) -> None:
+        """Keep where ``queue``'s virtual time stands now in the current history bucket
+        (``lua/vt_sample.lua``): the start estimate reads the pace it really moved at over
+        the rate's window. One O(log n) read of the head and a few writes to one hash."""
+        await self.conn.guard(self._sample(queue))
+
+    async def _sample(self, queue: str) -> None:
+        await self.conn.script(plain_script("vt_sample"))(
+            keys=[
+                self.conn.fair_key(queue, "state"),
+                self.conn.key(queue, "prioritized"),
+                self.conn.key(queue, "wait"),
+                self.conn.fair_key(queue, "hist"),
+            ],
+            bucket_s=BUCKET_S,
+            ttl=RETENTION_S + 2 * BUCKET_S,
         )
 
     async def read_history(

@@ -453,6 +453,6 @@ def plain_script(name: str) -> Script:
     ``lock_release``, ``dashboard_page``, ``dashboard_scan``, ``order_head``, ``history_seek``,
     ``history_rows``, ``history_commit``, ``limits_walk``, ``limits_rows``,
     ``limits_restore``, ``reweight``, ``reweight_page``, ``estimate_start``, ``job_status``,
-    ``forget_obliterated``, ``usage_flushed``, ``tenant_jobs``, ``usage_running``,
+    ``forget_obliterated``, ``usage_flushed``, ``tenant_jobs``, ``usage_running``, ``vt_sample``,
     ``remove_waiting``)."""
     return _own(name)

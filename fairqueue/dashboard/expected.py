@@ -1,9 +1,10 @@
-"""Expected starts for the dashboard's job and tenant pages: what to show, as plain
-dicts (no template here; the pages render them). Each call is one read-only Redis round
-trip (:func:`fairqueue.job_status`, :func:`fairqueue.estimate_start`)."""
+"""Expected starts for the dashboard's job and tenant pages: what to show, as frozen
+dataclasses (no template here; the pages render them). Each call is one read-only Redis
+round trip (:func:`fairqueue.job_status`, :func:`fairqueue.estimate_start`)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -45,41 +46,60 @@ def describe(estimate: StartEstimate) -> str:
     return text
 
 
-def _shown(estimate: StartEstimate) -> dict[str, Any]:
-    return {
-        "expected_start": _when(estimate.expected_start_ms),
-        "earliest_start": _when(estimate.earliest_start_ms),
-        "latest_start": _when(estimate.latest_start_ms),
-        "expected_wait_ms": estimate.expected_wait_ms,
-        "confidence": estimate.confidence,
-        "ahead": estimate.ahead,
-        "held_reason": estimate.held_reason,
-        "share": estimate.share,
-        "level_share": estimate.level_share,
-        "level": estimate.level,
-        "text": describe(estimate),
-    }
+@dataclass(frozen=True, slots=True)
+class ExpectedStart:
+    """An estimate as a page shows it: its times as datetimes, its sentence in ``text``;
+    ``state``: the job's state on a job page ("" for a tenant's next job)."""
+
+    expected_start: datetime | None
+    earliest_start: datetime | None
+    latest_start: datetime | None
+    expected_wait_ms: int | None
+    confidence: str | None
+    ahead: int | None
+    held_reason: str | None
+    share: float | None
+    level_share: float | None
+    level: str | None
+    text: str
+    state: str = ""
 
 
-def job_expected_start(job_type: str, job_id: str) -> dict[str, Any] | None:
-    """A job page's expected start: its state and :func:`_shown`'s fields (``None``: no
-    such job)."""
+def _shown(estimate: StartEstimate) -> ExpectedStart:
+    return ExpectedStart(
+        expected_start=_when(estimate.expected_start_ms),
+        earliest_start=_when(estimate.earliest_start_ms),
+        latest_start=_when(estimate.latest_start_ms),
+        expected_wait_ms=estimate.expected_wait_ms,
+        confidence=estimate.confidence,
+        ahead=estimate.ahead,
+        held_reason=estimate.held_reason,
+        share=estimate.share,
+        level_share=estimate.level_share,
+        level=estimate.level,
+        text=describe(estimate),
+    )
+
+
+def job_expected_start(job_type: str, job_id: str) -> ExpectedStart | None:
+    """A job page's expected start, with the job's state (``None``: no such job)."""
     status = job_status(job_type, job_id)
     if status is None:
         return None
-    shown = _shown(status.estimate)
+    shown = replace(_shown(status.estimate), state=status.state)
     if status.state in ("active", "completed", "failed"):
-        shown["text"] = (
+        text = (
             f"started {_when(status.started_ms):%Y-%m-%d %H:%M:%S} UTC"
             if (status.started_ms is not None)
             else status.state
         )
-    return {"state": status.state, **shown}
+        shown = replace(shown, text=text)
+    return shown
 
 
 def tenant_expected_start(
     job_type: str, tenant_id: str, priority_level: str | None = None
-) -> dict[str, Any]:
+) -> ExpectedStart:
     """A tenant page's "a new job would start ...": where its next job of
     ``priority_level`` (``None``: the level its plan gives it) would be placed now."""
     options: dict[str, Any] = {"tenant_id": tenant_id}

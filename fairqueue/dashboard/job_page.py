@@ -1,5 +1,6 @@
-"""The job page's additions: where a waiting job stands and why, its failure, a search
-by job id across the configured queues, and removing a job (confirmed, audited).
+"""The job page: one job's metadata, where a waiting job stands and why, its failure,
+its expected start, its payload (with ``fairqueue.view_job_payload``); a search by job
+id across the configured queues; removing or retrying a job (confirmed, audited).
 
 "Why" is what fairqueue can say and other dashboards cannot: a waiting job stands at its
 flow's turn (its level's weight and its tenant's weight decide how often its flow is
@@ -9,11 +10,11 @@ a held job waits for its tenant's limit; a delayed one for its time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import json
+import time
+from dataclasses import dataclass, replace
 
 from django.contrib import messages
-from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern
@@ -27,14 +28,25 @@ from fairqueue.broker import (
     pending_from_job,
 )
 from fairqueue.conf import get_settings
-from fairqueue.dashboard.console_admin import ConsoleViews
+from fairqueue.dashboard.console_admin import (
+    PERM_ACT,
+    PERM_VIEW,
+    ActionConfirm,
+    ConsolePage,
+    RedisTrouble,
+    job_type_or_404,
+    redis_trouble,
+    require,
+)
+from fairqueue.dashboard.expected import ExpectedStart, job_expected_start
 from fairqueue.dashboard.links import tenant_url
+from fairqueue.dashboard.moment import moment
+from fairqueue.dashboard.tenant_routes import tenant_url as route_url
 from fairqueue.dashboard.wording import format_duration, format_time, tenant_words
 from fairqueue.exceptions import BrokerError
 from fairqueue.tenants import retry_failed_job
 
-PERM_VIEW = "fairqueue.view_dashboard"
-PERM_REMOVE = "fairqueue.change_tenantplan"
+PERM_PAYLOAD = "fairqueue.view_job_payload"
 #: Held jobs sit in BullMQ's delayed set this far out (the year 9999).
 HELD_AFTER_MS = 200_000_000_000_000
 
@@ -84,8 +96,34 @@ def why_it_waits(detail: JobDetail, place: Place | None, delayed_until_ms: int |
     return "BullMQ does not list it in any state."
 
 
-def job_facts(queue: str, detail: JobDetail) -> dict[str, Any]:
-    """What the job page adds: its place in line, why, its failure."""
+@dataclass(frozen=True, slots=True)
+class AheadTenant:
+    """A tenant with jobs ahead of the job, and how many."""
+
+    tenant: str
+    count: int
+    url: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobFacts:
+    """What the job page adds to BullMQ's metadata: its place in line, why, its failure.
+    ``due_ms``/``due_at``: a delayed job's time (never a held job's year-9999 one)."""
+
+    place: Place | None
+    ahead_by_tenant: tuple[AheadTenant, ...]
+    due_ms: int | None
+    due_at: str
+    why: str
+    error_class: str
+    error_message: str
+    tenant_id: str | None
+    tenant_display: str
+    held: bool
+
+
+def job_facts(queue: str, detail: JobDetail) -> JobFacts:
+    """Read the job page's facts of ``detail`` (one round trip each)."""
     sync = get_sync_broker()
     reads = sync.broker.console
     place = sync.run(reads.place, queue, detail.job, detail.state)
@@ -97,21 +135,21 @@ def job_facts(queue: str, detail: JobDetail) -> dict[str, Any]:
         error_class, message = sync.run(reads.failure, queue, detail.job.job_id)
     tenant = job_tenant_id(detail.job)
     held = delayed_until is not None and delayed_until >= HELD_AFTER_MS
-    return {
-        "place": place,
-        "ahead_by_tenant": [
-            {"tenant": tenant_words(t), "count": n, "url": tenant_url(t)}
+    return JobFacts(
+        place=place,
+        ahead_by_tenant=tuple(
+            AheadTenant(tenant_words(t), n, tenant_url(t))
             for t, n in (place.ahead_by_tenant if place else [])
-        ],
-        "due_ms": None if held else delayed_until,
-        "due_at": "" if held or delayed_until is None else format_time(delayed_until),
-        "why": why_it_waits(detail, place, delayed_until),
-        "error_class": error_class,
-        "error_message": message,
-        "tenant_id": tenant,
-        "tenant_display": tenant_words(tenant),
-        "held": held,
-    }
+        ),
+        due_ms=None if held else delayed_until,
+        due_at="" if held or delayed_until is None else format_time(delayed_until),
+        why=why_it_waits(detail, place, delayed_until),
+        error_class=error_class,
+        error_message=message,
+        tenant_id=tenant,
+        tenant_display=tenant_words(tenant),
+        held=held,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,8 +182,62 @@ def job_wait(detail: JobDetail, *, now_ms: int, held: bool, due_ms: int | None) 
     return JobWait(None, "— (no start recorded)")
 
 
-class JobViews(ConsoleViews):
-    """Job search and removal for one :class:`.ConsoleAdmin`."""
+@dataclass(frozen=True, slots=True)
+class JobPage:
+    """What the job page shows (its template reads it as ``page``). ``detail`` is
+    ``None`` when Redis did not answer (``redis_error`` says so); the fields after it
+    are then empty."""
+
+    job_type: str
+    job_id: str
+    queue_url: str
+    redis_error: RedisTrouble | None
+    can_view_payload: bool
+    can_remove: bool
+    remove_url: str
+    detail: JobDetail | None = None
+    facts: JobFacts | None = None
+    read_at: str = ""
+    level: str | None = None
+    tenant_url: str = ""
+    enqueued_at: str = ""
+    wait: JobWait | None = None
+    overdue: bool = False
+    max_attempts: int = 1
+    processed_on: str = ""
+    finished_on: str = ""
+    expected: ExpectedStart | None = None
+    payload: str | None = None
+    retry_url: str = ""
+    tenant_retry_url: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class JobSearch:
+    """The job search: the id asked for and (job type, job page) of each queue holding
+    it, when more than one does (one: the search goes straight to its page)."""
+
+    job_id: str
+    found: tuple[tuple[str, str], ...]
+    redis_error: RedisTrouble | None
+
+
+def _expected_start(job_type: str, job_id: str) -> ExpectedStart | None:
+    """The job's expected start (docs/design.md, "When a job will start"); ``None`` when
+    Redis did not answer: the rest of the page still shows."""
+    try:
+        return job_expected_start(job_type, job_id)
+    except BrokerError:
+        return None
+
+
+def _valid_job_id_or_404(job_id: str) -> None:
+    if not job_id or len(job_id) > MAX_JOB_ID_LENGTH or ":" in job_id:
+        raise Http404("No such job")
+
+
+class JobViews(ConsolePage):
+    """The job page, job search, and a job's removal and retry."""
 
     def urls(self) -> list[URLPattern]:
         page = self.admin._page
@@ -153,12 +245,88 @@ class JobViews(ConsoleViews):
             page("jobs/", self.search_view, "jobs"),
             page("queue/<str:job_type>/jobs/<path:job_id>/remove/", self.remove_view, "job_remove"),
             page("queue/<str:job_type>/jobs/<path:job_id>/retry/", self.retry_view, "job_retry"),
+            # after its actions: <path:job_id> would take ".../remove" as an id
+            page("queue/<str:job_type>/jobs/<path:job_id>/", self.job_view, "job"),
         ]
+
+    def job_view(self, request: HttpRequest, job_type: str, job_id: str) -> HttpResponse:
+        """One job's metadata; its payload only with ``fairqueue.view_job_payload``."""
+        require(request, PERM_VIEW)
+        queue = job_type_or_404(job_type)
+        _valid_job_id_or_404(job_id)
+        error: RedisTrouble | None = None
+        try:
+            sync = get_sync_broker()
+            detail = sync.run(sync.broker.dashboard.read_job_detail, queue, job_id)
+        except BrokerError as exc:
+            detail, error = None, redis_trouble(exc, "job")
+        else:
+            if detail is None:
+                raise Http404("No such job")
+        queue_url = self.admin._url("queue", job_type)
+        page = JobPage(
+            job_type=job_type,
+            job_id=job_id,
+            queue_url=queue_url,
+            redis_error=error,
+            can_view_payload=request.user.has_perm(PERM_PAYLOAD),
+            can_remove=request.user.has_perm(PERM_ACT),
+            remove_url=self.admin._url("job_remove", job_type, job_id),
+        )
+        if detail is not None:
+            page = self._shown(page, queue, detail)
+        context = self.admin._context(
+            request,
+            f"Job {job_id} of {job_type}",
+            (job_type, queue_url),
+            (f"job {job_id}", None),
+            page=page,
+        )
+        return TemplateResponse(request, "fairqueue/job_detail.html", context)
+
+    def _shown(self, page: JobPage, queue: str, detail: JobDetail) -> JobPage:
+        """``page`` with what Redis holds of the job."""
+        job = detail.job
+        pending = pending_from_job(job)
+        now_ms = int(time.time() * 1000)
+        facts = job_facts(queue, detail)
+        wait = job_wait(detail, now_ms=now_ms, held=facts.held, due_ms=facts.due_ms)
+        site = self.admin.admin_site.name
+        # a page for the job's tenant, when it has one (not the default bucket's)
+        tenant = pending.tenant_id if pending and job_tenant_id(job) is not None else None
+        failed = detail.state == "failed"
+        return replace(
+            page,
+            detail=detail,
+            facts=facts,
+            read_at=moment(now_ms)["at"],
+            level=pending.priority_level.value if pending else None,
+            tenant_url=route_url(tenant, site=site) if tenant is not None else "",
+            enqueued_at=format_time(job.timestamp_ms),
+            wait=wait,
+            # Only a job still waiting can be overdue.
+            overdue=detail.state in ("waiting", "prioritized")
+            and wait.waited_ms is not None
+            and wait.waited_ms > get_settings().max_wait_ms,
+            max_attempts=max(1, detail.max_attempts or 0),
+            processed_on=format_time(detail.processed_on_ms),
+            finished_on=format_time(detail.finished_on_ms),
+            expected=_expected_start(page.job_type, page.job_id),
+            payload=(
+                json.dumps(job.data, indent=2, sort_keys=True, ensure_ascii=False)
+                if page.can_view_payload and job.data is not None
+                else None
+            ),
+            # this job back in line as a fair turn of its flow, within its limits
+            retry_url=(self.admin._url("job_retry", page.job_type, page.job_id) if failed else ""),
+            tenant_retry_url=(
+                route_url(tenant, "retry", site=site) if failed and tenant is not None else ""
+            ),
+        )
 
     def search_view(self, request: HttpRequest) -> HttpResponse:
         """``?id=``: the job's page in the first queue that holds it."""
-        if not request.user.has_perm(PERM_VIEW):
-            raise PermissionDenied
+        require(request, PERM_VIEW)
         job_id = request.GET.get("id", "").strip()
         found: list[str] = []
         error = None
@@ -169,11 +337,7 @@ class JobViews(ConsoleViews):
                     if sync.run(sync.broker.dashboard.read_job_detail, queue, job_id):
                         found.append(job_type)
             except BrokerError as exc:
-                error = {
-                    "title": "Redis unreachable",
-                    "error": type(exc).__name__,
-                    "message": str(exc),
-                }
+                error = redis_trouble(exc, "job search")
             if len(found) == 1:
                 return HttpResponseRedirect(self.admin._url("job", found[0], job_id))
         return TemplateResponse(
@@ -183,23 +347,22 @@ class JobViews(ConsoleViews):
                 request,
                 "Find a job",
                 ("jobs", None),
-                job_id=job_id,
-                found=[(jt, self.admin._url("job", jt, job_id)) for jt in found],
-                redis_error=error,
+                page=JobSearch(
+                    job_id=job_id,
+                    found=tuple((jt, self.admin._url("job", jt, job_id)) for jt in found),
+                    redis_error=error,
+                ),
             ),
         )
 
     def remove_view(self, request: HttpRequest, job_type: str, job_id: str) -> HttpResponse:
         """Remove one job no worker holds: confirmed on GET, done on POST, logged."""
-        if not request.user.has_perms((PERM_VIEW, PERM_REMOVE)):
-            raise PermissionDenied
-        queues = get_settings().queues
-        if job_type not in queues:
-            raise Http404("No such job type")
+        require(request, PERM_VIEW, PERM_ACT)
+        queue = job_type_or_404(job_type)
         job_url = self.admin._url("job", job_type, job_id)
         if request.method == "POST":
             sync = get_sync_broker()
-            removed = sync.run(sync.broker.console.remove_job, queues[job_type], job_id)
+            removed = sync.run(sync.broker.console.remove_job, queue, job_id)
             if removed:
                 self.admin._log(request, job_type, f"Removed job {job_id} from the console.")
                 messages.success(request, f"Removed job {job_id}.")
@@ -220,12 +383,9 @@ class JobViews(ConsoleViews):
     def retry_view(self, request: HttpRequest, job_type: str, job_id: str) -> HttpResponse:
         """Retry one failed job as a fair turn of its flow, within its tenant's limits:
         confirmed on GET, done on POST, logged."""
-        if not request.user.has_perms((PERM_VIEW, PERM_REMOVE)):
-            raise PermissionDenied
-        if job_type not in get_settings().queues:
-            raise Http404("No such job type")
-        if not job_id or len(job_id) > MAX_JOB_ID_LENGTH or ":" in job_id:
-            raise Http404("No such job")
+        require(request, PERM_VIEW, PERM_ACT)
+        job_type_or_404(job_type)
+        _valid_job_id_or_404(job_id)
         job_url = self.admin._url("job", job_type, job_id)
         if request.method == "POST":
             try:
@@ -268,9 +428,8 @@ class JobViews(ConsoleViews):
                 (job_type, self.admin._url("queue", job_type)),
                 (f"job {job_id}", job_url),
                 (action, None),
-                touches=touches,
-                action=action,
-                tenant_id=f"job {job_id}",
-                tenant_url=job_url,
+                page=ActionConfirm(
+                    touches=touches, action=action, tenant_id=f"job {job_id}", tenant_url=job_url
+                ),
             ),
         )

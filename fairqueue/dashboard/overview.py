@@ -6,7 +6,8 @@ own), plus the noisy neighbours of each queue.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 from fairqueue.broker import Broker, SyncBroker
@@ -19,6 +20,57 @@ from fairqueue.scheduling.noisy import NOISY_MIN, FlowWeight, noisy_tenants
 #: Attention levels, most urgent first.
 RED: Final = "red"
 AMBER: Final = "amber"
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionItem:
+    """Something to look at in one queue (``level``: red or amber), linking to the
+    flows that make it on the queue's page."""
+
+    level: str
+    text: str
+    url: str
+
+
+@dataclass(frozen=True, slots=True)
+class LevelP99:
+    """A level's p99 wait on the overview; ``over``: past the bound; ``held_note``: its
+    own limits hold it (said, not shown as starved)."""
+
+    p99: str
+    over: bool
+    held_note: str
+
+
+@dataclass(frozen=True, slots=True)
+class OverviewRow:
+    """One queue's row of the overview."""
+
+    job_type: str
+    queue_url: str
+    anchor: str
+    waiting: int
+    active: int
+    delayed: int
+    held: int
+    failed: int
+    per_min: float
+    p99: Mapping[str, LevelP99]
+    overdue: int
+    last_pass_age: str
+    leader: str
+    attention: tuple[AttentionItem, ...]
+    state: str
+
+
+@dataclass(frozen=True, slots=True)
+class PlansAttention:
+    """The tenants near or over quota and the open breakers (rows as the usage reads
+    give them, with their links and times as text); ``error``: the read failed."""
+
+    quotas: tuple[Mapping[str, Any], ...] = ()
+    breakers: tuple[Mapping[str, Any], ...] = ()
+    error: str | None = None
 
 
 def noisy_figures(job_type: str, *, broker: SyncBroker) -> dict[str, Any]:
@@ -87,50 +139,50 @@ def _when(at: dt.datetime | None) -> str:
     return at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M UTC") if at is not None else ""
 
 
-def plans_attention(tenant_url: Callable[[str], str]) -> dict[str, Any]:
-    """The tenants near or over quota (:func:`fairqueue.usage.quotas.quota_status`) and the
-    open breakers (:func:`fairqueue.usage.breaker.breaker_status`), from the database, for the
+def plans_attention(tenant_url: Callable[[str], str]) -> PlansAttention:
+    """The tenants near or over quota (:func:`fairqueue.usage.quotas.quota_status`) and
+    the open breakers (:func:`fairqueue.usage.breaker.breaker_status`), from the database,
+    for the
     overview. Never raises: a failed read shows as ``error`` (the exception's class)."""
     from fairqueue.usage.breaker import breaker_status
     from fairqueue.usage.quotas import quota_status
 
-    out: dict[str, Any] = {"quotas": [], "breakers": [], "error": None}
     try:
         quotas = quota_status(limit=PLANS_LISTED)
         breakers = breaker_status(limit=PLANS_LISTED)
     except Exception as exc:  # the overview shows the queues whatever the database does
-        out["error"] = type(exc).__name__
-        return out
-    for row in quotas:
-        out["quotas"].append(
+        return PlansAttention(error=type(exc).__name__)
+    return PlansAttention(
+        quotas=tuple(
             {
                 **row,
                 "url": tenant_url(row["tenant_id"]),
                 "share_pct": f"{100 * row['share']:.0f}%",
                 "until_text": _when(row["until"]),
             }
-        )
-    for row in breakers:
-        out["breakers"].append(
+            for row in quotas
+        ),
+        breakers=tuple(
             {
                 **row,
                 "url": tenant_url(row["tenant_id"]),
                 "since_text": _when(row["since"]),
                 "probe_text": _when(row["probe_at"]),
             }
-        )
-    return out
+            for row in breakers
+        ),
+    )
 
 
-def attention(stats: dict[str, Any], queue_url: str = "") -> list[dict[str, str]]:
+def attention(stats: Mapping[str, Any], queue_url: str = "") -> list[AttentionItem]:
     """What an operator should look at first in one queue: red, then amber; each item
     links (``url``) to the flows that make it, on the queue's page."""
     jt = stats["job_type"]
 
-    def item(level: str, text: str, anchor: str) -> dict[str, str]:
-        return {"level": level, "text": text, "url": f"{queue_url}#{anchor}-{jt}"}
+    def item(level: str, text: str, anchor: str) -> AttentionItem:
+        return AttentionItem(level, text, f"{queue_url}#{anchor}-{jt}")
 
-    items: list[dict[str, str]] = []
+    items: list[AttentionItem] = []
     memory = stats.get("redis_memory")
     if memory and memory["refuses_writes"]:
         items.append(item(RED, "Redis is out of memory and refuses writes", "queue"))
@@ -160,48 +212,46 @@ def attention(stats: dict[str, Any], queue_url: str = "") -> list[dict[str, str]
     return items
 
 
-def overview_rows(sections: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per queue, the queues needing attention first: red, the most red first,
-    then amber."""
+def overview_rows(sections: Sequence[tuple[Mapping[str, Any], str]]) -> list[OverviewRow]:
+    """One row per queue (``sections``: each queue's stats and its page's URL), the
+    queues needing attention first: red, the most red first, then amber."""
     rows = []
-    for section in sections:
-        stats = section["stats"]
+    for stats, queue_url in sections:
         history = stats["history"]
         # over the span recorded: the first minutes after the loop starts are not 15
         window_s = history.get("observed_s") or history["window_s"] or 1
-        items = attention(stats, section["queue_url"])
+        items = attention(stats, queue_url)
         p99 = {
-            level: {
-                "p99": data["p99"],
-                "over": bool(data["p99_ms"] and data["p99_ms"] > stats["max_wait_ms"]),
-                # its own limits hold it: said, not shown as starved
-                "held_note": data.get("held_note", ""),
-            }
+            level: LevelP99(
+                p99=data["p99"],
+                over=bool(data["p99_ms"] and data["p99_ms"] > stats["max_wait_ms"]),
+                held_note=data.get("held_note", ""),
+            )
             for level, data in history["levels"].items()
         }
         rows.append(
-            {
-                "job_type": stats["job_type"],
-                "queue_url": section["queue_url"],
-                "anchor": f"queue-{stats['job_type']}",
-                "waiting": stats["waiting_total"],
-                "active": stats["counts"]["active"],
-                "delayed": stats["counts"]["delayed"] - stats["limits"]["held_total"],
-                "held": stats["limits"]["held_total"],
-                "failed": stats["counts"]["failed"],
-                "per_min": round(60 * history["served_total"] / window_s, 1),
-                "p99": p99,
-                "overdue": stats["overdue_total"],
-                "last_pass_age": (stats["last_pass"] or {}).get("age") or "never",
-                "leader": stats["lock"]["holder"] or "none",
-                "attention": items,
-                "state": items[0]["level"] if items else "ok",
-            }
+            OverviewRow(
+                job_type=stats["job_type"],
+                queue_url=queue_url,
+                anchor=f"queue-{stats['job_type']}",
+                waiting=stats["waiting_total"],
+                active=stats["counts"]["active"],
+                delayed=stats["counts"]["delayed"] - stats["limits"]["held_total"],
+                held=stats["limits"]["held_total"],
+                failed=stats["counts"]["failed"],
+                per_min=round(60 * history["served_total"] / window_s, 1),
+                p99=p99,
+                overdue=stats["overdue_total"],
+                last_pass_age=(stats["last_pass"] or {}).get("age") or "never",
+                leader=stats["lock"]["holder"] or "none",
+                attention=tuple(items),
+                state=items[0].level if items else "ok",
+            )
         )
     order = {RED: 0, AMBER: 1, "ok": 2}
 
-    def urgency(row: dict[str, Any]) -> tuple[int, int, int]:
-        reds = sum(1 for item in row["attention"] if item["level"] == RED)
-        return order[row["state"]], -reds, -len(row["attention"])
+    def urgency(row: OverviewRow) -> tuple[int, int, int]:
+        reds = sum(1 for item in row.attention if item.level == RED)
+        return order[row.state], -reds, -len(row.attention)
 
     return sorted(rows, key=urgency)

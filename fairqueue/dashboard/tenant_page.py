@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
@@ -27,16 +28,19 @@ from fairqueue.broker import (
 from fairqueue.conf import get_settings
 from fairqueue.dashboard.backlog_scans import SYNC_SCAN_LIMIT, read_backlog
 from fairqueue.dashboard.charts import format_ms
-from fairqueue.dashboard.culprits import TenantFacts, verdict
-from fairqueue.dashboard.expected import tenant_expected_start
-from fairqueue.dashboard.failures import QueueFailures, queue_failures
+from fairqueue.dashboard.culprits import Finding, TenantFacts, verdict
+from fairqueue.dashboard.expected import describe, tenant_expected_start
+from fairqueue.dashboard.failures import FailureGroup, QueueFailures, queue_failures
 from fairqueue.dashboard.limited_tenants import rate_window
 from fairqueue.dashboard.moment import moment, settle_exact, waiting_of
 from fairqueue.dashboard.overview import anoisy_figures
 from fairqueue.dashboard.wording import format_duration, format_time, tenant_words
+from fairqueue.enqueue.status import ajob_status
 from fairqueue.plans import priority_from_plan
 from fairqueue.scheduling.attempts import TENANT_BUCKET_S
+from fairqueue.scheduling.estimate import StartEstimate
 from fairqueue.scheduling.levels import LEVELS_BY_RANK
+from fairqueue.scheduling.limits import TenantLimits
 from fairqueue.scheduling.shares import LEVEL_NAMES, parse_bucket, tenant_window
 from fairqueue.scheduling.wire import decoded_limits
 
@@ -55,6 +59,81 @@ class EffectiveLevel:
     level: str
     tier: str | None
     why: str
+
+
+@dataclass(frozen=True, slots=True)
+class NextJob:
+    """One of its next jobs in line: its position, id and wait so far."""
+
+    position: int
+    job_id: str
+    waited: str
+
+
+@dataclass(frozen=True, slots=True)
+class FailedRow:
+    """One of its recent failures as the page lists it."""
+
+    job_id: str
+    at: str
+    attempts: int
+    error_class: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class WeightRow:
+    """The weight its flow of ``level`` counts in Redis now, beside the level's total."""
+
+    level: str
+    weight: float
+    total: float
+
+
+@dataclass(frozen=True, slots=True)
+class EntitledShare:
+    """What it is entitled to now in ``level``, as a percentage."""
+
+    level: str
+    share: str
+
+
+@dataclass(frozen=True, slots=True)
+class TenantQueue:
+    """What the tenant page shows of the tenant in one queue. ``backlog``, ``counts``,
+    ``started`` and ``waits`` keep the shapes the queue page's stats use."""
+
+    job_type: str
+    queue: str
+    counts: Mapping[str, int]
+    waiting: Mapping[str, int | None]
+    waiting_total: int | None
+    backlog: Mapping[str, Any]
+    held: int
+    held_ids: Sequence[str]
+    running: int
+    running_ids: Sequence[str]
+    paused: bool
+    limits_in_redis: TenantLimits
+    next_jobs: tuple[NextJob, ...]
+    in_window: int
+    order_read: int
+    order_window: int
+    failed: tuple[FailedRow, ...]
+    failed_count: int
+    failed_read: int
+    failed_window: int
+    failure_groups: tuple[FailureGroup, ...]
+    started: tuple[Mapping[str, Any], ...]
+    waits: tuple[Mapping[str, Any], ...]
+    weights: tuple[WeightRow, ...]
+    next_run: str
+    show_in_line: bool
+    verdict: tuple[Finding, ...]
+    overdue: int | None
+    new_job_start: str
+    entitled: Mapping[str, float | None]
+    entitled_shown: tuple[EntitledShare, ...]
 
 
 def effective_level(plan: Any) -> EffectiveLevel:
@@ -98,6 +177,10 @@ async def atenant_queue(
         anoisy_figures(job_type, broker=broker),
         queue_failures(broker, queue, now_ms=now_ms, minutes=VERDICT_MIN),
     )
+    next_estimate = None
+    if jobs.next_jobs and not jobs.paused:
+        status = await ajob_status(job_type, jobs.next_jobs[0][1].job_id)
+        next_estimate = None if status is None or status.state != "waiting" else status.estimate
     waiting = {
         level.value: (None if scan is None else scan.tenants.get(level.value, {}).get(tenant_id, 0))
         for level in LEVELS_BY_RANK
@@ -108,7 +191,7 @@ async def atenant_queue(
     facts = _facts(tenant_id, scan, waiting_total, waits, jobs, noisy, failures)
     return {
         "facts": facts,
-        "failure_groups": [g for g in failures.groups if tenant_words(tenant_id) in g.tenants],
+        "failure_groups": tuple(g for g in failures.groups if tenant_words(tenant_id) in g.tenants),
         "job_type": job_type,
         "queue": queue,
         "counts": counts,
@@ -119,13 +202,11 @@ async def atenant_queue(
         "started": _started(mine, buckets, now_s=now_s),
         "waits": waits,
         # the weight its flows count in Redis now, beside their level's total
-        "weights": [
-            {"level": level, "weight": weight, "total": total}
+        "weights": tuple(
+            WeightRow(level=level, weight=weight, total=total)
             for level, (weight, total) in weights.items()
-        ],
-        "next_run": _next_run(
-            jobs, buckets, now_ms=now_ms, waiting=waiting_total, since_ms=recorded.since_ms
         ),
+        "next_run": _next_run(jobs, waiting=waiting_total, estimate=next_estimate),
         # its jobs in line, only when the scan does not say it has none (one moment)
         "show_in_line": bool(jobs.next_jobs) and waiting_total != 0,
     }
@@ -181,29 +262,29 @@ def _jobs(jobs: TenantJobs, *, now_ms: int) -> dict[str, Any]:
         "running_ids": jobs.running_ids,
         "paused": jobs.paused,
         "limits_in_redis": limits,
-        "next_jobs": [
-            {
-                "position": position,
-                "job_id": job.job_id,
-                "waited": format_duration(
+        "next_jobs": tuple(
+            NextJob(
+                position=position,
+                job_id=job.job_id,
+                waited=format_duration(
                     None if job.ready_ms is None else max(0, now_ms - job.ready_ms)
                 ),
-            }
+            )
             for position, job in jobs.next_jobs
-        ],
+        ),
         "in_window": jobs.in_window,
         "order_read": jobs.order_read,
         "order_window": ORDER_WINDOW,
-        "failed": [
-            {
-                "job_id": f.job_id,
-                "at": format_time(f.failed_at_ms),
-                "attempts": f.attempts_made,
-                "error_class": f.error_class or "—",
-                "message": f.message or "—",
-            }
+        "failed": tuple(
+            FailedRow(
+                job_id=f.job_id,
+                at=format_time(f.failed_at_ms),
+                attempts=f.attempts_made,
+                error_class=f.error_class or "—",
+                message=f.message or "—",
+            )
             for f in jobs.failed[:20]
-        ],
+        ),
         "failed_count": jobs.failed_count,
         "failed_read": jobs.failed_read,
         "failed_window": FAILED_WINDOW,
@@ -275,7 +356,7 @@ def _worker_share(worker: dict[str, Any], entitled: dict[str, float | None]) -> 
 def _entitled(job_type: str, tenant_id: str, level: str) -> float | None:
     """Its max-min share of ``level`` now, as its start estimate there counts it."""
     try:
-        return tenant_expected_start(job_type, tenant_id, level)["level_share"]
+        return tenant_expected_start(job_type, tenant_id, level).level_share
     except ValueError:  # a level its plan does not let it use
         return None
 
@@ -286,26 +367,19 @@ def with_entitlement(found: dict[str, Any], entitled: dict[str, float | None]) -
     ``level_share``, :func:`fairqueue.scheduling.pace.current_shares`): the same figure
     the start estimates use, not its weight over the level's counted weights."""
     found["entitled"] = entitled
-    found["entitled_shown"] = [
-        {"level": level, "share": f"{100 * share:.0f}%"}
+    found["entitled_shown"] = tuple(
+        EntitledShare(level=level, share=f"{100 * share:.0f}%")
         for level in LEVEL_NAMES
         if (share := entitled.get(level)) is not None
-    ]
+    )
     for row in found["waits"]:
         row["worker_share"] = _worker_share(row["worker"], entitled)
 
 
-def _next_run(
-    jobs: TenantJobs,
-    buckets: list[Any],
-    *,
-    now_ms: int,
-    waiting: int | None,
-    since_ms: int | None = None,
-) -> str:
-    """When its next job is likely to start: its first position in line at the rate
-    workers started jobs over the last 5 minutes (over the span recorded, when the loop
-    started recording less than 5 minutes ago). With no job waiting (the scan's count,
+def _next_run(jobs: TenantJobs, *, waiting: int | None, estimate: StartEstimate | None) -> str:
+    """When its next job is likely to start: its place in line and the estimate
+    :func:`fairqueue.job_status` gives that job, the figure its job page shows (a rate of
+    all starts ignores its share and its level's). With no job waiting (the scan's count,
     the one the page shows) it says so, whatever the order read a moment apart found."""
     if jobs.paused:
         return "not while it is paused"
@@ -318,20 +392,21 @@ def _next_run(
             return f"not among the first {ORDER_WINDOW} jobs in line"
         return "it has no job waiting"
     position = jobs.next_jobs[0][0]
-    now_s = now_ms // 1000
-    started = sum(
-        sum(b.served.values()) for b in buckets if b.start_s > now_s - WINDOWS_MIN[0] * 60
-    )
-    if not started:
-        return f"position {position} in line; no job started in the last 5 min to time it by"
-    span_s = WINDOWS_MIN[0] * 60
-    if since_ms is not None:
-        span_s = max(1, min(span_s, (now_ms - since_ms) // 1000))
-    eta_ms = position / (started / span_s) * 1000
-    return f"position {position} in line: in about {format_duration(eta_ms)} at the recent rate"
+    if estimate is None:  # it started or left between the two reads
+        return f"position {position} in line"
+    return f"position {position} in line: {describe(estimate)}"
 
 
-def tenant_page_data(tenant_id: str) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class TenantData:
+    """What Redis holds of a tenant, read at one moment: one entry per queue (its
+    counts, findings, jobs, waits and shares, as :func:`atenant_queue` reads them)."""
+
+    read_at: Mapping[str, Any]
+    queues: tuple[TenantQueue, ...]
+
+
+def tenant_page_data(tenant_id: str) -> TenantData:
     """Everything the tenant page shows of ``tenant_id`` (sync callers).
 
     Raises:
@@ -350,23 +425,26 @@ def tenant_page_data(tenant_id: str) -> dict[str, Any]:
             )
         )
 
-    queues = sync.run(read_all)
     holds = _db_holds(tenant_id)
-    for found in queues:
+    shown = []
+    for found in sync.run(read_all):
         facts = replace(found.pop("facts"), holds=holds.get(found["job_type"], ()))
         found["verdict"] = verdict(facts)
         found["overdue"] = facts.overdue
         # where a job of the tenant enqueued now would be placed, and when it would start
         new_job = tenant_expected_start(found["job_type"], tenant_id)
-        found["new_job_start"] = new_job["text"]
+        found["new_job_start"] = new_job.text
         levels = {level for row in found["waits"] for level in row["worker"]}
-        levels |= {w["level"] for w in found["weights"]}
+        levels |= {w.level for w in found["weights"]}
         # its plan's level too: a paused or held tenant has no flow counted, yet a share
-        levels |= {new_job["level"]} if new_job["level"] else set()
+        levels |= {new_job.level} if new_job.level else set()
         with_entitlement(
             found, {level: _entitled(found["job_type"], tenant_id, level) for level in levels}
         )
-    return {"read_at": moment(now_ms), "queues": queues}
+        found["started"] = tuple(found["started"])
+        found["waits"] = tuple(found["waits"])
+        shown.append(TenantQueue(**found))
+    return TenantData(read_at=moment(now_ms), queues=tuple(shown))
 
 
 def _db_holds(tenant_id: str) -> dict[str, tuple[tuple[str, str], ...]]:

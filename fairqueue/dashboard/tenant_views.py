@@ -10,13 +10,14 @@ leave an audit row (the pause audit, or the admin log). Viewing needs
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 from django import forms
 from django.contrib import messages
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.contenttypes.models import ContentType
-from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, reverse
@@ -24,8 +25,22 @@ from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 
 from fairqueue.broker import get_sync_broker
 from fairqueue.conf import get_settings
-from fairqueue.dashboard.console_admin import ConsoleViews
-from fairqueue.dashboard.tenant_page import SEARCH_LIMIT, effective_level, tenant_page_data
+from fairqueue.dashboard.console_admin import (
+    PERM_ACT,
+    PERM_VIEW,
+    ActionConfirm,
+    ConsolePage,
+    RedisTrouble,
+    redis_trouble,
+    require,
+)
+from fairqueue.dashboard.tenant_page import (
+    SEARCH_LIMIT,
+    EffectiveLevel,
+    TenantData,
+    effective_level,
+    tenant_page_data,
+)
 from fairqueue.dashboard.tenant_routes import (
     TENANT_ACTION,
     TENANT_LIMITS,
@@ -40,9 +55,60 @@ from fairqueue.tenants import pause_tenant, resume_tenant, retry_failed
 
 logger = logging.getLogger("fairqueue.console")
 
-PERM_VIEW: Final = "fairqueue.view_dashboard"
-PERM_ACT: Final = "fairqueue.change_tenantplan"
 ACTIONS: Final = ("pause", "resume", "retry", "remove")
+
+
+@dataclass(frozen=True, slots=True)
+class TenantRow:
+    """A tenant the search found: its id, name, page and the level of its jobs."""
+
+    tenant_id: str
+    name: str
+    url: str
+    level: str
+
+
+@dataclass(frozen=True, slots=True)
+class TenantSearch:
+    """The tenant search: the query, the plan rows whose id starts with it (at most
+    ``limit``), and the page of the exact id (a tenant needs no plan row)."""
+
+    query: str
+    rows: tuple[TenantRow, ...]
+    limit: int
+    exact_url: str
+
+
+@dataclass(frozen=True, slots=True)
+class TenantPage:
+    """What the tenant page shows (its template reads it as ``page``): the tenant's
+    plan and the level it gives, what each queue holds of it (``data``: ``None`` when
+    Redis did not answer), its last pauses, and the links to act."""
+
+    tenant_id: str
+    plan: TenantPlan | None
+    level: EffectiveLevel
+    data: TenantData | None
+    redis_error: RedisTrouble | None
+    audits: tuple[TenantPauseAudit, ...]
+    paused: bool
+    can_act: bool
+    plan_url: str
+    add_plan_url: str
+    action_urls: Mapping[str, str]
+    limits_url: str
+    job_url_template: str
+    max_wait_ms: int
+    max_wait: str
+
+
+@dataclass(frozen=True, slots=True)
+class LimitsPage:
+    """The weight and limits form of a tenant's plan."""
+
+    tenant_id: str
+    form: LimitsForm
+    tenant_url: str
 
 
 class LimitsForm(forms.ModelForm):
@@ -58,7 +124,7 @@ def _tenant_or_404(tenant_id: str) -> str:
         raise Http404("No such tenant") from None
 
 
-class TenantViews(ConsoleViews):
+class TenantViews(ConsolePage):
     """The tenant views of one :class:`.ConsoleAdmin`."""
 
     def urls(self) -> list[URLPattern]:
@@ -72,10 +138,6 @@ class TenantViews(ConsoleViews):
             page("tenants/<fq_tenant:tenant_id>/do/<str:action>/", self.action_view, TENANT_ACTION),
         ]
 
-    def _require(self, request: HttpRequest, *perms: str) -> None:
-        if not request.user.has_perms(perms):
-            raise PermissionDenied
-
     def _tenant_url(self, tenant_id: str, action: str = "") -> str:
         return tenant_url(tenant_id, action, site=self.admin.admin_site.name)
 
@@ -84,22 +146,22 @@ class TenantViews(ConsoleViews):
     def search_view(self, request: HttpRequest) -> HttpResponse:
         """``?q=``: an exact tenant id goes to its page; otherwise the tenants whose id
         starts with it (plan rows), at most :data:`SEARCH_LIMIT`."""
-        self._require(request, PERM_VIEW)
+        require(request, PERM_VIEW)
         query = request.GET.get("q", "").strip()
         found: list[TenantPlan] = []
         if query:
             if TenantPlan.objects.filter(tenant_id=query).exists():
                 return HttpResponseRedirect(self._tenant_url(query))
             found = list(TenantPlan.objects.filter(tenant_id__startswith=query)[:SEARCH_LIMIT])
-        rows = [
-            {
-                "tenant_id": plan.tenant_id,
-                "name": plan.display_name,
-                "url": self._tenant_url(plan.tenant_id),
-                "level": effective_level(plan).level,
-            }
+        rows = tuple(
+            TenantRow(
+                tenant_id=plan.tenant_id,
+                name=plan.display_name,
+                url=self._tenant_url(plan.tenant_id),
+                level=effective_level(plan).level,
+            )
             for plan in found
-        ]
+        )
         exact_url = ""
         if query:
             try:
@@ -113,26 +175,22 @@ class TenantViews(ConsoleViews):
                 request,
                 "Find a tenant",
                 ("tenants", None),
-                query=query,
-                rows=rows,
-                limit=SEARCH_LIMIT,
-                exact_url=exact_url,
+                page=TenantSearch(query=query, rows=rows, limit=SEARCH_LIMIT, exact_url=exact_url),
             ),
         )
 
     # -- the page ---------------------------------------------------------------------
 
     def tenant_view(self, request: HttpRequest, tenant_id: str) -> HttpResponse:
-        self._require(request, PERM_VIEW)
+        require(request, PERM_VIEW)
         tenant_id = _tenant_or_404(tenant_id)
         plan = TenantPlan.objects.filter(tenant_id=tenant_id).first()
         data, error = None, None
         try:
             data = tenant_page_data(tenant_id)
         except BrokerError as exc:
-            error = {"title": "Redis unreachable", "error": type(exc).__name__, "message": str(exc)}
-        audits = TenantPauseAudit.objects.filter(tenant_id=tenant_id)[:5]
-        can_act = request.user.has_perm(PERM_ACT)
+            error = redis_trouble(exc, "tenant")
+        audits = tuple(TenantPauseAudit.objects.filter(tenant_id=tenant_id)[:5])
         return TemplateResponse(
             request,
             "fairqueue/tenant.html",
@@ -141,28 +199,30 @@ class TenantViews(ConsoleViews):
                 f"Tenant {tenant_id}",
                 ("tenants", self.admin._url("tenants")),
                 (tenant_id, None),
-                tenant_id=tenant_id,
-                plan=plan,
-                level=effective_level(plan),
-                data=data,
-                redis_error=error,
-                audits=audits,
-                # Redis's word when it answered (a tenant may be paused without a row).
-                paused=(
-                    any(q["paused"] for q in data["queues"]) if data else bool(plan and plan.paused)
+                page=TenantPage(
+                    tenant_id=tenant_id,
+                    plan=plan,
+                    level=effective_level(plan),
+                    data=data,
+                    redis_error=error,
+                    audits=audits,
+                    # Redis's word when it answered (a tenant may be paused without a row).
+                    paused=(
+                        any(q.paused for q in data.queues) if data else bool(plan and plan.paused)
+                    ),
+                    can_act=request.user.has_perm(PERM_ACT),
+                    plan_url=(
+                        reverse("admin:fairqueue_tenantplan_change", args=[plan.pk]) if plan else ""
+                    ),
+                    add_plan_url=reverse("admin:fairqueue_tenantplan_add")
+                    + "?"
+                    + urlencode({"tenant_id": tenant_id}),
+                    action_urls={a: self._tenant_url(tenant_id, a) for a in ACTIONS},
+                    limits_url=self._tenant_url(tenant_id, "limits"),
+                    job_url_template=self.admin._url("job", "__type__", "__id__"),
+                    max_wait_ms=get_settings().max_wait_ms,
+                    max_wait=format_duration(get_settings().max_wait_ms),
                 ),
-                can_act=can_act,
-                plan_url=(
-                    reverse("admin:fairqueue_tenantplan_change", args=[plan.pk]) if plan else ""
-                ),
-                add_plan_url=reverse("admin:fairqueue_tenantplan_add")
-                + "?"
-                + urlencode({"tenant_id": tenant_id}),
-                action_urls={a: self._tenant_url(tenant_id, a) for a in ACTIONS},
-                limits_url=self._tenant_url(tenant_id, "limits"),
-                job_url_template=self.admin._url("job", "__type__", "__id__"),
-                max_wait_ms=get_settings().max_wait_ms,
-                max_wait=format_duration(get_settings().max_wait_ms),
             ),
         )
 
@@ -171,7 +231,7 @@ class TenantViews(ConsoleViews):
     def limits_view(self, request: HttpRequest, tenant_id: str) -> HttpResponse:
         """Weight and limits, saved on the tenant's ``TenantPlan`` (its save signal
         stores them in Redis and releases or holds its jobs under them at once)."""
-        self._require(request, PERM_VIEW, PERM_ACT)
+        require(request, PERM_VIEW, PERM_ACT)
         tenant_id = _tenant_or_404(tenant_id)
         plan = TenantPlan.objects.filter(tenant_id=tenant_id).first()
         if plan is None:
@@ -206,16 +266,16 @@ class TenantViews(ConsoleViews):
                 ("tenants", self.admin._url("tenants")),
                 (tenant_id, self._tenant_url(tenant_id)),
                 ("weight and limits", None),
-                tenant_id=tenant_id,
-                form=form,
-                tenant_url=self._tenant_url(tenant_id),
+                page=LimitsPage(
+                    tenant_id=tenant_id, form=form, tenant_url=self._tenant_url(tenant_id)
+                ),
             ),
         )
 
     # -- actions ------------------------------------------------------------------------
 
     def action_view(self, request: HttpRequest, tenant_id: str, action: str) -> HttpResponse:
-        self._require(request, PERM_VIEW, PERM_ACT)
+        require(request, PERM_VIEW, PERM_ACT)
         tenant_id = _tenant_or_404(tenant_id)
         if action not in ACTIONS:
             raise Http404("No such action")
@@ -244,10 +304,9 @@ class TenantViews(ConsoleViews):
                 ("tenants", self.admin._url("tenants")),
                 (tenant_id, page_url),
                 (action, None),
-                tenant_id=tenant_id,
-                action=action,
-                touches=touches,
-                tenant_url=back,
+                page=ActionConfirm(
+                    touches=touches, action=action, tenant_id=tenant_id, tenant_url=back
+                ),
             ),
         )
 

@@ -356,6 +356,8 @@ async def _record(
         _record_starts(queue, recorded, result.job_type)
         if not recorded.more:
             break
+    # where the virtual time stands, once a pass: the estimate's pace of the clock
+    await timed(broker.history.sample_virtual_time(queue))
 
 
 def _record_starts(queue: str, page: RecordedPage, job_type: str = "") -> None:

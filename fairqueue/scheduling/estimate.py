@@ -12,6 +12,9 @@ hold both to the add script's placement. The rest turns a place into a time
   (turns: jobs started, or with fairness by time worker time over the typical run time):
   a level with a backlog is served exactly at that pace (its tenants' flow weights add
   up to its weight), a level within its share at less, so the largest is the clock's.
+  Where the loop sampled the virtual time over the window (``vt_moved_per_s``), tag
+  distances are read at the pace it really moved: tags placed while another flow was
+  briefly counted are wider than one turn, which the model's pace does not see.
 * **A waiting job** waits for its flow's jobs before it (``own``: the distance from the
   virtual time to its tag over its flow's step) at its flow's pace NOW: the flow's
   weighted max-min share given who is asking (:func:`fairqueue.scheduling.pace
@@ -57,6 +60,8 @@ MEDIUM_CONFIDENCE_STARTS: Final = 10
 #: The slowest and fastest bucket of the window may differ by this fraction of the mean
 #: rate for a ``high`` confidence.
 STEADY_SPREAD: Final = 0.5
+#: The least span (seconds) of the virtual time's samples its measured pace is taken over.
+VT_SAMPLED_S: Final = 5.0
 LEVEL_NAMES: Final = tuple(level.value for level in PriorityLevel)
 
 
@@ -124,6 +129,9 @@ class HistoryBucket:
     #: Per level, how its estimates came out: counts per ratio bin
     #: (:func:`fairqueue.scheduling.calibration.error_bin`).
     errors: Mapping[str, Sequence[int]] = field(default_factory=dict)
+    #: Where the virtual time stood at the bucket's first and last sample: (ms, tag units).
+    vt_first: tuple[int, float] | None = None
+    vt_last: tuple[int, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +154,9 @@ class ServiceRate:
     level_starts: Mapping[str, int] = field(default_factory=dict)
     #: Per level, how its recent estimates came out (the window's ratio bins).
     calibrations: Mapping[str, Calibration] = field(default_factory=dict)
+    #: How fast the virtual time really moved over the window (tag units per second,
+    #: from its samples); 0: not sampled over :data:`VT_SAMPLED_S` at least.
+    vt_moved_per_s: float = 0.0
 
     def calibration(self, level: PriorityLevel | str | None) -> Calibration:
         """The calibration of ``level``'s estimates (uncalibrated: none seen)."""
@@ -200,6 +211,16 @@ def service_rate(
         for name in LEVEL_NAMES
     }
     paces = [served[level.value] / elapsed / weights[level] for level in PriorityLevel]
+    samples = sorted(
+        sample
+        for b in kept
+        for sample in (b.vt_first, b.vt_last)
+        if sample is not None and sample[0] >= since_ms
+    )
+    moved = 0.0
+    if samples and (samples[-1][0] - samples[0][0]) / 1000 >= VT_SAMPLED_S:
+        (first_ms, first_vt), (last_ms, last_vt) = samples[0], samples[-1]
+        moved = max(0.0, (last_vt - first_vt) / ((last_ms - first_ms) / 1000))
     whole = [
         sum(b.starts.values()) / bucket_s
         for b in kept
@@ -218,6 +239,7 @@ def service_rate(
         calibrations={
             name: calibrate(summed(b.errors.get(name, ()) for b in kept)) for name in LEVEL_NAMES
         },
+        vt_moved_per_s=moved,
     )
 
 
@@ -273,7 +295,11 @@ def placed_wait(
     by_count = ahead / rate.jobs_per_s
     by_clock = None
     if tag is not None and level is not None:
-        by_clock = max(0.0, tag - TAG_SCALE / weights[level] - vt) / rate.vt_per_s
+        # The virtual time's pace as sampled when it was (tags placed while a quiet flow
+        # was counted are wider than one turn: the model's pace misses that), else the
+        # model's.
+        pace = rate.vt_moved_per_s or rate.vt_per_s
+        by_clock = max(0.0, tag - TAG_SCALE / weights[level] - vt) / pace
     by_place = by_clock or 0.0
     if own_ahead is not None and flow_per_s:
         # Tag distances overstate a flow's jobs when it ran alone or was charged for long

@@ -1,4 +1,4 @@
-"""The browser tests' operator at the console (tests/e2e/console_driver.py)."""
+"""The browser tests' operator at the console (tests/helpers/console_driver.py)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import pytest
 
 @pytest.fixture
 def console(live_server):
-    """A :class:`~tests.e2e.console_driver.Console` on the live server; its browser
+    """A :class:`~tests.helpers.console_driver.Console` on the live server; its browser
     starts at its first ``open`` (so a test sets up its data before) and ends here."""
     from fairqueue.dashboard import stats as dashboard
-    from tests.e2e.console_driver import Console
+    from tests.helpers.console_driver import Console
 
     dashboard.clear_backlog_cache()
     driver = Console(live_server.url)

@@ -12,9 +12,9 @@ import uuid
 
 import pytest
 
-from tests.doc_snippets import code_blocks, named_block
-from tests.fresh_project import project_env, run_ok
 from tests.helpers import PrivateRedis
+from tests.helpers.doc_snippets import code_blocks, named_block
+from tests.helpers.fresh_project import project_env, run_ok
 
 pytestmark = pytest.mark.slow
 PAGE = "docs/operations.md"

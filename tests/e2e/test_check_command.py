@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fresh_project import ROOT, project_env, run_ok, shop_project
+from tests.helpers.fresh_project import ROOT, project_env, run_ok, shop_project
 
 pytestmark = pytest.mark.slow
 

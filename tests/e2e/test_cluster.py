@@ -14,7 +14,6 @@ import os
 import shutil
 import subprocess
 import threading
-from pathlib import Path
 
 import pytest
 import redis
@@ -29,8 +28,8 @@ from redis.crc import key_slot
 
 import fairqueue
 from fairqueue import conf
-from fairqueue.broker import Broker, NewJob, SyncBroker, close_brokers, get_sync_broker
-from fairqueue.dashboard.stats import clear_backlog_cache, queue_stats
+from fairqueue.broker import Broker, NewJob, SyncBroker, get_sync_broker
+from fairqueue.dashboard.stats import queue_stats
 from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
 from fairqueue.exceptions import BrokerUnavailableError
 from fairqueue.rebalance.passes import LeaderLock, rebalance_as_leader, rebalance_queue
@@ -38,39 +37,12 @@ from fairqueue.scheduling.levels import PriorityLevel
 from fairqueue.worker import handlers
 from fairqueue.worker.runner import Worker as FairWorker
 from tests.helpers import stock_worker_until
-from tests.servers import LocalCluster, cluster_support, free_ports, start_cluster
+from tests.helpers.node import NODE_DIR
+from tests.helpers.servers import CLUSTER_PREFIX, CLUSTER_QUEUES, LocalCluster, free_ports
 
 pytestmark = pytest.mark.django_db
-NODE_DIR = Path(__file__).resolve().parents[1] / "node"
-PREFIX = "fqc"
-QUEUES = {"email": "{email}", "report": "{report}", "cleanup": "{cleanup}"}
-
-
-@pytest.fixture(scope="session")
-def redis_cluster():
-    reason = cluster_support()
-    if reason is not None:
-        pytest.skip(f"no local Redis Cluster: {reason}")
-    cluster = start_cluster(3)
-    yield cluster
-    cluster.stop()
-
-
-@pytest.fixture
-def on_cluster(redis_cluster: LocalCluster, settings):
-    """fairqueue configured for the private cluster; emptied afterwards."""
-    settings.FAIRQUEUE = {
-        "REDIS": {"cluster": redis_cluster.nodes},
-        "PREFIX": PREFIX,
-        "QUEUES": dict(QUEUES),
-    }
-    conf.reload_settings()
-    clear_backlog_cache()
-    yield redis_cluster
-    close_brokers()
-    clear_backlog_cache()
-    redis_cluster.flush()
-    conf.reload_settings()
+PREFIX = CLUSTER_PREFIX
+QUEUES = CLUSTER_QUEUES
 
 
 @pytest.fixture

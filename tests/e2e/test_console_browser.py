@@ -19,13 +19,11 @@ from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
 from fairqueue.enqueue.priority import wire_tenant_plan_lookup
 from fairqueue.models import TenantPauseAudit, TenantPlan
 from fairqueue.tenants import pause_tenant
-from tests.e2e.console_driver import ARTIFACTS, OPERATOR_PERMS, off_loop
-from tests.e2e.test_dashboard_browser import IN_CI  # noqa: F401 - its skip without Chromium
-from tests.helpers import wait_until
-from tests.redis.test_console_numbers import bullmq_counts
-from tests.redis.test_console_tenant import fail_jobs
-from tests.redis.test_dashboard import age_jobs
+from tests.helpers import bullmq_counts, wait_until
+from tests.helpers.console import age_jobs, fail_jobs
+from tests.helpers.console_driver import ARTIFACTS, OPERATOR_PERMS, off_loop, require_chromium
 
+require_chromium()
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 ADMIN = "admin:fairqueue_dashboard"

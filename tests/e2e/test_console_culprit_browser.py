@@ -10,13 +10,13 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from tests.e2e.console_driver import OPERATOR_PERMS, off_loop
-from tests.e2e.test_dashboard_browser import IN_CI  # noqa: F401 - its skip without Chromium
 from tests.helpers import bullmq_counts
-from tests.redis.test_console_culprits import FLOOD, seed_culprits
+from tests.helpers.console import FLOOD, seed_culprits
+from tests.helpers.console_driver import OPERATOR_PERMS, off_loop, require_chromium
 
 # serial: beside the parallel part its flooding tenant's overdue finding was once missing
 # (it passes alone; the cause is not found).
+require_chromium()
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.serial]
 
 ROW = "[data-fq-overview-row=email]"

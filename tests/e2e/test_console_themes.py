@@ -30,12 +30,18 @@ from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
 from fairqueue.models import TenantPlan
 from fairqueue.rebalance.passes import rebalance_queue
 from fairqueue.tenants import pause_tenant
-from tests.e2e.console_driver import CHROMIUM, CHROMIUM_ARGS, OPERATOR_PERMS, login, make_staff
-from tests.e2e.test_dashboard_browser import IN_CI  # noqa: F401 - its skip without Chromium
 from tests.helpers import drain_with_stock_worker
-from tests.redis.test_console_tenant import fail_jobs
-from tests.redis.test_dashboard import age_jobs
+from tests.helpers.console import age_jobs, fail_jobs
+from tests.helpers.console_driver import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    OPERATOR_PERMS,
+    login,
+    make_staff,
+    require_chromium,
+)
 
+require_chromium()
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"

@@ -12,21 +12,23 @@ Skipped only when Chromium (or the playwright package) is missing outside CI; wi
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from fairqueue.dashboard import stats as dashboard
 from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
 from fairqueue.rebalance.passes import rebalance_queue
-from tests.e2e.console_driver import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, login, make_staff
 from tests.helpers import drain_with_stock_worker
-from tests.redis.test_dashboard import age_jobs
+from tests.helpers.console import age_jobs
+from tests.helpers.console_driver import (
+    ARTIFACTS,
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    login,
+    make_staff,
+    require_chromium,
+)
 
-IN_CI = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
-
-if not IN_CI and not os.path.exists(CHROMIUM):
-    pytest.skip("Chromium is not installed (.ci/run installs it)", allow_module_level=True)
+require_chromium()
 
 from playwright.sync_api import sync_playwright  # noqa: E402 - after the skip on purpose
 
@@ -111,7 +113,7 @@ async def _drain_slowly(prefix: str, queue: str, count: int, run_s: float) -> in
 
     from bullmq import Worker
 
-    from tests.conftest import REDIS_URL
+    from tests.helpers.keys import REDIS_URL
 
     done = asyncio.Event()
     seen = []

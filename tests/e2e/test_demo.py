@@ -32,8 +32,8 @@ from django.core.management import CommandError, call_command
 from prometheus_client.parser import text_string_to_metric_families
 
 from fairqueue import conf
-from tests.conftest import REDIS_URL, delete_prefix
 from tests.helpers import PrivateRedis, free_port, hang_up_server, wait_until
+from tests.helpers.keys import REDIS_URL, delete_prefix
 
 ROOT = Path(__file__).resolve().parents[2]
 LEVELS = ("critical", "high", "normal", "low")

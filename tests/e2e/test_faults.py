@@ -5,7 +5,7 @@ Every scenario runs real OS processes against a private ``redis-server`` with
 its own (a PostgreSQL database created for the suite when ``DATABASE_URL`` is
 PostgreSQL, else an SQLite file), migrated by ``manage.py migrate``:
 ``manage.py rebalance_fair`` and ``manage.py fairqueue_relay`` as they are deployed, the
-enqueuer and stock ``bullmq.Worker`` processes from ``tests/fault_agent.py``.
+enqueuer and stock ``bullmq.Worker`` processes from ``tests/helpers/fault_agent.py``.
 
 What is counted, per scenario (printed as ``faults[...]: enqueued=... processed=...
 duplicated=... lost=... audit_mismatches=...``):
@@ -130,7 +130,7 @@ class Cluster:
         return process
 
     def agent(self, *args: str, wait: bool = False) -> subprocess.Popen:
-        process = self._start(["-m", "tests.fault_agent", *args], f"agent-{args[0]}")
+        process = self._start(["-m", "tests.helpers.fault_agent", *args], f"agent-{args[0]}")
         if wait:
             assert process.wait(120) == 0, self.log_tail()
         return process
@@ -149,7 +149,7 @@ class Cluster:
     def node_worker(self, node: str, script: str, out: Path, *args: str) -> subprocess.Popen:
         """A stock Node BullMQ worker (tests/node/``script``) on ``QUEUE``; what it
         prints goes to ``out``."""
-        from tests.e2e.test_node_worker import NODE_DIR
+        from tests.helpers.node import NODE_DIR
 
         process = subprocess.Popen(  # noqa: S603
             [node, str(NODE_DIR / script), self.server.url, self.prefix, QUEUE, *args],
@@ -172,7 +172,7 @@ class Cluster:
     def agent_report(self, command: str):
         """What the fault agent's ``command`` (``check``, ``usage``) prints, as JSON."""
         process = subprocess.run(
-            [sys.executable, "-m", "tests.fault_agent", command],
+            [sys.executable, "-m", "tests.helpers.fault_agent", command],
             cwd=ROOT,
             env=self.env,
             capture_output=True,
@@ -555,7 +555,7 @@ def test_tenant_limits__kill9_leader_and_worker_and_a_redis_restart(cluster, cap
 def node():
     import shutil
 
-    from tests.e2e.test_node_worker import NODE_DIR
+    from tests.helpers.node import NODE_DIR
 
     if shutil.which("node") is None or not (NODE_DIR / "node_modules" / "bullmq").is_dir():
         pytest.skip("node or tests/node/node_modules missing (run: cd tests/node && npm ci)")

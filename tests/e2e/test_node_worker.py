@@ -2,36 +2,15 @@
 fair order (tests/node holds the worker and its pinned package)."""
 
 import json
-import os
-import shutil
-from pathlib import Path
 
 import pytest
 
 from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
 from fairqueue.rebalance.passes import rebalance_queue
-from tests.conftest import REDIS_URL
-from tests.fresh_project import run_ok
-from tests.redis.test_rebalance import add_foreign
+from tests.helpers.jobs import add_foreign
+from tests.helpers.node import run_node_worker
 
-NODE_DIR = Path(__file__).resolve().parents[1] / "node"
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(scope="module")
-def node_worker():
-    node = shutil.which("node")
-    installed = (NODE_DIR / "node_modules" / "bullmq").is_dir()
-    if node is None or not installed:
-        if os.environ.get("CI"):
-            pytest.fail("node and tests/node/node_modules are required in CI (.ci/run installs)")
-        pytest.skip("node or tests/node/node_modules missing (run: cd tests/node && npm ci)")
-    return [node, str(NODE_DIR / "worker.mjs")]
-
-
-def run_node_worker(node_worker, prefix, count):
-    done = run_ok([*node_worker, REDIS_URL, prefix, "email", str(count)], timeout=90)
-    return done.stdout.split()
 
 
 def test_node_worker_runs_the_fair_order_with_the_pass_running(

@@ -16,8 +16,8 @@ import pytest
 from packaging.requirements import Requirement
 
 import fairqueue
-from tests.e2e.test_quickstart import _check, _follow_quickstart
-from tests.fresh_project import ROOT, copy_checkout, run_ok
+from tests.helpers.fresh_project import ROOT, copy_checkout, run_ok
+from tests.helpers.quickstart import check_quickstart, follow_quickstart
 
 
 def _wheel_metadata(site: Path) -> email.message.Message:
@@ -168,5 +168,5 @@ def test_wheel__the_readme_quickstart_in_a_fresh_django_60_project(tmp_path, dja
         ).strip()
     )
     assert site.is_relative_to(django60_venv)
-    steps = _follow_quickstart(tmp_path / "site", site, interpreter=str(python))
-    _check(steps, site)
+    steps = follow_quickstart(tmp_path / "site", site, interpreter=str(python))
+    check_quickstart(steps, site)

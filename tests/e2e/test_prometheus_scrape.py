@@ -23,8 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fairqueue.enqueue.api import enqueue_jobs
 from tests.helpers import free_port, stock_worker_until, wait_until
-from tests.redis.test_rebalance_loop import spawn
-from tests.unit.test_operator_files import BOARD, EXPECTED_ALERTS, RULES, board_expressions
+from tests.helpers.operator_files import BOARD, EXPECTED_ALERTS, RULES, board_expressions
+from tests.helpers.processes import spawn
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = shutil.which("prometheus")

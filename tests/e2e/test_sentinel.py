@@ -20,7 +20,7 @@ from fairqueue.exceptions import BrokerUnavailableError
 from fairqueue.rebalance.passes import rebalance_as_leader
 from fairqueue.worker import handlers
 from fairqueue.worker.runner import Worker
-from tests.servers import LocalSentinel, cluster_support, start_sentinel
+from tests.helpers.servers import LocalSentinel, cluster_support, start_sentinel
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 PREFIX = "fqs"

@@ -144,7 +144,7 @@ def test_a_delayed_job_is_estimated_behind_its_flows_delayed_jobs_due_before_it(
 
     from bullmq import Queue
 
-    from tests.conftest import REDIS_URL
+    from tests.helpers.keys import REDIS_URL
 
     index = f"{fq_prefix}:email:fq:dly:normal:t"
     soon = [

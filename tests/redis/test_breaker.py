@@ -16,8 +16,9 @@ from fairqueue.exceptions import InvalidTenantError, UnknownJobTypeError
 from fairqueue.rebalance.passes import rebalance_queue
 from fairqueue.rebalance.usage_step import UsageStep
 from fairqueue.usage import breaker, holds
-from tests.conftest import REDIS_URL
 from tests.helpers import metric
+from tests.helpers.keys import REDIS_URL
+from tests.helpers.usage import breaker_hold, poison, run_jobs
 
 BREAKER = {"ENABLED": True, "WINDOW_S": 600, "MIN_JOBS": 6, "FAILURE_RATIO": 0.9}
 
@@ -36,50 +37,12 @@ def armed(fq_prefix, settings):
     breaker.windows.clear()
 
 
-async def _work(prefix, count, fails, seen):
-    """A stock worker taking ``count`` jobs; ``fails(job)``: whether the attempt fails.
-    ``seen``: (tenant, attempt made, ok) of each attempt."""
-    done = asyncio.Event()
-
-    async def process(job, token):
-        tenant = job.data.get("tenantId")
-        ok = not fails(job)
-        seen.append((tenant, job.attemptsMade, ok))
-        if len(seen) >= count:
-            done.set()
-        if not ok:
-            raise RuntimeError("failing on purpose")
-
-    worker = Worker("email", process, {"connection": REDIS_URL, "prefix": prefix, "concurrency": 4})
-    try:
-        await asyncio.wait_for(done.wait(), 60)
-        await asyncio.sleep(0.2)  # the last completions reach Redis
-    finally:
-        await worker.close()
-
-
-def _run(prefix, count, fails=lambda job: False):
-    seen: list = []
-    asyncio.run(_work(prefix, count, fails, seen))
-    return seen
-
-
-def _poison(job):
-    return job.data.get("tenantId") == "poison"
-
-
 def _settle():
     """The loop's history steps until the stream is read, then its usage step."""
     for _ in range(5):
         if rebalance_queue("email", rebalancer="breaker-test").recorded == 0:
             break
     return UsageStep().run("email")
-
-
-def _hold(tenant="poison"):
-    from fairqueue.models import TenantHold
-
-    return TenantHold.objects.filter(tenant_id=tenant, reason="breaker").order_by("-id").first()
 
 
 def _events(tenant="poison"):
@@ -98,7 +61,7 @@ def _open_on_poison(prefix, redis_client, held=3):
     'poison'; then ``held`` more of its jobs are enqueued (held)."""
     enqueue_jobs("email", [{"i": i} for i in range(8)], tenant_id="poison")
     enqueue_jobs("email", [{"i": i} for i in range(8)], tenant_id="acme")
-    _run(prefix, 16, _poison)
+    run_jobs(prefix, 16, poison)
     _settle()
     enqueue_jobs("email", [{"i": i} for i in range(held)], tenant_id="poison")
     assert redis_client.llen(f"{prefix}:email:fq:lim:held:poison") == held
@@ -109,7 +72,7 @@ def test_breaker__opens_on_a_failing_tenant_and_holds_its_jobs_not_the_healthy_o
     armed, redis_client
 ):
     _open_on_poison(armed, redis_client)
-    hold = _hold()
+    hold = breaker_hold()
     assert (hold.job_type, hold.state, hold.action) == ("email", "open", "hold")
     assert hold.lifted_at is None
     assert _events() == ["opened"]
@@ -120,26 +83,26 @@ def test_breaker__opens_on_a_failing_tenant_and_holds_its_jobs_not_the_healthy_o
     assert "8 of 8 attempts failed (retried or not, or stalled) in the last 600 s" in opened.why
     assert metric("queue_fair_breaker_open", job_type="email") == 1
     assert redis_client.hexists(f"{armed}:email:fq:lim:paused", "poison")
-    assert _hold("acme") is None  # the healthy tenant: no breaker
+    assert breaker_hold("acme") is None  # the healthy tenant: no breaker
     # The healthy tenant's new jobs run; the poison tenant's stay held.
     enqueue_jobs("email", [{"i": i} for i in range(4)], tenant_id="acme")
-    seen = _run(armed, 4)
+    seen = run_jobs(armed, 4)
     assert {tenant for tenant, *_ in seen} == {"acme"}
     assert redis_client.llen(f"{armed}:email:fq:lim:held:poison") == 3
     assert [row["tenant_id"] for row in breaker.breaker_status()] == ["poison"]
     # Before the cool-off ends, no probe.
     _settle()
-    assert _hold().state == "open"
+    assert breaker_hold().state == "open"
 
 
 @pytest.mark.django_db
 def test_breaker__stays_closed_for_a_tenant_whose_retries_succeed(armed, redis_client):
     # Each job's first attempt fails, its second succeeds: half the attempts fail.
     enqueue_jobs("email", [{"i": i} for i in range(8)], tenant_id="flaky", attempts=2)
-    seen = _run(armed, 16, lambda job: job.attemptsMade == 0)
+    seen = run_jobs(armed, 16, lambda job: job.attemptsMade == 0)
     assert sum(1 for *_, ok in seen if not ok) == 8
     _settle()
-    assert _hold("flaky") is None
+    assert breaker_hold("flaky") is None
     assert not redis_client.hexists(f"{armed}:email:fq:lim:paused", "flaky")
     assert metric("queue_fair_breaker_open", job_type="email") == 0
 
@@ -170,17 +133,17 @@ def test_breaker__a_retrying_poison_tenant_opens_it_within_the_window_and_one_st
     )
     enqueue_jobs("email", [{"i": i} for i in range(5)], tenant_id="acme")
     first = dt.datetime.now(dt.UTC)
-    seen = _run(armed, 30, _poison)
+    seen = run_jobs(armed, 30, poison)
     assert sum(1 for t, _, ok in seen if t == "poison" and not ok) == 25
     _settle()  # one history step and its usage step: the loop's tick
     row = TenantUsage.objects.get(tenant_id="poison")
     assert (row.completed, row.failed) == (0, 25)
     assert row.segments and all(values[6] == 25 for values in row.segments.values())  # retried
-    hold = _hold()
+    hold = breaker_hold()
     assert hold is not None and hold.lifted_at is None and hold.state == "open"
     assert (hold.created_at - first).total_seconds() < config["WINDOW_S"]
     assert redis_client.hexists(f"{armed}:email:fq:lim:paused", "poison")
-    assert _hold("acme") is None
+    assert breaker_hold("acme") is None
     from fairqueue.models import HoldAudit
 
     why = HoldAudit.objects.get(tenant_id="poison", event="opened").why
@@ -192,11 +155,11 @@ def test_breaker__a_probe_that_succeeds_closes_it_and_the_backlog_runs(armed, re
     _open_on_poison(armed, redis_client)
     _later(61)  # the cool-off is over
     _settle()
-    hold = _hold()
+    hold = breaker_hold()
     assert hold.state == "probe" and hold.probe_job_id
     assert _events() == ["opened", "probe"]
     assert redis_client.llen(f"{armed}:email:fq:lim:held:poison") == 2  # one released
-    seen = _run(armed, 1)  # the tenant fixed its integration
+    seen = run_jobs(armed, 1)  # the tenant fixed its integration
     assert seen == [("poison", 0, True)]
     _settle()
     hold.refresh_from_db()
@@ -205,7 +168,7 @@ def test_breaker__a_probe_that_succeeds_closes_it_and_the_backlog_runs(armed, re
     assert not redis_client.hexists(f"{armed}:email:fq:lim:paused", "poison")
     assert metric("queue_fair_breaker_open", job_type="email") == 0
     # Its backlog runs.
-    assert [tenant for tenant, *_ in _run(armed, 2)] == ["poison", "poison"]
+    assert [tenant for tenant, *_ in run_jobs(armed, 2)] == ["poison", "poison"]
 
 
 @pytest.mark.django_db
@@ -213,12 +176,12 @@ def test_breaker__a_probe_that_fails_reopens_it_for_another_cool_off(armed, redi
     _open_on_poison(armed, redis_client)
     _later(61)
     _settle()
-    first = _hold()
+    first = breaker_hold()
     assert first.state == "probe"
-    seen = _run(armed, 1, _poison)  # still broken
+    seen = run_jobs(armed, 1, poison)  # still broken
     assert seen == [("poison", 0, False)]
     _settle()
-    hold = _hold()
+    hold = breaker_hold()
     assert hold.pk == first.pk and hold.lifted_at is None
     assert hold.state == "open" and hold.until > first.until
     assert _events() == ["opened", "probe", "reopened"]
@@ -228,7 +191,7 @@ def test_breaker__a_probe_that_fails_reopens_it_for_another_cool_off(armed, redi
     # The next cool-off over: the next probe.
     _later(2 * 61)
     _settle()
-    assert _hold().state == "probe"
+    assert breaker_hold().state == "probe"
     assert _events() == ["opened", "probe", "reopened", "probe"]
 
 
@@ -246,7 +209,7 @@ def test_breaker__an_operator_closes_it_by_hand_audited(armed, redis_client):
     closed = HoldAudit.objects.get(tenant_id="poison", event="closed")
     assert (closed.actor, closed.why) == ("ops", "their webhook is fixed")
     assert not redis_client.hexists(f"{armed}:email:fq:lim:paused", "poison")
-    assert [tenant for tenant, *_ in _run(armed, 3)] == ["poison"] * 3  # its jobs run
+    assert [tenant for tenant, *_ in run_jobs(armed, 3)] == ["poison"] * 3  # its jobs run
     assert close_breaker("poison") == 0  # nothing open any more
     _settle()
     assert metric("queue_fair_breaker_open", job_type="email") == 0
@@ -279,7 +242,7 @@ def test_breaker__an_operator_pause_is_kept_through_a_close(armed, redis_client)
     pause_tenant("poison", actor="ops")
     _later(61)
     _settle()
-    assert _hold().state == "open"  # no probe while an operator's pause holds it
+    assert breaker_hold().state == "open"  # no probe while an operator's pause holds it
     close_breaker("poison", actor="ops")
     assert redis_client.hexists(f"{armed}:email:fq:lim:paused", "poison")
 
@@ -302,7 +265,8 @@ def test_overview__lists_open_breakers_and_tenants_near_or_over_quota(armed, cli
     from fairqueue import conf
     from fairqueue.models import TenantPlan, TenantUsage
     from fairqueue.usage import quotas
-    from tests.redis.test_dashboard import DASHBOARD, staff
+    from tests.helpers import staff
+    from tests.helpers.console import DASHBOARD
 
     settings.FAIRQUEUE = {
         **settings.FAIRQUEUE,
@@ -337,19 +301,19 @@ def test_breaker__internal_jobs_are_no_tenant_neither_held_nor_holding_one(armed
     from fairqueue.models import TenantUsage
 
     enqueue_jobs("email", [{"i": i} for i in range(10)], internal=True)
-    _run(armed, 10, lambda job: True)
+    run_jobs(armed, 10, lambda job: True)
     _settle()
     row = TenantUsage.objects.get(tenant_id="(internal)")
     assert (row.completed, row.failed) == (0, 10)
     assert not TenantUsage.objects.filter(tenant_id="default").exists()
-    assert _hold("(internal)") is None and _hold("default") is None
+    assert breaker_hold("(internal)") is None and breaker_hold("default") is None
     enqueue_jobs("email", [{"i": i} for i in range(8)], tenant_id="default")
-    _run(armed, 8, lambda job: True)
+    run_jobs(armed, 8, lambda job: True)
     _settle()
-    assert _hold("default") is not None
+    assert breaker_hold("default") is not None
     assert redis_client.hexists(f"{armed}:email:fq:lim:paused", "default")
     jobs = enqueue_jobs("email", [{"i": i} for i in range(20)], internal=True)
-    seen = _run(armed, 20)
+    seen = run_jobs(armed, 20)
     assert len(seen) == 20 and {tenant for tenant, *_ in seen} == {None}
     assert redis_client.llen(f"{armed}:email:fq:lim:held:(internal)") == 0
     assert len(jobs) == 20
@@ -368,7 +332,7 @@ def test_breaker__a_retrying_poison_tenant_opens_it_with_the_loop_running(
     attempt, and from then its jobs are held."""
     from fairqueue import conf
     from fairqueue.models import TenantHold
-    from tests.redis.test_limit_leaks import running_loop
+    from tests.helpers.processes import running_loop
 
     window_s = 10
     config = {"ENABLED": True, "WINDOW_S": window_s, "MIN_JOBS": 20, "FAILURE_RATIO": 0.95}

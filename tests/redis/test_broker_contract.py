@@ -20,8 +20,8 @@ from fairqueue.broker import (
 )
 from fairqueue.exceptions import BrokerUnavailableError
 from fairqueue.scheduling.levels import PriorityLevel
-from tests.conftest import REDIS_URL
 from tests.helpers import drain_with_stock_worker
+from tests.helpers.keys import REDIS_URL
 
 
 def run(coro):

@@ -13,45 +13,18 @@ from django.contrib.admin.models import LogEntry
 from django.urls import reverse
 
 from fairqueue.dashboard import stats as dashboard
-from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
+from fairqueue.dashboard.tenant_page import tenant_page_data
+from fairqueue.enqueue.api import enqueue_jobs
 from fairqueue.models import TenantPlan
 from fairqueue.tenants import pause_tenant
 from tests.helpers import wait_until
-from tests.redis.test_console_tenant import fail_jobs
-from tests.redis.test_dashboard import DASHBOARD, QUEUE, age_jobs
+from tests.helpers.console import DASHBOARD, FLOOD, QUEUE, fail_jobs, seed_culprits
 
 pytestmark = pytest.mark.django_db
 
 TENANT = "admin:fairqueue_dashboard_tenant"
 JOB = "admin:fairqueue_dashboard_job"
 RETRY = "admin:fairqueue_dashboard_job_retry"
-FLOOD = 8
-
-
-def seed_culprits(prefix: str, redis_client) -> dict[str, list[str]]:
-    """A failing tenant (6 jobs, each failed once for good), a flooding one (8 jobs past
-    the bound), a limited one (acme: 2 at once, 5 jobs), a paused one, a quiet one and
-    a delayed job; returns job ids by tenant."""
-    doomed = enqueue_jobs("email", [{} for _ in range(6)], tenant_id="doomed", attempts=1)
-    fail_jobs(prefix, "email", 6)
-    assert wait_until(lambda: redis_client.zcard(f"{prefix}:email:failed") == 6, 10)
-    flood = enqueue_jobs("email", [{} for _ in range(FLOOD)], tenant_id="flood")
-    age_jobs(redis_client, prefix, "email", [j.job_id for j in flood], by_ms=600_000)
-    acme = enqueue_jobs("email", [{} for _ in range(5)], tenant_id="acme")
-    TenantPlan.objects.create(tenant_id="sleepy", plan_tier="pro")
-    sleepy = enqueue_jobs("email", [{} for _ in range(2)], tenant_id="sleepy")
-    pause_tenant("sleepy", actor="test", source="test")
-    quiet = enqueue_jobs("email", [{}], tenant_id="quiet", priority_level="low")
-    later = enqueue_job("email", {}, tenant_id="quiet", delay_ms=60_000)
-    dashboard.clear_backlog_cache()
-    return {
-        "doomed": [j.job_id for j in doomed],
-        "flood": [j.job_id for j in flood],
-        "acme": [j.job_id for j in acme],
-        "sleepy": [j.job_id for j in sleepy],
-        "quiet": [j.job_id for j in quiet],
-        "later": [later.job_id],
-    }
 
 
 def findings(html: str) -> dict[str, str]:
@@ -293,24 +266,22 @@ def test_held_level__the_queue_page_says_it(limited, operator):
     assert stats["history"]["levels"]["low"]["p99_over"] is False
 
 
-def test_next_run__timed_by_the_span_recorded_not_a_whole_5_minutes():
-    from fairqueue.broker import WaitingJob
-    from fairqueue.broker.console_reads import TenantJobs
-    from fairqueue.dashboard.tenant_page import _next_run
-    from fairqueue.scheduling.shares import parse_bucket
+def test_next_run__the_estimate_its_job_page_shows(limited, operator):
+    """The tenant page's "Next job" is its first job's place and the estimate
+    ``job_status`` gives that job, as its job page says (a rate of all starts ignored the
+    tenant's share: a flooding tenant's job was timed as if it had the whole queue)."""
+    from fairqueue.dashboard.expected import describe
+    from fairqueue.enqueue.status import job_status
 
-    now_ms = 1_000_000_000
-    job = WaitingJob("j1", "job", {}, now_ms, 5, 0)
-    jobs = TenantJobs(next_jobs=[(60, job)])
-    # 60 jobs started in the minute since the loop began recording: 1 a second
-    buckets = [parse_bucket(now_ms // 1000 - 30, {"s:normal": "60"})]
-    assert _next_run(jobs, buckets, now_ms=now_ms, waiting=3, since_ms=now_ms - 60_000) == (
-        "position 60 in line: in about 1m 00s at the recent rate"
-    )
-    # Over 5 minutes recorded the same 60 starts are 1 every 5 s.
-    assert _next_run(jobs, buckets, now_ms=now_ms, waiting=3, since_ms=0) == (
-        "position 60 in line: in about 5m 00s at the recent rate"
-    )
+    enqueue_jobs("email", [{} for _ in range(3)], tenant_id="beta", priority_level="low")
+    enqueue_jobs("email", [{} for _ in range(4)], tenant_id="acme", priority_level="normal")
+    page = next(q for q in tenant_page_data("beta").queues if q.job_type == "email")
+    first = page.next_jobs[0]
+    status = job_status("email", first.job_id)
+    assert status is not None and status.state == "waiting"
+    assert page.next_run == f"position {first.position} in line: {describe(status.estimate)}"
+    job_url = reverse("admin:fairqueue_dashboard_job", args=["email", first.job_id])
+    assert html_module.escape(describe(status.estimate)) in operator.get(job_url).content.decode()
 
 
 def test_read_at__on_every_console_page(limited, operator):

@@ -21,10 +21,10 @@ from fairqueue.dashboard.overview import entitled_now
 from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
 from fairqueue.models import TenantPlan
 from fairqueue.scheduling.noisy import FlowWeight
-from tests.conftest import REDIS_URL
 from tests.helpers import wait_until
-from tests.redis.test_dashboard import QUEUE
-from tests.redis.test_estimate_pace import _history
+from tests.helpers.console import QUEUE
+from tests.helpers.jobs import write_history
+from tests.helpers.keys import REDIS_URL
 
 pytestmark = pytest.mark.django_db
 
@@ -75,7 +75,7 @@ def test_one_entitlement__tenant_page_noisy_table_json_and_metric_agree(
     try:
         assert wait_until(lambda: len(started) == RUNNING, 15)
         # the last half minute: the flood's starts alone (the rate is measured)
-        _history(redis_client, limited, {(level, "flood"): 4.0})
+        write_history(redis_client, limited, {(level, "flood"): 4.0})
         enqueue_jobs("email", [{} for _ in range(20)], tenant_id="crowd")
         enqueue_job("email", {}, tenant_id="quiet")  # one job: it asks for what it uses
         enqueue_jobs("email", [{} for _ in range(5)], tenant_id="acme")  # 2 in line, 3 held

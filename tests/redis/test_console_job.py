@@ -8,8 +8,7 @@ from django.urls import reverse
 
 from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
 from tests.helpers import bullmq_counts, wait_until
-from tests.redis.test_console_tenant import fail_jobs
-from tests.redis.test_dashboard import JOB
+from tests.helpers.console import JOB, fail_jobs
 
 pytestmark = pytest.mark.django_db
 

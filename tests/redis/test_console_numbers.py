@@ -14,10 +14,9 @@ from fairqueue.dashboard import stats as dashboard
 from fairqueue.dashboard.job_page import HELD_AFTER_MS
 from fairqueue.enqueue.api import enqueue_jobs
 from fairqueue.scheduling.shares import LEVEL_NAMES
-from tests.conftest import REDIS_URL
 from tests.helpers import bullmq_counts
-from tests.redis.test_console_culprits import FLOOD, JOB, TENANT, seed_culprits
-from tests.redis.test_dashboard import DASHBOARD, QUEUE, seed_mixed
+from tests.helpers.console import DASHBOARD, FLOOD, JOB, QUEUE, TENANT, seed_culprits, seed_mixed
+from tests.helpers.keys import REDIS_URL
 
 pytestmark = pytest.mark.django_db
 

@@ -14,10 +14,9 @@ from fairqueue.dashboard import stats as dashboard
 from fairqueue.dashboard.overview import noisy_figures
 from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
 from fairqueue.scheduling.noisy import FlowWeight, noisy_tenants
-from tests.conftest import REDIS_URL
-from tests.helpers import bullmq_counts, wait_until
-from tests.redis.test_console_tenant import fail_jobs
-from tests.redis.test_dashboard import DASHBOARD, age_jobs, staff
+from tests.helpers import bullmq_counts, staff, wait_until
+from tests.helpers.console import DASHBOARD, age_jobs, fail_jobs
+from tests.helpers.keys import REDIS_URL
 
 pytestmark = pytest.mark.django_db
 

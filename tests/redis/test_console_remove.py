@@ -15,7 +15,7 @@ from fairqueue.broker.console_reads import ConsoleReads
 from fairqueue.dashboard.tenant_routes import tenant_url
 from fairqueue.enqueue.api import enqueue_jobs
 from tests.helpers import wait_until
-from tests.redis.test_limit_leaks import NodeWorker, node  # noqa: F401
+from tests.helpers.node import NodeWorker
 
 pytestmark = pytest.mark.django_db
 

@@ -70,12 +70,13 @@ def test_tenant_routes__a_routelike_ids_page_and_pause_are_its_own_never_acmes(f
     TenantPlan.objects.create(tenant_id="acme/limits", plan_tier="pro", max_active=3)
     page = operator.get(tenant_url("acme/do/pause"))
     assert page.status_code == 200
-    assert page.context["tenant_id"] == "acme/do/pause" and "action" not in page.context
+    shown = page.context["page"]
+    assert shown.tenant_id == "acme/do/pause" and not hasattr(shown, "action")
     limits = operator.get(tenant_url("acme/limits", "limits"))
-    assert limits.context["form"].instance.tenant_id == "acme/limits"
-    assert operator.get(tenant_url("acme/limits")).context["tenant_id"] == "acme/limits"
+    assert limits.context["page"].form.instance.tenant_id == "acme/limits"
+    assert operator.get(tenant_url("acme/limits")).context["page"].tenant_id == "acme/limits"
     confirm = operator.get(tenant_url("acme/do/pause", "pause"))
-    assert confirm.context["tenant_id"] == "acme/do/pause"
+    assert confirm.context["page"].tenant_id == "acme/do/pause"
     operator.post(tenant_url("acme/do/pause", "pause"))
     assert list(TenantPauseAudit.objects.values_list("tenant_id", flat=True)) == ["acme/do/pause"]
     assert TenantPlan.objects.get(tenant_id="acme").paused is False

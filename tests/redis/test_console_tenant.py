@@ -4,7 +4,6 @@ its failed jobs, removal of its waiting jobs."""
 
 from __future__ import annotations
 
-import asyncio
 import math
 
 import pytest
@@ -15,9 +14,8 @@ from fairqueue.dashboard import stats as dashboard
 from fairqueue.dashboard.tenant_page import tenant_page_data
 from fairqueue.enqueue.api import enqueue_jobs
 from fairqueue.models import TenantPauseAudit, TenantPlan
-from tests.conftest import REDIS_URL
-from tests.helpers import bullmq_counts, wait_until
-from tests.redis.test_dashboard import staff
+from tests.helpers import bullmq_counts, staff, wait_until
+from tests.helpers.console import fail_jobs
 
 pytestmark = pytest.mark.django_db
 
@@ -31,47 +29,24 @@ def operator(operator):
     return operator
 
 
-def fail_jobs(prefix: str, queue: str, count: int) -> None:
-    """A stock BullMQ worker whose every job raises, until ``count`` have failed."""
-    from bullmq import Worker
-
-    async def run() -> None:
-        seen: list[str] = []
-        done = asyncio.Event()
-
-        async def process(job, token):
-            seen.append(job.id)
-            if len(seen) >= count:
-                done.set()
-            raise ValueError("export broke: password=hunter2 at redis://user:pw@db.example")
-
-        worker = Worker(queue, process, {"connection": REDIS_URL, "prefix": prefix})
-        try:
-            await asyncio.wait_for(done.wait(), 30)
-        finally:
-            await worker.close()
-
-    asyncio.run(run())
-
-
 def test_tenant_page__its_counts_add_up_to_bullmqs(limited, operator):
     enqueue_jobs("email", [{} for _ in range(5)], tenant_id="acme")  # 2 takeable, 3 held
     enqueue_jobs("email", [{} for _ in range(4)], tenant_id="beta", priority_level="low")
     counts = bullmq_counts(limited, "email")
-    acme = next(q for q in tenant_page_data("acme")["queues"] if q["job_type"] == "email")
-    beta = next(q for q in tenant_page_data("beta")["queues"] if q["job_type"] == "email")
-    assert (acme["waiting_total"], acme["held"], acme["running"]) == (2, 3, 0)
-    assert beta["waiting"]["low"] == 4 and beta["held"] == 0
+    acme = next(q for q in tenant_page_data("acme").queues if q.job_type == "email")
+    beta = next(q for q in tenant_page_data("beta").queues if q.job_type == "email")
+    assert (acme.waiting_total, acme.held, acme.running) == (2, 3, 0)
+    assert beta.waiting["low"] == 4 and beta.held == 0
     # Every waiting job is one tenant's; every held job is delayed in BullMQ's eyes.
-    assert acme["waiting_total"] + beta["waiting_total"] == counts["prioritized"] + counts["wait"]
-    assert acme["held"] + beta["held"] == counts["delayed"]
-    assert [j["position"] for j in acme["next_jobs"]] == [1, 2]
+    assert acme.waiting_total + beta.waiting_total == counts["prioritized"] + counts["wait"]
+    assert acme.held + beta.held == counts["delayed"]
+    assert [j.position for j in acme.next_jobs] == [1, 2]
     html = operator.get(reverse(TENANT, args=["acme"])).content.decode()
     assert 'data-fq-t="held">3<' in html and "Numbers read at" in html
     assert "data-fq-effective-level>normal<" in html  # pro -> normal
     # where a job enqueued now would start: acme is at its limit, so not before its room
     assert 'data-fq-t="new_job_start">' in html
-    assert acme["new_job_start"]
+    assert acme.new_job_start
 
 
 def test_tenant_search__exact_id_goes_to_its_page_a_prefix_lists_matches(limited, operator):
@@ -91,8 +66,8 @@ def test_tenant_actions__pause_and_resume_confirm_on_get_act_on_post_and_are_aud
     assert confirm.status_code == 200 and not TenantPauseAudit.objects.exists()
     assert operator.post(reverse(ACTION, args=["beta", "pause"])).status_code == 302
     assert TenantPlan.objects.get(tenant_id="beta").paused
-    page = next(q for q in tenant_page_data("beta")["queues"] if q["job_type"] == "email")
-    assert (page["held"], page["waiting_total"], page["next_run"]) == (
+    page = next(q for q in tenant_page_data("beta").queues if q.job_type == "email")
+    assert (page.held, page.waiting_total, page.next_run) == (
         2,
         0,
         "not while it is paused",
@@ -179,11 +154,11 @@ def test_tenant_retry_and_remove__its_failed_jobs_retried_its_waiting_jobs_remov
     enqueue_jobs("email", [{} for _ in range(3)], tenant_id="acme", attempts=1)
     fail_jobs(fq_prefix, "email", 3)
     assert wait_until(lambda: redis_client.zcard(f"{fq_prefix}:email:failed") == 3, 10)
-    page = next(q for q in tenant_page_data("acme")["queues"] if q["job_type"] == "email")
-    assert page["failed_count"] == 3
-    failure = page["failed"][0]
-    assert failure["error_class"] == "ValueError"
-    assert "hunter2" not in failure["message"] and "example" not in failure["message"]
+    page = next(q for q in tenant_page_data("acme").queues if q.job_type == "email")
+    assert page.failed_count == 3
+    failure = page.failed[0]
+    assert failure.error_class == "ValueError"
+    assert "hunter2" not in failure.message and "example" not in failure.message
     touches = operator.get(reverse(ACTION, args=["acme", "retry"])).content.decode()
     assert "email: 3 failed job(s)" in touches
     operator.post(reverse(ACTION, args=["acme", "retry"]))
@@ -205,8 +180,8 @@ def test_tenant_remove__a_paused_tenants_held_jobs_leave_its_held_count_at_once(
     assert bullmq_counts(fq_prefix, "email")["delayed"] == 3
     operator.post(reverse(ACTION, args=["acme", "remove"]))
     assert bullmq_counts(fq_prefix, "email")["delayed"] == 0
-    page = next(q for q in tenant_page_data("acme")["queues"] if q["job_type"] == "email")
-    assert (page["held"], page["held_ids"]) == (0, [])
+    page = next(q for q in tenant_page_data("acme").queues if q.job_type == "email")
+    assert (page.held, page.held_ids) == (0, [])
 
 
 def test_tenant_actions__need_the_change_permission(fq_prefix, client):
@@ -224,7 +199,7 @@ def test_tenant_jobs__picked_out_in_redis_as_reading_every_job_would(fq_prefix, 
     first page."""
     from fairqueue.broker import get_sync_broker
     from fairqueue.broker.console_reads import ORDER_PAGE, ConsoleReads, job_tenant_id
-    from tests.redis.test_rebalance import add_foreign
+    from tests.helpers.jobs import add_foreign
 
     enqueue_jobs("email", [{"i": i} for i in range(3)], tenant_id=tenant)
     add_foreign(fq_prefix, *[({"tenantId": tenant + "-2"}, {})] * (ORDER_PAGE + 50))

@@ -63,13 +63,13 @@ def test_tenant_waits__percentiles_and_worker_share_match_the_job_hashes(fq_pref
         rebalance_queue("email", rebalancer="waits-test")
 
     pages = {
-        tenant: next(q for q in tenant_page_data(tenant)["queues"] if q["job_type"] == "email")
+        tenant: next(q for q in tenant_page_data(tenant).queues if q.job_type == "email")
         for tenant in ids
     }
     worked = {}
     for tenant, tenant_ids in ids.items():
         waits, worked[tenant] = _exact(redis_client, fq_prefix, tenant_ids)
-        rows = {row["minutes"]: row for row in pages[tenant]["waits"]}
+        rows = {row["minutes"]: row for row in pages[tenant].waits}
         assert sorted(rows) == sorted(WINDOWS_MIN)
         for minutes in WINDOWS_MIN:
             row = rows[minutes]
@@ -80,15 +80,15 @@ def test_tenant_waits__percentiles_and_worker_share_match_the_job_hashes(fq_pref
     # Its worker time and its level's: the two tenants' add up to the level's, and the
     # shares are those the job hashes show (each attempt's ms read a moment apart).
     for minutes in WINDOWS_MIN:
-        acme = pages["acme"]["waits"][WINDOWS_MIN.index(minutes)]["worker"]["normal"]
-        beta = pages["beta"]["waits"][WINDOWS_MIN.index(minutes)]["worker"]["normal"]
+        acme = pages["acme"].waits[WINDOWS_MIN.index(minutes)]["worker"]["normal"]
+        beta = pages["beta"].waits[WINDOWS_MIN.index(minutes)]["worker"]["normal"]
         assert acme["level_ms"] == beta["level_ms"] == acme["ms"] + beta["ms"]
         exact_share = worked["acme"] / (worked["acme"] + worked["beta"])
         assert acme["share"] == pytest.approx(exact_share, abs=300 * CLOCKS_MS / acme["level_ms"])
         assert acme["share"] > 0.55  # its jobs take three times as long (with margin for load)
     # Attempts started: every one, each tenant half of its level's.
     for tenant in ids:
-        for row in pages[tenant]["started"]:
+        for row in pages[tenant].started:
             assert row["started"] == 150
             assert row["share"] == "50% of normal's 300"
 
@@ -115,6 +115,6 @@ def test_tenant_starts__exact_for_every_tenant_however_many_start_in_a_bucket(fq
     for _ in range(5):  # every page of the events stream
         rebalance_queue("email", rebalancer="starts-test")
     for tenant, expected in [*((tenant, 3) for tenant in tenants), ("big", 40)]:
-        page = next(q for q in tenant_page_data(tenant)["queues"] if q["job_type"] == "email")
-        assert [row["started"] for row in page["started"]] == [expected] * len(WINDOWS_MIN)
-        assert page["started"][0]["share"] == f"{round(100 * expected / 160)}% of normal's 160"
+        page = next(q for q in tenant_page_data(tenant).queues if q.job_type == "email")
+        assert [row["started"] for row in page.started] == [expected] * len(WINDOWS_MIN)
+        assert page.started[0]["share"] == f"{round(100 * expected / 160)}% of normal's 160"

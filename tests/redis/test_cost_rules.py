@@ -27,7 +27,7 @@ from fairqueue.enqueue.lookups import (
     lookup_tenant_weight,
 )
 from fairqueue.models import ClassifierRule, SubscriptionClassifier, TenantPlan
-from tests.conftest import REDIS_URL
+from tests.helpers.keys import REDIS_URL
 
 pytestmark = pytest.mark.django_db
 ROOT = Path(__file__).resolve().parents[2]

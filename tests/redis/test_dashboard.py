@@ -19,17 +19,15 @@ from fairqueue.dashboard.stats import queue_stats
 from fairqueue.dashboard.wording import format_duration
 from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
 from fairqueue.rebalance.passes import LeaderLock, rebalance_queue
-from tests.conftest import REDIS_URL, TEST_QUEUES
 from tests.helpers import drain_with_stock_worker, staff, wait_until
-from tests.redis.test_rebalance import add_foreign
+from tests.helpers.console import DASHBOARD, JOB, QUEUE, age_jobs, seed_mixed
+from tests.helpers.jobs import add_foreign
+from tests.helpers.keys import REDIS_URL, TEST_QUEUES
 
 pytestmark = pytest.mark.django_db
 
-DASHBOARD = "admin:fairqueue_dashboard_changelist"
 STATS = "admin:fairqueue_dashboard_stats"
-QUEUE = "admin:fairqueue_dashboard_queue"
 REBALANCE = "admin:fairqueue_dashboard_rebalance"
-JOB = "admin:fairqueue_dashboard_job"
 STATES = {"wait", "prioritized", "active", "delayed", "failed", "completed"}
 
 
@@ -40,34 +38,8 @@ def _fresh_backlog_cache():
     dashboard.clear_backlog_cache()
 
 
-def age_jobs(redis_client, prefix, queue, job_ids, by_ms):
-    """Make jobs look enqueued and ready ``by_ms`` earlier (BullMQ's own timestamp and
-    the first ready time fairqueue keeps in the job's opts)."""
-    for job_id in job_ids:
-        key = f"{prefix}:{queue}:{job_id}"
-        redis_client.hset(key, "timestamp", int(redis_client.hget(key, "timestamp")) - by_ms)
-        opts = json.loads(redis_client.hget(key, "opts"))
-        if "fqReady" in opts:
-            opts["fqReady"] -= by_ms
-            redis_client.hset(key, "opts", json.dumps(opts))
-
-
 def enqueued_at(redis_client, prefix, job, queue="email") -> int:
     return int(redis_client.hget(f"{prefix}:{queue}:{job.job_id}", "timestamp"))
-
-
-def seed_mixed(n_per_level: int = 3) -> list:
-    """Jobs of every level from a few tenants, enqueued in an interleaved order."""
-    jobs = []
-    for i in range(n_per_level):
-        for level, tenant in (
-            ("low", "t-a"),
-            ("critical", "t-b"),
-            ("normal", "t-c"),
-            ("high", "t-a"),
-        ):
-            jobs.append(enqueue_job("email", {"i": i}, tenant_id=f"{tenant}", priority_level=level))
-    return jobs
 
 
 # -- permissions -------------------------------------------------------------------------

@@ -23,9 +23,9 @@ from fairqueue.tasks import frameworks
 from fairqueue.tasks.backend import FairQueueBackend, UnknownTaskQueueError
 from fairqueue.tasks.frameworks import FRAMEWORKS, PRIMARY
 from fairqueue.tasks.jobs import InvalidTaskError, TaskResultDoesNotExist
-from tests.conftest import REDIS_URL
-from tests.fresh_project import shop_project
-from tests.redis.test_tasks_backend import (
+from tests.helpers.fresh_project import shop_project
+from tests.helpers.keys import REDIS_URL
+from tests.helpers.tasks import (
     BoomError,
     add,
     explode,
@@ -347,7 +347,7 @@ import django_tasks.signals as bp_signals
 
 from fairqueue.tasks.frameworks import FRAMEWORKS
 from fairqueue.worker.runner import Worker
-from tests.dual_tasks import backport_add, django_add
+from tests.helpers.dual_tasks import backport_add, django_add
 
 out = {"frameworks": [f.name for f in FRAMEWORKS], "seen": [], "caught": []}
 for module in (dj_signals, bp_signals):

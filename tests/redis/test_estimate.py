@@ -5,6 +5,7 @@ reports each state and the jobs popped before a job, and the wait arithmetic."""
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 import redis
@@ -16,7 +17,7 @@ from fairqueue.broker.status_reads import StatusReads
 from fairqueue.scheduling import estimate as eta
 from fairqueue.scheduling.levels import PriorityLevel
 from fairqueue.scheduling.limits import TenantLimits
-from tests.conftest import REDIS_URL, delete_prefix, run_prefix
+from tests.helpers.keys import REDIS_URL, delete_prefix, run_prefix
 
 C, H, N, L = PriorityLevel.CRITICAL, PriorityLevel.HIGH, PriorityLevel.NORMAL, PriorityLevel.LOW
 RANK = {C: 0, H: 1, N: 2, L: 3}
@@ -155,3 +156,76 @@ def test_with_fairness_by_time_the_clock_moves_by_worker_time():
     assert by_jobs.vt_per_s == pytest.approx(12 * 5 / 2)
     assert by_time.vt_per_s == pytest.approx(4 * by_jobs.vt_per_s)
     assert by_time.jobs_per_s == by_jobs.jobs_per_s == pytest.approx(5)
+
+
+def test_the_clocks_sampled_pace_counts_tags_placed_wider_than_one_turn():
+    """A flood whose jobs were placed while a quiet weight-2 tenant was counted (steps of
+    18, not 6) moves the virtual time 18 a job there: the samples show it, the model
+    (6 a job) does not, and the tag distance is read at the sampled pace."""
+    now_ms = 1_000_000_000
+    current = now_ms // 1000 // 10 * 10
+    # 10 jobs a second, all normal; the virtual time moved 9 a job (a mix of 6 and 18)
+    buckets = [
+        eta.HistoryBucket(
+            current - 10 * b,
+            {"normal": 90 if b == 0 else 100},  # the current bucket: 9 s so far
+            {},
+            vt_first=((current - 10 * b) * 1000, 900.0 * (3 - b)),
+            vt_last=((current - 10 * b + 9) * 1000, 900.0 * (3 - b) + 810.0),
+        )
+        for b in range(3)
+    ]
+    rate = eta.service_rate(
+        buckets, now_ms=current * 1000 + 9_000, since_ms=0, bucket_s=10, window_s=20
+    )
+    assert rate.vt_per_s == pytest.approx(60)  # the model: 12 * 10 / 2
+    assert rate.vt_moved_per_s == pytest.approx(90)  # (2610 - 0) / 29 s
+    # 90 tag units ahead of the virtual time: 10 jobs, 1 s (the model's pace: 1.5 s)
+    wait = eta.placed_wait(tag=96, level=N, vt=0.0, ahead=10, rate=rate)
+    assert wait.expected_s == pytest.approx(1.0)
+    # samples over too short a span (under VT_SAMPLED_S): the model's pace
+    short = [
+        eta.HistoryBucket(
+            current,
+            {"normal": 90},
+            {},
+            vt_first=(current * 1000, 0.0),
+            vt_last=(current * 1000 + 4_000, 360.0),
+        )
+    ]
+    rate = eta.service_rate(short, now_ms=current * 1000 + 9_000, since_ms=0, bucket_s=10)
+    assert rate.vt_moved_per_s == 0.0
+    assert eta.placed_wait(tag=96, level=N, vt=0.0, ahead=10, rate=rate).expected_s == (
+        pytest.approx(90 / rate.vt_per_s)
+    )
+
+
+def test_the_loop_samples_the_virtual_time_where_the_estimate_reads_it():
+    """``vt_sample.lua`` keeps the clock's virtual time (as the estimate's read moves it
+    to the first job waiting) in the current bucket, first and last sample; the
+    estimate's read returns them with the bucket."""
+    prefix = run_prefix()
+    broker = SyncBroker(Broker(REDIS_URL, prefix, fairness_by="jobs"))
+    reads = StatusReads(broker.broker.conn, fairness_by="jobs")
+    client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        broker.add_jobs("q", [NewJob("x", {}, N, tenant="a")] * 5)
+        while time.time() % 10 > 8:  # both samples in one 10 s bucket
+            time.sleep(0.1)
+        broker.run(broker.broker.history.sample_virtual_time, "q")
+        client.zpopmin(f"{prefix}:q:prioritized", 2)  # two jobs taken: the clock moves 12
+        broker.run(broker.broker.history.sample_virtual_time, "q")
+        raw = broker.run(reads.estimate, "q", level=N, tenant="a", tenant_weight=1)
+        sampled = [b for b in raw.history.buckets if b.vt_first is not None]
+        assert len(sampled) == 1
+        bucket = sampled[0]
+        assert bucket.vt_last is not None
+        assert bucket.vt_last[1] - bucket.vt_first[1] == pytest.approx(12)
+        assert bucket.vt_last[1] == pytest.approx(raw.placement.flow.vt)
+        assert 0 <= bucket.vt_last[0] - bucket.vt_first[0] < 5_000
+        key = f"{prefix}:q:fq:hist:{bucket.start_s}"
+        assert 0 < client.ttl(key) <= 3_600 + 20
+    finally:
+        broker.close()
+        client.close()
+        delete_prefix(prefix)

@@ -7,49 +7,20 @@ starts per level, the most served flows), so each test states the pace it assume
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from fairqueue import enqueue_job, enqueue_jobs, estimate_start, job_status, pause_tenant
 from fairqueue.scheduling.calibration import error_bin
+from tests.helpers.jobs import write_history
 
 pytestmark = pytest.mark.django_db
-
-BUCKET_S = 10
-
-
-def _history(redis_client, prefix: str, per_s: dict[tuple[str, str], float], bins=None) -> None:
-    """The last three buckets as the loop writes them: each flow started ``per_s`` jobs a
-    second (``bins``: level -> {ratio bin: count} of estimates in each whole bucket).
-    Written early in a bucket, so the test's reads fall in the same one."""
-    while not 0.5 <= time.time() % BUCKET_S <= 3.5:
-        time.sleep(0.1)
-    now = time.time()
-    current = int(now // BUCKET_S * BUCKET_S)
-    base = f"{prefix}:email:fq:hist"
-    redis_client.hset(base, "since", int((now - 60) * 1000))
-    for start in (current - 2 * BUCKET_S, current - BUCKET_S, current):
-        seconds = BUCKET_S if start < current else max(0.0, now - current)
-        levels: dict[str, int] = {}
-        for (level, tenant), rate in per_s.items():
-            count = round(rate * seconds)
-            levels[level] = levels.get(level, 0) + count
-            if count:
-                redis_client.zadd(f"{base}:t:{start}", {f"{level}\n{tenant}": count})
-        for level, count in levels.items():
-            redis_client.hset(f"{base}:{start}", f"s:{level}", count)
-        if bins and start < current:
-            for level, counts in bins.items():
-                for index, count in counts.items():
-                    redis_client.hset(f"{base}:{start}", f"e:{level}:{index}", count)
 
 
 def test_a_quiet_weight_2_tenant_counts_for_what_it_uses(fq_prefix, redis_client):
     """A flooding weight-1 tenant beside a quiet weight-2 tenant (counted in its level
     while its one job waits): the flood gets all the quiet one leaves, not a third."""
     per_s = {("normal", "flood"): 10.0}
-    _history(redis_client, fq_prefix, per_s)
+    write_history(redis_client, fq_prefix, per_s)
     enqueue_job("email", {}, tenant_id="quiet", priority_level="normal", tenant_weight=2)
     jobs = enqueue_jobs("email", [{}] * 60, tenant_id="flood", priority_level="normal")
     est = estimate_start("email", tenant_id="flood", priority_level="normal")
@@ -67,16 +38,16 @@ def test_a_quiet_weight_2_tenant_counts_for_what_it_uses(fq_prefix, redis_client
     # the tenant page's entitlement is the same figure, not "weight 1 of 3"
     from fairqueue.dashboard.tenant_page import tenant_page_data
 
-    page = next(q for q in tenant_page_data("flood")["queues"] if q["queue"] == "email")
-    assert page["entitled"]["normal"] == pytest.approx(est.level_share, abs=0.02)
-    assert page["entitled"]["normal"] > 0.9
+    page = next(q for q in tenant_page_data("flood").queues if q.queue == "email")
+    assert page.entitled["normal"] == pytest.approx(est.level_share, abs=0.02)
+    assert page.entitled["normal"] > 0.9
 
 
 def test_a_level_that_starts_to_flood_takes_its_share_at_once(fq_prefix, redis_client):
     """The last half minute only normal ran (10 jobs a second); now critical has a
     backlog too. The normal flood's jobs go at normal's 2 parts of 6 from now on, not at
     the pace the history measured."""
-    _history(redis_client, fq_prefix, {("normal", "n"): 10.0})
+    write_history(redis_client, fq_prefix, {("normal", "n"): 10.0})
     enqueue_jobs("email", [{}] * 30, tenant_id="n", priority_level="normal")
     enqueue_jobs("email", [{}] * 100, tenant_id="c", priority_level="critical")
     est = estimate_start("email", tenant_id="n", priority_level="normal")
@@ -89,7 +60,7 @@ def test_a_max_active_tenants_held_jobs_follow_its_measured_release_pace(limited
     """acme (max_active=2) was served 1 job a second beside a flood: its 28th held job
     waits for 28 of its releases at that pace, not for 28 typical runs over 2."""
     fq_prefix = limited
-    _history(redis_client, fq_prefix, {("normal", "acme"): 1.0, ("normal", "flood"): 9.0})
+    write_history(redis_client, fq_prefix, {("normal", "acme"): 1.0, ("normal", "flood"): 9.0})
     redis_client.hset(f"{fq_prefix}:email:fq:state", "typ", 100)  # 100 ms typical runs
     enqueue_jobs("email", [{}] * 50, tenant_id="flood", priority_level="normal")
     jobs = enqueue_jobs("email", [{}] * 30, tenant_id="acme", priority_level="normal")
@@ -107,7 +78,7 @@ def test_paused_and_quiet_tenants_beside_a_flood(limited, redis_client):
     tenant beside a flood in normal: the flood gets all but what the quiet ones use."""
     fq_prefix = limited
     per_s = {("normal", "flood"): 9.0, ("critical", "ops"): 1.0, ("normal", "quiet"): 0.2}
-    _history(redis_client, fq_prefix, per_s)
+    write_history(redis_client, fq_prefix, per_s)
     pause_tenant("beta")
     enqueue_jobs("email", [{}] * 20, tenant_id="beta", priority_level="normal")
     enqueue_job("email", {}, tenant_id="quiet", priority_level="normal", tenant_weight=2)
@@ -123,7 +94,7 @@ def test_paused_and_quiet_tenants_beside_a_flood(limited, redis_client):
 def test_high_confidence_only_where_recent_estimates_were_close(fq_prefix, redis_client):
     per_s = {("normal", "a"): 10.0}
     close = {error_bin(1000, 1000): 40}
-    _history(redis_client, fq_prefix, per_s, bins={"normal": close})
+    write_history(redis_client, fq_prefix, per_s, bins={"normal": close})
     enqueue_jobs("email", [{}] * 20, tenant_id="a", priority_level="normal")
     sure = estimate_start("email", tenant_id="a", priority_level="normal")
     assert sure.confidence == "high"
@@ -134,7 +105,7 @@ def test_high_confidence_only_where_recent_estimates_were_close(fq_prefix, redis
 def test_far_off_recent_estimates_widen_the_range_and_lower_the_confidence(fq_prefix, redis_client):
     per_s = {("normal", "a"): 10.0}
     off = {error_bin(2500, 1000): 20, error_bin(1000, 1000): 20}
-    _history(redis_client, fq_prefix, per_s, bins={"normal": off})
+    write_history(redis_client, fq_prefix, per_s, bins={"normal": off})
     enqueue_jobs("email", [{}] * 20, tenant_id="a", priority_level="normal")
     est = estimate_start("email", tenant_id="a", priority_level="normal")
     assert est.confidence == "low"

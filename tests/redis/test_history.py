@@ -29,9 +29,9 @@ from fairqueue.scheduling.shares import (
     summarize,
     wait_bin,
 )
-from tests.conftest import REDIS_URL
-from tests.e2e.test_node_worker import node_worker, run_node_worker  # noqa: F401 - a fixture
 from tests.helpers import stock_worker_until
+from tests.helpers.keys import REDIS_URL
+from tests.helpers.node import run_node_worker
 
 # Timing-sensitive (live workers, loops): `make test` runs them after the parallel part.
 pytestmark = pytest.mark.serial
@@ -454,7 +454,7 @@ def test_live__the_loop_records_between_passes(fq_prefix, redis_client):
     import json
 
     from tests.helpers import drain_with_stock_worker, wait_until
-    from tests.redis.test_rebalance_loop import spawn, stop
+    from tests.helpers.processes import spawn, stop
 
     loop = spawn(["rebalance_fair", "--queue", "email", "--interval-ms", "8000"], fq_prefix)
     try:

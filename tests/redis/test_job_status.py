@@ -23,8 +23,8 @@ from fairqueue import (
     pause_tenant,
 )
 from fairqueue.rebalance.passes import rebalance_queue
-from tests.conftest import REDIS_URL
 from tests.helpers import drain_with_stock_worker, metric
+from tests.helpers.keys import REDIS_URL
 
 pytestmark = pytest.mark.django_db
 
@@ -297,11 +297,12 @@ def test_the_dashboard_pages_can_show_the_expected_start(limited):
 
     jobs = enqueue_jobs("email", [{}] * 3, tenant_id="acme")  # max_active=2: one held
     shown = job_expected_start("email", jobs[2].job_id)
-    assert shown["state"] == "held" and shown["held_reason"] == "max_active"
-    assert isinstance(shown["text"], str) and shown["text"]
-    assert job_expected_start("email", jobs[0].job_id)["text"] == "now"
+    assert shown is not None
+    assert shown.state == "held" and shown.held_reason == "max_active"
+    assert isinstance(shown.text, str) and shown.text
+    assert job_expected_start("email", jobs[0].job_id).text == "now"
     assert job_expected_start("email", "no-such-job") is None
     tenant = tenant_expected_start("email", "beta", "normal")
-    assert tenant["held_reason"] is None and tenant["text"] == "now"
+    assert tenant.held_reason is None and tenant.text == "now"
     pause_tenant("acme")
-    assert tenant_expected_start("email", "acme")["text"] == "not while its tenant is paused"
+    assert tenant_expected_start("email", "acme").text == "not while its tenant is paused"

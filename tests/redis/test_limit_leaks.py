@@ -6,11 +6,7 @@ copy in Redis comes back from the database. Real Redis, the real bullmq package.
 from __future__ import annotations
 
 import asyncio
-import shutil
-import subprocess
 import time
-from contextlib import contextmanager
-from dataclasses import dataclass
 
 import pytest
 from bullmq import Queue
@@ -21,90 +17,18 @@ from fairqueue.enqueue.priority import wire_tenant_plan_lookup
 from fairqueue.exceptions import InvalidTenantError
 from fairqueue.models import TenantPlan
 from fairqueue.scheduling.wire import encoded_limits
-from tests.conftest import REDIS_URL
-from tests.e2e.test_node_worker import NODE_DIR
 from tests.helpers import bullmq_counts as counts
 from tests.helpers import release, settle_releases, wait_until
+from tests.helpers.keys import REDIS_URL
+from tests.helpers.node import NodeWorker, active_ids
+from tests.helpers.processes import running_loop
 
 # Timing-sensitive (live workers, loops): `make test` runs them after the parallel part.
 pytestmark = [pytest.mark.django_db, pytest.mark.serial]
 
 
-@pytest.fixture
-def node():
-    if shutil.which("node") is None or not (NODE_DIR / "node_modules" / "bullmq").is_dir():
-        pytest.skip("node or tests/node/node_modules missing (run: cd tests/node && npm ci)")
-    return shutil.which("node")
-
-
-@dataclass(frozen=True)
-class Start:
-    job_id: str
-    tenant: str
-    attempts_made: int
-    at_ms: int
-
-
-class NodeWorker:
-    """A stock Node BullMQ worker (``tests/node/limits_worker.mjs``) in its own process:
-    ``concurrency`` slots for ``run_ms``, jobs of ``job_ms``; ``fail_tenant``'s jobs throw.
-    ``starts()`` waits for it to end and returns every attempt it started."""
-
-    def __init__(
-        self, node, prefix, *, concurrency=16, run_ms=4000, job_ms=100, fail="", url=REDIS_URL
-    ):
-        self.process = subprocess.Popen(  # noqa: S603
-            [
-                node,
-                str(NODE_DIR / "limits_worker.mjs"),
-                url,
-                prefix,
-                "email",
-                str(concurrency),
-                str(run_ms),
-                str(job_ms),
-                fail,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-
-    def starts(self) -> list[Start]:
-        out, err = self.process.communicate(timeout=60)
-        assert self.process.returncode == 0, err
-        found = []
-        for line in out.splitlines():
-            _, job_id, tenant, made, at = line.split(" ")
-            found.append(Start(job_id, tenant, int(made), int(at)))
-        return found
-
-
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def active_ids(redis_client, prefix) -> list[str]:
-    return redis_client.lrange(f"{prefix}:email:active", 0, -1)
-
-
-@contextmanager
-def running_loop():
-    """The loop (a Rebalancer on ``email``) in a thread, holding its locks; stopped on the
-    way out."""
-    import threading
-
-    from fairqueue.rebalance.rebalancer import Rebalancer
-
-    rebalancer = Rebalancer(["email"], interval_ms=1000, install_signal_handlers=False)
-    thread = threading.Thread(target=rebalancer.run, daemon=True)
-    thread.start()
-    try:
-        assert wait_until(lambda: all(lock.held for lock in rebalancer.locks.values()), 10)
-        yield rebalancer
-    finally:
-        rebalancer.request_stop()
-        thread.join(10)
 
 
 def outbox_row(tenant: str):
@@ -262,7 +186,7 @@ def test_redis_lost_its_keys__pauses_and_limits_come_back_from_the_database(
     says paused holds its job at once; the loop's start rebuilds the rest from the
     database (zed's pause from its audit record), and a pass after a second loss does
     again. Under a 16-slot Node worker only beta's jobs run."""
-    from tests.conftest import delete_prefix
+    from tests.helpers.keys import delete_prefix
 
     pause_tenant("acme")
     pause_tenant("zed")
@@ -456,7 +380,7 @@ def test_max_waiting__racing_batches_of_several_chunks_are_each_whole_or_refused
 
 
 def delete_all_jobs(prefix, redis_client):
-    from tests.conftest import delete_prefix
+    from tests.helpers.keys import delete_prefix
 
     delete_prefix(prefix)
 

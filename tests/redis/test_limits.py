@@ -20,7 +20,6 @@ from fairqueue.broker import get_sync_broker
 from fairqueue.enqueue.priority import wire_tenant_plan_lookup
 from fairqueue.exceptions import InvalidTenantError
 from fairqueue.models import OutboxJob, PriorityOverrideAudit, TenantPauseAudit, TenantPlan
-from tests.conftest import REDIS_URL
 from tests.helpers import bullmq_counts as counts
 from tests.helpers import (
     drain_with_stock_worker,
@@ -31,7 +30,7 @@ from tests.helpers import (
     stock_worker_until,
     wait_until,
 )
-from tests.redis.test_worker import registry  # noqa: F401, F811
+from tests.helpers.keys import REDIS_URL
 
 # Timing-sensitive (live workers, loops): `make test` runs them after the parallel part.
 pytestmark = [pytest.mark.django_db, pytest.mark.serial]
@@ -199,7 +198,7 @@ def test_max_waiting__durable_enqueue_refused_before_the_outbox_row(capped, redi
 
 
 def test_max_waiting__task_enqueue_refused(capped, redis_client):
-    from tests.redis.test_tasks_backend import record
+    from tests.helpers.tasks import record
 
     record.enqueue("fits", tenant_id="acme")
     before = snapshot(capped, redis_client)
@@ -256,7 +255,7 @@ def test_pause__bad_tenant_id_is_refused_by_name():
 # -- fairqueue_worker releases at once --------------------------------------------------
 
 
-def test_fairqueue_worker__releases_the_next_held_job_as_one_finishes(limited, registry):  # noqa: F811
+def test_fairqueue_worker__releases_the_next_held_job_as_one_finishes(limited, registry):
     from fairqueue.worker import handlers
     from fairqueue.worker.runner import Worker as FairWorker
 
@@ -382,7 +381,7 @@ def test_held_jobs__bullmq_state_is_delayed_and_stock_node_workers_skip_them(lim
     delayed jobs whose time has come, and held jobs are due in the year 9999."""
     import shutil
 
-    from tests.e2e.test_node_worker import NODE_DIR, run_node_worker
+    from tests.helpers.node import NODE_DIR, run_node_worker
 
     if shutil.which("node") is None or not (NODE_DIR / "node_modules" / "bullmq").is_dir():
         pytest.skip("node or tests/node/node_modules missing (run: cd tests/node && npm ci)")

@@ -13,8 +13,8 @@ from bullmq import Queue
 from fairqueue.broker import TAG_FLOOR
 from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
 from fairqueue.rebalance.passes import rebalance_queue
-from tests.conftest import REDIS_URL
 from tests.helpers import drain_with_stock_worker
+from tests.helpers.keys import REDIS_URL
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "migrating.md"
 

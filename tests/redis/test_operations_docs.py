@@ -10,9 +10,9 @@ import uuid
 from pathlib import Path
 
 from fairqueue.enqueue.api import enqueue_job
-from tests.conftest import REDIS_URL
-from tests.e2e.test_node_worker import NODE_DIR, node_worker  # noqa: F401 - a fixture
 from tests.helpers import wait_until
+from tests.helpers.keys import REDIS_URL
+from tests.helpers.node import NODE_DIR
 
 OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 

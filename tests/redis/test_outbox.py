@@ -18,8 +18,8 @@ from fairqueue.enqueue.api import enqueue_job, enqueue_jobs, enqueue_on_commit
 from fairqueue.enqueue.outbox import outbox_stats, relay_outbox
 from fairqueue.exceptions import BrokerUnavailableError
 from fairqueue.models import OutboxJob, PriorityOverrideAudit
-from tests.conftest import REDIS_URL
 from tests.helpers import drain_with_stock_worker, free_port, metric
+from tests.helpers.keys import REDIS_URL
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -18,8 +18,8 @@ from fairqueue.enqueue.priority import wire_tenant_plan_lookup
 from fairqueue.models import TenantPlan
 from fairqueue.rebalance.passes import rebalance_queue
 from tests.helpers import metric
-from tests.redis.test_rebalance import index_ids
-from tests.redis.test_reruns import _run_stock_worker
+from tests.helpers.jobs import index_ids
+from tests.helpers.usage import take_jobs_failing_first
 
 pytestmark = pytest.mark.django_db
 
@@ -55,7 +55,7 @@ def test_gauge_dashboard_and_bullmq_agree_with_held_delayed_retried_and_paused_j
 
     # A job that fails once: BullMQ re-adds it; it keeps its first ready time.
     retried = enqueue_job("email", {}, tenant_id="flaky", attempts=2).job_id
-    assert asyncio.run(_run_stock_worker(fq_prefix, 1, fail={retried})) == [retried]
+    assert asyncio.run(take_jobs_failing_first(fq_prefix, 1, fail={retried})) == [retried]
     enqueue_jobs("email", [{} for _ in range(3)], tenant_id="busy")
     enqueue_jobs("email", [{} for _ in range(4)], tenant_id="acme-counts")  # 1 takeable, 3 held
     paused = [j.job_id for j in enqueue_jobs("email", [{}, {}], tenant_id="zed-counts")]

@@ -23,8 +23,8 @@ from fairqueue.broker import (
 from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
 from fairqueue.scheduling.levels import PriorityLevel
 from fairqueue.scheduling.order import FairClock, replaced_tag
-from tests.conftest import REDIS_URL, delete_prefix, run_prefix
 from tests.helpers import drain_with_stock_worker
+from tests.helpers.keys import REDIS_URL, delete_prefix, run_prefix
 
 pytestmark = pytest.mark.django_db
 

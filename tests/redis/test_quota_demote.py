@@ -15,7 +15,7 @@ from fairqueue.enqueue.api import aenqueue_job, enqueue_job, enqueue_jobs
 from fairqueue.enqueue.outbox import relay_outbox
 from fairqueue.enqueue.priority import resolve_priority, wire_tenant_plan_lookup
 from fairqueue.usage import quotas
-from tests.redis.test_tasks_backend import record, record_critical
+from tests.helpers.tasks import record, record_critical
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

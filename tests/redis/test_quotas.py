@@ -17,7 +17,7 @@ from fairqueue.rebalance.passes import rebalance_queue
 from fairqueue.rebalance.usage_step import UsageStep
 from fairqueue.usage import holds, quotas
 from tests.helpers import metric
-from tests.redis.test_usage import _work
+from tests.helpers.usage import work_jobs
 
 # Timing-sensitive (live workers, loops): `make test` runs them after the parallel part.
 pytestmark = pytest.mark.serial
@@ -55,7 +55,7 @@ def test_quota__over_it_the_tier_action_applies_audited_and_counted_until_the_da
     rebalance_queue("email", rebalancer="quota-test")
     enqueue_jobs("email", [{"i": i} for i in range(6)], tenant_id="acme")
     before = metric("queue_fair_quota_exceeded_total", job_type="email", action=action)
-    asyncio.run(_work(fq_prefix, "email", 6, [], job_s=0.25))
+    asyncio.run(work_jobs(fq_prefix, "email", 6, [], job_s=0.25))
     _settle()
     hold = TenantHold.objects.get(tenant_id="acme", lifted_at__isnull=True)
     assert (hold.reason, hold.action) == ("quota", action)
@@ -125,7 +125,7 @@ def _one_slot_worker(prefix, process, before_stop=lambda: None):
     ``before_stop`` runs first on the way out (its close waits for a running job)."""
     from bullmq import Worker
 
-    from tests.conftest import REDIS_URL
+    from tests.helpers.keys import REDIS_URL
 
     ready, stop = threading.Event(), threading.Event()
 

@@ -13,8 +13,9 @@ from fairqueue.broker import MAX_PRIORITY, TAG_FLOOR, Fence, NewJob, get_sync_br
 from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
 from fairqueue.rebalance.passes import WALK_PAGE_SIZE, rebalance_queue, walk_pages
 from fairqueue.scheduling.levels import PriorityLevel
-from tests.conftest import REDIS_URL
 from tests.helpers import drain_with_stock_worker, metric, metric_delta
+from tests.helpers.jobs import add_foreign, index_ids
+from tests.helpers.keys import REDIS_URL
 
 # Timing-sensitive (live workers, loops): `make test` runs them after the parallel part.
 pytestmark = [pytest.mark.django_db, pytest.mark.serial]
@@ -22,15 +23,6 @@ pytestmark = [pytest.mark.django_db, pytest.mark.serial]
 
 def prioritized(redis_client, prefix, queue="email"):
     return redis_client.zrange(f"{prefix}:{queue}:prioritized", 0, -1, withscores=True)
-
-
-def index_ids(redis_client, prefix, queue="email"):
-    """Every id in fairqueue's ready-time index, by the second it became ready."""
-    ready = f"{prefix}:{queue}:fq:ready"
-    return {
-        int(second): redis_client.lrange(f"{ready}:{second}", 0, -1)
-        for second in redis_client.zrange(ready, 0, -1)
-    }
 
 
 def age(redis_client, prefix, job_ids, ms, queue="email"):
@@ -51,16 +43,6 @@ def placed_as(redis_client, prefix, job_id, tenant, queue="email"):
     level = ("critical", "high", "normal", "low")[score % 4]
     weight = redis_client.hget(f"{prefix}:{queue}:fq:fweights", f"{level}\n{tenant}")
     return level, int(weight)
-
-
-def add_foreign(prefix, *jobs):
-    async def add():
-        queue = Queue("email", {"connection": REDIS_URL, "prefix": prefix})
-        ids = [(await queue.add("legacy", data, opts)).id for data, opts in jobs]
-        await queue.close()
-        return ids
-
-    return asyncio.run(add())
 
 
 def test_a_pass_over_a_tagged_queue_writes_nothing(fq_prefix, redis_client):

@@ -21,39 +21,13 @@ from fairqueue.contrib.celery import rebalance_fair
 from fairqueue.enqueue.api import enqueue_jobs
 from fairqueue.rebalance.passes import rebalance_queue
 from fairqueue.rebalance.rebalancer import Rebalancer
-from tests.conftest import REDIS_URL
 from tests.helpers import free_port, wait_until
+from tests.helpers.keys import REDIS_URL
+from tests.helpers.processes import spawn, start_private_redis, stop
 
 ROOT = Path(__file__).resolve().parents[2]
 # Timing-sensitive (live workers, loops): `make test` runs them after the parallel part.
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.serial]
-
-
-def spawn(args, prefix, **env):
-    return subprocess.Popen(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env={
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "tests.settings",
-            "FAIRQUEUE_PREFIX": prefix,
-            "FAIRQUEUE_REDIS_URL": REDIS_URL,
-            **env,
-        },
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
-
-def stop(process, sig=signal.SIGTERM, timeout=15):
-    if process.poll() is None:
-        process.send_signal(sig)
-    try:
-        return process.wait(timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        return process.wait()
 
 
 def holder(redis_client, prefix):
@@ -174,38 +148,6 @@ def unfinished(redis_client, prefix):
         + redis_client.llen(f"{base}:active")
         + redis_client.zcard(f"{base}:delayed")
     )
-
-
-def start_private_redis(port, directory):
-    server = shutil.which("redis-server")
-    if server is None:
-        pytest.fail("redis-server is not on PATH (.ci/ensure-redis installs it)")
-    process = subprocess.Popen(
-        [
-            server,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            directory,
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    client = redis_lib.Redis(port=port)
-    assert wait_until(lambda: _pings(client), 10)
-    return process
-
-
-def _pings(client):
-    try:
-        return client.ping()
-    except redis_lib.RedisError:
-        return False
 
 
 def test_redis_killed_mid_loop__loop_survives_and_next_pass_is_correct(settings, caplog):

@@ -19,9 +19,10 @@ from bullmq import Queue
 from fairqueue import InvalidJobOptionError, enqueue_job, enqueue_jobs
 from fairqueue.broker import MAX_PRIORITY, TAG_FLOOR
 from fairqueue.rebalance.passes import rebalance_queue
-from tests.conftest import REDIS_URL
-from tests.helpers import stock_worker_until, wait_until
-from tests.redis.test_rebalance import index_ids
+from tests.helpers import wait_until
+from tests.helpers.jobs import index_ids
+from tests.helpers.keys import REDIS_URL
+from tests.helpers.usage import take_jobs_failing_first
 
 # Timing-sensitive (live workers, loops): `make test` runs them after the parallel part.
 pytestmark = [pytest.mark.django_db, pytest.mark.serial]
@@ -35,25 +36,6 @@ def _enqueue_two_tenants(per_tenant: int, **options) -> dict[str, list[str]]:
         for tenant in ids:
             ids[tenant].append(enqueue_job("email", {}, tenant_id=tenant, **options).job_id)
     return ids
-
-
-async def _run_stock_worker(
-    prefix: str, count: int, fail: set[str], run_s: dict[str, float] | None = None
-) -> list[str]:
-    """A stock ``bullmq.Worker`` (concurrency 1) that fails the first attempt of the jobs
-    in ``fail`` and runs a job of tenant t for ``run_s[t]`` seconds; returns the ids it
-    took, in order, once it took ``count``."""
-    taken: list[str] = []
-
-    async def process(job):
-        taken.append(job.id)
-        if run_s:
-            await asyncio.sleep(run_s[job.data["tenantId"]])
-        if job.id in fail and job.attemptsMade == 0:
-            raise RuntimeError("integration down")
-
-    await stock_worker_until(prefix, "email", process, count)
-    return taken[:count]
 
 
 def _rank(redis_client, prefix: str, job_id: str) -> int | None:
@@ -77,7 +59,7 @@ def _assert_one_index_entry_per_waiting_job(redis_client, prefix: str, *, walked
 def test_a_retry_does_not_jump_the_queue(fq_prefix, redis_client):
     ids = _enqueue_two_tenants(5, attempts=2)
     first = redis_client.zrange(f"{fq_prefix}:email:prioritized", 0, 0)[0]
-    taken = asyncio.run(_run_stock_worker(fq_prefix, 2, fail={first}))
+    taken = asyncio.run(take_jobs_failing_first(fq_prefix, 2, fail={first}))
     # BullMQ re-added the failed job at the priority in its hash: the back of the line,
     # not the front (where it would run next, ahead of every other flow's turn).
     assert taken[0] == first and taken[1] != first
@@ -111,7 +93,7 @@ def test_a_retry_keeps_its_first_ready_time(fq_prefix, redis_client, settings):
     flow = "a" if first in ids["a"] else "b"
     other = "b" if flow == "a" else "a"
     time.sleep(1.6)  # its first wait passes the bound; its re-add, just now, does not
-    asyncio.run(_run_stock_worker(fq_prefix, 2, fail={first}))
+    asyncio.run(take_jobs_failing_first(fq_prefix, 2, fail={first}))
     before = {job_id: _score(redis_client, fq_prefix, job_id) for job_id in ids[flow] + ids[other]}
     # a job of its flow added now: younger than the retry, so behind it in its line
     later = enqueue_job("email", {}, tenant_id=flow).job_id
@@ -131,7 +113,7 @@ def test_a_retry_keeps_its_first_ready_time(fq_prefix, redis_client, settings):
 def test_retried_failed_jobs_have_one_index_entry_each(fq_prefix, redis_client):
     _enqueue_two_tenants(4, attempts=1)
     every = set(redis_client.zrange(f"{fq_prefix}:email:prioritized", 0, -1))
-    asyncio.run(_run_stock_worker(fq_prefix, 8, fail=every))
+    asyncio.run(take_jobs_failing_first(fq_prefix, 8, fail=every))
     assert redis_client.zcard(f"{fq_prefix}:email:failed") == 8
 
     async def retry_failed() -> None:
@@ -194,10 +176,10 @@ def test_a_bad_backoff_is_refused_by_name(fq_prefix, redis_client, backoff):
 def test_a_retry_after_backoff_does_not_jump_the_queue(fq_prefix, redis_client):
     ids = _enqueue_two_tenants(5, attempts=2, backoff={"type": "fixed", "delay": 50})
     first = redis_client.zrange(f"{fq_prefix}:email:prioritized", 0, 0)[0]
-    taken = asyncio.run(_run_stock_worker(fq_prefix, 2, fail={first}))
+    taken = asyncio.run(take_jobs_failing_first(fq_prefix, 2, fail={first}))
     assert redis_client.zscore(f"{fq_prefix}:email:delayed", first) is not None
     time.sleep(0.1)  # the backoff is over: the next worker's fetch promotes the retry...
-    taken += asyncio.run(_run_stock_worker(fq_prefix, 1, fail=set()))
+    taken += asyncio.run(take_jobs_failing_first(fq_prefix, 1, fail=set()))
     # ...at the priority in its hash: the back, not the front.
     assert taken[0] == first and first not in taken[1:]
     assert (
@@ -268,7 +250,7 @@ def test_a_stalled_job_is_recovered_in_its_flows_turn_exactly_once(fq_prefix, re
     assert int(redis_client.hget(f"{fq_prefix}:email:{stalled}", "stc")) == 1
     _assert_one_index_entry_per_waiting_job(redis_client, fq_prefix)
     # ...and it runs exactly once more, with every other job.
-    taken = asyncio.run(_run_stock_worker(fq_prefix, 10, fail=set()))
+    taken = asyncio.run(take_jobs_failing_first(fq_prefix, 10, fail=set()))
     assert sorted(taken) == sorted(ids["a"] + ids["b"])
 
 
@@ -284,7 +266,7 @@ def test_the_loop_places_a_retry_within_a_tick(fq_prefix, redis_client, transact
     loop.start()
     try:
         assert wait_until(lambda: rebalancer.locks["email"].held, timeout_s=10)
-        asyncio.run(_run_stock_worker(fq_prefix, 2, fail={first}))
+        asyncio.run(take_jobs_failing_first(fq_prefix, 2, fail={first}))
 
         def placed() -> bool:
             score = _score(redis_client, fq_prefix, first)
@@ -307,7 +289,7 @@ def test_delayed_jobs_leave_no_fairqueue_entry_behind(fq_prefix, redis_client):
     ids = [enqueue_job("email", {}, tenant_id="t", delay_ms=20).job_id for _ in range(5)]
     assert redis_client.hlen(f"{fq_prefix}:email:fq:jobs") == 0
     time.sleep(0.05)
-    taken = asyncio.run(_run_stock_worker(fq_prefix, 5, fail=set()))
+    taken = asyncio.run(take_jobs_failing_first(fq_prefix, 5, fail=set()))
     assert sorted(taken) == sorted(ids)
     rebalance_queue("email", rebalancer="reruns-test")
     assert redis_client.hlen(f"{fq_prefix}:email:fq:jobs") == 0

@@ -39,6 +39,7 @@ SCRIPTS = [
             "usage_flushed",
             "usage_running",
             "remove_waiting",
+            "vt_sample",
         )
     ),
     scripts.retry_failed_script,

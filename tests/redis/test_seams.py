@@ -18,8 +18,8 @@ from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
 from fairqueue.enqueue.outbox import JOB_ID_COLLISION, relay_outbox
 from fairqueue.exceptions import BrokerRejectedError
 from fairqueue.models import OUTBOX_JOB_ID_PREFIX, OutboxJob
-from tests.conftest import REDIS_URL, TEST_QUEUES
 from tests.helpers import PrivateRedis, drain_with_stock_worker, free_port
+from tests.helpers.keys import REDIS_URL, TEST_QUEUES
 
 
 def use_redis(settings, url: str, **extra) -> None:
@@ -468,7 +468,7 @@ def test_a_paused_queue_is_shown_paused_and_the_pass_still_places_its_jobs(
     from django.urls import reverse
 
     from fairqueue.rebalance.passes import rebalance_queue
-    from tests.redis.test_rebalance import add_foreign
+    from tests.helpers.jobs import add_foreign
 
     enqueue_jobs("email", [{"i": i} for i in range(3)], tenant_id="t")
     pause(fq_prefix, "email", side)

@@ -35,8 +35,8 @@ from fairqueue.exceptions import (
 )
 from fairqueue.models import PriorityOverrideAudit, TenantPlan
 from fairqueue.scheduling.levels import MAX_PAYLOAD_DEPTH
-from tests.conftest import REDIS_URL, TEST_QUEUES
 from tests.helpers import drain_with_stock_worker, free_port, metric, metric_delta, wait_until
+from tests.helpers.keys import REDIS_URL, TEST_QUEUES
 
 pytestmark = pytest.mark.django_db
 
@@ -968,7 +968,7 @@ def test_error_reply__wrongtype_is_broker_rejected_error_without_payload(fq_pref
 
 def test_error_reply__out_of_memory_is_broker_rejected_error(settings, tmp_path):
     from fairqueue import conf
-    from tests.redis.test_rebalance_loop import start_private_redis
+    from tests.helpers.processes import start_private_redis
 
     port = free_port()
     server = start_private_redis(port, str(tmp_path))

@@ -10,8 +10,6 @@ import importlib.util
 import json
 import re
 import sys
-import threading
-import warnings
 from datetime import timedelta
 from pathlib import Path
 
@@ -46,88 +44,28 @@ from fairqueue.tasks.backend import (
     level_for_task_priority,
 )
 from fairqueue.worker.runner import Worker, runnable_job_types
-from tests.conftest import REDIS_URL
-from tests.e2e.test_cluster import on_cluster, redis_cluster  # noqa: F401
-from tests.e2e.test_node_worker import node_worker, run_node_worker  # noqa: F401
-from tests.fresh_project import shop_project
+from tests.helpers.fresh_project import shop_project
+from tests.helpers.keys import REDIS_URL
+from tests.helpers.node import run_node_worker
+from tests.helpers.tasks import (
+    FLAKY_CALLS,
+    RAN,
+    BoomError,
+    add,
+    async_add,
+    explode,
+    flaky,
+    for_org,
+    record,
+    record_critical,
+    record_low,
+    run_worker,
+    unserialisable,
+    with_context,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parents[2]
-
-#: What the tasks below ran, in the order they ran (the worker runs in this process).
-RAN: list[str] = []
-_ran_lock = threading.Lock()
-
-
-class BoomError(Exception):
-    """What ``explode`` raises."""
-
-
-@task()
-def record(label: str, tenant_id: str | None = None) -> str:
-    with _ran_lock:
-        RAN.append(label)
-    return label
-
-
-@task(priority=75)
-def record_critical(label: str, tenant_id: str | None = None) -> str:
-    with _ran_lock:
-        RAN.append(label)
-    return label
-
-
-@task(priority=-75)
-def record_low(label: str, tenant_id: str | None = None) -> str:
-    with _ran_lock:
-        RAN.append(label)
-    return label
-
-
-@task()
-def add(a: int, b: int) -> dict:
-    return {"sum": a + b, "parts": (a, b)}
-
-
-@task()
-async def async_add(a: int, b: int) -> int:
-    await asyncio.sleep(0)
-    return a + b
-
-
-@task()
-def explode(message: str) -> None:
-    raise BoomError(message)
-
-
-FLAKY_CALLS: list[int] = []
-
-
-@task()
-def flaky() -> str:
-    FLAKY_CALLS.append(1)
-    if len(FLAKY_CALLS) == 1:
-        raise BoomError("first attempt")
-    return "second attempt"
-
-
-@task()
-def unserialisable() -> object:
-    return object()
-
-
-@task(takes_context=True)
-def with_context(context, x: int) -> dict:
-    return {"attempt": context.attempt, "id": context.task_result.id, "x": x}
-
-
-@task()
-def for_org(label: str, org: str) -> str:
-    return f"{label}@{org}"
-
-
-def plain_function() -> str:
-    return "not a task"
 
 
 @pytest.fixture(autouse=True)
@@ -140,40 +78,6 @@ def _clean_ran():
 @pytest.fixture
 def broker(fq_prefix):
     return Broker(REDIS_URL, fq_prefix)
-
-
-def run_worker(broker: Broker, *job_types: str, timeout_s: float = 60.0) -> None:
-    """fairqueue_worker's Worker in burst mode: runs until every queue is empty.
-
-    In a thread, joined with a timeout: on a loaded machine BullMQ's ``Worker.close()``
-    now and then never returns (the cancelled BZPOPMIN of its blocking connection stays
-    "cancelling"; seen in tests/redis/test_worker.py too). The jobs are done by then, and the
-    assertions after this call check them; the stuck thread (a daemon) is left behind
-    with a warning instead of hanging the suite until pytest-timeout, whose interrupt
-    turns BullMQ's close loop into a busy loop.
-    """
-    worker = Worker(
-        list(job_types) or None, burst=True, broker=broker, install_signal_handlers=False
-    )
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            worker.run()
-        except BaseException as exc:  # re-raised in the test's thread
-            errors.append(exc)
-
-    thread = threading.Thread(target=run, name="burst-worker", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if errors:
-        raise errors[0]
-    if thread.is_alive():
-        warnings.warn(
-            f"the burst worker did not stop within {timeout_s:.0f} s (BullMQ's close hang); "
-            "left behind",
-            stacklevel=2,
-        )
 
 
 def job_hash(redis_client, prefix: str, job_id: str, queue: str = "email") -> dict:
@@ -227,7 +131,7 @@ def test_enqueue__writes_a_plain_bullmq_job_with_the_task_path_args_and_kwargs(
     data = json.loads(stored["data"])
     assert data == {
         "djangoTask": {
-            "path": "tests.redis.test_tasks_backend.record",
+            "path": "tests.helpers.tasks.record",
             "args": ["hello"],
             "kwargs": {"tenant_id": "acme"},
             "backend": "default",
@@ -283,7 +187,7 @@ def test_enqueue__a_task_priority_is_audited_with_audit_explicit_priority(fq_pre
         {
             "job_id": explicit.id,
             "resolved_level": "low",
-            "source": "django task tests.redis.test_tasks_backend.record_low",
+            "source": "django task tests.helpers.tasks.record_low",
         }
     ]
 
@@ -542,14 +446,14 @@ def test_get_result__a_task_that_raises_is_failed_with_its_error(broker, redis_c
     failed = explode.get_result(result.id)
     assert failed.status == TaskResultStatus.FAILED and failed.finished_at is not None
     (error,) = failed.errors
-    assert error.exception_class_path == "tests.redis.test_tasks_backend.BoomError"
+    assert error.exception_class_path == "tests.helpers.tasks.BoomError"
     assert error.exception_class is BoomError
     assert "BoomError: kaboom" in error.traceback and "def explode" not in error.traceback
     assert "raise BoomError(message)" in error.traceback
     with pytest.raises(ValueError, match="Task failed"):
         failed.return_value
     reason = redis_client.hget(f"{broker.prefix}:email:{result.id}", "failedReason")
-    assert reason == "tests.redis.test_tasks_backend.BoomError: kaboom"
+    assert reason == "tests.helpers.tasks.BoomError: kaboom"
 
 
 def test_attempts_option__a_failed_attempt_is_retried_and_its_error_kept(broker):
@@ -737,7 +641,7 @@ def _task_data(path: str) -> dict:
 def test_worker__runs_only_task_functions_never_an_arbitrary_path(broker, redis_client):
     sys.modules.pop("antigravity", None)
     paths = (
-        "tests.redis.test_tasks_backend.plain_function",  # a function, not a @task
+        "tests.helpers.tasks.plain_function",  # a function, not a @task
         "os.system",  # imported, not a task
         "antigravity.fly",  # would import a module that belongs to no app
         "not a path",
@@ -745,10 +649,7 @@ def test_worker__runs_only_task_functions_never_an_arbitrary_path(broker, redis_
     ids = asyncio.run(_add_raw(broker, *(_task_data(p) for p in paths), {"djangoTask": 1}))
     run_worker(broker, "email")
     reasons = [redis_client.hget(f"{broker.prefix}:email:{i}", "failedReason") for i in ids]
-    assert (
-        "'plain_function' in 'tests.redis.test_tasks_backend' is not a function decorated"
-        in (reasons[0])
-    )
+    assert "'plain_function' in 'tests.helpers.tasks' is not a function decorated" in (reasons[0])
     assert "'system' in 'os' is not a function decorated with @task" in reasons[1]
     assert "module 'antigravity' is not imported and belongs to no installed app" in reasons[2]
     assert "expected 'module.function'" in reasons[3]
@@ -766,7 +667,7 @@ def test_node_worker__takes_task_jobs_in_the_fair_order(node_worker, fq_prefix, 
     assert run_node_worker(node_worker, fq_prefix, 10) == crit[:4] + low[:1] + crit[4:] + low[1:]
     # What the Node worker saw is the task's path and arguments, as plain JSON.
     data = json.loads(job_hash(redis_client, fq_prefix, crit[0])["data"])
-    assert data["djangoTask"]["path"] == "tests.redis.test_tasks_backend.record_critical"
+    assert data["djangoTask"]["path"] == "tests.helpers.tasks.record_critical"
     assert data["djangoTask"]["args"] == ["c0"]
 
 

@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import time
 
 import pytest
-from bullmq import Worker
 
 from fairqueue.enqueue.api import enqueue_jobs
 from fairqueue.rebalance.passes import rebalance_queue
 from fairqueue.scheduling.attempts import Event, Run, Start
 from fairqueue.scheduling.usage import UsageValues, day_of, page_usage, split_member, total
 from fairqueue.usage.ledger import write_all_usage
-from tests.conftest import REDIS_URL
+from tests.helpers.usage import work_jobs
 
 DAY_MS = 1_780_000_000_000  # 2026-05-28, UTC
 
@@ -111,30 +109,6 @@ def test_usage_values__merge_is_idempotent_and_totals_sum_epochs():
 # -- live: a stock worker, the history step, the database ------------------------------------
 
 
-async def _work(prefix, queue, count, seen, fail_tenants=(), job_s=0.0):
-    """A stock worker; ``seen``: (job id, tenant, attempt made, ok, ms it ran)."""
-    done = asyncio.Event()
-
-    async def process(job, token):
-        started = time.monotonic()
-        if job_s:
-            await asyncio.sleep(job_s)
-        tenant = job.data.get("tenantId")
-        ok = tenant not in fail_tenants
-        seen.append((job.id, tenant, job.attemptsMade, ok, (time.monotonic() - started) * 1000))
-        if len(seen) >= count:
-            done.set()
-        if not ok:
-            raise RuntimeError("failing on purpose")
-
-    worker = Worker(queue, process, {"connection": REDIS_URL, "prefix": prefix, "concurrency": 4})
-    try:
-        await asyncio.wait_for(done.wait(), 60)
-        await asyncio.sleep(0.2)  # the last completions reach Redis
-    finally:
-        await worker.close()
-
-
 def _rows():
     from fairqueue.models import TenantUsage
 
@@ -162,7 +136,7 @@ def test_live__ledger_matches_a_stock_worker_and_writing_again_changes_nothing(
     enqueue_jobs("email", [{"i": i} for i in range(12)], tenant_id="acme")
     enqueue_jobs("email", [{"i": i} for i in range(5)], tenant_id="poison", attempts=2)
     seen: list = []
-    asyncio.run(_work(fq_prefix, "email", 12 + 10, seen, fail_tenants={"poison"}, job_s=0.02))
+    asyncio.run(work_jobs(fq_prefix, "email", 12 + 10, seen, fail_tenants={"poison"}, job_s=0.02))
     written = _record_and_write()
     assert written.rows == 2
     rows = _rows()
@@ -190,13 +164,13 @@ def test_live__a_redis_loss_starts_a_new_epoch_and_keeps_what_the_database_had(
 
     rebalance_queue("email", rebalancer="usage-test")
     enqueue_jobs("email", [{"i": i} for i in range(6)], tenant_id="acme")
-    asyncio.run(_work(fq_prefix, "email", 6, []))
+    asyncio.run(work_jobs(fq_prefix, "email", 6, []))
     _record_and_write()
     assert _rows()["acme"][:2] == (6, 6)
     day = dt.datetime.now(dt.UTC).strftime("%Y%m%d")
     redis_client.delete(f"{fq_prefix}:email:fq:use:{day}")  # the day's counters lost
     enqueue_jobs("email", [{"i": i} for i in range(4)], tenant_id="acme")
-    asyncio.run(_work(fq_prefix, "email", 4, []))
+    asyncio.run(work_jobs(fq_prefix, "email", 4, []))
     _record_and_write()
     row = TenantUsage.objects.get(tenant_id="acme")
     assert (row.attempts, row.completed) == (10, 10)
@@ -211,7 +185,7 @@ def test_live__the_ledger_can_be_switched_off(fq_prefix, redis_client, settings)
     conf.reload_settings()
     rebalance_queue("email", rebalancer="usage-test")
     enqueue_jobs("email", [{"i": 1}], tenant_id="acme")
-    asyncio.run(_work(fq_prefix, "email", 1, []))
+    asyncio.run(work_jobs(fq_prefix, "email", 1, []))
     assert _record_and_write().rows == 0
     assert redis_client.keys(f"{fq_prefix}:email:fq:use:*") == []
 

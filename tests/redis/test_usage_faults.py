@@ -21,8 +21,9 @@ from fairqueue.scheduling.attempts import Event, Start
 from fairqueue.scheduling.usage import day_of, page_usage
 from fairqueue.usage import breaker, holds, quotas
 from tests.helpers import wait_until
-from tests.redis.test_breaker import _hold, _poison, _run
-from tests.redis.test_limit_leaks import NodeWorker, active_ids, node, running_loop  # noqa: F401
+from tests.helpers.node import NodeWorker, active_ids
+from tests.helpers.processes import running_loop
+from tests.helpers.usage import breaker_hold, poison, run_jobs
 
 BREAKER = {"ENABLED": True, "WINDOW_S": 600, "MIN_JOBS": 3, "FAILURE_RATIO": 0.9}
 
@@ -86,7 +87,7 @@ def test_fault__a_tenant_whose_jobs_kill_their_worker_opens_the_breaker(
     assert wait_until(lambda: lost() == 3, 30, 0.3)
     row = TenantUsage.objects.get(tenant_id="poison")
     assert (row.attempts, row.completed, row.failed) == (3, 0, 0)
-    hold = _hold()
+    hold = breaker_hold()
     assert hold is not None and hold.lifted_at is None
     # its jobs put back are held, not run again
     assert redis_client.hexists(f"{fq_prefix}:email:fq:lim:paused", "poison")
@@ -135,7 +136,7 @@ def test_fault__redis_restarted_empty_with_a_breaker_open_still_holds_until_clos
         # the cool-off ends: one job released as the probe, the other still held
         holds.set_clock(lambda: dt.datetime.now(dt.UTC) + dt.timedelta(seconds=61))
         breaker.after_write("email", breaker.Written())
-        assert _hold().state == "probe"
+        assert breaker_hold().state == "probe"
         assert client.llen(f"{prefix}:email:fq:lim:held:poison") == 1
         assert breaker.close_breaker("poison", actor="ops") == 1
         assert client.llen(f"{prefix}:email:fq:lim:held:poison") == 0
@@ -166,7 +167,7 @@ def test_fault__a_loop_killed_after_the_database_write_before_the_flush_counts_n
     _arm(settings, MIN_JOBS=6)
     rebalance_queue("email", rebalancer="fault-test")
     enqueue_jobs("email", [{"i": i} for i in range(4)], tenant_id="poison")
-    _run(fq_prefix, 4, _poison)
+    run_jobs(fq_prefix, 4, poison)
     for _ in range(5):
         if rebalance_queue("email", rebalancer="fault-test").recorded == 0:
             break
@@ -188,10 +189,10 @@ def test_fault__a_loop_killed_after_the_database_write_before_the_flush_counts_n
     assert redis_client.zcard(f"{fq_prefix}:email:fq:use:dirty") == 0
     # two more failures: 2 in the new window, not 4 + 2 (nothing counted twice)
     enqueue_jobs("email", [{"i": i} for i in range(2)], tenant_id="poison")
-    _run(fq_prefix, 2, _poison)
+    run_jobs(fq_prefix, 2, poison)
     _settle()
     assert TenantUsage.objects.get(tenant_id="poison").failed == 6
-    assert _hold() is None  # 2 failures in the window: under MIN_JOBS=6
+    assert breaker_hold() is None  # 2 failures in the window: under MIN_JOBS=6
 
 
 # -- re-weighting while enqueues and the loop run --------------------------------------------
@@ -307,7 +308,7 @@ def test_fault__a_quota_period_rolls_over_while_a_job_straddles_it(
 def redis_client_paused(prefix: str, tenant: str) -> bool:
     import redis
 
-    from tests.conftest import REDIS_URL
+    from tests.helpers.keys import REDIS_URL
 
     client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
     try:
@@ -332,15 +333,15 @@ def test_fault__the_loops_clock_hours_off_redis_still_opens_probes_and_closes(
     _arm(settings)
     rebalance_queue("email", rebalancer="fault-test")
     enqueue_jobs("email", [{"i": i} for i in range(4)], tenant_id="poison")
-    _run(fq_prefix, 4, _poison)
+    run_jobs(fq_prefix, 4, poison)
     _settle()
-    hold = _hold()
+    hold = breaker_hold()
     assert hold is not None and hold.state == "open"
     assert hold.until - hold.created_at == dt.timedelta(seconds=60)
     enqueue_jobs("email", [{"i": 9}], tenant_id="poison")
     holds.set_clock(lambda: dt.datetime.now(dt.UTC) + ahead + dt.timedelta(seconds=61))
     _settle()
-    assert _hold().state == "probe"
-    _run(fq_prefix, 1)  # the probe completes
+    assert breaker_hold().state == "probe"
+    run_jobs(fq_prefix, 1)  # the probe completes
     _settle()
-    assert _hold().lifted_at is not None
+    assert breaker_hold().lifted_at is not None

@@ -18,98 +18,29 @@ from pathlib import Path
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import CommandError, ManagementUtility, call_command
-from django.test import override_settings
 
 import fairqueue
 from fairqueue import conf
-from fairqueue.broker import Broker, NewJob
+from fairqueue.broker import Broker
 from fairqueue.exceptions import BrokerUnavailableError, UnknownJobTypeError
 from fairqueue.scheduling.levels import PriorityLevel
 from fairqueue.worker import handlers
 from fairqueue.worker.handlers import JobContext, NoHandlerError
 from fairqueue.worker.runner import Worker, split_payload
-from tests.conftest import REDIS_URL, delete_prefix, run_prefix
 from tests.helpers import PrivateRedis, free_port, read_until, spawner, wait_until
+from tests.helpers.keys import REDIS_URL
+from tests.helpers.worker_jobs import QUEUES, add, counts
 
 # Workers run against deadlines (a burst within seconds, a stop within its grace):
 # beside other test processes they starve.
 pytestmark = pytest.mark.serial
 
 ROOT = Path(__file__).resolve().parents[2]
-QUEUES = {
-    "email": "email",
-    "report": "report",
-    "cleanup": "cleanup",
-    "t_sync": "t_sync",
-    "t_async": "t_async",
-    "t_orm": "t_orm",
-    "t_fail": "t_fail",
-    "t_slow": "t_slow",
-    "t_shared_a": "t_shared",
-    "t_shared_b": "t_shared",
-}
-
-
-@pytest.fixture
-def registry():
-    """Restore the handler registry afterwards (tests register their own handlers).
-
-    Apps' jobs modules are imported first: they register once per process, so they
-    must be in what is restored.
-    """
-    handlers.autodiscover()
-    saved = {
-        job_type: handlers.get_handler(job_type) for job_type in handlers.registered_job_types()
-    }
-    yield
-    for job_type in handlers.registered_job_types():
-        handlers.unregister(job_type)
-    for job_type, fn in saved.items():
-        handlers.handler(job_type)(fn)
-
-
-@pytest.fixture
-def prefix(registry):
-    """A private BullMQ prefix in FAIRQUEUE (with the test job types); its keys go after."""
-    prefix = run_prefix()
-    with override_settings(
-        FAIRQUEUE={"PREFIX": prefix, "QUEUES": dict(QUEUES), "REDIS_URL": REDIS_URL}
-    ):
-        conf.reload_settings()
-        try:
-            yield prefix
-        finally:
-            delete_prefix(prefix)
-    conf.reload_settings()
 
 
 @pytest.fixture
 def broker(prefix):
     return Broker(REDIS_URL, prefix)
-
-
-def run(broker: Broker, fn, *args, **kwargs):
-    """Await ``fn`` on a fresh loop and close the broker's client for that loop."""
-
-    async def main():
-        try:
-            return await fn(*args, **kwargs)
-        finally:
-            await broker.close()
-
-    return asyncio.run(main())
-
-
-def add(broker: Broker, job_type: str, *payloads: dict, attempts: int | None = None) -> list[str]:
-    jobs = [
-        NewJob(name=job_type, data=payload, level=PriorityLevel.NORMAL, attempts=attempts)
-        for payload in payloads
-    ]
-    return [added.job_id for added in run(broker, broker.adding.add_jobs, QUEUES[job_type], jobs)]
-
-
-def counts(broker: Broker, job_type: str) -> dict[str, int]:
-    return run(broker, broker.passes.counts, QUEUES[job_type])
 
 
 def run_burst(broker: Broker, *job_types: str, concurrency: int = 1) -> float:

@@ -32,9 +32,9 @@ from fairqueue.broker import Broker
 from fairqueue.management.commands.fairqueue_worker import processes
 from fairqueue.worker.recycling import GRACE_EXPIRED_EXIT
 from fairqueue.worker.supervisor import available_cores
-from tests.conftest import REDIS_URL
 from tests.helpers import free_port, spawner, wait_until
-from tests.redis.test_worker import QUEUES, add, counts, prefix, registry, run  # noqa: F401
+from tests.helpers.keys import REDIS_URL
+from tests.helpers.worker_jobs import QUEUES, add, counts, run
 
 # Worker processes started against deadlines: beside other test processes they starve.
 pytestmark = pytest.mark.serial

@@ -26,7 +26,7 @@ from fairqueue.scheduling.order import (
     turn_scale,
 )
 from tests.helpers import metric
-from tests.redis.test_reruns import _run_stock_worker
+from tests.helpers.usage import take_jobs_failing_first
 
 # Timing-sensitive (live workers, loops): `make test` runs them after the parallel part.
 pytestmark = [pytest.mark.django_db, pytest.mark.serial]
@@ -116,7 +116,7 @@ def _measure_two_tenants(prefix: str, fast_s: float = 0.01, slow_s: float = 0.1)
     for _ in range(4):
         for tenant in ("fast", "slow"):
             enqueue_job("email", {}, tenant_id=tenant)
-    asyncio.run(_run_stock_worker(prefix, 8, set(), {"fast": fast_s, "slow": slow_s}))
+    asyncio.run(take_jobs_failing_first(prefix, 8, set(), {"fast": fast_s, "slow": slow_s}))
     rebalance_queue("email", rebalancer="time-test")
 
 
@@ -163,7 +163,7 @@ def test_an_overrun_moves_its_flows_later_jobs_back(fq_prefix, redis_client):
             enqueue_job("email", {}, tenant_id=tenant)
     flows = f"{fq_prefix}:email:fq:flows"
     before = redis_client.zscore(flows, "normal\nbursty")
-    asyncio.run(_run_stock_worker(fq_prefix, 2, set(), {"steady": 0.01, "bursty": 0.15}))
+    asyncio.run(take_jobs_failing_first(fq_prefix, 2, set(), {"steady": 0.01, "bursty": 0.15}))
     rebalance_queue("email", rebalancer="time-test")
     assert redis_client.zscore(flows, "normal\nbursty") > before
 
@@ -194,7 +194,7 @@ def test_retries_are_counted_per_level(fq_prefix, redis_client):
     rebalance_queue("email", rebalancer="time-test")  # the history starts now
     job = enqueue_job("email", {}, tenant_id="t", priority_level="high", attempts=2)
     before = metric("queue_fair_retries_total", job_type="email", priority_level="high")
-    asyncio.run(_run_stock_worker(fq_prefix, 2, fail={job.job_id}))  # fails, then runs
+    asyncio.run(take_jobs_failing_first(fq_prefix, 2, fail={job.job_id}))  # fails, then runs
     result = rebalance_queue("email", rebalancer="time-test")
     assert result.served["high"][1] == 1
     assert metric("queue_fair_retries_total", job_type="email", priority_level="high") == (

@@ -13,7 +13,7 @@ from django.urls import resolve
 
 from fairqueue import conf
 from fairqueue.metrics import metrics_view
-from tests.doc_snippets import ROOT, code_blocks, named_block
+from tests.helpers.doc_snippets import ROOT, code_blocks, named_block
 
 PAGES = ["README.md", *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md"))]
 COPIED = ("python", "js")

@@ -14,7 +14,9 @@ ROOT = Path(__file__).resolve().parents[2]
 #: The repository's own prose: the front door, the docs, the package, its tests,
 #: benchmarks and demo project (code comments, docstrings, Lua headers, templates, the
 #: operator's files).
-TEXT_SUFFIXES = {".md", ".py", ".lua", ".html", ".yml", ".yaml", ".json", ".js", ".css", ".txt"}
+TEXT_SUFFIXES = {
+    ".md", ".py", ".lua", ".html", ".yml", ".yaml", ".json", ".js", ".mjs", ".css", ".txt",
+}  # fmt: skip
 
 
 def _shipped_text() -> list[Path]:
@@ -54,6 +56,19 @@ def _outside_words(text: str) -> list[str]:
 def test_words_from_outside__docs_and_code_cite_only_what_the_repository_ships(path):
     hits = _outside_words(path.read_text(encoding="utf-8"))
     assert not hits, f"{path.relative_to(ROOT)} cites documents it does not ship: {hits}"
+
+
+def test_words_from_outside__the_tests_and_benchmarks_are_read_too():
+    read = {path.relative_to(ROOT).as_posix() for path in _shipped_text()}
+    for path in (
+        "tests/conftest.py",
+        "tests/helpers/__init__.py",
+        "tests/redis/test_worker.py",
+        "tests/node/worker.mjs",
+        "benchmarks/common.py",
+        "benchmarks/live_worker.mjs",
+    ):
+        assert path in read, path
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,11 @@ package"): every module's file name unique in the package, no import circle (bet
 packages, or between modules), no function over 80 lines, no module over 600 lines; the
 broker reached through its one door (``fairqueue.broker``, never its modules); no
 module at the package's top beyond the allowed list; no flow member built by hand
-outside the wire module and its Lua half.
+outside the wire module and its Lua half; each console page of one shape (a module with
+one ``ConsolePage``, a frozen dataclass of its data, templates handed ``page`` alone).
+The tests stand alone: no module of tests/ or
+benchmarks/ imports a test module or a conftest (shared helpers live in tests/helpers/,
+shared fixtures in the conftest files).
 
 Imports are read with ``ast``, so an import inside a function (a lazy one) or under
 ``TYPE_CHECKING`` counts: either still ties the two ends together. Each check is tried on
@@ -19,6 +23,8 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "fairqueue"
+#: The suite and the benchmarks (which borrow the suite's settings and servers).
+TEST_ROOTS = (PACKAGE.parent / "tests", PACKAGE.parent / "benchmarks")
 MAX_FUNCTION_LINES = 80
 MAX_MODULE_LINES = 600
 #: The modules allowed at the package's top (``__init__`` aside): a new one goes in the
@@ -181,6 +187,65 @@ def hand_built_members(root: Path, wire: frozenset[str] = WIRE_FILES) -> list[st
     return found
 
 
+def imports_of_test_modules(*roots: Path) -> list[str]:
+    """Imports of a test module (``test_*.py``) or a ``conftest`` by any module under
+    ``roots``: a test module imported elsewhere runs its fixtures and module-level
+    skips there too, and ties two tests' fates together."""
+    known = {name: path for root in roots for name, path in modules(root).items()}
+    shared = {
+        name
+        for name, path in known.items()
+        if path.name.startswith("test_") or path.stem == "conftest"
+    }
+    return [
+        f"{name} -> {target}"
+        for name, path in known.items()
+        for target in sorted(imported(name, path, known) & shared)
+    ]
+
+
+def page_shape_breaches(root: Path) -> list[str]:
+    """Console page modules (those defining a ``ConsolePage`` subclass) of ``root``'s
+    ``dashboard/`` not of the one shape: more than one page class, no frozen dataclass,
+    or a ``_context(...)`` call handing its template anything but ``page=``."""
+    found = []
+    for path in sorted((root / "dashboard").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        pages = [
+            node.name
+            for node in tree.body
+            if isinstance(node, ast.ClassDef)
+            and any(getattr(base, "id", None) == "ConsolePage" for base in node.bases)
+        ]
+        if not pages:
+            continue
+        name = path.relative_to(root.parent).as_posix()
+        if len(pages) > 1:
+            found.append(f"{name}: {len(pages)} page classes")
+        frozen = [
+            node
+            for node in tree.body
+            if isinstance(node, ast.ClassDef)
+            for deco in node.decorator_list
+            if isinstance(deco, ast.Call)
+            and any(
+                k.arg == "frozen" and getattr(k.value, "value", False) is True
+                for k in deco.keywords
+            )
+        ]
+        if not frozen:
+            found.append(f"{name}: no frozen dataclass")
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "_context"
+                and [k.arg for k in node.keywords] != ["page"]
+            ):
+                found.append(f"{name}:{node.lineno}: _context without page= alone")
+    return found
+
+
 # -- the package --------------------------------------------------------------------
 
 
@@ -216,9 +281,22 @@ def test_no_module_at_the_top_beyond_the_allowed_list():
     assert extra_top_modules(PACKAGE) == []
 
 
+def test_every_console_page_has_the_one_shape():
+    assert "ConsolePage" in (PACKAGE / "dashboard" / "console_admin.py").read_text()
+    assert page_shape_breaches(PACKAGE) == []
+
+
 def test_no_flow_member_is_built_by_hand_outside_the_wire_module():
     assert (PACKAGE / "scheduling" / "wire.py").exists()
     assert hand_built_members(PACKAGE) == []
+
+
+# -- the tests ------------------------------------------------------------------------
+
+
+def test_no_test_module_imports_another_or_a_conftest():
+    assert "tests.helpers" in modules(TEST_ROOTS[0])  # the suite was read
+    assert imports_of_test_modules(*TEST_ROOTS) == []
 
 
 # -- each check finds what it looks for ------------------------------------------------
@@ -331,3 +409,47 @@ def test_a_hand_built_flow_member_is_found(tmp_path):
     assert hand_built_members(root, frozenset({"scheduling/wire.py"})) == [
         "pkg/a.py:1", "pkg/b.py:1", "pkg/lua/x.lua:1", "pkg/lua/y.lua:1",
     ]  # fmt: skip
+
+
+def test_a_test_module_imported_by_another_module_is_found(tmp_path):
+    root = _tree(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "conftest.py": "from pkg.helpers import h\n",
+            "helpers/__init__.py": "h = 1\n",
+            "unit/__init__.py": "",
+            "unit/test_a.py": "from pkg.helpers import h\nfrom pkg import conftest\n",
+            "unit/test_b.py": "def test_b():\n    from pkg.unit.test_a import x\n",
+            "e2e/__init__.py": "",
+            "e2e/test_c.py": "import pkg.unit.test_b\n",
+        },
+    )
+    assert imports_of_test_modules(root) == [
+        "pkg.e2e.test_c -> pkg.unit.test_b",
+        "pkg.unit.test_a -> pkg.conftest",
+        "pkg.unit.test_b -> pkg.unit.test_a",
+    ]
+
+
+def test_a_console_page_of_another_shape_is_found(tmp_path):
+    page = "from dataclasses import dataclass\n\n@dataclass(frozen=True)\nclass P:\n    x: int\n"
+    root = _tree(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "dashboard/__init__.py": "",
+            "dashboard/good.py": page + "class G(ConsolePage):\n"
+            "    def v(self, r):\n        return self.admin._context(r, 't', page=P(1))\n",
+            "dashboard/loose.py": page + "class L(ConsolePage):\n"
+            "    def v(self, r):\n        return self.admin._context(r, 't', rows=[])\n",
+            "dashboard/two.py": page + "class A(ConsolePage): ...\nclass B(ConsolePage): ...\n",
+            "dashboard/bare.py": "class C(ConsolePage): ...\n",
+            "dashboard/helper.py": "def f(self, r):\n    return self._context(r, 't', x=1)\n",
+        },
+    )
+    assert page_shape_breaches(root) == [
+        "pkg/dashboard/bare.py: no frozen dataclass",
+        "pkg/dashboard/loose.py:8: _context without page= alone",
+        "pkg/dashboard/two.py: 2 page classes",
+    ]

@@ -9,8 +9,6 @@ import json
 import re
 import shutil
 import subprocess
-from importlib import resources
-from pathlib import Path
 
 import pytest
 import yaml
@@ -18,25 +16,11 @@ from prometheus_client import CollectorRegistry
 
 from fairqueue.metrics import initialize_queue_fair_metrics
 from fairqueue.redis_metrics import RedisStateCollector
+from tests.helpers.operator_files import BOARD, CONTRIB, EXPECTED_ALERTS, RULES, board_expressions
 
-CONTRIB = Path(str(resources.files("fairqueue.contrib")))
-RULES = CONTRIB / "prometheus" / "rules.yml"
 RULES_TEST = CONTRIB / "prometheus" / "rules_test.yml"
-BOARD = CONTRIB / "grafana" / "fairqueue.json"
 #: A metric name in PromQL: fairqueue's all start with queue_ (a label is `queue` alone).
 METRIC = re.compile(r"\bqueue_[a-z_]+\b")
-#: The rules the issue asked for, by what they watch.
-EXPECTED_ALERTS = {
-    "FairQueueLevelOverdue",
-    "FairQueueAgedBoostsClimbing",
-    "FairQueueNoLeader",
-    "FairQueueRebalancerAbsent",
-    "FairQueueNoRecentPass",
-    "FairQueueOutboxStuck",
-    "FairQueueLevelStarved",
-    "FairQueueNoisyTenant",
-    "FairQueueBreakerOpen",
-}
 
 
 def exported_sample_names() -> set[str]:
@@ -59,20 +43,6 @@ def exported_sample_names() -> set[str]:
 def rule_expressions() -> dict[str, str]:
     groups = yaml.safe_load(RULES.read_text())["groups"]
     return {rule["alert"]: rule["expr"] for group in groups for rule in group["rules"]}
-
-
-def board_expressions() -> list[str]:
-    board = json.loads(BOARD.read_text())
-    exprs = [
-        target["expr"]
-        for panel in board["panels"]
-        for target in panel.get("targets", [])
-        if "expr" in target
-    ]
-    for variable in board["templating"]["list"]:
-        if variable["type"] == "query":
-            exprs.append(variable["definition"])
-    return exprs
 
 
 def _promtool() -> str:

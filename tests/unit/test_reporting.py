@@ -14,7 +14,7 @@ from django.contrib.auth.models import User
 from django.urls import reverse
 
 from fairqueue import conf
-from fairqueue.dashboard import views
+from fairqueue.dashboard import queue_page
 from fairqueue.reporting import mask_url_passwords
 
 pytestmark = pytest.mark.django_db
@@ -60,7 +60,7 @@ def test_dashboard_error_page_with_debug_on_never_shows_the_password(client, set
     }
     settings.FAIRQUEUE = {"QUEUES": {"email": "email"}, "REDIS_URL": SECRET_URL}
     conf.reload_settings()
-    monkeypatch.setattr(views, "queues_stats", _explode)
+    monkeypatch.setattr(queue_page, "queues_stats", _explode)
     user = User.objects.create_superuser("root", password="pw")
     client.force_login(user)
     client.raise_request_exception = False

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fresh_project import run_ok
+from tests.helpers.fresh_project import run_ok
 
 ROOT = Path(__file__).resolve().parents[2]
 FINDER = ROOT / ".ci" / "python312"

@@ -129,8 +129,9 @@ end
 -- The history's buckets of the rate's window (fq:hist:<start>, written by the loop's
 -- history step): count buckets back from the current one, each {start, starts per level
 -- (critical..low), worker ms per level, then per level the ERROR_BINS counts of how its
--- estimates came out (actual wait over expected, binned)}, flattened; and when recording
--- began.
+-- estimates came out (actual wait over expected, binned), then the virtual time and its
+-- ms at the bucket's first and last sample (vt_sample.lua; 0: none)}, flattened; and
+-- when recording began.
 local fqEtaLevels = {'critical', 'high', 'normal', 'low'}
 local fqEtaErrorBins = {{ERROR_BINS}}
 local fqEtaFields = {'s:critical', 's:high', 's:normal', 's:low', 't:critical', 't:high',
@@ -138,6 +139,8 @@ local fqEtaFields = {'s:critical', 's:high', 's:normal', 's:low', 't:critical', 
 for _, lv in ipairs(fqEtaLevels) do
   for k = 0, fqEtaErrorBins - 1 do fqEtaFields[#fqEtaFields + 1] = 'e:' .. lv .. ':' .. k end
 end
+-- where the virtual time stood at the bucket's first and last sample (vt_sample.lua)
+for _, name in ipairs({'vt0', 'vt0ms', 'vt1', 'vt1ms'}) do fqEtaFields[#fqEtaFields + 1] = name end
 local function fqEtaRate(K, now, bucketS, count)
   local out = {redis.call('HGET', K.hist, 'since') or ''}
   local current = math.floor(now / 1000 / bucketS) * bucketS

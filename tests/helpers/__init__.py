@@ -1,5 +1,7 @@
-"""Test helpers: a stock BullMQ worker that records the order it processes jobs in,
-and metric readers (assert a metric's value or its change)."""
+"""Test helpers shared by the test modules (which never import one another): stock
+BullMQ workers (closed within a bound, so a test fails rather than hangs), metric
+readers, waits, private Redis servers. The modules beside this one hold the helpers of
+one kind of test each; fixtures live in the conftest files."""
 
 from __future__ import annotations
 
@@ -8,13 +10,17 @@ import inspect
 import subprocess
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from contextlib import contextmanager
+from typing import TypeVar
 
 import redis.asyncio as aioredis
 from bullmq import Worker
 from prometheus_client import REGISTRY
 
-from tests.conftest import REDIS_URL
+from tests.helpers.keys import REDIS_URL
+
+T = TypeVar("T")
 
 
 async def stock_worker_until(
@@ -54,8 +60,52 @@ async def stock_worker_until(
     try:
         await asyncio.wait_for(done.wait(), timeout_s)
     finally:
-        await worker.close()
+        await close_worker(worker)
         task.cancel()
+
+
+#: How long a stock worker's ``close()`` may take before it is closed by force, as
+#: fairqueue's own worker does (``CLOSE_IDLE_S``): BullMQ's close swallows cancellation
+#: and waits on its teardown, which once never ended and hung the run.
+CLOSE_S = 10.0
+
+
+async def close_worker(worker: Worker, close_s: float = CLOSE_S) -> None:
+    """Close a stock BullMQ worker; after ``close_s`` close it by force (its running
+    jobs cancelled), and after as long again raise ``TimeoutError``: a test fails
+    rather than hang."""
+    closing = asyncio.ensure_future(worker.close())
+    if (await asyncio.wait({closing}, timeout=close_s))[0]:
+        return closing.result()
+    forced = asyncio.ensure_future(worker.close(force=True))
+    if not (await asyncio.wait({forced}, timeout=close_s))[0]:
+        raise TimeoutError(
+            f"a stock BullMQ worker did not close in {2 * close_s:g} s, even by force"
+        )
+    forced.result()
+
+
+def run_bounded(main: Callable[[], Awaitable[T]], timeout_s: float) -> T:
+    """``asyncio.run(main())`` on a daemon thread, given ``timeout_s``: past it,
+    ``TimeoutError`` here, the stuck loop left behind (a loop whose task swallows
+    cancellation never ends, and ``asyncio.run`` would wait for it forever)."""
+    outcome: list[T] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            outcome.append(asyncio.run(main()))
+        except BaseException as exc:  # re-raised on the caller's thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, name="bounded-loop", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if errors:
+        raise errors[0]
+    if thread.is_alive():
+        raise TimeoutError(f"an event loop of the test did not end in {timeout_s:g} s")
+    return outcome[0]
 
 
 async def _drain(prefix: str, queue: str, count: int, timeout_s: float) -> list[tuple[str, dict]]:
@@ -74,7 +124,7 @@ def drain_with_stock_worker(
 ) -> list[tuple[str, dict]]:
     """Run a stock ``bullmq.Worker`` (concurrency 1) until ``count`` jobs were processed;
     return ``(job_id, data)`` in processing order."""
-    return asyncio.run(_drain(prefix, queue, count, timeout_s))
+    return run_bounded(lambda: _drain(prefix, queue, count, timeout_s), timeout_s + 3 * CLOSE_S)
 
 
 def release(queue: str = "email", tenants=None):
@@ -122,11 +172,11 @@ def run_stock_worker(prefix, expect, *, concurrency=8, job_s=0.03, sample_ids=()
         finally:
             done.set()
             await sampler
-            await worker.close()
+            await close_worker(worker)
             await client.aclose()
         return most
 
-    most = asyncio.run(main())
+    most = run_bounded(main, timeout_s + 3 * CLOSE_S)
     return finished, most
 
 

@@ -1,4 +1,5 @@
-"""Processes of the fault suite (tests/e2e/test_faults.py), run as ``python -m tests.fault_agent``.
+"""Processes of the fault suite (tests/e2e/test_faults.py), run as
+``python -m tests.helpers.fault_agent``.
 
 Each role is a separate OS process so the suite can kill Redis (or a leader) under it:
 

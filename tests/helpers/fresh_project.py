@@ -14,7 +14,7 @@ import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 #: What a build must not see: setuptools reuses a stale build/lib and would ship modules
 #: that were moved or deleted since the last build in this checkout.

@@ -377,3 +377,9 @@ def _wait_sentinels_see_replicas(
         if time.monotonic() > deadline:
             raise TimeoutError(f"sentinels on {ports} never saw the replicas of {service}")
         time.sleep(0.2)
+
+
+#: The prefix and queues of fairqueue on the private cluster (the ``on_cluster`` fixture):
+#: each queue named with its hash tag, so a queue's keys share one slot.
+CLUSTER_PREFIX = "fqc"
+CLUSTER_QUEUES = {"email": "{email}", "report": "{report}", "cleanup": "{cleanup}"}
