@@ -15,11 +15,12 @@ it asks, at most half the worker time (the quick one floods):
 * ``slow-emptying`` - the slow tenant (6x) asks 0.8 of its share in jobs, so with run-time
   jitter and overhead its queue keeps emptying while it asks a little over half.
 
-Each runs with the charge of a flow with no work left dropped (``drop``, as before it
-was carried) and carried to its next job (``carry``, the rule now).
+Each runs with a cold flow's first measurement settled by charges alone (``charge``, as
+before) and by placing its waiting jobs again at the measured cost, its overrun so far
+paid at once (``replace``, the rule now: ``FairClock.recost``).
 
     python benchmarks/bench_worker_time_model.py [--jitter 0.6] [--overhead-ms 8]
-        [--lag-ms 0] [--seconds 20]
+        [--lag-ms 0] [--seconds 20] [--seed N]
 
 ``--jitter`` is the sigma of a lognormal factor on each run time, ``--overhead-ms`` is
 added to every run, ``--lag-ms`` is how far behind the stream the history step reads.
@@ -34,6 +35,7 @@ import random
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -42,7 +44,7 @@ from fairqueue.scheduling.levels import PriorityLevel  # noqa: E402
 from fairqueue.scheduling.order import (  # noqa: E402
     FairClock,
     cost_turns,
-    flow_step,
+    replaced_tag,
     turn_scale,
 )
 
@@ -52,29 +54,18 @@ BASE_MS = 10.0
 PAGE_MS = 250.0
 
 
-class DroppingClock(FairClock):
-    """The model as it was: a charge moves the flow's last tag while the flow is kept (its
-    last tag may be behind the virtual time already: only what lands ahead of it counts),
-    and is dropped once the flow is retired."""
-
-    def charge(self, level: PriorityLevel, tenant: str, turns: float) -> None:
-        key = (level, tenant)
-        if key not in self.last or not turns:
-            return
-        total = sum(w for (lvl, _), w in self.counted.items() if lvl == level)
-        self.last[key] += flow_step(self.weights[level], self.counted[key], total, cost=turns)
-
-
 def simulate(
     flows: Sequence[tuple[str, float, float]],
-    clock: FairClock,
+    replace: bool,
     args: argparse.Namespace,
     window: tuple[float, float],
 ) -> dict[str, float]:
     """Worker-time shares in ``window`` (s) of ``flows`` (tenant, jobs/s, run time x)."""
-    rng = random.Random(7)
+    clock = FairClock()
+    rng = random.Random(args.seed)
     state: dict[str, float] = {}
-    waiting: list[tuple[float, int, str, float, float | None]] = []
+    # [tag, seq, tenant, run ms, paid cold]: a re-placement moves the tag and the paid
+    waiting: list[list[Any]] = []
     running: list[tuple[float, str, str, float]] = []
     events: list[Event] = []
     starts: dict[str, Start | None] = {}
@@ -94,7 +85,7 @@ def simulate(
                     cost = paid = scale if typical else 1.0
                 seq += 1
                 tag = clock.place(N, tenant, cost=cost)
-                heapq.heappush(waiting, (tag, seq, tenant, BASE_MS * run_x, paid))
+                heapq.heappush(waiting, [tag, seq, tenant, BASE_MS * run_x, paid])
                 clock.observe_head(waiting[0][0], N)
                 next_arrival[tenant] += 1000.0 / rate
         while running and running[0][0] <= now:
@@ -135,6 +126,19 @@ def simulate(
             state.update({name: float(text) for name, text in page.state_writes.items()})
             for settlement in page.settlements:
                 clock.charge(N, settlement.member.split("\n", 1)[1], settlement.debt)
+            for recost in page.recosts:
+                tenant = recost.member.split("\n", 1)[1]
+                moved = clock.recost(N, tenant, recost.ratio, recost.shift) if replace else None
+                if moved is None:
+                    if not replace:
+                        clock.charge(N, tenant, recost.shift)
+                    continue
+                anchor, ratio, shift = moved
+                for item in waiting:  # reweight_page.lua's pages, all at once
+                    if item[2] == tenant and item[0] > anchor:
+                        item[0] = replaced_tag(item[0], anchor, ratio, shift)
+                        item[4] = item[4] * ratio if item[4] is not None else None
+                heapq.heapify(waiting)
             next_page += PAGE_MS
         now += 1.0
     total = sum(used.values()) or 1.0
@@ -147,6 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--overhead-ms", type=float, default=8.0)
     parser.add_argument("--lag-ms", type=float, default=0.0)
     parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--seed", type=int, default=7, help="of the run-time jitter")
     args = parser.parse_args(argv)
     capacity = WORKERS * 1000 / BASE_MS  # jobs/s of the base run time
     scenarios = {
@@ -157,17 +162,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             (5.0, None),
         ),
     }
-    print(f"{'scenario':<16} {'charge':<6} {'quick':>7} {'slow':>7} {'fair':>6} {'slow/fair':>9}")
+    print(f"{'scenario':<16} {'cold':<7} {'quick':>7} {'slow':>7} {'fair':>6} {'slow/fair':>9}")
     for name, (flows, (begin, _)) in scenarios.items():
         # The slow tenant's max-min share beside a quick flood: what it asks (its rate
         # times its mean run time, of the pool's time), at most half.
         _, rate, run_x = flows[1]
         mean_ms = (BASE_MS * run_x + args.overhead_ms) * math.exp(args.jitter**2 / 2)
         fair = min(0.5, rate * mean_ms / (WORKERS * 1000))
-        for label, clock in (("drop", DroppingClock()), ("carry", FairClock())):
-            shares = simulate(flows, clock, args, (begin, args.seconds))
+        for label, replace in (("charge", False), ("replace", True)):
+            shares = simulate(flows, replace, args, (begin, args.seconds))
             print(
-                f"{name:<16} {label:<6} {shares['quick']:>7.1%} {shares['slow']:>7.1%} "
+                f"{name:<16} {label:<7} {shares['quick']:>7.1%} {shares['slow']:>7.1%} "
                 f"{fair:>6.1%} {shares['slow'] / fair:>9.2f}"
             )
     return 0

@@ -344,6 +344,10 @@ class PageReader:
             [x for s in page.settlements for x in (raw_of(s.member), s.level, f"{s.debt:.17g}")],
             3,
         )
+        recosts = [
+            (_raw(r.member), r.level, f"{r.ratio:.17g}", f"{r.shift:.17g}") for r in page.recosts
+        ]
+        section([x for r in recosts for x in r], 4)
         if use and ledger is not None:
             section([self.conn.fair_key(self.queue, "use:"), usage.DAY_TTL_S, ledger.epoch], 3)
             section(
@@ -362,6 +366,7 @@ class PageReader:
                     self.conn.key(self.queue, "active"),
                     self.conn.fair_key(self.queue, "seen"),
                     self.conn.key(self.queue, "prioritized"),
+                    self.conn.fair_key(self.queue, "rw"),
                 ],
                 token=self.token,
                 ttl=self.lock_ttl_ms,

@@ -444,9 +444,12 @@ async def arun_tick(
         if not history_only:
             await _recover_stalled(timed, broker, queue, fence, result)
             await _adopt(timed, broker, queue, fence, result, dry_run=False)
-            # a weight change's waiting jobs placed again, where its call left off
-            await timed(broker.limits.replace_pages(queue, pages=REPLACE_PAGES_PER_TICK))
         await _record(timed, broker, queue, fence, settings.max_wait_ms)
+        if not history_only:
+            # a weight change's waiting jobs placed again, where its call left off, and a
+            # cold flow's its history step just measured (in the same tick: its backlog
+            # runs cheap until then)
+            await timed(broker.limits.replace_pages(queue, pages=REPLACE_PAGES_PER_TICK))
     except LockLostError:
         result.lock_lost = True
     result.duration_ms = (time.perf_counter() - started) * 1000

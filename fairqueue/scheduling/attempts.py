@@ -39,10 +39,16 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from fairqueue.scheduling.levels import LEVELS_BY_RANK
-from fairqueue.scheduling.order import MAX_COST_TURNS, MIN_COST_TURNS, cost_turns, turn_scale
+from fairqueue.scheduling.order import (
+    COST_DEAD_BAND,
+    MAX_COST_TURNS,
+    MIN_COST_TURNS,
+    cost_turns,
+    turn_scale,
+)
 from fairqueue.scheduling.wire import flow_member
 
 #: The level names a start or a run may carry (anything else is an unknown level).
@@ -93,15 +99,18 @@ class Start:
 
 @dataclass(frozen=True, slots=True)
 class Run:
-    """A running attempt as remembered between its start and its end."""
+    """A running attempt as remembered between its start and its end: ``cold``, its job
+    was placed while its flow had nothing measured (its turns prefixed ``c``)."""
 
     level: str
     tenant: str
     start_ms: int
     turns: float
+    cold: bool = False
 
     def encode(self) -> str:
-        return f"{flow_member(self.level, self.tenant)}\n{self.start_ms}\n{_g6(self.turns)}"
+        turns = ("c" if self.cold else "") + _g6(self.turns)
+        return f"{flow_member(self.level, self.tenant)}\n{self.start_ms}\n{turns}"
 
     @classmethod
     def decode(cls, text: str) -> Run | None:
@@ -110,13 +119,14 @@ class Run:
         level, sep, tenant = rest.partition("\n")
         if not sep or level not in LEVELS:
             return None
+        cold = turns.startswith("c")
         try:
-            start_ms, paid = float(start), float(turns) if turns else 1.0
+            start_ms, paid = float(start), float(turns[cold:]) if turns[cold:] else 1.0
         except ValueError:  # not a run this version wrote
             return None
         if not (math.isfinite(start_ms) and math.isfinite(paid)):
             return None
-        return cls(level, tenant, int(start_ms), paid)
+        return cls(level, tenant, int(start_ms), paid, cold)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +137,21 @@ class Settlement:
     member: str
     level: str
     debt: float
+
+
+@dataclass(frozen=True, slots=True)
+class Recost:
+    """A flow measured for the first time, whose measured cost is off what its jobs paid
+    cold by more than the dead band: its waiting jobs are placed again at ``ratio``
+    (measured cost over the cold one, both in tags as placed now), ``shift`` (turns)
+    later: the page's settlements of it, paid at once instead of behind its backlog
+    (docs/design.md, "Service is worker time"). Also (``ratio`` 1) a flow measured before
+    whose cold runs ended on the page with an overrun to settle."""
+
+    member: str
+    level: str
+    ratio: float
+    shift: float
 
 
 @dataclass(slots=True)
@@ -150,6 +175,8 @@ class PageRecord:
     #: fq:state fields to write (as text), and the flows' charges in order
     state_writes: dict[str, str] = field(default_factory=dict)
     settlements: list[Settlement] = field(default_factory=list)
+    #: flows measured for the first time, to be placed again (their settlements moved here)
+    recosts: list[Recost] = field(default_factory=list)
     #: tenant bucket (:func:`tenant_bucket`) -> field -> increment: the tenant's waits
     #: (``<bin>`` -> first attempts started), attempts started (``s:<level>``) and worker
     #: time (``t:<level>`` -> ms)
@@ -269,6 +296,7 @@ def record_page(
     """
     page = _PageWork(
         runs=runs,
+        found=(state.get("typ"), state.get("unit")),
         oldest=oldest_bucket(now_s, bucket_s, retention_s),
         bucket_s=bucket_s,
         bound_ms=bound_ms,
@@ -292,6 +320,8 @@ class _PageWork:
     """:func:`record_page`'s work in progress, one event at a time."""
 
     runs: Mapping[str, Run]
+    #: the typical time and the unit as the page found them (what a cold job paid)
+    found: tuple[float | None, float | None]
     oldest: int
     bucket_s: int
     bound_ms: int
@@ -307,6 +337,10 @@ class _PageWork:
     ended: dict[str, None] = field(default_factory=dict)
     #: level -> [worker ms, retries]
     served: dict[str, list[int]] = field(default_factory=dict)
+    #: flows this page measured for the first time -> [level, runs, their bounded ms]
+    first: dict[str, list[Any]] = field(default_factory=dict)
+    #: flows measured before whose cold runs ended on this page -> their level
+    cold_ends: dict[str, str] = field(default_factory=dict)
 
     def add(self, bucket: int, name: str, n: int) -> None:
         if bucket < self.oldest:
@@ -359,14 +393,15 @@ class _PageWork:
         if start_b >= self.oldest:
             counts = out.tenants.setdefault(start_b, {})
             counts[member] = counts.get(member, 0) + 1
-        turns = 1.0
+        turns, cold = 1.0, False
         if self.by_time and self.typical:
             if start.paid is not None and start.first_attempt:
                 # Placed cold: charged against what it paid, in turns of the typical now.
                 turns = start.paid / turn_scale(self.typical, self.cache.get("unit"))
+                cold = True
             else:
                 turns = cost_turns(self.cache.get(f"c:{member}"), self.typical)
-        self.pending[event.job_id] = Run(level, start.tenant, event.at_ms, float(_g6(turns)))
+        self.pending[event.job_id] = Run(level, start.tenant, event.at_ms, float(_g6(turns)), cold)
         if not start.first_attempt:
             self.add(start_b, "r", 1)
             self.add(start_b, f"a:{level}", 1)
@@ -417,6 +452,14 @@ class _PageWork:
             self.typical = max(bounded, 1)
         self.typical_dirty = True
         estimate = self.cache.get(f"c:{member}")
+        first = self.first.get(member)
+        if estimate is None:
+            first = self.first[member] = [run.level, 0, 0.0]
+        if first is not None:
+            first[1] += 1
+            first[2] += bounded
+        elif run.cold:
+            self.cold_ends[member] = run.level
         estimate = bounded if estimate is None else estimate + FLOW_ALPHA * (bounded - estimate)
         self.set_state(f"c:{member}", estimate)
 
@@ -429,7 +472,35 @@ class _PageWork:
             if self.cache.get("unit") is None:  # the first measurement: a turn's length
                 out.state_writes["unit"] = out.state_writes["typ"]
         out.served = {level: (row[0], row[1]) for level, row in self.served.items()}
+        if self.first and self.typical:
+            self.recost(out, self.typical)
+        for member, level in self.cold_ends.items():
+            # A cold run that ended after its flow's first measurement (the history's lag):
+            # its overrun is paid at once too, by shifting the flow's waiting jobs.
+            shift = sum(s.debt for s in out.settlements if s.member == member)
+            if shift > 0:
+                out.settlements = [s for s in out.settlements if s.member != member]
+                out.recosts.append(Recost(member, level, 1.0, shift))
         return out
+
+    def recost(self, out: PageRecord, typical: float) -> None:
+        """The flows measured first on this page whose cost is off the cold one: a
+        :class:`Recost` each, with the page's settlements of them folded in. The cold
+        cost is a turn as long as the page found it (a job placed cold paid that, as
+        long as a turn was then: the typical time moves 5% a run), or one turn when the
+        queue had nothing measured (the unit is then the first typical time)."""
+        was = self.found
+        paid = turn_scale(was[0], was[1]) if was[0] else 1.0
+        unit = self.cache.get("unit")
+        now = turn_scale(typical, unit if unit is not None else typical)
+        for member, (level, n, total_ms) in self.first.items():
+            # the mean of its runs on the page, not the moving average seeded by the first
+            ratio = cost_turns(total_ms / n, typical) * now / paid
+            if 1 / COST_DEAD_BAND < ratio < COST_DEAD_BAND:
+                continue  # within the noise: its runs' charges settle it, as any flow's
+            shift = sum(s.debt for s in out.settlements if s.member == member)
+            out.settlements = [s for s in out.settlements if s.member != member]
+            out.recosts.append(Recost(member, level, float(_g6(ratio)), shift))
 
 
 def _g6(value: float) -> str:

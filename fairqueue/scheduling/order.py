@@ -101,11 +101,14 @@ def is_overdue(job: PendingJob, *, now_ms: int, max_wait_ms: int) -> bool:
     return now_ms - job.enqueued_at_ms > max_wait_ms
 
 
-def replaced_tag(tag: float, anchor: float, ratio: float) -> float:
+def replaced_tag(tag: float, anchor: float, ratio: float, shift: float = 0.0) -> float:
     """A waiting job's tag once its tenant's weight changed by ``ratio`` (old over new)
     at virtual time ``anchor``: its distance from then shrinks or grows by the ratio
-    (docs/design.md, "A weight change"; ``reweight_page.lua``)."""
-    return anchor + (tag - anchor) * ratio
+    (docs/design.md, "A weight change"; ``reweight_page.lua``). A cold flow's first
+    measurement places its jobs again the same way, ``ratio`` being its measured cost
+    over the one its jobs paid, ``shift`` (tags) what its runs so far overran, paid at
+    once (docs/design.md, "Service is worker time")."""
+    return anchor + shift + (tag - anchor) * ratio
 
 
 def flow_step(
@@ -340,6 +343,33 @@ class FairClock:
                 self.last[key] = replaced_tag(last, self.vt, counted / tenant_weight)
             self.counted[key] = tenant_weight
         return moved
+
+    def recost(
+        self, level: PriorityLevel, tenant: str, ratio: float, shift_turns: float
+    ) -> tuple[float, float, float] | None:
+        """The flow's first runs were measured: its waiting jobs, placed cold, are placed
+        again at ``ratio`` (measured cost over what they paid) from the virtual time,
+        ``shift_turns`` later (what its runs so far overran: paid at once, not behind its
+        backlog), and its last tag with them (``history_commit.lua`` begins it,
+        ``reweight_page.lua`` moves the jobs). Returns (anchor, ratio, shift in tags)
+        for :func:`replaced_tag`, or ``None`` when the flow has no work: then the shift
+        is charged as any settlement (:meth:`charge`)."""
+        key = (level, tenant)
+        last = self.last.get(key)
+        if last is None or last <= self.vt:
+            self.charge(level, tenant, shift_turns)
+            return None
+        total = sum(w for (lvl, _), w in self.counted.items() if lvl == level)
+        shift = flow_step(self.weights[level], self.counted[key], total, cost=shift_turns)
+        # A refund (a moved job must never land behind the virtual time) or a shift against
+        # the direction the pages go in (nor where they are still to go) is carried to the
+        # flow's next job: its last tag is the pages' until they are done.
+        fold = shift == 0 or (ratio >= 1 and shift > 0)
+        anchor = self.vt
+        self.last[key] = replaced_tag(last, anchor, ratio, shift if fold else 0.0)
+        if not fold:
+            self.carried[key] = self.carried.get(key, 0.0) + shift_turns
+        return anchor, ratio, shift if fold else 0.0
 
     def _frontier(self, level: PriorityLevel) -> tuple[float, int | None] | None:
         """The last tag of ``level``'s flow that reaches furthest, among the

@@ -169,6 +169,50 @@ def test_record_page__a_flow_whose_runs_are_long_is_charged_whole_turns(run_ms):
     assert 0 < float(page.state_writes["typ"]) <= max(*run_ms, 100) * 1.0001
 
 
+def _cold_runs(tenant: str, run_ms: list[int], at: int) -> tuple[list[Event], dict, int]:
+    """Jobs of ``tenant`` placed cold (one turn paid), run one after another."""
+    events, starts = [], {}
+    for i, ms in enumerate(run_ms):
+        job_id = f"{tenant}{at}-{i}"
+        starts[job_id] = Start("normal", tenant, at, True, paid=1.0)
+        events += [Event("start", job_id, at), Event("end", job_id, at + ms)]
+        at += ms
+    return events, starts, at
+
+
+def test_record_page__a_cold_flow_measured_first_is_placed_again_its_overrun_paid_at_once():
+    """A flow whose jobs were placed cold at one turn and run 6 turns: the page that
+    first measures it asks its waiting jobs placed again at about 6 turns (in tags as
+    placed now: on the cost grid, times the turn's length), with what its runs overran
+    as the shift, not as a settlement; a flow as typical as the queue is left to its
+    charges."""
+    events, starts, at = _cold_runs("slow", [600, 600, 600], T0 + 60_000)
+    more, more_starts, _ = _cold_runs("quick", [100, 100], at)
+    state = {"typ": 100.0, "unit": 100.0}
+    page = attempts.record_page(
+        events + more, starts | more_starts, {}, state, by_time=True, **OPTIONS
+    )
+    [recost] = page.recosts
+    assert (recost.member, recost.level) == ("normal\nslow", "normal")
+    assert recost.ratio == pytest.approx(6, rel=0.1)
+    assert recost.shift >= 10  # 5 turns overrun a run, the balance settled a turn at a time
+    assert not [s for s in page.settlements if s.member == "normal\nslow"]
+
+
+def test_record_page__a_cold_run_ending_after_the_first_measurement_shifts_its_flow():
+    """The history's lag: a cold job of the flow still ran when its flow was first
+    measured; its overrun, when its end is read, is paid at once too (a shift of the
+    flow's waiting jobs, ratio 1), not behind its backlog."""
+    events, starts, at = _cold_runs("slow", [600, 600, 600], T0 + 60_000)
+    first = attempts.record_page(events, starts, {}, {"typ": 100.0}, by_time=True, **OPTIONS)
+    state = {"typ": 100.0, **{k: float(v) for k, v in first.state_writes.items()}}
+    later, later_starts, _ = _cold_runs("slow", [600, 600], at)
+    page = attempts.record_page(later, later_starts, {}, state, by_time=True, **OPTIONS)
+    assert [(r.member, r.ratio) for r in page.recosts] == [("normal\nslow", 1.0)]
+    assert page.recosts[0].shift > 0
+    assert not page.settlements
+
+
 def test_record_page__retention_drops_old_buckets_and_clamps_old_ready_times():
     old = (NOW_S - 7_200) * 1000
     start = Start("high", "a", ready_ms=old, first_attempt=True)
@@ -193,6 +237,7 @@ def test_gap_buckets__split_by_bucket_from_the_later_of_since_and_retention():
     [
         (Run("low", "a", 123, 1.0), "low\na\n123\n1"),
         (Run("high", "multi\nline", 5, 0.25), "high\nmulti\nline\n5\n0.25"),
+        (Run("normal", "a", 7, 1.0, cold=True), "normal\na\n7\nc1"),
     ],
 )
 def test_run__encodes_as_the_lua_side_did_and_back(run, text):

@@ -9,6 +9,7 @@
   KEYS[4] fq:state  KEYS[5] fq:flows  KEYS[6] fq:fweights  KEYS[7] BullMQ's active list
   KEYS[8] fq:seen (zset: flow -> when its estimate was last written, ms)
   KEYS[9] BullMQ's prioritized set (its head: the virtual time a settlement is read at)
+  KEYS[10] fq:rw (the re-placements in progress: reweight_page.lua)
   ARGV    token, lock ttl ms, the cursor the page was read from, the new cursor ('': keep),
           the new ord, bucket key prefix ('<prefix>:<queue>:fq:hist:'), seconds a bucket
           is kept, tenants kept per bucket, ms a flow's state is kept after its last write
@@ -16,7 +17,8 @@
           sections, each a count and its items:
           bucket increments (bucket, field, n), tenant starts (bucket, member, n), runs
           ended (job id), runs started (job id, run), fq:state writes (field, text),
-          settlements (member, level, turns), then the usage ledger's (absent: none):
+          settlements (member, level, turns), re-placements of flows measured for the
+          first time (member, level, ratio, shift turns), then the usage ledger's (absent: none):
           its header (key prefix '<prefix>:<queue>:fq:use:', seconds a day is kept, the
           token of the epoch a new day's counters get, with Redis's clock), increments (day, field, n) and maxima (day,
           field, value), fields '<stat>:<tenant>\n<job type>'
@@ -98,38 +100,79 @@ for _, member in ipairs(idle) do
 end
 if #idle > 0 then redis.call('ZREM', KEYS[8], unpack(idle)) end
 
-from, to = section(3)
-local vt = nil -- read once, for the first settlement
-for i = from, to, 3 do
-  local member, level, debt = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
+local vt, base = nil, 0 -- read once, for the first settlement or re-placement
+local function readVt()
+  if vt then return end
+  -- The virtual time as the next placement reads it: what the first job waiting
+  -- stands for (fqStartOf), never less than the one recorded; nothing waiting, every
+  -- flow has finished (the next add starts afresh).
+  local st = redis.call('HMGET', KEYS[4], 'vt', 'base', 'rbDelta', 'rbCursor')
+  vt, base = tonumber(st[1]) or 0, tonumber(st[2]) or 0
+  local head = redis.call('ZRANGEBYSCORE', KEYS[9], fqFloor * fqScore, fqBelowCap,
+    'WITHSCORES', 'LIMIT', 0, 1)
+  if #head == 0 then
+    vt = math.huge
+  else
+    local start = fqStartOf({base = base, delta = tonumber(st[3]),
+      cursor = tonumber(st[4])}, tonumber(head[2]))
+    if start > vt then vt = start end
+  end
+end
+-- A flow's step of debt turns, in tags: at its weight and its level's total as they are now.
+local function tagsOf(member, level, rank, debt)
+  local w = tonumber(redis.call('HGET', KEYS[6], member)) or 1
+  local total = tonumber(redis.call('HGET', KEYS[4], 'W:' .. level)) or w
+  return fqScale * debt * total / ((4 - rank) * w) -- a level's weight: 4 less its rank
+end
+local function settle(member, level, debt, text)
   local last = tonumber(redis.call('ZSCORE', KEYS[5], member))
   local rank = fqLevelRank[level]
-  if not vt then
-    -- The virtual time as the next placement reads it: what the first job waiting
-    -- stands for (fqStartOf), never less than the one recorded; nothing waiting, every
-    -- flow has finished (the next add starts afresh).
-    local st = redis.call('HMGET', KEYS[4], 'vt', 'base', 'rbDelta', 'rbCursor')
-    vt = tonumber(st[1]) or 0
-    local head = redis.call('ZRANGEBYSCORE', KEYS[9], fqFloor * fqScore, fqBelowCap,
-      'WITHSCORES', 'LIMIT', 0, 1)
-    if #head == 0 then
-      vt = math.huge
-    else
-      local start = fqStartOf({base = tonumber(st[2]) or 0, delta = tonumber(st[3]),
-        cursor = tonumber(st[4])}, tonumber(head[2]))
-      if start > vt then vt = start end
-    end
-  end
+  readVt()
   if rank and not (last and last > vt) then
     -- No work left (retired, or passed by the virtual time): carried to the flow's next
     -- job, which pays it with its own turn (fqPlace), so a flow that keeps emptying
     -- settles its overruns too.
-    redis.call('HINCRBYFLOAT', KEYS[4], 'p:' .. member, ARGV[i + 2]) -- the page's text
+    redis.call('HINCRBYFLOAT', KEYS[4], 'p:' .. member, text) -- the page's text
   elseif last and rank then
-    local w = tonumber(redis.call('HGET', KEYS[6], member)) or 1
-    local total = tonumber(redis.call('HGET', KEYS[4], 'W:' .. level)) or w
-    local step = fqScale * debt * total / ((4 - rank) * w) -- a level's weight: 4 less its rank
-    redis.call('ZADD', KEYS[5], string.format('%.17g', last + step), member)
+    redis.call('ZADD', KEYS[5], string.format('%.17g', last + tagsOf(member, level, rank, debt)),
+      member)
+  end
+end
+
+from, to = section(3)
+for i = from, to, 3 do settle(ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[i + 2]) end
+
+-- Flows measured for the first time, off what their jobs paid cold (member, level, ratio,
+-- shift turns; ratio 1: a flow's cold runs that ended later, their overrun the shift):
+-- their waiting jobs are placed again from the virtual time at the ratio,
+-- the shift later (reweight_page.lua's pages, at the loop's ticks, each moved job's fqPaid
+-- scaled with it), and their last tag with them at once when they move back (a job placed
+-- meanwhile goes behind them), at the end when they move ahead (as a raised weight). A
+-- flow with no work, or with a weight change in progress, gets the shift as a settlement.
+-- Work: a few commands a flow, at most once per flow (its first measurement).
+from, to = section(4)
+for i = from, to, 4 do
+  local member, level, ratio, shift = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]),
+    tonumber(ARGV[i + 3])
+  local last = tonumber(redis.call('ZSCORE', KEYS[5], member))
+  local rank = fqLevelRank[level]
+  readVt()
+  if rank and last and last > vt and redis.call('HEXISTS', KEYS[10], member) == 0 then
+    local tags = tagsOf(member, level, rank, shift)
+    -- a refund (a moved job must never land behind the virtual time) or a shift against
+    -- the pages' direction (nor where they are still to go) is carried to the flow's next
+    -- job (its last tag is the pages' until they are done)
+    local fold = tags == 0 or (ratio >= 1 and tags > 0)
+    if not fold then tags = 0 end
+    local function g(x) return string.format('%.17g', x) end
+    redis.call('HSET', KEYS[10], member, table.concat({g(vt), g(ratio), g(last), level, '', '',
+      g(base), g(tags), ratio ~= 1 and 'paid' or ''}, '\n'))
+    if ratio >= 1 then
+      redis.call('ZADD', KEYS[5], g(vt + tags + (last - vt) * ratio), member)
+    end
+    if not fold then redis.call('HINCRBYFLOAT', KEYS[4], 'p:' .. member, ARGV[i + 3]) end
+  elseif shift ~= 0 then
+    settle(member, level, shift, ARGV[i + 3])
   end
 end
 

@@ -9,7 +9,9 @@
 
   KEYS[1] BullMQ's prioritized  KEYS[2] state  KEYS[3] flows  KEYS[4] fweights
   KEYS[5] fq:rw (hash: flow -> the re-placement in progress:
-          "anchor\nratio\nend tag\nlevel\ncursor score\nvisited at it\nbase")
+          "anchor\nratio\nend tag\nlevel\ncursor score\nvisited at it\nbase", and for a
+          cold flow's first measurement (history_commit.lua) "\nshift\npaid": its jobs
+          move to anchor + shift + (t - anchor) * ratio, their fqPaid times the ratio)
   ARGV    mode, who, amount, prefix (named: the two modes share the positions)
   'begin' (before reweight.lua counts the new weight): who the tenant, amount its weight.
           Records a re-placement of each of its flows with work whose counted weight
@@ -65,6 +67,10 @@ local f = {}
 for part in string.gmatch(spec .. '\n', '([^\n]*)\n') do f[#f + 1] = part end
 local anchor, ratio, last, level = tonumber(f[1]), tonumber(f[2]), tonumber(f[3]), f[4]
 local cursorScore, tie, base = tonumber(f[5]), tonumber(f[6]) or 0, tonumber(f[7])
+-- A cold flow's first measurement (history_commit.lua): a shift (tags) too, and each moved
+-- job's fqPaid (what it paid cold) scaled by the ratio, so its run is charged against what
+-- it pays now.
+local shift, repay = tonumber(f[8]) or 0, f[9] == 'paid'
 -- The score mapping only: a page never moves the virtual time. Part-way through, the
 -- set's head can be a job already moved ahead of one of the tenant's not moved yet, so
 -- what it stands for is no virtual time (docs/design.md, "A weight change").
@@ -96,8 +102,8 @@ for i = 1, #rows, 2 do
   local id, score = rows[i], tonumber(rows[i + 1])
   if score == cursorScore then tie = tie + 1 else cursorScore, tie = score, 1 end
   if score % 4 == rank then
-    local data = redis.call('HGET', prefix .. id, 'data')
-    local mine = false
+    local row = redis.call('HMGET', prefix .. id, 'data', 'fqPaid')
+    local data, mine = row[1], false
     if data and (tenant == 'default' or string.find(data, needle, 1, true)) then
       local ok, decoded = pcall(cjson.decode, data)
       if ok and type(decoded) == 'table' then
@@ -107,11 +113,14 @@ for i = 1, #rows, 2 do
     end
     local tag = c.base + math.floor((score - bandLow) / 4) / fqSub
     if mine and tag > anchor then
-      local placed = fqScoreOf(c, anchor + (tag - anchor) * ratio, level)
+      local placed = fqScoreOf(c, anchor + shift + (tag - anchor) * ratio, level)
       if placed and placed ~= score then
         redis.call('ZADD', K.prioritized, 'XX', string.format('%d', placed), id)
         moved = moved + 1
         tie = tie - 1
+        if repay and tonumber(row[2]) then
+          redis.call('HSET', prefix .. id, 'fqPaid', string.format('%.6g', tonumber(row[2]) * ratio))
+        end
       end
     end
   end
@@ -119,7 +128,7 @@ end
 local visited = #rows / 2
 if visited < page then
   if up and tonumber(redis.call('ZSCORE', K.flows, member)) == last then
-    redis.call('ZADD', K.flows, tagString(anchor + (last - anchor) * ratio), member)
+    redis.call('ZADD', K.flows, tagString(anchor + shift + (last - anchor) * ratio), member)
   end
   redis.call('HDEL', KEYS[5], member)
   return {visited, moved, 1}
