@@ -345,7 +345,7 @@ class PageReader:
             3,
         )
         recosts = [
-            (_raw(r.member), r.level, f"{r.ratio:.17g}", f"{r.shift:.17g}") for r in page.recosts
+            (raw_of(r.member), r.level, f"{r.ratio:.17g}", f"{r.shift:.17g}") for r in page.recosts
         ]
         section([x for r in recosts for x in r], 4)
         if use and ledger is not None:
