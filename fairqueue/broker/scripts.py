@@ -53,7 +53,7 @@ from fairqueue.scheduling.order import (
     MIN_COST_TURNS,
     TAG_SCALE,
 )
-from fairqueue.scheduling.pace import ASKING_SCAN
+from fairqueue.scheduling.pace import ASKING_LINE_TAIL, ASKING_SCAN
 from fairqueue.scheduling.shares import WAIT_EDGES
 
 #: Flows without work that one script call may retire, however many jobs it places
@@ -147,6 +147,7 @@ _CONSTANTS = {
     "TIE_SLACK": TIE_SLACK,
     "ERROR_BINS": ERROR_BINS,
     "ASKING_SCAN": ASKING_SCAN,
+    "ASKING_LINE_TAIL": ASKING_LINE_TAIL,
     "WAIT_EDGES": "{" + ", ".join(str(edge) for edge in WAIT_EDGES) + "}",
 }
 _INCLUDE = re.compile(r"^--- @include (\w+)$", re.MULTILINE)

@@ -189,10 +189,20 @@ def _asking(reply: Sequence[Any]) -> AskingRead | None:
     at += 1
     ahead = []
     for _ in range(count):
-        member, last, weight, held = values[at : at + 4]
-        at += 4
+        member, last, weight, held, line = values[at : at + 5]
+        at += 5
         level, _sep, tenant = member.partition("\n")
-        ahead.append((level, tenant, float(last), float(weight or 0), held == "1"))
+        waiting = int(float(line)) if line else -1
+        ahead.append(
+            (
+                level,
+                tenant,
+                float(last),
+                float(weight or 0),
+                held == "1",
+                None if waiting < 0 else waiting,
+            )
+        )
     served: dict[tuple[str, str], int] = {}
     recent: dict[tuple[str, str], int] = {}
     recent_since_s = None

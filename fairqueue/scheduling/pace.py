@@ -148,6 +148,10 @@ def share_of(
 #: The flows whose last tags reach furthest past the virtual time that the estimate
 #: scripts read as backlogged candidates (bounded work per call, whatever the tenants).
 ASKING_SCAN: Final = 16
+#: The ids at the end of such a flow's line (its jobs placed behind one of its own) the
+#: scripts look up in the waiting set: one more than :data:`BACKLOG_JOBS`, enough to
+#: tell a backlog from a last tag that merely ran ahead.
+ASKING_LINE_TAIL: Final = int(BACKLOG_JOBS) + 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,12 +159,14 @@ class AskingRead:
     """What the estimate scripts read of who is asking (``fqEtaAsking``): each level's
     counted tenant weights (``totals``), the flows reaching furthest past the virtual
     time (``ahead``: level, tenant, last tag, counted weight, whether its tenant has jobs
-    held or is paused), the starts per flow over the rate's window (``served``) and over
-    its last two buckets (``recent``, from second ``recent_since_s``: what a flow asks
-    for follows a flow that stopped within 10-20 s, not the whole window)."""
+    held or is paused, and how many of the last :data:`ASKING_LINE_TAIL` ids of its line
+    still wait, ``None``: it keeps no line), the starts per flow over the rate's window
+    (``served``) and over its last two buckets (``recent``, from second
+    ``recent_since_s``: what a flow asks for follows a flow that stopped within 10-20 s,
+    not the whole window)."""
 
     totals: Mapping[str, float]
-    ahead: tuple[tuple[str, str, float, float, bool], ...] = ()
+    ahead: tuple[tuple[str, str, float, float, bool, int | None], ...] = ()
     served: Mapping[tuple[str, str], int] = field(default_factory=dict)
     recent: Mapping[tuple[str, str], int] = field(default_factory=dict)
     recent_since_s: int | None = None
@@ -178,7 +184,8 @@ def flows_asking(
 ) -> list[FlowAsk]:
     """The flows :func:`current_shares` takes, from what the scripts read: a flow in
     ``read.ahead`` has ``(last - vt) / its step`` jobs waiting (its step: its level's
-    weight split among the level's counted weights); what it asks is :func:`asked_rate`
+    weight split among the level's counted weights), at most one more than the ids of
+    its line's tail still waiting (:func:`waiting_jobs`); what it asks is :func:`asked_rate`
     of that and of its recent starts (``read.recent`` since ``read.recent_since_s``,
     up to ``now_s``; without them, ``read.served`` over ``window_s``). Flows only seen
     starting ask for what they were served, and each level's starts over the window that
@@ -190,14 +197,14 @@ def flows_asking(
     if read.recent_since_s is not None and now_s is not None and now_s > read.recent_since_s:
         served, served_per_s = read.recent, 1 / (now_s - read.recent_since_s)
     asks: dict[tuple[str, str], FlowAsk] = {}
-    for level, tenant, last, weight, held in read.ahead:
+    for level, tenant, last, weight, held, line in read.ahead:
         if level not in level_weights:
             continue
         counted = weight if weight > 0 else 1.0
         total = max(read.totals.get(level, 0.0), counted)
         step = TAG_SCALE * total / (level_weights[level] * counted)
         rate = served.get((level, tenant), 0) * served_per_s
-        backlog = max(0.0, last - vt) / step
+        backlog = waiting_jobs(max(0.0, last - vt) / step, line)
         asked = asked_rate(backlog_jobs=backlog, served_per_s=rate, held=held)
         asks[(level, tenant)] = FlowAsk(level, tenant, counted, asked)
     for (level, tenant), count in served.items():
@@ -212,3 +219,21 @@ def flows_asking(
         if level in level_weights and rest > 0 and (level, OTHER_FLOWS) not in asks:
             asks[(level, OTHER_FLOWS)] = FlowAsk(level, OTHER_FLOWS, 1.0, rest * per_s)
     return list(asks.values())
+
+
+def waiting_jobs(by_tag: float, line_waiting: int | None) -> float:
+    """How many jobs a flow has waiting: ``by_tag`` (its last tag's distance past the
+    virtual time in its steps), at most one more than ``line_waiting`` when fewer than
+    :data:`ASKING_LINE_TAIL` of its line's last ids still wait.
+
+    Why both: a flow served beyond its weight while the queue was nearly idle (its jobs
+    start as soon as they come, whatever their tags) has its last tag far past the
+    virtual time with nothing waiting, which the tag distance reads as a backlog. Its
+    line holds every job placed behind one of its own still waiting, so it misses at
+    most the flow's first waiting job. ``None``: no line kept (a flow whose jobs never
+    waited behind each other, or a line dropped after an hour without adds): the tag
+    distance alone.
+    """
+    if line_waiting is None or line_waiting >= ASKING_LINE_TAIL:
+        return by_tag
+    return min(by_tag, float(line_waiting + 1))

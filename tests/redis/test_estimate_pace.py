@@ -112,3 +112,27 @@ def test_far_off_recent_estimates_widen_the_range_and_lower_the_confidence(fq_pr
     wait = est.expected_wait_ms
     # half of them started more than twice as late: the range reaches three times on
     assert est.latest_start_ms - est.expected_start_ms >= 1.5 * wait
+
+
+def test_a_flow_whose_last_tag_ran_ahead_with_nothing_waiting_is_not_a_backlog(
+    fq_prefix, redis_client
+):
+    """'ran' was served far beyond its weight (its 40 jobs taken by the workers while the
+    queue was nearly idle): its last tag lies 40 steps past the virtual time, but nothing
+    of it waits. n, the only flow waiting, goes at the whole measured pace, not at half
+    of it beside a backlog 'ran' does not have."""
+    write_history(redis_client, fq_prefix, {("normal", "n"): 10.0})
+    ran = enqueue_jobs("email", [{}] * 40, tenant_id="ran", priority_level="normal")
+    enqueue_jobs("email", [{}] * 40, tenant_id="n", priority_level="normal")
+    flows = f"{fq_prefix}:email:fq:flows"
+    assert redis_client.zscore(flows, "normal\nran") is not None
+    assert redis_client.zrem(f"{fq_prefix}:email:prioritized", *[j.job_id for j in ran]) == 40
+    est = estimate_start("email", tenant_id="n", priority_level="normal")
+    assert est.ahead == 40
+    # 40 jobs before it at the whole 10 a second: 4 s (beside a backlogged 'ran': 8 s)
+    assert 3_500 <= est.expected_wait_ms <= 5_000
+    assert est.share is not None and est.share > 0.9
+    # while 'ran' has jobs waiting, the same read halves n's share
+    enqueue_jobs("email", [{}] * 10, tenant_id="ran", priority_level="normal")
+    both = estimate_start("email", tenant_id="n", priority_level="normal")
+    assert both.share == pytest.approx(0.5, abs=0.05)

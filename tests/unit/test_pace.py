@@ -9,7 +9,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairqueue.scheduling.pace import FlowAsk, asked_rate, current_shares, share_of
+from fairqueue.scheduling.pace import (
+    ASKING_LINE_TAIL,
+    BACKLOG_JOBS,
+    FlowAsk,
+    asked_rate,
+    current_shares,
+    share_of,
+    waiting_jobs,
+)
 
 LEVELS = ("critical", "high", "normal", "low")
 WEIGHTS = {"critical": 4.0, "high": 3.0, "normal": 2.0, "low": 1.0}
@@ -106,3 +114,20 @@ def test_bad_input_is_named():
 def test_only_an_unheld_backlog_asks_without_bound(backlog, served, held):
     rate = asked_rate(backlog_jobs=backlog, served_per_s=served, held=held)
     assert rate == (math.inf if backlog > 2 and not held else served)
+
+
+@given(
+    st.floats(min_value=0, max_value=1e6, allow_nan=False),
+    st.one_of(st.none(), st.integers(min_value=0, max_value=ASKING_LINE_TAIL)),
+)
+def test_a_flows_backlog_is_what_waits_not_how_far_its_tag_ran(by_tag, line):
+    """A flow with at most one of its line's last ids waiting never asks for more than it
+    was served, however far its last tag ran; it never counts more than its tag distance;
+    without a line (or with its tail all waiting) the tag distance decides."""
+    got = waiting_jobs(by_tag, line)
+    asks = asked_rate(backlog_jobs=got, served_per_s=1.0, held=False)
+    assert got <= by_tag
+    if line is not None and line <= 1:
+        assert asks == 1.0
+    if line is None or line >= ASKING_LINE_TAIL:
+        assert asks == (math.inf if by_tag > BACKLOG_JOBS else 1.0)

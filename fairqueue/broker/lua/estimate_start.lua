@@ -26,7 +26,8 @@
   Returns     {now ms, wait list length, placement (fqEtaReply), limits encoded, paused,
               catching up, held, occupied, history, jobs of the flow placed before the
               n (delayed and extra; 0 for a held tenant, whose held count has them),
-              who is asking (fqEtaAsking: ASKING_SCAN flows and the rate window's
+              who is asking (fqEtaAsking: ASKING_SCAN flows, 4 O(log n) reads each,
+              and the rate window's
               buckets, at most the tenants a bucket keeps each, whatever the number of
               tenants)}
 ]]

@@ -5,7 +5,8 @@
   (a ZRANK in their index, L:hrank:<t>); the wait and active lists are walked (LPOS),
   which fairqueue keeps short. At 1M waiting or 1M held: two ZRANK/ZSCORE-sized reads
   of about 20 levels each, and the rate window's 7 history hashes; who is asking
-  (fqEtaAsking, a waiting or held job's): ASKING_SCAN flows and the rate window's
+  (fqEtaAsking, a waiting or held job's): ASKING_SCAN flows (each an LRANGE of its
+  line's last ASKING_LINE_TAIL ids and a ZSCORE of each) and the rate window's
   buckets, at most the tenants a bucket keeps each, whatever the number of tenants.
 
   KEYS[1..7]  BullMQ's prioritized set and wait list; fairqueue's state, flows,

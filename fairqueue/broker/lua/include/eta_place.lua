@@ -154,12 +154,16 @@ local function fqEtaRate(K, now, bucketS, count)
 end
 
 -- Who is asking now (fairqueue.scheduling.pace): the level totals; the ASKING_SCAN flows
--- whose last tags reach furthest past the virtual time (the deepest backlogs), each
--- {member, last tag, counted weight, 1 if its tenant has jobs held or is paused}; then
+-- whose last tags reach furthest past the virtual time, each {member, last tag, counted
+-- weight, 1 if its tenant has jobs held or is paused, its jobs waiting among the last
+-- ASKING_LINE_TAIL of its line (fqLinePush; -1: no line)}: a flow served past its weight
+-- while the queue was nearly idle has its last tag far ahead with nothing waiting, so the
+-- tag distance alone is not its backlog; then
 -- per bucket of the rate's window its most served flows (fq:hist:t:<start>, at most the
 -- tenants a bucket keeps) {start, n, member, starts, ...}. Bounded: ASKING_SCAN flows
--- and count buckets, whatever the number of tenants.
+-- and count buckets, whatever the number of tenants (and ASKING_LINE_TAIL ZSCOREs a flow).
 local fqEtaAskingScan = {{ASKING_SCAN}}
+local fqEtaLineTail = {{ASKING_LINE_TAIL}}
 local function fqEtaAsking(K, L, c, now, bucketS, count)
   local out = {}
   for _, lv in ipairs(fqEtaLevels) do out[#out + 1] = c.totals[lv] or 0 end
@@ -179,6 +183,16 @@ local function fqEtaAsking(K, L, c, now, bucketS, count)
     out[#out + 1] = top[i + 1]
     out[#out + 1] = redis.call('HGET', K.fweights, member) or '0'
     out[#out + 1] = held
+    local line = redis.call('LRANGE', K.flows .. ':' .. member, -fqEtaLineTail, -1)
+    local waiting = -1
+    if #line > 0 then
+      waiting = 0
+      for j = 1, #line do
+        local s = tonumber(redis.call('ZSCORE', K.prioritized, line[j]))
+        if s and s >= fqFloor * fqScore and s < fqCap * fqScore then waiting = waiting + 1 end
+      end
+    end
+    out[#out + 1] = waiting
   end
   local current = math.floor(now / 1000 / bucketS) * bucketS
   for b = 0, count - 1 do
