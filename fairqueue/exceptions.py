@@ -138,9 +138,8 @@ class TaskFailedError(FairqueueError, RuntimeError):
 
 
 class InvalidTenantLimitError(FairqueueError, ValueError):
-    """A tenant limit (``max_active``, ``rate_max``, ``rate_duration_ms``,
-    ``max_waiting``) that is not a whole number in its allowed range, or a rate limit
-    with only one of its two halves."""
+    """A tenant limit (a field of ``scheduling.limits.LIMIT_RANGES``) that is not a
+    whole number in its allowed range, or a rate limit with only one of its two halves."""
 
 
 class TenantBacklogFullError(FairqueueError):

@@ -30,12 +30,11 @@ from fairqueue.models import (
     SubscriptionClassifier,
     TenantPlan,
 )
+from fairqueue.scheduling.limits import LIMIT_FIELDS
 from fairqueue.tenants import sync_tenant_limits, sync_tenant_weight
 
 #: A save touching these may change a tenant's limits (the tier brings its defaults).
-LIMIT_SYNC_FIELDS: Final = frozenset(
-    {"max_active", "rate_max", "rate_duration_ms", "max_waiting", "plan_tier", "account"}
-)
+LIMIT_SYNC_FIELDS: Final = frozenset({*LIMIT_FIELDS, "plan_tier", "account"})
 
 
 def _forget_now_and_on_commit(forget: Callable[[], None], using: str | None) -> None:

@@ -169,9 +169,6 @@ class _LoopThread:
             return self._loop
 
 
-_loop_thread = _LoopThread()
-
-
 loop_thread = _LoopThread()
 
 

@@ -5,15 +5,12 @@ out in its own process (:mod:`fairqueue.scheduling.attempts`), and writes the re
 one script (``lua/history_commit.lua``) that checks the leader lock and that the cursor
 is still the one the page was read from: so a page is recorded once or not at all, and
 Redis, which every producer and worker shares, only serves reads and applies per-bucket
-and per-flow writes. This module knows BullMQ's shapes: its event names, its job hash
-fields, its stream ids.
+and per-flow writes. What an entry or a job hash says is read in
+:mod:`fairqueue.broker.stream_rows`.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,11 +21,20 @@ from redis.client import NEVER_DECODE
 from fairqueue.broker.connection import Connection
 from fairqueue.broker.lock_store import Fence
 from fairqueue.broker.scripts import call_script, plain_script
+from fairqueue.broker.stream_rows import (
+    FAST_ETA,
+    START_FIELDS,
+    ms_of,
+    number_of,
+    parse_event,
+    parse_start,
+    raw_of,
+    text_of,
+)
 from fairqueue.exceptions import LockLostError
 from fairqueue.scheduling import attempts, usage
-from fairqueue.scheduling.attempts import Event, EventKind, Run, Start
+from fairqueue.scheduling.attempts import Event, Run, Start
 from fairqueue.scheduling.calibration import error_bin
-from fairqueue.scheduling.levels import INTERNAL_TENANT
 from fairqueue.scheduling.shares import BUCKET_S, LEVEL_NAMES, RETENTION_S, TENANTS_PER_BUCKET
 from fairqueue.scheduling.shares import wait_bin as _wait_bin
 
@@ -36,20 +42,6 @@ _RAW = {NEVER_DECODE: True}
 #: XRANGE named in bytes: redis-py then applies no reply callback (its parsing of every
 #: entry into a dict would cost the loop more than all the rest of the page's work).
 _XRANGE = b"XRANGE"
-#: The job hash fields a start needs (BullMQ's names).
-_START_FIELDS = ("timestamp", "delay", "ats", "opts", "data", "fqPaid")
-#: Started jobs' hashes read per round trip (each read stops once the page's data
-#: budget is spent).
-_ROWS_PER_READ = 256
-_END_EVENTS = {b"completed", b"failed"}
-_READD_EVENTS = {b"waiting", b"delayed"}
-_WANTED = {b"active", *_END_EVENTS, *_READD_EVENTS, b"stalled"}
-#: fairqueue's own jobs, read without decoding: the producer writes the level and the
-#: tenant first in the data, the add script a whole fqReady in the opts.
-_FAST_META = re.compile(rb'\{"priorityLevel":"([a-z]+)","tenantId":"([^"\\]+)"[,}]')
-_FAST_READY = re.compile(rb'[{,]"fqReady":(\d+)[,}]')
-#: The expected start an enqueue with ``estimate=True`` kept in the job's opts.
-_FAST_ETA = re.compile(rb'[{,]"fqEta":(\d+)[,}]')
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,139 +68,6 @@ class RecordedPage:
     #: First attempts of jobs enqueued with an estimate: (level name, predicted start
     #: less actual start, ms), for ``queue_fair_start_estimate_error_seconds``.
     estimate_errors: tuple[tuple[str, int], ...] = ()
-
-
-def _text(raw: bytes) -> str:
-    """Bytes from Redis as text, losslessly (written back as the same bytes)."""
-    return raw.decode("utf-8", "surrogateescape")
-
-
-def _raw(text: str) -> bytes:
-    return text.encode("utf-8", "surrogateescape")
-
-
-def _number(value: Any) -> float | None:
-    """A number as Lua's ``tonumber`` reads it (a JSON number or numeric text); ``None``
-    for anything else, infinities and NaN included: a job another producer wrote oddly
-    must never stop the history (its cursor would not move past it)."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, str | bytes):
-        try:
-            value = float(value)
-        except ValueError:
-            return None
-    if isinstance(value, int | float) and math.isfinite(value):
-        return value
-    return None
-
-
-def _level_of_priority(priority: Any) -> str:
-    """The level a producer's numeric priority stands for (``levels.normalize_priority``,
-    read leniently: a job from another producer never fails the page)."""
-    p = _number(priority) or 0
-    if p == 1:
-        return "critical"
-    if p in (2, 3):
-        return "high"
-    if p >= 6:
-        return "low"
-    return "normal"
-
-
-def parse_start(row: list[bytes | None], max_data_bytes: int) -> attempts.Start | None:
-    """What a started job's hash (``_START_FIELDS``) says; ``None`` when it is gone or
-    its data is over ``max_data_bytes`` (an unknown level)."""
-    timestamp, delay, ats, opts_raw, data_raw = row[:5]
-    paid = _number(row[5]) if len(row) > 5 and row[5] is not None else None
-    size = len(data_raw) if data_raw else 0
-    if timestamp is None or size > max_data_bytes:
-        return None
-    fast = _FAST_META.match(data_raw or b"")
-    ready_text = _FAST_READY.search(opts_raw or b"") if fast else None
-    if fast and ready_text and fast.group(1).decode() in attempts.LEVELS:
-        return Start(
-            level=fast.group(1).decode(),
-            tenant=fast.group(2).decode("utf-8", "replace"),
-            ready_ms=int(ready_text.group(1)),
-            first_attempt=(_number(ats) or 1) <= 1,
-            paid=paid,
-        )
-    try:
-        opts = json.loads(opts_raw or b"{}")
-    except (ValueError, RecursionError):
-        opts = None
-    if not isinstance(opts, dict):
-        opts = {}
-    try:
-        data = json.loads(data_raw or b"")
-    except (ValueError, RecursionError):
-        data = None
-    level: str | None = None
-    tenant = "default"
-    if isinstance(data, list):
-        data = {}  # a JSON array: no fairqueue metadata, the level of its priority
-    if isinstance(data, dict):
-        named, tid = data.get("priorityLevel"), data.get("tenantId")
-        if named is None:
-            level = _level_of_priority(opts.get("priority", 0))
-        elif isinstance(named, str) and named in attempts.LEVELS:
-            level = named
-        if isinstance(tid, str) and tid != "":
-            tenant = tid.encode("utf-8", "replace").decode("utf-8")
-        elif tid is None and "tenantId" in data:  # an internal job: JSON null
-            tenant = INTERNAL_TENANT
-        elif tid is not None:
-            level = None  # unreadable fairqueue metadata, as the dashboard's '?'
-    ready = _number(opts.get("fqReady"))
-    if ready is None:
-        ready = (_number(timestamp) or 0) + (_number(delay) or 0)
-        if not math.isfinite(ready):  # two finite numbers whose sum overflows
-            return None
-    return Start(
-        level=level,
-        tenant=tenant,
-        ready_ms=int(ready),
-        first_attempt=(_number(ats) or 1) <= 1,
-        paid=paid,
-    )
-
-
-def _ms_of(entry_id: bytes) -> int:
-    return int(entry_id.split(b"-", 1)[0])
-
-
-def parse_event(entry_id: bytes, fields: list[bytes]) -> Event | None:
-    """The attempt a stream entry (its fields as Redis sends them: name, value, ...)
-    starts or ends; ``None`` for the others ('added', 'drained', progress...)."""
-    if fields and fields[0] == b"event" and fields[1] not in _WANTED:
-        return None  # BullMQ writes the event's name first: most entries end here
-    event = job_id = prev = None
-    for i in range(0, len(fields) - 1, 2):
-        name = fields[i]
-        if name == b"event":
-            event = fields[i + 1]
-        elif name == b"jobId":
-            job_id = fields[i + 1]
-        elif name == b"prev":
-            prev = fields[i + 1]
-    if job_id is None:
-        return None
-    kind: EventKind
-    if event == b"active":
-        kind = "start"
-    elif event in _END_EVENTS:
-        kind = "end"
-    elif (event in _READD_EVENTS and prev == b"active") or (event == b"delayed" and prev is None):
-        # An attempt that failed with attempts left, at once or backed off (BullMQ's
-        # backoff writes 'delayed' with no 'prev'; so does adding a delayed job, whose
-        # id has no run: the recorders ignore an end without one).
-        kind = "retry"
-    elif event == b"stalled":
-        kind = "stalled"  # its worker died: the re-add just before it was no retry
-    else:
-        return None
-    return Event(kind, _text(job_id), _ms_of(entry_id), event == b"completed")
 
 
 class PageReader:
@@ -279,7 +138,7 @@ class PageReader:
                 row = page.buckets.setdefault(bucket, {})
                 name = f"e:{level}:{index}"
                 row[name] = row.get(name, 0) + 1
-        last = _text(kept[-1][0]) if kept else ""
+        last = text_of(kept[-1][0]) if kept else ""
         use = await self._usage(ledger, events, starts, runs) if ledger is not None else None
         written = await self._commit(
             cast(str, cursor or ""), last, ord_ + len(kept), page, use, ledger
@@ -299,7 +158,7 @@ class PageReader:
             # While the cursor's own entry is in the stream nothing after it was trimmed
             # (BullMQ trims from the front): read from it, inclusive, and drop it.
             read = await self._xrange(cursor, page_size + 1)
-            if read and read[0][0] == _raw(cursor):
+            if read and read[0][0] == raw_of(cursor):
                 return read[1:], ord_, {}
         seek = await self.conn.script(plain_script("history_seek"))(
             keys=[self.events_key, self.hist_key, self.lock_key],
@@ -317,7 +176,7 @@ class PageReader:
         gap: dict[int, int] = {}
         if int(lost) > 0:
             gap = attempts.gap_buckets(
-                _ms_of(_raw(cast(str, cursor))),  # trimmed entries: a cursor was set
+                ms_of(raw_of(cast(str, cursor))),  # trimmed entries: a cursor was set
                 int(first_ms),
                 oldest_s=attempts.oldest_bucket(now_s, BUCKET_S, RETENTION_S),
                 since_ms=since_ms,
@@ -339,7 +198,7 @@ class PageReader:
         if pending:
             keys = [self.conn.key(self.queue, job_id) for job_id in pending]
             flat = await self._raw_script("history_rows", keys, budget=byte_budget)
-            width = len(_START_FIELDS)
+            width = len(START_FIELDS)
             for i in range(0, len(flat), width):
                 rows[pending[i // width]] = flat[i : i + width]
         events: list[Event] = []
@@ -362,7 +221,7 @@ class PageReader:
                     break
                 used += len(row[4]) if row[4] else 0
                 start = starts[event.job_id] = parse_start(row, max_data_bytes)
-                predicted = _FAST_ETA.search(row[3] or b"")
+                predicted = FAST_ETA.search(row[3] or b"")
                 if predicted and start is not None and start.level and start.first_attempt:
                     promised = int(predicted.group(1))
                     self.estimate_errors.append((start.level, promised - event.at_ms))
@@ -398,7 +257,7 @@ class PageReader:
         texts = await self.conn.client().execute_command("HMGET", key, *wanted, **_RAW)
         runs = {}
         for job_id, text in zip(wanted, texts, strict=True):
-            run = Run.decode(_text(text)) if text is not None else None
+            run = Run.decode(text_of(text)) if text is not None else None
             if run is not None:
                 runs[job_id] = run
         return runs
@@ -407,11 +266,11 @@ class PageReader:
         names = attempts.state_fields(starts, runs)
         key = self.conn.fair_key(self.queue, "state")
         values = await self.conn.client().execute_command(
-            "HMGET", key, *[_raw(name) for name in names], **_RAW
+            "HMGET", key, *[raw_of(name) for name in names], **_RAW
         )
         state = {}
         for name, value in zip(names, values, strict=True):
-            number = _number(value) if value is not None else None
+            number = number_of(value) if value is not None else None
             if number is not None:
                 state[name] = number
         return state
@@ -436,9 +295,9 @@ class PageReader:
                         )
                     replies = await pipe.execute()
                 names = {
-                    job_id: _text(name)
+                    job_id: text_of(name)
                     for job_id, name in zip(ids, replies, strict=True)
-                    if name is not None and _text(name) in ledger.job_types
+                    if name is not None and text_of(name) in ledger.job_types
                 }
         only = ledger.job_types[0] if len(ledger.job_types) == 1 else usage.UNKNOWN_JOB_TYPE
         return usage.page_usage(events, starts, runs, lambda job_id: names.get(job_id, only))
@@ -460,41 +319,41 @@ class PageReader:
 
         # A tenant's buckets go with the level buckets: the same increments and expiry.
         rows: list[tuple[Any, dict[str, int]]] = [*page.buckets.items()]
-        rows.extend((_raw(name), row) for name, row in page.tenant_rows.items())
+        rows.extend((raw_of(name), row) for name, row in page.tenant_rows.items())
         section([x for b, row in rows for name, n in row.items() for x in (b, name, n)], 3)
         section(
             [
                 x
                 for b, row in page.tenants.items()
                 for member, n in row.items()
-                for x in (b, _raw(member), n)
+                for x in (b, raw_of(member), n)
             ],
             3,
         )
-        section([_raw(job_id) for job_id in page.ended_runs], 1)
+        section([raw_of(job_id) for job_id in page.ended_runs], 1)
         section(
             [
                 x
                 for job_id, run in page.started_runs.items()
-                for x in (_raw(job_id), _raw(run.encode()))
+                for x in (raw_of(job_id), raw_of(run.encode()))
             ],
             2,
         )
-        section([x for name, text in page.state_writes.items() for x in (_raw(name), text)], 2)
+        section([x for name, text in page.state_writes.items() for x in (raw_of(name), text)], 2)
         section(
-            [x for s in page.settlements for x in (_raw(s.member), s.level, f"{s.debt:.17g}")],
+            [x for s in page.settlements for x in (raw_of(s.member), s.level, f"{s.debt:.17g}")],
             3,
         )
         recosts = [
-            (_raw(r.member), r.level, f"{r.ratio:.17g}", f"{r.shift:.17g}") for r in page.recosts
+            (raw_of(r.member), r.level, f"{r.ratio:.17g}", f"{r.shift:.17g}") for r in page.recosts
         ]
         section([x for r in recosts for x in r], 4)
         if use and ledger is not None:
             section([self.conn.fair_key(self.queue, "use:"), usage.DAY_TTL_S, ledger.epoch], 3)
             section(
-                [x for (day, name), n in use.increments.items() for x in (day, _raw(name), n)], 3
+                [x for (day, name), n in use.increments.items() for x in (day, raw_of(name), n)], 3
             )
-            section([x for (day, name), n in use.maxima.items() for x in (day, _raw(name), n)], 3)
+            section([x for (day, name), n in use.maxima.items() for x in (day, raw_of(name), n)], 3)
         return int(
             await self.conn.script(plain_script("history_commit"))(
                 keys=[

@@ -194,15 +194,3 @@ class LimitReads(BrokerPart):
             if not int(cursor):
                 break
         return sorted(found)[:count]
-
-    async def tenant_states(self, queue: str) -> list[TenantState]:
-        """The tenants :meth:`status` lists (at most :data:`STATUS_TENANTS`)."""
-        return (await self.status(queue)).tenants
-
-    async def held_job_ids(self, queue: str, tenant_id: str, count: int = 20) -> list[str]:
-        """The first ``count`` held jobs of a tenant, in the order they will be released."""
-        base = limits_key(self.conn.prefix, queue)
-        found = await self.conn.guard(
-            self.conn.client().lrange(f"{base}:held:{tenant_id}", 0, count - 1)
-        )
-        return [as_text(job_id) for job_id in found]

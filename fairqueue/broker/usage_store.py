@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 
+from fairqueue.broker.common import as_text
 from fairqueue.broker.connection import BrokerPart
 from fairqueue.broker.scripts import plain_script
 from fairqueue.scheduling.usage import STATS, UsageValues, split_member
@@ -35,10 +36,6 @@ class UsageRead:
     values: UsageValues
 
 
-def _text(value: str | bytes | None) -> str | None:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 class UsageStore(BrokerPart):
     """Reads of the usage ledger, and marking rows written."""
 
@@ -56,7 +53,7 @@ class UsageStore(BrokerPart):
             ),
         )
         rows: list[tuple[str, float, tuple[str, str, str] | None]] = [
-            (str(_text(m)), float(score), split_member(str(_text(m)))) for m, score in pairs
+            (as_text(m), float(score), split_member(as_text(m))) for m, score in pairs
         ]
         async with client.pipeline(transaction=False) as pipe:
             for _, _, parts in rows:
@@ -76,7 +73,7 @@ class UsageStore(BrokerPart):
             if parts is None or not isinstance(reply, list):
                 out.append(UsageRead(member, version, day, tenant, job_type, None, UsageValues()))
                 continue
-            epoch = _text(reply[0])
+            epoch = None if reply[0] is None else as_text(reply[0])
             out.append(
                 UsageRead(
                     member, version, day, tenant, job_type, epoch, UsageValues.from_list(reply[1:])
@@ -110,7 +107,7 @@ class UsageStore(BrokerPart):
             )
         )
         return {
-            str(_text(reply[i])): (int(reply[i + 1]), int(reply[i + 2]))
+            as_text(reply[i]): (int(reply[i + 1]), int(reply[i + 2]))
             for i in range(0, len(reply) - 2, 3)
         }
 

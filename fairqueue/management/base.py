@@ -76,17 +76,27 @@ def command_logging(verbosity: int, stream: TextIO) -> Iterator[None]:
 
 class LoopCommand(BaseCommand):
     """Base of the long-running commands: logging set up by :func:`command_logging`
-    around :meth:`handle_loop`, and (for loops with rounds) ``--once`` and ``--interval-ms``.
+    around :meth:`handle_loop`, and (for loops with rounds) ``--once``, ``--interval-ms``
+    and ``--queue``.
 
-    Subclasses add their arguments (calling :meth:`add_loop_arguments` for the two) and
+    Subclasses add their arguments (calling :meth:`add_loop_arguments` for the three) and
     implement :meth:`handle_loop`; errors a user can act on are ``CommandError`` s.
     """
 
     def add_loop_arguments(
-        self, parser: CommandParser, *, once_help: str, interval_help: str
+        self, parser: CommandParser, *, verb: str, once_help: str, interval_help: str
     ) -> None:
+        """``--once``, ``--interval-ms`` and ``--queue`` (each loop runs over job types:
+        ``verb`` says what it does to one)."""
         parser.add_argument("--once", action="store_true", help=once_help)
         parser.add_argument("--interval-ms", type=interval_ms, help=interval_help)
+        parser.add_argument(
+            "--queue",
+            action="append",
+            dest="job_types",
+            metavar="NAME",
+            help=f"Job type to {verb} (repeatable; default: every configured job type).",
+        )
 
     def interval_ms(self, options: Mapping[str, Any], default: int) -> int:
         """``--interval-ms``, or ``default``; checked again when ``call_command`` passed

@@ -13,12 +13,8 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Final
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
-
-#: Outcomes of a job run (``failed``: the handler raised, BullMQ retries or fails it).
-OUTCOMES: Final = ("done", "failed")
 
 _lock = threading.Lock()
 _counters: dict[str, Counter] = {}

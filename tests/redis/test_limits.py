@@ -500,7 +500,7 @@ def test_resume__the_backlog_drains_a_few_at_a_time_and_new_jobs_queue_behind_it
     assert resume_tenant("zed") == CATCHUP_AHEAD  # not the whole backlog ahead of others
     newer = enqueue_job("email", {}, tenant_id="zed").job_id  # behind its held jobs
     assert counts(fq_prefix)["delayed"] == 10 - CATCHUP_AHEAD + 1
-    (state,) = get_sync_broker().run(get_sync_broker().broker.limits.tenant_states, "email")
+    (state,) = get_sync_broker().run(get_sync_broker().broker.limits.status, "email").tenants
     assert state.catching_up and state.held == 10 - CATCHUP_AHEAD + 1
     order = []
     while len(order) < 12:

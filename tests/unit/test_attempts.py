@@ -1,6 +1,6 @@
 """The history's page arithmetic (``fairqueue.scheduling.attempts``): what a page of
 starts and ends records, whatever the page boundaries; and how BullMQ's entries and job
-hashes are read (``fairqueue.broker.events``)."""
+hashes are read (``fairqueue.broker.stream_rows``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairqueue.broker.events import parse_event, parse_start
+from fairqueue.broker.stream_rows import parse_event, parse_start
 from fairqueue.scheduling import attempts
 from fairqueue.scheduling.attempts import Event, PageRecord, Run, Start
 from fairqueue.scheduling.shares import wait_bin

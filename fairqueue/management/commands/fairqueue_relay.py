@@ -30,15 +30,9 @@ class Command(LoopCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         self.add_loop_arguments(
             parser,
+            verb="relay",
             once_help="Run the relay once and exit.",
             interval_help=f"Pause between runs in ms, 1..3600000 (default: {DEFAULT_INTERVAL_MS}).",
-        )
-        parser.add_argument(
-            "--queue",
-            action="append",
-            dest="job_types",
-            metavar="NAME",
-            help="Job type to relay (repeatable; default: every configured job type).",
         )
         parser.add_argument(
             "--batch-size",

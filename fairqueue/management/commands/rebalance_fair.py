@@ -30,17 +30,11 @@ class Command(LoopCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         self.add_loop_arguments(
             parser,
+            verb="rebalance",
             once_help="Run one pass and exit.",
             interval_help=(
                 "Pass interval in ms, 1..3600000 (default: QUEUE_FAIR_REBALANCE_INTERVAL_MS)."
             ),
-        )
-        parser.add_argument(
-            "--queue",
-            action="append",
-            dest="job_types",
-            metavar="NAME",
-            help="Job type to rebalance (repeatable; default: every configured job type).",
         )
         parser.add_argument(
             "--dry-run",
