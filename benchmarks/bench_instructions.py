@@ -29,8 +29,10 @@ with both lookups wired and warm, and with an explicit level. Producer CPU in
 ``bench_cost.py`` is process time and moves by 10% between runs; this does not (the
 kernel's share, a socket write and read per call in both, is not counted).
 
+``--account``: the whole life of a job of a tenant with an account against one without.
+
     python benchmarks/bench_instructions.py [--jobs 250] [--rate 1000] [--parts [--rev REV]]
-        [--producer]
+        [--producer] [--account]
 """
 
 from __future__ import annotations
@@ -129,8 +131,12 @@ def raw_life(url: str, jobs: int, concurrency: int, dump: Callable[[], int]) -> 
         return asyncio.run(main())
 
 
+#: A tenant of an account (``--account``): its jobs carry the account (docs/concepts.md).
+ACCOUNT_TENANT = "t-acct"
+
+
 def fair_life(
-    url: str, jobs: int, concurrency: int, rate: int, dump: Callable[[], int]
+    url: str, jobs: int, concurrency: int, rate: int, dump: Callable[[], int], tenant: str = ""
 ) -> dict[str, float]:
     from fairqueue.broker import Fence, get_sync_broker
     from fairqueue.rebalance import passes
@@ -165,14 +171,15 @@ def fair_life(
         step(record)  # the history's cursor
         # Every script loaded (compiling one is not a job's cost): a job and a round of
         # every step before the count starts.
-        bc.enqueue_job(bc.JOB_TYPE, bc.fair_data(-1), tenant_id=bc.TENANT)
+        tenant = tenant or bc.TENANT
+        bc.enqueue_job(bc.JOB_TYPE, bc.fair_data(-1), tenant_id=tenant)
         done.wait(1)
         for warm in (passes._recover_stalled, adopt, record):
             step(warm)
         passes.rebalance_queue(bc.JOB_TYPE, rebalancer=token, interval_ms=bc.INTERVAL_MS)
         dump()
         for i in range(jobs):
-            bc.enqueue_job(bc.JOB_TYPE, bc.fair_data(i), tenant_id=bc.TENANT)
+            bc.enqueue_job(bc.JOB_TYPE, bc.fair_data(i), tenant_id=tenant)
             done.wait(i + 2)
         life = dump() / jobs
         lock.acquire()
@@ -267,6 +274,7 @@ PRODUCER_CASES: list[tuple[str, str, int, dict[str, Any]]] = [
     ("Queue.add", "raw", 1, {}),
     ("enqueue_job, both lookups wired, warm", "fair", 1, {}),
     ("enqueue_job, explicit priority_level", "fair", 1, {"priority_level": "high"}),
+    ("enqueue_job, a tenant with an account, warm", "fair", 1, {"tenant_id": ACCOUNT_TENANT}),
     (f"Queue.addBulk of {bc.BATCH}", "raw", bc.BATCH, {}),
     (f"enqueue_jobs of {bc.BATCH}, both lookups wired, warm", "fair", bc.BATCH, {}),
     (
@@ -322,10 +330,12 @@ def produce(url: str, case: int, jobs: int) -> None:
 
             def add(c: int) -> None:
                 if per_call == 1:
-                    bc.enqueue_job(bc.JOB_TYPE, bc.fair_data(c), tenant_id=bc.TENANT, **options)
+                    bc.enqueue_job(
+                        bc.JOB_TYPE, bc.fair_data(c), **{"tenant_id": bc.TENANT, **options}
+                    )
                     return
                 payloads = [bc.fair_data(c * per_call + i) for i in range(per_call)]
-                bc.enqueue_jobs(bc.JOB_TYPE, payloads, tenant_id=bc.TENANT, **options)
+                bc.enqueue_jobs(bc.JOB_TYPE, payloads, **{"tenant_id": bc.TENANT, **options})
 
             for c in range(2):
                 add(c)
@@ -404,20 +414,32 @@ def main() -> None:
     parser.add_argument("--only-parts", action="store_true", help="--parts, without the lives")
     parser.add_argument("--rev", help="--parts: the add script at this git revision too")
     parser.add_argument("--producer", action="store_true", help="the producer's instructions")
+    parser.add_argument(
+        "--account",
+        action="store_true",
+        help="a life of a tenant with an account against one without",
+    )
     parser.add_argument("--producer-child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     args = parser.parse_args()
     bc.call_command("migrate", verbosity=0)
-    from fairqueue.models import TenantPlan
+    from fairqueue.models import Account, TenantPlan
 
     TenantPlan.objects.update_or_create(
         tenant_id=bc.TENANT, defaults={"plan_tier": "pro", "weight": 2}
+    )
+    account, _ = Account.objects.get_or_create(account_id="acct")
+    TenantPlan.objects.update_or_create(
+        tenant_id=ACCOUNT_TENANT, defaults={"plan_tier": "pro", "weight": 2, "account": account}
     )
     if args.producer_child is not None:
         produce(args.url, args.producer_child, args.jobs)
         return
     if args.producer:
         print_producer(args.jobs)
+        return
+    if args.account:
+        print_account(args.jobs, args.rate)
         return
     if args.parts or args.only_parts:
         print_parts(args.jobs, args.rev)
@@ -439,6 +461,20 @@ def main() -> None:
             print(f"| {concurrency} | {name} | {value / 1000:.1f} | {value / raw:.3f}x |")
         share = loop / (fair["fairqueue"] + loop)
         print(f"| {concurrency} | the loop's share of the fair life | | {share:.1%} |")
+    bc.shutil.rmtree(bc._DB_DIR, ignore_errors=True)
+
+
+def print_account(jobs: int, rate: int) -> None:
+    """A job's whole life (one worker slot) of a tenant with an account against the same
+    life of a tenant without one, in one Redis: what an account adds to the add path."""
+    print(f"\nA job's whole life in Redis instructions (callgrind), {jobs} jobs, one slot\n")
+    print("| tenant | k instructions per job | ratio |")
+    print("|---|---|---|")
+    with counted_redis() as (url, dump):
+        plain = fair_life(url, jobs, 1, rate, dump)["fairqueue"]
+        with_account = fair_life(url, jobs, 1, rate, dump, tenant=ACCOUNT_TENANT)["fairqueue"]
+    print(f"| without an account | {plain / 1000:.1f} | 1.000x |")
+    print(f"| with an account | {with_account / 1000:.1f} | {with_account / plain:.3f}x |")
     bc.shutil.rmtree(bc._DB_DIR, ignore_errors=True)
 
 

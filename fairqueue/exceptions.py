@@ -47,6 +47,17 @@ class ReservedTenantIdError(InvalidTenantError):
     shares the internal jobs' ledger rows, flows or holds (docs/usage.md)."""
 
 
+class InvalidAccountError(FairqueueError, ValueError):
+    """An ``account_id`` that is not a non-empty string of at most 255 characters, or
+    one given where a job can have no account (an internal job, no tenant), or one that
+    differs from the account the tenant belongs to."""
+
+
+class UnknownAccountError(InvalidAccountError, LookupError):
+    """An ``account_id`` with no ``Account`` row: a typo must not make a new customer
+    that shares nothing with the real one."""
+
+
 class InvalidTenantWeightError(FairqueueError, ValueError):
     """A ``tenant_weight`` that is not an integer in ``MIN_TENANT_WEIGHT..MAX_TENANT_WEIGHT``."""
 

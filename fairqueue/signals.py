@@ -1,5 +1,5 @@
-"""Keep cached tenant plans and weights honest: any change to a tenant's row or to a rule
-invalidates them, in this process at once and in every other one within
+"""Keep cached tenant plans and weights honest: any change to a tenant's row, an account
+or a rule invalidates them, in this process at once and in every other one within
 ``fairqueue.enqueue.lookups.VERSION_CHECK_S``.
 
 A tenant's plan and weight share one cache entry, so forgetting it on a ``TenantPlan``
@@ -25,6 +25,7 @@ from django.dispatch import receiver
 
 from fairqueue.enqueue.lookups import forget_all_tenant_plans, forget_tenant_plan
 from fairqueue.models import (
+    Account,
     ClassifierRule,
     SubscriptionClassifier,
     TenantPlan,
@@ -33,7 +34,7 @@ from fairqueue.scheduling.limits import LIMIT_FIELDS
 from fairqueue.tenants import sync_tenant_limits, sync_tenant_weight
 
 #: A save touching these may change a tenant's limits (the tier brings its defaults).
-LIMIT_SYNC_FIELDS: Final = frozenset({*LIMIT_FIELDS, "plan_tier"})
+LIMIT_SYNC_FIELDS: Final = frozenset({*LIMIT_FIELDS, "plan_tier", "account"})
 
 
 def _forget_now_and_on_commit(forget: Callable[[], None], using: str | None) -> None:
@@ -53,6 +54,28 @@ def _tenant_plan_changed(
         transaction.on_commit(lambda: sync_tenant_limits(tenant_id), using=using)
     if update_fields is None or "weight" in update_fields:
         transaction.on_commit(lambda: sync_tenant_weight(tenant_id), using=using)
+
+
+@receiver([post_save, post_delete], sender=Account)
+def _account_changed(
+    sender: type, instance: Account, using: str | None = None, **kwargs: Any
+) -> None:
+    """Every cached entry goes (any number of tenants inherit the account's tier, and an
+    absent account's entry must not outlive its creation); the tenants that inherit its
+    tier get their tier's limits in Redis once it commits."""
+    _forget_now_and_on_commit(forget_all_tenant_plans, using)
+    if kwargs.get("signal") is post_save and kwargs.get("created"):
+        return  # no tenant belongs to it yet
+    account_id = instance.account_id
+    update_fields = kwargs.get("update_fields")
+    if update_fields is None or "plan_tier" in update_fields:
+
+        def sync() -> None:
+            inheriting = TenantPlan.objects.using(using).filter(account_id=account_id, plan_tier="")
+            for tenant_id in inheriting.values_list("tenant_id", flat=True).iterator():
+                sync_tenant_limits(tenant_id)
+
+        transaction.on_commit(sync, using=using)
 
 
 @receiver([post_save, post_delete], sender=SubscriptionClassifier)

@@ -112,7 +112,7 @@ def sync_tenant_limits(tenant_id: str) -> None:
     from fairqueue.enqueue.lookups import with_tier_defaults
     from fairqueue.models import TenantPlan
 
-    plan = TenantPlan.objects.filter(tenant_id=tenant_id).first()
+    plan = TenantPlan.objects.filter(tenant_id=tenant_id).select_related("account").first()
     limits = (
         NO_LIMITS if plan is None else with_tier_defaults(plan.own_limits(), plan.resolve_plan())
     )
@@ -160,7 +160,7 @@ def database_limits() -> tuple[dict[str, str], set[str]]:
     from fairqueue.enqueue.lookups import with_tier_defaults
     from fairqueue.models import TenantPauseAudit, TenantPlan
 
-    plans = TenantPlan.objects.all()
+    plans = TenantPlan.objects.select_related("account")
     if not get_settings().tenant_limits:  # no tier defaults: rows without limits have none
         plans = plans.filter(
             Q(max_active__isnull=False)

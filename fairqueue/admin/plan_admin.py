@@ -1,4 +1,5 @@
-"""Admin for tenant plans, the subscription classifier and the override audit log."""
+"""Admin for accounts, tenant plans, the subscription classifier and the override audit
+log."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.db.models import QuerySet
+from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -22,6 +23,7 @@ from fairqueue.dashboard.tenant_routes import tenant_url
 from fairqueue.dashboard.views import DashboardAdmin
 from fairqueue.models import (
     PLAN_CHOICES,
+    Account,
     ClassifierRule,
     Dashboard,
     OutboxJob,
@@ -52,6 +54,46 @@ class SetTierForm(forms.Form):
     plan_tier = forms.ChoiceField(choices=PLAN_CHOICES, label="New plan tier")
 
 
+@admin.register(Account)
+class AccountAdmin(admin.ModelAdmin):
+    """Customers and their tenants. Changes are logged in the admin's history like a
+    plan's; the id is fixed once saved (tenants name their account by it)."""
+
+    list_display = (
+        "account_id",
+        "display_name",
+        "plan_tier",
+        "weight",
+        "tenants_link",
+        "updated_to_the_second",
+    )
+    list_filter = ("plan_tier", "weight")
+    search_fields = ("account_id", "display_name")
+    readonly_fields = ("created_at", "updated_at")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Account]:
+        return super().get_queryset(request).annotate(tenant_count=Count("tenants"))
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        if obj is not None:
+            return ("account_id", *self.readonly_fields)
+        return self.readonly_fields
+
+    @admin.display(description="tenants", ordering="tenant_count")
+    def tenants_link(self, account: Any) -> str:
+        """Its tenants, as the tenant plans' list filtered to it."""
+        url = (
+            reverse("admin:fairqueue_tenantplan_changelist")
+            + "?"
+            + urlencode({"account__exact": account.account_id})
+        )
+        return format_html('<a href="{}">{}</a>', url, account.tenant_count)
+
+    @admin.display(description="updated at", ordering="updated_at")
+    def updated_to_the_second(self, account: Account) -> str:
+        return to_the_second(account.updated_at)
+
+
 @admin.register(TenantPlan)
 class TenantPlanAdmin(admin.ModelAdmin):
     # Paused right after the id: a wide list scrolls, and a paused tenant must not look
@@ -60,6 +102,7 @@ class TenantPlanAdmin(admin.ModelAdmin):
         "tenant_id",
         "paused",
         "display_name",
+        "account",
         "plan_tier",
         "jobs_level",
         "weight",
@@ -70,8 +113,11 @@ class TenantPlanAdmin(admin.ModelAdmin):
         "updated_to_the_second",
     )
     list_filter = ("plan_tier", "weight", "paused")
-    search_fields = ("tenant_id", "display_name")
+    search_fields = ("tenant_id", "display_name", "account__account_id")
     readonly_fields = ("paused", "created_at", "updated_at")
+    # a search box, not a select of every customer; the list's tier column reads it
+    autocomplete_fields = ("account",)
+    list_select_related = ("account",)
     actions = ("set_tier", "pause", "resume", "retry_failed_jobs")
     change_form_template = "admin/fairqueue/tenantplan/change_form.html"
 

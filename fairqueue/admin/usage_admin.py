@@ -57,8 +57,9 @@ def daily_usage(tenant_id: str, *, days: int = CHART_DAYS) -> list[tuple[str, fl
 
 
 def tiers_of(tenant_ids: Iterable[str]) -> dict[str, str]:
-    """Each tenant's plan tier as its jobs get it (its tier, else the classifier), or
-    :data:`NO_PLAN`: one query for the plans, one for the classifier."""
+    """Each tenant's plan tier as its jobs get it (its tier, else its account's, else the
+    classifier), or :data:`NO_PLAN`: one query for the plans (their accounts joined), one
+    for the classifier."""
     from fairqueue.models import SubscriptionClassifier, TenantPlan
     from fairqueue.plans import PlanTier, get_subscription_classifier
 
@@ -66,9 +67,11 @@ def tiers_of(tenant_ids: Iterable[str]) -> dict[str, str]:
     out = dict.fromkeys(wanted, NO_PLAN)
     classifier = get_subscription_classifier()
     active: Any = ...
-    for plan in TenantPlan.objects.filter(tenant_id__in=wanted):
+    for plan in TenantPlan.objects.filter(tenant_id__in=wanted).select_related("account"):
         if plan.plan_tier:
             out[plan.tenant_id] = plan.plan_tier
+        elif plan.account is not None and plan.account.plan_tier:
+            out[plan.tenant_id] = plan.account.plan_tier
         elif classifier is not None:
             out[plan.tenant_id] = classifier(plan.subscription) or NO_PLAN
         else:

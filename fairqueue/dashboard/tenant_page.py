@@ -138,14 +138,19 @@ class TenantQueue:
 
 def effective_level(plan: Any) -> EffectiveLevel:
     """The level ``plan``'s jobs get when enqueued without an explicit level (a
-    ``TenantPlan`` or ``None``): its tier, else the classifier's tier for its
+    ``TenantPlan`` or ``None``): its tier, else its account's, else the classifier's tier for its
     subscription, mapped to a level; normal when plans are switched off."""
     if not get_settings().priority_enabled:
         return EffectiveLevel("normal", None, "plans are switched off (JOB_PRIORITY_ENABLED)")
     if plan is None:
         return EffectiveLevel("normal", None, "no plan row: the default level")
     tier = plan.resolve_plan()
-    source = "its plan tier" if plan.plan_tier else "the classifier, from its subscription"
+    if plan.plan_tier:
+        source = "its plan tier"
+    elif plan.account_id is not None and plan.account.plan_tier:
+        source = "its account's tier"
+    else:
+        source = "the classifier, from its subscription"
     return EffectiveLevel(priority_from_plan(tier).value, tier, f"{tier}, by {source}")
 
 

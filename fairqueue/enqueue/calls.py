@@ -43,7 +43,8 @@ class EnqueuedJob:
 
     ``bullmq_priority`` is ``None`` when a job with the given ``job_id`` already existed:
     BullMQ keeps the existing job and adds nothing (``created`` is then ``False``).
-    ``tenant_weight`` is the tenant's resolved weight inside its level. ``durable`` jobs
+    ``tenant_weight`` is the tenant's resolved weight inside its level; ``account_id``
+    its account (``None``: none). ``durable`` jobs
     are in the outbox, not yet in Redis (``created`` is ``False``): the relay adds them
     under ``job_id`` after commit.
     """
@@ -61,6 +62,7 @@ class EnqueuedJob:
     durable: bool = False
     #: When it is expected to start, with ``estimate=True`` (else ``None``: not asked).
     estimate: StartEstimate | None = None
+    account_id: str | None = None
 
     @property
     def created(self) -> bool:
@@ -166,6 +168,7 @@ def resolve_call(
     priority_level: str | PriorityLevel | None = None,
     priority_override: str | PriorityLevel | None = None,
     tenant_weight: int | None = None,
+    account_id: str | None = None,
     job_id: str | None = None,
     delay_ms: int | None = None,
     attempts: int | None = None,
@@ -175,7 +178,7 @@ def resolve_call(
     actor: object = None,
 ) -> Call:
     """What every job of a call shares, resolved and checked once: its queue, level,
-    tenant weight and limits, options and audit fields."""
+    tenant weight, account and limits, options and audit fields."""
     queue = get_settings().queue_for(job_type)
     tenant_id = _internal_tenant(tenant_id, internal)
     check_audited_priority(priority)
@@ -185,6 +188,7 @@ def resolve_call(
         priority_level=priority_level,
         priority_override=priority_override,
         tenant_weight=tenant_weight,
+        account_id=account_id,
     )
     check_options(job_id, delay_ms, attempts)
     parsed_backoff = parse_backoff(backoff)
@@ -264,4 +268,5 @@ def result(
         audited=audited,
         tenant_weight=item.resolved.tenant_weight,
         durable=durable,
+        account_id=item.resolved.account_id,
     )

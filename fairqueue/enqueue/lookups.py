@@ -19,6 +19,11 @@ signal (``QuerySet.update()``, raw SQL) is seen once ``forget_tenant_plan`` is c
 ``PLAN_LOCAL_CACHE_TIMEOUT`` + ``PLAN_CACHE_TIMEOUT`` seconds. With a per-process cache
 (``LocMemCache``) the version token is not shared either: other processes then see a
 change when their entries expire, as before the local layer existed.
+
+A tenant's entry also holds its account (id and weight), and its plan slug counts the
+account's tier; an account's change forgets every entry (``forget_all_tenant_plans``),
+since any number of tenants may inherit from it. An ``account_id`` given explicitly is
+looked up in entries of its own (:func:`lookup_account_weight`), absent ones included.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from fairqueue.conf import get_settings
-from fairqueue.models import TenantPlan
+from fairqueue.models import Account, TenantPlan
 from fairqueue.scheduling.levels import DEFAULT_TENANT_WEIGHT
 from fairqueue.scheduling.limits import NO_LIMITS, TenantLimits
 
@@ -50,6 +55,12 @@ _NO_PLAN: Final = ""
 VERSION_CHECK_S: Final = 1.0
 #: Tenants a process keeps at most (the oldest entry goes first past that).
 MAX_LOCAL_TENANTS: Final = 10_000
+#: An explicit account's key in the in-process layer: no tenant id holds a line feed,
+#: so it never meets a tenant's.
+_LOCAL_ACCOUNT: Final = "\naccount\n"
+
+#: A tenant's account as the lookups give it: ``(account_id, account weight)``.
+TenantAccount = tuple[str, int]
 
 
 def _cache():
@@ -59,6 +70,11 @@ def _cache():
 def _tenant_key(tenant_id: str) -> str:
     digest = hashlib.sha256(tenant_id.encode()).hexdigest()[:32]
     return f"{_CACHE_PREFIX}:{digest}"
+
+
+def _account_key(account_id: str) -> str:
+    digest = hashlib.sha256(account_id.encode()).hexdigest()[:32]
+    return f"{_CACHE_PREFIX}:account:{digest}"
 
 
 class _Unseen:
@@ -77,21 +93,22 @@ class LocalPlans:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._entries: dict[str, tuple[float, str | None, int, TenantLimits]] = {}
+        self._entries: dict[str, tuple[float, Any]] = {}
         self._version: object = _Unseen
         self._next_check = 0.0
         self._lock = threading.Lock()
         self.epoch = 0
 
-    def get(self, tenant_id: str) -> tuple[str | None, int, TenantLimits] | None:
-        """The cached ``(slug, weight, own limits)``, or ``None`` (absent or expired)."""
+    def get(self, tenant_id: str) -> Any:
+        """The cached ``(slug, weight, own limits, account or None)`` (an explicit
+        account's key: its weight or ``None``), or ``None`` (absent or expired)."""
         now = self._clock()
         if now >= self._next_check:
             self._check_version(now)
         entry = self._entries.get(tenant_id)
         if entry is None or entry[0] <= now:
             return None
-        return entry[1], entry[2], entry[3]
+        return entry[1]
 
     def put(
         self,
@@ -101,20 +118,26 @@ class LocalPlans:
         timeout: float,
         epoch: int,
         limits: TenantLimits = NO_LIMITS,
+        account: TenantAccount | None = None,
     ) -> None:
-        """Keep ``(slug, weight)``, fetched when :attr:`epoch` was ``epoch``: unless
-        something was dropped since (the value may predate the change that dropped it)."""
+        """Keep ``(slug, weight, limits, account)``, fetched when :attr:`epoch` was
+        ``epoch``: unless something was dropped since (the value may predate the change
+        that dropped it)."""
+        self.put_value(tenant_id, (slug, weight, limits, account), timeout, epoch)
+
+    def put_value(self, key: str, value: Any, timeout: float, epoch: int) -> None:
+        """Keep ``value`` under ``key`` as :meth:`put` does."""
         now = self._clock()
         with self._lock:
             if epoch != self.epoch:
                 return
             entries = self._entries
-            if tenant_id not in entries and len(entries) >= MAX_LOCAL_TENANTS:
+            if key not in entries and len(entries) >= MAX_LOCAL_TENANTS:
                 for stale in [key for key, entry in entries.items() if entry[0] <= now]:
                     del entries[stale]
                 if len(entries) >= MAX_LOCAL_TENANTS:
                     del entries[next(iter(entries))]
-            entries[tenant_id] = (now + timeout, slug, weight, limits)
+            entries[key] = (now + timeout, value)
 
     def forget(self, tenant_id: str) -> None:
         with self._lock:
@@ -157,14 +180,14 @@ _local = LocalPlans()
 os.register_at_fork(after_in_child=_local._after_fork)
 
 
-def _shared_tenant(tenant_id: str) -> tuple[str | None, int, TenantLimits]:
-    """``(plan slug or None, weight, own limits)`` of ``tenant_id``, from one Django-cache
-    entry.
+def _shared_tenant(tenant_id: str) -> tuple[str | None, int, TenantLimits, TenantAccount | None]:
+    """``(plan slug or None, weight, own limits, account or None)`` of ``tenant_id``,
+    from one Django-cache entry.
 
     One cache round trip on a hit: the entry and the classifier generation are fetched
     together; an entry computed under an older generation is stale. The entry is
-    ``(generation, slug or "", weight, limits)``; anything else (such as the
-    ``(generation, slug, weight)`` entries before limits) is a miss and gets rewritten.
+    ``(generation, slug or "", weight, limits, account or "")``; anything else (such as
+    the entries before accounts) is a miss and gets rewritten.
     """
     cache = _cache()
     key = _tenant_key(tenant_id)
@@ -173,24 +196,30 @@ def _shared_tenant(tenant_id: str) -> tuple[str | None, int, TenantLimits]:
     entry = found.get(key)
     if (
         isinstance(entry, tuple)
-        and len(entry) == 4
+        and len(entry) == 5
         and entry[0] == generation
         and isinstance(entry[3], TenantLimits)
     ):
-        return entry[1] or None, entry[2], entry[3]
-    plan = TenantPlan.objects.filter(tenant_id=tenant_id).first()
+        return entry[1] or None, entry[2], entry[3], entry[4] or None
+    plan = TenantPlan.objects.filter(tenant_id=tenant_id).select_related("account").first()
     slug = plan.resolve_plan() if plan is not None else None
     weight = plan.weight if plan is not None else DEFAULT_TENANT_WEIGHT
     limits = plan.own_limits() if plan is not None else NO_LIMITS
+    account = None
+    if plan is not None and plan.account is not None:
+        account = (plan.account.account_id, plan.account.weight)
     cache.set(
-        key, (generation, slug or _NO_PLAN, weight, limits), get_settings().plan_cache_timeout
+        key,
+        (generation, slug or _NO_PLAN, weight, limits, account or ""),
+        get_settings().plan_cache_timeout,
     )
-    return slug, weight, limits
+    return slug, weight, limits, account
 
 
-def _cached_tenant(tenant_id: str) -> tuple[str | None, int, TenantLimits]:
-    """``(plan slug or None, weight, own limits)`` of ``tenant_id``: from this process's memory when
-    it has a fresh entry, else from the Django cache (or the database)."""
+def _cached_tenant(tenant_id: str) -> tuple[str | None, int, TenantLimits, TenantAccount | None]:
+    """``(plan slug or None, weight, own limits, account or None)`` of ``tenant_id``: from
+    this process's memory when it has a fresh entry, else from the Django cache (or the
+    database)."""
     timeout = get_settings().plan_local_cache_timeout
     if not timeout:
         return _shared_tenant(tenant_id)
@@ -198,9 +227,9 @@ def _cached_tenant(tenant_id: str) -> tuple[str | None, int, TenantLimits]:
     if found is not None:
         return found
     epoch = _local.epoch  # after get(), which may have dropped everything
-    slug, weight, limits = _shared_tenant(tenant_id)
-    _local.put(tenant_id, slug, weight, timeout, epoch, limits)
-    return slug, weight, limits
+    slug, weight, limits, account = _shared_tenant(tenant_id)
+    _local.put(tenant_id, slug, weight, timeout, epoch, limits, account)
+    return slug, weight, limits, account
 
 
 def lookup_tenant_plan(tenant_id: str) -> str | None:
@@ -218,8 +247,47 @@ def lookup_tenant_limits(tenant_id: str, slug: str | None = None) -> TenantLimit
     """The limits of ``tenant_id``: its own ``TenantPlan`` values, the fields it leaves
     empty filled from its plan tier's ``FAIRQUEUE['TENANT_LIMITS']``, via the same cache
     entries as its plan and weight (no extra cache or database call)."""
-    cached_slug, _weight, own = _cached_tenant(tenant_id)
+    cached_slug, _weight, own, _account = _cached_tenant(tenant_id)
     return with_tier_defaults(own, slug or cached_slug)
+
+
+def lookup_tenant_account(tenant_id: str) -> TenantAccount | None:
+    """The account ``tenant_id`` belongs to, ``(account_id, weight)``, or ``None``, via
+    the same cache entries as its plan and weight (no extra cache or database call)."""
+    return _cached_tenant(tenant_id)[3]
+
+
+def _shared_account(account_id: str) -> int | None:
+    """The weight of account ``account_id`` (``None``: no such account), from one
+    Django-cache entry ``(generation, weight or 0)``: an absent account is kept too, so
+    a caller repeating a wrong id does not reach the database each time."""
+    cache = _cache()
+    key = _account_key(account_id)
+    found = cache.get_many([key, _GENERATION_KEY])
+    generation = found.get(_GENERATION_KEY, 0)
+    entry = found.get(key)
+    if isinstance(entry, tuple) and len(entry) == 2 and entry[0] == generation:
+        return entry[1] or None
+    weight = Account.objects.filter(account_id=account_id).values_list("weight", flat=True).first()
+    cache.set(key, (generation, weight or 0), get_settings().plan_cache_timeout)
+    return weight
+
+
+def lookup_account_weight(account_id: str) -> int | None:
+    """The weight of the account ``account_id``, or ``None`` when it does not exist, via
+    the two cache layers (a new account forgets every entry, so its absence is not kept
+    past its creation)."""
+    timeout = get_settings().plan_local_cache_timeout
+    if not timeout:
+        return _shared_account(account_id)
+    key = _LOCAL_ACCOUNT + account_id
+    found = _local.get(key)
+    if found is not None:
+        return found[0]
+    epoch = _local.epoch
+    weight = _shared_account(account_id)
+    _local.put_value(key, (weight,), timeout, epoch)
+    return weight
 
 
 def with_tier_defaults(own: TenantLimits, plan: str | None) -> TenantLimits:

@@ -22,6 +22,7 @@ from fairqueue.exceptions import (
 )
 from fairqueue.scheduling.levels import (
     MAX_PAYLOAD_DEPTH,
+    PAYLOAD_ACCOUNT_KEY,
     PAYLOAD_LEVEL_KEY,
     PAYLOAD_TENANT_KEY,
     PriorityLevel,
@@ -90,18 +91,19 @@ def check_json_tree(
 
 
 def merged_payload(payload: object, resolved: ResolvedPriority) -> tuple[dict[str, Any], str]:
-    """The job's data (the payload with its tenant and level) and its JSON as BullMQ stores
-    it, checked."""
+    """The job's data (the payload with its tenant and level, and its account when it has
+    one) and its JSON as BullMQ stores it, checked."""
     if not isinstance(payload, Mapping):
         raise InvalidPayloadError(
             f"payload of type {type(payload).__name__} is not allowed: expected a JSON object "
             "(a dict with string keys)"
         )
     check_json_tree(payload)
-    for key, value in (
-        (PAYLOAD_TENANT_KEY, resolved.tenant_id),
-        (PAYLOAD_LEVEL_KEY, resolved.level),
-    ):
+    account = resolved.account_id
+    checked = [(PAYLOAD_TENANT_KEY, resolved.tenant_id), (PAYLOAD_LEVEL_KEY, resolved.level)]
+    if account is not None:
+        checked.append((PAYLOAD_ACCOUNT_KEY, account))
+    for key, value in checked:
         if key in payload and payload[key] != value:
             # Never echo the payload's value: it may be a tenant id.
             raise ConflictingPayloadError(
@@ -116,6 +118,10 @@ def merged_payload(payload: object, resolved: ResolvedPriority) -> tuple[dict[st
         PAYLOAD_TENANT_KEY: resolved.tenant_id,
         **payload,
     }
+    if account is not None:
+        # Only then: a job without an account keeps its data as it was (its payload's
+        # own accountId included).
+        data[PAYLOAD_ACCOUNT_KEY] = account
     try:
         # Serialised as bullmq does when it stores the job, so the size below is the
         # size of the job's ``data`` field in Redis.
@@ -243,6 +249,7 @@ class EnqueueOptions(TypedDict, total=False):
     priority_level: str | PriorityLevel | None
     priority_override: str | PriorityLevel | None
     tenant_weight: int | None
+    account_id: str | None
     job_id: str | None
     delay_ms: int | None
     attempts: int | None

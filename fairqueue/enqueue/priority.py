@@ -23,6 +23,12 @@ the level but independently of it: an explicit ``tenant_weight=`` wins; otherwis
 with a real tenant id asks the wired weight lookup, whatever rule decided the level and
 whatever ``JOB_PRIORITY_ENABLED`` says. Internal jobs and jobs without a tenant get 1.
 
+A tenant's *account* (docs/concepts.md#accounts) is resolved beside its weight: an
+explicit ``account_id=`` (checked against the ``Account`` table: an unknown id is an
+error) or, with the database lookups wired, the account its ``TenantPlan`` row names
+(the same cached entry). Internal jobs and jobs without a tenant have none, and so has
+every job of a tenant without one: its data and place are what they were.
+
 The plan lookup is pluggable so that workers need not import the web project:
 ``wire_tenant_plan_lookup()`` wires the database-backed lookups of ``fairqueue.models``
 for plans and weights (or, given a callable ``tenant_id -> plan slug``, only that plan
@@ -42,6 +48,8 @@ from typing import Final
 from fairqueue.conf import get_settings
 from fairqueue.exceptions import (
     ConflictingPriorityError,
+    InvalidAccountError,
+    UnknownAccountError,
 )
 from fairqueue.plans import priority_from_plan
 from fairqueue.scheduling.levels import (
@@ -54,6 +62,7 @@ from fairqueue.scheduling.levels import (
     PriorityLevel,
     normalize_priority,
     parse_level,
+    validate_account_id,
     validate_tenant_id,
     validate_tenant_weight,
 )
@@ -131,6 +140,8 @@ class ResolvedPriority:
     ``tenant_id`` is what goes into the payload's ``tenantId`` (``None`` for internal
     jobs); ``tenant_bucket`` is the grouping key the scheduler uses. ``tenant_weight``
     is the bucket's share of turns inside its level (see the module docstring).
+    ``account_id`` (the payload's ``accountId``) and ``account_weight``: the tenant's
+    account, ``None`` for a job of no account.
     """
 
     level: PriorityLevel
@@ -139,6 +150,8 @@ class ResolvedPriority:
     tenant_id: str | None
     plan: str | None = None
     tenant_weight: int = DEFAULT_TENANT_WEIGHT
+    account_id: str | None = None
+    account_weight: int = DEFAULT_TENANT_WEIGHT
 
     @property
     def tenant_bucket(self) -> str:
@@ -153,6 +166,8 @@ _lookup: TenantPlanLookup | None = None
 _weight_lookup: TenantWeightLookup | None = None
 #: Wired with the database weight lookup: limits live on the same ``TenantPlan`` row.
 _limits_lookup: Callable[[str, str | None], TenantLimits] | None = None
+#: Wired with it too: a tenant's account is on that row (``(account_id, weight)``).
+_account_lookup: Callable[[str], tuple[str, int] | None] | None = None
 
 
 def priority_from_override(override: object) -> PriorityLevel:
@@ -196,13 +211,18 @@ def wire_tenant_weight_lookup(lookup: TenantWeightLookup | None = None) -> None:
             ``fairqueue.models`` (the same cache entry as the plan). A lookup that raises
             or answers anything but an integer in the allowed range gives weight 1.
     """
-    global _weight_lookup, _limits_lookup
-    _limits_lookup = None
+    global _weight_lookup, _limits_lookup, _account_lookup
+    _limits_lookup = _account_lookup = None
     if lookup is None:
-        from fairqueue.enqueue.lookups import lookup_tenant_limits, lookup_tenant_weight
+        from fairqueue.enqueue.lookups import (
+            lookup_tenant_account,
+            lookup_tenant_limits,
+            lookup_tenant_weight,
+        )
 
         lookup = lookup_tenant_weight
         _limits_lookup = lookup_tenant_limits
+        _account_lookup = lookup_tenant_account
     _weight_lookup = lookup
 
 
@@ -211,9 +231,9 @@ def unwire_tenant_weight_lookup() -> None:
 
     Independent of :func:`unwire_tenant_plan_lookup`, which leaves weights wired.
     """
-    global _weight_lookup, _limits_lookup
+    global _weight_lookup, _limits_lookup, _account_lookup
     _weight_lookup = None
-    _limits_lookup = None
+    _limits_lookup = _account_lookup = None
 
 
 def resolve_tenant_limits(resolved: ResolvedPriority) -> TenantLimits:
@@ -255,6 +275,7 @@ def resolve_priority(
     priority_override: str | PriorityLevel | None = None,
     enabled: bool | None = None,
     tenant_weight: int | None = None,
+    account_id: str | None = None,
 ) -> ResolvedPriority:
     """Resolve a job's level by the resolution order, say which rule decided, and resolve the
     tenant's weight inside that level.
@@ -265,16 +286,27 @@ def resolve_priority(
         tenant_weight: an explicit weight, which wins over the weight lookup (also for
             internal jobs and the ``default`` bucket, which otherwise weigh 1).
             Server-side only, like ``priority_override``.
+        account_id: the tenant's account, instead of the one its ``TenantPlan`` names
+            (which it may only repeat); it must exist. Server-side only.
 
     Raises:
         ConflictingPriorityError: both ``priority`` and ``priority_level`` given.
         InvalidPriorityError, InvalidPriorityLevelError, InvalidTenantError,
-        InvalidTenantWeightError: bad values.
+        InvalidTenantWeightError, InvalidAccountError: bad values.
+        UnknownAccountError: ``account_id`` names no ``Account``.
     """
     if tenant_id is not ABSENT and tenant_id is not None:
         tenant_id = validate_tenant_id(tenant_id)
     if tenant_weight is not None:
         tenant_weight = validate_tenant_weight(tenant_weight)
+    if account_id is not None:
+        account_id = validate_account_id(account_id)
+        if not isinstance(tenant_id, str):
+            raise InvalidAccountError(
+                f"account_id=<{len(account_id)} characters> is not allowed without a "
+                "tenant_id: an account groups tenants, and an internal job or one of no "
+                "tenant belongs to none"
+            )
     resolved = _resolve_level(
         tenant_id=tenant_id,
         priority=priority,
@@ -294,11 +326,15 @@ def resolve_priority(
         resolved = _resolved(
             PriorityLevel.LOW, PriorityRule.QUOTA_DEMOTED, tenant_id, plan=resolved.plan
         )
-    if tenant_weight is None:
-        if not isinstance(tenant_id, str):  # internal job, or no tenant at all
+    if not isinstance(tenant_id, str):  # internal job, or no tenant at all
+        if tenant_weight is None:
             return resolved
-        tenant_weight = _looked_up_weight(tenant_id)
-    # Built directly, not with dataclasses.replace (a few us per job on the hot path).
+        account = None
+    else:
+        account = _resolved_account(tenant_id, account_id)
+    if tenant_weight is None:
+        tenant_weight = _looked_up_weight(tenant_id)  # type: ignore[arg-type]
+    # Built directly, not with dataclasses.replace (a few us per call).
     return ResolvedPriority(
         resolved.level,
         resolved.numeric,
@@ -306,7 +342,38 @@ def resolve_priority(
         resolved.tenant_id,
         resolved.plan,
         tenant_weight,
+        *(account or (None, DEFAULT_TENANT_WEIGHT)),
     )
+
+
+def _resolved_account(tenant_id: str, account_id: str | None) -> tuple[str, int] | None:
+    """The account of ``tenant_id``'s job: ``account_id`` when given (it must exist, and
+    may only repeat the account the tenant's row names), else the tenant's row's."""
+    lookup = _account_lookup
+    own: tuple[str, int] | None = None
+    if lookup is not None:
+        try:
+            own = lookup(tenant_id)
+        except Exception as exc:  # a broken lookup must not stop enqueues, like the weight's
+            logger.warning("tenant account lookup failed (%s); none applied", type(exc).__name__)
+    if account_id is None:
+        return own
+    if own is not None and own[0] != account_id:
+        raise InvalidAccountError(
+            f"account_id=<{len(account_id)} characters> is not allowed for this tenant: it "
+            "belongs to another account (its TenantPlan's); a tenant belongs to at most one"
+        )
+    if own is not None:
+        return own
+    from fairqueue.enqueue.lookups import lookup_account_weight
+
+    weight = lookup_account_weight(account_id)
+    if weight is None:
+        raise UnknownAccountError(
+            f"account_id={account_id!r} is not allowed: no Account has that id (create it "
+            "in the admin first, or leave account_id out)"
+        )
+    return account_id, weight
 
 
 def _looked_up_weight(tenant_id: str) -> int:

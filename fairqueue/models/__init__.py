@@ -1,5 +1,5 @@
 """fairqueue's models, the one module Django imports for the app (label ``fairqueue``):
-the plans, their audit, the outbox and the console's permission holder
+the accounts and plans, their audit, the outbox and the console's permission holder
 (``core_models``), and the usage ledger's rows and holds (``usage_models``, docs/usage.md).
 Import them from here; the two halves are separate so that the usage stack can import
 the plans without a circle."""
@@ -8,6 +8,7 @@ from fairqueue.models.core_models import (
     LEVEL_CHOICES,
     OUTBOX_JOB_ID_PREFIX,
     PLAN_CHOICES,
+    Account,
     ClassifierRule,
     Dashboard,
     OutboxJob,
@@ -23,6 +24,7 @@ __all__ = [
     "LEVEL_CHOICES",
     "OUTBOX_JOB_ID_PREFIX",
     "PLAN_CHOICES",
+    "Account",
     "ClassifierRule",
     "Dashboard",
     "HoldAudit",

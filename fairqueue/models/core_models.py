@@ -19,13 +19,14 @@ from django.db import models
 from django.utils.text import format_lazy
 from django.utils.translation import gettext_lazy as _
 
-from fairqueue.exceptions import InvalidPlanError, InvalidTenantError
+from fairqueue.exceptions import InvalidAccountError, InvalidPlanError, InvalidTenantError
 from fairqueue.plans import PlanTier, get_subscription_classifier, parse_plan
 from fairqueue.scheduling.levels import (
     DEFAULT_TENANT_WEIGHT,
     MAX_TENANT_ID_LENGTH,
     MAX_TENANT_WEIGHT,
     MIN_TENANT_WEIGHT,
+    validate_account_id,
     validate_tenant_id,
 )
 from fairqueue.scheduling.limits import LIMIT_RANGES, TenantLimits
@@ -50,8 +51,74 @@ def _limit_field(name: str, help_text: Any) -> models.PositiveIntegerField:
     )
 
 
+def _weight_field(help_text: Any) -> models.PositiveSmallIntegerField:
+    return models.PositiveSmallIntegerField(
+        default=DEFAULT_TENANT_WEIGHT,
+        validators=[MinValueValidator(MIN_TENANT_WEIGHT), MaxValueValidator(MAX_TENANT_WEIGHT)],
+        help_text=help_text,
+    )
+
+
+def _weight_range(table: str) -> models.CheckConstraint:
+    """Also for rows written around full_clean() (update(), bulk_create, raw SQL): a
+    weight of 0 would mean a tenant or an account that is never served."""
+    return models.CheckConstraint(
+        condition=models.Q(weight__gte=MIN_TENANT_WEIGHT) & models.Q(weight__lte=MAX_TENANT_WEIGHT),
+        name=f"fairqueue_{table}_weight_range",
+    )
+
+
+class Account(models.Model):
+    """A customer: the unit that pays, owning any number of tenants (workspaces,
+    projects, stores). Its tier is its tenants' unless a tenant's own plan names one
+    (docs/concepts.md#accounts)."""
+
+    account_id = models.CharField(max_length=MAX_TENANT_ID_LENGTH, unique=True)
+    display_name = models.CharField(max_length=200, blank=True)
+    plan_tier = models.CharField(
+        max_length=20,
+        choices=PLAN_CHOICES,
+        blank=True,
+        help_text=_(
+            "The tier of its tenants that set none of their own; empty: each tenant's own "
+            "plan or subscription decides."
+        ),
+    )
+    weight = _weight_field(
+        format_lazy(
+            _(
+                "Its weight among the accounts of a level, {low} to {high}, for the fair "
+                "order by account (docs/design.md, Accounts: not applied by the queue yet)."
+            ),
+            low=MIN_TENANT_WEIGHT,
+            high=MAX_TENANT_WEIGHT,
+        )
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["account_id"]
+        constraints = [_weight_range("account")]
+
+    def __str__(self) -> str:
+        return self.display_name or self.account_id
+
+    def clean(self) -> None:
+        try:
+            validate_account_id(self.account_id)
+        except InvalidAccountError as exc:
+            raise ValidationError({"account_id": str(exc)}) from None
+        if self.plan_tier:
+            try:
+                parse_plan(self.plan_tier, argument="plan_tier")
+            except InvalidPlanError as exc:
+                raise ValidationError({"plan_tier": str(exc)}) from None
+
+
 class TenantPlan(models.Model):
-    """A tenant's plan tier, set by hand or derived from its subscription."""
+    """A tenant's plan tier, set by hand, inherited from its account or derived from its
+    subscription."""
 
     tenant_id = models.CharField(max_length=MAX_TENANT_ID_LENGTH, unique=True)
     display_name = models.CharField(max_length=200, blank=True)
@@ -66,10 +133,8 @@ class TenantPlan(models.Model):
         blank=True,
         help_text=_('Billing data, e.g. {"products": [{"subscriptionProductId": "prod_x"}]}.'),
     )
-    weight = models.PositiveSmallIntegerField(
-        default=DEFAULT_TENANT_WEIGHT,
-        validators=[MinValueValidator(MIN_TENANT_WEIGHT), MaxValueValidator(MAX_TENANT_WEIGHT)],
-        help_text=format_lazy(
+    weight = _weight_field(
+        format_lazy(
             _(
                 "Share of turns inside the tenant's priority level, {low} to {high}: a "
                 "tenant of weight 3 is served 3 jobs per round for every job of a weight-1 "
@@ -77,7 +142,18 @@ class TenantPlan(models.Model):
             ),
             low=MIN_TENANT_WEIGHT,
             high=MAX_TENANT_WEIGHT,
-        ),
+        )
+    )
+    # PROTECT: deleting a customer must not silently change its tenants' tier; the
+    # string id is the column, so the lookups read it without a join.
+    account = models.ForeignKey(
+        Account,
+        to_field="account_id",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="tenants",
+        help_text=_("The customer this tenant belongs to (at most one); empty: none."),
     )
     # Limits (empty: the plan tier's default from FAIRQUEUE['TENANT_LIMITS'], else none).
     max_active = _limit_field(
@@ -116,15 +192,7 @@ class TenantPlan(models.Model):
 
     class Meta:
         ordering = ["tenant_id"]
-        constraints = [
-            # Also for rows written around full_clean() (update(), bulk_create, raw SQL):
-            # a weight of 0 would mean a tenant that is never served.
-            models.CheckConstraint(
-                condition=models.Q(weight__gte=MIN_TENANT_WEIGHT)
-                & models.Q(weight__lte=MAX_TENANT_WEIGHT),
-                name="fairqueue_tenantplan_weight_range",
-            ),
-        ]
+        constraints = [_weight_range("tenantplan")]
 
     def __str__(self) -> str:
         return self.display_name or self.tenant_id
@@ -187,9 +255,14 @@ class TenantPlan(models.Model):
         ]
 
     def resolve_plan(self) -> str | None:
-        """The explicit tier, else the code-level classifier, else the database rules."""
+        """The explicit tier, else its account's, else the code-level classifier, else
+        the database rules. The account's tier comes before the classifier: the default
+        rules classify every tenant (free without products), so after them an account's
+        tier would never apply."""
         if self.plan_tier:
             return self.plan_tier
+        if self.account_id is not None and self.account is not None and self.account.plan_tier:
+            return self.account.plan_tier
         classifier = get_subscription_classifier()
         if classifier is not None:
             return classifier(self.subscription)

@@ -11,6 +11,7 @@ from types import MappingProxyType
 from typing import Final
 
 from fairqueue.exceptions import (
+    InvalidAccountError,
     InvalidPriorityError,
     InvalidPriorityLevelError,
     InvalidTenantError,
@@ -83,6 +84,10 @@ DEFAULT_TENANT_WEIGHT: Final = 1
 PAYLOAD_TENANT_KEY: Final = "tenantId"
 PAYLOAD_LEVEL_KEY: Final = "priorityLevel"
 FAIRQUEUE_PAYLOAD_KEYS: Final = (PAYLOAD_TENANT_KEY, PAYLOAD_LEVEL_KEY)
+#: Merged only into the jobs of a tenant that has an account, so the account travels
+#: with the job as its tenant does. Not stripped from what handlers get: a payload of
+#: a job without an account may hold that key as its own data, as it could before.
+PAYLOAD_ACCOUNT_KEY: Final = "accountId"
 
 #: How deeply a job payload may nest (dicts and lists inside the top-level dict). Deeper
 #: payloads are refused with a named error instead of a raw ``RecursionError`` from the
@@ -194,6 +199,24 @@ def validate_tenant_id(tenant_id: object, *, none_allowed: bool = True) -> str:
             "jobs are counted under (tenant_id=None or internal=True enqueues one)"
         )
     return tenant_id
+
+
+def validate_account_id(account_id: object) -> str:
+    """An account id follows a tenant id's rules (:func:`validate_tenant_id`), for the
+    same reasons: stored in Redis and the database, joined with line feeds by the
+    scripts, shown on the console. Messages never echo a string id (only its length)."""
+    if not isinstance(account_id, str) or not account_id or len(account_id) > MAX_TENANT_ID_LENGTH:
+        shown = account_id if not isinstance(account_id, str) else f"<{len(account_id)} characters>"
+        raise InvalidAccountError(
+            f"account_id={shown!r} is not allowed: expected None or a non-empty string of "
+            f"at most {MAX_TENANT_ID_LENGTH} characters"
+        )
+    if "\x00" in account_id or "\n" in account_id or not is_strict_utf8(account_id):
+        raise InvalidAccountError(
+            f"account_id=<{len(account_id)} characters> is not allowed: expected valid UTF-8 "
+            "text without NUL or a line feed (\\n, the scripts' separator)"
+        )
+    return account_id
 
 
 def validate_tenant_weight(weight: object, *, argument: str = "tenant_weight") -> int:

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from math import lcm
 from typing import Final, Literal
 
+from fairqueue.scheduling.hierarchy import ACCOUNT_MARK, flow_share, group_of, level_groups
 from fairqueue.scheduling.levels import DEFAULT_FAIR_WEIGHTS, LEVELS_BY_RANK, PriorityLevel
 from fairqueue.scheduling.wire import flow_member
 
@@ -114,14 +115,16 @@ def replaced_tag(tag: float, anchor: float, ratio: float, shift: float = 0.0) ->
 def flow_step(
     level_weight: int,
     tenant_weight: int,
-    level_tenant_weights: int,
+    level_tenant_weights: float,
     scale: int = TAG_SCALE,
     cost: float = 1.0,
 ) -> float:
     """Virtual time one job of a flow uses: ``scale * cost / flow weight`` where the flow
     weight is the level's weight split among its tenants with work by their tenant
     weights, and ``cost`` the job's worker time in turns (:func:`cost_turns`; 1 when
-    fairness counts jobs; docs/design.md, "Service is worker time")."""
+    fairness counts jobs; docs/design.md, "Service is worker time"). With accounts,
+    ``level_tenant_weights`` is the flow's share: the level's split over its account's
+    weight, times its account's split (:meth:`FairClock.place`)."""
     return scale * cost * level_tenant_weights / (level_weight * tenant_weight)
 
 
@@ -248,15 +251,29 @@ class FairClock:
     vt: float = 0.0
     last: dict[tuple[PriorityLevel, str], float] = field(default_factory=dict)
     counted: dict[tuple[PriorityLevel, str], int] = field(default_factory=dict)
-    #: A joining flow's catch-up horizon: where its level's backlogs ended when it joined.
+    #: A joining account's catch-up horizon: where its level's backlogs ended when it
+    #: joined (keyed by level and tenant, or ``ACCOUNT_MARK`` + account).
     horizon: dict[tuple[PriorityLevel, str], float] = field(default_factory=dict)
-    #: The share (sum of tenant weights) a flow's last job was placed with: its step is
-    #: ``share / tenant weight`` turns of its level, so a flow joining beside its backlog
-    #: is placed at that backlog's spacing (docs/design.md, "Joining a level").
-    spacing: dict[tuple[PriorityLevel, str], int] = field(default_factory=dict)
+    #: The level's split (its accounts' weights) an account's last job was placed with, so
+    #: one joining beside its backlog is placed at its spacing
+    #: (docs/design.md, "Joining a level").
+    spacing: dict[tuple[PriorityLevel, str], float] = field(default_factory=dict)
     #: A charge (turns) a flow's runs left after it had no work: its next job pays it
     #: with its own turn (:meth:`charge`; ``p:`` fields of fq:state).
     carried: dict[tuple[PriorityLevel, str], float] = field(default_factory=dict)
+    #: The account a flow with work counts under (absent: none, the flow is its own
+    #: account), kept until the flow retires, and each (level, account)'s weight.
+    accounts: dict[tuple[PriorityLevel, str], str] = field(default_factory=dict)
+    account_weights: dict[tuple[PriorityLevel, str], int] = field(default_factory=dict)
+    #: A tenant that joined its account's flows with work: where their backlogs ended
+    #: then, and the account's split it is placed at until it gets there (the densest its
+    #: mates were placed at, at most their weights): the joining rule one level down.
+    inner: dict[tuple[PriorityLevel, str], tuple[float, float]] = field(default_factory=dict)
+    #: The level's split an account's flows together were last placed at (its spacing
+    #: less what its tenants catching up inside it add): what a joining account matches.
+    density: dict[tuple[PriorityLevel, str], float] = field(default_factory=dict)
+    #: The account's split (its flows' weights) a flow's last job was placed with.
+    inner_spacing: dict[tuple[PriorityLevel, str], float] = field(default_factory=dict)
 
     def observe_head(self, head_tag: float | None, head_level: PriorityLevel | None = None) -> None:
         """Advance the virtual time to what the first waiting job (its finish tag and
@@ -278,50 +295,127 @@ class FairClock:
         *,
         cost: float = 1.0,
         stored: bool = False,
+        account: str | None = None,
+        account_weight: int = 1,
     ) -> float:
         """The finish tag of a new job of (``level``, ``tenant``); jobs run in tag order.
         ``cost`` is its worker time in turns. An overdue job is placed the same way: it
         takes its flow's next turn and is charged for it, so a flow over its share never
         takes a turn from another flow by being late.
 
-        A flow that joins a level whose other tenants have backlogs is placed at their
-        spacing (the level's weight split among the others, as their jobs were placed)
+        Hierarchical max-min (docs/design.md, "Accounts"): a level's accounts share it by
+        account weight, an account's tenants share the account's part by tenant weight;
+        a tenant without an account is an account of its own, of its weight, so without
+        accounts every tag is the flat rule's. A flow with work keeps its account.
+
+        An account that joins a level whose other accounts have backlogs is placed at
+        their spacing (the level's split among the others, as their jobs were placed)
         until it reaches where those backlogs ended when it joined: its round-robin turn
         from its first job, instead of paying for the backlogs placed while it was idle.
+        A tenant joining its account's flows with work does the same inside the account.
 
         ``stored``: ``tenant_weight`` was stored with the job when it was enqueued (a
         delayed or held job, a rerun): a flow with work places it by the weight it counts,
-        so a weight changed since (:meth:`reweight`) is kept.
+        so a weight changed since (:meth:`reweight`) is kept; so is its account's.
         """
-        for key in [key for key, tag in self.last.items() if tag <= self.vt]:
-            del self.last[key], self.counted[key]
-            self.horizon.pop(key, None)
-            self.spacing.pop(key, None)
+        self._retire()
         key = (level, tenant)
         if stored and key in self.counted:
             tenant_weight = self.counted[key]
-        others = sum(w for (lvl, t), w in self.counted.items() if lvl == level and t != tenant)
-        total = others + tenant_weight
+        if key in self.counted:
+            account = self.accounts.get(key)
+        group = group_of(tenant, account)
+        groups = self._groups(level, key)
+        weight = tenant_weight if account is None else account_weight
+        if account is not None and stored and group in groups:
+            weight = groups[group][0]
+        mates = groups.pop(group, (weight, 0))[1]
+        others = sum(w for w, _ in groups.values())
         start = max(self.vt, self.last.get(key, self.vt))
         joined = None
-        catch_up = self.spacing.get(key, others)
-        if key not in self.counted and others:
+        catch_up: float = self.spacing.get((level, group), others)
+        if key not in self.counted and others and not mates:
             frontier = self._frontier(level)
             if frontier is not None and frontier[0] > start:
                 joined = frontier[0]
                 catch_up = others if frontier[1] is None else min(others, frontier[1])
-        horizon = joined if joined is not None else self.horizon.get(key)
-        share = catch_up if horizon is not None and start < horizon else total
+        horizon = joined if joined is not None else self.horizon.get((level, group))
+        catching_up = horizon is not None and start < horizon
+        split = catch_up if catching_up else others + weight
+        inner = self._inner(key, account, mates, start, catching_up)
+        part = mates + tenant_weight if inner is None else inner
+        share = split * part / weight
         carried = self.carried.pop(key, 0.0)
         tag = start + flow_step(self.weights[level], tenant_weight, share, cost=cost + carried)
         self.counted[key] = tenant_weight
-        self.spacing[key] = share
+        if account is not None:
+            self.accounts[key] = account
+            self.account_weights[(level, account)] = weight
+        self.spacing[(level, group)] = split
+        # what a joiner matches: the account's whole spacing, its flows placed denser than
+        # its split (catching up inside it) counted (a tenant's own: its split)
+        self.density[(level, group)] = split * part / (mates + tenant_weight)
+        if account is not None:
+            self.inner_spacing[key] = part
         if joined is not None:
-            self.horizon[key] = joined
+            self.horizon[(level, group)] = joined
         elif horizon is not None and start >= horizon:
-            del self.horizon[key]
+            del self.horizon[(level, group)]
         self.last[key] = max(tag, self.last.get(key, tag))
         return tag
+
+    def _inner(
+        self,
+        key: tuple[PriorityLevel, str],
+        account: str | None,
+        mates: int,
+        start: float,
+        catching_up: bool,
+    ) -> float | None:
+        """The account split a tenant joining its account's flows with work is placed at
+        until it reaches where their backlogs ended (``None``: its account's split with
+        it). Not while its account catches up to the level: matching its mates' density
+        as well would compound (each account joining denser than the last)."""
+        if key not in self.counted and mates and not catching_up:
+            # its mates' backlogs, read as the level's are: among the flows reaching
+            # furthest (bounded work, no walk of the account's flows)
+            found = self._frontier(key[0], account)
+            if found is not None and found[0] > start:
+                densest = mates if found[1] is None else min(mates, found[1])
+                self.inner[key] = (found[0], densest)
+        inner = self.inner.get(key)
+        if inner is not None and start >= inner[0]:
+            del self.inner[key]
+            return None
+        return None if inner is None else inner[1]
+
+    def _retire(self) -> None:
+        """Flows the virtual time has passed stop counting; an account's catch-up state
+        goes with its last flow."""
+        gone = [key for key, tag in self.last.items() if tag <= self.vt]
+        groups = set()
+        for key in gone:
+            del self.last[key], self.counted[key]
+            self.inner.pop(key, None)
+            self.inner_spacing.pop(key, None)
+            account = self.accounts.pop(key, None)
+            groups.add((key[0], group_of(key[1], account)))
+        for level, group in groups:
+            if group.startswith(ACCOUNT_MARK) and group in self._groups(level):
+                continue
+            self.horizon.pop((level, group), None)
+            self.spacing.pop((level, group), None)
+            self.density.pop((level, group), None)
+            if group.startswith(ACCOUNT_MARK):
+                del self.account_weights[(level, group[len(ACCOUNT_MARK) :])]
+
+    def _group_of(self, key: tuple[PriorityLevel, str]) -> str:
+        return group_of(key[1], self.accounts.get(key))
+
+    def _groups(
+        self, level: PriorityLevel, but: tuple[PriorityLevel, str] | None = None
+    ) -> dict[str, tuple[int, int]]:
+        return level_groups(self.counted, self.accounts, self.account_weights, level, but)
 
     def reweight(
         self, tenant: str, tenant_weight: int
@@ -359,8 +453,8 @@ class FairClock:
         if last is None or last <= self.vt:
             self.charge(level, tenant, shift_turns)
             return None
-        total = sum(w for (lvl, _), w in self.counted.items() if lvl == level)
-        shift = flow_step(self.weights[level], self.counted[key], total, cost=shift_turns)
+        share = flow_share(self._groups(level), self._group_of(key))
+        shift = flow_step(self.weights[level], self.counted[key], share, cost=shift_turns)
         # A refund (a moved job must never land behind the virtual time) or a shift against
         # the direction the pages go in (nor where they are still to go) is carried to the
         # flow's next job: its last tag is the pages' until they are done.
@@ -371,12 +465,16 @@ class FairClock:
             self.carried[key] = self.carried.get(key, 0.0) + shift_turns
         return anchor, ratio, shift if fold else 0.0
 
-    def _frontier(self, level: PriorityLevel) -> tuple[float, int | None] | None:
+    def _frontier(
+        self, level: PriorityLevel, account: str | None = None
+    ) -> tuple[float, float | None] | None:
         """The last tag of ``level``'s flow that reaches furthest, among the
         :data:`FRONTIER_SCAN` flows of every level that reach furthest (as the script
         reads them: by tag, then member, from the top), and the densest spacing of the
         level's flows among them (``None``: none kept): a backlog placed while fewer
-        tenants had work is that dense, though its flow's last jobs may not be."""
+        tenants had work is that dense, though its flow's last jobs may not be. With
+        ``account``: of that account's flows of the level among them, and the densest
+        account split they were placed with."""
         top = sorted(
             (
                 (tag, flow_member(lvl.value, tenant), (lvl, tenant))
@@ -384,10 +482,18 @@ class FairClock:
             ),
             reverse=True,
         )[:FRONTIER_SCAN]
-        mine = [(tag, key) for tag, _, key in top if key[0] == level]
+        mine = [
+            (tag, key)
+            for tag, _, key in top
+            if key[0] == level and (account is None or self.accounts.get(key) == account)
+        ]
         if not mine:
             return None
-        spaced = [self.spacing[key] for _, key in mine if key in self.spacing]
+        if account is not None:
+            parts = [self.inner_spacing[key] for _, key in mine if key in self.inner_spacing]
+            return mine[0][0], min(parts) if parts else None
+        found = ((key[0], self._group_of(key)) for _, key in mine)
+        spaced = [self.density[group] for group in found if group in self.density]
         return mine[0][0], min(spaced) if spaced else None
 
     def charge(self, level: PriorityLevel, tenant: str, turns: float) -> None:
@@ -402,8 +508,8 @@ class FairClock:
         if self.last.get(key, self.vt) <= self.vt:
             self.carried[key] = self.carried.get(key, 0.0) + turns
             return
-        total = sum(w for (lvl, _), w in self.counted.items() if lvl == level)
-        self.last[key] += flow_step(self.weights[level], self.counted[key], total, cost=turns)
+        share = flow_share(self._groups(level), self._group_of(key))
+        self.last[key] += flow_step(self.weights[level], self.counted[key], share, cost=turns)
 
 
 def order_by_occupancy(

@@ -37,7 +37,9 @@ Why these choices:
   is the job's tenant, and stays in the kwargs, so the function receives it too: a
   string, an integer (a primary key, used as its decimal string), or ``None`` for an
   internal job (critical). Leave the argument out for a job of no tenant (normal, the
-  ``default`` bucket). The same rules as ``enqueue_job(tenant_id=...)``.
+  ``default`` bucket). The same rules as ``enqueue_job(tenant_id=...)``. Its account is
+  the one its ``TenantPlan`` names, or the keyword argument named by ``ACCOUNT_KWARG``
+  (none by default: a task's own ``account_id`` argument may mean something else).
 * **run_after** becomes BullMQ's ``delay``: the job waits in BullMQ's delayed set and
   takes its fair place once BullMQ promotes it (the rebalance pass places it).
 
@@ -72,7 +74,6 @@ from fairqueue.enqueue.calls import warn_implicit_internal
 from fairqueue.enqueue.options import MAX_ATTEMPTS, MAX_DELAY_MS, parse_backoff
 from fairqueue.enqueue.priority import ABSENT, Absent
 from fairqueue.exceptions import InvalidJobOptionError, InvalidPayloadError, UnknownJobTypeError
-from fairqueue.scheduling.levels import PriorityLevel
 from fairqueue.tasks.frameworks import (
     FRAMEWORKS,
     asend_signal,
@@ -91,6 +92,7 @@ from fairqueue.tasks.jobs import (
     task_backends,
     task_result_from_job,
 )
+from fairqueue.tasks.task_options import id_kwarg, kwarg_name, level_for_task_priority
 
 __all__ = [
     "DEFAULT_TENANT_KWARG",
@@ -102,7 +104,7 @@ __all__ = [
 
 DEFAULT_TENANT_KWARG: Final = "tenant_id"
 OPTION_KEYS: Final = frozenset(
-    {"TENANT_KWARG", "JOB_TYPES", "ATTEMPTS", "BACKOFF", "DURABLE", "MAX_WAIT_MS"}
+    {"TENANT_KWARG", "ACCOUNT_KWARG", "JOB_TYPES", "ATTEMPTS", "BACKOFF", "DURABLE", "MAX_WAIT_MS"}
 )
 #: Bytes of randomness in the job ids the backend gives its jobs (32 hex characters, as
 #: long as django-tasks' own ids).
@@ -115,28 +117,6 @@ class UnknownTaskQueueError(InvalidTaskError, UnknownJobTypeError):
     Django's ``InvalidTask``, the backport's ``InvalidTaskError`` (those installed) and
     fairqueue's ``UnknownJobTypeError``, so any of those ``except`` catches it.
     """
-
-
-def level_for_task_priority(priority: int) -> PriorityLevel | None:
-    """The level a django-tasks priority (−100..100) asks for; ``None`` for 0.
-
-    50..100 critical, 1..49 high, −49..−1 normal, −100..−50 low. 0, django-tasks'
-    default, asks for nothing, so the job resolves as ``enqueue_job`` without an
-    explicit priority (plan lookup for a tenant's job, else normal).
-    """
-    if isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100:
-        raise InvalidTaskError(
-            f"priority={priority!r} is not allowed: expected an integer in -100..100"
-        )
-    if priority == 0:
-        return None
-    if priority >= 50:
-        return PriorityLevel.CRITICAL
-    if priority >= 1:
-        return PriorityLevel.HIGH
-    if priority >= -49:
-        return PriorityLevel.NORMAL
-    return PriorityLevel.LOW
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +142,8 @@ class FairQueueBackend(BaseTaskBackend):
     cost (the same function costs more for a bigger input).
 
     ``OPTIONS``: ``TENANT_KWARG`` (default ``"tenant_id"``), the task keyword argument
-    that names the job's tenant; ``JOB_TYPES``, a dict mapping task queue names to
+    that names the job's tenant; ``ACCOUNT_KWARG`` (default ``None``), one that names its
+    account; ``JOB_TYPES``, a dict mapping task queue names to
     ``FAIRQUEUE['QUEUES']`` job types (a queue name not in it is its own job type);
     ``ATTEMPTS`` (1..1000), BullMQ's ``attempts`` for every task job (default: BullMQ's,
     one attempt), so a task that raises is run again that many times in all;
@@ -191,12 +172,7 @@ class FairQueueBackend(BaseTaskBackend):
             raise ImproperlyConfigured(
                 f"{where} has unknown keys {unknown}: allowed keys are {sorted(OPTION_KEYS)}"
             )
-        tenant_kwarg = options.get("TENANT_KWARG", DEFAULT_TENANT_KWARG)
-        if not isinstance(tenant_kwarg, str) or not tenant_kwarg.isidentifier():
-            raise ImproperlyConfigured(
-                f"{where}['TENANT_KWARG']={tenant_kwarg!r} is not allowed: expected a "
-                "keyword argument name"
-            )
+        tenant_kwarg = kwarg_name(where, "TENANT_KWARG", options, DEFAULT_TENANT_KWARG)
         job_types = options.get("JOB_TYPES", {})
         if not isinstance(job_types, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in job_types.items()
@@ -224,7 +200,8 @@ class FairQueueBackend(BaseTaskBackend):
             raise ImproperlyConfigured(
                 f"{where}['DURABLE']={durable!r} is not allowed: expected True or False"
             )
-        self.tenant_kwarg: str = tenant_kwarg
+        self.tenant_kwarg: str = tenant_kwarg  # type: ignore[assignment]
+        self.account_kwarg = kwarg_name(where, "ACCOUNT_KWARG", options, None)
         self.job_types: dict[str, str] = dict(job_types)
         self.attempts: int | None = attempts
         self.backoff: dict[str, Any] | None = backoff
@@ -391,6 +368,9 @@ class FairQueueBackend(BaseTaskBackend):
             options["internal"] = True
         elif not isinstance(tenant, Absent):
             options["tenant_id"] = tenant
+        account = self._account(kwargs)
+        if account is not None:
+            options["account_id"] = account
         level = level_for_task_priority(task.priority)
         if level is not None:
             options["priority_level"] = level
@@ -416,15 +396,14 @@ class FairQueueBackend(BaseTaskBackend):
     def _tenant(self, kwargs: Mapping[str, Any]) -> str | None | Absent:
         if self.tenant_kwarg not in kwargs:
             return ABSENT
-        tenant = kwargs[self.tenant_kwarg]
-        if isinstance(tenant, int) and not isinstance(tenant, bool):
-            return str(tenant)
-        if tenant is None or isinstance(tenant, str):
-            return tenant  # validated by resolve_priority (InvalidTenantError)
-        raise InvalidTaskError(
-            f"{self.tenant_kwarg} of type {type(tenant).__name__} is not allowed: expected a "
-            "string, an integer or None (the tenant kwarg is TASKS OPTIONS['TENANT_KWARG'])"
-        )
+        return id_kwarg(kwargs, self.tenant_kwarg, "tenant", "TENANT_KWARG")
+
+    def _account(self, kwargs: Mapping[str, Any]) -> str | None:
+        """The call's explicit account (``ACCOUNT_KWARG``); ``None`` or absent: the
+        tenant's own."""
+        if self.account_kwarg is None or kwargs.get(self.account_kwarg) is None:
+            return None
+        return id_kwarg(kwargs, self.account_kwarg, "account", "ACCOUNT_KWARG")
 
     def _delay_ms(self, run_after: datetime) -> int:
         now = timezone.now() if timezone.is_aware(run_after) else datetime.now()

@@ -121,7 +121,10 @@ def _check_changed(tenants: dict[str, str]) -> None:
         ).values_list("tenant_id", flat=True)
     )
     watch.drop(active)
-    plans = {plan.tenant_id: plan for plan in TenantPlan.objects.filter(tenant_id__in=tenants)}
+    plans = {
+        plan.tenant_id: plan
+        for plan in TenantPlan.objects.filter(tenant_id__in=tenants).select_related("account")
+    }
     watch.drop(set(tenants) - set(plans))
     for tenant_id in set(plans) - active:
         quota = quota_of(plans[tenant_id])
@@ -299,7 +302,9 @@ def quota_status(*, limit: int = 50, near: float = NEAR_SHARE) -> list[dict[str,
         for hold in TenantHold.objects.filter(reason=TenantHold.QUOTA, lifted_at__isnull=True)
     }
     out = []
-    for plan in TenantPlan.objects.filter(tenant_id__in=set(usage) | set(holds)):
+    for plan in TenantPlan.objects.filter(tenant_id__in=set(usage) | set(holds)).select_related(
+        "account"
+    ):
         quota = quota_of(plan)
         if quota is None:
             continue

@@ -155,8 +155,8 @@ def test_weight__plan_and_weight_come_from_one_cache_entry(django_assert_num_que
     with django_assert_num_queries(0):
         assert lookup_tenant_weight("a") == 4
         assert lookup_tenant_plan("a") == "pro"
-    generation, slug, weight, limits = cache.get(_tenant_key("a"))
-    assert (slug, weight, limits.holds) == ("pro", 4, False)
+    generation, slug, weight, limits, account = cache.get(_tenant_key("a"))
+    assert (slug, weight, limits.holds, account) == ("pro", 4, False, "")
 
 
 def test_weight__change_and_delete_invalidate_the_cached_weight():
@@ -205,3 +205,32 @@ def test_weight__wired_database_lookups_drive_resolution():
     flag_off = priority.resolve_priority(tenant_id="e", enabled=False)
     assert (flag_off.level, flag_off.tenant_weight) == ("normal", 12)
     assert priority.resolve_priority(tenant_id="ghost").tenant_weight == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_accounts_migration__existing_plans_keep_their_tier_weight_and_limits():
+    """A plan written before accounts existed resolves as before once migrated forward,
+    and the migration goes back cleanly."""
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    before, after = [("fairqueue", "0010_breaker_probe")], [("fairqueue", "0011_accounts")]
+    executor = MigrationExecutor(connection)
+    executor.migrate(before)
+    old = executor.loader.project_state(before).apps.get_model("fairqueue", "TenantPlan")
+    old.objects.create(tenant_id="old", plan_tier="enterprise", weight=7, max_active=3)
+    old.objects.create(tenant_id="classified", subscription={"products": []})
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate(after)
+    plan = TenantPlan.objects.get(tenant_id="old")
+    assert (plan.account_id, plan.resolve_plan(), plan.weight) == (None, "enterprise", 7)
+    assert plan.own_limits().max_active == 3
+    assert TenantPlan.objects.get(tenant_id="classified").resolve_plan() == "free"
+    assert lookup_tenant_plan("old") == "enterprise" and lookup_tenant_weight("old") == 7
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate(before)
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate(executor.loader.graph.leaf_nodes())
