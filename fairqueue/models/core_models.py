@@ -428,7 +428,11 @@ class OutboxJob(models.Model):
 
     class Meta:
         ordering = ["tries", "id"]
-        indexes = [models.Index(fields=["tries", "id"], name="fairqueue_outbox_order")]
+        indexes = [
+            models.Index(fields=["tries", "id"], name="fairqueue_outbox_order"),
+            # Admission and max_waiting count a flow's rows on every durable enqueue.
+            models.Index(fields=["queue", "tenant"], name="fairqueue_outbox_flow"),
+        ]
         verbose_name = _("outbox job")
 
     def __str__(self) -> str:
