@@ -550,26 +550,46 @@ def _settle(
     )
 )
 def test_settlements_move_placements_as_the_model_and_an_idle_flows_is_carried(rounds):
-    """Fairness by time: a settlement of a flow with work moves its last tag; one of a
-    flow with no work left is carried to its next job (``p:`` in fq:state), which pays it
-    with its own turn; batches, settlements and jobs taken in between, every job's score
-    exactly the model's."""
+    """Fairness by time: a settlement of a flow with work moves its waiting jobs and its
+    last tag (a refund never behind the virtual time); one of a flow with no work left is
+    carried to its next job (``p:`` in fq:state), which pays it with its own turn;
+    batches, settlements and jobs taken in between, every job's score exactly the
+    model's (``FairClock.charge``, ``replaced_tag``)."""
     prefix = run_prefix()
     broker = SyncBroker(Broker(REDIS_URL, prefix))
     redis_client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
     redis_client.hset(f"{prefix}:q:fq:state", "typ", 100)
-    clock, placed = FairClock(), {}
+    clock, placed, owner = FairClock(), {}, {}
     key = f"{prefix}:q:prioritized"
     try:
         # A backlog taken half-way: the virtual time well past the floor, so a refund
         # carried never places a job below it.
-        _add_as_the_model(broker, redis_client, clock, placed, key, [(L, "z", 1)] * 100)
+        added = _add_as_the_model(broker, redis_client, clock, placed, key, [(L, "z", 1)] * 100)
+        owner.update((job.job_id, "z") for job in added)
         _take_as_a_worker(redis_client, clock, placed, key, 50)
         for batch, settlements, taken in rounds:
-            _add_as_the_model(broker, redis_client, clock, placed, key, batch)
-            _settle(redis_client, prefix, settlements)
+            added = _add_as_the_model(broker, redis_client, clock, placed, key, batch)
+            owner.update((job.job_id, tenant) for (_, tenant, _), job in zip(batch, added))
+            merged: dict[tuple[PriorityLevel, str], float] = {}  # one a flow, as a page's
             for level, tenant, debt in settlements:
-                clock.charge(level, tenant, debt)
+                merged[(level, tenant)] = merged.get((level, tenant), 0.0) + debt
+            _settle(redis_client, prefix, [(*flow, debt) for flow, debt in merged.items()])
+            while broker.run(broker.broker.limits.replace_pages, "q", pages=8):
+                pass
+            for (level, tenant), debt in merged.items():
+                moved = clock.charge(level, tenant, debt)
+                for job_id, (units, rank, _, lvl) in list(placed.items()):
+                    if moved is None or (lvl, owner[job_id]) != (level, tenant):
+                        continue
+                    anchor, ratio, shift = moved
+                    if units / TAG_RESOLUTION > anchor:  # as the score keeps its tag
+                        tag = replaced_tag(units / TAG_RESOLUTION, anchor, ratio, shift)
+                        placed[job_id] = (math.floor(tag * TAG_RESOLUTION), rank, tag, lvl)
+            assert {k: float(v) for k, v in redis_client.zscan_iter(key)} == {
+                job_id: float(TAG_FLOOR * 2**32 + units * 4 + rank)
+                for job_id, (units, rank, _, _) in placed.items()
+            }
+            assert not redis_client.exists(f"{prefix}:q:fq:rw")
             _take_as_a_worker(redis_client, clock, placed, key, taken)
     finally:
         broker.close()

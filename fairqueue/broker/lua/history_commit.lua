@@ -124,6 +124,18 @@ local function tagsOf(member, level, rank, debt)
   local total = tonumber(redis.call('HGET', KEYS[4], 'W:' .. level)) or w
   return fqScale * debt * total / ((4 - rank) * w) -- a level's weight: 4 less its rank
 end
+local function g(x) return string.format('%.17g', x) end
+-- Begin placing the flow's waiting jobs again, t -> vt + tags + (t - vt) * ratio
+-- (reweight_page.lua's pages, at the loop's ticks; repay: each moved job's fqPaid scaled
+-- by the ratio); its last tag moves with them at once when they move back (a job placed
+-- meanwhile goes behind them), at the end when they move ahead (as a raised weight).
+local function replace(member, level, last, ratio, tags, repay)
+  redis.call('HSET', KEYS[10], member, table.concat({g(vt), g(ratio), g(last), level, '', '',
+    g(base), g(tags), repay and 'paid' or ''}, '\n'))
+  if ratio > 1 or (ratio == 1 and tags > 0) then
+    redis.call('ZADD', KEYS[5], g(vt + tags + (last - vt) * ratio), member)
+  end
+end
 local function settle(member, level, debt, text)
   local last = tonumber(redis.call('ZSCORE', KEYS[5], member))
   local rank = fqLevelRank[level]
@@ -134,8 +146,13 @@ local function settle(member, level, debt, text)
     -- settles its overruns too.
     redis.call('HINCRBYFLOAT', KEYS[4], 'p:' .. member, text) -- the page's text
   elseif last and rank then
-    redis.call('ZADD', KEYS[5], string.format('%.17g', last + tagsOf(member, level, rank, debt)),
-      member)
+    local tags = tagsOf(member, level, rank, debt)
+    if redis.call('HEXISTS', KEYS[10], member) == 0 then
+      -- paid at once: its waiting jobs move, not only the jobs placed after them
+      replace(member, level, last, 1, tags, false)
+    else -- its jobs are being placed again: behind its backlog
+      redis.call('ZADD', KEYS[5], g(last + tags), member)
+    end
   end
 end
 
@@ -159,17 +176,12 @@ for i = from, to, 4 do
   readVt()
   if rank and last and last > vt and redis.call('HEXISTS', KEYS[10], member) == 0 then
     local tags = tagsOf(member, level, rank, shift)
-    -- a refund (a moved job must never land behind the virtual time) or a shift against
-    -- the pages' direction (nor where they are still to go) is carried to the flow's next
-    -- job (its last tag is the pages' until they are done)
-    local fold = tags == 0 or (ratio >= 1 and tags > 0)
+    -- a shift against the pages' direction (a moved job must not land where they are
+    -- still to go) is carried to the flow's next job (its last tag is the pages' until
+    -- they are done); ratio 1 goes either way
+    local fold = ratio == 1 or tags == 0 or (ratio > 1 and tags > 0)
     if not fold then tags = 0 end
-    local function g(x) return string.format('%.17g', x) end
-    redis.call('HSET', KEYS[10], member, table.concat({g(vt), g(ratio), g(last), level, '', '',
-      g(base), g(tags), ratio ~= 1 and 'paid' or ''}, '\n'))
-    if ratio >= 1 then
-      redis.call('ZADD', KEYS[5], g(vt + tags + (last - vt) * ratio), member)
-    end
+    replace(member, level, last, ratio, tags, ratio ~= 1)
     if not fold then redis.call('HINCRBYFLOAT', KEYS[4], 'p:' .. member, ARGV[i + 3]) end
   elseif shift ~= 0 then
     settle(member, level, shift, ARGV[i + 3])

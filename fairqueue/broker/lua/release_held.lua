@@ -480,7 +480,12 @@ for _, t in ipairs(tenants) do
         local level, weight, cost = fqHeldMetaSplit(meta)
         redis.call('ZREM', KEYS[2], id)
         fqGuardRetries(prefix .. id)
-        local score, behind = fqPlace(K, c, level, t, tonumber(weight), tonumber(cost), true)
+        local score, behind, paid, placed = fqPlace(K, c, level, t, tonumber(weight),
+          tonumber(cost), true)
+        if score and placed then -- what it paid, for the pass's charge (as add_jobs')
+          redis.call('HDEL', prefix .. id, paid and 'fqCost' or 'fqPaid')
+          redis.call('HSET', prefix .. id, paid and 'fqPaid' or 'fqCost', string.format('%.6g', placed))
+        end
         redis.call('ZADD', K.prioritized, string.format('%.17g', score or fqCap * fqScore), id)
         fqPlaced(K, c, score)
         if score and behind then fqLinePush(K, fqFlowMember(level, t), {id}) end

@@ -85,7 +85,7 @@ local rank = fqLevelRank[level]
 local needle = cjson.encode(tenant)
 local bandLow = fqFloor * fqScore
 local bandEnd = fqScoreOf(c, last, level) or (fqCap * fqScore - 1)
-local up = ratio < 1
+local up = ratio < 1 or (ratio == 1 and shift < 0) -- the jobs move ahead: from the head up
 local from = cursorScore and string.format('%d', cursorScore)
 local rows
 -- From the cursor's score on, past the members of it already visited (ties sort by
@@ -113,7 +113,8 @@ for i = 1, #rows, 2 do
     end
     local tag = c.base + math.floor((score - bandLow) / 4) / fqSub
     if mine and tag > anchor then
-      local placed = fqScoreOf(c, anchor + shift + (tag - anchor) * ratio, level)
+      -- a refund (a settlement) moves a job at most to the anchor, never behind it
+      local placed = fqScoreOf(c, math.max(anchor, anchor + shift + (tag - anchor) * ratio), level)
       if placed and placed ~= score then
         redis.call('ZADD', K.prioritized, 'XX', string.format('%d', placed), id)
         moved = moved + 1
@@ -128,7 +129,8 @@ end
 local visited = #rows / 2
 if visited < page then
   if up and tonumber(redis.call('ZSCORE', K.flows, member)) == last then
-    redis.call('ZADD', K.flows, tagString(anchor + shift + (last - anchor) * ratio), member)
+    redis.call('ZADD', K.flows, tagString(math.max(anchor, anchor + shift + (last - anchor) * ratio)),
+      member)
   end
   redis.call('HDEL', KEYS[5], member)
   return {visited, moved, 1}

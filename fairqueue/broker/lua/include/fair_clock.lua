@@ -380,7 +380,9 @@ end
 -- whether its flow had a job waiting ahead of it (its line is kept only then: fqLinePush),
 -- and, for a job placed with nothing measured for its flow (fairness by time), the cost
 -- it paid (turns times the turn's length: the add script keeps it in the job's fqPaid,
--- so the pass charges the job's run against what it paid, not against a later estimate).
+-- so the pass charges the job's run against what it paid, not against a later estimate),
+-- and with fairness by time the cost it paid whatever its flow's estimate (fqCost: the
+-- same, for a job placed by its flow's estimate: a young estimate's error is owed).
 -- stored: weight is the one stored with the job when it was enqueued (a delayed or held
 -- job, a rerun), not looked up now: a flow with work places it by the weight it counts
 -- (the newer one, after a weight change: reweight.lua), so a stored weight never undoes it.
@@ -479,7 +481,7 @@ local function fqPlace(K, c, level, tenant, weight, explicitMs, stored)
       end
     end
   end
-  return score, behind, cold and cost or nil
+  return score, behind, cold and cost or nil, c.byTime and cost or nil
 end
 
 -- After placing a job at score (nil: parked): a job ahead of the head is the new head,
