@@ -26,13 +26,15 @@
   started, a:<level> became ready, o:<level> over the bound, w:<level>:<bin> waits, r
   retried, g gap ms, t:<level> worker ms, R:<level> retries) and <bucket prefix>t:<start
   second> (zset '<level>\n<tenant>' -> started, trimmed to the most served).
-  A settlement moves the flow's last tag in fq:flows by its whole turns (a flow whose
-  jobs ran long waits longer for its next turns), at the flow's weight and its level's
-  total as they are now; a flow with no work left (no last tag ahead of the virtual time
-  its first waiting job stands for) gets it carried instead, 'p:<member>' in fq:state, added
-  to its next job's cost when that is placed (fair_clock.lua's fqPlace). Work: two
-  commands per settled flow, and one read of the head (O(log n) at 1M waiting) per page
-  that settles any; none per tenant.
+  A settlement (one a flow a page) moves the flow's waiting jobs and its last tag by its
+  whole turns (a flow whose jobs ran long waits longer from its next turn on, not only
+  behind its backlog; a refund moves them earlier, none behind the virtual time), at the
+  flow's weight and its level's total as they are now: begun here in fq:rw, paged by
+  reweight_page.lua; while a move of the flow is in progress, its last tag only. A flow
+  with no work left (no last tag ahead of the virtual time its first waiting job stands
+  for) gets it carried instead, 'p:<member>' in fq:state, added to its next job's cost
+  when that is placed (fair_clock.lua's fqPlace). Work: a few commands per settled flow,
+  and one read of the head (O(log n) at 1M waiting) per page that settles any.
   Usage keys: <use prefix><day> (hash: the day's cumulative counters, and 'epoch', set
   when the day's hash is created, so counters Redis lost start a new epoch) and <use
   prefix>dirty (zset: '<day>\n<tenant>\n<job type>' -> the commit that last changed it;

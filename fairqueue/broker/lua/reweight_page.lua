@@ -11,7 +11,9 @@
   KEYS[5] fq:rw (hash: flow -> the re-placement in progress:
           "anchor\nratio\nend tag\nlevel\ncursor score\nvisited at it\nbase", and for a
           cold flow's first measurement (history_commit.lua) "\nshift\npaid": its jobs
-          move to anchor + shift + (t - anchor) * ratio, their fqPaid times the ratio)
+          move to anchor + shift + (t - anchor) * ratio, their fqPaid times the ratio;
+          a settlement: ratio 1 and the shift, a refund (shift < 0) from the head up,
+          none moved behind the anchor)
   ARGV    mode, who, amount, prefix (named: the two modes share the positions)
   'begin' (before reweight.lua counts the new weight): who the tenant, amount its weight.
           Records a re-placement of each of its flows with work whose counted weight
