@@ -348,8 +348,10 @@ class FairClock:
         inner = self._inner(key, account, mates, start, catching_up)
         part = mates + tenant_weight if inner is None else inner
         share = split * part / weight
-        carried = self.carried.pop(key, 0.0)
-        tag = start + flow_step(self.weights[level], tenant_weight, share, cost=cost + carried)
+        pay = cost + self.carried.pop(key, 0.0)  # a refund past its cost: the next job's
+        if pay < 0:
+            self.carried[key] = pay
+        tag = start + flow_step(self.weights[level], tenant_weight, share, cost=max(pay, 0.0))
         self.counted[key] = tenant_weight
         if account is not None:
             self.accounts[key] = account
@@ -446,9 +448,8 @@ class FairClock:
     ) -> Move | None:
         """The flow's first runs were measured: its waiting jobs, placed cold, are placed
         again at ``ratio`` (measured cost over what they paid) from the virtual time,
-        ``shift_turns`` later (what its runs so far overran, paid at once), and its last
-        tag with them, as :meth:`charge` (``None``: the flow has no work, the shift is
-        charged as any settlement)."""
+        ``shift_turns`` later (its overrun so far), and its last tag with them, as
+        :meth:`charge` (``None``: no work, the shift is charged as any settlement)."""
         key = (level, tenant)
         last = self.last.get(key)
         if last is None or last <= self.vt:

@@ -539,7 +539,7 @@ def _settle(
                 st.tuples(
                     st.sampled_from(list(PriorityLevel)),
                     st.sampled_from(["a", "b", "c"]),
-                    st.sampled_from([1.0, 2.5, 16.0, -0.5]),
+                    st.sampled_from([1.0, 2.5, 16.0, -0.5, -3.0]),
                 ),
                 max_size=2,
             ),
@@ -607,10 +607,8 @@ def test_settlements_move_placements_as_the_model_and_an_idle_flows_is_carried(r
                 st.sampled_from(list(PriorityLevel)),
                 st.sampled_from(["a", "b", "c"]),
                 st.sampled_from([4.0, 0.25, 16.0, 1 / 16, 1.0]),
-                # no refunds: a carried refund of a turn or more places a job behind the
-                # virtual time, where the script and the model retire its flow at different
-                # moments of a multi-flow add (so also with plain settlements)
-                st.sampled_from([0.0, 3.0, 40.0]),
+                # refunds too: one carried past a job's cost is left for the next job
+                st.sampled_from([0.0, 3.0, 40.0, -3.0]),
             ),
             st.integers(0, 8),
         ),

@@ -432,12 +432,19 @@ local function fqPlace(K, c, level, tenant, weight, explicitMs, stored)
   if horizon and start < horizon then share = catchUp end
   local cost, cold = fqCostOf(K, c, member, explicitMs)
   -- A charge its runs left after the flow had no work: paid with this job's turn.
+  -- A refund past its cost is left for the flow's next job: none placed behind its start.
   local carried = c.carried and c.carried[member] or 0
-  local tag = start + fqScale * (cost + carried) * share / ((4 - fqLevelRank[level]) * weight)
+  local pay = cost + carried
+  local tag = start + fqScale * (pay > 0 and pay or 0) * share / ((4 - fqLevelRank[level]) * weight)
   local score = fqScoreOf(c, tag, level)
   if score and carried ~= 0 then
-    c.carried[member] = 0
-    redis.call('HDEL', K.state, 'p:' .. member)
+    if pay < 0 then
+      c.carried[member] = pay
+      redis.call('HSET', K.state, 'p:' .. member, string.format('%.17g', pay))
+    else
+      c.carried[member] = 0
+      redis.call('HDEL', K.state, 'p:' .. member)
+    end
   end
   if score then
     -- Placed: the flow counts towards its level (a parked job changes nothing), and its
