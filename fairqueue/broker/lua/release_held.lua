@@ -480,11 +480,11 @@ for _, t in ipairs(tenants) do
         local level, weight, cost = fqHeldMetaSplit(meta)
         redis.call('ZREM', KEYS[2], id)
         fqGuardRetries(prefix .. id)
-        local score, behind, paid, placed = fqPlace(K, c, level, t, tonumber(weight),
+        local score, behind, cold, paid = fqPlace(K, c, level, t, tonumber(weight),
           tonumber(cost), true)
-        if score and placed then -- what it paid, for the pass's charge (as add_jobs')
-          redis.call('HDEL', prefix .. id, paid and 'fqCost' or 'fqPaid')
-          redis.call('HSET', prefix .. id, paid and 'fqPaid' or 'fqCost', string.format('%.6g', placed))
+        if score and paid then -- what it paid, for the pass's charge (as add_jobs')
+          redis.call('HDEL', prefix .. id, cold and 'fqCost' or 'fqPaid')
+          redis.call('HSET', prefix .. id, cold and 'fqPaid' or 'fqCost', string.format('%.6g', paid))
         end
         redis.call('ZADD', K.prioritized, string.format('%.17g', score or fqCap * fqScore), id)
         fqPlaced(K, c, score)
