@@ -349,9 +349,9 @@ class FairClock:
         part = mates + tenant_weight if inner is None else inner
         share = split * part / weight
         pay = cost + self.carried.pop(key, 0.0)  # a refund past its cost: the next job's
-        if pay < 0:
-            self.carried[key] = pay
-        tag = start + flow_step(self.weights[level], tenant_weight, share, cost=max(pay, 0.0))
+        if pay < (least := min(cost, MIN_COST_TURNS)):
+            self.carried[key], pay = pay - least, least
+        tag = start + flow_step(self.weights[level], tenant_weight, share, cost=pay)
         self.counted[key] = tenant_weight
         if account is not None:
             self.accounts[key] = account
@@ -457,15 +457,8 @@ class FairClock:
             return None
         share = flow_share(self._groups(level), self._group_of(key))
         shift = flow_step(self.weights[level], self.counted[key], share, cost=shift_turns)
-        # A shift against the direction the pages go in (a moved job must not land where
-        # they are still to go) is carried to the flow's next job: its last tag is the
-        # pages' until they are done. Ratio 1 (a settlement) goes either way.
-        fold = ratio == 1 or shift == 0 or (ratio > 1 and shift > 0)
-        anchor = self.vt
-        self.last[key] = replaced_tag(last, anchor, ratio, shift if fold else 0.0)
-        if not fold:
-            self.carried[key] = self.carried.get(key, 0.0) + shift_turns
-        return anchor, ratio, shift if fold else 0.0
+        self.last[key] = replaced_tag(last, self.vt, ratio, shift)
+        return self.vt, ratio, shift
 
     def _frontier(
         self, level: PriorityLevel, account: str | None = None

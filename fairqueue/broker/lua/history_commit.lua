@@ -127,16 +127,15 @@ local function tagsOf(member, level, rank, debt)
   return fqScale * debt * total / ((4 - rank) * w) -- a level's weight: 4 less its rank
 end
 local function g(x) return string.format('%.17g', x) end
--- Begin placing the flow's waiting jobs again, t -> vt + tags + (t - vt) * ratio
--- (reweight_page.lua's pages, at the loop's ticks; repay: each moved job's fqPaid scaled
--- by the ratio); its last tag moves with them at once when they move back (a job placed
--- meanwhile goes behind them), at the end when they move ahead (as a raised weight).
+-- Begin placing the flow's waiting jobs again, t -> vt + tags + (t - vt) * ratio, none
+-- behind vt (reweight_page.lua's pages, at the loop's ticks, from the head up; repay: each
+-- moved job's fqPaid scaled by the ratio); its last tag moves with them at once when it
+-- moves back (a job placed meanwhile goes behind them), else when the pages are done.
 local function replace(member, level, last, ratio, tags, repay)
   redis.call('HSET', KEYS[10], member, table.concat({g(vt), g(ratio), g(last), level, '', '',
     g(base), g(tags), repay and 'paid' or ''}, '\n'))
-  if ratio > 1 or (ratio == 1 and tags > 0) then
-    redis.call('ZADD', KEYS[5], g(vt + tags + (last - vt) * ratio), member)
-  end
+  local moved = math.max(vt, vt + tags + (last - vt) * ratio)
+  if moved > last then redis.call('ZADD', KEYS[5], g(moved), member) end
 end
 local function settle(member, level, debt, text)
   local last = tonumber(redis.call('ZSCORE', KEYS[5], member))
@@ -163,11 +162,9 @@ for i = from, to, 3 do settle(ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[
 
 -- Flows measured for the first time, off what their jobs paid cold (member, level, ratio,
 -- shift turns; ratio 1: a flow's cold runs that ended later, their overrun the shift):
--- their waiting jobs are placed again from the virtual time at the ratio,
--- the shift later (reweight_page.lua's pages, at the loop's ticks, each moved job's fqPaid
--- scaled with it), and their last tag with them at once when they move back (a job placed
--- meanwhile goes behind them), at the end when they move ahead (as a raised weight). A
--- flow with no work, or with a weight change in progress, gets the shift as a settlement.
+-- their waiting jobs are placed again from the virtual time at the ratio, the shift
+-- later (replace), each moved job's fqPaid scaled with it. A flow with no work, or with a
+-- move in progress, gets the shift as a settlement.
 -- Work: a few commands a flow, at most once per flow (its first measurement).
 from, to = section(4)
 for i = from, to, 4 do
@@ -177,14 +174,7 @@ for i = from, to, 4 do
   local rank = fqLevelRank[level]
   readVt()
   if rank and last and last > vt and redis.call('HEXISTS', KEYS[10], member) == 0 then
-    local tags = tagsOf(member, level, rank, shift)
-    -- a shift against the pages' direction (a moved job must not land where they are
-    -- still to go) is carried to the flow's next job (its last tag is the pages' until
-    -- they are done); ratio 1 goes either way
-    local fold = ratio == 1 or tags == 0 or (ratio > 1 and tags > 0)
-    if not fold then tags = 0 end
-    replace(member, level, last, ratio, tags, ratio ~= 1)
-    if not fold then redis.call('HINCRBYFLOAT', KEYS[4], 'p:' .. member, ARGV[i + 3]) end
+    replace(member, level, last, ratio, tagsOf(member, level, rank, shift), ratio ~= 1)
   elseif shift ~= 0 then
     settle(member, level, shift, ARGV[i + 3])
   end

@@ -432,15 +432,18 @@ local function fqPlace(K, c, level, tenant, weight, explicitMs, stored)
   if horizon and start < horizon then share = catchUp end
   local cost, cold = fqCostOf(K, c, member, explicitMs)
   -- A charge its runs left after the flow had no work: paid with this job's turn.
-  -- A refund past its cost is left for the flow's next job: none placed behind its start.
+  -- A refund past its cost is left for the flow's next job: each pays at least the least
+  -- cost, none is placed at or behind its start.
   local carried = c.carried and c.carried[member] or 0
-  local pay = cost + carried
-  local tag = start + fqScale * (pay > 0 and pay or 0) * share / ((4 - fqLevelRank[level]) * weight)
+  local pay, left = cost + carried, nil
+  local least = cost < fqMinCost and cost or fqMinCost
+  if pay < least then pay, left = least, pay - least end
+  local tag = start + fqScale * pay * share / ((4 - fqLevelRank[level]) * weight)
   local score = fqScoreOf(c, tag, level)
   if score and carried ~= 0 then
-    if pay < 0 then
-      c.carried[member] = pay
-      redis.call('HSET', K.state, 'p:' .. member, string.format('%.17g', pay))
+    if left then
+      c.carried[member] = left
+      redis.call('HSET', K.state, 'p:' .. member, string.format('%.17g', left))
     else
       c.carried[member] = 0
       redis.call('HDEL', K.state, 'p:' .. member)
