@@ -158,6 +158,11 @@ def test_every_list_of_the_limits_is_in_the_limit_recipe():
     assert limit_lists_missing(files, listed, LIMIT_FIELDS) == []
 
 
+def test_a_limit_touches_at_most_five_files_of_code():
+    code = sorted(p for p in named(LIMIT) if p.startswith("fairqueue/"))
+    assert len(code) <= 5, code
+
+
 def test_the_lua_reads_as_many_limit_fields_as_python_writes():
     lua = (ROOT / "fairqueue/broker/lua/include/wire.lua").read_text(encoding="utf-8")
     assert "fairqueue/broker/lua/include/wire.lua" in named(step(LIMIT, 2))
