@@ -47,7 +47,8 @@ from fairqueue.dashboard.stats import clamp_page, queues_stats
 from fairqueue.dashboard.tenant_routes import tenant_url
 from fairqueue.dashboard.wording import format_duration, format_time
 from fairqueue.exceptions import BrokerError, BrokerUnavailableError
-from fairqueue.rebalance.passes import LAST_RUN_RECORD, rebalance_queue
+from fairqueue.rebalance.pass_result import LAST_RUN_RECORD
+from fairqueue.rebalance.passes import rebalance_queue
 from fairqueue.scheduling.shares import clamp_window_min
 
 PERM_REBALANCE: Final = "fairqueue.run_rebalance"

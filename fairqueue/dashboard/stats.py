@@ -77,7 +77,7 @@ from fairqueue.dashboard.wording import (
 )
 from fairqueue.dashboard.worker_list import workers_section
 from fairqueue.enqueue.outbox import outbox_stats
-from fairqueue.rebalance.passes import LAST_RUN_RECORD, PASS_COUNTS
+from fairqueue.rebalance.pass_result import LAST_RUN_RECORD, PASS_COUNTS
 from fairqueue.scheduling.levels import DEFAULT_FAIR_WEIGHTS, LEVELS_BY_RANK
 from fairqueue.scheduling.shares import (
     DEFAULT_WINDOW_MIN,
