@@ -46,7 +46,7 @@ from fairqueue.conf import get_settings
 from fairqueue.conf.usage_settings import BreakerSettings
 from fairqueue.scheduling.levels import INTERNAL_TENANT, validate_tenant_id
 from fairqueue.usage.holds import (
-    audit,
+    audit_hold,
     end_hold,
     held_queues,
     now,
@@ -221,12 +221,9 @@ def open_breaker(
                 created_at=at,
                 until=at + dt.timedelta(seconds=config.cool_off_s),
             )
-            audit(
-                tenant_id,
-                reason=TenantHold.BREAKER,
+            audit_hold(
+                hold,
                 event="opened",
-                job_type=job_type,
-                action=TenantHold.HOLD,
                 actor=ACTOR,
                 why=f"{failed} of {completed + failed} attempts failed (retried or not, or "
                 f"stalled) in the last {config.window_s} s (opens at "
@@ -261,12 +258,9 @@ def _release_probe(queue: str, hold: Any) -> None:
         hold.probe_job_id = job_id
         hold.probe_attempts = outcome.attempts_made
         hold.save(update_fields=["state", "probe_job_id", "probe_attempts"])
-        audit(
-            hold.tenant_id,
-            reason=TenantHold.BREAKER,
+        audit_hold(
+            hold,
             event="probe",
-            job_type=hold.job_type,
-            action=hold.action,
             actor=ACTOR,
             why=f"cool-off over: job {job_id} released as the probe",
         )
@@ -301,12 +295,9 @@ def _reopen(hold: Any, config: BreakerSettings, why: str) -> None:
         hold.probe_job_id = ""
         hold.probe_attempts = 0
         hold.save(update_fields=["state", "until", "probe_job_id", "probe_attempts"])
-        audit(
-            hold.tenant_id,
-            reason=TenantHold.BREAKER,
+        audit_hold(
+            hold,
             event="reopened",
-            job_type=hold.job_type,
-            action=hold.action,
             actor=ACTOR,
             why=f"{why}; another probe after {config.cool_off_s} s",
         )
