@@ -1,33 +1,10 @@
-"""One rebalance pass: maintenance of the fair order the add script makes.
-
-The order is made when a job is added (docs/design.md; ``broker/lua/include/fair_clock.lua``),
-so the pass is not a second scheduler and never reorders tagged jobs. Each pass:
-
-1. **Adopts** jobs that arrived without a place: other producers' jobs in BullMQ's
-   ``wait`` list (priority 0, which workers would take before everything) or at small
-   priorities, delayed jobs BullMQ promoted (they wait at the back, ``BACK_OF_LINE``,
-   from their add), and jobs that found no room. Each gets its flow's next tag and is
-   charged for it; one already past the wait bound is counted ``aged``, nothing more.
-2. **Counts overdue jobs** from fairqueue's ready-time index, oldest first, per level:
-   the ``queue_fair_overdue_waiting`` gauge and the dashboard (checked job by job up to a
-   page budget; past that, the rest of the index up to the bound is counted unchecked,
-   so a huge overload costs a pass no more than a few ms). A flow whose arrivals exceed
-   its share bears its own overload and never takes turns from one that stays within
-   its share (docs/design.md, "The wait bound"). The same walk, and a bounded sweep of
-   the rest of the index, drop the
-   entries of jobs that left: stock workers never tell fairqueue.
-3. **Rebases** tags a page at a time before they reach BullMQ's cap.
-4. **Records history** for the dashboard: the jobs workers started since the last pass,
-   read from BullMQ's own events stream (stock workers record nothing of fairqueue's),
-   per level and tenant, with their waits, in buckets that expire after an hour
-   (:mod:`fairqueue.broker.events`: the loop reads a page of the stream and works
-   it out, ``broker/lua/history_commit.lua`` writes it once). A page of the stream per
-   call, ``HISTORY_PAGES`` calls at most.
-
-Every script call does bounded work and is fenced by the queue's leader lock inside
-Redis: it renews the lock, and a pass whose lock another rebalancer took stops writing
-(``lock_lost``). Time is Redis's (``TIME`` in the scripts, stream ids), never this
-host's; only which history buckets are still kept is this host's clock's call.
+"""One rebalance pass: maintenance of the fair order the add script makes (docs/design.md,
+"The pass is maintenance"). It adopts jobs that arrived without a place, counts overdue
+jobs per level from the ready-time index (and trims it), rebases tags before they reach
+BullMQ's cap and records the history from BullMQ's events stream, ``HISTORY_PAGES``
+pages at most. Every script call does bounded work and is fenced by the queue's leader
+lock inside Redis (a pass whose lock another rebalancer took stops writing:
+``lock_lost``); time is Redis's, never this host's.
 """
 
 from __future__ import annotations

@@ -1,52 +1,12 @@
 """A Django tasks backend that runs ``@task`` functions through fairqueue's fair BullMQ
 queues (``django.tasks`` on Django 6, the ``django-tasks`` package on Django 5.2).
 
-Settings::
-
-    TASKS = {
-        "default": {
-            "BACKEND": "fairqueue.tasks.backend.FairQueueBackend",
-            "QUEUES": ["default", "emails"],        # the task queue names you use
-            "OPTIONS": {
-                "TENANT_KWARG": "tenant_id",         # the default
-                "JOB_TYPES": {"emails": "email"},    # queue_name -> FAIRQUEUE job type
-                "ATTEMPTS": 3,                       # BullMQ attempts (default 1)
-                "BACKOFF": {"type": "exponential", "delay": 1000},  # between attempts
-                "DURABLE": False,                    # True: through the outbox
-                "MAX_WAIT_MS": None,                 # refuse tasks expected to start later
-            },
-        }
-    }
-
-Why these choices:
-
-* **Queue names.** A task's ``queue_name`` is a fairqueue job type (``JOB_TYPES`` may
-  map it to another), so it must be a key of ``FAIRQUEUE['QUEUES']``: that is where
-  the BullMQ queue name comes from. ``FAIRQUEUE``'s default ``{"default": "default"}``
-  makes django-tasks' default queue work with no mapping.
-* **Priority.** django-tasks' −100..100 maps onto the four levels: 50..100 critical,
-  1..49 high, −49..−1 normal, −100..−50 low, and **0 (the default) sets no level**: the
-  job resolves exactly as ``enqueue_job`` without an explicit priority does (the
-  tenant's plan when a plan lookup is wired, else normal). So ``@task`` with no
-  priority gives normal, and a tenant's plan still decides for its jobs; a non-zero
-  priority is an explicit level, which wins over the plan, and is audited
-  (``PriorityOverrideAudit``) exactly when ``enqueue_job(priority_level=...)`` is: for
-  a tenant's job with ``FAIRQUEUE['AUDIT_EXPLICIT_PRIORITY']`` on, else not (a code
-  decision, not an override of the plan for one request).
-* **Tenant.** The task's keyword argument named by ``TENANT_KWARG`` (``tenant_id``)
-  is the job's tenant, and stays in the kwargs, so the function receives it too: a
-  string, an integer (a primary key, used as its decimal string), or ``None`` for an
-  internal job (critical). Leave the argument out for a job of no tenant (normal, the
-  ``default`` bucket). The same rules as ``enqueue_job(tenant_id=...)``. Its account is
-  the one its ``TenantPlan`` names, or the keyword argument named by ``ACCOUNT_KWARG``
-  (none by default: a task's own ``account_id`` argument may mean something else).
-* **run_after** becomes BullMQ's ``delay``: the job waits in BullMQ's delayed set and
-  takes its fair place once BullMQ promotes it (the rebalance pass places it).
-
-``enqueue``/``aenqueue`` call :func:`fairqueue.enqueue.api.enqueue_job` /
-``aenqueue_job``: the same validation, audit, metrics and placement. ``get_result``
-reads the job back from BullMQ (see :func:`fairqueue.tasks.jobs.task_result_from_job`).
-``manage.py fairqueue_worker`` runs the jobs.
+Its settings and how a task maps onto fairqueue (queue name, priority, tenant,
+``run_after``) are in docs/tasks.md. ``enqueue``/``aenqueue`` call
+:func:`fairqueue.enqueue.api.enqueue_job` / ``aenqueue_job``: the same validation,
+audit, metrics and placement; ``get_result`` reads the job back from BullMQ
+(:func:`fairqueue.tasks.jobs.task_result_from_job`); ``manage.py fairqueue_worker`` runs
+the jobs.
 """
 
 from __future__ import annotations
