@@ -64,20 +64,6 @@ async def placed_estimate(
     return estimate, raw.placed
 
 
-async def estimate_call(
-    queue: str,
-    resolved: ResolvedPriority,
-    cost_ms: int | None,
-    count: int = 1,
-    delay_ms: int | None = None,
-    extra: int = 0,
-) -> StartEstimate:
-    """The estimate for the ``count``-th new job of a resolved call
-    (:func:`placed_estimate`)."""
-    estimate, _ = await placed_estimate(queue, resolved, cost_ms, count, delay_ms, extra)
-    return estimate
-
-
 def estimate_start(
     job_type: str, *, count: int = 1, **options: Unpack[EnqueueOptions]
 ) -> StartEstimate:
@@ -95,7 +81,8 @@ def estimate_start(
     delay_ms = options.get("delay_ms")
     extra = outbox_ahead(call.queue, call.resolved, delay_ms)
     sync = get_sync_broker()
-    return sync.run(estimate_call, call.queue, call.resolved, call.cost_ms, count, delay_ms, extra)
+    args = (call.queue, call.resolved, call.cost_ms, count, delay_ms, extra)
+    return sync.run(placed_estimate, *args)[0]
 
 
 async def aestimate_start(
@@ -107,4 +94,5 @@ async def aestimate_start(
     call = await sync_to_async(resolve_call)(job_type, **options)
     delay_ms = options.get("delay_ms")
     extra = await sync_to_async(outbox_ahead)(call.queue, call.resolved, delay_ms)
-    return await estimate_call(call.queue, call.resolved, call.cost_ms, count, delay_ms, extra)
+    args = (call.queue, call.resolved, call.cost_ms, count, delay_ms, extra)
+    return (await placed_estimate(*args))[0]
