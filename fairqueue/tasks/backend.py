@@ -11,7 +11,6 @@ the jobs.
 
 from __future__ import annotations
 
-import json
 import math
 import secrets
 from collections.abc import Iterable, Iterator, Mapping
@@ -26,7 +25,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
 from fairqueue import conf
-from fairqueue.broker import MAX_JOB_ID_LENGTH, RESERVED_JOB_IDS, StoredJob, get_sync_broker
+from fairqueue.broker import get_sync_broker
 from fairqueue.conf import get_settings
 from fairqueue.enqueue.admission import check_admission_options
 from fairqueue.enqueue.api import aenqueue_job, enqueue_job
@@ -48,6 +47,8 @@ from fairqueue.tasks.jobs import (
     TaskCall,
     TaskResult,
     TaskResultDoesNotExist,
+    outbox_task_job,
+    plausible_result_id,
     task_arguments,
     task_backends,
     task_result_from_job,
@@ -439,12 +440,12 @@ class FairQueueBackend(BaseTaskBackend):
             TaskResultDoesNotExist: no task job with that id in this backend's queues
                 (BullMQ removed it, or it never was).
         """
-        if not _plausible_id(result_id):
+        if not plausible_result_id(result_id):
             raise TaskResultDoesNotExist(result_id)
         sync = get_sync_broker()
         stored = sync.run(sync.broker.results.find_job, self._queues(), result_id)
         if stored is None and self.durable:
-            stored = _outbox_job(result_id)
+            stored = outbox_task_job(result_id)
         if stored is None:
             raise TaskResultDoesNotExist(result_id)
         return task_result_from_job(stored, self.alias)
@@ -453,11 +454,11 @@ class FairQueueBackend(BaseTaskBackend):
         """Async :meth:`get_result`."""
         from fairqueue.broker import get_broker
 
-        if not _plausible_id(result_id):
+        if not plausible_result_id(result_id):
             raise TaskResultDoesNotExist(result_id)
         stored = await get_broker().results.find_job(self._queues(), result_id)
         if stored is None and self.durable:
-            stored = await sync_to_async(_outbox_job)(result_id)
+            stored = await sync_to_async(outbox_task_job)(result_id)
         if stored is None:
             raise TaskResultDoesNotExist(result_id)
         return task_result_from_job(stored, self.alias)
@@ -475,37 +476,6 @@ def _arguments_error(task: Task) -> Iterator[None]:
         ) from None
 
 
-def _outbox_job(job_id: str) -> StoredJob | None:
-    """A durable task job the relay has not added to Redis yet, as a job READY to run
-    (enqueued when its transaction wrote it)."""
-    from fairqueue.models import OutboxJob
-
-    row = OutboxJob.objects.filter(job_id=job_id).first()
-    if row is None:
-        return None
-    try:
-        data = json.loads(row.data)
-    except ValueError:
-        return None
-    return StoredJob(
-        # Where the relay will add it: its job type's queue now (QUEUES may have moved it).
-        queue=get_settings().queues.get(row.job_type, row.queue),
-        job_id=job_id,
-        name=row.job_type,
-        state="outbox",
-        data=data,
-        timestamp_ms=int(row.created_at.timestamp() * 1000),
-        processed_on_ms=None,
-        finished_on_ms=None,
-        return_value=None,
-        failed_reason=None,
-        stacktrace=(),
-        attempts_made=0,
-        attempts_started=0,
-        processed_by=None,
-    )
-
-
 def _new_job_id() -> str:
     """A random job id (the task result's id). Unique across queues, so ``get_result``
     finds a job by id alone; never all digits (BullMQ keeps those for its own ids)."""
@@ -513,18 +483,6 @@ def _new_job_id() -> str:
         job_id = secrets.token_hex(RESULT_ID_BYTES)
         if not job_id.isdigit():
             return job_id
-
-
-def _plausible_id(result_id: object) -> bool:
-    """Whether ``result_id`` may name one of the backend's jobs. Not a queue's own key
-    suffix (``id``, ``events``, ``prioritized``...): ``prefix:queue:<id>`` would read
-    BullMQ's counter, stream or set as a job (a WRONGTYPE error, not "no such result")."""
-    return (
-        isinstance(result_id, str)
-        and 0 < len(result_id) <= MAX_JOB_ID_LENGTH
-        and ":" not in result_id
-        and result_id not in RESERVED_JOB_IDS
-    )
 
 
 def task_job_types() -> list[str]:
