@@ -20,7 +20,15 @@ SEPARATOR: Final = "\n"
 
 #: An add's per-job arguments, in the order ``wire.lua``'s ``fqReadJobs`` reads them.
 ADD_JOB_FIELDS: Final = (
-    "packed", "data", "opts", "level", "tenant", "weight", "cost", "account", "account_weight"
+    "packed",
+    "data",
+    "opts",
+    "level",
+    "tenant",
+    "weight",
+    "cost",
+    "account",
+    "account_weight",
 )
 
 

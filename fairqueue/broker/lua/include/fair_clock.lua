@@ -354,7 +354,9 @@ local function fqExpire(K, c)
         's\n' .. gone[i]
       lines[i] = K.flows .. ':' .. gone[i] -- its line: no job of it waits
     end
-    for level, w in pairs(byLevel) do redis.call('HINCRBY', K.state, 'W:' .. level, -w) end
+    for level, w in pairs(byLevel) do
+      if w ~= 0 then redis.call('HINCRBY', K.state, 'W:' .. level, -w) end
+    end
     redis.call('HDEL', K.fweights, unpack(fields))
     redis.call('ZREM', K.flows, unpack(gone))
     redis.call('UNLINK', unpack(lines))
