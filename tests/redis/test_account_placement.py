@@ -276,3 +276,43 @@ def test_ten_tenants_of_one_account_beside_another_accounts_one_take_half():
         assert queue.redis.hget(f"{queue.prefix}:q:fq:fweights", "normal\n\nbig") == "13"
     finally:
         queue.close()
+
+
+def test_every_enqueue_path_places_a_tenants_jobs_under_its_account(
+    fq_prefix, redis_client, django_capture_on_commit_callbacks
+):
+    """The account the enqueue resolved reaches the scripts on every path: a direct and a
+    durable enqueue are placed under it, a held job (its tenant limited) carries it in
+    its held meta and is placed under it when released, and a delayed job keeps it in its
+    opts for when it is placed (as a re-run does)."""
+    from fairqueue import pause_tenant, resume_tenant
+    from fairqueue.enqueue.api import enqueue_job, enqueue_jobs, enqueue_on_commit
+    from fairqueue.enqueue.priority import wire_tenant_plan_lookup
+    from fairqueue.models import Account, TenantPlan
+    from tests.helpers import release
+
+    big = Account.objects.create(account_id="big", weight=2)
+    TenantPlan.objects.create(tenant_id="big-1", account=big)
+    TenantPlan.objects.create(tenant_id="big-2", account=big, max_active=5)
+    wire_tenant_plan_lookup()
+    pause_tenant("big-2")
+    direct = enqueue_job("email", {}, tenant_id="big-1")
+    with django_capture_on_commit_callbacks(execute=True):
+        durable = enqueue_on_commit("email", {}, tenant_id="big-1")
+    held = enqueue_jobs("email", [{}, {}], tenant_id="big-2")
+    later = enqueue_job("email", {}, tenant_id="big-1", delay_ms=60_000)
+    level = direct.level.value
+    assert durable.level == direct.level and held[0].level == direct.level
+    weights = f"{fq_prefix}:email:fq:fweights"
+    group = f"{level}\n\nbig"
+    assert redis_client.hget(weights, f"a\n{level}\nbig-1") == "big"
+    assert redis_client.hmget(weights, group, f"w\n{group}") == ["1", "2"]
+    meta = redis_client.hget(f"{fq_prefix}:email:fq:lim:meta", held[0].job_id)
+    assert meta.endswith("\n2\nbig")
+    resume_tenant("big-2")
+    release()
+    assert redis_client.hget(weights, f"a\n{level}\nbig-2") == "big"
+    assert redis_client.hmget(weights, group, f"w\n{group}") == ["2", "2"]
+    assert redis_client.hget(f"{fq_prefix}:email:fq:state", f"W:{level}") == "2"
+    opts = redis_client.hget(f"{fq_prefix}:email:{later.job_id}", "opts")
+    assert '"fqAcct":"2\\nbig"' in opts
