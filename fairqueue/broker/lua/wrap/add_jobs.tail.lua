@@ -74,7 +74,7 @@ for _, job in ipairs(fqJobs) do
   if fresh then
     if not held then
       score, behind, paid, cost = fqPlace(fqKeys, fqClockState, job.level, job.tenant, job.weight,
-        job.cost)
+        job.cost, false, job.account, job.accountWeight)
     end
     priority = fqPriorityOf(score)
     if held or not slotted then
@@ -91,7 +91,8 @@ for _, job in ipairs(fqJobs) do
   local jobId = fqBullmqAdd()
   if held and type(jobId) == 'string' then
     fqHoldJob(fqLim, fqKeys.prioritized, KEYS[5], KEYS[8], jobId, job.tenant,
-      fqHeldMeta(job.level, job.weight, job.cost))
+      fqHeldMeta(job.level, job.weight, job.cost,
+        job.account and fqAccountMeta(job.account, job.accountWeight)))
   elseif fresh and type(jobId) == 'string' then
     fqPlaced(fqKeys, fqClockState, score)
     -- What it paid, for the pass's charge: placed cold (nothing measured for its flow),
