@@ -695,6 +695,34 @@ def test_a_cold_flood_measured_slow_is_spread_at_its_cost_and_its_overrun_paid_a
         broker.close()
 
 
+def test_a_settlement_moves_the_flows_waiting_jobs_and_one_during_a_move_waits(
+    fq_prefix, redis_client
+):
+    """A flow's overrun moves its waiting jobs at once (from the head up), so the next
+    jobs a worker takes are the other flow's; a second settlement while the move is
+    still in progress waits in the flow's balance (``d:``) for a later page."""
+    redis_client.hset(f"{fq_prefix}:q:fq:state", "typ", 100)
+    broker = SyncBroker(Broker(REDIS_URL, fq_prefix))
+    clock, placed = FairClock(), {}
+    key, state = f"{fq_prefix}:q:prioritized", f"{fq_prefix}:q:fq:state"
+    try:
+        added = _add_as_the_model(
+            broker, redis_client, clock, placed, key, [(N, "slow", 1), (N, "quick", 1)] * 20
+        )
+        owner = {job.job_id: ("slow", "quick")[i % 2] for i, job in enumerate(added)}
+        _settle(redis_client, fq_prefix, [(N, "slow", 8.0)])  # begun, no page run yet
+        last = redis_client.zscore(f"{fq_prefix}:q:fq:flows", "normal\nslow")
+        _settle(redis_client, fq_prefix, [(N, "slow", 3.0)])
+        assert float(redis_client.hget(state, "d:normal\nslow")) == 3.0
+        assert redis_client.zscore(f"{fq_prefix}:q:fq:flows", "normal\nslow") == last
+        while broker.run(broker.broker.limits.replace_pages, "q", pages=1):
+            pass
+        taken = [owner[job_id] for job_id, _ in redis_client.zpopmin(key, 8)]
+        assert Counter(taken) == {"quick": 8}  # 8 turns owed: the next 8 are quick's
+    finally:
+        broker.close()
+
+
 def test_an_overrun_of_a_flow_with_no_work_left_is_paid_by_its_next_job(fq_prefix, redis_client):
     """A flow whose last job ran past its turn after its flow had no work left (a flow that
     keeps emptying) is still charged: its next job pays the overrun with its own turn, so

@@ -30,7 +30,8 @@
   whole turns (a flow whose jobs ran long waits longer from its next turn on, not only
   behind its backlog; a refund moves them earlier, none behind the virtual time), at the
   flow's weight and its level's total as they are now: begun here in fq:rw, paged by
-  reweight_page.lua; while a move of the flow is in progress, its last tag only. A flow
+  reweight_page.lua; while a move of the flow is in progress, kept in its balance
+  ('d:<member>') for a later page. A flow
   with no work left (no last tag ahead of the virtual time its first waiting job stands
   for) gets it carried instead, 'p:<member>' in fq:state, added to its next job's cost
   when that is placed (fair_clock.lua's fqPlace). Work: a few commands per settled flow,
@@ -160,8 +161,12 @@ local function settle(member, level, debt, text)
     if redis.call('HEXISTS', KEYS[10], member) == 0 then
       -- paid at once: its waiting jobs move, not only the jobs placed after them
       replace(member, level, last, 1, tags, false)
-    else -- its jobs are being placed again: behind its backlog
-      redis.call('ZADD', KEYS[5], g(last + tags), member)
+    else
+      -- its jobs are being moved: kept in its balance (in turns of the typical time now,
+      -- as the page's), for a page after the move to settle
+      local st = redis.call('HMGET', KEYS[4], 'typ', 'unit')
+      redis.call('HINCRBYFLOAT', KEYS[4], 'd:' .. member,
+        g(debt / fqTurnScale(tonumber(st[1]), tonumber(st[2]))))
     end
   end
 end
