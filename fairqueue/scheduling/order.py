@@ -427,9 +427,8 @@ class FairClock:
         :meth:`charge` (``None``: no work, the shift is charged as any settlement)."""
         key = (level, tenant)
         last = self.last.get(key)
-        if last is None or last <= self.vt:
-            self.charge(level, tenant, shift_turns)
-            return None
+        if last is None or last <= self.vt or ratio < 1 or shift_turns < 0:
+            return self.charge(level, tenant, shift_turns)  # cheaper: its charges repay
         share = flow_share(self._groups(level), self._group_of(key))
         shift = flow_step(self.weights[level], self.counted[key], share, cost=shift_turns)
         self.last[key] = replaced_tag(last, self.vt, ratio, shift)
@@ -468,8 +467,8 @@ class FairClock:
 
     def charge(self, level: PriorityLevel, tenant: str, turns: float) -> Move | None:
         """The flow's attempts used ``turns`` more (less, if negative) than they paid when
-        placed: paid at once, its waiting jobs and last tag moved that much later (earlier,
-        not behind the virtual time): (anchor, 1, shift in tags) for :func:`replaced_tag`.
+        placed: paid at once, its waiting jobs and last tag moved that much later (a refund:
+        its last tag earlier): (anchor, 1, shift in tags) for :func:`replaced_tag`.
         ``None``: no work left, it is carried to its next job, which pays it with its own
         turn (a flow that keeps emptying too; docs/design.md, "Service is worker time")."""
         key = (level, tenant)
@@ -478,8 +477,8 @@ class FairClock:
             return None
         share = flow_share(self._groups(level), self._group_of(key))
         shift = flow_step(self.weights[level], self.counted[key], share, cost=turns)
-        self.last[key] = replaced_tag(self.last[key], self.vt, 1.0, shift)
-        return self.vt, 1.0, shift
+        self.last[key] += shift  # a refund: its next jobs only (no gap before a flood's)
+        return (self.vt, 1.0, shift) if turns > 0 else None
 
 
 def order_by_occupancy(
