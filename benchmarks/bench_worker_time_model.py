@@ -15,8 +15,9 @@ it asks, at most half the worker time (the quick one floods):
 * ``slow-emptying`` - the slow tenant (6x) asks 0.8 of its share in jobs, so with run-time
   jitter and overhead its queue keeps emptying while it asks a little over half.
 
-Each runs with the rule as it was (``before``: a settlement moved only its flow's last
-tag, and an attempt was charged against its flow's estimate at its start) and as it is
+Each runs with the rule as it was, approximately (``before``: a settlement moves only its
+flow's last tag, an attempt is charged against its flow's estimate at its start; the
+first measurement as now) and as it is
 (``now``: each attempt charged against what its job paid when placed, a settlement moving
 its flow's waiting jobs at once, ``FairClock.charge``); a cold flow's first measurement
 places its waiting jobs again in both (``FairClock.recost``).
