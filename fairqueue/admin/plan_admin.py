@@ -19,7 +19,7 @@ from fairqueue.conf import get_settings
 from fairqueue.dashboard.admin_readonly import ReadOnlyAdmin
 from fairqueue.dashboard.crumbs import trail
 from fairqueue.dashboard.tenant_page import effective_level
-from fairqueue.dashboard.tenant_routes import tenant_url
+from fairqueue.dashboard.tenant_routes import account_url, tenant_url
 from fairqueue.dashboard.views import DashboardAdmin
 from fairqueue.models import (
     PLAN_CHOICES,
@@ -65,6 +65,7 @@ class AccountAdmin(admin.ModelAdmin):
         "plan_tier",
         "weight",
         "tenants_link",
+        "console_link",
         "updated_to_the_second",
     )
     list_filter = ("plan_tier", "weight")
@@ -88,6 +89,11 @@ class AccountAdmin(admin.ModelAdmin):
             + urlencode({"account__exact": account.account_id})
         )
         return format_html('<a href="{}">{}</a>', url, account.tenant_count)
+
+    @admin.display(description="console")
+    def console_link(self, account: Account) -> str:
+        """Its console page: its tenants' waiting and running jobs and shares."""
+        return format_html('<a href="{}">its page</a>', account_url(account.account_id))
 
     @admin.display(description="updated at", ordering="updated_at")
     def updated_to_the_second(self, account: Account) -> str:

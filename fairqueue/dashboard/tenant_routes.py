@@ -29,6 +29,9 @@ _ESCAPE: Final = re.compile(r"_([0-9A-F]{2})")
 TENANT_PAGE: Final = "tenant"
 TENANT_LIMITS: Final = "tenant_limits"
 TENANT_ACTION: Final = "tenant_action"
+#: The account page's route name: an account id follows a tenant id's rules, so its
+#: segment is escaped the same way.
+ACCOUNT_PAGE: Final = "account"
 
 
 def encode_tenant_segment(tenant_id: str) -> str:
@@ -87,3 +90,8 @@ def tenant_url(tenant_id: str, action: str = "", *, site: str = "admin") -> str:
     if action == "limits":
         return reverse(prefix + TENANT_LIMITS, args=[tenant_id])
     return reverse(prefix + TENANT_ACTION, args=[tenant_id, action])
+
+
+def account_url(account_id: str, *, site: str = "admin") -> str:
+    """The console URL of ``account_id``'s page (the id escaped as a tenant id is)."""
+    return reverse(f"{site}:fairqueue_dashboard_{ACCOUNT_PAGE}", args=[account_id])

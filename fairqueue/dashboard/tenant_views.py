@@ -45,6 +45,7 @@ from fairqueue.dashboard.tenant_routes import (
     TENANT_ACTION,
     TENANT_LIMITS,
     TENANT_PAGE,
+    account_url,
     tenant_url,
 )
 from fairqueue.dashboard.wording import format_duration
@@ -94,6 +95,8 @@ class TenantPage:
     paused: bool
     can_act: bool
     plan_url: str
+    #: its account's console page ("": it has none)
+    account_url: str
     add_plan_url: str
     action_urls: Mapping[str, str]
     limits_url: str
@@ -213,6 +216,11 @@ class TenantViews(ConsolePage):
                     can_act=request.user.has_perm(PERM_ACT),
                     plan_url=(
                         reverse("admin:fairqueue_tenantplan_change", args=[plan.pk]) if plan else ""
+                    ),
+                    account_url=(
+                        account_url(plan.account_id, site=self.admin.admin_site.name)
+                        if plan and plan.account_id
+                        else ""
                     ),
                     add_plan_url=reverse("admin:fairqueue_tenantplan_add")
                     + "?"
