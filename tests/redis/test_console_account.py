@@ -140,3 +140,34 @@ def test_account_page__lists_at_most_its_first_tenants_and_says_how_many(custome
     assert f'data-fq-a="tenants">{total} <span class="fq-muted">(the first' in html
     email = html.split('data-job-type="email"', 1)[1].split("</section>", 1)[0]
     assert email.count("data-fq-account-tenant=") == ACCOUNT_TENANTS
+
+
+def test_overview__top_consumers_by_account_sum_their_tenants_starts(
+    customers, operator, redis_client
+):
+    write_history(
+        redis_client,
+        customers,
+        {("normal", "big-1"): 3.0, ("low", "big-2"): 2.0, ("normal", "solo"): 4.0},
+    )
+    body = operator.get(reverse("admin:fairqueue_dashboard_stats"), {"queue": "email"}).json()
+    (stats,) = body["queues"]
+    started = {(t["level"], t["tenant"]): t["served"] for t in stats["history"]["tenants"]}
+    big = started[("normal", "big-1")] + started[("low", "big-2")]
+    solo = started[("normal", "solo")]
+    assert big > solo > 0  # 5 a second against 4
+    total = stats["history"]["served_total"]
+    assert [(a["account"], a["tenant"], a["served"], a["tenants"]) for a in stats["accounts"]] == [
+        ("acct/big", None, big, 2),
+        (None, "solo", solo, 1),
+    ]
+    assert stats["accounts"][0]["url"] == reverse(ACCOUNT, args=["acct/big"])
+    assert stats["accounts"][1]["url"] == reverse(TENANT, args=["solo"])
+    html = operator.get(reverse("admin:fairqueue_dashboard_changelist")).content.decode()
+    table = html.split("data-fq-top-accounts", 1)[1].split("</table>", 1)[0]
+    rows = re.findall(r'data-fq-top-account="([^"]+)">.*?<td>(\d+)</td><td>([^<]+)</td>', table)
+    assert rows == [
+        ("acct/big", str(big), f"{100 * big / total:.0f}%"),
+        ("solo", str(solo), f"{100 * solo / total:.0f}%"),
+    ]
+    assert "(tenant, no account)" in table
