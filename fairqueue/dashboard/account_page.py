@@ -125,7 +125,7 @@ async def aaccount_queue(
     )
     if backlog["exact"] and scan is not None:
         backlog = await settle_exact(broker, queue, counts, scan, backlog)
-    running, _, _ = await broker.console.in_flight(queue)
+    running, *_ = await broker.console.in_flight(queue)
     uses: dict[str, list[str]] = {}
     for member in members:
         used = {member.level}

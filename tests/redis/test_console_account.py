@@ -171,3 +171,23 @@ def test_overview__top_consumers_by_account_sum_their_tenants_starts(
         ("solo", str(solo), f"{100 * solo / total:.0f}%"),
     ]
     assert "(tenant, no account)" in table
+
+
+def test_metrics__accounts_running_counts_accounts_never_names_them(customers, client):
+    """Two tenants of one account and a tenant of none run: two accounts, no id label."""
+    for tenant in ("big-1", "big-2", "solo"):
+        enqueue_jobs("email", [{}], tenant_id=tenant)
+    started: list[str] = []
+    release = threading.Event()
+    thread = _worker(customers, started, release)
+    thread.start()
+    try:
+        assert wait_until(lambda: len(started) == RUNNING, 15)
+        body = client.get("/metrics").content.decode()
+    finally:
+        release.set()
+        thread.join(15)
+    lines = [line for line in body.splitlines() if line.startswith("queue_fair_accounts_running{")]
+    assert 'queue_fair_accounts_running{job_type="email",queue="email"} 2.0' in lines
+    assert 'queue_fair_accounts_running{job_type="report",queue="report"} 0.0' in lines
+    assert not any("acct" in line or "solo" in line for line in lines)
