@@ -94,6 +94,14 @@ class Account(models.Model):
             high=MAX_TENANT_WEIGHT,
         )
     )
+    paused = models.BooleanField(
+        default=False,
+        editable=False,
+        help_text=_(
+            "Set by pause_account / resume_account (audited on each of its tenants): none "
+            "of its tenants' jobs starts while it is paused."
+        ),
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -242,8 +250,14 @@ class TenantPlan(models.Model):
             rate_max=self.rate_max,
             rate_duration_ms=self.rate_duration_ms,
             max_waiting=self.max_waiting,
-            paused=self.paused,
+            # its account's pause holds it too (docs/limits.md#accounts)
+            paused=self.paused or self.account_paused,
         )
+
+    @property
+    def account_paused(self) -> bool:
+        """Whether its account is paused (``pause_account``)."""
+        return self.account_id is not None and self.account is not None and self.account.paused
 
     def product_ids(self) -> list[str]:
         """Product ids of the subscription, in the order billing lists them."""

@@ -1,0 +1,121 @@
+"""Pausing an account: every tenant of it paused in Redis as ``pause_tenant`` pauses
+one, audited on each; a tenant resumed alone stays held while its account is paused; a
+tenant joining a paused account is paused, one leaving it is resumed; resuming the
+account leaves a tenant's own pause in force; the database's copy (the rebuild) says
+the same (real Redis, real BullMQ)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fairqueue import pause_account, pause_tenant, resume_account, resume_tenant
+from fairqueue.broker import get_sync_broker
+from fairqueue.enqueue.api import enqueue_jobs
+from fairqueue.enqueue.priority import wire_tenant_plan_lookup
+from fairqueue.exceptions import InvalidAccountError, UnknownAccountError
+from fairqueue.models import Account, TenantPauseAudit, TenantPlan
+from fairqueue.tenants import database_limits
+from tests.helpers import bullmq_counts
+
+pytestmark = pytest.mark.django_db
+
+
+def paused(tenant_id: str) -> list[bool]:
+    """Whether Redis has ``tenant_id`` paused, in each of the email and report queues."""
+    sync = get_sync_broker()
+    return [sync.run(sync.broker.limits.is_paused, q, tenant_id) for q in ("email", "report")]
+
+
+def takeable(prefix: str) -> int:
+    counts = bullmq_counts(prefix, "email")
+    return counts["wait"] + counts["prioritized"]
+
+
+@pytest.fixture
+def shop(fq_prefix):
+    """Account 'shop' owning 'shop-1' and 'shop-2'; 'solo' of no account; lookups wired."""
+    account = Account.objects.create(account_id="shop", plan_tier="pro")
+    TenantPlan.objects.create(tenant_id="shop-1", account=account)
+    TenantPlan.objects.create(tenant_id="shop-2", account=account)
+    TenantPlan.objects.create(tenant_id="solo", plan_tier="pro")
+    wire_tenant_plan_lookup()
+    return fq_prefix
+
+
+def test_pause_account__holds_every_tenant_of_it_and_audits_each(shop):
+    enqueue_jobs("email", [{} for _ in range(3)], tenant_id="shop-1")
+    enqueue_jobs("email", [{} for _ in range(2)], tenant_id="shop-2")
+    enqueue_jobs("email", [{} for _ in range(4)], tenant_id="solo")
+    assert takeable(shop) == 9
+    assert pause_account("shop", actor="ops", source="incident 7") == 5
+    assert takeable(shop) == 4  # solo's alone
+    assert bullmq_counts(shop, "email")["delayed"] == 5
+    assert paused("shop-1") == paused("shop-2") == [True, True]
+    assert paused("solo") == [False, False]
+    # its tenants' new jobs are held too
+    enqueue_jobs("email", [{}], tenant_id="shop-2")
+    assert takeable(shop) == 4
+    assert Account.objects.get(account_id="shop").paused
+    audits = TenantPauseAudit.objects.order_by("tenant_id")
+    assert list(audits.values_list("tenant_id", "action", "actor", "source")) == [
+        ("shop-1", "paused", "ops", "account shop: incident 7"),
+        ("shop-2", "paused", "ops", "account shop: incident 7"),
+    ]
+    # the database's copy: Redis's rebuild pauses them again
+    _, held = database_limits()
+    assert {"shop-1", "shop-2"} <= held and "solo" not in held
+
+    assert resume_account("shop", actor="ops", source="fixed") == 6
+    assert takeable(shop) == 10
+    assert paused("shop-1") == paused("shop-2") == [False, False]
+    assert not Account.objects.get(account_id="shop").paused
+    resumed = TenantPauseAudit.objects.filter(action="resumed", source="account shop: fixed")
+    assert resumed.count() == 2
+
+
+def test_pause_account__a_tenants_own_pause_and_the_accounts_both_hold(shop):
+    enqueue_jobs("email", [{} for _ in range(2)], tenant_id="shop-1")
+    pause_tenant("shop-1", actor="ops")
+    pause_account("shop", actor="ops")
+    # resuming the tenant alone: its account's pause still holds it
+    assert resume_tenant("shop-1", actor="ops") == 0
+    assert paused("shop-1") == [True, True] and takeable(shop) == 0
+    pause_tenant("shop-1", actor="ops")
+    # resuming the account: the tenant's own pause still holds it; its sibling goes
+    resume_account("shop", actor="ops")
+    assert paused("shop-1") == [True, True] and paused("shop-2") == [False, False]
+    assert resume_tenant("shop-1", actor="ops") == 2
+    assert takeable(shop) == 2
+
+
+def test_pause_account__joining_tenants_are_paused_leaving_ones_resumed(
+    shop, django_capture_on_commit_callbacks
+):
+    enqueue_jobs("email", [{} for _ in range(2)], tenant_id="solo")
+    pause_account("shop", actor="ops")
+    with django_capture_on_commit_callbacks(execute=True):
+        solo = TenantPlan.objects.get(tenant_id="solo")
+        solo.account_id = "shop"
+        solo.save()
+    assert paused("solo") == [True, True] and takeable(shop) == 0
+    with django_capture_on_commit_callbacks(execute=True):
+        TenantPlan.objects.create(tenant_id="shop-3", account_id="shop")
+    assert paused("shop-3") == [True, True]
+    with django_capture_on_commit_callbacks(execute=True):
+        solo.account = None
+        solo.save()
+    assert paused("solo") == [False, False] and takeable(shop) == 2
+    # a save that does not touch the account leaves its pause alone
+    with django_capture_on_commit_callbacks(execute=True):
+        plan = TenantPlan.objects.get(tenant_id="shop-3")
+        plan.weight = 2
+        plan.save(update_fields=["weight", "updated_at"])
+    assert paused("shop-3") == [True, True]
+
+
+def test_pause_account__bad_and_unknown_ids_are_clear_errors(shop):
+    with pytest.raises(UnknownAccountError, match="no Account has that id"):
+        pause_account("nobody")
+    with pytest.raises(InvalidAccountError, match="account_id="):
+        resume_account("")
+    assert not TenantPauseAudit.objects.exists()
