@@ -10,8 +10,9 @@ from django.urls import reverse
 
 from fairqueue.enqueue.api import enqueue_jobs
 from fairqueue.enqueue.priority import wire_tenant_plan_lookup, wire_tenant_weight_lookup
-from fairqueue.models import Account, TenantPlan
-from tests.helpers.console_driver import ARTIFACTS, OPERATOR_PERMS, require_chromium
+from fairqueue.models import Account, TenantPauseAudit, TenantPlan
+from tests.helpers import bullmq_counts
+from tests.helpers.console_driver import ARTIFACTS, OPERATOR_PERMS, off_loop, require_chromium
 from tests.helpers.jobs import write_history
 
 require_chromium()
@@ -63,3 +64,40 @@ def test_browser__account_page_from_the_admin_its_tenants_and_the_overview(
     ]
     console.follow("[data-fq-top-account='shop & co'] a")
     assert console.text("[data-fq-a=tenants]").startswith("2")
+
+
+def test_browser__pause_and_resume_an_account_from_its_admin_list(console, fq_prefix):
+    shop = Account.objects.create(account_id="shop", plan_tier="pro")
+    for tenant in ("shop-1", "shop-2"):
+        TenantPlan.objects.create(tenant_id=tenant, account=shop)
+    wire_tenant_plan_lookup()
+    enqueue_jobs("email", [{} for _ in range(3)], tenant_id="shop-1")
+    enqueue_jobs("email", [{} for _ in range(2)], tenant_id="shop-2")
+    enqueue_jobs("email", [{}], tenant_id="other")
+
+    console.open("operator", *OPERATOR_PERMS, "change_account", "view_account")
+
+    def run(action: str) -> str:
+        console.go(reverse("admin:fairqueue_account_changelist"))
+        console.page.locator("#result_list tr", has_text="shop").locator(
+            "input.action-select"
+        ).check()
+        console.page.select_option("select[name=action]", action)
+        console.follow("button[name=index]")
+        return console.message()
+
+    assert run("pause") == "Paused 1 account(s)."
+    assert off_loop(bullmq_counts, fq_prefix, "email")["delayed"] == 5  # held
+    console.go(reverse(f"{ADMIN}_account", args=["shop"]))
+    assert console.text("[data-fq-a=paused]").startswith("yes")
+    assert console.text(f"{EMAIL} [data-fq-account-tenant='shop-1'] [data-fq-at=waiting]") == "0"
+    console.go(reverse(f"{ADMIN}_tenant", args=["shop-2"]))
+    assert console.text("[data-fq-paused-state]") == "yes"
+    audits = TenantPauseAudit.objects.filter(source="account shop: admin", actor="operator")
+    assert off_loop(audits.count) == 2
+
+    assert run("resume") == "Resumed 1 account(s)."
+    counts = off_loop(bullmq_counts, fq_prefix, "email")
+    assert counts["delayed"] == 0 and counts["wait"] + counts["prioritized"] == 6
+    console.go(reverse(f"{ADMIN}_account", args=["shop"]))
+    assert console.text("[data-fq-a=paused]") == "no"
