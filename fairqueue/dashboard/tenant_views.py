@@ -354,6 +354,12 @@ class TenantViews(ConsolePage):
             return f"Paused {tenant_id}: {moved} of its job(s) taken back from the line."
         if action == "resume":
             released = resume_tenant(tenant_id, actor=actor, source="console")
+            plan = TenantPlan.objects.filter(tenant_id=tenant_id).select_related("account").first()
+            if plan is not None and plan.account_paused:
+                return (
+                    f"Resumed {tenant_id}'s own pause; its account {plan.account_id} is "
+                    "paused, so its jobs stay held until the account is resumed."
+                )
             return f"Resumed {tenant_id}: {released} held job(s) released at once."
         if action == "retry":
             queues: dict[str, str] = {}

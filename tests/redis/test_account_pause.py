@@ -7,6 +7,7 @@ the same (real Redis, real BullMQ)."""
 from __future__ import annotations
 
 import pytest
+from django.urls import reverse
 
 from fairqueue import pause_account, pause_tenant, resume_account, resume_tenant
 from fairqueue.broker import get_sync_broker
@@ -119,3 +120,13 @@ def test_pause_account__bad_and_unknown_ids_are_clear_errors(shop):
     with pytest.raises(InvalidAccountError, match="account_id="):
         resume_account("")
     assert not TenantPauseAudit.objects.exists()
+
+
+def test_console__resuming_a_tenant_of_a_paused_account_says_it_stays_held(shop, operator):
+    enqueue_jobs("email", [{}], tenant_id="shop-1")
+    pause_account("shop", actor="ops")
+    url = reverse("admin:fairqueue_dashboard_tenant_action", args=["shop-1", "resume"])
+    page = operator.post(url, follow=True).content.decode()
+    assert "its account shop is paused, so its jobs stay held" in page
+    assert paused("shop-1") == [True, True] and takeable(shop) == 0
+    assert "data-fq-account-paused>its account is paused" in page
