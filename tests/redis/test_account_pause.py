@@ -130,3 +130,19 @@ def test_console__resuming_a_tenant_of_a_paused_account_says_it_stays_held(shop,
     assert "its account shop is paused, so its jobs stay held" in page
     assert paused("shop-1") == [True, True] and takeable(shop) == 0
     assert "data-fq-account-paused>its account is paused" in page
+
+
+def test_pause_account__comes_back_when_redis_lost_its_keys(shop, redis_client):
+    """Redis forgets every key: an enqueue whose lookup says its account is paused holds
+    its job at once, and the rebuild from the database pauses every tenant again."""
+    from fairqueue.tenants import rebuild_tenant_limits
+    from tests.helpers.keys import delete_prefix
+
+    pause_account("shop", actor="ops")
+    delete_prefix(shop)
+    enqueue_jobs("email", [{} for _ in range(2)], tenant_id="shop-1")
+    enqueue_jobs("email", [{}], tenant_id="solo")
+    assert takeable(shop) == 1  # solo's; shop-1's held by the add itself
+    assert rebuild_tenant_limits()
+    assert paused("shop-1") == paused("shop-2") == [True, True]
+    assert sorted(redis_client.hkeys(f"{shop}:email:fq:lim:paused")) == ["shop-1", "shop-2"]
