@@ -18,7 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from django.http import Http404, HttpRequest, HttpResponse
+from django.contrib import messages
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, reverse
 from django.utils.http import urlencode
@@ -27,7 +28,9 @@ from fairqueue.broker import Broker, get_sync_broker
 from fairqueue.conf import get_settings
 from fairqueue.dashboard.backlog_scans import SYNC_SCAN_LIMIT, read_backlog
 from fairqueue.dashboard.console_admin import (
+    PERM_ACT,
     PERM_VIEW,
+    ActionConfirm,
     ConsolePage,
     RedisTrouble,
     redis_trouble,
@@ -35,16 +38,24 @@ from fairqueue.dashboard.console_admin import (
 )
 from fairqueue.dashboard.moment import moment, settle_exact, waiting_of
 from fairqueue.dashboard.overview import entitled_now
-from fairqueue.dashboard.tenant_routes import ACCOUNT_PAGE, tenant_url
+from fairqueue.dashboard.tenant_routes import (
+    ACCOUNT_ACTION,
+    ACCOUNT_PAGE,
+    account_url,
+    tenant_url,
+)
 from fairqueue.enqueue.priority import resolve_priority
 from fairqueue.exceptions import BrokerError, InvalidAccountError
 from fairqueue.models import Account, TenantPlan
 from fairqueue.scheduling.levels import validate_account_id
 from fairqueue.scheduling.noisy import FlowWeight
 from fairqueue.scheduling.shares import LEVEL_NAMES
+from fairqueue.tenants import pause_account, resume_account
 
 #: Tenants of an account the page lists at most (in id order; their number is said).
 ACCOUNT_TENANTS: Final = 200
+#: The account's actions (confirmed on GET, done on POST, audited on each tenant).
+ACCOUNT_ACTIONS: Final = ("pause", "resume")
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +106,8 @@ class AccountPage:
     redis_error: RedisTrouble | None
     change_url: str
     tenants_url: str
+    can_act: bool
+    action_urls: Mapping[str, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,15 +231,22 @@ class AccountViews(ConsolePage):
 
     def urls(self) -> list[URLPattern]:
         # fq_tenant: an account id follows a tenant id's rules, escaped the same way
-        route = "accounts/<fq_tenant:account_id>/"
-        return [self.admin._page(route, self.account_view, ACCOUNT_PAGE)]
+        page = self.admin._page
+        return [
+            page("accounts/<fq_tenant:account_id>/", self.account_view, ACCOUNT_PAGE),
+            page(
+                "accounts/<fq_tenant:account_id>/do/<str:action>/",
+                self.action_view,
+                ACCOUNT_ACTION,
+            ),
+        ]
+
+    def _url(self, account_id: str, action: str = "") -> str:
+        return account_url(account_id, action, site=self.admin.admin_site.name)
 
     def account_view(self, request: HttpRequest, account_id: str) -> HttpResponse:
         require(request, PERM_VIEW)
-        try:
-            account = Account.objects.get(account_id=validate_account_id(account_id))
-        except (InvalidAccountError, Account.DoesNotExist):
-            raise Http404("No such account") from None
+        account = _account_or_404(account_id)
         count, members = _members(account)
         read_at: Mapping[str, Any] | None = None
         queues: tuple[AccountQueue, ...] = ()
@@ -255,6 +275,61 @@ class AccountViews(ConsolePage):
                     tenants_url=reverse("admin:fairqueue_tenantplan_changelist")
                     + "?"
                     + urlencode({"account__exact": account.account_id}),
+                    can_act=request.user.has_perm(PERM_ACT),
+                    action_urls={a: self._url(account.account_id, a) for a in ACCOUNT_ACTIONS},
                 ),
             ),
         )
+
+    def action_view(self, request: HttpRequest, account_id: str, action: str) -> HttpResponse:
+        """Pause or resume the account: confirmed on GET, done on POST (audited on each
+        of its tenants, with this user and "console")."""
+        require(request, PERM_VIEW, PERM_ACT)
+        account = _account_or_404(account_id)
+        if action not in ACCOUNT_ACTIONS:
+            raise Http404("No such action")
+        account_id = account.account_id
+        page_url = self._url(account_id)
+        if request.method == "POST":
+            try:
+                if action == "pause":
+                    moved = pause_account(account_id, actor=request.user, source="console")
+                    done = f"Paused account {account_id}: {moved} job(s) taken back from the line."
+                else:
+                    released = resume_account(account_id, actor=request.user, source="console")
+                    done = (
+                        f"Resumed account {account_id}: {released} held job(s) released at "
+                        "once (a tenant's own pause, quota or breaker still holds it)."
+                    )
+            except BrokerError as exc:
+                messages.error(request, f"Redis failed ({type(exc).__name__}): nothing more done.")
+                return HttpResponseRedirect(page_url)
+            messages.success(request, done)
+            return HttpResponseRedirect(page_url)
+        touches = (
+            "None of its tenants' jobs starts once this returns, in every queue; tenants "
+            "that join it are paused too. Running jobs finish."
+            if action == "pause"
+            else "Each of its tenants is resumed where nothing else holds it."
+        )
+        return TemplateResponse(
+            request,
+            "fairqueue/tenant_confirm.html",
+            self.admin._context(
+                request,
+                f"{action.capitalize()} account {account_id}?",
+                ("accounts", reverse("admin:fairqueue_account_changelist")),
+                (account_id, page_url),
+                (action, None),
+                page=ActionConfirm(
+                    touches=touches, action=action, tenant_id=account_id, tenant_url=page_url
+                ),
+            ),
+        )
+
+
+def _account_or_404(account_id: str) -> Account:
+    try:
+        return Account.objects.get(account_id=validate_account_id(account_id))
+    except (InvalidAccountError, Account.DoesNotExist):
+        raise Http404("No such account") from None

@@ -6,7 +6,10 @@ the same (real Redis, real BullMQ)."""
 
 from __future__ import annotations
 
+import html
+
 import pytest
+from django.test import Client
 from django.urls import reverse
 
 from fairqueue import pause_account, pause_tenant, resume_account, resume_tenant
@@ -16,7 +19,7 @@ from fairqueue.enqueue.priority import wire_tenant_plan_lookup
 from fairqueue.exceptions import InvalidAccountError, UnknownAccountError
 from fairqueue.models import Account, TenantPauseAudit, TenantPlan
 from fairqueue.tenants import database_limits
-from tests.helpers import bullmq_counts
+from tests.helpers import bullmq_counts, staff
 
 pytestmark = pytest.mark.django_db
 
@@ -146,3 +149,29 @@ def test_pause_account__comes_back_when_redis_lost_its_keys(shop, redis_client):
     assert rebuild_tenant_limits()
     assert paused("shop-1") == paused("shop-2") == [True, True]
     assert sorted(redis_client.hkeys(f"{shop}:email:fq:lim:paused")) == ["shop-1", "shop-2"]
+
+
+def test_console__pause_and_resume_the_account_confirmed_on_its_page(shop, operator):
+    enqueue_jobs("email", [{} for _ in range(2)], tenant_id="shop-2")
+    pause = reverse("admin:fairqueue_dashboard_account_action", args=["shop", "pause"])
+    page = reverse("admin:fairqueue_dashboard_account", args=["shop"])
+    assert f'href="{pause}"' in operator.get(page).content.decode()
+    confirm = html.unescape(operator.get(pause).content.decode())  # GET: asks, does nothing
+    assert "None of its tenants' jobs starts" in confirm and paused("shop-2") == [False, False]
+    done = operator.post(pause, follow=True).content.decode()
+    assert "Paused account shop: 2 job(s) taken back from the line." in done
+    assert 'data-fq-a="paused">yes' in done and paused("shop-2") == [True, True]
+    assert TenantPauseAudit.objects.filter(source="account shop: console").count() == 2
+    resume = reverse("admin:fairqueue_dashboard_account_action", args=["shop", "resume"])
+    resumed = operator.post(resume, follow=True).content.decode()
+    assert "Resumed account shop: 2 held job(s)" in resumed
+    assert takeable(shop) == 2
+    # viewing is not acting; no other action; no other account
+    viewer = Client()
+    viewer.force_login(staff("viewer", "view_dashboard"))
+    assert viewer.post(pause).status_code == 403 and paused("shop-2") == [False, False]
+    assert f'href="{pause}"' not in viewer.get(page).content.decode()
+    other = reverse("admin:fairqueue_dashboard_account_action", args=["shop", "remove"])
+    assert operator.get(other).status_code == 404
+    nobody = reverse("admin:fairqueue_dashboard_account_action", args=["nobody", "pause"])
+    assert operator.post(nobody).status_code == 404
