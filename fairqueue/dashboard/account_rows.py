@@ -84,14 +84,14 @@ class AccountServed:
 
 
 def top_accounts(
-    queues: Sequence[Mapping[str, Any]], *, listed: int = TOP_ACCOUNTS
+    queues: Sequence[tuple[int, Sequence[Mapping[str, Any]]]], *, listed: int = TOP_ACCOUNTS
 ) -> tuple[AccountServed, ...]:
     """The accounts that started the most jobs over every queue's history window
-    (``queues``: each queue's stats, with their ``accounts`` rows), the most first."""
-    total = sum(stats["history"]["served_total"] for stats in queues)
+    (``queues``: each queue's starts in all and its ``accounts`` rows), the most first."""
+    total = sum(served for served, _ in queues)
     summed: dict[tuple[str | None, str | None], dict[str, Any]] = {}
-    for stats in queues:
-        for row in stats.get("accounts", ()):
+    for _, rows in queues:
+        for row in rows:
             key = (row["account"], row["tenant"])
             found = summed.setdefault(key, {**row, "served": 0})
             found["served"] += row["served"]

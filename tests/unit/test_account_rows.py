@@ -25,7 +25,7 @@ def test_served_by_account__sums_an_accounts_tenants_over_levels_and_keeps_lone_
 
 def test_top_accounts__sums_over_queues_of_all_their_starts():
     def queue(total, *rows):
-        return {"history": {"served_total": total}, "accounts": list(rows)}
+        return total, list(rows)
 
     acct = {"account": "acct", "tenant": None, "url": "/a/", "tenants": 2}
     solo = {"account": None, "tenant": "solo", "url": "/t/", "tenants": 1}
