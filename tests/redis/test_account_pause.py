@@ -175,3 +175,14 @@ def test_console__pause_and_resume_the_account_confirmed_on_its_page(shop, opera
     assert operator.get(other).status_code == 404
     nobody = reverse("admin:fairqueue_dashboard_account_action", args=["nobody", "pause"])
     assert operator.post(nobody).status_code == 404
+
+
+def test_pause_account__a_quota_or_breaker_lifted_meanwhile_does_not_resume_its_tenants(shop):
+    from fairqueue.usage.holds import pause_in, resume_in
+
+    pause_in(["email"], "shop-1")  # a quota's hold, then the account's pause
+    pause_account("shop", actor="ops")
+    assert resume_in(["email"], "shop-1") == []  # the quota ends: the account still holds
+    assert paused("shop-1") == [True, True]
+    resume_account("shop", actor="ops")
+    assert paused("shop-1") == [False, False]
