@@ -305,13 +305,13 @@ def test_every_enqueue_path_places_a_tenants_jobs_under_its_account(
     assert durable.level == direct.level and held[0].level == direct.level
     weights = f"{fq_prefix}:email:fq:fweights"
     group = f"{level}\n\nbig"
-    assert redis_client.hget(weights, f"a\n{level}\nbig-1") == "big"
+    assert redis_client.hget(weights, f"s\n{level}\nbig-1") == "\nbig"  # its account
     assert redis_client.hmget(weights, group, f"w\n{group}") == ["1", "2"]
     meta = redis_client.hget(f"{fq_prefix}:email:fq:lim:meta", held[0].job_id)
     assert meta.endswith("\n2\nbig")
     resume_tenant("big-2")
     release()
-    assert redis_client.hget(weights, f"a\n{level}\nbig-2") == "big"
+    assert redis_client.hget(weights, f"s\n{level}\nbig-2") == "\nbig"
     assert redis_client.hmget(weights, group, f"w\n{group}") == ["2", "2"]
     assert redis_client.hget(f"{fq_prefix}:email:fq:state", f"W:{level}") == "2"
     opts = redis_client.hget(f"{fq_prefix}:email:{later.job_id}", "opts")

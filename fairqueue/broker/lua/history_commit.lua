@@ -122,14 +122,15 @@ end
 -- now; a flow of an account at its hierarchical share, the level's total over its
 -- account's weight times its account's split (docs/design.md, "Accounts").
 local function tagsOf(member, level, rank, debt)
-  local row = redis.call('HMGET', KEYS[6], member, 'a\n' .. member)
+  local row = redis.call('HMGET', KEYS[6], member, 's\n' .. member)
   local w = tonumber(row[1]) or 1
   local total = tonumber(redis.call('HGET', KEYS[4], 'W:' .. level)) or w
-  if row[2] then
-    local g = fqAccountMember(level, row[2])
+  local of = fqFlowAccount(row[2])
+  if of then
+    local g = fqAccountMember(level, of)
     local account = redis.call('HMGET', KEYS[6], g, 'w\n' .. g)
-    local split, weight = tonumber(account[1]), tonumber(account[2])
-    if split and weight and weight > 0 then total = total * split / weight end
+    local split, weight = tonumber(account[1]), tonumber(account[2]) or 1 -- missing: 1
+    if split and weight > 0 then total = total * split / weight end
   end
   return fqScale * debt * total / ((4 - rank) * w) -- a level's weight: 4 less its rank
 end

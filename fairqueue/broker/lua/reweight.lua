@@ -19,11 +19,11 @@ local levels = {'critical', 'high', 'normal', 'low'}
 local members = {}
 for i, level in ipairs(levels) do members[i] = fqFlowMember(level, tenant) end
 local asked = {}
-for i, member in ipairs(members) do asked[2 * i - 1], asked[2 * i] = member, 'a\n' .. member end
+for i, member in ipairs(members) do asked[2 * i - 1], asked[2 * i] = member, 's\n' .. member end
 local counted = redis.call('HMGET', KEYS[2], unpack(asked))
 local changed, weights, totals = 0, {}, {}
 for i, level in ipairs(levels) do
-  local was, account = tonumber(counted[2 * i - 1]), counted[2 * i]
+  local was, account = tonumber(counted[2 * i - 1]), fqFlowAccount(counted[2 * i])
   if was and was ~= weight then
     weights[#weights + 1] = members[i]
     weights[#weights + 1] = weight

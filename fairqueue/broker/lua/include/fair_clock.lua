@@ -329,23 +329,23 @@ local function fqExpire(K, c)
   if #gone > 0 then
     -- a command each for all of them, not five per flow
     local asked = {}
-    for i = 1, #gone do asked[2 * i - 1], asked[2 * i] = gone[i], 'a\n' .. gone[i] end
+    for i = 1, #gone do asked[2 * i - 1], asked[2 * i] = gone[i], 's\n' .. gone[i] end
     local weights = redis.call('HMGET', K.fweights, unpack(asked))
     local byLevel, fields, lines = {}, {}, {}
     for i = 1, #gone do
       local level = string.match(gone[i], '^[^\n]*')
-      local w, account = tonumber(weights[2 * i - 1]) or 0, weights[2 * i]
+      local w, account = tonumber(weights[2 * i - 1]) or 0, fqFlowAccount(weights[2 * i])
       if account then
         -- a flow of an account: its level counts the account's weight until the account's
         -- last flow goes, and the account's state goes with it (docs/design.md, "Accounts")
         local g = fqAccountMember(level, account)
         if redis.call('HINCRBY', K.fweights, g, -w) <= 0 then
-          w = tonumber(redis.call('HGET', K.fweights, 'w\n' .. g)) or 0
+          w = tonumber(redis.call('HGET', K.fweights, 'w\n' .. g)) or 1
           redis.call('HDEL', K.fweights, g, 'w\n' .. g, 'j\n' .. g, 's\n' .. g, 'd\n' .. g)
         else
           w = 0
         end
-        for _, field in ipairs({'a\n', 'i\n', 'e\n', 'n\n'}) do
+        for _, field in ipairs({'i\n', 'e\n', 'n\n'}) do
           fields[#fields + 1] = field .. gone[i]
         end
       end
@@ -382,15 +382,16 @@ local function fqFrontier(K, c, level, account)
   for i = 1, #top, 2 do
     if string.sub(top[i], 1, #prefix) == prefix then
       tags[#tags + 1] = tonumber(top[i + 1])
-      fields[#fields + 1] = (account and 'n\n' or 's\n') .. top[i]
-      fields[#fields + 1] = 'a\n' .. top[i]
+      if account then fields[#fields + 1] = 'n\n' .. top[i] end
+      fields[#fields + 1] = 's\n' .. top[i] -- a spacing, or the flow's account
     end
   end
   if #tags == 0 then return nil end
   local frontier, densest, grouped = nil, nil, nil
   local row = redis.call('HMGET', K.fweights, unpack(fields))
+  local per = account and 2 or 1
   for j = 1, #tags do
-    local spacing, owner = tonumber(row[2 * j - 1]), row[2 * j]
+    local spacing, owner = tonumber(row[per * j - per + 1]), fqFlowAccount(row[per * j])
     if account then
       if owner == account then
         if not frontier then frontier = tags[j] end
@@ -399,6 +400,7 @@ local function fqFrontier(K, c, level, account)
     elseif owner then
       grouped = grouped or {}
       grouped[#grouped + 1] = 'd\n' .. fqAccountMember(level, owner)
+      grouped[#grouped + 1] = 's\n' .. fqAccountMember(level, owner)
     elseif spacing and (not densest or spacing < densest) then
       densest = spacing
     end
@@ -406,9 +408,10 @@ local function fqFrontier(K, c, level, account)
   if account then return frontier, densest end
   -- the densest spacing among them: a backlog placed while fewer tenants had work is
   -- that dense, though its flow's last jobs (past an earlier horizon) may not be
-  if grouped then
-    for _, spacing in ipairs(redis.call('HMGET', K.fweights, unpack(grouped))) do
-      spacing = tonumber(spacing)
+  if grouped then -- an account's density, or its spacing where they are equal
+    local read = redis.call('HMGET', K.fweights, unpack(grouped))
+    for j = 1, #read, 2 do
+      local spacing = tonumber(read[j]) or tonumber(read[j + 1])
       if spacing and (not densest or spacing < densest) then densest = spacing end
     end
   end
@@ -436,26 +439,44 @@ local function fqAccountDrop(K, c, ...)
 end
 
 -- An account's state in a level (its member g): T, the sum of its flows' tenant weights
--- (0: no flow of it has work), A, the account weight its level counts, its horizon and
--- its spacing (the level's split its last job was placed with); read once per call with
--- a memo. The flow's own account fields (its catch-up inside the account: i, e; its
--- account split: n) come in the same read the first time.
+-- (0: no flow of it has work), A, the account weight its level counts (a missing field:
+-- 1), its horizon, its spacing (the level's split its last job was placed with) and its
+-- density (missing: its spacing); read once per call with a memo, or in the flow's own
+-- read (fqPlace: f.pre) when the job's account is the one its flow counts under. The
+-- flow's own account fields (its catch-up inside the account: i, e; its account split:
+-- n) come in the same read.
+local fqAccountFields = 8
+local function fqAccountRead(f, st, row, at)
+  st = st or {T = tonumber(row[at]) or 0, A = tonumber(row[at + 1]) or 1,
+    horizon = tonumber(row[at + 2]), spacing = tonumber(row[at + 3]),
+    density = tonumber(row[at + 4])}
+  if f.inner == nil then
+    local h = tonumber(row[at + 5])
+    f.inner = h and {h, tonumber(row[at + 6])} or false
+    f.part = tonumber(row[at + 7])
+  end
+  return st
+end
+local function fqAccountAsk(g, member, fields)
+  fields[#fields + 1], fields[#fields + 2], fields[#fields + 3] = g, 'w\n' .. g, 'j\n' .. g
+  fields[#fields + 1], fields[#fields + 2], fields[#fields + 3] = 's\n' .. g, 'd\n' .. g,
+    'i\n' .. member
+  fields[#fields + 1], fields[#fields + 2] = 'e\n' .. member, 'n\n' .. member
+  return fields
+end
 local function fqAccountState(K, c, f, member, g)
   local m = c.memo
   local st = m and m.groups[g]
+  local pre = f.pre
+  f.pre = nil
   if st and f.inner ~= nil then return st end
   if c.flowsEmpty then
-    st = st or {T = 0, A = 0}
+    st = st or {T = 0, A = 1}
     f.inner = false
+  elseif pre and pre[1] == g then
+    st = fqAccountRead(f, st, pre[2], 4)
   else
-    local row = redis.call('HMGET', K.fweights, g, 'w\n' .. g, 'j\n' .. g, 's\n' .. g,
-      'i\n' .. member, 'e\n' .. member)
-    st = st or {T = tonumber(row[1]) or 0, A = tonumber(row[2]) or 0, horizon = tonumber(row[3]),
-      spacing = tonumber(row[4])}
-    if f.inner == nil then
-      local h = tonumber(row[5])
-      f.inner = h and {h, tonumber(row[6])} or false
-    end
+    st = fqAccountRead(f, st, redis.call('HMGET', K.fweights, unpack(fqAccountAsk(g, member, {}))), 1)
   end
   if m then m.groups[g] = st end
   return st
@@ -535,13 +556,28 @@ local function fqPlaceInAccount(K, c, f, member, level, weight, explicitMs, stor
       if c.readTotals then c.readTotals[level] = total end
     end
   end
-  local fields = {g, mates + weight, 'w\n' .. g, accountWeight, 's\n' .. g, split,
-    'd\n' .. g, split * part / (mates + weight), 'n\n' .. member, part}
-  st.T, st.A, st.spacing = mates + weight, accountWeight, split
+  -- what changed only: a flow with work placed again beside the same flows writes none
+  local fields = {}
+  if st.T ~= mates + weight then fields[1], fields[2] = g, mates + weight end
+  if st.A ~= accountWeight then
+    fields[#fields + 1], fields[#fields + 2] = 'w\n' .. g, accountWeight
+  end
+  if st.spacing ~= split then fields[#fields + 1], fields[#fields + 2] = 's\n' .. g, split end
+  local density = split * part / (mates + weight)
+  if density == split then density = nil end -- read as its spacing
+  if st.density ~= density then
+    if density then
+      fields[#fields + 1], fields[#fields + 2] = 'd\n' .. g, density
+    else
+      fqAccountDrop(K, c, 'd\n' .. g)
+    end
+  end
+  if f.part ~= part then fields[#fields + 1], fields[#fields + 2] = 'n\n' .. member, part end
+  st.T, st.A, st.spacing, st.density, f.part = mates + weight, accountWeight, split, density, part
   if counted ~= weight or f.account ~= account then
     f.counted, f.account = weight, account
     fields[#fields + 1], fields[#fields + 2] = member, weight
-    fields[#fields + 1], fields[#fields + 2] = 'a\n' .. member, account
+    fields[#fields + 1], fields[#fields + 2] = 's\n' .. member, fqFlowAccountMark(account)
   end
   if newInner then
     f.inner = inner
@@ -594,11 +630,15 @@ local function fqPlace(K, c, level, tenant, weight, explicitMs, stored, account,
     f = {last = nil, counted = 0} -- the flows were cleared by this call's clock
     if m then m.flows[member] = f end
   elseif not f then
-    local row = redis.call('HMGET', K.fweights, member, 'j\n' .. member, 's\n' .. member,
-      'a\n' .. member)
+    local fields = {member, 'j\n' .. member, 's\n' .. member}
+    -- a job of an account: its account's state in the same read (fqAccountState)
+    local g = account and fqAccountMember(level, account)
+    if g then fqAccountAsk(g, member, fields) end
+    local row = redis.call('HMGET', K.fweights, unpack(fields))
     f = {last = tonumber(redis.call('ZSCORE', K.flows, member)),
       counted = tonumber(row[1]) or 0, horizon = tonumber(row[2]), spacing = tonumber(row[3]),
-      account = row[4] or nil}
+      account = fqFlowAccount(row[3])}
+    if g then f.pre = {g, row} end
     if m then m.flows[member] = f end
   end
   -- A flow with work keeps the account it counts under (none: its own account).

@@ -23,6 +23,20 @@ local function fqAccountMember(level, account)
   return level .. '\n\n' .. account
 end
 
+-- A flow of an account keeps its account where a flow of none keeps its spacing
+-- ('s\n<member>': a number), after a line feed: one field read tells both.
+local function fqFlowAccountMark(account)
+  return '\n' .. account
+end
+
+-- The account of a flow's 's\n<member>' field (nil: none, the field is a spacing).
+local function fqFlowAccount(value)
+  if type(value) == 'string' and string.byte(value, 1) == 10 then
+    return string.sub(value, 2)
+  end
+  return nil
+end
+
 -- A job's account and its weight (its opts' fqAcct, a held meta's end): '<weight>\n<account>'.
 local function fqAccountMeta(account, weight)
   return weight .. '\n' .. account
