@@ -103,7 +103,7 @@ def set_weight(db: ThreadPoolExecutor, weight: int) -> None:
 def judge(name: str, weight: int, result: Result) -> list[tuple[str, str, str, bool]]:
     """(what, value, target, met) of one run."""
     keys = [f.key for f in result.scenario.flows]
-    ten, one = keys[:-1], keys[-1]
+    ten = keys[:-1]
     total = sum(result.attempts.get(k, 0) for k in keys)
     if not total:
         return [("attempts in the window", "0", "> 0", False)]
