@@ -18,13 +18,8 @@ from fairqueue.enqueue.api import (
     enqueue_on_commit,
 )
 from fairqueue.enqueue.priority import wire_tenant_plan_lookup, wire_tenant_weight_lookup
-from fairqueue.enqueue.status import (
-    JobStatus,
-    aestimate_start,
-    ajob_status,
-    estimate_start,
-    job_status,
-)
+from fairqueue.enqueue.start_estimates import aestimate_start, estimate_start
+from fairqueue.enqueue.status import JobStatus, ajob_status, job_status
 from fairqueue.exceptions import (
     BrokerError,
     BrokerRejectedError,

@@ -31,7 +31,7 @@ from prometheus_client.registry import Collector
 from fairqueue.broker import get_sync_broker
 from fairqueue.conf import get_settings
 from fairqueue.dashboard.overview import noisy_figures
-from fairqueue.rebalance.passes import LAST_RUN_RECORD
+from fairqueue.rebalance.pass_result import LAST_RUN_RECORD
 
 logger = logging.getLogger("fairqueue.metrics")
 

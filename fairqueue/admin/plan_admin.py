@@ -32,7 +32,7 @@ from fairqueue.models import (
     TenantPauseAudit,
     TenantPlan,
 )
-from fairqueue.scheduling.limits import LIMIT_RANGES
+from fairqueue.scheduling.limits import LIMIT_FIELDS, LIMIT_RANGES
 from fairqueue.tenants import pause_tenant, resume_tenant, retry_failed
 
 
@@ -106,10 +106,7 @@ class TenantPlanAdmin(admin.ModelAdmin):
         "plan_tier",
         "jobs_level",
         "weight",
-        "max_active",
-        "rate_max",
-        "rate_duration_ms",
-        "max_waiting",
+        *LIMIT_FIELDS,
         "updated_to_the_second",
     )
     list_filter = ("plan_tier", "weight", "paused")

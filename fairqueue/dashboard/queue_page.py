@@ -11,9 +11,8 @@ never a 500.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Final
+from typing import Final
 
 from django.contrib import messages
 from django.http import (
@@ -43,11 +42,13 @@ from fairqueue.dashboard.overview import (
     overview_rows,
     plans_attention,
 )
+from fairqueue.dashboard.queue_figures import QueueStats
 from fairqueue.dashboard.stats import clamp_page, queues_stats
 from fairqueue.dashboard.tenant_routes import tenant_url
 from fairqueue.dashboard.wording import format_duration, format_time
 from fairqueue.exceptions import BrokerError, BrokerUnavailableError
-from fairqueue.rebalance.passes import LAST_RUN_RECORD, rebalance_queue
+from fairqueue.rebalance.pass_result import LAST_RUN_RECORD
+from fairqueue.rebalance.passes import rebalance_queue
 from fairqueue.scheduling.shares import clamp_window_min
 
 PERM_REBALANCE: Final = "fairqueue.run_rebalance"
@@ -67,7 +68,7 @@ class QueueSection:
     """One queue's section: its numbers (the JSON endpoint's, key for key), its page and
     its "run one pass now" link (``""`` without the permission)."""
 
-    stats: Mapping[str, Any]
+    stats: QueueStats
     queue_url: str
     rebalance_url: str
 
@@ -155,7 +156,7 @@ class QueueViews(ConsolePage):
         url = self.admin._url
         return tuple(
             QueueSection(
-                stats=link_stats(stats),
+                stats=QueueStats.of(link_stats(stats)),
                 queue_url=url("queue", stats["job_type"]),
                 rebalance_url=url("rebalance", stats["job_type"]) if can_rebalance else "",
             )
@@ -178,7 +179,7 @@ class QueueViews(ConsolePage):
             sections=sections,
             overview=overview,
             plans=None if single else plans_attention(lambda t: tenant_url(t, site=site)),
-            overview_read_at=sections[0].stats["read_at"]["at"] if sections else "",
+            overview_read_at=sections[0].stats.read_at["at"] if sections else "",
             max_wait=format_duration(get_settings().max_wait_ms),
             tenants_url=url("tenants"),
             jobs_url=url("jobs"),

@@ -34,6 +34,7 @@ from fairqueue.dashboard.console_admin import (
     redis_trouble,
     require,
 )
+from fairqueue.dashboard.limited_tenants import limits_in_words
 from fairqueue.dashboard.tenant_page import (
     SEARCH_LIMIT,
     EffectiveLevel,
@@ -51,6 +52,7 @@ from fairqueue.dashboard.wording import format_duration
 from fairqueue.exceptions import BrokerError, InvalidTenantError
 from fairqueue.models import TenantPauseAudit, TenantPlan
 from fairqueue.scheduling.levels import validate_tenant_id
+from fairqueue.scheduling.limits import LIMIT_FIELDS
 from fairqueue.tenants import pause_tenant, resume_tenant, retry_failed
 
 logger = logging.getLogger("fairqueue.console")
@@ -87,6 +89,8 @@ class TenantPage:
 
     tenant_id: str
     plan: TenantPlan | None
+    #: its row's own limits in words, ``(label, value)`` (empty: no row)
+    plan_limits: tuple[tuple[str, str], ...]
     level: EffectiveLevel
     data: TenantData | None
     redis_error: RedisTrouble | None
@@ -114,7 +118,7 @@ class LimitsPage:
 class LimitsForm(forms.ModelForm):
     class Meta:
         model = TenantPlan
-        fields = ("weight", "max_active", "rate_max", "rate_duration_ms", "max_waiting")
+        fields = ("weight", *LIMIT_FIELDS)
 
 
 def _tenant_or_404(tenant_id: str) -> str:
@@ -202,6 +206,7 @@ class TenantViews(ConsolePage):
                 page=TenantPage(
                     tenant_id=tenant_id,
                     plan=plan,
+                    plan_limits=limits_in_words(plan.own_limits()) if plan else (),
                     level=effective_level(plan),
                     data=data,
                     redis_error=error,

@@ -29,7 +29,7 @@ from fairqueue.scheduling.levels import (
     validate_account_id,
     validate_tenant_id,
 )
-from fairqueue.scheduling.limits import LIMIT_RANGES, TenantLimits
+from fairqueue.scheduling.limits import LIMIT_FIELDS, LIMIT_RANGES, TenantLimits
 
 PLAN_CHOICES: Final = [(tier.value, tier.value.title()) for tier in PlanTier]
 LEVEL_CHOICES: Final = [
@@ -238,11 +238,7 @@ class TenantPlan(models.Model):
     def own_limits(self) -> TenantLimits:
         """The limits set on this row (empty fields: the plan tier's default applies)."""
         return TenantLimits(
-            max_active=self.max_active,
-            rate_max=self.rate_max,
-            rate_duration_ms=self.rate_duration_ms,
-            max_waiting=self.max_waiting,
-            paused=self.paused,
+            **{name: getattr(self, name) for name in LIMIT_FIELDS}, paused=self.paused
         )
 
     def product_ids(self) -> list[str]:
