@@ -128,9 +128,8 @@ local function tagsOf(member, level, rank, debt)
   local of = fqFlowAccount(row[2])
   if of then
     local g = fqAccountMember(level, of)
-    local account = redis.call('HMGET', KEYS[6], g, 'w\n' .. g)
-    local split, weight = tonumber(account[1]), tonumber(account[2]) or 1 -- missing: 1
-    if split and weight > 0 then total = total * split / weight end
+    local st = fqAccountStateSplit(redis.call('HGET', KEYS[6], g))
+    if st and st.A > 0 then total = total * st.T / st.A end
   end
   return fqScale * debt * total / ((4 - rank) * w) -- a level's weight: 4 less its rank
 end

@@ -29,7 +29,12 @@ for i, level in ipairs(levels) do
     weights[#weights + 1] = weight
     if account then
       -- a flow of an account: its account's split changes, its level counts the account
-      redis.call('HINCRBY', KEYS[2], fqAccountMember(level, account), weight - was)
+      local g = fqAccountMember(level, account)
+      local st = fqAccountStateSplit(redis.call('HGET', KEYS[2], g))
+      if st then
+        st.T = st.T + weight - was
+        redis.call('HSET', KEYS[2], g, fqAccountStatePack(st))
+      end
     else
       local total = (tonumber(redis.call('HGET', KEYS[1], 'W:' .. level)) or was) - was + weight
       totals[#totals + 1] = 'W:' .. level
