@@ -29,7 +29,9 @@ with both lookups wired and warm, and with an explicit level. Producer CPU in
 ``bench_cost.py`` is process time and moves by 10% between runs; this does not (the
 kernel's share, a socket write and read per call in both, is not counted).
 
-``--account``: the whole life of a job of a tenant with an account against one without.
+``--account``: the add script alone for a job of a tenant with an account against one
+without (into an empty queue, and beside a backlog of 20 flows, 10 of them one account's),
+then the whole life of each.
 
     python benchmarks/bench_instructions.py [--jobs 250] [--rate 1000] [--parts [--rev REV]]
         [--producer] [--account]
