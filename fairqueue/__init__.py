@@ -54,7 +54,14 @@ from fairqueue.exceptions import (
 from fairqueue.plans import set_subscription_to_plan_tier
 from fairqueue.scheduling.estimate import StartEstimate
 from fairqueue.scheduling.levels import PriorityLevel, normalize_priority
-from fairqueue.tenants import pause_tenant, resume_tenant, retry_failed, retry_failed_job
+from fairqueue.tenants import (
+    pause_account,
+    pause_tenant,
+    resume_account,
+    resume_tenant,
+    retry_failed,
+    retry_failed_job,
+)
 from fairqueue.usage.breaker import breaker_status, close_breaker
 from fairqueue.worker.handlers import JobContext, handler
 
@@ -107,7 +114,9 @@ __all__ = [
     "handler",
     "job_status",
     "normalize_priority",
+    "pause_account",
     "pause_tenant",
+    "resume_account",
     "resume_tenant",
     "retry_failed",
     "retry_failed_job",

@@ -104,7 +104,7 @@ async def anoisy_figures(job_type: str, *, broker: Broker) -> dict[str, Any]:
     """:func:`noisy_figures` on ``broker``'s event loop: each running tenant's share of
     its level's running jobs against what it is entitled to now (:func:`entitled_now`)."""
     queue = get_settings().queue_for(job_type)
-    running, level_weights, flows = await broker.console.in_flight(queue)
+    running, level_weights, flows, accounts = await broker.console.in_flight(queue)
     asking = {
         key: flows.get(key, FlowWeight(1, False))
         for key, count in running.items()
@@ -114,6 +114,8 @@ async def anoisy_figures(job_type: str, *, broker: Broker) -> dict[str, Any]:
     found = noisy_tenants(running, level_weights, flows, entitled)
     return {
         "count": len(found),
+        # accounts running jobs now (counted: no id leaves for /metrics)
+        "accounts_running": accounts,
         "tenants": [
             {
                 "level": n.level,

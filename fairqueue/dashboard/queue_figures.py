@@ -40,6 +40,7 @@ class QueueStats:
     noisy: Mapping[str, Any]
     failures: Mapping[str, Any]
     outbox: Mapping[str, Any]
+    accounts: Sequence[Mapping[str, Any]]
 
     @classmethod
     def of(cls, stats: Mapping[str, Any]) -> QueueStats:

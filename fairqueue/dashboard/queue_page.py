@@ -27,6 +27,7 @@ from django.urls import URLPattern
 
 from fairqueue.broker import STATUS_TENANTS, get_sync_broker
 from fairqueue.conf import get_settings
+from fairqueue.dashboard.account_rows import AccountServed, top_accounts
 from fairqueue.dashboard.console_admin import (
     PERM_VIEW,
     ConsolePage,
@@ -80,6 +81,8 @@ class QueuePage:
 
     sections: tuple[QueueSection, ...]
     overview: tuple[OverviewRow, ...]
+    #: the overview's top consumers by account, over every queue's history window
+    accounts: tuple[AccountServed, ...]
     plans: PlansAttention | None
     overview_read_at: str
     max_wait: str
@@ -178,6 +181,13 @@ class QueueViews(ConsolePage):
         shown = QueuePage(
             sections=sections,
             overview=overview,
+            accounts=(
+                ()
+                if single
+                else top_accounts(
+                    [(s.stats.history["served_total"], s.stats.accounts) for s in sections]
+                )
+            ),
             plans=None if single else plans_attention(lambda t: tenant_url(t, site=site)),
             overview_read_at=sections[0].stats.read_at["at"] if sections else "",
             max_wait=format_duration(get_settings().max_wait_ms),

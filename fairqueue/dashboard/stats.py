@@ -29,6 +29,7 @@ from fairqueue.broker import (
     get_sync_broker,
 )
 from fairqueue.conf import get_settings
+from fairqueue.dashboard.account_rows import SERVED_TENANTS, queue_accounts
 from fairqueue.dashboard.attention import memory_figures, queue_warnings
 
 # The backlog scan's knobs and cache, where callers of the stats have always found them.
@@ -160,6 +161,11 @@ def queues_stats(
     found = sync_broker.run(read_all)
     for stats in found:
         stats["outbox"] = outbox_figures(stats["job_type"])
+        # its history's most served tenants by account (one database query); the
+        # page lists the first few of them
+        history = stats["history"]
+        stats["accounts"] = queue_accounts(history["tenants"], history["served_total"])
+        history["tenants"] = history["tenants"][:TOP_TENANTS]
     return found
 
 
@@ -183,7 +189,7 @@ async def aqueue_stats(
     listed: int = STATUS_TENANTS,
 ) -> dict[str, Any]:
     """:func:`queue_stats` for async callers, on ``broker``'s event loop (without the
-    outbox and noisy figures, which :func:`queue_stats` adds)."""
+    outbox, noisy and account figures, which :func:`queue_stats` adds from it)."""
     settings = get_settings()
     queue = settings.queue_for(job_type)
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
@@ -332,7 +338,7 @@ def _history(
         window_s=minutes * 60,
         max_wait_ms=max_wait_ms,
         waiting_now=waiting_now,
-        top_tenants=TOP_TENANTS,
+        top_tenants=SERVED_TENANTS,
     )
     return history_view(summary, now_ms=now_ms, since_ms=recorded.since_ms)
 

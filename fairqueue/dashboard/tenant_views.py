@@ -46,6 +46,7 @@ from fairqueue.dashboard.tenant_routes import (
     TENANT_ACTION,
     TENANT_LIMITS,
     TENANT_PAGE,
+    account_url,
     tenant_url,
 )
 from fairqueue.dashboard.wording import format_duration
@@ -98,6 +99,8 @@ class TenantPage:
     paused: bool
     can_act: bool
     plan_url: str
+    #: its account's console page ("": it has none)
+    account_url: str
     add_plan_url: str
     action_urls: Mapping[str, str]
     limits_url: str
@@ -218,6 +221,11 @@ class TenantViews(ConsolePage):
                     can_act=request.user.has_perm(PERM_ACT),
                     plan_url=(
                         reverse("admin:fairqueue_tenantplan_change", args=[plan.pk]) if plan else ""
+                    ),
+                    account_url=(
+                        account_url(plan.account_id, site=self.admin.admin_site.name)
+                        if plan and plan.account_id
+                        else ""
                     ),
                     add_plan_url=reverse("admin:fairqueue_tenantplan_add")
                     + "?"
@@ -351,6 +359,12 @@ class TenantViews(ConsolePage):
             return f"Paused {tenant_id}: {moved} of its job(s) taken back from the line."
         if action == "resume":
             released = resume_tenant(tenant_id, actor=actor, source="console")
+            plan = TenantPlan.objects.filter(tenant_id=tenant_id).select_related("account").first()
+            if plan is not None and plan.account_paused:
+                return (
+                    f"Resumed {tenant_id}'s own pause; its account {plan.account_id} is "
+                    "paused, so its jobs stay held until the account is resumed."
+                )
             return f"Resumed {tenant_id}: {released} held job(s) released at once."
         if action == "retry":
             queues: dict[str, str] = {}

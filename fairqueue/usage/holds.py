@@ -69,12 +69,13 @@ def held_queues(tenant_id: str, *, excluding: int | None = None) -> set[str]:
 
 
 def paused_by_operator(tenant_id: str) -> bool:
-    """Whether an operator's pause (``pause_tenant``) is in force for ``tenant_id``."""
+    """Whether an operator's pause (``pause_tenant``, or ``pause_account`` of its
+    account) is in force for ``tenant_id``."""
     from fairqueue.models import TenantPauseAudit, TenantPlan
 
-    plan = TenantPlan.objects.filter(tenant_id=tenant_id).first()
+    plan = TenantPlan.objects.filter(tenant_id=tenant_id).select_related("account").first()
     if plan is not None:
-        return plan.paused
+        return plan.paused or plan.account_paused
     last = TenantPauseAudit.objects.filter(tenant_id=tenant_id).order_by("-id").first()
     return last is not None and last.action == TenantPauseAudit.PAUSED
 
