@@ -18,8 +18,9 @@ Scenarios, all at the ``normal`` level, rates in units of the worker's capacity 
 
 Fairness counts jobs (``FAIRNESS_BY="jobs"``): the jobs are equal, and the attempts are
 what is judged. The window is [start + ``--warmup-s``, end of arrivals] (the returning
-tenant's: from its return). Exit status 1 if a criterion misses (±5% points, as docs/design.md's accounts
-promise): ``--quick`` runs shorter, on a shared machine a miss there is the machine's.
+tenant's: from its return). Exit status 1 if a criterion misses (±5% points, as
+docs/design.md's accounts promise): ``--quick`` runs shorter, on a shared machine a miss
+there is the machine's.
 
     python benchmarks/bench_accounts.py [--quick] [--scenario ten-vs-one ...] [--seconds 16]
 """
