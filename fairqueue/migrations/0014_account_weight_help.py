@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('fairqueue', '0012_outbox_flow_index'),
+        ('fairqueue', '0013_account_limits'),
     ]
 
     operations = [
