@@ -23,6 +23,7 @@ docs/design.md's accounts promise): ``--quick`` runs shorter, on a shared machin
 there is the machine's.
 
     python benchmarks/bench_accounts.py [--quick] [--scenario ten-vs-one ...] [--seconds 16]
+        [--by-time]
 """
 
 from __future__ import annotations
@@ -153,6 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup-s", type=float, default=3.0, help="left out of the window")
     parser.add_argument("--return-s", type=float, default=8.0, help="when B returns")
     parser.add_argument("--scenario", action="append", help="run only these (repeatable)")
+    parser.add_argument("--by-time", action="store_true", help='FAIRNESS_BY="time"')
     parser.add_argument("--quick", action="store_true", help="10 s runs, 2 s warm-up, back at 6")
     args = parser.parse_args(argv)
     if args.quick:
@@ -176,7 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"running {name} (A's weight {weight}) ...", flush=True)
         # counting jobs (FAIRNESS_BY="jobs"): on a shared machine the workers' measured
         # times wander, and fairness by time would follow them away from equal attempts
-        result = run_one("fairqueue-jobs", scenario, args.bound_ms, args, db)
+        scheduler = "fairqueue" if args.by_time else "fairqueue-jobs"
+        result = run_one(scheduler, scenario, args.bound_ms, args, db)
         shares = {f.key.split("/")[1]: result.attempts.get(f.key, 0) for f in scenario.flows}
         print(f"  attempts in {result.window_s:.1f} s: {shares}")
         rows += [(name, *row) for row in judge(name, weight, result)]
