@@ -47,6 +47,13 @@ class Queue:
         self.redis.close()
         delete_prefix(self.prefix)
 
+    def _observe(self) -> None:
+        """The model reads the head where a script does (an add, an adoption, a
+        settlement), not as workers take jobs: the virtual time moves only then."""
+        if self.placed:
+            _, _, head_tag, head_level = min(self.placed.values())
+            self.clock.observe_head(head_tag, head_level)
+
     def _expect(self, job_id: str, level: PriorityLevel, tag: float) -> None:
         self.placed[job_id] = (math.floor(tag * TAG_RESOLUTION), RANK[level], tag, level)
         _, _, head_tag, head_level = min(self.placed.values())
@@ -55,6 +62,8 @@ class Queue:
         assert self.redis.zscore(self.key, job_id) == expected
 
     def add(self, batch: list[tuple[PriorityLevel, str, int]]) -> None:
+        if batch:
+            self._observe()
         jobs = []
         for level, tenant, weight in batch:
             account, account_weight = self.accounts.get(tenant, (None, 1))
@@ -86,8 +95,6 @@ class Queue:
                 level = self.placed.pop(job_id)[3]
                 tenant = self.redis.hget(f"{self.prefix}:q:{job_id}", "data")
                 self.taken.append((job_id, level, tenant))
-            _, _, head_tag, head_level = min(self.placed.values())
-            self.clock.observe_head(head_tag, head_level)
 
     def retry(self, picks: list[int]) -> None:
         """Jobs taken run again (as BullMQ re-adds them: at the cap, behind everything),
@@ -98,6 +105,7 @@ class Queue:
                 chosen.append(self.taken.pop(pick % len(self.taken)))
         if not chosen:
             return
+        self._observe()
         for job_id, _, _ in chosen:
             self.parked += 1
             self.redis.zadd(self.key, {job_id: MAX_PRIORITY * 2**32 + self.parked})
@@ -132,6 +140,7 @@ class Queue:
         commits it (``history_commit.lua``), and the model's charges."""
         if not settlements:
             return
+        self._observe()
         script = plain_script("history_commit")
         base = f"{self.prefix}:q:fq:"
         self.redis.set(f"{base}leader", "test-token")
