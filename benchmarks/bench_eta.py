@@ -53,7 +53,7 @@ Cost part (a private redis-server, ``--waiting`` jobs over 400 flows): the Redis
 / max over 200 calls each.
 
     python benchmarks/bench_eta.py [--only flood ...] [--seconds 12] [--run-ms 10]
-        [--waiting 1000000] [--skip-cost] [--skip-live] [--quick]
+        [--waiting 1000000] [--skip-cost] [--skip-live] [--quick] [--dump DIR]
 """
 
 from __future__ import annotations
@@ -505,10 +505,23 @@ def run_live(scenario: Scenario, args: argparse.Namespace, db: Any) -> dict[str,
             out.starts[str(record["id"])] = int(record["p"])
     if args.debug_history:
         _compare_history(prefix, worker.records)
+    if args.dump is not None:
+        _dump(args.dump / f"{scenario.name}.jsonl", out)
     delete_prefix(prefix)
     result = analyse(out)
     result["capacity"] = round(capacity, 1)
     return result
+
+
+def _dump(path: Path, out: Outcome) -> None:
+    """Every job sent (``warm``: the warm-up's and the drain's), one JSON line each: its
+    flow, enqueue, expected start, range, confidence and actual start (ms), to see which
+    term of an estimate is wrong."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as file:
+        for job_id, sent in out.sent.items():
+            row = {"id": job_id, **vars(sent), "started_ms": out.starts.get(job_id)}
+            file.write(json.dumps(row) + "\n")
 
 
 def _compare_history(prefix: str, records: list[dict[str, Any]]) -> None:
@@ -668,6 +681,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--debug-history", action="store_true")
     parser.add_argument("--skip-live", action="store_true")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--dump", type=Path, default=None, help="a folder: every measured job per scenario"
+    )
     parser.add_argument(
         "--quick",
         action="store_true",

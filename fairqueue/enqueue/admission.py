@@ -60,18 +60,22 @@ def check_admission_options(estimate: object, max_wait_ms: object) -> None:
 
 
 def refuse_if_too_long(estimate: StartEstimate, *, job_type: str, max_wait_ms: int | None) -> None:
-    """Raise :class:`ExpectedWaitTooLongError` when the estimate is past ``max_wait_ms``.
-    A job with no estimate (nothing measured yet, or its tenant paused) is admitted."""
-    wait = estimate.expected_wait_ms
-    if max_wait_ms is None or wait is None or wait <= max_wait_ms:
+    """Raise :class:`ExpectedWaitTooLongError` when the estimate's admission wait (the
+    expected wait stretched to how late the level's recent estimates came out 9 times in
+    10, ``admission_wait_ms``) is past ``max_wait_ms``. A job with no estimate (nothing
+    measured yet, or its tenant paused) is admitted."""
+    expected = estimate.expected_wait_ms
+    wait = estimate.admission_wait_ms if estimate.admission_wait_ms is not None else expected
+    if max_wait_ms is None or expected is None or wait is None or wait <= max_wait_ms:
         return
     raise ExpectedWaitTooLongError(
         job_type=job_type,
         level=estimate.level or "",
-        expected_wait_ms=wait,
+        expected_wait_ms=expected,
         max_wait_ms=max_wait_ms,
         retry_after_s=max(1, math.ceil((wait - max_wait_ms) / 1000)),
         share=estimate.share,
+        admission_wait_ms=wait,
     )
 
 
@@ -113,6 +117,7 @@ def _between(first: StartEstimate, last: StartEstimate, at: float) -> StartEstim
         earliest_start_ms=mix(first.earliest_start_ms, last.earliest_start_ms),
         latest_start_ms=mix(first.latest_start_ms, last.latest_start_ms),
         ahead=mix(first.ahead, last.ahead),
+        admission_wait_ms=mix(first.admission_wait_ms, last.admission_wait_ms),
     )
 
 

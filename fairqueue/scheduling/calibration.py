@@ -50,6 +50,9 @@ RANGE_COVERAGE: Final = 0.8
 #: as the load moves between the estimates the bins counted and the next ones (held at
 #: 0.8 of the recent, ranges held 60-75% of the starts after a change in bench_eta).
 RANGE_AIM: Final = 0.9
+#: The share of the recent estimates whose actual wait admission expects a job's to stay
+#: under (:func:`admission_wait`).
+ADMIT_QUANTILE: Final = 0.9
 #: The range's factors before enough estimates were seen: wide, as nothing says better.
 DEFAULT_LOW: Final = 0.5
 DEFAULT_HIGH: Final = 2.0
@@ -71,6 +74,9 @@ class Calibration:
     close: float
     low_factor: float
     high_factor: float
+    #: The ratio :data:`ADMIT_QUANTILE` of the recent estimates stayed under (a bin's
+    #: upper edge, at least 1): admission stretches the expected wait by it.
+    admit_factor: float = 1.0
 
 
 UNCALIBRATED: Final = Calibration(0, 0.0, DEFAULT_LOW, DEFAULT_HIGH)
@@ -104,7 +110,14 @@ def calibrate(counts: Sequence[int]) -> Calibration:
             high_index = index
             break
     close = sum(counts[i] for i in CLOSE_BINS if i < len(counts)) / total
-    return Calibration(total, close, _low_edge(low_index), _high_edge(high_index))
+    seen, admit_index = 0, len(counts) - 1
+    for index, count in enumerate(counts):
+        seen += count
+        if seen >= ADMIT_QUANTILE * total:
+            admit_index = index
+            break
+    admit = max(1.0, _high_edge(admit_index))
+    return Calibration(total, close, _low_edge(low_index), _high_edge(high_index), admit)
 
 
 def summed(rows: Iterable[Sequence[int]]) -> list[int]:
@@ -124,6 +137,19 @@ def wait_range(expected_s: float, calibration: Calibration) -> tuple[float, floa
     low = max(0.0, (expected_s + floor) * calibration.low_factor - floor)
     high = (expected_s + floor) * calibration.high_factor - floor
     return min(low, expected_s), max(high, expected_s + floor * 0.2)
+
+
+def admission_wait(expected_s: float, calibration: Calibration) -> float:
+    """The wait admission holds to ``max_wait_ms`` (seconds): the expected wait plus
+    :data:`FLOOR_MS` stretched by the calibration's ``admit_factor``, never less than
+    the expected wait. Why not the expected wait: admitting on it keeps exactly the jobs
+    whose estimates came out low (those estimated late are refused), so the admitted
+    ones' waits run past the bound by the estimates' spread. Uncalibrated (too few
+    estimates seen): the expected wait."""
+    if calibration.samples < MIN_SAMPLES:
+        return expected_s
+    floor = FLOOR_MS / 1000
+    return max(expected_s, (expected_s + floor) * calibration.admit_factor - floor)
 
 
 def confidence(calibration: Calibration, *, rate_known: bool) -> Confidence:

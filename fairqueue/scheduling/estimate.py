@@ -38,6 +38,7 @@ from typing import Final, Literal
 from fairqueue.scheduling.calibration import (
     UNCALIBRATED,
     Calibration,
+    admission_wait,
     calibrate,
     summed,
     wait_range,
@@ -264,6 +265,13 @@ class Wait:
     low_s: float | None
     high_s: float | None
     confidence: Confidence
+    #: The wait admission holds to its bound (``None``: the expected wait;
+    #: :func:`fairqueue.scheduling.calibration.admission_wait`).
+    admit_s: float | None = None
+
+    @property
+    def admission_s(self) -> float | None:
+        return self.expected_s if self.admit_s is None else self.admit_s
 
 
 NO_WAIT: Final = Wait(0.0, 0.0, 0.0, "high")
@@ -320,7 +328,7 @@ def _ranged(expected: float, rate: ServiceRate, level: PriorityLevel | str | Non
     sure = calibrated_confidence(calibration, rate_known=rate.known)
     if confidence_of(rate) == "low" and sure in ("high", "medium"):
         sure = "low"
-    return Wait(expected, low, high, sure)
+    return Wait(expected, low, high, sure, admission_wait(expected, calibration))
 
 
 def held_reason(
@@ -385,6 +393,7 @@ def with_delay(wait: Wait, delay_s: float | None) -> Wait:
         (wait.low_s or 0.0) + delay_s * 0.5,
         (wait.high_s or 0.0) + delay_s * 2,
         lower,
+        (wait.admission_s or 0.0) + delay_s,
     )
 
 
@@ -432,3 +441,7 @@ class StartEstimate:
     #: The finish tag the fair clock gives the job (``None``: not placed by it).
     tag: float | None = None
     level_share: float | None = None
+    #: The wait ``max_wait_ms`` is held to: the expected wait stretched to how late the
+    #: level's recent estimates came out 9 times in 10 (``None``: as expected;
+    #: :func:`fairqueue.scheduling.calibration.admission_wait`).
+    admission_wait_ms: int | None = None

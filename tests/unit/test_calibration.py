@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from fairqueue.scheduling.calibration import (
+    ADMIT_QUANTILE,
     ERROR_BINS,
     ERROR_EDGES,
     FLOOR_MS,
     HIGH_CLOSE,
+    HIGHEST_RATIO,
     MIN_SAMPLES,
     RANGE_COVERAGE,
     UNCALIBRATED,
+    admission_wait,
     calibrate,
     confidence,
     error_bin,
@@ -73,3 +77,37 @@ def test_bins_of_exact_and_short_waits():
     assert error_bin(50, 10) == error_bin(1000, 1000) + 1
     assert FLOOR_MS == 250
     assert summed([[1] * ERROR_BINS, [2] * ERROR_BINS]) == [3] * ERROR_BINS
+
+
+@given(st.floats(0, 10_000), counts)
+def test_admission_never_holds_a_job_to_less_than_its_expected_wait(expected_s, row):
+    cal = calibrate(row)
+    assert admission_wait(expected_s, cal) >= expected_s
+    if cal.samples < MIN_SAMPLES:
+        assert admission_wait(expected_s, cal) == expected_s
+
+
+@given(counts)
+def test_the_admit_factor_bounds_the_share_of_recent_ratios_it_promises(row):
+    cal = calibrate(row)
+    total = sum(row)
+    highs = (*ERROR_EDGES, float("inf"))
+    under = sum(n for index, n in enumerate(row) if highs[index] <= cal.admit_factor + 1e-9)
+    if total >= MIN_SAMPLES and cal.admit_factor < HIGHEST_RATIO:
+        assert under >= ADMIT_QUANTILE * total - 1e-9
+
+
+def test_admission_holds_the_late_end_of_recent_estimates_to_the_bound():
+    # recent estimates came out 1.11-1.25x late one time in five: a job expected at
+    # 1.8 s would wait about 2.2 s as often, past a 2 s bound; expected at 1.4 s it fits
+    row = [0] * ERROR_BINS
+    row[error_bin(1000, 1000)] = 80
+    row[error_bin(1200, 1000)] = 20
+    cal = calibrate(row)
+    assert cal.admit_factor == 1.25
+    assert admission_wait(1.8, cal) == pytest.approx((1.8 + 0.25) * 1.25 - 0.25)
+    assert admission_wait(1.8, cal) > 2.0 >= admission_wait(1.4, cal)
+    # all close: the expected wait itself up to the bin's edge
+    row = [0] * ERROR_BINS
+    row[error_bin(1000, 1000)] = 100
+    assert calibrate(row).admit_factor == ERROR_EDGES[error_bin(1000, 1000)]
