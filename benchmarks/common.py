@@ -91,3 +91,27 @@ def wait_for_redis(client: Any, tries: int = 100) -> None:
             return
         except redis.ConnectionError:
             time.sleep(0.05)
+
+
+def side_by_side(
+    script: str, other_root: Path, names: list[str], only_flag: str, argv: list[str]
+) -> list[tuple[str, str, Path]]:
+    """Runs ``benchmarks/<script>`` of ``other_root`` (another checkout: the code before a
+    change) and of this one, alternating one ``names`` item at a time (``only_flag
+    name``, the rest of ``argv`` alike), so both see the same load of a shared machine
+    rather than one after the other. Returns ``(label, name, json file)`` rows, ``old``
+    then ``new`` per name."""
+    import tempfile
+
+    here = Path(__file__).resolve().parent.parent
+    folder = Path(tempfile.mkdtemp(prefix="side-by-side-"))
+    rows = []
+    for name in names:
+        for label, root in (("old", other_root.resolve()), ("new", here)):
+            out = folder / f"{label}-{name}.json"
+            command = [sys.executable, str(root / "benchmarks" / script), *argv]
+            command += [only_flag, name, "--json", str(out)]
+            # each checkout imports its own fairqueue (the cwd first on sys.path)
+            subprocess.run(command, cwd=root, check=True, stdout=subprocess.DEVNULL)
+            rows.append((label, name, out))
+    return rows

@@ -128,8 +128,10 @@ class HistoryBucket:
     starts: Mapping[str, int]
     worker_ms: Mapping[str, int]
     #: Per level, how its estimates came out: counts per ratio bin
-    #: (:func:`fairqueue.scheduling.calibration.error_bin`).
+    #: (:func:`fairqueue.scheduling.calibration.error_bin`), and the sum of the waits
+    #: (ms) they expected (no key: not recorded).
     errors: Mapping[str, Sequence[int]] = field(default_factory=dict)
+    expected_ms: Mapping[str, int] = field(default_factory=dict)
     #: Where the virtual time stood at the bucket's first and last sample: (ms, tag units).
     vt_first: tuple[int, float] | None = None
     vt_last: tuple[int, float] | None = None
@@ -238,10 +240,27 @@ def service_rate(
         window_s=elapsed,
         level_starts=starts,
         calibrations={
-            name: calibrate(summed(b.errors.get(name, ()) for b in kept)) for name in LEVEL_NAMES
+            name: calibrate(
+                summed(b.errors.get(name, ()) for b in kept),
+                _expected_sum(kept, name),
+            )
+            for name in LEVEL_NAMES
         },
         vt_moved_per_s=moved,
     )
+
+
+def _expected_sum(buckets: Sequence[HistoryBucket], level: str) -> float | None:
+    """The waits the level's binned estimates expected, summed over ``buckets``
+    (``None`` when a bucket with estimates did not record them: history written before)."""
+    total = 0.0
+    for bucket in buckets:
+        if sum(bucket.errors.get(level, ())) == 0:
+            continue
+        if level not in bucket.expected_ms:
+            return None
+        total += bucket.expected_ms[level]
+    return total
 
 
 def confidence_of(rate: ServiceRate) -> Confidence:
@@ -325,7 +344,7 @@ def placed_wait(
 def _ranged(expected: float, rate: ServiceRate, level: PriorityLevel | str | None) -> Wait:
     calibration = rate.calibration(level)
     low, high = wait_range(expected, calibration)
-    sure = calibrated_confidence(calibration, rate_known=rate.known)
+    sure = calibrated_confidence(calibration, rate_known=rate.known, expected_s=expected)
     if confidence_of(rate) == "low" and sure in ("high", "medium"):
         sure = "low"
     return Wait(expected, low, high, sure, admission_wait(expected, calibration))
