@@ -1,7 +1,8 @@
 """Admission control and estimates at enqueue: ``max_wait_ms=`` refuses a job expected to
 start later than that (:class:`~fairqueue.exceptions.ExpectedWaitTooLongError`, before
-anything is written), ``estimate=True`` returns the estimate on the ``EnqueuedJob`` and
-keeps the expected start in the job's opts (``fqEta``) for the estimate-error metric.
+anything is written), ``estimate=True`` returns the estimate on the ``EnqueuedJob``; either keeps
+the expected start in the job's opts (``fqEta``) for the estimate-error metric and the
+calibration of later estimates and admissions.
 
 Enqueues that ask for neither pay nothing: no read, no field. One that asks reads the
 flow's place first (one read-only script call; a batch, two: its first and last job),
@@ -147,9 +148,11 @@ def admit(
         logger.warning("fairqueue: no estimate for a durable enqueue (Redis unavailable)")
         return prepared, None
     refuse_if_too_long(estimates[-1], job_type=prepared[0].job_type, max_wait_ms=max_wait_ms)
-    if not estimate or durable:
+    if durable:
         return prepared, (estimates if estimate else None)
-    return _with_eta(prepared, estimates), estimates
+    # the expected start rides on every job estimated, asked or admitted: how those come
+    # out calibrates the next admissions (calibration.admission_wait)
+    return _with_eta(prepared, estimates), (estimates if estimate else None)
 
 
 async def aadmit(
@@ -160,9 +163,7 @@ async def aadmit(
     extra = await sync_to_async(outbox_ahead)(item.queue, item.resolved, item.new_job.delay_ms)
     estimates = await estimates_for(prepared, len(prepared), extra)
     refuse_if_too_long(estimates[-1], job_type=prepared[0].job_type, max_wait_ms=max_wait_ms)
-    if not estimate:
-        return prepared, None
-    return _with_eta(prepared, estimates), estimates
+    return _with_eta(prepared, estimates), (estimates if estimate else None)
 
 
 def _with_eta(prepared: list[Prepared], estimates: list[StartEstimate]) -> list[Prepared]:
