@@ -23,8 +23,8 @@ the measured jobs have started, at most ``--drain-s``).
         [--compare OTHER_CHECKOUT] [--json FILE]
 
 ``--compare``: each path run by another checkout's copy of this script (the code before
-a change) and then by this one, alternating, so both see the same load; one table, rows
-labelled ``old`` and ``new``.
+a change) and then by this one, alternating, so both see the same load, at the capacity
+the first measured (``--capacity``); one table, rows labelled ``old`` and ``new``.
 """
 
 from __future__ import annotations
@@ -196,7 +196,7 @@ def run_path(path: str, args: argparse.Namespace, db: Any) -> dict[str, Any]:
                 time.sleep(0.05)
             # the middle half of the drained backlog: the last seconds of the enqueues
             # swing with the machine's load (a worker still starting, or descheduled)
-            capacity = drained_capacity(worker)
+            capacity = args.capacity or drained_capacity(worker)
             db.submit(produce, path, args, capacity, args.warmup_s, out, True).result()
             db.submit(produce, path, args, capacity, args.seconds, out, False).result()
             measured = {job_id for job_id, (_, _, m) in out.jobs.items() if m}
@@ -254,8 +254,13 @@ def compare(args: argparse.Namespace, argv: list[str]) -> list[dict[str, Any]]:
         if not skip:
             passed.append(item)
     rows = []
+
+    def capacity_of(out: Path) -> float | None:
+        rows = json.loads(out.read_text())
+        return rows[0]["capacity"] if rows else None
+
     for label, _path, out in side_by_side(
-        "bench_admission.py", args.compare, list(args.only), "--only", passed
+        "bench_admission.py", args.compare, list(args.only), "--only", passed, capacity_of
     ):
         for row in json.loads(out.read_text()):
             row["path"] = f"{row['path']} {label}"
@@ -277,6 +282,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-wait-ms", type=int, default=3_000)
     parser.add_argument("--delay-ms", type=int, default=200)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--capacity",
+        type=float,
+        default=None,
+        help="the worker's capacity C (jobs/s) to offer the load at, instead of measuring it",
+    )
     parser.add_argument(
         "--compare",
         type=Path,

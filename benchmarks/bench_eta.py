@@ -58,7 +58,8 @@ Cost part (a private redis-server, ``--waiting`` jobs over 400 flows): the Redis
 
 ``--compare``: each scenario run by another checkout's copy of this script (the code
 before a change) and then by this one, alternating, so both see the same load of a
-shared machine; one table, rows labelled ``old`` and ``new``.
+shared machine, at the capacity the first measured (``--capacity``); one table, rows
+labelled ``old`` and ``new``.
 """
 
 from __future__ import annotations
@@ -478,7 +479,7 @@ def run_live(scenario: Scenario, args: argparse.Namespace, db: Any) -> dict[str,
                 if len(worker.seen) >= _warm_count(prefix):
                     break
                 time.sleep(0.05)
-            capacity = drained_capacity(worker)
+            capacity = args.capacity or drained_capacity(worker)
             plans = {tenant: dict(fields) for tenant, fields in scenario.plans.items()}
             for fields in plans.values():
                 if "rate_duration_ms" in fields:
@@ -688,8 +689,13 @@ def compare(args: argparse.Namespace, argv: list[str]) -> int:
         if not skip:
             passed.append(item)
     rows = []
+
+    def capacity_of(path: Path) -> float | None:
+        rows = json.loads(path.read_text()).get("live", [])
+        return rows[0]["capacity"] if rows else None
+
     for label, _name, path in side_by_side(
-        "bench_eta.py", args.compare, names, "--only", [*passed, "--skip-cost"]
+        "bench_eta.py", args.compare, names, "--only", [*passed, "--skip-cost"], capacity_of
     ):
         for row in json.loads(path.read_text()).get("live", []):
             row["scenario"] = f"{row['scenario']} {label}"
@@ -716,6 +722,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--debug-history", action="store_true")
     parser.add_argument("--skip-live", action="store_true")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--capacity",
+        type=float,
+        default=None,
+        help="the worker's capacity C (jobs/s) to offer the load at, instead of measuring it",
+    )
     parser.add_argument(
         "--compare",
         type=Path,
