@@ -211,8 +211,8 @@ def test_admission_holds_the_late_end_of_recent_estimates_to_the_bound(
     est = estimate_start("email", tenant_id="a", priority_level="normal")
     assert est.expected_wait_ms is not None and est.admission_wait_ms is not None
     bound = est.expected_wait_ms + 50
-    if late:  # the late end: about (wait + 250 ms) x 1.5
-        assert est.admission_wait_ms >= 1.4 * est.expected_wait_ms
+    if late:  # the late end (1.5x), stretched by the bound's tolerance: 1.25x
+        assert est.admission_wait_ms >= 1.2 * est.expected_wait_ms
         with pytest.raises(ExpectedWaitTooLongError) as refused:
             enqueue_job("email", {}, tenant_id="a", priority_level="normal", max_wait_ms=bound)
         assert refused.value.admission_wait_ms > bound >= refused.value.expected_wait_ms

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fairqueue.scheduling.calibration import (
+    ADMIT_MAX_FACTOR,
     ADMIT_QUANTILE,
     ERROR_BINS,
     ERROR_EDGES,
@@ -85,6 +86,7 @@ def test_bins_of_exact_and_short_waits():
 def test_admission_never_holds_a_job_to_less_than_its_expected_wait(expected_s, row):
     cal = calibrate(row)
     assert admission_wait(expected_s, cal) >= expected_s
+    assert admission_wait(expected_s, cal) <= (expected_s + 0.25) * ADMIT_MAX_FACTOR
     if cal.samples < MIN_SAMPLES:
         assert admission_wait(expected_s, cal) == expected_s
 
@@ -109,6 +111,10 @@ def test_admission_holds_the_late_end_of_recent_estimates_to_the_bound():
     assert cal.admit_factor == 1.25
     assert admission_wait(1.8, cal) == pytest.approx((1.8 + 0.25) * 1.25 - 0.25)
     assert admission_wait(1.8, cal) > 2.0 >= admission_wait(1.4, cal)
+    # far later (a third more than twice late): stretched by the bound's tolerance only
+    row[error_bin(1000, 1000)], row[ERROR_BINS - 1] = 70, 30
+    assert calibrate(row).admit_factor == HIGHEST_RATIO
+    assert admission_wait(1.0, calibrate(row)) == pytest.approx((1.0 + 0.25) * 1.25 - 0.25)
     # all close: the expected wait itself up to the bin's edge
     row = [0] * ERROR_BINS
     row[error_bin(1000, 1000)] = 100
