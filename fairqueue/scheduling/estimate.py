@@ -439,8 +439,9 @@ class StartEstimate:
     """When a job is expected to start (times in ms since the epoch, Redis's clock).
 
     ``expected_start_ms`` lies between ``earliest_start_ms`` and ``latest_start_ms``;
-    ``confidence`` is ``high`` (many starts measured at a steady pace), ``medium``,
-    ``low`` or ``none`` (no estimate: the times are ``None``). ``ahead`` counts the jobs
+    ``confidence`` is ``high`` (the level's recent estimates of this wait's scale came
+    out tight, :func:`fairqueue.scheduling.calibration.confidence`), ``medium``, ``low``
+    or ``none`` (no estimate: the times are ``None``). ``ahead`` counts the jobs
     BullMQ pops before it now; ``held_reason`` names the limit that holds its tenant
     (``max_active``, ``rate``, ``paused``) or is ``None``; ``share`` is the fraction of
     the workers its flow gets while it has a backlog, given who is asking now
