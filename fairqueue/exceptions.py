@@ -165,9 +165,9 @@ class ExpectedWaitTooLongError(FairqueueError):
     their share that are refused: ``share`` is the fraction of the workers the flow gets
     while it has a backlog (``None``: not measured), ``expected_wait_ms`` the wait it
     would have had, ``admission_wait_ms`` the wait held to the bound (the expected one
-    stretched to how late recent estimates came out, docs/design.md, "How sure"),
-    ``retry_after_s`` when its backlog will have drained enough (whole seconds, at least
-    1: an HTTP ``Retry-After``)."""
+    stretched to how late recent estimates came out: docs/design.md, "When a job will
+    start"), ``retry_after_s`` when its backlog will have drained enough (whole seconds,
+    at least 1: an HTTP ``Retry-After``)."""
 
     def __init__(
         self,
