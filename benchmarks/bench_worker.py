@@ -187,8 +187,11 @@ async def _resume(broker: Any, queue: str) -> None:
     await broker.conn.queue(queue).resume()
 
 
-def run_once(variant: Variant, args: argparse.Namespace, url: str, env: dict[str, str]) -> float:
-    """Jobs per second of one run of ``variant``."""
+def run_once(
+    variant: Variant, args: argparse.Namespace, url: str, env: dict[str, str]
+) -> tuple[float, dict[str, float]]:
+    """Jobs per second of one run of ``variant``, and the Redis commands per job its
+    workers sent while the clock ran (by command; the benchmark's own polls left out)."""
     client = redis.Redis.from_url(url)
     client.flushall()  # the benchmark's own server
     count = args.jobs if variant.kind == "cpu" else args.noop_jobs
@@ -206,15 +209,42 @@ def run_once(variant: Variant, args: argparse.Namespace, url: str, env: dict[str
                 from fairqueue.broker import get_broker, get_sync_broker
 
                 get_sync_broker().run(_resume, get_broker(), queue)
+            before = _command_counts(client)
+            polls = [0]
             started = time.monotonic()
-            if not wait_until(lambda: _done(client, variant, queue, count), args.timeout_s, 0.005):
+            if not wait_until(
+                lambda: _done(client, variant, queue, count, polls), args.timeout_s, 0.005
+            ):
                 raise RuntimeError(f"{variant.name}: not done in {args.timeout_s} s; see {LOG}")
             elapsed = time.monotonic() - started
+            after = _command_counts(client)
         finally:
             for process in processes:
                 stop_process(process, timeout=30)
     client.close()
-    return count / elapsed
+    return count / elapsed, _per_job(before, after, variant, polls[0], count)
+
+
+def _command_counts(client: redis.Redis) -> dict[str, int]:
+    """The server's calls by command so far (``INFO commandstats``)."""
+    stats = client.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(value["calls"]) for name, value in stats.items()}
+
+
+def _per_job(
+    before: dict[str, int], after: dict[str, int], variant: Variant, polls: int, count: int
+) -> dict[str, float]:
+    """Commands per job between two counts, less the benchmark's own: the INFO that
+    read ``before`` and, per poll of :func:`_done`, a GET (CPU-bound runs) or a MULTI
+    of four reads."""
+    calls = {name: after[name] - before.get(name, 0) for name in after}
+    calls["info"] -= 1
+    if variant.kind == "cpu":
+        calls["get"] -= polls
+    else:
+        for name, per_poll in (("multi", 1), ("exec", 1), ("llen", 3), ("zcard", 1)):
+            calls[name] -= polls * per_poll
+    return {name: n / count for name, n in sorted(calls.items()) if n > 0}
 
 
 def _start(command: list[str], env: dict[str, str], log: TextIO, piped: bool) -> Any:
@@ -260,7 +290,8 @@ def _read_output(process: Any, ready_line: str, ready: threading.Event) -> None:
             log.write(line)
 
 
-def _done(client: redis.Redis, variant: Variant, queue: str, count: int) -> bool:
+def _done(client: redis.Redis, variant: Variant, queue: str, count: int, polls: list[int]) -> bool:
+    polls[0] += 1
     if variant.kind == "cpu":
         return int(client.get(DONE_KEY) or 0) >= count
     with client.pipeline(transaction=True) as pipe:
@@ -304,6 +335,17 @@ def report(rates: dict[str, list[float]]) -> str:
     return "\n".join(lines)
 
 
+def command_report(commands: dict[str, dict[str, float]]) -> str:
+    """Redis commands per job of each variant's last run (the workers' only: what
+    enqueued the jobs and the benchmark's polls left out), the busiest first."""
+    lines = ["", f"{'variant':<22} {'commands/job':>12}  by command"]
+    for name, per_job in commands.items():
+        busiest = sorted(per_job.items(), key=lambda item: -item[1])[:6]
+        by_command = " ".join(f"{command} {n:.2f}" for command, n in busiest)
+        lines.append(f"{name:<22} {sum(per_job.values()):>12.2f}  {by_command}")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=4_000, help="CPU-bound jobs per run")
@@ -326,6 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{loops} loops = {args.cpu_ms:g} ms of pure Python on one core (calibrated)")
     chosen = [v for v in VARIANTS if not args.variant or v.name in args.variant]
     rates: dict[str, list[float]] = {v.name: [] for v in chosen}
+    commands: dict[str, dict[str, float]] = {}
     with private_redis() as url:
         env = _env(url, loops)
         os.environ.update({k: env[k] for k in env if k.startswith(("FQBENCH", "FAIRQUEUE"))})
@@ -338,13 +381,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         for round_index in range(args.rounds):
             shift = round_index % len(chosen)
             for variant in chosen[shift:] + chosen[:shift]:
-                rate = run_once(variant, args, url, env)
+                rate, per_job = run_once(variant, args, url, env)
                 rates[variant.name].append(rate)
+                commands[variant.name] = per_job  # the last run's
                 print(f"round {round_index + 1}: {variant.name:<22} {rate:8.0f} jobs/s", flush=True)
         from fairqueue.broker import close_brokers
 
         close_brokers()
     print(report(rates))
+    print(command_report(commands))
     return 0
 
 
