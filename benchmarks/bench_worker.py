@@ -187,11 +187,19 @@ async def _resume(broker: Any, queue: str) -> None:
     await broker.conn.queue(queue).resume()
 
 
-def run_once(
-    variant: Variant, args: argparse.Namespace, url: str, env: dict[str, str]
-) -> tuple[float, dict[str, float]]:
-    """Jobs per second of one run of ``variant``, and the Redis commands per job its
-    workers sent while the clock ran (by command; the benchmark's own polls left out)."""
+@dataclass(frozen=True)
+class Run:
+    """One run: jobs per second; the CPU time its worker processes spent per job (user
+    and system, the process trees of the commands: a figure a loaded machine disturbs
+    far less than the rate); Redis commands per job by command (the workers' only)."""
+
+    rate: float
+    cpu_us: float
+    commands: dict[str, float]
+
+
+def run_once(variant: Variant, args: argparse.Namespace, url: str, env: dict[str, str]) -> Run:
+    """One run of ``variant``, measured while the clock ran."""
     client = redis.Redis.from_url(url)
     client.flushall()  # the benchmark's own server
     count = args.jobs if variant.kind == "cpu" else args.noop_jobs
@@ -210,6 +218,7 @@ def run_once(
 
                 get_sync_broker().run(_resume, get_broker(), queue)
             before = _command_counts(client)
+            cpu_before = _cpu_s(processes)
             polls = [0]
             started = time.monotonic()
             if not wait_until(
@@ -217,12 +226,38 @@ def run_once(
             ):
                 raise RuntimeError(f"{variant.name}: not done in {args.timeout_s} s; see {LOG}")
             elapsed = time.monotonic() - started
+            cpu_s = _cpu_s(processes) - cpu_before
             after = _command_counts(client)
         finally:
             for process in processes:
                 stop_process(process, timeout=30)
     client.close()
-    return count / elapsed, _per_job(before, after, variant, polls[0], count)
+    return Run(
+        count / elapsed, cpu_s / count * 1e6, _per_job(before, after, variant, polls[0], count)
+    )
+
+
+def _cpu_s(processes: Sequence[Any]) -> float:
+    """CPU seconds (user + system) the process trees of ``processes`` have used so far
+    (Linux's ``/proc``; children that exited are left out, none does during a run)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, float]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            # After the name: state ppid ... utime (the 12th) stime (the 13th).
+            stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / ticks)
+    tree = {process.pid for process in processes}
+    grew = True
+    while grew:
+        children = {pid for pid, (ppid, _) in stats.items() if ppid in tree} - tree
+        grew = bool(children)
+        tree |= children
+    return sum(stats[pid][1] for pid in tree if pid in stats)
 
 
 def _command_counts(client: redis.Redis) -> dict[str, int]:
@@ -335,6 +370,22 @@ def report(rates: dict[str, list[float]]) -> str:
     return "\n".join(lines)
 
 
+def cpu_report(cpu: dict[str, list[float]]) -> str:
+    """The no-op variants' median CPU time per job, and fairqueue's against the stock
+    worker's as a rate would be (stock CPU / fairqueue CPU: above 1, fairqueue spends
+    less per job)."""
+    medians = {name: statistics.median(values) for name, values in cpu.items() if values}
+    lines = ["", f"{'variant':<22} {'CPU us/job':>10}  runs"]
+    for name, values in cpu.items():
+        if values:
+            runs = " ".join(f"{v:.0f}" for v in values)
+            lines.append(f"{name:<22} {medians[name]:>10.0f}  {runs}")
+    if "fq 1 process" in medians and "stock bullmq" in medians:
+        ratio = medians["stock bullmq"] / medians["fq 1 process"]
+        lines.append(f"noop, by CPU per job: stock bullmq / fq 1 process  {ratio:.2f}x")
+    return "\n".join(lines)
+
+
 def command_report(commands: dict[str, dict[str, float]]) -> str:
     """Redis commands per job of each variant's last run (the workers' only: what
     enqueued the jobs and the benchmark's polls left out), the busiest first."""
@@ -368,6 +419,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{loops} loops = {args.cpu_ms:g} ms of pure Python on one core (calibrated)")
     chosen = [v for v in VARIANTS if not args.variant or v.name in args.variant]
     rates: dict[str, list[float]] = {v.name: [] for v in chosen}
+    cpu: dict[str, list[float]] = {v.name: [] for v in chosen}
     commands: dict[str, dict[str, float]] = {}
     with private_redis() as url:
         env = _env(url, loops)
@@ -381,14 +433,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         for round_index in range(args.rounds):
             shift = round_index % len(chosen)
             for variant in chosen[shift:] + chosen[:shift]:
-                rate, per_job = run_once(variant, args, url, env)
-                rates[variant.name].append(rate)
-                commands[variant.name] = per_job  # the last run's
-                print(f"round {round_index + 1}: {variant.name:<22} {rate:8.0f} jobs/s", flush=True)
+                run = run_once(variant, args, url, env)
+                rates[variant.name].append(run.rate)
+                cpu[variant.name].append(run.cpu_us)
+                commands[variant.name] = run.commands  # the last run's
+                print(
+                    f"round {round_index + 1}: {variant.name:<22} {run.rate:8.0f} jobs/s "
+                    f"{run.cpu_us:7.0f} CPU us/job",
+                    flush=True,
+                )
         from fairqueue.broker import close_brokers
 
         close_brokers()
     print(report(rates))
+    print(cpu_report(cpu))
     print(command_report(commands))
     return 0
 

@@ -24,6 +24,7 @@ from fairqueue.scheduling.levels import (
 from fairqueue.worker.handlers import Handler, get_handler, registered_job_types
 
 MIN_CONCURRENCY: Final = 1
+_LEVELS: Final[Mapping[str, PriorityLevel]] = {level.value: level for level in PriorityLevel}
 MAX_CONCURRENCY: Final = 1_000
 
 
@@ -162,9 +163,14 @@ def split_payload(data: Any) -> tuple[Any, str | None, PriorityLevel | None]:
     if not isinstance(data, dict):
         return data, None, None
     tenant = data.get(PAYLOAD_TENANT_KEY)
-    try:
-        level: PriorityLevel | None = parse_level(data.get(PAYLOAD_LEVEL_KEY))
-    except ValueError:
-        level = None
+    raw_level = data.get(PAYLOAD_LEVEL_KEY)
+    # The wire names fairqueue writes, looked up (every job goes through here); any
+    # other value goes through parse_level's rules.
+    level = _LEVELS.get(raw_level) if isinstance(raw_level, str) else None
+    if level is None:
+        try:
+            level = parse_level(raw_level)
+        except ValueError:
+            level = None
     payload = {key: value for key, value in data.items() if key not in FAIRQUEUE_PAYLOAD_KEYS}
     return payload, tenant if isinstance(tenant, str) else None, level
