@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: demo test test-fast test-django6 lint format bench redis screenshots
+.PHONY: demo test test-slow test-all test-fast test-django6 lint format bench redis screenshots
 
 PIP    := $(PY) -m pip install --disable-pip-version-check --progress-bar on
 
@@ -59,12 +59,20 @@ tests/node/node_modules/.installed: tests/node/package.json tests/node/package-l
 # deadlines) run after, in one process: beside other test processes they starve.
 TEST_WORKERS ?= 2
 
+# `make test` leaves out the slow and the serial tests (whole demos, browsers, fresh
+# projects, live loops with deadlines, the benchmarks' smoke runs); `make test-slow` runs
+# just those, `make test-all` both, as CI does.
 test: $(VENV)/.installed-dev redis tests/node/node_modules/.installed
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
-	$(PY) -m pytest -n $(TEST_WORKERS) -m "not serial"
+	$(PY) -m pytest -n $(TEST_WORKERS) -m "not serial and not slow"
+
+test-slow: $(VENV)/.installed-dev redis tests/node/node_modules/.installed
+	$(PY) -m pytest -n $(TEST_WORKERS) -m "slow and not serial"
 	$(PY) -m pytest -m serial
+
+test-all: test test-slow
 
 # ruff, mypy and the tests that need no Redis (tests/unit: the scheduling math, settings,
 # checks, models, docs): seconds, no Redis started. CI (.ci/run) runs `make test`.

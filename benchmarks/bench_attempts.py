@@ -21,6 +21,8 @@ Scenarios (rates in units of the worker's measured capacity C):
   share of the workers' time; ``slow-flood`` - the slow one (10x) asks ten times its
   share of jobs too (shares over the whole run: its first jobs are placed before any run
   of it is measured, and repaid after).
+* ``failing-and-slow`` - a failing and a slow normal tenant beside critical and a healthy
+  normal tenant within their shares, by worker time.
 * ``declared-cost`` - two normal tenants with equal jobs, one declaring ``cost=0.001``.
 * ``mixed-levels``  - four levels with job lengths 1x, 3x, 0.5x, 2x, each asking twice
   its share of the workers' time.
@@ -212,6 +214,20 @@ def build_scenarios(capacity: float) -> dict[str, Scenario]:
             ),
             "time",
             whole_run=True,
+        ),
+        # A failing and a slow tenant together, beside critical and a healthy tenant
+        # within their shares (worker time: 0.3 C, 0.2 C); the failing one (3 failures)
+        # and the slow one (6x) each ask over their share: max-min 30 / 20 / 25 / 25.
+        Scenario(
+            "failing-and-slow",
+            (
+                Flow("critical", "c1", 0.3 * c),
+                Flow("normal", "healthy", 0.2 * c),
+                Flow("normal", "failing", 0.5 * c, fail_times=3),
+                Flow("normal", "slow", c / 6, run_x=6.0),
+            ),
+            "time",
+            attempts=4,
         ),
         # Two tenants of one level, both asking twice their share of the workers' time with
         # equal jobs; "liar" declares cost=0.001 s on every job: worker time 50/50.

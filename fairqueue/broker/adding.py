@@ -27,6 +27,7 @@ from fairqueue.broker.scripts import (
 )
 from fairqueue.exceptions import TenantBacklogFullError
 from fairqueue.scheduling.levels import DEFAULT_TENANT, PriorityLevel
+from fairqueue.scheduling.wire import account_meta
 
 #: Undelayed jobs per add-script call (each call is atomic: all its jobs or none).
 ADD_BATCH_SIZE: Final = 250
@@ -84,6 +85,10 @@ class NewJob:
     #: Its expected start (ms, Redis's clock) when the enqueue asked for an estimate:
     #: kept in its opts (``fqEta``) for the estimate-error metric. ``None``: not asked.
     eta_ms: int | None = None
+    #: The tenant's account and the account's weight (docs/design.md, "Accounts");
+    #: ``None``: none, the tenant is an account of its own.
+    account: str | None = None
+    account_weight: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,6 +277,9 @@ class AddPacker:
                 opts["backoff"] = job.backoff
             if job.eta_ms is not None:
                 opts["fqEta"] = job.eta_ms
+            if job.account is not None:
+                # what its re-runs, and a delayed job once promoted, are placed with
+                opts["fqAcct"] = account_meta(job.account, job.account_weight)
             given = job.data_json
             bull_job = BullJob(bull_queue, job.name, job.data if given is None else None, opts)
             packed_args, data, packed_opts = scripts.addJobArgs(bull_job)
@@ -319,6 +327,8 @@ class AddPacker:
                     job.tenant,
                     job.tenant_weight,
                     b"" if job.cost_ms is None else job.cost_ms,
+                    b"" if job.account is None else job.account,
+                    job.account_weight,
                 )
             )
             if job.limits is not None:

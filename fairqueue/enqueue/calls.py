@@ -240,6 +240,8 @@ def prepare_job(
             cost_ms=call.cost_ms,
             tenant_weight=resolved.tenant_weight,
             limits=None if call.limits is None else add_encoded_limits(call.limits),
+            account=resolved.account_id,
+            account_weight=resolved.account_weight,
         ),
         resolved=resolved,
         audit=call.audit,

@@ -50,7 +50,12 @@ from fairqueue.exceptions import (
     TenantBacklogFullError,
 )
 from fairqueue.metrics import by_job_type, get_metrics, record_enqueue
-from fairqueue.scheduling.levels import DEFAULT_TENANT, INTERNAL_TENANT, PriorityLevel
+from fairqueue.scheduling.levels import (
+    DEFAULT_TENANT,
+    INTERNAL_TENANT,
+    PAYLOAD_ACCOUNT_KEY,
+    PriorityLevel,
+)
 from fairqueue.scheduling.wire import add_encoded_limits
 
 logger = logging.getLogger("fairqueue.outbox")
@@ -107,9 +112,15 @@ def _new_job(row, now: datetime) -> NewJob:
         # The delay counts from the durable enqueue, not from the relay.
         elapsed_ms = int((now - row.created_at).total_seconds() * 1000)
         delay_ms = max(0, row.delay_ms - elapsed_ms) or None
+    from fairqueue.enqueue.lookups import lookup_account_weight  # the models: lazily
+
+    data = json.loads(row.data)
+    account = data.get(PAYLOAD_ACCOUNT_KEY) if isinstance(data, dict) else None
+    # its account's weight now (an account deleted since: the tenant is its own account)
+    account_weight = lookup_account_weight(account) if isinstance(account, str) else None
     return NewJob(
         name=row.job_type,
-        data=json.loads(row.data),
+        data=data,
         level=PriorityLevel(row.level),
         job_id=row.bullmq_job_id,
         delay_ms=delay_ms,
@@ -119,6 +130,8 @@ def _new_job(row, now: datetime) -> NewJob:
         tenant=row.tenant,
         tenant_weight=row.tenant_weight,
         limits=_limits_of(row.tenant),
+        account=account if account_weight is not None else None,
+        account_weight=account_weight or 1,
     )
 
 

@@ -19,7 +19,17 @@ from fairqueue.scheduling.limits import TenantLimits
 SEPARATOR: Final = "\n"
 
 #: An add's per-job arguments, in the order ``wire.lua``'s ``fqReadJobs`` reads them.
-ADD_JOB_FIELDS: Final = ("packed", "data", "opts", "level", "tenant", "weight", "cost")
+ADD_JOB_FIELDS: Final = (
+    "packed",
+    "data",
+    "opts",
+    "level",
+    "tenant",
+    "weight",
+    "cost",
+    "account",
+    "account_weight",
+)
 
 
 def flow_member(level: str, tenant: str) -> str:
@@ -38,17 +48,43 @@ def split_flow_member(member: str) -> tuple[str, str] | None:
     return (level, tenant) if sep else None
 
 
-def held_meta(level: str, weight: int, cost_ms: float | None = None) -> str:
-    """A held job's meta, what it is placed with when released (``fqHeldMeta``)."""
-    return SEPARATOR.join((level, str(weight), "" if cost_ms is None else f"{cost_ms:g}"))
+def account_member(level: str, account: str) -> str:
+    """An account's fields among a level's flows (``fqAccountMember``): no flow member is
+    one, as no tenant id is empty or holds a line feed."""
+    return f"{level}{SEPARATOR}{SEPARATOR}{account}"
 
 
-def split_held_meta(meta: str) -> tuple[str, int, float | None] | None:
-    """``(level, weight, cost_ms)`` of :func:`held_meta`'s string; ``None``: not one."""
-    parts = meta.split(SEPARATOR)
-    if len(parts) != 3 or not parts[1].isdigit():
+def account_meta(account: str, weight: int) -> str:
+    """A job's account and the account's weight, as its opts keep them (``fqAcct``) and
+    its held meta ends with them (``fqAccountMeta``)."""
+    return f"{weight}{SEPARATOR}{account}"
+
+
+def split_account_meta(meta: str) -> tuple[str, int] | None:
+    """``(account, weight)`` of :func:`account_meta`'s string; ``None``: not one."""
+    weight, sep, account = meta.partition(SEPARATOR)
+    return (account, int(weight)) if sep and account and weight.isdigit() else None
+
+
+def held_meta(
+    level: str, weight: int, cost_ms: float | None = None, account: str | None = None
+) -> str:
+    """A held job's meta, what it is placed with when released (``fqHeldMeta``);
+    ``account``: :func:`account_meta`'s string, for a job of an account."""
+    parts = (level, str(weight), "" if cost_ms is None else f"{cost_ms:g}")
+    return SEPARATOR.join(parts if account is None else (*parts, account))
+
+
+def split_held_meta(meta: str) -> tuple[str, int, float | None, tuple[str, int] | None] | None:
+    """``(level, weight, cost_ms, (account, account weight) or None)`` of
+    :func:`held_meta`'s string; ``None``: not one."""
+    parts = meta.split(SEPARATOR, 3)
+    if len(parts) < 3 or not parts[1].isdigit():
         return None
-    return parts[0], int(parts[1]), float(parts[2]) if parts[2] else None
+    account = split_account_meta(parts[3]) if len(parts) == 4 else None
+    if len(parts) == 4 and account is None:
+        return None
+    return parts[0], int(parts[1]), float(parts[2]) if parts[2] else None, account
 
 
 def delayed_meta(level: str, weight: int, tenant: str) -> str:

@@ -103,7 +103,7 @@ def test_browser__staff_sees_worker_order_overdue_count_and_live_refresh(
             browser.close()
 
     # A stock BullMQ worker then processes exactly those 20 jobs, in that order.
-    processed = drain_with_stock_worker(fq_prefix, "email", 20)
+    processed = drain_with_stock_worker(fq_prefix, "email", 20, timeout_s=60)
     assert [job_id for job_id, _ in processed] == shown
 
 

@@ -56,9 +56,16 @@ async def stock_worker_until(
         process,
         {"connection": connection, "prefix": prefix, "concurrency": concurrency, "autorun": False},
     )
+    errors: list[str] = []
+    worker.on("error", lambda error, *_: errors.append(repr(error)))
     task = asyncio.ensure_future(worker.run())
     try:
         await asyncio.wait_for(done.wait(), timeout_s)
+    except TimeoutError as exc:
+        # What the worker met says more than "it timed out" (its loop retries errors).
+        raise TimeoutError(
+            f"{ended} of {count} attempts ended; worker errors: {errors[:5]}"
+        ) from exc
     finally:
         await close_worker(worker)
         task.cancel()
@@ -114,8 +121,8 @@ async def _drain(prefix: str, queue: str, count: int, timeout_s: float) -> list[
         await stock_worker_until(
             prefix, queue, lambda job: processed.append((job.id, job.data)), count, timeout_s
         )
-    except TimeoutError:
-        pass
+    except TimeoutError as exc:
+        print(f"drain of {queue!r}: {exc}")  # shown beside the failed assertion
     return processed
 
 

@@ -24,8 +24,14 @@ if kind == 'flow' then
   local level, tenant = fqFlowSplit(ARGV[4])
   return {fqFlowMember(ARGV[2], ARGV[3]), level, tenant, fqFlowPrefix(ARGV[2])}
 elseif kind == 'held' then
-  local level, weight, cost = fqHeldMetaSplit(ARGV[4])
-  return {fqHeldMeta(ARGV[2], tonumber(ARGV[3])), level, weight, cost}
+  local level, weight, cost, account, accountWeight = fqHeldMetaSplit(ARGV[4])
+  local given = ARGV[5] ~= '' and fqAccountMeta(ARGV[5], tonumber(ARGV[6])) or nil
+  return {fqHeldMeta(ARGV[2], tonumber(ARGV[3]), nil, given), level, weight, cost,
+    account or '', tostring(accountWeight)}
+elseif kind == 'account' then
+  local account, weight = fqAccountMetaSplit(ARGV[4])
+  return {fqAccountMeta(ARGV[2], tonumber(ARGV[3])), account, tostring(weight),
+    fqAccountMember(ARGV[5], ARGV[2])}
 elseif kind == 'delayed' then
   local level, weight, tenant = fqDelayedMetaSplit(ARGV[5])
   return {fqDelayedMeta(ARGV[2], tonumber(ARGV[3]), ARGV[4]), level, weight, tenant}
@@ -33,8 +39,10 @@ elseif kind == 'limits' then
   local l = fqSplitLimits(ARGV[2])
   return {tostring(l.maxActive), tostring(l.rateMax), tostring(l.rateMs), tostring(l.maxWaiting)}
 elseif kind == 'jobs' then
-  local job = fqReadJobs({'x', 'p', 'd', 'o', 'high', 't', '3', '12'}, 2)[1]
-  return {job.packed, job.data, job.opts, job.level, job.tenant, job.weight, job.cost}
+  local job = fqReadJobs({'x', 'p', 'd', 'o', 'high', 't', '3', '12', 'acme', '2'}, 2)[1]
+  local bare = fqReadJobs({'p', 'd', 'o', 'high', 't', '3', '', '', ''}, 1)[1]
+  return {job.packed, job.data, job.opts, job.level, job.tenant, job.weight, job.cost,
+    job.account, job.accountWeight, tostring(bare.account), tostring(bare.cost)}
 end
 """
 )
@@ -59,14 +67,34 @@ def test_a_string_without_a_separator_is_no_flow_member():
 
 
 @FAST
-@given(level=levels, weight=weights)
-def test_a_held_meta_is_built_and_split_alike(redis_client, level, weight):
-    meta = wire.held_meta(level, weight)
-    built, lua_level, lua_weight, cost = redis_client.eval(LUA, 0, "held", level, weight, meta)
+@given(level=levels, weight=weights, account=st.none() | tenants.filter(bool), aw=weights)
+def test_a_held_meta_is_built_and_split_alike(redis_client, level, weight, account, aw):
+    given_account = None if account is None else wire.account_meta(account, aw)
+    meta = wire.held_meta(level, weight, account=given_account)
+    built, lua_level, lua_weight, cost, lua_account, lua_aw = redis_client.eval(
+        LUA, 0, "held", level, weight, meta, account or "", aw
+    )
     assert built == meta
-    assert wire.split_held_meta(meta) == (lua_level, int(lua_weight), None) == (level, weight, None)
+    pair = None if account is None else (account, aw)
+    assert wire.split_held_meta(meta) == (lua_level, int(lua_weight), None, pair)
+    assert wire.split_held_meta(meta) == (level, weight, None, pair)
     assert cost == ""
-    assert wire.split_held_meta(wire.held_meta(level, weight, 12.5)) == (level, weight, 12.5)
+    assert (lua_account or None, lua_aw) == (account, "nil" if account is None else str(aw))
+    assert wire.split_held_meta(wire.held_meta(level, weight, 12.5)) == (level, weight, 12.5, None)
+    assert wire.split_held_meta(f"{level}\n{weight}\n\nnot-an-account") is None
+
+
+@FAST
+@given(level=levels, account=tenants.filter(bool), weight=weights)
+def test_an_account_meta_and_member_are_built_and_split_alike(redis_client, level, account, weight):
+    meta = wire.account_meta(account, weight)
+    built, lua_account, lua_weight, member = redis_client.eval(
+        LUA, 0, "account", account, weight, meta, level
+    )
+    assert built == meta
+    assert wire.split_account_meta(meta) == (lua_account, int(lua_weight)) == (account, weight)
+    assert member == wire.account_member(level, account)
+    assert wire.split_flow_member(member) == (level, "\n" + account)  # no tenant id is one
 
 
 @FAST
@@ -101,10 +129,11 @@ def test_limits_are_encoded_and_read_alike(
 
 def test_an_add_job_is_read_by_its_field_names(redis_client):
     read = redis_client.eval(LUA, 0, "jobs")
-    assert dict(zip(wire.ADD_JOB_FIELDS, read, strict=True)) == {
+    assert dict(zip(wire.ADD_JOB_FIELDS, read[:-2], strict=True)) == {
         "packed": "p", "data": "d", "opts": "o", "level": "high", "tenant": "t", "weight": 3,
-        "cost": 12,
+        "cost": 12, "account": "acme", "account_weight": 2,
     }  # fmt: skip
+    assert read[-2:] == ["nil", "nil"]  # an empty account and cost: none
 
 
 def test_an_include_pulled_in_twice_comes_in_once():

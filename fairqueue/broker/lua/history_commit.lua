@@ -118,10 +118,19 @@ local function readVt()
     if start > vt then vt = start end
   end
 end
--- A flow's step of debt turns, in tags: at its weight and its level's total as they are now.
+-- A flow's step of debt turns, in tags: at its weight and its level's total as they are
+-- now; a flow of an account at its hierarchical share, the level's total over its
+-- account's weight times its account's split (docs/design.md, "Accounts").
 local function tagsOf(member, level, rank, debt)
-  local w = tonumber(redis.call('HGET', KEYS[6], member)) or 1
+  local row = redis.call('HMGET', KEYS[6], member, 'a\n' .. member)
+  local w = tonumber(row[1]) or 1
   local total = tonumber(redis.call('HGET', KEYS[4], 'W:' .. level)) or w
+  if row[2] then
+    local g = fqAccountMember(level, row[2])
+    local account = redis.call('HMGET', KEYS[6], g, 'w\n' .. g)
+    local split, weight = tonumber(account[1]), tonumber(account[2])
+    if split and weight and weight > 0 then total = total * split / weight end
+  end
   return fqScale * debt * total / ((4 - rank) * w) -- a level's weight: 4 less its rank
 end
 local function settle(member, level, debt, text)

@@ -175,14 +175,15 @@ if mode == 'scan' and (ARGV.where == 'delayed' or ARGV.where == 'wait') then
       seen = seen + 1
       if score then lastScore, lastMember = score, id end
       local data = redis.call('HGET', prefix .. id, 'data')
-      local level, tenant, weight, ready = nil, nil, nil, nil
+      local level, tenant, weight, ready, account, accountWeight = nil, nil, nil, nil, nil, nil
       if data and string.find(data, needle, 1, true) then
-        level, tenant, weight, ready = fqForeign(K, prefix, id, now, #data)
+        level, tenant, weight, ready, account, accountWeight = fqForeign(K, prefix, id, now, #data)
       end
       if level and tenant == t then
         fqRerunLeaves(L, t, prefix .. id, id)
         if redis.call('HEXISTS', L .. ':meta', id) == 0 then
-          redis.call('HSET', L .. ':meta', id, fqHeldMeta(level, weight))
+          redis.call('HSET', L .. ':meta', id, fqHeldMeta(level, weight, nil,
+            account and fqAccountMeta(account, accountWeight)))
         end
         if score then -- delayed: held until it is due, then behind its held jobs
           fqUnindex(K.ready, prefix .. id, id, math.floor(tonumber(score) / 4096))
@@ -253,7 +254,8 @@ if mode == 'scan' then
           -- out of the ready-time index until it is released: its paused time is not
           -- waiting, and the release indexes it once
           fqUnindex(K.ready, prefix .. id, id, fqReadyOf(prefix, id))
-          fqHoldJob(L, K.prioritized, KEYS[2], KEYS[8], id, t, fqHeldMeta(level, weight))
+          fqHoldJob(L, K.prioritized, KEYS[2], KEYS[8], id, t, fqHeldMeta(level, weight, nil,
+            fqJobAccount(prefix .. id)))
           redis.call('RPOP', heldKey) -- fqHoldJob appended it: it goes before the boundary
           local inserted = -1
           if boundary ~= '' then
@@ -343,11 +345,12 @@ if redis.call('LLEN', KEYS[15]) > 0 then
     elseif anyLimits then
       -- re-added by BullMQ without fairqueue (Queue.retryJobs): held again if its tenant
       -- is limited, at the level, weight and first ready time the adoption would give it
-      local level, t, weight, ready = fqForeign(K, prefix, id, now, {{RELEASE_WAIT_PAYLOAD}})
+      local level, t, weight, ready, account, accountWeight = fqForeign(K, prefix, id, now,
+        {{RELEASE_WAIT_PAYLOAD}})
       if level and fqHolding(L, t, anyHolds, memo) then
         redis.call('LREM', KEYS[15], -1, id)
         fqRehold(L, K.prioritized, KEYS[2], KEYS[8], K.ready, prefix .. id, id, t, level,
-          weight, ready)
+          weight, ready, account, accountWeight)
       end
       if fqTimeUp() then break end
     end
@@ -477,10 +480,11 @@ for _, t in ipairs(tenants) do
           c = fqClock(K)
           c.byTime = byTime
         end
-        local level, weight, cost = fqHeldMetaSplit(meta)
+        local level, weight, cost, account, accountWeight = fqHeldMetaSplit(meta)
         redis.call('ZREM', KEYS[2], id)
         fqGuardRetries(prefix .. id)
-        local score, behind = fqPlace(K, c, level, t, tonumber(weight), tonumber(cost), true)
+        local score, behind = fqPlace(K, c, level, t, tonumber(weight), tonumber(cost), true,
+          account, accountWeight)
         redis.call('ZADD', K.prioritized, string.format('%.17g', score or fqCap * fqScore), id)
         fqPlaced(K, c, score)
         if score and behind then fqLinePush(K, fqFlowMember(level, t), {id}) end

@@ -50,7 +50,8 @@ for i = 1, #found, 2 do
     if seen == page then break end
     seen = seen + 1
     lastScore, lastMember = score, id
-    local level, tenant, weight, ready = fqForeign(K, prefix, id, now, maxPayload)
+    local level, tenant, weight, ready, account, accountWeight = fqForeign(K, prefix, id, now,
+      maxPayload)
     if level and (only == '' or tenant == only) then
       local jobKey = prefix .. id
       redis.call('ZREM', KEYS[1], id)
@@ -58,14 +59,14 @@ for i = 1, #found, 2 do
       redis.call('HSET', jobKey, 'priority', fqCap) -- where BullMQ re-adds its re-runs
       if fqHolding(L, tenant, anyHolds, memo) then
         fqRehold(L, K.prioritized, KEYS[3], KEYS[4], K.ready, jobKey, id, tenant, level,
-          weight, ready)
+          weight, ready, account, accountWeight)
         held = held + 1
       else
         if not c then
           c = fqClock(K)
           c.byTime = byTime
         end
-        local score2 = fqPlace(K, c, level, tenant, weight, now - ready > bound, true)
+        local score2 = fqPlace(K, c, level, tenant, weight, nil, true, account, accountWeight)
         redis.call('ZADD', K.prioritized, string.format('%.17g', score2 or fqCap * fqScore), id)
         fqPlaced(K, c, score2)
         fqIndexOnce(K, id, ready)

@@ -18,21 +18,28 @@ local tenant, weight = ARGV.tenant, tonumber(ARGV.weight)
 local levels = {'critical', 'high', 'normal', 'low'}
 local members = {}
 for i, level in ipairs(levels) do members[i] = fqFlowMember(level, tenant) end
-local counted = redis.call('HMGET', KEYS[2], unpack(members))
+local asked = {}
+for i, member in ipairs(members) do asked[2 * i - 1], asked[2 * i] = member, 'a\n' .. member end
+local counted = redis.call('HMGET', KEYS[2], unpack(asked))
 local changed, weights, totals = 0, {}, {}
 for i, level in ipairs(levels) do
-  local was = tonumber(counted[i])
+  local was, account = tonumber(counted[2 * i - 1]), counted[2 * i]
   if was and was ~= weight then
     weights[#weights + 1] = members[i]
     weights[#weights + 1] = weight
-    local total = (tonumber(redis.call('HGET', KEYS[1], 'W:' .. level)) or was) - was + weight
-    totals[#totals + 1] = 'W:' .. level
-    totals[#totals + 1] = total
+    if account then
+      -- a flow of an account: its account's split changes, its level counts the account
+      redis.call('HINCRBY', KEYS[2], fqAccountMember(level, account), weight - was)
+    else
+      local total = (tonumber(redis.call('HGET', KEYS[1], 'W:' .. level)) or was) - was + weight
+      totals[#totals + 1] = 'W:' .. level
+      totals[#totals + 1] = total
+    end
     changed = changed + 1
   end
 end
 if changed > 0 then
   redis.call('HSET', KEYS[2], unpack(weights))
-  redis.call('HSET', KEYS[1], unpack(totals))
+  if #totals > 0 then redis.call('HSET', KEYS[1], unpack(totals)) end
 end
 return changed

@@ -234,7 +234,7 @@ end
 -- call, written once by fqFlush.
 -- Nothing else runs while a script does, so the memo is the flows' state until then.
 local function fqNewMemo()
-  return {flows = {}, totals = {}, dirtyTotals = {}}
+  return {flows = {}, totals = {}, dirtyTotals = {}, groups = {}, fields = {}}
 end
 
 -- Write what the memo changed (one ZADD, one HSET of the weights, one of K.state: the
@@ -298,6 +298,11 @@ local function fqFlush(K, c)
       f.spacingDirty = false
     end
   end
+  for field, value in pairs(m.fields) do -- accounts' fields (fqAccountPut)
+    weights[#weights + 1] = field
+    weights[#weights + 1] = value
+  end
+  m.fields = {}
   for level in pairs(m.dirtyTotals) do
     totals[#totals + 1] = 'W:' .. level
     totals[#totals + 1] = m.totals[level]
@@ -323,16 +328,35 @@ local function fqExpire(K, c)
   c.expired = (c.expired or 0) + #gone
   if #gone > 0 then
     -- a command each for all of them, not five per flow
-    local weights = redis.call('HMGET', K.fweights, unpack(gone))
+    local asked = {}
+    for i = 1, #gone do asked[2 * i - 1], asked[2 * i] = gone[i], 'a\n' .. gone[i] end
+    local weights = redis.call('HMGET', K.fweights, unpack(asked))
     local byLevel, fields, lines = {}, {}, {}
     for i = 1, #gone do
       local level = string.match(gone[i], '^[^\n]*')
-      byLevel[level] = (byLevel[level] or 0) + (tonumber(weights[i]) or 0)
-      fields[3 * i - 2], fields[3 * i - 1], fields[3 * i] = gone[i], 'j\n' .. gone[i],
+      local w, account = tonumber(weights[2 * i - 1]) or 0, weights[2 * i]
+      if account then
+        -- a flow of an account: its level counts the account's weight until the account's
+        -- last flow goes, and the account's state goes with it (docs/design.md, "Accounts")
+        local g = fqAccountMember(level, account)
+        if redis.call('HINCRBY', K.fweights, g, -w) <= 0 then
+          w = tonumber(redis.call('HGET', K.fweights, 'w\n' .. g)) or 0
+          redis.call('HDEL', K.fweights, g, 'w\n' .. g, 'j\n' .. g, 's\n' .. g, 'd\n' .. g)
+        else
+          w = 0
+        end
+        for _, field in ipairs({'a\n', 'i\n', 'e\n', 'n\n'}) do
+          fields[#fields + 1] = field .. gone[i]
+        end
+      end
+      byLevel[level] = (byLevel[level] or 0) + w
+      fields[#fields + 1], fields[#fields + 2], fields[#fields + 3] = gone[i], 'j\n' .. gone[i],
         's\n' .. gone[i]
       lines[i] = K.flows .. ':' .. gone[i] -- its line: no job of it waits
     end
-    for level, w in pairs(byLevel) do redis.call('HINCRBY', K.state, 'W:' .. level, -w) end
+    for level, w in pairs(byLevel) do
+      if w ~= 0 then redis.call('HINCRBY', K.state, 'W:' .. level, -w) end
+    end
     redis.call('HDEL', K.fweights, unpack(fields))
     redis.call('ZREM', K.flows, unpack(gone))
     redis.call('UNLINK', unpack(lines))
@@ -345,28 +369,205 @@ end
 -- The last tag of the level's flow that reaches furthest ahead of the virtual time, and
 -- the least share the level's flows among them placed their last jobs with (nil: none
 -- among the fqFrontierScan flows that reach furthest, of every level): where the
--- backlogs the level's tenants placed before a flow joined end, and their densest spacing.
-local function fqFrontier(K, c, level)
+-- backlogs the level's tenants placed before a flow joined end, and their densest spacing
+-- (an account's flows: their account's density, 'd\n<account member>').
+-- With account: of that account's flows of the level among them, and the least account
+-- split they were placed with ('n\n<member>'): the joining rule inside the account.
+local function fqFrontier(K, c, level, account)
   fqFlush(K, c) -- the memo's tags too
   local top = redis.call('ZREVRANGEBYSCORE', K.flows, '+inf', '(' .. string.format('%.17g',
     c.vt), 'WITHSCORES', 'LIMIT', 0, fqFrontierScan)
   local prefix = fqFlowPrefix(level)
-  local frontier, fields = nil, {}
+  local tags, fields = {}, {}
   for i = 1, #top, 2 do
     if string.sub(top[i], 1, #prefix) == prefix then
-      if not frontier then frontier = tonumber(top[i + 1]) end
-      fields[#fields + 1] = 's\n' .. top[i]
+      tags[#tags + 1] = tonumber(top[i + 1])
+      fields[#fields + 1] = (account and 'n\n' or 's\n') .. top[i]
+      fields[#fields + 1] = 'a\n' .. top[i]
     end
   end
-  if not frontier then return nil end
+  if #tags == 0 then return nil end
+  local frontier, densest, grouped = nil, nil, nil
+  local row = redis.call('HMGET', K.fweights, unpack(fields))
+  for j = 1, #tags do
+    local spacing, owner = tonumber(row[2 * j - 1]), row[2 * j]
+    if account then
+      if owner == account then
+        if not frontier then frontier = tags[j] end
+        if spacing and (not densest or spacing < densest) then densest = spacing end
+      end
+    elseif owner then
+      grouped = grouped or {}
+      grouped[#grouped + 1] = 'd\n' .. fqAccountMember(level, owner)
+    elseif spacing and (not densest or spacing < densest) then
+      densest = spacing
+    end
+  end
+  if account then return frontier, densest end
   -- the densest spacing among them: a backlog placed while fewer tenants had work is
   -- that dense, though its flow's last jobs (past an earlier horizon) may not be
-  local densest = nil
-  for _, spacing in ipairs(redis.call('HMGET', K.fweights, unpack(fields))) do
-    spacing = tonumber(spacing)
-    if spacing and (not densest or spacing < densest) then densest = spacing end
+  if grouped then
+    for _, spacing in ipairs(redis.call('HMGET', K.fweights, unpack(grouped))) do
+      spacing = tonumber(spacing)
+      if spacing and (not densest or spacing < densest) then densest = spacing end
+    end
   end
-  return frontier, densest
+  return tags[1], densest
+end
+
+-- Write an account flow's fields (field, value, ...): at once, or with a memo in its
+-- pending fields (fqFlush's HSET); fqAccountDrop deletes fields at once, and from those.
+local function fqAccountPut(K, c, fields)
+  if #fields == 0 then return end
+  local m = c.memo
+  if m then
+    for i = 1, #fields, 2 do m.fields[fields[i]] = fields[i + 1] end
+  else
+    redis.call('HSET', K.fweights, unpack(fields))
+    c.flowsEmpty = false
+  end
+end
+local function fqAccountDrop(K, c, ...)
+  local m = c.memo
+  if m then
+    for _, field in ipairs({...}) do m.fields[field] = nil end
+  end
+  redis.call('HDEL', K.fweights, ...)
+end
+
+-- An account's state in a level (its member g): T, the sum of its flows' tenant weights
+-- (0: no flow of it has work), A, the account weight its level counts, its horizon and
+-- its spacing (the level's split its last job was placed with); read once per call with
+-- a memo. The flow's own account fields (its catch-up inside the account: i, e; its
+-- account split: n) come in the same read the first time.
+local function fqAccountState(K, c, f, member, g)
+  local m = c.memo
+  local st = m and m.groups[g]
+  if st and f.inner ~= nil then return st end
+  if c.flowsEmpty then
+    st = st or {T = 0, A = 0}
+    f.inner = false
+  else
+    local row = redis.call('HMGET', K.fweights, g, 'w\n' .. g, 'j\n' .. g, 's\n' .. g,
+      'i\n' .. member, 'e\n' .. member)
+    st = st or {T = tonumber(row[1]) or 0, A = tonumber(row[2]) or 0, horizon = tonumber(row[3]),
+      spacing = tonumber(row[4])}
+    if f.inner == nil then
+      local h = tonumber(row[5])
+      f.inner = h and {h, tonumber(row[6])} or false
+    end
+  end
+  if m then m.groups[g] = st end
+  return st
+end
+
+-- fqPlace for a flow of an account (docs/design.md, "Accounts"): the level's accounts
+-- share it by account weight (a tenant without an account is one of its own weight), an
+-- account's tenants share its part by tenant weight; an account joining the level is
+-- placed at the spacing of the backlogs reaching furthest until it reaches their end, as
+-- a tenant joining its account's flows with work is inside the account (unless its
+-- account is catching up itself). FairClock.place(account=...) is the same rule.
+-- Bounded work: two HMGETs of fweights, one frontier read on a join, one HSET.
+local function fqPlaceInAccount(K, c, f, member, level, weight, explicitMs, stored, account,
+    accountWeight)
+  local g = fqAccountMember(level, account)
+  local st = fqAccountState(K, c, f, member, g)
+  local m = c.memo
+  local levelTotal = m and m.totals[level] or (c.readTotals and c.readTotals[level])
+  if not levelTotal then
+    levelTotal = tonumber(redis.call('HGET', K.state, 'W:' .. level)) or 0
+  end
+  if m then m.totals[level] = levelTotal end
+  local last, counted = f.last, f.counted
+  if stored and counted > 0 then weight = counted end
+  local mates = st.T - counted
+  if mates < 0 then mates = 0 end
+  if stored and mates > 0 then accountWeight = st.A end
+  local others = levelTotal - (st.T > 0 and st.A or 0)
+  local start = c.vt
+  local behind = last and last > start
+  if behind then start = last end
+  local horizon = st.horizon
+  local joined = nil
+  local catchUp = st.spacing or others
+  if counted == 0 and others > 0 and mates == 0 then
+    local frontierSpacing
+    joined, frontierSpacing = fqFrontier(K, c, level)
+    if joined and joined > start then
+      horizon = joined
+      catchUp = others
+      if frontierSpacing and frontierSpacing < others then catchUp = frontierSpacing end
+    else
+      joined = nil
+    end
+  end
+  local catching = horizon and start < horizon
+  local split = others + accountWeight
+  if catching then split = catchUp end
+  -- one level down: a tenant joining its account's flows with work
+  local inner, newInner = f.inner, false
+  if counted == 0 and mates > 0 and not catching then
+    local found, densest = fqFrontier(K, c, level, account)
+    if found and found > start then
+      if not densest or densest > mates then densest = mates end
+      inner, newInner = {found, densest}, true
+    end
+  end
+  local part = mates + weight
+  local innerDone = inner and start >= inner[1]
+  if inner and not innerDone then part = inner[2] end
+  local share = split * part / accountWeight
+  local cost, cold = fqCostOf(K, c, member, explicitMs)
+  local carried = c.carried and c.carried[member] or 0
+  local tag = start + fqScale * (cost + carried) * share / ((4 - fqLevelRank[level]) * weight)
+  local score = fqScoreOf(c, tag, level)
+  if score and carried ~= 0 then
+    c.carried[member] = 0
+    redis.call('HDEL', K.state, 'p:' .. member)
+  end
+  if not score then return score, behind, cold and cost or nil end
+  local total = others + accountWeight
+  if total ~= levelTotal then
+    if m then
+      m.totals[level], m.dirtyTotals[level] = total, true
+    else
+      fqStateSet(K, c, 'W:' .. level, total)
+      if c.readTotals then c.readTotals[level] = total end
+    end
+  end
+  local fields = {g, mates + weight, 'w\n' .. g, accountWeight, 's\n' .. g, split,
+    'd\n' .. g, split * part / (mates + weight), 'n\n' .. member, part}
+  st.T, st.A, st.spacing = mates + weight, accountWeight, split
+  if counted ~= weight or f.account ~= account then
+    f.counted, f.account = weight, account
+    fields[#fields + 1], fields[#fields + 2] = member, weight
+    fields[#fields + 1], fields[#fields + 2] = 'a\n' .. member, account
+  end
+  if newInner then
+    f.inner = inner
+    fields[#fields + 1], fields[#fields + 2] = 'i\n' .. member, string.format('%.17g', inner[1])
+    fields[#fields + 1], fields[#fields + 2] = 'e\n' .. member, inner[2]
+  elseif innerDone then
+    f.inner = false
+    fqAccountDrop(K, c, 'i\n' .. member, 'e\n' .. member)
+  end
+  if joined then
+    st.horizon = joined
+    fields[#fields + 1], fields[#fields + 2] = 'j\n' .. g, string.format('%.17g', joined)
+  elseif horizon and start >= horizon then
+    st.horizon = nil -- caught up: its share as any account's
+    fqAccountDrop(K, c, 'j\n' .. g)
+  end
+  fqAccountPut(K, c, fields)
+  if not last or tag > last then
+    if m then
+      f.last, f.tagDirty = tag, true
+    else
+      redis.call('ZADD', K.flows, string.format('%.17g', tag), member)
+      c.flowsEmpty = false
+    end
+  end
+  return score, behind, cold and cost or nil
 end
 
 -- Place one job of (level, tenant, weight); returns its score (nil: no room). Every job,
@@ -384,7 +585,7 @@ end
 -- stored: weight is the one stored with the job when it was enqueued (a delayed or held
 -- job, a rerun), not looked up now: a flow with work places it by the weight it counts
 -- (the newer one, after a weight change: reweight.lua), so a stored weight never undoes it.
-local function fqPlace(K, c, level, tenant, weight, explicitMs, stored)
+local function fqPlace(K, c, level, tenant, weight, explicitMs, stored, account, accountWeight)
   fqExpire(K, c)
   local member = fqFlowMember(level, tenant)
   local m = c.memo
@@ -393,10 +594,18 @@ local function fqPlace(K, c, level, tenant, weight, explicitMs, stored)
     f = {last = nil, counted = 0} -- the flows were cleared by this call's clock
     if m then m.flows[member] = f end
   elseif not f then
-    local row = redis.call('HMGET', K.fweights, member, 'j\n' .. member, 's\n' .. member)
+    local row = redis.call('HMGET', K.fweights, member, 'j\n' .. member, 's\n' .. member,
+      'a\n' .. member)
     f = {last = tonumber(redis.call('ZSCORE', K.flows, member)),
-      counted = tonumber(row[1]) or 0, horizon = tonumber(row[2]), spacing = tonumber(row[3])}
+      counted = tonumber(row[1]) or 0, horizon = tonumber(row[2]), spacing = tonumber(row[3]),
+      account = row[4] or nil}
     if m then m.flows[member] = f end
+  end
+  -- A flow with work keeps the account it counts under (none: its own account).
+  if f.counted > 0 then account = f.account end
+  if account then
+    return fqPlaceInAccount(K, c, f, member, level, weight, explicitMs, stored, account,
+      accountWeight or 1)
   end
   local levelTotal = m and m.totals[level] or (c.readTotals and c.readTotals[level])
   if not levelTotal then

@@ -21,7 +21,8 @@ end
 -- its opts for fairqueue's jobs (Redis's clock, the second its index entry is under), else BullMQ's
 -- timestamp plus the delay it was added with (the hash's delay is a backoff's once it
 -- was retried). Its tenant weight is the one its flow counts now (1 if the flow has no
--- work).
+-- work). Then its account and the account's weight (nil: none), kept in its opts
+-- (fqAcct) when it was added (docs/design.md, "Accounts").
 local function fqForeign(K, prefix, jobId, now, maxPayload)
   local f = redis.call('HMGET', prefix .. jobId, 'data', 'opts', 'timestamp', 'priority',
     'fqRel')
@@ -32,7 +33,9 @@ local function fqForeign(K, prefix, jobId, now, maxPayload)
     -- One of fairqueue's delayed jobs: placed from its own meta, no payload decoded.
     local mLevel, mWeight, mTenant = fqDelayedMetaSplit(opts['fqMeta'])
     if mLevel and fqNames[mLevel] then
-      return mLevel, mTenant, tonumber(mWeight) or 1, fqReadyFrom(f[5], opts, f[3], now)
+      local account, accountWeight = fqAccountMetaSplit(opts['fqAcct'])
+      return mLevel, mTenant, tonumber(mWeight) or 1, fqReadyFrom(f[5], opts, f[3], now),
+        account, accountWeight
     end
   end
   local tenant, level = 'default', nil
@@ -56,7 +59,17 @@ local function fqForeign(K, prefix, jobId, now, maxPayload)
   end
   local ready = fqReadyFrom(f[5], opts, f[3], now)
   local weight = tonumber(redis.call('HGET', K.fweights, fqFlowMember(level, tenant))) or 1
-  return level, tenant, weight, ready
+  local account, accountWeight = fqAccountMetaSplit(opts['fqAcct'])
+  return level, tenant, weight, ready, account, accountWeight
+end
+
+-- A job's account as its opts keep it (fqAcct): fqAccountMeta's string, or nil.
+local function fqJobAccount(jobKey)
+  local ok, opts = pcall(cjson.decode, redis.call('HGET', jobKey, 'opts') or 'null')
+  if ok and type(opts) == 'table' and fqAccountMetaSplit(opts['fqAcct']) then
+    return opts['fqAcct']
+  end
+  return nil
 end
 
 -- Index a job by its ready second unless it is indexed there already: a job that runs

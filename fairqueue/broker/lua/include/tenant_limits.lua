@@ -182,7 +182,7 @@ end
 -- wait list already (the prioritized set's entry is dropped here). Its meta is kept, or
 -- made from level and weight; readyMs: when it became ready (nil: unknown).
 local function fqRehold(L, prioritizedKey, delayedKey, eventsKey, readyKey, jobKey, jobId, t,
-    level, weight, readyMs)
+    level, weight, readyMs, account, accountWeight)
   if redis.call('HEXISTS', L .. ':meta', jobId) == 1
       and redis.call('SISMEMBER', L .. ':out:' .. t, jobId) == 0 then
     -- held already (in L:held or L:later) and promoted by hand (job.promote(),
@@ -193,7 +193,8 @@ local function fqRehold(L, prioritizedKey, delayedKey, eventsKey, readyKey, jobK
   end
   fqRerunLeaves(L, t, jobKey, jobId)
   if redis.call('HEXISTS', L .. ':meta', jobId) == 0 then
-    redis.call('HSET', L .. ':meta', jobId, fqHeldMeta(level or 'normal', weight or 1))
+    redis.call('HSET', L .. ':meta', jobId, fqHeldMeta(level or 'normal', weight or 1, nil,
+      account and fqAccountMeta(account, accountWeight or 1)))
   end
   fqUnindex(readyKey, jobKey, jobId, readyMs)
   fqHoldJob(L, prioritizedKey, delayedKey, eventsKey, jobId, t, nil)

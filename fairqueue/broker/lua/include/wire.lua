@@ -17,14 +17,40 @@ local function fqFlowSplit(member)
   return string.match(member, '^([^\n]*)\n(.*)$')
 end
 
--- A held job's meta (L:meta): '<level>\n<weight>\n<cost>' (an empty cost: none given).
-local function fqHeldMeta(level, weight, cost)
-  return level .. '\n' .. weight .. '\n' .. (cost or '')
+-- An account's fields among a level's flows: '<level>\n\n<account>' (no flow member is
+-- one: no tenant id is empty).
+local function fqAccountMember(level, account)
+  return level .. '\n\n' .. account
 end
 
--- A held job's level, weight and cost as fqHeldMeta wrote them.
+-- A job's account and its weight (its opts' fqAcct, a held meta's end): '<weight>\n<account>'.
+local function fqAccountMeta(account, weight)
+  return weight .. '\n' .. account
+end
+
+-- The account and its weight (a number) of fqAccountMeta's string; nil: none.
+local function fqAccountMetaSplit(meta)
+  if type(meta) ~= 'string' then return nil end
+  local weight, account = string.match(meta, '^(%d+)\n(.+)$')
+  if not weight then return nil end
+  return account, tonumber(weight)
+end
+
+-- A held job's meta (L:meta): '<level>\n<weight>\n<cost>' (an empty cost: none given),
+-- then '\n' and its fqAccountMeta for a job of an account.
+local function fqHeldMeta(level, weight, cost, account)
+  local meta = level .. '\n' .. weight .. '\n' .. (cost or '')
+  if account then return meta .. '\n' .. account end
+  return meta
+end
+
+-- A held job's level, weight, cost, account and account weight as fqHeldMeta wrote them.
 local function fqHeldMetaSplit(meta)
-  return string.match(meta, '^([^\n]*)\n([^\n]*)\n([^\n]*)$')
+  local level, weight, cost, rest = string.match(meta, '^([^\n]*)\n([^\n]*)\n([^\n]*)(.*)$')
+  if rest and rest ~= '' then
+    return level, weight, cost, fqAccountMetaSplit(string.sub(rest, 2))
+  end
+  return level, weight, cost
 end
 
 -- A delayed job's meta (its opts' fqMeta, read when the pass places it once BullMQ
@@ -52,13 +78,16 @@ end
 -- An add's per-job arguments, args[first] to the end, fqJobFields of them per job in
 -- this order, read into one named table per job (the packer's order:
 -- fairqueue.scheduling.wire.ADD_JOB_FIELDS).
-local fqJobFields = 7
+-- An empty account: none.
+local fqJobFields = 9
 local function fqReadJobs(args, first)
   local jobs = {}
   for b = first, #args, fqJobFields do
+    local account = args[b + 7]
     jobs[#jobs + 1] = {packed = args[b], data = args[b + 1], opts = args[b + 2],
       level = args[b + 3], tenant = args[b + 4], weight = tonumber(args[b + 5]),
-      cost = tonumber(args[b + 6])}
+      cost = tonumber(args[b + 6]), account = account ~= '' and account or nil,
+      accountWeight = tonumber(args[b + 8]) or 1}
   end
   return jobs
 end

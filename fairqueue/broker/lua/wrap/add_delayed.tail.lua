@@ -12,6 +12,7 @@ local fqHeld = fqFresh and (fqGiven ~= ''
 -- max_waiting counts delayed jobs too: checked before anything is written
 local fqMaxWaiting = fqFresh and fqGiven ~= '' and fqSplitLimits(fqGiven).maxWaiting
 local fqRecord = nil
+local fqAcct = nil -- the job's account (its opts' fqAcct), kept in its held meta
 if fqMaxWaiting then
   local refused = nil
   refused, fqRecord = fqCheckWaiting(fqLimitsKey, KEYS[10], KEYS[4], fqTenant, fqMaxWaiting, 1,
@@ -26,6 +27,7 @@ if fqFresh then
   -- What the pass places it with once BullMQ promotes it: kept in the job itself, so it
   -- goes when the job does (however it goes: run, removed, drained, obliterated).
   opts['fqMeta'] = fqDelayedMeta(fqLevel, fqWeight, fqTenant)
+  if fqAccountMetaSplit(opts['fqAcct']) then fqAcct = opts['fqAcct'] end
   ARGV.opts = cmsgpack.pack(opts) -- what addDelayedJob stores
 end
 local jobId = fqBullmqAddDelayed()
@@ -33,7 +35,7 @@ if fqRecord and type(jobId) == 'string' then fqRecord() end
 if fqHeld and type(jobId) == 'string' then
   redis.call('ZADD', KEYS[4], 'XX', string.format('%.17g', fqHeldScore), jobId)
   redis.call('ZADD', fqLimitsKey .. ':later:' .. fqTenant, fqReady, jobId)
-  redis.call('HSET', fqLimitsKey .. ':meta', jobId, fqHeldMeta(fqLevel, fqWeight))
+  redis.call('HSET', fqLimitsKey .. ':meta', jobId, fqHeldMeta(fqLevel, fqWeight, nil, fqAcct))
   redis.call('SADD', fqLimitsKey .. ':tenants', fqTenant)
   fqDue(fqLimitsKey, fqTenant, fqReady)
   if fqGiven ~= '' then

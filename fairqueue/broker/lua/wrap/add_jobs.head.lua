@@ -21,8 +21,8 @@
               fqCheckWaiting);
               jobs: per job, fqJobFields values: addPrioritizedJob's packed args, JSON
               data, packed opts (ending in the fqReady slot when fairqueue's packer made
-              them), then the level, the tenant, the tenant weight and the caller's cost
-              in ms ('' for the flow's estimate).
+              them), then the level, the tenant, the tenant weight, the caller's cost
+              in ms ('' for the flow's estimate), the account ('' none) and its weight.
   Returns per job: the job id and its BullMQ priority (0: the id existed, nothing was
   added; the cap: parked, no room).
   The ready time is Redis's clock (TIME), never the producer's.

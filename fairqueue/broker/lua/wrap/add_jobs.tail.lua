@@ -73,7 +73,8 @@ for _, job in ipairs(fqJobs) do
   local held = fresh and fqHold and fqHold[job.tenant]
   if fresh then
     if not held then
-      score, behind, paid = fqPlace(fqKeys, fqClockState, job.level, job.tenant, job.weight, job.cost)
+      score, behind, paid = fqPlace(fqKeys, fqClockState, job.level, job.tenant, job.weight,
+        job.cost, false, job.account, job.accountWeight)
     end
     priority = fqPriorityOf(score)
     if held or not slotted then
@@ -90,7 +91,8 @@ for _, job in ipairs(fqJobs) do
   local jobId = fqBullmqAdd()
   if held and type(jobId) == 'string' then
     fqHoldJob(fqLim, fqKeys.prioritized, KEYS[5], KEYS[8], jobId, job.tenant,
-      fqHeldMeta(job.level, job.weight, job.cost))
+      fqHeldMeta(job.level, job.weight, job.cost,
+        job.account and fqAccountMeta(job.account, job.accountWeight)))
   elseif fresh and type(jobId) == 'string' then
     fqPlaced(fqKeys, fqClockState, score)
     -- Placed cold (nothing measured for its flow): what it paid, for the pass's charge.

@@ -32,13 +32,14 @@ if not fqDry then
 end
 for _, candidate in ipairs(candidates) do
   local jobId, wasParked, inWait = candidate[1], candidate[2], candidate[3]
-  local level, tenant, weight, ready
+  local level, tenant, weight, ready, account, accountWeight
   local meta = redis.call('HGET', fqKeys.jobs, jobId)
   if meta then -- one of fairqueue's delayed jobs: indexed already, placed now
     level, weight, ready, tenant = string.match(meta, '^([^\n]*)\n([^\n]*)\n([^\n]*)\n(.*)$')
     weight, ready = tonumber(weight), tonumber(ready) or fqNow
   else
-    level, tenant, weight, ready = fqForeign(fqKeys, fqPrefix, jobId, fqNow, fqMaxPayload)
+    level, tenant, weight, ready, account, accountWeight = fqForeign(fqKeys, fqPrefix, jobId,
+      fqNow, fqMaxPayload)
   end
   if level and not fqDry then -- one of its flow's delayed jobs no longer (add_delayed)
     redis.call('ZREM', KEYS[17] .. ':' .. level .. ':' .. tenant, jobId)
@@ -47,7 +48,7 @@ for _, candidate in ipairs(candidates) do
     if inWait then redis.call('LREM', KEYS[1], -1, jobId) end
     if meta then redis.call('HDEL', fqKeys.jobs, jobId) end
     fqRehold(fqLimitsKey, fqKeys.prioritized, KEYS[15], KEYS[16], fqKeys.ready,
-      fqPrefix .. jobId, jobId, tenant, level, weight, ready)
+      fqPrefix .. jobId, jobId, tenant, level, weight, ready, account, accountWeight)
     held = held + 1
   elseif level then
     local overdue = fqNow - ready > fqBound
@@ -55,7 +56,8 @@ for _, candidate in ipairs(candidates) do
       adopted = adopted + 1
       if overdue then aged = aged + 1 end
     else
-      local score, behind = fqPlace(fqKeys, fqClockState, level, tenant, weight, nil, true)
+      local score, behind = fqPlace(fqKeys, fqClockState, level, tenant, weight, nil, true,
+        account, accountWeight)
       if not score and wasParked then
         parked = parked + 1
         break -- still no room: the parked jobs behind it have none either

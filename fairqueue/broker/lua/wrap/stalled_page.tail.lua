@@ -18,14 +18,16 @@ for _, jobId in ipairs(stalled) do
   -- it marked to fail: the worker that takes it fails it.
   local doomed = redis.call('HEXISTS', fqPrefix .. jobId, 'defa') == 1
   if not doomed and redis.call('LREM', KEYS[2], -1, jobId) == 1 then
-    local level, tenant, weight, ready = fqForeign(fqKeys, fqPrefix, jobId, fqNow, fqMaxPayload)
+    local level, tenant, weight, ready, account, accountWeight = fqForeign(fqKeys, fqPrefix,
+      jobId, fqNow, fqMaxPayload)
     if level and fqHolding(KEYS[17], tenant, fqAnyHolds, fqHoldingMemo) then
       fqRehold(KEYS[17], fqKeys.prioritized, KEYS[18], KEYS[8], fqKeys.ready, fqPrefix .. jobId,
-        jobId, tenant, level, weight, ready)
+        jobId, tenant, level, weight, ready, account, accountWeight)
       held = held + 1
     elseif level then
       local overdue = fqNow - ready > fqBound
-      local score, behind = fqPlace(fqKeys, fqClockState, level, tenant, weight, nil, true)
+      local score, behind = fqPlace(fqKeys, fqClockState, level, tenant, weight, nil, true,
+        account, accountWeight)
       -- As changePriority would: the hash at the cap, the job in the prioritized set (the
       -- wait list's move already set BullMQ's marker for the workers).
       redis.call('HSET', fqPrefix .. jobId, 'priority', fqCap)
