@@ -13,7 +13,11 @@ here on one core, then one ``INCR`` the benchmark counts), one job at a time per
   broker, the same job code as a task.
 
 No-op jobs (``--noop-jobs``, default 10,000), one process, ``--concurrency`` 8:
-``fq 1 process`` against ``stock bullmq`` (a stock ``bullmq.Worker``, no fairqueue code).
+``fq 1 process`` against ``stock bullmq`` (a stock ``bullmq.Worker``, no fairqueue code),
+both ``async`` no-ops; ``fq 1 process, sync`` against ``stock bullmq, sync``, both sync
+no-ops in a thread pool of 8. Besides the rate: each variant's CPU time per job (its
+processes', a figure a loaded machine disturbs less) and Redis commands per job (``INFO
+commandstats``, the benchmark's own polls left out).
 
 Each run: the jobs are enqueued first (fairqueue's enqueue, so in the fair order; Celery's
 ``send_task``), with the BullMQ queue paused; the workers start, and once every process
@@ -73,6 +77,13 @@ class Variant:
     #: liveness records, or a line each command prints.
     processes: int = 0
     ready_line: str | None = None
+    #: The job type and queue of its jobs (the no-op ones: ``wnoop`` async handlers,
+    #: ``wnoopsync`` sync ones).
+    queue: str = ""
+
+    @property
+    def job_type(self) -> str:
+        return self.queue or ("wcpu" if self.kind == "cpu" else "wnoop")
 
 
 def _fq(job_type: str, *extra: str) -> list[str]:
@@ -139,6 +150,30 @@ VARIANTS = (
         ],
         ready_line="ready",
     ),
+    Variant(
+        "fq 1 process, sync",
+        "noop",
+        lambda a, u: [_fq("wnoopsync", "--concurrency", str(a.concurrency))],
+        1,
+        queue="wnoopsync",
+    ),
+    Variant(
+        "stock bullmq, sync",
+        "noop",
+        lambda a, u: [
+            [
+                sys.executable,
+                str(ROOT / "benchmarks" / "stock_bullmq_worker.py"),
+                u,
+                PREFIX,
+                "wnoopsync",
+                str(a.concurrency),
+                "sync",
+            ]
+        ],
+        ready_line="ready",
+        queue="wnoopsync",
+    ),
 )
 
 
@@ -169,7 +204,7 @@ def _enqueue(variant: Variant, count: int) -> None:
     from fairqueue.broker import get_broker, get_sync_broker
     from fairqueue.enqueue.api import enqueue_jobs
 
-    queue = "wcpu" if variant.kind == "cpu" else "wnoop"
+    queue = variant.job_type
     sync = get_sync_broker()
     sync.run(_pause, get_broker(), queue)
     tenants = 10
@@ -204,7 +239,7 @@ def run_once(variant: Variant, args: argparse.Namespace, url: str, env: dict[str
     client.flushall()  # the benchmark's own server
     count = args.jobs if variant.kind == "cpu" else args.noop_jobs
     _enqueue(variant, count)
-    queue = "wcpu" if variant.kind == "cpu" else "wnoop"
+    queue = variant.job_type
     processes: list[subprocess.Popen[str]] = []
     with LOG.open("a") as log:
         log.write(f"\n== {variant.name}\n")
@@ -349,6 +384,7 @@ RATIOS = (
     ("cpu: --processes 2 / celery prefork 2", "fq --processes 2", "celery prefork 2", 1.0),
     ("cpu: two by hand / --processes 1 (the machine)", "fq x2 by hand", "fq --processes 1", None),
     ("noop: fq 1 process / stock bullmq", "fq 1 process", "stock bullmq", 1.0),
+    ("noop, sync handlers: fq / stock", "fq 1 process, sync", "stock bullmq, sync", None),
 )
 
 
@@ -380,9 +416,11 @@ def cpu_report(cpu: dict[str, list[float]]) -> str:
         if values:
             runs = " ".join(f"{v:.0f}" for v in values)
             lines.append(f"{name:<22} {medians[name]:>10.0f}  {runs}")
-    if "fq 1 process" in medians and "stock bullmq" in medians:
-        ratio = medians["stock bullmq"] / medians["fq 1 process"]
-        lines.append(f"noop, by CPU per job: stock bullmq / fq 1 process  {ratio:.2f}x")
+    for suffix in ("", ", sync"):
+        fq, stock = f"fq 1 process{suffix}", f"stock bullmq{suffix}"
+        if fq in medians and stock in medians:
+            ratio = medians[stock] / medians[fq]
+            lines.append(f"noop{suffix}, by CPU per job: {stock} / {fq}  {ratio:.2f}x")
     return "\n".join(lines)
 
 
