@@ -231,6 +231,8 @@ class Run:
     rate: float
     cpu_us: float
     commands: dict[str, float]
+    #: ``--instructions``: the worker process's instructions per job (callgrind).
+    instructions: float | None = None
 
 
 def run_once(variant: Variant, args: argparse.Namespace, url: str, env: dict[str, str]) -> Run:
@@ -244,10 +246,23 @@ def run_once(variant: Variant, args: argparse.Namespace, url: str, env: dict[str
     with LOG.open("a") as log:
         log.write(f"\n== {variant.name}\n")
         log.flush()
+        counted = args.instructions and variant.kind == "noop"
+        callgrind_out = OUT / "worker.callgrind"
         try:
             for command in variant.commands(args, url):
+                if counted:
+                    command = [  # noqa: PLW2901 - the same command, under callgrind
+                        "valgrind",
+                        "--tool=callgrind",
+                        "--instr-atstart=no",
+                        f"--callgrind-out-file={callgrind_out}",
+                        *command,
+                    ]
                 processes.append(_start(command, env, log, variant.ready_line is not None))
-            _wait_ready(variant, processes, client, queue)
+            _wait_ready(variant, processes, client, queue, 20 if counted else 1)
+            if counted:
+                time.sleep(CALLGRIND_SETTLE_S)
+                _callgrind(processes, "-i", "on")
             if not variant.name.startswith("celery"):
                 from fairqueue.broker import get_broker, get_sync_broker
 
@@ -263,13 +278,48 @@ def run_once(variant: Variant, args: argparse.Namespace, url: str, env: dict[str
             elapsed = time.monotonic() - started
             cpu_s = _cpu_s(processes) - cpu_before
             after = _command_counts(client)
+            instructions = _callgrind_total(processes, callgrind_out) / count if counted else None
         finally:
             for process in processes:
                 stop_process(process, timeout=30)
     client.close()
     return Run(
-        count / elapsed, cpu_s / count * 1e6, _per_job(before, after, variant, polls[0], count)
+        count / elapsed,
+        cpu_s / count * 1e6,
+        _per_job(before, after, variant, polls[0], count),
+        instructions,
     )
+
+
+#: ``--instructions``: how long a worker under callgrind is left to settle once ready
+#: (the stock worker prints its line before it connects), before counting starts.
+CALLGRIND_SETTLE_S = 15.0
+
+
+def _callgrind(processes: Sequence[Any], *arguments: str) -> None:
+    for process in processes:  # valgrind runs each command in the process it started
+        subprocess.run(  # noqa: S603 - valgrind's own tool
+            ["callgrind_control", *arguments, str(process.pid)], capture_output=True, check=True
+        )
+
+
+def _callgrind_total(processes: Sequence[Any], out: Path) -> int:
+    """The instructions counted so far in ``processes`` (dumped now, read back)."""
+    total = 0
+    for process in processes:
+        for old in out.parent.glob(f"{out.name}*"):
+            old.unlink()
+        _callgrind([process], "-d")
+        dumped = sorted(out.parent.glob(f"{out.name}*"), key=lambda p: p.stat().st_mtime)
+        if not dumped:
+            raise RuntimeError(f"callgrind wrote nothing for pid {process.pid}")
+        for line in dumped[-1].read_text().splitlines():
+            if line.startswith(("summary:", "totals:")):
+                total += int(line.split()[1])
+                break
+        else:
+            raise RuntimeError("callgrind wrote no totals")
+    return total
 
 
 def _cpu_s(processes: Sequence[Any]) -> float:
@@ -334,19 +384,23 @@ def _start(command: list[str], env: dict[str, str], log: TextIO, piped: bool) ->
 
 
 def _wait_ready(
-    variant: Variant, processes: Sequence[Any], client: redis.Redis, queue: str
+    variant: Variant, processes: Sequence[Any], client: redis.Redis, queue: str, slower: int = 1
 ) -> None:
+    """Until every process is up (``slower``: the timeout's factor, for valgrind)."""
     if variant.ready_line is not None:
         for process in processes:
             ready = threading.Event()
             threading.Thread(
                 target=_read_output, args=(process, variant.ready_line, ready), daemon=True
             ).start()
-            if not ready.wait(READY_TIMEOUT_S):
+            if not ready.wait(READY_TIMEOUT_S * slower):
                 raise RuntimeError(f"{variant.name} did not start; see {LOG}")
         return
     key = f"{PREFIX}:{queue}:fq:procs"
-    if not wait_until(lambda: client.hlen(key) >= variant.processes, READY_TIMEOUT_S, 0.05):
+    ready = wait_until(
+        lambda: client.hlen(key) >= variant.processes, READY_TIMEOUT_S * slower, 0.05
+    )
+    if not ready:
         raise RuntimeError(f"{variant.name}: the worker processes did not start; see {LOG}")
 
 
@@ -424,6 +478,21 @@ def cpu_report(cpu: dict[str, list[float]]) -> str:
     return "\n".join(lines)
 
 
+def instruction_report(instructions: dict[str, float]) -> str:
+    """``--instructions``: each no-op variant's instructions per job, and the stock
+    worker's against fairqueue's (above 1: fairqueue runs fewer per job)."""
+    if not instructions:
+        return ""
+    lines = ["", f"{'variant':<22} {'instructions/job':>16}"]
+    lines += [f"{name:<22} {n:>16,.0f}" for name, n in instructions.items()]
+    for suffix in ("", ", sync"):
+        fq, stock = f"fq 1 process{suffix}", f"stock bullmq{suffix}"
+        if fq in instructions and stock in instructions:
+            ratio = instructions[stock] / instructions[fq]
+            lines.append(f"noop{suffix}, by instructions per job: {stock} / {fq}  {ratio:.3f}x")
+    return "\n".join(lines)
+
+
 def command_report(commands: dict[str, dict[str, float]]) -> str:
     """Redis commands per job of each variant's last run (the workers' only: what
     enqueued the jobs and the benchmark's polls left out), the busiest first."""
@@ -444,6 +513,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="runs of every variant")
     parser.add_argument("--timeout-s", type=float, default=600.0, help="per run")
     parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="no-op runs under valgrind's callgrind: each worker's instructions per job "
+        "(load does not move them; rates and CPU times then mean nothing)",
+    )
+    parser.add_argument(
         "--variant", action="append", choices=[v.name for v in VARIANTS], help="only these"
     )
     args = parser.parse_args(argv)
@@ -458,6 +533,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     chosen = [v for v in VARIANTS if not args.variant or v.name in args.variant]
     rates: dict[str, list[float]] = {v.name: [] for v in chosen}
     cpu: dict[str, list[float]] = {v.name: [] for v in chosen}
+    instructions: dict[str, float] = {}
     commands: dict[str, dict[str, float]] = {}
     with private_redis() as url:
         env = _env(url, loops)
@@ -474,6 +550,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 run = run_once(variant, args, url, env)
                 rates[variant.name].append(run.rate)
                 cpu[variant.name].append(run.cpu_us)
+                if run.instructions is not None:
+                    instructions[variant.name] = run.instructions  # the same every run
                 commands[variant.name] = run.commands  # the last run's
                 print(
                     f"round {round_index + 1}: {variant.name:<22} {run.rate:8.0f} jobs/s "
@@ -485,6 +563,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         close_brokers()
     print(report(rates))
     print(cpu_report(cpu))
+    print(instruction_report(instructions))
     print(command_report(commands))
     return 0
 
