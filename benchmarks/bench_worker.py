@@ -278,7 +278,11 @@ def run_once(variant: Variant, args: argparse.Namespace, url: str, env: dict[str
             elapsed = time.monotonic() - started
             cpu_s = _cpu_s(processes) - cpu_before
             after = _command_counts(client)
-            instructions = _callgrind_total(processes, callgrind_out) / count if counted else None
+            instructions = (
+                _callgrind_total(processes, callgrind_out, variant.name) / count
+                if counted
+                else None
+            )
         finally:
             for process in processes:
                 stop_process(process, timeout=30)
@@ -303,17 +307,19 @@ def _callgrind(processes: Sequence[Any], *arguments: str) -> None:
         )
 
 
-def _callgrind_total(processes: Sequence[Any], out: Path) -> int:
-    """The instructions counted so far in ``processes`` (dumped now, read back)."""
+def _callgrind_total(processes: Sequence[Any], out: Path, name: str) -> int:
+    """The instructions counted so far in ``processes`` (dumped now, read back); each
+    dump is kept as ``benchmarks/out/callgrind.<variant>.<n>`` for ``callgrind_annotate``."""
     total = 0
-    for process in processes:
+    for index, process in enumerate(processes):
         for old in out.parent.glob(f"{out.name}*"):
             old.unlink()
         _callgrind([process], "-d")
         dumped = sorted(out.parent.glob(f"{out.name}*"), key=lambda p: p.stat().st_mtime)
         if not dumped:
             raise RuntimeError(f"callgrind wrote nothing for pid {process.pid}")
-        for line in dumped[-1].read_text().splitlines():
+        kept = dumped[-1].rename(OUT / f"callgrind.{name.replace(' ', '_')}.{index}")
+        for line in kept.read_text().splitlines():
             if line.startswith(("summary:", "totals:")):
                 total += int(line.split()[1])
                 break
