@@ -479,7 +479,7 @@ def life(
 def loop_steps(url: str, rate: int, rounds: int = 40) -> dict[str, float]:
     """Script time (us) per job at ``rate`` of each step of the loop: a tick every
     TICK_MS over the jobs of that stretch, a pass every INTERVAL_MS."""
-    from fairqueue.rebalance import passes
+    from fairqueue.rebalance import leadership, pass_result, passes
 
     prefix = f"steps{uuid.uuid4().hex[:6]}"
     burst = max(1, rate * TICK_MS // 1000)
@@ -490,9 +490,10 @@ def loop_steps(url: str, rate: int, rounds: int = 40) -> dict[str, float]:
     try:
         with fairqueue_on(url, prefix), stock_worker(url, prefix):
             settings = conf.get_settings()
-            lock = passes.LeaderLock(QUEUE, token, passes.lock_ttl_ms(INTERVAL_MS))
+            lock = leadership.LeaderLock(QUEUE, token, leadership.lock_ttl_ms(INTERVAL_MS))
             broker = get_broker()
-            fence = Fence(broker.fair_key(QUEUE, "leader"), token, passes.lock_ttl_ms(INTERVAL_MS))
+            ttl = leadership.lock_ttl_ms(INTERVAL_MS)
+            fence = Fence(broker.fair_key(QUEUE, "leader"), token, ttl)
             from fairqueue.broker import get_sync_broker
 
             sync = get_sync_broker()
@@ -510,8 +511,8 @@ def loop_steps(url: str, rate: int, rounds: int = 40) -> dict[str, float]:
 
             def run(coro_fn: Callable[..., Any]) -> Callable[[], Any]:
                 async def call() -> Any:
-                    result = passes.PassResult(job_type=JOB_TYPE, queue=QUEUE)
-                    return await coro_fn(passes._Timed(result), broker, QUEUE, fence, result)
+                    result = pass_result.PassResult(job_type=JOB_TYPE, queue=QUEUE)
+                    return await coro_fn(pass_result.Timed(result), broker, QUEUE, fence, result)
 
                 return lambda: sync.run(call)
 

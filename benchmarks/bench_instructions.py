@@ -139,7 +139,7 @@ def fair_life(
     url: str, jobs: int, concurrency: int, rate: int, dump: Callable[[], int], tenant: str = ""
 ) -> dict[str, float]:
     from fairqueue.broker import Fence, get_sync_broker
-    from fairqueue.rebalance import passes
+    from fairqueue.rebalance import leadership, pass_result, passes
 
     prefix = f"fair{uuid.uuid4().hex[:6]}"
     done = Completions(url, prefix)
@@ -149,15 +149,15 @@ def fair_life(
         bc.wire(True)
         broker, sync = bc.get_broker(), get_sync_broker()
         token = "bench-instructions"
-        ttl = passes.lock_ttl_ms(bc.INTERVAL_MS)
-        lock = passes.LeaderLock(bc.QUEUE, token, ttl)
+        ttl = leadership.lock_ttl_ms(bc.INTERVAL_MS)
+        lock = leadership.LeaderLock(bc.QUEUE, token, ttl)
         fence = Fence(broker.fair_key(bc.QUEUE, "leader"), token, ttl)
         max_wait = bc.conf.get_settings().max_wait_ms
 
         def step(fn: Callable[..., Any]) -> None:
             async def call() -> None:
-                result = passes.PassResult(job_type=bc.JOB_TYPE, queue=bc.QUEUE)
-                await fn(passes._Timed(result), broker, bc.QUEUE, fence, result)
+                result = pass_result.PassResult(job_type=bc.JOB_TYPE, queue=bc.QUEUE)
+                await fn(pass_result.Timed(result), broker, bc.QUEUE, fence, result)
 
             sync.run(call)
 

@@ -74,6 +74,7 @@ from fairqueue.broker import (  # noqa: E402
 from fairqueue.broker.scripts import add_delayed_script  # noqa: E402
 from fairqueue.rebalance.passes import REBASE_PAGE_SIZE, rebalance_queue  # noqa: E402
 from fairqueue.scheduling.levels import PAYLOAD_LEVEL_KEY, PAYLOAD_TENANT_KEY, PriorityLevel  # noqa: E402
+from tests.helpers.processes import redis_server_args  # noqa: E402
 
 JOB_TYPE = QUEUE = "email"
 FAIR_PREFIX = "fqbench"
@@ -118,22 +119,7 @@ def private_redis(
     port = free_port()
     workdir = tempfile.mkdtemp(prefix="fqbench-redis-")
     process = subprocess.Popen(  # noqa: S603 - our own binary and arguments
-        [
-            *wrapper,
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            workdir,
-            "--logfile",
-            "",
-        ],
+        [*wrapper, *redis_server_args(binary, port, workdir), "--logfile", ""],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -18,13 +18,8 @@ from fairqueue.enqueue.api import (
     enqueue_on_commit,
 )
 from fairqueue.enqueue.priority import wire_tenant_plan_lookup, wire_tenant_weight_lookup
-from fairqueue.enqueue.status import (
-    JobStatus,
-    aestimate_start,
-    ajob_status,
-    estimate_start,
-    job_status,
-)
+from fairqueue.enqueue.start_estimates import aestimate_start, estimate_start
+from fairqueue.enqueue.status import JobStatus, ajob_status, job_status
 from fairqueue.exceptions import (
     BrokerError,
     BrokerRejectedError,
@@ -59,7 +54,14 @@ from fairqueue.exceptions import (
 from fairqueue.plans import set_subscription_to_plan_tier
 from fairqueue.scheduling.estimate import StartEstimate
 from fairqueue.scheduling.levels import PriorityLevel, normalize_priority
-from fairqueue.tenants import pause_tenant, resume_tenant, retry_failed, retry_failed_job
+from fairqueue.tenants import (
+    pause_account,
+    pause_tenant,
+    resume_account,
+    resume_tenant,
+    retry_failed,
+    retry_failed_job,
+)
 from fairqueue.usage.breaker import breaker_status, close_breaker
 from fairqueue.worker.handlers import JobContext, handler
 
@@ -112,7 +114,9 @@ __all__ = [
     "handler",
     "job_status",
     "normalize_priority",
+    "pause_account",
     "pause_tenant",
+    "resume_account",
     "resume_tenant",
     "retry_failed",
     "retry_failed_job",

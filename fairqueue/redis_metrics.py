@@ -10,7 +10,10 @@ what every path leaves in Redis:
   their entitlement now (their max-min share of their level given who is asking, the
   tenant page's and the noisy table's figure) of their level's running jobs while others
   of the level wait (:mod:`fairqueue.scheduling.noisy`): the tenants the queue page's
-  noisy table lists. Counted, never labelled by tenant.
+  noisy table lists. Counted, never labelled by tenant;
+* ``queue_fair_accounts_running{job_type,queue}``: how many accounts (docs/design.md,
+  Accounts) have jobs running now, from the same read of the active list (a tenant of
+  no account counts as its own). Counted, never labelled by account.
 
 Each scrape costs a few round trips per queue (the last pass record, the active list,
 the flows of the running tenants and one read-only estimate read of who is asking),
@@ -31,16 +34,17 @@ from prometheus_client.registry import Collector
 from fairqueue.broker import get_sync_broker
 from fairqueue.conf import get_settings
 from fairqueue.dashboard.overview import noisy_figures
-from fairqueue.rebalance.passes import LAST_RUN_RECORD
+from fairqueue.rebalance.pass_result import LAST_RUN_RECORD
 
 logger = logging.getLogger("fairqueue.metrics")
 
 RECORDED_AT_FAMILY: Final = "queue_fair_last_pass_recorded_timestamp_seconds"
 NOISY: Final = "queue_fair_noisy_tenants"
+ACCOUNTS_RUNNING: Final = "queue_fair_accounts_running"
 _LABELS: Final = ("job_type", "queue")
 
 
-def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
     return (
         GaugeMetricFamily(
             RECORDED_AT_FAMILY,
@@ -55,6 +59,12 @@ def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
             "the level wait (counted; no tenant label).",
             labels=_LABELS,
         ),
+        GaugeMetricFamily(
+            ACCOUNTS_RUNNING,
+            "Accounts with jobs running now, a tenant of no account counting as its own "
+            "(counted; no account label).",
+            labels=_LABELS,
+        ),
     )
 
 
@@ -65,28 +75,28 @@ class RedisStateCollector(Collector):
         yield from _families()
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        last_pass, noisy = _families()
+        families = _families()
+        last_pass, noisy, accounts = families
         try:
             sync = get_sync_broker()
             queues = get_settings().queues
         except Exception as exc:  # a scrape never fails on Redis: the series go absent
             logger.warning("Redis state not read for /metrics (%s)", type(exc).__name__)
-            yield last_pass
-            yield noisy
+            yield from families
             return
         for job_type, queue in queues.items():
             try:
                 record = sync.run(sync.broker.passes.read_status, queue, LAST_RUN_RECORD)
-                count = noisy_figures(job_type, broker=sync)["count"]
+                figures = noisy_figures(job_type, broker=sync)
             except Exception as exc:  # a scrape never fails on Redis: the series go absent
                 logger.warning("Redis state not read for /metrics (%s)", type(exc).__name__)
                 continue
             at_ms = (record or {}).get("at_ms")
             if isinstance(at_ms, int):
                 last_pass.add_metric([job_type, queue], at_ms / 1000)
-            noisy.add_metric([job_type, queue], count)
-        yield last_pass
-        yield noisy
+            noisy.add_metric([job_type, queue], figures["count"])
+            accounts.add_metric([job_type, queue], figures["accounts_running"])
+        yield from families
 
 
 _registered: set[int] = set()

@@ -12,6 +12,7 @@ A save that may change a tenant's limits also brings them to Redis once it commi
 its held jobs are released under the new limits without waiting for its next enqueue;
 one that may change its weight brings the weight to Redis too, where its flows with work
 and their levels' totals count it at once, and its waiting jobs are placed again by it.
+A tenant joining or leaving an account takes on or sheds the account's pause in Redis.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from django.db import transaction
-from django.db.models.signals import post_delete, post_save
+from django.db.models.signals import post_delete, post_save, pre_save
 from django.dispatch import receiver
 
 from fairqueue.enqueue.lookups import forget_all_tenant_plans, forget_tenant_plan
@@ -31,7 +32,7 @@ from fairqueue.models import (
     TenantPlan,
 )
 from fairqueue.scheduling.limits import LIMIT_FIELDS
-from fairqueue.tenants import sync_tenant_limits, sync_tenant_weight
+from fairqueue.tenants import sync_tenant_limits, sync_tenant_pause, sync_tenant_weight
 
 #: A save touching these may change a tenant's limits (the tier brings its defaults).
 LIMIT_SYNC_FIELDS: Final = frozenset({*LIMIT_FIELDS, "plan_tier", "account"})
@@ -43,12 +44,31 @@ def _forget_now_and_on_commit(forget: Callable[[], None], using: str | None) -> 
         transaction.on_commit(forget, using=using)
 
 
+@receiver(pre_save, sender=TenantPlan)
+def _tenant_plan_saving(
+    sender: type, instance: TenantPlan, using: str | None = None, **kwargs: Any
+) -> None:
+    """Note the account the row had, so its save can tell it joined or left one."""
+    update_fields = kwargs.get("update_fields")
+    if update_fields is not None and "account" not in update_fields:
+        return
+    before = None
+    if instance.pk is not None:
+        rows = TenantPlan.objects.using(using).filter(pk=instance.pk)
+        before = rows.values_list("account_id", flat=True).first()
+    instance._fq_account_before = before
+
+
 @receiver([post_save, post_delete], sender=TenantPlan)
 def _tenant_plan_changed(
     sender: type, instance: TenantPlan, using: str | None = None, **kwargs: Any
 ) -> None:
     tenant_id = instance.tenant_id
     _forget_now_and_on_commit(lambda: forget_tenant_plan(tenant_id), using)
+    before = getattr(instance, "_fq_account_before", None)
+    now = instance.account_id if kwargs.get("signal") is post_save else None
+    if before != now:  # joined or left an account: its pause, if any, follows
+        transaction.on_commit(lambda: sync_tenant_pause(tenant_id), using=using)
     update_fields = kwargs.get("update_fields")
     if update_fields is None or set(update_fields) & LIMIT_SYNC_FIELDS:
         transaction.on_commit(lambda: sync_tenant_limits(tenant_id), using=using)

@@ -15,8 +15,12 @@ from django.db import transaction
 
 from fairqueue.broker import MAX_JOB_ID_LENGTH, get_sync_broker
 from fairqueue.conf import get_settings
-from fairqueue.exceptions import BrokerError
-from fairqueue.scheduling.levels import DEFAULT_TENANT_WEIGHT, validate_tenant_id
+from fairqueue.exceptions import BrokerError, UnknownAccountError
+from fairqueue.scheduling.levels import (
+    DEFAULT_TENANT_WEIGHT,
+    validate_account_id,
+    validate_tenant_id,
+)
 from fairqueue.scheduling.limits import NO_LIMITS
 from fairqueue.scheduling.wire import encoded_limits
 from fairqueue.usage.holds import actor_text
@@ -81,6 +85,129 @@ def pause_tenant(tenant_id: str, *, actor: object = None, source: str = "") -> i
     return moved
 
 
+def _account_tenants(account_id: str) -> list[str]:
+    from fairqueue.models import Account, TenantPlan
+
+    if not Account.objects.filter(account_id=account_id).exists():
+        raise UnknownAccountError(
+            f"account_id={account_id!r} is not allowed: no Account has that id"
+        )
+    rows = TenantPlan.objects.filter(account_id=account_id).order_by("tenant_id")
+    return list(rows.values_list("tenant_id", flat=True))
+
+
+def _record_account(account_id: str, paused: bool, actor: object, source: str) -> list[str]:
+    """The account's ``paused`` and one pause audit per tenant (its source naming the
+    account), in one transaction; returns its tenants as of that transaction."""
+    from fairqueue.models import Account, TenantPauseAudit, TenantPlan
+
+    with transaction.atomic():
+        account = Account.objects.select_for_update().get(account_id=account_id)
+        if account.paused != paused:
+            account.paused = paused
+            account.save(update_fields=["paused", "updated_at"])
+        tenants = list(
+            TenantPlan.objects.filter(account_id=account_id)
+            .order_by("tenant_id")
+            .values_list("tenant_id", flat=True)
+        )
+        action = TenantPauseAudit.PAUSED if paused else TenantPauseAudit.RESUMED
+        TenantPauseAudit.objects.bulk_create(
+            TenantPauseAudit(
+                tenant_id=tenant_id,
+                action=action,
+                actor=actor_text(actor),
+                source=f"account {account_id}: {source}"[:200],
+            )
+            for tenant_id in tenants
+        )
+    return tenants
+
+
+def pause_account(account_id: str, *, actor: object = None, source: str = "") -> int:
+    """Pause every tenant of an account, as :func:`pause_tenant` pauses one: none of
+    their jobs starts once this returns; a tenant that joins the account while it is
+    paused is paused too, and resuming one of its tenants alone does not resume it
+    (docs/limits.md#accounts). Audited on each tenant.
+
+    Returns:
+        How many of its tenants' jobs were taken back from the takeable sets.
+
+    Raises:
+        InvalidAccountError: not an account id. UnknownAccountError: no such account.
+        BrokerError: Redis failed; its tenants may be paused in some queues only (call
+            again), and nothing was audited.
+    """
+    account_id = validate_account_id(account_id)
+    tenants = _account_tenants(account_id)
+    moved = 0
+    done: list[str] = []
+    try:
+        for tenant_id in tenants:
+            moved += _set_paused(tenant_id, True)
+            done.append(tenant_id)
+        # a tenant that joined meanwhile: paused too (its plan's save saw no pause yet)
+        for tenant_id in _record_account(account_id, True, actor, source):
+            if tenant_id not in tenants:
+                moved += _set_paused(tenant_id, True)
+    except Exception:
+        for tenant_id in done:  # no pause without its audit record
+            _lift_pause(tenant_id)
+        raise
+    return moved
+
+
+def resume_account(account_id: str, *, actor: object = None, source: str = "") -> int:
+    """Resume a paused account: each of its tenants is resumed in the queues where
+    nothing else holds it (its own pause, a quota, a breaker). Audited on each tenant.
+
+    Returns:
+        How many of its tenants' held jobs were released at once.
+
+    Raises:
+        InvalidAccountError, UnknownAccountError: as :func:`pause_account`.
+        BrokerError: Redis failed; call again (resuming twice is harmless).
+    """
+    account_id = validate_account_id(account_id)
+    _account_tenants(account_id)
+    return sum(
+        _lift_pause(tenant_id) for tenant_id in _record_account(account_id, False, actor, source)
+    )
+
+
+def _lift_pause(tenant_id: str) -> int:
+    """Resume ``tenant_id`` in Redis in the queues where nothing holds it (an operator's
+    pause, its account's, a quota or a breaker). Returns the jobs released."""
+    from fairqueue.usage.holds import held_queues, paused_by_operator
+
+    if paused_by_operator(tenant_id):
+        return 0
+    kept = held_queues(tenant_id)
+    sync_broker = get_sync_broker()
+    return sum(
+        sync_broker.run(sync_broker.broker.limits.set_paused, queue, tenant_id, False)
+        for queue in _queues()
+        if queue not in kept
+    )
+
+
+def sync_tenant_pause(tenant_id: str) -> None:
+    """After a tenant's row changed (it joined or left an account): pause it in Redis
+    when its account is paused, resume it where Redis has it paused and nothing holds
+    it any more. Best effort, like :func:`sync_tenant_limits`."""
+    from fairqueue.usage.holds import paused_by_operator
+
+    sync_broker = get_sync_broker()
+    limits = sync_broker.broker.limits
+    try:
+        if paused_by_operator(tenant_id):
+            _set_paused(tenant_id, True)
+        elif any(sync_broker.run(limits.is_paused, queue, tenant_id) for queue in _queues()):
+            _lift_pause(tenant_id)
+    except BrokerError as exc:
+        logger.warning("tenant pause not synced to Redis (%s)", type(exc).__name__)
+
+
 def resume_tenant(tenant_id: str, *, actor: object = None, source: str = "") -> int:
     """Resume a paused tenant: its held jobs are released in their order, as far as its
     other limits allow (the rest as it gets room). Audited like :func:`pause_tenant`.
@@ -94,15 +221,8 @@ def resume_tenant(tenant_id: str, *, actor: object = None, source: str = "") -> 
     """
     tenant_id = validate_tenant_id(tenant_id, none_allowed=False)
     _record(tenant_id, False, actor, source)
-    from fairqueue.usage.holds import held_queues  # a quota or breaker hold stays in force
-
-    kept = held_queues(tenant_id)
-    sync_broker = get_sync_broker()
-    return sum(
-        sync_broker.run(sync_broker.broker.limits.set_paused, queue, tenant_id, False)
-        for queue in _queues()
-        if queue not in kept
-    )
+    # a quota or breaker hold, or its account's pause, stays in force
+    return _lift_pause(tenant_id)
 
 
 def sync_tenant_limits(tenant_id: str) -> None:
@@ -152,7 +272,8 @@ def sync_tenant_weight(tenant_id: str) -> None:
 
 def database_limits() -> tuple[dict[str, str], set[str]]:
     """Every tenant's limits (encoded as Redis keeps them, tier defaults filled in) and
-    the paused tenants, as the database says: a ``TenantPlan``'s ``paused``, and for a
+    the paused tenants, as the database says: a ``TenantPlan``'s ``paused`` or its
+    account's, and for a
     tenant paused without a row (``pause_tenant`` creates none), its latest
     ``TenantPauseAudit`` record."""
     from django.db.models import Max, Q
@@ -167,6 +288,7 @@ def database_limits() -> tuple[dict[str, str], set[str]]:
             | Q(rate_max__isnull=False)
             | Q(max_waiting__isnull=False)
             | Q(paused=True)
+            | Q(account__paused=True)
         )
     limits: dict[str, str] = {}
     paused: set[str] = set()
@@ -175,7 +297,7 @@ def database_limits() -> tuple[dict[str, str], set[str]]:
         merged = with_tier_defaults(own, plan.resolve_plan())
         if merged.holds:
             limits[plan.tenant_id] = encoded_limits(merged)
-        if plan.paused:
+        if plan.paused or plan.account_paused:
             paused.add(plan.tenant_id)
     rowless = TenantPauseAudit.objects.exclude(tenant_id__in=TenantPlan.objects.values("tenant_id"))
     latest = rowless.values("tenant_id").annotate(last=Max("id")).values("last")

@@ -19,7 +19,7 @@ from fairqueue.conf import get_settings
 from fairqueue.dashboard.admin_readonly import ReadOnlyAdmin
 from fairqueue.dashboard.crumbs import trail
 from fairqueue.dashboard.tenant_page import effective_level
-from fairqueue.dashboard.tenant_routes import tenant_url
+from fairqueue.dashboard.tenant_routes import account_url, tenant_url
 from fairqueue.dashboard.views import DashboardAdmin
 from fairqueue.models import (
     PLAN_CHOICES,
@@ -32,8 +32,14 @@ from fairqueue.models import (
     TenantPauseAudit,
     TenantPlan,
 )
-from fairqueue.scheduling.limits import LIMIT_RANGES
-from fairqueue.tenants import pause_tenant, resume_tenant, retry_failed
+from fairqueue.scheduling.limits import LIMIT_FIELDS, LIMIT_RANGES
+from fairqueue.tenants import (
+    pause_account,
+    pause_tenant,
+    resume_account,
+    resume_tenant,
+    retry_failed,
+)
 
 
 @admin.display(description="tenant", ordering="tenant_id")
@@ -61,15 +67,36 @@ class AccountAdmin(admin.ModelAdmin):
 
     list_display = (
         "account_id",
+        "paused",
         "display_name",
         "plan_tier",
         "weight",
         "tenants_link",
+        "console_link",
         "updated_to_the_second",
     )
-    list_filter = ("plan_tier", "weight")
+    list_filter = ("plan_tier", "weight", "paused")
     search_fields = ("account_id", "display_name")
-    readonly_fields = ("created_at", "updated_at")
+    readonly_fields = ("paused", "created_at", "updated_at")
+    actions = ("pause", "resume")
+
+    @admin.action(
+        description="Pause selected accounts (no job of their tenants starts)",
+        permissions=["change"],
+    )
+    def pause(self, request: HttpRequest, queryset: QuerySet[Account]) -> None:
+        """POSTed with CSRF; audited on each tenant with this user."""
+        for account in queryset:
+            pause_account(account.account_id, actor=request.user, source="admin")
+        self.message_user(request, f"Paused {queryset.count()} account(s).", level=messages.SUCCESS)
+
+    @admin.action(description="Resume selected accounts", permissions=["change"])
+    def resume(self, request: HttpRequest, queryset: QuerySet[Account]) -> None:
+        for account in queryset:
+            resume_account(account.account_id, actor=request.user, source="admin")
+        self.message_user(
+            request, f"Resumed {queryset.count()} account(s).", level=messages.SUCCESS
+        )
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Account]:
         return super().get_queryset(request).annotate(tenant_count=Count("tenants"))
@@ -89,6 +116,11 @@ class AccountAdmin(admin.ModelAdmin):
         )
         return format_html('<a href="{}">{}</a>', url, account.tenant_count)
 
+    @admin.display(description="console")
+    def console_link(self, account: Account) -> str:
+        """Its console page: its tenants' waiting and running jobs and shares."""
+        return format_html('<a href="{}">its page</a>', account_url(account.account_id))
+
     @admin.display(description="updated at", ordering="updated_at")
     def updated_to_the_second(self, account: Account) -> str:
         return to_the_second(account.updated_at)
@@ -106,10 +138,7 @@ class TenantPlanAdmin(admin.ModelAdmin):
         "plan_tier",
         "jobs_level",
         "weight",
-        "max_active",
-        "rate_max",
-        "rate_duration_ms",
-        "max_waiting",
+        *LIMIT_FIELDS,
         "updated_to_the_second",
     )
     list_filter = ("plan_tier", "weight", "paused")

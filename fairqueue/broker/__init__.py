@@ -1,70 +1,17 @@
 """The one package that talks to BullMQ and Redis; this module is its only public door.
 
 Everything else in fairqueue speaks its own types (``NewJob``, ``WaitingJob``, ...);
-BullMQ's camelCase API, its key names and its priority score format stay in here.
+BullMQ's camelCase API, its key names and its priority score format (docs/design.md,
+"The score layout") stay in here. Jobs are added and adopted by BullMQ's own scripts,
+wrapped in fairqueue's Lua, so what lands in Redis is what BullMQ itself writes.
 
-How fairqueue uses BullMQ's priority (pinned: ``bullmq>=3.4.4,<3.5``, checked by
-``tests/redis/test_broker_contract.py``):
-
-* BullMQ pops its ``wait`` list (priority 0) before anything in the ``prioritized``
-  sorted set, whose score is ``priority * 2**32 + counter``; priorities run 1..2**21-1.
-* fairqueue gives every job its place when it is added, in the add script, atomically
-  with BullMQ's own add (``lua/include/fair_clock.lua``): from priority ``TAG_FLOOR`` up, the
-  whole 53-bit score (``priority * 2**32 + counter`` as BullMQ writes it) is fairqueue's
-  fixed-point fair tag (start-time fair queueing over (level, tenant) flows; see
-  :mod:`fairqueue.scheduling.order`), ``TAG_RESOLUTION`` score units per tag unit, while the
-  job's BullMQ priority stays ``floor(score / 2**32)``. So a new job goes ahead of
-  waiting jobs whenever its tag says so, the order never runs out of room at any
-  realistic backlog, and a stock worker pops the fair order. Priorities below ``TAG_FLOOR`` are
-  other producers' (they run first until a pass adopts them); ``MAX_PRIORITY`` is where
-  delayed jobs and jobs without room wait to be adopted.
-* fairqueue keeps its own small index beside the queue (the ``fq:`` keys): job ids by
-  the second they became ready (Redis's clock), and a delayed job's level, tenant and
-  weight until the pass places it, so the rebalance pass never decodes a payload of its
-  own jobs (a job's level is in its score).
-* Jobs are added by BullMQ's own ``addPrioritizedJob``/``addDelayedJob`` scripts and
-  adopted through BullMQ's own ``changePriority`` script, each wrapped in fairqueue's
-  Lua, so what lands in Redis is what BullMQ itself writes.
-
-Async callers (async views, the worker) use :class:`Broker`, composed of one small part
-per job over one :class:`Connection`: ``broker.adding``, ``broker.passes`` (a
-``PassStore``), ``broker.lock`` (``LockStore``), ``broker.limits`` (``LimitStore``),
-``broker.dashboard`` (``DashboardReads``), ``broker.history`` (``HistoryStore``),
-``broker.workers``, ``broker.results``, ``broker.console`` (``ConsoleReads``) and
-``broker.failures`` (``FailureReads``), the console's reads, ``broker.status``
-(``StatusReads``, the job-status endpoint's) and ``broker.usage`` (``UsageStore``, the
-usage ledger's). Nothing outside this package imports its modules (a unit test holds
-the door). Sync callers (Django views, management commands) use
-:class:`SyncBroker`: enqueues go straight from the calling thread through a blocking
-connection per thread (the hot path pays no thread hop); any other call is
-``sync.run(sync.broker.<part>.<method>, ...)``, typed like the method it runs, on one
-event-loop thread per process with one async pool. Both are recreated after ``fork()``.
-
-The package, one module per concern (import from here, not from them):
-
-* ``common``: the priority layout (``MAX_PRIORITY``, ``TAG_FLOOR``, ...), key names and helpers;
-* ``scripts``: the Lua scripts (``lua/``; their shared libraries in ``lua/include/``, the
-  halves wrapped around BullMQ's own in ``lua/wrap/``) and the one way to run them;
-* ``clients`` and ``sentinel``: Redis clients of every kind (one server, Sentinel, Cluster);
-* ``connection``: :class:`Connection` (a client per event loop, keys, errors) and the
-  parts' base;
-* ``brokers``: :class:`Broker`, :class:`SyncBroker` and the per-process brokers
-  (``get_broker``, ``get_sync_broker``, ``close_brokers``);
-* ``adding``: ``NewJob``, ``AddedJob`` and enqueueing;
-* ``pass_store``: what the rebalance pass reads and writes (fenced by its lock);
-* ``lock_store``: the rebalance pass's leader lock, and the :class:`Fence` its writes take;
-* ``dashboard_reads``: the admin dashboard's reads; ``console_reads`` and
-  ``failure_reads`` the console pages' (a tenant's jobs, a job's place, failures);
-* ``status_reads``: the job-status endpoint's one-round-trip reads;
-* ``usage_store``: the usage ledger's rows in Redis and the running attempts;
-* ``history_store``: the history the pass records from BullMQ's events stream, and its
-  reads; ``events`` reads a page of that stream and commits what it says;
-* ``limit_store``: per-tenant limits: releasing held jobs (one atomic script), pausing,
-  rebuilding Redis's copy from the database; ``limit_reads`` what the dashboard reads of
-  them;
-* ``workers``: building a BullMQ worker, and the idle check of a burst worker;
-* ``results``: one job read back by id (state, return value, errors) for the Django
-  tasks backend's ``get_result``.
+Async callers use :class:`Broker`, one small part per job over one :class:`Connection`
+(``broker.adding``, ``.passes``, ``.lock``, ``.limits``, ``.dashboard``, ``.history``,
+``.workers``, ``.results``, ``.console``, ``.failures``, ``.status``, ``.usage``); sync
+callers use :class:`SyncBroker` (enqueues straight from the calling thread, any other
+call as ``sync.run(sync.broker.<part>.<method>, ...)``). Both are recreated after
+``fork()``. Nothing outside this package imports its modules (a unit test holds the
+door); CONTRIBUTING.md lists them.
 """
 
 from fairqueue.broker.adding import ADD_BATCH_SIZE, AddBatch, AddedJob, NewJob

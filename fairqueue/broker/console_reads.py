@@ -22,7 +22,7 @@ from fairqueue.broker.dashboard_reads import DashboardReads
 from fairqueue.broker.failure_reads import failure_class, sanitize_failure
 from fairqueue.broker.pass_store import WaitingJob, pending_from_job, read_jobs
 from fairqueue.broker.scripts import call_script_many, plain_script
-from fairqueue.scheduling.levels import DEFAULT_TENANT, INTERNAL_TENANT
+from fairqueue.scheduling.levels import DEFAULT_TENANT, INTERNAL_TENANT, PAYLOAD_ACCOUNT_KEY
 from fairqueue.scheduling.noisy import FlowWeight
 from fairqueue.scheduling.shares import LEVEL_NAMES
 from fairqueue.scheduling.wire import flow_member
@@ -280,10 +280,12 @@ class ConsoleReads(BrokerPart):
 
     async def in_flight(
         self, queue: str
-    ) -> tuple[dict[tuple[str, str], int], dict[str, int], dict[tuple[str, str], FlowWeight]]:
+    ) -> tuple[dict[tuple[str, str], int], dict[str, int], dict[tuple[str, str], FlowWeight], int]:
         """Running jobs per (level, tenant) from BullMQ's active list (at most
         :data:`ACTIVE_WINDOW`), each level's weight of flows with work, and the running
-        tenants' flows: what :func:`noisy_tenants` needs. Three round trips."""
+        tenants' flows: what :func:`noisy_tenants` needs; and how many accounts run them
+        (a job's ``accountId``, a tenant without one counting as its own; jobs of no
+        tenant and internal work none). Three round trips."""
         client = self.conn.client()
         active = await self.conn.guard(
             client.lrange(self.conn.key(queue, "active"), 0, ACTIVE_WINDOW - 1)
@@ -294,10 +296,12 @@ class ConsoleReads(BrokerPart):
             pipe.hmget(self.conn.fair_key(queue, "state"), *(f"W:{n}" for n in LEVEL_NAMES))
             *rows, weights = await self.conn.guard(pipe.execute())
         running: dict[tuple[str, str], int] = {}
+        accounts: set[tuple[bool, str]] = set()
         for data in rows:
             parsed = parse_job_data(None if data is None else as_text(data))
             if parsed is None:
                 continue
+            account = parsed.get(PAYLOAD_ACCOUNT_KEY)
             level = parsed.get("priorityLevel")
             level = level if level in LEVEL_NAMES else "normal"
             tenant = parsed.get("tenantId")
@@ -305,6 +309,10 @@ class ConsoleReads(BrokerPart):
                 tenant = INTERNAL_TENANT  # an internal job (JSON null)
             tenant = tenant if isinstance(tenant, str) and tenant else DEFAULT_TENANT
             running[(level, tenant)] = running.get((level, tenant), 0) + 1
+            if isinstance(account, str) and account:
+                accounts.add((True, account))
+            elif tenant not in (DEFAULT_TENANT, INTERNAL_TENANT):
+                accounts.add((False, tenant))
         members = [flow_member(level, tenant) for level, tenant in running]
         flows: dict[tuple[str, str], FlowWeight] = {}
         if members:
@@ -317,7 +325,7 @@ class ConsoleReads(BrokerPart):
         level_weights = {
             level: int_or(value, 0) or 0 for level, value in zip(LEVEL_NAMES, weights, strict=True)
         }
-        return running, level_weights, flows
+        return running, level_weights, flows, len(accounts)
 
     async def tenant_weights(self, queue: str, tenant_id: str) -> dict[str, tuple[int, int]]:
         """Per level where ``tenant_id``'s flow has work: (the weight it counts, the sum

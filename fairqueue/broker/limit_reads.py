@@ -72,6 +72,11 @@ class LimitReads(BrokerPart):
     """The reads of one prefix's limited tenants (:class:`.limit_store.LimitStore` adds the
     writes)."""
 
+    async def is_paused(self, queue: str, tenant_id: str) -> bool:
+        """Whether ``tenant_id`` is paused in ``queue`` (for any reason). One round trip."""
+        base = limits_key(self.conn.prefix, queue)
+        return bool(await self.conn.guard(self.conn.client().hexists(f"{base}:paused", tenant_id)))
+
     async def waiting(self, queue: str, tenant_id: str) -> int:
         """A tenant's jobs waiting in ``queue`` as ``max_waiting`` counts them: every
         unfinished job that is not running (held, delayed, released and not taken yet, or

@@ -15,7 +15,8 @@ from celery import shared_task
 
 from fairqueue.conf import get_settings
 from fairqueue.exceptions import BrokerError
-from fairqueue.rebalance.passes import rebalance_as_leader, rebalancer_id
+from fairqueue.rebalance.leadership import rebalancer_id
+from fairqueue.rebalance.passes import rebalance_as_leader
 from fairqueue.tenants import keep_tenant_limits
 
 logger = logging.getLogger("fairqueue.tasks")

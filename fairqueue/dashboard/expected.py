@@ -8,7 +8,8 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from fairqueue.enqueue.status import estimate_start, job_status
+from fairqueue.enqueue.start_estimates import estimate_start
+from fairqueue.enqueue.status import job_status
 from fairqueue.scheduling.estimate import StartEstimate
 
 

@@ -7,6 +7,7 @@ from typing import Any, Final
 
 from fairqueue.broker import LimitsStatus, TenantState
 from fairqueue.dashboard.wording import format_duration
+from fairqueue.scheduling.limits import LIMIT_FIELDS, LIMITS, TenantLimits
 
 #: Held jobs the dashboard lists per limited tenant.
 HELD_JOBS_SHOWN: Final = 10
@@ -17,6 +18,23 @@ def rate_window(ms: int | None) -> str:
     if ms is None:
         return "?"
     return f"{ms} ms" if ms < 1000 else format_duration(ms)
+
+
+def limits_in_words(limits: TenantLimits) -> tuple[tuple[str, str], ...]:
+    """``(label, value)`` of each limit with a label in ``LIMITS`` (``"—"``: none): what
+    the console's pages show, a new limit included; the rate with its window."""
+    shown = []
+    for name, field in LIMITS.items():
+        value = getattr(limits, name)
+        if not field.label:
+            continue
+        if value is None:
+            shown.append((field.label, "—"))
+        elif name == "rate_max":
+            shown.append((field.label, f"{value} per {rate_window(limits.rate_duration_ms)}"))
+        else:
+            shown.append((field.label, str(value)))
+    return tuple(shown)
 
 
 def why_held(state: TenantState) -> str:
@@ -53,19 +71,15 @@ def limits_section(status: LimitsStatus) -> dict[str, Any]:
         "listed": len(status.tenants),
         "held_not_listed": status.held_not_listed,
         "holding_not_listed": status.holding_not_listed,
+        "labels": [field.label for field in LIMITS.values() if field.label],
         "tenants": [
             {
                 "tenant": state.tenant_id,
                 "running": state.running,
                 "occupied": state.occupied,
                 "held": state.held,
-                "max_active": state.limits.max_active,
-                "rate": (
-                    None
-                    if state.limits.rate_max is None
-                    else f"{state.limits.rate_max} per {rate_window(state.limits.rate_duration_ms)}"
-                ),
-                "max_waiting": state.limits.max_waiting,
+                **{name: getattr(state.limits, name) for name in LIMIT_FIELDS},
+                "limits": limits_in_words(state.limits),
                 "paused": state.limits.paused,
                 "why": why_held(state),
                 "held_jobs": list(state.held_jobs),

@@ -9,6 +9,7 @@ from typing import Any
 
 from django.urls import reverse
 
+from fairqueue.dashboard.account_rows import link_accounts
 from fairqueue.dashboard.tenant_routes import tenant_url as route_url
 from fairqueue.dashboard.wording import NO_TENANT
 from fairqueue.scheduling.levels import INTERNAL_TENANT
@@ -41,6 +42,7 @@ def link_stats(stats: dict[str, Any]) -> dict[str, Any]:
         job["tenant_url"] = tenant_url(job["tenant"] if job["tenant"] != "?" else None)
         job["job_url"] = job_url(job_type, job["job_id"])
     _tenant_rows(stats["history"]["tenants"])
+    link_accounts(stats.get("accounts", []))
     _tenant_rows((stats.get("noisy") or {}).get("tenants", []))
     _tenant_rows(stats["limits"]["tenants"])
     _tenant_rows(stats.get("overdue_flows", []))

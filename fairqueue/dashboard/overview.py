@@ -12,6 +12,7 @@ from typing import Any, Final
 
 from fairqueue.broker import Broker, SyncBroker
 from fairqueue.conf import get_settings
+from fairqueue.dashboard.queue_figures import QueueStats
 from fairqueue.dashboard.wording import tenant_words
 from fairqueue.enqueue.status import level_share_of
 from fairqueue.scheduling.levels import DEFAULT_TENANT, INTERNAL_TENANT, PriorityLevel
@@ -56,7 +57,7 @@ class OverviewRow:
     failed: int
     per_min: float
     p99: Mapping[str, LevelP99]
-    overdue: int
+    overdue: int | None
     last_pass_age: str
     leader: str
     attention: tuple[AttentionItem, ...]
@@ -103,7 +104,7 @@ async def anoisy_figures(job_type: str, *, broker: Broker) -> dict[str, Any]:
     """:func:`noisy_figures` on ``broker``'s event loop: each running tenant's share of
     its level's running jobs against what it is entitled to now (:func:`entitled_now`)."""
     queue = get_settings().queue_for(job_type)
-    running, level_weights, flows = await broker.console.in_flight(queue)
+    running, level_weights, flows, accounts = await broker.console.in_flight(queue)
     asking = {
         key: flows.get(key, FlowWeight(1, False))
         for key, count in running.items()
@@ -113,6 +114,8 @@ async def anoisy_figures(job_type: str, *, broker: Broker) -> dict[str, Any]:
     found = noisy_tenants(running, level_weights, flows, entitled)
     return {
         "count": len(found),
+        # accounts running jobs now (counted: no id leaves for /metrics)
+        "accounts_running": accounts,
         "tenants": [
             {
                 "level": n.level,
@@ -174,76 +177,76 @@ def plans_attention(tenant_url: Callable[[str], str]) -> PlansAttention:
     )
 
 
-def attention(stats: Mapping[str, Any], queue_url: str = "") -> list[AttentionItem]:
+def attention(stats: QueueStats, queue_url: str = "") -> list[AttentionItem]:
     """What an operator should look at first in one queue: red, then amber; each item
     links (``url``) to the flows that make it, on the queue's page."""
-    jt = stats["job_type"]
+    jt = stats.job_type
 
     def item(level: str, text: str, anchor: str) -> AttentionItem:
         return AttentionItem(level, text, f"{queue_url}#{anchor}-{jt}")
 
     items: list[AttentionItem] = []
-    memory = stats.get("redis_memory")
+    memory = stats.redis_memory
     if memory and memory["refuses_writes"]:
         items.append(item(RED, "Redis is out of memory and refuses writes", "queue"))
-    last = stats["last_pass"]
-    stale = last is None or (last["age_ms"] or 0) > 3 * stats["interval_ms"]
-    if stats["waiting_total"] and stale:
+    last = stats.last_pass
+    stale = last is None or (last["age_ms"] or 0) > 3 * stats.interval_ms
+    if stats.waiting_total and stale:
         items.append(item(RED, "no recent rebalance pass", "queue"))
-    if stats["overdue_total"]:
-        items.append(item(RED, f"{stats['overdue_total']} job(s) past the wait bound", "overdue"))
-    failing = (stats.get("failures") or {}).get("failing") or []
+    if stats.overdue_total:
+        items.append(item(RED, f"{stats.overdue_total} job(s) past the wait bound", "overdue"))
+    failing = (stats.failures or {}).get("failing") or []
     if failing:
         items.append(item(RED, f"{len(failing)} tenant(s) failing", "failing"))
-    if stats["paused"]:
+    if stats.paused:
         items.append(item(AMBER, "the queue is paused", "queue"))
-    noisy = stats.get("noisy") or {}
+    noisy = stats.noisy or {}
     if noisy.get("count"):
         items.append(item(AMBER, f"{noisy['count']} noisy tenant(s)", "noisy"))
-    if stats["limits"]["paused"]:
-        items.append(item(AMBER, f"{stats['limits']['paused']} tenant(s) paused", "limits"))
-    held = stats["limits"]["held_total"]
+    if stats.limits["paused"]:
+        items.append(item(AMBER, f"{stats.limits['paused']} tenant(s) paused", "limits"))
+    held = stats.limits["held_total"]
     if held:
         items.append(
-            item(AMBER, f"{held} job(s) held by {stats['limits']['holding']} tenant(s)", "limits")
+            item(AMBER, f"{held} job(s) held by {stats.limits['holding']} tenant(s)", "limits")
         )
-    if stats["order"]["drift_count"]:
-        items.append(item(AMBER, f"{stats['order']['drift_count']} job(s) not placed yet", "order"))
+    if stats.order["drift_count"]:
+        items.append(item(AMBER, f"{stats.order['drift_count']} job(s) not placed yet", "order"))
     return items
 
 
-def overview_rows(sections: Sequence[tuple[Mapping[str, Any], str]]) -> list[OverviewRow]:
+def overview_rows(sections: Sequence[tuple[QueueStats, str]]) -> list[OverviewRow]:
     """One row per queue (``sections``: each queue's stats and its page's URL), the
     queues needing attention first: red, the most red first, then amber."""
     rows = []
     for stats, queue_url in sections:
-        history = stats["history"]
+        history = stats.history
         # over the span recorded: the first minutes after the loop starts are not 15
         window_s = history.get("observed_s") or history["window_s"] or 1
         items = attention(stats, queue_url)
         p99 = {
             level: LevelP99(
                 p99=data["p99"],
-                over=bool(data["p99_ms"] and data["p99_ms"] > stats["max_wait_ms"]),
+                over=bool(data["p99_ms"] and data["p99_ms"] > stats.max_wait_ms),
                 held_note=data.get("held_note", ""),
             )
             for level, data in history["levels"].items()
         }
         rows.append(
             OverviewRow(
-                job_type=stats["job_type"],
+                job_type=stats.job_type,
                 queue_url=queue_url,
-                anchor=f"queue-{stats['job_type']}",
-                waiting=stats["waiting_total"],
-                active=stats["counts"]["active"],
-                delayed=stats["counts"]["delayed"] - stats["limits"]["held_total"],
-                held=stats["limits"]["held_total"],
-                failed=stats["counts"]["failed"],
+                anchor=f"queue-{stats.job_type}",
+                waiting=stats.waiting_total,
+                active=stats.counts["active"],
+                delayed=stats.counts["delayed"] - stats.limits["held_total"],
+                held=stats.limits["held_total"],
+                failed=stats.counts["failed"],
                 per_min=round(60 * history["served_total"] / window_s, 1),
                 p99=p99,
-                overdue=stats["overdue_total"],
-                last_pass_age=(stats["last_pass"] or {}).get("age") or "never",
-                leader=stats["lock"]["holder"] or "none",
+                overdue=stats.overdue_total,
+                last_pass_age=(stats.last_pass or {}).get("age") or "never",
+                leader=stats.lock["holder"] or "none",
                 attention=tuple(items),
                 state=items[0].level if items else "ok",
             )

@@ -11,9 +11,8 @@ never a 500.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Final
+from typing import Final
 
 from django.contrib import messages
 from django.http import (
@@ -28,6 +27,7 @@ from django.urls import URLPattern
 
 from fairqueue.broker import STATUS_TENANTS, get_sync_broker
 from fairqueue.conf import get_settings
+from fairqueue.dashboard.account_rows import AccountServed, top_accounts
 from fairqueue.dashboard.console_admin import (
     PERM_VIEW,
     ConsolePage,
@@ -43,11 +43,13 @@ from fairqueue.dashboard.overview import (
     overview_rows,
     plans_attention,
 )
+from fairqueue.dashboard.queue_figures import QueueStats
 from fairqueue.dashboard.stats import clamp_page, queues_stats
 from fairqueue.dashboard.tenant_routes import tenant_url
 from fairqueue.dashboard.wording import format_duration, format_time
 from fairqueue.exceptions import BrokerError, BrokerUnavailableError
-from fairqueue.rebalance.passes import LAST_RUN_RECORD, rebalance_queue
+from fairqueue.rebalance.pass_result import LAST_RUN_RECORD
+from fairqueue.rebalance.passes import rebalance_queue
 from fairqueue.scheduling.shares import clamp_window_min
 
 PERM_REBALANCE: Final = "fairqueue.run_rebalance"
@@ -67,7 +69,7 @@ class QueueSection:
     """One queue's section: its numbers (the JSON endpoint's, key for key), its page and
     its "run one pass now" link (``""`` without the permission)."""
 
-    stats: Mapping[str, Any]
+    stats: QueueStats
     queue_url: str
     rebalance_url: str
 
@@ -79,6 +81,8 @@ class QueuePage:
 
     sections: tuple[QueueSection, ...]
     overview: tuple[OverviewRow, ...]
+    #: the overview's top consumers by account, over every queue's history window
+    accounts: tuple[AccountServed, ...]
     plans: PlansAttention | None
     overview_read_at: str
     max_wait: str
@@ -155,7 +159,7 @@ class QueueViews(ConsolePage):
         url = self.admin._url
         return tuple(
             QueueSection(
-                stats=link_stats(stats),
+                stats=QueueStats.of(link_stats(stats)),
                 queue_url=url("queue", stats["job_type"]),
                 rebalance_url=url("rebalance", stats["job_type"]) if can_rebalance else "",
             )
@@ -177,8 +181,15 @@ class QueueViews(ConsolePage):
         shown = QueuePage(
             sections=sections,
             overview=overview,
+            accounts=(
+                ()
+                if single
+                else top_accounts(
+                    [(s.stats.history["served_total"], s.stats.accounts) for s in sections]
+                )
+            ),
             plans=None if single else plans_attention(lambda t: tenant_url(t, site=site)),
-            overview_read_at=sections[0].stats["read_at"]["at"] if sections else "",
+            overview_read_at=sections[0].stats.read_at["at"] if sections else "",
             max_wait=format_duration(get_settings().max_wait_ms),
             tenants_url=url("tenants"),
             jobs_url=url("jobs"),

@@ -1,38 +1,12 @@
 """Dashboard statistics: one function, :func:`queue_stats`, feeds the admin page, its
-JSON endpoint and anything else that wants a queue's live state (django-rq's
-``get_statistics`` habit).
+JSON endpoint and anything else that wants a queue's live state.
 
-What a call costs, whatever the backlog size:
-
-* exact and live on every call, O(page): BullMQ's counts by state, the page of the
-  waiting order asked for (read in pop order, so it is what a worker takes next), the
-  last pass record, the leader lock, and how many jobs at the head of the queue (the
-  rebalance window) fairqueue has not placed yet (other producers' jobs, promoted
-  delayed jobs, jobs without room: the next pass adopts them), counted from the
-  prioritized set's scores in one O(log n) script call, no job read;
-* O(backlog): per-level waiting and overdue counts, oldest job per level and top tenants
-  need every waiting job's metadata. A Redis-side scan does that at about 6-10 ms per
-  1,000 jobs, so it runs on the request only while the backlog is at most
-  ``SYNC_SCAN_LIMIT`` jobs (exact, as of now). Above that the last scan is served from a
-  per-process cache and refreshed in the background (on the broker's event loop, never
-  awaited by a request) every ``BACKLOG_REFRESH_S`` seconds or ``SCAN_DUTY_FACTOR``
-  scan durations, whichever is longer, so a page over a 100,000-job backlog stays far
-  below 300 ms; the stats say so (``backlog.exact`` is false, with the scan's age) and
-  the page shows it.
-
-* the limited tenants (``stats["limits"]``): exact totals summed inside Redis a page of
-  1,000 tenants per script call (about 2 ms each: 10 calls at 10,000 tenants holding
-  jobs, on one connection), and at most ``listed`` tenants read in full, in one call
-  (200 on a queue's page, 10 on the overview);
-
-* the history (``stats["history"]``): what workers started over the last minutes, as
-  the rebalance pass recorded it from BullMQ's events stream (:mod:`fairqueue.history`);
-  one pipelined read of the hour's buckets (360 small hashes and zsets) per request,
-  whatever the traffic.
-
-The returned dict is plain JSON data (numbers, strings, lists, dicts, None), with display
-strings next to raw values so the page and its JavaScript show the same text. No
-payloads: the job detail view reads those separately, behind their own permission.
+Counts, the page of the order, the last pass and the lock are exact on every call,
+O(page); what needs every waiting job's metadata (per-level waiting and overdue, top
+tenants) is scanned on the request up to ``SYNC_SCAN_LIMIT`` jobs, above that served
+from a per-process cache refreshed in the background (``backlog.exact`` says which;
+docs/dashboard.md). The returned dict is plain JSON data, display strings beside raw
+values, and no payloads.
 """
 
 from __future__ import annotations
@@ -55,6 +29,7 @@ from fairqueue.broker import (
     get_sync_broker,
 )
 from fairqueue.conf import get_settings
+from fairqueue.dashboard.account_rows import SERVED_TENANTS, queue_accounts
 from fairqueue.dashboard.attention import memory_figures, queue_warnings
 
 # The backlog scan's knobs and cache, where callers of the stats have always found them.
@@ -77,7 +52,7 @@ from fairqueue.dashboard.wording import (
 )
 from fairqueue.dashboard.worker_list import workers_section
 from fairqueue.enqueue.outbox import outbox_stats
-from fairqueue.rebalance.passes import LAST_RUN_RECORD, PASS_COUNTS
+from fairqueue.rebalance.pass_result import LAST_RUN_RECORD, PASS_COUNTS
 from fairqueue.scheduling.levels import DEFAULT_FAIR_WEIGHTS, LEVELS_BY_RANK
 from fairqueue.scheduling.shares import (
     DEFAULT_WINDOW_MIN,
@@ -186,6 +161,11 @@ def queues_stats(
     found = sync_broker.run(read_all)
     for stats in found:
         stats["outbox"] = outbox_figures(stats["job_type"])
+        # its history's most served tenants by account (one database query); the
+        # page lists the first few of them
+        history = stats["history"]
+        stats["accounts"] = queue_accounts(history["tenants"], history["served_total"])
+        history["tenants"] = history["tenants"][:TOP_TENANTS]
     return found
 
 
@@ -209,7 +189,7 @@ async def aqueue_stats(
     listed: int = STATUS_TENANTS,
 ) -> dict[str, Any]:
     """:func:`queue_stats` for async callers, on ``broker``'s event loop (without the
-    outbox and noisy figures, which :func:`queue_stats` adds)."""
+    outbox, noisy and account figures, which :func:`queue_stats` adds from it)."""
     settings = get_settings()
     queue = settings.queue_for(job_type)
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
@@ -358,7 +338,7 @@ def _history(
         window_s=minutes * 60,
         max_wait_ms=max_wait_ms,
         waiting_now=waiting_now,
-        top_tenants=TOP_TENANTS,
+        top_tenants=SERVED_TENANTS,
     )
     return history_view(summary, now_ms=now_ms, since_ms=recorded.since_ms)
 

@@ -29,6 +29,10 @@ _ESCAPE: Final = re.compile(r"_([0-9A-F]{2})")
 TENANT_PAGE: Final = "tenant"
 TENANT_LIMITS: Final = "tenant_limits"
 TENANT_ACTION: Final = "tenant_action"
+#: The account page's route name: an account id follows a tenant id's rules, so its
+#: segment is escaped the same way.
+ACCOUNT_PAGE: Final = "account"
+ACCOUNT_ACTION: Final = "account_action"
 
 
 def encode_tenant_segment(tenant_id: str) -> str:
@@ -87,3 +91,12 @@ def tenant_url(tenant_id: str, action: str = "", *, site: str = "admin") -> str:
     if action == "limits":
         return reverse(prefix + TENANT_LIMITS, args=[tenant_id])
     return reverse(prefix + TENANT_ACTION, args=[tenant_id, action])
+
+
+def account_url(account_id: str, action: str = "", *, site: str = "admin") -> str:
+    """The console URL of ``account_id``'s page (the id escaped as a tenant id is), or
+    with ``action`` of its confirmation (``"pause"``, ``"resume"``)."""
+    prefix = f"{site}:fairqueue_dashboard_"
+    if not action:
+        return reverse(prefix + ACCOUNT_PAGE, args=[account_id])
+    return reverse(prefix + ACCOUNT_ACTION, args=[account_id, action])

@@ -34,6 +34,7 @@ from fairqueue.dashboard.console_admin import (
     redis_trouble,
     require,
 )
+from fairqueue.dashboard.limited_tenants import limits_in_words
 from fairqueue.dashboard.tenant_page import (
     SEARCH_LIMIT,
     EffectiveLevel,
@@ -45,12 +46,14 @@ from fairqueue.dashboard.tenant_routes import (
     TENANT_ACTION,
     TENANT_LIMITS,
     TENANT_PAGE,
+    account_url,
     tenant_url,
 )
 from fairqueue.dashboard.wording import format_duration
 from fairqueue.exceptions import BrokerError, InvalidTenantError
 from fairqueue.models import TenantPauseAudit, TenantPlan
 from fairqueue.scheduling.levels import validate_tenant_id
+from fairqueue.scheduling.limits import LIMIT_FIELDS
 from fairqueue.tenants import pause_tenant, resume_tenant, retry_failed
 
 logger = logging.getLogger("fairqueue.console")
@@ -87,6 +90,8 @@ class TenantPage:
 
     tenant_id: str
     plan: TenantPlan | None
+    #: its row's own limits in words, ``(label, value)`` (empty: no row)
+    plan_limits: tuple[tuple[str, str], ...]
     level: EffectiveLevel
     data: TenantData | None
     redis_error: RedisTrouble | None
@@ -94,6 +99,8 @@ class TenantPage:
     paused: bool
     can_act: bool
     plan_url: str
+    #: its account's console page ("": it has none)
+    account_url: str
     add_plan_url: str
     action_urls: Mapping[str, str]
     limits_url: str
@@ -114,7 +121,7 @@ class LimitsPage:
 class LimitsForm(forms.ModelForm):
     class Meta:
         model = TenantPlan
-        fields = ("weight", "max_active", "rate_max", "rate_duration_ms", "max_waiting")
+        fields = ("weight", *LIMIT_FIELDS)
 
 
 def _tenant_or_404(tenant_id: str) -> str:
@@ -202,6 +209,7 @@ class TenantViews(ConsolePage):
                 page=TenantPage(
                     tenant_id=tenant_id,
                     plan=plan,
+                    plan_limits=limits_in_words(plan.own_limits()) if plan else (),
                     level=effective_level(plan),
                     data=data,
                     redis_error=error,
@@ -213,6 +221,11 @@ class TenantViews(ConsolePage):
                     can_act=request.user.has_perm(PERM_ACT),
                     plan_url=(
                         reverse("admin:fairqueue_tenantplan_change", args=[plan.pk]) if plan else ""
+                    ),
+                    account_url=(
+                        account_url(plan.account_id, site=self.admin.admin_site.name)
+                        if plan and plan.account_id
+                        else ""
                     ),
                     add_plan_url=reverse("admin:fairqueue_tenantplan_add")
                     + "?"
@@ -346,6 +359,12 @@ class TenantViews(ConsolePage):
             return f"Paused {tenant_id}: {moved} of its job(s) taken back from the line."
         if action == "resume":
             released = resume_tenant(tenant_id, actor=actor, source="console")
+            plan = TenantPlan.objects.filter(tenant_id=tenant_id).select_related("account").first()
+            if plan is not None and plan.account_paused:
+                return (
+                    f"Resumed {tenant_id}'s own pause; its account {plan.account_id} is "
+                    "paused, so its jobs stay held until the account is resumed."
+                )
             return f"Resumed {tenant_id}: {released} held job(s) released at once."
         if action == "retry":
             queues: dict[str, str] = {}

@@ -22,6 +22,7 @@ from typing import Any, Final
 from django.http import HttpRequest
 from django.urls import URLPattern
 
+from fairqueue.dashboard.account_page import AccountViews
 from fairqueue.dashboard.admin_readonly import ReadOnlyAdmin
 from fairqueue.dashboard.console_admin import PERM_VIEW, ConsoleAdmin, ConsolePage
 from fairqueue.dashboard.job_page import JobViews
@@ -30,7 +31,7 @@ from fairqueue.dashboard.tenant_views import TenantViews
 
 #: The console's pages, in the order their routes are tried (a page's own routes come
 #: before a more general one of another page). A new page is a module and a line here.
-PAGES: Final[tuple[type[ConsolePage], ...]] = (TenantViews, JobViews, QueueViews)
+PAGES: Final[tuple[type[ConsolePage], ...]] = (TenantViews, AccountViews, JobViews, QueueViews)
 
 
 class DashboardAdmin(ReadOnlyAdmin, ConsoleAdmin):

@@ -28,7 +28,7 @@ from asgiref.sync import sync_to_async
 from fairqueue.broker import get_sync_broker
 from fairqueue.enqueue.calls import EnqueuedJob, Prepared
 from fairqueue.enqueue.durable import outbox_ahead
-from fairqueue.enqueue.status import MAX_ESTIMATE_COUNT, placed_estimate
+from fairqueue.enqueue.start_estimates import MAX_ESTIMATE_COUNT, placed_estimate
 from fairqueue.exceptions import (
     BrokerUnavailableError,
     ExpectedWaitTooLongError,

@@ -1,31 +1,14 @@
 """Enqueue jobs into BullMQ with a fair placement, a resolved priority and an audit trail.
 
 All input is validated before anything is written, so a bad call leaves no job, no
-audit row and no metric increment behind.
-
-Placement rule. Every job gets its fair place when it is added, in the same script as
-BullMQ's own add (one round trip per batch of up to 250 jobs), never priority 0
-(priority-0 jobs sit in BullMQ's ``wait`` list, which workers drain before any
-prioritized job; docs/design.md, "The score layout"). The place is a finish tag of its flow,
-its (level, tenant) pair: levels share by weight 4:3:2:1, the tenants of a level share its
-slice round-robin, weighted by ``tenant_weight`` (see :mod:`fairqueue.scheduling.order`). A job
-can go ahead of jobs already waiting when its tag says so, so a stock worker takes the
-fair order with no rebalance pass at all. Delayed jobs wait at the back of the line and
-the pass places them once BullMQ promotes them (their wait starts then).
-
-Two ways in, and what each guarantees:
-
-* **Direct** (``enqueue_job``, ``enqueue_jobs``, ``aenqueue_job``): the job is in Redis
-  when the call returns. An audited job's audit row is validated and inserted first, in
-  a transaction, and the job is added only if that worked; a failed add rolls the row
-  back. Inside an outer transaction that later rolls back, the job stays in Redis (use
-  the durable way for jobs that belong to a transaction). A timeout is ambiguous: the
-  job may have been added; pass ``job_id`` and retry with the same id, which adds
-  nothing if the first attempt got through (the id is the idempotency key).
-* **Durable** (``enqueue_on_commit``, ``durable=True``): an outbox row (and the audit
-  row) is written in the caller's transaction; the relay (:mod:`fairqueue.enqueue.outbox`) adds
-  the job with the same placement after commit. Nothing is lost or duplicated whatever
-  Redis does; the job reaches Redis when Redis and a relay are up.
+audit row and no metric increment behind. Every job gets its fair place when it is
+added, in the same script as BullMQ's own add, never priority 0 (docs/design.md,
+"Where it runs: the add-time tags"). Two ways in (docs/enqueueing.md): **direct**
+(``enqueue_job``, ``enqueue_jobs``, ``aenqueue_job``: in Redis when the call returns,
+an audited job's row inserted first and rolled back if the add fails; ``job_id`` is
+the idempotency key for a retry after a timeout) and **durable** (``enqueue_on_commit``,
+``durable=True``: an outbox row in the caller's transaction, added after commit by
+:mod:`fairqueue.enqueue.outbox`).
 """
 
 from __future__ import annotations

@@ -1,31 +1,13 @@
 """The transactional outbox's relay: move durable jobs from the database to BullMQ.
 
-A durable enqueue (``enqueue_on_commit``, or ``durable=True``) writes an
-:class:`~fairqueue.models.OutboxJob` row in the caller's transaction instead of talking
-to Redis, so the job exists exactly when the caller's data does: a rolled-back
-transaction leaves nothing, and Redis being down at commit leaves the row waiting.
-The relay adds each row's job through the same add script as a direct enqueue (same
-``NewJob``, same fair placement) under the row's BullMQ id, then deletes the row.
-
-Why nothing is lost or sent twice:
-
-* a row is deleted only in the transaction that follows a successful add; if the relay
-  dies between the two, the row is still there and the next relay adds it again under
-  the same job id, which BullMQ answers by keeping the existing job (``existing`` below);
-* a Redis outage or an ambiguous timeout leaves the rows for the next run;
-* rows are claimed with ``SELECT ... FOR UPDATE SKIP LOCKED`` on databases that have it
-  (PostgreSQL), so several relays share the work without sending a row twice. SQLite has
-  no row locks: run a single relay there (two would still not duplicate a job while it
-  is in Redis, thanks to the id, but would both do the work).
-
-The id check covers a retry while the job is still in Redis (waiting, delayed, active,
-or kept after it finished). A job that completed and was trimmed by retention before a
-crashed relay's retry would be added again; the retry follows the crash by one relay
-interval, far inside any sane retention.
-
-Runs: the ``rebalance_fair`` loop relays each round (for its job types), a standalone
-``manage.py fairqueue_relay`` does the same, and a durable enqueue tries its own rows
-once right after commit (best effort: errors are logged, never raised into the commit).
+A durable enqueue writes an :class:`~fairqueue.models.OutboxJob` row in the caller's
+transaction; the relay adds each row's job through the same add script as a direct
+enqueue, under the row's BullMQ id, then deletes the row in the transaction that
+follows the add. A relay that dies between the two adds it again under the same id,
+which BullMQ answers by keeping the existing job; rows are claimed with ``SELECT ...
+FOR UPDATE SKIP LOCKED`` where the database has it (SQLite: run one relay). The
+``rebalance_fair`` loop, ``manage.py fairqueue_relay`` and a durable enqueue's own
+best-effort try after commit all relay (docs/enqueueing.md, "Durable enqueue").
 """
 
 from __future__ import annotations

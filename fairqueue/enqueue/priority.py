@@ -1,40 +1,12 @@
-"""Plan-based priority: which level a new job gets, and why.
+"""Plan-based priority: which level a new job gets, and why; its tenant weight and account
+beside it.
 
-The resolution order (docs/design.md, "Levels and priorities"); the first rule that applies wins:
-
-1. an explicit ``priority_level=`` or numeric ``priority=`` (both at once is an error);
-2. ``priority_override=`` - a server-side argument, always audited by the caller;
-3. ``tenant_id=None`` passed explicitly - an internal job, critical (``internal=True``);
-4. ``tenant_id`` set and a plan lookup wired - the tenant's plan decides (a tenant with
-   no plan: normal, rule ``no_plan``);
-5. ``tenant_id`` set and no lookup - normal;
-6. no ``tenant_id`` at all - normal, in the ``default`` tenant bucket.
-
-``JOB_PRIORITY_ENABLED=false`` turns rules 4-5 into normal (emergency rollback); rules
-1-3 still apply.
-
-A tenant a quota demotes (docs/usage.md#quotas) gets low whatever rules 1, 4 and 5 say
-(rule ``quota_demoted``); an operator's ``priority_override=`` (rule 2, audited) is the
-one way above it.
-
-Inside a level, tenants are served round-robin weighted by their *tenant weight*
-(``MIN_TENANT_WEIGHT..MAX_TENANT_WEIGHT``, default 1). The weight is resolved alongside
-the level but independently of it: an explicit ``tenant_weight=`` wins; otherwise any job
-with a real tenant id asks the wired weight lookup, whatever rule decided the level and
-whatever ``JOB_PRIORITY_ENABLED`` says. Internal jobs and jobs without a tenant get 1.
-
-A tenant's *account* (docs/concepts.md#accounts) is resolved beside its weight: an
-explicit ``account_id=`` (checked against the ``Account`` table: an unknown id is an
-error) or, with the database lookups wired, the account its ``TenantPlan`` row names
-(the same cached entry). Internal jobs and jobs without a tenant have none, and so has
-every job of a tenant without one: its data and place are what they were.
-
-The plan lookup is pluggable so that workers need not import the web project:
-``wire_tenant_plan_lookup()`` wires the database-backed lookups of ``fairqueue.models``
-for plans and weights (or, given a callable ``tenant_id -> plan slug``, only that plan
-lookup), ``wire_tenant_weight_lookup()`` wires a weight lookup on its own, and
-``set_subscription_to_plan_tier(fn)`` installs a code-level classifier that turns a
-tenant's subscription into a plan tier.
+The resolution order is docs/design.md's "Levels and priorities" (in full with
+its rules' names in docs/enqueueing.md, "Priority resolution"): an explicit level, an
+audited override, an internal job, the tenant's plan, else normal; a quota-demoted
+tenant gets low. The lookups are pluggable so that workers need not import the web
+project: ``wire_tenant_plan_lookup()``, ``wire_tenant_weight_lookup()`` and
+``set_subscription_to_plan_tier(fn)``.
 """
 
 from __future__ import annotations

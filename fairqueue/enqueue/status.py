@@ -1,18 +1,13 @@
-"""Where a job is and when it will start (``job_status``), and when a new job would
-start (``estimate_start``): one read-only Redis script each, the arithmetic in
-:mod:`fairqueue.scheduling.estimate` (docs/design.md, "When a job will start").
-
-Also the status token (:func:`status_token`): a signed, expiring reference to one job
-that the optional status endpoint (:mod:`fairqueue.status.endpoint`) takes.
-"""
+"""Where a job is and when it will start (``job_status``), and the estimate of a new
+job from what its read found (``estimate_from``, which :mod:`.start_estimates` calls):
+one read-only Redis script each, the arithmetic in :mod:`fairqueue.scheduling.estimate`
+(docs/design.md, "When a job will start")."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Final, Unpack
-
-from asgiref.sync import sync_to_async
+from typing import Any, Final
 
 from fairqueue.broker import (
     MAX_JOB_ID_LENGTH,
@@ -24,10 +19,6 @@ from fairqueue.broker import (
     get_sync_broker,
 )
 from fairqueue.conf import get_settings
-from fairqueue.enqueue.calls import resolve_call
-from fairqueue.enqueue.durable import outbox_ahead
-from fairqueue.enqueue.options import EnqueueOptions, check_keywords
-from fairqueue.enqueue.priority import ResolvedPriority
 from fairqueue.exceptions import InvalidJobOptionError
 from fairqueue.scheduling import estimate as eta
 from fairqueue.scheduling import pace
@@ -47,9 +38,6 @@ JOB_STATUS_STATES: Final = (
     "failed",
     "unknown",
 )
-#: The most jobs one ``estimate_start`` call places (the script places them one after the
-#: other: about a microsecond each); a longer batch's last job is extrapolated.
-MAX_ESTIMATE_COUNT: Final = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +79,7 @@ class JobStatus:
         }
 
 
-def _reads() -> StatusReads:
+def status_reader() -> StatusReads:
     return StatusReads(get_broker().conn, fairness_by=get_settings().fairness_by)
 
 
@@ -392,7 +380,7 @@ def _check_job_id(job_id: object) -> str:
 
 
 async def _job_status(queue: str, job_type: str, job_id: str) -> JobStatus | None:
-    raw = await _reads().job_status(queue, job_id)
+    raw = await status_reader().job_status(queue, job_id)
     return None if raw is None else status_from(raw, job_type, job_id)
 
 
@@ -415,91 +403,3 @@ async def ajob_status(job_type: str, job_id: str) -> JobStatus | None:
     """:func:`job_status` for async views, awaited on the caller's event loop."""
     queue = get_settings().queue_for(job_type)
     return await _job_status(queue, job_type, _check_job_id(job_id))
-
-
-def check_count(count: object) -> int:
-    if (
-        isinstance(count, bool)
-        or not isinstance(count, int)
-        or not 1 <= count <= MAX_ESTIMATE_COUNT
-    ):
-        raise InvalidJobOptionError(
-            f"count={count!r}"[:300]
-            + f" is not allowed: expected a whole number in 1..{MAX_ESTIMATE_COUNT}"
-        )
-    return count
-
-
-async def placed_estimate(
-    queue: str,
-    resolved: ResolvedPriority,
-    cost_ms: int | None,
-    count: int = 1,
-    delay_ms: int | None = None,
-    extra: int = 0,
-) -> tuple[StartEstimate, int]:
-    """The estimate for the ``count``-th new job of a resolved call, behind what will
-    run ahead of it without being on the fair clock yet: its flow's delayed jobs due by
-    its own ready time and ``extra`` jobs (outbox rows not relayed:
-    :func:`~fairqueue.enqueue.durable.outbox_ahead`); and the place in its flow of the
-    job estimated."""
-    raw = await _reads().estimate(
-        queue,
-        level=resolved.level,
-        tenant=resolved.tenant_bucket,
-        tenant_weight=resolved.tenant_weight,
-        cost_ms=cost_ms,
-        count=count,
-        delay_ms=delay_ms,
-        extra=extra,
-    )
-    estimate = estimate_from(
-        raw, delay_ms=delay_ms, tenant=resolved.tenant_bucket, count=raw.placed
-    )
-    return estimate, raw.placed
-
-
-async def estimate_call(
-    queue: str,
-    resolved: ResolvedPriority,
-    cost_ms: int | None,
-    count: int = 1,
-    delay_ms: int | None = None,
-    extra: int = 0,
-) -> StartEstimate:
-    """The estimate for the ``count``-th new job of a resolved call
-    (:func:`placed_estimate`)."""
-    estimate, _ = await placed_estimate(queue, resolved, cost_ms, count, delay_ms, extra)
-    return estimate
-
-
-def estimate_start(
-    job_type: str, *, count: int = 1, **options: Unpack[EnqueueOptions]
-) -> StartEstimate:
-    """When a job enqueued now with these options (those of :func:`enqueue_job`) is
-    expected to start: where the fair clock would place it, the jobs before it, the
-    measured service rate and the limits that hold its tenant. Writes nothing.
-    ``count``: the last of that many jobs (an ``enqueue_jobs`` batch).
-
-    Raises:
-        the input errors of :func:`enqueue_job`; BrokerError: Redis trouble.
-    """
-    check_keywords("estimate_start", options, ("count",))
-    count = check_count(count)
-    call = resolve_call(job_type, **options)
-    delay_ms = options.get("delay_ms")
-    extra = outbox_ahead(call.queue, call.resolved, delay_ms)
-    sync = get_sync_broker()
-    return sync.run(estimate_call, call.queue, call.resolved, call.cost_ms, count, delay_ms, extra)
-
-
-async def aestimate_start(
-    job_type: str, *, count: int = 1, **options: Unpack[EnqueueOptions]
-) -> StartEstimate:
-    """:func:`estimate_start` for async views."""
-    check_keywords("aestimate_start", options, ("count",))
-    count = check_count(count)
-    call = await sync_to_async(resolve_call)(job_type, **options)
-    delay_ms = options.get("delay_ms")
-    extra = await sync_to_async(outbox_ahead)(call.queue, call.resolved, delay_ms)
-    return await estimate_call(call.queue, call.resolved, call.cost_ms, count, delay_ms, extra)

@@ -29,7 +29,7 @@ from fairqueue.scheduling.levels import (
     validate_account_id,
     validate_tenant_id,
 )
-from fairqueue.scheduling.limits import LIMIT_RANGES, TenantLimits
+from fairqueue.scheduling.limits import LIMIT_FIELDS, LIMIT_RANGES, TenantLimits
 
 PLAN_CHOICES: Final = [(tier.value, tier.value.title()) for tier in PlanTier]
 LEVEL_CHOICES: Final = [
@@ -93,6 +93,14 @@ class Account(models.Model):
             low=MIN_TENANT_WEIGHT,
             high=MAX_TENANT_WEIGHT,
         )
+    )
+    paused = models.BooleanField(
+        default=False,
+        editable=False,
+        help_text=_(
+            "Set by pause_account / resume_account (audited on each of its tenants): none "
+            "of its tenants' jobs starts while it is paused."
+        ),
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -238,12 +246,15 @@ class TenantPlan(models.Model):
     def own_limits(self) -> TenantLimits:
         """The limits set on this row (empty fields: the plan tier's default applies)."""
         return TenantLimits(
-            max_active=self.max_active,
-            rate_max=self.rate_max,
-            rate_duration_ms=self.rate_duration_ms,
-            max_waiting=self.max_waiting,
-            paused=self.paused,
+            **{name: getattr(self, name) for name in LIMIT_FIELDS},
+            # its account's pause holds it too (docs/limits.md#accounts)
+            paused=self.paused or self.account_paused,
         )
+
+    @property
+    def account_paused(self) -> bool:
+        """Whether its account is paused (``pause_account``)."""
+        return self.account_id is not None and self.account is not None and self.account.paused
 
     def product_ids(self) -> list[str]:
         """Product ids of the subscription, in the order billing lists them."""

@@ -1,44 +1,16 @@
-"""One rebalance pass: maintenance of the fair order the add script makes.
-
-The order is made when a job is added (docs/design.md; ``broker/lua/include/fair_clock.lua``),
-so the pass is not a second scheduler and never reorders tagged jobs. Each pass:
-
-1. **Adopts** jobs that arrived without a place: other producers' jobs in BullMQ's
-   ``wait`` list (priority 0, which workers would take before everything) or at small
-   priorities, delayed jobs BullMQ promoted (they wait at the back, ``BACK_OF_LINE``,
-   from their add), and jobs that found no room. Each gets its flow's next tag and is
-   charged for it; one already past the wait bound is counted ``aged``, nothing more.
-2. **Counts overdue jobs** from fairqueue's ready-time index, oldest first, per level:
-   the ``queue_fair_overdue_waiting`` gauge and the dashboard (checked job by job up to a
-   page budget; past that, the rest of the index up to the bound is counted unchecked,
-   so a huge overload costs a pass no more than a few ms). A flow whose arrivals exceed
-   its share bears its own overload and never takes turns from one that stays within
-   its share (docs/design.md, "The wait bound"). The same walk, and a bounded sweep of
-   the rest of the index, drop the
-   entries of jobs that left: stock workers never tell fairqueue.
-3. **Rebases** tags a page at a time before they reach BullMQ's cap.
-4. **Records history** for the dashboard: the jobs workers started since the last pass,
-   read from BullMQ's own events stream (stock workers record nothing of fairqueue's),
-   per level and tenant, with their waits, in buckets that expire after an hour
-   (:mod:`fairqueue.broker.events`: the loop reads a page of the stream and works
-   it out, ``broker/lua/history_commit.lua`` writes it once). A page of the stream per
-   call, ``HISTORY_PAGES`` calls at most.
-
-Every script call does bounded work and is fenced by the queue's leader lock inside
-Redis: it renews the lock, and a pass whose lock another rebalancer took stops writing
-(``lock_lost``). Time is Redis's (``TIME`` in the scripts, stream ids), never this
-host's; only which history buckets are still kept is this host's clock's call.
+"""One rebalance pass: maintenance of the fair order the add script makes (docs/design.md,
+"The pass is maintenance"). It adopts jobs that arrived without a place, counts overdue
+jobs per level from the ready-time index (and trims it), rebases tags before they reach
+BullMQ's cap and records the history from BullMQ's events stream, ``HISTORY_PAGES``
+pages at most. Every script call does bounded work and is fenced by the queue's leader
+lock inside Redis (a pass whose lock another rebalancer took stops writing:
+``lock_lost``); time is Redis's, never this host's.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import time
-import uuid
-from collections.abc import Awaitable
-from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
 from fairqueue.broker import (
@@ -53,6 +25,8 @@ from fairqueue.broker import (
 )
 from fairqueue.conf import get_settings
 from fairqueue.metrics import by_job_type, get_metrics
+from fairqueue.rebalance.leadership import LeaderLock, lock_ttl_ms, rebalancer_id
+from fairqueue.rebalance.pass_result import LAST_RUN_RECORD, PassResult, Timed
 from fairqueue.scheduling.levels import (
     LEVELS_BY_RANK,
 )
@@ -87,9 +61,6 @@ REPLACE_PAGES_PER_TICK: Final = 4
 #: the buckets' writes) still spread over many entries.
 HISTORY_PAGE_SIZE: Final = 250
 HISTORY_PAGES: Final = 48
-#: What a pass did, as counts: recorded for the dashboard, which shows them.
-PASS_COUNTS: Final = ("adopted", "recovered", "aged", "parked", "overdue", "cleaned", "rebased")
-LAST_RUN_RECORD: Final = "last_pass"
 #: BullMQ's defaults for the stalled-job check the pass runs (its workers' own
 #: ``maxStalledCount`` and ``stalledInterval``): a job that stalls more often than this
 #: is failed, and between two of the pass's checks workers skip theirs for this long.
@@ -100,97 +71,9 @@ STALLED_CHECK_MS: Final = 30_000
 _sweep_cursors: dict[tuple[str, str], tuple[str, int]] = {}
 
 
-@dataclass(slots=True)
-class PassResult:
-    """What one pass did. Counts only: no payloads, no tenant ids."""
-
-    job_type: str
-    queue: str
-    adopted: int = 0
-    #: Stalled jobs (their worker died) recovered into the fair order.
-    recovered: int = 0
-    aged: int = 0
-    parked: int = 0
-    overdue: int = 0
-    cleaned: int = 0
-    rebased: int = 0
-    #: Held jobs released (their tenant got room), and jobs still held after the pass.
-    released: int = 0
-    held: int = 0
-    #: Started jobs recorded in the history, those of unknown level (their hash was
-    #: gone), and milliseconds of the events stream trimmed before the pass read them.
-    recorded: int = 0
-    unrecorded: int = 0
-    history_gap_ms: int = 0
-    #: Overdue jobs found waiting, per level name (the checked part of the count).
-    overdue_by_level: dict[str, int] = field(default_factory=dict)
-    #: Level name -> (worker milliseconds of the attempts seen finishing, restarts of jobs
-    #: that had run before), from BullMQ's events stream.
-    served: dict[str, tuple[int, int]] = field(default_factory=dict)
-    script_calls: int = 0
-    #: The slowest script call of the pass, as this host timed it (round trip included).
-    worst_script_ms: float = 0.0
-    duration_ms: float = 0.0
-    dry_run: bool = False
-    #: Another rebalancer holds the queue's lock: this pass stopped writing.
-    lock_lost: bool = False
-
-    def record(self, at_ms: int, rebalancer: str | None) -> dict[str, object]:
-        """The status record the dashboard shows (counts only)."""
-        return {
-            **{name: getattr(self, name) for name in PASS_COUNTS},
-            "overdue_by_level": self.overdue_by_level,
-            "recorded": self.recorded,
-            "unrecorded": self.unrecorded,
-            "history_gap_ms": self.history_gap_ms,
-            "script_calls": self.script_calls,
-            "worst_script_ms": round(self.worst_script_ms, 2),
-            "duration_ms": self.duration_ms,
-            "job_type": self.job_type,
-            "at_ms": at_ms,
-            "by": rebalancer or "",
-        }
-
-    def summary(self) -> str:
-        counts = " ".join(f"{name}={getattr(self, name)}" for name in PASS_COUNTS)
-        notes = " (dry run)" if self.dry_run else ""
-        notes += " (lock held by another rebalancer: stopped)" if self.lock_lost else ""
-        return (
-            f"{self.job_type}: {counts} worst_script={self.worst_script_ms:.1f}ms "
-            f"duration={self.duration_ms:.1f}ms{notes}"
-        )
-
-
-def rebalancer_id() -> str:
-    """Who is rebalancing: host, pid and a random suffix (no secrets)."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
 def walk_pages(interval_ms: int) -> int:
     """Index pages a pass may walk (each way) at this interval."""
     return max(1, min(MAX_WALK_PAGES, round(interval_ms / WALK_MS_PER_PAGE)))
-
-
-def lock_ttl_ms(interval_ms: int) -> int:
-    """Two intervals, so a dead leader is replaced within two intervals; at least one
-    second. Every script call of a pass renews it, so a slow pass keeps it."""
-    return max(2 * interval_ms, 1_000)
-
-
-class _Timed:
-    """Counts a pass's script calls and keeps the slowest."""
-
-    def __init__(self, result: PassResult) -> None:
-        self.result = result
-
-    async def __call__(self, call: Awaitable[T]) -> T:
-        started = time.perf_counter()
-        try:
-            return await call
-        finally:
-            elapsed = (time.perf_counter() - started) * 1000
-            self.result.script_calls += 1
-            self.result.worst_script_ms = max(self.result.worst_script_ms, elapsed)
 
 
 async def arebalance_queue(
@@ -226,7 +109,7 @@ async def arebalance_queue(
         ttl_ms=lock_ttl_ms(interval_ms),
     )
     pages = walk_pages(interval_ms)
-    timed = _Timed(result)
+    timed = Timed(result)
     try:
         if not dry_run:
             await _prepare_queue(timed, broker, queue, fence)
@@ -253,7 +136,7 @@ async def arebalance_queue(
     return result
 
 
-async def _prepare_queue(timed: _Timed, broker: Broker, queue: str, fence: Fence) -> None:
+async def _prepare_queue(timed: Timed, broker: Broker, queue: str, fence: Fence) -> None:
     """What a pass does before it adopts: forget the keys of a queue BullMQ obliterated,
     recover stalled jobs, and release held jobs whose tenant has room (the loop does this
     every few ms between passes; a pass alone, as with Celery beat, releases here)."""
@@ -265,7 +148,7 @@ async def _prepare_queue(timed: _Timed, broker: Broker, queue: str, fence: Fence
 
 
 async def _adopt_pages(
-    timed: _Timed, broker: Broker, queue: str, fence: Fence, *, dry_run: bool
+    timed: Timed, broker: Broker, queue: str, fence: Fence, *, dry_run: bool
 ) -> None:
     """Adopt untagged jobs, ``ADOPT_PAGES`` pages at most, until a page comes back short
     or parks jobs (the tag band is full until a rebase)."""
@@ -276,7 +159,7 @@ async def _adopt_pages(
 
 
 async def _count_overdue(
-    timed: _Timed,
+    timed: Timed,
     broker: Broker,
     queue: str,
     fence: Fence,
@@ -298,7 +181,7 @@ async def _count_overdue(
     result.cleaned = overdue.removed
 
 
-async def _sweep(timed: _Timed, broker: Broker, queue: str, fence: Fence, pages: int) -> None:
+async def _sweep(timed: Timed, broker: Broker, queue: str, fence: Fence, pages: int) -> None:
     """One step of the sweep of younger index entries, from where the last one stopped."""
     sweep_key = (broker.prefix, queue)
     sweep = await _walk(
@@ -314,7 +197,7 @@ async def _sweep(timed: _Timed, broker: Broker, queue: str, fence: Fence, pages:
     timed.result.cleaned += sweep.removed
 
 
-async def _rebase(timed: _Timed, broker: Broker, queue: str, fence: Fence) -> None:
+async def _rebase(timed: Timed, broker: Broker, queue: str, fence: Fence) -> None:
     """Move the tag band down, ``REBASE_PAGES`` pages at most, while a rebase is due."""
     for _ in range(REBASE_PAGES):
         moved, done = await timed(
@@ -325,9 +208,7 @@ async def _rebase(timed: _Timed, broker: Broker, queue: str, fence: Fence) -> No
             break
 
 
-async def _record(
-    timed: _Timed, broker: Broker, queue: str, fence: Fence, max_wait_ms: int
-) -> None:
+async def _record(timed: Timed, broker: Broker, queue: str, fence: Fence, max_wait_ms: int) -> None:
     """Record the history: the events stream from its cursor, ``HISTORY_PAGES`` pages
     at most (the stream's cap is about that much)."""
     result = timed.result
@@ -375,7 +256,7 @@ def _record_starts(queue: str, page: RecordedPage, job_type: str = "") -> None:
 
 
 async def _recover_stalled(
-    timed: _Timed, broker: Broker, queue: str, fence: Fence, result: PassResult
+    timed: Timed, broker: Broker, queue: str, fence: Fence, result: PassResult
 ) -> None:
     settings = get_settings()
     stalled = await timed(
@@ -394,7 +275,7 @@ async def _recover_stalled(
 
 
 async def _adopt(
-    timed: _Timed, broker: Broker, queue: str, fence: Fence, result: PassResult, *, dry_run: bool
+    timed: Timed, broker: Broker, queue: str, fence: Fence, result: PassResult, *, dry_run: bool
 ) -> AdoptedPage:
     settings = get_settings()
     page = await timed(
@@ -439,7 +320,7 @@ async def arun_tick(
     result = PassResult(job_type=job_type, queue=queue)
     fence = Fence(broker.fair_key(queue, "leader"), rebalancer, lock_ttl_ms(interval_ms))
     started = time.perf_counter()
-    timed = _Timed(result)
+    timed = Timed(result)
     try:
         if not history_only:
             await _recover_stalled(timed, broker, queue, fence, result)
@@ -472,7 +353,7 @@ def run_tick(
 
 
 async def _walk(
-    timed: _Timed,
+    timed: Timed,
     broker: Broker,
     queue: str,
     fence: Fence,
@@ -543,40 +424,6 @@ def rebalance_queue(
         by=by,
         record_history=record_history,
     )
-
-
-# -- leadership ---------------------------------------------------------------------------
-
-
-class LeaderLock:
-    """Who may maintain a queue: the holder of a Redis lock (a token with a TTL).
-
-    Any number of rebalancers may run, one per host for availability; per queue only the
-    holder writes, and every script of its pass checks so inside Redis. If the holder
-    dies the lock expires after ``ttl_ms`` (two intervals) and another takes over.
-    """
-
-    def __init__(self, queue: str, token: str, ttl_ms: int) -> None:
-        self.queue = queue
-        self.token = token
-        self.ttl_ms = ttl_ms
-        self.held = False
-
-    @property
-    def key(self) -> str:
-        return get_sync_broker().broker.fair_key(self.queue, "leader")
-
-    def acquire(self) -> bool:
-        """Take the lock if it is free or renew it if we hold it (one atomic step)."""
-        sync = get_sync_broker()
-        self.held = sync.run(sync.broker.lock.acquire_lock, self.key, self.token, self.ttl_ms)
-        return self.held
-
-    def release(self) -> None:
-        if self.held:
-            sync = get_sync_broker()
-            sync.run(sync.broker.lock.release_lock, self.key, self.token)
-            self.held = False
 
 
 def rebalance_as_leader(

@@ -18,14 +18,9 @@ from fairqueue.enqueue.outbox import relay_outbox
 from fairqueue.exceptions import BrokerRejectedError, BrokerUnavailableError
 from fairqueue.loop import Loop, RepeatedFailure
 from fairqueue.metrics import get_metrics
-from fairqueue.rebalance.passes import (
-    LeaderLock,
-    PassResult,
-    lock_ttl_ms,
-    rebalance_queue,
-    rebalancer_id,
-    run_tick,
-)
+from fairqueue.rebalance.leadership import LeaderLock, lock_ttl_ms, rebalancer_id
+from fairqueue.rebalance.pass_result import PassResult
+from fairqueue.rebalance.passes import rebalance_queue, run_tick
 from fairqueue.rebalance.usage_step import UsageStep
 from fairqueue.tenants import keep_tenant_limits
 

@@ -11,18 +11,32 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Final
+from typing import Final, NamedTuple
 
 from fairqueue.exceptions import InvalidTenantLimitError
 
-#: Allowed values of each limit (inclusive); ``None`` means no limit.
-LIMIT_RANGES: Final[Mapping[str, tuple[int, int]]] = {
-    "max_active": (1, 1_000_000),
-    "rate_max": (1, 1_000_000),
-    "rate_duration_ms": (1, 86_400_000),
-    "max_waiting": (1, 100_000_000),
+
+class LimitField(NamedTuple):
+    """One limit's allowed values (inclusive; ``None`` means no limit) and its words on
+    the console (``""``: shown with another, as the rate's window with its count)."""
+
+    low: int
+    high: int
+    label: str
+
+
+#: Every per-tenant limit, in the order of the encoded form: the one declaration the
+#: model's checks, the admin, the console's form and pages and the wire read.
+LIMITS: Final[Mapping[str, LimitField]] = {
+    "max_active": LimitField(1, 1_000_000, "at once"),
+    "rate_max": LimitField(1, 1_000_000, "rate"),
+    "rate_duration_ms": LimitField(1, 86_400_000, ""),
+    "max_waiting": LimitField(1, 100_000_000, "waiting at most"),
 }
-LIMIT_FIELDS: Final = tuple(LIMIT_RANGES)
+LIMIT_RANGES: Final[Mapping[str, tuple[int, int]]] = {
+    name: (field.low, field.high) for name, field in LIMITS.items()
+}
+LIMIT_FIELDS: Final = tuple(LIMITS)
 
 #: Why a tenant's job is held (the ``reason`` label of ``queue_fair_limited_total``).
 REASON_MAX_ACTIVE: Final = "max_active"
@@ -121,12 +135,7 @@ def parse_limits(values: Mapping[str, object], *, where: str) -> TenantLimits:
             f"{where} sets only one of rate_max and rate_duration_ms: a rate limit needs "
             "both (rate_max jobs started per rate_duration_ms)"
         )
-    return TenantLimits(
-        max_active=parsed["max_active"],
-        rate_max=parsed["rate_max"],
-        rate_duration_ms=parsed["rate_duration_ms"],
-        max_waiting=parsed["max_waiting"],
-    )
+    return TenantLimits(**parsed, paused=False)
 
 
 @dataclass(frozen=True, slots=True)

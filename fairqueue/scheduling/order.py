@@ -1,37 +1,12 @@
-"""The fair ordering policy: plain data in, plain data out.
+"""The fair ordering policy: plain data in, plain data out (no I/O, no Django), so it
+can be tested exhaustively and the scripts that place jobs checked against it.
 
-Nothing here does I/O or imports Django, so the policy can be tested exhaustively and
-the Redis scripts that place jobs (``fairqueue/broker/lua``) can be checked against it.
-
-Two models of the same rule (docs/design.md, "The rule"):
-
-* :func:`order_pending_jobs` - the fair run order of a waiting set, computed from
-  scratch: what a queue would look like had every waiting job arrived at once. The
-  dashboard compares it with the queue's real order.
-* :class:`FairClock` - the same rule as the add script applies it, one job at a time as
-  jobs arrive (finish tags with a self-clocked virtual time). The tests run
-  it beside the script and require the same placement.
-
-The rule. Each (level, tenant) pair is a *flow* with weight
-``level weight * tenant weight / (sum of the weights of the level's tenants with work)``,
-so the backlogged tenants of a level share that level's slice in proportion to their
-tenant weights (round-robin for equal weights) and a level's share does not depend on
-how many tenants it has (CFS group scheduling splits a group's weight the same way).
-A flow's k-th waiting job gets the virtual finish tag ``k * SCALE / flow weight``
-(FIFO by ready time inside a flow, ties by job id), and jobs run in tag order (ties:
-the higher level weight first). A level or tenant that runs out of work simply stops
-taking turns; one that arrives starts at the current virtual time, so its first job
-runs within one round whatever backlog others have.
-
-The wait bound does not reorder flows: an overdue job takes its flow's next turn like
-any other (the add and adoption scripts then let it go first inside its own flow), since
-moving it further ahead would take turns from a flow that stays within its share
-(docs/design.md, "The wait bound"). It is labelled ``aged`` so operators see that
-a flow's arrivals exceed its share.
-
-:func:`order_by_occupancy` is the occupancy rule, "largest waiting/weight ratio first",
-kept so benchmarks can show why it was replaced: it is longest-queue-first and
-lets a flooded level run for thousands of jobs before a small level gets a turn.
+Two models of the same rule (docs/design.md, "The rule"): :func:`order_pending_jobs`,
+the fair run order of a waiting set computed from scratch (the dashboard compares it
+with the queue's real order), and :class:`FairClock`, the rule as the add script applies
+it one job at a time (the tests require the same placement). An overdue job takes its
+flow's next turn like any other (docs/design.md, "The wait bound").
+:func:`order_by_occupancy` is the occupancy rule it replaced, kept for the benchmarks.
 """
 
 from __future__ import annotations

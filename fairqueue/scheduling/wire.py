@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from fairqueue.scheduling.limits import TenantLimits
+from fairqueue.scheduling.limits import LIMIT_FIELDS, TenantLimits
 
 SEPARATOR: Final = "\n"
 
@@ -100,10 +100,10 @@ def split_delayed_meta(meta: str) -> tuple[str, int, str] | None:
 
 
 def encoded_limits(limits: TenantLimits) -> str:
-    """The form the scripts read (``fqSplitLimits``): ``max_active\\nrate_max\\nrate_ms\\n
-    max_waiting``, empty fields for no limit (pause is kept apart: it is set by
-    ``pause_tenant``, never by an enqueue's possibly stale cache)."""
-    values = (limits.max_active, limits.rate_max, limits.rate_duration_ms, limits.max_waiting)
+    """The form the scripts read (``fqSplitLimits``): the ``LIMIT_FIELDS`` in order, one a
+    line, empty for no limit (pause is kept apart: it is set by ``pause_tenant``, never
+    by an enqueue's possibly stale cache)."""
+    values = (getattr(limits, name) for name in LIMIT_FIELDS)
     return SEPARATOR.join("" if value is None else str(value) for value in values)
 
 
@@ -119,5 +119,4 @@ def decoded_limits(encoded: str | None, *, paused: bool = False) -> TenantLimits
     """The limits :func:`encoded_limits` wrote (``None`` or ``""``: none), with ``paused``
     as Redis keeps it apart."""
     fields = [int(part) if part else None for part in (encoded or "").split(SEPARATOR)]
-    max_active, rate_max, rate_duration_ms, max_waiting = (fields + [None] * 4)[:4]
-    return TenantLimits(max_active, rate_max, rate_duration_ms, max_waiting, paused=paused)
+    return TenantLimits(**dict(zip(LIMIT_FIELDS, fields, strict=False)), paused=paused)

@@ -1,57 +1,16 @@
 """A Django tasks backend that runs ``@task`` functions through fairqueue's fair BullMQ
 queues (``django.tasks`` on Django 6, the ``django-tasks`` package on Django 5.2).
 
-Settings::
-
-    TASKS = {
-        "default": {
-            "BACKEND": "fairqueue.tasks.backend.FairQueueBackend",
-            "QUEUES": ["default", "emails"],        # the task queue names you use
-            "OPTIONS": {
-                "TENANT_KWARG": "tenant_id",         # the default
-                "JOB_TYPES": {"emails": "email"},    # queue_name -> FAIRQUEUE job type
-                "ATTEMPTS": 3,                       # BullMQ attempts (default 1)
-                "BACKOFF": {"type": "exponential", "delay": 1000},  # between attempts
-                "DURABLE": False,                    # True: through the outbox
-                "MAX_WAIT_MS": None,                 # refuse tasks expected to start later
-            },
-        }
-    }
-
-Why these choices:
-
-* **Queue names.** A task's ``queue_name`` is a fairqueue job type (``JOB_TYPES`` may
-  map it to another), so it must be a key of ``FAIRQUEUE['QUEUES']``: that is where
-  the BullMQ queue name comes from. ``FAIRQUEUE``'s default ``{"default": "default"}``
-  makes django-tasks' default queue work with no mapping.
-* **Priority.** django-tasks' −100..100 maps onto the four levels: 50..100 critical,
-  1..49 high, −49..−1 normal, −100..−50 low, and **0 (the default) sets no level**: the
-  job resolves exactly as ``enqueue_job`` without an explicit priority does (the
-  tenant's plan when a plan lookup is wired, else normal). So ``@task`` with no
-  priority gives normal, and a tenant's plan still decides for its jobs; a non-zero
-  priority is an explicit level, which wins over the plan, and is audited
-  (``PriorityOverrideAudit``) exactly when ``enqueue_job(priority_level=...)`` is: for
-  a tenant's job with ``FAIRQUEUE['AUDIT_EXPLICIT_PRIORITY']`` on, else not (a code
-  decision, not an override of the plan for one request).
-* **Tenant.** The task's keyword argument named by ``TENANT_KWARG`` (``tenant_id``)
-  is the job's tenant, and stays in the kwargs, so the function receives it too: a
-  string, an integer (a primary key, used as its decimal string), or ``None`` for an
-  internal job (critical). Leave the argument out for a job of no tenant (normal, the
-  ``default`` bucket). The same rules as ``enqueue_job(tenant_id=...)``. Its account is
-  the one its ``TenantPlan`` names, or the keyword argument named by ``ACCOUNT_KWARG``
-  (none by default: a task's own ``account_id`` argument may mean something else).
-* **run_after** becomes BullMQ's ``delay``: the job waits in BullMQ's delayed set and
-  takes its fair place once BullMQ promotes it (the rebalance pass places it).
-
-``enqueue``/``aenqueue`` call :func:`fairqueue.enqueue.api.enqueue_job` /
-``aenqueue_job``: the same validation, audit, metrics and placement. ``get_result``
-reads the job back from BullMQ (see :func:`fairqueue.tasks.jobs.task_result_from_job`).
-``manage.py fairqueue_worker`` runs the jobs.
+Its settings and how a task maps onto fairqueue (queue name, priority, tenant,
+``run_after``) are in docs/tasks.md. ``enqueue``/``aenqueue`` call
+:func:`fairqueue.enqueue.api.enqueue_job` / ``aenqueue_job``: the same validation,
+audit, metrics and placement; ``get_result`` reads the job back from BullMQ
+(:func:`fairqueue.tasks.jobs.task_result_from_job`); ``manage.py fairqueue_worker`` runs
+the jobs.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import secrets
 from collections.abc import Iterable, Iterator, Mapping
@@ -66,7 +25,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
 from fairqueue import conf
-from fairqueue.broker import MAX_JOB_ID_LENGTH, RESERVED_JOB_IDS, StoredJob, get_sync_broker
+from fairqueue.broker import get_sync_broker
 from fairqueue.conf import get_settings
 from fairqueue.enqueue.admission import check_admission_options
 from fairqueue.enqueue.api import aenqueue_job, enqueue_job
@@ -88,6 +47,8 @@ from fairqueue.tasks.jobs import (
     TaskCall,
     TaskResult,
     TaskResultDoesNotExist,
+    outbox_task_job,
+    plausible_result_id,
     task_arguments,
     task_backends,
     task_result_from_job,
@@ -479,12 +440,12 @@ class FairQueueBackend(BaseTaskBackend):
             TaskResultDoesNotExist: no task job with that id in this backend's queues
                 (BullMQ removed it, or it never was).
         """
-        if not _plausible_id(result_id):
+        if not plausible_result_id(result_id):
             raise TaskResultDoesNotExist(result_id)
         sync = get_sync_broker()
         stored = sync.run(sync.broker.results.find_job, self._queues(), result_id)
         if stored is None and self.durable:
-            stored = _outbox_job(result_id)
+            stored = outbox_task_job(result_id)
         if stored is None:
             raise TaskResultDoesNotExist(result_id)
         return task_result_from_job(stored, self.alias)
@@ -493,11 +454,11 @@ class FairQueueBackend(BaseTaskBackend):
         """Async :meth:`get_result`."""
         from fairqueue.broker import get_broker
 
-        if not _plausible_id(result_id):
+        if not plausible_result_id(result_id):
             raise TaskResultDoesNotExist(result_id)
         stored = await get_broker().results.find_job(self._queues(), result_id)
         if stored is None and self.durable:
-            stored = await sync_to_async(_outbox_job)(result_id)
+            stored = await sync_to_async(outbox_task_job)(result_id)
         if stored is None:
             raise TaskResultDoesNotExist(result_id)
         return task_result_from_job(stored, self.alias)
@@ -515,37 +476,6 @@ def _arguments_error(task: Task) -> Iterator[None]:
         ) from None
 
 
-def _outbox_job(job_id: str) -> StoredJob | None:
-    """A durable task job the relay has not added to Redis yet, as a job READY to run
-    (enqueued when its transaction wrote it)."""
-    from fairqueue.models import OutboxJob
-
-    row = OutboxJob.objects.filter(job_id=job_id).first()
-    if row is None:
-        return None
-    try:
-        data = json.loads(row.data)
-    except ValueError:
-        return None
-    return StoredJob(
-        # Where the relay will add it: its job type's queue now (QUEUES may have moved it).
-        queue=get_settings().queues.get(row.job_type, row.queue),
-        job_id=job_id,
-        name=row.job_type,
-        state="outbox",
-        data=data,
-        timestamp_ms=int(row.created_at.timestamp() * 1000),
-        processed_on_ms=None,
-        finished_on_ms=None,
-        return_value=None,
-        failed_reason=None,
-        stacktrace=(),
-        attempts_made=0,
-        attempts_started=0,
-        processed_by=None,
-    )
-
-
 def _new_job_id() -> str:
     """A random job id (the task result's id). Unique across queues, so ``get_result``
     finds a job by id alone; never all digits (BullMQ keeps those for its own ids)."""
@@ -553,18 +483,6 @@ def _new_job_id() -> str:
         job_id = secrets.token_hex(RESULT_ID_BYTES)
         if not job_id.isdigit():
             return job_id
-
-
-def _plausible_id(result_id: object) -> bool:
-    """Whether ``result_id`` may name one of the backend's jobs. Not a queue's own key
-    suffix (``id``, ``events``, ``prioritized``...): ``prefix:queue:<id>`` would read
-    BullMQ's counter, stream or set as a job (a WRONGTYPE error, not "no such result")."""
-    return (
-        isinstance(result_id, str)
-        and 0 < len(result_id) <= MAX_JOB_ID_LENGTH
-        and ":" not in result_id
-        and result_id not in RESERVED_JOB_IDS
-    )
 
 
 def task_job_types() -> list[str]:

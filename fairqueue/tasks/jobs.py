@@ -34,7 +34,8 @@ from django.apps import apps
 from django.conf import settings as django_settings
 from django.utils import timezone
 
-from fairqueue.broker import StoredJob
+from fairqueue.broker import MAX_JOB_ID_LENGTH, RESERVED_JOB_IDS, StoredJob
+from fairqueue.conf import get_settings
 from fairqueue.exceptions import TaskFailedError, TaskJobError
 from fairqueue.tasks.frameworks import (
     PRIMARY,
@@ -412,3 +413,46 @@ def finish_task_result(
         kind.TaskError(exception_class_path=error_class_path(error), traceback=trace)
     )
     object.__setattr__(result, "status", kind.TaskResultStatus.FAILED)
+
+
+def plausible_result_id(result_id: object) -> bool:
+    """Whether ``result_id`` may name one of the backend's jobs. Not a queue's own key
+    suffix (``id``, ``events``, ``prioritized``...): ``prefix:queue:<id>`` would read
+    BullMQ's counter, stream or set as a job (a WRONGTYPE error, not "no such result")."""
+    return (
+        isinstance(result_id, str)
+        and 0 < len(result_id) <= MAX_JOB_ID_LENGTH
+        and ":" not in result_id
+        and result_id not in RESERVED_JOB_IDS
+    )
+
+
+def outbox_task_job(job_id: str) -> StoredJob | None:
+    """A durable task job the relay has not added to Redis yet, as a job READY to run
+    (enqueued when its transaction wrote it)."""
+    from fairqueue.models import OutboxJob
+
+    row = OutboxJob.objects.filter(job_id=job_id).first()
+    if row is None:
+        return None
+    try:
+        data = json.loads(row.data)
+    except ValueError:
+        return None
+    return StoredJob(
+        # Where the relay will add it: its job type's queue now (QUEUES may have moved it).
+        queue=get_settings().queues.get(row.job_type, row.queue),
+        job_id=job_id,
+        name=row.job_type,
+        state="outbox",
+        data=data,
+        timestamp_ms=int(row.created_at.timestamp() * 1000),
+        processed_on_ms=None,
+        finished_on_ms=None,
+        return_value=None,
+        failed_reason=None,
+        stacktrace=(),
+        attempts_made=0,
+        attempts_started=0,
+        processed_by=None,
+    )

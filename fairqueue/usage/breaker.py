@@ -2,32 +2,14 @@
 fail has its jobs of that type held, then tried again one job at a time
 (docs/usage.md#the-breaker).
 
-It counts attempts: every failed attempt is a failure, whether its job has attempts left
-(BullMQ retries it, perhaps after a backoff) or not, and so is an attempt whose worker
-died (a stall: the ledger's ``lost``); every completed attempt is a success. Counting
-only jobs that spent all their attempts left a tenant retrying with ``attempts=10`` and
-an exponential backoff unseen for minutes while its attempts took their share of the
-workers. Per tenant and job type, the loop's usage step adds what each ledger write
-changed to a sliding window of ``WINDOW_S`` seconds kept in the loop's memory, in
-:data:`BUCKETS` buckets: bounded by the rows that changed in the last window, whatever
-the number of tenants or jobs, and no Redis read. When the attempts that ended in the
-window reach ``MIN_JOBS`` and the failed share reaches ``FAILURE_RATIO``
-(:func:`failing`), the breaker opens:
-
-* ``open``: the tenant is held in the job type's queue (the pause machinery of
-  :mod:`fairqueue.usage.holds`: its jobs no worker has taken are pulled back, its new ones
-  held); audited (``HoldAudit``, reason ``breaker``) and counted
-  (``queue_fair_breaker_open{job_type}``);
-* after ``COOL_OFF_S``, ``probe``: one held job is released (the first in its order); the
-  tenant stays held. The probe's job completing closes the breaker (the tenant's held
-  jobs are released); its attempt failing reopens it for another cool-off. With nothing
-  held, the tenant's next job is the probe;
-* :func:`close_breaker` closes it by hand (the admin's action on tenant holds).
-
-A loop restart forgets the windows (they fill again within one window); the holds live
-in the database and Redis's copy is rebuilt from it (:func:`fairqueue.tenants
-.rebuild_tenant_limits`). A queue shared by several job types holds the tenant's jobs of
-every type in it (a pause is per tenant and queue).
+It counts attempts (a failed attempt with attempts left, or a stalled one, is a
+failure), per tenant and job type, in a sliding window of ``WINDOW_S`` seconds kept in
+the loop's memory in :data:`BUCKETS` buckets (no Redis read). At ``MIN_JOBS`` attempts
+and a ``FAILURE_RATIO`` failed share (:func:`failing`) it opens: the tenant is held in
+the job type's queue (:mod:`fairqueue.usage.holds`), audited and counted; after
+``COOL_OFF_S`` one held job is released as the probe, whose success closes it and whose
+failure reopens it. :func:`close_breaker` closes it by hand. A loop restart forgets the
+windows; the holds live in the database.
 """
 
 from __future__ import annotations
@@ -46,7 +28,7 @@ from fairqueue.conf import get_settings
 from fairqueue.conf.usage_settings import BreakerSettings
 from fairqueue.scheduling.levels import INTERNAL_TENANT, validate_tenant_id
 from fairqueue.usage.holds import (
-    audit,
+    audit_hold,
     end_hold,
     held_queues,
     now,
@@ -221,12 +203,9 @@ def open_breaker(
                 created_at=at,
                 until=at + dt.timedelta(seconds=config.cool_off_s),
             )
-            audit(
-                tenant_id,
-                reason=TenantHold.BREAKER,
+            audit_hold(
+                hold,
                 event="opened",
-                job_type=job_type,
-                action=TenantHold.HOLD,
                 actor=ACTOR,
                 why=f"{failed} of {completed + failed} attempts failed (retried or not, or "
                 f"stalled) in the last {config.window_s} s (opens at "
@@ -261,12 +240,9 @@ def _release_probe(queue: str, hold: Any) -> None:
         hold.probe_job_id = job_id
         hold.probe_attempts = outcome.attempts_made
         hold.save(update_fields=["state", "probe_job_id", "probe_attempts"])
-        audit(
-            hold.tenant_id,
-            reason=TenantHold.BREAKER,
+        audit_hold(
+            hold,
             event="probe",
-            job_type=hold.job_type,
-            action=hold.action,
             actor=ACTOR,
             why=f"cool-off over: job {job_id} released as the probe",
         )
@@ -301,12 +277,9 @@ def _reopen(hold: Any, config: BreakerSettings, why: str) -> None:
         hold.probe_job_id = ""
         hold.probe_attempts = 0
         hold.save(update_fields=["state", "until", "probe_job_id", "probe_attempts"])
-        audit(
-            hold.tenant_id,
-            reason=TenantHold.BREAKER,
+        audit_hold(
+            hold,
             event="reopened",
-            job_type=hold.job_type,
-            action=hold.action,
             actor=ACTOR,
             why=f"{why}; another probe after {config.cool_off_s} s",
         )

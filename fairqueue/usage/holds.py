@@ -69,12 +69,13 @@ def held_queues(tenant_id: str, *, excluding: int | None = None) -> set[str]:
 
 
 def paused_by_operator(tenant_id: str) -> bool:
-    """Whether an operator's pause (``pause_tenant``) is in force for ``tenant_id``."""
+    """Whether an operator's pause (``pause_tenant``, or ``pause_account`` of its
+    account) is in force for ``tenant_id``."""
     from fairqueue.models import TenantPauseAudit, TenantPlan
 
-    plan = TenantPlan.objects.filter(tenant_id=tenant_id).first()
+    plan = TenantPlan.objects.filter(tenant_id=tenant_id).select_related("account").first()
     if plan is not None:
-        return plan.paused
+        return plan.paused or plan.account_paused
     last = TenantPauseAudit.objects.filter(tenant_id=tenant_id).order_by("-id").first()
     return last is not None and last.action == TenantPauseAudit.PAUSED
 
@@ -115,25 +116,20 @@ def resume_in(queues: Iterable[str], tenant_id: str, *, excluding: int | None = 
     return resumed
 
 
-def audit(
-    tenant_id: str,
-    *,
-    reason: str,
-    event: str,
-    job_type: str = "",
-    action: str = "",
-    actor: object = None,
-    why: str = "",
+def audit_hold(
+    hold: Any, *, event: str, actor: object, why: str, job_type: str | None = None
 ) -> None:
+    """An audit row of ``hold``'s ``event`` (its tenant, reason and action; its job type
+    unless ``job_type`` names the one that made it, as a quota's, which holds them all)."""
     from fairqueue.models import HoldAudit
 
     HoldAudit.objects.create(
         created_at=now(),
-        tenant_id=tenant_id,
-        job_type=job_type,
-        reason=reason,
+        tenant_id=hold.tenant_id,
+        job_type=hold.job_type if job_type is None else job_type,
+        reason=hold.reason,
         event=event,
-        action=action,
+        action=hold.action,
         actor=actor_text(actor),
         why=why[:500],
     )
@@ -148,12 +144,4 @@ def end_hold(hold: Any, *, event: str, actor: object, why: str) -> None:
     with transaction.atomic():
         hold.lifted_at = now()
         hold.save(update_fields=["lifted_at"])
-        audit(
-            hold.tenant_id,
-            reason=hold.reason,
-            event=event,
-            job_type=hold.job_type,
-            action=hold.action,
-            actor=actor,
-            why=why,
-        )
+        audit_hold(hold, event=event, actor=actor, why=why)

@@ -30,7 +30,7 @@ from django.db.models import Sum
 from fairqueue.conf import get_settings
 from fairqueue.conf.usage_settings import NO_QUOTA
 from fairqueue.scheduling.levels import INTERNAL_TENANT
-from fairqueue.usage.holds import audit, end_hold, now, pause_in, queues_of, resume_in
+from fairqueue.usage.holds import audit_hold, end_hold, now, pause_in, queues_of, resume_in
 from fairqueue.usage.ledger import Written
 from fairqueue.usage.quota_watch import QuotaWatch, Watched
 
@@ -161,12 +161,10 @@ def exceed(tenant_id: str, quota: Quota, used: int, *, job_type: str) -> None:
                 created_at=now(),
                 until=until,
             )
-            audit(
-                tenant_id,
-                reason=TenantHold.QUOTA,
+            audit_hold(
+                hold,
                 event="exceeded",
                 job_type=job_type,
-                action=quota.action,
                 actor=ACTOR,
                 why=f"used {used / 1000:.1f} s of worker time, quota {quota.worker_seconds} s "
                 f"a {quota.period}; until {until:%Y-%m-%d %H:%M} UTC",

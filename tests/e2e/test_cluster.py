@@ -32,7 +32,8 @@ from fairqueue.broker import Broker, NewJob, SyncBroker, get_sync_broker
 from fairqueue.dashboard.stats import queue_stats
 from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
 from fairqueue.exceptions import BrokerUnavailableError
-from fairqueue.rebalance.passes import LeaderLock, rebalance_as_leader, rebalance_queue
+from fairqueue.rebalance.leadership import LeaderLock
+from fairqueue.rebalance.passes import rebalance_as_leader, rebalance_queue
 from fairqueue.scheduling.levels import PriorityLevel
 from fairqueue.worker import handlers
 from fairqueue.worker.runner import Worker as FairWorker

@@ -49,26 +49,20 @@ def stop(process, sig=signal.SIGTERM, timeout=15):
         return process.wait()
 
 
+def redis_server_args(binary, port, directory):
+    """A throwaway redis-server's command line: ``port`` on 127.0.0.1, no persistence,
+    its files in ``directory`` (the tests' and the benchmarks' private servers)."""
+    local = ("--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
+    return [binary, "--port", str(port), *local, "--dir", str(directory)]
+
+
 def start_private_redis(port, directory):
     """A redis-server of the test's own on ``port`` (no persistence), answering."""
     server = shutil.which("redis-server")
     if server is None:
         pytest.fail("redis-server is not on PATH (.ci/ensure-redis installs it)")
     process = subprocess.Popen(
-        [
-            server,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            directory,
-        ],
-        stdout=subprocess.DEVNULL,
+        redis_server_args(server, port, directory), stdout=subprocess.DEVNULL
     )
     client = redis_lib.Redis(port=port)
     assert wait_until(lambda: _pings(client), 10)

@@ -296,7 +296,7 @@ def test_admin__a_tenant_is_put_in_an_account_from_its_plan_form(admin_client):
 
 
 def test_estimate_and_admission__take_the_account_as_the_enqueue_does(customers, redis_client):
-    from fairqueue.enqueue.status import estimate_start
+    from fairqueue.enqueue.start_estimates import estimate_start
 
     assert estimate_start("email", tenant_id="big-1", account_id="big") is not None
     with pytest.raises(UnknownAccountError):

@@ -18,7 +18,8 @@ from fairqueue.dashboard import stats as dashboard
 from fairqueue.dashboard.stats import queue_stats
 from fairqueue.dashboard.wording import format_duration
 from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
-from fairqueue.rebalance.passes import LeaderLock, rebalance_queue
+from fairqueue.rebalance.leadership import LeaderLock
+from fairqueue.rebalance.passes import rebalance_queue
 from tests.helpers import drain_with_stock_worker, staff, wait_until
 from tests.helpers.console import DASHBOARD, JOB, QUEUE, age_jobs, seed_mixed
 from tests.helpers.jobs import add_foreign

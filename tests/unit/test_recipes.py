@@ -158,6 +158,11 @@ def test_every_list_of_the_limits_is_in_the_limit_recipe():
     assert limit_lists_missing(files, listed, LIMIT_FIELDS) == []
 
 
+def test_a_limit_touches_at_most_five_files_of_code():
+    code = sorted(p for p in named(LIMIT) if p.startswith("fairqueue/"))
+    assert len(code) <= 5, code
+
+
 def test_the_lua_reads_as_many_limit_fields_as_python_writes():
     lua = (ROOT / "fairqueue/broker/lua/include/wire.lua").read_text(encoding="utf-8")
     assert "fairqueue/broker/lua/include/wire.lua" in named(step(LIMIT, 2))
@@ -247,3 +252,22 @@ def test_a_route_metric_or_page_off_the_recipe_is_found(tmp_path):
         "page.html: does not extend admin/base_site.html",
         "page.html: no module renders it",
     ]
+
+
+def test_what_reads_the_limits_declaration_lists_every_limit():
+    """The files the limit recipe leaves out follow ``LIMITS``: a limit added to it is in
+    the admin's list, the console's form and words and the encoded form with no edit."""
+    from fairqueue.admin.plan_admin import TenantPlanAdmin
+    from fairqueue.dashboard.limited_tenants import limits_in_words
+    from fairqueue.dashboard.tenant_views import LimitsForm
+    from fairqueue.scheduling.limits import LIMITS, TenantLimits
+    from fairqueue.scheduling.wire import decoded_limits, encoded_limits
+
+    assert [f for f in TenantPlanAdmin.list_display if f in LIMITS] == list(LIMIT_FIELDS)
+    assert tuple(LimitsForm().fields) == ("weight", *LIMIT_FIELDS)
+    every = TenantLimits(**{name: i + 1 for i, name in enumerate(LIMIT_FIELDS)}, paused=False)
+    assert decoded_limits(encoded_limits(every)) == every
+    assert len(encoded_limits(every).split("\n")) == len(LIMIT_FIELDS)
+    shown = limits_in_words(every)
+    assert [label for label, _ in shown] == [f.label for f in LIMITS.values() if f.label]
+    assert all(value != "—" for _, value in shown)
