@@ -24,8 +24,9 @@ from fairqueue.scheduling.levels import (
 from fairqueue.worker.handlers import Handler, get_handler, registered_job_types
 
 MIN_CONCURRENCY: Final = 1
-_LEVELS: Final[Mapping[str, PriorityLevel]] = {level.value: level for level in PriorityLevel}
 MAX_CONCURRENCY: Final = 1_000
+#: The levels by the names enqueues write into payloads.
+_LEVELS: Final[Mapping[str, PriorityLevel]] = {level.value: level for level in PriorityLevel}
 
 
 @dataclass(frozen=True, slots=True)
