@@ -481,7 +481,9 @@ def _overdue_by_level() -> dict[str, int]:
     from fairqueue.dashboard.stats import queue_stats
 
     levels = queue_stats(JOB_TYPE)["levels"]
-    return {level: int(levels[level]["overdue"]) for level in WEIGHTS}
+    # None: the console has not scanned the backlog (then nothing is reported)
+    counts = {level: levels[level]["overdue"] for level in WEIGHTS}
+    return {level: int(n) for level, n in counts.items() if n is not None}
 
 
 def _collect(

@@ -29,7 +29,9 @@ with both lookups wired and warm, and with an explicit level. Producer CPU in
 ``bench_cost.py`` is process time and moves by 10% between runs; this does not (the
 kernel's share, a socket write and read per call in both, is not counted).
 
-``--account``: the whole life of a job of a tenant with an account against one without.
+``--account``: the add script alone for a job of a tenant with an account against one
+without (into an empty queue, and beside a backlog of 20 flows, 10 of them one account's),
+then the whole life of each.
 
     python benchmarks/bench_instructions.py [--jobs 250] [--rate 1000] [--parts [--rev REV]]
         [--producer] [--account]
@@ -464,9 +466,67 @@ def main() -> None:
     bc.shutil.rmtree(bc._DB_DIR, ignore_errors=True)
 
 
+def account_adds(url: str, jobs: int, dump: Callable[[], int]) -> list[tuple[str, float]]:
+    """The add script alone, instructions per add and take, for a job of a tenant without
+    an account and one of a tenant with one (docs/design.md, "Accounts"): into an empty
+    queue, and beside a backlog of 20 other flows (10 of them one account's), where the
+    clock reads and writes the flows' and the accounts' state."""
+    from fairqueue.broker import NewJob, get_sync_broker
+    from fairqueue.scheduling.levels import PriorityLevel
+
+    client = redis.Redis.from_url(url)
+    take = client.register_script(TAKE)
+    rows = []
+    try:
+        for backlog in (False, True):
+            for account in (None, "acct"):
+                prefix = f"acct{uuid.uuid4().hex[:6]}"
+                with bc.fairqueue_on(url, prefix):
+                    adding = bc.get_broker().adding
+                    packer = adding.packer
+                    base = f"{prefix}:{bc.QUEUE}"
+                    keys = [f"{base}:prioritized", f"{base}:"]
+
+                    def job(i: int, tenant: str, of: str | None) -> NewJob:
+                        data = {**bc.fair_data(i), "tenantId": tenant, "priorityLevel": "normal"}
+                        return NewJob(
+                            bc.QUEUE, data, PriorityLevel.NORMAL, tenant=tenant, account=of
+                        )
+
+                    if backlog:  # 20 flows, 50 jobs each, the first ten one account's
+                        others = [job(-1, f"o{k}", "other" if k < 10 else None) for k in range(20)]
+                        get_sync_broker().add_jobs(bc.QUEUE, others * 50)
+                    commands = [
+                        packer.add_commands(bc.QUEUE, [job(i, "measured", account)])[0]
+                        for i in range(jobs + 1)
+                    ]
+                    sha = client.script_load(commands[0].source)
+                    for i, command in enumerate(commands):
+                        if i == 1:
+                            dump()  # the first add (a script's first run) not counted
+                        client.evalsha(sha, len(command.keys), *command.keys, *command.args)
+                        take(keys=keys)
+                    where = "beside a backlog" if backlog else "into an empty queue"
+                    who = "with an account" if account else "without an account"
+                    rows.append((f"{where}, {who}", dump() / jobs))
+                for key in client.scan_iter(f"{prefix}:*"):
+                    client.delete(key)
+    finally:
+        client.close()
+    return rows
+
+
 def print_account(jobs: int, rate: int) -> None:
-    """A job's whole life (one worker slot) of a tenant with an account against the same
-    life of a tenant without one, in one Redis: what an account adds to the add path."""
+    """The add path of a job of a tenant with an account against one of a tenant without
+    one (the add script alone), then a job's whole life (one worker slot), in one Redis."""
+    print(f"\nThe add script in Redis instructions (callgrind), {jobs} adds each\n")
+    print("| add | k instructions per add and take | ratio |")
+    print("|---|---|---|")
+    with counted_redis() as (url, dump):
+        rows = account_adds(url, jobs, dump)
+    for i, (name, value) in enumerate(rows):
+        plain = rows[i - i % 2][1]
+        print(f"| {name} | {value / 1000:.1f} | {value / plain:.3f}x |")
     print(f"\nA job's whole life in Redis instructions (callgrind), {jobs} jobs, one slot\n")
     print("| tenant | k instructions per job | ratio |")
     print("|---|---|---|")

@@ -29,7 +29,11 @@ from tests.helpers.servers import (
 
 def pytest_sessionfinish(session, exitstatus):
     """Delete what this run left in the suite's Redis database (a test killed half-way
-    leaves its prefix): only keys under this run's prefixes, never FLUSHDB."""
+    leaves its prefix): only keys under this run's prefixes, never FLUSHDB. Under xdist
+    only the controller sweeps, once every worker is done: a worker that finished first
+    would delete the keys of the tests the others still run (all share the run's id)."""
+    if hasattr(session.config, "workerinput"):
+        return
     try:
         for kind in ("fqtest", "fqquick"):
             delete_prefix(f"{kind}-{RUN_ID}-*")

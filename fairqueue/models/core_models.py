@@ -88,7 +88,7 @@ class Account(models.Model):
         format_lazy(
             _(
                 "Its weight among the accounts of a level, {low} to {high}, for the fair "
-                "order by account (docs/design.md, Accounts: not applied by the queue yet)."
+                "order by account (docs/design.md, Accounts)."
             ),
             low=MIN_TENANT_WEIGHT,
             high=MAX_TENANT_WEIGHT,

@@ -72,6 +72,7 @@ CASES: dict[str, tuple[list[str], str]] = {
         + ["--scheduler", "fairqueue"],
         "criteria met",
     ),
+    "bench_accounts.py": (["--quick", "--scenario", "ten-vs-one"], "account criteria met"),
     "bench_admission.py": (
         ["--only", "single", "--seconds", "2", "--warmup-s", "1", "--calibrate-s", "1"]
         + ["--drain-s", "3"],
@@ -91,7 +92,7 @@ CASES: dict[str, tuple[list[str], str]] = {
 #: Benchmarks whose exit status 1 means a target was missed, after their verdict is
 #: printed: at a smoke run's size on a shared machine a target may be missed, which is
 #: not what this module checks; a crash still fails it (a traceback, or no table).
-TARGET_EXIT = {"bench_attempts.py", "bench_ledger.py"}
+TARGET_EXIT = {"bench_accounts.py", "bench_attempts.py", "bench_ledger.py"}
 
 #: Modules of benchmarks/ the docs name that are not benchmarks of their own.
 HELPERS = {"noisy_watch.py": "bench_attempts.py's watcher of the noisy rule"}

@@ -50,9 +50,19 @@ def _add(broker: SyncBroker, arrivals: list[tuple[PriorityLevel, str, int]]) -> 
     )
 
 
+def _observe_head(clock, placed) -> None:
+    """The model reads the head where a script does (an add, a settlement): the virtual
+    time never moves between scripts, whatever the workers take."""
+    if placed:
+        _, _, head_tag, head_level = min(placed.values())
+        clock.observe_head(head_tag, head_level)
+
+
 def _add_as_the_model(broker, redis_client, clock, placed, key, batch) -> list:
     """Add ``batch`` and place it in the model too; each job's score must be the model's
     tag in fixed point. ``placed``: job id -> (units, rank, tag, level) of those waiting."""
+    if batch:
+        _observe_head(clock, placed)
     added = _add(broker, batch)
     for (level, tenant, weight), job in zip(batch, added, strict=True):
         tag = clock.place(level, tenant, weight)
@@ -70,8 +80,6 @@ def _take_as_a_worker(redis_client, clock, placed, key, taken) -> None:
     if taken:
         for job_id, _ in redis_client.zpopmin(key, taken):
             del placed[job_id]
-        _, _, head_tag, head_level = min(placed.values())
-        clock.observe_head(head_tag, head_level)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -163,6 +171,7 @@ def test_a_weight_change_is_counted_at_once_as_the_model_counts_it(rounds):
                 owner[job.job_id] = tenant
             _take_as_a_worker(redis_client, clock, placed, key, taken)
             if change is not None:
+                _observe_head(clock, placed)
                 before = dict(redis_client.zscan_iter(key))
                 tenant, weight = change
                 changed = broker.run(broker.broker.limits.set_weight, "q", tenant, weight)
@@ -567,6 +576,8 @@ def test_settlements_move_placements_as_the_model_and_an_idle_flows_is_carried(r
         _take_as_a_worker(redis_client, clock, placed, key, 50)
         for batch, settlements, taken in rounds:
             _add_as_the_model(broker, redis_client, clock, placed, key, batch)
+            if settlements:
+                _observe_head(clock, placed)
             _settle(redis_client, prefix, settlements)
             for level, tenant, debt in settlements:
                 clock.charge(level, tenant, debt)
@@ -689,6 +700,7 @@ def test_an_overrun_of_a_flow_with_no_work_left_is_paid_by_its_next_job(fq_prefi
         _add_as_the_model(broker, redis_client, clock, placed, key, [(L, "z", 1)] * 10)
         _add_as_the_model(broker, redis_client, clock, placed, key, [(N, "a", 1)])
         _take_as_a_worker(redis_client, clock, placed, key, 3)  # a's job ran; z's go on
+        _observe_head(clock, placed)
         _settle(redis_client, fq_prefix, [(N, "a", 4.0)])  # it used 5 turns, paid 1
         clock.charge(N, "a", 4.0)
         assert float(redis_client.hget(f"{fq_prefix}:q:fq:state", "p:normal\na")) == 4.0

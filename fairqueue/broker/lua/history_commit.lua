@@ -104,8 +104,9 @@ local vt, base = nil, 0 -- read once, for the first settlement or re-placement
 local function readVt()
   if vt then return end
   -- The virtual time as the next placement reads it: what the first job waiting
-  -- stands for (fqStartOf), never less than the one recorded; nothing waiting, every
-  -- flow has finished (the next add starts afresh).
+  -- stands for (fqStartOf), never less than the one recorded, and recorded when it
+  -- moved, so the next add never reads an earlier one (a head taken since may stand
+  -- for less); nothing waiting, every flow has finished (the next add starts afresh).
   local st = redis.call('HMGET', KEYS[4], 'vt', 'base', 'rbDelta', 'rbCursor')
   vt, base = tonumber(st[1]) or 0, tonumber(st[2]) or 0
   local head = redis.call('ZRANGEBYSCORE', KEYS[9], fqFloor * fqScore, fqBelowCap,
@@ -115,21 +116,24 @@ local function readVt()
   else
     local start = fqStartOf({base = base, delta = tonumber(st[3]),
       cursor = tonumber(st[4])}, tonumber(head[2]))
-    if start > vt then vt = start end
+    if start > vt then
+      vt = start
+      redis.call('HSET', KEYS[4], 'vt', string.format('%.17g', start))
+    end
   end
 end
 -- A flow's step of debt turns, in tags: at its weight and its level's total as they are
 -- now; a flow of an account at its hierarchical share, the level's total over its
 -- account's weight times its account's split (docs/design.md, "Accounts").
 local function tagsOf(member, level, rank, debt)
-  local row = redis.call('HMGET', KEYS[6], member, 'a\n' .. member)
+  local row = redis.call('HMGET', KEYS[6], member, 's\n' .. member)
   local w = tonumber(row[1]) or 1
   local total = tonumber(redis.call('HGET', KEYS[4], 'W:' .. level)) or w
-  if row[2] then
-    local g = fqAccountMember(level, row[2])
-    local account = redis.call('HMGET', KEYS[6], g, 'w\n' .. g)
-    local split, weight = tonumber(account[1]), tonumber(account[2])
-    if split and weight and weight > 0 then total = total * split / weight end
+  local of = fqFlowAccount(row[2])
+  if of then
+    local g = fqAccountMember(level, of)
+    local st = fqAccountStateSplit(redis.call('HGET', KEYS[6], g))
+    if st and st.A > 0 then total = total * st.T / st.A end
   end
   return fqScale * debt * total / ((4 - rank) * w) -- a level's weight: 4 less its rank
 end

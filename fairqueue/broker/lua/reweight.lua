@@ -19,17 +19,22 @@ local levels = {'critical', 'high', 'normal', 'low'}
 local members = {}
 for i, level in ipairs(levels) do members[i] = fqFlowMember(level, tenant) end
 local asked = {}
-for i, member in ipairs(members) do asked[2 * i - 1], asked[2 * i] = member, 'a\n' .. member end
+for i, member in ipairs(members) do asked[2 * i - 1], asked[2 * i] = member, 's\n' .. member end
 local counted = redis.call('HMGET', KEYS[2], unpack(asked))
 local changed, weights, totals = 0, {}, {}
 for i, level in ipairs(levels) do
-  local was, account = tonumber(counted[2 * i - 1]), counted[2 * i]
+  local was, account = tonumber(counted[2 * i - 1]), fqFlowAccount(counted[2 * i])
   if was and was ~= weight then
     weights[#weights + 1] = members[i]
     weights[#weights + 1] = weight
     if account then
       -- a flow of an account: its account's split changes, its level counts the account
-      redis.call('HINCRBY', KEYS[2], fqAccountMember(level, account), weight - was)
+      local g = fqAccountMember(level, account)
+      local st = fqAccountStateSplit(redis.call('HGET', KEYS[2], g))
+      if st then
+        st.T = st.T + weight - was
+        redis.call('HSET', KEYS[2], g, fqAccountStatePack(st))
+      end
     else
       local total = (tonumber(redis.call('HGET', KEYS[1], 'W:' .. level)) or was) - was + weight
       totals[#totals + 1] = 'W:' .. level

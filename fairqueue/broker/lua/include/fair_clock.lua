@@ -329,24 +329,24 @@ local function fqExpire(K, c)
   if #gone > 0 then
     -- a command each for all of them, not five per flow
     local asked = {}
-    for i = 1, #gone do asked[2 * i - 1], asked[2 * i] = gone[i], 'a\n' .. gone[i] end
+    for i = 1, #gone do asked[2 * i - 1], asked[2 * i] = gone[i], 's\n' .. gone[i] end
     local weights = redis.call('HMGET', K.fweights, unpack(asked))
     local byLevel, fields, lines = {}, {}, {}
     for i = 1, #gone do
       local level = string.match(gone[i], '^[^\n]*')
-      local w, account = tonumber(weights[2 * i - 1]) or 0, weights[2 * i]
+      local w, account = tonumber(weights[2 * i - 1]) or 0, fqFlowAccount(weights[2 * i])
       if account then
         -- a flow of an account: its level counts the account's weight until the account's
         -- last flow goes, and the account's state goes with it (docs/design.md, "Accounts")
         local g = fqAccountMember(level, account)
-        if redis.call('HINCRBY', K.fweights, g, -w) <= 0 then
-          w = tonumber(redis.call('HGET', K.fweights, 'w\n' .. g)) or 0
-          redis.call('HDEL', K.fweights, g, 'w\n' .. g, 'j\n' .. g, 's\n' .. g, 'd\n' .. g)
+        local st = fqAccountStateSplit(redis.call('HGET', K.fweights, g))
+        if st then st.T = st.T - w end
+        if not st or st.T <= 0 then
+          w = st and st.A or 0
+          redis.call('HDEL', K.fweights, g)
         else
           w = 0
-        end
-        for _, field in ipairs({'a\n', 'i\n', 'e\n', 'n\n'}) do
-          fields[#fields + 1] = field .. gone[i]
+          redis.call('HSET', K.fweights, g, fqAccountStatePack(st))
         end
       end
       byLevel[level] = (byLevel[level] or 0) + w
@@ -382,23 +382,23 @@ local function fqFrontier(K, c, level, account)
   for i = 1, #top, 2 do
     if string.sub(top[i], 1, #prefix) == prefix then
       tags[#tags + 1] = tonumber(top[i + 1])
-      fields[#fields + 1] = (account and 'n\n' or 's\n') .. top[i]
-      fields[#fields + 1] = 'a\n' .. top[i]
+      fields[#fields + 1] = 's\n' .. top[i] -- a spacing, or the flow's account and split
     end
   end
   if #tags == 0 then return nil end
   local frontier, densest, grouped = nil, nil, nil
   local row = redis.call('HMGET', K.fweights, unpack(fields))
   for j = 1, #tags do
-    local spacing, owner = tonumber(row[2 * j - 1]), row[2 * j]
+    local spacing, owner, part = tonumber(row[j]), fqFlowAccountSplit(row[j])
     if account then
+      spacing = part
       if owner == account then
         if not frontier then frontier = tags[j] end
         if spacing and (not densest or spacing < densest) then densest = spacing end
       end
     elseif owner then
       grouped = grouped or {}
-      grouped[#grouped + 1] = 'd\n' .. fqAccountMember(level, owner)
+      grouped[#grouped + 1] = fqAccountMember(level, owner)
     elseif spacing and (not densest or spacing < densest) then
       densest = spacing
     end
@@ -406,9 +406,10 @@ local function fqFrontier(K, c, level, account)
   if account then return frontier, densest end
   -- the densest spacing among them: a backlog placed while fewer tenants had work is
   -- that dense, though its flow's last jobs (past an earlier horizon) may not be
-  if grouped then
-    for _, spacing in ipairs(redis.call('HMGET', K.fweights, unpack(grouped))) do
-      spacing = tonumber(spacing)
+  if grouped then -- an account's density, or its spacing where they are equal
+    for _, value in ipairs(redis.call('HMGET', K.fweights, unpack(grouped))) do
+      local st = fqAccountStateSplit(value)
+      local spacing = st and (st.density or st.spacing)
       if spacing and (not densest or spacing < densest) then densest = spacing end
     end
   end
@@ -416,7 +417,7 @@ local function fqFrontier(K, c, level, account)
 end
 
 -- Write an account flow's fields (field, value, ...): at once, or with a memo in its
--- pending fields (fqFlush's HSET); fqAccountDrop deletes fields at once, and from those.
+-- pending fields (fqFlush's HSET).
 local function fqAccountPut(K, c, fields)
   if #fields == 0 then return end
   local m = c.memo
@@ -427,36 +428,25 @@ local function fqAccountPut(K, c, fields)
     c.flowsEmpty = false
   end
 end
-local function fqAccountDrop(K, c, ...)
-  local m = c.memo
-  if m then
-    for _, field in ipairs({...}) do m.fields[field] = nil end
-  end
-  redis.call('HDEL', K.fweights, ...)
-end
 
--- An account's state in a level (its member g): T, the sum of its flows' tenant weights
--- (0: no flow of it has work), A, the account weight its level counts, its horizon and
--- its spacing (the level's split its last job was placed with); read once per call with
--- a memo. The flow's own account fields (its catch-up inside the account: i, e; its
--- account split: n) come in the same read the first time.
-local function fqAccountState(K, c, f, member, g)
+-- An account's state in a level (its member g, fqAccountStatePack's field): read once
+-- per call with a memo, or in the flow's own read (fqPlace: f.pre) when the job's
+-- account is the one its flow counts under; {T = 0}: no flow of it has work.
+local function fqAccountState(K, c, f, g)
   local m = c.memo
   local st = m and m.groups[g]
-  if st and f.inner ~= nil then return st end
+  local pre = f.pre
+  f.pre = nil
+  if f.inner == nil then f.inner = false end -- a flow of none before (a new one)
+  if st then return st end
   if c.flowsEmpty then
-    st = st or {T = 0, A = 0}
-    f.inner = false
+    st = nil
+  elseif pre and pre[1] == g then
+    st = fqAccountStateSplit(pre[2])
   else
-    local row = redis.call('HMGET', K.fweights, g, 'w\n' .. g, 'j\n' .. g, 's\n' .. g,
-      'i\n' .. member, 'e\n' .. member)
-    st = st or {T = tonumber(row[1]) or 0, A = tonumber(row[2]) or 0, horizon = tonumber(row[3]),
-      spacing = tonumber(row[4])}
-    if f.inner == nil then
-      local h = tonumber(row[5])
-      f.inner = h and {h, tonumber(row[6])} or false
-    end
+    st = fqAccountStateSplit(redis.call('HGET', K.fweights, g))
   end
+  st = st or {T = 0, A = 1}
   if m then m.groups[g] = st end
   return st
 end
@@ -471,7 +461,7 @@ end
 local function fqPlaceInAccount(K, c, f, member, level, weight, explicitMs, stored, account,
     accountWeight)
   local g = fqAccountMember(level, account)
-  local st = fqAccountState(K, c, f, member, g)
+  local st = fqAccountState(K, c, f, g)
   local m = c.memo
   local levelTotal = m and m.totals[level] or (c.readTotals and c.readTotals[level])
   if not levelTotal then
@@ -535,28 +525,33 @@ local function fqPlaceInAccount(K, c, f, member, level, weight, explicitMs, stor
       if c.readTotals then c.readTotals[level] = total end
     end
   end
-  local fields = {g, mates + weight, 'w\n' .. g, accountWeight, 's\n' .. g, split,
-    'd\n' .. g, split * part / (mates + weight), 'n\n' .. member, part}
-  st.T, st.A, st.spacing = mates + weight, accountWeight, split
-  if counted ~= weight or f.account ~= account then
-    f.counted, f.account = weight, account
-    fields[#fields + 1], fields[#fields + 2] = member, weight
-    fields[#fields + 1], fields[#fields + 2] = 'a\n' .. member, account
-  end
-  if newInner then
-    f.inner = inner
-    fields[#fields + 1], fields[#fields + 2] = 'i\n' .. member, string.format('%.17g', inner[1])
-    fields[#fields + 1], fields[#fields + 2] = 'e\n' .. member, inner[2]
-  elseif innerDone then
-    f.inner = false
-    fqAccountDrop(K, c, 'i\n' .. member, 'e\n' .. member)
-  end
+  -- what changed only: a flow with work placed again beside the same flows writes none
+  local density = split * part / (mates + weight)
+  if density == split then density = nil end -- read as its spacing
+  local horizonNow = st.horizon
   if joined then
-    st.horizon = joined
-    fields[#fields + 1], fields[#fields + 2] = 'j\n' .. g, string.format('%.17g', joined)
+    horizonNow = joined
   elseif horizon and start >= horizon then
-    st.horizon = nil -- caught up: its share as any account's
-    fqAccountDrop(K, c, 'j\n' .. g)
+    horizonNow = nil -- caught up: its share as any account's
+  end
+  local fields = {}
+  if st.T ~= mates + weight or st.A ~= accountWeight or st.spacing ~= split
+      or st.density ~= density or st.horizon ~= horizonNow then
+    st.T, st.A, st.spacing, st.density, st.horizon = mates + weight, accountWeight, split,
+      density, horizonNow
+    fields[1], fields[2] = g, fqAccountStatePack(st)
+  end
+  local innerNow = f.inner
+  if newInner then innerNow = inner elseif innerDone then innerNow = false end
+  if counted ~= weight then
+    f.counted = weight
+    fields[#fields + 1], fields[#fields + 2] = member, weight
+  end
+  if f.account ~= account or f.part ~= part or innerNow ~= f.inner then
+    f.account, f.part, f.inner = account, part, innerNow
+    fields[#fields + 1] = 's\n' .. member
+    fields[#fields + 1] = fqFlowAccountPack(account, part, innerNow and innerNow[1],
+      innerNow and innerNow[2])
   end
   fqAccountPut(K, c, fields)
   if not last or tag > last then
@@ -594,11 +589,19 @@ local function fqPlace(K, c, level, tenant, weight, explicitMs, stored, account,
     f = {last = nil, counted = 0} -- the flows were cleared by this call's clock
     if m then m.flows[member] = f end
   elseif not f then
-    local row = redis.call('HMGET', K.fweights, member, 'j\n' .. member, 's\n' .. member,
-      'a\n' .. member)
+    -- a job of an account: its account's state in the same read (fqAccountState)
+    local g = account and fqAccountMember(level, account)
+    local row
+    if g then
+      row = redis.call('HMGET', K.fweights, member, 'j\n' .. member, 's\n' .. member, g)
+    else
+      row = redis.call('HMGET', K.fweights, member, 'j\n' .. member, 's\n' .. member)
+    end
+    local of, part, innerHorizon, innerSplit = fqFlowAccountSplit(row[3])
     f = {last = tonumber(redis.call('ZSCORE', K.flows, member)),
       counted = tonumber(row[1]) or 0, horizon = tonumber(row[2]), spacing = tonumber(row[3]),
-      account = row[4] or nil}
+      account = of, part = part, inner = innerHorizon and {innerHorizon, innerSplit} or false}
+    if g then f.pre = {g, row[4]} end
     if m then m.flows[member] = f end
   end
   -- A flow with work keeps the account it counts under (none: its own account).

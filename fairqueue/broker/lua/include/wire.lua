@@ -23,6 +23,54 @@ local function fqAccountMember(level, account)
   return level .. '\n\n' .. account
 end
 
+-- A number as a packed field keeps it ('' for none).
+local function fqNumText(x)
+  if x == nil or x == false then return '' end
+  -- a whole number as '%d' (what most are): exact, and cheaper than a float's '%.17g'
+  if x % 1 == 0 and x > -9007199254740992 and x < 9007199254740992 then
+    return string.format('%d', x)
+  end
+  return string.format('%.17g', x)
+end
+
+-- A flow of an account keeps, where a flow of none keeps its spacing ('s\n<member>': a
+-- number), after a line feed: its account, its account split (the part its last job was
+-- placed with) and its catch-up inside the account (horizon, densest split), so one
+-- field read tells all of it.
+local function fqFlowAccountPack(account, part, innerHorizon, innerSplit)
+  return '\n' .. account .. '\n' .. fqNumText(part) .. '\n' .. fqNumText(innerHorizon) .. '\n'
+    .. fqNumText(innerSplit)
+end
+
+-- The account, split, catch-up horizon and split of fqFlowAccountPack's string (nil: the
+-- field is a spacing, or missing).
+local function fqFlowAccountSplit(value)
+  if type(value) ~= 'string' or string.byte(value, 1) ~= 10 then return nil end
+  local account, part, h, d = string.match(value, '^\n([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)$')
+  return account, tonumber(part), tonumber(h), tonumber(d)
+end
+
+local function fqFlowAccount(value)
+  return (fqFlowAccountSplit(value))
+end
+
+-- An account's state in a level (fqAccountMember's field): '<T>\n<A>\n<horizon>\n<spacing>
+-- \n<density>': its flows' tenant weights, its weight, its catch-up horizon, the level's
+-- split its last job was placed with and its density (none: its spacing).
+local function fqAccountStatePack(st)
+  return st.T .. '\n' .. st.A .. '\n' .. fqNumText(st.horizon) .. '\n' .. fqNumText(st.spacing)
+    .. '\n' .. fqNumText(st.density)
+end
+
+-- fqAccountStatePack's table (nil: none, the account has no flow with work).
+local function fqAccountStateSplit(value)
+  if type(value) ~= 'string' then return nil end
+  local T, A, h, sp, d = string.match(value, '^([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)$')
+  if not T then return nil end
+  return {T = tonumber(T) or 0, A = tonumber(A) or 1, horizon = tonumber(h),
+    spacing = tonumber(sp), density = tonumber(d)}
+end
+
 -- A job's account and its weight (its opts' fqAcct, a held meta's end): '<weight>\n<account>'.
 local function fqAccountMeta(account, weight)
   return weight .. '\n' .. account
