@@ -20,11 +20,17 @@ jobs' wait p50 / p99 against the bound (the arrivals go on, not in the figures, 
 the measured jobs have started, at most ``--drain-s``).
 
     python benchmarks/bench_admission.py [--only single ...] [--seconds 12] [--overload 3]
+        [--compare OTHER_CHECKOUT] [--json FILE]
+
+``--compare``: each path run by another checkout's copy of this script (the code before
+a change) and then by this one, alternating, so both see the same load, at the capacity
+the first measured (``--capacity``); one table, rows labelled ``old`` and ``new``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -41,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.bench_eta import (  # noqa: E402
     TICK_S,
     _warm_count,
-    measure_capacity,
+    drained_capacity,
     pct,
     warm_up,
 )
@@ -186,9 +192,11 @@ def run_path(path: str, args: argparse.Namespace, db: Any) -> dict[str, Any]:
             deadline = time.monotonic() + 60
             while len(worker.seen) < min(100, _warm_count(prefix)) and time.monotonic() < deadline:
                 time.sleep(0.1)
-            capacity = measure_capacity(worker, 2)
             while worker.process.poll() is None and len(worker.seen) < _warm_count(prefix):
                 time.sleep(0.05)
+            # the middle half of the drained backlog: the last seconds of the enqueues
+            # swing with the machine's load (a worker still starting, or descheduled)
+            capacity = args.capacity or drained_capacity(worker)
             db.submit(produce, path, args, capacity, args.warmup_s, out, True).result()
             db.submit(produce, path, args, capacity, args.seconds, out, False).result()
             measured = {job_id for job_id, (_, _, m) in out.jobs.items() if m}
@@ -233,6 +241,33 @@ def _fmt(value: Any) -> str:
     return "-" if value is None else f"{value:.0f}"
 
 
+def compare(args: argparse.Namespace, argv: list[str]) -> list[dict[str, Any]]:
+    """``--compare``: every path with the other checkout and this one, side by side
+    (:func:`benchmarks.common.side_by_side`), each row labelled."""
+    from benchmarks.common import side_by_side
+
+    passed, skip = [], False
+    for item in argv:  # the options but --compare, --only (given per run) and --json
+        if skip and not item.startswith("--"):
+            continue
+        skip = item.split("=")[0] in ("--compare", "--only", "--json")
+        if not skip:
+            passed.append(item)
+    rows = []
+
+    def capacity_of(out: Path) -> float | None:
+        rows = json.loads(out.read_text())
+        return rows[0]["capacity"] if rows else None
+
+    for label, _path, out in side_by_side(
+        "bench_admission.py", args.compare, list(args.only), "--only", passed, capacity_of
+    ):
+        for row in json.loads(out.read_text()):
+            row["path"] = f"{row['path']} {label}"
+            rows.append(row)
+    return rows
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--only", nargs="*", choices=PATHS, default=list(PATHS))
@@ -246,10 +281,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--overload", type=float, default=3.0, help="the flood's rate, in C")
     parser.add_argument("--max-wait-ms", type=int, default=3_000)
     parser.add_argument("--delay-ms", type=int, default=200)
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--capacity",
+        type=float,
+        default=None,
+        help="the worker's capacity C (jobs/s) to offer the load at, instead of measuring it",
+    )
+    parser.add_argument(
+        "--compare",
+        type=Path,
+        default=None,
+        help="another checkout (the code before a change): each path run with it, then "
+        "with this one, alternating, in one table",
+    )
     args = parser.parse_args(argv)
-    db = setup_django()
-    rows = [run_path(path, args, db) for path in args.only]
-    db.shutdown()
+    if args.compare is not None:
+        rows = compare(args, list(argv if argv is not None else sys.argv[1:]))
+    else:
+        db = setup_django()
+        rows = [run_path(path, args, db) for path in args.only]
+        db.shutdown()
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2, default=str))
     print()
     print(
         f"admission in {args.overload:g}x overload: flood at {args.overload:g} C and calm at "
@@ -257,7 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print()
     print(
-        f"{'path':<10} {'C/s':>6} {'flow':<6} {'sent':>6} {'refused':>8} {'failed':>7} "
+        f"{'path':<14} {'C/s':>6} {'flow':<6} {'sent':>6} {'refused':>8} {'failed':>7} "
         f"{'admitted':>9} {'wait p50':>9} {'p99':>7} {'p99/bound':>9}"
     )
     for row in rows:
@@ -265,7 +319,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             p99 = flow["wait_p99_ms"]
             ratio = "-" if p99 is None else f"{p99 / args.max_wait_ms:.2f}"
             print(
-                f"{row['path']:<10} {row['capacity']:>6} {tenant:<6} {flow['sent']:>6} "
+                f"{row['path']:<14} {row['capacity']:>6} {tenant:<6} {flow['sent']:>6} "
                 f"{flow['refused']:>8} {flow['failed']:>7} {flow['admitted']:>9} "
                 f"{_fmt(flow['wait_p50_ms']):>9} "
                 f"{_fmt(p99):>7} {ratio:>9}"

@@ -53,7 +53,13 @@ Cost part (a private redis-server, ``--waiting`` jobs over 400 flows): the Redis
 / max over 200 calls each.
 
     python benchmarks/bench_eta.py [--only flood ...] [--seconds 12] [--run-ms 10]
-        [--waiting 1000000] [--skip-cost] [--skip-live] [--quick]
+        [--waiting 1000000] [--skip-cost] [--skip-live] [--quick] [--dump DIR]
+        [--compare OTHER_CHECKOUT]
+
+``--compare``: each scenario run by another checkout's copy of this script (the code
+before a change) and then by this one, alternating, so both see the same load of a
+shared machine, at the capacity the first measured (``--capacity``); one table, rows
+labelled ``old`` and ``new``.
 """
 
 from __future__ import annotations
@@ -473,7 +479,7 @@ def run_live(scenario: Scenario, args: argparse.Namespace, db: Any) -> dict[str,
                 if len(worker.seen) >= _warm_count(prefix):
                     break
                 time.sleep(0.05)
-            capacity = drained_capacity(worker)
+            capacity = args.capacity or drained_capacity(worker)
             plans = {tenant: dict(fields) for tenant, fields in scenario.plans.items()}
             for fields in plans.values():
                 if "rate_duration_ms" in fields:
@@ -505,10 +511,23 @@ def run_live(scenario: Scenario, args: argparse.Namespace, db: Any) -> dict[str,
             out.starts[str(record["id"])] = int(record["p"])
     if args.debug_history:
         _compare_history(prefix, worker.records)
+    if args.dump is not None:
+        _dump(args.dump / f"{scenario.name}.jsonl", out)
     delete_prefix(prefix)
     result = analyse(out)
     result["capacity"] = round(capacity, 1)
     return result
+
+
+def _dump(path: Path, out: Outcome) -> None:
+    """Every job sent (``warm``: the warm-up's and the drain's), one JSON line each: its
+    flow, enqueue, expected start, range, confidence and actual start (ms), to see which
+    term of an estimate is wrong."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as file:
+        for job_id, sent in out.sent.items():
+            row = {"id": job_id, **vars(sent), "started_ms": out.starts.get(job_id)}
+            file.write(json.dumps(row) + "\n")
 
 
 def _compare_history(prefix: str, records: list[dict[str, Any]]) -> None:
@@ -618,7 +637,7 @@ def _fmt(value: Any, suffix: str = "") -> str:
 
 def print_live(rows: list[dict[str, Any]]) -> None:
     print(
-        f"{'scenario':<13} {'C/s':>6} {'jobs':>5} {'wait p50':>9} {'err p50':>8} "
+        f"{'scenario':<17} {'C/s':>6} {'jobs':>5} {'wait p50':>9} {'err p50':>8} "
         f"{'rel p50':>8} {'rel p90':>8} {'within':>7} {'in range':>8} {'high':>5} "
         f"{'high p90':>8} | {'10 s after a change: jobs':>25} {'rel p50':>8} {'rel p90':>8} "
         f"{'in range':>8}"
@@ -626,7 +645,7 @@ def print_live(rows: list[dict[str, Any]]) -> None:
     for r in rows:
         after = r.get("after_change") or {}
         print(
-            f"{r['scenario']:<13} {_fmt(r['capacity']):>6} {r['jobs']:>5} "
+            f"{r['scenario']:<17} {_fmt(r['capacity']):>6} {r['jobs']:>5} "
             f"{_fmt(r['wait_p50_ms'], 'ms'):>9} {_fmt(r['err_p50_ms'], 'ms'):>8} "
             f"{_fmt(r['rel_p50']):>8} {_fmt(r['rel_p90']):>8} {_fmt(r['within']):>7} "
             f"{_fmt(r['range_hit']):>8} {r['high_jobs']:>5} {_fmt(r['high_rel_p90']):>8} | "
@@ -652,6 +671,41 @@ def print_live(rows: list[dict[str, Any]]) -> None:
             )
 
 
+def compare(args: argparse.Namespace, argv: list[str]) -> int:
+    """``--compare``: the live scenarios with the other checkout and this one, side by
+    side (:func:`benchmarks.common.side_by_side`), each row labelled."""
+    from benchmarks.common import side_by_side
+
+    names = [
+        s.name
+        for s in SCENARIOS
+        if (s.name in args.only if args.only else not args.quick or s.quick)
+    ]
+    passed, skip = [], False
+    for item in argv:  # the options but --compare and --only (given per run) and --json
+        if skip and not item.startswith("--"):
+            continue
+        skip = item.split("=")[0] in ("--compare", "--only", "--json")
+        if not skip:
+            passed.append(item)
+    rows = []
+
+    def capacity_of(path: Path) -> float | None:
+        rows = json.loads(path.read_text()).get("live", [])
+        return rows[0]["capacity"] if rows else None
+
+    for label, _name, path in side_by_side(
+        "bench_eta.py", args.compare, names, "--only", [*passed, "--skip-cost"], capacity_of
+    ):
+        for row in json.loads(path.read_text()).get("live", []):
+            row["scenario"] = f"{row['scenario']} {label}"
+            rows.append(row)
+    print_live(rows)
+    if args.json:
+        args.json.write_text(json.dumps({"live": rows}, indent=2, default=str))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="*", default=None)
@@ -669,6 +723,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--skip-live", action="store_true")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument(
+        "--capacity",
+        type=float,
+        default=None,
+        help="the worker's capacity C (jobs/s) to offer the load at, instead of measuring it",
+    )
+    parser.add_argument(
+        "--compare",
+        type=Path,
+        default=None,
+        help="another checkout (the code before a change): each scenario run with it, "
+        "then with this one, alternating, in one table",
+    )
+    parser.add_argument(
+        "--dump", type=Path, default=None, help="a folder: every measured job per scenario"
+    )
+    parser.add_argument(
         "--quick",
         action="store_true",
         help="a smoke run: the scenarios marked quick, shorter phases, no cost part",
@@ -678,6 +748,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.seconds, args.warmup_s, args.calibrate_s = 8.0, 12.0, 5.0
         args.drain_s, args.skip_cost = 30.0, True
     OUT.mkdir(parents=True, exist_ok=True)
+    if args.compare is not None:
+        return compare(args, list(argv if argv is not None else sys.argv[1:]))
     results: dict[str, Any] = {}
     if not args.skip_live:
         db = setup_django()

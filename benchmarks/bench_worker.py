@@ -13,7 +13,11 @@ here on one core, then one ``INCR`` the benchmark counts), one job at a time per
   broker, the same job code as a task.
 
 No-op jobs (``--noop-jobs``, default 10,000), one process, ``--concurrency`` 8:
-``fq 1 process`` against ``stock bullmq`` (a stock ``bullmq.Worker``, no fairqueue code).
+``fq 1 process`` against ``stock bullmq`` (a stock ``bullmq.Worker``, no fairqueue code),
+both ``async`` no-ops; ``fq 1 process, sync`` against ``stock bullmq, sync``, both sync
+no-ops in a thread pool of 8. Besides the rate: each variant's CPU time per job (its
+processes', a figure a loaded machine disturbs less) and Redis commands per job (``INFO
+commandstats``, the benchmark's own polls left out).
 
 Each run: the jobs are enqueued first (fairqueue's enqueue, so in the fair order; Celery's
 ``send_task``), with the BullMQ queue paused; the workers start, and once every process
@@ -73,6 +77,13 @@ class Variant:
     #: liveness records, or a line each command prints.
     processes: int = 0
     ready_line: str | None = None
+    #: The job type and queue of its jobs (the no-op ones: ``wnoop`` async handlers,
+    #: ``wnoopsync`` sync ones).
+    queue: str = ""
+
+    @property
+    def job_type(self) -> str:
+        return self.queue or ("wcpu" if self.kind == "cpu" else "wnoop")
 
 
 def _fq(job_type: str, *extra: str) -> list[str]:
@@ -139,6 +150,30 @@ VARIANTS = (
         ],
         ready_line="ready",
     ),
+    Variant(
+        "fq 1 process, sync",
+        "noop",
+        lambda a, u: [_fq("wnoopsync", "--concurrency", str(a.concurrency))],
+        1,
+        queue="wnoopsync",
+    ),
+    Variant(
+        "stock bullmq, sync",
+        "noop",
+        lambda a, u: [
+            [
+                sys.executable,
+                str(ROOT / "benchmarks" / "stock_bullmq_worker.py"),
+                u,
+                PREFIX,
+                "wnoopsync",
+                str(a.concurrency),
+                "sync",
+            ]
+        ],
+        ready_line="ready",
+        queue="wnoopsync",
+    ),
 )
 
 
@@ -169,7 +204,7 @@ def _enqueue(variant: Variant, count: int) -> None:
     from fairqueue.broker import get_broker, get_sync_broker
     from fairqueue.enqueue.api import enqueue_jobs
 
-    queue = "wcpu" if variant.kind == "cpu" else "wnoop"
+    queue = variant.job_type
     sync = get_sync_broker()
     sync.run(_pause, get_broker(), queue)
     tenants = 10
@@ -187,34 +222,155 @@ async def _resume(broker: Any, queue: str) -> None:
     await broker.conn.queue(queue).resume()
 
 
-def run_once(variant: Variant, args: argparse.Namespace, url: str, env: dict[str, str]) -> float:
-    """Jobs per second of one run of ``variant``."""
+@dataclass(frozen=True)
+class Run:
+    """One run: jobs per second; the CPU time its worker processes spent per job (user
+    and system, the process trees of the commands: a figure a loaded machine disturbs
+    far less than the rate); Redis commands per job by command (the workers' only)."""
+
+    rate: float
+    cpu_us: float
+    commands: dict[str, float]
+    #: ``--instructions``: the worker process's instructions per job (callgrind).
+    instructions: float | None = None
+
+
+def run_once(variant: Variant, args: argparse.Namespace, url: str, env: dict[str, str]) -> Run:
+    """One run of ``variant``, measured while the clock ran."""
     client = redis.Redis.from_url(url)
     client.flushall()  # the benchmark's own server
     count = args.jobs if variant.kind == "cpu" else args.noop_jobs
     _enqueue(variant, count)
-    queue = "wcpu" if variant.kind == "cpu" else "wnoop"
+    queue = variant.job_type
     processes: list[subprocess.Popen[str]] = []
     with LOG.open("a") as log:
         log.write(f"\n== {variant.name}\n")
         log.flush()
+        counted = args.instructions and variant.kind == "noop"
+        callgrind_out = OUT / "worker.callgrind"
         try:
             for command in variant.commands(args, url):
+                if counted:
+                    command = [  # noqa: PLW2901 - the same command, under callgrind
+                        "valgrind",
+                        "--tool=callgrind",
+                        "--instr-atstart=no",
+                        f"--callgrind-out-file={callgrind_out}",
+                        *command,
+                    ]
                 processes.append(_start(command, env, log, variant.ready_line is not None))
-            _wait_ready(variant, processes, client, queue)
+            _wait_ready(variant, processes, client, queue, 20 if counted else 1)
+            if counted:
+                time.sleep(CALLGRIND_SETTLE_S)
+                _callgrind(processes, "-i", "on")
             if not variant.name.startswith("celery"):
                 from fairqueue.broker import get_broker, get_sync_broker
 
                 get_sync_broker().run(_resume, get_broker(), queue)
+            before = _command_counts(client)
+            cpu_before = _cpu_s(processes)
+            polls = [0]
             started = time.monotonic()
-            if not wait_until(lambda: _done(client, variant, queue, count), args.timeout_s, 0.005):
+            if not wait_until(
+                lambda: _done(client, variant, queue, count, polls), args.timeout_s, 0.005
+            ):
                 raise RuntimeError(f"{variant.name}: not done in {args.timeout_s} s; see {LOG}")
             elapsed = time.monotonic() - started
+            cpu_s = _cpu_s(processes) - cpu_before
+            after = _command_counts(client)
+            instructions = (
+                _callgrind_total(processes, callgrind_out, variant.name) / count
+                if counted
+                else None
+            )
         finally:
             for process in processes:
                 stop_process(process, timeout=30)
     client.close()
-    return count / elapsed
+    return Run(
+        count / elapsed,
+        cpu_s / count * 1e6,
+        _per_job(before, after, variant, polls[0], count),
+        instructions,
+    )
+
+
+#: ``--instructions``: how long a worker under callgrind is left to settle once ready
+#: (the stock worker prints its line before it connects), before counting starts.
+CALLGRIND_SETTLE_S = 15.0
+
+
+def _callgrind(processes: Sequence[Any], *arguments: str) -> None:
+    for process in processes:  # valgrind runs each command in the process it started
+        subprocess.run(  # noqa: S603 - valgrind's own tool
+            ["callgrind_control", *arguments, str(process.pid)], capture_output=True, check=True
+        )
+
+
+def _callgrind_total(processes: Sequence[Any], out: Path, name: str) -> int:
+    """The instructions counted so far in ``processes`` (dumped now, read back); each
+    dump is kept as ``benchmarks/out/callgrind.<variant>.<n>`` for ``callgrind_annotate``."""
+    total = 0
+    for index, process in enumerate(processes):
+        for old in out.parent.glob(f"{out.name}*"):
+            old.unlink()
+        _callgrind([process], "-d")
+        dumped = sorted(out.parent.glob(f"{out.name}*"), key=lambda p: p.stat().st_mtime)
+        if not dumped:
+            raise RuntimeError(f"callgrind wrote nothing for pid {process.pid}")
+        kept = dumped[-1].rename(OUT / f"callgrind.{name.replace(' ', '_')}.{index}")
+        for line in kept.read_text().splitlines():
+            if line.startswith(("summary:", "totals:")):
+                total += int(line.split()[1])
+                break
+        else:
+            raise RuntimeError("callgrind wrote no totals")
+    return total
+
+
+def _cpu_s(processes: Sequence[Any]) -> float:
+    """CPU seconds (user + system) the process trees of ``processes`` have used so far
+    (Linux's ``/proc``; children that exited are left out, none does during a run)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, float]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            # After the name: state ppid ... utime (the 12th) stime (the 13th).
+            stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / ticks)
+    tree = {process.pid for process in processes}
+    grew = True
+    while grew:
+        children = {pid for pid, (ppid, _) in stats.items() if ppid in tree} - tree
+        grew = bool(children)
+        tree |= children
+    return sum(stats[pid][1] for pid in tree if pid in stats)
+
+
+def _command_counts(client: redis.Redis) -> dict[str, int]:
+    """The server's calls by command so far (``INFO commandstats``)."""
+    stats = client.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(value["calls"]) for name, value in stats.items()}
+
+
+def _per_job(
+    before: dict[str, int], after: dict[str, int], variant: Variant, polls: int, count: int
+) -> dict[str, float]:
+    """Commands per job between two counts, less the benchmark's own: the INFO that
+    read ``before`` and, per poll of :func:`_done`, a GET (CPU-bound runs) or a MULTI
+    of four reads."""
+    calls = {name: after[name] - before.get(name, 0) for name in after}
+    calls["info"] -= 1
+    if variant.kind == "cpu":
+        calls["get"] -= polls
+    else:
+        for name, per_poll in (("multi", 1), ("exec", 1), ("llen", 3), ("zcard", 1)):
+            calls[name] -= polls * per_poll
+    return {name: n / count for name, n in sorted(calls.items()) if n > 0}
 
 
 def _start(command: list[str], env: dict[str, str], log: TextIO, piped: bool) -> Any:
@@ -234,19 +390,23 @@ def _start(command: list[str], env: dict[str, str], log: TextIO, piped: bool) ->
 
 
 def _wait_ready(
-    variant: Variant, processes: Sequence[Any], client: redis.Redis, queue: str
+    variant: Variant, processes: Sequence[Any], client: redis.Redis, queue: str, slower: int = 1
 ) -> None:
+    """Until every process is up (``slower``: the timeout's factor, for valgrind)."""
     if variant.ready_line is not None:
         for process in processes:
             ready = threading.Event()
             threading.Thread(
                 target=_read_output, args=(process, variant.ready_line, ready), daemon=True
             ).start()
-            if not ready.wait(READY_TIMEOUT_S):
+            if not ready.wait(READY_TIMEOUT_S * slower):
                 raise RuntimeError(f"{variant.name} did not start; see {LOG}")
         return
     key = f"{PREFIX}:{queue}:fq:procs"
-    if not wait_until(lambda: client.hlen(key) >= variant.processes, READY_TIMEOUT_S, 0.05):
+    ready = wait_until(
+        lambda: client.hlen(key) >= variant.processes, READY_TIMEOUT_S * slower, 0.05
+    )
+    if not ready:
         raise RuntimeError(f"{variant.name}: the worker processes did not start; see {LOG}")
 
 
@@ -260,7 +420,8 @@ def _read_output(process: Any, ready_line: str, ready: threading.Event) -> None:
             log.write(line)
 
 
-def _done(client: redis.Redis, variant: Variant, queue: str, count: int) -> bool:
+def _done(client: redis.Redis, variant: Variant, queue: str, count: int, polls: list[int]) -> bool:
+    polls[0] += 1
     if variant.kind == "cpu":
         return int(client.get(DONE_KEY) or 0) >= count
     with client.pipeline(transaction=True) as pipe:
@@ -283,6 +444,7 @@ RATIOS = (
     ("cpu: --processes 2 / celery prefork 2", "fq --processes 2", "celery prefork 2", 1.0),
     ("cpu: two by hand / --processes 1 (the machine)", "fq x2 by hand", "fq --processes 1", None),
     ("noop: fq 1 process / stock bullmq", "fq 1 process", "stock bullmq", 1.0),
+    ("noop, sync handlers: fq / stock", "fq 1 process, sync", "stock bullmq, sync", None),
 )
 
 
@@ -304,6 +466,50 @@ def report(rates: dict[str, list[float]]) -> str:
     return "\n".join(lines)
 
 
+def cpu_report(cpu: dict[str, list[float]]) -> str:
+    """The no-op variants' median CPU time per job, and fairqueue's against the stock
+    worker's as a rate would be (stock CPU / fairqueue CPU: above 1, fairqueue spends
+    less per job)."""
+    medians = {name: statistics.median(values) for name, values in cpu.items() if values}
+    lines = ["", f"{'variant':<22} {'CPU us/job':>10}  runs"]
+    for name, values in cpu.items():
+        if values:
+            runs = " ".join(f"{v:.0f}" for v in values)
+            lines.append(f"{name:<22} {medians[name]:>10.0f}  {runs}")
+    for suffix in ("", ", sync"):
+        fq, stock = f"fq 1 process{suffix}", f"stock bullmq{suffix}"
+        if fq in medians and stock in medians:
+            ratio = medians[stock] / medians[fq]
+            lines.append(f"noop{suffix}, by CPU per job: {stock} / {fq}  {ratio:.2f}x")
+    return "\n".join(lines)
+
+
+def instruction_report(instructions: dict[str, float]) -> str:
+    """``--instructions``: each no-op variant's instructions per job, and the stock
+    worker's against fairqueue's (above 1: fairqueue runs fewer per job)."""
+    if not instructions:
+        return ""
+    lines = ["", f"{'variant':<22} {'instructions/job':>16}"]
+    lines += [f"{name:<22} {n:>16,.0f}" for name, n in instructions.items()]
+    for suffix in ("", ", sync"):
+        fq, stock = f"fq 1 process{suffix}", f"stock bullmq{suffix}"
+        if fq in instructions and stock in instructions:
+            ratio = instructions[stock] / instructions[fq]
+            lines.append(f"noop{suffix}, by instructions per job: {stock} / {fq}  {ratio:.3f}x")
+    return "\n".join(lines)
+
+
+def command_report(commands: dict[str, dict[str, float]]) -> str:
+    """Redis commands per job of each variant's last run (the workers' only: what
+    enqueued the jobs and the benchmark's polls left out), the busiest first."""
+    lines = ["", f"{'variant':<22} {'commands/job':>12}  by command"]
+    for name, per_job in commands.items():
+        busiest = sorted(per_job.items(), key=lambda item: -item[1])[:6]
+        by_command = " ".join(f"{command} {n:.2f}" for command, n in busiest)
+        lines.append(f"{name:<22} {sum(per_job.values()):>12.2f}  {by_command}")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=4_000, help="CPU-bound jobs per run")
@@ -312,6 +518,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=8, help="no-op runs' slots")
     parser.add_argument("--rounds", type=int, default=3, help="runs of every variant")
     parser.add_argument("--timeout-s", type=float, default=600.0, help="per run")
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="no-op runs under valgrind's callgrind: each worker's instructions per job "
+        "(load does not move them; rates and CPU times then mean nothing)",
+    )
     parser.add_argument(
         "--variant", action="append", choices=[v.name for v in VARIANTS], help="only these"
     )
@@ -326,6 +538,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{loops} loops = {args.cpu_ms:g} ms of pure Python on one core (calibrated)")
     chosen = [v for v in VARIANTS if not args.variant or v.name in args.variant]
     rates: dict[str, list[float]] = {v.name: [] for v in chosen}
+    cpu: dict[str, list[float]] = {v.name: [] for v in chosen}
+    instructions: dict[str, float] = {}
+    commands: dict[str, dict[str, float]] = {}
     with private_redis() as url:
         env = _env(url, loops)
         os.environ.update({k: env[k] for k in env if k.startswith(("FQBENCH", "FAIRQUEUE"))})
@@ -338,13 +553,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         for round_index in range(args.rounds):
             shift = round_index % len(chosen)
             for variant in chosen[shift:] + chosen[:shift]:
-                rate = run_once(variant, args, url, env)
-                rates[variant.name].append(rate)
-                print(f"round {round_index + 1}: {variant.name:<22} {rate:8.0f} jobs/s", flush=True)
+                run = run_once(variant, args, url, env)
+                rates[variant.name].append(run.rate)
+                cpu[variant.name].append(run.cpu_us)
+                if run.instructions is not None:
+                    instructions[variant.name] = run.instructions  # the same every run
+                commands[variant.name] = run.commands  # the last run's
+                print(
+                    f"round {round_index + 1}: {variant.name:<22} {run.rate:8.0f} jobs/s "
+                    f"{run.cpu_us:7.0f} CPU us/job",
+                    flush=True,
+                )
         from fairqueue.broker import close_brokers
 
         close_brokers()
     print(report(rates))
+    print(cpu_report(cpu))
+    print(instruction_report(instructions))
+    print(command_report(commands))
     return 0
 
 

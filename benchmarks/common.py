@@ -91,3 +91,38 @@ def wait_for_redis(client: Any, tries: int = 100) -> None:
             return
         except redis.ConnectionError:
             time.sleep(0.05)
+
+
+def side_by_side(
+    script: str,
+    other_root: Path,
+    names: list[str],
+    only_flag: str,
+    argv: list[str],
+    capacity_of: Callable[[Path], float | None],
+) -> list[tuple[str, str, Path]]:
+    """Runs ``benchmarks/<script>`` of ``other_root`` (another checkout: the code before a
+    change) and of this one, alternating one ``names`` item at a time (``only_flag
+    name``, the rest of ``argv`` alike), so both see the same load of a shared machine
+    rather than one after the other; the second run of each takes the capacity the first
+    measured (``--capacity``, read by ``capacity_of`` from its JSON), so both offer the
+    same load: a capacity measured apart swung 33-80 jobs/s between runs on a loaded
+    machine. Returns ``(label, name, json file)`` rows, ``old`` then ``new`` per name."""
+    import tempfile
+
+    here = Path(__file__).resolve().parent.parent
+    folder = Path(tempfile.mkdtemp(prefix="side-by-side-"))
+    rows = []
+    for name in names:
+        capacity = None
+        for label, root in (("old", other_root.resolve()), ("new", here)):
+            out = folder / f"{label}-{name}.json"
+            command = [sys.executable, str(root / "benchmarks" / script), *argv]
+            command += [only_flag, name, "--json", str(out)]
+            if capacity is not None:
+                command += ["--capacity", f"{capacity:.1f}"]
+            # each checkout imports its own fairqueue (its root first on sys.path)
+            subprocess.run(command, cwd=root, check=True, stdout=subprocess.DEVNULL)
+            rows.append((label, name, out))
+            capacity = capacity_of(out) if capacity is None else capacity
+    return rows

@@ -5,4 +5,7 @@ benchmark handlers' app and their job types."""
 from benchmarks.live_settings import *  # noqa: F403
 
 INSTALLED_APPS = [*INSTALLED_APPS, "benchmarks.worker_app"]  # noqa: F405
-FAIRQUEUE = {**FAIRQUEUE, "QUEUES": {"bench": "bench", "wcpu": "wcpu", "wnoop": "wnoop"}}  # noqa: F405
+FAIRQUEUE = {  # noqa: F405
+    **FAIRQUEUE,  # noqa: F405
+    "QUEUES": {"bench": "bench", "wcpu": "wcpu", "wnoop": "wnoop", "wnoopsync": "wnoopsync"},
+}

@@ -164,8 +164,10 @@ class ExpectedWaitTooLongError(FairqueueError):
     Nothing was written. The estimate follows the fair shares, so it is the flows over
     their share that are refused: ``share`` is the fraction of the workers the flow gets
     while it has a backlog (``None``: not measured), ``expected_wait_ms`` the wait it
-    would have had, ``retry_after_s`` when its backlog will have drained enough (whole
-    seconds, at least 1: an HTTP ``Retry-After``)."""
+    would have had, ``admission_wait_ms`` the wait held to the bound (the expected one
+    stretched to how late recent estimates came out: docs/design.md, "When a job will
+    start"), ``retry_after_s`` when its backlog will have drained enough (whole seconds,
+    at least 1: an HTTP ``Retry-After``)."""
 
     def __init__(
         self,
@@ -176,13 +178,17 @@ class ExpectedWaitTooLongError(FairqueueError):
         max_wait_ms: int,
         retry_after_s: int,
         share: float | None,
+        admission_wait_ms: int | None = None,
     ) -> None:
         shown = "not measured" if share is None else f"{share:.0%} of the workers"
+        held = expected_wait_ms if admission_wait_ms is None else admission_wait_ms
+        late = "" if held == expected_wait_ms else f" ({held} ms as late as recent estimates ran)"
         super().__init__(
-            f"a {level} job of type {job_type!r} is expected to start in {expected_wait_ms} ms, "
-            f"past max_wait_ms={max_wait_ms}: its flow's share is {shown}, so the enqueue "
-            f"was refused and nothing was added; retry after {retry_after_s} s"
+            f"a {level} job of type {job_type!r} is expected to start in {expected_wait_ms} ms"
+            f"{late}, past max_wait_ms={max_wait_ms}: its flow's share is {shown}, so the "
+            f"enqueue was refused and nothing was added; retry after {retry_after_s} s"
         )
+        self.admission_wait_ms = held
         self.job_type = job_type
         self.level = level
         self.expected_wait_ms = expected_wait_ms

@@ -3,7 +3,9 @@
 
 * ``wcpu``: :func:`benchmarks.worker_work.cpu_job` (about 5 ms of pure Python, then one
   ``INCR`` the benchmark counts);
-* ``wnoop``: nothing (the benchmark watches the queue empty);
+* ``wnoop``: nothing, ``async`` as the stock worker's processor it is compared with
+  (the benchmark watches the queue empty); ``wnoopsync`` the same, sync (in the worker's
+  thread pool; the stock worker's sync twin runs its no-op in a thread pool too);
 * ``bench``: ``bench_fairness.py``'s job: ``runMs`` (or ``FQBENCH_RUN_MS``) ms of waiting
   (``async``: it holds a slot, not a core, as the Node worker's ``setTimeout`` does), then
   one JSON line on stdout like ``benchmarks/live_worker.mjs``'s.
@@ -27,7 +29,12 @@ def cpu(payload: Any, job: Any) -> None:
 
 
 @fairqueue.handler("wnoop")
-def noop(payload: Any, job: Any) -> None:
+async def noop(payload: Any, job: Any) -> None:
+    return None
+
+
+@fairqueue.handler("wnoopsync")
+def noop_sync(payload: Any, job: Any) -> None:
     return None
 
 

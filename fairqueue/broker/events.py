@@ -34,7 +34,7 @@ from fairqueue.broker.stream_rows import (
 from fairqueue.exceptions import LockLostError
 from fairqueue.scheduling import attempts, usage
 from fairqueue.scheduling.attempts import Event, Run, Start
-from fairqueue.scheduling.calibration import error_bin
+from fairqueue.scheduling.calibration import MAX_SCALED_WAIT_MS, WAIT_SCALE_FIELD, error_bin
 from fairqueue.scheduling.shares import BUCKET_S, LEVEL_NAMES, RETENTION_S, TENANTS_PER_BUCKET
 from fairqueue.scheduling.shares import wait_bin as _wait_bin
 
@@ -80,9 +80,9 @@ class PageReader:
         self.hist_key = conn.fair_key(queue, "hist")
         #: The page's first attempts enqueued with an estimate: (level, error ms).
         self.estimate_errors: list[tuple[str, int]] = []
-        #: The same as history fields: (start ms, level, ratio bin), for the estimates'
-        #: ranges and confidence (``scheduling/calibration.py``).
-        self.estimate_bins: list[tuple[int, str, int]] = []
+        #: The same as history fields: (start ms, level, ratio bin, expected wait ms), for
+        #: the estimates' ranges and confidence (``scheduling/calibration.py``).
+        self.estimate_bins: list[tuple[int, str, int, int]] = []
 
     async def record(
         self,
@@ -132,12 +132,15 @@ class PageReader:
             row = page.buckets.setdefault(bucket, {})
             row["g"] = row.get("g", 0) + ms
         oldest = now_s - RETENTION_S
-        for at_ms, level, index in self.estimate_bins:
+        for at_ms, level, index, expected_ms in self.estimate_bins:
             bucket = attempts.bucket_of(at_ms, BUCKET_S)
             if bucket >= oldest:
                 row = page.buckets.setdefault(bucket, {})
                 name = f"e:{level}:{index}"
                 row[name] = row.get(name, 0) + 1
+                # the waits those estimates were made for (their scale, summed)
+                scale = f"e:{level}:{WAIT_SCALE_FIELD}"
+                row[scale] = row.get(scale, 0) + expected_ms
         last = text_of(kept[-1][0]) if kept else ""
         use = await self._usage(ledger, events, starts, runs) if ledger is not None else None
         written = await self._commit(
@@ -227,7 +230,8 @@ class PageReader:
                     self.estimate_errors.append((start.level, promised - event.at_ms))
                     ready = min(start.ready_ms, event.at_ms)
                     index = error_bin(event.at_ms - ready, promised - ready)
-                    self.estimate_bins.append((event.at_ms, start.level, index))
+                    expected = min(MAX_SCALED_WAIT_MS, max(0, promised - ready))
+                    self.estimate_bins.append((event.at_ms, start.level, index, expected))
         kinds = [event.kind if event else None for event in parsed[:kept_count]]
         cut = full or kept_count < len(entries) or used > byte_budget
         keep = attempts.cut_before_trailing_retry(kinds, cut=cut)

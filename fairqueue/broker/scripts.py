@@ -44,7 +44,7 @@ from fairqueue.broker.common import (
     TAG_FLOOR,
     TAG_RESOLUTION,
 )
-from fairqueue.scheduling.calibration import ERROR_BINS
+from fairqueue.scheduling.calibration import ERROR_BINS, WAIT_SCALE_FIELD
 from fairqueue.scheduling.limits import CATCHUP_AHEAD, TAKEABLE_CAP
 from fairqueue.scheduling.order import (
     COST_DEAD_BAND,
@@ -146,6 +146,7 @@ _CONSTANTS = {
     "RELEASE_AGAIN_MS": RELEASE_AGAIN_MS,
     "TIE_SLACK": TIE_SLACK,
     "ERROR_BINS": ERROR_BINS,
+    "WAIT_SCALE_FIELD": f"'{WAIT_SCALE_FIELD}'",
     "ASKING_SCAN": ASKING_SCAN,
     "ASKING_LINE_TAIL": ASKING_LINE_TAIL,
     "WAIT_EDGES": "{" + ", ".join(str(edge) for edge in WAIT_EDGES) + "}",

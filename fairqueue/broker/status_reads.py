@@ -148,10 +148,11 @@ def _placement(
 
 
 #: A history bucket's fields as ``fqEtaRate`` sends them: its start, starts and worker
-#: ms per level, then per level its estimates' ratio bins, then the virtual time and its ms
-#: at the bucket's first and last sample (``vt_sample.lua``; 0: none).
+#: ms per level, then per level its estimates' ratio bins, then per level the sum of the
+#: waits they expected (-1: not recorded), then the virtual time and its ms at the
+#: bucket's first and last sample (``vt_sample.lua``; 0: none).
 _VT_FIELDS: Final = 4
-_BUCKET_WIDTH: Final = 1 + 2 * len(LEVEL_NAMES) + len(LEVEL_NAMES) * ERROR_BINS + _VT_FIELDS
+_BUCKET_WIDTH: Final = 1 + 2 * len(LEVEL_NAMES) + len(LEVEL_NAMES) * (ERROR_BINS + 1) + _VT_FIELDS
 
 
 def _history(reply: Sequence[Any], typical_ms: float | None) -> History:
@@ -160,7 +161,8 @@ def _history(reply: Sequence[Any], typical_ms: float | None) -> History:
     levels = len(LEVEL_NAMES)
     for at in range(1, len(reply), _BUCKET_WIDTH):
         row = [int(float(_text(v))) for v in reply[at : at + _BUCKET_WIDTH]]
-        bins = row[1 + 2 * levels : _BUCKET_WIDTH - _VT_FIELDS]
+        bins = row[1 + 2 * levels : 1 + 2 * levels + levels * ERROR_BINS]
+        scales = row[1 + 2 * levels + levels * ERROR_BINS : _BUCKET_WIDTH - _VT_FIELDS]
         vt0, vt0_ms, vt1, vt1_ms = row[_BUCKET_WIDTH - _VT_FIELDS :]
         buckets.append(
             HistoryBucket(
@@ -170,6 +172,10 @@ def _history(reply: Sequence[Any], typical_ms: float | None) -> History:
                 errors={
                     name: tuple(bins[i * ERROR_BINS : (i + 1) * ERROR_BINS])
                     for i, name in enumerate(LEVEL_NAMES)
+                },
+                # -1: not recorded (a bucket written before the scale was)
+                expected_ms={
+                    name: scales[i] for i, name in enumerate(LEVEL_NAMES) if scales[i] >= 0
                 },
                 vt_first=(vt0_ms, float(vt0)) if vt0_ms else None,
                 vt_last=(vt1_ms, float(vt1)) if vt1_ms else None,

@@ -1,7 +1,8 @@
 """Admission control and estimates at enqueue: ``max_wait_ms=`` refuses a job expected to
 start later than that (:class:`~fairqueue.exceptions.ExpectedWaitTooLongError`, before
-anything is written), ``estimate=True`` returns the estimate on the ``EnqueuedJob`` and
-keeps the expected start in the job's opts (``fqEta``) for the estimate-error metric.
+anything is written), ``estimate=True`` returns the estimate on the ``EnqueuedJob``; either keeps
+the expected start in the job's opts (``fqEta``) for the estimate-error metric and the
+calibration of later estimates and admissions.
 
 Enqueues that ask for neither pay nothing: no read, no field. One that asks reads the
 flow's place first (one read-only script call; a batch, two: its first and last job),
@@ -60,18 +61,22 @@ def check_admission_options(estimate: object, max_wait_ms: object) -> None:
 
 
 def refuse_if_too_long(estimate: StartEstimate, *, job_type: str, max_wait_ms: int | None) -> None:
-    """Raise :class:`ExpectedWaitTooLongError` when the estimate is past ``max_wait_ms``.
-    A job with no estimate (nothing measured yet, or its tenant paused) is admitted."""
-    wait = estimate.expected_wait_ms
-    if max_wait_ms is None or wait is None or wait <= max_wait_ms:
+    """Raise :class:`ExpectedWaitTooLongError` when the estimate's admission wait (the
+    expected wait stretched to how late the level's recent estimates came out 9 times in
+    10, ``admission_wait_ms``) is past ``max_wait_ms``. A job with no estimate (nothing
+    measured yet, or its tenant paused) is admitted."""
+    expected = estimate.expected_wait_ms
+    wait = estimate.admission_wait_ms if estimate.admission_wait_ms is not None else expected
+    if max_wait_ms is None or expected is None or wait is None or wait <= max_wait_ms:
         return
     raise ExpectedWaitTooLongError(
         job_type=job_type,
         level=estimate.level or "",
-        expected_wait_ms=wait,
+        expected_wait_ms=expected,
         max_wait_ms=max_wait_ms,
         retry_after_s=max(1, math.ceil((wait - max_wait_ms) / 1000)),
         share=estimate.share,
+        admission_wait_ms=wait,
     )
 
 
@@ -113,6 +118,7 @@ def _between(first: StartEstimate, last: StartEstimate, at: float) -> StartEstim
         earliest_start_ms=mix(first.earliest_start_ms, last.earliest_start_ms),
         latest_start_ms=mix(first.latest_start_ms, last.latest_start_ms),
         ahead=mix(first.ahead, last.ahead),
+        admission_wait_ms=mix(first.admission_wait_ms, last.admission_wait_ms),
     )
 
 
@@ -142,9 +148,11 @@ def admit(
         logger.warning("fairqueue: no estimate for a durable enqueue (Redis unavailable)")
         return prepared, None
     refuse_if_too_long(estimates[-1], job_type=prepared[0].job_type, max_wait_ms=max_wait_ms)
-    if not estimate or durable:
+    if durable:
         return prepared, (estimates if estimate else None)
-    return _with_eta(prepared, estimates), estimates
+    # the expected start rides on every job estimated, asked or admitted: how those come
+    # out calibrates the next admissions (calibration.admission_wait)
+    return _with_eta(prepared, estimates), (estimates if estimate else None)
 
 
 async def aadmit(
@@ -155,9 +163,7 @@ async def aadmit(
     extra = await sync_to_async(outbox_ahead)(item.queue, item.resolved, item.new_job.delay_ms)
     estimates = await estimates_for(prepared, len(prepared), extra)
     refuse_if_too_long(estimates[-1], job_type=prepared[0].job_type, max_wait_ms=max_wait_ms)
-    if not estimate:
-        return prepared, None
-    return _with_eta(prepared, estimates), estimates
+    return _with_eta(prepared, estimates), (estimates if estimate else None)
 
 
 def _with_eta(prepared: list[Prepared], estimates: list[StartEstimate]) -> list[Prepared]:

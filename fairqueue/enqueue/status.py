@@ -124,6 +124,9 @@ def _as_estimate(
         level=level,
         tag=tag,
         level_share=level_share,
+        admission_wait_ms=None
+        if wait.admission_s is None
+        else offset_ms + math.ceil(wait.admission_s * 1000),
     )
 
 

@@ -38,6 +38,7 @@ from typing import Final, Literal
 from fairqueue.scheduling.calibration import (
     UNCALIBRATED,
     Calibration,
+    admission_wait,
     calibrate,
     summed,
     wait_range,
@@ -127,8 +128,10 @@ class HistoryBucket:
     starts: Mapping[str, int]
     worker_ms: Mapping[str, int]
     #: Per level, how its estimates came out: counts per ratio bin
-    #: (:func:`fairqueue.scheduling.calibration.error_bin`).
+    #: (:func:`fairqueue.scheduling.calibration.error_bin`), and the sum of the waits
+    #: (ms) they expected (no key: not recorded).
     errors: Mapping[str, Sequence[int]] = field(default_factory=dict)
+    expected_ms: Mapping[str, int] = field(default_factory=dict)
     #: Where the virtual time stood at the bucket's first and last sample: (ms, tag units).
     vt_first: tuple[int, float] | None = None
     vt_last: tuple[int, float] | None = None
@@ -237,10 +240,27 @@ def service_rate(
         window_s=elapsed,
         level_starts=starts,
         calibrations={
-            name: calibrate(summed(b.errors.get(name, ()) for b in kept)) for name in LEVEL_NAMES
+            name: calibrate(
+                summed(b.errors.get(name, ()) for b in kept),
+                _expected_sum(kept, name),
+            )
+            for name in LEVEL_NAMES
         },
         vt_moved_per_s=moved,
     )
+
+
+def _expected_sum(buckets: Sequence[HistoryBucket], level: str) -> float | None:
+    """The waits the level's binned estimates expected, summed over ``buckets``
+    (``None`` when a bucket with estimates did not record them: history written before)."""
+    total = 0.0
+    for bucket in buckets:
+        if sum(bucket.errors.get(level, ())) == 0:
+            continue
+        if level not in bucket.expected_ms:
+            return None
+        total += bucket.expected_ms[level]
+    return total
 
 
 def confidence_of(rate: ServiceRate) -> Confidence:
@@ -264,6 +284,13 @@ class Wait:
     low_s: float | None
     high_s: float | None
     confidence: Confidence
+    #: The wait admission holds to its bound (``None``: the expected wait;
+    #: :func:`fairqueue.scheduling.calibration.admission_wait`).
+    admit_s: float | None = None
+
+    @property
+    def admission_s(self) -> float | None:
+        return self.expected_s if self.admit_s is None else self.admit_s
 
 
 NO_WAIT: Final = Wait(0.0, 0.0, 0.0, "high")
@@ -317,10 +344,10 @@ def placed_wait(
 def _ranged(expected: float, rate: ServiceRate, level: PriorityLevel | str | None) -> Wait:
     calibration = rate.calibration(level)
     low, high = wait_range(expected, calibration)
-    sure = calibrated_confidence(calibration, rate_known=rate.known)
+    sure = calibrated_confidence(calibration, rate_known=rate.known, expected_s=expected)
     if confidence_of(rate) == "low" and sure in ("high", "medium"):
         sure = "low"
-    return Wait(expected, low, high, sure)
+    return Wait(expected, low, high, sure, admission_wait(expected, calibration))
 
 
 def held_reason(
@@ -385,6 +412,7 @@ def with_delay(wait: Wait, delay_s: float | None) -> Wait:
         (wait.low_s or 0.0) + delay_s * 0.5,
         (wait.high_s or 0.0) + delay_s * 2,
         lower,
+        (wait.admission_s or 0.0) + delay_s,
     )
 
 
@@ -411,8 +439,9 @@ class StartEstimate:
     """When a job is expected to start (times in ms since the epoch, Redis's clock).
 
     ``expected_start_ms`` lies between ``earliest_start_ms`` and ``latest_start_ms``;
-    ``confidence`` is ``high`` (many starts measured at a steady pace), ``medium``,
-    ``low`` or ``none`` (no estimate: the times are ``None``). ``ahead`` counts the jobs
+    ``confidence`` is ``high`` (the level's recent estimates of this wait's scale came
+    out tight, :func:`fairqueue.scheduling.calibration.confidence`), ``medium``, ``low``
+    or ``none`` (no estimate: the times are ``None``). ``ahead`` counts the jobs
     BullMQ pops before it now; ``held_reason`` names the limit that holds its tenant
     (``max_active``, ``rate``, ``paused``) or is ``None``; ``share`` is the fraction of
     the workers its flow gets while it has a backlog, given who is asking now
@@ -432,3 +461,7 @@ class StartEstimate:
     #: The finish tag the fair clock gives the job (``None``: not placed by it).
     tag: float | None = None
     level_share: float | None = None
+    #: The wait ``max_wait_ms`` is held to: the expected wait stretched to how late the
+    #: level's recent estimates came out 9 times in 10 (``None``: as expected;
+    #: :func:`fairqueue.scheduling.calibration.admission_wait`).
+    admission_wait_ms: int | None = None

@@ -19,6 +19,9 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 _lock = threading.Lock()
 _counters: dict[str, Counter] = {}
 _gauges: dict[str, Gauge] = {}
+#: ``queue_fair_worker_jobs``' children by (queue, job type, outcome): bounded by the
+#: worker's queues and job types (never a tenant).
+_job_children: dict[tuple[str, str, str], Counter] = {}
 
 
 def multiprocess_dir() -> str | None:
@@ -50,8 +53,13 @@ def _create() -> None:
 
 
 def record_job(queue: str, job_type: str, outcome: str) -> None:
-    _create()
-    _counters["jobs"].labels(queue=queue, job_type=job_type, outcome=outcome).inc()
+    """Count one job (every job calls it: its labelled child is looked up once)."""
+    child = _job_children.get((queue, job_type, outcome))
+    if child is None:
+        _create()
+        child = _counters["jobs"].labels(queue=queue, job_type=job_type, outcome=outcome)
+        _job_children[(queue, job_type, outcome)] = child
+    child.inc()
 
 
 def record_restart(reason: str) -> None:

@@ -8,7 +8,7 @@ into the handler's :class:`~fairqueue.worker.handlers.JobContext`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -25,6 +25,8 @@ from fairqueue.worker.handlers import Handler, get_handler, registered_job_types
 
 MIN_CONCURRENCY: Final = 1
 MAX_CONCURRENCY: Final = 1_000
+#: The levels by the names enqueues write into payloads.
+_LEVELS: Final[Mapping[str, PriorityLevel]] = {level.value: level for level in PriorityLevel}
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,10 +37,18 @@ class QueuePlan:
     queue: str
     handlers: Mapping[str, Handler]
     task_types: frozenset[str] = frozenset()
+    #: The job types, sorted: worked out once, as :meth:`job_type_of` runs per job.
+    _sorted: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    _only: str | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        job_types = tuple(sorted({*self.handlers, *self.task_types}))
+        object.__setattr__(self, "_sorted", job_types)
+        object.__setattr__(self, "_only", job_types[0] if len(job_types) == 1 else None)
 
     @property
     def job_types(self) -> list[str]:
-        return sorted({*self.handlers, *self.task_types})
+        return list(self._sorted)
 
     def job_type_of(self, job_name: str) -> str | None:
         """The job type a job of this queue belongs to.
@@ -46,10 +56,9 @@ class QueuePlan:
         A queue with one job type takes every job as that type, so jobs a producer
         named differently still run; a shared queue goes by the job's name.
         """
-        job_types = self.job_types
-        if len(job_types) == 1:
-            return job_types[0]
-        return job_name if job_name in job_types else None
+        if self._only is not None:
+            return self._only
+        return job_name if job_name in self._sorted else None
 
 
 def task_job_types() -> list[str]:
@@ -155,9 +164,14 @@ def split_payload(data: Any) -> tuple[Any, str | None, PriorityLevel | None]:
     if not isinstance(data, dict):
         return data, None, None
     tenant = data.get(PAYLOAD_TENANT_KEY)
-    try:
-        level: PriorityLevel | None = parse_level(data.get(PAYLOAD_LEVEL_KEY))
-    except ValueError:
-        level = None
+    raw_level = data.get(PAYLOAD_LEVEL_KEY)
+    # The wire names fairqueue writes, looked up (every job goes through here); any
+    # other value goes through parse_level's rules.
+    level = _LEVELS.get(raw_level) if isinstance(raw_level, str) else None
+    if level is None:
+        try:
+            level = parse_level(raw_level)
+        except ValueError:
+            level = None
     payload = {key: value for key, value in data.items() if key not in FAIRQUEUE_PAYLOAD_KEYS}
     return payload, tenant if isinstance(tenant, str) else None, level

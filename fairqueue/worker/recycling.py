@@ -63,7 +63,7 @@ class Recycling:
 
     def job_finished(self) -> str | None:
         self.jobs_done += 1
-        if self.reason is not None or not self.active:
+        if self.reason is not None or (self.max_jobs is None and self.max_memory_mb is None):
             return None
         if self.max_jobs is not None and self.jobs_done >= self.max_jobs:
             self.reason = f"{self.jobs_done} jobs done (--max-jobs-per-child {self.max_jobs})"

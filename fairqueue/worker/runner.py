@@ -32,7 +32,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, Final
@@ -152,6 +152,10 @@ class Worker:
         self._closing: asyncio.Future[Any] | None = None
         #: Releases in flight (kept so the event loop does not drop them half-way).
         self._releases: set[asyncio.Future[None]] = set()
+        #: Per job, looked up once per handler or task function: is it ``async def``?
+        self._async_funcs: dict[Callable[..., Any], bool] = {}
+        #: :func:`call_sync` in the job thread pool (built once the pool is).
+        self._call_sync: Callable[..., Awaitable[Any]] | None = None
 
     def __repr__(self) -> str:
         return f"Worker(queues={self.queues!r}, concurrency={self.concurrency})"
@@ -206,6 +210,7 @@ class Worker:
         self._executor = ThreadPoolExecutor(
             max_workers=self.concurrency * len(self.plans), thread_name_prefix="fairqueue-job"
         )
+        self._call_sync = None  # bound to this run's pool on first use
         self._closing = None
         self._bull_workers = bull_workers = [
             self._broker.workers.make_worker(
@@ -355,13 +360,14 @@ class Worker:
 
     async def _process(self, plan: QueuePlan, job: ActiveJob) -> Any:
         """Run one job, then count it (metrics, recycling)."""
+        job_type = plan.job_type_of(job.name)
         outcome = "failed"
         try:
-            result = await self._run_job(plan, job)
+            result = await self._run_job(plan, job, job_type)
             outcome = "done"
             return result
         finally:
-            record_job(plan.queue, plan.job_type_of(job.name) or "", outcome)
+            record_job(plan.queue, job_type or "", outcome)
             reason = self.recycling.job_finished()
             if reason is not None:
                 logger.info("recycling this process: %s; stopping once its jobs finish", reason)
@@ -370,8 +376,7 @@ class Worker:
                 self._start_closing()
                 self._wake()
 
-    async def _run_job(self, plan: QueuePlan, job: ActiveJob) -> Any:
-        job_type = plan.job_type_of(job.name)
+    async def _run_job(self, plan: QueuePlan, job: ActiveJob, job_type: str | None) -> Any:
         if job_type is None:
             logger.warning("job %s (queue %s) failed: NoHandlerError", job.job_id, plan.queue)
             raise NoHandlerError(
@@ -398,22 +403,43 @@ class Worker:
             started_ms=job.processed_on_ms,
         )
         started = time.monotonic()
-        logger.debug("job %s (%s) started, attempt %d", job.job_id, job_type, job.attempts_made + 1)
+        # Both lines at once: at -v 0 (the usual production level) a job pays one check.
+        verbose = logger.isEnabledFor(logging.INFO)
+        if verbose:
+            logger.debug(
+                "job %s (%s) started, attempt %d", job.job_id, job_type, job.attempts_made + 1
+            )
         try:
-            await self._call(handler, payload, context)
+            if self._is_async(handler):  # awaited here: one coroutine less per job
+                await handler(payload, context)
+            else:
+                await self._call(handler, payload, context)
         except Exception as exc:
             log_failure(job, job_type, started, exc)
             raise  # BullMQ fails the job and applies its attempts and backoff
-        logger.info("job %s (%s) done in %d ms", job.job_id, job_type, elapsed_ms(started))
+        if verbose:
+            logger.info("job %s (%s) done in %d ms", job.job_id, job_type, elapsed_ms(started))
+
+    def _is_async(self, func: Callable[..., Any]) -> bool:
+        """Whether ``func`` is ``async def`` (looked up once per function)."""
+        try:
+            return self._async_funcs[func]
+        except KeyError:
+            is_async = self._async_funcs[func] = iscoroutinefunction(func)
+            return is_async
+        except TypeError:  # an unhashable callable
+            return iscoroutinefunction(func)
 
     async def _call(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Await an async handler or task on this loop; run a sync one in the job
-        thread pool (:func:`_call_sync`)."""
-        if iscoroutinefunction(func):
+        thread pool (:func:`call_sync`)."""
+        if self._is_async(func):
             return await func(*args, **kwargs)
-        return await sync_to_async(call_sync, thread_sensitive=False, executor=self._executor)(
-            func, *args, **kwargs
-        )
+        if self._call_sync is None:
+            self._call_sync = sync_to_async(
+                call_sync, thread_sensitive=False, executor=self._executor
+            )
+        return await self._call_sync(func, *args, **kwargs)
 
     def _release_next(self, queue: str, tenant: str) -> None:
         """A job its tenant's limits held has finished: release that tenant's next held

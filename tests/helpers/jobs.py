@@ -34,11 +34,16 @@ BUCKET_S = 10
 
 
 def write_history(
-    redis_client, prefix: str, per_s: dict[tuple[str, str], float], bins=None
+    redis_client,
+    prefix: str,
+    per_s: dict[tuple[str, str], float],
+    bins=None,
+    expected_ms: dict[str, int] | None = None,
 ) -> None:
     """The last three buckets as the loop writes them: each flow started ``per_s`` jobs a
-    second (``bins``: level -> {ratio bin: count} of estimates in each whole bucket).
-    Written early in a bucket, so the test's reads fall in the same one."""
+    second (``bins``: level -> {ratio bin: count} of estimates in each whole bucket, and
+    ``expected_ms``: level -> the wait each of them expected, ms; without it the scale is
+    not recorded). Written early in a bucket, so the test's reads fall in the same one."""
     while not 0.5 <= time.time() % BUCKET_S <= 3.5:
         time.sleep(0.1)
     now = time.time()
@@ -59,3 +64,6 @@ def write_history(
             for level, counts in bins.items():
                 for index, count in counts.items():
                     redis_client.hset(f"{base}:{start}", f"e:{level}:{index}", count)
+                if expected_ms and level in expected_ms:
+                    waited = expected_ms[level] * sum(counts.values())
+                    redis_client.hset(f"{base}:{start}", f"e:{level}:w", waited)

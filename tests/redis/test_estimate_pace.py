@@ -136,3 +136,31 @@ def test_a_flow_whose_last_tag_ran_ahead_with_nothing_waiting_is_not_a_backlog(
     enqueue_jobs("email", [{}] * 10, tenant_id="ran", priority_level="normal")
     both = estimate_start("email", tenant_id="n", priority_level="normal")
     assert both.share == pytest.approx(0.5, abs=0.05)
+
+
+@pytest.mark.parametrize("seen_ms", [10, 2_000])
+def test_close_estimates_of_a_few_ms_say_nothing_of_a_wait_of_seconds(
+    fq_prefix, redis_client, seen_ms
+):
+    """Near idle, every estimate of a few ms comes out tight (a start in 10 ms against
+    0 ms expected is noise); when a backlog then forms, a job expected to wait seconds is
+    not ``high`` on their word, and its range is at least the uncalibrated one (half to
+    twice). Estimates of its scale that came out tight do make it ``high``."""
+    tight = {error_bin(seen_ms, seen_ms): 40}
+    write_history(
+        redis_client,
+        fq_prefix,
+        {("normal", "a"): 10.0},
+        bins={"normal": tight},
+        expected_ms={"normal": seen_ms},
+    )
+    enqueue_jobs("email", [{}] * 20, tenant_id="a", priority_level="normal")
+    est = estimate_start("email", tenant_id="a", priority_level="normal")
+    wait = est.expected_wait_ms
+    assert 1_000 <= wait <= 3_000
+    if seen_ms < 100:
+        assert est.confidence == "medium"
+        assert est.latest_start_ms - est.expected_start_ms >= wait
+    else:
+        assert est.confidence == "high"
+        assert est.latest_start_ms - est.expected_start_ms < wait / 2

@@ -125,6 +125,10 @@ def _measure(fq_prefix: str, tenant: str, jobs: int) -> None:
     rebalance_queue("email", rebalancer="eta-test")
 
 
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def test_the_estimate_rides_on_the_job_and_its_error_is_measured(fq_prefix, redis_client):
     _measure(fq_prefix, "warm", 30)
     backlog = enqueue_jobs("email", [{}] * 20, tenant_id="a", priority_level="normal")
@@ -148,6 +152,19 @@ def test_the_estimate_rides_on_the_job_and_its_error_is_measured(fq_prefix, redi
     drain_with_stock_worker(fq_prefix, "email", len(backlog) + 6)
     rebalance_queue("email", rebalancer="eta-test")
     assert metric(name, job_type="email", priority_level="normal") == before + 5
+    # the history bins the five and sums the waits they expected (the calibration's scale)
+    binned, scale = 0, 0
+    for key in redis_client.scan_iter(f"{fq_prefix}:email:fq:hist:*"):
+        if redis_client.type(key) in (b"hash", "hash"):
+            row = {_text(k): int(float(v)) for k, v in redis_client.hgetall(key).items()}
+            binned += sum(
+                v for k, v in row.items() if k.startswith("e:normal:") and k[9:].isdigit()
+            )
+            scale += row.get("e:normal:w", 0)
+    expected = [job.estimate.expected_wait_ms, *(j.estimate.expected_wait_ms for j in batch)]
+    assert binned == 5
+    # from the job's ready time (its add, a little after the estimate's read)
+    assert sum(expected) - 5 * 500 <= scale <= sum(expected)
 
 
 def test_max_wait_refuses_the_flooding_tenant_and_admits_the_trickling_one(fq_prefix, redis_client):

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import CommandError, ManagementUtility, call_command
+from prometheus_client import REGISTRY
 
 import fairqueue
 from fairqueue import conf
@@ -26,6 +27,8 @@ from fairqueue.exceptions import BrokerUnavailableError, UnknownJobTypeError
 from fairqueue.scheduling.levels import PriorityLevel
 from fairqueue.worker import handlers
 from fairqueue.worker.handlers import JobContext, NoHandlerError
+from fairqueue.worker.process_metrics import record_job
+from fairqueue.worker.queue_plans import QueuePlan
 from fairqueue.worker.runner import Worker, split_payload
 from tests.helpers import PrivateRedis, free_port, read_until, spawner, wait_until
 from tests.helpers.keys import REDIS_URL
@@ -106,6 +109,44 @@ def test_split_payload__removes_fairqueue_keys_and_keeps_the_rest():
     )
     assert split_payload({"a": 1}) == ({"a": 1}, None, None)
     assert split_payload([1, 2]) == ([1, 2], None, None)
+
+
+def test_split_payload__other_level_values_follow_parse_levels_rules():
+    # The wire names are looked up; anything else is parsed (or dropped) as before.
+    assert split_payload({"priorityLevel": " High "})[2] is PriorityLevel.HIGH
+    assert split_payload({"priorityLevel": PriorityLevel.LOW})[2] is PriorityLevel.LOW
+    for value in ("urgent", "", 2, None, ["high"], {"high": 1}):
+        assert split_payload({"a": 1, "priorityLevel": value}) == ({"a": 1}, None, None)
+
+
+def test_queue_plan__job_type_of_one_type_takes_every_name_a_shared_queue_by_name():
+    def run(payload, job):
+        return None
+
+    one = QueuePlan(queue="q", handlers={"email": run})
+    assert one.job_type_of("email") == one.job_type_of("anything") == "email"
+    shared = QueuePlan(queue="q", handlers={"report": run}, task_types=frozenset({"email"}))
+    assert shared.job_types == ["email", "report"]
+    assert shared.job_type_of("report") == "report"
+    assert shared.job_type_of("email") == "email"
+    assert shared.job_type_of("cleanup") is None
+    # replace() works the job types out again: one type left, it takes every name.
+    assert replace(shared, task_types=frozenset()).job_type_of("email") == "report"
+
+
+def test_record_job__counts_every_call_by_its_labels():
+    def count(outcome):
+        value = REGISTRY.get_sample_value(
+            "queue_fair_worker_jobs_total",
+            {"queue": "q-record", "job_type": "email", "outcome": outcome},
+        )
+        return value or 0.0
+
+    done, failed = count("done"), count("failed")
+    for _ in range(3):
+        record_job("q-record", "email", "done")
+    record_job("q-record", "email", "failed")
+    assert (count("done") - done, count("failed") - failed) == (3.0, 1.0)
 
 
 def test_job_context__repr_leaves_out_the_tenant():

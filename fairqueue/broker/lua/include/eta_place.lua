@@ -129,7 +129,8 @@ end
 -- The history's buckets of the rate's window (fq:hist:<start>, written by the loop's
 -- history step): count buckets back from the current one, each {start, starts per level
 -- (critical..low), worker ms per level, then per level the ERROR_BINS counts of how its
--- estimates came out (actual wait over expected, binned), then the virtual time and its
+-- estimates came out (actual wait over expected, binned), then per level the sum of the
+-- waits they expected (-1: not recorded), then the virtual time and its
 -- ms at the bucket's first and last sample (vt_sample.lua; 0: none)}, flattened; and
 -- when recording began.
 local fqEtaLevels = {'critical', 'high', 'normal', 'low'}
@@ -139,6 +140,12 @@ local fqEtaFields = {'s:critical', 's:high', 's:normal', 's:low', 't:critical', 
 for _, lv in ipairs(fqEtaLevels) do
   for k = 0, fqEtaErrorBins - 1 do fqEtaFields[#fqEtaFields + 1] = 'e:' .. lv .. ':' .. k end
 end
+-- per level, the waits its binned estimates expected, summed (-1: not recorded)
+local fqEtaScaleFirst = #fqEtaFields + 1
+for _, lv in ipairs(fqEtaLevels) do
+  fqEtaFields[#fqEtaFields + 1] = 'e:' .. lv .. ':' .. {{WAIT_SCALE_FIELD}}
+end
+local fqEtaScaleLast = #fqEtaFields
 -- where the virtual time stood at the bucket's first and last sample (vt_sample.lua)
 for _, name in ipairs({'vt0', 'vt0ms', 'vt1', 'vt1ms'}) do fqEtaFields[#fqEtaFields + 1] = name end
 local function fqEtaRate(K, now, bucketS, count)
@@ -148,7 +155,10 @@ local function fqEtaRate(K, now, bucketS, count)
     local start = current - b * bucketS
     local row = redis.call('HMGET', K.hist .. ':' .. start, unpack(fqEtaFields))
     out[#out + 1] = start
-    for i = 1, #fqEtaFields do out[#out + 1] = tonumber(row[i]) or 0 end
+    for i = 1, #fqEtaFields do
+      local missing = (i >= fqEtaScaleFirst and i <= fqEtaScaleLast) and -1 or 0
+      out[#out + 1] = tonumber(row[i]) or missing
+    end
   end
   return out
 end
