@@ -15,9 +15,12 @@ it asks, at most half the worker time (the quick one floods):
 * ``slow-emptying`` - the slow tenant (6x) asks 0.8 of its share in jobs, so with run-time
   jitter and overhead its queue keeps emptying while it asks a little over half.
 
-Each runs with a cold flow's first measurement settled by charges alone (``charge``, as
-before) and by placing its waiting jobs again at the measured cost, its overrun so far
-paid at once (``replace``, the rule now: ``FairClock.recost``).
+Each runs with the rule as it was, approximately (``before``: a settlement moves only its
+flow's last tag, an attempt is charged against its flow's estimate at its start; the
+first measurement as now) and as it is
+(``now``: each attempt charged against what its job paid when placed, a settlement moving
+its flow's waiting jobs at once, ``FairClock.charge``); a cold flow's first measurement
+places its waiting jobs again in both (``FairClock.recost``).
 
     python benchmarks/bench_worker_time_model.py [--jitter 0.6] [--overhead-ms 8]
         [--lag-ms 0] [--seconds 20] [--seed N]
@@ -56,7 +59,7 @@ PAGE_MS = 250.0
 
 def simulate(
     flows: Sequence[tuple[str, float, float]],
-    replace: bool,
+    now_rule: bool,
     args: argparse.Namespace,
     window: tuple[float, float],
 ) -> dict[str, float]:
@@ -64,7 +67,8 @@ def simulate(
     clock = FairClock()
     rng = random.Random(args.seed)
     state: dict[str, float] = {}
-    # [tag, seq, tenant, run ms, paid cold]: a re-placement moves the tag and the paid
+    # [tag, seq, tenant, run ms, paid cold, paid by estimate]: a re-placement moves the
+    # tag and the paid
     waiting: list[list[Any]] = []
     running: list[tuple[float, str, str, float]] = []
     events: list[Event] = []
@@ -78,14 +82,15 @@ def simulate(
             while next_arrival[tenant] <= now:
                 typical, estimate = state.get("typ"), state.get(f"c:normal\n{tenant}")
                 scale = turn_scale(typical, state.get("unit"))
-                paid: float | None = None
+                paid = placed = None
                 if typical and estimate is not None:
                     cost = cost_turns(estimate, typical) * scale
+                    placed = cost if now_rule else None  # fqCost
                 else:  # cold: one turn, and what it paid is kept for its charge
                     cost = paid = scale if typical else 1.0
                 seq += 1
                 tag = clock.place(N, tenant, cost=cost)
-                heapq.heappush(waiting, [tag, seq, tenant, BASE_MS * run_x, paid])
+                heapq.heappush(waiting, [tag, seq, tenant, BASE_MS * run_x, paid, placed])
                 clock.observe_head(waiting[0][0], N)
                 next_arrival[tenant] += 1000.0 / rate
         while running and running[0][0] <= now:
@@ -95,12 +100,12 @@ def simulate(
             used[tenant] += max(0.0, hi - lo)
             free += 1
         while free and waiting:
-            _, number, tenant, run_ms, paid = heapq.heappop(waiting)
+            _, number, tenant, run_ms, paid, placed = heapq.heappop(waiting)
             if waiting:
                 clock.observe_head(waiting[0][0], N)
             job_id = str(number)
             events.append(Event("start", job_id, int(now)))
-            starts[job_id] = Start("normal", tenant, int(now), True, paid)
+            starts[job_id] = Start("normal", tenant, int(now), True, paid, placed)
             took = (run_ms + args.overhead_ms) * rng.lognormvariate(0, args.jitter)
             heapq.heappush(running, (now + took, job_id, tenant, now))
             free -= 1
@@ -124,14 +129,18 @@ def simulate(
                 runs.pop(job_id, None)
             runs.update(page.started_runs)
             state.update({name: float(text) for name, text in page.state_writes.items()})
-            for settlement in page.settlements:
-                clock.charge(N, settlement.member.split("\n", 1)[1], settlement.debt)
-            for recost in page.recosts:
-                tenant = recost.member.split("\n", 1)[1]
-                moved = clock.recost(N, tenant, recost.ratio, recost.shift) if replace else None
+            moves = [
+                (tenant, clock.charge(N, tenant, s.debt) if now_rule else _charge_tail(clock, s))
+                for s in page.settlements
+                for tenant in [s.member.split("\n", 1)[1]]
+            ]
+            moves += [
+                (tenant, clock.recost(N, tenant, r.ratio, r.shift))
+                for r in page.recosts
+                for tenant in [r.member.split("\n", 1)[1]]
+            ]
+            for tenant, moved in moves:
                 if moved is None:
-                    if not replace:
-                        clock.charge(N, tenant, recost.shift)
                     continue
                 anchor, ratio, shift = moved
                 for item in waiting:  # reweight_page.lua's pages, all at once
@@ -143,6 +152,11 @@ def simulate(
         now += 1.0
     total = sum(used.values()) or 1.0
     return {tenant: ms / total for tenant, ms in used.items()}
+
+
+def _charge_tail(clock: FairClock, settlement: Any) -> None:
+    """The rule before: a settlement moved only its flow's last tag."""
+    clock.charge(N, settlement.member.split("\n", 1)[1], settlement.debt)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -162,15 +176,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             (5.0, None),
         ),
     }
-    print(f"{'scenario':<16} {'cold':<7} {'quick':>7} {'slow':>7} {'fair':>6} {'slow/fair':>9}")
+    print(f"{'scenario':<16} {'rule':<7} {'quick':>7} {'slow':>7} {'fair':>6} {'slow/fair':>9}")
     for name, (flows, (begin, _)) in scenarios.items():
         # The slow tenant's max-min share beside a quick flood: what it asks (its rate
         # times its mean run time, of the pool's time), at most half.
         _, rate, run_x = flows[1]
         mean_ms = (BASE_MS * run_x + args.overhead_ms) * math.exp(args.jitter**2 / 2)
         fair = min(0.5, rate * mean_ms / (WORKERS * 1000))
-        for label, replace in (("charge", False), ("replace", True)):
-            shares = simulate(flows, replace, args, (begin, args.seconds))
+        for label, now_rule in (("before", False), ("now", True)):
+            shares = simulate(flows, now_rule, args, (begin, args.seconds))
             print(
                 f"{name:<16} {label:<7} {shares['quick']:>7.1%} {shares['slow']:>7.1%} "
                 f"{fair:>6.1%} {shares['slow'] / fair:>9.2f}"

@@ -18,7 +18,7 @@ from fairqueue.scheduling.attempts import Event, EventKind, Start
 from fairqueue.scheduling.levels import INTERNAL_TENANT
 
 #: The job hash fields a start needs (BullMQ's names).
-START_FIELDS = ("timestamp", "delay", "ats", "opts", "data", "fqPaid")
+START_FIELDS = ("timestamp", "delay", "ats", "opts", "data", "fqPaid", "fqCost")
 _END_EVENTS = {b"completed", b"failed"}
 _READD_EVENTS = {b"waiting", b"delayed"}
 _WANTED = {b"active", *_END_EVENTS, *_READD_EVENTS, b"stalled"}
@@ -73,6 +73,7 @@ def parse_start(row: list[bytes | None], max_data_bytes: int) -> attempts.Start 
     its data is over ``max_data_bytes`` (an unknown level)."""
     timestamp, delay, ats, opts_raw, data_raw = row[:5]
     paid = number_of(row[5]) if len(row) > 5 and row[5] is not None else None
+    placed = number_of(row[6]) if len(row) > 6 and row[6] is not None else None
     size = len(data_raw) if data_raw else 0
     if timestamp is None or size > max_data_bytes:
         return None
@@ -85,6 +86,7 @@ def parse_start(row: list[bytes | None], max_data_bytes: int) -> attempts.Start 
             ready_ms=int(ready_text.group(1)),
             first_attempt=(number_of(ats) or 1) <= 1,
             paid=paid,
+            placed=placed,
         )
     try:
         opts = json.loads(opts_raw or b"{}")
@@ -123,6 +125,7 @@ def parse_start(row: list[bytes | None], max_data_bytes: int) -> attempts.Start 
         ready_ms=int(ready),
         first_attempt=(number_of(ats) or 1) <= 1,
         paid=paid,
+        placed=placed,
     )
 
 

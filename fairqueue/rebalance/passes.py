@@ -120,6 +120,9 @@ async def arebalance_queue(
             await _rebase(timed, broker, queue, fence)
             if record_history:
                 await _record(timed, broker, queue, fence, settings.max_wait_ms)
+                # the moves its history step began, as a tick's: a loop whose interval
+                # leaves no room for ticks between passes runs none
+                await timed(broker.limits.replace_pages(queue, pages=REPLACE_PAGES_PER_TICK))
     except LockLostError:
         result.lock_lost = True
         logger.warning("%s: another rebalancer holds the lock; this pass stopped", job_type)

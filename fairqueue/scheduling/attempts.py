@@ -88,13 +88,15 @@ class Start:
     time (ms, Redis's clock), whether this is its first attempt, and what a job placed
     while its flow had nothing measured paid (``fqPaid``: its step in turns times the
     turn's length then, :func:`~fairqueue.scheduling.order.turn_scale`; ``None`` for a
-    job placed by its flow's estimate)."""
+    job placed by its flow's estimate); ``placed``, what a job placed by its flow's
+    estimate paid (``fqCost``, the same unit; ``None``: not recorded)."""
 
     level: str | None
     tenant: str
     ready_ms: int
     first_attempt: bool
     paid: float | None = None
+    placed: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,10 +397,12 @@ class _PageWork:
             counts[member] = counts.get(member, 0) + 1
         turns, cold = 1.0, False
         if self.by_time and self.typical:
-            if start.paid is not None and start.first_attempt:
-                # Placed cold: charged against what it paid, in turns of the typical now.
-                turns = start.paid / turn_scale(self.typical, self.cache.get("unit"))
-                cold = True
+            paid = start.paid if start.paid is not None else start.placed
+            if paid is not None and start.first_attempt:
+                # Charged against what it paid when placed, in turns of the typical now
+                # (not against a later estimate: what a young estimate missed is owed).
+                turns = paid / turn_scale(self.typical, self.cache.get("unit"))
+                cold = start.paid is not None
             else:
                 turns = cost_turns(self.cache.get(f"c:{member}"), self.typical)
         self.pending[event.job_id] = Run(level, start.tenant, event.at_ms, float(_g6(turns)), cold)
@@ -472,6 +476,13 @@ class _PageWork:
             if self.cache.get("unit") is None:  # the first measurement: a turn's length
                 out.state_writes["unit"] = out.state_writes["typ"]
         out.served = {level: (row[0], row[1]) for level, row in self.served.items()}
+        # One settlement a flow a page: each moves its waiting jobs (history_commit.lua),
+        # one move at a time.
+        merged: dict[str, Settlement] = {}
+        for s in out.settlements:
+            was = merged.get(s.member)
+            merged[s.member] = Settlement(s.member, s.level, s.debt + (was.debt if was else 0))
+        out.settlements = list(merged.values())
         if self.first and self.typical:
             self.recost(out, self.typical)
         for member, level in self.cold_ends.items():

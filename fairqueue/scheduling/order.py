@@ -77,14 +77,17 @@ def is_overdue(job: PendingJob, *, now_ms: int, max_wait_ms: int) -> bool:
     return now_ms - job.enqueued_at_ms > max_wait_ms
 
 
+Move = tuple[float, float, float]  # a re-placement: (anchor, ratio, shift in tags)
+
+
 def replaced_tag(tag: float, anchor: float, ratio: float, shift: float = 0.0) -> float:
     """A waiting job's tag once its tenant's weight changed by ``ratio`` (old over new)
     at virtual time ``anchor``: its distance from then shrinks or grows by the ratio
     (docs/design.md, "A weight change"; ``reweight_page.lua``). A cold flow's first
     measurement places its jobs again the same way, ``ratio`` being its measured cost
     over the one its jobs paid, ``shift`` (tags) what its runs so far overran, paid at
-    once (docs/design.md, "Service is worker time")."""
-    return anchor + shift + (tag - anchor) * ratio
+    once (docs/design.md, "Service is worker time"). A refund stops at the anchor."""
+    return max(anchor, anchor + shift + (tag - anchor) * ratio)
 
 
 def flow_step(
@@ -320,8 +323,10 @@ class FairClock:
         inner = self._inner(key, account, mates, start, catching_up)
         part = mates + tenant_weight if inner is None else inner
         share = split * part / weight
-        carried = self.carried.pop(key, 0.0)
-        tag = start + flow_step(self.weights[level], tenant_weight, share, cost=cost + carried)
+        pay = cost + self.carried.pop(key, 0.0)  # a refund past its cost: the next job's
+        if pay < (least := min(cost, MIN_COST_TURNS)):
+            self.carried[key], pay = pay - least, least
+        tag = start + flow_step(self.weights[level], tenant_weight, share, cost=pay)
         self.counted[key] = tenant_weight
         if account is not None:
             self.accounts[key] = account
@@ -415,30 +420,19 @@ class FairClock:
 
     def recost(
         self, level: PriorityLevel, tenant: str, ratio: float, shift_turns: float
-    ) -> tuple[float, float, float] | None:
+    ) -> Move | None:
         """The flow's first runs were measured: its waiting jobs, placed cold, are placed
         again at ``ratio`` (measured cost over what they paid) from the virtual time,
-        ``shift_turns`` later (what its runs so far overran: paid at once, not behind its
-        backlog), and its last tag with them (``history_commit.lua`` begins it,
-        ``reweight_page.lua`` moves the jobs). Returns (anchor, ratio, shift in tags)
-        for :func:`replaced_tag`, or ``None`` when the flow has no work: then the shift
-        is charged as any settlement (:meth:`charge`)."""
+        ``shift_turns`` later (its overrun so far), and its last tag with them, as
+        :meth:`charge` (``None``: no work, the shift is charged as any settlement)."""
         key = (level, tenant)
         last = self.last.get(key)
-        if last is None or last <= self.vt:
-            self.charge(level, tenant, shift_turns)
-            return None
+        if last is None or last <= self.vt or ratio < 1 or shift_turns < 0:
+            return self.charge(level, tenant, shift_turns)  # cheaper: its charges repay
         share = flow_share(self._groups(level), self._group_of(key))
         shift = flow_step(self.weights[level], self.counted[key], share, cost=shift_turns)
-        # A refund (a moved job must never land behind the virtual time) or a shift against
-        # the direction the pages go in (nor where they are still to go) is carried to the
-        # flow's next job: its last tag is the pages' until they are done.
-        fold = shift == 0 or (ratio >= 1 and shift > 0)
-        anchor = self.vt
-        self.last[key] = replaced_tag(last, anchor, ratio, shift if fold else 0.0)
-        if not fold:
-            self.carried[key] = self.carried.get(key, 0.0) + shift_turns
-        return anchor, ratio, shift if fold else 0.0
+        self.last[key] = replaced_tag(last, self.vt, ratio, shift)
+        return self.vt, ratio, shift
 
     def _frontier(
         self, level: PriorityLevel, account: str | None = None
@@ -471,20 +465,20 @@ class FairClock:
         spaced = [self.density[group] for group in found if group in self.density]
         return mine[0][0], min(spaced) if spaced else None
 
-    def charge(self, level: PriorityLevel, tenant: str, turns: float) -> None:
-        """The flow's attempts used ``turns`` more (less, if negative) than it was placed
-        with: its later jobs start that much later (earlier). A flow with no work left
-        (no last tag ahead of the virtual time) has it carried to its next job, which
-        pays it with its own turn: a flow that keeps emptying settles its overruns too
-        (docs/design.md, "Service is worker time")."""
+    def charge(self, level: PriorityLevel, tenant: str, turns: float) -> Move | None:
+        """The flow's attempts used ``turns`` more (less, if negative) than they paid when
+        placed: paid at once, its waiting jobs and last tag moved that much later (a refund:
+        its last tag earlier): (anchor, 1, shift in tags) for :func:`replaced_tag`.
+        ``None``: no work left, it is carried to its next job, which pays it with its own
+        turn (a flow that keeps emptying too; docs/design.md, "Service is worker time")."""
         key = (level, tenant)
-        if not turns:
-            return
-        if self.last.get(key, self.vt) <= self.vt:
+        if self.last.get(key, self.vt) <= self.vt or not turns:
             self.carried[key] = self.carried.get(key, 0.0) + turns
-            return
+            return None
         share = flow_share(self._groups(level), self._group_of(key))
-        self.last[key] += flow_step(self.weights[level], self.counted[key], share, cost=turns)
+        shift = flow_step(self.weights[level], self.counted[key], share, cost=turns)
+        self.last[key] += shift  # a refund: its next jobs only (no gap before a flood's)
+        return (self.vt, 1.0, shift) if turns > 0 else None
 
 
 def order_by_occupancy(

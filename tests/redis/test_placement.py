@@ -548,7 +548,7 @@ def _settle(
                 st.tuples(
                     st.sampled_from(list(PriorityLevel)),
                     st.sampled_from(["a", "b", "c"]),
-                    st.sampled_from([1.0, 2.5, 16.0, -0.5]),
+                    st.sampled_from([1.0, 2.5, 16.0, -0.5, -3.0]),
                 ),
                 max_size=2,
             ),
@@ -559,28 +559,48 @@ def _settle(
     )
 )
 def test_settlements_move_placements_as_the_model_and_an_idle_flows_is_carried(rounds):
-    """Fairness by time: a settlement of a flow with work moves its last tag; one of a
-    flow with no work left is carried to its next job (``p:`` in fq:state), which pays it
-    with its own turn; batches, settlements and jobs taken in between, every job's score
-    exactly the model's."""
+    """Fairness by time: a settlement of a flow with work moves its waiting jobs and its
+    last tag (a refund never behind the virtual time); one of a flow with no work left is
+    carried to its next job (``p:`` in fq:state), which pays it with its own turn;
+    batches, settlements and jobs taken in between, every job's score exactly the
+    model's (``FairClock.charge``, ``replaced_tag``)."""
     prefix = run_prefix()
     broker = SyncBroker(Broker(REDIS_URL, prefix))
     redis_client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
     redis_client.hset(f"{prefix}:q:fq:state", "typ", 100)
-    clock, placed = FairClock(), {}
+    clock, placed, owner = FairClock(), {}, {}
     key = f"{prefix}:q:prioritized"
     try:
         # A backlog taken half-way: the virtual time well past the floor, so a refund
         # carried never places a job below it.
-        _add_as_the_model(broker, redis_client, clock, placed, key, [(L, "z", 1)] * 100)
+        added = _add_as_the_model(broker, redis_client, clock, placed, key, [(L, "z", 1)] * 100)
+        owner.update((job.job_id, "z") for job in added)
         _take_as_a_worker(redis_client, clock, placed, key, 50)
         for batch, settlements, taken in rounds:
-            _add_as_the_model(broker, redis_client, clock, placed, key, batch)
+            added = _add_as_the_model(broker, redis_client, clock, placed, key, batch)
+            owner.update((job.job_id, tenant) for (_, tenant, _), job in zip(batch, added))
             if settlements:
                 _observe_head(clock, placed)
-            _settle(redis_client, prefix, settlements)
+            merged: dict[tuple[PriorityLevel, str], float] = {}  # one a flow, as a page's
             for level, tenant, debt in settlements:
-                clock.charge(level, tenant, debt)
+                merged[(level, tenant)] = merged.get((level, tenant), 0.0) + debt
+            _settle(redis_client, prefix, [(*flow, debt) for flow, debt in merged.items()])
+            while broker.run(broker.broker.limits.replace_pages, "q", pages=8):
+                pass
+            for (level, tenant), debt in merged.items():
+                moved = clock.charge(level, tenant, debt)
+                for job_id, (units, rank, _, lvl) in list(placed.items()):
+                    if moved is None or (lvl, owner[job_id]) != (level, tenant):
+                        continue
+                    anchor, ratio, shift = moved
+                    if units / TAG_RESOLUTION > anchor:  # as the score keeps its tag
+                        tag = replaced_tag(units / TAG_RESOLUTION, anchor, ratio, shift)
+                        placed[job_id] = (math.floor(tag * TAG_RESOLUTION), rank, tag, lvl)
+            assert {k: float(v) for k, v in redis_client.zscan_iter(key)} == {
+                job_id: float(TAG_FLOOR * 2**32 + units * 4 + rank)
+                for job_id, (units, rank, _, _) in placed.items()
+            }
+            assert not redis_client.exists(f"{prefix}:q:fq:rw")
             _take_as_a_worker(redis_client, clock, placed, key, taken)
     finally:
         broker.close()
@@ -598,10 +618,8 @@ def test_settlements_move_placements_as_the_model_and_an_idle_flows_is_carried(r
                 st.sampled_from(list(PriorityLevel)),
                 st.sampled_from(["a", "b", "c"]),
                 st.sampled_from([4.0, 0.25, 16.0, 1 / 16, 1.0]),
-                # no refunds: a carried refund of a turn or more places a job behind the
-                # virtual time, where the script and the model retire its flow at different
-                # moments of a multi-flow add (so also with plain settlements)
-                st.sampled_from([0.0, 3.0, 40.0]),
+                # refunds too: one carried past a job's cost is left for the next job
+                st.sampled_from([0.0, 3.0, 40.0, -3.0]),
             ),
             st.integers(0, 8),
         ),
@@ -684,6 +702,34 @@ def test_a_cold_flood_measured_slow_is_spread_at_its_cost_and_its_overrun_paid_a
         assert Counter(taken) == {"quick": 17, "slow": 3}
         slow_left = [j for j in owner if owner[j] == "slow" and redis_client.zscore(key, j)]
         assert {redis_client.hget(f"{fq_prefix}:q:{j}", "fqPaid") for j in slow_left} == {"4"}
+    finally:
+        broker.close()
+
+
+def test_a_settlement_moves_the_flows_waiting_jobs_and_one_during_a_move_waits(
+    fq_prefix, redis_client
+):
+    """A flow's overrun moves its waiting jobs at once (from the head up), so the next
+    jobs a worker takes are the other flow's; a second settlement while the move is
+    still in progress waits in the flow's balance (``d:``) for a later page."""
+    redis_client.hset(f"{fq_prefix}:q:fq:state", "typ", 100)
+    broker = SyncBroker(Broker(REDIS_URL, fq_prefix))
+    clock, placed = FairClock(), {}
+    key, state = f"{fq_prefix}:q:prioritized", f"{fq_prefix}:q:fq:state"
+    try:
+        added = _add_as_the_model(
+            broker, redis_client, clock, placed, key, [(N, "slow", 1), (N, "quick", 1)] * 20
+        )
+        owner = {job.job_id: ("slow", "quick")[i % 2] for i, job in enumerate(added)}
+        _settle(redis_client, fq_prefix, [(N, "slow", 8.0)])  # begun, no page run yet
+        last = redis_client.zscore(f"{fq_prefix}:q:fq:flows", "normal\nslow")
+        _settle(redis_client, fq_prefix, [(N, "slow", 3.0)])
+        assert float(redis_client.hget(state, "d:normal\nslow")) == 3.0
+        assert redis_client.zscore(f"{fq_prefix}:q:fq:flows", "normal\nslow") == last
+        while broker.run(broker.broker.limits.replace_pages, "q", pages=1):
+            pass
+        taken = [owner[job_id] for job_id, _ in redis_client.zpopmin(key, 8)]
+        assert Counter(taken) == {"quick": 8}  # 8 turns owed: the next 8 are quick's
     finally:
         broker.close()
 

@@ -142,6 +142,23 @@ def test_a_slow_flows_next_job_is_placed_later_than_a_fast_flows(fq_prefix, redi
     assert metric("queue_fair_worker_seconds_total", job_type="email", priority_level="normal") > 0
 
 
+def test_a_job_keeps_what_it_paid_cold_or_by_its_flows_estimate(fq_prefix, redis_client):
+    """The pass charges a job's run against what it paid when placed: ``fqPaid`` for a
+    job placed cold, ``fqCost`` for one placed by its flow's estimate (a young estimate's
+    error is owed, not forgotten once the estimate has grown)."""
+    _measure_two_tenants(fq_prefix)
+    state = redis_client.hgetall(f"{fq_prefix}:email:fq:state")
+    typical, unit = float(state["typ"]), float(state["unit"])
+    slow = enqueue_job("email", {}, tenant_id="slow").job_id
+    cold = enqueue_job("email", {}, tenant_id="new").job_id
+    slow_hash = redis_client.hgetall(f"{fq_prefix}:email:{slow}")
+    paid = cost_turns(float(state["c:normal\nslow"]), typical) * turn_scale(typical, unit)
+    assert "fqPaid" not in slow_hash and float(slow_hash["fqCost"]) == pytest.approx(paid, 1e-5)
+    cold_hash = redis_client.hgetall(f"{fq_prefix}:email:{cold}")
+    assert "fqCost" not in cold_hash
+    assert float(cold_hash["fqPaid"]) == pytest.approx(turn_scale(typical, unit), 1e-5)
+
+
 def test_fairness_by_jobs_counts_jobs(fq_prefix, redis_client, settings):
     settings.FAIRQUEUE = {**settings.FAIRQUEUE, "FAIRNESS_BY": "jobs"}
     conf.reload_settings()
@@ -236,6 +253,7 @@ def test_the_unit_is_the_first_measurement_then_the_typical_time_at_each_idle_st
     state = f"{fq_prefix}:email:fq:state"
     assert float(redis_client.hget(state, "unit")) > 0
     redis_client.hset(state, mapping={"typ": 100, "unit": 50, "c:normal\nfast": 100})
+    redis_client.hdel(state, "p:normal\nfast")  # its cold runs' refund: paid job by job
     first = enqueue_job("email", {}, tenant_id="fast").job_id  # the queue was idle
     assert redis_client.hget(state, "unit") == "100"
     second = enqueue_job("email", {}, tenant_id="fast").job_id  # one waits: unit stays

@@ -213,6 +213,21 @@ def test_record_page__a_cold_run_ending_after_the_first_measurement_shifts_its_f
     assert not page.settlements
 
 
+def test_record_page__a_run_is_charged_against_what_its_job_paid_not_a_later_estimate():
+    """Jobs placed by a young estimate (1/16 turn, ``fqCost``) that run a whole turn owe
+    15/16 each, though their flow's estimate is a turn by now (a job with nothing recorded
+    is charged against that: nothing); the page's settlements of a flow are one, summed
+    (each moves the flow's waiting jobs), the rest of the balance kept."""
+    state = {"typ": 600.0, "unit": 600.0, "c:normal\nslow": 600.0}
+    starts = {str(i): Start("normal", "slow", T0, True, placed=1 / 16) for i in range(5)}
+    starts["5"] = Start("normal", "slow", T0, True)
+    events = [Event("start", str(i), T0 + i) for i in range(6)]
+    events += [Event("end", str(i), T0 + 600 + i) for i in range(6)]
+    page = attempts.record_page(events, starts, {}, state, by_time=True, **OPTIONS)
+    assert page.settlements == [attempts.Settlement("normal\nslow", "normal", 2 * 1.875)]
+    assert float(page.state_writes["d:normal\nslow"]) == 0.9375
+
+
 def test_record_page__retention_drops_old_buckets_and_clamps_old_ready_times():
     old = (NOW_S - 7_200) * 1000
     start = Start("high", "a", ready_ms=old, first_attempt=True)
@@ -309,7 +324,7 @@ def test_cut_before_trailing_retry__keeps_a_last_re_add_for_the_next_page_when_c
 
 def _row(data, opts=None, ats=b"1", timestamp=b"1000", delay=b"0"):
     raw = data if isinstance(data, bytes) else json.dumps(data).encode()
-    return [timestamp, delay, ats, json.dumps(opts or {}).encode(), raw, None]
+    return [timestamp, delay, ats, json.dumps(opts or {}).encode(), raw, None, None]
 
 
 def test_parse_start__fairqueue_metadata_foreign_jobs_and_bad_data():
@@ -319,6 +334,8 @@ def test_parse_start__fairqueue_metadata_foreign_jobs_and_bad_data():
     assert fair == Start("high", "t-1", 1500, True)
     foreign = parse_start(_row({"x": 1}, {"priority": 7}, delay=b"250"), 65_536)
     assert foreign == Start("low", "default", 1250, True)
+    paid = parse_start([*_row({"priorityLevel": "low"})[:5], b"1", b"2.5"], 65_536)
+    assert (paid.paid, paid.placed) == (1.0, 2.5)  # fqPaid (cold), fqCost
     assert parse_start(_row({"priorityLevel": "urgent"}), 65_536).level is None
     assert parse_start(_row({"priorityLevel": "low", "tenantId": 5}), 65_536).level is None
     assert parse_start(_row(b"not json"), 65_536).level is None

@@ -26,13 +26,16 @@
   started, a:<level> became ready, o:<level> over the bound, w:<level>:<bin> waits, r
   retried, g gap ms, t:<level> worker ms, R:<level> retries) and <bucket prefix>t:<start
   second> (zset '<level>\n<tenant>' -> started, trimmed to the most served).
-  A settlement moves the flow's last tag in fq:flows by its whole turns (a flow whose
-  jobs ran long waits longer for its next turns), at the flow's weight and its level's
-  total as they are now; a flow with no work left (no last tag ahead of the virtual time
-  its first waiting job stands for) gets it carried instead, 'p:<member>' in fq:state, added
-  to its next job's cost when that is placed (fair_clock.lua's fqPlace). Work: two
-  commands per settled flow, and one read of the head (O(log n) at 1M waiting) per page
-  that settles any; none per tenant.
+  A settlement (one a flow a page) moves the flow's waiting jobs and its last tag by its
+  whole turns (a flow whose jobs ran long waits longer from its next turn on, not only
+  behind its backlog; a refund moves its last tag only), at the
+  flow's weight and its level's total as they are now: begun here in fq:rw, paged by
+  reweight_page.lua; while a move of the flow is in progress, kept in its balance
+  ('d:<member>') for a later page. A flow
+  with no work left (no last tag ahead of the virtual time its first waiting job stands
+  for) gets it carried instead, 'p:<member>' in fq:state, added to its next job's cost
+  when that is placed (fair_clock.lua's fqPlace). Work: a few commands per settled flow,
+  and one read of the head (O(log n) at 1M waiting) per page that settles any.
   Usage keys: <use prefix><day> (hash: the day's cumulative counters, and 'epoch', set
   when the day's hash is created, so counters Redis lost start a new epoch) and <use
   prefix>dirty (zset: '<day>\n<tenant>\n<job type>' -> the commit that last changed it;
@@ -137,6 +140,17 @@ local function tagsOf(member, level, rank, debt)
   end
   return fqScale * debt * total / ((4 - rank) * w) -- a level's weight: 4 less its rank
 end
+local function g(x) return string.format('%.17g', x) end
+-- Begin placing the flow's waiting jobs again, t -> vt + tags + (t - vt) * ratio, none
+-- behind vt (reweight_page.lua's pages, at the loop's ticks, from the head up; repay: each
+-- moved job's fqPaid scaled by the ratio); its last tag moves with them at once when it
+-- moves back (a job placed meanwhile goes behind them), else when the pages are done.
+local function replace(member, level, last, ratio, tags, repay)
+  redis.call('HSET', KEYS[10], member, table.concat({g(vt), g(ratio), g(last), level, '', '',
+    g(base), g(tags), repay and 'paid' or ''}, '\n'))
+  local moved = math.max(vt, vt + tags + (last - vt) * ratio)
+  if moved > last then redis.call('ZADD', KEYS[5], g(moved), member) end
+end
 local function settle(member, level, debt, text)
   local last = tonumber(redis.call('ZSCORE', KEYS[5], member))
   local rank = fqLevelRank[level]
@@ -147,8 +161,21 @@ local function settle(member, level, debt, text)
     -- settles its overruns too.
     redis.call('HINCRBYFLOAT', KEYS[4], 'p:' .. member, text) -- the page's text
   elseif last and rank then
-    redis.call('ZADD', KEYS[5], string.format('%.17g', last + tagsOf(member, level, rank, debt)),
-      member)
+    local tags = tagsOf(member, level, rank, debt)
+    if tags < 0 then
+      -- a refund: its next jobs placed earlier (its waiting jobs moved earlier would leave
+      -- a gap before those a flood places meanwhile, at its last tag)
+      redis.call('ZADD', KEYS[5], g(last + tags), member)
+    elseif redis.call('HEXISTS', KEYS[10], member) == 0 then
+      -- paid at once: its waiting jobs move later, not only the jobs placed after them
+      replace(member, level, last, 1, tags, false)
+    else
+      -- its jobs are being moved: kept in its balance (in turns of the typical time now,
+      -- as the page's), for a page after the move to settle
+      local st = redis.call('HMGET', KEYS[4], 'typ', 'unit')
+      redis.call('HINCRBYFLOAT', KEYS[4], 'd:' .. member,
+        g(debt / fqTurnScale(tonumber(st[1]), tonumber(st[2]))))
+    end
   end
 end
 
@@ -157,11 +184,10 @@ for i = from, to, 3 do settle(ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[
 
 -- Flows measured for the first time, off what their jobs paid cold (member, level, ratio,
 -- shift turns; ratio 1: a flow's cold runs that ended later, their overrun the shift):
--- their waiting jobs are placed again from the virtual time at the ratio,
--- the shift later (reweight_page.lua's pages, at the loop's ticks, each moved job's fqPaid
--- scaled with it), and their last tag with them at once when they move back (a job placed
--- meanwhile goes behind them), at the end when they move ahead (as a raised weight). A
--- flow with no work, or with a weight change in progress, gets the shift as a settlement.
+-- their waiting jobs are placed again from the virtual time at the ratio, the shift
+-- later (replace), each moved job's fqPaid scaled with it, when they move later. A flow
+-- with no work, with a move in progress, or cheaper than it paid (its jobs' charges
+-- repay it, each against what it paid), gets the shift as a settlement.
 -- Work: a few commands a flow, at most once per flow (its first measurement).
 from, to = section(4)
 for i = from, to, 4 do
@@ -170,21 +196,10 @@ for i = from, to, 4 do
   local last = tonumber(redis.call('ZSCORE', KEYS[5], member))
   local rank = fqLevelRank[level]
   readVt()
-  if rank and last and last > vt and redis.call('HEXISTS', KEYS[10], member) == 0 then
-    local tags = tagsOf(member, level, rank, shift)
-    -- a refund (a moved job must never land behind the virtual time) or a shift against
-    -- the pages' direction (nor where they are still to go) is carried to the flow's next
-    -- job (its last tag is the pages' until they are done)
-    local fold = tags == 0 or (ratio >= 1 and tags > 0)
-    if not fold then tags = 0 end
-    local function g(x) return string.format('%.17g', x) end
-    redis.call('HSET', KEYS[10], member, table.concat({g(vt), g(ratio), g(last), level, '', '',
-      g(base), g(tags), ratio ~= 1 and 'paid' or ''}, '\n'))
-    if ratio >= 1 then
-      redis.call('ZADD', KEYS[5], g(vt + tags + (last - vt) * ratio), member)
-    end
-    if not fold then redis.call('HINCRBYFLOAT', KEYS[4], 'p:' .. member, ARGV[i + 3]) end
-  elseif shift ~= 0 then
+  if rank and last and last > vt and ratio >= 1 and shift >= 0
+    and redis.call('HEXISTS', KEYS[10], member) == 0 then
+    replace(member, level, last, ratio, tagsOf(member, level, rank, shift), ratio ~= 1)
+  elseif shift ~= 0 then -- cheaper than it paid: each job's charge repays it
     settle(member, level, shift, ARGV[i + 3])
   end
 end

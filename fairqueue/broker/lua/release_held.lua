@@ -483,8 +483,12 @@ for _, t in ipairs(tenants) do
         local level, weight, cost, account, accountWeight = fqHeldMetaSplit(meta)
         redis.call('ZREM', KEYS[2], id)
         fqGuardRetries(prefix .. id)
-        local score, behind = fqPlace(K, c, level, t, tonumber(weight), tonumber(cost), true,
-          account, accountWeight)
+        local score, behind, cold, paid = fqPlace(K, c, level, t, tonumber(weight),
+          tonumber(cost), true, account, accountWeight)
+        if score and paid then -- what it paid, for the pass's charge (as add_jobs')
+          redis.call('HDEL', prefix .. id, cold and 'fqCost' or 'fqPaid')
+          redis.call('HSET', prefix .. id, cold and 'fqPaid' or 'fqCost', string.format('%.6g', paid))
+        end
         redis.call('ZADD', K.prioritized, string.format('%.17g', score or fqCap * fqScore), id)
         fqPlaced(K, c, score)
         if score and behind then fqLinePush(K, fqFlowMember(level, t), {id}) end

@@ -11,7 +11,8 @@
   KEYS[5] fq:rw (hash: flow -> the re-placement in progress:
           "anchor\nratio\nend tag\nlevel\ncursor score\nvisited at it\nbase", and for a
           cold flow's first measurement (history_commit.lua) "\nshift\npaid": its jobs
-          move to anchor + shift + (t - anchor) * ratio, their fqPaid times the ratio)
+          move to anchor + shift + (t - anchor) * ratio, their fqPaid times the ratio;
+          a settlement: ratio 1 and the shift; none moved behind the anchor)
   ARGV    mode, who, amount, prefix (named: the two modes share the positions)
   'begin' (before reweight.lua counts the new weight): who the tenant, amount its weight.
           Records a re-placement of each of its flows with work whose counted weight
@@ -85,7 +86,11 @@ local rank = fqLevelRank[level]
 local needle = cjson.encode(tenant)
 local bandLow = fqFloor * fqScore
 local bandEnd = fqScoreOf(c, last, level) or (fqCap * fqScore - 1)
-local up = ratio < 1
+-- A history move (f[8]: a recost or a settlement) goes from the head up whichever way its
+-- jobs move, so the jobs about to run move first: a job moved up (later) is marked
+-- (fqMv), so that the pages do not move it again when they meet it.
+local marker = f[8] and (f[1] .. ':' .. f[3])
+local up = ratio < 1 or marker ~= nil
 local from = cursorScore and string.format('%d', cursorScore)
 local rows
 -- From the cursor's score on, past the members of it already visited (ties sort by
@@ -102,7 +107,7 @@ for i = 1, #rows, 2 do
   local id, score = rows[i], tonumber(rows[i + 1])
   if score == cursorScore then tie = tie + 1 else cursorScore, tie = score, 1 end
   if score % 4 == rank then
-    local row = redis.call('HMGET', prefix .. id, 'data', 'fqPaid')
+    local row = redis.call('HMGET', prefix .. id, 'data', 'fqPaid', 'fqMv')
     local data, mine = row[1], false
     if data and (tenant == 'default' or string.find(data, needle, 1, true)) then
       local ok, decoded = pcall(cjson.decode, data)
@@ -112,15 +117,17 @@ for i = 1, #rows, 2 do
       end
     end
     local tag = c.base + math.floor((score - bandLow) / 4) / fqSub
-    if mine and tag > anchor then
-      local placed = fqScoreOf(c, anchor + shift + (tag - anchor) * ratio, level)
+    if mine and tag > anchor and not (marker and row[3] == marker) then
+      -- a refund (a settlement) moves a job at most to the anchor, never behind it
+      local placed = fqScoreOf(c, math.max(anchor, anchor + shift + (tag - anchor) * ratio), level)
       if placed and placed ~= score then
         redis.call('ZADD', K.prioritized, 'XX', string.format('%d', placed), id)
         moved = moved + 1
         tie = tie - 1
-        if repay and tonumber(row[2]) then
-          redis.call('HSET', prefix .. id, 'fqPaid', string.format('%.6g', tonumber(row[2]) * ratio))
-        end
+        if marker and placed > score then redis.call('HSET', prefix .. id, 'fqMv', marker) end
+      end
+      if placed and repay and tonumber(row[2]) then -- its cost placed again, moved or not
+        redis.call('HSET', prefix .. id, 'fqPaid', string.format('%.6g', tonumber(row[2]) * ratio))
       end
     end
   end
@@ -128,7 +135,8 @@ end
 local visited = #rows / 2
 if visited < page then
   if up and tonumber(redis.call('ZSCORE', K.flows, member)) == last then
-    redis.call('ZADD', K.flows, tagString(anchor + shift + (last - anchor) * ratio), member)
+    redis.call('ZADD', K.flows, tagString(math.max(anchor, anchor + shift + (last - anchor) * ratio)),
+      member)
   end
   redis.call('HDEL', KEYS[5], member)
   return {visited, moved, 1}

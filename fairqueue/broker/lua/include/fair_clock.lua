@@ -451,6 +451,30 @@ local function fqAccountState(K, c, f, g)
   return st
 end
 
+-- A job's cost with the charge its flow carried (fqCostOf's c.carried: what its runs
+-- overran after it had no work, paid with this job's turn): a refund past its cost is left
+-- for the flow's next job, each paying at least the least cost, so none is placed at or
+-- behind its start (FairClock.place). Returns the cost to place it at, the charge carried
+-- and what is left of it (nil: nothing).
+local function fqPay(c, member, cost)
+  local carried = c.carried and c.carried[member] or 0
+  local pay = cost + carried
+  local least = cost < fqMinCost and cost or fqMinCost
+  if pay < least then return least, carried, pay - least end
+  return pay, carried, nil
+end
+
+-- The job was placed: what its flow carried is paid, or what is left of it kept.
+local function fqPaidCarried(K, c, member, carried, left)
+  if carried == 0 then return end
+  c.carried[member] = left or 0
+  if left then
+    redis.call('HSET', K.state, 'p:' .. member, string.format('%.17g', left))
+  else
+    redis.call('HDEL', K.state, 'p:' .. member)
+  end
+end
+
 -- fqPlace for a flow of an account (docs/design.md, "Accounts"): the level's accounts
 -- share it by account weight (a tenant without an account is one of its own weight), an
 -- account's tenants share its part by tenant weight; an account joining the level is
@@ -508,13 +532,10 @@ local function fqPlaceInAccount(K, c, f, member, level, weight, explicitMs, stor
   if inner and not innerDone then part = inner[2] end
   local share = split * part / accountWeight
   local cost, cold = fqCostOf(K, c, member, explicitMs)
-  local carried = c.carried and c.carried[member] or 0
-  local tag = start + fqScale * (cost + carried) * share / ((4 - fqLevelRank[level]) * weight)
+  local pay, carried, left = fqPay(c, member, cost)
+  local tag = start + fqScale * pay * share / ((4 - fqLevelRank[level]) * weight)
   local score = fqScoreOf(c, tag, level)
-  if score and carried ~= 0 then
-    c.carried[member] = 0
-    redis.call('HDEL', K.state, 'p:' .. member)
-  end
+  if score then fqPaidCarried(K, c, member, carried, left) end
   if not score then return score, behind, cold and cost or nil end
   local total = others + accountWeight
   if total ~= levelTotal then
@@ -562,7 +583,7 @@ local function fqPlaceInAccount(K, c, f, member, level, weight, explicitMs, stor
       c.flowsEmpty = false
     end
   end
-  return score, behind, cold and cost or nil
+  return score, behind, cold and cost or nil, c.byTime and cost or nil
 end
 
 -- Place one job of (level, tenant, weight); returns its score (nil: no room). Every job,
@@ -576,7 +597,9 @@ end
 -- whether its flow had a job waiting ahead of it (its line is kept only then: fqLinePush),
 -- and, for a job placed with nothing measured for its flow (fairness by time), the cost
 -- it paid (turns times the turn's length: the add script keeps it in the job's fqPaid,
--- so the pass charges the job's run against what it paid, not against a later estimate).
+-- so the pass charges the job's run against what it paid, not against a later estimate),
+-- and with fairness by time the cost it paid whatever its flow's estimate (fqCost: the
+-- same, for a job placed by its flow's estimate: a young estimate's error is owed).
 -- stored: weight is the one stored with the job when it was enqueued (a delayed or held
 -- job, a rerun), not looked up now: a flow with work places it by the weight it counts
 -- (the newer one, after a weight change: reweight.lua), so a stored weight never undoes it.
@@ -642,13 +665,10 @@ local function fqPlace(K, c, level, tenant, weight, explicitMs, stored, account,
   if horizon and start < horizon then share = catchUp end
   local cost, cold = fqCostOf(K, c, member, explicitMs)
   -- A charge its runs left after the flow had no work: paid with this job's turn.
-  local carried = c.carried and c.carried[member] or 0
-  local tag = start + fqScale * (cost + carried) * share / ((4 - fqLevelRank[level]) * weight)
+  local pay, carried, left = fqPay(c, member, cost)
+  local tag = start + fqScale * pay * share / ((4 - fqLevelRank[level]) * weight)
   local score = fqScoreOf(c, tag, level)
-  if score and carried ~= 0 then
-    c.carried[member] = 0
-    redis.call('HDEL', K.state, 'p:' .. member)
-  end
+  if score then fqPaidCarried(K, c, member, carried, left) end
   if score then
     -- Placed: the flow counts towards its level (a parked job changes nothing), and its
     -- spacing is kept for a flow joining beside it.
@@ -691,7 +711,7 @@ local function fqPlace(K, c, level, tenant, weight, explicitMs, stored, account,
       end
     end
   end
-  return score, behind, cold and cost or nil
+  return score, behind, cold and cost or nil, c.byTime and cost or nil
 end
 
 -- After placing a job at score (nil: parked): a job ahead of the head is the new head,

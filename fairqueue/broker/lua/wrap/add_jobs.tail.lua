@@ -61,7 +61,7 @@ local fqLines, fqLineOrder = {}, {} -- each flow's placed ids, for one push per 
 local fqNoId = cmsgpack.pack(string.sub(KEYS[3], 1, -3)) .. '\160'
 local fqNoIdEnd = 1 + #fqNoId
 for _, job in ipairs(fqJobs) do
-  local priority, score, behind, paid = 0, nil, false, nil
+  local priority, score, behind, paid, cost = 0, nil, false, nil, nil
   local slotted = fqReadyPacked and string.sub(job.opts, -17) == fqReadySlot
   if slotted then job.opts = string.sub(job.opts, 1, -10) .. fqReadyPacked end
   -- A job without a custom id is new; one with an id is new if its hash is not there.
@@ -73,7 +73,7 @@ for _, job in ipairs(fqJobs) do
   local held = fresh and fqHold and fqHold[job.tenant]
   if fresh then
     if not held then
-      score, behind, paid = fqPlace(fqKeys, fqClockState, job.level, job.tenant, job.weight,
+      score, behind, paid, cost = fqPlace(fqKeys, fqClockState, job.level, job.tenant, job.weight,
         job.cost, false, job.account, job.accountWeight)
     end
     priority = fqPriorityOf(score)
@@ -95,9 +95,12 @@ for _, job in ipairs(fqJobs) do
         job.account and fqAccountMeta(job.account, job.accountWeight)))
   elseif fresh and type(jobId) == 'string' then
     fqPlaced(fqKeys, fqClockState, score)
-    -- Placed cold (nothing measured for its flow): what it paid, for the pass's charge.
+    -- What it paid, for the pass's charge: placed cold (nothing measured for its flow),
+    -- or by its flow's estimate.
     if paid and score then
       redis.call('HSET', string.sub(KEYS[3], 1, -3) .. jobId, 'fqPaid', string.format('%.6g', paid))
+    elseif cost and score then
+      redis.call('HSET', string.sub(KEYS[3], 1, -3) .. jobId, 'fqCost', string.format('%.6g', cost))
     end
     fqIndexed[#fqIndexed + 1] = jobId
     if score and behind then
