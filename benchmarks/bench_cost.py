@@ -567,7 +567,7 @@ ADD_VARIANTS: dict[str, list[tuple[str, str]]] = {
     ],
     "the flows' state (fqPlace over the call's memo, per job)": [
         (
-            "score, behind, paid = fqPlace(fqKeys, fqClockState, job.level, job.tenant, "
+            "score, behind, paid, cost = fqPlace(fqKeys, fqClockState, job.level, job.tenant, "
             "job.weight,\n        job.cost, false, job.account, job.accountWeight)",
             "score = fqFloor * fqScore + 4 * (#fqReplies + 1)",
         )

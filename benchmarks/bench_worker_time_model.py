@@ -142,9 +142,9 @@ def simulate(
             for tenant, moved in moves:
                 if moved is None:
                     continue
-                anchor, ratio, shift = moved
+                anchor, ratio, shift, upto = moved
                 for item in waiting:  # reweight_page.lua's pages, all at once
-                    if item[2] == tenant and item[0] > anchor:
+                    if item[2] == tenant and anchor < item[0] <= upto:
                         item[0] = replaced_tag(item[0], anchor, ratio, shift)
                         item[4] = item[4] * ratio if item[4] is not None else None
                 heapq.heapify(waiting)

@@ -77,7 +77,10 @@ def is_overdue(job: PendingJob, *, now_ms: int, max_wait_ms: int) -> bool:
     return now_ms - job.enqueued_at_ms > max_wait_ms
 
 
-Move = tuple[float, float, float]  # a re-placement: (anchor, ratio, shift in tags)
+#: A re-placement: (anchor, ratio, shift in tags, up to): the flow's waiting jobs placed
+#: after the anchor and up to its last tag when it began (jobs placed beyond it, after a
+#: refund moved its last tag back, keep their place, as the script's pages leave them).
+Move = tuple[float, float, float, float]
 
 
 def replaced_tag(tag: float, anchor: float, ratio: float, shift: float = 0.0) -> float:
@@ -432,7 +435,7 @@ class FairClock:
         share = flow_share(self._groups(level), self._group_of(key))
         shift = flow_step(self.weights[level], self.counted[key], share, cost=shift_turns)
         self.last[key] = replaced_tag(last, self.vt, ratio, shift)
-        return self.vt, ratio, shift
+        return self.vt, ratio, shift, last
 
     def _frontier(
         self, level: PriorityLevel, account: str | None = None
@@ -468,7 +471,7 @@ class FairClock:
     def charge(self, level: PriorityLevel, tenant: str, turns: float) -> Move | None:
         """The flow's attempts used ``turns`` more (less, if negative) than they paid when
         placed: paid at once, its waiting jobs and last tag moved that much later (a refund:
-        its last tag earlier): (anchor, 1, shift in tags) for :func:`replaced_tag`.
+        its last tag earlier): (anchor, 1, shift in tags, up to) for :func:`replaced_tag`.
         ``None``: no work left, it is carried to its next job, which pays it with its own
         turn (a flow that keeps emptying too; docs/design.md, "Service is worker time")."""
         key = (level, tenant)
@@ -477,8 +480,9 @@ class FairClock:
             return None
         share = flow_share(self._groups(level), self._group_of(key))
         shift = flow_step(self.weights[level], self.counted[key], share, cost=turns)
+        upto = self.last[key]
         self.last[key] += shift  # a refund: its next jobs only (no gap before a flood's)
-        return (self.vt, 1.0, shift) if turns > 0 else None
+        return (self.vt, 1.0, shift, upto) if turns > 0 else None
 
 
 def order_by_occupancy(

@@ -16,7 +16,7 @@ from fairqueue.broker import MAX_PRIORITY, TAG_FLOOR, TAG_RESOLUTION, Broker, Ne
 from fairqueue.broker.lock_store import Fence
 from fairqueue.broker.scripts import call_script, plain_script
 from fairqueue.scheduling.levels import PriorityLevel
-from fairqueue.scheduling.order import FairClock
+from fairqueue.scheduling.order import FairClock, replaced_tag
 from fairqueue.scheduling.wire import flow_member
 from tests.helpers.keys import REDIS_URL, delete_prefix, run_prefix
 
@@ -39,6 +39,7 @@ class Queue:
         self.clock = FairClock()
         self.accounts = accounts  # tenant -> (account, account weight)
         self.placed: dict[str, tuple[int, int, float, PriorityLevel]] = {}
+        self.owner: dict[str, str] = {}  # job id -> tenant
         self.taken: list[tuple[str, PriorityLevel, str]] = []
         self.parked = 0
 
@@ -85,6 +86,7 @@ class Queue:
             tag = self.clock.place(
                 level, tenant, weight, account=account, account_weight=account_weight
             )
+            self.owner[job.job_id] = tenant
             self._expect(job.job_id, level, tag)
 
     def take(self, count: int) -> None:
@@ -133,14 +135,21 @@ class Queue:
                 account=account,
                 account_weight=account_weight,
             )
+            self.owner[job_id] = tenant
             self._expect(job_id, level, tag)
 
     def settle(self, settlements: list[tuple[PriorityLevel, str, float]]) -> None:
-        """A history page that carries only ``settlements`` (flow, turns), as the loop
-        commits it (``history_commit.lua``), and the model's charges."""
+        """A history page that carries only ``settlements`` (flow, turns; one a flow, as
+        the loop's page sums them), as the loop commits it (``history_commit.lua``), the
+        re-placement pages that move a charged flow's waiting jobs, and the model's
+        charges: every waiting job's score is then the model's."""
         if not settlements:
             return
         self._observe()
+        merged: dict[tuple[PriorityLevel, str], float] = {}
+        for level, tenant, debt in settlements:
+            merged[(level, tenant)] = merged.get((level, tenant), 0.0) + debt
+        settlements = [(*flow, debt) for flow, debt in merged.items()]
         script = plain_script("history_commit")
         base = f"{self.prefix}:q:fq:"
         self.redis.set(f"{base}leader", "test-token")
@@ -173,8 +182,23 @@ class Queue:
                 await client.aclose()
 
         assert asyncio.run(run()) == 1
+        while self.broker.run(self.broker.broker.limits.replace_pages, "q", pages=8):
+            pass
         for level, tenant, debt in settlements:
-            self.clock.charge(level, tenant, debt)
+            moved = self.clock.charge(level, tenant, debt)
+            if moved is None:
+                continue
+            anchor, ratio, shift, upto = moved
+            for job_id, (units, rank, _, lvl) in list(self.placed.items()):
+                mine = (lvl, self.owner[job_id]) == (level, tenant)
+                # as the score keeps its tag, up to the flow's last when the move began
+                if mine and anchor < units / TAG_RESOLUTION and units <= upto * TAG_RESOLUTION:
+                    tag = replaced_tag(units / TAG_RESOLUTION, anchor, ratio, shift)
+                    self.placed[job_id] = (math.floor(tag * TAG_RESOLUTION), rank, tag, lvl)
+        assert {k: float(v) for k, v in self.redis.zscan_iter(self.key)} == {
+            job_id: float(TAG_FLOOR * 2**32 + units * 4 + rank)
+            for job_id, (units, rank, _, _) in self.placed.items()
+        }
 
 
 arrival = st.tuples(

@@ -208,13 +208,12 @@ def test_summarize__window_waits_tenants_and_gaps():
 
 
 async def _work(prefix, queue, count, seen, stop):
+    async def take(job):
+        seen.append((job.id, job.data, job.timestamp, job.processedOn))
+        await asyncio.sleep(0.003)  # a drain of about a second: passes run meanwhile
+
     try:
-        await stock_worker_until(
-            prefix,
-            queue,
-            lambda job: seen.append((job.id, job.data, job.timestamp, job.processedOn)),
-            count,
-        )
+        await stock_worker_until(prefix, queue, take, count)
     finally:
         stop.set()
 

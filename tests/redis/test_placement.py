@@ -592,8 +592,9 @@ def test_settlements_move_placements_as_the_model_and_an_idle_flows_is_carried(r
                 for job_id, (units, rank, _, lvl) in list(placed.items()):
                     if moved is None or (lvl, owner[job_id]) != (level, tenant):
                         continue
-                    anchor, ratio, shift = moved
-                    if units / TAG_RESOLUTION > anchor:  # as the score keeps its tag
+                    anchor, ratio, shift, upto = moved
+                    # as the score keeps its tag, up to the flow's last when it began
+                    if anchor < units / TAG_RESOLUTION and units <= upto * TAG_RESOLUTION:
                         tag = replaced_tag(units / TAG_RESOLUTION, anchor, ratio, shift)
                         placed[job_id] = (math.floor(tag * TAG_RESOLUTION), rank, tag, lvl)
             assert {k: float(v) for k, v in redis_client.zscan_iter(key)} == {
@@ -661,8 +662,9 @@ def test_a_cold_flows_first_measurement_places_its_jobs_again_as_the_model(round
                 for job_id, (units, rank, _, lvl) in list(placed.items()):
                     if moved is None or (lvl, owner[job_id]) != (level, tenant):
                         continue
-                    anchor, ratio_, shift_ = moved
-                    if units / TAG_RESOLUTION > anchor:  # as the score keeps its tag
+                    anchor, ratio_, shift_, upto = moved
+                    # as the score keeps its tag, up to the flow's last when it began
+                    if anchor < units / TAG_RESOLUTION and units <= upto * TAG_RESOLUTION:
                         tag = replaced_tag(units / TAG_RESOLUTION, anchor, ratio_, shift_)
                         placed[job_id] = (math.floor(tag * TAG_RESOLUTION), rank, tag, lvl)
                         before[job_id] = TAG_FLOOR * 2**32 + placed[job_id][0] * 4 + rank
