@@ -212,7 +212,7 @@ def test_browser__weight_from_the_tenant_page_is_counted_at_once(console, fq_pre
     assert shown(console, "weight.normal") == "3 of 4"
     assert redis_client.hget(f"{fq_prefix}:email:fq:fweights", "normal\nacme") == "3"
     assert redis_client.hget(f"{fq_prefix}:email:fq:state", "W:normal") == "4"
-    assert console.text(".fq-tenant-page dl dd:nth-of-type(3)") == "3"
+    assert console.text(".fq-tenant-page [data-fq-plan-weight]") == "3"
     # Its waiting jobs were placed again by it: nearer the front, as the page shows.
     after = in_line(redis_client, fq_prefix, acme_ids)
     assert jobs_in_line(console) == after
