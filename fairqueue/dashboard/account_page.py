@@ -26,7 +26,6 @@ from django.utils.http import urlencode
 
 from fairqueue.broker import Broker, get_sync_broker
 from fairqueue.conf import get_settings
-from fairqueue.dashboard.backlog_scans import SYNC_SCAN_LIMIT, read_backlog
 from fairqueue.dashboard.console_admin import (
     PERM_ACT,
     PERM_VIEW,
@@ -36,7 +35,7 @@ from fairqueue.dashboard.console_admin import (
     redis_trouble,
     require,
 )
-from fairqueue.dashboard.moment import moment, settle_exact, waiting_of
+from fairqueue.dashboard.moment import moment, read_checked_backlog
 from fairqueue.dashboard.overview import entitled_now
 from fairqueue.dashboard.tenant_routes import (
     ACCOUNT_ACTION,
@@ -128,16 +127,9 @@ async def aaccount_queue(
     settings = get_settings()
     queue = settings.queue_for(job_type)
     counts = await broker.passes.counts(queue)
-    scan, backlog = await read_backlog(
-        broker,
-        queue,
-        total=waiting_of(counts),
-        now_ms=now_ms,
-        max_wait_ms=settings.max_wait_ms,
-        sync_limit=SYNC_SCAN_LIMIT,
+    scan, backlog = await read_checked_backlog(
+        broker, queue, counts, now_ms=now_ms, max_wait_ms=settings.max_wait_ms
     )
-    if backlog["exact"] and scan is not None:
-        backlog = await settle_exact(broker, queue, counts, scan, backlog)
     running, *_ = await broker.console.in_flight(queue)
     uses: dict[str, list[str]] = {}
     for member in members:

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fairqueue.broker import BacklogScan, Broker
+from fairqueue.dashboard.backlog_scans import SYNC_SCAN_LIMIT, read_backlog
 
 
 def waiting_of(counts: dict[str, int]) -> int:
@@ -52,3 +53,28 @@ async def settle_exact(
             "before it."
         )
     return {**backlog, "agrees": agrees, "waiting_after": after_n, "note": note}
+
+
+async def read_checked_backlog(
+    broker: Broker,
+    queue: str,
+    counts: dict[str, int],
+    *,
+    now_ms: int,
+    max_wait_ms: int,
+    sync_limit: int = SYNC_SCAN_LIMIT,
+) -> tuple[BacklogScan | None, dict[str, Any]]:
+    """The by-level scan of ``queue``'s waiting jobs (:func:`read_backlog`), an exact one
+    checked against BullMQ's ``counts`` read again after it (:func:`settle_exact`): what
+    the queue, tenant and account pages read, so they show one number."""
+    scan, backlog = await read_backlog(
+        broker,
+        queue,
+        total=waiting_of(counts),
+        now_ms=now_ms,
+        max_wait_ms=max_wait_ms,
+        sync_limit=sync_limit,
+    )
+    if backlog["exact"] and scan is not None:
+        backlog = await settle_exact(broker, queue, counts, scan, backlog)
+    return scan, backlog

@@ -34,14 +34,14 @@ from fairqueue.dashboard.attention import memory_figures, queue_warnings
 
 # The backlog scan's knobs and cache, where callers of the stats have always found them.
 from fairqueue.dashboard.backlog_scans import SCAN_PAGE_SIZE as SCAN_PAGE_SIZE
-from fairqueue.dashboard.backlog_scans import SYNC_SCAN_LIMIT, read_backlog
+from fairqueue.dashboard.backlog_scans import SYNC_SCAN_LIMIT
 from fairqueue.dashboard.backlog_scans import clear_backlog_cache as clear_backlog_cache
 from fairqueue.dashboard.backlog_scans import scans_in_flight as scans_in_flight
 from fairqueue.dashboard.charts import history_view
 from fairqueue.dashboard.culprits import note_held_levels, overdue_flows
 from fairqueue.dashboard.failures import failures_figures, queue_failures
 from fairqueue.dashboard.limited_tenants import HELD_JOBS_SHOWN, limits_section
-from fairqueue.dashboard.moment import moment, settle_exact
+from fairqueue.dashboard.moment import moment, read_checked_backlog, waiting_of
 from fairqueue.dashboard.order_rows import UNPARSED, order_section
 from fairqueue.dashboard.overview import anoisy_figures
 from fairqueue.dashboard.wording import (
@@ -209,17 +209,10 @@ async def aqueue_stats(
         listed=listed,
     )
     counts = reads.counts
-    total = counts["wait"] + counts["prioritized"]
-    scan, backlog = await read_backlog(
-        broker,
-        queue,
-        total=total,
-        now_ms=now_ms,
-        max_wait_ms=max_wait_ms,
-        sync_limit=sync_scan_limit,
+    total = waiting_of(counts)
+    scan, backlog = await read_checked_backlog(
+        broker, queue, counts, now_ms=now_ms, max_wait_ms=max_wait_ms, sync_limit=sync_scan_limit
     )
-    if backlog["exact"] and scan is not None:
-        backlog = await settle_exact(broker, queue, counts, scan, backlog)
 
     levels = _levels(scan, now_ms=now_ms, max_wait_ms=max_wait_ms)
     overdue_total = None if scan is None else sum(levels[name]["overdue"] for name in levels)

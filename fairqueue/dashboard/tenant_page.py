@@ -26,13 +26,12 @@ from fairqueue.broker import (
     get_sync_broker,
 )
 from fairqueue.conf import get_settings
-from fairqueue.dashboard.backlog_scans import SYNC_SCAN_LIMIT, read_backlog
 from fairqueue.dashboard.charts import format_ms
 from fairqueue.dashboard.culprits import Finding, TenantFacts, verdict
 from fairqueue.dashboard.expected import describe, tenant_expected_start
 from fairqueue.dashboard.failures import FailureGroup, QueueFailures, queue_failures
 from fairqueue.dashboard.limited_tenants import rate_window
-from fairqueue.dashboard.moment import moment, settle_exact, waiting_of
+from fairqueue.dashboard.moment import moment, read_checked_backlog
 from fairqueue.dashboard.overview import anoisy_figures
 from fairqueue.dashboard.wording import format_duration, format_time, tenant_words
 from fairqueue.enqueue.status import ajob_status
@@ -161,16 +160,9 @@ async def atenant_queue(
     settings = get_settings()
     queue = settings.queue_for(job_type)
     counts = await broker.passes.counts(queue)
-    scan, backlog = await read_backlog(
-        broker,
-        queue,
-        total=waiting_of(counts),
-        now_ms=now_ms,
-        max_wait_ms=settings.max_wait_ms,
-        sync_limit=SYNC_SCAN_LIMIT,
+    scan, backlog = await read_checked_backlog(
+        broker, queue, counts, now_ms=now_ms, max_wait_ms=settings.max_wait_ms
     )
-    if backlog["exact"] and scan is not None:
-        backlog = await settle_exact(broker, queue, counts, scan, backlog)
     reads = broker.console
     window_s = max(WINDOWS_MIN) * 60
     now_s = now_ms // 1000
