@@ -416,6 +416,17 @@ local function fqFrontier(K, c, level, account)
   return tags[1], densest
 end
 
+-- A flow joining its level's backlogs (none of its own, other accounts with work): where
+-- those backlogs end (fqFrontier) when that is past its start, and the spacing it is
+-- placed at until it gets there (the others' split, or their densest when less).
+-- Returns horizon, catch-up spacing and joined (nil: it joins nothing, both kept).
+local function fqJoin(K, c, level, start, others, horizon, catchUp)
+  local joined, frontierSpacing = fqFrontier(K, c, level)
+  if not (joined and joined > start) then return horizon, catchUp, nil end
+  if frontierSpacing and frontierSpacing < others then return joined, frontierSpacing, joined end
+  return joined, others, joined
+end
+
 -- Write an account flow's fields (field, value, ...): at once, or with a memo in its
 -- pending fields (fqFlush's HSET).
 local function fqAccountPut(K, c, fields)
@@ -505,15 +516,7 @@ local function fqPlaceInAccount(K, c, f, member, level, weight, explicitMs, stor
   local joined = nil
   local catchUp = st.spacing or others
   if counted == 0 and others > 0 and mates == 0 then
-    local frontierSpacing
-    joined, frontierSpacing = fqFrontier(K, c, level)
-    if joined and joined > start then
-      horizon = joined
-      catchUp = others
-      if frontierSpacing and frontierSpacing < others then catchUp = frontierSpacing end
-    else
-      joined = nil
-    end
+    horizon, catchUp, joined = fqJoin(K, c, level, start, others, horizon, catchUp)
   end
   local catching = horizon and start < horizon
   local split = others + accountWeight
@@ -651,15 +654,7 @@ local function fqPlace(K, c, level, tenant, weight, explicitMs, stored, account,
   -- backlog reaching furthest, whatever tenants joined since (others before the upgrade).
   local catchUp = f.spacing or others
   if counted == 0 and others > 0 then
-    local frontierSpacing
-    joined, frontierSpacing = fqFrontier(K, c, level)
-    if joined and joined > start then
-      horizon = joined
-      catchUp = others
-      if frontierSpacing and frontierSpacing < others then catchUp = frontierSpacing end
-    else
-      joined = nil
-    end
+    horizon, catchUp, joined = fqJoin(K, c, level, start, others, horizon, catchUp)
   end
   local share = total
   if horizon and start < horizon then share = catchUp end
