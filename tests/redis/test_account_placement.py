@@ -3,7 +3,6 @@ an account by level, then account, then tenant exactly as the reference model
 (``FairClock.place(account=...)``, docs/design.md "Accounts"), for nested weights, joins,
 retries and charges; tenants without an account as before."""
 
-import asyncio
 import math
 from collections import Counter
 
@@ -14,10 +13,10 @@ from hypothesis import strategies as st
 
 from fairqueue.broker import MAX_PRIORITY, TAG_FLOOR, TAG_RESOLUTION, Broker, NewJob, SyncBroker
 from fairqueue.broker.lock_store import Fence
-from fairqueue.broker.scripts import call_script, plain_script
 from fairqueue.scheduling.levels import PriorityLevel
 from fairqueue.scheduling.order import FairClock, replaced_tag
 from fairqueue.scheduling.wire import flow_member
+from tests.helpers.history import commit_history_page
 from tests.helpers.keys import REDIS_URL, delete_prefix, run_prefix
 
 pytestmark = pytest.mark.django_db
@@ -150,38 +149,7 @@ class Queue:
         for level, tenant, debt in settlements:
             merged[(level, tenant)] = merged.get((level, tenant), 0.0) + debt
         settlements = [(*flow, debt) for flow, debt in merged.items()]
-        script = plain_script("history_commit")
-        base = f"{self.prefix}:q:fq:"
-        self.redis.set(f"{base}leader", "test-token")
-        items = [
-            x
-            for level, tenant, debt in settlements
-            for x in (flow_member(level.value, tenant), level.value, f"{debt:.17g}")
-        ]
-        args = script.args(
-            token="test-token",
-            ttl=10_000,
-            cursor="",
-            new_cursor="",
-            ord=0,
-            bucket_prefix=f"{base}hist:",
-            bucket_ttl=60,
-            keep_tenants=10,
-            idle_ms=86_400_000,
-            sections=[0, 0, 0, 0, 0, len(settlements), *items, 0],
-        )
-        names = ("hist", "leader", "run", "state", "flows", "fweights")
-        keys = [base + name for name in names]
-        keys += [f"{self.prefix}:q:active", f"{base}seen", self.key, f"{base}rw"]
-
-        async def run() -> int:
-            client = redis.asyncio.Redis.from_url(REDIS_URL)
-            try:
-                return int(await call_script(client, script.sha, script.source, keys, args))
-            finally:
-                await client.aclose()
-
-        assert asyncio.run(run()) == 1
+        commit_history_page(self.prefix, settlements)
         while self.broker.run(self.broker.broker.limits.replace_pages, "q", pages=8):
             pass
         for level, tenant, debt in settlements:

@@ -24,6 +24,7 @@ from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
 from fairqueue.scheduling.levels import PriorityLevel
 from fairqueue.scheduling.order import FairClock, replaced_tag
 from tests.helpers import drain_with_stock_worker
+from tests.helpers.history import commit_history_page
 from tests.helpers.keys import REDIS_URL, delete_prefix, run_prefix
 
 pytestmark = pytest.mark.django_db
@@ -471,67 +472,6 @@ def test_one_add_call_retires_at_most_expire_per_call_idle_flows(fq_prefix, redi
     assert 0 < retired[2] <= EXPIRE_PER_CALL
 
 
-def _settle(
-    redis_client,
-    prefix: str,
-    settlements: list[tuple[PriorityLevel, str, float]],
-    recosts: list[tuple[PriorityLevel, str, float, float]] = (),
-) -> None:
-    """Commit a history page that carries only ``settlements`` (flow, turns) and
-    ``recosts`` (flow, ratio, shift turns: flows measured for the first time), as the loop
-    writes them (``history_commit.lua``), holding the leader lock it checks."""
-    from fairqueue.broker.scripts import call_script, plain_script
-
-    script = plain_script("history_commit")
-    base = f"{prefix}:q:fq:"
-    redis_client.set(f"{base}leader", "test-token")
-    items = [
-        x
-        for level, tenant, debt in settlements
-        for x in (f"{level.value}\n{tenant}", level.value, f"{debt:.17g}")
-    ]
-    replaced = [
-        x
-        for level, tenant, ratio, shift in recosts
-        for x in (f"{level.value}\n{tenant}", level.value, f"{ratio:.17g}", f"{shift:.17g}")
-    ]
-    sections = [0, 0, 0, 0, 0, len(settlements), *items, len(recosts), *replaced]
-    args = script.args(
-        token="test-token",
-        ttl=10_000,
-        cursor="",
-        new_cursor="",
-        ord=0,
-        bucket_prefix=f"{base}hist:",
-        bucket_ttl=60,
-        keep_tenants=10,
-        idle_ms=86_400_000,
-        sections=sections,
-    )
-    keys = [
-        f"{base}hist",
-        f"{base}leader",
-        f"{base}run",
-        f"{base}state",
-        f"{base}flows",
-        f"{base}fweights",
-        f"{prefix}:q:active",
-        f"{base}seen",
-        f"{prefix}:q:prioritized",
-        f"{base}rw",
-    ]
-    import asyncio
-
-    async def run() -> int:
-        client = redis.asyncio.Redis.from_url(REDIS_URL)
-        try:
-            return int(await call_script(client, script.sha, script.source, keys, args))
-        finally:
-            await client.aclose()
-
-    assert asyncio.run(run()) == 1
-
-
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.lists(
@@ -584,7 +524,7 @@ def test_settlements_move_placements_as_the_model_and_an_idle_flows_is_carried(r
             merged: dict[tuple[PriorityLevel, str], float] = {}  # one a flow, as a page's
             for level, tenant, debt in settlements:
                 merged[(level, tenant)] = merged.get((level, tenant), 0.0) + debt
-            _settle(redis_client, prefix, [(*flow, debt) for flow, debt in merged.items()])
+            commit_history_page(prefix, [(*flow, debt) for flow, debt in merged.items()])
             while broker.run(broker.broker.limits.replace_pages, "q", pages=8):
                 pass
             for (level, tenant), debt in merged.items():
@@ -655,7 +595,7 @@ def test_a_cold_flows_first_measurement_places_its_jobs_again_as_the_model(round
             if recost is not None:
                 level, tenant, ratio, shift = recost
                 before = dict(redis_client.zscan_iter(key))
-                _settle(redis_client, prefix, [], [recost])
+                commit_history_page(prefix, [], [recost])
                 while broker.run(broker.broker.limits.replace_pages, "q", pages=8):
                     pass
                 moved = clock.recost(level, tenant, ratio, shift)
@@ -697,7 +637,7 @@ def test_a_cold_flood_measured_slow_is_spread_at_its_cost_and_its_overrun_paid_a
             broker, redis_client, clock, placed, key, [(N, "slow", 1), (N, "quick", 1)] * 40
         )
         owner = {job.job_id: ("slow", "quick")[i % 2] for i, job in enumerate(added)}
-        _settle(redis_client, fq_prefix, [], [(N, "slow", 4.0, 6.0)])
+        commit_history_page(fq_prefix, [], [(N, "slow", 4.0, 6.0)])
         while broker.run(broker.broker.limits.replace_pages, "q", pages=8):
             pass
         taken = [owner[job_id] for job_id, _ in redis_client.zpopmin(key, 20)]
@@ -723,9 +663,9 @@ def test_a_settlement_moves_the_flows_waiting_jobs_and_one_during_a_move_waits(
             broker, redis_client, clock, placed, key, [(N, "slow", 1), (N, "quick", 1)] * 20
         )
         owner = {job.job_id: ("slow", "quick")[i % 2] for i, job in enumerate(added)}
-        _settle(redis_client, fq_prefix, [(N, "slow", 8.0)])  # begun, no page run yet
+        commit_history_page(fq_prefix, [(N, "slow", 8.0)])  # begun, no page run yet
         last = redis_client.zscore(f"{fq_prefix}:q:fq:flows", "normal\nslow")
-        _settle(redis_client, fq_prefix, [(N, "slow", 3.0)])
+        commit_history_page(fq_prefix, [(N, "slow", 3.0)])
         assert float(redis_client.hget(state, "d:normal\nslow")) == 3.0
         assert redis_client.zscore(f"{fq_prefix}:q:fq:flows", "normal\nslow") == last
         while broker.run(broker.broker.limits.replace_pages, "q", pages=1):
@@ -749,7 +689,7 @@ def test_an_overrun_of_a_flow_with_no_work_left_is_paid_by_its_next_job(fq_prefi
         _add_as_the_model(broker, redis_client, clock, placed, key, [(N, "a", 1)])
         _take_as_a_worker(redis_client, clock, placed, key, 3)  # a's job ran; z's go on
         _observe_head(clock, placed)
-        _settle(redis_client, fq_prefix, [(N, "a", 4.0)])  # it used 5 turns, paid 1
+        commit_history_page(fq_prefix, [(N, "a", 4.0)])  # it used 5 turns, paid 1
         clock.charge(N, "a", 4.0)
         assert float(redis_client.hget(f"{fq_prefix}:q:fq:state", "p:normal\na")) == 4.0
         again, newcomer = _add_as_the_model(
