@@ -452,3 +452,25 @@ def read_until(process: subprocess.Popen, text: str, timeout_s: float = 30.0) ->
     threading.Thread(target=read, daemon=True).start()
     assert found.wait(timeout_s), "".join(lines)
     return lines
+
+
+def holding_worker(
+    prefix: str, concurrency: int, started: list[str], release: threading.Event
+) -> threading.Thread:
+    """A thread running a stock BullMQ worker on ``email`` that takes ``concurrency`` jobs
+    (their ids appended to ``started``) and holds them running until ``release``, then
+    closes within a bound (:func:`close_worker`). Start it, and join it once released."""
+
+    async def run() -> None:
+        async def process(job, token):
+            started.append(job.id)
+            while not release.is_set():
+                await asyncio.sleep(0.05)
+
+        opts = {"connection": REDIS_URL, "prefix": prefix, "concurrency": concurrency}
+        worker = Worker("email", process, opts)
+        while not release.is_set():
+            await asyncio.sleep(0.05)
+        await close_worker(worker)
+
+    return threading.Thread(target=asyncio.run, args=(run(),))

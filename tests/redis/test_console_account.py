@@ -4,7 +4,6 @@ sums are BullMQ's, ids are escaped into the URL, and the tenant page links back.
 
 from __future__ import annotations
 
-import asyncio
 import re
 import threading
 
@@ -17,9 +16,8 @@ from fairqueue.dashboard.tenant_page import tenant_page_data
 from fairqueue.enqueue import priority
 from fairqueue.enqueue.api import enqueue_jobs
 from fairqueue.models import Account, TenantPlan
-from tests.helpers import bullmq_counts, wait_until
+from tests.helpers import bullmq_counts, holding_worker, wait_until
 from tests.helpers.jobs import write_history
-from tests.helpers.keys import REDIS_URL
 
 pytestmark = pytest.mark.django_db
 
@@ -27,25 +25,6 @@ ACCOUNT = "admin:fairqueue_dashboard_account"
 TENANT = "admin:fairqueue_dashboard_tenant"
 #: Jobs the stock worker holds running.
 RUNNING = 3
-
-
-def _worker(prefix: str, started: list[str], release: threading.Event) -> threading.Thread:
-    """A stock BullMQ worker taking ``RUNNING`` jobs and holding them until ``release``."""
-    from bullmq import Worker
-
-    async def run() -> None:
-        async def process(job, token):
-            started.append(job.id)
-            while not release.is_set():
-                await asyncio.sleep(0.05)
-
-        opts = {"connection": REDIS_URL, "prefix": prefix, "concurrency": RUNNING}
-        worker = Worker("email", process, opts)
-        while not release.is_set():
-            await asyncio.sleep(0.05)
-        await worker.close()
-
-    return threading.Thread(target=asyncio.run, args=(run(),))
 
 
 def _cell(html: str, tenant: str, name: str) -> str:
@@ -79,7 +58,7 @@ def test_account_page__its_tenants_numbers_are_their_tenant_pages(
     level = one[0].level
     started: list[str] = []
     release = threading.Event()
-    thread = _worker(customers, started, release)
+    thread = holding_worker(customers, RUNNING, started, release)
     thread.start()
     try:
         assert wait_until(lambda: len(started) == RUNNING, 15)
@@ -179,7 +158,7 @@ def test_metrics__accounts_running_counts_accounts_never_names_them(customers, c
         enqueue_jobs("email", [{}], tenant_id=tenant)
     started: list[str] = []
     release = threading.Event()
-    thread = _worker(customers, started, release)
+    thread = holding_worker(customers, RUNNING, started, release)
     thread.start()
     try:
         assert wait_until(lambda: len(started) == RUNNING, 15)

@@ -6,7 +6,6 @@ a stock BullMQ worker holding the flood's jobs)."""
 
 from __future__ import annotations
 
-import asyncio
 import html as html_module
 import re
 import threading
@@ -21,10 +20,9 @@ from fairqueue.dashboard.overview import entitled_now
 from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
 from fairqueue.models import TenantPlan
 from fairqueue.scheduling.noisy import FlowWeight
-from tests.helpers import wait_until
+from tests.helpers import holding_worker, wait_until
 from tests.helpers.console import QUEUE
 from tests.helpers.jobs import write_history
-from tests.helpers.keys import REDIS_URL
 
 pytestmark = pytest.mark.django_db
 
@@ -32,25 +30,6 @@ STATS = "admin:fairqueue_dashboard_stats"
 TENANT = "admin:fairqueue_dashboard_tenant"
 #: The flood's jobs the worker holds running (all of its slots).
 RUNNING = 4
-
-
-def _worker(prefix: str, started: list[str], release: threading.Event) -> threading.Thread:
-    """A stock BullMQ worker taking ``RUNNING`` jobs and holding them until ``release``."""
-    from bullmq import Worker
-
-    async def run() -> None:
-        async def process(job, token):
-            started.append(job.id)
-            while not release.is_set():
-                await asyncio.sleep(0.05)
-
-        opts = {"connection": REDIS_URL, "prefix": prefix, "concurrency": RUNNING}
-        worker = Worker("email", process, opts)
-        while not release.is_set():
-            await asyncio.sleep(0.05)
-        await worker.close()
-
-    return threading.Thread(target=asyncio.run, args=(run(),))
 
 
 def _page_entitled(client, tenant: str, level: str) -> str:
@@ -70,7 +49,7 @@ def test_one_entitlement__tenant_page_noisy_table_json_and_metric_agree(
     level = flood[0].level
     started: list[str] = []
     release = threading.Event()
-    thread = _worker(limited, started, release)
+    thread = holding_worker(limited, RUNNING, started, release)
     thread.start()
     try:
         assert wait_until(lambda: len(started) == RUNNING, 15)
