@@ -246,13 +246,6 @@ def compare(args: argparse.Namespace, argv: list[str]) -> list[dict[str, Any]]:
     (:func:`benchmarks.common.side_by_side`), each row labelled."""
     from benchmarks.common import side_by_side
 
-    passed, skip = [], False
-    for item in argv:  # the options but --compare, --only (given per run) and --json
-        if skip and not item.startswith("--"):
-            continue
-        skip = item.split("=")[0] in ("--compare", "--only", "--json")
-        if not skip:
-            passed.append(item)
     rows = []
 
     def capacity_of(out: Path) -> float | None:
@@ -260,7 +253,7 @@ def compare(args: argparse.Namespace, argv: list[str]) -> list[dict[str, Any]]:
         return rows[0]["capacity"] if rows else None
 
     for label, _path, out in side_by_side(
-        "bench_admission.py", args.compare, list(args.only), "--only", passed, capacity_of
+        "bench_admission.py", args.compare, list(args.only), "--only", argv, capacity_of
     ):
         for row in json.loads(out.read_text()):
             row["path"] = f"{row['path']} {label}"

@@ -681,13 +681,6 @@ def compare(args: argparse.Namespace, argv: list[str]) -> int:
         for s in SCENARIOS
         if (s.name in args.only if args.only else not args.quick or s.quick)
     ]
-    passed, skip = [], False
-    for item in argv:  # the options but --compare and --only (given per run) and --json
-        if skip and not item.startswith("--"):
-            continue
-        skip = item.split("=")[0] in ("--compare", "--only", "--json")
-        if not skip:
-            passed.append(item)
     rows = []
 
     def capacity_of(path: Path) -> float | None:
@@ -695,7 +688,7 @@ def compare(args: argparse.Namespace, argv: list[str]) -> int:
         return rows[0]["capacity"] if rows else None
 
     for label, _name, path in side_by_side(
-        "bench_eta.py", args.compare, names, "--only", [*passed, "--skip-cost"], capacity_of
+        "bench_eta.py", args.compare, names, "--only", [*argv, "--skip-cost"], capacity_of
     ):
         for row in json.loads(path.read_text()).get("live", []):
             row["scenario"] = f"{row['scenario']} {label}"

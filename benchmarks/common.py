@@ -103,13 +103,21 @@ def side_by_side(
 ) -> list[tuple[str, str, Path]]:
     """Runs ``benchmarks/<script>`` of ``other_root`` (another checkout: the code before a
     change) and of this one, alternating one ``names`` item at a time (``only_flag
-    name``, the rest of ``argv`` alike), so both see the same load of a shared machine
+    name``, the rest of ``argv`` alike: its ``--compare``, ``only_flag`` and ``--json``
+    options, given per run, left out), so both see the same load of a shared machine
     rather than one after the other; the second run of each takes the capacity the first
     measured (``--capacity``, read by ``capacity_of`` from its JSON), so both offer the
     same load: a capacity measured apart swung 33-80 jobs/s between runs on a loaded
     machine. Returns ``(label, name, json file)`` rows, ``old`` then ``new`` per name."""
     import tempfile
 
+    passed, skip = [], False
+    for item in argv:
+        if skip and not item.startswith("--"):
+            continue
+        skip = item.split("=")[0] in ("--compare", only_flag, "--json")
+        if not skip:
+            passed.append(item)
     here = Path(__file__).resolve().parent.parent
     folder = Path(tempfile.mkdtemp(prefix="side-by-side-"))
     rows = []
@@ -117,7 +125,7 @@ def side_by_side(
         capacity = None
         for label, root in (("old", other_root.resolve()), ("new", here)):
             out = folder / f"{label}-{name}.json"
-            command = [sys.executable, str(root / "benchmarks" / script), *argv]
+            command = [sys.executable, str(root / "benchmarks" / script), *passed]
             command += [only_flag, name, "--json", str(out)]
             if capacity is not None:
                 command += ["--capacity", f"{capacity:.1f}"]
