@@ -416,6 +416,18 @@ local function fqFrontier(K, c, level, account)
   return tags[1], densest
 end
 
+-- The flow's last tag moves on to tag when it is further: in the call's memo (m, f: the
+-- flow's state, written once by fqFlush) or at once in fq:flows.
+local function fqKeepLast(K, c, f, m, member, tag, last)
+  if last and tag <= last then return end
+  if m then
+    f.last, f.tagDirty = tag, true
+  else
+    redis.call('ZADD', K.flows, string.format('%.17g', tag), member)
+    c.flowsEmpty = false
+  end
+end
+
 -- A flow joining its level's backlogs (none of its own, other accounts with work): where
 -- those backlogs end (fqFrontier) when that is past its start, and the spacing it is
 -- placed at until it gets there (the others' split, or their densest when less).
@@ -578,14 +590,7 @@ local function fqPlaceInAccount(K, c, f, member, level, weight, explicitMs, stor
       innerNow and innerNow[2])
   end
   fqAccountPut(K, c, fields)
-  if not last or tag > last then
-    if m then
-      f.last, f.tagDirty = tag, true
-    else
-      redis.call('ZADD', K.flows, string.format('%.17g', tag), member)
-      c.flowsEmpty = false
-    end
-  end
+  fqKeepLast(K, c, f, m, member, tag, last)
   return score, behind, cold and cost or nil, c.byTime and cost or nil
 end
 
@@ -697,14 +702,7 @@ local function fqPlace(K, c, level, tenant, weight, explicitMs, stored, account,
       f.horizon, f.horizonDirty = nil, false -- caught up: its share as any tenant's
       redis.call('HDEL', K.fweights, 'j\n' .. member)
     end
-    if not last or tag > last then
-      if m then
-        f.last, f.tagDirty = tag, true
-      else
-        redis.call('ZADD', K.flows, string.format('%.17g', tag), member)
-        c.flowsEmpty = false
-      end
-    end
+    fqKeepLast(K, c, f, m, member, tag, last)
   end
   return score, behind, cold and cost or nil, c.byTime and cost or nil
 end
