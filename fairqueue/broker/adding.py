@@ -25,7 +25,8 @@ from fairqueue.broker.scripts import (
     call_script_sync,
     release_held_script,
 )
-from fairqueue.exceptions import TenantBacklogFullError
+from fairqueue.exceptions import AccountBacklogFullError, TenantBacklogFullError
+from fairqueue.scheduling.hierarchy import ACCOUNT_MARK
 from fairqueue.scheduling.levels import DEFAULT_TENANT, PriorityLevel
 from fairqueue.scheduling.wire import account_meta
 
@@ -89,6 +90,9 @@ class NewJob:
     #: ``None``: none, the tenant is an account of its own.
     account: str | None = None
     account_weight: int = 1
+    #: The account's limits as the scripts read them (``wire.encoded_limits``); ``None``:
+    #: none. Its jobs come with ``limits`` then (maybe empty ones), so they are held.
+    account_limits: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,8 +152,16 @@ def _added(command: _AddCommand, reply: Any) -> list[AddedJob]:
         raise reply
     if isinstance(reply, list) and reply and reply[0] == "fq:backlog":
         _, tenant, limit, waiting = reply
+        tenant = tenant.decode() if isinstance(tenant, bytes) else str(tenant)
+        if tenant.startswith(ACCOUNT_MARK):
+            raise AccountBacklogFullError(
+                account_id=tenant[len(ACCOUNT_MARK) :],
+                queue=command.queue,
+                limit=int(limit),
+                waiting=int(waiting),
+            )
         raise TenantBacklogFullError(
-            tenant_id=str(tenant), queue=command.queue, limit=int(limit), waiting=int(waiting)
+            tenant_id=tenant, queue=command.queue, limit=int(limit), waiting=int(waiting)
         )
     pairs = (
         [(reply, BACK_OF_LINE)]
@@ -247,6 +259,9 @@ class AddPacker:
             tally: dict[str, int] = {}
             for job in jobs[index : index + command.size]:
                 tally[job.tenant] = tally.get(job.tenant, 0) + 1
+                if job.account is not None and job.account_limits is not None:
+                    of = ACCOUNT_MARK + job.account
+                    tally[of] = tally.get(of, 0) + 1
             counts.append(tally)
             index += command.size
         left = dict(later)
@@ -333,6 +348,8 @@ class AddPacker:
             )
             if job.limits is not None:
                 limits[job.tenant] = job.limits
+                if job.account is not None and job.account_limits is not None:
+                    limits[ACCOUNT_MARK + job.account] = job.account_limits
             if len(batch) == self.batch_size:
                 commands.append(self._batch_command(queue, scripts, batch, limits))
                 batch, limits = [], {}
