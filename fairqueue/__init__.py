@@ -21,7 +21,6 @@ from fairqueue.enqueue.priority import wire_tenant_plan_lookup, wire_tenant_weig
 from fairqueue.enqueue.start_estimates import aestimate_start, estimate_start
 from fairqueue.enqueue.status import JobStatus, ajob_status, job_status
 from fairqueue.exceptions import (
-    AccountBacklogFullError,
     BrokerError,
     BrokerRejectedError,
     BrokerUnavailableError,
@@ -99,7 +98,6 @@ __all__ = [
     "StartEstimate",
     "TaskFailedError",
     "TaskJobError",
-    "AccountBacklogFullError",
     "TenantBacklogFullError",
     "UnknownAccountError",
     "UnknownJobTypeError",

@@ -147,6 +147,17 @@ class _AddCommand:
         return self.script.args(**self.named)
 
 
+def _given_limits(job: NewJob) -> dict[str, str]:
+    """What an add call carries for ``job``: its tenant's limits, and its account's (keyed
+    ``ACCOUNT_MARK + account``) when the account has some; nothing without limits."""
+    if job.limits is None:
+        return {}
+    given = {job.tenant: job.limits}
+    if job.account is not None and job.account_limits is not None:
+        given[ACCOUNT_MARK + job.account] = job.account_limits
+    return given
+
+
 def _added(command: _AddCommand, reply: Any) -> list[AddedJob]:
     if isinstance(reply, Exception):
         raise reply
@@ -346,10 +357,7 @@ class AddPacker:
                     job.account_weight,
                 )
             )
-            if job.limits is not None:
-                limits[job.tenant] = job.limits
-                if job.account is not None and job.account_limits is not None:
-                    limits[ACCOUNT_MARK + job.account] = job.account_limits
+            limits.update(_given_limits(job))
             if len(batch) == self.batch_size:
                 commands.append(self._batch_command(queue, scripts, batch, limits))
                 batch, limits = [], {}

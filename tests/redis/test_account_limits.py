@@ -11,9 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fairqueue import AccountBacklogFullError, enqueue_job, enqueue_jobs, enqueue_on_commit
+from fairqueue import enqueue_job, enqueue_jobs, enqueue_on_commit
 from fairqueue.broker import get_sync_broker
 from fairqueue.enqueue.priority import wire_tenant_plan_lookup
+from fairqueue.exceptions import AccountBacklogFullError
 from fairqueue.models import Account, OutboxJob, TenantPlan
 from fairqueue.scheduling.limits import AccountRoom, TenantLimits, release_room
 from fairqueue.scheduling.wire import encoded_limits
@@ -62,8 +63,8 @@ def test_account_max_active__3_tenants_never_run_more_than_2_at_once(node, fq_pr
     assert most == 2
     started = [s.job_id for s in starts]
     assert sorted(started) == sorted(ids + free)  # every job, once
-    by_tenant = {t: sum(s.tenant == t for s in starts[:9] if s.job_id in ids) for t in "123"}
-    assert by_tenant  # the account's jobs went out by its tenants in turn (no starvation)
+    first = [s.tenant for s in starts if s.job_id in ids][:6]
+    assert len(set(first)) >= 2, first  # its tenants share its slots, none waits for t1
 
 
 def test_account_and_tenant_limits__both_hold(node, fq_prefix, redis_client):
@@ -85,7 +86,7 @@ def test_account_and_tenant_limits__both_hold(node, fq_prefix, redis_client):
 
     starts, _ = _run_releasing(worker, 3.0, sample)
     assert seen["t1"] == 1  # the tenant's own max_active
-    assert seen["all"] == 3  # the account's
+    assert 2 <= seen["all"] <= 3  # the account's (a 10 ms sample may miss a moment of 3)
     assert sorted(s.job_id for s in starts) == sorted(t1 + t2)
 
 

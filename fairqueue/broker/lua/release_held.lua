@@ -526,7 +526,9 @@ for _, t in ipairs(tenants) do
       if byAccount == 'rate' then
         local at = fqRateWake(acct.lim, acct.tokens, acct.rateKey, now)
         if wake < 0 or at < wake then wake = at end
-        nextVisit = now + at
+        -- a tenant served now comes after those the account's rate left waiting, so its
+        -- tenants take the account's rate in turn
+        nextVisit = now + at + (placed > 0 and 1 or 0)
       elseif byAccount == 'max_active' then
         -- a slot of the account freed makes it due (fqAccountWake)
         redis.call('ZADD', L .. ':await:' .. acctId, 'NX', now, t)
