@@ -248,3 +248,38 @@ def test_release_script__account_and_tenant__releases_what_release_room_says(
     assert client.scard(f"{base}:aout:{a}") == occupied + others + expected.count
     if expected.reason is not None and held - expected.count:
         assert released.by_reason[expected.reason] == held - expected.count
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    tenant=limits_strategy,
+    account=limits_strategy,
+    held=st.integers(0, 300),
+    occupied=st.integers(0, 30),
+    account_occupied=st.integers(0, 60),
+    started=st.integers(0, 30),
+    takeable=st.integers(0, 250),
+)
+def test_release_room__with_an_account_both_limits_hold(
+    tenant, account, held, occupied, account_occupied, started, takeable
+):
+    """The account's room never lets more go than the tenant's alone, never past the
+    account's max_active or rate, and is all the tenant's when the account has room."""
+    alone = release_room(tenant, held=held, occupied=occupied, started_in_window=0)
+    room = AccountRoom(
+        account, occupied=account_occupied, started_in_window=started, takeable=takeable
+    )
+    both = release_room(tenant, held=held, occupied=occupied, started_in_window=0, account=room)
+    assert 0 <= both.count <= alone.count
+    if account.max_active is not None:
+        assert both.count == 0 or account_occupied + both.count <= account.max_active
+    if account.rate_max is not None:
+        assert both.count == 0 or started + both.count <= account.rate_max
+    assert both.count == 0 or takeable + both.count <= 200  # TAKEABLE_CAP over the account
+    unlimited = AccountRoom(TenantLimits())
+    assert (
+        release_room(tenant, held=held, occupied=occupied, started_in_window=0, account=unlimited)
+        == alone
+    )
+    if both.count < alone.count:
+        assert both.reason in ("max_active", "rate", None)

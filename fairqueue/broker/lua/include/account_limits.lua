@@ -19,10 +19,14 @@
     L:await:<a>     zset: its tenants held by the account's max_active, by when: a slot of
                     the account freed makes the first of them due
 
-  Work per call: every step is O(log n) in these keys but the visit of an account
-  (fqAccountVisit), once per release call and account, which walks L:aout:<a>: at most
-  the account's max_active (or, for a rate or max_waiting alone, the account's running
-  jobs and TAKEABLE_CAP untaken ones) whatever its tenants' backlogs.
+  Work per call: every step is O(log n) in these keys but the walks of L:aout:<a> (the
+  visit of an account, fqAccountVisit, once per release call and account; and an add's
+  max_waiting check, fqAccountWaiting): at most the account's running jobs and
+  TAKEABLE_CAP untaken ones (max_active or fewer with one), whatever its tenants'
+  backlogs. So with 1M jobs waiting over 10,000 tenants of one account, on 100 worker
+  slots, a walk is at most 300 members (O(log n) each); the account's save is one HSET
+  and one ZADD of its 10,000 tenants (limit_store.set_account_limits). An account
+  without limits costs its tenants' adds nothing here (no key is read).
 ]]
 
 -- A call's tenants' accounts (false: none with limits).
