@@ -44,7 +44,7 @@ from fairqueue.dashboard.overview import (
     plans_attention,
 )
 from fairqueue.dashboard.queue_figures import QueueStats
-from fairqueue.dashboard.stats import clamp_page, queues_stats
+from fairqueue.dashboard.stats import StatsAsk, clamp_page, queues_stats
 from fairqueue.dashboard.tenant_routes import tenant_url
 from fairqueue.dashboard.wording import format_duration, format_time
 from fairqueue.exceptions import BrokerError, BrokerUnavailableError
@@ -147,13 +147,8 @@ class QueueViews(ConsolePage):
         can_rebalance = request.user.has_perm(PERM_REBALANCE)
         minutes = clamp_window_min(request.GET.get("history_minutes"))
         try:
-            found = queues_stats(
-                job_types,
-                page=page,
-                per_page=per_page,
-                history_minutes=minutes,
-                listed=_listed(job_types),
-            )
+            ask = StatsAsk(page, per_page, history_minutes=minutes, listed=_listed(job_types))
+            found = queues_stats(job_types, ask)
         except BrokerError as exc:
             return (), redis_trouble(exc, "page")
         url = self.admin._url
@@ -237,13 +232,9 @@ class QueueViews(ConsolePage):
         else:
             job_types = list(get_settings().queues)
         try:
-            queues = queues_stats(
-                job_types,
-                page=page,
-                per_page=per_page,
-                history_minutes=minutes,
-                listed=_listed([job_type] if job_type else job_types),
-            )
+            listed = _listed([job_type] if job_type else job_types)
+            ask = StatsAsk(page, per_page, history_minutes=minutes, listed=listed)
+            queues = queues_stats(job_types, ask)
         except BrokerError as exc:
             error = redis_trouble(exc, "json")
             state = "unreachable" if isinstance(exc, BrokerUnavailableError) else "error"
