@@ -22,7 +22,6 @@ from django.http import (
     HttpResponseRedirect,
     JsonResponse,
 )
-from django.template.response import TemplateResponse
 from django.urls import URLPattern
 
 from fairqueue.broker import STATUS_TENANTS, get_sync_broker
@@ -200,11 +199,7 @@ class QueueViews(ConsolePage):
         )
         title = f"Fair queue: {single}" if single else "Fair queue dashboard"
         steps = [(single, None)] if single else []
-        return TemplateResponse(
-            request,
-            "fairqueue/dashboard.html",
-            self.admin._context(request, title, *steps, page=shown),
-        )
+        return self.admin._show(request, "fairqueue/dashboard.html", title, *steps, page=shown)
 
     def dashboard_view(self, request: HttpRequest) -> HttpResponse:
         """Every configured queue, each with the first page of its waiting order."""
@@ -283,16 +278,13 @@ class QueueViews(ConsolePage):
             last_pass_by=(last_pass or {}).get("by"),
             redis_error=error,
         )
-        return TemplateResponse(
+        return self.admin._show(
             request,
             "fairqueue/confirm.html",
-            self.admin._context(
-                request,
-                f"Run one rebalance pass over {job_type}?",
-                (job_type, queue_url),
-                ("run one pass", None),
-                page=shown,
-            ),
+            f"Run one rebalance pass over {job_type}?",
+            (job_type, queue_url),
+            ("run one pass", None),
+            page=shown,
         )
 
     def _run_pass(self, request: HttpRequest, job_type: str, queue_url: str) -> HttpResponse:
