@@ -100,11 +100,8 @@ class JobDetail:
 
 
 class DashboardReads(BrokerPart):
-    """The admin dashboard's reads."""
-
-    # -- dashboard support (fairqueue.dashboard) --------------------------------------
-    # Read-only helpers for the admin dashboard. Each costs O(page) per call except
-    # scan_backlog, which the dashboard runs synchronously only for small backlogs.
+    """The admin dashboard's reads, read-only. Each costs O(page) per call except
+    :meth:`scan_backlog`, which the dashboard runs synchronously only for small backlogs."""
 
     async def is_paused(self, queue: str) -> bool:
         """Whether ``queue`` is paused (``queue.pause()`` from Node or Python sets its
