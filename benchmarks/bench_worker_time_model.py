@@ -19,8 +19,9 @@ Each runs with the rule as it was, approximately (``before``: a settlement moves
 flow's last tag, an attempt is charged against its flow's estimate at its start; the
 first measurement as now) and as it is
 (``now``: each attempt charged against what its job paid when placed, a settlement moving
-its flow's waiting jobs at once, ``FairClock.charge``); a cold flow's first measurement
-places its waiting jobs again in both (``FairClock.recost``).
+its flow's waiting jobs at once both ways, ``FairClock.charge``); a cold flow's first
+measurement places its waiting jobs again in both (``FairClock.recost``; now also when
+it was measured cheaper than it paid).
 
     python benchmarks/bench_worker_time_model.py [--jitter 0.6] [--overhead-ms 8]
         [--lag-ms 0] [--seconds 20] [--seed N]

@@ -426,12 +426,14 @@ class FairClock:
     ) -> Move | None:
         """The flow's first runs were measured: its waiting jobs, placed cold, are placed
         again at ``ratio`` (measured cost over what they paid) from the virtual time,
-        ``shift_turns`` later (its overrun so far), and its last tag with them, as
-        :meth:`charge` (``None``: no work, the shift is charged as any settlement)."""
+        ``shift_turns`` later (its overrun so far, or less), and its last tag with them,
+        as :meth:`charge`, whichever way they move: a cheaper flood's backlog repaid only
+        by its jobs' charges would be repaid once it drained, which a flood's never does
+        (``None``: no work, the shift is charged as any settlement)."""
         key = (level, tenant)
         last = self.last.get(key)
-        if last is None or last <= self.vt or ratio < 1 or shift_turns < 0:
-            return self.charge(level, tenant, shift_turns)  # cheaper: its charges repay
+        if last is None or last <= self.vt:
+            return self.charge(level, tenant, shift_turns)
         share = flow_share(self._groups(level), self._group_of(key))
         shift = flow_step(self.weights[level], self.counted[key], share, cost=shift_turns)
         self.last[key] = replaced_tag(last, self.vt, ratio, shift)
@@ -470,10 +472,12 @@ class FairClock:
 
     def charge(self, level: PriorityLevel, tenant: str, turns: float) -> Move | None:
         """The flow's attempts used ``turns`` more (less, if negative) than they paid when
-        placed: paid at once, its waiting jobs and last tag moved that much later (a refund:
-        its last tag earlier): (anchor, 1, shift in tags, up to) for :func:`replaced_tag`.
-        ``None``: no work left, it is carried to its next job, which pays it with its own
-        turn (a flow that keeps emptying too; docs/design.md, "Service is worker time")."""
+        placed: paid at once, its waiting jobs and last tag moved that much later (a
+        refund: earlier, none behind the virtual time; a refund of its last tag alone
+        would count only once its backlog drained, never for a flood): (anchor, 1, shift
+        in tags, up to) for :func:`replaced_tag`. ``None``: no work left, it is carried
+        to its next job, which pays it with its own turn (a flow that keeps emptying too;
+        docs/design.md, "Service is worker time")."""
         key = (level, tenant)
         if self.last.get(key, self.vt) <= self.vt or not turns:
             self.carried[key] = self.carried.get(key, 0.0) + turns
@@ -481,8 +485,8 @@ class FairClock:
         share = flow_share(self._groups(level), self._group_of(key))
         shift = flow_step(self.weights[level], self.counted[key], share, cost=turns)
         upto = self.last[key]
-        self.last[key] += shift  # a refund: its next jobs only (no gap before a flood's)
-        return (self.vt, 1.0, shift, upto) if turns > 0 else None
+        self.last[key] = replaced_tag(upto, self.vt, 1.0, shift)
+        return self.vt, 1.0, shift, upto
 
 
 def order_by_occupancy(
