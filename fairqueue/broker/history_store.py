@@ -9,6 +9,7 @@ most ``TENANTS_PER_BUCKET`` tenants.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,6 +105,58 @@ class HistoryStore(BrokerPart):
         """A tenant's buckets of the last ``window_s`` (start second -> fields: its waits'
         bins and worker ms per level), one pipelined HGETALL per bucket."""
         return await self.conn.guard(self._read_tenant(queue, tenant_id, now_s, window_s))
+
+    async def recent_worker_shares(
+        self,
+        queue: str,
+        flows: list[tuple[str, str]],
+        *,
+        now_s: int,
+        running_ms: Mapping[tuple[str, str], float],
+    ) -> dict[tuple[str, str], float]:
+        """Each of ``flows``' ((level, tenant)) share of its level's worker time over its
+        tenant buckets of this minute and the last, with what the attempts running now
+        have run so far (``running_ms``, every running flow's: the history records an
+        attempt when it ends), for the noisy rule by time. One pipelined round trip: two
+        HGETs a flow and an HMGET per history bucket of that span (at most 13)."""
+        return await self.conn.guard(self._recent_worker_shares(queue, flows, now_s, running_ms))
+
+    async def _recent_worker_shares(
+        self,
+        queue: str,
+        flows: list[tuple[str, str]],
+        now_s: int,
+        running_ms: Mapping[tuple[str, str], float],
+    ) -> dict[tuple[str, str], float]:
+        if not flows:
+            return {}
+        prefix = self.conn.fair_key(queue, "hist:")
+        first = now_s // TENANT_BUCKET_S * TENANT_BUCKET_S - TENANT_BUCKET_S
+        minutes = (first, first + TENANT_BUCKET_S)
+        starts = range(first, now_s // BUCKET_S * BUCKET_S + 1, BUCKET_S)
+        levels = sorted({level for level, _ in flows})
+        async with self.conn.client().pipeline(transaction=False) as pipe:
+            for level, tenant in flows:
+                for minute in minutes:
+                    pipe.hget(prefix + tenant_bucket(minute, tenant), f"t:{level}")
+            for start in starts:
+                pipe.hmget(f"{prefix}{start}", [f"t:{level}" for level in levels])
+            replies: list[Any] = await pipe.execute()
+        at = 2 * len(flows)
+        level_ms = dict.fromkeys(levels, 0.0)
+        for row in replies[at:]:
+            for level, value in zip(levels, row, strict=True):
+                level_ms[level] += float(value or 0)
+        for (level, _), ms in running_ms.items():
+            if level in level_ms:
+                level_ms[level] += ms
+        shares = {}
+        for i, (level, tenant) in enumerate(flows):
+            ms = sum(float(v or 0) for v in replies[2 * i : 2 * i + 2])
+            ms += running_ms.get((level, tenant), 0.0)
+            if ms > 0 and level_ms[level] > 0:
+                shares[(level, tenant)] = min(1.0, ms / level_ms[level])
+        return shares
 
     async def _read_tenant(
         self, queue: str, tenant_id: str, now_s: int, window_s: int
