@@ -730,6 +730,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="QUEUE_FAIR_MAX_WAIT_MS; repeat to run each scenario at several (default 3000)",
     )
     parser.add_argument("--warmup-s", type=float, default=5.0, help="left out of the window")
+    parser.add_argument(
+        "--capacity",
+        type=float,
+        help="the worker's capacity (jobs/s) the rates are sized from, instead of measuring "
+        "it: runs of two checkouts alternated on a loaded machine ask the same",
+    )
     parser.add_argument("--scenario", action="append", help="run only these (repeatable)")
     parser.add_argument("--scheduler", action="append", choices=SCHEDULERS)
     parser.add_argument(
@@ -746,8 +752,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unknown scenario {unknown[0]!r}: expected {sorted(build_scenarios(1.0))}")
     db: ThreadPoolExecutor = setup_django()
     args.breakers = BreakerCount(args.breaker, db)
-    capacity, alone, _ = calibrate(args, db)
-    print(f"capacity: {capacity:.0f} jobs/s at {args.run_ms:g} ms (alone {alone:.0f})")
+    if args.capacity is not None and not args.capacity > 0:
+        parser.error(f"--capacity={args.capacity!r} is not allowed: expected jobs/s > 0")
+    if args.capacity:
+        capacity = args.capacity
+        print(f"capacity: {capacity:.0f} jobs/s at {args.run_ms:g} ms (given)")
+    else:
+        capacity, alone, _ = calibrate(args, db)
+        print(f"capacity: {capacity:.0f} jobs/s at {args.run_ms:g} ms (alone {alone:.0f})")
     scenarios = build_scenarios(capacity)
     results: list[Result] = []
     for name in names:
