@@ -1,5 +1,5 @@
 """Fairness by worker time in the model, with no machine noise: the placement rule
-(``fairqueue.scheduling.order.FairClock``) and the history step's estimates and charges
+(``fairqueue.scheduling.fair_clock.FairClock``) and the history step's estimates and charges
 (``fairqueue.scheduling.attempts.record_page``, a page every 250 ms) driving a
 simulated pool of workers, deterministic (seeded), so a change of the rule shows as a
 change of shares, not of the machine's load. The live benchmark
@@ -43,10 +43,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fairqueue.scheduling.attempts import Event, Run, Start, record_page  # noqa: E402
+from fairqueue.scheduling.attempt_events import Event, Run, Start  # noqa: E402
+from fairqueue.scheduling.attempts import record_page  # noqa: E402
+from fairqueue.scheduling.fair_clock import FairClock  # noqa: E402
 from fairqueue.scheduling.levels import PriorityLevel  # noqa: E402
 from fairqueue.scheduling.order import (  # noqa: E402
-    FairClock,
     cost_turns,
     replaced_tag,
     turn_scale,

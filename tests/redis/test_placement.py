@@ -21,8 +21,9 @@ from fairqueue.broker import (
     get_sync_broker,
 )
 from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
+from fairqueue.scheduling.fair_clock import FairClock
 from fairqueue.scheduling.levels import PriorityLevel
-from fairqueue.scheduling.order import FairClock, replaced_tag
+from fairqueue.scheduling.order import replaced_tag
 from tests.helpers import drain_with_stock_worker
 from tests.helpers.history import commit_history_page
 from tests.helpers.keys import REDIS_URL, delete_prefix, run_prefix
