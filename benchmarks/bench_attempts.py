@@ -325,6 +325,9 @@ class Result:
     overdue: dict[str, int] = field(default_factory=dict)
     #: When each flow was first flagged noisy (s from the start; runs with the loop).
     noisy: dict[str, float] | None = None
+    #: By time, with the loop: each flow's run-time estimate (ms, Redis's clock, the
+    #: ``c:`` field the add script places by) when arrivals ended.
+    estimates: dict[str, float] = field(default_factory=dict)
 
     def share(self, key: str) -> float:
         values = self.attempts if self.scenario.measure == "attempts" else self.worker_ms
@@ -459,6 +462,7 @@ def run_one(
             t_end = time.time() * 1000
             if loop is not None:
                 result.overdue = db.submit(_overdue_by_level).result()
+                result.estimates = _estimates(prefix, scenario)
             worker.stop()
             if loop is not None:
                 stop_process(loop)
@@ -475,6 +479,21 @@ def run_one(
             close_brokers()
             delete_prefix(prefix)
     return result
+
+
+def _estimates(prefix: str, scenario: Scenario) -> dict[str, float]:
+    """Each flow's run-time estimate in fq:state (ms), for the time scenarios' table: the
+    loop measures a run between its events on Redis's clock, the table between the
+    worker's ``processedOn`` and ``finishedOn``; a gap between them is a bias."""
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        names = [f"c:{f.level}\n{f.tenant}" for f in scenario.flows]
+        values = client.hmget(f"{prefix}:{QUEUE}:fq:state", names)
+    finally:
+        client.close()
+    return {f.key: float(v) for f, v in zip(scenario.flows, values, strict=True) if v}
 
 
 def _overdue_by_level() -> dict[str, int]:
@@ -685,6 +704,12 @@ def print_results(results: list[Result], args: argparse.Namespace) -> None:
             if result.overdue:
                 line += ", overdue when arrivals ended: " + ", ".join(
                     f"{level} {n}" for level, n in result.overdue.items()
+                )
+            if result.estimates:
+                line += ", estimate / worker's mean run: " + ", ".join(
+                    f"{key} {est:.1f}/{result.worker_ms[key] / result.attempts[key]:.1f} ms"
+                    for key, est in result.estimates.items()
+                    if result.attempts.get(key)
                 )
             if result.returning_shares:
                 line += ", the returning tenant's share of its level a second at a time: " + (
