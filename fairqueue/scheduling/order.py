@@ -88,8 +88,12 @@ def replaced_tag(tag: float, anchor: float, ratio: float, shift: float = 0.0) ->
     (docs/design.md, "A weight change"; ``reweight_page.lua``). A cold flow's first
     measurement places its jobs again the same way, ``ratio`` being its measured cost
     over the one its jobs paid, ``shift`` (tags) what its runs so far overran, paid at
-    once (docs/design.md, "Service is worker time"). A refund stops at the anchor."""
-    return max(anchor, anchor + shift + (tag - anchor) * ratio)
+    once (docs/design.md, "Service is worker time"). A refund (``shift`` < 0) never
+    moves a job behind the anchor, nor onto another of its flow: within twice the refund
+    of the anchor its jobs come half as far from it (so a refund every flow gets alike
+    changes no order among them, where a stop at the anchor gave them one tag, taken
+    flow by flow)."""
+    return max(anchor + (tag - anchor) * ratio / 2, anchor + shift + (tag - anchor) * ratio)
 
 
 def flow_step(

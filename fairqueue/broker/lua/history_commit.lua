@@ -148,7 +148,7 @@ local function g(x) return string.format('%.17g', x) end
 local function replace(member, level, last, ratio, tags, repay)
   redis.call('HSET', KEYS[10], member, table.concat({g(vt), g(ratio), g(last), level, '', '',
     g(base), g(tags), repay and 'paid' or ''}, '\n'))
-  local moved = math.max(vt, vt + tags + (last - vt) * ratio)
+  local moved = fqReplaced(last, vt, ratio, tags)
   if moved > last then redis.call('ZADD', KEYS[5], g(moved), member) end
 end
 local function settle(member, level, debt, text)

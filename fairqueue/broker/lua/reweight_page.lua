@@ -120,7 +120,7 @@ for i = 1, #rows, 2 do
     local tag = c.base + math.floor((score - bandLow) / 4) / fqSub
     if mine and tag > anchor and not (marker and row[3] == marker) then
       -- a refund (a settlement) moves a job at most to the anchor, never behind it
-      local placed = fqScoreOf(c, math.max(anchor, anchor + shift + (tag - anchor) * ratio), level)
+      local placed = fqScoreOf(c, fqReplaced(tag, anchor, ratio, shift), level)
       if placed and placed ~= score then
         redis.call('ZADD', K.prioritized, 'XX', string.format('%d', placed), id)
         moved = moved + 1
@@ -135,7 +135,7 @@ for i = 1, #rows, 2 do
 end
 local visited = #rows / 2
 if visited < page then
-  local ended = math.max(anchor, anchor + shift + (last - anchor) * ratio)
+  local ended = fqReplaced(last, anchor, ratio, shift)
   local now = tonumber(redis.call('ZSCORE', K.flows, member))
   if up and now == last then
     redis.call('ZADD', K.flows, tagString(ended), member)
