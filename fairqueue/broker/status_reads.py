@@ -194,11 +194,14 @@ def _asking(reply: Sequence[Any]) -> AskingRead | None:
     count = int(float(values[at]))
     at += 1
     ahead = []
+    accounts: dict[tuple[str, str], tuple[str, float, float]] = {}
     for _ in range(count):
-        member, last, weight, held, line = values[at : at + 5]
-        at += 5
+        member, last, weight, held, line, account, account_weight, mates = values[at : at + 8]
+        at += 8
         level, _sep, tenant = member.partition("\n")
         waiting = int(float(line)) if line else -1
+        if account:
+            accounts[(level, tenant)] = (account, float(account_weight), float(mates))
         ahead.append(
             (
                 level,
@@ -233,6 +236,7 @@ def _asking(reply: Sequence[Any]) -> AskingRead | None:
         served=served,
         recent=recent,
         recent_since_s=recent_since_s,
+        accounts=accounts,
     )
 
 
