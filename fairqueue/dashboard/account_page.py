@@ -46,6 +46,7 @@ from fairqueue.dashboard.tenant_routes import (
 from fairqueue.enqueue.priority import resolve_priority
 from fairqueue.exceptions import BrokerError, InvalidAccountError
 from fairqueue.models import Account, TenantPlan
+from fairqueue.scheduling.hierarchy import ACCOUNT_MARK
 from fairqueue.scheduling.levels import validate_account_id
 from fairqueue.scheduling.noisy import FlowWeight
 from fairqueue.scheduling.shares import LEVEL_NAMES
@@ -90,6 +91,9 @@ class AccountQueue:
     waiting: int | None
     running: int
     backlog_note: str
+    #: The account's own entitlement now in the levels its tenants use (all of its
+    #: tenants asking): its max-min share of each by account weight.
+    shares: tuple[TenantShare, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,16 +125,24 @@ class _Member:
 
 
 async def aaccount_queue(
-    broker: Broker, job_type: str, members: tuple[_Member, ...], *, now_ms: int, site: str
+    broker: Broker,
+    job_type: str,
+    members: tuple[_Member, ...],
+    *,
+    now_ms: int,
+    site: str,
+    account: tuple[str, float] = ("", 1.0),
 ) -> AccountQueue:
-    """What the account page shows of ``members`` in ``job_type``'s queue."""
+    """What the account page shows of ``members`` (the tenants of ``account``, its id and
+    weight) in ``job_type``'s queue."""
     settings = get_settings()
     queue = settings.queue_for(job_type)
     counts = await broker.passes.counts(queue)
     scan, backlog = await read_checked_backlog(
         broker, queue, counts, now_ms=now_ms, max_wait_ms=settings.max_wait_ms
     )
-    running, *_ = await broker.console.in_flight(queue)
+    now = await broker.console.in_flight(queue)
+    running = now.running
     uses: dict[str, list[str]] = {}
     for member in members:
         used = {member.level}
@@ -143,7 +155,14 @@ async def aaccount_queue(
         for m in members
         for level in uses[m.tenant_id]
     }
-    entitled = await entitled_now(broker, queue, flows)
+    levels = [lv for lv in LEVEL_NAMES if any(lv in uses[m.tenant_id] for m in members)]
+    entitled = await entitled_now(
+        broker,
+        queue,
+        flows,
+        {m.tenant_id: account for m in members},
+        [(lv, account) for lv in levels] if account[0] else [],
+    )
     rows = []
     for m in members:
         waiting = (
@@ -174,6 +193,11 @@ async def aaccount_queue(
         waiting=None if scan is None else sum(r.waiting or 0 for r in rows),
         running=sum(r.running for r in rows),
         backlog_note=backlog["note"],
+        shares=tuple(
+            TenantShare(level=lv, share=f"{100 * share:.0f}%")
+            for lv in levels
+            if (share := entitled.get((lv, ACCOUNT_MARK + account[0]))) is not None
+        ),
     )
 
 
@@ -195,9 +219,10 @@ def _members(account: Account) -> tuple[int, tuple[_Member, ...]]:
 
 
 def account_queues(
-    members: tuple[_Member, ...], *, site: str = "admin"
+    members: tuple[_Member, ...], *, site: str = "admin", account: tuple[str, float] = ("", 1.0)
 ) -> tuple[Mapping[str, Any], tuple[AccountQueue, ...]]:
-    """When the numbers were read, and ``members`` in every configured queue (sync).
+    """When the numbers were read, and ``members`` (of ``account``) in every configured
+    queue (sync).
 
     Raises:
         BrokerError: Redis failed.
@@ -209,7 +234,9 @@ def account_queues(
         return list(
             await asyncio.gather(
                 *(
-                    aaccount_queue(sync.broker, job_type, members, now_ms=now_ms, site=site)
+                    aaccount_queue(
+                        sync.broker, job_type, members, now_ms=now_ms, site=site, account=account
+                    )
                     for job_type in get_settings().queues
                 )
             )
@@ -244,7 +271,11 @@ class AccountViews(ConsolePage):
         queues: tuple[AccountQueue, ...] = ()
         error = None
         try:
-            read_at, queues = account_queues(members, site=self.admin.admin_site.name)
+            read_at, queues = account_queues(
+                members,
+                site=self.admin.admin_site.name,
+                account=(account.account_id, float(account.weight)),
+            )
         except BrokerError as exc:
             error = redis_trouble(exc, "account")
         return TemplateResponse(

@@ -214,6 +214,29 @@ def level_share_of(
     ).level_share
 
 
+def account_level_share_of(
+    raw: RawEstimate,
+    level: PriorityLevel,
+    account: TenantAccount,
+    accounts: Mapping[str, TenantAccount] | None = None,
+) -> float | None:
+    """``account``'s entitlement now in ``level`` (``(account id, weight)``), its flows all
+    asking: :func:`fairqueue.scheduling.pace.account_share_of` from any estimate read of
+    its queue (``accounts`` as for :func:`level_share_of`); ``None``: nothing measured."""
+    rate = _rate(raw, raw.placement.typical_ms)
+    asking = raw.asking
+    if asking is None or not rate.known or rate.window_s <= 0:
+        return None
+    flows = pace.flows_asking(
+        asking,
+        vt=raw.placement.flow.vt,
+        window_s=rate.window_s,
+        level_served=rate.level_starts,
+        accounts=accounts,
+    )
+    return pace.account_share_of(rate.jobs_per_s, flows, level.value, account[0], account[1])
+
+
 def _new_job_wait(
     raw: RawEstimate | RawStatus, p: Placement, rate: eta.ServiceRate, flow_pace: _Pace, count: int
 ) -> eta.Wait:

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from fairqueue.scheduling.hierarchy import group_of
+from fairqueue.scheduling.hierarchy import ACCOUNT_MARK, group_of
 from fairqueue.scheduling.levels import DEFAULT_FAIR_WEIGHTS
 from fairqueue.scheduling.order import TAG_SCALE
 from fairqueue.scheduling.shares import max_min
@@ -196,6 +196,33 @@ def share_of(
         level_got = sum(rate for (name, _), rate in got.items() if name == level)
         return got[(level, tenant)] / level_got if level_got > 0 else None
     return got[(level, tenant)] / capacity
+
+
+def account_share_of(
+    capacity: float,
+    flows: Iterable[FlowAsk],
+    level: str,
+    account: str,
+    account_weight: float,
+    level_weights: Mapping[str, float] = LEVEL_WEIGHTS,
+) -> float | None:
+    """The fraction of what ``level`` gets that ``account`` gets now once all its flows
+    there ask for all they can take (a new tenant of it when ``flows`` hold none): its
+    max-min share of the level by account weight (``account_weight``, or the weight its
+    flows count it at). ``None`` with no capacity measured."""
+    if capacity <= 0:
+        return None
+    known = list(flows)
+    mine = [f for f in known if (f.level, f.account) == (level, account)]
+    weight = mine[0].account_weight if mine else account_weight
+    asking = [FlowAsk(level, f.tenant, f.weight, math.inf, account, weight) for f in mine] or [
+        FlowAsk(level, OTHER_FLOWS + ACCOUNT_MARK, 1.0, math.inf, account, weight)
+    ]
+    others = [f for f in known if (f.level, f.account) != (level, account)]
+    got = current_shares(capacity, [*others, *asking], level_weights)
+    level_got = sum(rate for (name, _), rate in got.items() if name == level)
+    ours = sum(got[(level, f.tenant)] for f in asking)
+    return ours / level_got if level_got > 0 else None
 
 
 #: The flows whose last tags reach furthest past the virtual time that the estimate

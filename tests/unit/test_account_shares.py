@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fairqueue.scheduling.noisy import FlowWeight, noisy_accounts, noisy_tenants
 from fairqueue.scheduling.pace import (
     AskingRead,
     FlowAsk,
@@ -175,3 +176,24 @@ def test_flows_asking_steps_an_account_flow_by_its_account_part():
     assert flows["a2"].account == "A" and flows["a2"].asks == pytest.approx(1.0)
     assert flows["lone"].account is None and flows["lone"].asks == math.inf  # 2.5 jobs
     assert (flows["quiet"].account, flows["quiet"].account_weight) == ("Q", 3)
+
+
+def test_noisy_account__tenants_within_their_own_shares_can_make_a_noisy_account():
+    running = {("normal", f"a{i}"): 2 for i in range(4)} | {("normal", "solo"): 1}
+    owners = {f"a{i}": "A" for i in range(4)}
+    flows = {key: FlowWeight(1, True) for key in running}
+    # the level counts account A once (weight 1) beside the lone tenant: 2
+    level_weights = {"normal": 2}
+    accounts = {("normal", "A"): FlowWeight(1, True)}
+    # by weight alone each tenant is within half the level; the account runs 8 of 9
+    assert noisy_tenants(running, level_weights, flows) == []
+    (loud,) = noisy_accounts(running, level_weights, owners, accounts)
+    assert (loud.account, loud.running, loud.tenants, loud.level_running) == ("A", 8, 4, 9)
+    assert (loud.entitled, loud.measured) == (0.5, False)
+    # entitled now, measured: within 1.5 times 0.6 of the level it is not noisy
+    assert noisy_accounts(running, level_weights, owners, accounts, {("normal", "A"): 0.6}) == []
+    # nobody else waits: not noisy, whatever it runs
+    alone = {"normal": 1}
+    assert noisy_accounts(running, alone, owners, accounts) == []
+    # a tenant of no account is never an account row
+    assert noisy_accounts({("normal", "solo"): 9, ("normal", "x"): 1}, {"normal": 2}, {}, {}) == []
