@@ -38,6 +38,9 @@ class UsageStep:
         except ImportError:  # pragma: no cover - quotas not installed in this build
             return
         self.consumers.append(quotas_after_write)
+        from fairqueue.usage.account_quotas import after_write as accounts_after_write
+
+        self.consumers.append(accounts_after_write)
         from fairqueue.usage.quotas import check_running, watch
 
         self._running, self._running_due = check_running, watch.due_in_s

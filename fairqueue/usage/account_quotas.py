@@ -3,8 +3,9 @@
 
 The usage ledger keeps each tenant's worker time per day (``TenantUsage``); an account's
 use in a period is the sum over the tenants it owns now. After each ledger write the
-quota step (:func:`fairqueue.usage.quotas.after_write`) checks the accounts of the
-tenants whose rows it changed; an account over its quota gets its tier's action
+loop's account quota step (:func:`after_write`, beside
+:func:`fairqueue.usage.quotas.after_write`) checks the accounts of the tenants whose rows
+it changed; an account over its quota gets its tier's action
 (``FAIRQUEUE['QUOTAS']``, else ``demote``) on every one of its tenants, as a tenant's
 own quota does: ``demote`` runs their new jobs at ``low``, ``hold`` holds their jobs in
 every queue. One ``TenantHold`` row keyed by the account
@@ -29,6 +30,8 @@ from django.db.models import Sum
 
 from fairqueue.conf import get_settings
 from fairqueue.conf.usage_settings import NO_QUOTA
+from fairqueue.scheduling.hierarchy import ACCOUNT_MARK
+from fairqueue.scheduling.levels import INTERNAL_TENANT
 from fairqueue.usage.holds import (
     account_hold_key,
     account_tenants,
@@ -39,17 +42,46 @@ from fairqueue.usage.holds import (
     queues_of,
     resume_in,
 )
+from fairqueue.usage.ledger import Written
+from fairqueue.usage.quotas import Quota, forget_demoted, period_bounds
 
 logger = logging.getLogger("fairqueue.quotas")
 
 ACTOR: Final = "fairqueue quotas"
 
 
-def account_quota_of(account: Any) -> Any:
-    """The quota of an ``Account`` (a :class:`fairqueue.usage.quotas.Quota`) or ``None``:
-    its own worker seconds and period (a day when empty), its tier's action."""
-    from fairqueue.usage.quotas import Quota
+def after_write(queue: str, written: Written) -> None:
+    """The loop's account quota step: end the account holds whose period is over, and
+    check the accounts of the tenants whose rows this write changed."""
+    expire_accounts()
+    tenants: dict[str, str] = {}
+    for change in written.changes:
+        if (change.worker_ms > 0 or change.started > 0) and change.tenant_id != INTERNAL_TENANT:
+            tenants.setdefault(change.tenant_id, change.job_type)
+    if tenants:
+        check_accounts(tenants)
 
+
+def expire_accounts() -> int:
+    """End the account quota holds and demotions whose period is over. Returns how many."""
+    from fairqueue.models import TenantHold
+
+    due = TenantHold.objects.filter(
+        tenant_id__startswith=ACCOUNT_MARK,
+        reason=TenantHold.QUOTA,
+        lifted_at__isnull=True,
+        until__lte=now(),
+    )
+    ended = 0
+    for hold in due:
+        lift_account_hold(hold, event="period_ended", actor=ACTOR, why="the quota's period ended")
+        ended += 1
+    return ended
+
+
+def account_quota_of(account: Any) -> Quota | None:
+    """The quota of an ``Account`` or ``None``:
+    its own worker seconds and period (a day when empty), its tier's action."""
     if not account.quota_worker_seconds:
         return None
     rule = get_settings().quotas.get(account.plan_tier or "", NO_QUOTA)
@@ -60,7 +92,6 @@ def account_used_ms(account_id: str, period: str, at: Any = None) -> int:
     """The worker time of ``account_id``'s tenants (those it owns now) in the period
     ``at`` falls in, over every job type: one query."""
     from fairqueue.models import TenantPlan, TenantUsage
-    from fairqueue.usage.quotas import period_bounds
 
     first, end = period_bounds(at or now(), period)
     tenants = TenantPlan.objects.filter(account__account_id=account_id).values("tenant_id")
@@ -130,7 +161,6 @@ def exceed_account(account: Any, quota: Any, used: int, *, job_type: str) -> Any
     Returns the ``TenantHold``."""
     from fairqueue.metrics import by_job_type, get_metrics
     from fairqueue.models import TenantHold
-    from fairqueue.usage.quotas import forget_demoted, period_bounds
 
     _, until = period_bounds(now(), quota.period)
     key = account_hold_key(account.account_id)
@@ -169,7 +199,6 @@ def lift_account_hold(hold: Any, *, event: str, actor: object, why: str) -> None
     """End an account's quota hold (audited on the account and each of its tenants),
     then resume each tenant where nothing else holds it."""
     from fairqueue.models import TenantHold
-    from fairqueue.usage.quotas import forget_demoted
 
     tenants = account_tenants([hold.tenant_id])[hold.tenant_id]
     with transaction.atomic():

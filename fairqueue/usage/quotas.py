@@ -9,8 +9,8 @@ plan tier's ``FAIRQUEUE['QUOTAS']`` entry; the tier says what happens over it:
   ends or an operator lifts it (:func:`lift_quota`).
 
 An account's quota (``Account.quota_worker_seconds``) applies to all its tenants
-together (:mod:`fairqueue.usage.account_quotas`). The loop checks after each ledger
-write, for the tenants whose rows it changed (and their accounts), ended
+together (:mod:`fairqueue.usage.account_quotas`, its own step after each write). The
+loop checks after each ledger write, for the tenants whose rows it changed, ended
 plus running worker time (:mod:`fairqueue.usage.quota_watch`), again between its steps when a
 watched tenant's running attempts could have taken it over, and ends the holds whose
 period is over at every step. Every transition is audited
@@ -33,7 +33,6 @@ from fairqueue.conf import get_settings
 from fairqueue.conf.usage_settings import NO_QUOTA
 from fairqueue.scheduling.hierarchy import ACCOUNT_MARK
 from fairqueue.scheduling.levels import INTERNAL_TENANT
-from fairqueue.usage.account_quotas import check_accounts, lift_account_hold
 from fairqueue.usage.holds import (
     account_tenants,
     audit_hold,
@@ -111,7 +110,6 @@ def after_write(queue: str, written: Written) -> None:
             tenants.setdefault(change.tenant_id, change.job_type)
     if tenants:
         _check_changed(tenants)
-        check_accounts(tenants)
     watch.check(_act)
 
 
@@ -198,7 +196,7 @@ def expire() -> int:
 
     due = TenantHold.objects.filter(
         reason=TenantHold.QUOTA, lifted_at__isnull=True, until__lte=now()
-    )
+    ).exclude(tenant_id__startswith=ACCOUNT_MARK)  # accounts': account_quotas.expire_accounts
     ended = 0
     for hold in due:
         _lift(hold, event="period_ended", actor=ACTOR, why="the quota's period ended")
@@ -224,9 +222,6 @@ def lift_quota(tenant_id: str, *, actor: object = None, source: str = "") -> boo
 def _lift(hold: Any, *, event: str, actor: object, why: str) -> None:
     from fairqueue.models import TenantHold
 
-    if hold.tenant_id.startswith(ACCOUNT_MARK):  # an account's: on each of its tenants
-        lift_account_hold(hold, event=event, actor=actor, why=why)
-        return
     end_hold(hold, event=event, actor=actor, why=why)
     if hold.action == TenantHold.HOLD:
         # After the commit: a failure here leaves the tenant held (never the reverse);
