@@ -51,6 +51,7 @@ from fairqueue.scheduling.levels import validate_account_id
 from fairqueue.scheduling.noisy import FlowWeight
 from fairqueue.scheduling.shares import LEVEL_NAMES
 from fairqueue.tenants import pause_account, resume_account
+from fairqueue.usage.account_quotas import account_usage
 
 #: Tenants of an account the page lists at most (in id order; their number is said).
 ACCOUNT_TENANTS: Final = 200
@@ -111,6 +112,9 @@ class AccountPage:
     tenants_url: str
     can_act: bool
     action_urls: Mapping[str, str]
+    #: Its tenants' worker time today and this month, its quota and hold
+    #: (:func:`fairqueue.usage.account_quotas.account_usage`).
+    usage: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,6 +304,7 @@ class AccountViews(ConsolePage):
                     + urlencode({"account__exact": account.account_id}),
                     can_act=request.user.has_perm(PERM_ACT),
                     action_urls={a: self._url(account.account_id, a) for a in ACCOUNT_ACTIONS},
+                    usage=account_usage(account),
                 ),
             ),
         )

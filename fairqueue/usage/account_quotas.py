@@ -225,26 +225,31 @@ def lift_account_quota(account_id: str, *, actor: object = None, source: str = "
     return True
 
 
-def account_quota_rows(account: Any) -> dict[str, Any] | None:
-    """The account page's quota line: its quota, its tenants' worker time in the period,
-    the share used and the hold in force (``None``: no quota)."""
+def account_usage(account: Any) -> dict[str, Any]:
+    """The account page's usage line: its tenants' worker seconds today and this month
+    (UTC), and its quota (``None``: none) with the share used and the hold in force."""
     from fairqueue.models import TenantHold
 
+    found: dict[str, Any] = {
+        "day_s": account_used_ms(account.account_id, "day") / 1000,
+        "month_s": account_used_ms(account.account_id, "month") / 1000,
+        "quota": None,
+    }
     quota = account_quota_of(account)
     if quota is None:
-        return None
-    used = account_used_ms(account.account_id, quota.period)
+        return found
     hold = TenantHold.objects.filter(
         tenant_id=account_hold_key(account.account_id),
         reason=TenantHold.QUOTA,
         lifted_at__isnull=True,
     ).first()
-    return {
+    used_s = found[f"{quota.period}_s"]
+    found["quota"] = {
         "quota_s": quota.worker_seconds,
         "period": quota.period,
         "action": quota.action,
-        "used_s": used / 1000,
-        "share": used / (quota.worker_seconds * 1000),
+        "share_pct": f"{100 * used_s / quota.worker_seconds:.0f}%",
         "state": "over" if hold is not None else "within",
-        "until": None if hold is None else hold.until,
+        "until": None if hold is None else f"{hold.until:%Y-%m-%d %H:%M} UTC",
     }
+    return found

@@ -8,6 +8,7 @@ import asyncio
 import datetime as dt
 
 import pytest
+from django.urls import reverse
 
 from fairqueue.enqueue.api import enqueue_jobs
 from fairqueue.enqueue.priority import wire_tenant_plan_lookup
@@ -54,7 +55,7 @@ def _customers(settings, action):
 
 @pytest.mark.parametrize("action", ["hold", "demote"])
 def test_account_quota__its_tenants_together_over_it_all_get_the_action_until_the_day_ends(
-    fq_prefix, redis_client, settings, clock, action
+    fq_prefix, redis_client, settings, clock, action, operator
 ):
     from fairqueue.models import HoldAudit, TenantHold
 
@@ -82,7 +83,11 @@ def test_account_quota__its_tenants_together_over_it_all_get_the_action_until_th
         assert quotas.is_demoted("a1") and quotas.is_demoted("a2")
     assert not redis_client.hexists(paused, "solo") and not quotas.is_demoted("solo")
     # the account page's line, and checked again: held once, not twice
-    assert account_quotas.account_quota_rows(acct)["state"] == "over"
+    line = account_quotas.account_usage(acct)
+    assert line["day_s"] >= 1.5 and line["month_s"] >= line["day_s"]
+    assert (line["quota"]["state"], line["quota"]["action"]) == ("over", action)
+    html = operator.get(reverse("admin:fairqueue_dashboard_account", args=["acct"])).content
+    assert f"over: {action} on its tenants until" in html.decode()
     assert account_quotas.check_accounts({"a1": "email"}) == 0
     # The next day: the period ended, its tenants are back to normal.
     clock(lambda: dt.datetime.now(dt.UTC) + dt.timedelta(days=1))
@@ -93,7 +98,7 @@ def test_account_quota__its_tenants_together_over_it_all_get_the_action_until_th
     assert sorted(ended) == ["\nacct", "a1", "a2"]
     assert not redis_client.hexists(paused, "a1") and not redis_client.hexists(paused, "a2")
     assert not quotas.is_demoted("a1")
-    assert account_quotas.account_quota_rows(acct)["state"] == "within"
+    assert account_quotas.account_usage(acct)["quota"]["state"] == "within"
 
 
 def test_account_quota__a_tenants_own_quota_and_its_accounts_both_hold_it(
