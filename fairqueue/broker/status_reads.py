@@ -116,6 +116,8 @@ class RawStatus:
     asking: AskingRead | None = None
     tenant: str | None = None
     tenant_weight: float | None = None
+    #: Its account and the account's weight (its flow's, or a held job's), if any.
+    account: tuple[str, float] | None = None
 
 
 def _placement(
@@ -345,8 +347,9 @@ class StatusReads(BrokerPart):
         )
         (now, wait_len, state, ahead, score, level, tenant, due, processed, finished) = reply[:10]
         encoded, paused, catchup, held, occupied, place, clock, history, asking, fweight = reply[
-            10:
+            10:20
         ]
+        account, account_weight = _text(reply[20]), _float(reply[21])
         state = _text(state)
         if state == "gone":
             return None
@@ -383,4 +386,5 @@ class StatusReads(BrokerPart):
             asking=_asking(asking),
             tenant=_text(tenant) or None,
             tenant_weight=_float(fweight),
+            account=(account, account_weight or 1.0) if account else None,
         )

@@ -332,7 +332,15 @@ def _waiting_wait(raw: RawStatus, rate: eta.ServiceRate) -> tuple[eta.Wait, _Pac
         if grouped is not None:  # its account's part, split among the account's flows
             step *= max(grouped[2], weight) / grouped[1]
         own = max(0.0, (raw.tag - vt) / step - 1)
-        flow_pace = _pace(raw, rate, level=level, tenant=raw.tenant, tenant_weight=weight, vt=vt)
+        flow_pace = _pace(
+            raw,
+            rate,
+            level=level,
+            tenant=raw.tenant,
+            tenant_weight=weight,
+            vt=vt,
+            account=raw.account,
+        )
     wait = eta.placed_wait(
         tag=raw.tag,
         level=level,
@@ -375,6 +383,7 @@ def _held_status(raw: RawStatus, job_type: str, job_id: str) -> JobStatus:
         tenant=raw.tenant,
         tenant_weight=p.flow.tenant_weight,
         vt=p.flow.vt,
+        account=raw.account,
     )
     wait = _new_job_wait(raw, p, rate, flow_pace, 1)
     run_s = None if p.typical_ms is None else p.typical_ms / 1000
