@@ -190,16 +190,22 @@ def _when(at: dt.datetime | None) -> str:
     return at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M UTC") if at is not None else ""
 
 
-def plans_attention(tenant_url: Callable[[str], str]) -> PlansAttention:
-    """The tenants near or over quota (:func:`fairqueue.usage.quotas.quota_status`) and
-    the open breakers (:func:`fairqueue.usage.breaker.breaker_status`), from the database,
-    for the
+def plans_attention(
+    tenant_url: Callable[[str], str], account_url: Callable[[str], str] | None = None
+) -> PlansAttention:
+    """The tenants and accounts near or over quota
+    (:func:`fairqueue.usage.quotas.quota_status`,
+    :func:`fairqueue.usage.account_quotas.account_quota_status`; an account's row has
+    ``account_id`` and its page's ``url``) and the open breakers
+    (:func:`fairqueue.usage.breaker.breaker_status`), from the database, for the
     overview. Never raises: a failed read shows as ``error`` (the exception's class)."""
+    from fairqueue.usage.account_quotas import account_quota_status
     from fairqueue.usage.breaker import breaker_status
     from fairqueue.usage.quotas import quota_status
 
     try:
         quotas = quota_status(limit=PLANS_LISTED)
+        accounts = account_quota_status(limit=PLANS_LISTED)
         breakers = breaker_status(limit=PLANS_LISTED)
     except Exception as exc:  # the overview shows the queues whatever the database does
         return PlansAttention(error=type(exc).__name__)
@@ -207,11 +213,13 @@ def plans_attention(tenant_url: Callable[[str], str]) -> PlansAttention:
         quotas=tuple(
             {
                 **row,
-                "url": tenant_url(row["tenant_id"]),
+                "url": tenant_url(row["tenant_id"])
+                if "tenant_id" in row
+                else (account_url(row["account_id"]) if account_url else ""),
                 "share_pct": f"{100 * row['share']:.0f}%",
                 "until_text": _when(row["until"]),
             }
-            for row in quotas
+            for row in sorted([*quotas, *accounts], key=lambda r: -r["share"])[:PLANS_LISTED]
         ),
         breakers=tuple(
             {

@@ -21,6 +21,7 @@ tenants had running when it crossed.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from collections.abc import Mapping
 from typing import Any, Final
@@ -253,3 +254,62 @@ def account_usage(account: Any) -> dict[str, Any]:
         "until": None if hold is None else f"{hold.until:%Y-%m-%d %H:%M} UTC",
     }
     return found
+
+
+def account_quota_status(*, limit: int = 50, near: float = 0.8) -> list[dict[str, Any]]:
+    """Accounts near (``near`` of their quota or more) or over quota in the current
+    period, most used share first, at most ``limit``, as
+    :func:`fairqueue.usage.quotas.quota_status` lists tenants (``account_id`` in place of
+    ``tenant_id``). Three queries, whatever the number of accounts."""
+    from fairqueue.models import Account, TenantHold, TenantPlan, TenantUsage
+
+    at = now()
+    month_first, _ = period_bounds(at, "month")
+    today = at.astimezone(dt.UTC).date()
+    owners = dict(
+        TenantPlan.objects.filter(account__quota_worker_seconds__isnull=False).values_list(
+            "tenant_id", "account__account_id"
+        )
+    )
+    used: dict[str, dict[str, int]] = {}
+    rows = (
+        TenantUsage.objects.filter(day__gte=month_first, tenant_id__in=list(owners))
+        .values("tenant_id", "day")
+        .annotate(ms=Sum("worker_ms"))
+    )
+    for row in rows:
+        got = used.setdefault(owners[row["tenant_id"]], {"day": 0, "month": 0})
+        got["month"] += int(row["ms"] or 0)
+        if row["day"] == today:
+            got["day"] += int(row["ms"] or 0)
+    holds = {
+        hold.tenant_id[len(ACCOUNT_MARK) :]: hold
+        for hold in TenantHold.objects.filter(
+            tenant_id__startswith=ACCOUNT_MARK, reason=TenantHold.QUOTA, lifted_at__isnull=True
+        )
+    }
+    out = []
+    for account in Account.objects.filter(account_id__in=set(used) | set(holds)):
+        quota = account_quota_of(account)
+        if quota is None:
+            continue
+        spent = used.get(account.account_id, {}).get(quota.period, 0)
+        share = spent / (quota.worker_seconds * 1000)
+        hold = holds.get(account.account_id)
+        if share < near and hold is None:
+            continue
+        out.append(
+            {
+                "account_id": account.account_id,
+                "plan": account.plan_tier,
+                "used_s": spent / 1000,
+                "quota_s": quota.worker_seconds,
+                "period": quota.period,
+                "share": share,
+                "state": "over" if hold is not None else "near",
+                "action": quota.action,
+                "until": hold.until if hold is not None else None,
+            }
+        )
+    out.sort(key=lambda row: (-row["share"], row["account_id"]))
+    return out[:limit]
