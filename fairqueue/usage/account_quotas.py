@@ -14,9 +14,11 @@ on each tenant and on the account, and it is lifted when the period ends (or by
 :func:`lift_account_quota`). A tenant's own quota and its account's both hold: lifting
 one leaves the tenant held by the other.
 
-Unlike a tenant's quota, an account's is checked against ended worker time only (the
-running-time watch keys on tenants): an account may go over by the attempts its
-tenants had running when it crossed.
+As for a tenant's quota, the attempts running count too: an account not over after a
+write is watched (:class:`~fairqueue.usage.quota_watch.QuotaWatch`, its tenants as the
+members whose running attempts are read) and the loop checks it again when its
+tenants' running attempts could take it over (:func:`check_running`), so it acts while
+the crossing attempts still run.
 """
 
 from __future__ import annotations
@@ -44,11 +46,14 @@ from fairqueue.usage.holds import (
     resume_in,
 )
 from fairqueue.usage.ledger import Written
+from fairqueue.usage.quota_watch import QuotaWatch, Watched
 from fairqueue.usage.quotas import Quota, forget_demoted, period_bounds
 
 logger = logging.getLogger("fairqueue.quotas")
 
 ACTOR: Final = "fairqueue quotas"
+#: The loop process's accounts watched for their tenants' running time.
+watch = QuotaWatch()
 
 
 def after_write(queue: str, written: Written) -> None:
@@ -61,6 +66,21 @@ def after_write(queue: str, written: Written) -> None:
             tenants.setdefault(change.tenant_id, change.job_type)
     if tenants:
         check_accounts(tenants)
+    watch.check(_act)
+
+
+def check_running() -> int:
+    """The loop's check between its steps: the watched accounts whose predicted crossing
+    has come, against ended plus running time. Returns how many went over."""
+    return watch.check(_act, due_only=True)
+
+
+def _act(key: str, quota: Any, used: int, job_type: str) -> None:
+    from fairqueue.models import Account
+
+    account = Account.objects.filter(account_id=key[len(ACCOUNT_MARK) :]).first()
+    if account is not None:
+        exceed_account(account, quota, used, job_type=job_type)
 
 
 def expire_accounts() -> int:
@@ -124,15 +144,22 @@ def check_accounts(tenants: Mapping[str, str]) -> int:
             lifted_at__isnull=True,
         ).values_list("tenant_id", flat=True)
     )
+    watch.drop(active)
     over = 0
     for account_id, (account, job_type) in sorted(accounts.items()):
-        quota = account_quota_of(account)
-        if quota is None or account_hold_key(account_id) in active:
+        quota, key = account_quota_of(account), account_hold_key(account_id)
+        if quota is None or key in active:
             continue
         used = account_used_ms(account_id, quota.period)
         if used >= quota.worker_seconds * 1000:
+            watch.drop([key])
             exceed_account(account, quota, used, job_type=job_type)
             over += 1
+            continue
+        _, until = period_bounds(now(), quota.period)
+        members = tuple(account_tenants([key])[key])
+        ms = quota.worker_seconds * 1000
+        watch.note(key, Watched(quota, ms, used, until, job_type, members=members))
     return over
 
 

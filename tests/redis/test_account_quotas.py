@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import time
 
 import pytest
 from django.urls import reverse
@@ -16,7 +17,7 @@ from fairqueue.rebalance.passes import rebalance_queue
 from fairqueue.rebalance.usage_step import UsageStep
 from fairqueue.usage import account_quotas, holds, quotas
 from tests.helpers import metric
-from tests.helpers.usage import work_jobs
+from tests.helpers.usage import Gate, gated_worker, until_true, work_jobs
 
 pytestmark = [pytest.mark.serial, pytest.mark.django_db]
 
@@ -127,3 +128,43 @@ def test_account_quota__a_tenants_own_quota_and_its_accounts_both_hold_it(
     assert account_quotas.lift_account_quota("acct", actor="ops", source="raised")
     assert not redis_client.hexists(paused, "a1") and not redis_client.hexists(paused, "a2")
     assert not account_quotas.lift_account_quota("acct")  # none in force now
+
+
+def test_account_quota__counts_its_tenants_running_attempts_and_acts_while_one_still_runs(
+    fq_prefix, redis_client, settings
+):
+    """A 2 s daily account quota, one worker slot, jobs the test ends: a1's job runs
+    0.8 s, then a2's starts (0.8 s ended: watched, not over). The loop's check between
+    its steps acts when a2's running time can take the account over, while a2's job
+    still runs."""
+    from fairqueue.models import Account, TenantHold
+
+    _customers(settings, "hold")
+    Account.objects.filter(account_id="acct").update(quota_worker_seconds=2)
+    account_quotas.watch.clear()
+    rebalance_queue("email", rebalancer="account-quota-test")
+    (first,) = enqueue_jobs("email", [{"i": 1}], tenant_id="a1")
+    (second,) = enqueue_jobs("email", [{"i": 2}], tenant_id="a2")
+    gate = Gate()
+    step = UsageStep()
+
+    def held():
+        return TenantHold.objects.filter(tenant_id="\nacct", lifted_at__isnull=True).exists()
+
+    with gated_worker(fq_prefix, gate):
+        assert until_true(lambda: gate.started == [first.job_id])
+        time.sleep(0.8)
+        gate.finish(first.job_id)
+        assert until_true(lambda: len(gate.started) == 2)
+        _settle()
+        assert not held() and len(account_quotas.watch) == 1
+        for _ in range(200):  # the loop's checks between steps, at their predicted time
+            time.sleep(max(0.0, step.quota_due_in_s()))
+            step.check_running()
+            if held():
+                break
+        assert held()
+        assert gate.started == [first.job_id, second.job_id] and not gate.seen[1:]
+        paused = f"{fq_prefix}:email:fq:lim:paused"
+        assert redis_client.hexists(paused, "a1") and redis_client.hexists(paused, "a2")
+        gate.finish(second.job_id)
