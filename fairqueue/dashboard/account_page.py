@@ -120,6 +120,8 @@ class AccountPage:
     #: Its tenants' worker time today and this month, its quota and hold
     #: (:func:`fairqueue.usage.account_quotas.account_usage`).
     usage: Mapping[str, Any] | None = None
+    #: The usage ledger's admin list filtered to its tenants.
+    usage_url: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,6 +319,9 @@ class AccountViews(ConsolePage):
                     can_act=request.user.has_perm(PERM_ACT),
                     action_urls={a: self._url(account.account_id, a) for a in ACCOUNT_ACTIONS},
                     usage=account_usage(account),
+                    usage_url=reverse("admin:fairqueue_tenantusage_changelist")
+                    + "?"
+                    + urlencode({"account": account.account_id}),
                 ),
             ),
         )

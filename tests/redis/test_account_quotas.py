@@ -89,6 +89,7 @@ def test_account_quota__its_tenants_together_over_it_all_get_the_action_until_th
     assert (line["quota"]["state"], line["quota"]["action"]) == ("over", action)
     html = operator.get(reverse("admin:fairqueue_dashboard_account", args=["acct"])).content
     assert f"over: {action} on its tenants until" in html.decode()
+    assert "/admin/fairqueue/tenantusage/?account=acct" in html.decode()
     (row,) = account_quotas.account_quota_status()
     assert (row["account_id"], row["state"], row["action"]) == ("acct", "over", action)
     overview = operator.get(reverse("admin:fairqueue_dashboard_changelist")).content.decode()
