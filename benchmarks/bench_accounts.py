@@ -233,6 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  attempts in {result.window_s:.1f} s: {shares}")
         if watches:
             entitled_rows += entitled_vs_served(name, watches[0], result, args.warmup_s)
+            print(f"  flagged noisy (first, s): {result.noisy or 'nothing'}")
         rows += [(name, *row) for row in judge(name, weight, result)]
     print("\nAccounts, live (stock Node workers, the loop): attempts started in the window")
     print("| run | what | value | target | met |")

@@ -49,6 +49,8 @@ class EntitledWatch(NoisyWatch):
             for row in found["tenants"]:
                 tenant = row["tenant"] if row["tenant"] is not None else "default"
                 self.first.setdefault(f"{row['level']}/{tenant}", round(at_s, 1))
+            for row in found.get("accounts", []):
+                self.first.setdefault(f"{row['level']}/account {row['account']}", round(at_s, 1))
             try:
                 raw = broker.run(
                     broker.broker.status.estimate,

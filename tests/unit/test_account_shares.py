@@ -15,6 +15,7 @@ from fairqueue.scheduling.pace import (
     AskingRead,
     FlowAsk,
     account_max_min,
+    account_share_of,
     current_shares,
     flows_asking,
     share_of,
@@ -197,3 +198,15 @@ def test_noisy_account__tenants_within_their_own_shares_can_make_a_noisy_account
     assert noisy_accounts(running, alone, owners, accounts) == []
     # a tenant of no account is never an account row
     assert noisy_accounts({("normal", "solo"): 9, ("normal", "x"): 1}, {"normal": 2}, {}, {}) == []
+
+
+def test_account_share_of__its_flows_all_asking_by_account_weight():
+    a = [FlowAsk("normal", f"a{i}", 1, 0.1, "A", 2) for i in range(10)]  # quiet now
+    b = FlowAsk("normal", "b", 1, math.inf, "B", 1)
+    # A's tenants ask little now, but all asking it gets its weight's 2/3
+    assert account_share_of(9.0, [*a, b], "normal", "A", 5) == pytest.approx(2 / 3)
+    # and B, beside A asking for 1 of the 9: the 8 A leaves
+    assert account_share_of(9.0, [*a, b], "normal", "B", 1) == pytest.approx(8 / 9)
+    # an account with no flow here yet joins as one more account of its weight
+    assert account_share_of(9.0, [b], "normal", "C", 2) == pytest.approx(2 / 3)
+    assert account_share_of(0.0, [b], "normal", "C", 2) is None
