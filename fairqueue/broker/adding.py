@@ -23,7 +23,7 @@ from fairqueue.broker.scripts import (
     add_jobs_script,
     call_script,
     call_script_sync,
-    release_held_script,
+    plain_script,
 )
 from fairqueue.exceptions import AccountBacklogFullError, TenantBacklogFullError
 from fairqueue.scheduling.hierarchy import ACCOUNT_MARK
@@ -438,7 +438,7 @@ def run_adds_sync(client: Any, commands: list[_AddCommand]) -> list[AddedJob]:
         reply = call_script_sync(client, command.sha, command.source, command.keys, command.args)
         jobs = _added(command, reply)
         if command.release is not None:
-            release = release_held_script()
+            release = plain_script("release_held")
             keys, named = command.release
             argv = release.args(**named)
             jobs = _with_held(
@@ -493,7 +493,7 @@ class Adder(BrokerPart):
             jobs = _added(command, reply)
             if command.release is not None:
                 keys, named = command.release
-                script = self.conn.script(release_held_script())
+                script = self.conn.script(plain_script("release_held"))
                 jobs = _with_held(jobs, await script(keys=keys, **named))
             added.extend(jobs)
         return added
