@@ -108,7 +108,7 @@ def test_account_quota__its_tenants_together_over_it_all_get_the_action_until_th
 
 
 def test_account_quota__a_tenants_own_quota_and_its_accounts_both_hold_it(
-    fq_prefix, redis_client, settings
+    fq_prefix, redis_client, settings, django_capture_on_commit_callbacks
 ):
     from fairqueue import resume_tenant
     from fairqueue.models import TenantPlan
@@ -124,10 +124,14 @@ def test_account_quota__a_tenants_own_quota_and_its_accounts_both_hold_it(
     assert redis_client.hexists(paused, "a1") and redis_client.hexists(paused, "a2")
     resume_tenant("a2", actor="ops")
     assert redis_client.hexists(paused, "a2")  # its account's quota still holds it
+    with django_capture_on_commit_callbacks(execute=True):  # a tenant joins it: held too
+        TenantPlan.objects.create(tenant_id="a3", account=acct)
+    assert redis_client.hexists(paused, "a3")
     assert quotas.lift_quota("a1", actor="ops", source="paid for more")
     assert redis_client.hexists(paused, "a1")  # lifting its own leaves its account's
     assert account_quotas.lift_account_quota("acct", actor="ops", source="raised")
     assert not redis_client.hexists(paused, "a1") and not redis_client.hexists(paused, "a2")
+    assert not redis_client.hexists(paused, "a3")
     assert not account_quotas.lift_account_quota("acct")  # none in force now
 
 
