@@ -259,6 +259,8 @@ def attention(stats: QueueStats, queue_url: str = "") -> list[AttentionItem]:
     noisy = stats.noisy or {}
     if noisy.get("count"):
         items.append(item(AMBER, f"{noisy['count']} noisy tenant(s)", "noisy"))
+    if noisy.get("accounts_count"):
+        items.append(item(AMBER, f"{noisy['accounts_count']} noisy account(s)", "noisy"))
     if stats.limits["paused"]:
         items.append(item(AMBER, f"{stats.limits['paused']} tenant(s) paused", "limits"))
     held = stats.limits["held_total"]

@@ -229,6 +229,8 @@ def test_noisy_account__its_tenants_together_over_the_accounts_share_are_flagged
         assert stats["noisy"]["accounts_count"] == 1
         page = operator.get(reverse("admin:fairqueue_dashboard_queue", args=["email"]))
         assert 'data-fq-noisy-account="acct/many"' in page.content.decode()
+        overview = operator.get(reverse("admin:fairqueue_dashboard_changelist")).content
+        assert "1 noisy account(s)" in overview.decode()  # an amber attention item
         html = operator.get(reverse(ACCOUNT, args=["acct/many"])).content.decode()
         email = html.split('data-job-type="email"', 1)[1].split("</section>", 1)[0]
         assert f'data-fq-at="account.{level}">50%<' in email
