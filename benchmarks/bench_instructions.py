@@ -65,13 +65,17 @@ from benchmarks.bench_rebalance import private_redis  # noqa: E402
 
 
 @contextmanager
-def counted_redis() -> Iterator[tuple[str, Callable[[], int]]]:
+def counted_redis(only: str | None = None) -> Iterator[tuple[str, Callable[[], int]]]:
     """A private redis-server under callgrind; its URL and a function that dumps the
-    counters and returns the instructions run since the last dump."""
+    counters and returns the instructions run since the last dump. ``only``: count only
+    inside that function of Redis's (``evalShaCommand``: the scripts alone, without the
+    timer work that the machine's load stretches or shrinks)."""
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
     out = tempfile.mkdtemp(prefix="fqbench-callgrind-")
     wrapper = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}/cg.out"]
+    if only is not None:
+        wrapper.append(f"--toggle-collect={only}")
     try:
         with private_redis(wrapper=wrapper, start_timeout_s=60) as url:
             client = redis.Redis.from_url(url)
@@ -473,9 +477,10 @@ def account_adds(url: str, jobs: int, dump: Callable[[], int]) -> list[tuple[str
     queue, and beside a backlog of 20 other flows (10 of them one account's), where the
     clock reads and writes the flows' and the accounts' state.
 
-    The two adds alternate, each counted alone (a dump before and after), and each row is
-    the median: Redis's own timer work (serverCron, about 10 a second) lands in whichever
-    add the machine's load stretches, and moved a total by up to 6% between runs."""
+    Counted inside EVALSHA only (``counted_redis(only=...)``): counted whole, Redis's own
+    timer work (serverCron, about 10 a second) landed in whichever add the machine's load
+    stretched, and moved a row by up to 6% between runs. The two adds alternate, each
+    counted alone, and each row is the median."""
     from fairqueue.broker import NewJob, get_sync_broker
     from fairqueue.scheduling.levels import PriorityLevel
 
@@ -529,10 +534,10 @@ def account_adds(url: str, jobs: int, dump: Callable[[], int]) -> list[tuple[str
 def print_account(jobs: int, rate: int) -> None:
     """The add path of a job of a tenant with an account against one of a tenant without
     one (the add script alone), then a job's whole life (one worker slot), in one Redis."""
-    print(f"\nThe add script in Redis instructions (callgrind), {jobs} adds each\n")
+    print(f"\nThe add script in Redis instructions (callgrind, in EVALSHA), {jobs} adds each\n")
     print("| add | k instructions per add and take | ratio |")
     print("|---|---|---|")
-    with counted_redis() as (url, dump):
+    with counted_redis(only="evalShaCommand") as (url, dump):
         rows = account_adds(url, jobs, dump)
     for i, (name, value) in enumerate(rows):
         plain = rows[i - i % 2][1]

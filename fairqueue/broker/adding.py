@@ -150,10 +150,8 @@ class _AddCommand:
 def _given_limits(job: NewJob) -> dict[str, str]:
     """What an add call carries for ``job``: its tenant's limits, and its account's (keyed
     ``ACCOUNT_MARK + account``) when the account has some; nothing without limits."""
-    if job.limits is None:
-        return {}
-    given = {job.tenant: job.limits}
-    if job.account is not None and job.account_limits is not None:
+    given = {} if job.limits is None else {job.tenant: job.limits}
+    if given and job.account is not None and job.account_limits is not None:
         given[ACCOUNT_MARK + job.account] = job.account_limits
     return given
 
@@ -392,6 +390,7 @@ class AddPacker:
         self, queue: str, scripts: Any, batch: list[Any], limits: dict[str, str]
     ) -> _AddCommand:
         keys = self._add_keys(queue, scripts)
+        tenants = [t for t in limits if not t.startswith(ACCOUNT_MARK)]  # accounts aside
         named = {
             "fairness": self._fairness_arg,
             # only calls with limited tenants carry them (and pay for them)
@@ -410,7 +409,7 @@ class AddPacker:
             release=(
                 (
                     release_keys(self.prefix, queue),
-                    release_args(self.prefix, queue, list(limits), self.fairness_by, "release"),
+                    release_args(self.prefix, queue, tenants, self.fairness_by, "release"),
                 )
                 if limits
                 else None
