@@ -344,9 +344,7 @@ class ConsoleReads(BrokerPart):
         level_weights = {
             level: int_or(value, 0) or 0 for level, value in zip(LEVEL_NAMES, weights, strict=True)
         }
-        return InFlight(
-            running, level_weights, flows, len(accounts), owners, account_flows, ran_ms
-        )
+        return InFlight(running, level_weights, flows, len(accounts), owners, account_flows, ran_ms)
 
     async def tenant_weights(self, queue: str, tenant_id: str) -> dict[str, tuple[int, int]]:
         """Per level where ``tenant_id``'s flow has work: (the weight it counts, the sum
