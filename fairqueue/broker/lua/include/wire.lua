@@ -28,8 +28,8 @@ end
 -- with) and its catch-up inside the account (horizon, densest split), so one field read
 -- tells all of it. Packed as msgpack after a msgpack true (its first byte, 0xc3, never
 -- starts a number): numbers go in and out exactly without a printf or a strtod, which
--- cost an add of an account's job more than the rest of its placement. (Read too: the
--- text form before it, '\n<account>\n<split>\n<horizon>\n<split>'.)
+-- cost an add of an account's job much of its placement's extra. Only the scripts read
+-- it. (Read too: the text form before it, '\n<account>\n<split>\n<horizon>\n<split>'.)
 local fqPackMark = 195 -- 0xc3, msgpack's true
 local function fqFlowAccountPack(account, part, innerHorizon, innerSplit)
   return cmsgpack.pack(true, account, part or false, innerHorizon or false, innerSplit or false)
@@ -53,22 +53,28 @@ local function fqFlowAccount(value)
   return (fqFlowAccountSplit(value))
 end
 
--- An account's state in a level (fqAccountMember's field): its flows' tenant weights
--- (T), its weight (A), its catch-up horizon, the level's split its last job was placed
--- with (spacing) and its density (none: its spacing), packed as fqFlowAccountPack packs.
--- (Read too: the text form before it, '<T>\n<A>\n<horizon>\n<spacing>\n<density>'.)
+-- A number as a packed text field keeps it ('' for none): a whole number as '%d' (what
+-- most are: exact, and cheaper than a float's '%.17g', or than '..' on a number).
+local function fqNumText(x)
+  if x == nil or x == false then return '' end
+  if x % 1 == 0 and x > -9007199254740992 and x < 9007199254740992 then
+    return string.format('%d', x)
+  end
+  return string.format('%.17g', x)
+end
+
+-- An account's state in a level (fqAccountMember's field): '<T>\n<A>\n<horizon>\n<spacing>
+-- \n<density>': its flows' tenant weights, its weight, its catch-up horizon, the level's
+-- split its last job was placed with and its density (none: its spacing). Text, as the
+-- console reads it too (fairqueue.scheduling.wire.split_account_state).
 local function fqAccountStatePack(st)
-  return cmsgpack.pack(true, st.T, st.A, st.horizon or false, st.spacing or false,
-    st.density or false)
+  return fqNumText(st.T) .. '\n' .. fqNumText(st.A) .. '\n' .. fqNumText(st.horizon) .. '\n'
+    .. fqNumText(st.spacing) .. '\n' .. fqNumText(st.density)
 end
 
 -- fqAccountStatePack's table (nil: none, the account has no flow with work).
 local function fqAccountStateSplit(value)
   if type(value) ~= 'string' then return nil end
-  if string.byte(value, 1) == fqPackMark then
-    local _, T, A, h, sp, d = cmsgpack.unpack(value)
-    return {T = T or 0, A = A or 1, horizon = h or nil, spacing = sp or nil, density = d or nil}
-  end
   local T, A, h, sp, d = string.match(value, '^([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)$')
   if not T then return nil end
   return {T = tonumber(T) or 0, A = tonumber(A) or 1, horizon = tonumber(h),
