@@ -12,6 +12,7 @@ tenant page and the queue page show the same number.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -280,24 +281,33 @@ class ConsoleReads(BrokerPart):
 
     async def in_flight(
         self, queue: str
-    ) -> tuple[dict[tuple[str, str], int], dict[str, int], dict[tuple[str, str], FlowWeight], int]:
+    ) -> tuple[
+        dict[tuple[str, str], int],
+        dict[str, int],
+        dict[tuple[str, str], FlowWeight],
+        int,
+        dict[tuple[str, str], float],
+    ]:
         """Running jobs per (level, tenant) from BullMQ's active list (at most
         :data:`ACTIVE_WINDOW`), each level's weight of flows with work, and the running
-        tenants' flows: what :func:`noisy_tenants` needs; and how many accounts run them
+        tenants' flows: what :func:`noisy_tenants` needs; how many accounts run them
         (a job's ``accountId``, a tenant without one counting as its own; jobs of no
-        tenant and internal work none). Three round trips."""
+        tenant and internal work none); and per (level, tenant) the ms its running jobs
+        have run so far (``processedOn`` to now). Three round trips."""
         client = self.conn.client()
         active = await self.conn.guard(
             client.lrange(self.conn.key(queue, "active"), 0, ACTIVE_WINDOW - 1)
         )
         async with client.pipeline(transaction=False) as pipe:
             for job_id in active:
-                pipe.hget(self.conn.key(queue, as_text(job_id)), "data")
+                pipe.hmget(self.conn.key(queue, as_text(job_id)), "data", "processedOn")
             pipe.hmget(self.conn.fair_key(queue, "state"), *(f"W:{n}" for n in LEVEL_NAMES))
             *rows, weights = await self.conn.guard(pipe.execute())
+        now_ms = time.time() * 1000
         running: dict[tuple[str, str], int] = {}
+        ran_ms: dict[tuple[str, str], float] = {}
         accounts: set[tuple[bool, str]] = set()
-        for data in rows:
+        for data, processed in rows:
             parsed = parse_job_data(None if data is None else as_text(data))
             if parsed is None:
                 continue
@@ -309,6 +319,11 @@ class ConsoleReads(BrokerPart):
                 tenant = INTERNAL_TENANT  # an internal job (JSON null)
             tenant = tenant if isinstance(tenant, str) and tenant else DEFAULT_TENANT
             running[(level, tenant)] = running.get((level, tenant), 0) + 1
+            since = int_or(processed, None)
+            if since is not None:
+                ran_ms[(level, tenant)] = ran_ms.get((level, tenant), 0.0) + max(
+                    0.0, now_ms - since
+                )
             if isinstance(account, str) and account:
                 accounts.add((True, account))
             elif tenant not in (DEFAULT_TENANT, INTERNAL_TENANT):
@@ -325,7 +340,7 @@ class ConsoleReads(BrokerPart):
         level_weights = {
             level: int_or(value, 0) or 0 for level, value in zip(LEVEL_NAMES, weights, strict=True)
         }
-        return running, level_weights, flows, len(accounts)
+        return running, level_weights, flows, len(accounts), ran_ms
 
     async def tenant_weights(self, queue: str, tenant_id: str) -> dict[str, tuple[int, int]]:
         """Per level where ``tenant_id``'s flow has work: (the weight it counts, the sum

@@ -9,6 +9,7 @@ most ``TENANTS_PER_BUCKET`` tenants.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,6 +103,49 @@ class HistoryStore(BrokerPart):
                 pipe.hgetall(prefix + tenant_bucket(start, tenant_id))
             replies: list[Any] = await pipe.execute()
         return {start: fields for start, fields in zip(starts, replies, strict=True) if fields}
+
+    @guarded
+    async def recent_worker_shares(
+        self,
+        queue: str,
+        flows: list[tuple[str, str]],
+        *,
+        now_s: int,
+        running_ms: Mapping[tuple[str, str], float],
+    ) -> dict[tuple[str, str], float]:
+        """Each of ``flows``' ((level, tenant)) share of its level's worker time over its
+        tenant buckets of this minute and the last, with what the attempts running now
+        have run so far (``running_ms``, every running flow's: the history records an
+        attempt when it ends), for the noisy rule by time. One pipelined round trip: two
+        HGETs a flow and an HMGET per history bucket of that span (at most 13)."""
+        if not flows:
+            return {}
+        prefix = self.conn.fair_key(queue, "hist:")
+        first = now_s // TENANT_BUCKET_S * TENANT_BUCKET_S - TENANT_BUCKET_S
+        minutes = (first, first + TENANT_BUCKET_S)
+        starts = range(first, now_s // BUCKET_S * BUCKET_S + 1, BUCKET_S)
+        levels = sorted({level for level, _ in flows})
+        async with self.conn.client().pipeline(transaction=False) as pipe:
+            for level, tenant in flows:
+                for minute in minutes:
+                    pipe.hget(prefix + tenant_bucket(minute, tenant), f"t:{level}")
+            for start in starts:
+                pipe.hmget(f"{prefix}{start}", [f"t:{level}" for level in levels])
+            replies: list[Any] = await pipe.execute()
+        level_ms = dict.fromkeys(levels, 0.0)
+        for row in replies[2 * len(flows) :]:
+            for level, value in zip(levels, row, strict=True):
+                level_ms[level] += float(value or 0)
+        for (level, _), ms in running_ms.items():
+            if level in level_ms:
+                level_ms[level] += ms
+        shares = {}
+        for i, (level, tenant) in enumerate(flows):
+            ms = sum(float(v or 0) for v in replies[2 * i : 2 * i + 2])
+            ms += running_ms.get((level, tenant), 0.0)
+            if ms > 0 and level_ms[level] > 0:
+                shares[(level, tenant)] = min(1.0, ms / level_ms[level])
+        return shares
 
     @guarded
     async def read_history(

@@ -6,6 +6,7 @@ own), plus the noisy neighbours of each queue.
 from __future__ import annotations
 
 import datetime as dt
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -104,14 +105,20 @@ async def anoisy_figures(job_type: str, *, broker: Broker) -> dict[str, Any]:
     """:func:`noisy_figures` on ``broker``'s event loop: each running tenant's share of
     its level's running jobs against what it is entitled to now (:func:`entitled_now`)."""
     queue = get_settings().queue_for(job_type)
-    running, level_weights, flows, accounts = await broker.console.in_flight(queue)
+    running, level_weights, flows, accounts, ran_ms = await broker.console.in_flight(queue)
     asking = {
         key: flows.get(key, FlowWeight(1, False))
         for key, count in running.items()
         if count >= NOISY_MIN
     }
     entitled = await entitled_now(broker, queue, asking)
-    found = noisy_tenants(running, level_weights, flows, entitled)
+    worked = None
+    if get_settings().fairness_by == "time":  # judged by worker time too (scheduling/noisy)
+        now_s = int(time.time())
+        worked = await broker.history.recent_worker_shares(
+            queue, list(asking), now_s=now_s, running_ms=ran_ms
+        )
+    found = noisy_tenants(running, level_weights, flows, entitled, worked)
     return {
         "count": len(found),
         # accounts running jobs now (counted: no id leaves for /metrics)
