@@ -21,7 +21,7 @@ from fairqueue.scheduling.levels import (
     validate_account_id,
     validate_tenant_id,
 )
-from fairqueue.scheduling.limits import NO_LIMITS
+from fairqueue.scheduling.limits import NO_LIMITS, TenantLimits
 from fairqueue.scheduling.wire import encoded_limits
 from fairqueue.usage.holds import actor_text
 
@@ -243,6 +243,29 @@ def sync_tenant_limits(tenant_id: str) -> None:
             sync_broker.run(sync_broker.broker.limits.release, queue, [tenant_id])
     except BrokerError as exc:
         logger.warning("tenant limits not synced to Redis (%s)", type(exc).__name__)
+
+
+def sync_account_limits(account_id: str, limits: TenantLimits | None = None) -> None:
+    """Bring an account's limits (``None``: its row's) to Redis in every queue after its
+    row changed: one write per queue, whatever its number of tenants, and its tenants
+    with held jobs are visited at the release step's next call. Best effort, like a
+    tenant's: Redis down is logged, and its tenants' next enqueue writes them anyway."""
+    from fairqueue.models import Account, TenantPlan
+
+    if limits is None:
+        account = Account.objects.filter(account_id=account_id).first()
+        limits = NO_LIMITS if account is None else account.limits()
+    tenants = list(
+        TenantPlan.objects.filter(account_id=account_id).values_list("tenant_id", flat=True)
+    )
+    sync_broker = get_sync_broker()
+    try:
+        for queue in _queues():
+            sync_broker.run(
+                sync_broker.broker.limits.set_account_limits, queue, account_id, limits, tenants
+            )
+    except BrokerError as exc:
+        logger.warning("account limits not synced to Redis (%s)", type(exc).__name__)
 
 
 def sync_tenant_weight(tenant_id: str) -> None:

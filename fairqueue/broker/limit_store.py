@@ -265,6 +265,22 @@ class LimitStore(LimitReads):
             return 0  # had limits here already: its jobs since then are tracked
         return await self._hold_untracked(queue, tenant_id)
 
+    async def set_account_limits(
+        self, queue: str, account_id: str, limits: TenantLimits, tenants: Sequence[str]
+    ) -> None:
+        """Store an account's limits (its save: one write for the account, not one per
+        tenant), or forget them when it has none; ``tenants``, those of its tenants with
+        held jobs here, are visited at the release step's next call (new limits may give
+        them room)."""
+        key = limits_key(self.conn.prefix, queue)
+        client = self.conn.client()
+        if limits.max_active is None and limits.rate_max is None and limits.max_waiting is None:
+            await self.conn.guard(client.hdel(f"{key}:acc", account_id))
+        else:
+            await self.conn.guard(client.hset(f"{key}:acc", account_id, encoded_limits(limits)))
+        if tenants:
+            await self.conn.guard(client.zadd(f"{key}:due", dict.fromkeys(tenants, 0), lt=True))
+
     async def set_weight(self, queue: str, tenant_id: str, weight: int) -> int:
         """A tenant's new weight, counted at once by each of its flows with work in
         ``queue`` and by their levels' totals (``reweight.lua``): its next jobs and the

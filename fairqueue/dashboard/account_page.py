@@ -35,6 +35,7 @@ from fairqueue.dashboard.console_admin import (
     redis_trouble,
     require,
 )
+from fairqueue.dashboard.limited_tenants import limits_in_words
 from fairqueue.dashboard.moment import moment, read_checked_backlog
 from fairqueue.dashboard.overview import entitled_now
 from fairqueue.dashboard.tenant_routes import (
@@ -98,6 +99,10 @@ class AccountPage:
 
     account: Account
     tier: str
+    #: ``(label, value)`` of each of its limits over all its tenants (``"—"``: none).
+    limits: tuple[tuple[str, str], ...]
+    #: Its quota over all its tenants, in words (``""``: none).
+    quota: str
     tenant_count: int
     listed: int
     queues: tuple[AccountQueue, ...]
@@ -258,6 +263,13 @@ class AccountViews(ConsolePage):
                 page=AccountPage(
                     account=account,
                     tier=account.plan_tier or "(each tenant's own)",
+                    limits=limits_in_words(account.limits()),
+                    quota=(
+                        f"{account.quota_worker_seconds:,} worker seconds a "
+                        f"{account.quota_period or 'day'}"
+                        if account.quota_worker_seconds
+                        else ""
+                    ),
                     tenant_count=count,
                     listed=len(members),
                     queues=queues,

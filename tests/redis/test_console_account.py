@@ -109,6 +109,26 @@ def test_account_page__unknown_ids_are_404_and_viewing_needs_the_permission(
     assert client.get(reverse(ACCOUNT, args=["acct/big"])).status_code == 302  # to login
 
 
+def test_account_page__shows_its_limits_and_quota_over_all_its_tenants(customers, viewer):
+    html = viewer.get(reverse(ACCOUNT, args=["acct/big"])).content.decode()
+    limits = html.split('data-fq-a="limits">', 1)[1].split("</dd>", 1)[0]
+    assert "at once: —" in limits and "rate: —" in limits
+    assert 'data-fq-a="quota">none<' in html
+    Account.objects.filter(account_id="acct/big").update(
+        max_active=4,
+        rate_max=10,
+        rate_duration_ms=1000,
+        max_waiting=500,
+        quota_worker_seconds=3600,
+        quota_period="month",
+    )
+    html = viewer.get(reverse(ACCOUNT, args=["acct/big"])).content.decode()
+    limits = html.split('data-fq-a="limits">', 1)[1].split("</dd>", 1)[0]
+    assert "at once: 4" in limits and "rate: 10 per " in limits
+    assert "waiting at most: 500" in limits
+    assert 'data-fq-a="quota">3,600 worker seconds a month<' in html
+
+
 def test_account_page__lists_at_most_its_first_tenants_and_says_how_many(customers, viewer):
     big = Account.objects.get(account_id="acct/big")
     TenantPlan.objects.bulk_create(
