@@ -193,15 +193,19 @@ def _lift_pause(tenant_id: str) -> int:
 
 def sync_tenant_pause(tenant_id: str) -> None:
     """After a tenant's row changed (it joined or left an account): pause it in Redis
-    when its account is paused, resume it where Redis has it paused and nothing holds
-    it any more. Best effort, like :func:`sync_tenant_limits`."""
-    from fairqueue.usage.holds import paused_by_operator
+    when its account is paused, hold it where its account's quota holds the account's
+    tenants, resume it where Redis has it paused and nothing holds it any more. Best
+    effort, like :func:`sync_tenant_limits`."""
+    from fairqueue.usage.holds import held_queues, pause_in, paused_by_operator
 
     sync_broker = get_sync_broker()
     limits = sync_broker.broker.limits
     try:
+        held = held_queues(tenant_id)
         if paused_by_operator(tenant_id):
             _set_paused(tenant_id, True)
+        elif held:
+            pause_in(sorted(held), tenant_id)
         elif any(sync_broker.run(limits.is_paused, queue, tenant_id) for queue in _queues()):
             _lift_pause(tenant_id)
     except BrokerError as exc:

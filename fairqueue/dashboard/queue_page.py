@@ -44,7 +44,7 @@ from fairqueue.dashboard.overview import (
 )
 from fairqueue.dashboard.queue_figures import QueueStats
 from fairqueue.dashboard.stats import StatsAsk, clamp_page, queues_stats
-from fairqueue.dashboard.tenant_routes import tenant_url
+from fairqueue.dashboard.tenant_routes import account_url, tenant_url
 from fairqueue.dashboard.wording import format_duration, format_time
 from fairqueue.exceptions import BrokerError, BrokerUnavailableError
 from fairqueue.rebalance.pass_result import LAST_RUN_RECORD
@@ -182,7 +182,11 @@ class QueueViews(ConsolePage):
                     [(s.stats.history["served_total"], s.stats.accounts) for s in sections]
                 )
             ),
-            plans=None if single else plans_attention(lambda t: tenant_url(t, site=site)),
+            plans=None
+            if single
+            else plans_attention(
+                lambda t: tenant_url(t, site=site), lambda a: account_url(a, site=site)
+            ),
             overview_read_at=sections[0].stats.read_at["at"] if sections else "",
             max_wait=format_duration(get_settings().max_wait_ms),
             tenants_url=url("tenants"),

@@ -190,3 +190,57 @@ def test_metrics__accounts_running_counts_accounts_never_names_them(customers, c
     assert 'queue_fair_accounts_running{job_type="email",queue="email"} 2.0' in lines
     assert 'queue_fair_accounts_running{job_type="report",queue="report"} 0.0' in lines
     assert not any("acct" in line or "solo" in line for line in lines)
+
+
+def test_noisy_account__its_tenants_together_over_the_accounts_share_are_flagged(
+    customers, operator, client, redis_client
+):
+    """Four tenants of one account run 8 jobs while a tenant of none waits: each tenant
+    runs a quarter of the level, but the account (weight 1 beside the lone tenant's 1) is
+    entitled to half and runs all of it. The queue page lists the account, its page shows
+    its half, and /metrics counts one noisy account without naming it."""
+    many = Account.objects.create(account_id="acct/many", weight=1)
+    tenants = [f"many-{n}" for n in range(4)]
+    TenantPlan.objects.bulk_create(TenantPlan(tenant_id=t, account=many) for t in tenants)
+    jobs = [job for t in tenants for job in enqueue_jobs("email", [{}, {}], tenant_id=t)]
+    level = jobs[0].level
+    started: list[str] = []
+    release = threading.Event()
+    thread = holding_worker(customers, 8, started, release)
+    thread.start()
+    try:
+        assert wait_until(lambda: len(started) == 8, 15)
+        enqueue_jobs("email", [{} for _ in range(3)], tenant_id="solo", priority_level=level)
+        write_history(
+            redis_client, customers, {**{(level, t): 0.5 for t in tenants}, (level, "solo"): 1.0}
+        )
+        dashboard.clear_backlog_cache()
+        body = operator.get(reverse("admin:fairqueue_dashboard_stats"), {"queue": "email"}).json()
+        (stats,) = body["queues"]
+        (row,) = stats["noisy"]["accounts"]
+        assert (row["account"], row["level"], row["tenants"], row["running"]) == (
+            "acct/many",
+            level,
+            4,
+            8,
+        )
+        assert (row["share"], row["entitled"]) == ("100%", "50%")
+        assert row["account_url"] == reverse(ACCOUNT, args=["acct/many"])
+        assert stats["noisy"]["accounts_count"] == 1
+        page = operator.get(reverse("admin:fairqueue_dashboard_queue", args=["email"]))
+        assert 'data-fq-noisy-account="acct/many"' in page.content.decode()
+        overview = operator.get(reverse("admin:fairqueue_dashboard_changelist")).content
+        assert "1 noisy account(s)" in overview.decode()  # an amber attention item
+        html = operator.get(reverse(ACCOUNT, args=["acct/many"])).content.decode()
+        email = html.split('data-job-type="email"', 1)[1].split("</section>", 1)[0]
+        assert f'data-fq-at="account.{level}">50%<' in email
+        # its tenants share the account's half: each a quarter of it, once it asks
+        for tenant in tenants:
+            assert _cell(email, tenant, f"entitled.{level}") in ("12%", "13%"), tenant
+        metrics = client.get("/metrics").content.decode()
+    finally:
+        release.set()
+        thread.join(15)
+    lines = [line for line in metrics.splitlines() if line.startswith("queue_fair_noisy_accounts{")]
+    assert 'queue_fair_noisy_accounts{job_type="email",queue="email"} 1.0' in lines
+    assert not any("acct" in line or "many" in line for line in lines)
