@@ -43,7 +43,6 @@ from typing import Any, Final
 
 from fairqueue.scheduling.attempt_events import Event, Run, Start, g6
 from fairqueue.scheduling.order import (
-    COST_DEAD_BAND,
     MAX_COST_TURNS,
     MIN_COST_TURNS,
     cost_turns,
@@ -60,6 +59,10 @@ TYPICAL_ALPHA: Final = 0.05
 #: tenant that ever ran (a flow that comes back after that starts afresh, as a new one:
 #: docs/design.md, "Service is worker time").
 FLOW_STATE_IDLE_S: Final = 86_400
+#: A flow's first measurement is a page's few runs: only a cost off what its cold jobs
+#: paid by more than this factor, either way, places its waiting jobs again at once
+#: (equal flows measured on noise would be moved apart); less is left to its charges.
+RECOST_BAND: Final = 2**0.5
 #: The level of a start whose job could not be read (the dashboard shows it as such).
 UNKNOWN: Final = "?"
 
@@ -389,7 +392,7 @@ class _PageWork:
         for member, (level, n, total_ms) in self.first.items():
             # the mean of its runs on the page, not the moving average seeded by the first
             ratio = cost_turns(total_ms / n, typical) * now / paid
-            if 1 / COST_DEAD_BAND < ratio < COST_DEAD_BAND:
+            if 1 / RECOST_BAND < ratio < RECOST_BAND:
                 continue  # within the noise: its runs' charges settle it, as any flow's
             shift = sum(s.debt for s in out.settlements if s.member == member)
             out.settlements = [s for s in out.settlements if s.member != member]
