@@ -161,16 +161,22 @@ def _pace(
     of_level = pace.share_of(
         rate.jobs_per_s, flows, level.value, tenant, weight=tenant_weight, of_level=True
     )
-    mine = sum(count for (_, name), count in asking.served.items() if name == tenant)
     # in turns (jobs, or with fairness by time worker time over the typical run): what
     # the distances between tags count
     turns_per_s = rate.turns_per_s or rate.jobs_per_s
     return _Pace(
         flow_per_s=None if share is None else share * turns_per_s,
         share=share,
-        tenant_per_s=mine / rate.window_s if mine else None,
+        tenant_per_s=pace.tenant_pace(
+            asking, tenant, window_s=rate.window_s, now_s=raw.now_ms / 1000
+        ),
         level_share=of_level,
     )
+
+
+def _jobs_per_s(flow_pace: _Pace, rate: eta.ServiceRate) -> float | None:
+    """The jobs per second a flow gets once it asks (its share of all starts)."""
+    return None if flow_pace.share is None else flow_pace.share * rate.jobs_per_s
 
 
 def level_share_of(raw: RawEstimate, level: PriorityLevel, tenant: str, w: float) -> float | None:
@@ -228,6 +234,7 @@ def estimate_from(
             occupied=hold.occupied,
             run_s=run_s,
             tenant_per_s=flow_pace.tenant_per_s,
+            flow_per_s=_jobs_per_s(flow_pace, rate),
         )
         wait = eta.with_delay(wait, delay)
     share = flow_pace.share
@@ -315,6 +322,7 @@ def _held_status(raw: RawStatus, job_type: str, job_id: str) -> JobStatus:
         occupied=hold.occupied,
         run_s=run_s,
         tenant_per_s=flow_pace.tenant_per_s,
+        flow_per_s=_jobs_per_s(flow_pace, rate),
     )
     est = _as_estimate(
         eta.with_delay(wait, delay),

@@ -372,14 +372,20 @@ def held_delay_s(
     occupied: int,
     run_s: float | None,
     tenant_per_s: float | None = None,
+    flow_per_s: float | None = None,
 ) -> float | None:
-    """How long until a held job is released (``None``: paused, or no run time measured
-    for a ``max_active`` tenant): its place among the tenant's held jobs over the pace its
-    tenant is really released at. That is the pace its limits allow (``max_active`` jobs
-    per run time; ``rate_max`` per window) or, for ``max_active`` when slower, the pace
-    its jobs were measured starting at lately (``tenant_per_s``, the history's starts of
-    the tenant: a released job also waits its turn in its level before it runs and frees
-    room, and its runs may be longer than the queue's typical run)."""
+    """How long until a held job is released (``None``: paused, or no pace known for a
+    ``max_active`` tenant): its place among the tenant's held jobs over the pace its
+    tenant is really released at. For ``max_active`` that is the pace its jobs were
+    measured starting at lately (``tenant_per_s``, the history's starts of the tenant
+    over its last buckets, :func:`fairqueue.scheduling.pace.tenant_pace`: a released job
+    also waits its turn in its level before it runs and frees room, and its runs may be
+    longer than the queue's typical run), at most ``max_active`` jobs per run time; with
+    no such measure, the slower of that and the pace its flow gets once it asks
+    (``flow_per_s``, :func:`fairqueue.scheduling.pace.current_shares`). The flow's share
+    is no cap on a measured pace: a tenant kept at ``max_active`` has at most that many
+    jobs waiting, placed near the virtual time, and may be served past its weight. For
+    ``rate_max``: the pace its window allows."""
     if reason is None:
         return 0.0
     if reason == REASON_PAUSED:
@@ -390,7 +396,9 @@ def held_delay_s(
         room = max(0, limits.max_active - occupied)
         turns = held_ahead + 1 - room
         if turns > 0:
-            paces = [p for p in (measured, run_s and limits.max_active / run_s) if p]
+            allowed = limits.max_active / run_s if run_s else None
+            flow = flow_per_s if flow_per_s and flow_per_s > 0 else None
+            paces = [p for p in ((measured or flow), allowed) if p]
             if not paces:
                 return None
             delays.append(turns / min(paces))

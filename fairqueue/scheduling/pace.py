@@ -237,3 +237,24 @@ def waiting_jobs(by_tag: float, line_waiting: int | None) -> float:
     if line_waiting is None or line_waiting >= ASKING_LINE_TAIL:
         return by_tag
     return min(by_tag, float(line_waiting + 1))
+
+
+#: The least span (seconds) of a tenant's last buckets its measured pace is read over.
+TENANT_PACE_MIN_S: Final = 5.0
+
+
+def tenant_pace(
+    read: AskingRead, tenant: str, *, window_s: float, now_s: float | None
+) -> float | None:
+    """Jobs of ``tenant`` started per second lately, every level: over its last buckets
+    (``read.recent`` since ``read.recent_since_s``, 10-20 s) when they span
+    :data:`TENANT_PACE_MIN_S` at least, else over the rate's window. The last buckets
+    follow a tenant whose backlog began within the window (a release pace read over the
+    whole window counts the seconds before it, and ran 50-70% long for a tenant held by
+    ``max_active``). ``None``: none started."""
+    served, span = read.served, window_s
+    since = read.recent_since_s
+    if since is not None and now_s is not None and now_s - since >= TENANT_PACE_MIN_S:
+        served, span = read.recent, now_s - since
+    mine = sum(count for (_, name), count in served.items() if name == tenant)
+    return mine / span if mine and span > 0 else None
