@@ -250,8 +250,8 @@ def tenant_pace(
     (``read.recent`` since ``read.recent_since_s``, 10-20 s) when they span
     :data:`TENANT_PACE_MIN_S` at least, else over the rate's window. The last buckets
     follow a tenant whose backlog began within the window (a release pace read over the
-    whole window counts the seconds before it, and ran 50-70% long for a tenant held by
-    ``max_active``). ``None``: none started."""
+    whole window counts the seconds before it: the estimate of a tenant held by
+    ``max_active`` ran 50-70% long). ``None``: none started."""
     served, span = read.served, window_s
     since = read.recent_since_s
     if since is not None and now_s is not None and now_s - since >= TENANT_PACE_MIN_S:

@@ -31,13 +31,18 @@ def test_a_short_span_falls_back_to_the_window() -> None:
     assert tenant_pace(READ, "nobody", window_s=25.0, now_s=1_010.0) is None
 
 
-def test_the_measured_pace_is_not_capped_by_the_flows_share() -> None:
+def test_a_held_tenant_is_released_at_the_faster_of_its_measure_and_its_share() -> None:
     """A tenant kept at max_active=2 is measured at 40 jobs/s where its share would give
-    it 30: the measured pace wins, bounded by 2 jobs per 10 ms run."""
+    it 30: the measured pace wins. Measured at 10/s with fewer than 10 s of that held, it
+    was held for a moment only (its starts followed its arrivals): released at its
+    share. With more held, its limit binds (long runs): its measured pace. Either
+    bounded by 2 jobs per run."""
     limits = TenantLimits(max_active=2)
     common = {"reason": REASON_MAX_ACTIVE, "held_ahead": 399, "occupied": 2, "run_s": 0.01}
     assert held_delay_s(limits, tenant_per_s=40.0, flow_per_s=30.0, **common) == 10.0
-    # none measured: the slower of its share and its limit's pace
+    assert held_delay_s(limits, tenant_per_s=10.0, flow_per_s=40.0, **common) == 40.0
+    short = {**common, "held_ahead": 79}  # 80 releases: 8 s at 10/s
+    assert held_delay_s(limits, tenant_per_s=10.0, flow_per_s=40.0, **short) == 2.0
     assert held_delay_s(limits, flow_per_s=40.0, **common) == 10.0
     assert held_delay_s(limits, **common) == 2.0  # 2 jobs per 10 ms
     slow = {**common, "run_s": 1.0}  # its limit is slower than its share
