@@ -142,6 +142,9 @@ class _Pace:
     share: float | None = None
     tenant_per_s: float | None = None
     level_share: float | None = None
+    #: How much faster the virtual time moves now than the window measured
+    #: (:func:`fairqueue.scheduling.pace.clock_ratio`).
+    clock_ratio: float | None = None
 
 
 def _pace(
@@ -161,6 +164,10 @@ def _pace(
     of_level = pace.share_of(
         rate.jobs_per_s, flows, level.value, tenant, weight=tenant_weight, of_level=True
     )
+    served_per_s = {name: count / rate.window_s for name, count in rate.level_starts.items()}
+    ratio = pace.clock_ratio(
+        rate.jobs_per_s, flows, level.value, tenant, tenant_weight, served_per_s
+    )
     # in turns (jobs, or with fairness by time worker time over the typical run): what
     # the distances between tags count
     turns_per_s = rate.turns_per_s or rate.jobs_per_s
@@ -171,6 +178,7 @@ def _pace(
             asking, tenant, window_s=rate.window_s, now_s=raw.now_ms / 1000
         ),
         level_share=of_level,
+        clock_ratio=ratio,
     )
 
 
@@ -205,6 +213,7 @@ def _new_job_wait(
         rate=rate,
         own_ahead=own,
         flow_per_s=flow_pace.flow_per_s,
+        clock_ratio=flow_pace.clock_ratio,
     )
 
 
@@ -276,6 +285,7 @@ def _waiting_wait(raw: RawStatus, rate: eta.ServiceRate) -> tuple[eta.Wait, _Pac
         rate=rate,
         own_ahead=own,
         flow_per_s=flow_pace.flow_per_s,
+        clock_ratio=flow_pace.clock_ratio,
     )
     return wait, flow_pace
 

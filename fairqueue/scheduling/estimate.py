@@ -312,14 +312,17 @@ def placed_wait(
     weights: Mapping[PriorityLevel, int] = DEFAULT_FAIR_WEIGHTS,
     own_ahead: float | None = None,
     flow_per_s: float | None = None,
+    clock_ratio: float | None = None,
 ) -> Wait:
     """The wait of a job at finish tag ``tag`` of ``level`` (``None``: not in the fair
     band, placed by the jobs ahead alone) with ``ahead`` jobs popped before it now.
 
     With ``flow_per_s`` (its flow's pace now, :func:`fairqueue.scheduling.pace
     .current_shares`) and ``own_ahead`` (its flow's jobs before it): those jobs at that
-    pace, never less than the jobs ahead at the measured rate. Without them: the tag
-    distance at the virtual time's measured pace (the module docstring). The range and
+    pace or, when earlier, the tag distance at the virtual time's measured pace times
+    ``clock_ratio`` (:func:`fairqueue.scheduling.pace.clock_ratio`: how much faster it
+    moves now), never less than the jobs ahead at the measured rate. Without them: the
+    tag distance at the virtual time's measured pace (the module docstring). The range and
     confidence follow how the level's recent estimates came out
     (:mod:`fairqueue.scheduling.calibration`)."""
     if ahead <= 0:
@@ -332,19 +335,21 @@ def placed_wait(
         # The virtual time's pace as sampled when it was (tags placed while a quiet flow
         # was counted are wider than one turn: the model's pace misses that), else the
         # model's.
-        pace = rate.vt_moved_per_s or rate.vt_per_s
+        pace = (rate.vt_moved_per_s or rate.vt_per_s) * (clock_ratio or 1.0)
         by_clock = max(0.0, tag - TAG_SCALE / weights[level] - vt) / pace
     by_place = by_clock or 0.0
     if own_ahead is not None and flow_per_s:
         # Tag distances overstate a flow's jobs when it ran alone or was charged for long
         # runs (the virtual time then jumps to its head): never more than all jobs ahead.
         by_pace = min(max(0.0, own_ahead), ahead) / flow_per_s
-        # At its pace now, not at the virtual time's pace the window measured: that one
-        # lags a change of load by 20-30 s (after a level began to flood, normal's jobs
-        # started 40-50% later than it said), and with every level backlogged it ran
-        # ahead of a level's own tags (normal's estimates 40-50% early). Never earlier
-        # than the jobs ahead at the measured rate (by_count below).
-        by_place = by_pace
+        # The flow's jobs already waiting were placed at the spacing of their day; own_ahead
+        # counts them at today's, so after a change of load it counts them double or half.
+        # The virtual time's measured pace takes each tag as it was placed; it lags a
+        # change of who is asking by 20-30 s, so it is scaled by ``clock_ratio`` (after a
+        # level began to flood, normal's jobs started 40-50% later than the unscaled
+        # clock said). The earlier of the two, never earlier than the jobs ahead at the
+        # measured rate (by_count below).
+        by_place = by_pace if by_clock is None else min(by_pace, by_clock)
     return _ranged(max(by_count, by_place), rate, level)
 
 

@@ -145,6 +145,40 @@ def share_of(
     return got[(level, tenant)] / capacity
 
 
+def clock_ratio(
+    capacity: float,
+    flows: Iterable[FlowAsk],
+    level: str,
+    tenant: str,
+    weight: float,
+    level_served_per_s: Mapping[str, float],
+    level_weights: Mapping[str, float] = LEVEL_WEIGHTS,
+) -> float | None:
+    """How much faster the virtual time moves now than over the rate's window: its pace
+    is set by the level served fastest per unit of weight, now by
+    :func:`current_shares` (flow ``(level, tenant)`` asking for all it can take), then
+    by ``level_served_per_s``. A level that starts to flood beside a backlogged one
+    slows the clock at once (the window's measure follows it 20-30 s later); a change
+    within a level leaves it as it was. ``None``: nothing measured."""
+    known = [f for f in flows if (f.level, f.tenant) != (level, tenant)]
+    got = current_shares(
+        capacity, [*known, FlowAsk(level, tenant, weight, math.inf)], level_weights
+    )
+    per_level: dict[str, float] = {}
+    for (name, _), rate in got.items():
+        per_level[name] = per_level.get(name, 0.0) + rate
+    now = max((rate / level_weights[name] for name, rate in per_level.items()), default=0.0)
+    then = max(
+        (
+            rate / level_weights[name]
+            for name, rate in level_served_per_s.items()
+            if name in level_weights
+        ),
+        default=0.0,
+    )
+    return now / then if now > 0 and then > 0 else None
+
+
 #: The flows whose last tags reach furthest past the virtual time that the estimate
 #: scripts read as backlogged candidates (bounded work per call, whatever the tenants).
 ASKING_SCAN: Final = 16

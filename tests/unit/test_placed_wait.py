@@ -13,33 +13,38 @@ NORMAL = PriorityLevel.NORMAL
 RATE = ServiceRate(10.0, 10.0 * TAG_SCALE / 2, 10.0, 10.0, 200, 10.0, 20.0)
 
 
-def test_a_level_that_began_to_flood_slows_the_flow_at_once() -> None:
-    """20 of the flow's jobs wait before it; a higher level began to flood, so its flow
-    now gets 4 jobs a second where the window's virtual time still moves a step per
-    job at 10 a second: its pace now says 5 s, the lagging clock 2 s."""
+def test_jobs_placed_at_a_sparser_spacing_are_not_counted_double() -> None:
+    """20 of the flow's jobs wait, placed while it ran alone (one normal step apart); a
+    tenant joined since, so today's spacing is half that and the tag distance over it
+    says 40 jobs: the virtual time's pace (20 jobs at 10 per second) wins."""
     tag = 21 * TAG_SCALE / 2
     wait = placed_wait(
-        tag=tag, level=NORMAL, vt=0.0, ahead=30, rate=RATE, own_ahead=20.0, flow_per_s=4.0
+        tag=tag, level=NORMAL, vt=0.0, ahead=40, rate=RATE, own_ahead=40.0, flow_per_s=5.0
     )
-    assert wait.expected_s == pytest.approx(5.0)
+    assert wait.expected_s == pytest.approx(4.0)  # the jobs ahead at the measured rate
 
 
-def test_a_flow_that_speeds_up_is_never_earlier_than_the_jobs_ahead() -> None:
-    """The flow's pace now is faster than the window measured: its jobs at that pace,
-    never less than the jobs ahead over all starts."""
+def test_a_pace_that_fell_lowers_the_flow_pace_estimate_not_the_floor() -> None:
+    """The flow's pace now is slower than the window measured: the later estimate is
+    the jobs ahead over all starts, never less."""
     tag = 5 * TAG_SCALE / 2
     wait = placed_wait(
-        tag=tag, level=NORMAL, vt=0.0, ahead=10, rate=RATE, own_ahead=4.0, flow_per_s=8.0
+        tag=tag, level=NORMAL, vt=0.0, ahead=10, rate=RATE, own_ahead=4.0, flow_per_s=2.0
     )
-    # by the pace 4 jobs at 8/s = 0.5 s; the floor 10 jobs at 10/s = 1 s
+    # by the clock 4 jobs at 10/s = 0.4 s; by the pace 2 s; the floor 10 jobs at 10/s = 1 s
     assert wait.expected_s == pytest.approx(1.0)
-    faster = placed_wait(
-        tag=tag, level=NORMAL, vt=0.0, ahead=4, rate=RATE, own_ahead=4.0, flow_per_s=2.0
-    )
-    assert faster.expected_s == pytest.approx(2.0)  # 4 jobs at 2/s; the clock said 0.4 s
 
 
-def test_without_the_flows_pace_the_tag_distance_at_the_clocks_pace() -> None:
+def test_a_level_that_began_to_flood_slows_the_clock_at_once() -> None:
+    """20 of the flow's jobs wait before it; a higher level began to flood, so its flow
+    now gets 4 jobs a second where the window's virtual time still moves a step per
+    job at 10 a second: scaled by how much slower the clock moves now (0.4), both say
+    5 s; unscaled, the clock said 2 s."""
     tag = 21 * TAG_SCALE / 2
-    wait = placed_wait(tag=tag, level=NORMAL, vt=0.0, ahead=5, rate=RATE)
-    assert wait.expected_s == pytest.approx(2.0)  # 20 steps at 10 a second
+    common = {"tag": tag, "level": NORMAL, "vt": 0.0, "ahead": 30, "rate": RATE}
+    wait = placed_wait(**common, own_ahead=20.0, flow_per_s=4.0, clock_ratio=0.4)
+    assert wait.expected_s == pytest.approx(5.0)
+    assert placed_wait(**common, own_ahead=20.0, flow_per_s=4.0).expected_s == pytest.approx(3.0)
+    # without the flow's pace: the tag distance at the scaled clock's pace
+    alone = placed_wait(**common, clock_ratio=0.4)
+    assert alone.expected_s == pytest.approx(5.0)
