@@ -6,6 +6,7 @@ one read-only Redis script each, the arithmetic in :mod:`fairqueue.scheduling.es
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -27,6 +28,9 @@ from fairqueue.scheduling.levels import DEFAULT_FAIR_WEIGHTS, PriorityLevel
 from fairqueue.scheduling.limits import REASON_MAX_ACTIVE, REASON_PAUSED, REASON_RATE
 from fairqueue.scheduling.order import flow_step
 from fairqueue.scheduling.shares import BUCKET_S
+
+#: A tenant's account as the lookups give it: ``(account id, account weight)``.
+TenantAccount = tuple[str, float]
 
 #: The states ``job_status`` reports.
 JOB_STATUS_STATES: Final = (
@@ -135,15 +139,14 @@ class _Pace:
     """What who is asking now gives a flow: its turns per second once it asks
     (``flow_per_s``: jobs, or with fairness by time worker time over the typical run,
     as the distances between tags count them), that as a share of all starts, and its
-    tenant's starts per second lately (every level: the pace its held jobs are released
-    at)."""
+    tenant's starts per second lately (every level: its held jobs' release pace)."""
 
     flow_per_s: float | None = None
     share: float | None = None
     tenant_per_s: float | None = None
     level_share: float | None = None
-    #: How much faster the virtual time moves now than the window measured
-    #: (:func:`fairqueue.scheduling.pace.clock_ratio`).
+    #: The flow's pace in jobs; how much faster the clock moves now (pace.clock_ratio).
+    jobs_per_s: float | None = None
     clock_ratio: float | None = None
 
 
@@ -155,43 +158,89 @@ def _pace(
     tenant: str | None,
     tenant_weight: float,
     vt: float,
+    account: TenantAccount | None = None,
+    accounts: Mapping[str, TenantAccount] | None = None,
 ) -> _Pace:
     asking = raw.asking
     if asking is None or tenant is None or not rate.known or rate.window_s <= 0:
         return _Pace()
-    flows = pace.flows_asking(asking, vt=vt, window_s=rate.window_s, level_served=rate.level_starts)
-    share = pace.share_of(rate.jobs_per_s, flows, level.value, tenant, weight=tenant_weight)
+    flows = pace.flows_asking(
+        asking, vt=vt, window_s=rate.window_s, level_served=rate.level_starts, accounts=accounts
+    )
+    share = pace.share_of(
+        rate.jobs_per_s, flows, level.value, tenant, weight=tenant_weight, account=account
+    )
     of_level = pace.share_of(
-        rate.jobs_per_s, flows, level.value, tenant, weight=tenant_weight, of_level=True
+        rate.jobs_per_s,
+        flows,
+        level.value,
+        tenant,
+        weight=tenant_weight,
+        of_level=True,
+        account=account,
     )
-    served_per_s = {name: count / rate.window_s for name, count in rate.level_starts.items()}
-    ratio = pace.clock_ratio(
-        rate.jobs_per_s, flows, level.value, tenant, tenant_weight, served_per_s
-    )
+    mine = pace.tenant_pace(asking, tenant, window_s=rate.window_s, now_s=raw.now_ms / 1000)
+    served = {name: count / rate.window_s for name, count in rate.level_starts.items()}
+    ratio = pace.clock_ratio(rate.jobs_per_s, flows, level.value, tenant, tenant_weight, served)
     # in turns (jobs, or with fairness by time worker time over the typical run): what
     # the distances between tags count
     turns_per_s = rate.turns_per_s or rate.jobs_per_s
     return _Pace(
         flow_per_s=None if share is None else share * turns_per_s,
         share=share,
-        tenant_per_s=pace.tenant_pace(
-            asking, tenant, window_s=rate.window_s, now_s=raw.now_ms / 1000
-        ),
+        tenant_per_s=mine,
         level_share=of_level,
+        jobs_per_s=None if share is None else share * rate.jobs_per_s,
         clock_ratio=ratio,
     )
 
 
-def _jobs_per_s(flow_pace: _Pace, rate: eta.ServiceRate) -> float | None:
-    """The jobs per second a flow gets once it asks (its share of all starts)."""
-    return None if flow_pace.share is None else flow_pace.share * rate.jobs_per_s
-
-
-def level_share_of(raw: RawEstimate, level: PriorityLevel, tenant: str, w: float) -> float | None:
+def level_share_of(
+    raw: RawEstimate,
+    level: PriorityLevel,
+    tenant: str,
+    w: float,
+    accounts: Mapping[str, TenantAccount] | None = None,
+) -> float | None:
     """``tenant``'s entitlement now in ``level`` at weight ``w`` (its estimate's ``level_share``)
-    from any estimate read of its queue: who is asking does not depend on who asks."""
+    from any estimate read of its queue: who is asking does not depend on who asks.
+    ``accounts``: tenant -> (account id, weight) for the tenants the read gives no
+    account (its own among them)."""
     rate, vt = _rate(raw, raw.placement.typical_ms), raw.placement.flow.vt
-    return _pace(raw, rate, level=level, tenant=tenant, tenant_weight=w, vt=vt).level_share
+    account = (accounts or {}).get(tenant)
+    return _pace(
+        raw,
+        rate,
+        level=level,
+        tenant=tenant,
+        tenant_weight=w,
+        vt=vt,
+        account=account,
+        accounts=accounts,
+    ).level_share
+
+
+def account_level_share_of(
+    raw: RawEstimate,
+    level: PriorityLevel,
+    account: TenantAccount,
+    accounts: Mapping[str, TenantAccount] | None = None,
+) -> float | None:
+    """``account``'s entitlement now in ``level`` (``(account id, weight)``), its flows all
+    asking: :func:`fairqueue.scheduling.pace.account_share_of` from any estimate read of
+    its queue (``accounts`` as for :func:`level_share_of`); ``None``: nothing measured."""
+    rate = _rate(raw, raw.placement.typical_ms)
+    asking = raw.asking
+    if asking is None or not rate.known or rate.window_s <= 0:
+        return None
+    flows = pace.flows_asking(
+        asking,
+        vt=raw.placement.flow.vt,
+        window_s=rate.window_s,
+        level_served=rate.level_starts,
+        accounts=accounts,
+    )
+    return pace.account_share_of(rate.jobs_per_s, flows, level.value, account[0], account[1])
 
 
 def _new_job_wait(
@@ -218,15 +267,27 @@ def _new_job_wait(
 
 
 def estimate_from(
-    raw: RawEstimate, *, delay_ms: int | None = None, tenant: str | None = None, count: int = 1
+    raw: RawEstimate,
+    *,
+    delay_ms: int | None = None,
+    tenant: str | None = None,
+    count: int = 1,
+    account: TenantAccount | None = None,
 ) -> StartEstimate:
     """The estimate of a new job from what ``lua/estimate_start.lua`` read (``tenant``:
-    its tenant bucket, for its flow's pace; ``count``: the last of that many)."""
+    its tenant bucket, for its flow's pace, in ``account``; ``count``: the last of that
+    many)."""
     p = raw.placement
     flow = p.flow
     rate = _rate(raw, p.typical_ms)
     flow_pace = _pace(
-        raw, rate, level=flow.level, tenant=tenant, tenant_weight=flow.tenant_weight, vt=flow.vt
+        raw,
+        rate,
+        level=flow.level,
+        tenant=tenant,
+        tenant_weight=flow.tenant_weight,
+        vt=flow.vt,
+        account=account,
     )
     wait = _new_job_wait(raw, p, rate, flow_pace, count)
     hold = raw.hold
@@ -243,7 +304,7 @@ def estimate_from(
             occupied=hold.occupied,
             run_s=run_s,
             tenant_per_s=flow_pace.tenant_per_s,
-            flow_per_s=_jobs_per_s(flow_pace, rate),
+            flow_per_s=flow_pace.jobs_per_s,
         )
         wait = eta.with_delay(wait, delay)
     share = flow_pace.share
@@ -275,8 +336,19 @@ def _waiting_wait(raw: RawStatus, rate: eta.ServiceRate) -> tuple[eta.Wait, _Pac
         weight = raw.tenant_weight or 1.0
         total = max(raw.asking.totals.get(level.value, 0.0), weight)
         step = flow_step(DEFAULT_FAIR_WEIGHTS[level], 1, 1) * total / weight
+        grouped = raw.asking.accounts.get((level.value, raw.tenant or ""))
+        if grouped is not None:  # its account's part, split among the account's flows
+            step *= max(grouped[2], weight) / grouped[1]
         own = max(0.0, (raw.tag - vt) / step - 1)
-        flow_pace = _pace(raw, rate, level=level, tenant=raw.tenant, tenant_weight=weight, vt=vt)
+        flow_pace = _pace(
+            raw,
+            rate,
+            level=level,
+            tenant=raw.tenant,
+            tenant_weight=weight,
+            vt=vt,
+            account=raw.account,
+        )
     wait = eta.placed_wait(
         tag=raw.tag,
         level=level,
@@ -320,6 +392,7 @@ def _held_status(raw: RawStatus, job_type: str, job_id: str) -> JobStatus:
         tenant=raw.tenant,
         tenant_weight=p.flow.tenant_weight,
         vt=p.flow.vt,
+        account=raw.account,
     )
     wait = _new_job_wait(raw, p, rate, flow_pace, 1)
     run_s = None if p.typical_ms is None else p.typical_ms / 1000
@@ -332,7 +405,7 @@ def _held_status(raw: RawStatus, job_type: str, job_id: str) -> JobStatus:
         occupied=hold.occupied,
         run_s=run_s,
         tenant_per_s=flow_pace.tenant_per_s,
-        flow_per_s=_jobs_per_s(flow_pace, rate),
+        flow_per_s=flow_pace.jobs_per_s,
     )
     est = _as_estimate(
         eta.with_delay(wait, delay),
