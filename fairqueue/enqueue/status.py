@@ -139,13 +139,15 @@ class _Pace:
     """What who is asking now gives a flow: its turns per second once it asks
     (``flow_per_s``: jobs, or with fairness by time worker time over the typical run,
     as the distances between tags count them), that as a share of all starts, and its
-    tenant's starts per second lately (every level: the pace its held jobs are released
-    at)."""
+    tenant's starts per second lately (every level: its held jobs' release pace)."""
 
     flow_per_s: float | None = None
     share: float | None = None
     tenant_per_s: float | None = None
     level_share: float | None = None
+    #: The flow's pace in jobs; how much faster the clock moves now (pace.clock_ratio).
+    jobs_per_s: float | None = None
+    clock_ratio: float | None = None
 
 
 def _pace(
@@ -177,15 +179,19 @@ def _pace(
         of_level=True,
         account=account,
     )
-    mine = sum(count for (_, name), count in asking.served.items() if name == tenant)
+    mine = pace.tenant_pace(asking, tenant, window_s=rate.window_s, now_s=raw.now_ms / 1000)
+    served = {name: count / rate.window_s for name, count in rate.level_starts.items()}
+    ratio = pace.clock_ratio(rate.jobs_per_s, flows, level.value, tenant, tenant_weight, served)
     # in turns (jobs, or with fairness by time worker time over the typical run): what
     # the distances between tags count
     turns_per_s = rate.turns_per_s or rate.jobs_per_s
     return _Pace(
         flow_per_s=None if share is None else share * turns_per_s,
         share=share,
-        tenant_per_s=mine / rate.window_s if mine else None,
+        tenant_per_s=mine,
         level_share=of_level,
+        jobs_per_s=None if share is None else share * rate.jobs_per_s,
+        clock_ratio=ratio,
     )
 
 
@@ -256,6 +262,7 @@ def _new_job_wait(
         rate=rate,
         own_ahead=own,
         flow_per_s=flow_pace.flow_per_s,
+        clock_ratio=flow_pace.clock_ratio,
     )
 
 
@@ -297,6 +304,7 @@ def estimate_from(
             occupied=hold.occupied,
             run_s=run_s,
             tenant_per_s=flow_pace.tenant_per_s,
+            flow_per_s=flow_pace.jobs_per_s,
         )
         wait = eta.with_delay(wait, delay)
     share = flow_pace.share
@@ -349,6 +357,7 @@ def _waiting_wait(raw: RawStatus, rate: eta.ServiceRate) -> tuple[eta.Wait, _Pac
         rate=rate,
         own_ahead=own,
         flow_per_s=flow_pace.flow_per_s,
+        clock_ratio=flow_pace.clock_ratio,
     )
     return wait, flow_pace
 
@@ -396,6 +405,7 @@ def _held_status(raw: RawStatus, job_type: str, job_id: str) -> JobStatus:
         occupied=hold.occupied,
         run_s=run_s,
         tenant_per_s=flow_pace.tenant_per_s,
+        flow_per_s=flow_pace.jobs_per_s,
     )
     est = _as_estimate(
         eta.with_delay(wait, delay),

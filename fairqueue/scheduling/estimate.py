@@ -22,8 +22,9 @@ hold both to the add script's placement. The rest turns a place into a time
   for what they use, not for their weight), never less than the jobs now ahead of it
   over ``R``. Without that read (older callers): ``(T - TAG_SCALE / W - vt) / v``.
 * **A held job** waits for its tenant's room first: its place among the tenant's held
-  jobs over the tenant's real release pace (``max_active`` jobs per typical run time or
-  the pace its jobs were measured starting at, whichever is slower; or its rate limit),
+  jobs over the tenant's real release pace (for ``max_active``: the faster of the pace
+  its jobs started at over the last buckets and its flow's share, at most ``max_active``
+  jobs per typical run time; or its rate limit),
   then its flow's place.
 * **The range and the confidence** follow how the level's recent estimates came out
   (:mod:`fairqueue.scheduling.calibration`).
@@ -276,6 +277,11 @@ def confidence_of(rate: ServiceRate) -> Confidence:
     return "low"
 
 
+#: A held tenant with at least this many seconds of its measured starts held is taken to
+#: have been held all along: its measured pace is its release pace (its limit binds).
+HELD_BACKLOG_S: Final = 10.0
+
+
 @dataclass(frozen=True, slots=True)
 class Wait:
     """An expected wait (seconds) and a range around it; ``None``: no estimate."""
@@ -306,15 +312,19 @@ def placed_wait(
     weights: Mapping[PriorityLevel, int] = DEFAULT_FAIR_WEIGHTS,
     own_ahead: float | None = None,
     flow_per_s: float | None = None,
+    clock_ratio: float | None = None,
 ) -> Wait:
     """The wait of a job at finish tag ``tag`` of ``level`` (``None``: not in the fair
     band, placed by the jobs ahead alone) with ``ahead`` jobs popped before it now.
 
     With ``flow_per_s`` (its flow's pace now, :func:`fairqueue.scheduling.pace
     .current_shares`) and ``own_ahead`` (its flow's jobs before it): those jobs at that
-    pace, never less than the jobs ahead at the measured rate. Without them: the virtual
-    time's measured pace (the module docstring). The range and confidence follow how the
-    level's recent estimates came out (:mod:`fairqueue.scheduling.calibration`)."""
+    pace or, when earlier, the tag distance at the virtual time's measured pace times
+    ``clock_ratio`` (:func:`fairqueue.scheduling.pace.clock_ratio`: how much faster it
+    moves now), never less than the jobs ahead at the measured rate. Without them: the
+    tag distance at the virtual time's measured pace (the module docstring). The range and
+    confidence follow how the level's recent estimates came out
+    (:mod:`fairqueue.scheduling.calibration`)."""
     if ahead <= 0:
         return _ranged(0.0, rate, level) if rate.known else Wait(0.0, 0.0, 0.05, "low")
     if not rate.known:
@@ -325,7 +335,7 @@ def placed_wait(
         # The virtual time's pace as sampled when it was (tags placed while a quiet flow
         # was counted are wider than one turn: the model's pace misses that), else the
         # model's.
-        pace = rate.vt_moved_per_s or rate.vt_per_s
+        pace = (rate.vt_moved_per_s or rate.vt_per_s) * (clock_ratio or 1.0)
         by_clock = max(0.0, tag - TAG_SCALE / weights[level] - vt) / pace
     by_place = by_clock or 0.0
     if own_ahead is not None and flow_per_s:
@@ -334,9 +344,11 @@ def placed_wait(
         by_pace = min(max(0.0, own_ahead), ahead) / flow_per_s
         # The flow's jobs already waiting were placed at the spacing of their day; own_ahead
         # counts them at today's, so after a change of load it counts them double or half.
-        # The virtual time's measured pace takes each tag as it was placed but lags a
-        # change of pace: the earlier of the two, never earlier than the jobs ahead at
-        # the measured rate (by_count below).
+        # The virtual time's measured pace takes each tag as it was placed; it lags a
+        # change of who is asking by 20-30 s, so it is scaled by ``clock_ratio`` (after a
+        # level began to flood, normal's jobs started 40-50% later than the unscaled
+        # clock said). The earlier of the two, never earlier than the jobs ahead at the
+        # measured rate (by_count below).
         by_place = by_pace if by_clock is None else min(by_pace, by_clock)
     return _ranged(max(by_count, by_place), rate, level)
 
@@ -372,14 +384,22 @@ def held_delay_s(
     occupied: int,
     run_s: float | None,
     tenant_per_s: float | None = None,
+    flow_per_s: float | None = None,
 ) -> float | None:
-    """How long until a held job is released (``None``: paused, or no run time measured
-    for a ``max_active`` tenant): its place among the tenant's held jobs over the pace its
-    tenant is really released at. That is the pace its limits allow (``max_active`` jobs
-    per run time; ``rate_max`` per window) or, for ``max_active`` when slower, the pace
-    its jobs were measured starting at lately (``tenant_per_s``, the history's starts of
-    the tenant: a released job also waits its turn in its level before it runs and frees
-    room, and its runs may be longer than the queue's typical run)."""
+    """How long until a held job is released (``None``: paused, or no pace known for a
+    ``max_active`` tenant): its place among the tenant's held jobs over the pace its
+    tenant is really released at. For ``max_active``: the pace its jobs were measured
+    starting at lately (``tenant_per_s``, the history's starts of the tenant over its
+    last buckets, :func:`fairqueue.scheduling.pace.tenant_pace`: a released job also
+    waits its turn in its level, and its runs may be longer than the queue's typical
+    run), at most ``max_active`` jobs per run time. Unless fewer of its jobs are held
+    than it started in :data:`HELD_BACKLOG_S` at that pace: then it was held for a moment
+    only and its starts followed its arrivals, so the faster of that and the pace its
+    flow gets once it asks (``flow_per_s``, jobs per second,
+    :func:`fairqueue.scheduling.pace.current_shares`). A measured pace past the share
+    stands: a tenant kept at ``max_active`` has at most that many jobs waiting, placed
+    near the virtual time, and is served past its weight (58% of the starts beside one
+    other tenant, measured). For ``rate_max``: the pace its window allows."""
     if reason is None:
         return 0.0
     if reason == REASON_PAUSED:
@@ -390,7 +410,12 @@ def held_delay_s(
         room = max(0, limits.max_active - occupied)
         turns = held_ahead + 1 - room
         if turns > 0:
-            paces = [p for p in (measured, run_s and limits.max_active / run_s) if p]
+            allowed = limits.max_active / run_s if run_s else None
+            flow = flow_per_s if flow_per_s and flow_per_s > 0 else None
+            asked = measured
+            if measured is None or held_ahead + 1 < measured * HELD_BACKLOG_S:
+                asked = max((p for p in (measured, flow) if p), default=None)
+            paces = [p for p in (asked, allowed) if p]
             if not paces:
                 return None
             delays.append(turns / min(paces))

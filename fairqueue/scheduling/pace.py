@@ -198,6 +198,40 @@ def share_of(
     return got[(level, tenant)] / capacity
 
 
+def clock_ratio(
+    capacity: float,
+    flows: Iterable[FlowAsk],
+    level: str,
+    tenant: str,
+    weight: float,
+    level_served_per_s: Mapping[str, float],
+    level_weights: Mapping[str, float] = LEVEL_WEIGHTS,
+) -> float | None:
+    """How much faster the virtual time moves now than over the rate's window: its pace
+    is set by the level served fastest per unit of weight, now by
+    :func:`current_shares` (flow ``(level, tenant)`` asking for all it can take), then
+    by ``level_served_per_s``. A level that starts to flood beside a backlogged one
+    slows the clock at once (the window's measure follows it 20-30 s later); a change
+    within a level leaves it as it was. ``None``: nothing measured."""
+    known = [f for f in flows if (f.level, f.tenant) != (level, tenant)]
+    got = current_shares(
+        capacity, [*known, FlowAsk(level, tenant, weight, math.inf)], level_weights
+    )
+    per_level: dict[str, float] = {}
+    for (name, _), rate in got.items():
+        per_level[name] = per_level.get(name, 0.0) + rate
+    now = max((rate / level_weights[name] for name, rate in per_level.items()), default=0.0)
+    then = max(
+        (
+            rate / level_weights[name]
+            for name, rate in level_served_per_s.items()
+            if name in level_weights
+        ),
+        default=0.0,
+    )
+    return now / then if now > 0 and then > 0 else None
+
+
 def account_share_of(
     capacity: float,
     flows: Iterable[FlowAsk],
@@ -344,3 +378,24 @@ def waiting_jobs(by_tag: float, line_waiting: int | None) -> float:
     if line_waiting is None or line_waiting >= ASKING_LINE_TAIL:
         return by_tag
     return min(by_tag, float(line_waiting + 1))
+
+
+#: The least span (seconds) of a tenant's last buckets its measured pace is read over.
+TENANT_PACE_MIN_S: Final = 5.0
+
+
+def tenant_pace(
+    read: AskingRead, tenant: str, *, window_s: float, now_s: float | None
+) -> float | None:
+    """Jobs of ``tenant`` started per second lately, every level: over its last buckets
+    (``read.recent`` since ``read.recent_since_s``, 10-20 s) when they span
+    :data:`TENANT_PACE_MIN_S` at least, else over the rate's window. The last buckets
+    follow a tenant whose backlog began within the window (a release pace read over the
+    whole window counts the seconds before it: the estimate of a tenant held by
+    ``max_active`` ran 50-70% long). ``None``: none started."""
+    served, span = read.served, window_s
+    since = read.recent_since_s
+    if since is not None and now_s is not None and now_s - since >= TENANT_PACE_MIN_S:
+        served, span = read.recent, now_s - since
+    mine = sum(count for (_, name), count in served.items() if name == tenant)
+    return mine / span if mine and span > 0 else None

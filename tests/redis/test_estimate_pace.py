@@ -60,10 +60,12 @@ def test_a_max_active_tenants_held_jobs_follow_its_measured_release_pace(limited
     """acme (max_active=2) was served 1 job a second beside a flood: its 28th held job
     waits for 28 of its releases at that pace, not for 28 typical runs over 2."""
     fq_prefix = limited
-    write_history(redis_client, fq_prefix, {("normal", "acme"): 1.0, ("normal", "flood"): 9.0})
-    redis_client.hset(f"{fq_prefix}:email:fq:state", "typ", 100)  # 100 ms typical runs
     enqueue_jobs("email", [{}] * 50, tenant_id="flood", priority_level="normal")
     jobs = enqueue_jobs("email", [{}] * 30, tenant_id="acme", priority_level="normal")
+    # written after the adds, just before the reads: the release pace is read over the
+    # last buckets, the current one as it stands (as the loop keeps it)
+    write_history(redis_client, fq_prefix, {("normal", "acme"): 1.0, ("normal", "flood"): 9.0})
+    redis_client.hset(f"{fq_prefix}:email:fq:state", "typ", 100)  # 100 ms typical runs
     status = job_status("email", jobs[-1].job_id)
     assert status.state == "held" and status.held_reason == "max_active"
     assert status.ahead == 27

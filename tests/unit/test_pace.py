@@ -14,6 +14,7 @@ from fairqueue.scheduling.pace import (
     BACKLOG_JOBS,
     FlowAsk,
     asked_rate,
+    clock_ratio,
     current_shares,
     share_of,
     waiting_jobs,
@@ -131,3 +132,22 @@ def test_a_flows_backlog_is_what_waits_not_how_far_its_tag_ran(by_tag, line):
         assert asks == 1.0
     if line is None or line >= ASKING_LINE_TAIL:
         assert asks == (math.inf if by_tag > BACKLOG_JOBS else 1.0)
+
+
+def test_the_clock_slows_when_a_level_floods_and_not_for_a_change_within_a_level():
+    """normal A and B backlogged beside low at 0.3 of the workers; then critical floods:
+    the virtual time moves at critical's 4/7 over its weight 4 where it moved at
+    normal's 0.7 over 2."""
+    flows = [
+        FlowAsk("normal", "A", 1.0, math.inf),
+        FlowAsk("normal", "B", 1.0, math.inf),
+        FlowAsk("low", "L", 1.0, 0.3),
+        FlowAsk("critical", "C", 1.0, math.inf),
+    ]
+    before = {"normal": 0.7, "low": 0.3}
+    ratio = clock_ratio(1.0, flows, "normal", "A", 1.0, before)
+    assert ratio == pytest.approx((4 / 7 / 4) / (0.7 / 2))
+    # a tenant of normal stepping up: normal still takes what low leaves
+    within = clock_ratio(1.0, flows[:3], "normal", "A", 1.0, before)
+    assert within == pytest.approx(1.0)
+    assert clock_ratio(1.0, flows, "normal", "A", 1.0, {}) is None

@@ -33,3 +33,18 @@ def test_a_pace_that_fell_lowers_the_flow_pace_estimate_not_the_floor() -> None:
     )
     # by the clock 4 jobs at 10/s = 0.4 s; by the pace 2 s; the floor 10 jobs at 10/s = 1 s
     assert wait.expected_s == pytest.approx(1.0)
+
+
+def test_a_level_that_began_to_flood_slows_the_clock_at_once() -> None:
+    """20 of the flow's jobs wait before it; a higher level began to flood, so its flow
+    now gets 4 jobs a second where the window's virtual time still moves a step per
+    job at 10 a second: scaled by how much slower the clock moves now (0.4), both say
+    5 s; unscaled, the clock said 2 s."""
+    tag = 21 * TAG_SCALE / 2
+    common = {"tag": tag, "level": NORMAL, "vt": 0.0, "ahead": 30, "rate": RATE}
+    wait = placed_wait(**common, own_ahead=20.0, flow_per_s=4.0, clock_ratio=0.4)
+    assert wait.expected_s == pytest.approx(5.0)
+    assert placed_wait(**common, own_ahead=20.0, flow_per_s=4.0).expected_s == pytest.approx(3.0)
+    # without the flow's pace: the tag distance at the scaled clock's pace
+    alone = placed_wait(**common, clock_ratio=0.4)
+    assert alone.expected_s == pytest.approx(5.0)
