@@ -34,7 +34,6 @@ from django.db.models import Sum
 from fairqueue.conf import get_settings
 from fairqueue.conf.usage_settings import NO_QUOTA
 from fairqueue.scheduling.hierarchy import ACCOUNT_MARK
-from fairqueue.scheduling.levels import INTERNAL_TENANT
 from fairqueue.usage.holds import (
     account_hold_key,
     account_tenants,
@@ -47,7 +46,7 @@ from fairqueue.usage.holds import (
 )
 from fairqueue.usage.ledger import Written
 from fairqueue.usage.quota_watch import QuotaWatch, Watched
-from fairqueue.usage.quotas import Quota, forget_demoted, period_bounds
+from fairqueue.usage.quotas import Quota, changed_tenants, forget_demoted, period_bounds
 
 logger = logging.getLogger("fairqueue.quotas")
 
@@ -60,10 +59,7 @@ def after_write(queue: str, written: Written) -> None:
     """The loop's account quota step: end the account holds whose period is over, and
     check the accounts of the tenants whose rows this write changed."""
     expire_accounts()
-    tenants: dict[str, str] = {}
-    for change in written.changes:
-        if (change.worker_ms > 0 or change.started > 0) and change.tenant_id != INTERNAL_TENANT:
-            tenants.setdefault(change.tenant_id, change.job_type)
+    tenants = changed_tenants(written)
     if tenants:
         check_accounts(tenants)
     watch.check(_act)

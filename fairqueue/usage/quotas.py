@@ -103,14 +103,21 @@ def after_write(queue: str, written: Written) -> None:
     worker time, and watch those not over it for their running time
     (:mod:`fairqueue.usage.quota_watch`)."""
     expire()
-    tenants: dict[str, str] = {}
-    for change in written.changes:
-        # internal work has no quota (its reserved key is no tenant's)
-        if (change.worker_ms > 0 or change.started > 0) and change.tenant_id != INTERNAL_TENANT:
-            tenants.setdefault(change.tenant_id, change.job_type)
+    tenants = changed_tenants(written)
     if tenants:
         _check_changed(tenants)
     watch.check(_act)
+
+
+def changed_tenants(written: Written) -> dict[str, str]:
+    """The tenants whose ledger rows ``written`` changed (an attempt started or ended),
+    each with the first such row's job type; internal work has no quota (its reserved
+    key is no tenant's)."""
+    tenants: dict[str, str] = {}
+    for change in written.changes:
+        if (change.worker_ms > 0 or change.started > 0) and change.tenant_id != INTERNAL_TENANT:
+            tenants.setdefault(change.tenant_id, change.job_type)
+    return tenants
 
 
 def check_running() -> int:
