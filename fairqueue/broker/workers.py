@@ -21,6 +21,7 @@ from typing import Any, Final
 from bullmq import Job as BullJob
 from bullmq import Worker as BullWorker
 
+from fairqueue.broker.chaining import ChainingWorker
 from fairqueue.broker.common import int_or
 from fairqueue.broker.connection import BrokerPart
 
@@ -96,7 +97,8 @@ class WorkerSupport(BrokerPart):
         on_error: Callable[[BaseException], None] | None = None,
         on_finished: Callable[[str], None] | None = None,
     ) -> BullWorker:
-        """A stock BullMQ worker for ``queue`` under this broker's Redis URL and prefix.
+        """A BullMQ worker for ``queue`` under this broker's Redis URL and prefix: BullMQ's
+        own, whose completions fetch the slot's next job (:mod:`.chaining`).
 
         It is not started: the caller awaits ``worker.run()`` and later
         ``worker.close()``, which stops taking jobs and waits for the active ones. It
@@ -140,7 +142,7 @@ class WorkerSupport(BrokerPart):
             if self.conn.target.kind == "url"
             else self.conn.client_factory(self.conn.target)
         )
-        worker = BullWorker(
+        worker = ChainingWorker(
             queue,
             process,
             {

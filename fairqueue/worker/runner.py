@@ -1,4 +1,4 @@
-"""Run registered job handlers with stock BullMQ workers.
+"""Run registered job handlers with BullMQ workers.
 
 One ``bullmq.Worker`` per BullMQ queue (built by :meth:`WorkerSupport.make_worker`, so BullMQ's
 own locking, stalled-job recovery, attempts and backoff apply unchanged, and Python and
