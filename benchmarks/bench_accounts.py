@@ -22,8 +22,12 @@ tenant's: from its return). Exit status 1 if a criterion misses (±5% points, as
 docs/design.md's accounts promise): ``--quick`` runs shorter, on a shared machine a miss
 there is the machine's.
 
+``--entitled`` also samples, once a second, the console's entitlement now of B's tenant
+and A's first (``benchmarks/entitled_watch.py``), by account and by the flat rule from
+the same read, and prints their medians beside the shares served.
+
     python benchmarks/bench_accounts.py [--quick] [--scenario ten-vs-one ...] [--seconds 16]
-        [--by-time]
+        [--by-time] [--entitled]
 """
 
 from __future__ import annotations
@@ -37,9 +41,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import bench_attempts  # noqa: E402
 from benchmarks.bench_attempts import Flow, Result, Scenario, run_one  # noqa: E402
 from benchmarks.bench_fairness import calibrate, setup_django  # noqa: E402
 from benchmarks.breaker_watch import BreakerCount  # noqa: E402
+from benchmarks.entitled_watch import EntitledWatch  # noqa: E402
 
 #: The tenants of account A and account B's one (the flat run's take "f-" before them).
 A_TENANTS = tuple(f"a{i}" for i in range(10))
@@ -144,6 +150,40 @@ def judge(name: str, weight: int, result: Result) -> list[tuple[str, str, str, b
     return rows
 
 
+def watch_entitled(scenario: Scenario, weight: int) -> list[EntitledWatch]:
+    """Make the next run's noisy watch an :class:`EntitledWatch` of B's tenant and A's
+    first (their accounts as :func:`setup_accounts` made them); the list gets it."""
+    made: list[EntitledWatch] = []
+    tenants = tuple(f.key.split("/")[1] for f in scenario.flows)
+    owners = {t: ("A", float(weight)) for t in A_TENANTS} | {B_TENANT: ("B", 1.0)}
+
+    class Watch(EntitledWatch):
+        def __init__(self, job_type: str, t0_ms: float) -> None:
+            super().__init__(job_type, t0_ms)
+            self.tenants = (tenants[-1], tenants[0])
+            self.accounts = {t: owners[t] for t in tenants if t in owners}
+            made.append(self)
+
+    bench_attempts.NoisyWatch = Watch  # type: ignore[misc]  # run_one's watch
+    return made
+
+
+def entitled_vs_served(name: str, watch: EntitledWatch, result: Result, skip_s: float) -> list[str]:
+    """Table rows: each watched tenant's share of the attempts served in the window beside
+    its median entitlement now, by account and flat."""
+    by_account, flat = watch.medians("accounts", skip_s), watch.medians("flat", skip_s)
+    total = sum(result.attempts.values())
+    rows = []
+    for tenant in watch.tenants:
+        served = result.attempts.get(f"normal/{tenant}", 0) / total if total else 0.0
+        new, old = by_account.get(tenant), flat.get(tenant)
+        rows.append(
+            f"| {name} | {tenant} | {served:.1%} | "
+            f"{'—' if new is None else f'{new:.1%}'} | {'—' if old is None else f'{old:.1%}'} |"
+        )
+    return rows
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=16.0, help="arrivals per run (s)")
@@ -156,6 +196,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--scenario", action="append", help="run only these (repeatable)")
     parser.add_argument("--by-time", action="store_true", help='FAIRNESS_BY="time"')
     parser.add_argument("--quick", action="store_true", help="10 s runs, 2 s warm-up, back at 6")
+    parser.add_argument(
+        "--entitled",
+        action="store_true",
+        help="also sample the console's entitlement now, by account and flat, each second",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.seconds, args.warmup_s, args.return_s = 10.0, 2.0, 6.0
@@ -172,6 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"capacity: {capacity:.0f} jobs/s at {args.run_ms:g} ms (alone {alone:.0f})")
     scenarios = build(capacity, args.return_s)
     rows = []
+    entitled_rows: list[str] = []
     for name in names:
         scenario, weight = scenarios[name]
         set_weight(db, weight)
@@ -179,15 +225,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         # counting jobs (FAIRNESS_BY="jobs"): on a shared machine the workers' measured
         # times wander, and fairness by time would follow them away from equal attempts
         scheduler = "fairqueue" if args.by_time else "fairqueue-jobs"
+        watches: list[EntitledWatch] = []
+        if args.entitled:
+            watches = watch_entitled(scenario, weight)
         result = run_one(scheduler, scenario, args.bound_ms, args, db)
         shares = {f.key.split("/")[1]: result.attempts.get(f.key, 0) for f in scenario.flows}
         print(f"  attempts in {result.window_s:.1f} s: {shares}")
+        if watches:
+            entitled_rows += entitled_vs_served(name, watches[0], result, args.warmup_s)
+            print(f"  flagged noisy (first, s): {result.noisy or 'nothing'}")
         rows += [(name, *row) for row in judge(name, weight, result)]
     print("\nAccounts, live (stock Node workers, the loop): attempts started in the window")
     print("| run | what | value | target | met |")
     print("|---|---|---|---|---|")
     for name, what, value, target, ok in rows:
         print(f"| {name} | {what} | {value} | {target} | {'yes' if ok else 'NO'} |")
+    if entitled_rows:
+        print("\nEntitled now (median of 1 s samples after the warm-up) beside the share served")
+        print("| run | tenant | served | entitled, by account | entitled, flat |")
+        print("|---|---|---|---|---|")
+        print("\n".join(entitled_rows))
     failed = sum(1 for row in rows if not row[-1])
     print(f"{len(rows) - failed} of {len(rows)} account criteria met")
     return 0 if failed == 0 else 1

@@ -325,6 +325,9 @@ class Result:
     overdue: dict[str, int] = field(default_factory=dict)
     #: When each flow was first flagged noisy (s from the start; runs with the loop).
     noisy: dict[str, float] | None = None
+    #: By time, with the loop: each flow's run-time estimate (ms, Redis's clock, the
+    #: ``c:`` field the add script places by) when arrivals ended.
+    estimates: dict[str, float] = field(default_factory=dict)
 
     def share(self, key: str) -> float:
         values = self.attempts if self.scenario.measure == "attempts" else self.worker_ms
@@ -459,6 +462,7 @@ def run_one(
             t_end = time.time() * 1000
             if loop is not None:
                 result.overdue = db.submit(_overdue_by_level).result()
+                result.estimates = _estimates(prefix, scenario)
             worker.stop()
             if loop is not None:
                 stop_process(loop)
@@ -475,6 +479,21 @@ def run_one(
             close_brokers()
             delete_prefix(prefix)
     return result
+
+
+def _estimates(prefix: str, scenario: Scenario) -> dict[str, float]:
+    """Each flow's run-time estimate in fq:state (ms), for the time scenarios' table: the
+    loop measures a run between its events on Redis's clock, the table between the
+    worker's ``processedOn`` and ``finishedOn``; a gap between them is a bias."""
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        names = [f"c:{f.level}\n{f.tenant}" for f in scenario.flows]
+        values = client.hmget(f"{prefix}:{QUEUE}:fq:state", names)
+    finally:
+        client.close()
+    return {f.key: float(v) for f, v in zip(scenario.flows, values, strict=True) if v}
 
 
 def _overdue_by_level() -> dict[str, int]:
@@ -686,6 +705,12 @@ def print_results(results: list[Result], args: argparse.Namespace) -> None:
                 line += ", overdue when arrivals ended: " + ", ".join(
                     f"{level} {n}" for level, n in result.overdue.items()
                 )
+            if result.estimates:
+                line += ", estimate / worker's mean run: " + ", ".join(
+                    f"{key} {est:.1f}/{result.worker_ms[key] / result.attempts[key]:.1f} ms"
+                    for key, est in result.estimates.items()
+                    if result.attempts.get(key)
+                )
             if result.returning_shares:
                 line += ", the returning tenant's share of its level a second at a time: " + (
                     " ".join(f"{v:.0%}" for v in result.returning_shares[:8])
@@ -730,6 +755,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="QUEUE_FAIR_MAX_WAIT_MS; repeat to run each scenario at several (default 3000)",
     )
     parser.add_argument("--warmup-s", type=float, default=5.0, help="left out of the window")
+    parser.add_argument(
+        "--capacity",
+        type=float,
+        help="the worker's capacity (jobs/s) the rates are sized from, instead of measuring "
+        "it: runs of two checkouts alternated on a loaded machine ask the same",
+    )
     parser.add_argument("--scenario", action="append", help="run only these (repeatable)")
     parser.add_argument("--scheduler", action="append", choices=SCHEDULERS)
     parser.add_argument(
@@ -746,8 +777,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unknown scenario {unknown[0]!r}: expected {sorted(build_scenarios(1.0))}")
     db: ThreadPoolExecutor = setup_django()
     args.breakers = BreakerCount(args.breaker, db)
-    capacity, alone, _ = calibrate(args, db)
-    print(f"capacity: {capacity:.0f} jobs/s at {args.run_ms:g} ms (alone {alone:.0f})")
+    if args.capacity is not None and not args.capacity > 0:
+        parser.error(f"--capacity={args.capacity!r} is not allowed: expected jobs/s > 0")
+    if args.capacity:
+        capacity = args.capacity
+        print(f"capacity: {capacity:.0f} jobs/s at {args.run_ms:g} ms (given)")
+    else:
+        capacity, alone, _ = calibrate(args, db)
+        print(f"capacity: {capacity:.0f} jobs/s at {args.run_ms:g} ms (alone {alone:.0f})")
     scenarios = build_scenarios(capacity)
     results: list[Result] = []
     for name in names:

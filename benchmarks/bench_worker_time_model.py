@@ -1,5 +1,5 @@
 """Fairness by worker time in the model, with no machine noise: the placement rule
-(``fairqueue.scheduling.order.FairClock``) and the history step's estimates and charges
+(``fairqueue.scheduling.fair_clock.FairClock``) and the history step's estimates and charges
 (``fairqueue.scheduling.attempts.record_page``, a page every 250 ms) driving a
 simulated pool of workers, deterministic (seeded), so a change of the rule shows as a
 change of shares, not of the machine's load. The live benchmark
@@ -19,8 +19,9 @@ Each runs with the rule as it was, approximately (``before``: a settlement moves
 flow's last tag, an attempt is charged against its flow's estimate at its start; the
 first measurement as now) and as it is
 (``now``: each attempt charged against what its job paid when placed, a settlement moving
-its flow's waiting jobs at once, ``FairClock.charge``); a cold flow's first measurement
-places its waiting jobs again in both (``FairClock.recost``).
+its flow's waiting jobs at once both ways, ``FairClock.charge``); a cold flow's first
+measurement places its waiting jobs again in both (``FairClock.recost``; now also when
+it was measured cheaper than it paid).
 
     python benchmarks/bench_worker_time_model.py [--jitter 0.6] [--overhead-ms 8]
         [--lag-ms 0] [--seconds 20] [--seed N]
@@ -42,10 +43,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fairqueue.scheduling.attempts import Event, Run, Start, record_page  # noqa: E402
+from fairqueue.scheduling.attempt_events import Event, Run, Start  # noqa: E402
+from fairqueue.scheduling.attempts import record_page  # noqa: E402
+from fairqueue.scheduling.fair_clock import FairClock  # noqa: E402
 from fairqueue.scheduling.levels import PriorityLevel  # noqa: E402
 from fairqueue.scheduling.order import (  # noqa: E402
-    FairClock,
     cost_turns,
     replaced_tag,
     turn_scale,

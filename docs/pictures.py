@@ -3,7 +3,7 @@
     python docs/pictures.py              # writes docs/concepts-*.png
     python docs/pictures.py --out DIR    # elsewhere (tests/unit/test_docs.py does)
 
-The run orders come from ``fairqueue.scheduling.order.FairClock``, the rule the add script
+The run orders come from ``fairqueue.scheduling.fair_clock.FairClock``, the rule the add script
 follows (docs/design.md, "The rule"): jobs run in finish-tag order, ties to the higher
 weight. Needs matplotlib (requirements-dev.txt).
 """
@@ -21,8 +21,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch, Rectangle  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from fairqueue.scheduling.fair_clock import FairClock  # noqa: E402
 from fairqueue.scheduling.levels import LEVELS_BY_RANK, PriorityLevel  # noqa: E402
-from fairqueue.scheduling.order import FairClock  # noqa: E402
 
 LEVEL_COLOURS = {
     PriorityLevel.CRITICAL: "#c0392b",

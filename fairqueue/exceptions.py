@@ -159,6 +159,26 @@ class TenantBacklogFullError(FairqueueError):
         self.waiting = waiting
 
 
+class AccountBacklogFullError(TenantBacklogFullError):
+    """An enqueue would put more than its account's ``max_waiting`` jobs waiting in the
+    queue, counted over all the account's tenants. Nothing of the call was written. A
+    :class:`TenantBacklogFullError` too (``tenant_id`` is empty), so handlers of a
+    tenant's refusal handle an account's."""
+
+    def __init__(self, *, account_id: str, queue: str, limit: int, waiting: int) -> None:
+        FairqueueError.__init__(
+            self,
+            f"account {account_id!r} already has {waiting} jobs of its tenants waiting in "
+            f"queue {queue!r}: its max_waiting is {limit}, so the enqueue was refused and "
+            "nothing was added",
+        )
+        self.tenant_id = ""  # no one tenant's
+        self.account_id = account_id
+        self.queue = queue
+        self.limit = limit
+        self.waiting = waiting
+
+
 class ExpectedWaitTooLongError(FairqueueError):
     """An enqueue with ``max_wait_ms`` whose job is expected to start later than that.
     Nothing was written. The estimate follows the fair shares, so it is the flows over

@@ -13,7 +13,10 @@ what every path leaves in Redis:
   noisy table lists. Counted, never labelled by tenant;
 * ``queue_fair_accounts_running{job_type,queue}``: how many accounts (docs/design.md,
   Accounts) have jobs running now, from the same read of the active list (a tenant of
-  no account counts as its own). Counted, never labelled by account.
+  no account counts as its own). Counted, never labelled by account;
+* ``queue_fair_noisy_accounts{job_type,queue}``: how many accounts' tenants together run
+  more than 1.5 times the account's entitlement of their level's running jobs while
+  others of the level wait (the queue page's noisy accounts). Counted, no account label.
 
 Each scrape costs a few round trips per queue (the last pass record, the active list,
 the flows of the running tenants and one read-only estimate read of who is asking),
@@ -41,10 +44,11 @@ logger = logging.getLogger("fairqueue.metrics")
 RECORDED_AT_FAMILY: Final = "queue_fair_last_pass_recorded_timestamp_seconds"
 NOISY: Final = "queue_fair_noisy_tenants"
 ACCOUNTS_RUNNING: Final = "queue_fair_accounts_running"
+NOISY_ACCOUNTS: Final = "queue_fair_noisy_accounts"
 _LABELS: Final = ("job_type", "queue")
 
 
-def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+def _families() -> tuple[GaugeMetricFamily, ...]:
     return (
         GaugeMetricFamily(
             RECORDED_AT_FAMILY,
@@ -65,6 +69,13 @@ def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily
             "(counted; no account label).",
             labels=_LABELS,
         ),
+        GaugeMetricFamily(
+            NOISY_ACCOUNTS,
+            "Accounts whose tenants together run more than 1.5 times the account's entitlement "
+            "now of their level's running jobs while others of the level wait (counted; no "
+            "account label).",
+            labels=_LABELS,
+        ),
     )
 
 
@@ -76,7 +87,7 @@ class RedisStateCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         families = _families()
-        last_pass, noisy, accounts = families
+        last_pass, noisy, accounts, noisy_accounts = families
         try:
             sync = get_sync_broker()
             queues = get_settings().queues
@@ -96,6 +107,7 @@ class RedisStateCollector(Collector):
                 last_pass.add_metric([job_type, queue], at_ms / 1000)
             noisy.add_metric([job_type, queue], figures["count"])
             accounts.add_metric([job_type, queue], figures["accounts_running"])
+            noisy_accounts.add_metric([job_type, queue], figures["accounts_count"])
         yield from families
 
 

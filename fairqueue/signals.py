@@ -31,8 +31,13 @@ from fairqueue.models import (
     SubscriptionClassifier,
     TenantPlan,
 )
-from fairqueue.scheduling.limits import LIMIT_FIELDS
-from fairqueue.tenants import sync_tenant_limits, sync_tenant_pause, sync_tenant_weight
+from fairqueue.scheduling.limits import LIMIT_FIELDS, NO_LIMITS
+from fairqueue.tenants import (
+    sync_account_limits,
+    sync_tenant_limits,
+    sync_tenant_pause,
+    sync_tenant_weight,
+)
 
 #: A save touching these may change a tenant's limits (the tier brings its defaults).
 LIMIT_SYNC_FIELDS: Final = frozenset({*LIMIT_FIELDS, "plan_tier", "account"})
@@ -88,6 +93,11 @@ def _account_changed(
         return  # no tenant belongs to it yet
     account_id = instance.account_id
     update_fields = kwargs.get("update_fields")
+    if update_fields is None or set(update_fields) & set(LIMIT_FIELDS):
+        deleted = kwargs.get("signal") is post_delete
+        transaction.on_commit(
+            lambda: sync_account_limits(account_id, NO_LIMITS if deleted else None), using=using
+        )
     if update_fields is None or "plan_tier" in update_fields:
 
         def sync() -> None:

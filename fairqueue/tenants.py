@@ -21,7 +21,7 @@ from fairqueue.scheduling.levels import (
     validate_account_id,
     validate_tenant_id,
 )
-from fairqueue.scheduling.limits import NO_LIMITS
+from fairqueue.scheduling.limits import NO_LIMITS, TenantLimits
 from fairqueue.scheduling.wire import encoded_limits
 from fairqueue.usage.holds import actor_text
 
@@ -193,15 +193,19 @@ def _lift_pause(tenant_id: str) -> int:
 
 def sync_tenant_pause(tenant_id: str) -> None:
     """After a tenant's row changed (it joined or left an account): pause it in Redis
-    when its account is paused, resume it where Redis has it paused and nothing holds
-    it any more. Best effort, like :func:`sync_tenant_limits`."""
-    from fairqueue.usage.holds import paused_by_operator
+    when its account is paused, hold it where its account's quota holds the account's
+    tenants, resume it where Redis has it paused and nothing holds it any more. Best
+    effort, like :func:`sync_tenant_limits`."""
+    from fairqueue.usage.holds import held_queues, pause_in, paused_by_operator
 
     sync_broker = get_sync_broker()
     limits = sync_broker.broker.limits
     try:
+        held = held_queues(tenant_id)
         if paused_by_operator(tenant_id):
             _set_paused(tenant_id, True)
+        elif held:
+            pause_in(sorted(held), tenant_id)
         elif any(sync_broker.run(limits.is_paused, queue, tenant_id) for queue in _queues()):
             _lift_pause(tenant_id)
     except BrokerError as exc:
@@ -243,6 +247,29 @@ def sync_tenant_limits(tenant_id: str) -> None:
             sync_broker.run(sync_broker.broker.limits.release, queue, [tenant_id])
     except BrokerError as exc:
         logger.warning("tenant limits not synced to Redis (%s)", type(exc).__name__)
+
+
+def sync_account_limits(account_id: str, limits: TenantLimits | None = None) -> None:
+    """Bring an account's limits (``None``: its row's) to Redis in every queue after its
+    row changed: one write per queue, whatever its number of tenants, and its tenants
+    with held jobs are visited at the release step's next call. Best effort, like a
+    tenant's: Redis down is logged, and its tenants' next enqueue writes them anyway."""
+    from fairqueue.models import Account, TenantPlan
+
+    if limits is None:
+        account = Account.objects.filter(account_id=account_id).first()
+        limits = NO_LIMITS if account is None else account.limits()
+    tenants = list(
+        TenantPlan.objects.filter(account_id=account_id).values_list("tenant_id", flat=True)
+    )
+    sync_broker = get_sync_broker()
+    try:
+        for queue in _queues():
+            sync_broker.run(
+                sync_broker.broker.limits.set_account_limits, queue, account_id, limits, tenants
+            )
+    except BrokerError as exc:
+        logger.warning("account limits not synced to Redis (%s)", type(exc).__name__)
 
 
 def sync_tenant_weight(tenant_id: str) -> None:

@@ -60,8 +60,31 @@ class SetTierForm(forms.Form):
     plan_tier = forms.ChoiceField(choices=PLAN_CHOICES, label="New plan tier")
 
 
+class LimitFormFields(admin.ModelAdmin):
+    """A limit's form field takes the range the scripts accept (``LIMIT_RANGES``), and a
+    value outside it is refused naming the field, the range and what empty means (a
+    positive-integer field's own form said ">= 0")."""
+
+    #: What an empty limit means on this model.
+    empty_limit = "no limit"
+
+    def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        if db_field.name in LIMIT_RANGES:
+            low, high = LIMIT_RANGES[db_field.name]
+            message = (
+                f"{db_field.name} must be a whole number in {low:,}..{high:,}, or empty for "
+                f"{self.empty_limit}"
+            )
+            kwargs.update(
+                min_value=low,
+                max_value=high,
+                error_messages={"min_value": message, "max_value": message, "invalid": message},
+            )
+        return super().formfield_for_dbfield(db_field, request, **kwargs)
+
+
 @admin.register(Account)
-class AccountAdmin(admin.ModelAdmin):
+class AccountAdmin(LimitFormFields):
     """Customers and their tenants. Changes are logged in the admin's history like a
     plan's; the id is fixed once saved (tenants name their account by it)."""
 
@@ -71,6 +94,8 @@ class AccountAdmin(admin.ModelAdmin):
         "display_name",
         "plan_tier",
         "weight",
+        *LIMIT_FIELDS,
+        "quota_worker_seconds",
         "tenants_link",
         "console_link",
         "updated_to_the_second",
@@ -127,7 +152,8 @@ class AccountAdmin(admin.ModelAdmin):
 
 
 @admin.register(TenantPlan)
-class TenantPlanAdmin(admin.ModelAdmin):
+class TenantPlanAdmin(LimitFormFields):
+    empty_limit = "no limit (or the plan tier's default)"
     # Paused right after the id: a wide list scrolls, and a paused tenant must not look
     # normal because its column is off screen.
     list_display = (
@@ -194,23 +220,6 @@ class TenantPlanAdmin(admin.ModelAdmin):
                 + urlencode({"q": plan.tenant_id})
             )
         return super().change_view(request, object_id, form_url, extra_context=extra)
-
-    def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
-        """A limit's form field takes the range the scripts accept (``LIMIT_RANGES``), and
-        a value outside it is refused naming the field, the range and that empty means no
-        limit (a positive-integer field's own form said ">= 0")."""
-        if db_field.name in LIMIT_RANGES:
-            low, high = LIMIT_RANGES[db_field.name]
-            message = (
-                f"{db_field.name} must be a whole number in {low:,}..{high:,}, or empty for "
-                "no limit (or the plan tier's default)"
-            )
-            kwargs.update(
-                min_value=low,
-                max_value=high,
-                error_messages={"min_value": message, "max_value": message, "invalid": message},
-            )
-        return super().formfield_for_dbfield(db_field, request, **kwargs)
 
     @admin.action(
         description="Pause selected tenants (no job of theirs starts)", permissions=["change"]

@@ -35,6 +35,8 @@ CHART_DAYS = 30
 TOP_SCAN = 2_000
 TOP_PER_TIER = 5
 NO_PLAN = "no plan"
+#: Accounts the usage list's account filter offers (the rest by URL).
+ACCOUNTS_LISTED = 50
 
 
 def daily_usage(tenant_id: str, *, days: int = CHART_DAYS) -> list[tuple[str, float]]:
@@ -133,6 +135,30 @@ def export_csv(modeladmin: Any, request: HttpRequest, queryset: QuerySet) -> Htt
     return response
 
 
+class AccountFilter(admin.SimpleListFilter):
+    """The rows of one account's tenants (those it owns now), so the totals shown are
+    the account's: ``?account=<account id>``; the first :data:`ACCOUNTS_LISTED` accounts
+    by id are offered, any other is reached by its URL."""
+
+    title = "account"
+    parameter_name = "account"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        from fairqueue.models import Account
+
+        ids = Account.objects.order_by("account_id").values_list("account_id", flat=True)
+        return [(a, a) for a in ids[:ACCOUNTS_LISTED]]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        from fairqueue.models import TenantPlan
+
+        account = self.value()
+        if not account:
+            return queryset
+        tenants = TenantPlan.objects.filter(account__account_id=account).values("tenant_id")
+        return queryset.filter(tenant_id__in=tenants)
+
+
 @admin.register(TenantUsage)
 class TenantUsageAdmin(admin.ModelAdmin):
     list_display = (
@@ -145,7 +171,7 @@ class TenantUsageAdmin(admin.ModelAdmin):
         "worker_seconds_shown",
         "wait_ms_max",
     )
-    list_filter = ("job_type", "day")
+    list_filter = ("job_type", "day", AccountFilter)
     search_fields = ("tenant_id",)
     date_hierarchy = "day"
     actions = [export_csv]

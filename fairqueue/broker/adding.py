@@ -23,9 +23,10 @@ from fairqueue.broker.scripts import (
     add_jobs_script,
     call_script,
     call_script_sync,
-    release_held_script,
+    plain_script,
 )
-from fairqueue.exceptions import TenantBacklogFullError
+from fairqueue.exceptions import AccountBacklogFullError, TenantBacklogFullError
+from fairqueue.scheduling.hierarchy import ACCOUNT_MARK
 from fairqueue.scheduling.levels import DEFAULT_TENANT, PriorityLevel
 from fairqueue.scheduling.wire import account_meta
 
@@ -89,6 +90,9 @@ class NewJob:
     #: ``None``: none, the tenant is an account of its own.
     account: str | None = None
     account_weight: int = 1
+    #: The account's limits as the scripts read them (``wire.encoded_limits``); ``None``:
+    #: none. Its jobs come with ``limits`` then (maybe empty ones), so they are held.
+    account_limits: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,13 +147,30 @@ class _AddCommand:
         return self.script.args(**self.named)
 
 
+def _given_limits(job: NewJob) -> dict[str, str]:
+    """What an add call carries for ``job``: its tenant's limits, and its account's (keyed
+    ``ACCOUNT_MARK + account``) when the account has some; nothing without limits."""
+    given = {} if job.limits is None else {job.tenant: job.limits}
+    if given and job.account is not None and job.account_limits is not None:
+        given[ACCOUNT_MARK + job.account] = job.account_limits
+    return given
+
+
 def _added(command: _AddCommand, reply: Any) -> list[AddedJob]:
     if isinstance(reply, Exception):
         raise reply
     if isinstance(reply, list) and reply and reply[0] == "fq:backlog":
         _, tenant, limit, waiting = reply
+        tenant = tenant.decode() if isinstance(tenant, bytes) else str(tenant)
+        if tenant.startswith(ACCOUNT_MARK):
+            raise AccountBacklogFullError(
+                account_id=tenant[len(ACCOUNT_MARK) :],
+                queue=command.queue,
+                limit=int(limit),
+                waiting=int(waiting),
+            )
         raise TenantBacklogFullError(
-            tenant_id=str(tenant), queue=command.queue, limit=int(limit), waiting=int(waiting)
+            tenant_id=tenant, queue=command.queue, limit=int(limit), waiting=int(waiting)
         )
     pairs = (
         [(reply, BACK_OF_LINE)]
@@ -247,6 +268,9 @@ class AddPacker:
             tally: dict[str, int] = {}
             for job in jobs[index : index + command.size]:
                 tally[job.tenant] = tally.get(job.tenant, 0) + 1
+                if job.account is not None and job.account_limits is not None:
+                    of = ACCOUNT_MARK + job.account
+                    tally[of] = tally.get(of, 0) + 1
             counts.append(tally)
             index += command.size
         left = dict(later)
@@ -331,8 +355,7 @@ class AddPacker:
                     job.account_weight,
                 )
             )
-            if job.limits is not None:
-                limits[job.tenant] = job.limits
+            limits.update(_given_limits(job))
             if len(batch) == self.batch_size:
                 commands.append(self._batch_command(queue, scripts, batch, limits))
                 batch, limits = [], {}
@@ -367,6 +390,7 @@ class AddPacker:
         self, queue: str, scripts: Any, batch: list[Any], limits: dict[str, str]
     ) -> _AddCommand:
         keys = self._add_keys(queue, scripts)
+        tenants = [t for t in limits if not t.startswith(ACCOUNT_MARK)]  # accounts aside
         named = {
             "fairness": self._fairness_arg,
             # only calls with limited tenants carry them (and pay for them)
@@ -385,7 +409,7 @@ class AddPacker:
             release=(
                 (
                     release_keys(self.prefix, queue),
-                    release_args(self.prefix, queue, list(limits), self.fairness_by, "release"),
+                    release_args(self.prefix, queue, tenants, self.fairness_by, "release"),
                 )
                 if limits
                 else None
@@ -413,7 +437,7 @@ def run_adds_sync(client: Any, commands: list[_AddCommand]) -> list[AddedJob]:
         reply = call_script_sync(client, command.sha, command.source, command.keys, command.args)
         jobs = _added(command, reply)
         if command.release is not None:
-            release = release_held_script()
+            release = plain_script("release_held")
             keys, named = command.release
             argv = release.args(**named)
             jobs = _with_held(
@@ -468,7 +492,7 @@ class Adder(BrokerPart):
             jobs = _added(command, reply)
             if command.release is not None:
                 keys, named = command.release
-                script = self.conn.script(release_held_script())
+                script = self.conn.script(plain_script("release_held"))
                 jobs = _with_held(jobs, await script(keys=keys, **named))
             added.extend(jobs)
         return added

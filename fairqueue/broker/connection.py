@@ -5,12 +5,13 @@ runs async calls on, and :class:`BrokerPart`, the base of the broker's parts."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from bullmq import Queue as BullQueue
 
@@ -178,3 +179,20 @@ class BrokerPart:
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
+
+
+Part = TypeVar("Part", bound=BrokerPart)
+P = ParamSpec("P")
+
+
+def guarded(
+    method: Callable[Concatenate[Part, P], Awaitable[T]],
+) -> Callable[Concatenate[Part, P], Coroutine[Any, Any, T]]:
+    """A part's method with every Redis error it meets a ``BrokerError``
+    (:meth:`Connection.guard`)."""
+
+    @functools.wraps(method)
+    async def run(self: Part, *args: P.args, **kwargs: P.kwargs) -> T:
+        return await self.conn.guard(method(self, *args, **kwargs))
+
+    return run

@@ -12,6 +12,7 @@ tenant page and the queue page show the same number.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -23,9 +24,9 @@ from fairqueue.broker.failure_reads import failure_class, sanitize_failure
 from fairqueue.broker.pass_store import WaitingJob, pending_from_job, read_jobs
 from fairqueue.broker.scripts import call_script_many, plain_script
 from fairqueue.scheduling.levels import DEFAULT_TENANT, INTERNAL_TENANT, PAYLOAD_ACCOUNT_KEY
-from fairqueue.scheduling.noisy import FlowWeight
+from fairqueue.scheduling.noisy import FlowWeight, InFlight
 from fairqueue.scheduling.shares import LEVEL_NAMES
-from fairqueue.scheduling.wire import flow_member
+from fairqueue.scheduling.wire import account_member, flow_member, split_account_state
 
 #: The front of the waiting order the console reads: positions, what is ahead of a job,
 #: a tenant's next jobs. Beyond it, a job's position is still exact (one ZRANK).
@@ -278,26 +279,29 @@ class ConsoleReads(BrokerPart):
             same_flow_ahead=same_flow,
         )
 
-    async def in_flight(
-        self, queue: str
-    ) -> tuple[dict[tuple[str, str], int], dict[str, int], dict[tuple[str, str], FlowWeight], int]:
+    async def in_flight(self, queue: str) -> InFlight:
         """Running jobs per (level, tenant) from BullMQ's active list (at most
-        :data:`ACTIVE_WINDOW`), each level's weight of flows with work, and the running
-        tenants' flows: what :func:`noisy_tenants` needs; and how many accounts run them
-        (a job's ``accountId``, a tenant without one counting as its own; jobs of no
-        tenant and internal work none). Three round trips."""
+        :data:`ACTIVE_WINDOW`), each level's weight of flows with work, the running
+        tenants' flows, and their accounts (a job's ``accountId``) with each (level,
+        account)'s counted weight: what :func:`noisy_tenants` and :func:`noisy_accounts`
+        need; and how many accounts run them (a tenant without one counting as its own;
+        jobs of no tenant and internal work none); per (level, tenant) the ms its running
+        jobs have run so far (``processedOn`` to now). Three round trips."""
         client = self.conn.client()
         active = await self.conn.guard(
             client.lrange(self.conn.key(queue, "active"), 0, ACTIVE_WINDOW - 1)
         )
         async with client.pipeline(transaction=False) as pipe:
             for job_id in active:
-                pipe.hget(self.conn.key(queue, as_text(job_id)), "data")
+                pipe.hmget(self.conn.key(queue, as_text(job_id)), "data", "processedOn")
             pipe.hmget(self.conn.fair_key(queue, "state"), *(f"W:{n}" for n in LEVEL_NAMES))
             *rows, weights = await self.conn.guard(pipe.execute())
+        now_ms = time.time() * 1000
         running: dict[tuple[str, str], int] = {}
+        ran_ms: dict[tuple[str, str], float] = {}
         accounts: set[tuple[bool, str]] = set()
-        for data in rows:
+        owners: dict[str, str] = {}
+        for data, processed in rows:
             parsed = parse_job_data(None if data is None else as_text(data))
             if parsed is None:
                 continue
@@ -309,23 +313,38 @@ class ConsoleReads(BrokerPart):
                 tenant = INTERNAL_TENANT  # an internal job (JSON null)
             tenant = tenant if isinstance(tenant, str) and tenant else DEFAULT_TENANT
             running[(level, tenant)] = running.get((level, tenant), 0) + 1
+            since = int_or(processed, None)
+            if since is not None:
+                ran_ms[(level, tenant)] = ran_ms.get((level, tenant), 0.0) + max(
+                    0.0, now_ms - since
+                )
             if isinstance(account, str) and account:
                 accounts.add((True, account))
+                owners[tenant] = account
             elif tenant not in (DEFAULT_TENANT, INTERNAL_TENANT):
                 accounts.add((False, tenant))
         members = [flow_member(level, tenant) for level, tenant in running]
+        grouped = sorted({(lv, owners[t]) for lv, t in running if t in owners})
         flows: dict[tuple[str, str], FlowWeight] = {}
+        account_flows: dict[tuple[str, str], FlowWeight] = {}
         if members:
             async with client.pipeline(transaction=False) as pipe:
-                pipe.hmget(self.conn.fair_key(queue, "fweights"), *members)
+                fweights = self.conn.fair_key(queue, "fweights")
+                pipe.hmget(fweights, *members)
                 pipe.zmscore(self.conn.fair_key(queue, "flows"), members)
-                found_weights, scores = await self.conn.guard(pipe.execute())
+                if grouped:
+                    pipe.hmget(fweights, *(account_member(lv, a) for lv, a in grouped))
+                found_weights, scores, *states = await self.conn.guard(pipe.execute())
             for key, weight, score in zip(running, found_weights, scores, strict=True):
                 flows[key] = FlowWeight(int_or(weight, 1) or 1, score is not None)
+            for key, state in zip(grouped, states[0] if states else (), strict=True):
+                counted = split_account_state(None if state is None else as_text(state))
+                # no state kept: none of its flows has work (its weight then by the jobs)
+                account_flows[key] = FlowWeight(int(counted[1]) if counted else 1, bool(counted))
         level_weights = {
             level: int_or(value, 0) or 0 for level, value in zip(LEVEL_NAMES, weights, strict=True)
         }
-        return running, level_weights, flows, len(accounts)
+        return InFlight(running, level_weights, flows, len(accounts), owners, account_flows, ran_ms)
 
     async def tenant_weights(self, queue: str, tenant_id: str) -> dict[str, tuple[int, int]]:
         """Per level where ``tenant_id``'s flow has work: (the weight it counts, the sum

@@ -4,15 +4,14 @@ scanned jobs are still waiting, and one job's detail."""
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
 from fairqueue.broker.common import JOB_FIELDS as _JOB_FIELDS
-from fairqueue.broker.common import MAX_PRIORITY, TAG_FLOOR, T, parse_job_data
+from fairqueue.broker.common import MAX_PRIORITY, TAG_FLOOR, parse_job_data
 from fairqueue.broker.common import SCORE_BASE as _SCORE_BASE
 from fairqueue.broker.common import int_or as _int_or
-from fairqueue.broker.connection import BrokerPart
+from fairqueue.broker.connection import BrokerPart, guarded
 from fairqueue.broker.pass_store import WaitingJob, read_jobs
 from fairqueue.broker.scripts import plain_script
 
@@ -101,21 +100,13 @@ class JobDetail:
 
 
 class DashboardReads(BrokerPart):
-    """The admin dashboard's reads."""
-
-    # -- dashboard support (fairqueue.dashboard) --------------------------------------
-    # Read-only helpers for the admin dashboard. Each costs O(page) per call except
-    # scan_backlog, which the dashboard runs synchronously only for small backlogs.
-
-    async def _dashboard_guard(self, coro: Awaitable[T]) -> T:
-        """:meth:`_guard` (every Redis error a ``BrokerError``, which the views show as
-        a banner, never a 500)."""
-        return await self.conn.guard(coro)
+    """The admin dashboard's reads, read-only. Each costs O(page) per call except
+    :meth:`scan_backlog`, which the dashboard runs synchronously only for small backlogs."""
 
     async def is_paused(self, queue: str) -> bool:
         """Whether ``queue`` is paused (``queue.pause()`` from Node or Python sets its
         ``meta`` hash's ``paused`` field; workers take nothing until it is resumed)."""
-        paused = await self._dashboard_guard(
+        paused = await self.conn.guard(
             self.conn.client().hget(self.conn.key(queue, "meta"), "paused")
         )
         return paused is not None and str(paused) not in ("", "0")
@@ -142,15 +133,11 @@ class DashboardReads(BrokerPart):
             return None
         return max(states, key=lambda state: (state.refuses_writes, state.used_bytes))
 
+    @guarded
     async def read_page(self, queue: str, *, start: int, count: int) -> list[WaitingJob]:
         """The waiting jobs at pop positions ``start .. start+count-1`` (0-based), in the
-        order a BullMQ worker takes them: the wait list, then the prioritized set.
-
-        Costs O(count) whatever the backlog, so the dashboard can page deep into it.
-        """
-        return await self._dashboard_guard(self._read_page(queue, start, count))
-
-    async def _read_page(self, queue: str, start: int, count: int) -> list[WaitingJob]:
+        order a BullMQ worker takes them: the wait list, then the prioritized set. Costs
+        O(count) whatever the backlog, so the dashboard can page deep into it."""
         if count <= 0:
             return []
         script = self.conn.script(plain_script("dashboard_page"))
@@ -171,7 +158,7 @@ class DashboardReads(BrokerPart):
         fairqueue's tag band. One script call on the scores alone (``lua/order_head.lua``),
         O(log n) whatever the backlog: no job is read."""
         script = self.conn.script(plain_script("order_head"))
-        compared, unplaced = await self._dashboard_guard(
+        compared, unplaced = await self.conn.guard(
             script(
                 keys=[self.conn.key(queue, "wait"), self.conn.key(queue, "prioritized")],
                 window=window,
@@ -181,6 +168,7 @@ class DashboardReads(BrokerPart):
         )
         return int(compared), int(unplaced)
 
+    @guarded
     async def scan_backlog(
         self, queue: str, *, cutoff_ms: int, page_size: int = 5_000, max_jobs: int = 2_000_000
     ) -> BacklogScan:
@@ -191,13 +179,6 @@ class DashboardReads(BrokerPart):
         ms), so it costs O(backlog): about 6 ms per 1,000 jobs. Jobs moving while it runs
         may be missed or counted twice; the result is a snapshot, not a transaction.
         """
-        return await self._dashboard_guard(
-            self._scan_backlog(queue, cutoff_ms, page_size, max_jobs)
-        )
-
-    async def _scan_backlog(
-        self, queue: str, cutoff_ms: int, page_size: int, max_jobs: int
-    ) -> BacklogScan:
         started = time.perf_counter()
         script = self.conn.script(plain_script("dashboard_scan"))
         result = BacklogScan(cutoff_ms=cutoff_ms)
@@ -221,12 +202,10 @@ class DashboardReads(BrokerPart):
         result.duration_ms = (time.perf_counter() - started) * 1000
         return result
 
+    @guarded
     async def read_job_detail(self, queue: str, job_id: str) -> JobDetail | None:
         """One job's stored fields and its BullMQ state; ``None`` if there is no such job
         (or the id names one of the queue's own keys rather than a job)."""
-        return await self._dashboard_guard(self._read_job_detail(queue, job_id))
-
-    async def _read_job_detail(self, queue: str, job_id: str) -> JobDetail | None:
         async with self.conn.client().pipeline(transaction=False) as pipe:
             pipe.hmget(self.conn.key(queue, job_id), *_JOB_FIELDS, "processedOn", "finishedOn")
             pipe.zscore(self.conn.key(queue, "prioritized"), job_id)

@@ -32,8 +32,8 @@ from fairqueue.broker.stream_rows import (
     text_of,
 )
 from fairqueue.exceptions import LockLostError
-from fairqueue.scheduling import attempts, usage
-from fairqueue.scheduling.attempts import Event, Run, Start
+from fairqueue.scheduling import attempt_events, attempts, usage
+from fairqueue.scheduling.attempt_events import Event, Run, Start
 from fairqueue.scheduling.calibration import MAX_SCALED_WAIT_MS, WAIT_SCALE_FIELD, error_bin
 from fairqueue.scheduling.shares import BUCKET_S, LEVEL_NAMES, RETENTION_S, TENANTS_PER_BUCKET
 from fairqueue.scheduling.shares import wait_bin as _wait_bin
@@ -193,8 +193,8 @@ class PageReader:
     ) -> tuple[list[Event], dict[str, Start | None], list, bool]:
         """The page's events and its started jobs' hashes, up to the data budget: the
         entries kept are those before the one at which the budget ran out, less a last
-        re-add whose ``stalled`` may follow unread (``attempts.cut_before_trailing_retry``);
-        a re-add a ``stalled`` follows is a lost attempt (``attempts.fold_stalls``)."""
+        re-add whose ``stalled`` may follow unread (``attempt_events.cut_before_trailing_retry``);
+        a re-add a ``stalled`` follows is a lost attempt (``attempt_events.fold_stalls``)."""
         parsed = [parse_event(entry_id, fields) for entry_id, fields in entries]
         pending = list(dict.fromkeys(e.job_id for e in parsed if e and e.kind == "start"))
         rows: dict[str, list] = {}
@@ -234,11 +234,11 @@ class PageReader:
                     self.estimate_bins.append((event.at_ms, start.level, index, expected))
         kinds = [event.kind if event else None for event in parsed[:kept_count]]
         cut = full or kept_count < len(entries) or used > byte_budget
-        keep = attempts.cut_before_trailing_retry(kinds, cut=cut)
+        keep = attempt_events.cut_before_trailing_retry(kinds, cut=cut)
         if keep < kept_count:
             kept_count = keep
             events.pop()
-        return attempts.fold_stalls(events), starts, entries[:kept_count], used > byte_budget
+        return attempt_events.fold_stalls(events), starts, entries[:kept_count], used > byte_budget
 
     async def _xrange(self, low: str, count: int) -> list:
         """Entries from ``low`` as Redis sends them, ``[id, [field, value, ...]]`` in
@@ -254,7 +254,7 @@ class PageReader:
         return await call_script(self.conn.client(), script.sha, script.source, keys, argv, **_RAW)
 
     async def _read_runs(self, events: list[Event]) -> dict[str, Run]:
-        wanted = attempts.runs_to_read(events)
+        wanted = attempt_events.runs_to_read(events)
         if not wanted:
             return {}
         key = self.conn.fair_key(self.queue, "run")
@@ -267,7 +267,7 @@ class PageReader:
         return runs
 
     async def _read_state(self, starts: Any, runs: Any) -> dict[str, float]:
-        names = attempts.state_fields(starts, runs)
+        names = attempt_events.state_fields(starts, runs)
         key = self.conn.fair_key(self.queue, "state")
         values = await self.conn.client().execute_command(
             "HMGET", key, *[raw_of(name) for name in names], **_RAW

@@ -9,10 +9,11 @@ most ``TENANTS_PER_BUCKET`` tenants.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fairqueue.broker.connection import BrokerPart
+from fairqueue.broker.connection import BrokerPart, guarded
 from fairqueue.broker.events import PageReader, RecordedPage
 from fairqueue.broker.lock_store import Fence
 from fairqueue.broker.scripts import plain_script
@@ -72,13 +73,11 @@ class HistoryStore(BrokerPart):
             )
         )
 
+    @guarded
     async def sample_virtual_time(self, queue: str) -> None:
         """Keep where ``queue``'s virtual time stands now in the current history bucket
         (``lua/vt_sample.lua``): the start estimate reads the pace it really moved at over
         the rate's window. One O(log n) read of the head and a few writes to one hash."""
-        await self.conn.guard(self._sample(queue))
-
-    async def _sample(self, queue: str) -> None:
         await self.conn.script(plain_script("vt_sample"))(
             keys=[
                 self.conn.fair_key(queue, "state"),
@@ -90,24 +89,12 @@ class HistoryStore(BrokerPart):
             ttl=RETENTION_S + 2 * BUCKET_S,
         )
 
-    async def read_history(
-        self, queue: str, *, now_s: int, window_s: int = RETENTION_S
-    ) -> HistoryRead:
-        """The buckets kept (the last ``RETENTION_S``), in one pipelined round trip: every
-        field and the tenants of those in the last ``window_s``, only the started and
-        became-ready counts of older ones (what the backlogs need)."""
-        return await self.conn.guard(self._read_history(queue, now_s, window_s))
-
+    @guarded
     async def read_tenant_history(
         self, queue: str, tenant_id: str, *, now_s: int, window_s: int = RETENTION_S
     ) -> dict[int, dict[str, str]]:
         """A tenant's buckets of the last ``window_s`` (start second -> fields: its waits'
         bins and worker ms per level), one pipelined HGETALL per bucket."""
-        return await self.conn.guard(self._read_tenant(queue, tenant_id, now_s, window_s))
-
-    async def _read_tenant(
-        self, queue: str, tenant_id: str, now_s: int, window_s: int
-    ) -> dict[int, dict[str, str]]:
         prefix = self.conn.fair_key(queue, "hist:")
         last = now_s // TENANT_BUCKET_S * TENANT_BUCKET_S
         starts = list(range(last - window_s + TENANT_BUCKET_S, last + 1, TENANT_BUCKET_S))
@@ -117,7 +104,56 @@ class HistoryStore(BrokerPart):
             replies: list[Any] = await pipe.execute()
         return {start: fields for start, fields in zip(starts, replies, strict=True) if fields}
 
-    async def _read_history(self, queue: str, now_s: int, window_s: int) -> HistoryRead:
+    @guarded
+    async def recent_worker_shares(
+        self,
+        queue: str,
+        flows: list[tuple[str, str]],
+        *,
+        now_s: int,
+        running_ms: Mapping[tuple[str, str], float],
+    ) -> dict[tuple[str, str], float]:
+        """Each of ``flows``' ((level, tenant)) share of its level's worker time over its
+        tenant buckets of this minute and the last, with what the attempts running now
+        have run so far (``running_ms``, every running flow's: the history records an
+        attempt when it ends), for the noisy rule by time. One pipelined round trip: two
+        HGETs a flow and an HMGET per history bucket of that span (at most 13)."""
+        if not flows:
+            return {}
+        prefix = self.conn.fair_key(queue, "hist:")
+        first = now_s // TENANT_BUCKET_S * TENANT_BUCKET_S - TENANT_BUCKET_S
+        minutes = (first, first + TENANT_BUCKET_S)
+        starts = range(first, now_s // BUCKET_S * BUCKET_S + 1, BUCKET_S)
+        levels = sorted({level for level, _ in flows})
+        async with self.conn.client().pipeline(transaction=False) as pipe:
+            for level, tenant in flows:
+                for minute in minutes:
+                    pipe.hget(prefix + tenant_bucket(minute, tenant), f"t:{level}")
+            for start in starts:
+                pipe.hmget(f"{prefix}{start}", [f"t:{level}" for level in levels])
+            replies: list[Any] = await pipe.execute()
+        level_ms = dict.fromkeys(levels, 0.0)
+        for row in replies[2 * len(flows) :]:
+            for level, value in zip(levels, row, strict=True):
+                level_ms[level] += float(value or 0)
+        for (level, _), ms in running_ms.items():
+            if level in level_ms:
+                level_ms[level] += ms
+        shares = {}
+        for i, (level, tenant) in enumerate(flows):
+            ms = sum(float(v or 0) for v in replies[2 * i : 2 * i + 2])
+            ms += running_ms.get((level, tenant), 0.0)
+            if ms > 0 and level_ms[level] > 0:
+                shares[(level, tenant)] = min(1.0, ms / level_ms[level])
+        return shares
+
+    @guarded
+    async def read_history(
+        self, queue: str, *, now_s: int, window_s: int = RETENTION_S
+    ) -> HistoryRead:
+        """The buckets kept (the last ``RETENTION_S``), in one pipelined round trip: every
+        field and the tenants of those in the last ``window_s``, only the started and
+        became-ready counts of older ones (what the backlogs need)."""
         prefix = self.conn.fair_key(queue, "hist:")
         last = now_s // BUCKET_S * BUCKET_S
         starts = list(range(last - RETENTION_S + BUCKET_S, last + BUCKET_S, BUCKET_S))

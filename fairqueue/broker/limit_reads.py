@@ -13,6 +13,7 @@ from typing import Final
 from fairqueue.broker.common import as_text, limits_key
 from fairqueue.broker.connection import BrokerPart
 from fairqueue.broker.scripts import plain_script
+from fairqueue.scheduling.hierarchy import ACCOUNT_MARK
 from fairqueue.scheduling.limits import TenantLimits
 from fairqueue.scheduling.wire import decoded_limits
 
@@ -78,18 +79,27 @@ class LimitReads(BrokerPart):
         return bool(await self.conn.guard(self.conn.client().hexists(f"{base}:paused", tenant_id)))
 
     async def waiting(self, queue: str, tenant_id: str) -> int:
-        """A tenant's jobs waiting in ``queue`` as ``max_waiting`` counts them: every
+        """A tenant's jobs waiting in ``queue`` as ``max_waiting`` counts them (an
+        account's, over all its tenants, for ``ACCOUNT_MARK + account_id``): every
         unfinished job that is not running (held, delayed, released and not taken yet, or
         waiting out a retry's backoff), and the jobs that batches being added have
         reserved room for (``tenant_limits.lua``'s ``fqWaitingOf``)."""
         base = limits_key(self.conn.prefix, queue)
         client = self.conn.client()
         async with client.pipeline(transaction=False) as pipe:
-            pipe.llen(f"{base}:held:{tenant_id}")
-            pipe.zcard(f"{base}:later:{tenant_id}")
-            pipe.smembers(f"{base}:out:{tenant_id}")
-            pipe.hvals(f"{base}:resv:{tenant_id}")
-            held, later, out, reserved = await self.conn.guard(pipe.execute())
+            if tenant_id.startswith(ACCOUNT_MARK):  # an account's, over all its tenants
+                account = tenant_id[len(ACCOUNT_MARK) :]
+                pipe.scard(f"{base}:aheld:{account}")  # held until due included
+                pipe.smembers(f"{base}:aout:{account}")
+                pipe.hvals(f"{base}:resv:{tenant_id}")
+                held, out, reserved = await self.conn.guard(pipe.execute())
+                later = 0
+            else:
+                pipe.llen(f"{base}:held:{tenant_id}")
+                pipe.zcard(f"{base}:later:{tenant_id}")
+                pipe.smembers(f"{base}:out:{tenant_id}")
+                pipe.hvals(f"{base}:resv:{tenant_id}")
+                held, later, out, reserved = await self.conn.guard(pipe.execute())
         waiting = int(held) + int(later)
         now_ms = int(time.time() * 1000)
         for entry in reserved:

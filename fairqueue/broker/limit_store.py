@@ -15,7 +15,7 @@ from typing import Any, Final, cast
 from fairqueue.broker.common import as_text, fair_key, fair_keys, limits_key
 from fairqueue.broker.connection import Connection
 from fairqueue.broker.limit_reads import LimitReads
-from fairqueue.broker.scripts import plain_script, release_held_script, retry_failed_script
+from fairqueue.broker.scripts import plain_script
 from fairqueue.scheduling.limits import TenantLimits
 from fairqueue.scheduling.wire import encoded_limits
 
@@ -145,7 +145,7 @@ class LimitStore(LimitReads):
                 held, limited, waiting = await self.conn.guard(pipe.execute())
             if not held and not (limited and waiting):
                 return Released()
-        script = self.conn.script(release_held_script())
+        script = self.conn.script(plain_script("release_held"))
         reply = await self.conn.guard(
             script(
                 keys=release_keys(self.conn.prefix, queue),
@@ -161,7 +161,7 @@ class LimitStore(LimitReads):
         base = limits_key(self.conn.prefix, queue)
         key = f"{base}:paused"
         client = self.conn.client()
-        script = self.conn.script(release_held_script())
+        script = self.conn.script(plain_script("release_held"))
         keys = release_keys(self.conn.prefix, queue)
         await self.conn.guard(client.hincrby(f"{base}:pchg", tenant_id, 1))  # see rebuild
         if paused:
@@ -186,7 +186,7 @@ class LimitStore(LimitReads):
         """Release one held job of a paused tenant, the first in its order, at its fair
         place (an open breaker's probe); the tenant stays paused. Returns the job's id,
         ``None`` when none was released (nothing held)."""
-        script = self.conn.script(release_held_script())
+        script = self.conn.script(plain_script("release_held"))
         args = release_args(self.conn.prefix, queue, [tenant_id], self.fairness_by, "probe")
         args["most"] = 1
         reply = await self.conn.guard(script(keys=release_keys(self.conn.prefix, queue), **args))
@@ -212,7 +212,7 @@ class LimitStore(LimitReads):
     async def _sync_holds(self, queue: str) -> None:
         """Tell the add script (through the flag its clock read carries) whether any tenant
         of ``queue`` is paused or catching up."""
-        script = self.conn.script(release_held_script())
+        script = self.conn.script(plain_script("release_held"))
         await self.conn.guard(
             script(
                 keys=release_keys(self.conn.prefix, queue),
@@ -229,7 +229,7 @@ class LimitStore(LimitReads):
         was waiting or delayed. Rare and bounded per call; O(backlog) overall."""
         base = limits_key(self.conn.prefix, queue)
         first = await self.conn.guard(self.conn.client().lindex(f"{base}:held:{tenant_id}", 0))
-        script = self.conn.script(release_held_script())
+        script = self.conn.script(plain_script("release_held"))
         keys = release_keys(self.conn.prefix, queue)
         args = release_args(self.conn.prefix, queue, [tenant_id], "time", "scan")
         args["most"] = SCAN_PAGE
@@ -264,6 +264,22 @@ class LimitStore(LimitReads):
         if not await self.conn.guard(client.hset(key, tenant_id, encoded_limits(limits))):
             return 0  # had limits here already: its jobs since then are tracked
         return await self._hold_untracked(queue, tenant_id)
+
+    async def set_account_limits(
+        self, queue: str, account_id: str, limits: TenantLimits, tenants: Sequence[str]
+    ) -> None:
+        """Store an account's limits (its save: one write for the account, not one per
+        tenant), or forget them when it has none; ``tenants``, those of its tenants with
+        held jobs here, are visited at the release step's next call (new limits may give
+        them room)."""
+        key = limits_key(self.conn.prefix, queue)
+        client = self.conn.client()
+        if limits.max_active is None and limits.rate_max is None and limits.max_waiting is None:
+            await self.conn.guard(client.hdel(f"{key}:acc", account_id))
+        else:
+            await self.conn.guard(client.hset(f"{key}:acc", account_id, encoded_limits(limits)))
+        if tenants:
+            await self.conn.guard(client.zadd(f"{key}:due", dict.fromkeys(tenants, 0), lt=True))
 
     async def set_weight(self, queue: str, tenant_id: str, weight: int) -> int:
         """A tenant's new weight, counted at once by each of its flows with work in
@@ -338,7 +354,7 @@ class LimitStore(LimitReads):
         of :data:`SCAN_PAGE` per script call: each placed by the fair clock, or held when
         its tenant has limits or is paused (then released within them). Returns
         (retried, of which held)."""
-        script = self.conn.script(retry_failed_script())
+        script = self.conn.script(plain_script("retry_failed"))
         keys = [
             *(f"{self.conn.prefix}:{queue}:{name}" for name in _RETRY_KEYS),
             *fair_keys(self.conn.prefix, queue),

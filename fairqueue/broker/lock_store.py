@@ -26,8 +26,6 @@ class Fence:
 class LockStore(BrokerPart):
     """The rebalance pass's leader lock."""
 
-    # -- leader lock ------------------------------------------------------------------
-
     async def acquire_lock(self, key: str, token: str, ttl_ms: int) -> bool:
         """Take ``key`` if free, or renew it if ``token`` already holds it, in one step."""
         script = self.conn.script(plain_script("lock_acquire"))

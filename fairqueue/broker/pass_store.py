@@ -20,7 +20,7 @@ from fairqueue.broker.common import (
     int_or,
     parse_job_data,
 )
-from fairqueue.broker.connection import BrokerPart, Connection
+from fairqueue.broker.connection import BrokerPart, Connection, guarded
 from fairqueue.broker.lock_store import Fence
 from fairqueue.broker.scripts import adopt_page_script, plain_script, stalled_page_script
 from fairqueue.exceptions import LockLostError
@@ -334,12 +334,10 @@ class PassStore(BrokerPart):
 
     # -- reading ----------------------------------------------------------------------
 
+    @guarded
     async def counts(self, queue: str) -> dict[str, int]:
         """Job counts by BullMQ state."""
         states = ("wait", "prioritized", "active", "delayed", "failed", "completed")
-        return await self.conn.guard(self._counts(queue, states))
-
-    async def _counts(self, queue, states):
         values = await self.conn.queue(queue).getJobCounts(*states)
         return {state: int(values.get(state, 0)) for state in states}
 

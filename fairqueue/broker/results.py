@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from fairqueue.broker.common import int_or
-from fairqueue.broker.connection import BrokerPart
+from fairqueue.broker.connection import BrokerPart, guarded
 
 #: BullMQ's job states (``Queue.getJobState``); ``waiting`` covers the ``wait`` list.
 JOB_STATES = frozenset(
@@ -55,15 +55,12 @@ def _json_or(raw: str | None, default: Any) -> Any:
 class ResultReads(BrokerPart):
     """One job read back by id, for the Django tasks backend's ``get_result``."""
 
+    @guarded
     async def find_job(self, queues: Sequence[str], job_id: str) -> StoredJob | None:
-        """The job ``job_id`` in the first of ``queues`` that holds it, or ``None``.
-
-        The state is read before the hash, so a job that finishes in between reads as
-        still active with its result already there, never as completed without one.
-        """
-        return await self.conn.guard(self._find_job(list(dict.fromkeys(queues)), job_id))
-
-    async def _find_job(self, queues: list[str], job_id: str) -> StoredJob | None:
+        """The job ``job_id`` in the first of ``queues`` that holds it, or ``None``. The
+        state is read before the hash, so a job that finishes in between reads as still
+        active with its result already there, never as completed without one."""
+        queues = list(dict.fromkeys(queues))
         if not queues:
             return None
         client = self.conn.client()
@@ -101,17 +98,13 @@ class ResultReads(BrokerPart):
             processed_by=fields.get("pb") or None,
         )
 
+    @guarded
     async def stored_payloads(
         self, queue: str, job_ids: Sequence[str]
     ) -> list[tuple[str, str] | None]:
         """Each job's ``(name, data)`` as stored, or ``None`` where ``queue`` has no such
         job: how the outbox relay tells its own job (a retry after a crash) from another
         job that holds the same id. One pipeline, no MULTI."""
-        return await self.conn.guard(self._stored_payloads(queue, list(job_ids)))
-
-    async def _stored_payloads(
-        self, queue: str, job_ids: list[str]
-    ) -> list[tuple[str, str] | None]:
         if not job_ids:
             return []
         async with self.conn.client().pipeline(transaction=False) as pipe:

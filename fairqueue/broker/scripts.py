@@ -437,24 +437,7 @@ def stalled_page_script() -> Script:
 
 
 @cache
-def release_held_script() -> Script:
-    """Releases held jobs of tenants with room to their fair places, or pulls a paused
-    tenant's untaken jobs back (fairqueue's own: it places with ``fair_clock``)."""
-    return _own("release_held")
-
-
-@cache
-def retry_failed_script() -> Script:
-    """Retries a page of failed jobs as fair turns inside their tenants' limits."""
-    return _own("retry_failed")
-
-
-@cache
 def plain_script(name: str) -> Script:
-    """One of fairqueue's own scripts (``index_walk``, ``rebase_page``, ``lock_acquire``,
-    ``lock_release``, ``dashboard_page``, ``dashboard_scan``, ``order_head``, ``history_seek``,
-    ``history_rows``, ``history_commit``, ``limits_walk``, ``limits_rows``,
-    ``limits_restore``, ``reweight``, ``reweight_page``, ``estimate_start``, ``job_status``,
-    ``forget_obliterated``, ``usage_flushed``, ``tenant_jobs``, ``usage_running``, ``vt_sample``,
-    ``remove_waiting``)."""
+    """One of fairqueue's own scripts, ``lua/<name>.lua`` (every file of ``lua/`` but the
+    includes and the wrapped halves)."""
     return _own(name)

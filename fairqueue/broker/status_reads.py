@@ -116,6 +116,8 @@ class RawStatus:
     asking: AskingRead | None = None
     tenant: str | None = None
     tenant_weight: float | None = None
+    #: Its account and the account's weight (its flow's, or a held job's), if any.
+    account: tuple[str, float] | None = None
 
 
 def _placement(
@@ -194,11 +196,14 @@ def _asking(reply: Sequence[Any]) -> AskingRead | None:
     count = int(float(values[at]))
     at += 1
     ahead = []
+    accounts: dict[tuple[str, str], tuple[str, float, float]] = {}
     for _ in range(count):
-        member, last, weight, held, line = values[at : at + 5]
-        at += 5
+        member, last, weight, held, line, account, account_weight, mates = values[at : at + 8]
+        at += 8
         level, _sep, tenant = member.partition("\n")
         waiting = int(float(line)) if line else -1
+        if account:
+            accounts[(level, tenant)] = (account, float(account_weight), float(mates))
         ahead.append(
             (
                 level,
@@ -233,6 +238,7 @@ def _asking(reply: Sequence[Any]) -> AskingRead | None:
         served=served,
         recent=recent,
         recent_since_s=recent_since_s,
+        accounts=accounts,
     )
 
 
@@ -341,8 +347,9 @@ class StatusReads(BrokerPart):
         )
         (now, wait_len, state, ahead, score, level, tenant, due, processed, finished) = reply[:10]
         encoded, paused, catchup, held, occupied, place, clock, history, asking, fweight = reply[
-            10:
+            10:20
         ]
+        account, account_weight = _text(reply[20]), _float(reply[21])
         state = _text(state)
         if state == "gone":
             return None
@@ -379,4 +386,5 @@ class StatusReads(BrokerPart):
             asking=_asking(asking),
             tenant=_text(tenant) or None,
             tenant_weight=_float(fweight),
+            account=(account, account_weight or 1.0) if account else None,
         )

@@ -13,8 +13,7 @@ import math
 import re
 from typing import Any
 
-from fairqueue.scheduling import attempts
-from fairqueue.scheduling.attempts import Event, EventKind, Start
+from fairqueue.scheduling.attempt_events import LEVELS, Event, EventKind, Start
 from fairqueue.scheduling.levels import INTERNAL_TENANT
 
 #: The job hash fields a start needs (BullMQ's names).
@@ -68,7 +67,7 @@ def _level_of_priority(priority: Any) -> str:
     return "normal"
 
 
-def parse_start(row: list[bytes | None], max_data_bytes: int) -> attempts.Start | None:
+def parse_start(row: list[bytes | None], max_data_bytes: int) -> Start | None:
     """What a started job's hash (``START_FIELDS``) says; ``None`` when it is gone or
     its data is over ``max_data_bytes`` (an unknown level)."""
     timestamp, delay, ats, opts_raw, data_raw = row[:5]
@@ -79,7 +78,7 @@ def parse_start(row: list[bytes | None], max_data_bytes: int) -> attempts.Start 
         return None
     fast = _FAST_META.match(data_raw or b"")
     ready_text = _FAST_READY.search(opts_raw or b"") if fast else None
-    if fast and ready_text and fast.group(1).decode() in attempts.LEVELS:
+    if fast and ready_text and fast.group(1).decode() in LEVELS:
         return Start(
             level=fast.group(1).decode(),
             tenant=fast.group(2).decode("utf-8", "replace"),
@@ -106,7 +105,7 @@ def parse_start(row: list[bytes | None], max_data_bytes: int) -> attempts.Start 
         named, tid = data.get("priorityLevel"), data.get("tenantId")
         if named is None:
             level = _level_of_priority(opts.get("priority", 0))
-        elif isinstance(named, str) and named in attempts.LEVELS:
+        elif isinstance(named, str) and named in LEVELS:
             level = named
         if isinstance(tid, str) and tid != "":
             tenant = tid.encode("utf-8", "replace").decode("utf-8")

@@ -68,9 +68,6 @@ class ActiveJob:
     processed_on_ms: int | None = None
 
 
-# -- demo support types -------------------------------------------------------------------
-
-
 def limited_tenant(job: Any) -> str | None:
     """The tenant of a BullMQ job the add script held (``fqLim`` in its opts), else
     ``None``: only limited tenants' jobs cost the worker a release call."""
@@ -84,9 +81,6 @@ def limited_tenant(job: Any) -> str | None:
 class WorkerSupport(BrokerPart):
     """What a worker needs of the broker: a stock BullMQ worker built under this broker's
     Redis and prefix, and the idle check of a burst worker."""
-
-    # -- worker support (fairqueue.worker) --------------------------------------------
-    # The only place a BullMQ Worker is built, so BullMQ's Job object stays in here.
 
     def make_worker(
         self,

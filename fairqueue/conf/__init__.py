@@ -341,6 +341,12 @@ def _validate() -> tuple[FairqueueSettings | None, list[SettingError]]:
     def number(key: str) -> int | None:
         return read(Problem(key), _parse_int, key, values[key], key in from_env)
 
+    def flag(key: str) -> bool | None:
+        return read(Problem(key), parse_bool, source(key), values[key])
+
+    def retention(key: str) -> Retention | None:
+        return read(Problem(key), _parse_retention, key, values[key])
+
     redis_from_env = "REDIS_URL" in from_env
     read(Problem.REDIS_AND_REDIS_URL, _check_one_redis_setting, values, user, redis_from_env)
     redis = read(Problem.REDIS, _parse_redis, values, redis_from_env, "REDIS_URL" in user)
@@ -355,36 +361,20 @@ def _validate() -> tuple[FairqueueSettings | None, list[SettingError]]:
     fields: dict[str, Any] = {
         "max_wait_ms": number("MAX_WAIT_MS"),
         "rebalance_interval_ms": number("REBALANCE_INTERVAL_MS"),
-        "priority_enabled": read(
-            Problem.PRIORITY_ENABLED,
-            parse_bool,
-            source("PRIORITY_ENABLED"),
-            values["PRIORITY_ENABLED"],
-        ),
+        "priority_enabled": flag("PRIORITY_ENABLED"),
         "rebalance_window": number("REBALANCE_WINDOW"),
         "cache_alias": read(
             Problem.CACHE_ALIAS, parse_str, source("CACHE_ALIAS"), values["CACHE_ALIAS"]
         ),
         "plan_cache_timeout": number("PLAN_CACHE_TIMEOUT"),
         "max_payload_bytes": number("MAX_PAYLOAD_BYTES"),
-        "keep_completed": read(
-            Problem.KEEP_COMPLETED, _parse_retention, "KEEP_COMPLETED", values["KEEP_COMPLETED"]
-        ),
-        "keep_failed": read(
-            Problem.KEEP_FAILED, _parse_retention, "KEEP_FAILED", values["KEEP_FAILED"]
-        ),
+        "keep_completed": retention("KEEP_COMPLETED"),
+        "keep_failed": retention("KEEP_FAILED"),
         "fairness_by": read(Problem.FAIRNESS_BY, parse_fairness_by, values["FAIRNESS_BY"]),
-        "audit_explicit_priority": read(
-            Problem.AUDIT_EXPLICIT_PRIORITY,
-            parse_bool,
-            source("AUDIT_EXPLICIT_PRIORITY"),
-            values["AUDIT_EXPLICIT_PRIORITY"],
-        ),
+        "audit_explicit_priority": flag("AUDIT_EXPLICIT_PRIORITY"),
         "plan_local_cache_timeout": number("PLAN_LOCAL_CACHE_TIMEOUT"),
         "tenant_limits": read(Problem.TENANT_LIMITS, parse_tenant_limits, values["TENANT_LIMITS"]),
-        "usage_ledger": read(
-            Problem.USAGE_LEDGER, parse_bool, source("USAGE_LEDGER"), values["USAGE_LEDGER"]
-        ),
+        "usage_ledger": flag("USAGE_LEDGER"),
         "quotas": read(Problem.QUOTAS, parse_quotas, values["QUOTAS"]),
         "breaker": read(Problem.BREAKER, parse_breaker, values["BREAKER"]),
     }

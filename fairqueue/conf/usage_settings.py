@@ -59,12 +59,6 @@ BREAKER_RANGES: Final[Mapping[str, tuple[float, float]]] = MappingProxyType(
         "COOL_OFF_S": (1, 86_400),
     }
 )
-_BREAKER_FIELDS: Final = {
-    "WINDOW_S": "window_s",
-    "MIN_JOBS": "min_jobs",
-    "FAILURE_RATIO": "failure_ratio",
-    "COOL_OFF_S": "cool_off_s",
-}
 
 
 def _tiers() -> tuple[str, ...]:
@@ -146,5 +140,5 @@ def parse_breaker(value: Any) -> BreakerSettings:
             raise ImproperlyConfigured(
                 f"{name}[{key!r}]={raw!r} is not allowed: expected {kind} in {low:g}..{high:g}"
             )
-        fields[_BREAKER_FIELDS[key]] = float(raw) if ratio else raw
+        fields[key.lower()] = float(raw) if ratio else raw  # its BreakerSettings field
     return BreakerSettings(**fields)

@@ -35,6 +35,7 @@ from fairqueue.dashboard.console_admin import (
     redis_trouble,
     require,
 )
+from fairqueue.dashboard.limited_tenants import limits_in_words
 from fairqueue.dashboard.moment import moment, read_checked_backlog
 from fairqueue.dashboard.overview import entitled_now
 from fairqueue.dashboard.tenant_routes import (
@@ -46,10 +47,12 @@ from fairqueue.dashboard.tenant_routes import (
 from fairqueue.enqueue.priority import resolve_priority
 from fairqueue.exceptions import BrokerError, InvalidAccountError
 from fairqueue.models import Account, TenantPlan
+from fairqueue.scheduling.hierarchy import ACCOUNT_MARK
 from fairqueue.scheduling.levels import validate_account_id
 from fairqueue.scheduling.noisy import FlowWeight
 from fairqueue.scheduling.shares import LEVEL_NAMES
 from fairqueue.tenants import pause_account, resume_account
+from fairqueue.usage.account_quotas import account_usage
 
 #: Tenants of an account the page lists at most (in id order; their number is said).
 ACCOUNT_TENANTS: Final = 200
@@ -90,6 +93,9 @@ class AccountQueue:
     waiting: int | None
     running: int
     backlog_note: str
+    #: The account's own entitlement now in the levels its tenants use (all of its
+    #: tenants asking): its max-min share of each by account weight.
+    shares: tuple[TenantShare, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +104,10 @@ class AccountPage:
 
     account: Account
     tier: str
+    #: ``(label, value)`` of each of its limits over all its tenants (``"—"``: none).
+    limits: tuple[tuple[str, str], ...]
+    #: Its quota over all its tenants, in words (``""``: none).
+    quota: str
     tenant_count: int
     listed: int
     queues: tuple[AccountQueue, ...]
@@ -107,6 +117,11 @@ class AccountPage:
     tenants_url: str
     can_act: bool
     action_urls: Mapping[str, str]
+    #: Its tenants' worker time today and this month, its quota and hold
+    #: (:func:`fairqueue.usage.account_quotas.account_usage`).
+    usage: Mapping[str, Any] | None = None
+    #: The usage ledger's admin list filtered to its tenants.
+    usage_url: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,16 +136,24 @@ class _Member:
 
 
 async def aaccount_queue(
-    broker: Broker, job_type: str, members: tuple[_Member, ...], *, now_ms: int, site: str
+    broker: Broker,
+    job_type: str,
+    members: tuple[_Member, ...],
+    *,
+    now_ms: int,
+    site: str,
+    account: tuple[str, float] = ("", 1.0),
 ) -> AccountQueue:
-    """What the account page shows of ``members`` in ``job_type``'s queue."""
+    """What the account page shows of ``members`` (the tenants of ``account``, its id and
+    weight) in ``job_type``'s queue."""
     settings = get_settings()
     queue = settings.queue_for(job_type)
     counts = await broker.passes.counts(queue)
     scan, backlog = await read_checked_backlog(
         broker, queue, counts, now_ms=now_ms, max_wait_ms=settings.max_wait_ms
     )
-    running, *_ = await broker.console.in_flight(queue)
+    now = await broker.console.in_flight(queue)
+    running = now.running
     uses: dict[str, list[str]] = {}
     for member in members:
         used = {member.level}
@@ -143,7 +166,14 @@ async def aaccount_queue(
         for m in members
         for level in uses[m.tenant_id]
     }
-    entitled = await entitled_now(broker, queue, flows)
+    levels = [lv for lv in LEVEL_NAMES if any(lv in uses[m.tenant_id] for m in members)]
+    entitled = await entitled_now(
+        broker,
+        queue,
+        flows,
+        {m.tenant_id: account for m in members},
+        [(lv, account) for lv in levels] if account[0] else [],
+    )
     rows = []
     for m in members:
         waiting = (
@@ -174,6 +204,11 @@ async def aaccount_queue(
         waiting=None if scan is None else sum(r.waiting or 0 for r in rows),
         running=sum(r.running for r in rows),
         backlog_note=backlog["note"],
+        shares=tuple(
+            TenantShare(level=lv, share=f"{100 * share:.0f}%")
+            for lv in levels
+            if (share := entitled.get((lv, ACCOUNT_MARK + account[0]))) is not None
+        ),
     )
 
 
@@ -195,9 +230,10 @@ def _members(account: Account) -> tuple[int, tuple[_Member, ...]]:
 
 
 def account_queues(
-    members: tuple[_Member, ...], *, site: str = "admin"
+    members: tuple[_Member, ...], *, site: str = "admin", account: tuple[str, float] = ("", 1.0)
 ) -> tuple[Mapping[str, Any], tuple[AccountQueue, ...]]:
-    """When the numbers were read, and ``members`` in every configured queue (sync).
+    """When the numbers were read, and ``members`` (of ``account``) in every configured
+    queue (sync).
 
     Raises:
         BrokerError: Redis failed.
@@ -209,7 +245,9 @@ def account_queues(
         return list(
             await asyncio.gather(
                 *(
-                    aaccount_queue(sync.broker, job_type, members, now_ms=now_ms, site=site)
+                    aaccount_queue(
+                        sync.broker, job_type, members, now_ms=now_ms, site=site, account=account
+                    )
                     for job_type in get_settings().queues
                 )
             )
@@ -244,7 +282,11 @@ class AccountViews(ConsolePage):
         queues: tuple[AccountQueue, ...] = ()
         error = None
         try:
-            read_at, queues = account_queues(members, site=self.admin.admin_site.name)
+            read_at, queues = account_queues(
+                members,
+                site=self.admin.admin_site.name,
+                account=(account.account_id, float(account.weight)),
+            )
         except BrokerError as exc:
             error = redis_trouble(exc, "account")
         return TemplateResponse(
@@ -258,6 +300,13 @@ class AccountViews(ConsolePage):
                 page=AccountPage(
                     account=account,
                     tier=account.plan_tier or "(each tenant's own)",
+                    limits=limits_in_words(account.limits()),
+                    quota=(
+                        f"{account.quota_worker_seconds:,} worker seconds a "
+                        f"{account.quota_period or 'day'}"
+                        if account.quota_worker_seconds
+                        else ""
+                    ),
                     tenant_count=count,
                     listed=len(members),
                     queues=queues,
@@ -269,6 +318,10 @@ class AccountViews(ConsolePage):
                     + urlencode({"account__exact": account.account_id}),
                     can_act=request.user.has_perm(PERM_ACT),
                     action_urls={a: self._url(account.account_id, a) for a in ACCOUNT_ACTIONS},
+                    usage=account_usage(account),
+                    usage_url=reverse("admin:fairqueue_tenantusage_changelist")
+                    + "?"
+                    + urlencode({"account": account.account_id}),
                 ),
             ),
         )

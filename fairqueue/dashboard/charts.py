@@ -45,24 +45,39 @@ def _chart(height: int) -> dict[str, Any]:
     return {"width": CHART_W, "height": height, "rects": [], "lines": [], "texts": []}
 
 
+def _rect(
+    chart: dict[str, Any], x: float, y: float, w: float, h: float, cls: str, title: str
+) -> None:
+    chart["rects"].append({"x": x, "y": y, "w": w, "h": h, "cls": cls, "title": title})
+
+
+def _line(chart: dict[str, Any], x1: float, x2: float, y1: float, y2: float, cls: str) -> None:
+    chart["lines"].append({"x1": x1, "x2": x2, "y1": y1, "y2": y2, "cls": cls})
+
+
+def _text(
+    chart: dict[str, Any], x: float, y: float, text: str, cls: str = "fq-chart-label"
+) -> None:
+    chart["texts"].append({"x": x, "y": y, "text": text, "cls": cls})
+
+
 def _share_chart(levels: dict[str, Any]) -> dict[str, Any]:
     """Per level: the share served (bar), the share entitled (solid tick) and the
     weight's share (dashed tick), on one 0-100% scale."""
     chart = _chart(ROW_H * len(LEVEL_NAMES))
     for row, level in enumerate(LEVEL_NAMES):
         data, y = levels[level], row * ROW_H
-        chart["texts"].append({"x": 0, "y": y + 15, "text": level, "cls": "fq-chart-label"})
+        _text(chart, 0, y + 15, level)
         served = data["share"] or 0.0
-        chart["rects"].append(
-            {
-                "x": LABEL_W,
-                "y": y + 5,
-                "w": round(BAR_W * served, 1),
-                "h": 14,
-                "cls": f"fq-bar fq-bar-{level}",
-                "title": f"{level}: served {_pct(data['share'])}, entitled to "
-                f"{_pct(data['entitled_share'])}, weight's share {_pct(data['weight_share'])}",
-            }
+        _rect(
+            chart,
+            LABEL_W,
+            y + 5,
+            round(BAR_W * served, 1),
+            14,
+            f"fq-bar fq-bar-{level}",
+            f"{level}: served {_pct(data['share'])}, entitled to "
+            f"{_pct(data['entitled_share'])}, weight's share {_pct(data['weight_share'])}",
         )
         for key, cls in (
             ("entitled_share", "fq-tick-entitled"),
@@ -70,15 +85,9 @@ def _share_chart(levels: dict[str, Any]) -> dict[str, Any]:
         ):
             if data[key] is not None:
                 x = round(LABEL_W + BAR_W * data[key], 1)
-                chart["lines"].append({"x1": x, "x2": x, "y1": y + 1, "y2": y + 23, "cls": cls})
-        chart["texts"].append(
-            {
-                "x": LABEL_W + BAR_W + 8,
-                "y": y + 15,
-                "text": f"{_pct(data['share'])} of {_pct(data['entitled_share'])}",
-                "cls": "fq-chart-value",
-            }
-        )
+                _line(chart, x, x, y + 1, y + 23, cls)
+        value = f"{_pct(data['share'])} of {_pct(data['entitled_share'])}"
+        _text(chart, LABEL_W + BAR_W + 8, y + 15, value, "fq-chart-value")
     return chart
 
 
@@ -94,36 +103,21 @@ def _wait_chart(levels: dict[str, Any], max_wait_ms: int) -> dict[str, Any]:
     top = worst * 1.5
     for row, level in enumerate(LEVEL_NAMES):
         data, y = levels[level], row * ROW_H
-        chart["texts"].append({"x": 0, "y": y + 15, "text": level, "cls": "fq-chart-label"})
+        _text(chart, 0, y + 15, level)
         for key, cls, bar_y, bar_h in (
             ("p99_ms", "fq-bar fq-bar-p99", 4, 16),
             ("p50_ms", f"fq-bar fq-bar-{level}", 8, 8),
         ):
             if data[key] is not None:
-                chart["rects"].append(
-                    {
-                        "x": LABEL_W,
-                        "y": y + bar_y,
-                        "w": round(_log_x(data[key], top) - LABEL_W, 1),
-                        "h": bar_h,
-                        "cls": cls,
-                        "title": f"{level}: {key[:3]} {format_ms(data[key])}",
-                    }
-                )
+                w = round(_log_x(data[key], top) - LABEL_W, 1)
+                title = f"{level}: {key[:3]} {format_ms(data[key])}"
+                _rect(chart, LABEL_W, y + bar_y, w, bar_h, cls, title)
         bound_x = round(_log_x(max_wait_ms, top), 1)
-        chart["lines"].append(
-            {"x1": bound_x, "x2": bound_x, "y1": y, "y2": y + 24, "cls": "fq-bound"}
-        )
+        _line(chart, bound_x, bound_x, y, y + 24, "fq-bound")
         over = data["over_bound"]
-        chart["texts"].append(
-            {
-                "x": LABEL_W + BAR_W + 8,
-                "y": y + 15,
-                "text": f"{format_ms(data['p50_ms'])} / {format_ms(data['p99_ms'])}"
-                + (f" · {over} over" if over else ""),
-                "cls": "fq-chart-value",
-            }
-        )
+        value = f"{format_ms(data['p50_ms'])} / {format_ms(data['p99_ms'])}"
+        value += f" · {over} over" if over else ""
+        _text(chart, LABEL_W + BAR_W + 8, y + 15, value, "fq-chart-value")
     return chart
 
 
@@ -141,16 +135,8 @@ def _series_chart(series: list[dict[str, Any]], *, window_s: int, now_s: int) ->
             continue
         x = round(slot * slot_w, 2)
         if row.get("gap_ms"):
-            chart["rects"].append(
-                {
-                    "x": x,
-                    "y": 0,
-                    "w": round(slot_w, 2),
-                    "h": SERIES_H,
-                    "cls": "fq-gap",
-                    "title": f"{row['gap_ms']} ms of events not seen",
-                }
-            )
+            gap = f"{row['gap_ms']} ms of events not seen"
+            _rect(chart, x, 0, round(slot_w, 2), SERIES_H, "fq-gap", gap)
         bottom = float(SERIES_H)
         for level in LEVEL_NAMES:
             count = row["served"].get(level, 0)
@@ -158,28 +144,13 @@ def _series_chart(series: list[dict[str, Any]], *, window_s: int, now_s: int) ->
                 continue
             h = SERIES_H * count / most
             bottom -= h
-            chart["rects"].append(
-                {
-                    "x": x,
-                    "y": round(bottom, 2),
-                    "w": round(max(slot_w - 0.5, 0.5), 2),
-                    "h": round(h, 2),
-                    "cls": f"fq-bar fq-bar-{level}",
-                    "title": f"{level}: {count}",
-                }
-            )
-    chart["lines"].append(
-        {"x1": 0, "x2": CHART_W, "y1": SERIES_H, "y2": SERIES_H, "cls": "fq-axis"}
-    )
-    chart["texts"].append(
-        {"x": 0, "y": SERIES_H + 13, "text": f"-{window_s // 60} min", "cls": "fq-chart-label"}
-    )
-    chart["texts"].append(
-        {"x": CHART_W - 3 * CHAR_W, "y": SERIES_H + 13, "text": "now", "cls": "fq-chart-label"}
-    )
-    chart["texts"].append(
-        {"x": 2, "y": 10, "text": f"{most} / {BUCKET_S} s", "cls": "fq-chart-label"}
-    )
+            w = round(max(slot_w - 0.5, 0.5), 2)
+            bar = f"fq-bar fq-bar-{level}"
+            _rect(chart, x, round(bottom, 2), w, round(h, 2), bar, f"{level}: {count}")
+    _line(chart, 0, CHART_W, SERIES_H, SERIES_H, "fq-axis")
+    _text(chart, 0, SERIES_H + 13, f"-{window_s // 60} min")
+    _text(chart, CHART_W - 3 * CHAR_W, SERIES_H + 13, "now")
+    _text(chart, 2, 10, f"{most} / {BUCKET_S} s")
     return chart
 
 
@@ -249,28 +220,13 @@ def usage_chart(days: list[tuple[str, float]]) -> dict[str, Any]:
     chart["width"] = max(CHART_W, len(days) * USAGE_BAR_W + 8)
     for i, (day, seconds) in enumerate(days):
         h = round(USAGE_H * seconds / top, 1) if top else 0.0
-        chart["rects"].append(
-            {
-                "x": 4 + i * USAGE_BAR_W,
-                "y": round(14 + USAGE_H - h, 1),
-                "w": USAGE_BAR_W - 2,
-                "h": h,
-                "cls": "fq-bar fq-bar-usage",
-                "title": f"{day}: {seconds:.1f} worker seconds",
-            }
-        )
-    chart["lines"].append(
-        {"x1": 0, "x2": chart["width"], "y1": 14 + USAGE_H, "y2": 14 + USAGE_H, "cls": "fq-axis"}
-    )
-    chart["texts"].append(
-        {"x": 4, "y": 10, "text": f"busiest day {top:.1f} s", "cls": "fq-chart-value"}
-    )
+        title = f"{day}: {seconds:.1f} worker seconds"
+        x, y = 4 + i * USAGE_BAR_W, round(14 + USAGE_H - h, 1)
+        _rect(chart, x, y, USAGE_BAR_W - 2, h, "fq-bar fq-bar-usage", title)
+    _line(chart, 0, chart["width"], 14 + USAGE_H, 14 + USAGE_H, "fq-axis")
+    _text(chart, 4, 10, f"busiest day {top:.1f} s", "fq-chart-value")
     if days:
-        chart["texts"].append(
-            {"x": 4, "y": USAGE_H + 28, "text": days[0][0], "cls": "fq-chart-label"}
-        )
+        _text(chart, 4, USAGE_H + 28, days[0][0])
         last_x = max(4, 4 + len(days) * USAGE_BAR_W - round(CHAR_W * len(days[-1][0])))
-        chart["texts"].append(
-            {"x": last_x, "y": USAGE_H + 28, "text": days[-1][0], "cls": "fq-chart-label"}
-        )
+        _text(chart, last_x, USAGE_H + 28, days[-1][0])
     return chart

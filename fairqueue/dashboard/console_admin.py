@@ -23,6 +23,7 @@ from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
 from fairqueue.conf import get_settings
@@ -117,6 +118,17 @@ class ConsoleAdmin(admin.ModelAdmin):
             **trail(self.opts, first, *steps),
             **extra,
         }
+
+    def _show(
+        self,
+        request: HttpRequest,
+        template: str,
+        title: str,
+        *steps: tuple[str, str | None],
+        page: Any,
+    ) -> TemplateResponse:
+        """``template`` with :meth:`_context`, its data the frozen dataclass ``page``."""
+        return TemplateResponse(request, template, self._context(request, title, *steps, page=page))
 
     def _log(self, request: HttpRequest, job_type: str, message: str) -> None:
         """One admin log row per use of an action (no model row exists to point at)."""

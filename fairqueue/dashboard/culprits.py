@@ -114,24 +114,13 @@ def verdict(facts: TenantFacts) -> tuple[Finding, ...]:
                 LIMITS,
             )
         )
-    if facts.p99_ms is not None and facts.p99_ms > facts.max_wait_ms:
-        found.append(
-            Finding(
-                RED,
-                "p99",
-                f"Its wait p99 over the last {facts.p99_minutes} min is "
-                f"{format_duration(facts.p99_ms)}, over the {bound} bound.",
-            )
+    if facts.p99_ms is not None:
+        over = facts.p99_ms > facts.max_wait_ms
+        text = (
+            f"Its wait p99 over the last {facts.p99_minutes} min is "
+            f"{format_duration(facts.p99_ms)}, {'over' if over else 'within'} the {bound} bound."
         )
-    elif facts.p99_ms is not None:
-        found.append(
-            Finding(
-                OK,
-                "p99",
-                f"Its wait p99 over the last {facts.p99_minutes} min is "
-                f"{format_duration(facts.p99_ms)}, within the {bound} bound.",
-            )
-        )
+        found.append(Finding(RED if over else OK, "p99", text))
     found += _holds(facts)
     if facts.failing:
         failed, attempts = facts.failing["failed"], facts.failing["attempts"]

@@ -16,7 +16,6 @@ from dataclasses import dataclass, replace
 
 from django.contrib import messages
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
-from django.template.response import TemplateResponse
 from django.urls import URLPattern
 
 from fairqueue.broker import (
@@ -275,14 +274,14 @@ class JobViews(ConsolePage):
         )
         if detail is not None:
             page = self._shown(page, queue, detail)
-        context = self.admin._context(
+        return self.admin._show(
             request,
+            "fairqueue/job_detail.html",
             f"Job {job_id} of {job_type}",
             (job_type, queue_url),
             (f"job {job_id}", None),
             page=page,
         )
-        return TemplateResponse(request, "fairqueue/job_detail.html", context)
 
     def _shown(self, page: JobPage, queue: str, detail: JobDetail) -> JobPage:
         """``page`` with what Redis holds of the job."""
@@ -340,18 +339,15 @@ class JobViews(ConsolePage):
                 error = redis_trouble(exc, "job search")
             if len(found) == 1:
                 return HttpResponseRedirect(self.admin._url("job", found[0], job_id))
-        return TemplateResponse(
+        return self.admin._show(
             request,
             "fairqueue/job_search.html",
-            self.admin._context(
-                request,
-                "Find a job",
-                ("jobs", None),
-                page=JobSearch(
-                    job_id=job_id,
-                    found=tuple((jt, self.admin._url("job", jt, job_id)) for jt in found),
-                    redis_error=error,
-                ),
+            "Find a job",
+            ("jobs", None),
+            page=JobSearch(
+                job_id=job_id,
+                found=tuple((jt, self.admin._url("job", jt, job_id)) for jt in found),
+                redis_error=error,
             ),
         )
 
@@ -419,17 +415,14 @@ class JobViews(ConsolePage):
     ) -> HttpResponse:
         """The confirmation page of a one-job action (GET never acts)."""
         job_url = self.admin._url("job", job_type, job_id)
-        return TemplateResponse(
+        return self.admin._show(
             request,
             "fairqueue/tenant_confirm.html",
-            self.admin._context(
-                request,
-                f"{action.capitalize()} job {job_id}?",
-                (job_type, self.admin._url("queue", job_type)),
-                (f"job {job_id}", job_url),
-                (action, None),
-                page=ActionConfirm(
-                    touches=touches, action=action, tenant_id=f"job {job_id}", tenant_url=job_url
-                ),
+            f"{action.capitalize()} job {job_id}?",
+            (job_type, self.admin._url("queue", job_type)),
+            (f"job {job_id}", job_url),
+            (action, None),
+            page=ActionConfirm(
+                touches=touches, action=action, tenant_id=f"job {job_id}", tenant_url=job_url
             ),
         )

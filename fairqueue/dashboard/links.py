@@ -10,6 +10,7 @@ from typing import Any
 from django.urls import reverse
 
 from fairqueue.dashboard.account_rows import link_accounts
+from fairqueue.dashboard.tenant_routes import account_url
 from fairqueue.dashboard.tenant_routes import tenant_url as route_url
 from fairqueue.dashboard.wording import NO_TENANT
 from fairqueue.scheduling.levels import INTERNAL_TENANT
@@ -44,6 +45,8 @@ def link_stats(stats: dict[str, Any]) -> dict[str, Any]:
     _tenant_rows(stats["history"]["tenants"])
     link_accounts(stats.get("accounts", []))
     _tenant_rows((stats.get("noisy") or {}).get("tenants", []))
+    for row in (stats.get("noisy") or {}).get("accounts", []):
+        row["account_url"] = account_url(row["account"])
     _tenant_rows(stats["limits"]["tenants"])
     _tenant_rows(stats.get("overdue_flows", []))
     failures = stats.get("failures") or {}

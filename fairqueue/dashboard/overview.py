@@ -6,7 +6,8 @@ own), plus the noisy neighbours of each queue.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -14,9 +15,10 @@ from fairqueue.broker import Broker, SyncBroker
 from fairqueue.conf import get_settings
 from fairqueue.dashboard.queue_figures import QueueStats
 from fairqueue.dashboard.wording import tenant_words
-from fairqueue.enqueue.status import level_share_of
+from fairqueue.enqueue.status import TenantAccount, account_level_share_of, level_share_of
+from fairqueue.scheduling.hierarchy import ACCOUNT_MARK
 from fairqueue.scheduling.levels import DEFAULT_TENANT, INTERNAL_TENANT, PriorityLevel
-from fairqueue.scheduling.noisy import NOISY_MIN, FlowWeight, noisy_tenants
+from fairqueue.scheduling.noisy import NOISY_MIN, FlowWeight, noisy_accounts, noisy_tenants
 
 #: Attention levels, most urgent first.
 RED: Final = "red"
@@ -80,42 +82,81 @@ def noisy_figures(job_type: str, *, broker: SyncBroker) -> dict[str, Any]:
 
 
 async def entitled_now(
-    broker: Broker, queue: str, flows: Mapping[tuple[str, str], FlowWeight]
+    broker: Broker,
+    queue: str,
+    flows: Mapping[tuple[str, str], FlowWeight],
+    accounts: Mapping[str, TenantAccount] | None = None,
+    of_accounts: Iterable[tuple[str, TenantAccount]] = (),
 ) -> dict[tuple[str, str], float | None]:
     """What each of ``flows`` ((level, tenant) -> its counted weight) is entitled to now:
     its max-min share of its level given who is asking, the figure its tenant page shows
     (:func:`fairqueue.enqueue.status.level_share_of`, ``None``: no service rate measured
-    yet). One read-only estimate read for them all (who is asking is the same whoever
-    asks), then pure arithmetic per flow."""
-    if not flows:
+    yet), in its account (``accounts``: tenant -> (account id, weight), for tenants the
+    read finds none); and each of ``of_accounts`` ((level, (account id, weight))), keyed
+    (level, ``ACCOUNT_MARK`` + account id): the account's share of its level, all its
+    flows asking. One read-only estimate read for them all (who is asking is the same
+    whoever asks), then pure arithmetic per flow."""
+    wanted = list(of_accounts)
+    if not flows and not wanted:
         return {}
-    (level, tenant), first = next(iter(flows.items()))
-    reads = broker.status
-    raw = await reads.estimate(
-        queue, level=PriorityLevel(level), tenant=tenant, tenant_weight=first.weight
+    (level, tenant), first = next(iter(flows.items()), (("normal", DEFAULT_TENANT), None))
+    raw = await broker.status.estimate(
+        queue,
+        level=PriorityLevel(level),
+        tenant=tenant,
+        tenant_weight=first.weight if first else 1,
     )
-    return {
-        (level, tenant): level_share_of(raw, PriorityLevel(level), tenant, flow.weight)
+    found: dict[tuple[str, str], float | None] = {
+        (level, tenant): level_share_of(raw, PriorityLevel(level), tenant, flow.weight, accounts)
         for (level, tenant), flow in flows.items()
     }
+    for level, account in wanted:
+        found[(level, ACCOUNT_MARK + account[0])] = account_level_share_of(
+            raw, PriorityLevel(level), account, accounts
+        )
+    return found
 
 
 async def anoisy_figures(job_type: str, *, broker: Broker) -> dict[str, Any]:
     """:func:`noisy_figures` on ``broker``'s event loop: each running tenant's share of
-    its level's running jobs against what it is entitled to now (:func:`entitled_now`)."""
+    its level's running jobs against what it is entitled to now (:func:`entitled_now`),
+    and each running account's (its tenants' together) against the account's."""
     queue = get_settings().queue_for(job_type)
-    running, level_weights, flows, accounts = await broker.console.in_flight(queue)
+    now = await broker.console.in_flight(queue)
     asking = {
-        key: flows.get(key, FlowWeight(1, False))
-        for key, count in running.items()
+        key: now.flows.get(key, FlowWeight(1, False))
+        for key, count in now.running.items()
         if count >= NOISY_MIN
     }
-    entitled = await entitled_now(broker, queue, asking)
-    found = noisy_tenants(running, level_weights, flows, entitled)
+    weights = {account: flow.weight for (_, account), flow in now.account_flows.items()}
+    accounts = {
+        tenant: (account, weights.get(account, 1)) for tenant, account in now.accounts.items()
+    }
+    entitled = await entitled_now(
+        broker,
+        queue,
+        asking,
+        accounts,
+        [(level, (account, weights[account])) for level, account in now.account_flows],
+    )
+    worked = None
+    if get_settings().fairness_by == "time":  # judged by worker time too (scheduling/noisy)
+        worked = await broker.history.recent_worker_shares(
+            queue, list(asking), now_s=int(time.time()), running_ms=now.ran_ms
+        )
+    found = noisy_tenants(now.running, now.level_weights, now.flows, entitled, worked)
+    loud = noisy_accounts(
+        now.running,
+        now.level_weights,
+        now.accounts,
+        now.account_flows,
+        {(lv, key[1:]): share for (lv, key), share in entitled.items() if key[:1] == ACCOUNT_MARK},
+    )
     return {
         "count": len(found),
-        # accounts running jobs now (counted: no id leaves for /metrics)
-        "accounts_running": accounts,
+        # accounts running jobs now, and noisy ones (counted: no id leaves for /metrics)
+        "accounts_running": now.accounts_running,
+        "accounts_count": len(loud),
         "tenants": [
             {
                 "level": n.level,
@@ -131,6 +172,19 @@ async def anoisy_figures(job_type: str, *, broker: Broker) -> dict[str, Any]:
             }
             for n in found[:10]
         ],
+        "accounts": [
+            {
+                "level": n.level,
+                "account": n.account,
+                "tenants": n.tenants,
+                "running": n.running,
+                "level_running": n.level_running,
+                "share": f"{100 * n.share:.0f}%",
+                "entitled": f"{100 * n.entitled:.0f}%" + ("" if n.measured else " by weight"),
+                "factor": f"{n.share / n.entitled:.1f}" if n.entitled else "—",
+            }
+            for n in loud[:10]
+        ],
     }
 
 
@@ -142,16 +196,22 @@ def _when(at: dt.datetime | None) -> str:
     return at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M UTC") if at is not None else ""
 
 
-def plans_attention(tenant_url: Callable[[str], str]) -> PlansAttention:
-    """The tenants near or over quota (:func:`fairqueue.usage.quotas.quota_status`) and
-    the open breakers (:func:`fairqueue.usage.breaker.breaker_status`), from the database,
-    for the
+def plans_attention(
+    tenant_url: Callable[[str], str], account_url: Callable[[str], str] | None = None
+) -> PlansAttention:
+    """The tenants and accounts near or over quota
+    (:func:`fairqueue.usage.quotas.quota_status`,
+    :func:`fairqueue.usage.account_quotas.account_quota_status`; an account's row has
+    ``account_id`` and its page's ``url``) and the open breakers
+    (:func:`fairqueue.usage.breaker.breaker_status`), from the database, for the
     overview. Never raises: a failed read shows as ``error`` (the exception's class)."""
+    from fairqueue.usage.account_quotas import account_quota_status
     from fairqueue.usage.breaker import breaker_status
     from fairqueue.usage.quotas import quota_status
 
     try:
         quotas = quota_status(limit=PLANS_LISTED)
+        accounts = account_quota_status(limit=PLANS_LISTED)
         breakers = breaker_status(limit=PLANS_LISTED)
     except Exception as exc:  # the overview shows the queues whatever the database does
         return PlansAttention(error=type(exc).__name__)
@@ -159,11 +219,13 @@ def plans_attention(tenant_url: Callable[[str], str]) -> PlansAttention:
         quotas=tuple(
             {
                 **row,
-                "url": tenant_url(row["tenant_id"]),
+                "url": tenant_url(row["tenant_id"])
+                if "tenant_id" in row
+                else (account_url(row["account_id"]) if account_url else ""),
                 "share_pct": f"{100 * row['share']:.0f}%",
                 "until_text": _when(row["until"]),
             }
-            for row in quotas
+            for row in sorted([*quotas, *accounts], key=lambda r: -r["share"])[:PLANS_LISTED]
         ),
         breakers=tuple(
             {
@@ -203,6 +265,8 @@ def attention(stats: QueueStats, queue_url: str = "") -> list[AttentionItem]:
     noisy = stats.noisy or {}
     if noisy.get("count"):
         items.append(item(AMBER, f"{noisy['count']} noisy tenant(s)", "noisy"))
+    if noisy.get("accounts_count"):
+        items.append(item(AMBER, f"{noisy['accounts_count']} noisy account(s)", "noisy"))
     if stats.limits["paused"]:
         items.append(item(AMBER, f"{stats.limits['paused']} tenant(s) paused", "limits"))
     held = stats.limits["held_total"]

@@ -22,7 +22,6 @@ from django.http import (
     HttpResponseRedirect,
     JsonResponse,
 )
-from django.template.response import TemplateResponse
 from django.urls import URLPattern
 
 from fairqueue.broker import STATUS_TENANTS, get_sync_broker
@@ -44,8 +43,8 @@ from fairqueue.dashboard.overview import (
     plans_attention,
 )
 from fairqueue.dashboard.queue_figures import QueueStats
-from fairqueue.dashboard.stats import clamp_page, queues_stats
-from fairqueue.dashboard.tenant_routes import tenant_url
+from fairqueue.dashboard.stats import StatsAsk, clamp_page, queues_stats
+from fairqueue.dashboard.tenant_routes import account_url, tenant_url
 from fairqueue.dashboard.wording import format_duration, format_time
 from fairqueue.exceptions import BrokerError, BrokerUnavailableError
 from fairqueue.rebalance.pass_result import LAST_RUN_RECORD
@@ -147,13 +146,8 @@ class QueueViews(ConsolePage):
         can_rebalance = request.user.has_perm(PERM_REBALANCE)
         minutes = clamp_window_min(request.GET.get("history_minutes"))
         try:
-            found = queues_stats(
-                job_types,
-                page=page,
-                per_page=per_page,
-                history_minutes=minutes,
-                listed=_listed(job_types),
-            )
+            ask = StatsAsk(page, per_page, history_minutes=minutes, listed=_listed(job_types))
+            found = queues_stats(job_types, ask)
         except BrokerError as exc:
             return (), redis_trouble(exc, "page")
         url = self.admin._url
@@ -188,7 +182,11 @@ class QueueViews(ConsolePage):
                     [(s.stats.history["served_total"], s.stats.accounts) for s in sections]
                 )
             ),
-            plans=None if single else plans_attention(lambda t: tenant_url(t, site=site)),
+            plans=None
+            if single
+            else plans_attention(
+                lambda t: tenant_url(t, site=site), lambda a: account_url(a, site=site)
+            ),
             overview_read_at=sections[0].stats.read_at["at"] if sections else "",
             max_wait=format_duration(get_settings().max_wait_ms),
             tenants_url=url("tenants"),
@@ -205,11 +203,7 @@ class QueueViews(ConsolePage):
         )
         title = f"Fair queue: {single}" if single else "Fair queue dashboard"
         steps = [(single, None)] if single else []
-        return TemplateResponse(
-            request,
-            "fairqueue/dashboard.html",
-            self.admin._context(request, title, *steps, page=shown),
-        )
+        return self.admin._show(request, "fairqueue/dashboard.html", title, *steps, page=shown)
 
     def dashboard_view(self, request: HttpRequest) -> HttpResponse:
         """Every configured queue, each with the first page of its waiting order."""
@@ -237,13 +231,9 @@ class QueueViews(ConsolePage):
         else:
             job_types = list(get_settings().queues)
         try:
-            queues = queues_stats(
-                job_types,
-                page=page,
-                per_page=per_page,
-                history_minutes=minutes,
-                listed=_listed([job_type] if job_type else job_types),
-            )
+            listed = _listed([job_type] if job_type else job_types)
+            ask = StatsAsk(page, per_page, history_minutes=minutes, listed=listed)
+            queues = queues_stats(job_types, ask)
         except BrokerError as exc:
             error = redis_trouble(exc, "json")
             state = "unreachable" if isinstance(exc, BrokerUnavailableError) else "error"
@@ -292,16 +282,13 @@ class QueueViews(ConsolePage):
             last_pass_by=(last_pass or {}).get("by"),
             redis_error=error,
         )
-        return TemplateResponse(
+        return self.admin._show(
             request,
             "fairqueue/confirm.html",
-            self.admin._context(
-                request,
-                f"Run one rebalance pass over {job_type}?",
-                (job_type, queue_url),
-                ("run one pass", None),
-                page=shown,
-            ),
+            f"Run one rebalance pass over {job_type}?",
+            (job_type, queue_url),
+            ("run one pass", None),
+            page=shown,
         )
 
     def _run_pass(self, request: HttpRequest, job_type: str, queue_url: str) -> HttpResponse:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from fairqueue.broker import (
@@ -64,7 +64,6 @@ from fairqueue.scheduling.shares import (
 DEFAULT_PER_PAGE: Final = 20
 MAX_PER_PAGE: Final = 200
 TOP_TENANTS: Final = 5
-STATES: Final = ("wait", "prioritized", "active", "delayed", "failed", "completed")
 
 
 def clamp_page(page: object, per_page: object) -> tuple[int, int]:
@@ -85,65 +84,43 @@ def clamp_page(page: object, per_page: object) -> tuple[int, int]:
 # -- the stats ----------------------------------------------------------------------------
 
 
-def queue_stats(
-    job_type: str,
-    *,
-    page: int = 1,
-    per_page: int = DEFAULT_PER_PAGE,
-    now_ms: int | None = None,
-    sync_scan_limit: int = SYNC_SCAN_LIMIT,
-    history_minutes: int = DEFAULT_WINDOW_MIN,
-    listed: int = STATUS_TENANTS,
-) -> dict[str, Any]:
-    """Everything the dashboard shows about ``job_type``'s queue (sync callers);
-    ``listed``: limited tenants listed at most (their totals count every one).
+@dataclass(frozen=True, slots=True)
+class StatsAsk:
+    """What a caller asks of the stats (:func:`queue_stats`' keyword arguments)."""
+
+    page: int = 1
+    per_page: int = DEFAULT_PER_PAGE
+    now_ms: int | None = None
+    sync_scan_limit: int = SYNC_SCAN_LIMIT
+    history_minutes: int = DEFAULT_WINDOW_MIN
+    #: Limited tenants listed at most (their totals count every one).
+    listed: int = STATUS_TENANTS
+
+
+def queue_stats(job_type: str, **ask: Any) -> dict[str, Any]:
+    """Everything the dashboard shows about ``job_type``'s queue (sync callers); ``ask``:
+    the fields of :class:`StatsAsk`.
 
     Raises:
         UnknownJobTypeError: ``job_type`` is not configured.
         BrokerUnavailableError: Redis could not be reached.
         BrokerRejectedError: Redis answered with an error (e.g. out of memory).
     """
-    return queues_stats(
-        [job_type],
-        page=page,
-        per_page=per_page,
-        now_ms=now_ms,
-        sync_scan_limit=sync_scan_limit,
-        history_minutes=history_minutes,
-        listed=listed,
-    )[0]
+    return queues_stats([job_type], StatsAsk(**ask))[0]
 
 
-def queues_stats(
-    job_types: list[str],
-    *,
-    page: int = 1,
-    per_page: int = DEFAULT_PER_PAGE,
-    now_ms: int | None = None,
-    sync_scan_limit: int = SYNC_SCAN_LIMIT,
-    history_minutes: int = DEFAULT_WINDOW_MIN,
-    listed: int = STATUS_TENANTS,
-) -> list[dict[str, Any]]:
+def queues_stats(job_types: list[str], ask: StatsAsk) -> list[dict[str, Any]]:
     """:func:`queue_stats` of each of ``job_types``, read at once on the broker's loop
     (one gather: a queue's reads wait for Redis while the others' are parsed), all as
     of one moment's clock. Raises as :func:`queue_stats`."""
     sync_broker = get_sync_broker()
-    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-
-    minutes = clamp_window_min(history_minutes)
+    now_ms = int(time.time() * 1000) if ask.now_ms is None else ask.now_ms
+    ask = replace(ask, now_ms=now_ms)
+    minutes = clamp_window_min(ask.history_minutes)
 
     async def one(job_type: str) -> dict[str, Any]:
         stats, noisy, failures = await asyncio.gather(
-            aqueue_stats(
-                job_type,
-                page=page,
-                per_page=per_page,
-                now_ms=now_ms,
-                sync_scan_limit=sync_scan_limit,
-                history_minutes=history_minutes,
-                listed=listed,
-                broker=sync_broker.broker,
-            ),
+            aqueue_stats(job_type, ask, broker=sync_broker.broker),
             anoisy_figures(job_type, broker=sync_broker.broker),
             queue_failures(
                 sync_broker.broker,
@@ -177,41 +154,31 @@ def outbox_figures(job_type: str) -> dict[str, Any]:
     return {**found, "oldest_age": format_duration(age_ms if isinstance(age_ms, int) else None)}
 
 
-async def aqueue_stats(
-    job_type: str,
-    *,
-    broker: Broker,
-    page: int = 1,
-    per_page: int = DEFAULT_PER_PAGE,
-    now_ms: int | None = None,
-    sync_scan_limit: int = SYNC_SCAN_LIMIT,
-    history_minutes: int = DEFAULT_WINDOW_MIN,
-    listed: int = STATUS_TENANTS,
-) -> dict[str, Any]:
+async def aqueue_stats(job_type: str, ask: StatsAsk, *, broker: Broker) -> dict[str, Any]:
     """:func:`queue_stats` for async callers, on ``broker``'s event loop (without the
     outbox, noisy and account figures, which :func:`queue_stats` adds from it)."""
     settings = get_settings()
     queue = settings.queue_for(job_type)
-    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    now_ms = int(time.time() * 1000) if ask.now_ms is None else ask.now_ms
     max_wait_ms = settings.max_wait_ms
-    window = settings.rebalance_window
-    page, per_page = clamp_page(page, per_page)
-    start = (page - 1) * per_page
+    page, per_page = clamp_page(ask.page, ask.per_page)
+    minutes = clamp_window_min(ask.history_minutes)
 
     reads = await _read_queue(
         broker,
         queue,
-        start=start,
+        start=(page - 1) * per_page,
         per_page=per_page,
-        window=window,
+        window=settings.rebalance_window,
         now_ms=now_ms,
-        history_minutes=history_minutes,
-        listed=listed,
+        window_s=minutes * 60,
+        listed=ask.listed,
     )
     counts = reads.counts
     total = waiting_of(counts)
+    limit = ask.sync_scan_limit
     scan, backlog = await read_checked_backlog(
-        broker, queue, counts, now_ms=now_ms, max_wait_ms=max_wait_ms, sync_limit=sync_scan_limit
+        broker, queue, counts, now_ms=now_ms, max_wait_ms=max_wait_ms, sync_limit=limit
     )
 
     levels = _levels(scan, now_ms=now_ms, max_wait_ms=max_wait_ms)
@@ -245,7 +212,7 @@ async def aqueue_stats(
             scan,
             now_ms=now_ms,
             max_wait_ms=max_wait_ms,
-            minutes=clamp_window_min(history_minutes),
+            minutes=minutes,
         ),
     }
     stats["warnings"] = queue_warnings(stats)
@@ -277,7 +244,7 @@ async def _read_queue(
     per_page: int,
     window: int,
     now_ms: int,
-    history_minutes: int,
+    window_s: int,
     listed: int,
 ) -> _QueueReads:
     counts, last_pass, lock, head, rows = await asyncio.gather(
@@ -289,9 +256,7 @@ async def _read_queue(
         broker.dashboard.read_page(queue, start=start, count=per_page),
     )
     recorded, paused, memory, limited, workers = await asyncio.gather(
-        broker.history.read_history(
-            queue, now_s=now_ms // 1000, window_s=clamp_window_min(history_minutes) * 60
-        ),
+        broker.history.read_history(queue, now_s=now_ms // 1000, window_s=window_s),
         broker.dashboard.is_paused(queue),
         broker.dashboard.memory_state(),
         broker.limits.status(queue, listed=listed, held_ids=HELD_JOBS_SHOWN),

@@ -184,7 +184,7 @@ async def atenant_queue(
     }
     buckets = [parse_bucket(start, f, t) for start, (f, t) in recorded.buckets.items()]
     waiting_total = None if scan is None else sum(v or 0 for v in waiting.values())
-    waits = _waits(mine, buckets, now_s=now_s)
+    started, waits = _windows(mine, buckets, now_s=now_s)
     facts = _facts(tenant_id, scan, waiting_total, waits, jobs, noisy, failures)
     return {
         "facts": facts,
@@ -196,7 +196,7 @@ async def atenant_queue(
         "waiting_total": waiting_total,
         "backlog": backlog,
         **_jobs(jobs, now_ms=now_ms),
-        "started": _started(mine, buckets, now_s=now_s),
+        "started": started,
         "waits": waits,
         # the weight its flows count in Redis now, beside their level's total
         "weights": tuple(
@@ -288,42 +288,30 @@ def _jobs(jobs: TenantJobs, *, now_ms: int) -> dict[str, Any]:
     }
 
 
-def _started(
+def _windows(
     mine: dict[int, dict[str, str]], buckets: list[Any], *, now_s: int
-) -> list[dict[str, Any]]:
-    """Attempts it started per window (from its own per-minute counts: every attempt,
-    whatever the number of tenants), and its share of each level's starts."""
-    rows = []
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Per window, from its own per-minute counts (every attempt, whatever the number of
+    tenants): the attempts it started and its share of each level's starts; its wait
+    p50/p99 (from its own wait histogram, within one bin: about 19%) and per level its
+    share of the level's worker time (``worker_share``: the text
+    :func:`with_entitlement` completes)."""
+    started, waits = [], []
     for minutes in WINDOWS_MIN:
         row = tenant_window(mine, buckets, now_s=now_s, minutes=minutes, bucket_s=TENANT_BUCKET_S)
         shares = [
-            f"{100 * started['share']:.0f}% of {level}'s {started['level_count']}"
-            for level, started in row["started"].items()
-            if started["share"] is not None
+            f"{100 * level_started['share']:.0f}% of {level}'s {level_started['level_count']}"
+            for level, level_started in row["started"].items()
+            if level_started["share"] is not None
         ]
-        rows.append(
+        started.append(
             {
                 "minutes": minutes,
-                "started": sum(started["count"] for started in row["started"].values()),
+                "started": sum(level["count"] for level in row["started"].values()),
                 "share": "; ".join(shares) or "—",
             }
         )
-    return rows
-
-
-def _waits(
-    mine: dict[int, dict[str, str]],
-    buckets: list[Any],
-    *,
-    now_s: int,
-) -> list[dict[str, Any]]:
-    """Per window its wait p50/p99 (from its own wait histogram, within one bin: about
-    19%) and per level its share of the level's worker time (``worker_share``: the text
-    :func:`with_entitlement` completes)."""
-    rows = []
-    for minutes in WINDOWS_MIN:
-        row = tenant_window(mine, buckets, now_s=now_s, minutes=minutes, bucket_s=TENANT_BUCKET_S)
-        rows.append(
+        waits.append(
             {
                 "minutes": minutes,
                 "waits": row["waits"],
@@ -335,7 +323,7 @@ def _waits(
                 "worker_share": _worker_share(row["worker"], {}),
             }
         )
-    return rows
+    return started, waits
 
 
 def _worker_share(worker: dict[str, Any], entitled: dict[str, float | None]) -> str:

@@ -19,7 +19,6 @@ from django.contrib import messages
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.contenttypes.models import ContentType
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
-from django.template.response import TemplateResponse
 from django.urls import URLPattern, reverse
 from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 
@@ -175,15 +174,12 @@ class TenantViews(ConsolePage):
                 exact_url = self._tenant_url(validate_tenant_id(query, none_allowed=False))
             except InvalidTenantError:
                 exact_url = ""
-        return TemplateResponse(
+        return self.admin._show(
             request,
             "fairqueue/tenant_search.html",
-            self.admin._context(
-                request,
-                "Find a tenant",
-                ("tenants", None),
-                page=TenantSearch(query=query, rows=rows, limit=SEARCH_LIMIT, exact_url=exact_url),
-            ),
+            "Find a tenant",
+            ("tenants", None),
+            page=TenantSearch(query=query, rows=rows, limit=SEARCH_LIMIT, exact_url=exact_url),
         )
 
     # -- the page ---------------------------------------------------------------------
@@ -198,44 +194,39 @@ class TenantViews(ConsolePage):
         except BrokerError as exc:
             error = redis_trouble(exc, "tenant")
         audits = tuple(TenantPauseAudit.objects.filter(tenant_id=tenant_id)[:5])
-        return TemplateResponse(
+        return self.admin._show(
             request,
             "fairqueue/tenant.html",
-            self.admin._context(
-                request,
-                f"Tenant {tenant_id}",
-                ("tenants", self.admin._url("tenants")),
-                (tenant_id, None),
-                page=TenantPage(
-                    tenant_id=tenant_id,
-                    plan=plan,
-                    plan_limits=limits_in_words(plan.own_limits()) if plan else (),
-                    level=effective_level(plan),
-                    data=data,
-                    redis_error=error,
-                    audits=audits,
-                    # Redis's word when it answered (a tenant may be paused without a row).
-                    paused=(
-                        any(q.paused for q in data.queues) if data else bool(plan and plan.paused)
-                    ),
-                    can_act=request.user.has_perm(PERM_ACT),
-                    plan_url=(
-                        reverse("admin:fairqueue_tenantplan_change", args=[plan.pk]) if plan else ""
-                    ),
-                    account_url=(
-                        account_url(plan.account_id, site=self.admin.admin_site.name)
-                        if plan and plan.account_id
-                        else ""
-                    ),
-                    add_plan_url=reverse("admin:fairqueue_tenantplan_add")
-                    + "?"
-                    + urlencode({"tenant_id": tenant_id}),
-                    action_urls={a: self._tenant_url(tenant_id, a) for a in ACTIONS},
-                    limits_url=self._tenant_url(tenant_id, "limits"),
-                    job_url_template=self.admin._url("job", "__type__", "__id__"),
-                    max_wait_ms=get_settings().max_wait_ms,
-                    max_wait=format_duration(get_settings().max_wait_ms),
+            f"Tenant {tenant_id}",
+            ("tenants", self.admin._url("tenants")),
+            (tenant_id, None),
+            page=TenantPage(
+                tenant_id=tenant_id,
+                plan=plan,
+                plan_limits=limits_in_words(plan.own_limits()) if plan else (),
+                level=effective_level(plan),
+                data=data,
+                redis_error=error,
+                audits=audits,
+                # Redis's word when it answered (a tenant may be paused without a row).
+                paused=(any(q.paused for q in data.queues) if data else bool(plan and plan.paused)),
+                can_act=request.user.has_perm(PERM_ACT),
+                plan_url=(
+                    reverse("admin:fairqueue_tenantplan_change", args=[plan.pk]) if plan else ""
                 ),
+                account_url=(
+                    account_url(plan.account_id, site=self.admin.admin_site.name)
+                    if plan and plan.account_id
+                    else ""
+                ),
+                add_plan_url=reverse("admin:fairqueue_tenantplan_add")
+                + "?"
+                + urlencode({"tenant_id": tenant_id}),
+                action_urls={a: self._tenant_url(tenant_id, a) for a in ACTIONS},
+                limits_url=self._tenant_url(tenant_id, "limits"),
+                job_url_template=self.admin._url("job", "__type__", "__id__"),
+                max_wait_ms=get_settings().max_wait_ms,
+                max_wait=format_duration(get_settings().max_wait_ms),
             ),
         )
 
@@ -270,19 +261,14 @@ class TenantViews(ConsolePage):
                     "share and places its waiting jobs again.",
                 )
             return HttpResponseRedirect(self._tenant_url(tenant_id))
-        return TemplateResponse(
+        return self.admin._show(
             request,
             "fairqueue/tenant_limits.html",
-            self.admin._context(
-                request,
-                f"Weight and limits of {tenant_id}",
-                ("tenants", self.admin._url("tenants")),
-                (tenant_id, self._tenant_url(tenant_id)),
-                ("weight and limits", None),
-                page=LimitsPage(
-                    tenant_id=tenant_id, form=form, tenant_url=self._tenant_url(tenant_id)
-                ),
-            ),
+            f"Weight and limits of {tenant_id}",
+            ("tenants", self.admin._url("tenants")),
+            (tenant_id, self._tenant_url(tenant_id)),
+            ("weight and limits", None),
+            page=LimitsPage(tenant_id=tenant_id, form=form, tenant_url=self._tenant_url(tenant_id)),
         )
 
     # -- actions ------------------------------------------------------------------------
@@ -308,18 +294,15 @@ class TenantViews(ConsolePage):
             messages.success(request, done)
             return HttpResponseRedirect(back)
         touches = self._touches(tenant_id, action)
-        return TemplateResponse(
+        return self.admin._show(
             request,
             "fairqueue/tenant_confirm.html",
-            self.admin._context(
-                request,
-                f"{action.capitalize()} {tenant_id}?",
-                ("tenants", self.admin._url("tenants")),
-                (tenant_id, page_url),
-                (action, None),
-                page=ActionConfirm(
-                    touches=touches, action=action, tenant_id=tenant_id, tenant_url=back
-                ),
+            f"{action.capitalize()} {tenant_id}?",
+            ("tenants", self.admin._url("tenants")),
+            (tenant_id, page_url),
+            (action, None),
+            page=ActionConfirm(
+                touches=touches, action=action, tenant_id=tenant_id, tenant_url=back
             ),
         )
 

@@ -22,6 +22,7 @@ from fairqueue.enqueue.priority import (
     Absent,
     PriorityRule,
     ResolvedPriority,
+    resolve_account_limits,
     resolve_priority,
     resolve_tenant_limits,
 )
@@ -34,7 +35,7 @@ from fairqueue.exceptions import (
 from fairqueue.scheduling.estimate import StartEstimate
 from fairqueue.scheduling.levels import DEFAULT_TENANT_WEIGHT, PriorityLevel
 from fairqueue.scheduling.limits import NO_LIMITS, TenantLimits
-from fairqueue.scheduling.wire import add_encoded_limits
+from fairqueue.scheduling.wire import add_encoded_limits, encoded_limits
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +86,8 @@ class Prepared:
     resolved: ResolvedPriority
     audit: dict[str, Any] | None
     limits: TenantLimits | None = None
+    #: Its account's limits (``None``: none).
+    account_limits: TenantLimits | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +104,8 @@ class Call:
     #: The tenant's limits, resolved once per call (``None``: it has none, the common
     #: case, which costs nothing more).
     limits: TenantLimits | None = None
+    #: Its account's limits (``None``: no account, or one without limits).
+    account_limits: TenantLimits | None = None
 
 
 #: Modules between a caller and the enqueue: the warning below points past them.
@@ -207,8 +212,18 @@ def resolve_call(
             actor=actor,
         )
     limits = resolve_tenant_limits(resolved) if tenant_job else NO_LIMITS
+    of_account = resolve_account_limits(resolved.account_id)
     return Call(
-        job_type, queue, resolved, parsed_backoff, cost_ms, audit, limits if limits.holds else None
+        job_type,
+        queue,
+        resolved,
+        parsed_backoff,
+        cost_ms,
+        audit,
+        # a tenant of an account with limits is held like a limited tenant (maybe with no
+        # limits of its own): its account's limits are decided where its holds are
+        limits if limits.holds or of_account is not None else None,
+        of_account,
     )
 
 
@@ -242,10 +257,14 @@ def prepare_job(
             limits=None if call.limits is None else add_encoded_limits(call.limits),
             account=resolved.account_id,
             account_weight=resolved.account_weight,
+            account_limits=(
+                None if call.account_limits is None else encoded_limits(call.account_limits)
+            ),
         ),
         resolved=resolved,
         audit=call.audit,
         limits=call.limits,
+        account_limits=call.account_limits,
     )
 
 

@@ -13,8 +13,9 @@ from django.db.models import Q
 from fairqueue.broker import get_sync_broker
 from fairqueue.enqueue.calls import EnqueuedJob, Prepared, result
 from fairqueue.enqueue.priority import ResolvedPriority
-from fairqueue.exceptions import TenantBacklogFullError
+from fairqueue.exceptions import AccountBacklogFullError, TenantBacklogFullError
 from fairqueue.metrics import record_limited
+from fairqueue.scheduling.hierarchy import ACCOUNT_MARK
 from fairqueue.scheduling.limits import REASON_MAX_WAITING
 
 
@@ -27,6 +28,7 @@ def check_backlog(prepared: Sequence[Prepared], using: str | None, *, outbox: bo
     from fairqueue.models import OutboxJob
 
     item = prepared[0]
+    _check_account_backlog(prepared, using, outbox=outbox)
     limits = item.limits
     if limits is None or limits.max_waiting is None:
         return
@@ -39,6 +41,34 @@ def check_backlog(prepared: Sequence[Prepared], using: str | None, *, outbox: bo
         record_limited(item.job_type, REASON_MAX_WAITING)
         raise TenantBacklogFullError(
             tenant_id=tenant, queue=item.queue, limit=limits.max_waiting, waiting=waiting
+        )
+
+
+def _check_account_backlog(
+    prepared: Sequence[Prepared], using: str | None, *, outbox: bool
+) -> None:
+    """:func:`check_backlog` for the call's account's ``max_waiting``: its tenants' jobs
+    waiting in Redis plus their outbox rows."""
+    from fairqueue.models import OutboxJob, TenantPlan
+
+    item = prepared[0]
+    account = item.new_job.account
+    limits = item.account_limits
+    if account is None or limits is None or limits.max_waiting is None:
+        return
+    sync_broker = get_sync_broker()
+    waiting = sync_broker.run(sync_broker.broker.limits.waiting, item.queue, ACCOUNT_MARK + account)
+    if outbox:
+        tenants = TenantPlan.objects.using(using).filter(account_id=account)
+        waiting += (
+            OutboxJob.objects.using(using)
+            .filter(queue=item.queue, tenant__in=tenants.values("tenant_id"))
+            .count()
+        )
+    if waiting + len(prepared) > limits.max_waiting:
+        record_limited(item.job_type, REASON_MAX_WAITING)
+        raise AccountBacklogFullError(
+            account_id=account, queue=item.queue, limit=limits.max_waiting, waiting=waiting
         )
 
 

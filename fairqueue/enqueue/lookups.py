@@ -257,37 +257,54 @@ def lookup_tenant_account(tenant_id: str) -> TenantAccount | None:
     return _cached_tenant(tenant_id)[3]
 
 
-def _shared_account(account_id: str) -> int | None:
-    """The weight of account ``account_id`` (``None``: no such account), from one
-    Django-cache entry ``(generation, weight or 0)``: an absent account is kept too, so
-    a caller repeating a wrong id does not reach the database each time."""
+def _shared_account(account_id: str) -> tuple[int | None, TenantLimits]:
+    """The weight of account ``account_id`` (``None``: no such account) and its limits,
+    from one Django-cache entry ``(generation, weight or 0, limits)``: an absent account
+    is kept too, so a caller repeating a wrong id does not reach the database each time."""
     cache = _cache()
     key = _account_key(account_id)
     found = cache.get_many([key, _GENERATION_KEY])
     generation = found.get(_GENERATION_KEY, 0)
     entry = found.get(key)
-    if isinstance(entry, tuple) and len(entry) == 2 and entry[0] == generation:
-        return entry[1] or None
-    weight = Account.objects.filter(account_id=account_id).values_list("weight", flat=True).first()
-    cache.set(key, (generation, weight or 0), get_settings().plan_cache_timeout)
-    return weight
+    if (
+        isinstance(entry, tuple)
+        and len(entry) == 3
+        and entry[0] == generation
+        and isinstance(entry[2], TenantLimits)
+    ):
+        return entry[1] or None, entry[2]
+    account = Account.objects.filter(account_id=account_id).first()
+    weight = account.weight if account is not None else None
+    limits = account.limits() if account is not None else NO_LIMITS
+    cache.set(key, (generation, weight or 0, limits), get_settings().plan_cache_timeout)
+    return weight, limits
 
 
-def lookup_account_weight(account_id: str) -> int | None:
-    """The weight of the account ``account_id``, or ``None`` when it does not exist, via
-    the two cache layers (a new account forgets every entry, so its absence is not kept
-    past its creation)."""
+def _cached_account(account_id: str) -> tuple[int | None, TenantLimits]:
     timeout = get_settings().plan_local_cache_timeout
     if not timeout:
         return _shared_account(account_id)
     key = _LOCAL_ACCOUNT + account_id
     found = _local.get(key)
     if found is not None:
-        return found[0]
+        return found
     epoch = _local.epoch
-    weight = _shared_account(account_id)
-    _local.put_value(key, (weight,), timeout, epoch)
-    return weight
+    value = _shared_account(account_id)
+    _local.put_value(key, value, timeout, epoch)
+    return value
+
+
+def lookup_account_weight(account_id: str) -> int | None:
+    """The weight of the account ``account_id``, or ``None`` when it does not exist, via
+    the two cache layers (a new account forgets every entry, so its absence is not kept
+    past its creation)."""
+    return _cached_account(account_id)[0]
+
+
+def lookup_account_limits(account_id: str) -> TenantLimits:
+    """The limits of the account ``account_id`` over all its tenants (none when it does
+    not exist), via the same cache entries as its weight."""
+    return _cached_account(account_id)[1]
 
 
 def with_tier_defaults(own: TenantLimits, plan: str | None) -> TenantLimits:

@@ -25,20 +25,22 @@ from django.utils import timezone
 
 from fairqueue.broker import BACK_OF_LINE, NewJob, get_sync_broker, refuses_every_write
 from fairqueue.conf import get_settings
-from fairqueue.enqueue.priority import tenant_limits
+from fairqueue.enqueue.priority import resolve_account_limits, tenant_limits
 from fairqueue.exceptions import (
     BrokerRejectedError,
     BrokerUnavailableError,
     TenantBacklogFullError,
 )
 from fairqueue.metrics import by_job_type, get_metrics, record_enqueue
+from fairqueue.scheduling.hierarchy import ACCOUNT_MARK
 from fairqueue.scheduling.levels import (
     DEFAULT_TENANT,
     INTERNAL_TENANT,
     PAYLOAD_ACCOUNT_KEY,
     PriorityLevel,
 )
-from fairqueue.scheduling.wire import add_encoded_limits
+from fairqueue.scheduling.limits import NO_LIMITS
+from fairqueue.scheduling.wire import add_encoded_limits, encoded_limits
 
 logger = logging.getLogger("fairqueue.outbox")
 
@@ -100,6 +102,10 @@ def _new_job(row, now: datetime) -> NewJob:
     account = data.get(PAYLOAD_ACCOUNT_KEY) if isinstance(data, dict) else None
     # its account's weight now (an account deleted since: the tenant is its own account)
     account_weight = lookup_account_weight(account) if isinstance(account, str) else None
+    of_account = resolve_account_limits(account) if account_weight is not None else None
+    limits = _limits_of(row.tenant)
+    if limits is None and of_account is not None:  # held for its account's limits
+        limits = add_encoded_limits(NO_LIMITS)
     return NewJob(
         name=row.job_type,
         data=data,
@@ -111,9 +117,10 @@ def _new_job(row, now: datetime) -> NewJob:
         cost_ms=row.cost_ms,
         tenant=row.tenant,
         tenant_weight=row.tenant_weight,
-        limits=_limits_of(row.tenant),
+        limits=limits,
         account=account if account_weight is not None else None,
         account_weight=account_weight or 1,
+        account_limits=None if of_account is None else encoded_limits(of_account),
     )
 
 
@@ -224,19 +231,26 @@ def _add_rows(queue: str, rows: Sequence, now: datetime, result: RelayResult) ->
     Redis refuses writes in general (the rows stay, untouched but for ``last_error``)."""
     broker = get_sync_broker()
     try:
-        added = broker.add_jobs(queue, [_new_job(row, now) for row in rows])
+        jobs = [_new_job(row, now) for row in rows]
+        added = broker.add_jobs(queue, jobs)
     except BrokerUnavailableError:
         raise
     except TenantBacklogFullError as exc:
-        # As many of that tenant's rows as it has room for go on (oldest first), with
-        # the other tenants' rows, in one add, not one by one; the rest wait, each its
-        # own backoff (rows are separate enqueues, not one batch).
-        mine = [row for row in rows if row.tenant == exc.tenant_id]
+        # As many of that tenant's (or account's) rows as it has room for go on (oldest
+        # first), with the other rows, in one add, not one by one; the rest wait, each
+        # its own backoff (rows are separate enqueues, not one batch).
+        account = getattr(exc, "account_id", None)
+        theirs = {
+            row.pk
+            for row, job in zip(rows, jobs, strict=True)
+            if (job.account == account if account is not None else row.tenant == exc.tenant_id)
+        }
+        mine = [row for row in rows if row.pk in theirs]
         fit = mine[: max(0, exc.limit - exc.waiting)]
         if len(fit) == len(mine):  # refused though they all seemed to fit (a race)
             fit = []
         full = mine[len(fit) :]
-        result.full.add((queue, exc.tenant_id))
+        result.full.add((queue, exc.tenant_id or ACCOUNT_MARK + str(account)))
         for row in _refuse_all(full, REFUSED_BACKLOG_FULL, result, now) if full else []:
             logger.warning(
                 "outbox row %s: refused, its tenant is at its max_waiting in queue %s; "
@@ -245,7 +259,7 @@ def _add_rows(queue: str, rows: Sequence, now: datetime, result: RelayResult) ->
                 queue,
                 RETRY_MAX_S,
             )
-        rest = [row for row in rows if row.tenant != exc.tenant_id] + fit
+        rest = [row for row in rows if row.pk not in theirs] + fit
         if len(result.full) >= RELAY_MAX_FULL_TENANTS:
             return []  # the rest waits for the next run, untried (see RelayResult.full)
         return _add_rows(queue, rest, now, result) if rest and full else []

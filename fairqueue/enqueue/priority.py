@@ -229,6 +229,22 @@ def _looked_up_limits(tenant_id: str, plan: str | None) -> TenantLimits:
         return NO_LIMITS
 
 
+def resolve_account_limits(account_id: str | None) -> TenantLimits | None:
+    """The limits of account ``account_id`` when it has any (``None``: no account, none
+    set, or the database lookups are not wired), via the same cache layers as its
+    weight."""
+    if account_id is None or _account_lookup is None:
+        return None
+    from fairqueue.enqueue.lookups import lookup_account_limits
+
+    try:
+        limits = lookup_account_limits(account_id)
+    except Exception as exc:  # a broken lookup must not stop enqueues, like the tenant's
+        logger.warning("account limits lookup failed (%s); none applied", type(exc).__name__)
+        return None
+    return limits if limits.holds else None
+
+
 def tenant_limits(tenant_id: str) -> TenantLimits:
     """The limits of the tenant ``tenant_id`` (the outbox relay: its rows keep the tenant,
     and its limits are the ones in force when the job reaches Redis)."""

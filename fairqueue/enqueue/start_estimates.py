@@ -58,8 +58,11 @@ async def placed_estimate(
         delay_ms=delay_ms,
         extra=extra,
     )
+    account = None
+    if resolved.account_id is not None:
+        account = (resolved.account_id, float(resolved.account_weight))
     estimate = estimate_from(
-        raw, delay_ms=delay_ms, tenant=resolved.tenant_bucket, count=raw.placed
+        raw, delay_ms=delay_ms, tenant=resolved.tenant_bucket, count=raw.placed, account=account
     )
     return estimate, raw.placed
 

@@ -6,6 +6,7 @@ one read-only Redis script each, the arithmetic in :mod:`fairqueue.scheduling.es
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -27,6 +28,9 @@ from fairqueue.scheduling.levels import DEFAULT_FAIR_WEIGHTS, PriorityLevel
 from fairqueue.scheduling.limits import REASON_MAX_ACTIVE, REASON_PAUSED, REASON_RATE
 from fairqueue.scheduling.order import flow_step
 from fairqueue.scheduling.shares import BUCKET_S
+
+#: A tenant's account as the lookups give it: ``(account id, account weight)``.
+TenantAccount = tuple[str, float]
 
 #: The states ``job_status`` reports.
 JOB_STATUS_STATES: Final = (
@@ -152,14 +156,26 @@ def _pace(
     tenant: str | None,
     tenant_weight: float,
     vt: float,
+    account: TenantAccount | None = None,
+    accounts: Mapping[str, TenantAccount] | None = None,
 ) -> _Pace:
     asking = raw.asking
     if asking is None or tenant is None or not rate.known or rate.window_s <= 0:
         return _Pace()
-    flows = pace.flows_asking(asking, vt=vt, window_s=rate.window_s, level_served=rate.level_starts)
-    share = pace.share_of(rate.jobs_per_s, flows, level.value, tenant, weight=tenant_weight)
+    flows = pace.flows_asking(
+        asking, vt=vt, window_s=rate.window_s, level_served=rate.level_starts, accounts=accounts
+    )
+    share = pace.share_of(
+        rate.jobs_per_s, flows, level.value, tenant, weight=tenant_weight, account=account
+    )
     of_level = pace.share_of(
-        rate.jobs_per_s, flows, level.value, tenant, weight=tenant_weight, of_level=True
+        rate.jobs_per_s,
+        flows,
+        level.value,
+        tenant,
+        weight=tenant_weight,
+        of_level=True,
+        account=account,
     )
     mine = sum(count for (_, name), count in asking.served.items() if name == tenant)
     # in turns (jobs, or with fairness by time worker time over the typical run): what
@@ -173,11 +189,52 @@ def _pace(
     )
 
 
-def level_share_of(raw: RawEstimate, level: PriorityLevel, tenant: str, w: float) -> float | None:
+def level_share_of(
+    raw: RawEstimate,
+    level: PriorityLevel,
+    tenant: str,
+    w: float,
+    accounts: Mapping[str, TenantAccount] | None = None,
+) -> float | None:
     """``tenant``'s entitlement now in ``level`` at weight ``w`` (its estimate's ``level_share``)
-    from any estimate read of its queue: who is asking does not depend on who asks."""
+    from any estimate read of its queue: who is asking does not depend on who asks.
+    ``accounts``: tenant -> (account id, weight) for the tenants the read gives no
+    account (its own among them)."""
     rate, vt = _rate(raw, raw.placement.typical_ms), raw.placement.flow.vt
-    return _pace(raw, rate, level=level, tenant=tenant, tenant_weight=w, vt=vt).level_share
+    account = (accounts or {}).get(tenant)
+    return _pace(
+        raw,
+        rate,
+        level=level,
+        tenant=tenant,
+        tenant_weight=w,
+        vt=vt,
+        account=account,
+        accounts=accounts,
+    ).level_share
+
+
+def account_level_share_of(
+    raw: RawEstimate,
+    level: PriorityLevel,
+    account: TenantAccount,
+    accounts: Mapping[str, TenantAccount] | None = None,
+) -> float | None:
+    """``account``'s entitlement now in ``level`` (``(account id, weight)``), its flows all
+    asking: :func:`fairqueue.scheduling.pace.account_share_of` from any estimate read of
+    its queue (``accounts`` as for :func:`level_share_of`); ``None``: nothing measured."""
+    rate = _rate(raw, raw.placement.typical_ms)
+    asking = raw.asking
+    if asking is None or not rate.known or rate.window_s <= 0:
+        return None
+    flows = pace.flows_asking(
+        asking,
+        vt=raw.placement.flow.vt,
+        window_s=rate.window_s,
+        level_served=rate.level_starts,
+        accounts=accounts,
+    )
+    return pace.account_share_of(rate.jobs_per_s, flows, level.value, account[0], account[1])
 
 
 def _new_job_wait(
@@ -203,15 +260,27 @@ def _new_job_wait(
 
 
 def estimate_from(
-    raw: RawEstimate, *, delay_ms: int | None = None, tenant: str | None = None, count: int = 1
+    raw: RawEstimate,
+    *,
+    delay_ms: int | None = None,
+    tenant: str | None = None,
+    count: int = 1,
+    account: TenantAccount | None = None,
 ) -> StartEstimate:
     """The estimate of a new job from what ``lua/estimate_start.lua`` read (``tenant``:
-    its tenant bucket, for its flow's pace; ``count``: the last of that many)."""
+    its tenant bucket, for its flow's pace, in ``account``; ``count``: the last of that
+    many)."""
     p = raw.placement
     flow = p.flow
     rate = _rate(raw, p.typical_ms)
     flow_pace = _pace(
-        raw, rate, level=flow.level, tenant=tenant, tenant_weight=flow.tenant_weight, vt=flow.vt
+        raw,
+        rate,
+        level=flow.level,
+        tenant=tenant,
+        tenant_weight=flow.tenant_weight,
+        vt=flow.vt,
+        account=account,
     )
     wait = _new_job_wait(raw, p, rate, flow_pace, count)
     hold = raw.hold
@@ -259,8 +328,19 @@ def _waiting_wait(raw: RawStatus, rate: eta.ServiceRate) -> tuple[eta.Wait, _Pac
         weight = raw.tenant_weight or 1.0
         total = max(raw.asking.totals.get(level.value, 0.0), weight)
         step = flow_step(DEFAULT_FAIR_WEIGHTS[level], 1, 1) * total / weight
+        grouped = raw.asking.accounts.get((level.value, raw.tenant or ""))
+        if grouped is not None:  # its account's part, split among the account's flows
+            step *= max(grouped[2], weight) / grouped[1]
         own = max(0.0, (raw.tag - vt) / step - 1)
-        flow_pace = _pace(raw, rate, level=level, tenant=raw.tenant, tenant_weight=weight, vt=vt)
+        flow_pace = _pace(
+            raw,
+            rate,
+            level=level,
+            tenant=raw.tenant,
+            tenant_weight=weight,
+            vt=vt,
+            account=raw.account,
+        )
     wait = eta.placed_wait(
         tag=raw.tag,
         level=level,
@@ -303,6 +383,7 @@ def _held_status(raw: RawStatus, job_type: str, job_id: str) -> JobStatus:
         tenant=raw.tenant,
         tenant_weight=p.flow.tenant_weight,
         vt=p.flow.vt,
+        account=raw.account,
     )
     wait = _new_job_wait(raw, p, rate, flow_pace, 1)
     run_s = None if p.typical_ms is None else p.typical_ms / 1000

@@ -1,5 +1,5 @@
-"""Tenant plans, the subscription classifier, the override audit log, and the
-dashboard's permission holder.
+"""Accounts, tenant plans, the subscription classifier, the override audit log, and the
+dashboard's permission holder (the outbox is in ``outbox_models``).
 
 The plan and weight lookups used on the enqueue hot path (:func:`lookup_tenant_plan`,
 :func:`lookup_tenant_weight`) read one cache entry per tenant through the Django cache:
@@ -9,27 +9,33 @@ signal receivers in ``fairqueue.signals`` when a plan, a weight or a rule change
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Sequence
 from typing import Any, Final
 
 from django.core.exceptions import ValidationError
-from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils.text import format_lazy
 from django.utils.translation import gettext_lazy as _
 
 from fairqueue.exceptions import InvalidAccountError, InvalidPlanError, InvalidTenantError
+from fairqueue.models.limit_fields import (
+    check_rate_pair,
+    clean_limit_fields,
+    limit_field,
+    quota_period_field,
+    quota_seconds_field,
+    weight_field,
+    weight_range,
+)
 from fairqueue.plans import PlanTier, get_subscription_classifier, parse_plan
 from fairqueue.scheduling.levels import (
-    DEFAULT_TENANT_WEIGHT,
     MAX_TENANT_ID_LENGTH,
     MAX_TENANT_WEIGHT,
     MIN_TENANT_WEIGHT,
     validate_account_id,
     validate_tenant_id,
 )
-from fairqueue.scheduling.limits import LIMIT_FIELDS, LIMIT_RANGES, TenantLimits
+from fairqueue.scheduling.limits import LIMIT_FIELDS, TenantLimits
 
 PLAN_CHOICES: Final = [(tier.value, tier.value.title()) for tier in PlanTier]
 LEVEL_CHOICES: Final = [
@@ -40,37 +46,10 @@ LEVEL_CHOICES: Final = [
 ]
 
 
-def _limit_field(name: str, help_text: Any) -> models.PositiveIntegerField:
-    """A tenant limit: empty for the plan tier's default (``FAIRQUEUE['TENANT_LIMITS']``)
-    or none, else within the range the scripts accept (``LIMIT_RANGES``)."""
-    return models.PositiveIntegerField(
-        null=True,
-        blank=True,
-        validators=[MinValueValidator(1), MaxValueValidator(LIMIT_RANGES[name][1])],
-        help_text=help_text,
-    )
-
-
-def _weight_field(help_text: Any) -> models.PositiveSmallIntegerField:
-    return models.PositiveSmallIntegerField(
-        default=DEFAULT_TENANT_WEIGHT,
-        validators=[MinValueValidator(MIN_TENANT_WEIGHT), MaxValueValidator(MAX_TENANT_WEIGHT)],
-        help_text=help_text,
-    )
-
-
-def _weight_range(table: str) -> models.CheckConstraint:
-    """Also for rows written around full_clean() (update(), bulk_create, raw SQL): a
-    weight of 0 would mean a tenant or an account that is never served."""
-    return models.CheckConstraint(
-        condition=models.Q(weight__gte=MIN_TENANT_WEIGHT) & models.Q(weight__lte=MAX_TENANT_WEIGHT),
-        name=f"fairqueue_{table}_weight_range",
-    )
-
-
 class Account(models.Model):
     """A customer: the unit that pays, owning any number of tenants (workspaces,
-    projects, stores). Its tier is its tenants' unless a tenant's own plan names one
+    projects, stores). Its tier is its tenants' unless a tenant's own plan names one;
+    its limits hold over all its tenants together, beside each tenant's own
     (docs/concepts.md#accounts)."""
 
     account_id = models.CharField(max_length=MAX_TENANT_ID_LENGTH, unique=True)
@@ -84,7 +63,7 @@ class Account(models.Model):
             "plan or subscription decides."
         ),
     )
-    weight = _weight_field(
+    weight = weight_field(
         format_lazy(
             _(
                 "Its weight among the accounts of a level, {low} to {high}, for the fair "
@@ -102,15 +81,38 @@ class Account(models.Model):
             "of its tenants' jobs starts while it is paused."
         ),
     )
+    # Limits over all its tenants together, per queue (empty: none); each tenant's own
+    # limits hold as well.
+    max_active = limit_field(
+        "max_active", _("At most this many jobs of all its tenants running at once, per queue.")
+    )
+    rate_max = limit_field(
+        "rate_max", _("At most this many jobs of all its tenants started per rate duration.")
+    )
+    rate_duration_ms = limit_field(
+        "rate_duration_ms",
+        _("The rate limit's window in milliseconds (1000: rate_max per second)."),
+    )
+    max_waiting = limit_field(
+        "max_waiting",
+        _("An enqueue that would put more jobs of all its tenants waiting is refused."),
+    )
+    quota_worker_seconds = quota_seconds_field(
+        _("Worker seconds per quota period over all its tenants; empty for none.")
+    )
+    quota_period = quota_period_field(_("The quota's period; empty for a day."))
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["account_id"]
-        constraints = [_weight_range("account")]
+        constraints = [weight_range("account")]
 
     def __str__(self) -> str:
         return self.display_name or self.account_id
+
+    def clean_fields(self, exclude: Any = None) -> None:
+        clean_limit_fields(self, exclude, super().clean_fields, empty="no limit")
 
     def clean(self) -> None:
         try:
@@ -122,6 +124,11 @@ class Account(models.Model):
                 parse_plan(self.plan_tier, argument="plan_tier")
             except InvalidPlanError as exc:
                 raise ValidationError({"plan_tier": str(exc)}) from None
+        check_rate_pair(self)
+
+    def limits(self) -> TenantLimits:
+        """Its limits over all its tenants (its pause is each tenant's, not these)."""
+        return TenantLimits(**{name: getattr(self, name) for name in LIMIT_FIELDS})
 
 
 class TenantPlan(models.Model):
@@ -141,7 +148,7 @@ class TenantPlan(models.Model):
         blank=True,
         help_text=_('Billing data, e.g. {"products": [{"subscriptionProductId": "prod_x"}]}.'),
     )
-    weight = _weight_field(
+    weight = weight_field(
         format_lazy(
             _(
                 "Share of turns inside the tenant's priority level, {low} to {high}: a "
@@ -164,31 +171,25 @@ class TenantPlan(models.Model):
         help_text=_("The customer this tenant belongs to (at most one); empty: none."),
     )
     # Limits (empty: the plan tier's default from FAIRQUEUE['TENANT_LIMITS'], else none).
-    max_active = _limit_field(
+    max_active = limit_field(
         "max_active", _("At most this many of the tenant's jobs running at once, per queue.")
     )
-    rate_max = _limit_field(
+    rate_max = limit_field(
         "rate_max", _("At most this many of its jobs started per rate duration (with it).")
     )
-    rate_duration_ms = _limit_field(
+    rate_duration_ms = limit_field(
         "rate_duration_ms",
         _("The rate limit's window in milliseconds (1000: rate_max per second)."),
     )
-    max_waiting = _limit_field(
+    max_waiting = limit_field(
         "max_waiting", _("An enqueue that would put more of its jobs waiting is refused.")
     )
     # Quota (empty: the plan tier's FAIRQUEUE['QUOTAS'], docs/usage.md).
-    quota_worker_seconds = models.PositiveIntegerField(
-        null=True,
-        blank=True,
-        validators=[MinValueValidator(1), MaxValueValidator(1_000_000_000)],
-        help_text=_("Worker seconds per quota period; empty for the plan tier's quota."),
+    quota_worker_seconds = quota_seconds_field(
+        _("Worker seconds per quota period; empty for the plan tier's quota.")
     )
-    quota_period = models.CharField(
-        max_length=5,
-        blank=True,
-        choices=[("day", "Day"), ("month", "Month")],
-        help_text=_("The quota's period; empty for the plan tier's (else a day)."),
+    quota_period = quota_period_field(
+        _("The quota's period; empty for the plan tier's (else a day).")
     )
     paused = models.BooleanField(
         default=False,
@@ -200,31 +201,15 @@ class TenantPlan(models.Model):
 
     class Meta:
         ordering = ["tenant_id"]
-        constraints = [_weight_range("tenantplan")]
+        constraints = [weight_range("tenantplan")]
 
     def __str__(self) -> str:
         return self.display_name or self.tenant_id
 
     def clean_fields(self, exclude: Any = None) -> None:
-        """Django's checks, with a limit outside ``LIMIT_RANGES`` refused by a message that
-        names the limit, the value and the whole allowed range."""
-        exclude = set(exclude or ())
-        errors: dict[str, list[str]] = {}
-        for name, (low, high) in LIMIT_RANGES.items():
-            value = getattr(self, name)
-            if name in exclude or value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                errors[name] = [
-                    f"{name}={value!r} is not allowed: expected a whole number in "
-                    f"{low}..{high}, or empty for no limit (or the plan tier's default)"
-                ]
-        try:
-            super().clean_fields(exclude=exclude | set(errors))
-        except ValidationError as exc:
-            errors.update(exc.message_dict)
-        if errors:
-            raise ValidationError(errors)
+        clean_limit_fields(
+            self, exclude, super().clean_fields, empty="no limit (or the plan tier's default)"
+        )
 
     def clean(self) -> None:
         try:
@@ -238,10 +223,7 @@ class TenantPlan(models.Model):
                 raise ValidationError({"plan_tier": str(exc)}) from None
         if not isinstance(self.subscription, dict):
             raise ValidationError({"subscription": _("Expected a JSON object.")})
-        if (self.rate_max is None) != (self.rate_duration_ms is None):
-            raise ValidationError(
-                {"rate_duration_ms": _("Set both rate_max and rate_duration_ms, or neither.")}
-            )
+        check_rate_pair(self)
 
     def own_limits(self) -> TenantLimits:
         """The limits set on this row (empty fields: the plan tier's default applies)."""
@@ -373,86 +355,6 @@ class PriorityOverrideAudit(models.Model):
 
     def delete(self, *args: Any, **kwargs: Any) -> Any:
         raise ValueError("PriorityOverrideAudit records are immutable")
-
-
-#: BullMQ job id of an outbox row without a caller's ``job_id`` (never all digits, which
-#: BullMQ reserves for its own counter).
-OUTBOX_JOB_ID_PREFIX: Final = "fq-outbox-"
-#: Random bytes of such an id (hex): 128 bits, so no two rows ever share one.
-OUTBOX_JOB_ID_BYTES: Final = 16
-
-
-def new_outbox_job_id() -> str:
-    """A fresh BullMQ job id for an outbox row without a caller's ``job_id``.
-
-    Random, not the row's primary key: a primary key comes back after ``manage.py
-    flush`` (which resets sequences), a point-in-time restore, or on another database
-    (``using=``), while BullMQ keeps finished jobs for a day; an id that came back would
-    make the relay take the earlier job for this row's and drop this one.
-    """
-    return f"{OUTBOX_JOB_ID_PREFIX}{secrets.token_hex(OUTBOX_JOB_ID_BYTES)}"
-
-
-class OutboxJob(models.Model):
-    """A job waiting to be added to BullMQ: written in the caller's transaction by a
-    durable enqueue, moved to Redis by the relay (``fairqueue.enqueue.outbox``) and deleted only
-    once Redis has it.
-
-    The row holds the job exactly as the direct path would add it (payload with
-    ``tenantId`` and ``priorityLevel`` merged in, level, tenant bucket and weight), so
-    the relay places it with the same add script. Its BullMQ job id is the caller's
-    ``job_id`` or a random ``fq-outbox-<hex>`` chosen at enqueue (rows written before
-    migration 0005 have none stored and use ``fq-outbox-<pk>``): a relay that crashed
-    after the add and retries adds nothing twice (BullMQ keeps the existing job of an
-    existing id, and the relay checks that it is this row's job).
-    """
-
-    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
-    job_type = models.CharField(max_length=200)
-    queue = models.CharField(max_length=200)
-    job_id = models.CharField(
-        max_length=255,
-        blank=True,
-        help_text=_(
-            "The BullMQ job id: the caller's, or fq-outbox-<random hex> chosen at enqueue "
-            "(empty on rows written before 0005: fq-outbox-<id>)."
-        ),
-    )
-    #: The payload's JSON, ASCII-escaped (as json.dumps writes it), so any database
-    #: stores it unchanged.
-    data = models.TextField()
-    level = models.CharField(max_length=20, choices=LEVEL_CHOICES)
-    tenant = models.CharField(max_length=MAX_TENANT_ID_LENGTH)
-    tenant_weight = models.PositiveSmallIntegerField(default=DEFAULT_TENANT_WEIGHT)
-    delay_ms = models.BigIntegerField(null=True, blank=True)
-    attempts = models.PositiveIntegerField(null=True, blank=True)
-    #: BullMQ's backoff option (``{"type": ..., "delay": ms}``), or null.
-    backoff = models.JSONField(null=True, blank=True)
-    #: The caller's cost= (expected worker time, ms), or null.
-    cost_ms = models.PositiveIntegerField(null=True, blank=True)
-    #: Relay attempts that Redis refused (not outages); such rows go behind the others.
-    tries = models.PositiveIntegerField(default=0)
-    last_error = models.CharField(max_length=200, blank=True)
-    #: A refused row is not tried again before this time (its own backoff, doubling
-    #: with its tries: fairqueue.enqueue.outbox.retry_delay); null: at the next relay.
-    retry_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        ordering = ["tries", "id"]
-        indexes = [
-            models.Index(fields=["tries", "id"], name="fairqueue_outbox_order"),
-            # Admission and max_waiting count a flow's rows on every durable enqueue.
-            models.Index(fields=["queue", "tenant"], name="fairqueue_outbox_flow"),
-        ]
-        verbose_name = _("outbox job")
-
-    def __str__(self) -> str:
-        return f"{self.job_type}#{self.bullmq_job_id}"
-
-    @property
-    def bullmq_job_id(self) -> str:
-        """The id the relay adds this job under."""
-        return self.job_id or f"{OUTBOX_JOB_ID_PREFIX}{self.pk}"
 
 
 class Dashboard(models.Model):

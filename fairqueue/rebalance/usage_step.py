@@ -38,9 +38,17 @@ class UsageStep:
         except ImportError:  # pragma: no cover - quotas not installed in this build
             return
         self.consumers.append(quotas_after_write)
-        from fairqueue.usage.quotas import check_running, watch
+        from fairqueue.usage import account_quotas, quotas
 
-        self._running, self._running_due = check_running, watch.due_in_s
+        self.consumers.append(account_quotas.after_write)
+
+        def check_running() -> int:  # tenants' quotas, then accounts'
+            return quotas.check_running() + account_quotas.check_running()
+
+        def due_in_s() -> float:
+            return min(quotas.watch.due_in_s(), account_quotas.watch.due_in_s())
+
+        self._running, self._running_due = check_running, due_in_s
         try:
             from fairqueue.usage.breaker import after_write as breaker_after_write
         except ImportError:  # pragma: no cover

@@ -37,11 +37,11 @@ The rules are those the Lua recorder applied (kept so the figures stay comparabl
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import Any, Final
 
-from fairqueue.scheduling.levels import LEVELS_BY_RANK
+from fairqueue.scheduling.attempt_events import Event, Run, Start, g6
 from fairqueue.scheduling.order import (
     COST_DEAD_BAND,
     MAX_COST_TURNS,
@@ -51,8 +51,6 @@ from fairqueue.scheduling.order import (
 )
 from fairqueue.scheduling.wire import flow_member
 
-#: The level names a start or a run may carry (anything else is an unknown level).
-LEVELS: Final = frozenset(level.value for level in LEVELS_BY_RANK)
 #: How fast a flow's estimate follows its own runs, and the queue's typical run time
 #: (every flow's yardstick, so it moves slowly).
 FLOW_ALPHA: Final = 0.2
@@ -64,71 +62,6 @@ TYPICAL_ALPHA: Final = 0.05
 FLOW_STATE_IDLE_S: Final = 86_400
 #: The level of a start whose job could not be read (the dashboard shows it as such).
 UNKNOWN: Final = "?"
-
-#: ``stalled`` marks the ``retry`` just before it as ``lost`` (:func:`fold_stalls`); the
-#: recorders see ``start``, ``end``, ``retry`` and ``lost``.
-EventKind = Literal["start", "end", "retry", "lost", "stalled"]
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    """A stream entry the recorder reads: an attempt's start, its end, or the re-add
-    that ends an attempt which failed with attempts left."""
-
-    kind: EventKind
-    job_id: str
-    at_ms: int
-    #: An ``end``: it completed (``False``: it failed). The usage ledger reads it.
-    ok: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Start:
-    """What a started job's hash said: its level (``None``: unreadable), tenant, ready
-    time (ms, Redis's clock), whether this is its first attempt, and what a job placed
-    while its flow had nothing measured paid (``fqPaid``: its step in turns times the
-    turn's length then, :func:`~fairqueue.scheduling.order.turn_scale`; ``None`` for a
-    job placed by its flow's estimate); ``placed``, what a job placed by its flow's
-    estimate paid (``fqCost``, the same unit; ``None``: not recorded)."""
-
-    level: str | None
-    tenant: str
-    ready_ms: int
-    first_attempt: bool
-    paid: float | None = None
-    placed: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Run:
-    """A running attempt as remembered between its start and its end: ``cold``, its job
-    was placed while its flow had nothing measured (its turns prefixed ``c``)."""
-
-    level: str
-    tenant: str
-    start_ms: int
-    turns: float
-    cold: bool = False
-
-    def encode(self) -> str:
-        turns = ("c" if self.cold else "") + _g6(self.turns)
-        return f"{flow_member(self.level, self.tenant)}\n{self.start_ms}\n{turns}"
-
-    @classmethod
-    def decode(cls, text: str) -> Run | None:
-        head, _, turns = text.rpartition("\n")
-        rest, _, start = head.rpartition("\n")
-        level, sep, tenant = rest.partition("\n")
-        if not sep or level not in LEVELS:
-            return None
-        cold = turns.startswith("c")
-        try:
-            start_ms, paid = float(start), float(turns[cold:]) if turns[cold:] else 1.0
-        except ValueError:  # not a run this version wrote
-            return None
-        if not (math.isfinite(start_ms) and math.isfinite(paid)):
-            return None
-        return cls(level, tenant, int(start_ms), paid, cold)
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,57 +155,6 @@ def gap_buckets(
     return out
 
 
-def fold_stalls(events: Sequence[Event]) -> list[Event]:
-    """``events`` with each ``retry`` that a ``stalled`` of its job follows turned into a
-    ``lost`` end, and the ``stalled`` markers dropped. BullMQ's stalled-job check writes
-    the two entries one after the other in one script, so a page holds both, unless it
-    was cut between them: :func:`cut_before_trailing_retry` keeps such a retry for the
-    next page."""
-    out: list[Event] = []
-    retry_at: dict[str, int] = {}  # job id -> index in out of its latest retry
-    for event in events:
-        if event.kind == "stalled":
-            index = retry_at.pop(event.job_id, None)
-            if index is not None:
-                out[index] = Event("lost", event.job_id, out[index].at_ms)
-            continue
-        if event.kind == "retry":
-            retry_at[event.job_id] = len(out)
-        else:
-            retry_at.pop(event.job_id, None)
-        out.append(event)
-    return out
-
-
-def cut_before_trailing_retry(kinds: Sequence[EventKind | None], *, cut: bool) -> int:
-    """How many of a page's entries (their kinds, ``None`` for the others) to record:
-    all, unless the page was cut (more entries follow unread) right after a ``retry``,
-    whose ``stalled`` may be the next entry; then all but that retry (never none)."""
-    if cut and len(kinds) > 1 and kinds[-1] == "retry":
-        return len(kinds) - 1
-    return len(kinds)
-
-
-def runs_to_read(events: Iterable[Event]) -> list[str]:
-    """The job ids whose remembered run (fq:run) the page needs: those that end before
-    the page saw them start."""
-    started: set[str] = set()
-    wanted: dict[str, None] = {}
-    for event in events:
-        if event.kind == "start":
-            started.add(event.job_id)
-        elif event.job_id not in started:
-            wanted[event.job_id] = None
-    return list(wanted)
-
-
-def state_fields(starts: Iterable[Start | None], runs: Iterable[Run | None]) -> list[str]:
-    """The fq:state fields the page may read with fairness by time."""
-    members = {flow_member(s.level, s.tenant) for s in starts if s and s.level}
-    members |= {flow_member(r.level, r.tenant) for r in runs if r}
-    return ["typ", "unit", *(f"{kind}:{m}" for m in sorted(members) for kind in ("c", "d"))]
-
-
 def record_page(
     events: Sequence[Event],
     starts: Mapping[str, Start | None],
@@ -360,7 +242,7 @@ class _PageWork:
         row[name] = row.get(name, 0) + n
 
     def set_state(self, name: str, value: float) -> None:
-        text = _g6(value)
+        text = g6(value)
         self.cache[name] = float(text)
         self.out.state_writes[name] = text
 
@@ -405,7 +287,7 @@ class _PageWork:
                 cold = start.paid is not None
             else:
                 turns = cost_turns(self.cache.get(f"c:{member}"), self.typical)
-        self.pending[event.job_id] = Run(level, start.tenant, event.at_ms, float(_g6(turns)), cold)
+        self.pending[event.job_id] = Run(level, start.tenant, event.at_ms, float(g6(turns)), cold)
         if not start.first_attempt:
             self.add(start_b, "r", 1)
             self.add(start_b, f"a:{level}", 1)
@@ -472,7 +354,7 @@ class _PageWork:
         out.ended_runs = list(self.ended)
         out.started_runs = self.pending
         if self.typical_dirty and self.typical is not None:
-            out.state_writes["typ"] = _g6(self.typical)
+            out.state_writes["typ"] = g6(self.typical)
             if self.cache.get("unit") is None:  # the first measurement: a turn's length
                 out.state_writes["unit"] = out.state_writes["typ"]
         out.served = {level: (row[0], row[1]) for level, row in self.served.items()}
@@ -511,9 +393,4 @@ class _PageWork:
                 continue  # within the noise: its runs' charges settle it, as any flow's
             shift = sum(s.debt for s in out.settlements if s.member == member)
             out.settlements = [s for s in out.settlements if s.member != member]
-            out.recosts.append(Recost(member, level, float(_g6(ratio)), shift))
-
-
-def _g6(value: float) -> str:
-    """A number as the Lua side stores it (``%.6g``)."""
-    return f"{value:.6g}"
+            out.recosts.append(Recost(member, level, float(g6(ratio)), shift))

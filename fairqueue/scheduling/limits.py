@@ -1,4 +1,5 @@
-"""Per-tenant limits: what they are and how many of a tenant's held jobs may go now.
+"""Per-tenant and per-account limits: what they are and how many of a tenant's held jobs
+may go now.
 
 Limits decide *whether* a tenant's next job may be taken; the fair clock decides *which*
 job is next among those that may. Plain data in, plain data out (no Django, no Redis):
@@ -155,6 +156,47 @@ def rate_burst(limits: TenantLimits) -> int:
     return max(2, math.ceil((limits.rate_max or 0) / 10))
 
 
+@dataclass(frozen=True, slots=True)
+class AccountRoom:
+    """An account's limits and state, as :func:`release_room` weighs them for each of its
+    tenants: its tenants' released jobs not finished (``occupied``), started in its rate
+    window, no worker has taken yet (``takeable``, ``untaken_before_window``) and its
+    pacing bucket's ``tokens``, all counted over all its tenants together."""
+
+    limits: TenantLimits
+    occupied: int = 0
+    started_in_window: int = 0
+    tokens: float | None = None
+    takeable: int = 0
+    untaken_before_window: int = 0
+
+
+def _limit_room(
+    limits: TenantLimits,
+    count: int,
+    *,
+    occupied: int,
+    started_in_window: int,
+    tokens: float | None,
+    takeable: int,
+    untaken_before_window: int,
+) -> tuple[int, str | None]:
+    """``count`` cut to what max_active and rate allow, and the reason of the cut."""
+    reason = None
+    if limits.max_active is not None:
+        room = max(0, limits.max_active - occupied)
+        if room < count:
+            count, reason = room, REASON_MAX_ACTIVE
+    if limits.rate_max is not None:
+        burst = rate_burst(limits)
+        paced = math.floor(burst if tokens is None else min(burst, tokens))
+        started = started_in_window + untaken_before_window
+        room = max(0, min(limits.rate_max - started, paced, burst - takeable))
+        if room < count:
+            count, reason = room, REASON_RATE
+    return count, reason
+
+
 def release_room(
     limits: TenantLimits,
     *,
@@ -166,6 +208,7 @@ def release_room(
     untaken_before_window: int = 0,
     catching_up: bool = False,
     others_waiting: bool = True,
+    account: AccountRoom | None = None,
 ) -> Release:
     """How many of a tenant's ``held`` jobs may be made takeable now.
 
@@ -179,26 +222,39 @@ def release_room(
     workers fall behind the releases), ``catching_up`` whether it was resumed and still
     has held jobs (then, while ``others_waiting``, other jobs wait in the queue, at most
     :data:`CATCHUP_AHEAD` takeable at once; with none waiting it drains at the workers'
-    pace, up to :data:`TAKEABLE_CAP`). Releasing
-    ``count`` keeps occupied <= max_active and any window's starts <= rate_max, so stock
-    workers of any concurrency never run more.
+    pace, up to :data:`TAKEABLE_CAP`), ``account`` its account's limits and state when
+    the account has limits: the same max_active and rate rules over all its tenants, and
+    at most :data:`TAKEABLE_CAP` of their released jobs untaken. Releasing ``count``
+    keeps occupied <= max_active and any window's starts <= rate_max, the tenant's and
+    its account's, so stock workers of any concurrency never run more.
     """
     if held <= 0:
         return Release(0, None)
     if limits.paused:
         return Release(0, REASON_PAUSED)
-    count, reason = held, None
-    if limits.max_active is not None:
-        room = max(0, limits.max_active - occupied)
+    count, reason = _limit_room(
+        limits,
+        held,
+        occupied=occupied,
+        started_in_window=started_in_window,
+        tokens=tokens,
+        takeable=takeable,
+        untaken_before_window=untaken_before_window,
+    )
+    if account is not None:
+        room, why = _limit_room(
+            account.limits,
+            count,
+            occupied=account.occupied,
+            started_in_window=account.started_in_window,
+            tokens=account.tokens,
+            takeable=account.takeable,
+            untaken_before_window=account.untaken_before_window,
+        )
+        if TAKEABLE_CAP - account.takeable < room:
+            room, why = max(0, TAKEABLE_CAP - account.takeable), None
         if room < count:
-            count, reason = room, REASON_MAX_ACTIVE
-    if limits.rate_max is not None:
-        burst = rate_burst(limits)
-        paced = math.floor(burst if tokens is None else min(burst, tokens))
-        started = started_in_window + untaken_before_window
-        room = max(0, min(limits.rate_max - started, paced, burst - takeable))
-        if room < count:
-            count, reason = room, REASON_RATE
+            count, reason = room, why
     if catching_up and others_waiting:
         room = max(0, CATCHUP_AHEAD - takeable)
         if room < count:

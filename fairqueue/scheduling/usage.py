@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from fairqueue.scheduling.attempts import Event, Run, Start
+from fairqueue.scheduling.attempt_events import Event, Run, Start
 
 #: The ledger's counters, in the order the loop reads them (field prefixes in Redis).
 STATS: Final = ("a", "c", "f", "t", "w", "m", "r", "l")

@@ -5,7 +5,9 @@ transition audited (``HoldAudit``: who or what, when, why).
 One tenant may be held in a queue for several reasons at once (an operator's pause, a
 quota, a breaker of one of the queue's job types): a hold is lifted in Redis only when
 no other reason holds the tenant in that queue, so lifting one never turns another off.
-The reasons live in the database (``TenantHold``, ``TenantPlan.paused``), and
+An account's quota holds each of its tenants: one ``TenantHold`` keyed by
+:func:`account_hold_key`, a reason for each tenant of the account. The reasons live in
+the database (``TenantHold``, ``TenantPlan.paused``), and
 :func:`fairqueue.tenants.rebuild_tenant_limits` brings them back after Redis lost them.
 """
 
@@ -18,6 +20,7 @@ from typing import Any
 
 from fairqueue.broker import get_sync_broker
 from fairqueue.conf import get_settings
+from fairqueue.scheduling.hierarchy import ACCOUNT_MARK
 
 logger = logging.getLogger("fairqueue.holds")
 
@@ -49,13 +52,22 @@ def queues_of(job_type: str) -> list[str]:
     return sorted(set(settings.queues.values()))
 
 
+def account_hold_key(account_id: str) -> str:
+    """The ``TenantHold.tenant_id`` of an account's quota hold: ``ACCOUNT_MARK`` and its
+    id, which no tenant id is (none holds a line feed)."""
+    return ACCOUNT_MARK + account_id
+
+
 def held_queues(tenant_id: str, *, excluding: int | None = None) -> set[str]:
     """The queues in which a quota or breaker (other than the hold ``excluding``) holds
-    ``tenant_id`` now."""
-    from fairqueue.models import TenantHold
+    ``tenant_id`` now, its account's quota among them."""
+    from fairqueue.models import TenantHold, TenantPlan
 
+    keys = [tenant_id]
+    account = TenantPlan.objects.filter(tenant_id=tenant_id, account__isnull=False)
+    keys += [account_hold_key(a) for a in account.values_list("account__account_id", flat=True)]
     holds = TenantHold.objects.filter(
-        tenant_id=tenant_id, lifted_at__isnull=True, action=TenantHold.HOLD
+        tenant_id__in=keys, lifted_at__isnull=True, action=TenantHold.HOLD
     )
     if excluding is not None:
         holds = holds.exclude(pk=excluding)
@@ -80,19 +92,37 @@ def paused_by_operator(tenant_id: str) -> bool:
     return last is not None and last.action == TenantPauseAudit.PAUSED
 
 
+def account_tenants(hold_keys: Iterable[str]) -> dict[str, list[str]]:
+    """Each account quota hold key among ``hold_keys`` -> its account's tenants now."""
+    from fairqueue.models import TenantPlan
+
+    accounts = [key[len(ACCOUNT_MARK) :] for key in hold_keys if key.startswith(ACCOUNT_MARK)]
+    out: dict[str, list[str]] = {account_hold_key(a): [] for a in accounts}
+    rows = TenantPlan.objects.filter(account__account_id__in=accounts).order_by("tenant_id")
+    for tenant_id, account_id in rows.values_list("tenant_id", "account__account_id"):
+        out[account_hold_key(account_id)].append(tenant_id)
+    return out
+
+
 def holds_by_queue() -> dict[str, set[str]]:
-    """Queue -> tenants a quota or breaker holds there (for rebuilding Redis's copy)."""
+    """Queue -> tenants a quota or breaker holds there (for rebuilding Redis's copy), an
+    account's quota holding each of its tenants."""
     from fairqueue.models import TenantHold
 
     out: dict[str, set[str]] = {}
-    rows = TenantHold.objects.filter(lifted_at__isnull=True, action=TenantHold.HOLD)
-    for tenant_id, job_type in rows.values_list("tenant_id", "job_type"):
+    rows = list(
+        TenantHold.objects.filter(lifted_at__isnull=True, action=TenantHold.HOLD).values_list(
+            "tenant_id", "job_type"
+        )
+    )
+    members = account_tenants(tenant_id for tenant_id, _ in rows)
+    for tenant_id, job_type in rows:
         try:
             queues = queues_of(job_type)
         except Exception:  # noqa: S112 - a job type no longer configured holds nothing
             continue
         for queue in queues:
-            out.setdefault(queue, set()).add(tenant_id)
+            out.setdefault(queue, set()).update(members.get(tenant_id, [tenant_id]))
     return out
 
 

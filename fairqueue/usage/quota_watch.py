@@ -61,10 +61,13 @@ class Watched:
     job_type: str
     #: When it could cross its quota at the earliest (time.monotonic()).
     crossing: float = 0.0
+    #: The tenants whose running attempts count (an account's; empty: the key's own).
+    members: tuple[str, ...] = ()
 
 
 class QuotaWatch:
-    """The loop process's tenants to check for running time (one loop per process)."""
+    """The loop process's tenants (or accounts, each with its tenants as ``members``) to
+    check for running time (one loop per process)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -113,10 +116,11 @@ class QuotaWatch:
             return 0
         for watched in wanted.values():  # a failed read waits for the next write's check
             watched.crossing = at + RETRY_S
-        running = _running(list(wanted))
+        running = _running(sorted({m for t, w in wanted.items() for m in w.members or (t,)}))
         over = 0
         for tenant_id, watched in wanted.items():
-            count, ms = running.get(tenant_id, (0, 0))
+            counted = [running.get(m, (0, 0)) for m in watched.members or (tenant_id,)]
+            count, ms = sum(c for c, _ in counted), sum(m for _, m in counted)
             used = watched.ended_ms + ms
             if count and used + count * LEAD_S * 1000 >= watched.quota_ms:
                 act(tenant_id, watched.quota, used, watched.job_type)

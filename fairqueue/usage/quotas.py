@@ -8,7 +8,9 @@ plan tier's ``FAIRQUEUE['QUOTAS']`` entry; the tier says what happens over it:
 * ``hold``: its jobs are held in every queue, like a paused tenant, until the period
   ends or an operator lifts it (:func:`lift_quota`).
 
-The loop checks after each ledger write, for the tenants whose rows it changed, ended
+An account's quota (``Account.quota_worker_seconds``) applies to all its tenants
+together (:mod:`fairqueue.usage.account_quotas`, its own step after each write). The
+loop checks after each ledger write, for the tenants whose rows it changed, ended
 plus running worker time (:mod:`fairqueue.usage.quota_watch`), again between its steps when a
 watched tenant's running attempts could have taken it over, and ends the holds whose
 period is over at every step. Every transition is audited
@@ -29,8 +31,17 @@ from django.db.models import Sum
 
 from fairqueue.conf import get_settings
 from fairqueue.conf.usage_settings import NO_QUOTA
+from fairqueue.scheduling.hierarchy import ACCOUNT_MARK
 from fairqueue.scheduling.levels import INTERNAL_TENANT
-from fairqueue.usage.holds import audit_hold, end_hold, now, pause_in, queues_of, resume_in
+from fairqueue.usage.holds import (
+    account_tenants,
+    audit_hold,
+    end_hold,
+    now,
+    pause_in,
+    queues_of,
+    resume_in,
+)
 from fairqueue.usage.ledger import Written
 from fairqueue.usage.quota_watch import QuotaWatch, Watched
 
@@ -185,7 +196,7 @@ def expire() -> int:
 
     due = TenantHold.objects.filter(
         reason=TenantHold.QUOTA, lifted_at__isnull=True, until__lte=now()
-    )
+    ).exclude(tenant_id__startswith=ACCOUNT_MARK)  # accounts': account_quotas.expire_accounts
     ended = 0
     for hold in due:
         _lift(hold, event="period_ended", actor=ACTOR, why="the quota's period ended")
@@ -252,11 +263,12 @@ def demoted_tenants() -> frozenset[str]:
     if not isinstance(found, frozenset):
         from fairqueue.models import TenantHold
 
-        found = frozenset(
-            TenantHold.objects.filter(
-                reason=TenantHold.QUOTA, action=TenantHold.DEMOTE, lifted_at__isnull=True
-            ).values_list("tenant_id", flat=True)
-        )
+        keys = TenantHold.objects.filter(
+            reason=TenantHold.QUOTA, action=TenantHold.DEMOTE, lifted_at__isnull=True
+        ).values_list("tenant_id", flat=True)
+        # an account's demotion demotes each of its tenants
+        members = account_tenants(keys)
+        found = frozenset(t for key in keys for t in members.get(key, [key]))
         cache.set(_DEMOTED_CACHE_KEY, found, int(DEMOTED_CHECK_S * 10))
     with _demoted_lock:
         _demoted = (time.monotonic(), found)

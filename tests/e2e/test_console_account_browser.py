@@ -46,6 +46,9 @@ def test_browser__account_page_from_the_admin_its_tenants_and_the_overview(
     assert console.text(f"{EMAIL} [data-fq-account-tenant='store-2'] [data-fq-at=waiting]") == "2"
     assert console.text(f"{row} [data-fq-at='entitled.normal']").endswith("%")
     assert page.locator(f"{EMAIL} [data-fq-account-tenant=solo]").count() == 0
+    # the account's own entitlement (weight 2 beside solo's 1), and its worker time
+    assert console.text(f"{EMAIL} [data-fq-at='account.normal']").endswith("%")
+    assert "s today" in console.text("[data-fq-a=usage]")
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "console-account.png"), full_page=True)
 

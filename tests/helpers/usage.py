@@ -1,9 +1,12 @@
 """Stock BullMQ workers that fail the jobs a test says, for the usage ledger, the quotas,
-the breaker's and the reruns' tests; the breaker's latest hold of a tenant."""
+the breaker's and the reruns' tests; the breaker's latest hold of a tenant; one-slot
+workers whose jobs end when the test says (the tenant and account quotas' tests)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 import time
 
 from bullmq import Worker
@@ -95,3 +98,79 @@ async def take_jobs_failing_first(
 
     await stock_worker_until(prefix, "email", process, count)
     return taken[:count]
+
+
+@contextlib.contextmanager
+def one_slot_worker(prefix, process, before_stop=lambda: None):
+    """A stock worker with one slot running ``process``, in a thread of its own;
+    ``before_stop`` runs first on the way out (its close waits for a running job)."""
+    from bullmq import Worker
+
+    from tests.helpers.keys import REDIS_URL
+
+    ready, stop = threading.Event(), threading.Event()
+
+    async def main():
+        options = {"connection": REDIS_URL, "prefix": prefix, "concurrency": 1}
+        worker = Worker("email", process, options)
+        ready.set()
+        while not stop.is_set():
+            await asyncio.sleep(0.01)
+        await worker.close()
+
+    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
+    thread.start()
+    ready.wait(30)
+    try:
+        yield
+    finally:
+        before_stop()
+        stop.set()
+        thread.join(30)
+
+
+def until_true(condition, release=False):
+    from fairqueue.broker import get_sync_broker
+
+    sync = get_sync_broker()
+    for _ in range(6000):
+        if condition():
+            return True
+        if release:
+            sync.run(sync.broker.limits.release, "email")  # the loop's release step
+        time.sleep(0.01)
+    return False
+
+
+class Gate:
+    """A stock worker's jobs each run until the test ends them (``finish``): the test,
+    not the clock, says how long each one ran."""
+
+    def __init__(self):
+        self.started: list[str] = []
+        self.finished = threading.Event()
+        self._end: dict[str, threading.Event] = {}
+        self.seen: list[tuple[str, float]] = []  # (level, ms run), as the worker measured
+
+    async def process(self, job, token):
+        began = time.monotonic()
+        end = self._end.setdefault(job.id, threading.Event())
+        self.started.append(job.id)
+        while not end.is_set():
+            await asyncio.sleep(0.005)
+        self.seen.append((job.data.get("priorityLevel"), (time.monotonic() - began) * 1000))
+
+    def finish(self, job_id):
+        self._end.setdefault(job_id, threading.Event()).set()
+
+
+@contextlib.contextmanager
+def gated_worker(prefix, gate):
+    """A one-slot stock worker whose jobs end when the test says (every one, at the end)."""
+
+    def finish_all():
+        for job_id in list(gate.started):
+            gate.finish(job_id)
+
+    with one_slot_worker(prefix, gate.process, finish_all):
+        yield

@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 
 from fairqueue.broker import MAX_PRIORITY, TAG_FLOOR, TAG_RESOLUTION, Broker, NewJob, SyncBroker
 from fairqueue.broker.lock_store import Fence
+from fairqueue.scheduling.fair_clock import FairClock
 from fairqueue.scheduling.levels import PriorityLevel
-from fairqueue.scheduling.order import FairClock, replaced_tag
+from fairqueue.scheduling.order import replaced_tag
 from fairqueue.scheduling.wire import flow_member
 from tests.helpers.history import commit_history_page
 from tests.helpers.keys import REDIS_URL, delete_prefix, run_prefix

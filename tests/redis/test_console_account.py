@@ -109,6 +109,26 @@ def test_account_page__unknown_ids_are_404_and_viewing_needs_the_permission(
     assert client.get(reverse(ACCOUNT, args=["acct/big"])).status_code == 302  # to login
 
 
+def test_account_page__shows_its_limits_and_quota_over_all_its_tenants(customers, viewer):
+    html = viewer.get(reverse(ACCOUNT, args=["acct/big"])).content.decode()
+    limits = html.split('data-fq-a="limits">', 1)[1].split("</dd>", 1)[0]
+    assert "at once: —" in limits and "rate: —" in limits
+    assert 'data-fq-a="quota">none<' in html
+    Account.objects.filter(account_id="acct/big").update(
+        max_active=4,
+        rate_max=10,
+        rate_duration_ms=1000,
+        max_waiting=500,
+        quota_worker_seconds=3600,
+        quota_period="month",
+    )
+    html = viewer.get(reverse(ACCOUNT, args=["acct/big"])).content.decode()
+    limits = html.split('data-fq-a="limits">', 1)[1].split("</dd>", 1)[0]
+    assert "at once: 4" in limits and "rate: 10 per " in limits
+    assert "waiting at most: 500" in limits
+    assert 'data-fq-a="quota">3,600 worker seconds a month<' in html
+
+
 def test_account_page__lists_at_most_its_first_tenants_and_says_how_many(customers, viewer):
     big = Account.objects.get(account_id="acct/big")
     TenantPlan.objects.bulk_create(
@@ -170,3 +190,57 @@ def test_metrics__accounts_running_counts_accounts_never_names_them(customers, c
     assert 'queue_fair_accounts_running{job_type="email",queue="email"} 2.0' in lines
     assert 'queue_fair_accounts_running{job_type="report",queue="report"} 0.0' in lines
     assert not any("acct" in line or "solo" in line for line in lines)
+
+
+def test_noisy_account__its_tenants_together_over_the_accounts_share_are_flagged(
+    customers, operator, client, redis_client
+):
+    """Four tenants of one account run 8 jobs while a tenant of none waits: each tenant
+    runs a quarter of the level, but the account (weight 1 beside the lone tenant's 1) is
+    entitled to half and runs all of it. The queue page lists the account, its page shows
+    its half, and /metrics counts one noisy account without naming it."""
+    many = Account.objects.create(account_id="acct/many", weight=1)
+    tenants = [f"many-{n}" for n in range(4)]
+    TenantPlan.objects.bulk_create(TenantPlan(tenant_id=t, account=many) for t in tenants)
+    jobs = [job for t in tenants for job in enqueue_jobs("email", [{}, {}], tenant_id=t)]
+    level = jobs[0].level
+    started: list[str] = []
+    release = threading.Event()
+    thread = holding_worker(customers, 8, started, release)
+    thread.start()
+    try:
+        assert wait_until(lambda: len(started) == 8, 15)
+        enqueue_jobs("email", [{} for _ in range(3)], tenant_id="solo", priority_level=level)
+        write_history(
+            redis_client, customers, {**{(level, t): 0.5 for t in tenants}, (level, "solo"): 1.0}
+        )
+        dashboard.clear_backlog_cache()
+        body = operator.get(reverse("admin:fairqueue_dashboard_stats"), {"queue": "email"}).json()
+        (stats,) = body["queues"]
+        (row,) = stats["noisy"]["accounts"]
+        assert (row["account"], row["level"], row["tenants"], row["running"]) == (
+            "acct/many",
+            level,
+            4,
+            8,
+        )
+        assert (row["share"], row["entitled"]) == ("100%", "50%")
+        assert row["account_url"] == reverse(ACCOUNT, args=["acct/many"])
+        assert stats["noisy"]["accounts_count"] == 1
+        page = operator.get(reverse("admin:fairqueue_dashboard_queue", args=["email"]))
+        assert 'data-fq-noisy-account="acct/many"' in page.content.decode()
+        overview = operator.get(reverse("admin:fairqueue_dashboard_changelist")).content
+        assert "1 noisy account(s)" in overview.decode()  # an amber attention item
+        html = operator.get(reverse(ACCOUNT, args=["acct/many"])).content.decode()
+        email = html.split('data-job-type="email"', 1)[1].split("</section>", 1)[0]
+        assert f'data-fq-at="account.{level}">50%<' in email
+        # its tenants share the account's half: each a quarter of it, once it asks
+        for tenant in tenants:
+            assert _cell(email, tenant, f"entitled.{level}") in ("12%", "13%"), tenant
+        metrics = client.get("/metrics").content.decode()
+    finally:
+        release.set()
+        thread.join(15)
+    lines = [line for line in metrics.splitlines() if line.startswith("queue_fair_noisy_accounts{")]
+    assert 'queue_fair_noisy_accounts{job_type="email",queue="email"} 1.0' in lines
+    assert not any("acct" in line or "many" in line for line in lines)

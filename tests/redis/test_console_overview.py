@@ -46,6 +46,31 @@ def test_noisy__a_flood_holding_the_workers_is_flagged_a_tenant_within_its_share
     assert (by_weight.entitled, by_weight.measured) == (0.5, False)
 
 
+def test_noisy__by_worker_time_a_tenant_of_short_jobs_within_its_share_is_never_flagged():
+    """Fairness by time: four workers' snapshot can show a tenant of short jobs within its
+    share holding 3 of 4; its worker time over the last minute says it is within it."""
+    level_weights = {"normal": 3}
+    flows = {
+        (level, tenant): FlowWeight(1, True)
+        for level, tenant in (("normal", "healthy"), ("normal", "slow"), ("normal", "failing"))
+    }
+    running = {("normal", "healthy"): 3, ("normal", "slow"): 1}
+    entitled = {("normal", "healthy"): 0.29, ("normal", "slow"): 0.36}
+    assert [n.tenant for n in noisy_tenants(running, level_weights, flows, entitled)] == [
+        "healthy"
+    ]  # by the snapshot alone
+    worked = {("normal", "healthy"): 0.28, ("normal", "slow"): 0.37}
+    assert noisy_tenants(running, level_weights, flows, entitled, worked) == []
+    assert noisy_tenants(running, level_weights, flows, entitled, {}) == []  # none recorded
+    # A flood by worker time too is flagged, with its share of the level's worker time.
+    (flagged,) = noisy_tenants(
+        running, level_weights, flows, entitled, {("normal", "healthy"): 0.7}
+    )
+    assert (flagged.tenant, flagged.worked) == ("healthy", 0.7)
+    with pytest.raises(ValueError, match=r"worked\[\('normal', 'slow'\)\]=1.5 is not allowed"):
+        noisy_tenants(running, level_weights, flows, entitled, {("normal", "slow"): 1.5})
+
+
 def test_overview__every_count_equals_bullmqs_for_held_delayed_failed_and_overdue_jobs(
     limited, client, redis_client
 ):

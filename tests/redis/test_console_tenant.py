@@ -103,8 +103,9 @@ def test_tenant_weight__counted_at_once_by_its_waiting_flow_and_its_levels_total
     from the virtual time, the other tenant's keep their places."""
     from fairqueue.broker import TAG_FLOOR, TAG_RESOLUTION
     from fairqueue.enqueue.priority import wire_tenant_plan_lookup
+    from fairqueue.scheduling.fair_clock import FairClock
     from fairqueue.scheduling.levels import PriorityLevel
-    from fairqueue.scheduling.order import FairClock, replaced_tag
+    from fairqueue.scheduling.order import replaced_tag
 
     normal = PriorityLevel.NORMAL
     TenantPlan.objects.create(tenant_id="acme", weight=1)

@@ -729,22 +729,7 @@ def test_promote_jobs__held_jobs_made_takeable_by_hand_are_held_again(
     assert wait_until(lambda: sum(i in acme for i in active_ids(redis_client, limited)) == 2, 10)
     promote_all(limited)
     ids = set(acme)
-
-    def acme_active() -> set[str]:
-        return ids & set(active_ids(redis_client, limited))
-
-    # until none is left on the wait list: the jobs running then are the 2 released and
-    # those taken from the wait list
-    taken: set[str] = set()
-    wait_key = f"{limited}:email:wait"
-    deadline = time.monotonic() + 5
-    while set(redis_client.lrange(wait_key, 0, -1)) & ids:
-        assert time.monotonic() < deadline, "the promoted jobs were not held again"
-        taken |= acme_active()
-        time.sleep(0.005)
-    taken |= acme_active()
-    # once those (300 ms jobs) have finished, the limit holds
-    assert wait_until(lambda: not acme_active() & taken, 5)
+    taken = _taken_off_the_wait_list(redis_client, limited, ids, "promoted")
     most = _most_active(redis_client, limited, ids, 1.0)
     starts = [s.job_id for s in worker.starts() if s.tenant == "acme"]
     print(
@@ -753,6 +738,25 @@ def test_promote_jobs__held_jobs_made_takeable_by_hand_are_held_again(
     )
     assert most <= 2, most
     assert len(starts) == len(set(starts))  # each ran once at most
+
+
+def _taken_off_the_wait_list(redis_client, prefix: str, ids: set[str], how: str) -> set[str]:
+    """The jobs of ``ids`` that workers took off BullMQ's wait list before the release
+    call held the rest again (those running once none is left there: the released ones
+    and those taken), waited for until they have finished (then the limit holds)."""
+
+    def active() -> set[str]:
+        return ids & set(active_ids(redis_client, prefix))
+
+    taken: set[str] = set()
+    deadline = time.monotonic() + 5
+    while set(redis_client.lrange(f"{prefix}:email:wait", 0, -1)) & ids:
+        assert time.monotonic() < deadline, f"the {how} jobs were not held again"
+        taken |= active()
+        time.sleep(0.005)
+    taken |= active()
+    assert wait_until(lambda: not active() & taken, 5)
+    return taken
 
 
 def retry_all(prefix: str) -> None:
@@ -821,19 +825,7 @@ def test_retry_jobs__a_limited_tenants_retried_jobs_never_run_over_its_limit(
     assert wait_until(lambda: redis_client.zscore(done, beta[0].job_id) is not None, 15)
     retry_all(limited)
     ids = set(acme)
-
-    def acme_active() -> set[str]:
-        return ids & set(active_ids(redis_client, limited))
-
-    taken: set[str] = set()
-    wait_key = f"{limited}:email:wait"
-    deadline = time.monotonic() + 5
-    while set(redis_client.lrange(wait_key, 0, -1)) & ids:
-        assert time.monotonic() < deadline, "the retried jobs were not held again"
-        taken |= acme_active()
-        time.sleep(0.005)
-    taken |= acme_active()
-    assert wait_until(lambda: not acme_active() & taken, 5)
+    taken = _taken_off_the_wait_list(redis_client, limited, ids, "retried")
     most = _most_active(redis_client, limited, ids, 1.0)
     starts = [s.job_id for s in worker.starts() if s.tenant == "acme"]
     print(

@@ -21,8 +21,9 @@ from fairqueue.broker import (
     get_sync_broker,
 )
 from fairqueue.enqueue.api import enqueue_job, enqueue_jobs
+from fairqueue.scheduling.fair_clock import FairClock
 from fairqueue.scheduling.levels import PriorityLevel
-from fairqueue.scheduling.order import FairClock, replaced_tag
+from fairqueue.scheduling.order import replaced_tag
 from tests.helpers import drain_with_stock_worker
 from tests.helpers.history import commit_history_page
 from tests.helpers.keys import REDIS_URL, delete_prefix, run_prefix
@@ -697,5 +698,44 @@ def test_an_overrun_of_a_flow_with_no_work_left_is_paid_by_its_next_job(fq_prefi
         )
         assert redis_client.zscore(key, again.job_id) > redis_client.zscore(key, newcomer.job_id)
         assert not redis_client.hexists(f"{fq_prefix}:q:fq:state", "p:normal\na")  # paid once
+    finally:
+        broker.close()
+
+
+def test_a_refund_moves_the_flows_waiting_jobs_earlier_and_jobs_added_meanwhile_follow(
+    fq_prefix, redis_client
+):
+    """A flow's underrun moves its waiting jobs earlier at once (none behind the virtual
+    time, none onto another), not only its last tag: a flood's backlog would keep the
+    refund from counting until it drained. Jobs the flow adds while the move is paged go
+    behind its old last tag; once the move is done its next job comes the move earlier,
+    before them."""
+    redis_client.hset(f"{fq_prefix}:q:fq:state", "typ", 100)
+    broker = SyncBroker(Broker(REDIS_URL, fq_prefix))
+    clock, placed = FairClock(), {}
+    key, flows = f"{fq_prefix}:q:prioritized", f"{fq_prefix}:q:fq:flows"
+    try:
+        added = _add_as_the_model(
+            broker, redis_client, clock, placed, key, [(N, "quick", 1), (N, "slow", 1)] * 20
+        )
+        owner = {job.job_id: ("quick", "slow")[i % 2] for i, job in enumerate(added)}
+        last = redis_client.zscore(flows, "normal\nquick")
+        commit_history_page(fq_prefix, [(N, "quick", -8.0)])  # begun, no page run yet
+        assert redis_client.zscore(flows, "normal\nquick") == last
+        meanwhile = _add(broker, [(N, "quick", 1)] * 2)
+        scores = {job.job_id: redis_client.zscore(key, job.job_id) for job in meanwhile}
+        while broker.run(broker.broker.limits.replace_pages, "q", pages=1):
+            pass
+        # 8 turns of the level's split of 2: 96 tags, the jobs added meanwhile not moved
+        assert {job.job_id: redis_client.zscore(key, job.job_id) for job in meanwhile} == scores
+        assert redis_client.zscore(flows, "normal\nquick") == last + 2 * 12 - 96  # a job: 12
+        (after,) = _add(broker, [(N, "quick", 1)])
+        assert redis_client.zscore(key, after.job_id) < min(scores.values())
+        # 8 turns back within 8 turns: its jobs within 16 turns of the virtual time come
+        # half as far from it (no two on one tag), the rest 8 turns earlier
+        taken = [owner[job_id] for job_id, _ in redis_client.zpopmin(key, 24)]
+        assert Counter(taken) == {"quick": 16, "slow": 8}
+        moved = clock.charge(N, "quick", -8.0)
+        assert moved is not None and moved[2] == -96
     finally:
         broker.close()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-import threading
 import time
 
 import pytest
@@ -17,7 +16,7 @@ from fairqueue.rebalance.passes import rebalance_queue
 from fairqueue.rebalance.usage_step import UsageStep
 from fairqueue.usage import holds, quotas
 from tests.helpers import metric
-from tests.helpers.usage import work_jobs
+from tests.helpers.usage import Gate, gated_worker, one_slot_worker, until_true, work_jobs
 
 # Timing-sensitive (live workers, loops): `make test` runs them after the parallel part.
 pytestmark = pytest.mark.serial
@@ -115,50 +114,8 @@ def _stock_worker(prefix, seen, job_s=0.0):
             await asyncio.sleep(job_s)
         seen.append((job.data.get("priorityLevel"), (time.monotonic() - started) * 1000))
 
-    with _one_slot_worker(prefix, process):
+    with one_slot_worker(prefix, process):
         yield
-
-
-@contextlib.contextmanager
-def _one_slot_worker(prefix, process, before_stop=lambda: None):
-    """A stock worker with one slot running ``process``, in a thread of its own;
-    ``before_stop`` runs first on the way out (its close waits for a running job)."""
-    from bullmq import Worker
-
-    from tests.helpers.keys import REDIS_URL
-
-    ready, stop = threading.Event(), threading.Event()
-
-    async def main():
-        options = {"connection": REDIS_URL, "prefix": prefix, "concurrency": 1}
-        worker = Worker("email", process, options)
-        ready.set()
-        while not stop.is_set():
-            await asyncio.sleep(0.01)
-        await worker.close()
-
-    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
-    thread.start()
-    ready.wait(30)
-    try:
-        yield
-    finally:
-        before_stop()
-        stop.set()
-        thread.join(30)
-
-
-def _until(condition, release=False):
-    from fairqueue.broker import get_sync_broker
-
-    sync = get_sync_broker()
-    for _ in range(6000):
-        if condition():
-            return True
-        if release:
-            sync.run(sync.broker.limits.release, "email")  # the loop's release step
-        time.sleep(0.01)
-    return False
 
 
 def _one_job_at_a_time(prefix, redis_client, seen, *, most=40):
@@ -173,7 +130,7 @@ def _one_job_at_a_time(prefix, redis_client, seen, *, most=40):
     with _stock_worker(prefix, seen, job_s=0.2):
         for _ in range(most):
             (job,) = enqueue_jobs("email", [{"i": 0}], tenant_id="acme")
-            assert _until(lambda job_id=job.job_id: ended(job_id))
+            assert until_true(lambda job_id=job.job_id: ended(job_id))
             _settle()
             if TenantHold.objects.filter(tenant_id="acme", lifted_at__isnull=True).exists():
                 return
@@ -181,7 +138,7 @@ def _one_job_at_a_time(prefix, redis_client, seen, *, most=40):
 
 def _drain(prefix, count, seen):
     with _stock_worker(prefix, seen):
-        assert _until(lambda: len(seen) >= count, release=True)
+        assert until_true(lambda: len(seen) >= count, release=True)
 
 
 @pytest.mark.django_db
@@ -239,40 +196,6 @@ def test_quota__a_tenant_gets_its_quota_and_at_most_one_job_more_then_all_of_it_
     assert not TenantHold.objects.filter(tenant_id="acme", lifted_at__isnull=True).exists()
 
 
-class _Gate:
-    """A stock worker's jobs each run until the test ends them (``finish``): the test,
-    not the clock, says how long each one ran."""
-
-    def __init__(self):
-        self.started: list[str] = []
-        self.finished = threading.Event()
-        self._end: dict[str, threading.Event] = {}
-        self.seen: list[tuple[str, float]] = []  # (level, ms run), as the worker measured
-
-    async def process(self, job, token):
-        began = time.monotonic()
-        end = self._end.setdefault(job.id, threading.Event())
-        self.started.append(job.id)
-        while not end.is_set():
-            await asyncio.sleep(0.005)
-        self.seen.append((job.data.get("priorityLevel"), (time.monotonic() - began) * 1000))
-
-    def finish(self, job_id):
-        self._end.setdefault(job_id, threading.Event()).set()
-
-
-@contextlib.contextmanager
-def _gated_worker(prefix, gate):
-    """A one-slot stock worker whose jobs end when the test says (every one, at the end)."""
-
-    def finish_all():
-        for job_id in list(gate.started):
-            gate.finish(job_id)
-
-    with _one_slot_worker(prefix, gate.process, finish_all):
-        yield
-
-
 @pytest.mark.django_db
 @pytest.mark.parametrize("action", ["hold", "demote"])
 def test_quota__counts_running_attempts_so_it_acts_while_the_crossing_job_still_runs(
@@ -297,17 +220,17 @@ def test_quota__counts_running_attempts_so_it_acts_while_the_crossing_job_still_
     rebalance_queue("email", rebalancer="quota-test")
     backlog = 4 if action == "hold" else 2
     jobs = enqueue_jobs("email", [{"i": i} for i in range(backlog)], tenant_id="acme")
-    gate = _Gate()
+    gate = Gate()
     step = UsageStep()
 
     def held():
         return TenantHold.objects.filter(tenant_id="acme", lifted_at__isnull=True).exists()
 
-    with _gated_worker(fq_prefix, gate):
-        assert _until(lambda: gate.started == [jobs[0].job_id])
+    with gated_worker(fq_prefix, gate):
+        assert until_true(lambda: gate.started == [jobs[0].job_id])
         time.sleep(0.8)
         gate.finish(jobs[0].job_id)
-        assert _until(lambda: len(gate.started) == 2)
+        assert until_true(lambda: len(gate.started) == 2)
         _settle()  # job 1's 0.8 s ended, job 2 just started: watched, not over
         assert not held()
         assert len(quotas.watch) == 1
@@ -323,17 +246,17 @@ def test_quota__counts_running_attempts_so_it_acts_while_the_crossing_job_still_
             (late,) = enqueue_jobs("email", [{"i": 9}], tenant_id="acme")
             assert late.level.value == "low"
         gate.finish(jobs[1].job_id)
-        assert _until(lambda: len(gate.seen) == 2)
+        assert until_true(lambda: len(gate.seen) == 2)
         _settle()
         if action == "hold":  # the backlog stays held: nothing more starts
-            assert _until(
+            assert until_true(
                 lambda: redis_client.llen(f"{fq_prefix}:email:fq:lim:held:acme") == backlog - 2,
                 release=True,
             )
         else:  # the rest runs, at low if sent after the demotion
-            assert _until(lambda: len(gate.started) == 3)
+            assert until_true(lambda: len(gate.started) == 3)
             gate.finish(gate.started[2])
-            assert _until(lambda: len(gate.seen) == 3)
+            assert until_true(lambda: len(gate.seen) == 3)
     mine = [ms for level, ms in gate.seen if level == "normal"]
     assert len(mine) == 2
     assert sum(mine) <= 2_000 + max(mine)  # its quota and at most one job more

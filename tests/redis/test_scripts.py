@@ -8,43 +8,19 @@ import pytest
 
 from fairqueue.broker import scripts
 
+LUA = files(scripts.__package__).joinpath("lua")
+#: Every shipped script: the wrapped ones and each of ``lua/*.lua`` (a new file is in).
 SCRIPTS = [
     scripts.add_jobs_script,
     scripts.add_delayed_script,
     scripts.adopt_page_script,
     scripts.stalled_page_script,
-    scripts.release_held_script,
     *(
-        (lambda name=name: scripts.plain_script(name))
-        for name in (
-            "index_walk",
-            "rebase_page",
-            "lock_acquire",
-            "lock_release",
-            "dashboard_page",
-            "dashboard_scan",
-            "order_head",
-            "tenant_jobs",
-            "history_seek",
-            "history_rows",
-            "history_commit",
-            "forget_obliterated",
-            "limits_walk",
-            "limits_rows",
-            "limits_restore",
-            "estimate_start",
-            "job_status",
-            "reweight",
-            "reweight_page",
-            "usage_flushed",
-            "usage_running",
-            "remove_waiting",
-            "vt_sample",
-        )
+        (lambda name=path.name.removesuffix(".lua"): scripts.plain_script(name))
+        for path in sorted(LUA.iterdir(), key=lambda path: path.name)
+        if path.name.endswith(".lua")
     ),
-    scripts.retry_failed_script,
 ]
-LUA = files(scripts.__package__).joinpath("lua")
 #: Where fairqueue's Lua hands a wrapped BullMQ script its own ARGV (BullMQ's positions).
 _BULLMQS_ARGV = re.compile(r"^\s*ARGV\[1\](?:, ARGV\[\d\])* = ")
 

@@ -10,7 +10,7 @@ import pytest
 
 from fairqueue.enqueue.api import enqueue_jobs
 from fairqueue.rebalance.passes import rebalance_queue
-from fairqueue.scheduling.attempts import Event, Run, Start
+from fairqueue.scheduling.attempt_events import Event, Run, Start
 from fairqueue.scheduling.usage import UsageValues, day_of, page_usage, split_member, total
 from fairqueue.usage.ledger import write_all_usage
 from tests.helpers.usage import work_jobs

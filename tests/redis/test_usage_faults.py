@@ -17,7 +17,7 @@ from fairqueue import conf
 from fairqueue.enqueue.api import enqueue_jobs
 from fairqueue.rebalance.passes import rebalance_queue
 from fairqueue.rebalance.usage_step import UsageStep
-from fairqueue.scheduling.attempts import Event, Start
+from fairqueue.scheduling.attempt_events import Event, Start
 from fairqueue.scheduling.usage import day_of, page_usage
 from fairqueue.usage import breaker, holds, quotas
 from tests.helpers import wait_until

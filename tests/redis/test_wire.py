@@ -32,6 +32,10 @@ elseif kind == 'account' then
   local account, weight = fqAccountMetaSplit(ARGV[4])
   return {fqAccountMeta(ARGV[2], tonumber(ARGV[3])), account, tostring(weight),
     fqAccountMember(ARGV[5], ARGV[2])}
+elseif kind == 'state' then
+  local st = {T = tonumber(ARGV[2]), A = tonumber(ARGV[3]), horizon = tonumber(ARGV[4]),
+    spacing = tonumber(ARGV[5])}
+  return fqAccountStatePack(st)
 elseif kind == 'delayed' then
   local level, weight, tenant = fqDelayedMetaSplit(ARGV[5])
   return {fqDelayedMeta(ARGV[2], tonumber(ARGV[3]), ARGV[4]), level, weight, tenant}
@@ -95,6 +99,19 @@ def test_an_account_meta_and_member_are_built_and_split_alike(redis_client, leve
     assert wire.split_account_meta(meta) == (lua_account, int(lua_weight)) == (account, weight)
     assert member == wire.account_member(level, account)
     assert wire.split_flow_member(member) == (level, "\n" + account)  # no tenant id is one
+
+
+@FAST
+@given(mates=weights, weight=weights, horizon=st.none() | st.floats(0, 1e9), spacing=weights)
+def test_an_account_state_is_read_as_the_scripts_pack_it(
+    redis_client, mates, weight, horizon, spacing
+):
+    packed = redis_client.eval(
+        LUA, 0, "state", mates, weight, "" if horizon is None else repr(horizon), spacing
+    )
+    assert wire.split_account_state(packed) == (mates, weight)
+    assert wire.split_account_state(None) is None
+    assert wire.split_account_state("3\n1") is None
 
 
 @FAST

@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 
 from fairqueue import InvalidJobOptionError, conf, enqueue_job
 from fairqueue.rebalance.passes import rebalance_queue
+from fairqueue.scheduling.fair_clock import FairClock
 from fairqueue.scheduling.levels import PriorityLevel
 from fairqueue.scheduling.order import (
     MAX_COST_TURNS,
     MIN_COST_TURNS,
-    FairClock,
     cost_turns,
     overrun_turns,
     settle_debt,

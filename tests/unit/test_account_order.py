@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fairqueue.scheduling.fair_clock import FairClock
 from fairqueue.scheduling.levels import PriorityLevel
-from fairqueue.scheduling.order import FairClock
 
 C, H, N, L = PriorityLevel.CRITICAL, PriorityLevel.HIGH, PriorityLevel.NORMAL, PriorityLevel.LOW
 RANK = {C: 0, H: 1, N: 2, L: 3}

@@ -201,6 +201,22 @@ def test_usage_list__top_consumers_per_plan_tier_this_month(admin_client, may_20
     assert section.index(">gamma<") < section.index(">delta<")
 
 
+def test_usage_list__filtered_by_account_totals_its_tenants_rows(admin_client, may_2019):
+    from fairqueue.models import Account
+    from fairqueue.usage.account_quotas import account_used_ms
+
+    shop = Account.objects.create(account_id="shop & co")
+    TenantPlan.objects.filter(tenant_id__in=["acme", "beta"]).update(account=shop)
+    url = reverse("admin:fairqueue_tenantusage_changelist")
+    page = admin_client.get(url, {"account": "shop & co"})
+    shown = sorted(row.tenant_id for row in page.context["cl"].queryset)
+    assert shown == ["acme", "acme", "acme", "beta"]  # its two tenants, every day
+    assert page.context["usage_totals"]["worker_ms"] == 9_000 + 3_000 + 99_000 + 5_000
+    # the month's worker time, as the account's quota counts it
+    assert account_used_ms("shop & co", "month") == 9_000 + 3_000 + 5_000
+    assert "shop &amp; co" in page.content.decode()  # offered among the filter's accounts
+
+
 def test_tenant_plan_change_page__its_usage_link_keeps_an_odd_tenant_id_whole(admin_client):
     """A tenant id with ``&``, ``#`` or a space must reach the usage list's search whole:
     unescaped, ``a&b`` searched for ``a`` and ``x#1`` for ``x``."""

@@ -11,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fairqueue.broker.stream_rows import parse_event, parse_start
-from fairqueue.scheduling import attempts
-from fairqueue.scheduling.attempts import Event, PageRecord, Run, Start
+from fairqueue.scheduling import attempt_events, attempts
+from fairqueue.scheduling.attempt_events import Event, Run, Start
+from fairqueue.scheduling.attempts import PageRecord
 from fairqueue.scheduling.shares import wait_bin
 
 NOW_S = 1_800_000_000
@@ -24,7 +25,7 @@ OPTIONS = {
     "bound_ms": 2_000,
     "wait_bin": wait_bin,
 }
-LEVELS = sorted(attempts.LEVELS)
+LEVELS = sorted(attempt_events.LEVELS)
 
 
 @st.composite
@@ -298,7 +299,7 @@ def test_fold_stalls__a_re_add_the_stalled_check_wrote_is_a_lost_attempt_not_a_r
         Event("start", "2", 30_100),
         Event("end", "2", 30_200, ok=True),
     ]
-    folded = attempts.fold_stalls(events)
+    folded = attempt_events.fold_stalls(events)
     assert [(e.kind, e.job_id) for e in folded] == [
         ("start", "1"),
         ("start", "2"),
@@ -315,7 +316,7 @@ def test_fold_stalls__a_re_add_the_stalled_check_wrote_is_a_lost_attempt_not_a_r
 
 
 def test_cut_before_trailing_retry__keeps_a_last_re_add_for_the_next_page_when_cut():
-    cut = attempts.cut_before_trailing_retry
+    cut = attempt_events.cut_before_trailing_retry
     assert cut(["start", None, "retry"], cut=True) == 2
     assert cut(["start", None, "retry"], cut=False) == 3  # the page is the stream's end
     assert cut(["start", "retry", "end"], cut=True) == 3
@@ -400,7 +401,7 @@ def test_parse_start__never_raises_on_what_another_producer_may_store(row):
 def test_run_decode__never_raises_on_any_text(text):
     """fq:run entries another version (or a hand) wrote are no run, never an exception."""
     run = Run.decode(text)
-    assert run is None or (run.level in attempts.LEVELS and Run.decode(run.encode()) == run)
+    assert run is None or (run.level in attempt_events.LEVELS and Run.decode(run.encode()) == run)
 
 
 def test_parse_start__a_ready_time_that_overflows_is_unknown_not_an_error():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 
 from fairqueue.conf.usage_settings import BreakerSettings
-from fairqueue.scheduling.attempts import Event, Start
+from fairqueue.scheduling.attempt_events import Event, Start
 from fairqueue.scheduling.usage import page_usage
 from fairqueue.usage.breaker import attempt_outcomes, failing
 from fairqueue.usage.ledger import Change

@@ -207,7 +207,8 @@ def imports_of_test_modules(*roots: Path) -> list[str]:
 def page_shape_breaches(root: Path) -> list[str]:
     """Console page modules (those defining a ``ConsolePage`` subclass) of ``root``'s
     ``dashboard/`` not of the one shape: more than one page class, no frozen dataclass,
-    or a ``_context(...)`` call handing its template anything but ``page=``."""
+    or a ``_context(...)``/``_show(...)`` call handing its template anything but
+    ``page=``."""
     found = []
     for path in sorted((root / "dashboard").glob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -239,10 +240,10 @@ def page_shape_breaches(root: Path) -> list[str]:
             if (
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "_context"
+                and node.func.attr in ("_context", "_show")
                 and [k.arg for k in node.keywords] != ["page"]
             ):
-                found.append(f"{name}:{node.lineno}: _context without page= alone")
+                found.append(f"{name}:{node.lineno}: {node.func.attr} without page= alone")
     return found
 
 
@@ -446,10 +447,13 @@ def test_a_console_page_of_another_shape_is_found(tmp_path):
             "dashboard/two.py": page + "class A(ConsolePage): ...\nclass B(ConsolePage): ...\n",
             "dashboard/bare.py": "class C(ConsolePage): ...\n",
             "dashboard/helper.py": "def f(self, r):\n    return self._context(r, 't', x=1)\n",
+            "dashboard/rendered.py": page + "class R(ConsolePage):\n"
+            "    def v(self, r):\n        return self.admin._show(r, 'f', 't', rows=[])\n",
         },
     )
     assert page_shape_breaches(root) == [
         "pkg/dashboard/bare.py: no frozen dataclass",
         "pkg/dashboard/loose.py:8: _context without page= alone",
+        "pkg/dashboard/rendered.py:8: _show without page= alone",
         "pkg/dashboard/two.py: 2 page classes",
     ]

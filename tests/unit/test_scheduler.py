@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fairqueue.scheduling.fair_clock import FairClock
 from fairqueue.scheduling.levels import DEFAULT_FAIR_WEIGHTS, PriorityLevel
 from fairqueue.scheduling.order import (
     AGED,
     WEIGHTED_FAIR,
-    FairClock,
     PendingJob,
     job_id_sort_key,
     order_by_occupancy,
@@ -410,7 +410,7 @@ def test_fair_clock__a_reweighted_flow_and_its_level_count_the_new_weight_at_onc
     weight and total; a job placed with the weight stored when it was enqueued (a held or
     delayed job) does not undo it while the flow has work."""
     from fairqueue.scheduling.levels import PriorityLevel
-    from fairqueue.scheduling.order import FairClock, flow_step
+    from fairqueue.scheduling.order import flow_step
 
     normal = PriorityLevel.NORMAL
     clock = FairClock()

@@ -28,7 +28,7 @@
   second> (zset '<level>\n<tenant>' -> started, trimmed to the most served).
   A settlement (one a flow a page) moves the flow's waiting jobs and its last tag by its
   whole turns (a flow whose jobs ran long waits longer from its next turn on, not only
-  behind its backlog; a refund moves its last tag only), at the
+  behind its backlog; one whose jobs ran short, less, none behind the virtual time), at the
   flow's weight and its level's total as they are now: begun here in fq:rw, paged by
   reweight_page.lua; while a move of the flow is in progress, kept in its balance
   ('d:<member>') for a later page. A flow
@@ -148,7 +148,7 @@ local function g(x) return string.format('%.17g', x) end
 local function replace(member, level, last, ratio, tags, repay)
   redis.call('HSET', KEYS[10], member, table.concat({g(vt), g(ratio), g(last), level, '', '',
     g(base), g(tags), repay and 'paid' or ''}, '\n'))
-  local moved = math.max(vt, vt + tags + (last - vt) * ratio)
+  local moved = fqReplaced(last, vt, ratio, tags)
   if moved > last then redis.call('ZADD', KEYS[5], g(moved), member) end
 end
 local function settle(member, level, debt, text)
@@ -161,14 +161,11 @@ local function settle(member, level, debt, text)
     -- settles its overruns too.
     redis.call('HINCRBYFLOAT', KEYS[4], 'p:' .. member, text) -- the page's text
   elseif last and rank then
-    local tags = tagsOf(member, level, rank, debt)
-    if tags < 0 then
-      -- a refund: its next jobs placed earlier (its waiting jobs moved earlier would leave
-      -- a gap before those a flood places meanwhile, at its last tag)
-      redis.call('ZADD', KEYS[5], g(last + tags), member)
-    elseif redis.call('HEXISTS', KEYS[10], member) == 0 then
-      -- paid at once: its waiting jobs move later, not only the jobs placed after them
-      replace(member, level, last, 1, tags, false)
+    if redis.call('HEXISTS', KEYS[10], member) == 0 then
+      -- paid at once, both ways: its waiting jobs move (a refund: earlier, none behind
+      -- the virtual time), not only the jobs placed after them, which a flood's backlog
+      -- would keep from counting until it drained
+      replace(member, level, last, 1, tagsOf(member, level, rank, debt), false)
     else
       -- its jobs are being moved: kept in its balance (in turns of the typical time now,
       -- as the page's), for a page after the move to settle
@@ -185,9 +182,10 @@ for i = from, to, 3 do settle(ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), ARGV[
 -- Flows measured for the first time, off what their jobs paid cold (member, level, ratio,
 -- shift turns; ratio 1: a flow's cold runs that ended later, their overrun the shift):
 -- their waiting jobs are placed again from the virtual time at the ratio, the shift
--- later (replace), each moved job's fqPaid scaled with it, when they move later. A flow
--- with no work, with a move in progress, or cheaper than it paid (its jobs' charges
--- repay it, each against what it paid), gets the shift as a settlement.
+-- later (replace), each moved job's fqPaid scaled with it, whichever way they move (a
+-- cheaper flood's backlog repaid only by its jobs' charges would be repaid when it
+-- drained). A flow with no work, or with a move in progress, gets the shift as a
+-- settlement.
 -- Work: a few commands a flow, at most once per flow (its first measurement).
 from, to = section(4)
 for i = from, to, 4 do
@@ -196,10 +194,9 @@ for i = from, to, 4 do
   local last = tonumber(redis.call('ZSCORE', KEYS[5], member))
   local rank = fqLevelRank[level]
   readVt()
-  if rank and last and last > vt and ratio >= 1 and shift >= 0
-    and redis.call('HEXISTS', KEYS[10], member) == 0 then
+  if rank and last and last > vt and redis.call('HEXISTS', KEYS[10], member) == 0 then
     replace(member, level, last, ratio, tagsOf(member, level, rank, shift), ratio ~= 1)
-  elseif shift ~= 0 then -- cheaper than it paid: each job's charge repays it
+  elseif shift ~= 0 then
     settle(member, level, shift, ARGV[i + 3])
   end
 end

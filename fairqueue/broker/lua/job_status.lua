@@ -19,7 +19,8 @@
               limits encoded, paused, catching up, held, occupied, placement of a new
               job of its flow (a held job's, fqEtaReply, else {}), clock (a waiting job's),
               history, who is asking (fqEtaAsking; {} unless waiting or held), the
-              tenant's counted weight in its flow (a waiting job's)
+              tenant's counted weight in its flow (a waiting job's), its account and
+              the account's weight ('': none; its flow's, or a held job's meta's)
 ]]
 --- @argv id fairness bucket_s buckets
 --- @include eta_place
@@ -34,6 +35,8 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local waitLen = redis.call('LLEN', K.wait)
 local state, ahead, score, due, tenant, level = 'gone', -1, '', '', '', ''
 local limits, paused, catchup, held, occupied, place = '', 0, 0, 0, 0, {}
+local account, accountW = '', ''
+
 
 -- A held job's place among its tenant's held jobs (-1: not known): its rank in
 -- L:hrank:<t> (tenant_limits.lua), O(log n), plus the held jobs the index lacks (held
@@ -125,6 +128,8 @@ if state == 'held' and tenant ~= 'queue paused' then
   local meta = redis.call('HGET', L .. ':meta', id) or ''
   local mlevel, mweight = string.match(meta, '^(%a+)\n(%d+)')
   if mlevel then level = mlevel end
+  local _, _, _, macct, maw = fqHeldMetaSplit(meta)
+  if macct then account, accountW = macct, maw end
   if fqLevelRank[level] then
     local etaClock = fqEtaClock(K)
     local placement = fqEtaPlace(K, etaClock, level, tenant, tonumber(mweight) or 1, nil,
@@ -139,7 +144,13 @@ if state == 'waiting' and score ~= '' then
     fqEtaNum(etaClock.cursor), fqEtaNum(etaClock.typical)}
   tenant = tenantOf()
   if level ~= '' then
-    fweight = redis.call('HGET', K.fweights, fqFlowMember(level, tenant)) or ''
+    local member = fqFlowMember(level, tenant)
+    local row = redis.call('HMGET', K.fweights, member, 's\n' .. member)
+    fweight = row[1] or ''
+    local of = fqFlowAccount(row[2])
+    local st = of and fqAccountStateSplit(redis.call('HGET', K.fweights,
+      fqAccountMember(level, of)))
+    if st then account, accountW = of, st.A end
   end
   asking = fqEtaAsking(K, L, etaClock, now, tonumber(ARGV.bucket_s), tonumber(ARGV.buckets))
 elseif state == 'held' and fqLevelRank[level] then
@@ -148,4 +159,5 @@ elseif state == 'held' and fqLevelRank[level] then
 end
 return {now, waitLen, state, ahead, score, level, tenant == 'queue paused' and '' or tenant,
   due, fields[2] or '', fields[3] or '', limits, paused, catchup, held, occupied, place, clock,
-  fqEtaRate(K, now, tonumber(ARGV.bucket_s), tonumber(ARGV.buckets)), asking, fweight}
+  fqEtaRate(K, now, tonumber(ARGV.bucket_s), tonumber(ARGV.buckets)), asking, fweight,
+  account, accountW}

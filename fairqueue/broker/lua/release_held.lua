@@ -189,6 +189,7 @@ if mode == 'scan' and (ARGV.where == 'delayed' or ARGV.where == 'wait') then
           fqUnindex(K.ready, prefix .. id, id, math.floor(tonumber(score) / 4096))
           redis.call('ZADD', KEYS[2], 'XX', string.format('%.17g', fqHeldScore), id)
           redis.call('ZADD', L .. ':later:' .. t, math.floor(tonumber(score) / 4096), id)
+          fqAccountHeld(L, t, id)
           redis.call('SADD', L .. ':tenants', t)
           fqDue(L, t, math.floor(tonumber(score) / 4096))
         else
@@ -296,6 +297,7 @@ if mode == 'pullback' then
       redis.call('LPUSH', L .. ':held:' .. t, id)
       fqRankFront(L, t, id)
       redis.call('SREM', L .. ':out:' .. t, id)
+      fqAccountLeaves(L, t, id)
       redis.call('ZREM', L .. ':rate:' .. t, id)
       moved = moved + 1
     end
@@ -369,6 +371,7 @@ local probeId = '' -- mode 'probe': the job released
 local heldBy = {max_active = 0, rate = 0, paused = 0}
 local c = nil
 local visits, work = 0, 0 -- tenants visited, their released jobs walked (fqOccupied)
+local accounts = {} -- the accounts visited (fqAccountVisit)
 for _, t in ipairs(tenants) do
   local heldKey = L .. ':held:' .. t
   local outKey = L .. ':out:' .. t
@@ -388,6 +391,11 @@ for _, t in ipairs(tenants) do
   end
   local tokens = nil -- the rate bucket's tokens, when the tenant has a rate limit
   local encoded = redis.call('HGET', L, t)
+  -- its account's state, when the account has limits (once per call and account)
+  local acctId = fqAccountOf(L, t)
+  local acct = acctId and fqAccountVisit(L, accounts, acctId, prefix, KEYS[4], KEYS[5],
+    K.prioritized, now)
+  local byAccount = nil -- the account's limit that keeps its held jobs, if it binds
   local paused = redis.call('HEXISTS', L .. ':paused', t) == 1
   -- the slots it occupies, checked against BullMQ's own sets at every visit: a tenant
   -- stays in L:tenants until its last released job has finished, so none is left behind;
@@ -409,37 +417,20 @@ for _, t in ipairs(tenants) do
       -- (the caller checked that nothing but the breaker holds it here)
       if mode == 'probe' then count = 1 end
     else
-      if lim.maxActive then
-        local room = lim.maxActive - occupied
-        if room < 0 then room = 0 end
-        if room < count then count, reason = room, 'max_active' end
-      end
-      local rateKey = L .. ':rate:' .. t
-      if lim.rateMax and lim.rateMs then
-        -- the log holds each release until its job starts, then its start (fqStamp): a
-        -- window counts the starts in it, the releases not started yet, and (takeableOld)
-        -- the untaken jobs released before it, so no window holds more than rate_max starts
-        redis.call('ZREMRANGEBYSCORE', rateKey, '-inf', now - lim.rateMs)
-        local room = lim.rateMax - redis.call('ZCARD', rateKey) - takeableOld
-        -- paced by a small bucket refilled at the rate (fairqueue.scheduling.limits
-        -- .rate_burst), so starts spread over the window instead of coming in bursts of
-        -- rate_max; the log above still bounds any window to rate_max
-        local burst = math.max(2, math.ceil(lim.rateMax / 10))
-        local bucket = redis.call('HMGET', L .. ':bucket:' .. t, 'tokens', 'at')
-        tokens = tonumber(bucket[1])
-        if tokens then
-          tokens = math.min(burst, tokens + (now - tonumber(bucket[2])) * lim.rateMax / lim.rateMs)
-        else
-          tokens = burst
+      count, reason, tokens = fqLimitRoom(lim, count, occupied, L .. ':rate:' .. t,
+        L .. ':bucket:' .. t, takeable, takeableOld, now)
+      -- its account's limits hold too (account_limits.lua): the smaller room, and the
+      -- account's reason when it is the account's that binds
+      if acct then
+        local room, why, atokens = fqLimitRoom(acct.lim, count, acct.occupied,
+          acct.rateKey, acct.bucketKey, acct.takeable, acct.old, now)
+        acct.tokens = atokens
+        -- and no account has more than TAKEABLE_CAP released jobs untaken (its L:aout
+        -- stays small: fqAccountVisit walks it)
+        if {{TAKEABLE_CAP}} - acct.takeable < room then
+          room, why = math.max(0, {{TAKEABLE_CAP}} - acct.takeable), nil
         end
-        if math.floor(tokens) < room then room = math.floor(tokens) end
-        -- the log counts releases; a job released but not taken yet (the workers are
-        -- busy) would start later in a bunch: at most a burst of them waits takeable
-        if burst - takeable < room then room = burst - takeable end
-        if room < 0 then room = 0 end
-        if room < count then count, reason = room, 'rate' end
-      else
-        redis.call('DEL', rateKey, L .. ':bucket:' .. t)
+        if room < count then count, reason, byAccount = room, why, why end
       end
       -- a resumed tenant's backlog drains with the slots the others leave: while other
       -- jobs wait, a few of its jobs takeable at a time, not its whole backlog ahead of
@@ -498,6 +489,11 @@ for _, t in ipairs(tenants) do
         redis.call('SADD', outKey, id)
         redis.call('HSET', L .. ':owner', id, t)
         if lim.rateMax then redis.call('ZADD', L .. ':rate:' .. t, now, id) end
+        if acctId then redis.call('SADD', L .. ':aout:' .. acctId, id) end
+        if acct then
+          if acct.lim.rateMax then redis.call('ZADD', acct.rateKey, now, id) end
+          acct.occupied, acct.takeable = acct.occupied + 1, acct.takeable + 1
+        end
         redis.call('XADD', KEYS[8], '*', 'event', 'waiting', 'jobId', id, 'prev', 'delayed')
         released = released + 1
         placed = placed + 1
@@ -505,6 +501,12 @@ for _, t in ipairs(tenants) do
     end
     fqIndexMany(K, indexed, now) -- one RPUSH for the tenant's released jobs
     fqRankDrop(L, t, popped) -- one ZREM: they left the held list
+    if acctId and #popped > 0 then redis.call('SREM', L .. ':aheld:' .. acctId, unpack(popped)) end
+    if acct and acct.tokens then
+      acct.tokens = acct.tokens - placed
+      redis.call('HSET', acct.bucketKey, 'tokens', string.format('%.17g', acct.tokens), 'at', now)
+      redis.call('PEXPIRE', acct.bucketKey, acct.lim.rateMs * 2)
+    end
     if tokens then
       tokens = tokens - placed
       redis.call('HSET', L .. ':bucket:' .. t, 'tokens', string.format('%.17g', tokens), 'at', now)
@@ -521,15 +523,17 @@ for _, t in ipairs(tenants) do
     elseif held > 0 then
       left = left + held
       if reason then heldBy[reason] = heldBy[reason] + held end
-      if reason == 'rate' then
-        -- the next token, or the oldest release leaving the window, whichever is later
-        local at = math.ceil((1 - tokens) * lim.rateMs / lim.rateMax)
-        local oldest = redis.call('ZRANGE', L .. ':rate:' .. t, 0, 0, 'WITHSCORES')
-        if oldest[2] and redis.call('ZCARD', L .. ':rate:' .. t) >= lim.rateMax then
-          local leaves = tonumber(oldest[2]) + lim.rateMs - now
-          if leaves > at then at = leaves end
-        end
-        if at < 1 then at = 1 end
+      if byAccount == 'rate' then
+        local at = fqRateWake(acct.lim, acct.tokens, acct.rateKey, now)
+        if wake < 0 or at < wake then wake = at end
+        -- a tenant served now comes after those the account's rate left waiting, so its
+        -- tenants take the account's rate in turn
+        nextVisit = now + at + (placed > 0 and 1 or 0)
+      elseif byAccount == 'max_active' then
+        -- a slot of the account freed makes it due (fqAccountWake)
+        redis.call('ZADD', L .. ':await:' .. acctId, 'NX', now, t)
+      elseif reason == 'rate' then
+        local at = fqRateWake(lim, tokens, L .. ':rate:' .. t, now)
         if wake < 0 or at < wake then wake = at end
         nextVisit = now + at
       end

@@ -25,7 +25,8 @@
           behind the cursor), so no job is moved twice. A job is the flow's by its
           score's level and its payload's tenantId. Returns {visited, moved, done}.
   A raised flow keeps its last tag until its range is done (its jobs added meanwhile
-  go behind the range, not into it); a lowered one moves it at 'begin'.
+  go behind the range, not into it; then its last tag moves as the range's end did); a
+  lowered one moves it at 'begin'.
   Only 'begin' reads the virtual time from the head (the anchor); a page never moves it.
 ]]
 --- @argv mode who amount prefix?
@@ -119,7 +120,7 @@ for i = 1, #rows, 2 do
     local tag = c.base + math.floor((score - bandLow) / 4) / fqSub
     if mine and tag > anchor and not (marker and row[3] == marker) then
       -- a refund (a settlement) moves a job at most to the anchor, never behind it
-      local placed = fqScoreOf(c, math.max(anchor, anchor + shift + (tag - anchor) * ratio), level)
+      local placed = fqScoreOf(c, fqReplaced(tag, anchor, ratio, shift), level)
       if placed and placed ~= score then
         redis.call('ZADD', K.prioritized, 'XX', string.format('%d', placed), id)
         moved = moved + 1
@@ -134,9 +135,15 @@ for i = 1, #rows, 2 do
 end
 local visited = #rows / 2
 if visited < page then
-  if up and tonumber(redis.call('ZSCORE', K.flows, member)) == last then
-    redis.call('ZADD', K.flows, tagString(math.max(anchor, anchor + shift + (last - anchor) * ratio)),
-      member)
+  local ended = fqReplaced(last, anchor, ratio, shift)
+  local now = tonumber(redis.call('ZSCORE', K.flows, member))
+  if up and now == last then
+    redis.call('ZADD', K.flows, tagString(ended), member)
+  elseif up and now and now > last and ended < last then
+    -- jobs placed meanwhile went behind the range, at the old last tag: the flow's next
+    -- ones come the range's move earlier, so the jobs it moved up are not paid back by a
+    -- gap as long as the move (only by a hole as long as the jobs placed meanwhile)
+    redis.call('ZADD', K.flows, tagString(math.max(anchor, now - (last - ended))), member)
   end
   redis.call('HDEL', KEYS[5], member)
   return {visited, moved, 1}

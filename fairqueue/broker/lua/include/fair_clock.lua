@@ -220,6 +220,13 @@ local function fqCostOf(K, c, member, explicitMs)
   return c.scale, true
 end
 
+-- A waiting job's tag placed again (FairClock's replaced_tag): its distance from the anchor
+-- times the ratio, the shift later; a refund (shift < 0) never behind the anchor nor onto
+-- another of its flow (within twice the refund of the anchor, half as far from it).
+local function fqReplaced(tag, anchor, ratio, shift)
+  return math.max(anchor + (tag - anchor) * ratio / 2, anchor + shift + (tag - anchor) * ratio)
+end
+
 -- The score of a tag of a level; nil when there is no room (the job waits, parked).
 local function fqScoreOf(c, tag, level)
   local score = fqFloor * fqScore + math.floor((tag - c.base) * fqSub) * 4 + fqLevelRank[level]

@@ -61,6 +61,18 @@ local function fqDue(L, t, at)
   redis.call('ZADD', L .. ':due', 'LT', at, t)
 end
 
+-- A released job's entry in its tenant's rate log moves from its release time to when
+-- its attempt started (BullMQ's processedOn, the worker's clock), once a worker took it:
+-- the log counts starts. rateKey: L:rate:<t> (or an account's). An entry the window
+-- trimmed while its job waited untaken comes back at its start (the start counts in the
+-- window it falls in; the next trim drops it if that is past).
+local function fqStamp(rateKey, jobKey, jobId)
+  local started = tonumber(redis.call('HGET', jobKey, 'processedOn'))
+  if started then redis.call('ZADD', rateKey, 'GT', started, jobId) end
+end
+
+--- @include account_limits
+
 -- L:hrank:<t> keeps each held job's place in L:held:<t> as a score, ascending in the
 -- list's order: appended ids count up by one from the last, an id pushed to the front
 -- goes fqRankGap below the first, and one inserted before another (a pause's scan puts
@@ -117,6 +129,7 @@ local function fqHoldJob(L, prioritizedKey, delayedKey, eventsKey, jobId, tenant
   redis.call('ZADD', delayedKey, string.format('%.17g', fqHeldScore), jobId)
   redis.call('RPUSH', L .. ':held:' .. tenant, jobId)
   fqRankTail(L, tenant, {jobId})
+  fqAccountHeld(L, tenant, jobId)
   if meta then redis.call('HSET', L .. ':meta', jobId, meta) end
   redis.call('SADD', L .. ':tenants', tenant)
   fqDue(L, tenant, 0)
@@ -135,20 +148,13 @@ local function fqHolding(L, t, anyHolds, memo)
   return known
 end
 
--- A released job's entry in its tenant's rate log moves from its release time to when
--- its attempt started (BullMQ's processedOn, the worker's clock), once a worker took it:
--- the log counts starts. rateKey: L:rate:<t>.
-local function fqStamp(rateKey, jobKey, jobId)
-  local started = tonumber(redis.call('HGET', jobKey, 'processedOn'))
-  if started then redis.call('ZADD', rateKey, 'XX', 'GT', started, jobId) end
-end
-
 -- A released job of tenant t that runs again (BullMQ re-added it: a retry, a promoted
 -- backoff, a stalled job's recovery): it no longer occupies a slot until it is released
 -- again, and the start of its last attempt stays in the rate log under another member,
 -- so the next release of the same job counts as a start of its own.
 local function fqRerunLeaves(L, t, jobKey, jobId)
   if redis.call('SREM', L .. ':out:' .. t, jobId) == 0 then return end
+  fqAccountLeaves(L, t, jobId)
   local rateKey = L .. ':rate:' .. t
   fqStamp(rateKey, jobKey, jobId)
   local at = redis.call('ZSCORE', rateKey, jobId)
@@ -258,6 +264,7 @@ local function fqOccupied(L, prefix, completedKey, failedKey, prioritizedKey, te
         or redis.call('ZSCORE', failedKey, id) then
       if since then fqStamp(rateKey, prefix .. id, id) end
       redis.call('SREM', outKey, id)
+      fqAccountLeaves(L, tenant, id)
       redis.call('HDEL', L .. ':meta', id)
       redis.call('HDEL', L .. ':owner', id)
     else
@@ -278,6 +285,7 @@ local function fqOccupied(L, prefix, completedKey, failedKey, prioritizedKey, te
         fqUnindex(readyKey, prefix .. id, id, nil)
         redis.call('ZADD', delayedKey, 'XX', string.format('%.17g', fqHeldScore), id)
         redis.call('ZADD', L .. ':later:' .. tenant, due, id)
+        fqAccountHeld(L, tenant, id)
         fqDue(L, tenant, due)
       else
         n = n + 1
@@ -299,6 +307,9 @@ end
 -- held, delayed (held until due: L:later), released and not taken yet, and released jobs
 -- waiting to run again (in BullMQ's delayed set: a retry's backoff).
 local function fqWaitingOf(L, prioritizedKey, delayedKey, tenant)
+  if string.byte(tenant, 1) == 10 then -- '\n<account>': an account's (account_limits.lua)
+    return fqAccountWaiting(L, prioritizedKey, delayedKey, string.sub(tenant, 2))
+  end
   local n = redis.call('LLEN', L .. ':held:' .. tenant) + redis.call('ZCARD', L .. ':later:' .. tenant)
   for _, id in ipairs(redis.call('SMEMBERS', L .. ':out:' .. tenant)) do
     if redis.call('ZSCORE', prioritizedKey, id) or redis.call('ZSCORE', delayedKey, id) then
@@ -385,7 +396,9 @@ local function fqAddPause(L, t, encoded)
 end
 
 -- Which tenants of an add call are held, or a refusal (max_waiting). given: the call's
--- JSON {tenant: encoded limits} ('' or nil when no tenant of the call has limits);
+-- JSON {tenant: encoded limits} ('' or nil when no tenant of the call has limits), and
+-- {'\n<account>': encoded limits} for the accounts with limits of its jobs (their
+-- tenants come with limits of their own, maybe empty ones, so they are held);
 -- tenantAt: where a job's tenant is in its entry.
 local function fqHeldTenants(L, prioritizedKey, given, jobs, tenantAt, delayedKey, batch)
   -- paused, or resumed and still draining its held jobs (a new job goes behind them)
@@ -393,14 +406,22 @@ local function fqHeldTenants(L, prioritizedKey, given, jobs, tenantAt, delayedKe
   if (given == nil or given == '') and not anyPaused then return nil end
   local limits = {}
   if given ~= nil and given ~= '' then limits = cjson.decode(given) end
-  local hold, counts = {}, {}
+  local hold, counts, tacct = {}, {}, nil
   for _, job in ipairs(jobs) do
     local t = job[tenantAt]
     if hold[t] == nil then
       hold[t] = limits[t] ~= nil or (anyPaused and (redis.call('HEXISTS', L .. ':paused', t) == 1
         or redis.call('HEXISTS', L .. ':catchup', t) == 1))
     end
-    if hold[t] then counts[t] = (counts[t] or 0) + 1 end
+    if hold[t] then
+      counts[t] = (counts[t] or 0) + 1
+      local a = job.account and '\n' .. job.account
+      if a and limits[a] then
+        counts[a] = (counts[a] or 0) + 1
+        tacct = tacct or {}
+        tacct[t] = job.account
+      end
+    end
   end
   local records, now = {}, nil
   for t, encoded in pairs(limits) do
@@ -414,6 +435,18 @@ local function fqHeldTenants(L, prioritizedKey, given, jobs, tenantAt, delayedKe
     end
   end
   for _, record in ipairs(records) do record() end
-  for t, encoded in pairs(limits) do redis.call('HSET', L, t, fqAddPause(L, t, encoded)) end
+  for t, encoded in pairs(limits) do
+    if string.byte(t, 1) == 10 then
+      redis.call('HSET', L .. ':acc', string.sub(t, 2), encoded)
+    else
+      redis.call('HSET', L, t, fqAddPause(L, t, encoded))
+    end
+  end
+  if tacct then
+    for t, a in pairs(tacct) do
+      redis.call('HSET', L .. ':tacct', t, a)
+      fqAcctMemo[t] = a
+    end
+  end
   return hold
 end
