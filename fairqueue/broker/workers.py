@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Final
 
 from bullmq import Job as BullJob
@@ -181,19 +181,7 @@ class WorkerSupport(BrokerPart):
     async def beat(self, queue: str, process: WorkerProcess, *, stale_after_s: float) -> None:
         """Write ``process``'s liveness record for ``queue`` (one HSET and one EXPIRE)."""
         key = self.conn.fair_key(queue, PROCESSES_SUFFIX)
-        record = json.dumps(
-            {
-                "host": process.host,
-                "pid": process.pid,
-                "supervisor_pid": process.supervisor_pid,
-                "slot": process.slot,
-                "concurrency": process.concurrency,
-                "started_ms": process.started_ms,
-                "beat_ms": process.beat_ms,
-                "jobs_done": process.jobs_done,
-                "stale_after_ms": int(stale_after_s * 1000),
-            }
-        )
+        record = json.dumps({**asdict(process), "stale_after_ms": int(stale_after_s * 1000)})
         async with self.conn.client().pipeline(transaction=True) as pipe:
             pipe.hset(key, f"{process.host}:{process.pid}", record)
             pipe.expire(key, max(1, int(stale_after_s * 4)))

@@ -3,6 +3,7 @@ figures the page shows, so a warning never disagrees with the numbers beside it.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any, Final
 
 from fairqueue.broker import MemoryState
@@ -68,11 +69,4 @@ def queue_warnings(stats: dict[str, Any]) -> list[str]:
 
 def memory_figures(state: MemoryState | None) -> dict[str, Any] | None:
     """Redis's memory for the page and its out-of-memory warning."""
-    if state is None:
-        return None
-    return {
-        "used_bytes": state.used_bytes,
-        "max_bytes": state.max_bytes,
-        "policy": state.policy,
-        "refuses_writes": state.refuses_writes,
-    }
+    return None if state is None else {**asdict(state), "refuses_writes": state.refuses_writes}

@@ -13,7 +13,7 @@ recording) the failures themselves count as its attempts.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Final
 
 from fairqueue.broker import Broker, RecentFailure
@@ -152,21 +152,13 @@ def failures_figures(found: QueueFailures) -> dict[str, Any]:
         "read": found.read,
         "more": found.more,
         "groups": [
-            {
-                "error_class": g.error_class,
-                "message": g.message,
-                "count": g.count,
-                "latest_ids": list(g.latest_ids),
-                "tenants": list(g.tenants),
-            }
+            {**asdict(g), "latest_ids": list(g.latest_ids), "tenants": list(g.tenants)}
             for g in found.groups
         ],
         "failing": [
             {
-                "tenant": t.tenant,
+                **asdict(t),
                 "display": tenant_words(t.tenant),
-                "failed": t.failed,
-                "attempts": t.attempts,
                 "ratio": round(t.ratio, 3),
                 "text": t.text,
             }

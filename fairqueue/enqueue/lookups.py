@@ -34,7 +34,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from django.core.cache import caches
 from django.core.signals import setting_changed
@@ -49,7 +49,8 @@ _CACHE_PREFIX: Final = "fairqueue:plan"
 _GENERATION_KEY: Final = f"{_CACHE_PREFIX}:generation"
 #: A token rewritten on every change of a plan, weight, classifier or rule.
 _VERSION_KEY: Final = f"{_CACHE_PREFIX}:version"
-_NO_PLAN: Final = ""
+#: Marks a Django-cache entry ``(_ENTRY, generation, value)`` of this shape.
+_ENTRY: Final = "v2"
 #: How often a process reads the version token, in seconds: the bound within which a
 #: change saved in one process reaches the in-process caches of all the others.
 VERSION_CHECK_S: Final = 1.0
@@ -59,6 +60,7 @@ MAX_LOCAL_TENANTS: Final = 10_000
 #: so it never meets a tenant's.
 _LOCAL_ACCOUNT: Final = "\naccount\n"
 
+V = TypeVar("V", bound=tuple)
 #: A tenant's account as the lookups give it: ``(account_id, account weight)``.
 TenantAccount = tuple[str, int]
 
@@ -110,23 +112,9 @@ class LocalPlans:
             return None
         return entry[1]
 
-    def put(
-        self,
-        tenant_id: str,
-        slug: str | None,
-        weight: int,
-        timeout: float,
-        epoch: int,
-        limits: TenantLimits = NO_LIMITS,
-        account: TenantAccount | None = None,
-    ) -> None:
-        """Keep ``(slug, weight, limits, account)``, fetched when :attr:`epoch` was
-        ``epoch``: unless something was dropped since (the value may predate the change
-        that dropped it)."""
-        self.put_value(tenant_id, (slug, weight, limits, account), timeout, epoch)
-
-    def put_value(self, key: str, value: Any, timeout: float, epoch: int) -> None:
-        """Keep ``value`` under ``key`` as :meth:`put` does."""
+    def put(self, key: str, value: Any, timeout: float, epoch: int) -> None:
+        """Keep ``value`` under ``key``, fetched when :attr:`epoch` was ``epoch``: unless
+        something was dropped since (the value may predate the change that dropped it)."""
         now = self._clock()
         with self._lock:
             if epoch != self.epoch:
@@ -180,56 +168,47 @@ _local = LocalPlans()
 os.register_at_fork(after_in_child=_local._after_fork)
 
 
-def _shared_tenant(tenant_id: str) -> tuple[str | None, int, TenantLimits, TenantAccount | None]:
-    """``(plan slug or None, weight, own limits, account or None)`` of ``tenant_id``,
-    from one Django-cache entry.
-
-    One cache round trip on a hit: the entry and the classifier generation are fetched
-    together; an entry computed under an older generation is stale. The entry is
-    ``(generation, slug or "", weight, limits, account or "")``; anything else (such as
-    the entries before accounts) is a miss and gets rewritten.
-    """
+def _through_caches(local_key: str, shared_key: str, load: Callable[[], V]) -> V:
+    """``load()`` (read from the database) through the two layers: this process's memory
+    when it has a fresh entry, else one Django-cache round trip for the entry and the
+    classifier generation together (an entry of an older generation, or of another shape,
+    is a miss and gets rewritten)."""
+    timeout = get_settings().plan_local_cache_timeout
+    if timeout:
+        found = _local.get(local_key)
+        if found is not None:
+            return found
+        epoch = _local.epoch  # after get(), which may have dropped everything
     cache = _cache()
-    key = _tenant_key(tenant_id)
-    found = cache.get_many([key, _GENERATION_KEY])
-    generation = found.get(_GENERATION_KEY, 0)
-    entry = found.get(key)
-    if (
-        isinstance(entry, tuple)
-        and len(entry) == 5
-        and entry[0] == generation
-        and isinstance(entry[3], TenantLimits)
-    ):
-        return entry[1] or None, entry[2], entry[3], entry[4] or None
-    plan = TenantPlan.objects.filter(tenant_id=tenant_id).select_related("account").first()
-    slug = plan.resolve_plan() if plan is not None else None
-    weight = plan.weight if plan is not None else DEFAULT_TENANT_WEIGHT
-    limits = plan.own_limits() if plan is not None else NO_LIMITS
-    account = None
-    if plan is not None and plan.account is not None:
-        account = (plan.account.account_id, plan.account.weight)
-    cache.set(
-        key,
-        (generation, slug or _NO_PLAN, weight, limits, account or ""),
-        get_settings().plan_cache_timeout,
-    )
-    return slug, weight, limits, account
+    shared = cache.get_many([shared_key, _GENERATION_KEY])
+    generation = shared.get(_GENERATION_KEY, 0)
+    entry = shared.get(shared_key)
+    if isinstance(entry, tuple) and len(entry) == 3 and entry[:2] == (_ENTRY, generation):
+        value = entry[2]
+    else:
+        value = load()
+        cache.set(shared_key, (_ENTRY, generation, value), get_settings().plan_cache_timeout)
+    if timeout:
+        _local.put(local_key, value, timeout, epoch)
+    return value
 
 
 def _cached_tenant(tenant_id: str) -> tuple[str | None, int, TenantLimits, TenantAccount | None]:
-    """``(plan slug or None, weight, own limits, account or None)`` of ``tenant_id``: from
-    this process's memory when it has a fresh entry, else from the Django cache (or the
-    database)."""
-    timeout = get_settings().plan_local_cache_timeout
-    if not timeout:
-        return _shared_tenant(tenant_id)
-    found = _local.get(tenant_id)
-    if found is not None:
-        return found
-    epoch = _local.epoch  # after get(), which may have dropped everything
-    slug, weight, limits, account = _shared_tenant(tenant_id)
-    _local.put(tenant_id, slug, weight, timeout, epoch, limits, account)
-    return slug, weight, limits, account
+    """``(plan slug or None, weight, own limits, account or None)`` of ``tenant_id``."""
+
+    def load() -> tuple[str | None, int, TenantLimits, TenantAccount | None]:
+        plan = TenantPlan.objects.filter(tenant_id=tenant_id).select_related("account").first()
+        if plan is None:
+            return None, DEFAULT_TENANT_WEIGHT, NO_LIMITS, None
+        account = plan.account
+        return (
+            plan.resolve_plan(),
+            plan.weight,
+            plan.own_limits(),
+            None if account is None else (account.account_id, account.weight),
+        )
+
+    return _through_caches(tenant_id, _tenant_key(tenant_id), load)
 
 
 def lookup_tenant_plan(tenant_id: str) -> str | None:
@@ -257,41 +236,16 @@ def lookup_tenant_account(tenant_id: str) -> TenantAccount | None:
     return _cached_tenant(tenant_id)[3]
 
 
-def _shared_account(account_id: str) -> tuple[int | None, TenantLimits]:
-    """The weight of account ``account_id`` (``None``: no such account) and its limits,
-    from one Django-cache entry ``(generation, weight or 0, limits)``: an absent account
-    is kept too, so a caller repeating a wrong id does not reach the database each time."""
-    cache = _cache()
-    key = _account_key(account_id)
-    found = cache.get_many([key, _GENERATION_KEY])
-    generation = found.get(_GENERATION_KEY, 0)
-    entry = found.get(key)
-    if (
-        isinstance(entry, tuple)
-        and len(entry) == 3
-        and entry[0] == generation
-        and isinstance(entry[2], TenantLimits)
-    ):
-        return entry[1] or None, entry[2]
-    account = Account.objects.filter(account_id=account_id).first()
-    weight = account.weight if account is not None else None
-    limits = account.limits() if account is not None else NO_LIMITS
-    cache.set(key, (generation, weight or 0, limits), get_settings().plan_cache_timeout)
-    return weight, limits
-
-
 def _cached_account(account_id: str) -> tuple[int | None, TenantLimits]:
-    timeout = get_settings().plan_local_cache_timeout
-    if not timeout:
-        return _shared_account(account_id)
-    key = _LOCAL_ACCOUNT + account_id
-    found = _local.get(key)
-    if found is not None:
-        return found
-    epoch = _local.epoch
-    value = _shared_account(account_id)
-    _local.put_value(key, value, timeout, epoch)
-    return value
+    """The weight of account ``account_id`` (``None``: no such account) and its limits;
+    an absent account is kept too, so a caller repeating a wrong id does not reach the
+    database each time."""
+
+    def load() -> tuple[int | None, TenantLimits]:
+        account = Account.objects.filter(account_id=account_id).first()
+        return (None, NO_LIMITS) if account is None else (account.weight, account.limits())
+
+    return _through_caches(_LOCAL_ACCOUNT + account_id, _account_key(account_id), load)
 
 
 def lookup_account_weight(account_id: str) -> int | None:

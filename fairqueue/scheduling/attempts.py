@@ -43,7 +43,6 @@ from typing import Any, Final
 
 from fairqueue.scheduling.attempt_events import Event, Run, Start, g6
 from fairqueue.scheduling.order import (
-    COST_DEAD_BAND,
     MAX_COST_TURNS,
     MIN_COST_TURNS,
     cost_turns,
@@ -60,6 +59,10 @@ TYPICAL_ALPHA: Final = 0.05
 #: tenant that ever ran (a flow that comes back after that starts afresh, as a new one:
 #: docs/design.md, "Service is worker time").
 FLOW_STATE_IDLE_S: Final = 86_400
+#: A flow's first measurement is a page's few runs: only a cost off what its cold jobs
+#: paid by more than this factor, either way, places its waiting jobs again at once
+#: (equal flows measured on noise would be moved apart); less is left to its charges.
+RECOST_BAND: Final = 2**0.5
 #: The level of a start whose job could not be read (the dashboard shows it as such).
 UNKNOWN: Final = "?"
 
@@ -225,6 +228,8 @@ class _PageWork:
     first: dict[str, list[Any]] = field(default_factory=dict)
     #: flows measured before whose cold runs ended on this page -> their level
     cold_ends: dict[str, str] = field(default_factory=dict)
+    #: flow -> the turns its settlements on this page add up to
+    settled: dict[str, float] = field(default_factory=dict)
 
     def add(self, bucket: int, name: str, n: int) -> None:
         if bucket < self.oldest:
@@ -331,6 +336,7 @@ class _PageWork:
                 # In tags as the add script places now: turns of the typical time now.
                 scale = turn_scale(typical, self.cache.get("unit"))
                 self.out.settlements.append(Settlement(member, run.level, debt * scale))
+                self.settled[member] = self.settled.get(member, 0.0) + debt
                 debt = 0
             self.set_state(f"d:{member}", debt)
             self.typical = typical + TYPICAL_ALPHA * (bounded - typical)
@@ -349,6 +355,22 @@ class _PageWork:
         estimate = bounded if estimate is None else estimate + FLOW_ALPHA * (bounded - estimate)
         self.set_state(f"c:{member}", estimate)
 
+    def whole(self, merged: Settlement) -> Settlement:
+        """A flow's settlements of this page as one that moves whole turns: an overrun
+        and an underrun that nearly cancel leave their remainder in its balance instead
+        (the balance carries under one turn either way), and a remainder that takes the
+        balance to a turn or more is settled with it, at the turn's length now."""
+        turns = self.settled.get(merged.member, 0.0)
+        if abs(turns) >= 1:
+            return merged
+        balance = (self.cache.get(f"d:{merged.member}") or 0) + turns
+        if abs(balance) < 1:
+            self.set_state(f"d:{merged.member}", balance)
+            return Settlement(merged.member, merged.level, 0.0)
+        self.set_state(f"d:{merged.member}", 0)
+        scale = turn_scale(self.typical or 1.0, self.cache.get("unit"))
+        return Settlement(merged.member, merged.level, merged.debt + (balance - turns) * scale)
+
     def result(self) -> PageRecord:
         out = self.out
         out.ended_runs = list(self.ended)
@@ -364,7 +386,8 @@ class _PageWork:
         for s in out.settlements:
             was = merged.get(s.member)
             merged[s.member] = Settlement(s.member, s.level, s.debt + (was.debt if was else 0))
-        out.settlements = list(merged.values())
+        out.settlements = [self.whole(s) for s in merged.values()]
+        out.settlements = [s for s in out.settlements if s.debt]
         if self.first and self.typical:
             self.recost(out, self.typical)
         for member, level in self.cold_ends.items():
@@ -389,7 +412,7 @@ class _PageWork:
         for member, (level, n, total_ms) in self.first.items():
             # the mean of its runs on the page, not the moving average seeded by the first
             ratio = cost_turns(total_ms / n, typical) * now / paid
-            if 1 / COST_DEAD_BAND < ratio < COST_DEAD_BAND:
+            if 1 / RECOST_BAND < ratio < RECOST_BAND:
                 continue  # within the noise: its runs' charges settle it, as any flow's
             shift = sum(s.debt for s in out.settlements if s.member == member)
             out.settlements = [s for s in out.settlements if s.member != member]

@@ -285,9 +285,9 @@ class FairClock:
     def charge(self, level: PriorityLevel, tenant: str, turns: float) -> Move | None:
         """The flow's attempts used ``turns`` more (less, if negative) than they paid when
         placed: paid at once, its waiting jobs and last tag moved that much later (a
-        refund: earlier, none behind the virtual time; a refund of its last tag alone
-        would count only once its backlog drained, never for a flood): (anchor, 1, shift
-        in tags, up to) for :func:`replaced_tag`. ``None``: no work left, it is carried
+        refund: its last tag earlier; its waiting jobs moved earlier at every page's
+        jitter would put equal flows out of step): (anchor, 1, shift in tags, up to) for
+        :func:`replaced_tag`. ``None``: no work left, it is carried
         to its next job, which pays it with its own turn (a flow that keeps emptying too;
         docs/design.md, "Service is worker time")."""
         key = (level, tenant)
@@ -297,5 +297,8 @@ class FairClock:
         share = flow_share(self._groups(level), self._group_of(key))
         shift = flow_step(self.weights[level], self.counted[key], share, cost=turns)
         upto = self.last[key]
+        if turns < 0:
+            self.last[key] += shift  # a refund: its next jobs only
+            return None
         self.last[key] = replaced_tag(upto, self.vt, 1.0, shift)
         return self.vt, 1.0, shift, upto

@@ -169,6 +169,9 @@ class AccountRoom:
     tokens: float | None = None
     takeable: int = 0
     untaken_before_window: int = 0
+    #: Its other tenants waiting for its slots before this one (its max_active's): the
+    #: slots free now are theirs first, in their order.
+    waiting_ahead: int = 0
 
 
 def _limit_room(
@@ -245,7 +248,8 @@ def release_room(
         room, why = _limit_room(
             account.limits,
             count,
-            occupied=account.occupied,
+            occupied=account.occupied
+            + (account.waiting_ahead if account.limits.max_active is not None else 0),
             started_in_window=account.started_in_window,
             tokens=account.tokens,
             takeable=account.takeable,

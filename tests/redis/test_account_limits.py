@@ -199,9 +199,10 @@ limits_strategy = st.builds(
     occupied=st.integers(0, 6),
     others=st.integers(0, 8),
     started=st.integers(0, 12),
+    ahead=st.integers(0, 3),
 )
 def test_release_script__account_and_tenant__releases_what_release_room_says(
-    fq_prefix, redis_client, tenant, account, held, occupied, others, started
+    fq_prefix, redis_client, tenant, account, held, occupied, others, started, ahead
 ):
     """A tenant's held jobs, its own released ones still running, and its account's other
     tenants' running jobs and starts in the account's window: the script releases what
@@ -231,6 +232,8 @@ def test_release_script__account_and_tenant__releases_what_release_room_says(
     client.hset(base, t, encoded_limits(tenant))
     client.hset(f"{base}:tacct", t, a)
     client.hset(f"{base}:acc", a, encoded_limits(account))
+    for i in range(ahead):  # its account's tenants waiting for its slots before it
+        client.zadd(f"{base}:await:{a}", {f"w{i}-{t}": i})
     released = release("email", [t])
     expected = release_room(
         tenant,
@@ -241,6 +244,7 @@ def test_release_script__account_and_tenant__releases_what_release_room_says(
             account,
             occupied=occupied + others,
             started_in_window=started if account.rate_max is not None else 0,
+            waiting_ahead=ahead,
         ),
     )
     assert released.released == expected.count

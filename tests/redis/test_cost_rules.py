@@ -27,6 +27,7 @@ from fairqueue.enqueue.lookups import (
     lookup_tenant_weight,
 )
 from fairqueue.models import ClassifierRule, SubscriptionClassifier, TenantPlan
+from fairqueue.scheduling.limits import NO_LIMITS
 from tests.helpers.keys import REDIS_URL
 
 pytestmark = pytest.mark.django_db
@@ -236,9 +237,9 @@ def test_change_in_a_transaction_is_forgotten_again_on_commit(
             plan.plan_tier = "enterprise"
             plan.save()
             # Another process, not seeing the uncommitted row, caches the old one.
-            cache.set(_tenant_key("t"), (0, "free", 1))
+            cache.set(_tenant_key("t"), (lookups._ENTRY, 0, ("free", 1, NO_LIMITS, None)))
             lookups._local.get("t")  # the version check of this second
-            lookups._local.put("t", "free", 1, 10, lookups._local.epoch)
+            lookups._local.put("t", ("free", 1, NO_LIMITS, None), 10, lookups._local.epoch)
             assert lookup_tenant_plan("t") == "free"
     assert callbacks
     assert lookup_tenant_plan("t") == "enterprise"
@@ -248,9 +249,9 @@ def test_a_value_fetched_before_a_drop_is_not_kept_after_it(clock):
     local = LocalPlans(clock=clock)
     epoch = local.epoch
     local.forget("t")  # a change while the value was being fetched
-    local.put("t", "free", 1, 10, epoch)
+    local.put("t", ("free", 1, NO_LIMITS, None), 10, epoch)
     assert local.get("t") is None
-    local.put("t", "pro", 1, 10, local.epoch)
+    local.put("t", ("pro", 1, NO_LIMITS, None), 10, local.epoch)
     assert local.get("t")[:2] == ("pro", 1)
 
 
@@ -259,7 +260,7 @@ def test_local_plans_keep_a_bounded_number_of_tenants(clock, monkeypatch):
     local = LocalPlans(clock=clock)
     local.get("warm-up")  # reads the version once
     for tenant in "abcd":
-        local.put(tenant, None, 1, 10, local.epoch)
+        local.put(tenant, (None, 1, NO_LIMITS, None), 10, local.epoch)
     assert [(local.get(t) or (None,))[:2] for t in "abcd"] == [
         (None,),
         (None, 1),
@@ -277,7 +278,7 @@ with override_settings(CACHES=json.loads(os.environ["FQ_CACHES"])):
     from fairqueue.enqueue.lookups import LocalPlans
     local = LocalPlans()
     local.get("t")  # reads the version token
-    local.put("t", "free", 1, 3600, local.epoch)
+    local.put("t", ("free", 1), 3600, local.epoch)
     sys.stdin.readline()
     time.sleep(1.1)  # past a version check: nothing changed yet, the entry stays
     print(json.dumps({"kept": local.get("t") is not None}), flush=True)

@@ -702,14 +702,14 @@ def test_an_overrun_of_a_flow_with_no_work_left_is_paid_by_its_next_job(fq_prefi
         broker.close()
 
 
-def test_a_refund_moves_the_flows_waiting_jobs_earlier_and_jobs_added_meanwhile_follow(
+def test_a_cold_flow_measured_cheaper_moves_earlier_and_jobs_added_meanwhile_follow(
     fq_prefix, redis_client
 ):
-    """A flow's underrun moves its waiting jobs earlier at once (none behind the virtual
-    time, none onto another), not only its last tag: a flood's backlog would keep the
-    refund from counting until it drained. Jobs the flow adds while the move is paged go
-    behind its old last tag; once the move is done its next job comes the move earlier,
-    before them."""
+    """A cold flow measured at half what its jobs paid has its waiting jobs placed again
+    at once, half as far from the virtual time, not repaid job by job behind its backlog
+    (which a flood's never drains). Jobs it adds while the move is paged go behind its
+    old last tag; once the move is done its next job comes the move earlier, before
+    them."""
     redis_client.hset(f"{fq_prefix}:q:fq:state", "typ", 100)
     broker = SyncBroker(Broker(REDIS_URL, fq_prefix))
     clock, placed = FairClock(), {}
@@ -720,22 +720,23 @@ def test_a_refund_moves_the_flows_waiting_jobs_earlier_and_jobs_added_meanwhile_
         )
         owner = {job.job_id: ("quick", "slow")[i % 2] for i, job in enumerate(added)}
         last = redis_client.zscore(flows, "normal\nquick")
-        commit_history_page(fq_prefix, [(N, "quick", -8.0)])  # begun, no page run yet
+        commit_history_page(fq_prefix, [], [(N, "quick", 0.5, 0.0)])  # begun, no page run
         assert redis_client.zscore(flows, "normal\nquick") == last
         meanwhile = _add(broker, [(N, "quick", 1)] * 2)
         scores = {job.job_id: redis_client.zscore(key, job.job_id) for job in meanwhile}
         while broker.run(broker.broker.limits.replace_pages, "q", pages=1):
             pass
-        # 8 turns of the level's split of 2: 96 tags, the jobs added meanwhile not moved
+        _observe_head(clock, placed)
+        anchor, ratio, shift, _ = clock.recost(N, "quick", 0.5, 0.0) or (0, 0, 0, 0)
+        assert (ratio, shift) == (0.5, 0.0)
+        # the jobs added meanwhile keep their place; the flow goes on the move earlier
         assert {job.job_id: redis_client.zscore(key, job.job_id) for job in meanwhile} == scores
-        assert redis_client.zscore(flows, "normal\nquick") == last + 2 * 12 - 96  # a job: 12
+        moved = anchor + (last - anchor) * 0.5
+        assert redis_client.zscore(flows, "normal\nquick") == last + 2 * 12 - (last - moved)
         (after,) = _add(broker, [(N, "quick", 1)])
         assert redis_client.zscore(key, after.job_id) < min(scores.values())
-        # 8 turns back within 8 turns: its jobs within 16 turns of the virtual time come
-        # half as far from it (no two on one tag), the rest 8 turns earlier
+        # its 20 jobs within 20 turns of the virtual time now within 10: 16 of the next 24
         taken = [owner[job_id] for job_id, _ in redis_client.zpopmin(key, 24)]
         assert Counter(taken) == {"quick": 16, "slow": 8}
-        moved = clock.charge(N, "quick", -8.0)
-        assert moved is not None and moved[2] == -96
     finally:
         broker.close()

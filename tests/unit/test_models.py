@@ -17,6 +17,7 @@ from fairqueue.models import (
     SubscriptionClassifier,
     TenantPlan,
 )
+from fairqueue.scheduling.limits import NO_LIMITS
 
 pytestmark = pytest.mark.django_db
 
@@ -155,8 +156,8 @@ def test_weight__plan_and_weight_come_from_one_cache_entry(django_assert_num_que
     with django_assert_num_queries(0):
         assert lookup_tenant_weight("a") == 4
         assert lookup_tenant_plan("a") == "pro"
-    generation, slug, weight, limits, account = cache.get(_tenant_key("a"))
-    assert (slug, weight, limits.holds, account) == ("pro", 4, False, "")
+    _, generation, (slug, weight, limits, account) = cache.get(_tenant_key("a"))
+    assert (slug, weight, limits.holds, account) == ("pro", 4, False, None)
 
 
 def test_weight__change_and_delete_invalidate_the_cached_weight():
@@ -180,13 +181,16 @@ def test_weight__update_without_signals_needs_forget_tenant_plan():
     assert lookup_tenant_weight("a") == 5
 
 
-@pytest.mark.parametrize("old_entry", [(0, "free"), (0, ""), "pro", None, (0,), (0, "free", 1)])
+@pytest.mark.parametrize(
+    "old_entry",
+    [(0, "free"), (0, ""), "pro", None, (0,), (0, "free", 1), (0, "free", 1, NO_LIMITS, "")],
+)
 def test_weight__old_or_odd_cache_entries_are_a_miss_and_get_rewritten(old_entry):
     TenantPlan.objects.create(tenant_id="a", plan_tier="enterprise", weight=6)
     cache.set(_tenant_key("a"), old_entry)
     assert lookup_tenant_weight("a") == 6
     assert lookup_tenant_plan("a") == "enterprise"
-    assert cache.get(_tenant_key("a"))[1:3] == ("enterprise", 6)
+    assert cache.get(_tenant_key("a"))[2][:2] == ("enterprise", 6)
 
 
 def test_weight__classifier_change_invalidates_cached_weights_too(classifier):

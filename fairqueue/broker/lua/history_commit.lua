@@ -28,7 +28,7 @@
   second> (zset '<level>\n<tenant>' -> started, trimmed to the most served).
   A settlement (one a flow a page) moves the flow's waiting jobs and its last tag by its
   whole turns (a flow whose jobs ran long waits longer from its next turn on, not only
-  behind its backlog; one whose jobs ran short, less, none behind the virtual time), at the
+  behind its backlog; a refund moves its last tag only), at the
   flow's weight and its level's total as they are now: begun here in fq:rw, paged by
   reweight_page.lua; while a move of the flow is in progress, kept in its balance
   ('d:<member>') for a later page. A flow
@@ -161,11 +161,14 @@ local function settle(member, level, debt, text)
     -- settles its overruns too.
     redis.call('HINCRBYFLOAT', KEYS[4], 'p:' .. member, text) -- the page's text
   elseif last and rank then
-    if redis.call('HEXISTS', KEYS[10], member) == 0 then
-      -- paid at once, both ways: its waiting jobs move (a refund: earlier, none behind
-      -- the virtual time), not only the jobs placed after them, which a flood's backlog
-      -- would keep from counting until it drained
-      replace(member, level, last, 1, tagsOf(member, level, rank, debt), false)
+    local tags = tagsOf(member, level, rank, debt)
+    if tags < 0 then
+      -- a refund: its next jobs placed earlier (its waiting jobs moved earlier at each
+      -- page's jitter would put equal flows out of step: a turn's noise either way)
+      redis.call('ZADD', KEYS[5], g(last + tags), member)
+    elseif redis.call('HEXISTS', KEYS[10], member) == 0 then
+      -- paid at once: its waiting jobs move later, not only the jobs placed after them
+      replace(member, level, last, 1, tags, false)
     else
       -- its jobs are being moved: kept in its balance (in turns of the typical time now,
       -- as the page's), for a page after the move to settle

@@ -396,6 +396,7 @@ for _, t in ipairs(tenants) do
   local acct = acctId and fqAccountVisit(L, accounts, acctId, prefix, KEYS[4], KEYS[5],
     K.prioritized, now)
   local byAccount = nil -- the account's limit that keeps its held jobs, if it binds
+  local waits = false -- it waits for a slot of its account (L:await)
   local paused = redis.call('HEXISTS', L .. ':paused', t) == 1
   -- the slots it occupies, checked against BullMQ's own sets at every visit: a tenant
   -- stays in L:tenants until its last released job has finished, so none is left behind;
@@ -422,7 +423,14 @@ for _, t in ipairs(tenants) do
       -- its account's limits hold too (account_limits.lua): the smaller room, and the
       -- account's reason when it is the account's that binds
       if acct then
-        local room, why, atokens = fqLimitRoom(acct.lim, count, acct.occupied,
+        -- the account's tenants that waited for its slots go first, in their order
+        -- (release_room's waiting_ahead)
+        local ahead = 0
+        if acct.lim.maxActive then
+          local waitKey = L .. ':await:' .. acctId
+          ahead = redis.call('ZRANK', waitKey, t) or redis.call('ZCARD', waitKey)
+        end
+        local room, why, atokens = fqLimitRoom(acct.lim, count, acct.occupied + ahead,
           acct.rateKey, acct.bucketKey, acct.takeable, acct.old, now)
         acct.tokens = atokens
         -- and no account has more than TAKEABLE_CAP released jobs untaken (its L:aout
@@ -531,7 +539,9 @@ for _, t in ipairs(tenants) do
         nextVisit = now + at + (placed > 0 and 1 or 0)
       elseif byAccount == 'max_active' then
         -- a slot of the account freed makes it due (fqAccountWake)
-        redis.call('ZADD', L .. ':await:' .. acctId, 'NX', now, t)
+        -- (served some now: behind the others waiting, so they take its slots in turn)
+        redis.call('ZADD', L .. ':await:' .. acctId, placed > 0 and 'GT' or 'NX', now, t)
+        waits = true
       elseif reason == 'rate' then
         local at = fqRateWake(lim, tokens, L .. ':rate:' .. t, now)
         if wake < 0 or at < wake then wake = at end
@@ -543,6 +553,8 @@ for _, t in ipairs(tenants) do
     nextVisit = nil
   end
   if cut then nextVisit = now end -- room left that this call had no time for
+  -- served, or no longer held by its account's slots: its turn among the waiting goes
+  if acctId and not waits then redis.call('ZREM', L .. ':await:' .. acctId, t) end
   if nextVisit and later then
     local first = redis.call('ZRANGE', laterKey, 0, 0, 'WITHSCORES')
     if first[2] and tonumber(first[2]) < nextVisit then nextVisit = tonumber(first[2]) end

@@ -17,7 +17,8 @@
     L:aheld:<a>     set: its tenants' held jobs (held and held until due): with the
                     released ones not taken yet, what its max_waiting counts
     L:await:<a>     zset: its tenants held by the account's max_active, by when: a slot of
-                    the account freed makes the first of them due
+                    the account freed makes the first of them due, and is theirs in this
+                    order before any other tenant's (each leaves once served)
 
   Work per call: every step is O(log n) in these keys but the walks of L:aout:<a> (the
   visit of an account, fqAccountVisit, once per release call and account; and an add's
@@ -51,10 +52,7 @@ end
 -- is made due.
 local function fqAccountWake(L, a)
   local first = redis.call('ZRANGE', L .. ':await:' .. a, 0, 0)[1]
-  if first then
-    redis.call('ZREM', L .. ':await:' .. a, first)
-    fqDue(L, first, 0)
-  end
+  if first then fqDue(L, first, 0) end
 end
 
 local function fqAccountLeaves(L, t, id)

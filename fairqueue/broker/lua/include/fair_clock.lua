@@ -449,7 +449,6 @@ end
 -- Write an account flow's fields (field, value, ...): at once, or with a memo in its
 -- pending fields (fqFlush's HSET).
 local function fqAccountPut(K, c, fields)
-  if #fields == 0 then return end
   local m = c.memo
   if m then
     for i = 1, #fields, 2 do m.fields[fields[i]] = fields[i + 1] end
@@ -465,14 +464,14 @@ end
 local function fqAccountState(K, c, f, g)
   local m = c.memo
   local st = m and m.groups[g]
-  local pre = f.pre
-  f.pre = nil
+  local pre, preOf = f.pre, f.preOf
+  f.pre, f.preOf = nil, nil
   if f.inner == nil then f.inner = false end -- a flow of none before (a new one)
   if st then return st end
   if c.flowsEmpty then
     st = nil
-  elseif pre and pre[1] == g then
-    st = fqAccountStateSplit(pre[2])
+  elseif preOf == g then
+    st = fqAccountStateSplit(pre)
   else
     st = fqAccountStateSplit(redis.call('HGET', K.fweights, g))
   end
@@ -577,26 +576,28 @@ local function fqPlaceInAccount(K, c, f, member, level, weight, explicitMs, stor
   elseif horizon and start >= horizon then
     horizonNow = nil -- caught up: its share as any account's
   end
-  local fields = {}
+  local fields = nil -- made only when something changed (a flow placed again: nothing)
   if st.T ~= mates + weight or st.A ~= accountWeight or st.spacing ~= split
       or st.density ~= density or st.horizon ~= horizonNow then
     st.T, st.A, st.spacing, st.density, st.horizon = mates + weight, accountWeight, split,
       density, horizonNow
-    fields[1], fields[2] = g, fqAccountStatePack(st)
+    fields = {g, fqAccountStatePack(st)}
   end
   local innerNow = f.inner
   if newInner then innerNow = inner elseif innerDone then innerNow = false end
   if counted ~= weight then
     f.counted = weight
+    fields = fields or {}
     fields[#fields + 1], fields[#fields + 2] = member, weight
   end
   if f.account ~= account or f.part ~= part or innerNow ~= f.inner then
     f.account, f.part, f.inner = account, part, innerNow
+    fields = fields or {}
     fields[#fields + 1] = 's\n' .. member
     fields[#fields + 1] = fqFlowAccountPack(account, part, innerNow and innerNow[1],
       innerNow and innerNow[2])
   end
-  fqAccountPut(K, c, fields)
+  if fields then fqAccountPut(K, c, fields) end
   fqKeepLast(K, c, f, m, member, tag, last)
   return score, behind, cold and cost or nil, c.byTime and cost or nil
 end
@@ -638,8 +639,8 @@ local function fqPlace(K, c, level, tenant, weight, explicitMs, stored, account,
     local of, part, innerHorizon, innerSplit = fqFlowAccountSplit(row[3])
     f = {last = tonumber(redis.call('ZSCORE', K.flows, member)),
       counted = tonumber(row[1]) or 0, horizon = tonumber(row[2]), spacing = tonumber(row[3]),
-      account = of, part = part, inner = innerHorizon and {innerHorizon, innerSplit} or false}
-    if g then f.pre = {g, row[4]} end
+      account = of, part = part, inner = innerHorizon and {innerHorizon, innerSplit} or false,
+      pre = g and row[4], preOf = g}
     if m then m.flows[member] = f end
   end
   -- A flow with work keeps the account it counts under (none: its own account).

@@ -23,29 +23,28 @@ local function fqAccountMember(level, account)
   return level .. '\n\n' .. account
 end
 
--- A number as a packed field keeps it ('' for none).
-local function fqNumText(x)
-  if x == nil or x == false then return '' end
-  -- a whole number as '%d' (what most are): exact, and cheaper than a float's '%.17g'
-  if x % 1 == 0 and x > -9007199254740992 and x < 9007199254740992 then
-    return string.format('%d', x)
-  end
-  return string.format('%.17g', x)
-end
-
 -- A flow of an account keeps, where a flow of none keeps its spacing ('s\n<member>': a
--- number), after a line feed: its account, its account split (the part its last job was
--- placed with) and its catch-up inside the account (horizon, densest split), so one
--- field read tells all of it.
+-- number as text), its account, its account split (the part its last job was placed
+-- with) and its catch-up inside the account (horizon, densest split), so one field read
+-- tells all of it. Packed as msgpack after a msgpack true (its first byte, 0xc3, never
+-- starts a number): numbers go in and out exactly without a printf or a strtod, which
+-- cost an add of an account's job much of its placement's extra. Only the scripts read
+-- it. (Read too: the text form before it, '\n<account>\n<split>\n<horizon>\n<split>'.)
+local fqPackMark = 195 -- 0xc3, msgpack's true
 local function fqFlowAccountPack(account, part, innerHorizon, innerSplit)
-  return '\n' .. account .. '\n' .. fqNumText(part) .. '\n' .. fqNumText(innerHorizon) .. '\n'
-    .. fqNumText(innerSplit)
+  return cmsgpack.pack(true, account, part or false, innerHorizon or false, innerSplit or false)
 end
 
 -- The account, split, catch-up horizon and split of fqFlowAccountPack's string (nil: the
 -- field is a spacing, or missing).
 local function fqFlowAccountSplit(value)
-  if type(value) ~= 'string' or string.byte(value, 1) ~= 10 then return nil end
+  if type(value) ~= 'string' then return nil end
+  local first = string.byte(value, 1)
+  if first == fqPackMark then
+    local _, account, part, h, d = cmsgpack.unpack(value)
+    return account, part or nil, h or nil, d or nil
+  end
+  if first ~= 10 then return nil end
   local account, part, h, d = string.match(value, '^\n([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)$')
   return account, tonumber(part), tonumber(h), tonumber(d)
 end
@@ -54,12 +53,23 @@ local function fqFlowAccount(value)
   return (fqFlowAccountSplit(value))
 end
 
+-- A number as a packed text field keeps it ('' for none): a whole number as '%d' (what
+-- most are: exact, and cheaper than a float's '%.17g', or than '..' on a number).
+local function fqNumText(x)
+  if x == nil or x == false then return '' end
+  if x % 1 == 0 and x > -9007199254740992 and x < 9007199254740992 then
+    return string.format('%d', x)
+  end
+  return string.format('%.17g', x)
+end
+
 -- An account's state in a level (fqAccountMember's field): '<T>\n<A>\n<horizon>\n<spacing>
 -- \n<density>': its flows' tenant weights, its weight, its catch-up horizon, the level's
--- split its last job was placed with and its density (none: its spacing).
+-- split its last job was placed with and its density (none: its spacing). Text, as the
+-- console reads it too (fairqueue.scheduling.wire.split_account_state).
 local function fqAccountStatePack(st)
-  return st.T .. '\n' .. st.A .. '\n' .. fqNumText(st.horizon) .. '\n' .. fqNumText(st.spacing)
-    .. '\n' .. fqNumText(st.density)
+  return fqNumText(st.T) .. '\n' .. fqNumText(st.A) .. '\n' .. fqNumText(st.horizon) .. '\n'
+    .. fqNumText(st.spacing) .. '\n' .. fqNumText(st.density)
 end
 
 -- fqAccountStatePack's table (nil: none, the account has no flow with work).
