@@ -21,6 +21,7 @@ from typing import Any, Final
 from bullmq import Job as BullJob
 from bullmq import Worker as BullWorker
 
+from fairqueue.broker.chaining import ChainingWorker
 from fairqueue.broker.common import int_or
 from fairqueue.broker.connection import BrokerPart
 
@@ -45,7 +46,7 @@ class WorkerProcess:
     jobs_done: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ActiveJob:
     """A job a worker took, in fairqueue's terms (see :meth:`WorkerSupport.make_worker`).
 
@@ -53,6 +54,10 @@ class ActiveJob:
     enqueue any JSON value); ``attempts_made`` counts the attempts that already failed;
     ``timestamp_ms`` is when it was added and ``processed_on_ms`` when this attempt
     started (ms since the epoch, ``None`` where BullMQ has none).
+
+    Not frozen: one is built for every job, and a frozen dataclass's ``__init__`` (one
+    ``object.__setattr__`` per field) costs several times a plain one's. Nothing keeps
+    or hashes it past its job.
     """
 
     job_id: str
@@ -86,7 +91,8 @@ class WorkerSupport(BrokerPart):
         on_error: Callable[[BaseException], None] | None = None,
         on_finished: Callable[[str], None] | None = None,
     ) -> BullWorker:
-        """A stock BullMQ worker for ``queue`` under this broker's Redis URL and prefix.
+        """A BullMQ worker for ``queue`` under this broker's Redis URL and prefix: BullMQ's
+        own, whose completions fetch the slot's next job (:mod:`.chaining`).
 
         It is not started: the caller awaits ``worker.run()`` and later
         ``worker.close()``, which stops taking jobs and waits for the active ones. It
@@ -105,15 +111,20 @@ class WorkerSupport(BrokerPart):
                 (e.g. a lost connection), which BullMQ would otherwise drop.
         """
 
-        async def process(job: BullJob, token: str) -> Any:
-            return await processor(
+        def process(job: BullJob, token: str) -> Awaitable[Any]:
+            # Not a coroutine itself: BullMQ awaits what it returns, the processor's
+            # coroutine (one coroutine less per job). Job.fromJSON gives ints; int_or
+            # is for anything else.
+            attempts, added = job.attemptsMade, job.timestamp
+            started = getattr(job, "processedOn", None)
+            return processor(
                 ActiveJob(
-                    job_id=str(job.id),
-                    name=job.name or "",
-                    data=job.data,
-                    attempts_made=int_or(job.attemptsMade, 0) or 0,
-                    timestamp_ms=int_or(job.timestamp, None),
-                    processed_on_ms=int_or(getattr(job, "processedOn", None), None),
+                    str(job.id),
+                    job.name or "",
+                    job.data,
+                    attempts if type(attempts) is int else int_or(attempts, 0),
+                    added if type(added) is int else int_or(added, None),
+                    started if type(started) is int else int_or(started, None),
                 )
             )
 
@@ -125,7 +136,7 @@ class WorkerSupport(BrokerPart):
             if self.conn.target.kind == "url"
             else self.conn.client_factory(self.conn.target)
         )
-        worker = BullWorker(
+        worker = ChainingWorker(
             queue,
             process,
             {

@@ -15,7 +15,6 @@ from typing import Any, Final
 from fairqueue.conf import get_settings
 from fairqueue.exceptions import UnknownJobTypeError
 from fairqueue.scheduling.levels import (
-    FAIRQUEUE_PAYLOAD_KEYS,
     PAYLOAD_LEVEL_KEY,
     PAYLOAD_TENANT_KEY,
     PriorityLevel,
@@ -163,15 +162,15 @@ def split_payload(data: Any) -> tuple[Any, str | None, PriorityLevel | None]:
     """
     if not isinstance(data, dict):
         return data, None, None
-    tenant = data.get(PAYLOAD_TENANT_KEY)
-    raw_level = data.get(PAYLOAD_LEVEL_KEY)
-    # The wire names fairqueue writes, looked up (every job goes through here); any
-    # other value goes through parse_level's rules.
+    payload = dict(data)  # a copy in C, then fairqueue's keys out: every job comes here
+    tenant = payload.pop(PAYLOAD_TENANT_KEY, None)
+    raw_level = payload.pop(PAYLOAD_LEVEL_KEY, None)
+    # The wire names fairqueue writes, looked up; any other value goes through
+    # parse_level's rules.
     level = _LEVELS.get(raw_level) if isinstance(raw_level, str) else None
-    if level is None:
+    if level is None and raw_level is not None:
         try:
             level = parse_level(raw_level)
         except ValueError:
             level = None
-    payload = {key: value for key, value in data.items() if key not in FAIRQUEUE_PAYLOAD_KEYS}
     return payload, tenant if isinstance(tenant, str) else None, level

@@ -1,4 +1,4 @@
-"""Run registered job handlers with stock BullMQ workers.
+"""Run registered job handlers with BullMQ workers.
 
 One ``bullmq.Worker`` per BullMQ queue (built by :meth:`WorkerSupport.make_worker`, so BullMQ's
 own locking, stalled-job recovery, attempts and backoff apply unchanged, and Python and
@@ -31,25 +31,19 @@ import asyncio
 import logging
 import os
 import sys
-import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, Final
 
-from asgiref.sync import iscoroutinefunction, sync_to_async
-
-from fairqueue.broker import ActiveJob, Broker, get_broker, permission_error
+from fairqueue.broker import Broker, get_broker, permission_error
 from fairqueue.exceptions import (
     BrokerRejectedError,
     BrokerUnavailableError,
     WorkerStoppedError,
 )
 from fairqueue.loop import Backoff, GracefulStop
-from fairqueue.worker.handlers import JobContext, NoHandlerError
-from fairqueue.worker.job_runs import call_sync, elapsed_ms, is_task_job, log_failure, run_task
+from fairqueue.worker.job_runs import JobRuns
 from fairqueue.worker.liveness import Liveness
-from fairqueue.worker.process_metrics import record_job
 from fairqueue.worker.queue_plans import (
     MAX_CONCURRENCY,
     MIN_CONCURRENCY,
@@ -144,7 +138,8 @@ class Worker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._graceful = self._graceful_stop()
-        self._executor: ThreadPoolExecutor | None = None
+        #: What runs each job (the handlers, the thread pool, the counting).
+        self._runs = JobRuns(self.recycling, self._recycle)
         #: A burst worker's reason to stop with an error (an ACL refusal: no retry helps).
         self._fatal: BrokerRejectedError | None = None
         self._bull_workers: list[Any] = []
@@ -152,10 +147,6 @@ class Worker:
         self._closing: asyncio.Future[Any] | None = None
         #: Releases in flight (kept so the event loop does not drop them half-way).
         self._releases: set[asyncio.Future[None]] = set()
-        #: Per job, looked up once per handler or task function: is it ``async def``?
-        self._async_funcs: dict[Callable[..., Any], bool] = {}
-        #: :func:`call_sync` in the job thread pool (built once the pool is).
-        self._call_sync: Callable[..., Awaitable[Any]] | None = None
 
     def __repr__(self) -> str:
         return f"Worker(queues={self.queues!r}, concurrency={self.concurrency})"
@@ -207,15 +198,12 @@ class Worker:
             restore_signals()
             logger.info("worker stopped")
             return
-        self._executor = ThreadPoolExecutor(
-            max_workers=self.concurrency * len(self.plans), thread_name_prefix="fairqueue-job"
-        )
-        self._call_sync = None  # bound to this run's pool on first use
+        self._runs.start(threads=self.concurrency * len(self.plans))
         self._closing = None
         self._bull_workers = bull_workers = [
             self._broker.workers.make_worker(
                 plan.queue,
-                partial(self._process, plan),
+                partial(self._runs.process, plan),
                 concurrency=self.concurrency,
                 on_error=partial(self._on_bullmq_error, plan.queue),
                 on_finished=partial(self._release_next, plan.queue),
@@ -249,7 +237,7 @@ class Worker:
         finally:
             await self._drain(bull_workers, runs)
             await liveness.stop()
-            self._executor.shutdown(wait=True)
+            self._runs.shutdown()
             restore_signals()
         if self._fatal is not None:
             raise self._fatal
@@ -358,88 +346,14 @@ class Worker:
 
     # -- jobs -------------------------------------------------------------------------
 
-    async def _process(self, plan: QueuePlan, job: ActiveJob) -> Any:
-        """Run one job, then count it (metrics, recycling)."""
-        job_type = plan.job_type_of(job.name)
-        outcome = "failed"
-        try:
-            result = await self._run_job(plan, job, job_type)
-            outcome = "done"
-            return result
-        finally:
-            record_job(plan.queue, job_type or "", outcome)
-            reason = self.recycling.job_finished()
-            if reason is not None:
-                logger.info("recycling this process: %s; stopping once its jobs finish", reason)
-                # Closing now, before BullMQ's loop frees this slot, so it takes no
-                # job in it; the stop request then waits for the rest.
-                self._start_closing()
-                self._wake()
-
-    async def _run_job(self, plan: QueuePlan, job: ActiveJob, job_type: str | None) -> Any:
-        if job_type is None:
-            logger.warning("job %s (queue %s) failed: NoHandlerError", job.job_id, plan.queue)
-            raise NoHandlerError(
-                f"job {job.job_id} of queue {plan.queue!r} is named {job.name!r}, which is "
-                f"not a job type of this queue: {names(plan.job_types)}"
-            )
-        if job_type in plan.task_types and is_task_job(job.data):
-            return await run_task(self._call, job_type, job)
-        handler = plan.handlers.get(job_type)
-        if handler is None:
-            logger.warning("job %s (%s) failed: NoHandlerError", job.job_id, job_type)
-            raise NoHandlerError(
-                f"job {job.job_id} of job type {job_type!r} is not a Django task job and the "
-                "job type has no handler"
-            )
-        payload, tenant_id, level = split_payload(job.data)
-        context = JobContext(
-            job_id=job.job_id,
-            job_type=job_type,
-            tenant_id=tenant_id,
-            priority_level=level,
-            attempts_made=job.attempts_made,
-            enqueued_ms=job.timestamp_ms,
-            started_ms=job.processed_on_ms,
-        )
-        started = time.monotonic()
-        # Both lines at once: at -v 0 (the usual production level) a job pays one check.
-        verbose = logger.isEnabledFor(logging.INFO)
-        if verbose:
-            logger.debug(
-                "job %s (%s) started, attempt %d", job.job_id, job_type, job.attempts_made + 1
-            )
-        try:
-            if self._is_async(handler):  # awaited here: one coroutine less per job
-                await handler(payload, context)
-            else:
-                await self._call(handler, payload, context)
-        except Exception as exc:
-            log_failure(job, job_type, started, exc)
-            raise  # BullMQ fails the job and applies its attempts and backoff
-        if verbose:
-            logger.info("job %s (%s) done in %d ms", job.job_id, job_type, elapsed_ms(started))
-
-    def _is_async(self, func: Callable[..., Any]) -> bool:
-        """Whether ``func`` is ``async def`` (looked up once per function)."""
-        try:
-            return self._async_funcs[func]
-        except KeyError:
-            is_async = self._async_funcs[func] = iscoroutinefunction(func)
-            return is_async
-        except TypeError:  # an unhashable callable
-            return iscoroutinefunction(func)
-
-    async def _call(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Await an async handler or task on this loop; run a sync one in the job
-        thread pool (:func:`call_sync`)."""
-        if self._is_async(func):
-            return await func(*args, **kwargs)
-        if self._call_sync is None:
-            self._call_sync = sync_to_async(
-                call_sync, thread_sensitive=False, executor=self._executor
-            )
-        return await self._call_sync(func, *args, **kwargs)
+    def _recycle(self, reason: str) -> None:
+        """A recycling bound is reached (:class:`~fairqueue.worker.job_runs.JobRuns`
+        calls this once): take no more jobs, and stop once the active ones finish."""
+        logger.info("recycling this process: %s; stopping once its jobs finish", reason)
+        # Closing now, before BullMQ's loop frees the finished job's slot, so it takes
+        # no job in it; the stop request then waits for the rest.
+        self._start_closing()
+        self._wake()
 
     def _release_next(self, queue: str, tenant: str) -> None:
         """A job its tenant's limits held has finished: release that tenant's next held
