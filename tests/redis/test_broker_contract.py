@@ -167,3 +167,30 @@ def test_the_data_json_the_api_stores_is_bullmqs_own_serialisation(payload):
     queue = Queue("email", {"prefix": "contract"})
     _args, bullmq_json, _opts = queue.scripts.addJobArgs(BullJob(queue, "email", data, {}))
     assert data_json == bullmq_json
+
+
+#: ``bullmq.Worker.processJob`` as of 3.4.4: fairqueue's ChainingWorker runs its copy
+#: with the completion asking for the next job (fairqueue/broker/chaining.py). A bullmq
+#: that changes it must be read again, and the copy brought in line, before this moves.
+PROCESS_JOB_SHA256 = "1eb52a13d9cc583e"
+
+
+def test_the_worker_s_process_job_is_the_one_chaining_worker_copies():
+    import hashlib
+    import inspect
+
+    from bullmq import Worker
+
+    source = inspect.getsource(Worker.processJob)
+    assert hashlib.sha256(source.encode()).hexdigest()[:16] == PROCESS_JOB_SHA256
+
+
+def test_move_to_completed_can_fetch_the_next_job():
+    """The backend call ChainingWorker makes, and the shape it reads back."""
+    import inspect
+
+    from bullmq.backend import Backend
+
+    method = Backend.moveToCompleted
+    assert "fetch_next" in inspect.signature(method).parameters
+    assert '{"result": next_job_data_or_None' in (method.__doc__ or "")
