@@ -10,9 +10,9 @@ empty, paused or rate-limited queue, or a closing worker). The scripts, locks, l
 renewal, stalled check, attempts and backoff are BullMQ's own, unchanged; a failed job
 is moved to failed as before, without fetching.
 
-Closing: once ``close()`` starts, no finish fetches; a job a finish already fetched
-(the call was under way) is run in its slot like any active job, and ``close()`` waits
-for it.
+Closing: once ``close()`` or :meth:`ChainingWorker.stop_fetching` starts, no finish
+fetches; a job a finish already fetched (the call was under way) is run in its slot like
+any active job, and ``close()`` waits for it.
 """
 
 from __future__ import annotations
@@ -28,6 +28,15 @@ from bullmq.custom_errors import DelayedError, UnrecoverableError, WaitingChildr
 class ChainingWorker(BullWorker):
     """``bullmq.Worker`` whose job completion fetches the slot's next job (see the
     module)."""
+
+    #: Whether a completion may fetch; :meth:`stop_fetching` turns it off at once.
+    fetching: bool = True
+
+    def stop_fetching(self) -> None:
+        """Fetch no more on completion, from now on: ``close()`` says so only once its
+        task runs, and a completion under way before then would take one more job (a
+        recycled process running a job past its ``--max-jobs-per-child``)."""
+        self.fetching = False
 
     async def processJob(self, job: BullJob, token: str) -> None:  # noqa: N802 - BullMQ's name
         """Run ``job``, then each job its completion fetched, in this slot."""
@@ -61,7 +70,7 @@ class ChainingWorker(BullWorker):
             else:
                 result = await self.processor(job, token)
             if not self.forceClosing:
-                fetch = not self.closing
+                fetch = self.fetching and not self.closing
                 finished = await self.backend.moveToCompleted(
                     job, result, job.opts.get("removeOnComplete", False), token, fetch_next=fetch
                 )

@@ -296,6 +296,8 @@ class Worker:
         """Close the BullMQ workers (once): each stops taking jobs, keeps renewing its
         active jobs' locks and waits for them to finish."""
         if self._closing is None:
+            for worker in self._bull_workers:
+                worker.stop_fetching()  # now, before a finish under way asks for a job
             self._closing = asyncio.gather(
                 *(w.close() for w in self._bull_workers), return_exceptions=True
             )
