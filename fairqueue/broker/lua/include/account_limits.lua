@@ -60,16 +60,23 @@ local function fqAccountLeaves(L, t, id)
   if a and redis.call('SREM', L .. ':aout:' .. a, id) == 1 then fqAccountWake(L, a) end
 end
 
--- What an account's max_waiting counts: its tenants' held jobs, and their released ones
--- not taken yet (takeable, or waiting out a backoff in BullMQ's delayed set).
-local function fqAccountWaiting(L, prioritizedKey, delayedKey, a)
-  local n = redis.call('SCARD', L .. ':aheld:' .. a)
-  for _, id in ipairs(redis.call('SMEMBERS', L .. ':aout:' .. a)) do
+-- How many of a released set's jobs no worker has taken yet: takeable, or waiting out a
+-- backoff in BullMQ's delayed set (a tenant's :out: or an account's :aout:).
+local function fqNotTaken(outKey, prioritizedKey, delayedKey)
+  local n = 0
+  for _, id in ipairs(redis.call('SMEMBERS', outKey)) do
     if redis.call('ZSCORE', prioritizedKey, id) or redis.call('ZSCORE', delayedKey, id) then
       n = n + 1
     end
   end
   return n
+end
+
+-- What an account's max_waiting counts: its tenants' held jobs, and their released ones
+-- not taken yet.
+local function fqAccountWaiting(L, prioritizedKey, delayedKey, a)
+  return redis.call('SCARD', L .. ':aheld:' .. a)
+    + fqNotTaken(L .. ':aout:' .. a, prioritizedKey, delayedKey)
 end
 
 -- How many of count jobs a limit set lim lets go (release_room's max_active and rate

@@ -310,13 +310,8 @@ local function fqWaitingOf(L, prioritizedKey, delayedKey, tenant)
   if string.byte(tenant, 1) == 10 then -- '\n<account>': an account's (account_limits.lua)
     return fqAccountWaiting(L, prioritizedKey, delayedKey, string.sub(tenant, 2))
   end
-  local n = redis.call('LLEN', L .. ':held:' .. tenant) + redis.call('ZCARD', L .. ':later:' .. tenant)
-  for _, id in ipairs(redis.call('SMEMBERS', L .. ':out:' .. tenant)) do
-    if redis.call('ZSCORE', prioritizedKey, id) or redis.call('ZSCORE', delayedKey, id) then
-      n = n + 1
-    end
-  end
-  return n
+  return redis.call('LLEN', L .. ':held:' .. tenant) + redis.call('ZCARD', L .. ':later:' .. tenant)
+    + fqNotTaken(L .. ':out:' .. tenant, prioritizedKey, delayedKey)
 end
 
 -- A batch added over several calls (more than one add call's jobs, or delayed jobs, one a
