@@ -1,24 +1,15 @@
 """Account quotas: worker seconds per day or month over all of an account's tenants
 (``Account.quota_worker_seconds`` / ``quota_period``, docs/usage.md#quotas).
 
-The usage ledger keeps each tenant's worker time per day (``TenantUsage``); an account's
-use in a period is the sum over the tenants it owns now. After each ledger write the
-loop's account quota step (:func:`after_write`, beside
-:func:`fairqueue.usage.quotas.after_write`) checks the accounts of the tenants whose rows
-it changed; an account over its quota gets its tier's action
-(``FAIRQUEUE['QUOTAS']``, else ``demote``) on every one of its tenants, as a tenant's
-own quota does: ``demote`` runs their new jobs at ``low``, ``hold`` holds their jobs in
-every queue. One ``TenantHold`` row keyed by the account
-(:func:`~fairqueue.usage.holds.account_hold_key`) records it, ``HoldAudit`` rows say so
-on each tenant and on the account, and it is lifted when the period ends (or by
-:func:`lift_account_quota`). A tenant's own quota and its account's both hold: lifting
-one leaves the tenant held by the other.
-
-As for a tenant's quota, the attempts running count too: an account not over after a
-write is watched (:class:`~fairqueue.usage.quota_watch.QuotaWatch`, its tenants as the
-members whose running attempts are read) and the loop checks it again when its
-tenants' running attempts could take it over (:func:`check_running`), so it acts while
-the crossing attempts still run.
+An account's use in a period is the sum over the tenants it owns now. After each ledger
+write (:func:`after_write`, beside the tenants' step) the accounts of the changed
+tenants are checked, and one over its quota gets its tier's action on every one of its
+tenants, as a tenant's own quota does, through the same hold, audit and lift
+(:mod:`fairqueue.usage.quotas`), under one ``TenantHold`` keyed by the account
+(:func:`~fairqueue.usage.holds.account_hold_key`). A tenant's own quota and its
+account's both hold: lifting one leaves the tenant held by the other. The attempts
+running count too, as for a tenant (:class:`~fairqueue.usage.quota_watch.QuotaWatch`,
+the account's tenants as its members).
 """
 
 from __future__ import annotations
