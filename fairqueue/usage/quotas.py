@@ -1,20 +1,10 @@
-"""Quotas per plan: worker seconds per day or month (docs/usage.md).
-
-A tenant's quota is its ``TenantPlan.quota_worker_seconds`` / ``quota_period``, else its
-plan tier's ``FAIRQUEUE['QUOTAS']`` entry; the tier says what happens over it:
-
-* ``demote``: its jobs enqueued from then on run at ``low`` until the period ends
-  (read at enqueue, cached per process for at most :data:`DEMOTED_CHECK_S`);
-* ``hold``: its jobs are held in every queue, like a paused tenant, until the period
-  ends or an operator lifts it (:func:`lift_quota`).
-
-An account's quota (``Account.quota_worker_seconds``) applies to all its tenants
-together (:mod:`fairqueue.usage.account_quotas`, its own step after each write). The
-loop checks after each ledger write, for the tenants whose rows it changed, ended
-plus running worker time (:mod:`fairqueue.usage.quota_watch`), again between its steps when a
-watched tenant's running attempts could have taken it over, and ends the holds whose
-period is over at every step. Every transition is audited
-(``HoldAudit``) and counted (``queue_fair_quota_exceeded_total{job_type,action}``).
+"""Quotas per plan: worker seconds per day or month, and what happens over one
+(``demote``, read at enqueue and cached per process for :data:`DEMOTED_CHECK_S`, or
+``hold``; docs/usage.md). The loop checks after each ledger write, for the tenants
+whose rows it changed, ended plus running worker time
+(:mod:`fairqueue.usage.quota_watch`), and again between its steps when a watched
+tenant's running attempts could take it over. An account's quota
+(:mod:`fairqueue.usage.account_quotas`) goes through the same hold, audit and lift.
 """
 
 from __future__ import annotations
