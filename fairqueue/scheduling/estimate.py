@@ -1,10 +1,10 @@
 """When a job will start: its place by the fair clock, the measured service rate, and the
 limits that hold its tenant. Plain data in, plain data out (no Django, no Redis).
 
-``lua/include/eta_place.lua`` reads the clock and a flow's state without writing and places a
-new job as the add script would; :func:`place` is the same arithmetic, and the tests
-hold both to the add script's placement. The rest turns a place into a time
-(docs/design.md, "When a job will start"):
+``lua/include/eta_place.lua`` reads the clock and a flow's state without writing and
+places a new job as the add script would; :func:`fairqueue.scheduling.placing.place` is
+the same arithmetic, and the tests hold both to the add script's placement. The rest
+turns a place into a time (docs/design.md, "When a job will start"):
 
 * **The service rate** is what the loop's history step measured over the last 20-30 s:
   jobs started per second (``R``), and per level. The virtual time moves at
@@ -47,9 +47,12 @@ from fairqueue.scheduling.calibration import (
 from fairqueue.scheduling.calibration import confidence as calibrated_confidence
 from fairqueue.scheduling.levels import DEFAULT_FAIR_WEIGHTS, PriorityLevel
 from fairqueue.scheduling.limits import REASON_MAX_ACTIVE, REASON_PAUSED, REASON_RATE, TenantLimits
-from fairqueue.scheduling.order import TAG_SCALE, flow_step
+from fairqueue.scheduling.order import TAG_SCALE
+from fairqueue.scheduling.placing import FlowSnapshot, place
 
 Confidence = Literal["high", "medium", "low", "none"]
+
+__all__ = ["FlowSnapshot", "place"]  # where the model of a placement lives
 
 #: The window the service rate is measured over (seconds): the history's buckets that
 #: start within it, the current one partly elapsed (20 to 30 s of starts). Long enough
@@ -65,59 +68,6 @@ STEADY_SPREAD: Final = 0.5
 #: The least span (seconds) of the virtual time's samples its measured pace is taken over.
 VT_SAMPLED_S: Final = 5.0
 LEVEL_NAMES: Final = tuple(level.value for level in PriorityLevel)
-
-
-@dataclass(frozen=True, slots=True)
-class FlowSnapshot:
-    """What the fair clock knows of a flow when a job of it is placed, as
-    ``lua/include/eta_place.lua`` reads it: the virtual time, the flow's last tag, the weight
-    its level counts for it, its catch-up horizon, its level's total (less the flows the
-    virtual time has passed), the level's frontier (for a joining flow) and a job's cost
-    in turns; the share the flow's last job was placed with (its spacing) and the
-    frontier flow's (a joining flow catches up at it)."""
-
-    level: PriorityLevel
-    tenant_weight: int
-    vt: float
-    last: float | None = None
-    counted: int = 0
-    horizon: float | None = None
-    total: int = 0
-    frontier: float | None = None
-    cost: float = 1.0
-    spacing: int | None = None
-    frontier_spacing: int | None = None
-
-
-def place(
-    flow: FlowSnapshot, count: int = 1, weights: Mapping[PriorityLevel, int] = DEFAULT_FAIR_WEIGHTS
-) -> float:
-    """The finish tag the add script gives the ``count``-th of ``count`` new jobs of the
-    flow (``fqPlace``, one after the other; docs/design.md, "Joining a level")."""
-    if count < 1:
-        raise ValueError(f"count={count!r} is not allowed: expected a whole number >= 1")
-    last, counted, horizon, total = flow.last, flow.counted, flow.horizon, flow.total
-    weight, tag, spacing = flow.tenant_weight, flow.vt, flow.spacing
-    for index in range(count):
-        others = total - counted
-        everyone = others + weight
-        start = flow.vt if last is None or last <= flow.vt else last
-        joined = None
-        catch_up = spacing if spacing is not None else others
-        if counted == 0 and others > 0 and index == 0:
-            if flow.frontier is not None and flow.frontier > start:
-                joined = horizon = flow.frontier
-                spaced = flow.frontier_spacing
-                catch_up = others if spaced is None else min(others, spaced)
-        share = catch_up if horizon is not None and start < horizon else everyone
-        tag = start + flow_step(weights[flow.level], weight, share, cost=flow.cost)
-        spacing = share
-        total, counted = everyone, weight
-        if joined is None and horizon is not None and start >= horizon:
-            horizon = None
-        if last is None or tag > last:
-            last = tag
-    return tag
 
 
 @dataclass(frozen=True, slots=True)
