@@ -33,10 +33,11 @@ turns a place into a time (docs/design.md, "When a job will start"):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final, Literal
 
 from fairqueue.scheduling.calibration import (
+    FLOOR_MS,
     UNCALIBRATED,
     Calibration,
     admission_wait,
@@ -65,6 +66,12 @@ MEDIUM_CONFIDENCE_STARTS: Final = 10
 #: The slowest and fastest bucket of the window may differ by this fraction of the mean
 #: rate for a ``high`` confidence.
 STEADY_SPREAD: Final = 0.5
+#: A ``high`` estimate needs the load to look as it was when the level's recent estimates
+#: were made: its flow's pace now and the virtual time's measured pace give waits within
+#: this factor, and the clock moves within it of its measured pace (``clock_ratio``).
+#: After a change, ``high`` estimates made from the calibration of the load before came
+#: out at p90 0.55-0.97 of the wait in bench_eta.
+STEADY_AGREE: Final = 1.1
 #: The least span (seconds) of the virtual time's samples its measured pace is taken over.
 VT_SAMPLED_S: Final = 5.0
 LEVEL_NAMES: Final = tuple(level.value for level in PriorityLevel)
@@ -274,7 +281,8 @@ def placed_wait(
     moves now), never less than the jobs ahead at the measured rate. Without them: the
     tag distance at the virtual time's measured pace (the module docstring). The range and
     confidence follow how the level's recent estimates came out
-    (:mod:`fairqueue.scheduling.calibration`)."""
+    (:mod:`fairqueue.scheduling.calibration`), and ``high`` is ``medium`` while the load
+    looks changed (:data:`STEADY_AGREE`)."""
     if ahead <= 0:
         return _ranged(0.0, rate, level) if rate.known else Wait(0.0, 0.0, 0.05, "low")
     if not rate.known:
@@ -288,6 +296,7 @@ def placed_wait(
         pace = (rate.vt_moved_per_s or rate.vt_per_s) * (clock_ratio or 1.0)
         by_clock = max(0.0, tag - TAG_SCALE / weights[level] - vt) / pace
     by_place = by_clock or 0.0
+    moved = False
     if own_ahead is not None and flow_per_s:
         # Tag distances overstate a flow's jobs when it ran alone or was charged for long
         # runs (the virtual time then jumps to its head): never more than all jobs ahead.
@@ -300,7 +309,25 @@ def placed_wait(
         # clock said). The earlier of the two, never earlier than the jobs ahead at the
         # measured rate (by_count below).
         by_place = by_pace if by_clock is None else min(by_pace, by_clock)
-    return _ranged(max(by_count, by_place), rate, level)
+        if by_clock is not None and not _agree(by_pace, by_clock):
+            moved = True
+    wait = _ranged(max(by_count, by_place), rate, level)
+    if clock_ratio is not None and not _agree(clock_ratio, 1.0):
+        moved = True
+    if moved and wait.confidence == "high":
+        # The level's recent estimates were made in the load before the change: how
+        # they came out says little of this one until its like have started.
+        return replace(wait, confidence="medium")
+    return wait
+
+
+def _agree(one: float, other: float) -> bool:
+    """Whether two paces or waits (>= 0) are within :data:`STEADY_AGREE` of each other
+    (both plus :data:`fairqueue.scheduling.calibration.FLOOR_MS`, as the calibration's
+    ratios)."""
+    floor = FLOOR_MS / 1000
+    low, high = sorted((one + floor, other + floor))
+    return high <= low * STEADY_AGREE
 
 
 def _ranged(expected: float, rate: ServiceRate, level: PriorityLevel | str | None) -> Wait:
