@@ -330,6 +330,10 @@ class AddPacker:
                     "delay": job.delay_ms,
                     "limits": job.limits or "",
                 }
+                limited = tuple(_given_limits(job))
+                if len(limited) > 1:  # its account's max_waiting counts it too
+                    named["batch"] = ""
+                    named["account_limits"] = job.account_limits
                 commands.append(
                     _AddCommand(
                         self.delayed_script,
@@ -337,7 +341,7 @@ class AddPacker:
                         named,
                         delayed=True,
                         queue=queue,
-                        limits_given=(job.tenant,) if job.limits is not None else (),
+                        limits_given=limited,
                     )
                 )
                 continue

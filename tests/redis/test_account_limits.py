@@ -124,6 +124,80 @@ def test_account_max_waiting__single_batch_and_durable_enqueues_refused(fq_prefi
     enqueue_jobs("email", [{} for _ in range(8)], tenant_id="free")  # no account: unchanged
 
 
+def test_account_max_waiting__counts_delayed_enqueues_on_every_path(
+    fq_prefix, redis_client, django_capture_on_commit_callbacks
+):
+    """Delayed jobs count for their account's max_waiting as for their tenant's: single,
+    batch (delayed jobs go one a call, the batch checked whole by its first) and durable
+    delayed enqueues fill it and are refused past it, and an undelayed enqueue counts the
+    delayed ones already added."""
+    from fairqueue.broker import NewJob
+    from fairqueue.scheduling.levels import PriorityLevel
+
+    _account(max_waiting=5)
+    base = f"{fq_prefix}:email:fq:lim"
+    sync = get_sync_broker()
+
+    def delayed_batch(tenant, count):
+        job = NewJob(
+            "email",
+            {"tenantId": tenant},
+            PriorityLevel.NORMAL,
+            tenant=tenant,
+            limits="\n\n\n",
+            account="acct",
+            account_limits="\n\n\n5",
+            delay_ms=60_000,
+        )
+        return sync.run(sync.broker.adding.add_jobs, "email", [job] * count)
+
+    enqueue_job("email", {}, tenant_id="t1", delay_ms=60_000)
+    delayed_batch("t2", 2)
+    with django_capture_on_commit_callbacks(execute=True):
+        enqueue_on_commit("email", {}, tenant_id="t3", delay_ms=60_000)
+    assert redis_client.scard(f"{base}:aheld:acct") == 4  # every delayed one counted
+    assert redis_client.hget(f"{base}:acc", "acct") == "\n\n\n5"
+    enqueue_job("email", {}, tenant_id="t3")  # 5
+    before = counts(fq_prefix)
+    with pytest.raises(AccountBacklogFullError) as refused:
+        enqueue_job("email", {}, tenant_id="t1", delay_ms=60_000)
+    assert (refused.value.limit, refused.value.waiting) == (5, 5)
+    with pytest.raises(AccountBacklogFullError):
+        delayed_batch("t2", 2)
+    with pytest.raises(AccountBacklogFullError):
+        enqueue_on_commit("email", {}, tenant_id="t1", delay_ms=60_000)
+    with pytest.raises(AccountBacklogFullError):
+        enqueue_job("email", {}, tenant_id="t2")  # undelayed: the delayed ones count
+    assert counts(fq_prefix) == before
+    assert OutboxJob.objects.count() == 0
+    for _ in range(8):  # no account: unchanged
+        enqueue_job("email", {}, tenant_id="free", delay_ms=60_000)
+
+
+def test_account_max_waiting__a_delayed_batch_is_refused_whole(fq_prefix, redis_client):
+    """A batch of delayed jobs (one call each) past its account's room adds none."""
+    from fairqueue.broker import NewJob
+    from fairqueue.scheduling.levels import PriorityLevel
+
+    _account(max_waiting=5)
+    enqueue_jobs("email", [{}] * 3, tenant_id="t1")
+    sync = get_sync_broker()
+    job = NewJob(
+        "email",
+        {"tenantId": "t2"},
+        PriorityLevel.NORMAL,
+        tenant="t2",
+        limits="\n\n\n",
+        account="acct",
+        account_limits="\n\n\n5",
+        delay_ms=60_000,
+    )
+    with pytest.raises(AccountBacklogFullError):
+        sync.run(sync.broker.adding.add_jobs, "email", [job] * 3)
+    assert counts(fq_prefix)["delayed"] + counts(fq_prefix)["prioritized"] == 3  # t1's
+    assert len(sync.run(sync.broker.adding.add_jobs, "email", [job] * 2)) == 2  # its room
+
+
 def test_account_max_waiting__a_batch_over_several_calls_is_refused_whole(fq_prefix):
     _account(max_waiting=30)
     from fairqueue.broker import NewJob
