@@ -361,3 +361,42 @@ def test_release_room__with_an_account_both_limits_hold(
     )
     if both.count < alone.count:
         assert both.reason in ("max_active", "rate", None)
+
+
+def test_account_limits__come_back_at_the_pass_after_redis_lost_its_keys(fq_prefix, redis_client):
+    """Redis loses fairqueue's keys (a restart without persistence, an operator's flush):
+    the loop's next pass brings the account's limits back from the database with the
+    tenants' own, before any of its tenants enqueues again. Jobs a plain BullMQ producer
+    adds for its tenants are then held by the account's max_active (2 of 6 released)."""
+    import asyncio
+
+    from bullmq import Queue
+
+    from fairqueue.rebalance.passes import rebalance_queue
+    from fairqueue.tenants import rebuild_tenant_limits
+    from tests.helpers.keys import REDIS_URL, delete_prefix
+
+    _account(max_active=2)
+    base = f"{fq_prefix}:email:fq:lim"
+    assert rebuild_tenant_limits(["email"])
+    delete_prefix(fq_prefix)  # Redis forgot: no limits, no jobs
+    assert rebuild_tenant_limits(force=False)  # what the loop's pass does
+    assert redis_client.hget(f"{base}:acc", "acct") == "2\n\n\n"
+    assert redis_client.hgetall(f"{base}:tacct") == {"t1": "acct", "t2": "acct", "t3": "acct"}
+    assert redis_client.hget(base, "t1") == "\n\n\n"  # held like its adds make it
+    assert not redis_client.hexists(base, "free")
+    assert not rebuild_tenant_limits(force=False)  # the copy is there: no work
+
+    async def add() -> None:
+        queue = Queue("email", {"connection": REDIS_URL, "prefix": fq_prefix})
+        try:
+            for tenant in ("t1", "t2", "t3", "t1", "t2", "t3"):
+                await queue.add("plain", {"tenantId": tenant, "priorityLevel": "normal"}, {})
+        finally:
+            await queue.close()
+
+    asyncio.run(add())
+    assert rebalance_queue("email").adopted == 0  # adopted into its tenants' held jobs
+    release()
+    assert counts(fq_prefix)["prioritized"] + counts(fq_prefix)["wait"] == 2
+    assert redis_client.scard(f"{base}:aheld:acct") == 4
