@@ -21,9 +21,10 @@
   BullMQ's delayed set at the held score, so no worker's promotion can make it takeable
   outside its tenant's limits, and in L:later:<tenant> at its ready time, from which the
   release step moves it to the tenant's held jobs once it is due (then released in
-  its fair order like any held job).
+  its fair order like any held job). Its account's limits, when given, are written as
+  an undelayed add writes them (L:acc, L:tacct) and the job counts in L:aheld:<account>.
   Returns the job id (BullMQ's negative code on error), or the refusal {'fq:backlog',
-  tenant, max_waiting, waiting} before anything is written.
+  tenant (or '\n<account>'), max_waiting, waiting} before anything is written.
 ]]
 --- @argv packed_args data opts level tenant weight delay limits batch? account_limits?
 --- @include tenant_limits
