@@ -324,7 +324,11 @@ class StatusReads(BrokerPart):
         script = self.conn.script(plain_script("estimate_start"))
         reply = await self.conn.guard(
             script(
-                keys=[*self._keys(queue), fair_key(self.conn.prefix, queue, "dly")],
+                keys=[
+                    *self._keys(queue),
+                    fair_key(self.conn.prefix, queue, "dly"),
+                    self.conn.key(queue, "delayed"),
+                ],
                 level=level.value,
                 tenant=tenant,
                 weight=tenant_weight,
