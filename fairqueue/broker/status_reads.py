@@ -149,33 +149,38 @@ def _placement(
     )
 
 
-#: A history bucket's fields as ``fqEtaRate`` sends them: its start, starts and worker
-#: ms per level, then per level its estimates' ratio bins, then per level the sum of the
-#: waits they expected (-1: not recorded), then the virtual time and its ms at the
-#: bucket's first and last sample (``vt_sample.lua``; 0: none).
-_VT_FIELDS: Final = 4
-_BUCKET_WIDTH: Final = 1 + 2 * len(LEVEL_NAMES) + len(LEVEL_NAMES) * (ERROR_BINS + 1) + _VT_FIELDS
+#: Where each part of a history bucket's row (``ETA_HISTORY_FIELDS``) starts.
+_LEVELS: Final = len(LEVEL_NAMES)
+_BINS_AT: Final = 2 * _LEVELS
+_SCALES_AT: Final = _BINS_AT + _LEVELS * ERROR_BINS
+_VT_AT: Final = _SCALES_AT + _LEVELS
+
+
+def _count(value: Any, missing: int = 0) -> int:
+    """A bucket field as ``fqEtaRate`` read it (``None``: not written)."""
+    return missing if value is None else int(float(_text(value)))
 
 
 def _history(reply: Sequence[Any], typical_ms: float | None) -> History:
+    """``fqEtaRate``'s reply: when recording began, then each bucket as ``{start, its
+    ETA_HISTORY_FIELDS as HMGET gives them}``."""
     since = _text(reply[0])
     buckets = []
-    levels = len(LEVEL_NAMES)
-    for at in range(1, len(reply), _BUCKET_WIDTH):
-        row = [int(float(_text(v))) for v in reply[at : at + _BUCKET_WIDTH]]
-        bins = row[1 + 2 * levels : 1 + 2 * levels + levels * ERROR_BINS]
-        scales = row[1 + 2 * levels + levels * ERROR_BINS : _BUCKET_WIDTH - _VT_FIELDS]
-        vt0, vt0_ms, vt1, vt1_ms = row[_BUCKET_WIDTH - _VT_FIELDS :]
+    for start, fields in reply[1:]:
+        row = [_count(v) for v in fields[:_SCALES_AT]]
+        # -1: not recorded (a bucket written before the scale was)
+        scales = [_count(v, -1) for v in fields[_SCALES_AT:_VT_AT]]
+        vt0, vt0_ms, vt1, vt1_ms = (_count(v) for v in fields[_VT_AT:])
+        bins = row[_BINS_AT:_SCALES_AT]
         buckets.append(
             HistoryBucket(
-                start_s=row[0],
-                starts=dict(zip(LEVEL_NAMES, row[1 : 1 + levels], strict=True)),
-                worker_ms=dict(zip(LEVEL_NAMES, row[1 + levels : 1 + 2 * levels], strict=True)),
+                start_s=int(start),
+                starts=dict(zip(LEVEL_NAMES, row[:_LEVELS], strict=True)),
+                worker_ms=dict(zip(LEVEL_NAMES, row[_LEVELS:_BINS_AT], strict=True)),
                 errors={
                     name: tuple(bins[i * ERROR_BINS : (i + 1) * ERROR_BINS])
                     for i, name in enumerate(LEVEL_NAMES)
                 },
-                # -1: not recorded (a bucket written before the scale was)
                 expected_ms={
                     name: scales[i] for i, name in enumerate(LEVEL_NAMES) if scales[i] >= 0
                 },

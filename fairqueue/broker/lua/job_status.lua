@@ -119,6 +119,7 @@ else
   end
 end
 
+local heldClock = nil -- a held job's clock, read once for its placement and who is asking
 if state == 'held' and tenant ~= 'queue paused' then
   limits = redis.call('HGET', L, tenant) or ''
   paused = redis.call('HEXISTS', L .. ':paused', tenant)
@@ -131,7 +132,8 @@ if state == 'held' and tenant ~= 'queue paused' then
   local _, _, _, macct, maw = fqHeldMetaSplit(meta)
   if macct then account, accountW = macct, maw end
   if fqLevelRank[level] then
-    local etaClock = fqEtaClock(K)
+    heldClock = fqEtaClock(K)
+    local etaClock = heldClock
     local placement = fqEtaPlace(K, etaClock, level, tenant, tonumber(mweight) or 1, nil,
       ARGV.fairness == 'time', 1)
     place = fqEtaReply(etaClock, placement, K)
@@ -154,7 +156,7 @@ if state == 'waiting' and score ~= '' then
   end
   asking = fqEtaAsking(K, L, etaClock, now, tonumber(ARGV.bucket_s), tonumber(ARGV.buckets))
 elseif state == 'held' and fqLevelRank[level] then
-  asking = fqEtaAsking(K, L, fqEtaClock(K), now, tonumber(ARGV.bucket_s),
+  asking = fqEtaAsking(K, L, heldClock or fqEtaClock(K), now, tonumber(ARGV.bucket_s),
     tonumber(ARGV.buckets))
 end
 return {now, waitLen, state, ahead, score, level, tenant == 'queue paused' and '' or tenant,
