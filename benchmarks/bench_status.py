@@ -1,18 +1,27 @@
 """Status reads at scale: ``job_status``, ``estimate_start`` and the signed-token JSON
 endpoint beside ``--waiting`` waiting jobs and one tenant's ``--held`` held jobs, on a
-private Redis. Each call's Redis time is read from Redis's slow log (every command
-logged), so the figures are the scripts' own work, not the round trip; side by side, a
-walk of the held list to the same job (``LPOS``: how ``job_status`` found a held job's
-place before the held index) and BullMQ's own ``ZRANK`` of a waiting job.
+private Redis (under the real-time scheduling class where ``chrt`` may set it, so the
+slow log measures the reads' own work, not the time this shared machine's scheduler gave
+Redis's core to others). Each call's Redis time is the sum of every command it sent, read
+from Redis's slow log (every command logged, the meter's own left out), with how many
+commands that was; side by side, BullMQ's own ``ZRANK`` of a waiting job (the ratios are
+what compares across runs on a shared machine) and a walk of the held list to the last
+job (``LPOS``: how a held job's place was found before the held index).
 
 Setup: ``--waiting`` jobs of 100 unlimited tenants over the four levels, then
-``--held`` jobs of one tenant with ``max_active`` 2 (two released, the rest held).
-With ``--pending``, one more tenant has that many delayed jobs (due in an hour), the
-most an estimate places one by one (``MAX_ESTIMATE_COUNT``): a delayed job due after
-them is estimated behind them all, the worst case of ``estimate_start``.
+``--held`` jobs of one tenant with ``max_active`` 2 (two released, the rest held), and a
+full history over the rate's window (every field of every bucket written, each bucket's
+most served tenants as many as one keeps): the most the history reads can cost. The first
+``HELD_UNINDEXED`` held jobs are then taken out of the held index (as jobs held before it
+existed), so the status of the last of them is the held read's worst case: its place
+looked for among those. With ``--pending``, one more tenant has that many delayed jobs
+(due in an hour), the most an estimate places one by one (``MAX_ESTIMATE_COUNT``): a
+delayed job due after them is estimated behind them all, the worst case of
+``estimate_start``.
 Reads, ``--calls`` of each: the last waiting job's status, the first and last held
-job's status, a new job's estimate for a waiting tenant and for the held one (and for
-the pending tenant), the JSON endpoint for the last waiting and the last held job.
+job's status, the held job the index lacks, a new job's estimate for a waiting tenant
+and for the held one (and for the pending tenant), the JSON endpoint for the last waiting
+and the last held job.
 
     python benchmarks/bench_status.py [--waiting 1000000] [--held 1000000] [--calls 200]
         [--pending 10000]
@@ -24,6 +33,7 @@ import argparse
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 import uuid
@@ -38,6 +48,12 @@ sys.path.insert(0, str(ROOT))
 _LPOS = "return redis.call('LPOS', KEYS[1], ARGV[1])"
 #: BullMQ's own place of a waiting job: its rank in the prioritized set.
 _ZRANK = "return redis.call('ZRANK', KEYS[1], ARGV[1])"
+#: The meter's connection name: its own commands (the slow log's resets and reads) are
+#: left out of what a call cost.
+METER = "fqbench-meter"
+#: Held jobs taken out of the held index, as if held before it existed (at most
+#: HELD_PLACE_SCAN are looked through for one of them).
+HELD_UNINDEXED = 1_000
 
 
 def _add(db: Any, broker: Any, queue: str, jobs: list[Any]) -> list[str]:
@@ -94,24 +110,78 @@ def fill(db: Any, queue: str, waiting: int, held: int, pending: int) -> tuple[st
     return last_waiting, f"held-{min(2, held - 1)}", f"held-{held - 1}"
 
 
-def redis_us(client: Any, call: Callable[[], Any], calls: int, command: str) -> list[float]:
-    """The Redis time (us) of each of ``calls`` calls, from the slow log's entries whose
-    command starts with ``command`` (an EVALSHA of one script's sha, or EVAL)."""
+def write_history(client: Any, prefix: str, queue: str, seconds: int) -> None:
+    """A history as full as the loop writes it, from the rate's window before now to
+    ``seconds`` after: every field the estimate reads set in every bucket, and each
+    bucket's most served flows as many as a bucket keeps (``TENANTS_PER_BUCKET``)."""
+    from fairqueue.broker.status_reads import HISTORY_FIELDS
+    from fairqueue.scheduling.estimate import RATE_WINDOW_S
+    from fairqueue.scheduling.shares import BUCKET_S, LEVEL_NAMES, TENANTS_PER_BUCKET
+
+    base = f"{prefix}:{queue}:fq:hist"
+    now = int(time.time())
+    first = (now - RATE_WINDOW_S) // BUCKET_S * BUCKET_S
+    client.hset(base, "since", (first - 60) * 1000)
+    pipe = client.pipeline(transaction=False)
+    for start in range(first, now + seconds + BUCKET_S, BUCKET_S):
+        fields: dict[str, int] = dict.fromkeys(HISTORY_FIELDS, 7)
+        fields.update(vt0ms=start * 1000, vt1ms=start * 1000 + 9_000, vt0=1_000, vt1=2_000)
+        pipe.hset(f"{base}:{start}", mapping=fields)
+        pipe.zadd(
+            f"{base}:t:{start}",
+            {f"{LEVEL_NAMES[n % 4]}\nopen-{n}": 100 - n for n in range(TENANTS_PER_BUCKET)},
+        )
+        pipe.expire(f"{base}:{start}", seconds + 120)
+        pipe.expire(f"{base}:t:{start}", seconds + 120)
+    pipe.execute()
+
+
+def unindex(client: Any, prefix: str, queue: str, held: int) -> str:
+    """Take the first ``HELD_UNINDEXED`` held jobs out of the held index; the last of
+    them (its place looked for among those)."""
+    rank_key = f"{prefix}:{queue}:fq:lim:hrank:held"
+    count = min(HELD_UNINDEXED, max(0, held - 2))
+    ids = client.lrange(f"{prefix}:{queue}:fq:lim:held:held", 0, count - 1)
+    if ids:
+        client.zrem(rank_key, *ids)
+    return ids[-1].decode() if ids else ""
+
+
+def redis_us(client: Any, call: Callable[[], Any], calls: int) -> list[tuple[float, int]]:
+    """The Redis time (us) of each of ``calls`` calls and the commands it sent: the slow
+    log's entries of every client but the meter, summed per call (Redis 7 logs the
+    commands a script runs too, from no address, '?:0': its own entry holds their time)."""
     client.config_set("slowlog-log-slower-than", 0)
-    client.slowlog_reset()
+    found = []
     for _ in range(calls):
+        client.slowlog_reset()
         call()
-    entries = client.slowlog_get(1_000_000)
+        entries = [
+            entry
+            for entry in client.slowlog_get(10_000)
+            if _text(entry.get("client_name")) != METER
+            and _text(entry.get("client_address")) != "?:0"
+        ]
+        found.append((float(sum(entry["duration"] for entry in entries)), len(entries)))
     client.config_set("slowlog-log-slower-than", 10_000)
     client.slowlog_reset()
-    found = []
-    for entry in entries:
-        text = entry["command"]
-        if isinstance(text, bytes):
-            text = text.decode(errors="replace")
-        if text.startswith(command):
-            found.append(float(entry["duration"]))
     return found
+
+
+def percentile(ordered: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of ``ordered`` (sorted), the nearest rank below."""
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value or "")
+
+
+def can_realtime() -> bool:
+    """Whether ``chrt`` may put a process in the real-time class here."""
+    if not shutil.which("chrt"):
+        return False
+    return subprocess.run(["chrt", "--fifo", "10", "true"], capture_output=True).returncode == 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -126,7 +196,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     from benchmarks.bench_release_scale import start_redis
 
-    redis_process, url, folder = start_redis()
+    realtime = can_realtime()
+    redis_process, url, folder = start_redis(realtime=realtime)
     os.environ["FAIRQUEUE_REDIS_URL"] = url
     prefix = f"fqbench-{uuid.uuid4().hex[:12]}"
     os.environ["FAIRQUEUE_PREFIX"] = prefix
@@ -135,28 +206,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     from benchmarks.bench_fairness import JOB_TYPE, QUEUE, setup_django
     from benchmarks.common import wait_for_redis
 
-    client = redis.Redis.from_url(url)
+    client = redis.Redis.from_url(url, client_name=METER)
     wait_for_redis(client)
     db = setup_django()
-    rows: list[tuple[str, list[float]]] = []
+    rows: list[tuple[str, list[tuple[float, int]]]] = []
+    loads = [os.getloadavg()[0]]
     try:
         from django.test import RequestFactory
 
         import fairqueue
         from fairqueue.broker import close_brokers
-        from fairqueue.broker.scripts import plain_script
         from fairqueue.enqueue.status_tokens import status_token
         from fairqueue.status.endpoint import job_status_view
 
         started = time.perf_counter()
         last_waiting, first_held, last_held = fill(db, QUEUE, args.waiting, args.held, args.pending)
         held_key = f"{prefix}:{QUEUE}:fq:lim:held:held"
+        unindexed = unindex(client, prefix, QUEUE, args.held)
+        # longer than the reads take (a few ms a call, 12 reads)
+        write_history(client, prefix, QUEUE, 600 + args.calls)
         print(
             f"setup: {args.waiting:,} waiting, {client.llen(held_key):,} held "
-            f"in {time.perf_counter() - started:.0f} s"
+            f"in {time.perf_counter() - started:.0f} s; Redis "
+            + ("real-time (chrt)" if realtime else "at normal priority")
         )
-        status_sha = plain_script("job_status").sha
-        estimate_sha = plain_script("estimate_start").sha
         factory = RequestFactory()
 
         def on_db(call: Callable[[], Any]) -> Callable[[], Any]:
@@ -166,34 +239,35 @@ def main(argv: Sequence[str] | None = None) -> int:
             token = status_token(JOB_TYPE, job_id)
             return on_db(lambda: job_status_view(factory.get(f"/jobs/{token}/"), token))
 
-        lpos = client.register_script(_LPOS)
-        zrank = client.register_script(_ZRANK)
+        # another client than the meter's: its commands count
+        other = redis.Redis.from_url(url)
+        lpos = other.register_script(_LPOS)
+        zrank = other.register_script(_ZRANK)
         prioritized = f"{prefix}:{QUEUE}:prioritized"
-        plan: list[tuple[str, Callable[[], Any], str]] = [
+        plan: list[tuple[str, Callable[[], Any]]] = [
             (
                 "job_status, last waiting job",
                 on_db(lambda: fairqueue.job_status(JOB_TYPE, last_waiting)),
-                f"EVALSHA {status_sha}",
             ),
             (
                 "job_status, first held job",
                 on_db(lambda: fairqueue.job_status(JOB_TYPE, first_held)),
-                f"EVALSHA {status_sha}",
             ),
             (
                 "job_status, last held job",
                 on_db(lambda: fairqueue.job_status(JOB_TYPE, last_held)),
-                f"EVALSHA {status_sha}",
+            ),
+            (
+                f"job_status, held, {HELD_UNINDEXED:,} unindexed",
+                on_db(lambda: fairqueue.job_status(JOB_TYPE, unindexed)),
             ),
             (
                 "estimate_start, a waiting tenant",
                 on_db(lambda: fairqueue.estimate_start(JOB_TYPE, tenant_id="open-7")),
-                f"EVALSHA {estimate_sha}",
             ),
             (
                 "estimate_start, the held tenant",
                 on_db(lambda: fairqueue.estimate_start(JOB_TYPE, tenant_id="held")),
-                f"EVALSHA {estimate_sha}",
             ),
             *(
                 [
@@ -204,28 +278,27 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 JOB_TYPE, tenant_id="pending", delay_ms=7_200_000
                             )
                         ),
-                        f"EVALSHA {estimate_sha}",
                     )
                 ]
                 if args.pending
                 else []
             ),
-            ("JSON endpoint, last waiting job", endpoint(last_waiting), f"EVALSHA {status_sha}"),
-            ("JSON endpoint, last held job", endpoint(last_held), f"EVALSHA {status_sha}"),
+            ("JSON endpoint, last waiting job", endpoint(last_waiting)),
+            ("JSON endpoint, last held job", endpoint(last_held)),
             (
                 "BullMQ ZRANK, last waiting job",
                 lambda: zrank(keys=[prioritized], args=[last_waiting]),
-                "EVALSHA",
             ),
             (
                 "held list walk (LPOS), last held job",
                 lambda: lpos(keys=[held_key], args=[last_held]),
-                "EVALSHA",
             ),
         ]
-        for label, call, command in plan:
+        for label, call in plan:
             call()  # the script loaded, the connection made
-            rows.append((label, redis_us(client, call, args.calls, command)))
+            rows.append((label, redis_us(client, call, args.calls)))
+        loads.append(os.getloadavg()[0])
+        other.close()
         close_brokers()
     finally:
         db.shutdown()
@@ -234,17 +307,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         redis_process.wait()
         shutil.rmtree(folder, ignore_errors=True)
     print()
-    print(f"{args.waiting:,} waiting jobs, {args.held:,} held jobs of one tenant;")
-    print(f"Redis time per call from the slow log, {args.calls} calls each (us)")
+    print(f"{args.waiting:,} waiting jobs, {args.held:,} held jobs of one tenant; load average")
+    print(f"{loads[0]:.1f} at the start, {loads[-1]:.1f} at the end. Redis time per call, all its")
+    print(f"commands (slow log), {args.calls} calls each (us), and as a multiple of ZRANK's")
     print()
-    print(f"{'read':<40} {'median':>8} {'p99':>8} {'max':>8}")
+    zrank_row = dict(rows).get("BullMQ ZRANK, last waiting job") or [(1.0, 1)]
+    base50 = max(1.0, statistics.median(us for us, _ in zrank_row))
+    base99 = max(1.0, percentile(sorted(us for us, _ in zrank_row), 0.99))
+    print(f"{'read':<40} {'cmds':>4} {'median':>7} {'p99':>7} {'max':>7} {'x p50':>6} {'x p99':>6}")
     for label, samples in rows:
         if not samples:
             print(f"{label:<40} {'(none logged)':>26}")
             continue
-        samples.sort()
-        p99 = samples[min(len(samples) - 1, int(len(samples) * 0.99))]
-        print(f"{label:<40} {statistics.median(samples):>8.0f} {p99:>8.0f} {samples[-1]:>8.0f}")
+        times = sorted(us for us, _ in samples)
+        commands = max(count for _, count in samples)
+        p50, p99 = statistics.median(times), percentile(times, 0.99)
+        print(
+            f"{label:<40} {commands:>4} {p50:>7.0f} {p99:>7.0f} {times[-1]:>7.0f} "
+            f"{p50 / base50:>6.0f} {p99 / base99:>6.0f}"
+        )
     return 0
 
 

@@ -54,7 +54,7 @@ from fairqueue.scheduling.order import (
     TAG_SCALE,
 )
 from fairqueue.scheduling.pace import ASKING_LINE_TAIL, ASKING_SCAN
-from fairqueue.scheduling.shares import LEVEL_NAMES, WAIT_EDGES
+from fairqueue.scheduling.shares import WAIT_EDGES
 
 #: Flows without work that one script call may retire, however many jobs it places
 #: (bounded work per call; the rest go on later calls, meanwhile counted as if they still
@@ -110,20 +110,6 @@ DELAYED_KEEP_MS = 300_000
 #: a job without being on the clock yet: its flow's delayed jobs and outbox rows); past
 #: them the flow's pace is carried on, so the read stays bounded whatever is pending.
 ESTIMATE_PENDING_STEPS = 128
-#: A history bucket's fields the estimate scripts read (``fqEtaRate``), in their reply's
-#: order: starts and worker ms per level, each level's estimate-error bins, each level's
-#: sum of the waits they expected, the virtual time and its ms at the bucket's first and
-#: last sample (``vt_sample.lua``). A literal in the Lua, so no call builds the names.
-ETA_HISTORY_FIELDS: tuple[str, ...] = (
-    *(f"s:{level}" for level in LEVEL_NAMES),
-    *(f"t:{level}" for level in LEVEL_NAMES),
-    *(f"e:{level}:{k}" for level in LEVEL_NAMES for k in range(ERROR_BINS)),
-    *(f"e:{level}:{WAIT_SCALE_FIELD}" for level in LEVEL_NAMES),
-    "vt0",
-    "vt0ms",
-    "vt1",
-    "vt1ms",
-)
 
 _CONSTANTS = {
     "FLOOR": TAG_FLOOR,
@@ -163,7 +149,6 @@ _CONSTANTS = {
     "WAIT_SCALE_FIELD": f"'{WAIT_SCALE_FIELD}'",
     "ASKING_SCAN": ASKING_SCAN,
     "ASKING_LINE_TAIL": ASKING_LINE_TAIL,
-    "ETA_HISTORY_FIELDS": "{" + ", ".join(f"'{name}'" for name in ETA_HISTORY_FIELDS) + "}",
     "WAIT_EDGES": "{" + ", ".join(str(edge) for edge in WAIT_EDGES) + "}",
 }
 _INCLUDE = re.compile(r"^--- @include (\w+)$", re.MULTILINE)

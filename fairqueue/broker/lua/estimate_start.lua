@@ -1,7 +1,8 @@
 --[[
   Read-only: where a new job (or n jobs) of a flow would be placed now, how many jobs
-  BullMQ would pop before the last of them, what holds its tenant, and the service rate
-  of the last half minute (fairqueue.broker.status_reads.StatusReads.estimate).
+  BullMQ would pop before the last of them, what holds its tenant, and who is asking
+  (fairqueue.broker.status_reads.StatusReads.estimate, which reads the history's buckets,
+  the service rate, beside it).
 
   What runs ahead of the job but is not on the fair clock yet counts as the flow's jobs
   placed before it: its delayed jobs due by the job's own ready time (now + delay: a
@@ -15,26 +16,22 @@
   estimate what 128 do). Worst case at 1M waiting and 10,000 tenants: the count asked
   (at most 10,000 steps, an estimate of a batch that large) or 192 steps, beside a few
   O(log n) reads (ZCOUNT of the prioritized set, of the flow's delayed jobs, of L:later)
-  and the rate window's 7 history hashes.
+  and who is asking (about 23 commands).
 
   KEYS[1..7]  BullMQ's prioritized set and wait list; fairqueue's state, flows,
-              fweights; the limits key L; fq:hist
+              fweights; the limits key L; fq:hist (not read here)
   KEYS[8]     fq:dly, the flows' delayed jobs not placed yet (add_delayed)
   ARGV        level, tenant, tenant weight, cost ms ('' none), fairness ('time'/'jobs'),
-              jobs n, history bucket seconds, buckets to read, delay ms, extra jobs
-              ahead
+              jobs n, delay ms, extra jobs ahead
   Returns     {now ms, wait list length, placement (fqEtaReply), limits encoded, paused,
-              catching up, held, occupied, history, jobs of the flow placed before the
-              n (delayed and extra; 0 for a held tenant, whose held count has them),
-              who is asking (fqEtaAsking: ASKING_SCAN flows, 4 O(log n) reads each,
-              and the rate window's
-              buckets, at most the tenants a bucket keeps each, whatever the number of
-              tenants)}
+              catching up, held, occupied, jobs of the flow placed before the n
+              (delayed and extra; 0 for a held tenant, whose held count has them), who
+              is asking (fqEtaAsking: ASKING_SCAN flows, whatever the number of tenants)}
 ]]
---- @argv level tenant weight cost fairness count bucket_s buckets delay extra
+--- @argv level tenant weight cost fairness count delay extra
 --- @include eta_place
 local K = {prioritized = KEYS[1], wait = KEYS[2], state = KEYS[3], flows = KEYS[4],
-  fweights = KEYS[5], hist = KEYS[7]}
+  fweights = KEYS[5]}
 local L = KEYS[6]
 local level, tenant, weight = ARGV.level, ARGV.tenant, tonumber(ARGV.weight)
 local t = redis.call('TIME')
@@ -69,5 +66,4 @@ end
 placement.n = n
 local occupied = redis.call('SCARD', L .. ':out:' .. tenant)
 return {now, redis.call('LLEN', K.wait), fqEtaReply(etaClock, placement, K), limits, paused,
-  catchup, held, occupied, fqEtaRate(K, now, tonumber(ARGV.bucket_s), tonumber(ARGV.buckets)),
-  before, fqEtaAsking(K, L, etaClock, now, tonumber(ARGV.bucket_s), tonumber(ARGV.buckets))}
+  catchup, held, occupied, before, fqEtaAsking(K, L, etaClock)}

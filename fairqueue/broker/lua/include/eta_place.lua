@@ -1,6 +1,7 @@
 --[[
-  Read-only: where the fair clock would place a new job of a flow now, and the measured
-  service rate, for job_status and estimate_start (fairqueue.broker.status_reads).
+  Read-only: where the fair clock would place a new job of a flow now, and who is asking,
+  for job_status and estimate_start (fairqueue.broker.status_reads; the measured service
+  rate, the history's buckets, it reads beside them).
   Included by job_status and estimate_start; writes nothing.
 
   fqEtaClock reads the clock as fqClock does (the virtual time moved to the first tagged
@@ -11,7 +12,7 @@
   frontier for a joining flow, its cost in turns. fairqueue.scheduling.estimate.place is
   the same arithmetic in Python, and the tests hold both to what the add script does.
 
-  K: prioritized, wait, state, flows, fweights (as fair_clock's K), hist (fq:hist).
+  K: prioritized, wait, state, flows, fweights (as fair_clock's K).
 ]]
 --- @include fair_clock
 local fqEtaExpire = {{EXPIRE_PER_CALL}}
@@ -126,26 +127,7 @@ local function fqEtaPlace(K, c, level, tenant, weight, explicitMs, byTime, n)
   return p
 end
 
--- The history's buckets of the rate's window (fq:hist:<start>, written by the loop's
--- history step): count buckets back from the current one, each {start, its fields as
--- HMGET gives them (nil: not written)}: starts per level (critical..low), worker ms per
--- level, then per level the ERROR_BINS counts of how its estimates came out (actual wait
--- over expected, binned), then per level the sum of the waits they expected, then the
--- virtual time and its ms at the bucket's first and last sample (vt_sample.lua); and
--- when recording began. The field names are a literal (ETA_HISTORY_FIELDS, from
--- fairqueue.broker.status_reads' order), made once when the script loads, not per call,
--- and the rows go back as read: the reader fills what is missing.
 local fqEtaLevels = {'critical', 'high', 'normal', 'low'}
-local fqEtaFields = {{ETA_HISTORY_FIELDS}}
-local function fqEtaRate(K, now, bucketS, count)
-  local out = {redis.call('HGET', K.hist, 'since') or ''}
-  local current = math.floor(now / 1000 / bucketS) * bucketS
-  for b = 0, count - 1 do
-    local start = current - b * bucketS
-    out[#out + 1] = {start, redis.call('HMGET', K.hist .. ':' .. start, unpack(fqEtaFields))}
-  end
-  return out
-end
 
 -- Who is asking now (fairqueue.scheduling.pace): the level totals; the ASKING_SCAN flows
 -- whose last tags reach furthest past the virtual time, each {member, last tag, counted
@@ -153,19 +135,18 @@ end
 -- ASKING_LINE_TAIL of its line (fqLinePush; -1: no line), the account it counts under
 -- ('': none), that account's weight and its flows' tenant weights (0, 0: none)}: a flow
 -- served past its weight while the queue was nearly idle has its last tag far ahead with
--- nothing waiting, so the tag distance alone is not its backlog; then per bucket of the
--- rate's window its most served flows (fq:hist:t:<start>, at most the tenants a bucket
--- keeps) {start, n, member, starts, ...}. Bounded: ASKING_SCAN flows and count buckets,
--- whatever the number of tenants. A command costs a status read more than what it
--- reads, so what the flows share is read at once: their weights and accounts (one
--- HMGET), their tenants' pauses (one HMGET), whether any of their tenants has jobs held
--- (one EXISTS), their lines' ids (one ZMSCORE), their accounts' states (one HMGET); a
--- read a flow: its line's LRANGE, and its held list's EXISTS only when one of them has
--- jobs held. At 1M waiting or held and 10,000 tenants: at most 39 commands on 16 flows'
--- keys (usually 23), and the buckets' zsets.
+-- nothing waiting, so the tag distance alone is not its backlog. (The flows the history
+-- saw served, fq:hist:t:<start>, the reader reads beside the script: nothing here uses
+-- them.) Bounded: ASKING_SCAN flows, whatever the number of tenants. A command costs a
+-- status read more than what it reads, so what the flows share is read at once: their
+-- weights and accounts (one HMGET), their tenants' pauses (one HMGET), whether any of
+-- their tenants has jobs held (one EXISTS), their lines' ids (one ZMSCORE), their
+-- accounts' states (one HMGET); a read a flow: its line's LRANGE, and its held list's
+-- EXISTS only when one of them has jobs held. At 1M waiting or held and 10,000 tenants:
+-- at most 39 commands on 16 flows' keys (usually 23).
 local fqEtaAskingScan = {{ASKING_SCAN}}
 local fqEtaLineTail = {{ASKING_LINE_TAIL}}
-local function fqEtaAsking(K, L, c, now, bucketS, count)
+local function fqEtaAsking(K, L, c)
   local out = {}
   for _, lv in ipairs(fqEtaLevels) do out[#out + 1] = c.totals[lv] or 0 end
   local top = {}
@@ -230,14 +211,6 @@ local function fqEtaAsking(K, L, c, now, bucketS, count)
       out[#out + 1] = st and st.A or 0
       out[#out + 1] = st and st.T or 0
     end
-  end
-  local current = math.floor(now / 1000 / bucketS) * bucketS
-  for b = 0, count - 1 do
-    local start = current - b * bucketS
-    local served = redis.call('ZRANGE', K.hist .. ':t:' .. start, 0, -1, 'WITHSCORES')
-    out[#out + 1] = start
-    out[#out + 1] = #served / 2
-    for i = 1, #served do out[#out + 1] = served[i] end
   end
   return out
 end
