@@ -30,6 +30,7 @@ and the last held job.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -42,7 +43,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+#: The checkout whose code runs the reads (``--compare`` runs another's): its fairqueue
+#: and benchmarks come first on the path.
+sys.path.insert(0, os.environ.get("FQBENCH_CODE", str(ROOT)))
 
 #: A walk of a list to one member, as job_status.lua did for a held job.
 _LPOS = "return redis.call('LPOS', KEYS[1], ARGV[1])"
@@ -184,13 +187,151 @@ def can_realtime() -> bool:
     return subprocess.run(["chrt", "--fifo", "10", "true"], capture_output=True).returncode == 0
 
 
+def plan_of(
+    db: Any, url: str, prefix: str, ids: Sequence[str], pending: int, walk: bool
+) -> list[tuple[str, Callable[[], Any]]]:
+    """The reads, each a callable of one call: ``ids`` the last waiting job's, the first
+    and last held job's and the unindexed one's; ``walk``: with the held list's walk."""
+    import redis
+    from django.test import RequestFactory
+
+    import fairqueue
+    from benchmarks.bench_fairness import JOB_TYPE, QUEUE
+    from fairqueue.enqueue.status_tokens import status_token
+    from fairqueue.status.endpoint import job_status_view
+
+    last_waiting, first_held, last_held, unindexed = ids
+    factory = RequestFactory()
+
+    def on_db(call: Callable[[], Any]) -> Callable[[], Any]:
+        return lambda: db.submit(call).result()
+
+    def endpoint(job_id: str) -> Callable[[], Any]:
+        token = status_token(JOB_TYPE, job_id)
+        return on_db(lambda: job_status_view(factory.get(f"/jobs/{token}/"), token))
+
+    def status(job_id: str) -> Callable[[], Any]:
+        return on_db(lambda: fairqueue.job_status(JOB_TYPE, job_id))
+
+    def estimate(tenant: str, delay_ms: int | None = None) -> Callable[[], Any]:
+        return on_db(
+            lambda: fairqueue.estimate_start(JOB_TYPE, tenant_id=tenant, delay_ms=delay_ms)
+        )
+
+    # another client than the meter's: its commands count
+    other = redis.Redis.from_url(url, client_name="fqbench-baseline")
+    zrank = other.register_script(_ZRANK)
+    lpos = other.register_script(_LPOS)
+    prioritized = f"{prefix}:{QUEUE}:prioritized"
+    held_key = f"{prefix}:{QUEUE}:fq:lim:held:held"
+    plan = [
+        ("job_status, last waiting job", status(last_waiting)),
+        ("job_status, first held job", status(first_held)),
+        ("job_status, last held job", status(last_held)),
+        (f"job_status, held, {HELD_UNINDEXED:,} unindexed", status(unindexed)),
+        ("estimate_start, a waiting tenant", estimate("open-7")),
+        ("estimate_start, the held tenant", estimate("held")),
+        *(
+            [(f"estimate_start behind {pending:,} delayed", estimate("pending", 7_200_000))]
+            if pending
+            else []
+        ),
+        ("JSON endpoint, last waiting job", endpoint(last_waiting)),
+        ("JSON endpoint, last held job", endpoint(last_held)),
+        (
+            "BullMQ ZRANK, last waiting job",
+            lambda: zrank(keys=[prioritized], args=[last_waiting]),
+        ),
+    ]
+    if walk:
+        plan.append(
+            (
+                "held list walk (LPOS), last held job",
+                lambda: lpos(keys=[held_key], args=[last_held]),
+            )
+        )
+    return plan
+
+
+def measure(
+    db: Any, url: str, prefix: str, ids: Sequence[str], args: argparse.Namespace, walk: bool
+) -> list[tuple[str, list[tuple[float, int]]]]:
+    """Each read of :func:`plan_of`, ``args.calls`` times, as :func:`redis_us` finds it."""
+    import redis
+
+    from fairqueue.broker import close_brokers
+
+    client = redis.Redis.from_url(url, client_name=METER)
+    rows = []
+    for label, call in plan_of(db, url, prefix, ids, args.pending, walk):
+        call()  # the script loaded, the connection made
+        rows.append((label, redis_us(client, call, args.calls)))
+    close_brokers()
+    client.close()
+    return rows
+
+
+def attach(args: argparse.Namespace) -> int:
+    """``--attach``: the reads on a Redis another run filled (this checkout's code, or
+    ``FQBENCH_CODE``'s), printed as JSON: what ``--compare`` runs."""
+    url, prefix, *ids = args.attach
+    os.environ["FAIRQUEUE_REDIS_URL"] = url
+    os.environ["FAIRQUEUE_PREFIX"] = prefix
+    from benchmarks.bench_fairness import setup_django
+
+    db = setup_django()
+    try:
+        rows = measure(db, url, prefix, ids, args, walk=False)
+    finally:
+        db.shutdown()
+    print(json.dumps(rows))
+    return 0
+
+
+def side_by_side(
+    args: argparse.Namespace, url: str, prefix: str, ids: Sequence[str]
+) -> dict[str, list[list[tuple[float, int]]]]:
+    """``--compare``: the reads by the other checkout's code and this one's, alternating
+    (``args.rounds`` each), on the same Redis; label -> [other's, this one's] samples."""
+    runs: dict[str, list[list[tuple[float, int]]]] = {}
+    for _ in range(args.rounds):
+        for side, code in enumerate((args.compare, str(ROOT))):
+            command = [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "--calls",
+                str(args.calls),
+                "--pending",
+                str(args.pending),
+                "--attach",
+                url,
+                prefix,
+                *ids,
+            ]
+            env = {**os.environ, "FQBENCH_CODE": str(code)}
+            out = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+            for label, samples in json.loads(out.stdout.strip().splitlines()[-1]):
+                runs.setdefault(label, [[], []])[side].extend(tuple(x) for x in samples)
+    return runs
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--waiting", type=int, default=1_000_000)
     parser.add_argument("--held", type=int, default=1_000_000)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--pending", type=int, default=0)
+    parser.add_argument(
+        "--compare",
+        metavar="OTHER_CHECKOUT",
+        help="another checkout (the code before a change): the reads by its code and this "
+        "one's, alternating, on the same Redis",
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="--compare's rounds")
+    parser.add_argument("--attach", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.attach:
+        return attach(args)
     if not shutil.which("redis-server"):
         print("redis-server not found", file=sys.stderr)
         return 2
@@ -203,103 +344,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ["FAIRQUEUE_PREFIX"] = prefix
     import redis
 
-    from benchmarks.bench_fairness import JOB_TYPE, QUEUE, setup_django
+    from benchmarks.bench_fairness import QUEUE, setup_django
     from benchmarks.common import wait_for_redis
 
     client = redis.Redis.from_url(url, client_name=METER)
     wait_for_redis(client)
     db = setup_django()
-    rows: list[tuple[str, list[tuple[float, int]]]] = []
     loads = [os.getloadavg()[0]]
+    compared: dict[str, list[list[tuple[float, int]]]] = {}
     try:
-        from django.test import RequestFactory
-
-        import fairqueue
-        from fairqueue.broker import close_brokers
-        from fairqueue.enqueue.status_tokens import status_token
-        from fairqueue.status.endpoint import job_status_view
-
         started = time.perf_counter()
         last_waiting, first_held, last_held = fill(db, QUEUE, args.waiting, args.held, args.pending)
         held_key = f"{prefix}:{QUEUE}:fq:lim:held:held"
         unindexed = unindex(client, prefix, QUEUE, args.held)
-        # longer than the reads take (a few ms a call, 12 reads)
-        write_history(client, prefix, QUEUE, 600 + args.calls)
+        # longer than the reads take (a few ms a call, 11 reads, each side's rounds)
+        write_history(client, prefix, QUEUE, 600 + args.calls * (1 + 2 * args.rounds))
         print(
             f"setup: {args.waiting:,} waiting, {client.llen(held_key):,} held "
             f"in {time.perf_counter() - started:.0f} s; Redis "
             + ("real-time (chrt)" if realtime else "at normal priority")
         )
-        factory = RequestFactory()
-
-        def on_db(call: Callable[[], Any]) -> Callable[[], Any]:
-            return lambda: db.submit(call).result()
-
-        def endpoint(job_id: str) -> Callable[[], Any]:
-            token = status_token(JOB_TYPE, job_id)
-            return on_db(lambda: job_status_view(factory.get(f"/jobs/{token}/"), token))
-
-        # another client than the meter's: its commands count
-        other = redis.Redis.from_url(url)
-        lpos = other.register_script(_LPOS)
-        zrank = other.register_script(_ZRANK)
-        prioritized = f"{prefix}:{QUEUE}:prioritized"
-        plan: list[tuple[str, Callable[[], Any]]] = [
-            (
-                "job_status, last waiting job",
-                on_db(lambda: fairqueue.job_status(JOB_TYPE, last_waiting)),
-            ),
-            (
-                "job_status, first held job",
-                on_db(lambda: fairqueue.job_status(JOB_TYPE, first_held)),
-            ),
-            (
-                "job_status, last held job",
-                on_db(lambda: fairqueue.job_status(JOB_TYPE, last_held)),
-            ),
-            (
-                f"job_status, held, {HELD_UNINDEXED:,} unindexed",
-                on_db(lambda: fairqueue.job_status(JOB_TYPE, unindexed)),
-            ),
-            (
-                "estimate_start, a waiting tenant",
-                on_db(lambda: fairqueue.estimate_start(JOB_TYPE, tenant_id="open-7")),
-            ),
-            (
-                "estimate_start, the held tenant",
-                on_db(lambda: fairqueue.estimate_start(JOB_TYPE, tenant_id="held")),
-            ),
-            *(
-                [
-                    (
-                        f"estimate_start behind {args.pending:,} delayed",
-                        on_db(
-                            lambda: fairqueue.estimate_start(
-                                JOB_TYPE, tenant_id="pending", delay_ms=7_200_000
-                            )
-                        ),
-                    )
-                ]
-                if args.pending
-                else []
-            ),
-            ("JSON endpoint, last waiting job", endpoint(last_waiting)),
-            ("JSON endpoint, last held job", endpoint(last_held)),
-            (
-                "BullMQ ZRANK, last waiting job",
-                lambda: zrank(keys=[prioritized], args=[last_waiting]),
-            ),
-            (
-                "held list walk (LPOS), last held job",
-                lambda: lpos(keys=[held_key], args=[last_held]),
-            ),
-        ]
-        for label, call in plan:
-            call()  # the script loaded, the connection made
-            rows.append((label, redis_us(client, call, args.calls)))
+        ids = (last_waiting, first_held, last_held, unindexed)
+        rows = measure(db, url, prefix, ids, args, walk=True)
+        if args.compare:
+            compared = side_by_side(args, url, prefix, ids)
         loads.append(os.getloadavg()[0])
-        other.close()
-        close_brokers()
     finally:
         db.shutdown()
         client.close()
@@ -311,6 +380,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{loads[0]:.1f} at the start, {loads[-1]:.1f} at the end. Redis time per call, all its")
     print(f"commands (slow log), {args.calls} calls each (us), and as a multiple of ZRANK's")
     print()
+    report(rows)
+    if compared:
+        print()
+        print(f"--compare {args.compare}: {args.rounds} rounds each, alternating; before -> after")
+        print()
+        head = f"{'before':>7} {'after':>6} {'ratio':>6}"
+        print(f"{'read':<40} {'p50':>4} {head} {'p99':>4} {head}")
+        for label, (before, after) in compared.items():
+            b, a = sorted(us for us, _ in before), sorted(us for us, _ in after)
+            if not b or not a:
+                continue
+            b50, a50 = statistics.median(b), statistics.median(a)
+            b99, a99 = percentile(b, 0.99), percentile(a, 0.99)
+            print(
+                f"{label:<40} {'':>4} {b50:>7.0f} {a50:>6.0f} {a50 / max(b50, 1):>6.2f} "
+                f"{'':>4} {b99:>7.0f} {a99:>6.0f} {a99 / max(b99, 1):>6.2f}"
+            )
+    return 0
+
+
+def report(rows: Sequence[tuple[str, list[tuple[float, int]]]]) -> None:
+    """The table of :func:`measure`'s rows, ZRANK's the unit of the multiples."""
     zrank_row = dict(rows).get("BullMQ ZRANK, last waiting job") or [(1.0, 1)]
     base50 = max(1.0, statistics.median(us for us, _ in zrank_row))
     base99 = max(1.0, percentile(sorted(us for us, _ in zrank_row), 0.99))
@@ -320,13 +411,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{label:<40} {'(none logged)':>26}")
             continue
         times = sorted(us for us, _ in samples)
-        commands = max(count for _, count in samples)
+        commands = int(statistics.median(count for _, count in samples))
         p50, p99 = statistics.median(times), percentile(times, 0.99)
         print(
             f"{label:<40} {commands:>4} {p50:>7.0f} {p99:>7.0f} {times[-1]:>7.0f} "
             f"{p50 / base50:>6.0f} {p99 / base99:>6.0f}"
         )
-    return 0
 
 
 if __name__ == "__main__":
