@@ -23,8 +23,12 @@ job's status, the held job the index lacks, a new job's estimate for a waiting t
 and for the held one (and for the pending tenant), the JSON endpoint for the last waiting
 and the last held job.
 
+``--compare OTHER_CHECKOUT``: then the reads again by that checkout's code and this one's,
+alternating (``--rounds`` each), on the same Redis: before and after a change, side by
+side.
+
     python benchmarks/bench_status.py [--waiting 1000000] [--held 1000000] [--calls 200]
-        [--pending 10000]
+        [--pending 10000] [--compare OTHER_CHECKOUT [--rounds 2]]
 """
 
 from __future__ import annotations
