@@ -16,8 +16,8 @@
   estimate what 128 do). Worst case at 1M waiting and 10,000 tenants: the count asked
   (at most 10,000 steps, an estimate of a batch that large) or 192 steps, beside a few
   O(log n) reads (ZCOUNT of the prioritized set, of the flow's delayed jobs, of L:later;
-  two for each of at most 128 delayed jobs already due, fqDelayedAhead) and who is asking
-  (about 23 commands).
+  the scores of at most 128 delayed jobs already due, fqDelayedAhead, in two ZMSCOREs)
+  and who is asking (about 23 commands).
 
   KEYS[1..7]  BullMQ's prioritized set and wait list; fairqueue's state, flows,
               fweights; the limits key L; fq:hist (not read here)
@@ -44,16 +44,19 @@ local L = KEYS[6]
 -- from the cap at once), and its entry then stays until it expires: so those already due
 -- count only when still delayed or parked at the cap unplaced, checked newest first, at
 -- most {{ESTIMATE_PENDING_STEPS}} (past that, if all checked were pending, the rest are
--- taken to be too: a loop that is down leaves them all pending).
+-- taken to be too: a loop that is down leaves them all pending). Their scores are read
+-- in one ZMSCORE a set, not two ZSCOREs a job: a command costs a read more than a score.
 local function fqDelayedAhead(index, prioritizedKey, delayedKey, now, dueBy)
   local ahead = redis.call('ZCOUNT', index, '(' .. now, dueBy)
   local due = redis.call('ZREVRANGEBYSCORE', index, now, '-inf', 'LIMIT', 0,
     {{ESTIMATE_PENDING_STEPS}})
   local pending = 0
-  for i = 1, #due do
-    local score = tonumber(redis.call('ZSCORE', prioritizedKey, due[i]))
-    if (score and score >= fqCap * fqScore) or redis.call('ZSCORE', delayedKey, due[i]) then
-      pending = pending + 1
+  if #due > 0 then
+    local placed = redis.call('ZMSCORE', prioritizedKey, unpack(due))
+    local delayed = redis.call('ZMSCORE', delayedKey, unpack(due))
+    for i = 1, #due do
+      local score = tonumber(placed[i])
+      if (score and score >= fqCap * fqScore) or delayed[i] then pending = pending + 1 end
     end
   end
   if #due == {{ESTIMATE_PENDING_STEPS}} and pending == #due then
