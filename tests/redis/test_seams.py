@@ -325,8 +325,9 @@ def test_an_obliterated_queue_loses_its_fairqueue_keys_at_the_next_pass(
     rebalance_queue("email")
     # What the pass just wrote about itself (its record, the history cursor) and the
     # history buckets that expire on their own; nothing of the obliterated jobs.
+    # (the pass may open a new 10 s bucket, so any bucket may be left).
     left = fair_key_names(redis_client, fq_prefix, "email")
-    assert left - {"last_pass", "hist"} <= {name for name in before if name.startswith("hist:")}
+    assert {name for name in left if not name.startswith("hist:")} <= {"last_pass", "hist"}
     assert not {"state", "flows", "fweights", "ready", "jobs"} & left
     assert not any(name.startswith("ready:") for name in left)
     # A queue in use is left alone, and works after the clean-up.

@@ -388,7 +388,8 @@ def worker_process(prefix, tmp_path):
         )
 
 
-def _wait_for_active(broker: Broker, job_type: str, timeout_s: float = 10.0) -> None:
+def _wait_for_active(broker: Broker, job_type: str, timeout_s: float = 30.0) -> None:
+    """A loaded machine can take over 10 s to start a worker process."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if counts(broker, job_type)["active"]:
