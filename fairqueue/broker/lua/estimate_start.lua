@@ -14,15 +14,16 @@
   the second half of those placed (so a flow with 100,000 delayed jobs pending costs an
   estimate what 128 do). Worst case at 1M waiting and 10,000 tenants: the count asked
   (at most 10,000 steps, an estimate of a batch that large) or 192 steps, beside a few
-  O(log n) reads (ZCOUNT of the prioritized set, of the flow's delayed jobs, of L:later)
+  O(log n) reads (and two for each of at most 128 delayed jobs already due, fqDelayedAhead) (ZCOUNT of the prioritized set, of the flow's delayed jobs, of L:later)
   and the rate window's 7 history hashes.
 
   KEYS[1..7]  BullMQ's prioritized set and wait list; fairqueue's state, flows,
               fweights; the limits key L; fq:hist
   KEYS[8]     fq:dly, the flows' delayed jobs not placed yet (add_delayed)
+  KEYS[9]     BullMQ's delayed set
   ARGV        level, tenant, tenant weight, cost ms ('' none), fairness ('time'/'jobs'),
               jobs n, history bucket seconds, buckets to read, delay ms, extra jobs
-              ahead
+              ahead, the tenant's account ('': none) and its weight
   Returns     {now ms, wait list length, placement (fqEtaReply), limits encoded, paused,
               catching up, held, occupied, history, jobs of the flow placed before the
               n (delayed and extra; 0 for a held tenant, whose held count has them),
@@ -32,10 +33,35 @@
               tenants)}
 ]]
 --- @argv level tenant weight cost fairness count bucket_s buckets delay extra
+--- @argv account account_weight
 --- @include eta_place
 local K = {prioritized = KEYS[1], wait = KEYS[2], state = KEYS[3], flows = KEYS[4],
   fweights = KEYS[5], hist = KEYS[7]}
 local L = KEYS[6]
+
+-- The flow's delayed jobs that will be placed ahead of the job: those due by its ready
+-- time (dueBy) that are still to be placed. The index keeps a job until the pass places
+-- it, but a worker may take a promoted job before any pass does (an idle queue takes it
+-- from the cap at once), and its entry then stays until it expires: so those already due
+-- count only when still delayed or parked at the cap unplaced, checked newest first, at
+-- most {{ESTIMATE_PENDING_STEPS}} (past that, if all checked were pending, the rest are
+-- taken to be too: a loop that is down leaves them all pending).
+local function fqDelayedAhead(index, prioritizedKey, delayedKey, now, dueBy)
+  local ahead = redis.call('ZCOUNT', index, '(' .. now, dueBy)
+  local due = redis.call('ZREVRANGEBYSCORE', index, now, '-inf', 'LIMIT', 0,
+    {{ESTIMATE_PENDING_STEPS}})
+  local pending = 0
+  for i = 1, #due do
+    local score = tonumber(redis.call('ZSCORE', prioritizedKey, due[i]))
+    if (score and score >= fqCap * fqScore) or redis.call('ZSCORE', delayedKey, due[i]) then
+      pending = pending + 1
+    end
+  end
+  if #due == {{ESTIMATE_PENDING_STEPS}} and pending == #due then
+    pending = redis.call('ZCOUNT', index, '-inf', now)
+  end
+  return ahead + pending
+end
 local level, tenant, weight = ARGV.level, ARGV.tenant, tonumber(ARGV.weight)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -46,7 +72,8 @@ local paused = redis.call('HEXISTS', L .. ':paused', tenant)
 local catchup = redis.call('HEXISTS', L .. ':catchup', tenant)
 local held = redis.call('LLEN', L .. ':held:' .. tenant)
   + redis.call('ZCOUNT', L .. ':later:' .. tenant, '-inf', dueBy)
-local before = redis.call('ZCOUNT', KEYS[8] .. ':' .. level .. ':' .. tenant, '-inf', dueBy)
+local before = fqDelayedAhead(KEYS[8] .. ':' .. level .. ':' .. tenant, K.prioritized, KEYS[9],
+  now, dueBy)
 if limits ~= '' or paused == 1 or catchup == 1 then
   held, before = held + before + extra, 0
 else
@@ -57,11 +84,14 @@ local n = count + before
 local exact = math.min(n, math.max(count, {{ESTIMATE_PENDING_STEPS}}))
 local etaClock = fqEtaClock(K)
 local byTime, cost = ARGV.fairness == 'time', tonumber(ARGV.cost)
-local placement = fqEtaPlace(K, etaClock, level, tenant, weight, cost, byTime, exact)
+local account = ARGV.account ~= '' and ARGV.account or nil
+local accountWeight = tonumber(ARGV.account_weight) or 1
+local placement = fqEtaPlace(K, etaClock, level, tenant, weight, cost, byTime, exact, account,
+  accountWeight)
 if n > exact and placement.score then
   -- evenly spaced past those placed: the pace of the second half of them, carried on
   local half = fqEtaPlace(K, etaClock, level, tenant, weight, cost, byTime,
-    math.max(1, math.floor(exact / 2)))
+    math.max(1, math.floor(exact / 2)), account, accountWeight)
   local pace = (placement.tag - half.tag) / math.max(1, exact - math.max(1, math.floor(exact / 2)))
   placement.tag = placement.tag + (n - exact) * pace
   placement.score = fqScoreOf(etaClock, placement.tag, level)
