@@ -9,7 +9,8 @@ stay in force.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 from django.db import transaction
 
@@ -26,18 +27,21 @@ from fairqueue.scheduling.wire import encoded_limits
 from fairqueue.usage.holds import actor_text
 
 logger = logging.getLogger("fairqueue.tenants")
+T = TypeVar("T")
 
 
 def _queues() -> list[str]:
     return sorted(set(get_settings().queues.values()))
 
 
-def _set_paused(tenant_id: str, paused: bool) -> int:
+def _in_every_queue(write: Callable[[Any, str], Coroutine[Any, Any, T]]) -> list[T]:
+    """``write(limits, queue)`` in every configured queue, in turn."""
     sync_broker = get_sync_broker()
-    moved = 0
-    for queue in _queues():
-        moved += sync_broker.run(sync_broker.broker.limits.set_paused, queue, tenant_id, paused)
-    return moved
+    return [sync_broker.run(write, sync_broker.broker.limits, queue) for queue in _queues()]
+
+
+def _set_paused(tenant_id: str, paused: bool) -> int:
+    return sum(_in_every_queue(lambda limits, queue: limits.set_paused(queue, tenant_id, paused)))
 
 
 def _record(tenant_id: str, paused: bool, actor: object, source: str) -> None:
@@ -240,11 +244,9 @@ def sync_tenant_limits(tenant_id: str) -> None:
     limits = (
         NO_LIMITS if plan is None else with_tier_defaults(plan.own_limits(), plan.resolve_plan())
     )
-    sync_broker = get_sync_broker()
     try:
-        for queue in _queues():
-            sync_broker.run(sync_broker.broker.limits.set_limits, queue, tenant_id, limits)
-            sync_broker.run(sync_broker.broker.limits.release, queue, [tenant_id])
+        _in_every_queue(lambda store, queue: store.set_limits(queue, tenant_id, limits))
+        _in_every_queue(lambda store, queue: store.release(queue, [tenant_id]))
     except BrokerError as exc:
         logger.warning("tenant limits not synced to Redis (%s)", type(exc).__name__)
 
@@ -262,12 +264,10 @@ def sync_account_limits(account_id: str, limits: TenantLimits | None = None) -> 
     tenants = list(
         TenantPlan.objects.filter(account_id=account_id).values_list("tenant_id", flat=True)
     )
-    sync_broker = get_sync_broker()
     try:
-        for queue in _queues():
-            sync_broker.run(
-                sync_broker.broker.limits.set_account_limits, queue, account_id, limits, tenants
-            )
+        _in_every_queue(
+            lambda store, queue: store.set_account_limits(queue, account_id, limits, tenants)
+        )
     except BrokerError as exc:
         logger.warning("account limits not synced to Redis (%s)", type(exc).__name__)
 
@@ -289,10 +289,8 @@ def sync_tenant_weight(tenant_id: str) -> None:
 
     plan = TenantPlan.objects.filter(tenant_id=tenant_id).only("weight").first()
     weight = DEFAULT_TENANT_WEIGHT if plan is None else plan.weight
-    sync_broker = get_sync_broker()
     try:
-        for queue in _queues():
-            sync_broker.run(sync_broker.broker.limits.set_weight, queue, tenant_id, weight)
+        _in_every_queue(lambda store, queue: store.set_weight(queue, tenant_id, weight))
     except BrokerError as exc:
         logger.warning("tenant weight not synced to Redis (%s)", type(exc).__name__)
 

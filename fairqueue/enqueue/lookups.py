@@ -1,24 +1,13 @@
 """The database-backed tenant lookups that ``wire_tenant_plan_lookup()`` wires: a
 tenant's plan slug and weight from its ``TenantPlan`` row, in two cache layers.
 
-* **In this process** (``PLAN_LOCAL_CACHE_TIMEOUT`` seconds, default 10): a warm enqueue
-  asks no cache and no database, since a Django-cache round trip (a Redis call with
-  django-redis) per job cost more producer and Redis CPU than the add itself.
-* **The Django cache** (``CACHE_ALIAS``, ``PLAN_CACHE_TIMEOUT`` seconds): shared by the
-  processes, so a miss in one process rarely reaches the database.
-
-How a change reaches every producer: ``fairqueue.signals`` calls ``forget_tenant_plan``
-/ ``forget_all_tenant_plans`` when a ``TenantPlan``, a classifier or a rule is saved or
-deleted (again once the transaction commits). They drop this process's entries at once
-and write a new *version* token to the Django cache; every process reads that token at
-most once per :data:`VERSION_CHECK_S` and drops its own entries when it changed. So with
-a cache the processes share (Redis, Memcached), a change saved through the ORM reaches
-every producer within ``VERSION_CHECK_S`` (1 s) of its commit. A change that sends no
-signal (``QuerySet.update()``, raw SQL) is seen once ``forget_tenant_plan`` is called
-(then within 1 s), or else when both layers' entries expire: within
-``PLAN_LOCAL_CACHE_TIMEOUT`` + ``PLAN_CACHE_TIMEOUT`` seconds. With a per-process cache
-(``LocMemCache``) the version token is not shared either: other processes then see a
-change when their entries expire, as before the local layer existed.
+In this process (``PLAN_LOCAL_CACHE_TIMEOUT``), since a Django-cache round trip per job
+cost more producer and Redis CPU than the add itself; then in the Django cache
+(``CACHE_ALIAS``, ``PLAN_CACHE_TIMEOUT``), shared by the processes. A change reaches
+every producer through a *version* token: ``forget_tenant_plan`` /
+``forget_all_tenant_plans`` (called by ``fairqueue.signals``) drop this process's entries
+and write a new token to the Django cache, which every process reads at most once per
+:data:`VERSION_CHECK_S` (how long each kind of change takes: docs/enqueueing.md).
 
 A tenant's entry also holds its account (id and weight), and its plan slug counts the
 account's tier; an account's change forgets every entry (``forget_all_tenant_plans``),
