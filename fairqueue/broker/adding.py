@@ -326,11 +326,14 @@ class AddPacker:
                     job.tenant,
                     job.tenant_weight,
                     b"" if job.cost_ms is None else job.cost_ms,
+                    # no account: empty, and its weight too (read as 1), which the client
+                    # sends as it is instead of formatting a number
                     b"" if job.account is None else job.account,
-                    job.account_weight,
+                    b"" if job.account is None else job.account_weight,
                 )
             )
-            limits.update(_given_limits(job))
+            if job.limits is not None:  # the common case has none: nothing to carry
+                limits.update(_given_limits(job))
             if len(batch) == self.batch_size:
                 commands.append(self._batch_command(queue, scripts, batch, limits))
                 batch, limits = [], {}
@@ -384,7 +387,6 @@ class AddPacker:
         self, queue: str, scripts: Any, batch: list[Any], limits: dict[str, str]
     ) -> _AddCommand:
         keys = self._add_keys(queue, scripts)
-        tenants = [t for t in limits if not t.startswith(ACCOUNT_MARK)]  # accounts aside
         named = {
             "fairness": self._fairness_arg,
             # only calls with limited tenants carry them (and pay for them)
@@ -403,7 +405,13 @@ class AddPacker:
             release=(
                 (
                     release_keys(self.prefix, queue),
-                    release_args(self.prefix, queue, tenants, self.fairness_by, "release"),
+                    release_args(
+                        self.prefix,
+                        queue,
+                        [t for t in limits if not t.startswith(ACCOUNT_MARK)],  # accounts aside
+                        self.fairness_by,
+                        "release",
+                    ),
                 )
                 if limits
                 else None
