@@ -9,10 +9,10 @@
   ASKING_SCAN flows, about 23 commands, whatever the number of tenants. The history's
   buckets the reader reads beside it (StatusReads: nothing here uses them).
 
-  KEYS[1..7]  BullMQ's prioritized set and wait list; fairqueue's state, flows,
-              fweights; the limits key L; fq:hist (not read here)
-  KEYS[8..12] BullMQ's active list, delayed, completed and failed sets, paused list
-  KEYS[13]    the job's hash
+  KEYS[1..6]  BullMQ's prioritized set and wait list; fairqueue's state, flows,
+              fweights; the limits key L
+  KEYS[7..11] BullMQ's active list, delayed, completed and failed sets, paused list
+  KEYS[12]    the job's hash
   ARGV        job id, fairness ('time'/'jobs')
   Returns     {now ms, wait list length, state, position (jobs popped before it; -1
               unknown), score ('' none), level, tenant, due ms, processedOn, finishedOn,
@@ -54,8 +54,10 @@ local function fqHeldPlace(L, t, jobId)
   return pos or -1
 end
 
-local fields = redis.call('HMGET', KEYS[13], 'data', 'processedOn', 'finishedOn')
-local exists = redis.call('EXISTS', KEYS[13]) == 1
+local fields = redis.call('HMGET', KEYS[12], 'data', 'processedOn', 'finishedOn')
+-- a job's hash holds its data: EXISTS only for a hash without any of these fields
+local exists = fields[1] ~= false or fields[2] ~= false or fields[3] ~= false
+  or redis.call('EXISTS', KEYS[12]) == 1
 local function tenantOf()
   local data = fields[1] or ''
   local lv, tn = string.match(data, '^{"priorityLevel":"(%a+)","tenantId":"([^"\\]*)"[,}]')
@@ -74,9 +76,9 @@ end
 
 if not exists then
   state = 'gone'
-elseif redis.call('ZSCORE', KEYS[10], id) then
+elseif redis.call('ZSCORE', KEYS[9], id) then
   state = 'completed'
-elseif redis.call('ZSCORE', KEYS[11], id) then
+elseif redis.call('ZSCORE', KEYS[10], id) then
   state = 'failed'
 else
   local s = redis.call('ZSCORE', K.prioritized, id)
@@ -89,10 +91,10 @@ else
     local at = redis.call('LPOS', K.wait, id)
     if at then
       state, ahead = 'waiting', waitLen - 1 - at -- workers take from the list's tail
-    elseif redis.call('LPOS', KEYS[8], id) then
+    elseif redis.call('LPOS', KEYS[7], id) then
       state = 'active'
     else
-      local d = tonumber(redis.call('ZSCORE', KEYS[9], id))
+      local d = tonumber(redis.call('ZSCORE', KEYS[8], id))
       if d then
         local ms = math.floor(d / 4096)
         tenant, level = tenantOf()
@@ -109,7 +111,7 @@ else
         else
           state, due = 'delayed', ms
         end
-      elseif redis.call('LPOS', KEYS[12], id) then
+      elseif redis.call('LPOS', KEYS[11], id) then
         state = 'held' -- the whole queue is paused (BullMQ's Queue.pause)
         tenant = 'queue paused'
       else

@@ -51,8 +51,10 @@ end
 -- counted, horizon, total, frontier, cost; for a flow of an account, the account's state
 -- and the flow's catch-up inside it) and the last job's tag and score (nil: no room,
 -- parked at the cap). A flow with work keeps the account it counts under (fqPlace).
+-- halfAt (optional): the tag after that many jobs is kept too (p.halfTag), so a caller
+-- that wants the pace between two counts places the jobs once, not twice.
 local function fqEtaPlace(K, c, level, tenant, weight, explicitMs, byTime, n, account,
-    accountWeight)
+    accountWeight, halfAt)
   local member = fqFlowMember(level, tenant)
   local p = {last = nil, counted = 0, horizon = nil, total = 0, frontier = nil, cost = 1}
   local st = {T = 0, A = 1}
@@ -193,6 +195,7 @@ local function fqEtaPlace(K, c, level, tenant, weight, explicitMs, byTime, n, ac
     end
     counted = weight
     if not last or tag > last then last = tag end
+    if i == halfAt then p.halfTag = tag end
   end
   p.tag = tag
   p.score = fqScoreOf(c, tag, level)
