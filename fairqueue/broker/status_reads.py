@@ -138,7 +138,8 @@ def _placement(
             frontier=_float(frontier),
             cost=_float(cost) or 1.0,
             spacing=_whole(reply[15]),
-            frontier_spacing=_whole(reply[16]),
+            frontier_spacing=_float(reply[16]),
+            **_account_fields(reply[17:27]),
         ),
         fresh=bool(int(fresh)),
         base=_float(base) or 0.0,
@@ -147,6 +148,26 @@ def _placement(
         ahead=int(ahead) + wait_len,
         typical_ms=_float(typ),
     )
+
+
+def _account_fields(reply: Sequence[Any]) -> dict[str, Any]:
+    """A placement's account part (``fqEtaReply``): none for a flow of no account."""
+    if len(reply) < 10 or not _text(reply[0]):
+        return {}
+    weight, tenants, counted, spacing, horizon, inner, inner_split, frontier, densest = (
+        _float(v) for v in reply[1:10]
+    )
+    return {
+        "account": _text(reply[0]),
+        "account_weight": int(weight or 1),
+        "account_tenants": tenants or 0.0,
+        "account_counted": 1.0 if counted is None else counted,
+        "account_spacing": spacing,
+        "account_horizon": horizon,
+        "inner": None if inner is None or inner_split is None else (inner, inner_split),
+        "inner_frontier": frontier,
+        "inner_densest": densest,
+    }
 
 
 #: A history bucket's fields as ``fqEtaRate`` sends them: its start, starts and worker
@@ -292,11 +313,14 @@ class StatusReads(BrokerPart):
         count: int = 1,
         delay_ms: int | None = None,
         extra: int = 0,
+        account: tuple[str, int] | None = None,
     ) -> RawEstimate:
         """Where ``count`` new jobs of (``level``, ``tenant``) would be placed now (the
         last of them), behind what will run ahead of them without being on the clock yet
         (the flow's delayed jobs due by ``delay_ms`` from now, and ``extra`` jobs the
-        caller knows of), what holds the tenant, and the rate window's history."""
+        caller knows of), what holds the tenant, and the rate window's history;
+        ``account``: the tenant's (account id, account weight), placed in it as the add
+        script would (``None``: none, the tenant is an account of its own)."""
         script = self.conn.script(plain_script("estimate_start"))
         reply = await self.conn.guard(
             script(
@@ -315,6 +339,8 @@ class StatusReads(BrokerPart):
                 buckets=RATE_BUCKETS,
                 delay=delay_ms or 0,
                 extra=extra,
+                account="" if account is None else account[0],
+                account_weight=1 if account is None else account[1],
             )
         )
         now, wait_len, place, *hold, history, before, asking = reply

@@ -157,11 +157,17 @@ _local = LocalPlans()
 os.register_at_fork(after_in_child=_local._after_fork)
 
 
-def _through_caches(local_key: str, shared_key: str, load: Callable[[], V]) -> V:
-    """``load()`` (read from the database) through the two layers: this process's memory
-    when it has a fresh entry, else one Django-cache round trip for the entry and the
-    classifier generation together (an entry of an older generation, or of another shape,
-    is a miss and gets rewritten)."""
+def _through_caches(
+    local_key: str, name: str, shared_key: Callable[[str], str], load: Callable[[str], V]
+) -> V:
+    """``load(name)`` (read from the database) through the two layers: this process's
+    memory when it has a fresh entry under ``local_key``, else one Django-cache round trip
+    for the entry (``shared_key(name)``) and the classifier generation together (an entry
+    of an older generation, or of another shape, is a miss and gets rewritten).
+
+    Module-level ``shared_key`` and ``load``, not a key and a closure made by the caller:
+    a warm enqueue asks this four times a job, and hashing the key and building the
+    closure each time cost it more than the memory lookup itself."""
     timeout = get_settings().plan_local_cache_timeout
     if timeout:
         found = _local.get(local_key)
@@ -169,35 +175,37 @@ def _through_caches(local_key: str, shared_key: str, load: Callable[[], V]) -> V
             return found
         epoch = _local.epoch  # after get(), which may have dropped everything
     cache = _cache()
-    shared = cache.get_many([shared_key, _GENERATION_KEY])
+    key = shared_key(name)
+    shared = cache.get_many([key, _GENERATION_KEY])
     generation = shared.get(_GENERATION_KEY, 0)
-    entry = shared.get(shared_key)
+    entry = shared.get(key)
     if isinstance(entry, tuple) and len(entry) == 3 and entry[:2] == (_ENTRY, generation):
         value = entry[2]
     else:
-        value = load()
-        cache.set(shared_key, (_ENTRY, generation, value), get_settings().plan_cache_timeout)
+        value = load(name)
+        cache.set(key, (_ENTRY, generation, value), get_settings().plan_cache_timeout)
     if timeout:
         _local.put(local_key, value, timeout, epoch)
     return value
 
 
+def _load_tenant(tenant_id: str) -> tuple[str | None, int, TenantLimits, TenantAccount | None]:
+    """``tenant_id``'s entry read from the database (its ``TenantPlan`` and account)."""
+    plan = TenantPlan.objects.filter(tenant_id=tenant_id).select_related("account").first()
+    if plan is None:
+        return None, DEFAULT_TENANT_WEIGHT, NO_LIMITS, None
+    account = plan.account
+    return (
+        plan.resolve_plan(),
+        plan.weight,
+        plan.own_limits(),
+        None if account is None else (account.account_id, account.weight),
+    )
+
+
 def _cached_tenant(tenant_id: str) -> tuple[str | None, int, TenantLimits, TenantAccount | None]:
     """``(plan slug or None, weight, own limits, account or None)`` of ``tenant_id``."""
-
-    def load() -> tuple[str | None, int, TenantLimits, TenantAccount | None]:
-        plan = TenantPlan.objects.filter(tenant_id=tenant_id).select_related("account").first()
-        if plan is None:
-            return None, DEFAULT_TENANT_WEIGHT, NO_LIMITS, None
-        account = plan.account
-        return (
-            plan.resolve_plan(),
-            plan.weight,
-            plan.own_limits(),
-            None if account is None else (account.account_id, account.weight),
-        )
-
-    return _through_caches(tenant_id, _tenant_key(tenant_id), load)
+    return _through_caches(tenant_id, tenant_id, _tenant_key, _load_tenant)
 
 
 def lookup_tenant_plan(tenant_id: str) -> str | None:
@@ -225,16 +233,18 @@ def lookup_tenant_account(tenant_id: str) -> TenantAccount | None:
     return _cached_tenant(tenant_id)[3]
 
 
+def _load_account(account_id: str) -> tuple[int | None, TenantLimits]:
+    """``account_id``'s entry read from the database: its weight (``None``: no such
+    account) and its limits."""
+    account = Account.objects.filter(account_id=account_id).first()
+    return (None, NO_LIMITS) if account is None else (account.weight, account.limits())
+
+
 def _cached_account(account_id: str) -> tuple[int | None, TenantLimits]:
     """The weight of account ``account_id`` (``None``: no such account) and its limits;
     an absent account is kept too, so a caller repeating a wrong id does not reach the
     database each time."""
-
-    def load() -> tuple[int | None, TenantLimits]:
-        account = Account.objects.filter(account_id=account_id).first()
-        return (None, NO_LIMITS) if account is None else (account.weight, account.limits())
-
-    return _through_caches(_LOCAL_ACCOUNT + account_id, _account_key(account_id), load)
+    return _through_caches(_LOCAL_ACCOUNT + account_id, account_id, _account_key, _load_account)
 
 
 def lookup_account_weight(account_id: str) -> int | None:

@@ -48,6 +48,9 @@ async def placed_estimate(
     its own ready time and ``extra`` jobs (outbox rows not relayed:
     :func:`~fairqueue.enqueue.durable.outbox_ahead`); and the place in its flow of the
     job estimated."""
+    placed_in = None
+    if resolved.account_id is not None:
+        placed_in = (resolved.account_id, int(resolved.account_weight))
     raw = await status_reader().estimate(
         queue,
         level=resolved.level,
@@ -57,10 +60,11 @@ async def placed_estimate(
         count=count,
         delay_ms=delay_ms,
         extra=extra,
+        account=placed_in,
     )
     account = None
-    if resolved.account_id is not None:
-        account = (resolved.account_id, float(resolved.account_weight))
+    if placed_in is not None:
+        account = (placed_in[0], float(placed_in[1]))
     estimate = estimate_from(
         raw, delay_ms=delay_ms, tenant=resolved.tenant_bucket, count=raw.placed, account=account
     )

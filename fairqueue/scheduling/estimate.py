@@ -1,10 +1,10 @@
 """When a job will start: its place by the fair clock, the measured service rate, and the
 limits that hold its tenant. Plain data in, plain data out (no Django, no Redis).
 
-``lua/include/eta_place.lua`` reads the clock and a flow's state without writing and places a
-new job as the add script would; :func:`place` is the same arithmetic, and the tests
-hold both to the add script's placement. The rest turns a place into a time
-(docs/design.md, "When a job will start"):
+``lua/include/eta_place.lua`` reads the clock and a flow's state without writing and
+places a new job as the add script would; :func:`fairqueue.scheduling.placing.place` is
+the same arithmetic, and the tests hold both to the add script's placement. The rest
+turns a place into a time (docs/design.md, "When a job will start"):
 
 * **The service rate** is what the loop's history step measured over the last 20-30 s:
   jobs started per second (``R``), and per level. The virtual time moves at
@@ -33,10 +33,11 @@ hold both to the add script's placement. The rest turns a place into a time
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final, Literal
 
 from fairqueue.scheduling.calibration import (
+    FLOOR_MS,
     UNCALIBRATED,
     Calibration,
     admission_wait,
@@ -47,9 +48,12 @@ from fairqueue.scheduling.calibration import (
 from fairqueue.scheduling.calibration import confidence as calibrated_confidence
 from fairqueue.scheduling.levels import DEFAULT_FAIR_WEIGHTS, PriorityLevel
 from fairqueue.scheduling.limits import REASON_MAX_ACTIVE, REASON_PAUSED, REASON_RATE, TenantLimits
-from fairqueue.scheduling.order import TAG_SCALE, flow_step
+from fairqueue.scheduling.order import TAG_SCALE
+from fairqueue.scheduling.placing import FlowSnapshot, place
 
 Confidence = Literal["high", "medium", "low", "none"]
+
+__all__ = ["FlowSnapshot", "place"]  # where the model of a placement lives
 
 #: The window the service rate is measured over (seconds): the history's buckets that
 #: start within it, the current one partly elapsed (20 to 30 s of starts). Long enough
@@ -62,62 +66,15 @@ MEDIUM_CONFIDENCE_STARTS: Final = 10
 #: The slowest and fastest bucket of the window may differ by this fraction of the mean
 #: rate for a ``high`` confidence.
 STEADY_SPREAD: Final = 0.5
+#: A ``high`` estimate needs the load to look as it was when the level's recent estimates
+#: were made: its flow's pace now and the virtual time's measured pace give waits within
+#: this factor, and the clock moves within it of its measured pace (``clock_ratio``).
+#: After a change, ``high`` estimates made from the calibration of the load before came
+#: out at p90 0.55-0.97 of the wait in bench_eta.
+STEADY_AGREE: Final = 1.1
 #: The least span (seconds) of the virtual time's samples its measured pace is taken over.
 VT_SAMPLED_S: Final = 5.0
 LEVEL_NAMES: Final = tuple(level.value for level in PriorityLevel)
-
-
-@dataclass(frozen=True, slots=True)
-class FlowSnapshot:
-    """What the fair clock knows of a flow when a job of it is placed, as
-    ``lua/include/eta_place.lua`` reads it: the virtual time, the flow's last tag, the weight
-    its level counts for it, its catch-up horizon, its level's total (less the flows the
-    virtual time has passed), the level's frontier (for a joining flow) and a job's cost
-    in turns; the share the flow's last job was placed with (its spacing) and the
-    frontier flow's (a joining flow catches up at it)."""
-
-    level: PriorityLevel
-    tenant_weight: int
-    vt: float
-    last: float | None = None
-    counted: int = 0
-    horizon: float | None = None
-    total: int = 0
-    frontier: float | None = None
-    cost: float = 1.0
-    spacing: int | None = None
-    frontier_spacing: int | None = None
-
-
-def place(
-    flow: FlowSnapshot, count: int = 1, weights: Mapping[PriorityLevel, int] = DEFAULT_FAIR_WEIGHTS
-) -> float:
-    """The finish tag the add script gives the ``count``-th of ``count`` new jobs of the
-    flow (``fqPlace``, one after the other; docs/design.md, "Joining a level")."""
-    if count < 1:
-        raise ValueError(f"count={count!r} is not allowed: expected a whole number >= 1")
-    last, counted, horizon, total = flow.last, flow.counted, flow.horizon, flow.total
-    weight, tag, spacing = flow.tenant_weight, flow.vt, flow.spacing
-    for index in range(count):
-        others = total - counted
-        everyone = others + weight
-        start = flow.vt if last is None or last <= flow.vt else last
-        joined = None
-        catch_up = spacing if spacing is not None else others
-        if counted == 0 and others > 0 and index == 0:
-            if flow.frontier is not None and flow.frontier > start:
-                joined = horizon = flow.frontier
-                spaced = flow.frontier_spacing
-                catch_up = others if spaced is None else min(others, spaced)
-        share = catch_up if horizon is not None and start < horizon else everyone
-        tag = start + flow_step(weights[flow.level], weight, share, cost=flow.cost)
-        spacing = share
-        total, counted = everyone, weight
-        if joined is None and horizon is not None and start >= horizon:
-            horizon = None
-        if last is None or tag > last:
-            last = tag
-    return tag
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,7 +281,8 @@ def placed_wait(
     moves now), never less than the jobs ahead at the measured rate. Without them: the
     tag distance at the virtual time's measured pace (the module docstring). The range and
     confidence follow how the level's recent estimates came out
-    (:mod:`fairqueue.scheduling.calibration`)."""
+    (:mod:`fairqueue.scheduling.calibration`), and ``high`` is ``medium`` while the load
+    looks changed (:data:`STEADY_AGREE`)."""
     if ahead <= 0:
         return _ranged(0.0, rate, level) if rate.known else Wait(0.0, 0.0, 0.05, "low")
     if not rate.known:
@@ -338,6 +296,7 @@ def placed_wait(
         pace = (rate.vt_moved_per_s or rate.vt_per_s) * (clock_ratio or 1.0)
         by_clock = max(0.0, tag - TAG_SCALE / weights[level] - vt) / pace
     by_place = by_clock or 0.0
+    moved = False
     if own_ahead is not None and flow_per_s:
         # Tag distances overstate a flow's jobs when it ran alone or was charged for long
         # runs (the virtual time then jumps to its head): never more than all jobs ahead.
@@ -350,7 +309,25 @@ def placed_wait(
         # clock said). The earlier of the two, never earlier than the jobs ahead at the
         # measured rate (by_count below).
         by_place = by_pace if by_clock is None else min(by_pace, by_clock)
-    return _ranged(max(by_count, by_place), rate, level)
+        if by_clock is not None and not _agree(by_pace, by_clock):
+            moved = True
+    wait = _ranged(max(by_count, by_place), rate, level)
+    if clock_ratio is not None and not _agree(clock_ratio, 1.0):
+        moved = True
+    if moved and wait.confidence == "high":
+        # The level's recent estimates were made in the load before the change: how
+        # they came out says little of this one until its like have started.
+        return replace(wait, confidence="medium")
+    return wait
+
+
+def _agree(one: float, other: float) -> bool:
+    """Whether two paces or waits (>= 0) are within :data:`STEADY_AGREE` of each other
+    (both plus :data:`fairqueue.scheduling.calibration.FLOOR_MS`, as the calibration's
+    ratios)."""
+    floor = FLOOR_MS / 1000
+    low, high = sorted((one + floor, other + floor))
+    return high <= low * STEADY_AGREE
 
 
 def _ranged(expected: float, rate: ServiceRate, level: PriorityLevel | str | None) -> Wait:

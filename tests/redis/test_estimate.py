@@ -81,6 +81,97 @@ def test_the_estimate_places_as_the_add_script_and_the_model(steps):
         delete_prefix(prefix)
 
 
+#: Tenants' accounts: a and b share account X (weight 2), c is alone in Y, d has none.
+ACCOUNTS = {"a": ("X", 2), "b": ("X", 2), "c": ("Y", 1)}
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.tuples(arrival, st.integers(1, 3), st.integers(0, 3)),
+        min_size=1,
+        max_size=14,
+    )
+)
+def test_a_tenant_of_an_account_is_placed_by_level_then_account_then_tenant(steps):
+    """Tenants of accounts beside one of none: the read-only script places the n-th new
+    job by the hierarchical rule where the add script then puts it, and the Python model
+    gives the same tag from what the script read."""
+    prefix = run_prefix()
+    broker = SyncBroker(Broker(REDIS_URL, prefix, fairness_by="jobs"))
+    reads = StatusReads(broker.broker.conn, fairness_by="jobs")
+    client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    key = f"{prefix}:q:prioritized"
+    try:
+        for (level, tenant, weight), n, taken in steps:
+            account = ACCOUNTS.get(tenant)
+            raw = broker.run(
+                reads.estimate,
+                "q",
+                level=level,
+                tenant=tenant,
+                tenant_weight=weight,
+                count=n,
+                account=account,
+            )
+            p = raw.placement
+            assert eta.place(p.flow, n) == pytest.approx(p.tag, rel=0, abs=1e-9)
+            first = broker.run(
+                reads.estimate,
+                "q",
+                level=level,
+                tenant=tenant,
+                tenant_weight=weight,
+                count=1,
+                account=account,
+            )
+            exact = n == 1 or first.placement.ahead > 0
+            job = NewJob(
+                "x",
+                {},
+                level,
+                tenant=tenant,
+                tenant_weight=weight,
+                account=None if account is None else account[0],
+                account_weight=1 if account is None else account[1],
+            )
+            added = broker.add_jobs("q", [job] * n)
+            if exact:
+                assert client.zscore(key, added[-1].job_id) == p.score
+            waiting = client.zcard(key)
+            if taken and waiting > 1:
+                client.zpopmin(key, min(taken, waiting - 1))
+    finally:
+        broker.close()
+        client.close()
+        delete_prefix(prefix)
+
+
+def test_an_account_s_second_tenant_is_placed_inside_its_account():
+    """Two tenants of one account beside a tenant of none, in one level: the account's
+    second tenant shares the account's half, so its job goes a whole account's turn
+    further back than the flat rule (a third of the level each) would put it."""
+    prefix = run_prefix()
+    broker = SyncBroker(Broker(REDIS_URL, prefix, fairness_by="jobs"))
+    reads = StatusReads(broker.broker.conn, fairness_by="jobs")
+    client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        broker.add_jobs("q", [NewJob("x", {}, N, tenant="solo")] * 4)
+        broker.add_jobs("q", [NewJob("x", {}, N, tenant="a", account="X")] * 4)
+        raw = broker.run(
+            reads.estimate, "q", level=N, tenant="b", tenant_weight=1, count=4, account=("X", 1)
+        )
+        flat = broker.run(reads.estimate, "q", level=N, tenant="b", tenant_weight=1, count=4)
+        assert raw.placement.flow.account == "X"
+        assert raw.placement.tag > flat.placement.tag
+        added = broker.add_jobs("q", [NewJob("x", {}, N, tenant="b", account="X")] * 4)
+        assert client.zscore(f"{prefix}:q:prioritized", added[-1].job_id) == raw.placement.score
+    finally:
+        broker.close()
+        client.close()
+        delete_prefix(prefix)
+
+
 def _rate(per_level: dict[str, int], seconds: int = 60) -> eta.ServiceRate:
     """A steady history: ``per_level`` starts in each 10 s bucket of the last ``seconds``."""
     now_ms = 1_000_000_000

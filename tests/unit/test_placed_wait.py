@@ -48,3 +48,33 @@ def test_a_level_that_began_to_flood_slows_the_clock_at_once() -> None:
     # without the flow's pace: the tag distance at the scaled clock's pace
     alone = placed_wait(**common, clock_ratio=0.4)
     assert alone.expected_s == pytest.approx(5.0)
+
+
+def _tight() -> ServiceRate:
+    """RATE whose normal estimates came out tight lately (25 within 0.9-1.11, of waits
+    of about 2 s): ``high`` where nothing changed."""
+    from dataclasses import replace
+
+    from fairqueue.scheduling.calibration import calibrate
+
+    counts = [0] * 10
+    counts[4] = counts[5] = 13
+    return replace(RATE, calibrations={"normal": calibrate(counts, 26 * 2000.0)})
+
+
+def test_high_only_while_the_load_looks_as_the_calibration_saw_it() -> None:
+    """The level's recent estimates were tight: a job whose flow pace and clock agree is
+    ``high``; one estimated just after a change (its flow's pace now gives a wait the
+    clock's pace does not, or the clock moves slower than measured) is ``medium``, as
+    those estimates were made in the load before."""
+    rate = _tight()
+    tag = 21 * TAG_SCALE / 2
+    common = {"tag": tag, "level": NORMAL, "vt": 0.0, "ahead": 20, "rate": rate}
+    steady = placed_wait(**common, own_ahead=20.0, flow_per_s=10.0, clock_ratio=1.0)
+    assert steady.expected_s == pytest.approx(2.0) and steady.confidence == "high"
+    # a change inside the level: its pace now gives 4 s, the clock 2 s
+    inside = placed_wait(**common, own_ahead=20.0, flow_per_s=5.0, clock_ratio=1.0)
+    assert inside.confidence == "medium"
+    # a level began to flood: the clock moves at 0.6 of its measured pace
+    flood = placed_wait(**common, own_ahead=20.0, flow_per_s=6.0, clock_ratio=0.6)
+    assert flood.expected_s == pytest.approx(20 / 6) and flood.confidence == "medium"

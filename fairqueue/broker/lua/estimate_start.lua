@@ -23,7 +23,7 @@
   KEYS[9]     BullMQ's delayed set
   ARGV        level, tenant, tenant weight, cost ms ('' none), fairness ('time'/'jobs'),
               jobs n, history bucket seconds, buckets to read, delay ms, extra jobs
-              ahead
+              ahead, the tenant's account ('': none) and its weight
   Returns     {now ms, wait list length, placement (fqEtaReply), limits encoded, paused,
               catching up, held, occupied, history, jobs of the flow placed before the
               n (delayed and extra; 0 for a held tenant, whose held count has them),
@@ -33,6 +33,7 @@
               tenants)}
 ]]
 --- @argv level tenant weight cost fairness count bucket_s buckets delay extra
+--- @argv account account_weight
 --- @include eta_place
 local K = {prioritized = KEYS[1], wait = KEYS[2], state = KEYS[3], flows = KEYS[4],
   fweights = KEYS[5], hist = KEYS[7]}
@@ -83,11 +84,14 @@ local n = count + before
 local exact = math.min(n, math.max(count, {{ESTIMATE_PENDING_STEPS}}))
 local etaClock = fqEtaClock(K)
 local byTime, cost = ARGV.fairness == 'time', tonumber(ARGV.cost)
-local placement = fqEtaPlace(K, etaClock, level, tenant, weight, cost, byTime, exact)
+local account = ARGV.account ~= '' and ARGV.account or nil
+local accountWeight = tonumber(ARGV.account_weight) or 1
+local placement = fqEtaPlace(K, etaClock, level, tenant, weight, cost, byTime, exact, account,
+  accountWeight)
 if n > exact and placement.score then
   -- evenly spaced past those placed: the pace of the second half of them, carried on
   local half = fqEtaPlace(K, etaClock, level, tenant, weight, cost, byTime,
-    math.max(1, math.floor(exact / 2)))
+    math.max(1, math.floor(exact / 2)), account, accountWeight)
   local pace = (placement.tag - half.tag) / math.max(1, exact - math.max(1, math.floor(exact / 2)))
   placement.tag = placement.tag + (n - exact) * pace
   placement.score = fqScoreOf(etaClock, placement.tag, level)

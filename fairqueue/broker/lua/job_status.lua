@@ -133,7 +133,7 @@ if state == 'held' and tenant ~= 'queue paused' then
   if fqLevelRank[level] then
     local etaClock = fqEtaClock(K)
     local placement = fqEtaPlace(K, etaClock, level, tenant, tonumber(mweight) or 1, nil,
-      ARGV.fairness == 'time', 1)
+      ARGV.fairness == 'time', 1, macct, tonumber(maw) or 1)
     place = fqEtaReply(etaClock, placement, K)
   end
 end

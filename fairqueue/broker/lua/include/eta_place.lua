@@ -5,11 +5,14 @@
 
   fqEtaClock reads the clock as fqClock does (the virtual time moved to the first tagged
   job waiting; nothing tagged waiting: every flow idle, the clock starts afresh), and
-  fqEtaPlace mirrors fqPlace (docs/design.md, "The rule", "Joining a level"): the flow's
-  last tag, its counted weight and horizon, its level's total less the flows the virtual
-  time has passed (at most EXPIRE_PER_CALL, as fqExpire retires them), the level's
-  frontier for a joining flow, its cost in turns. fairqueue.scheduling.estimate.place is
-  the same arithmetic in Python, and the tests hold both to what the add script does.
+  fqEtaPlace mirrors fqPlace (docs/design.md, "The rule", "Joining a level", "Accounts"):
+  the flow's last tag, its counted weight and horizon, its level's total less the flows
+  the virtual time has passed (at most EXPIRE_PER_CALL, as fqExpire retires them), the
+  level's frontier for a joining flow, its cost in turns; for a tenant of an account, the
+  hierarchical rule (level, then account, then tenant: fqPlaceInAccount) from its
+  account's state. fairqueue.scheduling.placing.place is the same arithmetic in Python,
+  and the tests hold both to what the add script does. Bounded: a flow's reads, at most
+  EXPIRE_PER_CALL retired flows' and two frontier scans (FRONTIER_SCAN flows each).
 
   K: prioritized, wait, state, flows, fweights (as fair_clock's K), hist (fq:hist).
 ]]
@@ -42,46 +45,74 @@ local function fqEtaClock(K)
   return c
 end
 
--- Where n new jobs of (level, tenant, weight) would be placed now. Returns a table: the
--- inputs the Python model takes (last, counted, horizon, total, frontier, cost) and the
--- last job's tag and score (nil: no room, parked at the cap).
-local function fqEtaPlace(K, c, level, tenant, weight, explicitMs, byTime, n)
+-- Where n new jobs of (level, tenant, weight) of account (nil: none) of accountWeight
+-- would be placed now. Returns a table: the inputs the Python model takes (last,
+-- counted, horizon, total, frontier, cost; for a flow of an account, the account's state
+-- and the flow's catch-up inside it) and the last job's tag and score (nil: no room,
+-- parked at the cap). A flow with work keeps the account it counts under (fqPlace).
+local function fqEtaPlace(K, c, level, tenant, weight, explicitMs, byTime, n, account,
+    accountWeight)
   local member = fqFlowMember(level, tenant)
   local p = {last = nil, counted = 0, horizon = nil, total = 0, frontier = nil, cost = 1}
-  if not c.fresh then
+  local st = {T = 0, A = 1}
+  local inner = false
+  if c.fresh then
+    p.account = account
+  else
     local row = redis.call('HMGET', K.fweights, member, 'j\n' .. member, 's\n' .. member)
     p.last = tonumber(redis.call('ZSCORE', K.flows, member))
-    p.counted, p.horizon, p.spacing = tonumber(row[1]) or 0, tonumber(row[2]), tonumber(row[3])
+    p.counted, p.horizon = tonumber(row[1]) or 0, tonumber(row[2])
+    local of, _, innerHorizon, innerSplit = fqFlowAccountSplit(row[3])
+    if of then
+      inner = innerHorizon and {innerHorizon, innerSplit} or false
+    else
+      p.spacing = tonumber(row[3])
+    end
     p.total = c.totals[level] or 0
+    -- the flows the virtual time has passed, as fqExpire retires them: a flow of none
+    -- takes its weight off its level, an account's last flow its account's weight
     local gone = redis.call('ZRANGEBYSCORE', K.flows, '-inf', string.format('%.17g', c.vt),
       'LIMIT', 0, fqEtaExpire)
     local prefix = fqFlowPrefix(level)
+    local goneT = {}
     for i = 1, #gone do
       if string.sub(gone[i], 1, #prefix) == prefix then
-        p.total = p.total - (tonumber(redis.call('HGET', K.fweights, gone[i])) or 0)
+        local r = redis.call('HMGET', K.fweights, gone[i], 's\n' .. gone[i])
+        local w, owner = tonumber(r[1]) or 0, fqFlowAccount(r[2])
+        if owner then goneT[owner] = (goneT[owner] or 0) + w else p.total = p.total - w end
       end
-      if gone[i] == member then p.last, p.counted, p.horizon, p.spacing = nil, 0, nil, nil end
-    end
-    local others = p.total - p.counted
-    if p.counted == 0 and others > 0 then
-      local top = redis.call('ZREVRANGEBYSCORE', K.flows, '+inf',
-        '(' .. string.format('%.17g', c.vt), 'WITHSCORES', 'LIMIT', 0, fqFrontierScan)
-      local fields = {}
-      for i = 1, #top, 2 do
-        if string.sub(top[i], 1, #prefix) == prefix then
-          if not p.frontier then p.frontier = tonumber(top[i + 1]) end
-          fields[#fields + 1] = 's\n' .. top[i]
-        end
-      end
-      if #fields > 0 then -- the densest spacing among them (fqFrontier)
-        for _, spacing in ipairs(redis.call('HMGET', K.fweights, unpack(fields))) do
-          spacing = tonumber(spacing)
-          if spacing and (not p.frontierSpacing or spacing < p.frontierSpacing) then
-            p.frontierSpacing = spacing
-          end
-        end
+      if gone[i] == member then
+        p.last, p.counted, p.horizon, p.spacing, of, inner = nil, 0, nil, nil, nil, false
       end
     end
+    if p.counted > 0 then account = of end
+    p.account = account
+    for owner, w in pairs(goneT) do
+      local s = fqAccountStateSplit(redis.call('HGET', K.fweights,
+        fqAccountMember(level, owner)))
+      if s and s.T - w > 0 then
+        if owner == account then st = s; st.T = s.T - w end
+      else
+        p.total = p.total - (s and s.A or 0)
+        if owner == account then st = {T = 0, A = 1, gone = true} end
+      end
+    end
+    if account and not goneT[account] then
+      st = fqAccountStateSplit(redis.call('HGET', K.fweights,
+        fqAccountMember(level, account))) or st
+    end
+    if p.counted == 0 then
+      p.frontier, p.frontierSpacing = fqFrontier(K, c, level)
+      if account and st.T - p.counted > 0 then
+        p.innerFrontier, p.innerDensest = fqFrontier(K, c, level, account)
+      end
+    end
+  end
+  if account then
+    p.accountWeight = accountWeight or 1
+    p.accountT, p.accountA, p.accountSpacing, p.accountHorizon = st.T, st.A, st.spacing,
+      st.horizon
+    p.inner = inner
   end
   if byTime and c.typical then
     local estimate = tonumber(redis.call('HGET', K.state, 'c:' .. member))
@@ -91,33 +122,75 @@ local function fqEtaPlace(K, c, level, tenant, weight, explicitMs, byTime, n)
       p.cost = fqCostTurns(explicitMs, c.typical)
     end
   end
-  -- fqPlace, n times over (a batch of one flow: each job a step further)
+  -- fqPlace (fqPlaceInAccount for a flow of an account), n times over (a batch of one
+  -- flow: each job a step further)
   local last, counted, horizon, total = p.last, p.counted, p.horizon, p.total
   local spacing = p.spacing
   local tag = nil
+  local rank = 4 - fqLevelRank[level]
   for i = 1, n do
-    local others = total - counted
-    local all = others + weight
     local start = c.vt
     if last and last > start then start = last end
-    local joined = nil
-    local catchUp = spacing or others
-    if counted == 0 and others > 0 and i == 1 then
-      joined = p.frontier
-      if joined and joined > start then
-        horizon = joined
+    if account then
+      local aw = p.accountWeight
+      local mates = st.T - counted
+      if mates < 0 then mates = 0 end
+      local others = total - (st.T > 0 and st.A or 0)
+      local h = st.horizon
+      local joined = nil
+      local catchUp = st.spacing or others
+      if counted == 0 and others > 0 and mates == 0 and p.frontier and p.frontier > start then
+        h, joined = p.frontier, p.frontier
         catchUp = others
         if p.frontierSpacing and p.frontierSpacing < others then catchUp = p.frontierSpacing end
-      else
-        joined = nil
       end
+      local catching = h and start < h
+      local split = others + aw
+      if catching then split = catchUp end
+      local newInner = false
+      if counted == 0 and mates > 0 and not catching and p.innerFrontier
+          and p.innerFrontier > start then
+        local densest = p.innerDensest
+        if not densest or densest > mates then densest = mates end
+        inner, newInner = {p.innerFrontier, densest}, true
+      end
+      local part = mates + weight
+      local innerDone = inner and start >= inner[1]
+      if inner and not innerDone then part = inner[2] end
+      tag = start + fqScale * p.cost * (split * part / aw) / (rank * weight)
+      total = others + aw
+      if joined then
+        h = joined
+      elseif h and start >= h then
+        h = nil
+      else
+        h = st.horizon
+      end
+      st = {T = mates + weight, A = aw, spacing = split, horizon = h}
+      if innerDone and not newInner then inner = false end
+    else
+      local others = total - counted
+      local all = others + weight
+      local joined = nil
+      local catchUp = spacing or others
+      if counted == 0 and others > 0 and i == 1 then
+        joined = p.frontier
+        if joined and joined > start then
+          horizon = joined
+          catchUp = others
+          if p.frontierSpacing and p.frontierSpacing < others then catchUp = p.frontierSpacing end
+        else
+          joined = nil
+        end
+      end
+      local share = all
+      if horizon and start < horizon then share = catchUp end
+      spacing = share
+      tag = start + fqScale * p.cost * share / (rank * weight)
+      total = all
+      if not joined and horizon and start >= horizon then horizon = nil end
     end
-    local share = all
-    if horizon and start < horizon then share = catchUp end
-    spacing = share
-    tag = start + fqScale * p.cost * share / ((4 - fqLevelRank[level]) * weight)
-    total, counted = all, weight
-    if not joined and horizon and start >= horizon then horizon = nil end
+    counted = weight
     if not last or tag > last then last = tag end
   end
   p.tag = tag
@@ -227,8 +300,10 @@ local function fqEtaAsking(K, L, c, now, bucketS, count)
 end
 
 -- A placement's reply: the model's inputs and the result, as text (Lua numbers would be
--- cut to integers). The jobs ahead of the last of n: those with lower scores now and the
--- n - 1 placed before it.
+-- cut to integers); then, for a flow of an account, its account, the account's weight
+-- and state (T, A, spacing, horizon), the flow's catch-up inside it and the account's
+-- frontier (fqFrontier). The jobs ahead of the last of n: those with lower scores now
+-- and the n - 1 placed before it.
 local function fqEtaReply(c, p, K)
   local ahead = ''
   if p.score then
@@ -240,5 +315,8 @@ local function fqEtaReply(c, p, K)
   return {fqEtaNum(c.vt), fqEtaNum(c.base), c.fresh and 1 or 0, fqEtaNum(p.last), p.counted,
     fqEtaNum(p.horizon), p.total, fqEtaNum(p.frontier), fqEtaNum(p.cost), fqEtaNum(p.tag),
     p.score and string.format('%d', p.score) or '', ahead, fqEtaNum(c.typical),
-    fqEtaNum(c.delta), fqEtaNum(c.cursor), fqEtaNum(p.spacing), fqEtaNum(p.frontierSpacing)}
+    fqEtaNum(c.delta), fqEtaNum(c.cursor), fqEtaNum(p.spacing), fqEtaNum(p.frontierSpacing),
+    p.account or '', fqEtaNum(p.accountWeight), fqEtaNum(p.accountT), fqEtaNum(p.accountA),
+    fqEtaNum(p.accountSpacing), fqEtaNum(p.accountHorizon), fqEtaNum(p.inner and p.inner[1]),
+    fqEtaNum(p.inner and p.inner[2]), fqEtaNum(p.innerFrontier), fqEtaNum(p.innerDensest)}
 end
