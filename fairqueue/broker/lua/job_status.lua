@@ -42,9 +42,11 @@ local account, accountW = '', ''
 -- L:hrank:<t> (tenant_limits.lua), O(log n), plus the held jobs the index lacks (held
 -- before it existed, so at the front of the list). A job the index lacks is looked for
 -- among those only, at most {{HELD_PLACE_SCAN}} of them, so the call stays bounded.
+local heldLen = nil -- the tenant's held list's length, once read (fqHeldPlace)
 local function fqHeldPlace(L, t, jobId)
   local heldKey, rankKey = L .. ':held:' .. t, L .. ':hrank:' .. t
-  local unindexed = redis.call('LLEN', heldKey) - redis.call('ZCARD', rankKey)
+  heldLen = redis.call('LLEN', heldKey)
+  local unindexed = heldLen - redis.call('ZCARD', rankKey)
   if unindexed < 0 then unindexed = 0 end
   local rank = redis.call('ZRANK', rankKey, jobId)
   if rank then return rank + unindexed end
@@ -126,7 +128,7 @@ if state == 'held' and tenant ~= 'queue paused' then
   limits = redis.call('HGET', L, tenant) or ''
   paused = redis.call('HEXISTS', L .. ':paused', tenant)
   catchup = redis.call('HEXISTS', L .. ':catchup', tenant)
-  held = redis.call('LLEN', L .. ':held:' .. tenant)
+  held = heldLen or redis.call('LLEN', L .. ':held:' .. tenant)
   occupied = redis.call('SCARD', L .. ':out:' .. tenant)
   local meta = redis.call('HGET', L .. ':meta', id) or ''
   local mlevel, mweight = string.match(meta, '^(%a+)\n(%d+)')
