@@ -76,49 +76,50 @@ local function tenantOf()
   return 'default', ''
 end
 
+-- a job is in one of BullMQ's sets at a time: the prioritized set first, so a waiting
+-- job's status (the read that goes on to who is asking) skips the finished sets
+local prioritizedScore = exists and redis.call('ZSCORE', K.prioritized, id)
 if not exists then
   state = 'gone'
+elseif prioritizedScore then
+  local s = prioritizedScore
+  state, score = 'waiting', s
+  ahead = redis.call('ZRANK', K.prioritized, id) + waitLen
+  local units = tonumber(s) - fqFloor * fqScore
+  if units >= 0 and tonumber(s) < fqCap * fqScore then level = fqRankLevel[units % 4] end
 elseif redis.call('ZSCORE', KEYS[9], id) then
   state = 'completed'
 elseif redis.call('ZSCORE', KEYS[10], id) then
   state = 'failed'
 else
-  local s = redis.call('ZSCORE', K.prioritized, id)
-  if s then
-    state, score = 'waiting', s
-    ahead = redis.call('ZRANK', K.prioritized, id) + waitLen
-    local units = tonumber(s) - fqFloor * fqScore
-    if units >= 0 and tonumber(s) < fqCap * fqScore then level = fqRankLevel[units % 4] end
+  local at = redis.call('LPOS', K.wait, id)
+  if at then
+    state, ahead = 'waiting', waitLen - 1 - at -- workers take from the list's tail
+  elseif redis.call('LPOS', KEYS[7], id) then
+    state = 'active'
   else
-    local at = redis.call('LPOS', K.wait, id)
-    if at then
-      state, ahead = 'waiting', waitLen - 1 - at -- workers take from the list's tail
-    elseif redis.call('LPOS', KEYS[7], id) then
-      state = 'active'
-    else
-      local d = tonumber(redis.call('ZSCORE', KEYS[8], id))
-      if d then
-        local ms = math.floor(d / 4096)
-        tenant, level = tenantOf()
-        if ms >= fqEtaHeldMs then
-          local later = redis.call('ZSCORE', L .. ':later:' .. tenant, id)
-          if later then
-            state, due = 'delayed', later
-          else
-            state = 'held'
-            ahead = fqHeldPlace(L, tenant, id)
-          end
-        elseif ms - now > fqEtaRetryHeldMs / 2 then
-          state = 'held' -- a released job's failed attempt, about to be held again
+    local d = tonumber(redis.call('ZSCORE', KEYS[8], id))
+    if d then
+      local ms = math.floor(d / 4096)
+      tenant, level = tenantOf()
+      if ms >= fqEtaHeldMs then
+        local later = redis.call('ZSCORE', L .. ':later:' .. tenant, id)
+        if later then
+          state, due = 'delayed', later
         else
-          state, due = 'delayed', ms
+          state = 'held'
+          ahead = fqHeldPlace(L, tenant, id)
         end
-      elseif redis.call('LPOS', KEYS[11], id) then
-        state = 'held' -- the whole queue is paused (BullMQ's Queue.pause)
-        tenant = 'queue paused'
+      elseif ms - now > fqEtaRetryHeldMs / 2 then
+        state = 'held' -- a released job's failed attempt, about to be held again
       else
-        state = 'unknown'
+        state, due = 'delayed', ms
       end
+    elseif redis.call('LPOS', KEYS[11], id) then
+      state = 'held' -- the whole queue is paused (BullMQ's Queue.pause)
+      tenant = 'queue paused'
+    else
+      state = 'unknown'
     end
   end
 end
