@@ -59,6 +59,7 @@ import asyncio
 import contextlib
 import multiprocessing as mp
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -605,13 +606,32 @@ def lua_at(rev: str, name: str) -> str:
 
 
 def add_script_at(rev: str) -> str:
-    """The add script as it was at ``rev`` (its per-job arguments are today's)."""
-    from fairqueue.broker.scripts import ADD_SCORE_EDIT, bullmq_source
+    """The add script as it was at ``rev`` (its per-job arguments are today's, less the
+    fields that revision did not read: :func:`add_job_fields_at`)."""
+    from fairqueue.broker.scripts import ADD_SCORE_EDIT, Argv, bullmq_source
 
-    head = lua_at(rev, "add_jobs.head")
+    head, tail = lua_at(rev, "add_jobs.head"), lua_at(rev, "add_jobs.tail")
     # From c71f14d the fair score goes into BullMQ's own ZADD (the head declares it).
     edit = ADD_SCORE_EDIT if "fqScoreText" in head else None
-    return head + bullmq_source("addPrioritizedJob-9.lua", edit) + lua_at(rev, "add_jobs.tail")
+    if "--- @argv" in head:  # named arguments (ARGV.jobs), rendered as the loader does
+        argv = Argv.declared("add_jobs", head)
+        head, tail = argv.render(head), argv.render(tail)
+    return head + bullmq_source("addPrioritizedJob-9.lua", edit) + tail
+
+
+def add_job_fields_at(rev: str) -> int:
+    """How many values per job the add script read at ``rev`` (``ADD_JOB_FIELDS``; today's
+    later fields are appended, so a job's first that many are the ones it read)."""
+    from fairqueue.scheduling.wire import ADD_JOB_FIELDS
+
+    shown = subprocess.run(
+        ["git", "show", f"{rev}:fairqueue/scheduling/wire.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    found = re.search(r"ADD_JOB_FIELDS: Final = \(([^)]*)\)", shown.stdout)
+    return len(re.findall(r'"\w+"', found.group(1))) if found else len(ADD_JOB_FIELDS)
 
 
 def add_script_sources(rev: str | None = None) -> dict[str, str]:

@@ -1,22 +1,11 @@
 """Gauges read from Redis when ``/metrics`` is scraped, so they exist on every path: a
 rebalance loop exports its own families, but passes run by Celery beat export nothing
 from the worker that ran them. The web process's ``/metrics`` (``metrics_view``) reads
-what every path leaves in Redis:
-
-* ``queue_fair_last_pass_recorded_timestamp_seconds{job_type,queue}``: when the last
-  pass over the job type was recorded (by a loop, a Celery beat task or the dashboard's
-  button), so "is anyone rebalancing?" has an answer without a loop to scrape;
-* ``queue_fair_noisy_tenants{job_type,queue}``: how many tenants run more than 1.5 times
-  their entitlement now (their max-min share of their level given who is asking, the
-  tenant page's and the noisy table's figure) of their level's running jobs while others
-  of the level wait (:mod:`fairqueue.scheduling.noisy`): the tenants the queue page's
-  noisy table lists. Counted, never labelled by tenant;
-* ``queue_fair_accounts_running{job_type,queue}``: how many accounts (docs/design.md,
-  Accounts) have jobs running now, from the same read of the active list (a tenant of
-  no account counts as its own). Counted, never labelled by account;
-* ``queue_fair_noisy_accounts{job_type,queue}``: how many accounts' tenants together run
-  more than 1.5 times the account's entitlement of their level's running jobs while
-  others of the level wait (the queue page's noisy accounts). Counted, no account label.
+what every path leaves in Redis: when the last pass was recorded (by a loop, Celery beat
+or the dashboard's button: "is anyone rebalancing?" without a loop to scrape), and how
+many noisy tenants, running accounts and noisy accounts there are now
+(:mod:`fairqueue.scheduling.noisy`; the families: docs/operations.md). Counted, never
+labelled by tenant or account.
 
 Each scrape costs a few round trips per queue (the last pass record, the active list,
 the flows of the running tenants and one read-only estimate read of who is asking),

@@ -4,17 +4,9 @@
 takes any of these forms; :func:`parse_redis_target` validates one into a
 :class:`RedisTarget`, which the broker turns into clients (``broker/connection.py``).
 Every form has one URL spelling, so the setting can travel through an environment
-variable and a child process rebuilds the same target from :attr:`RedisTarget.url`:
-
-* ``"redis://[[user]:password@]host:port/db"`` (also ``rediss://``, ``unix://``) or
-  ``{"url": "..."}``: one server;
-* ``"redis+sentinel://[[user]:password@]host:port[,host:port...]/service[/db]"`` or
-  ``{"sentinel": ["host:port", ...], "service": "mymaster", "db": 0, "username": ...,
-  "password": ..., "sentinel_password": ..., "ssl": False}``: the master Sentinel names
-  for ``service``, followed across failovers;
-* ``"redis+cluster://[[user]:password@]host:port[,host:port...]"`` or
-  ``{"cluster": ["host:port", ...], "username": ..., "password": ..., "ssl": False}``: a
-  Redis Cluster reached through any of these startup nodes (``rediss+`` for TLS).
+variable and a child process rebuilds the same target from :attr:`RedisTarget.url`
+(``redis://``, ``rediss://``, ``unix://``, ``redis+sentinel://``, ``redis+cluster://``,
+or their dict forms: docs/configuration.md).
 
 Pure functions: nothing here reads settings or talks to Redis. Error messages name the
 setting and what is allowed, and never echo a password (or a URL that may carry one).

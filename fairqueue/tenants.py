@@ -9,11 +9,12 @@ stay in force.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 from django.db import transaction
 
-from fairqueue.broker import MAX_JOB_ID_LENGTH, get_sync_broker
+from fairqueue.broker import MAX_JOB_ID_LENGTH, AccountCopy, get_sync_broker
 from fairqueue.conf import get_settings
 from fairqueue.exceptions import BrokerError, UnknownAccountError
 from fairqueue.scheduling.levels import (
@@ -26,18 +27,21 @@ from fairqueue.scheduling.wire import encoded_limits
 from fairqueue.usage.holds import actor_text
 
 logger = logging.getLogger("fairqueue.tenants")
+T = TypeVar("T")
 
 
 def _queues() -> list[str]:
     return sorted(set(get_settings().queues.values()))
 
 
-def _set_paused(tenant_id: str, paused: bool) -> int:
+def _in_every_queue(write: Callable[[Any, str], Coroutine[Any, Any, T]]) -> list[T]:
+    """``write(limits, queue)`` in every configured queue, in turn."""
     sync_broker = get_sync_broker()
-    moved = 0
-    for queue in _queues():
-        moved += sync_broker.run(sync_broker.broker.limits.set_paused, queue, tenant_id, paused)
-    return moved
+    return [sync_broker.run(write, sync_broker.broker.limits, queue) for queue in _queues()]
+
+
+def _set_paused(tenant_id: str, paused: bool) -> int:
+    return sum(_in_every_queue(lambda limits, queue: limits.set_paused(queue, tenant_id, paused)))
 
 
 def _record(tenant_id: str, paused: bool, actor: object, source: str) -> None:
@@ -240,11 +244,9 @@ def sync_tenant_limits(tenant_id: str) -> None:
     limits = (
         NO_LIMITS if plan is None else with_tier_defaults(plan.own_limits(), plan.resolve_plan())
     )
-    sync_broker = get_sync_broker()
     try:
-        for queue in _queues():
-            sync_broker.run(sync_broker.broker.limits.set_limits, queue, tenant_id, limits)
-            sync_broker.run(sync_broker.broker.limits.release, queue, [tenant_id])
+        _in_every_queue(lambda store, queue: store.set_limits(queue, tenant_id, limits))
+        _in_every_queue(lambda store, queue: store.release(queue, [tenant_id]))
     except BrokerError as exc:
         logger.warning("tenant limits not synced to Redis (%s)", type(exc).__name__)
 
@@ -262,12 +264,10 @@ def sync_account_limits(account_id: str, limits: TenantLimits | None = None) -> 
     tenants = list(
         TenantPlan.objects.filter(account_id=account_id).values_list("tenant_id", flat=True)
     )
-    sync_broker = get_sync_broker()
     try:
-        for queue in _queues():
-            sync_broker.run(
-                sync_broker.broker.limits.set_account_limits, queue, account_id, limits, tenants
-            )
+        _in_every_queue(
+            lambda store, queue: store.set_account_limits(queue, account_id, limits, tenants)
+        )
     except BrokerError as exc:
         logger.warning("account limits not synced to Redis (%s)", type(exc).__name__)
 
@@ -289,19 +289,17 @@ def sync_tenant_weight(tenant_id: str) -> None:
 
     plan = TenantPlan.objects.filter(tenant_id=tenant_id).only("weight").first()
     weight = DEFAULT_TENANT_WEIGHT if plan is None else plan.weight
-    sync_broker = get_sync_broker()
     try:
-        for queue in _queues():
-            sync_broker.run(sync_broker.broker.limits.set_weight, queue, tenant_id, weight)
+        _in_every_queue(lambda store, queue: store.set_weight(queue, tenant_id, weight))
     except BrokerError as exc:
         logger.warning("tenant weight not synced to Redis (%s)", type(exc).__name__)
 
 
-def database_limits() -> tuple[dict[str, str], set[str]]:
-    """Every tenant's limits (encoded as Redis keeps them, tier defaults filled in) and
-    the paused tenants, as the database says: a ``TenantPlan``'s ``paused`` or its
-    account's, and for a
-    tenant paused without a row (``pause_tenant`` creates none), its latest
+def database_limits(accounts: AccountCopy | None = None) -> tuple[dict[str, str], set[str]]:
+    """Every tenant's limits (encoded as Redis keeps them, tier defaults filled in; empty
+    ones for a tenant of one of ``accounts``, held like a limited tenant) and the paused
+    tenants, as the database says: a ``TenantPlan``'s ``paused`` or its account's, and for
+    a tenant paused without a row (``pause_tenant`` creates none), its latest
     ``TenantPauseAudit`` record."""
     from django.db.models import Max, Q
 
@@ -309,6 +307,7 @@ def database_limits() -> tuple[dict[str, str], set[str]]:
     from fairqueue.models import TenantPauseAudit, TenantPlan
 
     plans = TenantPlan.objects.select_related("account")
+    of_accounts = accounts if accounts is not None else database_account_limits()
     if not get_settings().tenant_limits:  # no tier defaults: rows without limits have none
         plans = plans.filter(
             Q(max_active__isnull=False)
@@ -316,13 +315,16 @@ def database_limits() -> tuple[dict[str, str], set[str]]:
             | Q(max_waiting__isnull=False)
             | Q(paused=True)
             | Q(account__paused=True)
+            | Q(account__account_id__in=list(of_accounts.limits))
         )
     limits: dict[str, str] = {}
     paused: set[str] = set()
     for plan in plans.iterator(chunk_size=2_000):
         own = plan.own_limits()
         merged = with_tier_defaults(own, plan.resolve_plan())
-        if merged.holds:
+        if merged.holds or plan.tenant_id in of_accounts.tenants:
+            # a tenant of an account with limits is held, maybe with none of its own, as
+            # its adds make it (enqueue.calls)
             limits[plan.tenant_id] = encoded_limits(merged)
         if plan.paused or plan.account_paused:
             paused.add(plan.tenant_id)
@@ -336,9 +338,23 @@ def database_limits() -> tuple[dict[str, str], set[str]]:
     return limits, paused
 
 
+def database_account_limits() -> AccountCopy:
+    """The accounts with limits (encoded as Redis keeps them) and their tenants, as the
+    database says: what a rebuild brings back beside the tenants' own."""
+    from fairqueue.models import Account, TenantPlan
+
+    limits: dict[str, str] = {}
+    for account in Account.objects.iterator(chunk_size=2_000):
+        if account.limits().holds:
+            limits[account.account_id] = encoded_limits(account.limits())
+    rows = TenantPlan.objects.filter(account__account_id__in=list(limits))
+    tenants = dict(rows.values_list("tenant_id", "account__account_id").iterator(chunk_size=2_000))
+    return AccountCopy(limits, tenants)
+
+
 def rebuild_tenant_limits(queues: Sequence[str] | None = None, *, force: bool = True) -> bool:
-    """Rebuild Redis's copy of the tenants' limits and pauses from the database, in
-    ``queues`` (default: every configured queue). ``force=False``: only in the queues
+    """Rebuild Redis's copy of the tenants' and accounts' limits and pauses from the
+    database, in ``queues`` (default: every configured queue). ``force=False``: only in the queues
     where the copy is missing (Redis lost fairqueue's keys: a restart without
     persistence, a new server, a flush), which one ``EXISTS`` per queue tells: what the
     loop checks at every pass. Returns whether it rebuilt anything."""
@@ -355,13 +371,14 @@ def rebuild_tenant_limits(queues: Sequence[str] | None = None, *, force: bool = 
     # the two reads (an add, a saved plan, pause_tenant, resume_tenant) are newer than the
     # rows and are kept.
     before = {queue: sync_broker.run(store.read_copy, queue) for queue in wanted}
-    limits, paused = database_limits()
+    accounts = database_account_limits()
+    limits, paused = database_limits(accounts)
     from fairqueue.usage.holds import holds_by_queue  # quota and breaker holds, per queue
 
     held = holds_by_queue()
     for queue in wanted:
         queue_paused = paused | held.get(queue, set())
-        sync_broker.run(store.rebuild, queue, limits, queue_paused, before[queue])
+        sync_broker.run(store.rebuild, queue, limits, queue_paused, before[queue], accounts)
     logger.info("tenant limits and pauses rebuilt from the database in %d queue(s)", len(wanted))
     return True
 

@@ -82,6 +82,10 @@ class LimitFormFields(admin.ModelAdmin):
             )
         return super().formfield_for_dbfield(db_field, request, **kwargs)
 
+    @admin.display(description="updated at", ordering="updated_at")
+    def updated_to_the_second(self, row: Any) -> str:
+        return to_the_second(row.updated_at)
+
 
 @admin.register(Account)
 class AccountAdmin(LimitFormFields):
@@ -146,10 +150,6 @@ class AccountAdmin(LimitFormFields):
         """Its console page: its tenants' waiting and running jobs and shares."""
         return format_html('<a href="{}">its page</a>', account_url(account.account_id))
 
-    @admin.display(description="updated at", ordering="updated_at")
-    def updated_to_the_second(self, account: Account) -> str:
-        return to_the_second(account.updated_at)
-
 
 @admin.register(TenantPlan)
 class TenantPlanAdmin(LimitFormFields):
@@ -175,10 +175,6 @@ class TenantPlanAdmin(LimitFormFields):
     list_select_related = ("account",)
     actions = ("set_tier", "pause", "resume", "retry_failed_jobs")
     change_form_template = "admin/fairqueue/tenantplan/change_form.html"
-
-    @admin.display(description="updated at", ordering="updated_at")
-    def updated_to_the_second(self, plan: TenantPlan) -> str:
-        return to_the_second(plan.updated_at)
 
     @admin.display(description="level of its jobs")
     def jobs_level(self, plan: TenantPlan) -> str:
@@ -313,8 +309,19 @@ class SubscriptionClassifierAdmin(admin.ModelAdmin):
     inlines = (ClassifierRuleInline,)
 
 
+class AuditAdmin(ReadOnlyAdmin):
+    """An audit log: every field shown read-only, its time to the second."""
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [field.name for field in self.model._meta.fields]
+
+    @admin.display(description="at", ordering="created_at")
+    def at_to_the_second(self, row: Any) -> str:
+        return to_the_second(row.created_at)
+
+
 @admin.register(PriorityOverrideAudit)
-class PriorityOverrideAuditAdmin(ReadOnlyAdmin):
+class PriorityOverrideAuditAdmin(AuditAdmin):
     """System-owned records: readable, never added, changed or deleted by anyone."""
 
     list_display = (
@@ -332,13 +339,6 @@ class PriorityOverrideAuditAdmin(ReadOnlyAdmin):
     search_fields = ("tenant_id", "job_id", "source", "actor")
     date_hierarchy = "created_at"
 
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return [field.name for field in self.model._meta.fields]
-
-    @admin.display(description="at", ordering="created_at")
-    def at_to_the_second(self, row: PriorityOverrideAudit) -> str:
-        return to_the_second(row.created_at)
-
     @admin.display(description="job id", ordering="job_id")
     def job_link(self, row: PriorityOverrideAudit) -> str:
         """The job's console page, while its job type is configured."""
@@ -349,19 +349,12 @@ class PriorityOverrideAuditAdmin(ReadOnlyAdmin):
 
 
 @admin.register(TenantPauseAudit)
-class TenantPauseAuditAdmin(ReadOnlyAdmin):
+class TenantPauseAuditAdmin(AuditAdmin):
     """Who paused or resumed a tenant, and when: evidence, read-only."""
 
     list_display = ("at_to_the_second", tenant_link, "action", "actor", "source")
     list_filter = ("action", "created_at")
     search_fields = ("tenant_id", "actor", "source")
-
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return [field.name for field in self.model._meta.fields]
-
-    @admin.display(description="at", ordering="created_at")
-    def at_to_the_second(self, row: TenantPauseAudit) -> str:
-        return to_the_second(row.created_at)
 
 
 @admin.register(OutboxJob)

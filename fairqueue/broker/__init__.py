@@ -42,7 +42,7 @@ from fairqueue.broker.dashboard_reads import BacklogScan, JobDetail, LevelScan, 
 from fairqueue.broker.failure_reads import FailureReads, RecentFailure
 from fairqueue.broker.history_store import HistoryRead, RecordedPage
 from fairqueue.broker.limit_reads import STATUS_TENANTS, LimitsStatus, TenantState
-from fairqueue.broker.limit_store import Released
+from fairqueue.broker.limit_store import AccountCopy, Released
 from fairqueue.broker.lock_store import Fence
 from fairqueue.broker.pass_store import (
     AdoptedPage,
@@ -59,6 +59,7 @@ from fairqueue.exceptions import LockLostError
 
 __all__ = [
     "FAILED_WINDOW",
+    "AccountCopy",
     "ORDER_WINDOW",
     "ConsoleReads",
     "FailureReads",

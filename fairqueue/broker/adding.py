@@ -312,33 +312,8 @@ class AddPacker:
             if not job.delay_ms:
                 packed_opts = with_ready_slot(packed_opts)
             if job.delay_ms:
-                keys = scripts.getKeys(["marker", "meta", "id", "delayed", "completed", "events"])
-                keys += [
-                    fair_key(self.prefix, queue, "ready"),
-                    fair_key(self.prefix, queue, "jobs"),
-                    limits_key(self.prefix, queue),
-                    f"{self.prefix}:{queue}:prioritized",
-                    fair_key(self.prefix, queue, "dly"),
-                ]
-                named = {
-                    "packed_args": packed_args,
-                    "data": data,
-                    "opts": packed_opts,
-                    "level": _LEVEL_ARG[job.level],
-                    "tenant": job.tenant,
-                    "weight": job.tenant_weight,
-                    "delay": job.delay_ms,
-                    "limits": job.limits or "",
-                }
                 commands.append(
-                    _AddCommand(
-                        self.delayed_script,
-                        keys,
-                        named,
-                        delayed=True,
-                        queue=queue,
-                        limits_given=(job.tenant,) if job.limits is not None else (),
-                    )
+                    self._delayed_command(queue, scripts, job, packed_args, data, packed_opts)
                 )
                 continue
             # ADD_JOB_FIELDS, in its order (wire.lua's fqReadJobs)
@@ -351,17 +326,39 @@ class AddPacker:
                     job.tenant,
                     job.tenant_weight,
                     b"" if job.cost_ms is None else job.cost_ms,
+                    # no account: empty, and its weight too (read as 1), which the client
+                    # sends as it is instead of formatting a number
                     b"" if job.account is None else job.account,
-                    job.account_weight,
+                    b"" if job.account is None else job.account_weight,
                 )
             )
-            limits.update(_given_limits(job))
+            if job.limits is not None:  # the common case has none: nothing to carry
+                limits.update(_given_limits(job))
             if len(batch) == self.batch_size:
                 commands.append(self._batch_command(queue, scripts, batch, limits))
                 batch, limits = [], {}
         if batch:
             commands.append(self._batch_command(queue, scripts, batch, limits))
         return commands
+
+    def _delayed_command(
+        self, queue: str, scripts: Any, job: NewJob, packed_args: Any, data: Any, opts: Any
+    ) -> _AddCommand:
+        """A delayed job's add command (``add_delayed``: one job a call)."""
+        keys = scripts.getKeys(["marker", "meta", "id", "delayed", "completed", "events"])
+        keys += [fair_key(self.prefix, queue, name) for name in ("ready", "jobs")]
+        keys += [limits_key(self.prefix, queue), f"{self.prefix}:{queue}:prioritized"]
+        keys.append(fair_key(self.prefix, queue, "dly"))
+        named = dict(packed_args=packed_args, data=data, opts=opts, level=_LEVEL_ARG[job.level])
+        named.update(tenant=job.tenant, weight=job.tenant_weight, delay=job.delay_ms)
+        named["limits"] = job.limits or ""
+        limited = tuple(_given_limits(job))
+        if len(limited) > 1:  # its account's max_waiting counts it too
+            named["batch"] = ""
+            named["account_limits"] = job.account_limits
+        return _AddCommand(
+            self.delayed_script, keys, named, delayed=True, queue=queue, limits_given=limited
+        )
 
     def _add_keys(self, queue: str, scripts: Any) -> list[bytes]:
         """The add script's keys for ``queue``, made once (as bytes: the client sends
@@ -390,7 +387,6 @@ class AddPacker:
         self, queue: str, scripts: Any, batch: list[Any], limits: dict[str, str]
     ) -> _AddCommand:
         keys = self._add_keys(queue, scripts)
-        tenants = [t for t in limits if not t.startswith(ACCOUNT_MARK)]  # accounts aside
         named = {
             "fairness": self._fairness_arg,
             # only calls with limited tenants carry them (and pay for them)
@@ -409,7 +405,13 @@ class AddPacker:
             release=(
                 (
                     release_keys(self.prefix, queue),
-                    release_args(self.prefix, queue, tenants, self.fairness_by, "release"),
+                    release_args(
+                        self.prefix,
+                        queue,
+                        [t for t in limits if not t.startswith(ACCOUNT_MARK)],  # accounts aside
+                        self.fairness_by,
+                        "release",
+                    ),
                 )
                 if limits
                 else None

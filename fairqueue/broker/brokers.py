@@ -40,11 +40,7 @@ class Broker:
     endpoint) and ``usage`` (the usage ledger), all over one ``conn``.
 
     Args:
-        redis: where Redis is: a URL (``redis://``, ``redis+sentinel://``,
-            ``redis+cluster://``...) or a validated :class:`RedisTarget` (may hold
-            credentials: never logged).
-        prefix: BullMQ key prefix; ``"bull"`` is BullMQ's default.
-        client_factory: builds the ``redis.asyncio`` client (injectable for tests).
+        redis, prefix, client_factory: as :class:`Connection`'s.
         fairness_by: what the fair clock counts (``FAIRNESS_BY``: ``"time"``, ``"jobs"``).
         remove_on_complete, remove_on_fail: BullMQ's ``removeOnComplete`` /
             ``removeOnFail`` (``{"count": n, "age": seconds}``) set on every job this

@@ -26,7 +26,7 @@ from fairqueue.broker.scripts import call_script_many, plain_script
 from fairqueue.scheduling.levels import DEFAULT_TENANT, INTERNAL_TENANT, PAYLOAD_ACCOUNT_KEY
 from fairqueue.scheduling.noisy import FlowWeight, InFlight
 from fairqueue.scheduling.shares import LEVEL_NAMES
-from fairqueue.scheduling.wire import account_member, flow_member, split_account_state
+from fairqueue.scheduling.wire import account_member, flow_member
 
 #: The front of the waiting order the console reads: positions, what is ahead of a job,
 #: a tenant's next jobs. Beyond it, a job's position is still exact (one ZRANK).
@@ -332,15 +332,21 @@ class ConsoleReads(BrokerPart):
                 fweights = self.conn.fair_key(queue, "fweights")
                 pipe.hmget(fweights, *members)
                 pipe.zmscore(self.conn.fair_key(queue, "flows"), members)
-                if grouped:
-                    pipe.hmget(fweights, *(account_member(lv, a) for lv, a in grouped))
-                found_weights, scores, *states = await self.conn.guard(pipe.execute())
+                found_weights, scores = await self.conn.guard(pipe.execute())
             for key, weight, score in zip(running, found_weights, scores, strict=True):
                 flows[key] = FlowWeight(int_or(weight, 1) or 1, score is not None)
-            for key, state in zip(grouped, states[0] if states else (), strict=True):
-                counted = split_account_state(None if state is None else as_text(state))
-                # no state kept: none of its flows has work (its weight then by the jobs)
-                account_flows[key] = FlowWeight(int(counted[1]) if counted else 1, bool(counted))
+            if grouped:  # packed as msgpack: read inside Redis (lua/account_states.lua)
+                script = self.conn.script(plain_script("account_states"))
+                states = await self.conn.guard(
+                    script(
+                        keys=[fweights],
+                        members=[account_member(lv, a) for lv, a in grouped],
+                    )
+                )
+                for key, state in zip(grouped, states, strict=True):
+                    # no state kept: none of its flows has work (its weight then by the jobs)
+                    weight = int(float(state[1])) if state else 1
+                    account_flows[key] = FlowWeight(weight, bool(state))
         level_weights = {
             level: int_or(value, 0) or 0 for level, value in zip(LEVEL_NAMES, weights, strict=True)
         }

@@ -9,7 +9,7 @@ releases through the same atomic step and no job is released twice.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
 from fairqueue.broker.common import as_text, fair_key, fair_keys, limits_key
@@ -67,10 +67,22 @@ class Released:
 @dataclass(frozen=True, slots=True)
 class CopyRead:
     """A queue's copy of the limits as a rebuild read it before reading the database:
-    tenant -> encoded limits, and tenant -> its count of pause changes (``L:pchg``)."""
+    tenant -> encoded limits, tenant -> its count of pause changes (``L:pchg``), account
+    -> encoded limits (``L:acc``) and tenant -> its account (``L:tacct``)."""
 
     limits: dict[str, str]
     pause_changes: dict[str, str]
+    accounts: dict[str, str] = field(default_factory=dict)
+    tenant_accounts: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class AccountCopy:
+    """The database's account limits as a rebuild brings them: account -> encoded limits
+    (those with limits), and their tenants -> account."""
+
+    limits: Mapping[str, str]
+    tenants: Mapping[str, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,7 +407,12 @@ class LimitStore(LimitReads):
         """``queue``'s copy of the tenants' limits and its pause changes as they stand,
         read in pages: what :meth:`rebuild` compares against, read before the database."""
         base = limits_key(self.conn.prefix, queue)
-        return CopyRead(await self._read_hash(base), await self._read_hash(f"{base}:pchg"))
+        return CopyRead(
+            await self._read_hash(base),
+            await self._read_hash(f"{base}:pchg"),
+            await self._read_hash(f"{base}:acc"),
+            await self._read_hash(f"{base}:tacct"),
+        )
 
     async def _read_hash(self, key: str) -> dict[str, str]:
         client = self.conn.client()
@@ -408,16 +425,33 @@ class LimitStore(LimitReads):
             if not int(cursor):
                 return entries
 
+    async def _restore(
+        self, key: str, wanted: Mapping[str, str], before: Mapping[str, str]
+    ) -> None:
+        """``wanted``'s entries written to hash ``key`` where it still holds what it held
+        in ``before`` (``lua/limits_restore.lua``), a chunk a call."""
+        restore = self.conn.script(plain_script("limits_restore"))
+        rows = [(name, before.get(name, ""), value) for name, value in wanted.items()]
+        for start in range(0, len(rows), _REBUILD_CHUNK):
+            chunk = rows[start : start + _REBUILD_CHUNK]
+            await self.conn.guard(
+                restore(keys=[key], rows=[value for row in chunk for value in row])
+            )
+
     async def rebuild(
         self,
         queue: str,
         limits: Mapping[str, str],
         paused: Collection[str],
         before: CopyRead,
+        accounts: AccountCopy | None = None,
     ) -> int:
         """Bring the database's limits and pauses to ``queue`` (``limits``: tenant ->
         :func:`~fairqueue.scheduling.wire.encoded_limits`, ``paused``: the tenants it says
         are paused), then leave the mark :meth:`synced` reads.
+
+        ``accounts``: the accounts' limits and their tenants, brought back the same way
+        (an account's limits then hold again before any of its tenants enqueues).
 
         ``before`` is the copy as :meth:`read_copy` read it before the database was read:
         what changed since is newer than the rows and stays. A tenant's limits an add or a
@@ -430,13 +464,10 @@ class LimitStore(LimitReads):
         yet). Returns the jobs pulled back or released."""
         base = limits_key(self.conn.prefix, queue)
         client = self.conn.client()
-        restore = self.conn.script(plain_script("limits_restore"))
-        rows = [(tenant, before.limits.get(tenant, ""), how) for tenant, how in limits.items()]
-        for start in range(0, len(rows), _REBUILD_CHUNK):
-            chunk = rows[start : start + _REBUILD_CHUNK]
-            await self.conn.guard(
-                restore(keys=[base], rows=[value for row in chunk for value in row])
-            )
+        await self._restore(base, limits, before.limits)
+        if accounts is not None:  # account limits, and which tenants they hold
+            await self._restore(f"{base}:acc", accounts.limits, before.accounts)
+            await self._restore(f"{base}:tacct", accounts.tenants, before.tenant_accounts)
         current = {
             as_text(tenant): as_text(how)
             for tenant, how in (await self.conn.guard(client.hgetall(f"{base}:paused"))).items()

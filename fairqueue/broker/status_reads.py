@@ -1,6 +1,9 @@
 """Read-only: a job's state and place in line, and where a new job of a flow would be
 placed, each in one script call (``lua/job_status.lua``, ``lua/estimate_start.lua``):
-O(log n) in the prioritized set, the history's buckets of the rate's window beside it.
+O(log n) in the prioritized and held sets. The history's buckets of the rate's window go
+beside it, plain HMGETs and ZRANGEs sent at the same time: the scripts would only pass
+them on, and a value a script reads costs it a conversion into Lua and one back out,
+about a third of a status read's Redis time when the loop records a busy history.
 
 What comes back is raw (the clock, the flow's state, the limits, the history); the
 arithmetic that turns it into a time is :mod:`fairqueue.scheduling.estimate`.
@@ -8,14 +11,16 @@ arithmetic that turns it into a time is :mod:`fairqueue.scheduling.estimate`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import time
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 from fairqueue.broker.common import SCORE_BASE, TAG_FLOOR, TAG_RESOLUTION, fair_key, limits_key
 from fairqueue.broker.connection import BrokerPart, Connection
 from fairqueue.broker.scripts import plain_script
-from fairqueue.scheduling.calibration import ERROR_BINS
+from fairqueue.scheduling.calibration import ERROR_BINS, WAIT_SCALE_FIELD
 from fairqueue.scheduling.estimate import RATE_WINDOW_S, FlowSnapshot, HistoryBucket
 from fairqueue.scheduling.levels import PriorityLevel
 from fairqueue.scheduling.limits import TenantLimits
@@ -25,6 +30,20 @@ from fairqueue.scheduling.wire import decoded_limits
 
 #: History buckets read: the current one and those of the rate's window before it.
 RATE_BUCKETS: Final = RATE_WINDOW_S // BUCKET_S + 1
+#: A history bucket's fields an estimate reads (fq:hist:<start>, as the loop's history
+#: step writes them): starts and worker ms per level, each level's estimate-error bins,
+#: each level's sum of the waits they expected, the virtual time and its ms at the
+#: bucket's first and last sample (``vt_sample.lua``).
+HISTORY_FIELDS: Final = (
+    *(f"s:{level}" for level in LEVEL_NAMES),
+    *(f"t:{level}" for level in LEVEL_NAMES),
+    *(f"e:{level}:{k}" for level in LEVEL_NAMES for k in range(ERROR_BINS)),
+    *(f"e:{level}:{WAIT_SCALE_FIELD}" for level in LEVEL_NAMES),
+    "vt0",
+    "vt0ms",
+    "vt1",
+    "vt1ms",
+)
 
 
 def _text(value: Any) -> str:
@@ -170,33 +189,54 @@ def _account_fields(reply: Sequence[Any]) -> dict[str, Any]:
     }
 
 
-#: A history bucket's fields as ``fqEtaRate`` sends them: its start, starts and worker
-#: ms per level, then per level its estimates' ratio bins, then per level the sum of the
-#: waits they expected (-1: not recorded), then the virtual time and its ms at the
-#: bucket's first and last sample (``vt_sample.lua``; 0: none).
-_VT_FIELDS: Final = 4
-_BUCKET_WIDTH: Final = 1 + 2 * len(LEVEL_NAMES) + len(LEVEL_NAMES) * (ERROR_BINS + 1) + _VT_FIELDS
+#: Where each part of a history bucket's row (``HISTORY_FIELDS``) starts.
+_LEVELS: Final = len(LEVEL_NAMES)
+_BINS_AT: Final = 2 * _LEVELS
+_SCALES_AT: Final = _BINS_AT + _LEVELS * ERROR_BINS
+_VT_AT: Final = _SCALES_AT + _LEVELS
 
 
-def _history(reply: Sequence[Any], typical_ms: float | None) -> History:
-    since = _text(reply[0])
+def _count(value: Any, missing: int = 0) -> int:
+    """A bucket field as read (``None``: not written)."""
+    return missing if value is None else int(float(_text(value)))
+
+
+def _bucket_starts(now_ms: int) -> list[int]:
+    """The history buckets of the rate's window at ``now_ms``, newest first."""
+    current = now_ms // 1000 // BUCKET_S * BUCKET_S
+    return [current - b * BUCKET_S for b in range(RATE_BUCKETS)]
+
+
+@dataclass(frozen=True, slots=True)
+class _HistoryRead:
+    """What :meth:`StatusReads._read_history` read: when recording began, and per
+    bucket (``starts``, newest first) its ``HISTORY_FIELDS`` as HMGET gives them and its
+    most served flows (member, starts)."""
+
+    since: Any
+    starts: Sequence[int]
+    rows: Sequence[Sequence[Any]]
+    served: Sequence[Sequence[tuple[Any, float]]]
+
+
+def _history(read: _HistoryRead, typical_ms: float | None) -> History:
+    since = _text(read.since) if read.since is not None else ""
     buckets = []
-    levels = len(LEVEL_NAMES)
-    for at in range(1, len(reply), _BUCKET_WIDTH):
-        row = [int(float(_text(v))) for v in reply[at : at + _BUCKET_WIDTH]]
-        bins = row[1 + 2 * levels : 1 + 2 * levels + levels * ERROR_BINS]
-        scales = row[1 + 2 * levels + levels * ERROR_BINS : _BUCKET_WIDTH - _VT_FIELDS]
-        vt0, vt0_ms, vt1, vt1_ms = row[_BUCKET_WIDTH - _VT_FIELDS :]
+    for start, fields in zip(read.starts, read.rows, strict=True):
+        row = [_count(v) for v in fields[:_SCALES_AT]]
+        # -1: not recorded (a bucket written before the scale was)
+        scales = [_count(v, -1) for v in fields[_SCALES_AT:_VT_AT]]
+        vt0, vt0_ms, vt1, vt1_ms = (_count(v) for v in fields[_VT_AT:])
+        bins = row[_BINS_AT:_SCALES_AT]
         buckets.append(
             HistoryBucket(
-                start_s=row[0],
-                starts=dict(zip(LEVEL_NAMES, row[1 : 1 + levels], strict=True)),
-                worker_ms=dict(zip(LEVEL_NAMES, row[1 + levels : 1 + 2 * levels], strict=True)),
+                start_s=start,
+                starts=dict(zip(LEVEL_NAMES, row[:_LEVELS], strict=True)),
+                worker_ms=dict(zip(LEVEL_NAMES, row[_LEVELS:_BINS_AT], strict=True)),
                 errors={
                     name: tuple(bins[i * ERROR_BINS : (i + 1) * ERROR_BINS])
                     for i, name in enumerate(LEVEL_NAMES)
                 },
-                # -1: not recorded (a bucket written before the scale was)
                 expected_ms={
                     name: scales[i] for i, name in enumerate(LEVEL_NAMES) if scales[i] >= 0
                 },
@@ -207,8 +247,9 @@ def _history(reply: Sequence[Any], typical_ms: float | None) -> History:
     return History(int(float(since)) if since else None, tuple(buckets), typical_ms)
 
 
-def _asking(reply: Sequence[Any]) -> AskingRead | None:
-    """``fqEtaAsking``'s reply (``None``: not read)."""
+def _asking(reply: Sequence[Any], history: _HistoryRead) -> AskingRead | None:
+    """``fqEtaAsking``'s reply, with the flows the history's buckets saw served
+    (``None``: not read)."""
     if not reply:
         return None
     values = [_text(v) for v in reply]
@@ -238,21 +279,16 @@ def _asking(reply: Sequence[Any]) -> AskingRead | None:
     served: dict[tuple[str, str], int] = {}
     recent: dict[tuple[str, str], int] = {}
     recent_since_s = None
-    bucket = 0
-    while at < len(values):
-        start, pairs = int(float(values[at])), int(float(values[at + 1]))
-        at += 2
+    for bucket, (start, pairs) in enumerate(zip(history.starts, history.served, strict=True)):
         if bucket <= 1:  # the current bucket and the one before it, newest first
             recent_since_s = start
-        for i in range(pairs):
-            member, count_text = values[at + 2 * i], values[at + 2 * i + 1]
-            level, _sep, tenant = member.partition("\n")
-            count = int(float(count_text))
+        for member_text, started in pairs:
+            level, _sep, tenant = _text(member_text).partition("\n")
+            # whole starts, as a script's reply of the score would give them
+            count = int(float(started))
             served[(level, tenant)] = served.get((level, tenant), 0) + count
             if bucket <= 1:
                 recent[(level, tenant)] = recent.get((level, tenant), 0) + count
-        at += 2 * pairs
-        bucket += 1
     return AskingRead(
         totals=totals,
         ahead=tuple(ahead),
@@ -302,6 +338,33 @@ class StatusReads(BrokerPart):
             fair_key(prefix, queue, "hist"),
         ]
 
+    async def _read_history(self, queue: str, starts: Sequence[int]) -> _HistoryRead:
+        """The history's buckets ``starts`` (``HISTORY_FIELDS`` and their most served
+        flows) and when recording began: one pipelined round trip of plain reads."""
+        base = fair_key(self.conn.prefix, queue, "hist")
+        async with self.conn.client().pipeline(transaction=False) as pipe:
+            pipe.hget(base, "since")
+            for start in starts:
+                pipe.hmget(f"{base}:{start}", HISTORY_FIELDS)
+                pipe.zrange(f"{base}:t:{start}", 0, -1, withscores=True)
+            replies: list[Any] = await pipe.execute()
+        return _HistoryRead(replies[0], starts, replies[1::2], replies[2::2])
+
+    async def _with_history(self, queue: str, call: Awaitable[Any]) -> tuple[Any, _HistoryRead]:
+        """A script's reply (its first value Redis's clock, ms) and the history's buckets
+        of the rate's window then, read at the same time: the buckets by this host's
+        clock, read again by Redis's in the rare call where the two fall in different
+        buckets (at a bucket's edge, or a clock off), so what is read is what a read
+        inside the script would have read."""
+        starts = _bucket_starts(int(time.time() * 1000))
+        reply, history = await self.conn.guard(
+            asyncio.gather(call, self._read_history(queue, starts))
+        )
+        wanted = _bucket_starts(int(reply[0]))
+        if wanted != starts:
+            history = await self.conn.guard(self._read_history(queue, wanted))
+        return reply, history
+
     async def estimate(
         self,
         queue: str,
@@ -322,33 +385,36 @@ class StatusReads(BrokerPart):
         ``account``: the tenant's (account id, account weight), placed in it as the add
         script would (``None``: none, the tenant is an account of its own)."""
         script = self.conn.script(plain_script("estimate_start"))
-        reply = await self.conn.guard(
+        reply, read = await self._with_history(
+            queue,
             script(
-                keys=[*self._keys(queue), fair_key(self.conn.prefix, queue, "dly")],
+                keys=[
+                    *self._keys(queue),
+                    fair_key(self.conn.prefix, queue, "dly"),
+                    self.conn.key(queue, "delayed"),
+                ],
                 level=level.value,
                 tenant=tenant,
                 weight=tenant_weight,
                 cost="" if cost_ms is None else cost_ms,
                 fairness=self.fairness_by,
                 count=count,
-                bucket_s=BUCKET_S,
-                buckets=RATE_BUCKETS,
                 delay=delay_ms or 0,
                 extra=extra,
                 account="" if account is None else account[0],
                 account_weight=1 if account is None else account[1],
-            )
+            ),
         )
-        now, wait_len, place, *hold, history, before, asking = reply
+        now, wait_len, place, *hold, before, asking = reply
         placement = _placement(place, level, tenant_weight, int(wait_len))
         return RawEstimate(
             now_ms=int(now),
             placement=placement,
             hold=_hold(hold),
-            history=_history(history, placement.typical_ms),
+            history=_history(read, placement.typical_ms),
             before=int(before),
             placed=count + int(before),
-            asking=_asking(asking),
+            asking=_asking(asking, read),
         )
 
     async def job_status(self, queue: str, job_id: str) -> RawStatus | None:
@@ -362,20 +428,12 @@ class StatusReads(BrokerPart):
             self.conn.key(queue, "paused"),
             self.conn.key(queue, job_id),
         ]
-        reply = await self.conn.guard(
-            script(
-                keys=keys,
-                id=job_id,
-                fairness=self.fairness_by,
-                bucket_s=BUCKET_S,
-                buckets=RATE_BUCKETS,
-            )
+        reply, read = await self._with_history(
+            queue, script(keys=keys, id=job_id, fairness=self.fairness_by)
         )
         (now, wait_len, state, ahead, score, level, tenant, due, processed, finished) = reply[:10]
-        encoded, paused, catchup, held, occupied, place, clock, history, asking, fweight = reply[
-            10:20
-        ]
-        account, account_weight = _text(reply[20]), _float(reply[21])
+        encoded, paused, catchup, held, occupied, place, clock, asking, fweight = reply[10:19]
+        account, account_weight = _text(reply[19]), _float(reply[20])
         state = _text(state)
         if state == "gone":
             return None
@@ -408,8 +466,8 @@ class StatusReads(BrokerPart):
             finished_on_ms=int(float(_text(finished))) if _text(finished) else None,
             hold=hold,
             placement=placement,
-            history=_history(history, typical),
-            asking=_asking(asking),
+            history=_history(read, typical),
+            asking=_asking(asking, read),
             tenant=_text(tenant) or None,
             tenant_weight=_float(fweight),
             account=(account, account_weight or 1.0) if account else None,

@@ -1,5 +1,5 @@
 """What the dashboard shows of the history: :func:`history_view` turns a
-:func:`fairqueue.history.summarize` result into display rows and inline-SVG chart
+:func:`fairqueue.scheduling.shares.summarize` result into display rows and inline-SVG chart
 geometry (rectangles, lines and labels in a fixed viewBox).
 
 The page's template and its JavaScript both draw the charts from this geometry, so the

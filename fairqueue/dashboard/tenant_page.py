@@ -4,9 +4,7 @@ For one tenant: its plan tier and the level its jobs resolve to (the classifier
 included), weight, limits and pause; per queue its waiting jobs by level (from the same
 backlog scan as the queue page, so both show one number), held, running and recently
 failed jobs, its next jobs' positions in line, and how many of its level's jobs it
-started over 5, 15 and 60 minutes. Its actions (pause, resume, retry its failed jobs,
-remove its waiting jobs) confirm on GET, act on POST and are audited; weight and limits
-are edited on its ``TenantPlan``, whose save brings them to Redis at once.
+started over 5, 15 and 60 minutes. Its views and actions: :mod:`.tenant_views`.
 """
 
 from __future__ import annotations

@@ -5,14 +5,8 @@ model, so the admin index links to it under fairqueue for users who may see it; 
 ``get_urls()`` replaces the model's add/change pages with the console's pages (each a
 module of one shape: :class:`~fairqueue.dashboard.console_admin.ConsolePage`), each
 view wrapped in ``admin_site.admin_view`` (staff login, ``never_cache``, CSRF).
-
-Permissions (on the ``Dashboard`` model):
-
-* ``fairqueue.view_dashboard``: the pages, the JSON endpoint and job metadata;
-* ``fairqueue.run_rebalance``: the "run one pass now" action (POST only, CSRF, confirmed
-  on GET, recorded in the admin log);
-* ``fairqueue.view_job_payload``: a job's payload on its detail page;
-* ``fairqueue.change_tenantplan``: acting on tenants and jobs.
+Its permissions (``view_dashboard``, ``run_rebalance``, ``view_job_payload``, and
+``change_tenantplan`` to act on tenants and jobs): docs/dashboard.md.
 """
 
 from __future__ import annotations

@@ -212,7 +212,8 @@ def resolve_call(
             actor=actor,
         )
     limits = resolve_tenant_limits(resolved) if tenant_job else NO_LIMITS
-    of_account = resolve_account_limits(resolved.account_id)
+    account = resolved.account_id
+    of_account = None if account is None else resolve_account_limits(account)
     return Call(
         job_type,
         queue,

@@ -1,24 +1,13 @@
 """The database-backed tenant lookups that ``wire_tenant_plan_lookup()`` wires: a
 tenant's plan slug and weight from its ``TenantPlan`` row, in two cache layers.
 
-* **In this process** (``PLAN_LOCAL_CACHE_TIMEOUT`` seconds, default 10): a warm enqueue
-  asks no cache and no database, since a Django-cache round trip (a Redis call with
-  django-redis) per job cost more producer and Redis CPU than the add itself.
-* **The Django cache** (``CACHE_ALIAS``, ``PLAN_CACHE_TIMEOUT`` seconds): shared by the
-  processes, so a miss in one process rarely reaches the database.
-
-How a change reaches every producer: ``fairqueue.signals`` calls ``forget_tenant_plan``
-/ ``forget_all_tenant_plans`` when a ``TenantPlan``, a classifier or a rule is saved or
-deleted (again once the transaction commits). They drop this process's entries at once
-and write a new *version* token to the Django cache; every process reads that token at
-most once per :data:`VERSION_CHECK_S` and drops its own entries when it changed. So with
-a cache the processes share (Redis, Memcached), a change saved through the ORM reaches
-every producer within ``VERSION_CHECK_S`` (1 s) of its commit. A change that sends no
-signal (``QuerySet.update()``, raw SQL) is seen once ``forget_tenant_plan`` is called
-(then within 1 s), or else when both layers' entries expire: within
-``PLAN_LOCAL_CACHE_TIMEOUT`` + ``PLAN_CACHE_TIMEOUT`` seconds. With a per-process cache
-(``LocMemCache``) the version token is not shared either: other processes then see a
-change when their entries expire, as before the local layer existed.
+In this process (``PLAN_LOCAL_CACHE_TIMEOUT``), since a Django-cache round trip per job
+cost more producer and Redis CPU than the add itself; then in the Django cache
+(``CACHE_ALIAS``, ``PLAN_CACHE_TIMEOUT``), shared by the processes. A change reaches
+every producer through a *version* token: ``forget_tenant_plan`` /
+``forget_all_tenant_plans`` (called by ``fairqueue.signals``) drop this process's entries
+and write a new token to the Django cache, which every process reads at most once per
+:data:`VERSION_CHECK_S` (how long each kind of change takes: docs/enqueueing.md).
 
 A tenant's entry also holds its account (id and weight), and its plan slug counts the
 account's tier; an account's change forgets every entry (``forget_all_tenant_plans``),
@@ -168,11 +157,17 @@ _local = LocalPlans()
 os.register_at_fork(after_in_child=_local._after_fork)
 
 
-def _through_caches(local_key: str, shared_key: str, load: Callable[[], V]) -> V:
-    """``load()`` (read from the database) through the two layers: this process's memory
-    when it has a fresh entry, else one Django-cache round trip for the entry and the
-    classifier generation together (an entry of an older generation, or of another shape,
-    is a miss and gets rewritten)."""
+def _through_caches(
+    local_key: str, name: str, shared_key: Callable[[str], str], load: Callable[[str], V]
+) -> V:
+    """``load(name)`` (read from the database) through the two layers: this process's
+    memory when it has a fresh entry under ``local_key``, else one Django-cache round trip
+    for the entry (``shared_key(name)``) and the classifier generation together (an entry
+    of an older generation, or of another shape, is a miss and gets rewritten).
+
+    Module-level ``shared_key`` and ``load``, not a key and a closure made by the caller:
+    a warm enqueue asks this four times a job, and hashing the key and building the
+    closure each time cost it more than the memory lookup itself."""
     timeout = get_settings().plan_local_cache_timeout
     if timeout:
         found = _local.get(local_key)
@@ -180,35 +175,37 @@ def _through_caches(local_key: str, shared_key: str, load: Callable[[], V]) -> V
             return found
         epoch = _local.epoch  # after get(), which may have dropped everything
     cache = _cache()
-    shared = cache.get_many([shared_key, _GENERATION_KEY])
+    key = shared_key(name)
+    shared = cache.get_many([key, _GENERATION_KEY])
     generation = shared.get(_GENERATION_KEY, 0)
-    entry = shared.get(shared_key)
+    entry = shared.get(key)
     if isinstance(entry, tuple) and len(entry) == 3 and entry[:2] == (_ENTRY, generation):
         value = entry[2]
     else:
-        value = load()
-        cache.set(shared_key, (_ENTRY, generation, value), get_settings().plan_cache_timeout)
+        value = load(name)
+        cache.set(key, (_ENTRY, generation, value), get_settings().plan_cache_timeout)
     if timeout:
         _local.put(local_key, value, timeout, epoch)
     return value
 
 
+def _load_tenant(tenant_id: str) -> tuple[str | None, int, TenantLimits, TenantAccount | None]:
+    """``tenant_id``'s entry read from the database (its ``TenantPlan`` and account)."""
+    plan = TenantPlan.objects.filter(tenant_id=tenant_id).select_related("account").first()
+    if plan is None:
+        return None, DEFAULT_TENANT_WEIGHT, NO_LIMITS, None
+    account = plan.account
+    return (
+        plan.resolve_plan(),
+        plan.weight,
+        plan.own_limits(),
+        None if account is None else (account.account_id, account.weight),
+    )
+
+
 def _cached_tenant(tenant_id: str) -> tuple[str | None, int, TenantLimits, TenantAccount | None]:
     """``(plan slug or None, weight, own limits, account or None)`` of ``tenant_id``."""
-
-    def load() -> tuple[str | None, int, TenantLimits, TenantAccount | None]:
-        plan = TenantPlan.objects.filter(tenant_id=tenant_id).select_related("account").first()
-        if plan is None:
-            return None, DEFAULT_TENANT_WEIGHT, NO_LIMITS, None
-        account = plan.account
-        return (
-            plan.resolve_plan(),
-            plan.weight,
-            plan.own_limits(),
-            None if account is None else (account.account_id, account.weight),
-        )
-
-    return _through_caches(tenant_id, _tenant_key(tenant_id), load)
+    return _through_caches(tenant_id, tenant_id, _tenant_key, _load_tenant)
 
 
 def lookup_tenant_plan(tenant_id: str) -> str | None:
@@ -236,16 +233,18 @@ def lookup_tenant_account(tenant_id: str) -> TenantAccount | None:
     return _cached_tenant(tenant_id)[3]
 
 
+def _load_account(account_id: str) -> tuple[int | None, TenantLimits]:
+    """``account_id``'s entry read from the database: its weight (``None``: no such
+    account) and its limits."""
+    account = Account.objects.filter(account_id=account_id).first()
+    return (None, NO_LIMITS) if account is None else (account.weight, account.limits())
+
+
 def _cached_account(account_id: str) -> tuple[int | None, TenantLimits]:
     """The weight of account ``account_id`` (``None``: no such account) and its limits;
     an absent account is kept too, so a caller repeating a wrong id does not reach the
     database each time."""
-
-    def load() -> tuple[int | None, TenantLimits]:
-        account = Account.objects.filter(account_id=account_id).first()
-        return (None, NO_LIMITS) if account is None else (account.weight, account.limits())
-
-    return _through_caches(_LOCAL_ACCOUNT + account_id, _account_key(account_id), load)
+    return _through_caches(_LOCAL_ACCOUNT + account_id, account_id, _account_key, _load_account)
 
 
 def lookup_account_weight(account_id: str) -> int | None:

@@ -24,13 +24,11 @@ DEFAULT_INTERVAL_MS = 1_000
 class Relay(Loop):
     """The relay loop: a relay run every interval (at once again while rows remain).
 
-    Redis down is logged once and retried with backoff; so is Redis refusing every write
-    (out of memory, read-only, an ACL): one add per run until it ends, one log line when
-    it starts and one when it ends. Any other failure is logged by class name and the
-    loop goes on. SIGINT/SIGTERM finish the run in flight; a second
-    signal exits at once (rows whose jobs were added but not yet deleted are added again
-    under the same id by the next relay: nothing twice). With ``once`` the run's summary
-    is written to ``out``.
+    Redis refusing every write (out of memory, read-only, an ACL) is backed off like
+    Redis down (:class:`fairqueue.loop.Loop`): one add per run until it ends, one log line
+    when it starts and one when it ends. A stop between an add and its row's delete is
+    safe: the next relay adds it again under the same id (nothing twice). With ``once``
+    the run's summary is written to ``out``.
     """
 
     logger = logger

@@ -1,10 +1,6 @@
 """Accounts, tenant plans, the subscription classifier, the override audit log, and the
-dashboard's permission holder (the outbox is in ``outbox_models``).
-
-The plan and weight lookups used on the enqueue hot path (:func:`lookup_tenant_plan`,
-:func:`lookup_tenant_weight`) read one cache entry per tenant through the Django cache:
-one cache round trip per lookup, no database query, and entries are invalidated by the
-signal receivers in ``fairqueue.signals`` when a plan, a weight or a rule changes.
+dashboard's permission holder (the outbox is in ``outbox_models``). The enqueue path
+reads plans through :mod:`fairqueue.enqueue.lookups`' caches, never these rows directly.
 """
 
 from __future__ import annotations

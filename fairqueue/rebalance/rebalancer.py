@@ -47,15 +47,10 @@ class Rebalancer(Loop):
     """The rebalance loop: one pass per configured queue every interval, as leader only,
     and a run of the outbox relay (for its job types) when it leads any queue.
 
-    A Redis outage is logged once and retried with backoff; any other failure of a pass
-    is logged by class name and the loop goes on. SIGINT/SIGTERM finish the pass in
-    flight, release the locks and return; a second signal exits at once.
-
-    Logging (logger ``fairqueue.rebalance``): one line at start; at verbosity 1 one
-    compact line per pass that did something (adopted, aged, rebased, parked, a lost
-    lock, jobs going overdue or none overdue any more) and one line per
-    :data:`QUIET_SUMMARY_S` for the quiet passes; at verbosity 2 every pass's full
-    counts. Counts only: no tenant ids.
+    Stopping, backoff and failures are :class:`fairqueue.loop.Loop`'s; a stop also
+    releases the locks. At verbosity 1 it logs one line per pass that did something and
+    one per :data:`QUIET_SUMMARY_S` for the quiet ones (docs/operations.md); counts
+    only, never tenant ids.
     """
 
     logger = logger

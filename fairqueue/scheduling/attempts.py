@@ -63,6 +63,10 @@ FLOW_STATE_IDLE_S: Final = 86_400
 #: paid by more than this factor, either way, places its waiting jobs again at once
 #: (equal flows measured on noise would be moved apart); less is left to its charges.
 RECOST_BAND: Final = 2**0.5
+#: A flow measured first is priced against its peers' runs on the same page (their time
+#: per turn they paid, as its own) once there are this many; with fewer, against the
+#: typical time as the page found it.
+PEER_RUNS: Final = 4
 #: The level of a start whose job could not be read (the dashboard shows it as such).
 UNKNOWN: Final = "?"
 
@@ -224,12 +228,16 @@ class _PageWork:
     ended: dict[str, None] = field(default_factory=dict)
     #: level -> [worker ms, retries]
     served: dict[str, list[int]] = field(default_factory=dict)
-    #: flows this page measured for the first time -> [level, runs, their bounded ms]
+    #: flows this page measured for the first time -> [level, runs, their bounded ms,
+    #: the turns they paid]
     first: dict[str, list[Any]] = field(default_factory=dict)
     #: flows measured before whose cold runs ended on this page -> their level
     cold_ends: dict[str, str] = field(default_factory=dict)
     #: flow -> the turns its settlements on this page add up to
     settled: dict[str, float] = field(default_factory=dict)
+    #: the runs on this page of flows measured before: [their bounded ms, the turns they
+    #: paid, how many] (what a turn paid buys now)
+    peers: list[float] = field(default_factory=lambda: [0.0, 0.0, 0])
 
     def add(self, bucket: int, name: str, n: int) -> None:
         if bucket < self.oldest:
@@ -346,12 +354,18 @@ class _PageWork:
         estimate = self.cache.get(f"c:{member}")
         first = self.first.get(member)
         if estimate is None:
-            first = self.first[member] = [run.level, 0, 0.0]
+            first = self.first[member] = [run.level, 0, 0.0, 0.0]
         if first is not None:
             first[1] += 1
             first[2] += bounded
-        elif run.cold:
-            self.cold_ends[member] = run.level
+            first[3] += run.turns
+        else:
+            if typical:
+                self.peers[0] += bounded
+                self.peers[1] += run.turns
+                self.peers[2] += 1
+            if run.cold:
+                self.cold_ends[member] = run.level
         estimate = bounded if estimate is None else estimate + FLOW_ALPHA * (bounded - estimate)
         self.set_state(f"c:{member}", estimate)
 
@@ -409,9 +423,16 @@ class _PageWork:
         paid = turn_scale(was[0], was[1]) if was[0] else 1.0
         unit = self.cache.get("unit")
         now = turn_scale(typical, unit if unit is not None else typical)
-        for member, (level, n, total_ms) in self.first.items():
+        peer_ms, peer_turns, peer_runs = self.peers
+        for member, (level, n, total_ms, turns) in self.first.items():
             # the mean of its runs on the page, not the moving average seeded by the first
-            ratio = cost_turns(total_ms / n, typical) * now / paid
+            if peer_runs >= PEER_RUNS and peer_turns > 0 and turns > 0:
+                # its time per turn paid against its peers': their jobs waiting paid in
+                # the same currency as its cold ones, so a drift of every run time (the
+                # machine's load) moves it no more than them
+                ratio = cost_turns(total_ms / turns, peer_ms / peer_turns)
+            else:
+                ratio = cost_turns(total_ms / n, typical) * now / paid
             if 1 / RECOST_BAND < ratio < RECOST_BAND:
                 continue  # within the noise: its runs' charges settle it, as any flow's
             shift = sum(s.debt for s in out.settlements if s.member == member)

@@ -246,10 +246,21 @@ class FairClock:
         last = self.last.get(key)
         if last is None or last <= self.vt:
             return self.charge(level, tenant, shift_turns)
-        share = flow_share(self._groups(level), self._group_of(key))
-        shift = flow_step(self.weights[level], self.counted[key], share, cost=shift_turns)
+        shift = flow_step(
+            self.weights[level], self.counted[key], self._share(key), cost=shift_turns
+        )
         self.last[key] = replaced_tag(last, self.vt, ratio, shift)
         return self.vt, ratio, shift, last
+
+    def _share(self, key: tuple[PriorityLevel, str]) -> float:
+        """The share a charge of a flow with work moves it by: the spacing its jobs were
+        placed at (a flow catching up beside others' backlogs is placed densely, and a
+        turn of its own is that long, not the level's split now), or, for a flow of an
+        account, its hierarchical share now."""
+        group = self._group_of(key)
+        if group == key[1] and (key[0], group) in self.spacing:
+            return self.spacing[(key[0], group)]
+        return flow_share(self._groups(key[0]), group)
 
     def _frontier(
         self, level: PriorityLevel, account: str | None = None
@@ -294,8 +305,7 @@ class FairClock:
         if self.last.get(key, self.vt) <= self.vt or not turns:
             self.carried[key] = self.carried.get(key, 0.0) + turns
             return None
-        share = flow_share(self._groups(level), self._group_of(key))
-        shift = flow_step(self.weights[level], self.counted[key], share, cost=turns)
+        shift = flow_step(self.weights[level], self.counted[key], self._share(key), cost=turns)
         upto = self.last[key]
         if turns < 0:
             self.last[key] += shift  # a refund: its next jobs only

@@ -54,19 +54,6 @@ def account_member(level: str, account: str) -> str:
     return f"{level}{SEPARATOR}{SEPARATOR}{account}"
 
 
-def split_account_state(value: str | None) -> tuple[float, float] | None:
-    """An account's state in a level (``fqAccountStatePack``, at :func:`account_member`)
-    as ``(its flows' tenant weights, its account weight)``; ``None``: none kept (no flow
-    of it has work) or not one."""
-    parts = (value or "").split(SEPARATOR)
-    if len(parts) != 5:
-        return None
-    try:
-        return float(parts[0] or 0), float(parts[1] or 1)
-    except ValueError:
-        return None
-
-
 def account_meta(account: str, weight: int) -> str:
     """A job's account and the account's weight, as its opts keep them (``fqAcct``) and
     its held meta ends with them (``fqAccountMeta``)."""

@@ -92,30 +92,13 @@ class _Enqueue:
 class FairQueueBackend(BaseTaskBackend):
     """Runs ``@task`` functions as fair BullMQ jobs (see the module docstring).
 
-    A ``django.tasks`` backend on Django 6 (``django.tasks.backends.base.BaseTaskBackend``),
-    the backport's on Django 5.2. It takes either framework's ``Task``, builds each
-    result in its task's framework, raises exceptions that are both frameworks' classes
-    (``InvalidTask`` and ``InvalidTaskError``; ``TaskResultDoesNotExist``), and sends both
-    frameworks' ``task_enqueued`` (``fairqueue_worker`` sends ``task_started`` and
-    ``task_finished``). Extra ``@task(...)`` arguments, which Django 6.1 forwards to the
-    backend's task class, are refused (``TypeError``): a task's tenant is a call's
-    keyword argument (``TENANT_KWARG``), not a property of the function, and so is a
-    cost (the same function costs more for a bigger input).
-
-    ``OPTIONS``: ``TENANT_KWARG`` (default ``"tenant_id"``), the task keyword argument
-    that names the job's tenant; ``ACCOUNT_KWARG`` (default ``None``), one that names its
-    account; ``JOB_TYPES``, a dict mapping task queue names to
-    ``FAIRQUEUE['QUEUES']`` job types (a queue name not in it is its own job type);
-    ``ATTEMPTS`` (1..1000), BullMQ's ``attempts`` for every task job (default: BullMQ's,
-    one attempt), so a task that raises is run again that many times in all;
-    ``BACKOFF``, BullMQ's ``backoff`` between those attempts (a delay in ms, or
-    ``{"type": "fixed" | "exponential", "delay": ms}``; default: retry at once);
-    ``DURABLE`` (default ``False``): enqueue through fairqueue's outbox, in the caller's
-    database transaction, so a rolled-back transaction leaves no job and a committed one
-    never loses it (``enqueue_job(durable=True)``); the relay adds it after commit;
-    ``MAX_WAIT_MS`` (default ``None``): refuse a task expected to start later than that
-    (``ExpectedWaitTooLongError`` from ``task.enqueue()``; ``enqueue_job(max_wait_ms=)``).
-    """
+    Takes either framework's ``Task`` and builds each result in its task's framework
+    (:mod:`fairqueue.tasks.frameworks`). Extra ``@task(...)`` arguments, which Django
+    6.1 forwards to the backend's task class, are refused (``TypeError``): a task's
+    tenant is a call's keyword argument (``TENANT_KWARG``), not a property of the
+    function, and so is a cost (the same function costs more for a bigger input).
+    ``OPTIONS`` (``TENANT_KWARG``, ``ACCOUNT_KWARG``, ``JOB_TYPES``, ``ATTEMPTS``,
+    ``BACKOFF``, ``DURABLE``, ``MAX_WAIT_MS``): docs/tasks.md."""
 
     supports_defer = True
     supports_async_task = True

@@ -6,16 +6,11 @@ Shared by :mod:`fairqueue.tasks.backend` (enqueue, ``get_result``) and
 with the ``django-tasks`` package on Django 5.2 (the same API): whichever is importable,
 ``django.tasks`` first.
 
-A task job's data is a plain JSON object, so any worker (Python or Node) can read it::
-
-    {"djangoTask": {"path": "myapp.tasks.send_welcome", "args": [42], "kwargs": {...},
-                    "backend": "default", "queueName": "default", "priority": 0,
-                    "runAfter": null},
-     "tenantId": "acme", "priorityLevel": "normal"}
-
-Only a function decorated with ``@task`` runs: the path must name a ``Task`` object in a
-module that is already imported or belongs to an installed app, so a job written by
-anyone with access to Redis cannot make a worker import an arbitrary module.
+A task job's data is a plain JSON object (:class:`TaskCall` under ``djangoTask``), so
+any worker, Python or Node, can read it. Only a function decorated with ``@task`` runs:
+the path must name a ``Task`` object in a module that is already imported or belongs to
+an installed app, so a job written by anyone with access to Redis cannot make a worker
+import an arbitrary module.
 """
 
 from __future__ import annotations

@@ -1,34 +1,23 @@
 """Account quotas: worker seconds per day or month over all of an account's tenants
 (``Account.quota_worker_seconds`` / ``quota_period``, docs/usage.md#quotas).
 
-The usage ledger keeps each tenant's worker time per day (``TenantUsage``); an account's
-use in a period is the sum over the tenants it owns now. After each ledger write the
-loop's account quota step (:func:`after_write`, beside
-:func:`fairqueue.usage.quotas.after_write`) checks the accounts of the tenants whose rows
-it changed; an account over its quota gets its tier's action
-(``FAIRQUEUE['QUOTAS']``, else ``demote``) on every one of its tenants, as a tenant's
-own quota does: ``demote`` runs their new jobs at ``low``, ``hold`` holds their jobs in
-every queue. One ``TenantHold`` row keyed by the account
-(:func:`~fairqueue.usage.holds.account_hold_key`) records it, ``HoldAudit`` rows say so
-on each tenant and on the account, and it is lifted when the period ends (or by
-:func:`lift_account_quota`). A tenant's own quota and its account's both hold: lifting
-one leaves the tenant held by the other.
-
-As for a tenant's quota, the attempts running count too: an account not over after a
-write is watched (:class:`~fairqueue.usage.quota_watch.QuotaWatch`, its tenants as the
-members whose running attempts are read) and the loop checks it again when its
-tenants' running attempts could take it over (:func:`check_running`), so it acts while
-the crossing attempts still run.
+An account's use in a period is the sum over the tenants it owns now. After each ledger
+write (:func:`after_write`, beside the tenants' step) the accounts of the changed
+tenants are checked, and one over its quota gets its tier's action on every one of its
+tenants, as a tenant's own quota does, through the same hold, audit and lift
+(:mod:`fairqueue.usage.quotas`), under one ``TenantHold`` keyed by the account
+(:func:`~fairqueue.usage.holds.account_hold_key`). A tenant's own quota and its
+account's both hold: lifting one leaves the tenant held by the other. The attempts
+running count too, as for a tenant (:class:`~fairqueue.usage.quota_watch.QuotaWatch`,
+the account's tenants as its members).
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 from collections.abc import Mapping
 from typing import Any, Final
 
-from django.db import transaction
 from django.db.models import Sum
 
 from fairqueue.conf import get_settings
@@ -37,16 +26,20 @@ from fairqueue.scheduling.hierarchy import ACCOUNT_MARK
 from fairqueue.usage.holds import (
     account_hold_key,
     account_tenants,
-    actor_text,
-    end_hold,
     now,
-    pause_in,
-    queues_of,
-    resume_in,
 )
 from fairqueue.usage.ledger import Written
 from fairqueue.usage.quota_watch import QuotaWatch, Watched
-from fairqueue.usage.quotas import Quota, changed_tenants, forget_demoted, period_bounds
+from fairqueue.usage.quotas import (
+    Quota,
+    changed_tenants,
+    expire,
+    hold_over,
+    lift_quota,
+    period_bounds,
+    status_row,
+    usage_by_owner,
+)
 
 logger = logging.getLogger("fairqueue.quotas")
 
@@ -81,19 +74,7 @@ def _act(key: str, quota: Any, used: int, job_type: str) -> None:
 
 def expire_accounts() -> int:
     """End the account quota holds and demotions whose period is over. Returns how many."""
-    from fairqueue.models import TenantHold
-
-    due = TenantHold.objects.filter(
-        tenant_id__startswith=ACCOUNT_MARK,
-        reason=TenantHold.QUOTA,
-        lifted_at__isnull=True,
-        until__lte=now(),
-    )
-    ended = 0
-    for hold in due:
-        lift_account_hold(hold, event="period_ended", actor=ACTOR, why="the quota's period ended")
-        ended += 1
-    return ended
+    return expire(accounts=True)
 
 
 def account_quota_of(account: Any) -> Quota | None:
@@ -159,94 +140,25 @@ def check_accounts(tenants: Mapping[str, str]) -> int:
     return over
 
 
-def _audit(hold: Any, tenants: list[str], *, event: str, actor: object, why: str) -> None:
-    """An audit row of ``hold``'s ``event`` on each of ``tenants`` (ids, or its key)."""
-    from fairqueue.models import HoldAudit
-
-    at, who = now(), actor_text(actor)
-    HoldAudit.objects.bulk_create(
-        HoldAudit(
-            created_at=at,
-            tenant_id=tenant_id,
-            job_type=hold.job_type,
-            reason=hold.reason,
-            event=event,
-            action=hold.action,
-            actor=who,
-            why=why[:500],
-        )
-        for tenant_id in tenants
-    )
-
-
 def exceed_account(account: Any, quota: Any, used: int, *, job_type: str) -> Any:
-    """Apply ``quota``'s action to every tenant of ``account`` (over it): Redis first for
-    a hold (each tenant paused in every queue), undone if the database write fails.
-    Returns the ``TenantHold``."""
-    from fairqueue.metrics import by_job_type, get_metrics
-    from fairqueue.models import TenantHold
-
+    """Apply ``quota``'s action to every tenant of ``account`` (over it), audited on the
+    account and each tenant (:func:`~fairqueue.usage.quotas.hold_over`). Returns the
+    ``TenantHold``."""
     _, until = period_bounds(now(), quota.period)
     key = account_hold_key(account.account_id)
     tenants = account_tenants([key])[key]
-    queues = queues_of("")
-    if quota.action == TenantHold.HOLD:
-        for tenant_id in tenants:
-            pause_in(queues, tenant_id)
-    try:
-        with transaction.atomic():
-            hold = TenantHold.objects.create(
-                tenant_id=key,
-                reason=TenantHold.QUOTA,
-                action=quota.action,
-                created_at=now(),
-                until=until,
-            )
-            why = (
-                f"account {account.account_id}: its tenants used {used / 1000:.1f} s of "
-                f"worker time, quota {quota.worker_seconds} s a {quota.period}; until "
-                f"{until:%Y-%m-%d %H:%M} UTC"
-            )
-            _audit(hold, [key, *tenants], event="exceeded", actor=ACTOR, why=why)
-    except Exception:
-        if quota.action == TenantHold.HOLD:
-            for tenant_id in tenants:
-                resume_in(queues, tenant_id)
-        raise
-    by_job_type(get_metrics().quota_exceeded, job_type, quota.action).inc()
-    forget_demoted()
-    logger.info("an account went over its quota: %s until the period ends", quota.action)
-    return hold
-
-
-def lift_account_hold(hold: Any, *, event: str, actor: object, why: str) -> None:
-    """End an account's quota hold (audited on the account and each of its tenants),
-    then resume each tenant where nothing else holds it."""
-    from fairqueue.models import TenantHold
-
-    tenants = account_tenants([hold.tenant_id])[hold.tenant_id]
-    with transaction.atomic():
-        end_hold(hold, event=event, actor=actor, why=why)  # audited on the account's key
-        _audit(hold, tenants, event=event, actor=actor, why=why)
-    if hold.action == TenantHold.HOLD:
-        # After the commit: a failure here leaves tenants held (never the reverse).
-        for tenant_id in tenants:
-            resume_in(queues_of(""), tenant_id, excluding=hold.pk)
-    forget_demoted()
+    why = (
+        f"account {account.account_id}: its tenants used {used / 1000:.1f} s of "
+        f"worker time, quota {quota.worker_seconds} s a {quota.period}; until "
+        f"{until:%Y-%m-%d %H:%M} UTC"
+    )
+    return hold_over(key, tenants, quota, job_type=job_type, why=why, on=[key, *tenants])
 
 
 def lift_account_quota(account_id: str, *, actor: object = None, source: str = "") -> bool:
     """Lift an account's quota hold or demotion by hand, until it goes over its quota
     again (its usage is not reset). Returns whether one was in force."""
-    from fairqueue.models import TenantHold
-
-    hold = TenantHold.objects.filter(
-        tenant_id=account_hold_key(account_id), reason=TenantHold.QUOTA, lifted_at__isnull=True
-    ).first()
-    if hold is None:
-        return False
-    lift_account_hold(hold, event="lifted", actor=actor, why=source or "lifted by an operator")
-    return True
+    return lift_quota(account_hold_key(account_id), actor=actor, source=source)
 
 
 def account_usage(account: Any) -> dict[str, Any]:
@@ -288,23 +200,13 @@ def account_quota_status(*, limit: int = 50, near: float = 0.8) -> list[dict[str
 
     at = now()
     month_first, _ = period_bounds(at, "month")
-    today = at.astimezone(dt.UTC).date()
     owners = dict(
         TenantPlan.objects.filter(account__quota_worker_seconds__isnull=False).values_list(
             "tenant_id", "account__account_id"
         )
     )
-    used: dict[str, dict[str, int]] = {}
-    rows = (
-        TenantUsage.objects.filter(day__gte=month_first, tenant_id__in=list(owners))
-        .values("tenant_id", "day")
-        .annotate(ms=Sum("worker_ms"))
-    )
-    for row in rows:
-        got = used.setdefault(owners[row["tenant_id"]], {"day": 0, "month": 0})
-        got["month"] += int(row["ms"] or 0)
-        if row["day"] == today:
-            got["day"] += int(row["ms"] or 0)
+    rows = TenantUsage.objects.filter(day__gte=month_first, tenant_id__in=list(owners))
+    used = usage_by_owner(rows, owners.__getitem__, at)
     holds = {
         hold.tenant_id[len(ACCOUNT_MARK) :]: hold
         for hold in TenantHold.objects.filter(
@@ -317,22 +219,9 @@ def account_quota_status(*, limit: int = 50, near: float = 0.8) -> list[dict[str
         if quota is None:
             continue
         spent = used.get(account.account_id, {}).get(quota.period, 0)
-        share = spent / (quota.worker_seconds * 1000)
-        hold = holds.get(account.account_id)
-        if share < near and hold is None:
-            continue
-        out.append(
-            {
-                "account_id": account.account_id,
-                "plan": account.plan_tier,
-                "used_s": spent / 1000,
-                "quota_s": quota.worker_seconds,
-                "period": quota.period,
-                "share": share,
-                "state": "over" if hold is not None else "near",
-                "action": quota.action,
-                "until": hold.until if hold is not None else None,
-            }
-        )
+        key, hold = ("account_id", account.account_id), holds.get(account.account_id)
+        row = status_row(key, account.plan_tier, quota, spent, hold, near)
+        if row is not None:
+            out.append(row)
     out.sort(key=lambda row: (-row["share"], row["account_id"]))
     return out[:limit]

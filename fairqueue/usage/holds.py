@@ -147,21 +147,32 @@ def resume_in(queues: Iterable[str], tenant_id: str, *, excluding: int | None = 
 
 
 def audit_hold(
-    hold: Any, *, event: str, actor: object, why: str, job_type: str | None = None
+    hold: Any,
+    *,
+    event: str,
+    actor: object,
+    why: str,
+    job_type: str | None = None,
+    on: Iterable[str] = (),
 ) -> None:
-    """An audit row of ``hold``'s ``event`` (its tenant, reason and action; its job type
-    unless ``job_type`` names the one that made it, as a quota's, which holds them all)."""
+    """An audit row of ``hold``'s ``event`` (its reason and action; its job type unless
+    ``job_type`` names the one that made it, as a quota's, which holds them all) on its
+    tenant, or on each of ``on`` (an account's key and its tenants)."""
     from fairqueue.models import HoldAudit
 
-    HoldAudit.objects.create(
-        created_at=now(),
-        tenant_id=hold.tenant_id,
-        job_type=hold.job_type if job_type is None else job_type,
-        reason=hold.reason,
-        event=event,
-        action=hold.action,
-        actor=actor_text(actor),
-        why=why[:500],
+    at, who = now(), actor_text(actor)
+    HoldAudit.objects.bulk_create(
+        HoldAudit(
+            created_at=at,
+            tenant_id=tenant_id,
+            job_type=hold.job_type if job_type is None else job_type,
+            reason=hold.reason,
+            event=event,
+            action=hold.action,
+            actor=who,
+            why=why[:500],
+        )
+        for tenant_id in (on or [hold.tenant_id])
     )
 
 

@@ -1,20 +1,10 @@
-"""Quotas per plan: worker seconds per day or month (docs/usage.md).
-
-A tenant's quota is its ``TenantPlan.quota_worker_seconds`` / ``quota_period``, else its
-plan tier's ``FAIRQUEUE['QUOTAS']`` entry; the tier says what happens over it:
-
-* ``demote``: its jobs enqueued from then on run at ``low`` until the period ends
-  (read at enqueue, cached per process for at most :data:`DEMOTED_CHECK_S`);
-* ``hold``: its jobs are held in every queue, like a paused tenant, until the period
-  ends or an operator lifts it (:func:`lift_quota`).
-
-An account's quota (``Account.quota_worker_seconds``) applies to all its tenants
-together (:mod:`fairqueue.usage.account_quotas`, its own step after each write). The
-loop checks after each ledger write, for the tenants whose rows it changed, ended
-plus running worker time (:mod:`fairqueue.usage.quota_watch`), again between its steps when a
-watched tenant's running attempts could have taken it over, and ends the holds whose
-period is over at every step. Every transition is audited
-(``HoldAudit``) and counted (``queue_fair_quota_exceeded_total{job_type,action}``).
+"""Quotas per plan: worker seconds per day or month, and what happens over one
+(``demote``, read at enqueue and cached per process for :data:`DEMOTED_CHECK_S`, or
+``hold``; docs/usage.md). The loop checks after each ledger write, for the tenants
+whose rows it changed, ended plus running worker time
+(:mod:`fairqueue.usage.quota_watch`), and again between its steps when a watched
+tenant's running attempts could take it over. An account's quota
+(:mod:`fairqueue.usage.account_quotas`) goes through the same hold, audit and lift.
 """
 
 from __future__ import annotations
@@ -23,6 +13,7 @@ import datetime as dt
 import logging
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -161,60 +152,73 @@ def _check_changed(tenants: dict[str, str]) -> None:
 
 
 def exceed(tenant_id: str, quota: Quota, used: int, *, job_type: str) -> None:
-    """Apply ``quota``'s action to a tenant over it: Redis first for a hold (as
-    ``pause_tenant`` does), undone if the database write fails."""
+    """Apply ``quota``'s action to a tenant over it (:func:`hold_over`)."""
+    _, until = period_bounds(now(), quota.period)
+    why = (
+        f"used {used / 1000:.1f} s of worker time, quota {quota.worker_seconds} s "
+        f"a {quota.period}; until {until:%Y-%m-%d %H:%M} UTC"
+    )
+    hold_over(tenant_id, [tenant_id], quota, job_type=job_type, why=why)
+
+
+def hold_over(
+    key: str, tenants: list[str], quota: Quota, *, job_type: str, why: str, on: Sequence[str] = ()
+) -> Any:
+    """Apply ``quota``'s action to ``tenants``, over it under the hold key ``key`` (a
+    tenant's id, or an account's): Redis first for a hold (as ``pause_tenant`` does),
+    undone if the database write fails. Audited on ``on`` (default: ``key``, with the
+    job type that made it). Returns the ``TenantHold``."""
     from fairqueue.metrics import by_job_type, get_metrics
     from fairqueue.models import TenantHold
 
     _, until = period_bounds(now(), quota.period)
     queues = queues_of("")
-    if quota.action == TenantHold.HOLD:
+    holding = quota.action == TenantHold.HOLD
+    for tenant_id in tenants if holding else ():
         pause_in(queues, tenant_id)
     try:
         with transaction.atomic():
             hold = TenantHold.objects.create(
-                tenant_id=tenant_id,
+                tenant_id=key,
                 reason=TenantHold.QUOTA,
                 action=quota.action,
                 created_at=now(),
                 until=until,
             )
-            audit_hold(
-                hold,
-                event="exceeded",
-                job_type=job_type,
-                actor=ACTOR,
-                why=f"used {used / 1000:.1f} s of worker time, quota {quota.worker_seconds} s "
-                f"a {quota.period}; until {until:%Y-%m-%d %H:%M} UTC",
-            )
+            audited = {"on": on} if on else {"job_type": job_type}
+            audit_hold(hold, event="exceeded", actor=ACTOR, why=why, **audited)
     except Exception:
-        if quota.action == TenantHold.HOLD:
+        for tenant_id in tenants if holding else ():
             resume_in(queues, tenant_id)
         raise
     by_job_type(get_metrics().quota_exceeded, job_type, quota.action).inc()
     forget_demoted()
-    logger.info("a tenant went over its quota: %s until the period ends", quota.action)
-    del hold
+    logger.info("a quota was exceeded: %s until the period ends", quota.action)
+    return hold
 
 
-def expire() -> int:
-    """End the quota holds and demotions whose period is over. Returns how many."""
+def expire(*, accounts: bool = False) -> int:
+    """End the quota holds and demotions whose period is over, the tenants' (or with
+    ``accounts``, the accounts'). Returns how many."""
     from fairqueue.models import TenantHold
 
     due = TenantHold.objects.filter(
         reason=TenantHold.QUOTA, lifted_at__isnull=True, until__lte=now()
-    ).exclude(tenant_id__startswith=ACCOUNT_MARK)  # accounts': account_quotas.expire_accounts
+    )
+    marked = {"tenant_id__startswith": ACCOUNT_MARK}
+    due = due.filter(**marked) if accounts else due.exclude(**marked)
     ended = 0
     for hold in due:
-        _lift(hold, event="period_ended", actor=ACTOR, why="the quota's period ended")
+        lift_hold(hold, event="period_ended", actor=ACTOR, why="the quota's period ended")
         ended += 1
     return ended
 
 
 def lift_quota(tenant_id: str, *, actor: object = None, source: str = "") -> bool:
-    """Lift a tenant's quota hold or demotion by hand, until the tenant goes over its
-    quota again (its usage is not reset: the next ledger write that adds worker time
-    applies the quota again). Returns whether one was in force."""
+    """Lift a tenant's quota hold or demotion by hand (or an account's, by its hold
+    key), until it goes over its quota again (its usage is not reset: the next ledger
+    write that adds worker time applies the quota again). Returns whether one was in
+    force."""
     from fairqueue.models import TenantHold
 
     hold = TenantHold.objects.filter(
@@ -222,18 +226,25 @@ def lift_quota(tenant_id: str, *, actor: object = None, source: str = "") -> boo
     ).first()
     if hold is None:
         return False
-    _lift(hold, event="lifted", actor=actor, why=source or "lifted by an operator")
+    lift_hold(hold, event="lifted", actor=actor, why=source or "lifted by an operator")
     return True
 
 
-def _lift(hold: Any, *, event: str, actor: object, why: str) -> None:
+def lift_hold(hold: Any, *, event: str, actor: object, why: str) -> None:
+    """End a quota hold (an account's audited on the account and each of its tenants),
+    then resume each tenant it held where nothing else holds it."""
     from fairqueue.models import TenantHold
 
-    end_hold(hold, event=event, actor=actor, why=why)
+    members = account_tenants([hold.tenant_id]).get(hold.tenant_id)  # None: a tenant's
+    with transaction.atomic():
+        end_hold(hold, event=event, actor=actor, why=why)
+        if members:
+            audit_hold(hold, event=event, actor=actor, why=why, on=members)
     if hold.action == TenantHold.HOLD:
-        # After the commit: a failure here leaves the tenant held (never the reverse);
-        # the operator or the next period end lifts again.
-        resume_in(queues_of(""), hold.tenant_id, excluding=hold.pk)
+        # After the commit: a failure here leaves tenants held (never the reverse); the
+        # operator or the next period end lifts again.
+        for tenant_id in [hold.tenant_id] if members is None else members:
+            resume_in(queues_of(""), tenant_id, excluding=hold.pk)
     forget_demoted()
 
 
@@ -295,6 +306,42 @@ def is_demoted(tenant_id: str) -> bool:
 # -- the dashboard ------------------------------------------------------------------------
 
 
+def usage_by_owner(
+    rows: Any, owner: Callable[[str], str], at: dt.datetime
+) -> dict[str, dict[str, int]]:
+    """Worker ms today and this month (UTC) per owner of ``rows`` (``TenantUsage`` rows
+    of this month, ``tenant_id``/``day``/``ms``): a tenant, or its account."""
+    today = at.astimezone(dt.UTC).date()
+    usage: dict[str, dict[str, int]] = {}
+    for row in rows.values("tenant_id", "day").annotate(ms=Sum("worker_ms")):
+        got = usage.setdefault(owner(row["tenant_id"]), {"day": 0, "month": 0})
+        got["month"] += int(row["ms"] or 0)
+        if row["day"] == today:
+            got["day"] += int(row["ms"] or 0)
+    return usage
+
+
+def status_row(
+    key: tuple[str, str], plan: str, quota: Quota, used: int, hold: Any, near: float
+) -> dict[str, Any] | None:
+    """A quota list's row (``key``: its id's name and value), or ``None`` when neither
+    near (``near`` of its quota or more) nor over."""
+    share = used / (quota.worker_seconds * 1000)
+    if share < near and hold is None:
+        return None
+    return {
+        key[0]: key[1],
+        "plan": plan,
+        "used_s": used / 1000,
+        "quota_s": quota.worker_seconds,
+        "period": quota.period,
+        "share": share,
+        "state": "over" if hold is not None else "near",
+        "action": quota.action,
+        "until": hold.until if hold is not None else None,
+    }
+
+
 def quota_status(*, limit: int = 50, near: float = NEAR_SHARE) -> list[dict[str, Any]]:
     """Tenants near (``near`` of their quota or more) or over quota in the current
     period, most used share first, at most ``limit``: what the dashboard lists."""
@@ -302,46 +349,22 @@ def quota_status(*, limit: int = 50, near: float = NEAR_SHARE) -> list[dict[str,
 
     at = now()
     month_first, _ = period_bounds(at, "month")
-    today = at.astimezone(dt.UTC).date()
-    usage: dict[str, dict[str, int]] = {}
-    rows = (
-        TenantUsage.objects.filter(day__gte=month_first)
-        .values("tenant_id", "day")
-        .annotate(ms=Sum("worker_ms"))
-    )
-    for row in rows:
-        got = usage.setdefault(row["tenant_id"], {"day": 0, "month": 0})
-        got["month"] += int(row["ms"] or 0)
-        if row["day"] == today:
-            got["day"] += int(row["ms"] or 0)
+    rows = TenantUsage.objects.filter(day__gte=month_first)
+    usage = usage_by_owner(rows, lambda tenant_id: tenant_id, at)
     holds = {
         hold.tenant_id: hold
         for hold in TenantHold.objects.filter(reason=TenantHold.QUOTA, lifted_at__isnull=True)
     }
     out = []
-    for plan in TenantPlan.objects.filter(tenant_id__in=set(usage) | set(holds)).select_related(
-        "account"
-    ):
+    plans = TenantPlan.objects.filter(tenant_id__in=set(usage) | set(holds))
+    for plan in plans.select_related("account"):
         quota = quota_of(plan)
         if quota is None:
             continue
         used = usage.get(plan.tenant_id, {}).get(quota.period, 0)
-        share = used / (quota.worker_seconds * 1000)
-        hold = holds.get(plan.tenant_id)
-        if share < near and hold is None:
-            continue
-        out.append(
-            {
-                "tenant_id": plan.tenant_id,
-                "plan": plan.resolve_plan(),
-                "used_s": used / 1000,
-                "quota_s": quota.worker_seconds,
-                "period": quota.period,
-                "share": share,
-                "state": "over" if hold is not None else "near",
-                "action": quota.action,
-                "until": hold.until if hold is not None else None,
-            }
-        )
+        key, hold = ("tenant_id", plan.tenant_id), holds.get(plan.tenant_id)
+        row = status_row(key, plan.resolve_plan(), quota, used, hold, near)
+        if row is not None:
+            out.append(row)
     out.sort(key=lambda row: (-row["share"], row["tenant_id"]))
     return out[:limit]

@@ -9,15 +9,11 @@ finds ``tasks.py``)::
     def send_email(payload, job):
         ...
 
-A handler takes the payload as it was enqueued (fairqueue's own ``tenantId`` and
-``priorityLevel`` keys removed) and a :class:`JobContext`. It may be sync (run in a
-worker thread, with Django's database connections looked after) or ``async def``
-(awaited on the worker's event loop). Raising fails the job, so BullMQ's attempts and
-backoff apply; the return value is ignored.
-
-Importing this module does no I/O and reads no settings: whether a job type is
-configured in ``FAIRQUEUE['QUEUES']`` is checked when a worker starts, so ``jobs.py``
-modules can be imported before settings are final.
+A handler takes the payload as enqueued (without ``tenantId`` and ``priorityLevel``)
+and a :class:`JobContext`; sync or ``async def``; raising fails the job
+(docs/operations.md, "The worker"). Importing this module does no I/O and reads no
+settings (a job type's queue is checked when a worker starts), so ``jobs.py`` modules
+can be imported before settings are final.
 """
 
 from __future__ import annotations

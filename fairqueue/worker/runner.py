@@ -1,28 +1,13 @@
 """Run registered job handlers with BullMQ workers.
 
-One ``bullmq.Worker`` per BullMQ queue (built by :meth:`WorkerSupport.make_worker`, so BullMQ's
-own locking, stalled-job recovery, attempts and backoff apply unchanged, and Python and
-Node workers can share a queue). This module adds what BullMQ does not know about:
-
-* which handler runs a job (the job type's registered handler; a queue shared by
-  several job types dispatches on the job's name, which fairqueue sets to the job type);
-* Django tasks (``@task`` functions enqueued through
-  :class:`fairqueue.tasks.backend.FairQueueBackend`): a job whose data carries
-  ``djangoTask`` runs the ``@task`` function its path names (only such functions, see
-  :mod:`fairqueue.tasks.jobs`), and its JSON return value becomes the job's return
-  value; a task that raises fails the job with :class:`TaskFailedError`; each run sends
-  the task frameworks' ``task_started`` and ``task_finished`` signals;
-* the payload the handler sees (fairqueue's ``tenantId`` and ``priorityLevel`` removed)
-  and a :class:`~fairqueue.worker.handlers.JobContext`;
-* sync handlers in a thread pool with Django's database connections checked before and
-  after each job in that thread, as Django does around a request;
-* logs that name job ids, job types and exception classes only: payloads and tenant
-  ids never reach them;
-* a graceful stop on SIGTERM/SIGINT, a forced one on the second signal, and a burst
-  mode that stops once every queue is empty.
-
-The ``fairqueue_worker`` management command parses arguments; this class runs the loop
-(django-tasks' ``db_worker`` split).
+One ``bullmq.Worker`` per BullMQ queue (built by :meth:`WorkerSupport.make_worker`), so
+BullMQ's own locking, stalled-job recovery, attempts and backoff apply unchanged and
+Python and Node workers can share a queue. What BullMQ does not know about (which
+handler or ``@task`` runs a job, its payload and context, the thread pool, the logs)
+is :mod:`fairqueue.worker.job_runs`'; this module runs the loop: a graceful stop on
+SIGTERM/SIGINT, a forced one on the second signal, and a burst mode that stops once
+every queue is empty. The ``fairqueue_worker`` command parses arguments (django-tasks'
+``db_worker`` split).
 """
 
 from __future__ import annotations

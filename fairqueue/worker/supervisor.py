@@ -2,27 +2,16 @@
 CPU-bound handlers use every core (the GIL gives one process one core).
 
 The supervisor imports the handlers and checks the plan once, then forks each child
-(a fork starts in milliseconds and shares the imported code), so every child is the
-single-process :class:`~fairqueue.worker.runner.Worker` with its own event loop (async
-handlers) and thread slots (sync handlers). It takes no job and opens no Redis
-connection itself. What it does:
-
-* restarts a child that exits: at once after a recycle (``--max-jobs-per-child``,
-  ``--max-memory-mb``) or after a child that ran a while; with a doubling delay (0.5 s
-  up to 30 s) while children keep dying young, so a crash loop does not spin;
-* logs each child's start, exit and reason (its slot, pid and exit status: never a
-  job's payload or tenant);
-* on SIGTERM/SIGINT passes SIGTERM to every child (each stops taking jobs and finishes
-  its active ones within ``--grace-s``; see :class:`~fairqueue.worker.runner.Worker`)
-  and returns once all have exited; a child still there ``--grace-s`` plus
-  :data:`KILL_MARGIN_S` later is killed. A second signal kills the children and exits
-  at once. Either way a job a child could not finish keeps its BullMQ lock until it
-  expires and BullMQ's stalled check then hands it to another worker: never lost, and
-  never run twice at once.
-
-Children run in their own process group, so a terminal's Ctrl-C reaches the supervisor
-only (which forwards one SIGTERM), and a child whose supervisor died stops by itself
-(:mod:`fairqueue.worker.liveness`).
+(fast, and the imported code is shared): each is a single-process
+:class:`~fairqueue.worker.runner.Worker`. It takes no job and opens no Redis connection
+itself. It restarts a child that exits, with a doubling delay (0.5 s to 30 s) while
+children keep dying young, so a crash loop does not spin; on SIGTERM/SIGINT it passes
+SIGTERM to every child and kills one still there ``--grace-s`` plus
+:data:`KILL_MARGIN_S` later (a second signal kills at once). A job a child could not
+finish keeps its BullMQ lock until it expires, then BullMQ's stalled check hands it on:
+never lost, never run twice at once. Children run in their own process group, so a
+terminal's Ctrl-C reaches the supervisor only, and a child whose supervisor died stops
+by itself (:mod:`fairqueue.worker.liveness`).
 """
 
 from __future__ import annotations

@@ -124,6 +124,80 @@ def test_account_max_waiting__single_batch_and_durable_enqueues_refused(fq_prefi
     enqueue_jobs("email", [{} for _ in range(8)], tenant_id="free")  # no account: unchanged
 
 
+def test_account_max_waiting__counts_delayed_enqueues_on_every_path(
+    fq_prefix, redis_client, django_capture_on_commit_callbacks
+):
+    """Delayed jobs count for their account's max_waiting as for their tenant's: single,
+    batch (delayed jobs go one a call, the batch checked whole by its first) and durable
+    delayed enqueues fill it and are refused past it, and an undelayed enqueue counts the
+    delayed ones already added."""
+    from fairqueue.broker import NewJob
+    from fairqueue.scheduling.levels import PriorityLevel
+
+    _account(max_waiting=5)
+    base = f"{fq_prefix}:email:fq:lim"
+    sync = get_sync_broker()
+
+    def delayed_batch(tenant, count):
+        job = NewJob(
+            "email",
+            {"tenantId": tenant},
+            PriorityLevel.NORMAL,
+            tenant=tenant,
+            limits="\n\n\n",
+            account="acct",
+            account_limits="\n\n\n5",
+            delay_ms=60_000,
+        )
+        return sync.run(sync.broker.adding.add_jobs, "email", [job] * count)
+
+    enqueue_job("email", {}, tenant_id="t1", delay_ms=60_000)
+    delayed_batch("t2", 2)
+    with django_capture_on_commit_callbacks(execute=True):
+        enqueue_on_commit("email", {}, tenant_id="t3", delay_ms=60_000)
+    assert redis_client.scard(f"{base}:aheld:acct") == 4  # every delayed one counted
+    assert redis_client.hget(f"{base}:acc", "acct") == "\n\n\n5"
+    enqueue_job("email", {}, tenant_id="t3")  # 5
+    before = counts(fq_prefix)
+    with pytest.raises(AccountBacklogFullError) as refused:
+        enqueue_job("email", {}, tenant_id="t1", delay_ms=60_000)
+    assert (refused.value.limit, refused.value.waiting) == (5, 5)
+    with pytest.raises(AccountBacklogFullError):
+        delayed_batch("t2", 2)
+    with pytest.raises(AccountBacklogFullError):
+        enqueue_on_commit("email", {}, tenant_id="t1", delay_ms=60_000)
+    with pytest.raises(AccountBacklogFullError):
+        enqueue_job("email", {}, tenant_id="t2")  # undelayed: the delayed ones count
+    assert counts(fq_prefix) == before
+    assert OutboxJob.objects.count() == 0
+    for _ in range(8):  # no account: unchanged
+        enqueue_job("email", {}, tenant_id="free", delay_ms=60_000)
+
+
+def test_account_max_waiting__a_delayed_batch_is_refused_whole(fq_prefix, redis_client):
+    """A batch of delayed jobs (one call each) past its account's room adds none."""
+    from fairqueue.broker import NewJob
+    from fairqueue.scheduling.levels import PriorityLevel
+
+    _account(max_waiting=5)
+    enqueue_jobs("email", [{}] * 3, tenant_id="t1")
+    sync = get_sync_broker()
+    job = NewJob(
+        "email",
+        {"tenantId": "t2"},
+        PriorityLevel.NORMAL,
+        tenant="t2",
+        limits="\n\n\n",
+        account="acct",
+        account_limits="\n\n\n5",
+        delay_ms=60_000,
+    )
+    with pytest.raises(AccountBacklogFullError):
+        sync.run(sync.broker.adding.add_jobs, "email", [job] * 3)
+    assert counts(fq_prefix)["delayed"] + counts(fq_prefix)["prioritized"] == 3  # t1's
+    assert len(sync.run(sync.broker.adding.add_jobs, "email", [job] * 2)) == 2  # its room
+
+
 def test_account_max_waiting__a_batch_over_several_calls_is_refused_whole(fq_prefix):
     _account(max_waiting=30)
     from fairqueue.broker import NewJob
@@ -287,3 +361,42 @@ def test_release_room__with_an_account_both_limits_hold(
     )
     if both.count < alone.count:
         assert both.reason in ("max_active", "rate", None)
+
+
+def test_account_limits__come_back_at_the_pass_after_redis_lost_its_keys(fq_prefix, redis_client):
+    """Redis loses fairqueue's keys (a restart without persistence, an operator's flush):
+    the loop's next pass brings the account's limits back from the database with the
+    tenants' own, before any of its tenants enqueues again. Jobs a plain BullMQ producer
+    adds for its tenants are then held by the account's max_active (2 of 6 released)."""
+    import asyncio
+
+    from bullmq import Queue
+
+    from fairqueue.rebalance.passes import rebalance_queue
+    from fairqueue.tenants import rebuild_tenant_limits
+    from tests.helpers.keys import REDIS_URL, delete_prefix
+
+    _account(max_active=2)
+    base = f"{fq_prefix}:email:fq:lim"
+    assert rebuild_tenant_limits(["email"])
+    delete_prefix(fq_prefix)  # Redis forgot: no limits, no jobs
+    assert rebuild_tenant_limits(force=False)  # what the loop's pass does
+    assert redis_client.hget(f"{base}:acc", "acct") == "2\n\n\n"
+    assert redis_client.hgetall(f"{base}:tacct") == {"t1": "acct", "t2": "acct", "t3": "acct"}
+    assert redis_client.hget(base, "t1") == "\n\n\n"  # held like its adds make it
+    assert not redis_client.hexists(base, "free")
+    assert not rebuild_tenant_limits(force=False)  # the copy is there: no work
+
+    async def add() -> None:
+        queue = Queue("email", {"connection": REDIS_URL, "prefix": fq_prefix})
+        try:
+            for tenant in ("t1", "t2", "t3", "t1", "t2", "t3"):
+                await queue.add("plain", {"tenantId": tenant, "priorityLevel": "normal"}, {})
+        finally:
+            await queue.close()
+
+    asyncio.run(add())
+    assert rebalance_queue("email").adopted == 0  # adopted into its tenants' held jobs
+    release()
+    assert counts(fq_prefix)["prioritized"] + counts(fq_prefix)["wait"] == 2
+    assert redis_client.scard(f"{base}:aheld:acct") == 4

@@ -23,8 +23,8 @@ from tests.helpers.keys import REDIS_URL, delete_prefix, run_prefix
 
 
 def packed(key: str, field: str) -> list:
-    """A flow's account field of the flows' weights as the scripts wrote it: msgpack
-    after a msgpack true (wire.lua)."""
+    """A flow's account field, or an account's state, of the flows' weights as the
+    scripts wrote it: msgpack after a msgpack true (wire.lua)."""
     raw = redis.Redis.from_url(REDIS_URL).hget(key, field)
     assert raw is not None and raw[:1] == b"\xc3", raw
     unpacker = msgpack.Unpacker()
@@ -288,8 +288,7 @@ def test_ten_tenants_of_one_account_beside_another_accounts_one_take_half():
         assert changed == 1
         assert queue.redis.hget(state, "W:normal") == "2"
         # the account's tenant weights with work, 13, and its weight, 1 (its state's first two)
-        group = queue.redis.hget(f"{queue.prefix}:q:fq:fweights", "normal\n\nbig")
-        assert group.split("\n")[:2] == ["13", "1"]
+        assert packed(f"{queue.prefix}:q:fq:fweights", "normal\n\nbig")[:2] == [13, 1]
     finally:
         queue.close()
 
@@ -324,13 +323,13 @@ def test_every_enqueue_path_places_a_tenants_jobs_under_its_account(
     # a flow's account after a line feed where a spacing would be; the account's tenant
     # weights with work and its weight first in its state
     assert packed(weights, f"s\n{level}\nbig-1")[0] == "big"
-    assert redis_client.hget(weights, group).split("\n")[:2] == ["1", "2"]
+    assert packed(weights, group)[:2] == [1, 2]
     meta = redis_client.hget(f"{fq_prefix}:email:fq:lim:meta", held[0].job_id)
     assert meta.endswith("\n2\nbig")
     resume_tenant("big-2")
     release()
     assert packed(weights, f"s\n{level}\nbig-2")[0] == "big"
-    assert redis_client.hget(weights, group).split("\n")[:2] == ["2", "2"]
+    assert packed(weights, group)[:2] == [2, 2]
     assert redis_client.hget(f"{fq_prefix}:email:fq:state", f"W:{level}") == "2"
     opts = redis_client.hget(f"{fq_prefix}:email:{later.job_id}", "opts")
     assert '"fqAcct":"2\\nbig"' in opts

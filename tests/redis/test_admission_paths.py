@@ -181,6 +181,44 @@ def test_a_delayed_job_is_estimated_behind_its_flows_delayed_jobs_due_before_it(
     )
 
 
+def test_a_delayed_job_a_worker_took_before_any_pass_placed_it_no_longer_counts(
+    fq_prefix, redis_client
+):
+    """On an idle queue a worker takes a promoted delayed job from the cap at once, before
+    any pass places it (and drops it from its flow's index): it ran, so it is not ahead of
+    the flow's next delayed job, and a flow whose jobs all ran is never refused for them.
+    One still promoted and unplaced counts."""
+    import time
+
+    from bullmq import Queue
+
+    from tests.helpers.keys import REDIS_URL
+
+    index = f"{fq_prefix}:email:fq:dly:normal:t"
+    ran = [
+        enqueue_job("email", {}, tenant_id="t", priority_level="normal", delay_ms=50).job_id
+        for _ in range(3)
+    ]
+    time.sleep(0.1)
+
+    async def promote():  # as a worker's look at the delayed set would
+        queue = Queue("email", {"connection": REDIS_URL, "prefix": fq_prefix})
+        await queue.promoteJobs()
+        await queue.close()
+
+    asyncio.run(promote())
+    assert [job_id for job_id, _ in drain_with_stock_worker(fq_prefix, "email", 3)] == ran
+    assert redis_client.zcard(index) == 3  # no pass ran: the index still has them
+    after = estimate_start("email", tenant_id="t", priority_level="normal", delay_ms=9_000)
+    assert after.ahead == 0
+    parked = enqueue_job("email", {}, tenant_id="t", priority_level="normal", delay_ms=50)
+    time.sleep(0.1)
+    asyncio.run(promote())  # at the cap, not placed yet: still ahead
+    assert redis_client.zscore(index, parked.job_id) is not None
+    after = estimate_start("email", tenant_id="t", priority_level="normal", delay_ms=9_000)
+    assert after.ahead == 1
+
+
 def test_a_long_pending_backlog_is_carried_on_at_its_flows_pace(fq_prefix):
     """Past the jobs an estimate places one by one, the flow's tags go on evenly spaced:
     a flow with 300 delayed jobs due before the job gets the tag and place of the 301st

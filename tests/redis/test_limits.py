@@ -600,7 +600,7 @@ def test_rebuild_failures__logged_when_they_start_and_end_not_at_every_pass(
 
     from fairqueue import tenants
 
-    def broken():
+    def broken(*args, **kwargs):
         raise RuntimeError("database down")
 
     working = tenants.database_limits

@@ -35,7 +35,12 @@ elseif kind == 'account' then
 elseif kind == 'state' then
   local st = {T = tonumber(ARGV[2]), A = tonumber(ARGV[3]), horizon = tonumber(ARGV[4]),
     spacing = tonumber(ARGV[5])}
-  return fqAccountStatePack(st)
+  local packed = fqAccountStatePack(st)
+  redis.call('HSET', KEYS[1], ARGV[6], packed)
+  local back = fqAccountStateSplit(packed)
+  return {tostring(back.T == st.T), tostring(back.A == st.A),
+    tostring(back.horizon == st.horizon), tostring(back.spacing == st.spacing),
+    tostring(back.density)}
 elseif kind == 'delayed' then
   local level, weight, tenant = fqDelayedMetaSplit(ARGV[5])
   return {fqDelayedMeta(ARGV[2], tonumber(ARGV[3]), ARGV[4]), level, weight, tenant}
@@ -104,14 +109,22 @@ def test_an_account_meta_and_member_are_built_and_split_alike(redis_client, leve
 @FAST
 @given(mates=weights, weight=weights, horizon=st.none() | st.floats(0, 1e9), spacing=weights)
 def test_an_account_state_is_read_as_the_scripts_pack_it(
-    redis_client, mates, weight, horizon, spacing
+    redis_client, fq_prefix, mates, weight, horizon, spacing
 ):
-    packed = redis_client.eval(
-        LUA, 0, "state", mates, weight, "" if horizon is None else repr(horizon), spacing
+    """Packed as msgpack and read back exactly by the scripts, and by the console through
+    account_states.lua (its tenant weights and weight as text; none for a missing one)."""
+    from fairqueue.broker.scripts import plain_script
+
+    key, member = f"{fq_prefix}:fweights", "normal\n\na"
+    given = "" if horizon is None else repr(horizon)
+    back = redis_client.eval(LUA, 1, key, "state", mates, weight, given, spacing, member)
+    assert back == ["true", "true", "true", "true", "nil"]
+    script = plain_script("account_states")
+    read = redis_client.eval(
+        script.source, 1, key, *script.args(members=[member, "normal\n\nnone"])
     )
-    assert wire.split_account_state(packed) == (mates, weight)
-    assert wire.split_account_state(None) is None
-    assert wire.split_account_state("3\n1") is None
+    assert [float(x) for x in read[0]] == [mates, weight] and read[1] is None
+    redis_client.delete(key)
 
 
 @FAST

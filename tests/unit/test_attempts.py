@@ -200,6 +200,52 @@ def test_record_page__a_cold_flow_measured_first_is_placed_again_its_overrun_pai
     assert not [s for s in page.settlements if s.member == "normal\nslow"]
 
 
+def _runs_side_by_side(*flows: tuple[str, int, int, dict]) -> tuple[list[Event], dict]:
+    """Each flow's (tenant, runs, ms a run, Start keywords) jobs, one worker each, all
+    starting together: the page's events in time order."""
+    events, starts = [], {}
+    for tenant, runs, ms, paid in flows:
+        for i in range(runs):
+            job_id = f"{tenant}-{i}"
+            starts[job_id] = Start("normal", tenant, T0, True, **paid)
+            at = T0 + 60_000 + i * ms
+            events += [Event("start", job_id, at), Event("end", job_id, at + ms)]
+    events.sort(key=lambda e: (e.at_ms, e.kind != "end"))
+    return events, starts
+
+
+def test_record_page__equal_flows_measured_later_are_not_moved_when_every_run_drifts():
+    """Every flow's jobs were placed cold at a turn of 25 ms (the first runs, on a loaded
+    machine); now every run takes 15. A flow measured first on this page beside a flow
+    measured before is priced against that flow's runs now, so it stays in step with it
+    (their waiting jobs paid alike); against the typical time as the page found it alone,
+    it would be placed again at about 0.6 and take about twice its share."""
+    state = {"typ": 25.0, "unit": 25.0, "c:normal\nfirst": 25.0}
+    events, starts = _runs_side_by_side(
+        ("first", 8, 15, {"paid": 1.0}), ("later", 4, 15, {"paid": 1.0})
+    )
+    page = attempts.record_page(events, starts, {}, state, by_time=True, **OPTIONS)
+    assert not page.recosts
+    alone, alone_starts = _runs_side_by_side(("later", 4, 15, {"paid": 1.0}))
+    page = attempts.record_page(alone, alone_starts, {}, state, by_time=True, **OPTIONS)
+    [recost] = page.recosts
+    assert recost.ratio < 1 / attempts.RECOST_BAND
+
+
+def test_record_page__a_slow_flow_measured_first_is_priced_against_its_peers_runs_now():
+    """A quick flow measured before (100 ms) now runs 60 ms; a cold flow runs 600: ten of
+    its peer's runs each, so its jobs are placed again at about 10 turns, not at its runs
+    over the typical time as the page found it (6)."""
+    state = {"typ": 100.0, "unit": 100.0, "c:normal\nquick": 100.0}
+    events, starts = _runs_side_by_side(
+        ("quick", 20, 60, {"placed": 1.0}), ("slow", 2, 600, {"paid": 1.0})
+    )
+    page = attempts.record_page(events, starts, {}, state, by_time=True, **OPTIONS)
+    [recost] = page.recosts
+    assert recost.member == "normal\nslow"
+    assert recost.ratio == pytest.approx(10, rel=0.15)  # on the grid of quarter powers of two
+
+
 def test_record_page__a_cold_run_ending_after_the_first_measurement_shifts_its_flow():
     """The history's lag: a cold job of the flow still ran when its flow was first
     measured; its overrun, when its end is read, is paid at once too (a shift of the

@@ -18,6 +18,7 @@ from fairqueue.scheduling.order import (
     job_id_sort_key,
     order_by_occupancy,
     order_pending_jobs,
+    replaced_tag,
 )
 
 C, H, N, L = PriorityLevel.CRITICAL, PriorityLevel.HIGH, PriorityLevel.NORMAL, PriorityLevel.LOW
@@ -334,6 +335,29 @@ def test_fair_clock__bursts_sent_one_after_another_share_from_the_first_turn():
         for _ in range(100):
             arrive(clock, placed, N, f"t{tenant}", f"t{tenant}")
     assert Counter(drain(clock, placed, 400)) == {f"t{t}": 40 for t in range(10)}
+
+
+@pytest.mark.parametrize("turns", [1.0, 3.0])
+def test_fair_clock__a_charge_moves_a_burst_by_its_own_turns_not_the_levels_split(turns):
+    # The ten bursts again, placed at the catch-up spacing, one round a turn: a flow
+    # charged for overrunning by a few turns (fairness by time) loses that many of its
+    # turns in the next rounds. At the level's split now (ten tenants) a turn was ten
+    # rounds: one turn of jitter took a tenant out for a second.
+    clock, placed = FairClock(), []
+    for tenant in range(10):
+        for _ in range(100):
+            arrive(clock, placed, N, f"t{tenant}", f"t{tenant}")
+    drain(clock, placed, 300)
+    move = clock.charge(N, "t3", turns)
+    assert move is not None
+    anchor, ratio, shift, upto = move
+    for i, (tag, *rest) in enumerate(placed):
+        if rest[-1] == "t3" and anchor < tag <= upto:
+            placed[i] = (replaced_tag(tag, anchor, ratio, shift), *rest)
+    placed.sort()
+    served = Counter(drain(clock, placed, 200))
+    assert served["t3"] == 20 - turns
+    assert all(served[f"t{t}"] in (20, 21) for t in range(10) if t != 3)
 
 
 @pytest.mark.parametrize(("every", "critical_share"), [(5, 0.2), (2, 0.4)])

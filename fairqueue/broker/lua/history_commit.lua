@@ -125,12 +125,16 @@ local function readVt()
     end
   end
 end
--- A flow's step of debt turns, in tags: at its weight and its level's total as they are
--- now; a flow of an account at its hierarchical share, the level's total over its
--- account's weight times its account's split (docs/design.md, "Accounts").
+-- A flow's step of debt turns, in tags: at its weight and the spacing its jobs were
+-- placed at (its catch-up's: a turn of its own, not the level's split now, which moved a
+-- flow placed densely beside others many of their turns; docs/design.md, "Service is
+-- worker time"); a flow of an account at its hierarchical share, the level's total over
+-- its account's weight times its account's split (docs/design.md, "Accounts").
 local function tagsOf(member, level, rank, debt)
   local row = redis.call('HMGET', KEYS[6], member, 's\n' .. member)
   local w = tonumber(row[1]) or 1
+  local spacing = tonumber(row[2])
+  if spacing then return fqScale * debt * spacing / ((4 - rank) * w) end
   local total = tonumber(redis.call('HGET', KEYS[4], 'W:' .. level)) or w
   local of = fqFlowAccount(row[2])
   if of then

@@ -4,30 +4,30 @@
   .StatusReads.job_status). O(log n) in the prioritized set and in the tenant's held jobs
   (a ZRANK in their index, L:hrank:<t>); the wait and active lists are walked (LPOS),
   which fairqueue keeps short. At 1M waiting or 1M held: two ZRANK/ZSCORE-sized reads
-  of about 20 levels each, and the rate window's 7 history hashes; who is asking
-  (fqEtaAsking, a waiting or held job's): ASKING_SCAN flows (each an LRANGE of its
-  line's last ASKING_LINE_TAIL ids and a ZSCORE of each) and the rate window's
-  buckets, at most the tenants a bucket keeps each, whatever the number of tenants.
+  of about 20 levels each (a held job its index lacks, held before it existed: an LPOS
+  of at most HELD_PLACE_SCAN more); who is asking (fqEtaAsking, a waiting or held job's):
+  ASKING_SCAN flows, about 23 commands, whatever the number of tenants. The history's
+  buckets the reader reads beside it (StatusReads: nothing here uses them).
 
   KEYS[1..7]  BullMQ's prioritized set and wait list; fairqueue's state, flows,
-              fweights; the limits key L; fq:hist
+              fweights; the limits key L; fq:hist (not read here)
   KEYS[8..12] BullMQ's active list, delayed, completed and failed sets, paused list
   KEYS[13]    the job's hash
-  ARGV        job id, fairness ('time'/'jobs'), history bucket seconds, buckets to read
+  ARGV        job id, fairness ('time'/'jobs')
   Returns     {now ms, wait list length, state, position (jobs popped before it; -1
               unknown), score ('' none), level, tenant, due ms, processedOn, finishedOn,
               limits encoded, paused, catching up, held, occupied, placement of a new
               job of its flow (a held job's, fqEtaReply, else {}), clock (a waiting job's),
-              history, who is asking (fqEtaAsking; {} unless waiting or held), the
+              who is asking (fqEtaAsking; {} unless waiting or held), the
               tenant's counted weight in its flow (a waiting job's), its account and
               the account's weight ('': none; its flow's, or a held job's meta's)
 ]]
---- @argv id fairness bucket_s buckets
+--- @argv id fairness
 --- @include eta_place
 local fqEtaHeldMs = {{HELD_MS}}
 local fqEtaRetryHeldMs = {{RETRY_HELD_MS}}
 local K = {prioritized = KEYS[1], wait = KEYS[2], state = KEYS[3], flows = KEYS[4],
-  fweights = KEYS[5], hist = KEYS[7]}
+  fweights = KEYS[5]}
 local L = KEYS[6]
 local id = ARGV.id
 local t = redis.call('TIME')
@@ -119,6 +119,7 @@ else
   end
 end
 
+local heldClock = nil -- a held job's clock, read once for its placement and who is asking
 if state == 'held' and tenant ~= 'queue paused' then
   limits = redis.call('HGET', L, tenant) or ''
   paused = redis.call('HEXISTS', L .. ':paused', tenant)
@@ -131,7 +132,8 @@ if state == 'held' and tenant ~= 'queue paused' then
   local _, _, _, macct, maw = fqHeldMetaSplit(meta)
   if macct then account, accountW = macct, maw end
   if fqLevelRank[level] then
-    local etaClock = fqEtaClock(K)
+    heldClock = fqEtaClock(K)
+    local etaClock = heldClock
     local placement = fqEtaPlace(K, etaClock, level, tenant, tonumber(mweight) or 1, nil,
       ARGV.fairness == 'time', 1, macct, tonumber(maw) or 1)
     place = fqEtaReply(etaClock, placement, K)
@@ -152,12 +154,10 @@ if state == 'waiting' and score ~= '' then
       fqAccountMember(level, of)))
     if st then account, accountW = of, st.A end
   end
-  asking = fqEtaAsking(K, L, etaClock, now, tonumber(ARGV.bucket_s), tonumber(ARGV.buckets))
+  asking = fqEtaAsking(K, L, etaClock)
 elseif state == 'held' and fqLevelRank[level] then
-  asking = fqEtaAsking(K, L, fqEtaClock(K), now, tonumber(ARGV.bucket_s),
-    tonumber(ARGV.buckets))
+  asking = fqEtaAsking(K, L, heldClock or fqEtaClock(K))
 end
 return {now, waitLen, state, ahead, score, level, tenant == 'queue paused' and '' or tenant,
   due, fields[2] or '', fields[3] or '', limits, paused, catchup, held, occupied, place, clock,
-  fqEtaRate(K, now, tonumber(ARGV.bucket_s), tonumber(ARGV.buckets)), asking, fweight,
-  account, accountW}
+  asking, fweight, account, accountW}

@@ -4,9 +4,11 @@
   carrying the tenant's plan, a saved plan) is newer than the rows read and is kept: a
   rebuild never puts back a limit that was just changed.
 
-  KEYS[1] the queue's limits hash (tenant -> encoded limits, tenant_limits.lua)
-  ARGV    rows: tenant, the entry before the read ('' when there was none), the database's
-          entry, ...
+  KEYS[1] the queue's limits hash (tenant -> encoded limits, tenant_limits.lua), or its
+          accounts' (L:acc: account -> encoded limits) or their tenants' (L:tacct:
+          tenant -> account, account_limits.lua)
+  ARGV    rows: tenant (or account), the entry before the read ('' when there was none),
+          the database's entry, ...
   Returns how many entries now hold the database's (the rest were kept).
 ]]
 --- @argv rows...

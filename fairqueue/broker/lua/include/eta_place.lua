@@ -1,6 +1,7 @@
 --[[
-  Read-only: where the fair clock would place a new job of a flow now, and the measured
-  service rate, for job_status and estimate_start (fairqueue.broker.status_reads).
+  Read-only: where the fair clock would place a new job of a flow now, and who is asking,
+  for job_status and estimate_start (fairqueue.broker.status_reads; the measured service
+  rate, the history's buckets, it reads beside them).
   Included by job_status and estimate_start; writes nothing.
 
   fqEtaClock reads the clock as fqClock does (the virtual time moved to the first tagged
@@ -14,7 +15,7 @@
   and the tests hold both to what the add script does. Bounded: a flow's reads, at most
   EXPIRE_PER_CALL retired flows' and two frontier scans (FRONTIER_SCAN flows each).
 
-  K: prioritized, wait, state, flows, fweights (as fair_clock's K), hist (fq:hist).
+  K: prioritized, wait, state, flows, fweights (as fair_clock's K).
 ]]
 --- @include fair_clock
 local fqEtaExpire = {{EXPIRE_PER_CALL}}
@@ -199,42 +200,7 @@ local function fqEtaPlace(K, c, level, tenant, weight, explicitMs, byTime, n, ac
   return p
 end
 
--- The history's buckets of the rate's window (fq:hist:<start>, written by the loop's
--- history step): count buckets back from the current one, each {start, starts per level
--- (critical..low), worker ms per level, then per level the ERROR_BINS counts of how its
--- estimates came out (actual wait over expected, binned), then per level the sum of the
--- waits they expected (-1: not recorded), then the virtual time and its
--- ms at the bucket's first and last sample (vt_sample.lua; 0: none)}, flattened; and
--- when recording began.
 local fqEtaLevels = {'critical', 'high', 'normal', 'low'}
-local fqEtaErrorBins = {{ERROR_BINS}}
-local fqEtaFields = {'s:critical', 's:high', 's:normal', 's:low', 't:critical', 't:high',
-  't:normal', 't:low'}
-for _, lv in ipairs(fqEtaLevels) do
-  for k = 0, fqEtaErrorBins - 1 do fqEtaFields[#fqEtaFields + 1] = 'e:' .. lv .. ':' .. k end
-end
--- per level, the waits its binned estimates expected, summed (-1: not recorded)
-local fqEtaScaleFirst = #fqEtaFields + 1
-for _, lv in ipairs(fqEtaLevels) do
-  fqEtaFields[#fqEtaFields + 1] = 'e:' .. lv .. ':' .. {{WAIT_SCALE_FIELD}}
-end
-local fqEtaScaleLast = #fqEtaFields
--- where the virtual time stood at the bucket's first and last sample (vt_sample.lua)
-for _, name in ipairs({'vt0', 'vt0ms', 'vt1', 'vt1ms'}) do fqEtaFields[#fqEtaFields + 1] = name end
-local function fqEtaRate(K, now, bucketS, count)
-  local out = {redis.call('HGET', K.hist, 'since') or ''}
-  local current = math.floor(now / 1000 / bucketS) * bucketS
-  for b = 0, count - 1 do
-    local start = current - b * bucketS
-    local row = redis.call('HMGET', K.hist .. ':' .. start, unpack(fqEtaFields))
-    out[#out + 1] = start
-    for i = 1, #fqEtaFields do
-      local missing = (i >= fqEtaScaleFirst and i <= fqEtaScaleLast) and -1 or 0
-      out[#out + 1] = tonumber(row[i]) or missing
-    end
-  end
-  return out
-end
 
 -- Who is asking now (fairqueue.scheduling.pace): the level totals; the ASKING_SCAN flows
 -- whose last tags reach furthest past the virtual time, each {member, last tag, counted
@@ -242,14 +208,18 @@ end
 -- ASKING_LINE_TAIL of its line (fqLinePush; -1: no line), the account it counts under
 -- ('': none), that account's weight and its flows' tenant weights (0, 0: none)}: a flow
 -- served past its weight while the queue was nearly idle has its last tag far ahead with
--- nothing waiting, so the tag distance alone is not its backlog; then per bucket of the
--- rate's window its most served flows (fq:hist:t:<start>, at most the tenants a bucket
--- keeps) {start, n, member, starts, ...}. Bounded: ASKING_SCAN flows and count buckets,
--- whatever the number of tenants (ASKING_LINE_TAIL ZSCOREs and one HGET of its account
--- a flow): at 1M waiting and 10,000 tenants, 16 flows' 6 reads and the buckets' zsets.
+-- nothing waiting, so the tag distance alone is not its backlog. (The flows the history
+-- saw served, fq:hist:t:<start>, the reader reads beside the script: nothing here uses
+-- them.) Bounded: ASKING_SCAN flows, whatever the number of tenants. A command costs a
+-- status read more than what it reads, so what the flows share is read at once: their
+-- weights and accounts (one HMGET), their tenants' pauses (one HMGET), whether any of
+-- their tenants has jobs held (one EXISTS), their lines' ids (one ZMSCORE), their
+-- accounts' states (one HMGET); a read a flow: its line's LRANGE, and its held list's
+-- EXISTS only when one of them has jobs held. At 1M waiting or held and 10,000 tenants:
+-- at most 39 commands on 16 flows' keys (usually 23).
 local fqEtaAskingScan = {{ASKING_SCAN}}
 local fqEtaLineTail = {{ASKING_LINE_TAIL}}
-local function fqEtaAsking(K, L, c, now, bucketS, count)
+local function fqEtaAsking(K, L, c)
   local out = {}
   for _, lv in ipairs(fqEtaLevels) do out[#out + 1] = c.totals[lv] or 0 end
   local top = {}
@@ -257,44 +227,63 @@ local function fqEtaAsking(K, L, c, now, bucketS, count)
     top = redis.call('ZREVRANGEBYSCORE', K.flows, '+inf', '(' .. fqEtaNum(c.vt), 'WITHSCORES',
       'LIMIT', 0, fqEtaAskingScan)
   end
-  out[#out + 1] = #top / 2
-  for i = 1, #top, 2 do
-    local member = top[i]
-    local tenant = string.match(member, '\n(.*)$') or ''
-    local held = 0
-    if redis.call('LLEN', L .. ':held:' .. tenant) > 0
-      or redis.call('HEXISTS', L .. ':paused', tenant) == 1 then held = 1 end
-    -- its counted weight, and its account's pack (fqFlowAccountPack) in the same read
-    local row = redis.call('HMGET', K.fweights, member, 's\n' .. member)
-    out[#out + 1] = member
-    out[#out + 1] = top[i + 1]
-    out[#out + 1] = row[1] or '0'
-    out[#out + 1] = held
-    local line = redis.call('LRANGE', K.flows .. ':' .. member, -fqEtaLineTail, -1)
-    local waiting = -1
-    if #line > 0 then
-      waiting = 0
-      for j = 1, #line do
-        local s = tonumber(redis.call('ZSCORE', K.prioritized, line[j]))
-        if s and s >= fqFloor * fqScore and s < fqCap * fqScore then waiting = waiting + 1 end
+  local n = #top / 2
+  out[#out + 1] = n
+  if n > 0 then
+    local fields, tenants, ids, lineAt, lineLen = {}, {}, {}, {}, {}
+    for i = 1, n do
+      local member = top[2 * i - 1]
+      fields[2 * i - 1], fields[2 * i] = member, 's\n' .. member
+      tenants[i] = string.match(member, '\n(.*)$') or ''
+      local line = redis.call('LRANGE', K.flows .. ':' .. member, -fqEtaLineTail, -1)
+      lineAt[i], lineLen[i] = #ids, #line
+      for j = 1, #line do ids[#ids + 1] = line[j] end
+    end
+    -- its counted weight, and its account's pack (fqFlowAccountPack), for every flow
+    local rows = redis.call('HMGET', K.fweights, unpack(fields))
+    local paused = redis.call('HMGET', L .. ':paused', unpack(tenants))
+    local scores = #ids > 0 and redis.call('ZMSCORE', K.prioritized, unpack(ids)) or {}
+    local accounts, states = {}, {}
+    for i = 1, n do
+      local account = fqFlowAccount(rows[2 * i])
+      if account then
+        accounts[i] = account
+        states[#states + 1] = fqAccountMember(string.match(top[2 * i - 1], '^[^\n]*'), account)
       end
     end
-    out[#out + 1] = waiting
-    -- its account (none: ''), the account's weight and its flows' tenant weights
-    local account = fqFlowAccount(row[2])
-    local st = account and fqAccountStateSplit(redis.call('HGET', K.fweights,
-      fqAccountMember(string.match(member, '^[^\n]*'), account)))
-    out[#out + 1] = st and account or ''
-    out[#out + 1] = st and st.A or 0
-    out[#out + 1] = st and st.T or 0
-  end
-  local current = math.floor(now / 1000 / bucketS) * bucketS
-  for b = 0, count - 1 do
-    local start = current - b * bucketS
-    local served = redis.call('ZRANGE', K.hist .. ':t:' .. start, 0, -1, 'WITHSCORES')
-    out[#out + 1] = start
-    out[#out + 1] = #served / 2
-    for i = 1, #served do out[#out + 1] = served[i] end
+    if #states > 0 then states = redis.call('HMGET', K.fweights, unpack(states)) end
+    -- a list exists while it holds a job: none of the held lists, no flow held (one
+    -- EXISTS, where a limited tenant is rare among them); else each is looked at
+    local heldKeys = {}
+    for i = 1, n do heldKeys[i] = L .. ':held:' .. tenants[i] end
+    local anyHeld = redis.call('EXISTS', unpack(heldKeys)) > 0
+    local stateAt = 0
+    for i = 1, n do
+      local held = 0
+      if paused[i] or (anyHeld and redis.call('EXISTS', heldKeys[i]) == 1) then held = 1 end
+      out[#out + 1] = top[2 * i - 1]
+      out[#out + 1] = top[2 * i]
+      out[#out + 1] = rows[2 * i - 1] or '0'
+      out[#out + 1] = held
+      local waiting = -1
+      if lineLen[i] > 0 then
+        waiting = 0
+        for j = lineAt[i] + 1, lineAt[i] + lineLen[i] do
+          local s = tonumber(scores[j])
+          if s and s >= fqFloor * fqScore and s < fqCap * fqScore then waiting = waiting + 1 end
+        end
+      end
+      out[#out + 1] = waiting
+      -- its account (none: ''), the account's weight and its flows' tenant weights
+      local st = nil
+      if accounts[i] then
+        stateAt = stateAt + 1
+        st = fqAccountStateSplit(states[stateAt])
+      end
+      out[#out + 1] = st and accounts[i] or ''
+      out[#out + 1] = st and st.A or 0
+      out[#out + 1] = st and st.T or 0
+    end
   end
   return out
 end

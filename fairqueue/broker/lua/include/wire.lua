@@ -53,28 +53,25 @@ local function fqFlowAccount(value)
   return (fqFlowAccountSplit(value))
 end
 
--- A number as a packed text field keeps it ('' for none): a whole number as '%d' (what
--- most are: exact, and cheaper than a float's '%.17g', or than '..' on a number).
-local function fqNumText(x)
-  if x == nil or x == false then return '' end
-  if x % 1 == 0 and x > -9007199254740992 and x < 9007199254740992 then
-    return string.format('%d', x)
-  end
-  return string.format('%.17g', x)
-end
-
--- An account's state in a level (fqAccountMember's field): '<T>\n<A>\n<horizon>\n<spacing>
--- \n<density>': its flows' tenant weights, its weight, its catch-up horizon, the level's
--- split its last job was placed with and its density (none: its spacing). Text, as the
--- console reads it too (fairqueue.scheduling.wire.split_account_state).
+-- An account's state in a level (fqAccountMember's field): its flows' tenant weights
+-- (T), its weight (A), its catch-up horizon, the level's split its last job was placed
+-- with (spacing) and its density (none: its spacing), packed as fqFlowAccountPack packs:
+-- every add of an account's job writes it, and a printf per number cost that add more
+-- than the rest of its account's placement. The console reads it through
+-- account_states.lua (a decoding client cannot read msgpack). (Read too: the text form
+-- before it, '<T>\n<A>\n<horizon>\n<spacing>\n<density>'.)
 local function fqAccountStatePack(st)
-  return fqNumText(st.T) .. '\n' .. fqNumText(st.A) .. '\n' .. fqNumText(st.horizon) .. '\n'
-    .. fqNumText(st.spacing) .. '\n' .. fqNumText(st.density)
+  return cmsgpack.pack(true, st.T, st.A, st.horizon or false, st.spacing or false,
+    st.density or false)
 end
 
 -- fqAccountStatePack's table (nil: none, the account has no flow with work).
 local function fqAccountStateSplit(value)
   if type(value) ~= 'string' then return nil end
+  if string.byte(value, 1) == fqPackMark then
+    local _, T, A, h, sp, d = cmsgpack.unpack(value)
+    return {T = T or 0, A = A or 1, horizon = h or nil, spacing = sp or nil, density = d or nil}
+  end
   local T, A, h, sp, d = string.match(value, '^([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)$')
   if not T then return nil end
   return {T = tonumber(T) or 0, A = tonumber(A) or 1, horizon = tonumber(h),

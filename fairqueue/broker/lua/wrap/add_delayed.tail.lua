@@ -9,33 +9,51 @@ local fqLimitsKey, fqGiven = KEYS[9], ARGV.limits
 local fqHeld = fqFresh and (fqGiven ~= ''
   or redis.call('HEXISTS', fqLimitsKey .. ':paused', fqTenant) == 1
   or redis.call('HEXISTS', fqLimitsKey .. ':catchup', fqTenant) == 1)
--- max_waiting counts delayed jobs too: checked before anything is written
-local fqMaxWaiting = fqFresh and fqGiven ~= '' and fqSplitLimits(fqGiven).maxWaiting
-local fqRecord = nil
-local fqAcct = nil -- the job's account (its opts' fqAcct), kept in its held meta
-if fqMaxWaiting then
-  local refused = nil
-  refused, fqRecord = fqCheckWaiting(fqLimitsKey, KEYS[10], KEYS[4], fqTenant, fqMaxWaiting, 1,
-    ARGV.batch and ARGV.batch ~= '' and cjson.decode(ARGV.batch) or nil,
-    tonumber(fqTime[1]) * 1000 + math.floor(tonumber(fqTime[2]) / 1000))
-  if refused then return refused end
+local fqOpts = fqFresh and cmsgpack.unpack(ARGV.opts)
+-- the job's account (its opts' fqAcct, kept in its held meta) and the account's limits
+-- when it has some (a held job of its tenant counts for them)
+local fqAcctMeta = fqOpts and fqAccountMetaSplit(fqOpts['fqAcct']) and fqOpts['fqAcct'] or nil
+local fqAcct = fqAcctMeta and fqAccountMetaSplit(fqAcctMeta)
+local fqAcctGiven = fqHeld and fqAcct and ARGV.account_limits ~= nil
+  and ARGV.account_limits ~= '' and ARGV.account_limits
+-- max_waiting counts delayed jobs too, its tenant's and its account's (as an undelayed
+-- add checks both, fqHeldTenants): checked before anything is written
+local fqRecords = {}
+local fqBatch = ARGV.batch and ARGV.batch ~= '' and cjson.decode(ARGV.batch) or nil
+local fqNow = tonumber(fqTime[1]) * 1000 + math.floor(tonumber(fqTime[2]) / 1000)
+for _, check in ipairs({{fqTenant, fqFresh and fqGiven ~= '' and fqGiven},
+    {fqAcct and '\n' .. fqAcct, fqAcctGiven}}) do
+  local maxWaiting = check[2] and fqSplitLimits(check[2]).maxWaiting
+  if maxWaiting then
+    local refused, record = fqCheckWaiting(fqLimitsKey, KEYS[10], KEYS[4], check[1], maxWaiting,
+      1, fqBatch, fqNow)
+    if refused then return refused end
+    fqRecords[#fqRecords + 1] = record
+  end
 end
 if fqFresh then
-  local opts = cmsgpack.unpack(ARGV.opts)
+  local opts = fqOpts
   opts['fqReady'] = fqReady -- its first ready time, kept for its re-runs (see add_jobs)
   if fqHeld then opts['fqLim'] = 1 end -- fairqueue_worker releases its tenant's next at once
   -- What the pass places it with once BullMQ promotes it: kept in the job itself, so it
   -- goes when the job does (however it goes: run, removed, drained, obliterated).
   opts['fqMeta'] = fqDelayedMeta(fqLevel, fqWeight, fqTenant)
-  if fqAccountMetaSplit(opts['fqAcct']) then fqAcct = opts['fqAcct'] end
   ARGV.opts = cmsgpack.pack(opts) -- what addDelayedJob stores
 end
 local jobId = fqBullmqAddDelayed()
-if fqRecord and type(jobId) == 'string' then fqRecord() end
+if type(jobId) == 'string' then
+  for _, record in ipairs(fqRecords) do record() end
+end
 if fqHeld and type(jobId) == 'string' then
+  if fqAcctGiven then -- as an undelayed add writes them (fqHeldTenants)
+    redis.call('HSET', fqLimitsKey .. ':acc', fqAcct, fqAcctGiven)
+    redis.call('HSET', fqLimitsKey .. ':tacct', fqTenant, fqAcct)
+    fqAcctMemo[fqTenant] = fqAcct
+  end
+  fqAccountHeld(fqLimitsKey, fqTenant, jobId) -- its account's max_waiting counts it
   redis.call('ZADD', KEYS[4], 'XX', string.format('%.17g', fqHeldScore), jobId)
   redis.call('ZADD', fqLimitsKey .. ':later:' .. fqTenant, fqReady, jobId)
-  redis.call('HSET', fqLimitsKey .. ':meta', jobId, fqHeldMeta(fqLevel, fqWeight, nil, fqAcct))
+  redis.call('HSET', fqLimitsKey .. ':meta', jobId, fqHeldMeta(fqLevel, fqWeight, nil, fqAcctMeta))
   redis.call('SADD', fqLimitsKey .. ':tenants', fqTenant)
   fqDue(fqLimitsKey, fqTenant, fqReady)
   if fqGiven ~= '' then
