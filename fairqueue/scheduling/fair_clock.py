@@ -255,11 +255,19 @@ class FairClock:
     def _share(self, key: tuple[PriorityLevel, str]) -> float:
         """The share a charge of a flow with work moves it by: the spacing its jobs were
         placed at (a flow catching up beside others' backlogs is placed densely, and a
-        turn of its own is that long, not the level's split now), or, for a flow of an
-        account, its hierarchical share now."""
+        turn of its own is that long, not the level's split now). A flow of an account
+        the same one level up: its account's spacing in the level over its account's
+        weight, times the account split its last job was placed at (a tenant catching up
+        inside its account is placed densely too). Without them, its share now."""
         group = self._group_of(key)
-        if group == key[1] and (key[0], group) in self.spacing:
-            return self.spacing[(key[0], group)]
+        spacing = self.spacing.get((key[0], group))
+        if spacing is not None and group == key[1]:
+            return spacing
+        account = self.accounts.get(key)
+        part = self.inner_spacing.get(key)
+        weight = self.account_weights.get((key[0], account)) if account else None
+        if spacing is not None and part is not None and weight:
+            return spacing * part / weight
         return flow_share(self._groups(key[0]), group)
 
     def _frontier(

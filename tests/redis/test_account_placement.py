@@ -150,6 +150,18 @@ class Queue:
             self.owner[job_id] = tenant
             self._expect(job_id, level, tag)
 
+    def _move(
+        self, level: PriorityLevel, tenant: str, moved: tuple[float, float, float, float]
+    ) -> None:
+        """The model's waiting jobs of the flow placed again as the pages place them."""
+        anchor, ratio, shift, upto = moved
+        for job_id, (units, rank, _, lvl) in list(self.placed.items()):
+            mine = (lvl, self.owner[job_id]) == (level, tenant)
+            # as the score keeps its tag, up to the flow's last when the move began
+            if mine and anchor < units / TAG_RESOLUTION and units <= upto * TAG_RESOLUTION:
+                tag = replaced_tag(units / TAG_RESOLUTION, anchor, ratio, shift)
+                self.placed[job_id] = (math.floor(tag * TAG_RESOLUTION), rank, tag, lvl)
+
     def settle(self, settlements: list[tuple[PriorityLevel, str, float]]) -> None:
         """A history page that carries only ``settlements`` (flow, turns; one a flow, as
         the loop's page sums them), as the loop commits it (``history_commit.lua``), the
@@ -167,15 +179,27 @@ class Queue:
             pass
         for level, tenant, debt in settlements:
             moved = self.clock.charge(level, tenant, debt)
-            if moved is None:
-                continue
-            anchor, ratio, shift, upto = moved
-            for job_id, (units, rank, _, lvl) in list(self.placed.items()):
-                mine = (lvl, self.owner[job_id]) == (level, tenant)
-                # as the score keeps its tag, up to the flow's last when the move began
-                if mine and anchor < units / TAG_RESOLUTION and units <= upto * TAG_RESOLUTION:
-                    tag = replaced_tag(units / TAG_RESOLUTION, anchor, ratio, shift)
-                    self.placed[job_id] = (math.floor(tag * TAG_RESOLUTION), rank, tag, lvl)
+            if moved is not None:
+                self._move(level, tenant, moved)
+        assert {k: float(v) for k, v in self.redis.zscan_iter(self.key)} == {
+            job_id: float(TAG_FLOOR * 2**32 + units * 4 + rank)
+            for job_id, (units, rank, _, _) in self.placed.items()
+        }
+
+    def recost(self, recost: tuple[PriorityLevel, str, float, float] | None) -> None:
+        """A history page that carries only a first measurement of a flow (its ratio and
+        shift, in turns), as the loop commits it, the re-placement pages, and the model's
+        ``recost``: every waiting job's score is then the model's."""
+        if recost is None:
+            return
+        self._observe()
+        level, tenant, ratio, shift = recost
+        commit_history_page(self.prefix, [], [recost])
+        while self.broker.run(self.broker.broker.limits.replace_pages, "q", pages=8):
+            pass
+        moved = self.clock.recost(level, tenant, ratio, shift)
+        if moved is not None:
+            self._move(level, tenant, moved)
         assert {k: float(v) for k, v in self.redis.zscan_iter(self.key)} == {
             job_id: float(TAG_FLOOR * 2**32 + units * 4 + rank)
             for job_id, (units, rank, _, _) in self.placed.items()
@@ -261,6 +285,42 @@ def test_charges_move_an_accounts_flow_by_its_hierarchical_step_as_the_model(acc
         for batch, settlements, taken in rounds:
             queue.add(batch)
             queue.settle(settlements)
+            queue.take(taken)
+    finally:
+        queue.close()
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    accounts_of,
+    st.lists(
+        st.tuples(
+            st.lists(arrival, min_size=1, max_size=8),
+            st.none()
+            | st.tuples(
+                st.sampled_from([C, N, L]),
+                st.sampled_from(TENANTS),
+                st.sampled_from([4.0, 0.25, 1.0]),
+                st.sampled_from([0.0, 3.0, -3.0]),
+            ),
+            st.integers(0, 8),
+        ),
+        min_size=1,
+        max_size=4,
+    ),
+)
+def test_a_first_measurement_places_an_accounts_flow_again_as_the_model(accounts, rounds):
+    """A flow of an account measured for the first time has its waiting jobs placed again
+    at the ratio, its overrun shifted by a turn of its own spacing inside its account's,
+    as the model's ``recost``; later jobs' scores stay exactly the model's."""
+    queue = Queue(accounts)
+    queue.redis.hset(f"{queue.prefix}:q:fq:state", "typ", 100)  # fairness by time, measured
+    try:
+        queue.add([(L, "z", 1)] * 30)
+        queue.take(10)
+        for batch, recost, taken in rounds:
+            queue.add(batch)
+            queue.recost(recost)
             queue.take(taken)
     finally:
         queue.close()

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from fairqueue.scheduling.fair_clock import FairClock
 from fairqueue.scheduling.levels import PriorityLevel
+from fairqueue.scheduling.order import replaced_tag
 
 C, H, N, L = PriorityLevel.CRITICAL, PriorityLevel.HIGH, PriorityLevel.NORMAL, PriorityLevel.LOW
 RANK = {C: 0, H: 1, N: 2, L: 3}
@@ -198,3 +199,33 @@ def test_a_charge_moves_an_account_flow_by_its_hierarchical_step():
     after = clock.last[(N, "a")]
     nxt = arrive(clock, placed, N, "a", account="A")
     assert after - before == pytest.approx(nxt - after)
+
+
+@pytest.mark.parametrize("account_weight", [1, 2])
+@pytest.mark.parametrize("turns", [1.0, 3.0])
+def test_a_charge_of_a_tenant_in_an_account_costs_that_many_turns_of_its_own_line(
+    turns, account_weight
+):
+    """Ten tenants of one account send bursts one after another (each joining its mates'
+    backlogs, placed at their spacing), then another account floods the level: its tenants
+    take turns round-robin in the account's part. A tenant charged for overrunning by a
+    few turns (fairness by time) loses that many of its own turns, not that many of its
+    account's share of the level now (ten of its mates' turns each)."""
+    clock, placed = FairClock(), []
+    for tenant in range(10):
+        for _ in range(100):
+            arrive(clock, placed, N, f"t{tenant}", account="big", account_weight=account_weight)
+    for _ in range(1000):
+        arrive(clock, placed, N, "solo", account="other")
+    take(clock, placed, 300)
+    move = clock.charge(N, "t3", turns)
+    assert move is not None
+    anchor, ratio, shift, upto = move
+    for i, (tag, *rest) in enumerate(placed):
+        if rest[-1] == "t3" and anchor < tag <= upto:
+            placed[i] = (replaced_tag(tag, anchor, ratio, shift), *rest)
+    heapq.heapify(placed)
+    # the account's part of the next jobs: 200 of them, 20 rounds of its ten tenants
+    served = Counter(take(clock, placed, 200 * (account_weight + 1) // account_weight))
+    assert served["t3"] == 20 - turns
+    assert all(served[f"t{t}"] == 20 for t in range(10) if t != 3)

@@ -78,3 +78,6 @@ def test_high_only_while_the_load_looks_as_the_calibration_saw_it() -> None:
     # a level began to flood: the clock moves at 0.6 of its measured pace
     flood = placed_wait(**common, own_ahead=20.0, flow_per_s=6.0, clock_ratio=0.6)
     assert flood.expected_s == pytest.approx(20 / 6) and flood.confidence == "medium"
+    # the clock moving 15% slower than measured (within 25%): still high
+    near = placed_wait(**common, own_ahead=20.0, flow_per_s=8.5, clock_ratio=0.85)
+    assert near.confidence == "high"

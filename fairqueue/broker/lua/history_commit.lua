@@ -128,19 +128,25 @@ end
 -- A flow's step of debt turns, in tags: at its weight and the spacing its jobs were
 -- placed at (its catch-up's: a turn of its own, not the level's split now, which moved a
 -- flow placed densely beside others many of their turns; docs/design.md, "Service is
--- worker time"); a flow of an account at its hierarchical share, the level's total over
--- its account's weight times its account's split (docs/design.md, "Accounts").
+-- worker time"); a flow of an account the same one level up: its account's spacing in
+-- the level over the account's weight times the account split its last job was placed
+-- at (docs/design.md, "Accounts"); without them, its share now. FairClock._share.
 local function tagsOf(member, level, rank, debt)
   local row = redis.call('HMGET', KEYS[6], member, 's\n' .. member)
   local w = tonumber(row[1]) or 1
   local spacing = tonumber(row[2])
   if spacing then return fqScale * debt * spacing / ((4 - rank) * w) end
   local total = tonumber(redis.call('HGET', KEYS[4], 'W:' .. level)) or w
-  local of = fqFlowAccount(row[2])
+  local of, part = fqFlowAccountSplit(row[2])
   if of then
-    local g = fqAccountMember(level, of)
-    local st = fqAccountStateSplit(redis.call('HGET', KEYS[6], g))
-    if st and st.A > 0 then total = total * st.T / st.A end
+    local st = fqAccountStateSplit(redis.call('HGET', KEYS[6], fqAccountMember(level, of)))
+    if st and st.A > 0 then
+      if st.spacing and part then
+        total = st.spacing * part / st.A
+      else
+        total = total * st.T / st.A
+      end
+    end
   end
   return fqScale * debt * total / ((4 - rank) * w) -- a level's weight: 4 less its rank
 end
