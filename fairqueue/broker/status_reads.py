@@ -335,7 +335,6 @@ class StatusReads(BrokerPart):
             fair_key(prefix, queue, "flows"),
             fair_key(prefix, queue, "fweights"),
             limits_key(prefix, queue),
-            fair_key(prefix, queue, "hist"),
         ]
 
     async def _read_history(self, queue: str, starts: Sequence[int]) -> _HistoryRead:

@@ -6,23 +6,24 @@
 
   What runs ahead of the job but is not on the fair clock yet counts as the flow's jobs
   placed before it: its delayed jobs due by the job's own ready time (now + delay: a
-  job due later is placed behind it), found in KEYS[8]:<level>:<tenant> (add_delayed),
+  job due later is placed behind it), found in KEYS[7]:<level>:<tenant> (add_delayed),
   and `extra` jobs the caller knows of (outbox rows not relayed yet). For a tenant whose
   jobs are held, those are held jobs ahead of it instead, with its own delayed jobs due
   by then (L:later:<t>). The jobs are placed one by one (fqEtaPlace, a fraction of a
   microsecond each) up to the n asked for, or {{ESTIMATE_PENDING_STEPS}} if more: past
   that, a flow's tags are evenly spaced, and the last tag is extrapolated from the pace of
   the second half of those placed (so a flow with 100,000 delayed jobs pending costs an
-  estimate what 128 do). Worst case at 1M waiting and 10,000 tenants: the count asked
-  (at most 10,000 steps, an estimate of a batch that large) or 192 steps, beside a few
+  estimate what 128 do; the tag halfway is kept by the same placing, so the flow's
+  reads are done once). Worst case at 1M waiting and 10,000 tenants: the count asked
+  (at most 10,000 steps, an estimate of a batch that large) or 128 steps, beside a few
   O(log n) reads (ZCOUNT of the prioritized set, of the flow's delayed jobs, of L:later;
   the scores of at most 128 delayed jobs already due, fqDelayedAhead, in two ZMSCOREs)
   and who is asking (about 23 commands).
 
-  KEYS[1..7]  BullMQ's prioritized set and wait list; fairqueue's state, flows,
-              fweights; the limits key L; fq:hist (not read here)
-  KEYS[8]     fq:dly, the flows' delayed jobs not placed yet (add_delayed)
-  KEYS[9]     BullMQ's delayed set
+  KEYS[1..6]  BullMQ's prioritized set and wait list; fairqueue's state, flows,
+              fweights; the limits key L
+  KEYS[7]     fq:dly, the flows' delayed jobs not placed yet (add_delayed)
+  KEYS[8]     BullMQ's delayed set
   ARGV        level, tenant, tenant weight, cost ms ('' none), fairness ('time'/'jobs'),
               jobs n, delay ms, extra jobs ahead, the tenant's account ('': none) and its
               weight
@@ -74,7 +75,7 @@ local paused = redis.call('HEXISTS', L .. ':paused', tenant)
 local catchup = redis.call('HEXISTS', L .. ':catchup', tenant)
 local held = redis.call('LLEN', L .. ':held:' .. tenant)
   + redis.call('ZCOUNT', L .. ':later:' .. tenant, '-inf', dueBy)
-local before = fqDelayedAhead(KEYS[8] .. ':' .. level .. ':' .. tenant, K.prioritized, KEYS[9],
+local before = fqDelayedAhead(KEYS[7] .. ':' .. level .. ':' .. tenant, K.prioritized, KEYS[8],
   now, dueBy)
 if limits ~= '' or paused == 1 or catchup == 1 then
   held, before = held + before + extra, 0
@@ -88,13 +89,13 @@ local etaClock = fqEtaClock(K)
 local byTime, cost = ARGV.fairness == 'time', tonumber(ARGV.cost)
 local account = ARGV.account ~= '' and ARGV.account or nil
 local accountWeight = tonumber(ARGV.account_weight) or 1
+local halfAt = math.max(1, math.floor(exact / 2))
 local placement = fqEtaPlace(K, etaClock, level, tenant, weight, cost, byTime, exact, account,
-  accountWeight)
+  accountWeight, halfAt)
 if n > exact and placement.score then
-  -- evenly spaced past those placed: the pace of the second half of them, carried on
-  local half = fqEtaPlace(K, etaClock, level, tenant, weight, cost, byTime,
-    math.max(1, math.floor(exact / 2)), account, accountWeight)
-  local pace = (placement.tag - half.tag) / math.max(1, exact - math.max(1, math.floor(exact / 2)))
+  -- evenly spaced past those placed: the pace of the second half of them (the tag
+  -- halfway kept by the same placing), carried on
+  local pace = (placement.tag - placement.halfTag) / math.max(1, exact - halfAt)
   placement.tag = placement.tag + (n - exact) * pace
   placement.score = fqScoreOf(etaClock, placement.tag, level)
 end

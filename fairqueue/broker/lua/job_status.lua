@@ -9,10 +9,10 @@
   ASKING_SCAN flows, about 23 commands, whatever the number of tenants. The history's
   buckets the reader reads beside it (StatusReads: nothing here uses them).
 
-  KEYS[1..7]  BullMQ's prioritized set and wait list; fairqueue's state, flows,
-              fweights; the limits key L; fq:hist (not read here)
-  KEYS[8..12] BullMQ's active list, delayed, completed and failed sets, paused list
-  KEYS[13]    the job's hash
+  KEYS[1..6]  BullMQ's prioritized set and wait list; fairqueue's state, flows,
+              fweights; the limits key L
+  KEYS[7..11] BullMQ's active list, delayed, completed and failed sets, paused list
+  KEYS[12]    the job's hash
   ARGV        job id, fairness ('time'/'jobs')
   Returns     {now ms, wait list length, state, position (jobs popped before it; -1
               unknown), score ('' none), level, tenant, due ms, processedOn, finishedOn,
@@ -42,9 +42,11 @@ local account, accountW = '', ''
 -- L:hrank:<t> (tenant_limits.lua), O(log n), plus the held jobs the index lacks (held
 -- before it existed, so at the front of the list). A job the index lacks is looked for
 -- among those only, at most {{HELD_PLACE_SCAN}} of them, so the call stays bounded.
+local heldLen = nil -- the tenant's held list's length, once read (fqHeldPlace)
 local function fqHeldPlace(L, t, jobId)
   local heldKey, rankKey = L .. ':held:' .. t, L .. ':hrank:' .. t
-  local unindexed = redis.call('LLEN', heldKey) - redis.call('ZCARD', rankKey)
+  heldLen = redis.call('LLEN', heldKey)
+  local unindexed = heldLen - redis.call('ZCARD', rankKey)
   if unindexed < 0 then unindexed = 0 end
   local rank = redis.call('ZRANK', rankKey, jobId)
   if rank then return rank + unindexed end
@@ -54,8 +56,10 @@ local function fqHeldPlace(L, t, jobId)
   return pos or -1
 end
 
-local fields = redis.call('HMGET', KEYS[13], 'data', 'processedOn', 'finishedOn')
-local exists = redis.call('EXISTS', KEYS[13]) == 1
+local fields = redis.call('HMGET', KEYS[12], 'data', 'processedOn', 'finishedOn')
+-- a job's hash holds its data: EXISTS only for a hash without any of these fields
+local exists = fields[1] ~= false or fields[2] ~= false or fields[3] ~= false
+  or redis.call('EXISTS', KEYS[12]) == 1
 local function tenantOf()
   local data = fields[1] or ''
   local lv, tn = string.match(data, '^{"priorityLevel":"(%a+)","tenantId":"([^"\\]*)"[,}]')
@@ -72,49 +76,50 @@ local function tenantOf()
   return 'default', ''
 end
 
+-- a job is in one of BullMQ's sets at a time: the prioritized set first, so a waiting
+-- job's status (the read that goes on to who is asking) skips the finished sets
+local prioritizedScore = exists and redis.call('ZSCORE', K.prioritized, id)
 if not exists then
   state = 'gone'
-elseif redis.call('ZSCORE', KEYS[10], id) then
+elseif prioritizedScore then
+  local s = prioritizedScore
+  state, score = 'waiting', s
+  ahead = redis.call('ZRANK', K.prioritized, id) + waitLen
+  local units = tonumber(s) - fqFloor * fqScore
+  if units >= 0 and tonumber(s) < fqCap * fqScore then level = fqRankLevel[units % 4] end
+elseif redis.call('ZSCORE', KEYS[9], id) then
   state = 'completed'
-elseif redis.call('ZSCORE', KEYS[11], id) then
+elseif redis.call('ZSCORE', KEYS[10], id) then
   state = 'failed'
 else
-  local s = redis.call('ZSCORE', K.prioritized, id)
-  if s then
-    state, score = 'waiting', s
-    ahead = redis.call('ZRANK', K.prioritized, id) + waitLen
-    local units = tonumber(s) - fqFloor * fqScore
-    if units >= 0 and tonumber(s) < fqCap * fqScore then level = fqRankLevel[units % 4] end
+  local at = redis.call('LPOS', K.wait, id)
+  if at then
+    state, ahead = 'waiting', waitLen - 1 - at -- workers take from the list's tail
+  elseif redis.call('LPOS', KEYS[7], id) then
+    state = 'active'
   else
-    local at = redis.call('LPOS', K.wait, id)
-    if at then
-      state, ahead = 'waiting', waitLen - 1 - at -- workers take from the list's tail
-    elseif redis.call('LPOS', KEYS[8], id) then
-      state = 'active'
-    else
-      local d = tonumber(redis.call('ZSCORE', KEYS[9], id))
-      if d then
-        local ms = math.floor(d / 4096)
-        tenant, level = tenantOf()
-        if ms >= fqEtaHeldMs then
-          local later = redis.call('ZSCORE', L .. ':later:' .. tenant, id)
-          if later then
-            state, due = 'delayed', later
-          else
-            state = 'held'
-            ahead = fqHeldPlace(L, tenant, id)
-          end
-        elseif ms - now > fqEtaRetryHeldMs / 2 then
-          state = 'held' -- a released job's failed attempt, about to be held again
+    local d = tonumber(redis.call('ZSCORE', KEYS[8], id))
+    if d then
+      local ms = math.floor(d / 4096)
+      tenant, level = tenantOf()
+      if ms >= fqEtaHeldMs then
+        local later = redis.call('ZSCORE', L .. ':later:' .. tenant, id)
+        if later then
+          state, due = 'delayed', later
         else
-          state, due = 'delayed', ms
+          state = 'held'
+          ahead = fqHeldPlace(L, tenant, id)
         end
-      elseif redis.call('LPOS', KEYS[12], id) then
-        state = 'held' -- the whole queue is paused (BullMQ's Queue.pause)
-        tenant = 'queue paused'
+      elseif ms - now > fqEtaRetryHeldMs / 2 then
+        state = 'held' -- a released job's failed attempt, about to be held again
       else
-        state = 'unknown'
+        state, due = 'delayed', ms
       end
+    elseif redis.call('LPOS', KEYS[11], id) then
+      state = 'held' -- the whole queue is paused (BullMQ's Queue.pause)
+      tenant = 'queue paused'
+    else
+      state = 'unknown'
     end
   end
 end
@@ -124,7 +129,7 @@ if state == 'held' and tenant ~= 'queue paused' then
   limits = redis.call('HGET', L, tenant) or ''
   paused = redis.call('HEXISTS', L .. ':paused', tenant)
   catchup = redis.call('HEXISTS', L .. ':catchup', tenant)
-  held = redis.call('LLEN', L .. ':held:' .. tenant)
+  held = heldLen or redis.call('LLEN', L .. ':held:' .. tenant)
   occupied = redis.call('SCARD', L .. ':out:' .. tenant)
   local meta = redis.call('HGET', L .. ':meta', id) or ''
   local mlevel, mweight = string.match(meta, '^(%a+)\n(%d+)')
