@@ -34,6 +34,24 @@ def _account(**limits):
     return account
 
 
+def _account_job(tenant: str, max_waiting: int, delay_ms: int | None = None):
+    """A ``NewJob`` of ``tenant`` in account ``acct`` (``max_waiting``), as the producer
+    builds it, for adding through the broker directly (one batch, several calls)."""
+    from fairqueue.broker import NewJob
+    from fairqueue.scheduling.levels import PriorityLevel
+
+    return NewJob(
+        "email",
+        {"tenantId": tenant},
+        PriorityLevel.NORMAL,
+        tenant=tenant,
+        limits=encoded_limits(TenantLimits()),
+        account="acct",
+        account_limits=encoded_limits(TenantLimits(max_waiting=max_waiting)),
+        delay_ms=delay_ms,
+    )
+
+
 def _run_releasing(worker, seconds, sample=None):
     """What the loop does every 20 ms, for ``seconds``; ``sample()`` after each step."""
     most = 0
@@ -131,24 +149,13 @@ def test_account_max_waiting__counts_delayed_enqueues_on_every_path(
     batch (delayed jobs go one a call, the batch checked whole by its first) and durable
     delayed enqueues fill it and are refused past it, and an undelayed enqueue counts the
     delayed ones already added."""
-    from fairqueue.broker import NewJob
-    from fairqueue.scheduling.levels import PriorityLevel
 
     _account(max_waiting=5)
     base = f"{fq_prefix}:email:fq:lim"
     sync = get_sync_broker()
 
     def delayed_batch(tenant, count):
-        job = NewJob(
-            "email",
-            {"tenantId": tenant},
-            PriorityLevel.NORMAL,
-            tenant=tenant,
-            limits="\n\n\n",
-            account="acct",
-            account_limits="\n\n\n5",
-            delay_ms=60_000,
-        )
+        job = _account_job(tenant, 5, delay_ms=60_000)
         return sync.run(sync.broker.adding.add_jobs, "email", [job] * count)
 
     enqueue_job("email", {}, tenant_id="t1", delay_ms=60_000)
@@ -176,22 +183,11 @@ def test_account_max_waiting__counts_delayed_enqueues_on_every_path(
 
 def test_account_max_waiting__a_delayed_batch_is_refused_whole(fq_prefix, redis_client):
     """A batch of delayed jobs (one call each) past its account's room adds none."""
-    from fairqueue.broker import NewJob
-    from fairqueue.scheduling.levels import PriorityLevel
 
     _account(max_waiting=5)
     enqueue_jobs("email", [{}] * 3, tenant_id="t1")
     sync = get_sync_broker()
-    job = NewJob(
-        "email",
-        {"tenantId": "t2"},
-        PriorityLevel.NORMAL,
-        tenant="t2",
-        limits="\n\n\n",
-        account="acct",
-        account_limits="\n\n\n5",
-        delay_ms=60_000,
-    )
+    job = _account_job("t2", 5, delay_ms=60_000)
     with pytest.raises(AccountBacklogFullError):
         sync.run(sync.broker.adding.add_jobs, "email", [job] * 3)
     assert counts(fq_prefix)["delayed"] + counts(fq_prefix)["prioritized"] == 3  # t1's
@@ -200,23 +196,10 @@ def test_account_max_waiting__a_delayed_batch_is_refused_whole(fq_prefix, redis_
 
 def test_account_max_waiting__a_batch_over_several_calls_is_refused_whole(fq_prefix):
     _account(max_waiting=30)
-    from fairqueue.broker import NewJob
-    from fairqueue.scheduling.levels import PriorityLevel
 
     enqueue_jobs("email", [{} for _ in range(20)], tenant_id="t1")
     sync = get_sync_broker()
-    jobs = [
-        NewJob(
-            "email",
-            {"tenantId": "t2"},
-            PriorityLevel.NORMAL,
-            tenant="t2",
-            limits="\n\n\n",
-            account="acct",
-            account_limits="\n\n\n30",
-        )
-        for _ in range(12)
-    ]
+    jobs = [_account_job("t2", 30) for _ in range(12)]
     sync.broker.adding.batch_size = 5  # three calls
     with pytest.raises(AccountBacklogFullError):
         sync.run(sync.broker.adding.add_jobs, "email", jobs)
